@@ -1,0 +1,98 @@
+//! The Raft log payload: every change to the replicated state is one [`Command`].
+//!
+//! **Append-only**: commands are encoded by variant position, and old log entries
+//! and snapshots must decode forever. Add new variants at the end; never reorder,
+//! remove or change the fields of an existing one (add a new variant instead).
+//! Every command carries `now_ms`, stamped by the leader: the state machine never
+//! reads a clock.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{JobId, JobState, NodeAllocation};
+use crate::spec::{JobSpec, NodeSpec};
+
+/// One gang placement in a plan: the whole allocation for the job's next attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub job_id: JobId,
+    /// Must be the job's current attempt + 1; an older plan is stale and refused.
+    pub attempt: u32,
+    pub nodes: Vec<NodeAllocation>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeStateChange {
+    /// Stop placing new work; running work finishes.
+    Drain,
+    /// Undo a drain (or bring a Down node back after the agent re-registered).
+    Resume,
+    /// The agent is gone: its running jobs fail with NODE_FAIL.
+    Down,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    SubmitJob {
+        spec: JobSpec,
+        /// Caller identity from the request metadata.
+        identity: String,
+        /// Client-chosen key; a retried submit with the same (identity, key) returns
+        /// the first job instead of creating another. Empty: no deduplication.
+        idempotency_key: String,
+        now_ms: u64,
+    },
+    CancelJob {
+        job_id: JobId,
+        identity: String,
+        now_ms: u64,
+    },
+    RegisterNode {
+        spec: NodeSpec,
+        now_ms: u64,
+    },
+    SetNodeState {
+        name: String,
+        change: NodeStateChange,
+        reason: String,
+        now_ms: u64,
+    },
+    /// A scheduling plan, re-checked whole gang by whole gang against the state it
+    /// is applied to (plans are optimistic).
+    ApplyPlan {
+        placements: Vec<Placement>,
+        now_ms: u64,
+    },
+    JobFinished {
+        job_id: JobId,
+        attempt: u32,
+        /// One of the finished states.
+        state: JobState,
+        exit_code: Option<i32>,
+        reason: String,
+        now_ms: u64,
+    },
+}
+
+impl Command {
+    pub fn now_ms(&self) -> u64 {
+        match self {
+            Command::SubmitJob { now_ms, .. }
+            | Command::CancelJob { now_ms, .. }
+            | Command::RegisterNode { now_ms, .. }
+            | Command::SetNodeState { now_ms, .. }
+            | Command::ApplyPlan { now_ms, .. }
+            | Command::JobFinished { now_ms, .. } => *now_ms,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::SubmitJob { .. } => "submit_job",
+            Command::CancelJob { .. } => "cancel_job",
+            Command::RegisterNode { .. } => "register_node",
+            Command::SetNodeState { .. } => "set_node_state",
+            Command::ApplyPlan { .. } => "apply_plan",
+            Command::JobFinished { .. } => "job_finished",
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! Gangway's pure core: the replicated model and its deterministic state machine.
+//!
+//! ```text
+//!  API edge ──validate──► Command ──Raft log──► State::apply ──► Applied { outcome, events }
+//!                                                   │
+//!                                   snapshot::encode/decode (versioned)
+//! ```
+//!
+//! Nothing here does I/O, reads a clock or spawns a thread: the leader stamps time
+//! into each [`Command`], and every replica that applies the same commands in the
+//! same order reaches byte-identical state. `clippy.toml` in this crate bans the
+//! usual sources of non-determinism, and a test rejects any I/O dependency.
+//!
+//! Related code: `raft-store` (drives `apply` from the Raft log),
+//! `controller/src/api` (turns protobuf into [`JobSpec`] and validates it).
+
+pub mod command;
+pub mod limits;
+pub mod model;
+pub mod snapshot;
+pub mod spec;
+pub mod state;
+
+pub use command::{Command, NodeStateChange};
+pub use model::{
+    Allocation, Gpu, GpuHealth, Job, JobId, JobState, Node, NodeAllocation, NodeState,
+};
+pub use spec::{JobSpec, NodeSpec, SpecError};
+pub use state::{Applied, JobEvent, Outcome, Refusal, RefusalKind, State};

@@ -1,0 +1,49 @@
+//! Every limit the core enforces, in one place, each with the reason for its size.
+
+/// Nodes in one gang. Large enough for a 1,024-node (8,192-GPU) training run, small
+/// enough that one placement fits comfortably in a single Raft entry.
+pub const NODES_PER_JOB_MAX: u32 = 1024;
+/// GPUs on one node. The densest servers today carry 16 accelerators.
+pub const GPUS_PER_NODE_MAX: u32 = 16;
+/// Tasks on one node: one per hardware thread on the largest hosts.
+pub const TASKS_PER_NODE_MAX: u32 = 1024;
+/// CPUs per task: the largest single hosts have ~1,024 hardware threads.
+pub const CPUS_PER_TASK_MAX: u32 = 1024;
+/// Memory per node, in MiB: 64 TiB, beyond any single host sold today.
+pub const MEM_PER_NODE_MB_MAX: u64 = 64 * 1024 * 1024;
+/// Longest time limit: one year. Longer requests are almost always a unit mistake.
+pub const TIME_LIMIT_S_MAX: u64 = 365 * 24 * 3600;
+/// Default time limit when a job names none (Slurm sites commonly default to a day).
+pub const TIME_LIMIT_S_DEFAULT: u64 = 24 * 3600;
+/// A batch script or command line is stored in the replicated log; 1 MiB keeps one
+/// submission well inside a Raft entry and a gRPC message.
+pub const SCRIPT_BYTES_MAX: usize = 1024 * 1024;
+/// Arguments in a command line.
+pub const ARGS_MAX: usize = 4096;
+/// Job, user, partition and node names: short identifiers, like Slurm's.
+pub const NAME_BYTES_MAX: usize = 256;
+/// Working directory paths (PATH_MAX on Linux).
+pub const PATH_BYTES_MAX: usize = 4096;
+/// Environment variables carried by one job.
+pub const ENV_VARS_MAX: usize = 1024;
+/// Bytes of one environment value (Linux caps one argument/env string at 128 KiB).
+pub const ENV_VALUE_BYTES_MAX: usize = 128 * 1024;
+/// Idempotency keys are client-chosen tokens (UUIDs are 36 bytes).
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 128;
+/// How long a submit's idempotency key is remembered. Clients retry within seconds
+/// or minutes; a day covers a client that retries after an outage.
+pub const IDEMPOTENCY_TTL_MS: u64 = 24 * 3600 * 1000;
+/// Jobs that are not finished (pending or running). A million pending jobs is the
+/// scale the scheduler is designed for; beyond it, submits are refused rather than
+/// letting replicas run out of memory.
+pub const ACTIVE_JOBS_MAX: usize = 1_000_000;
+/// Finished jobs kept in the replicated state (the oldest are dropped first), like
+/// Slurm's MinJobAge purge; long-term history is accounting's job.
+pub const FINISHED_JOBS_RETAINED_MAX: usize = 100_000;
+/// Nodes in one cluster (the scale named in the design: 10,000 eight-GPU nodes, with headroom).
+pub const NODES_MAX: usize = 20_000;
+/// Labels per node and topology levels per path.
+pub const LABELS_PER_NODE_MAX: usize = 64;
+pub const TOPOLOGY_LEVELS_MAX: usize = 8;
+/// Length of a GPU type name such as `h100-80gb`.
+pub const GPU_TYPE_BYTES_MAX: usize = 64;

@@ -1,0 +1,192 @@
+//! The replicated model: jobs, nodes, GPUs and the allocations that bind them.
+//!
+//! Related code: [`crate::state`] changes these only through `apply`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::{JobSpec, NodeSpec};
+
+pub type JobId = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum JobState {
+    Pending,
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+    TimedOut,
+    NodeFail,
+}
+
+impl JobState {
+    pub fn is_finished(self) -> bool {
+        !matches!(self, JobState::Pending | JobState::Running)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "PENDING",
+            JobState::Running => "RUNNING",
+            JobState::Completed => "COMPLETED",
+            JobState::Failed => "FAILED",
+            JobState::Cancelled => "CANCELLED",
+            JobState::TimedOut => "TIMEOUT",
+            JobState::NodeFail => "NODE_FAIL",
+        }
+    }
+
+    /// Parses the Slurm-style names `as_str` prints (case-insensitive).
+    pub fn parse(s: &str) -> Option<JobState> {
+        let all = [
+            JobState::Pending,
+            JobState::Running,
+            JobState::Completed,
+            JobState::Failed,
+            JobState::Cancelled,
+            JobState::TimedOut,
+            JobState::NodeFail,
+        ];
+        all.into_iter().find(|st| st.as_str().eq_ignore_ascii_case(s))
+    }
+}
+
+/// The resources one attempt of a job holds on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAllocation {
+    pub node: String,
+    pub cpus: u32,
+    pub mem_mb: u64,
+    /// Indexes into the node's GPU list.
+    pub gpus: Vec<u32>,
+}
+
+/// The resources granted to one attempt of a job, placed as a whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub attempt: u32,
+    pub nodes: Vec<NodeAllocation>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: JobId,
+    pub spec: JobSpec,
+    pub state: JobState,
+    /// How many times the job has been started; a requeue increments it, and every
+    /// order an agent receives is fenced by it.
+    pub attempt: u32,
+    /// The caller identity that submitted the job (from request metadata).
+    pub submitted_by: String,
+    pub submit_time_ms: u64,
+    pub start_time_ms: Option<u64>,
+    pub end_time_ms: Option<u64>,
+    pub allocation: Option<Allocation>,
+    pub exit_code: Option<i32>,
+    /// Why the job is in its state (pending reason, failure cause, who cancelled).
+    pub reason: String,
+    /// The Raft log index of the submit: a replicated, totally ordered stamp.
+    pub submit_index: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum GpuHealth {
+    Healthy,
+    /// Not used for new work (bad health report or admin action).
+    Quarantined,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    pub index: u32,
+    pub uuid: String,
+    pub model: String,
+    pub mem_mb: u64,
+    pub nvlink_island: u32,
+    pub health: GpuHealth,
+    /// The job whose running attempt holds this GPU.
+    pub allocated_to: Option<JobId>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum NodeState {
+    Up,
+    /// No new work is placed; running work finishes.
+    Drain,
+    /// The leader stopped hearing from the agent.
+    Down,
+}
+
+impl NodeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Up => "UP",
+            NodeState::Drain => "DRAIN",
+            NodeState::Down => "DOWN",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub name: String,
+    pub addr: String,
+    pub cpus: u32,
+    pub mem_mb: u64,
+    pub gpus: Vec<Gpu>,
+    pub topology: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+    pub state: NodeState,
+    pub state_reason: String,
+    pub registered_ms: u64,
+    pub state_changed_ms: u64,
+    /// CPUs held by running attempts (kept equal to the sum of allocations).
+    pub cpus_alloc: u32,
+    pub mem_alloc_mb: u64,
+    /// Jobs with an allocation on this node: lets a node change find its jobs
+    /// without scanning every job.
+    pub jobs: Vec<JobId>,
+}
+
+impl Node {
+    pub fn from_spec(spec: &NodeSpec, now_ms: u64) -> Node {
+        Node {
+            name: spec.name.clone(),
+            addr: spec.addr.clone(),
+            cpus: spec.cpus,
+            mem_mb: spec.mem_mb,
+            gpus: spec
+                .gpus
+                .iter()
+                .enumerate()
+                .map(|(i, g)| Gpu {
+                    index: i as u32,
+                    uuid: g.uuid.clone(),
+                    model: g.model.clone(),
+                    mem_mb: g.mem_mb,
+                    nvlink_island: g.nvlink_island,
+                    health: GpuHealth::Healthy,
+                    allocated_to: None,
+                })
+                .collect(),
+            topology: spec.topology.clone(),
+            labels: spec.labels.clone(),
+            state: NodeState::Up,
+            state_reason: String::new(),
+            registered_ms: now_ms,
+            state_changed_ms: now_ms,
+            cpus_alloc: 0,
+            mem_alloc_mb: 0,
+            jobs: Vec::new(),
+        }
+    }
+
+    pub fn gpus_free(&self) -> usize {
+        self.gpus
+            .iter()
+            .filter(|g| g.allocated_to.is_none() && g.health == GpuHealth::Healthy)
+            .count()
+    }
+}

@@ -1,0 +1,533 @@
+//! The deterministic state machine: [`State::apply`] turns one [`Command`] into an
+//! [`Outcome`] and a list of [`JobEvent`]s.
+//!
+//! Apply is total: a command that cannot take effect (unknown job, stale plan, bad
+//! spec) returns a [`Refusal`] and changes nothing, identically on every replica.
+//! A broken invariant is a bug and panics: one replica crashing is better than
+//! replicas silently diverging. [`State::check_invariants`] verifies everything
+//! (tests call it after every apply).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{Command, NodeStateChange, Placement};
+use crate::limits::*;
+use crate::model::*;
+use crate::spec::{JobSpec, NodeSpec};
+
+/// Idempotency entries purged per applied command. Bounds the work of one apply;
+/// entries expire at most as fast as submits create them, so this keeps up.
+const IDEMPOTENCY_PURGE_PER_APPLY_MAX: usize = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RefusalKind {
+    NotFound,
+    InvalidArgument,
+    /// The object is not in a state that allows the command.
+    FailedPrecondition,
+    /// A replicated limit would be exceeded.
+    ResourceExhausted,
+    /// The command was based on an older state (plan or attempt superseded).
+    Stale,
+}
+
+/// An expected refusal: a value, the same on every replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    pub kind: RefusalKind,
+    pub message: String,
+}
+
+impl Refusal {
+    fn new(kind: RefusalKind, message: impl Into<String>) -> Self {
+        Refusal { kind, message: message.into() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Submitted { job_id: JobId, duplicate: bool },
+    Cancelled { job_id: JobId },
+    NodeRegistered { name: String },
+    NodeStateSet { name: String, state: NodeState },
+    PlanApplied { started: Vec<JobId>, rejected: Vec<(JobId, String)> },
+    JobFinished { job_id: JobId },
+    Refused(Refusal),
+}
+
+/// A change to one job, streamed to watchers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobEvent {
+    pub index: u64,
+    pub job_id: JobId,
+    pub state: JobState,
+    pub attempt: u32,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    pub outcome: Outcome,
+    pub events: Vec<JobEvent>,
+}
+
+impl Applied {
+    fn refused(kind: RefusalKind, message: impl Into<String>) -> Applied {
+        Applied { outcome: Outcome::Refused(Refusal::new(kind, message)), events: Vec::new() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    /// The id the next submitted job gets. Ids are never reused.
+    pub next_job_id: JobId,
+    pub jobs: BTreeMap<JobId, Job>,
+    /// Pending jobs in submit order (the scheduler's queue).
+    pub pending: BTreeSet<JobId>,
+    pub running: BTreeSet<JobId>,
+    /// Finished jobs, oldest first, for retention (see FINISHED_JOBS_RETAINED_MAX).
+    pub finished: VecDeque<JobId>,
+    pub nodes: BTreeMap<String, Node>,
+    /// (identity, key) → job, for submit deduplication.
+    pub idempotency: BTreeMap<(String, String), JobId>,
+    /// (expiry time, identity, key), ordered by expiry for purging.
+    pub idempotency_expiry: BTreeSet<(u64, String, String)>,
+    /// Replicated clock: the highest `now_ms` applied. Leaders' clocks may disagree;
+    /// this never goes backwards.
+    pub clock_ms: u64,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            next_job_id: 1,
+            jobs: BTreeMap::new(),
+            pending: BTreeSet::new(),
+            running: BTreeSet::new(),
+            finished: VecDeque::new(),
+            nodes: BTreeMap::new(),
+            idempotency: BTreeMap::new(),
+            idempotency_expiry: BTreeSet::new(),
+            clock_ms: 0,
+        }
+    }
+}
+
+impl State {
+    /// Applies one command at Raft log `index`.
+    pub fn apply(&mut self, index: u64, cmd: &Command) -> Applied {
+        self.clock_ms = self.clock_ms.max(cmd.now_ms());
+        self.purge_idempotency();
+        match cmd {
+            Command::SubmitJob { spec, identity, idempotency_key, .. } => {
+                self.apply_submit_job(index, spec, identity, idempotency_key)
+            }
+            Command::CancelJob { job_id, identity, .. } => self.apply_cancel_job(index, *job_id, identity),
+            Command::RegisterNode { spec, .. } => self.apply_register_node(index, spec),
+            Command::SetNodeState { name, change, reason, .. } => {
+                self.apply_set_node_state(index, name, *change, reason)
+            }
+            Command::ApplyPlan { placements, .. } => self.apply_plan(index, placements),
+            Command::JobFinished { job_id, attempt, state, exit_code, reason, .. } => {
+                self.apply_job_finished(index, *job_id, *attempt, *state, *exit_code, reason)
+            }
+        }
+    }
+
+    fn purge_idempotency(&mut self) {
+        for _ in 0..IDEMPOTENCY_PURGE_PER_APPLY_MAX {
+            let Some(first) = self.idempotency_expiry.first() else { break };
+            if first.0 > self.clock_ms {
+                break;
+            }
+            let (_, identity, key) = self.idempotency_expiry.pop_first().expect("checked non-empty");
+            self.idempotency.remove(&(identity, key));
+        }
+    }
+
+    fn apply_submit_job(&mut self, index: u64, spec: &JobSpec, identity: &str, key: &str) -> Applied {
+        if !key.is_empty() {
+            if let Some(&job_id) = self.idempotency.get(&(identity.to_string(), key.to_string())) {
+                return Applied { outcome: Outcome::Submitted { job_id, duplicate: true }, events: Vec::new() };
+            }
+            if key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
+                return Applied::refused(
+                    RefusalKind::InvalidArgument,
+                    format!("idempotency_key: must be at most {IDEMPOTENCY_KEY_BYTES_MAX} bytes"),
+                );
+            }
+        }
+        if let Err(e) = spec.validate() {
+            return Applied::refused(RefusalKind::InvalidArgument, e.to_string());
+        }
+        if self.pending.len() + self.running.len() >= ACTIVE_JOBS_MAX {
+            return Applied::refused(
+                RefusalKind::ResourceExhausted,
+                format!("the cluster holds {ACTIVE_JOBS_MAX} unfinished jobs, its limit; retry later"),
+            );
+        }
+        let job_id = self.next_job_id;
+        self.next_job_id += 1;
+        let job = Job {
+            id: job_id,
+            spec: spec.clone(),
+            state: JobState::Pending,
+            attempt: 0,
+            submitted_by: identity.to_string(),
+            submit_time_ms: self.clock_ms,
+            start_time_ms: None,
+            end_time_ms: None,
+            allocation: None,
+            exit_code: None,
+            reason: "Priority".to_string(),
+            submit_index: index,
+        };
+        self.jobs.insert(job_id, job);
+        self.pending.insert(job_id);
+        if !key.is_empty() {
+            self.idempotency.insert((identity.to_string(), key.to_string()), job_id);
+            let expires = self.clock_ms.saturating_add(IDEMPOTENCY_TTL_MS);
+            self.idempotency_expiry.insert((expires, identity.to_string(), key.to_string()));
+        }
+        let event = JobEvent { index, job_id, state: JobState::Pending, attempt: 0, reason: String::new() };
+        Applied { outcome: Outcome::Submitted { job_id, duplicate: false }, events: vec![event] }
+    }
+
+    fn apply_cancel_job(&mut self, index: u64, job_id: JobId, identity: &str) -> Applied {
+        let Some(job) = self.jobs.get(&job_id) else {
+            return Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
+        };
+        if job.state.is_finished() {
+            return Applied::refused(
+                RefusalKind::FailedPrecondition,
+                format!("job {job_id} already finished ({})", job.state.as_str()),
+            );
+        }
+        let reason = format!("cancelled by {identity}");
+        let event = self.finish_job(index, job_id, JobState::Cancelled, None, reason);
+        Applied { outcome: Outcome::Cancelled { job_id }, events: vec![event] }
+    }
+
+    /// Moves a pending or running job to a finished state, releasing its allocation.
+    fn finish_job(
+        &mut self,
+        index: u64,
+        job_id: JobId,
+        state: JobState,
+        exit_code: Option<i32>,
+        reason: String,
+    ) -> JobEvent {
+        assert!(state.is_finished(), "finish_job with unfinished state {state:?}");
+        let now = self.clock_ms;
+        let job = self.jobs.get_mut(&job_id).expect("finish_job: job exists");
+        assert!(!job.state.is_finished(), "job {job_id} finished twice");
+        let allocation = job.allocation.take();
+        job.state = state;
+        job.end_time_ms = Some(now);
+        job.exit_code = exit_code;
+        job.reason = reason.clone();
+        let attempt = job.attempt;
+        self.pending.remove(&job_id);
+        self.running.remove(&job_id);
+        if let Some(alloc) = allocation {
+            self.release(job_id, &alloc);
+        }
+        self.finished.push_back(job_id);
+        while self.finished.len() > FINISHED_JOBS_RETAINED_MAX {
+            let old = self.finished.pop_front().expect("non-empty");
+            self.jobs.remove(&old);
+        }
+        JobEvent { index, job_id, state, attempt, reason }
+    }
+
+    fn release(&mut self, job_id: JobId, alloc: &Allocation) {
+        for na in &alloc.nodes {
+            let node = self.nodes.get_mut(&na.node).expect("allocated node exists");
+            node.cpus_alloc = node.cpus_alloc.checked_sub(na.cpus).expect("cpu accounting underflow");
+            node.mem_alloc_mb = node.mem_alloc_mb.checked_sub(na.mem_mb).expect("memory accounting underflow");
+            for &g in &na.gpus {
+                let gpu = &mut node.gpus[g as usize];
+                assert_eq!(gpu.allocated_to, Some(job_id), "GPU {g} on {} not held by job {job_id}", na.node);
+                gpu.allocated_to = None;
+            }
+            node.jobs.retain(|&j| j != job_id);
+        }
+    }
+
+    fn apply_register_node(&mut self, _index: u64, spec: &NodeSpec) -> Applied {
+        if let Err(e) = spec.validate() {
+            return Applied::refused(RefusalKind::InvalidArgument, e.to_string());
+        }
+        let now = self.clock_ms;
+        match self.nodes.get_mut(&spec.name) {
+            Some(node) if !node.jobs.is_empty() => {
+                // Work is placed on the old inventory: keep it, refresh the rest.
+                node.addr = spec.addr.clone();
+                node.topology = spec.topology.clone();
+                node.labels = spec.labels.clone();
+                if node.state == NodeState::Down {
+                    node.state = NodeState::Up;
+                    node.state_reason.clear();
+                    node.state_changed_ms = now;
+                }
+            }
+            Some(node) => {
+                let mut fresh = Node::from_spec(spec, node.registered_ms);
+                // A drain is an admin decision and survives re-registration.
+                if node.state == NodeState::Drain {
+                    fresh.state = NodeState::Drain;
+                    fresh.state_reason = node.state_reason.clone();
+                    fresh.state_changed_ms = node.state_changed_ms;
+                } else if node.state == NodeState::Down {
+                    fresh.state_changed_ms = now;
+                } else {
+                    fresh.state_changed_ms = node.state_changed_ms;
+                }
+                // Keep quarantines of GPUs that are still present.
+                for g in &mut fresh.gpus {
+                    if let Some(old) = node.gpus.iter().find(|o| o.uuid == g.uuid) {
+                        g.health = old.health;
+                    }
+                }
+                *node = fresh;
+            }
+            None => {
+                if self.nodes.len() >= NODES_MAX {
+                    return Applied::refused(
+                        RefusalKind::ResourceExhausted,
+                        format!("the cluster has {NODES_MAX} nodes, its limit"),
+                    );
+                }
+                self.nodes.insert(spec.name.clone(), Node::from_spec(spec, now));
+            }
+        }
+        Applied { outcome: Outcome::NodeRegistered { name: spec.name.clone() }, events: Vec::new() }
+    }
+
+    fn apply_set_node_state(&mut self, index: u64, name: &str, change: NodeStateChange, reason: &str) -> Applied {
+        let now = self.clock_ms;
+        let Some(node) = self.nodes.get_mut(name) else {
+            return Applied::refused(RefusalKind::NotFound, format!("node {name} does not exist"));
+        };
+        let new_state = match (change, node.state) {
+            (NodeStateChange::Drain, _) => NodeState::Drain,
+            (NodeStateChange::Resume, NodeState::Down) => {
+                return Applied::refused(
+                    RefusalKind::FailedPrecondition,
+                    format!("node {name} is down; it comes back when its agent registers again"),
+                )
+            }
+            (NodeStateChange::Resume, _) => NodeState::Up,
+            (NodeStateChange::Down, _) => NodeState::Down,
+        };
+        node.state = new_state;
+        node.state_reason = reason.to_string();
+        node.state_changed_ms = now;
+        let mut events = Vec::new();
+        if new_state == NodeState::Down {
+            let victims = node.jobs.clone();
+            for job_id in victims {
+                let reason = format!("node {name} went down");
+                events.push(self.finish_job(index, job_id, JobState::NodeFail, None, reason));
+            }
+        }
+        Applied { outcome: Outcome::NodeStateSet { name: name.to_string(), state: new_state }, events }
+    }
+
+    /// Checks one gang placement against the current state without changing it.
+    pub fn check_placement(&self, p: &Placement) -> Result<(), String> {
+        let job = self.jobs.get(&p.job_id).ok_or_else(|| format!("job {} does not exist", p.job_id))?;
+        if job.state != JobState::Pending {
+            return Err(format!("job {} is {}, not pending", p.job_id, job.state.as_str()));
+        }
+        if p.attempt != job.attempt + 1 {
+            return Err(format!("stale plan: attempt {} but job {} is at attempt {}", p.attempt, p.job_id, job.attempt));
+        }
+        let spec = &job.spec;
+        if p.nodes.len() != spec.nodes as usize {
+            return Err(format!("gang of {} nodes placed on {}", spec.nodes, p.nodes.len()));
+        }
+        let mut seen = BTreeSet::new();
+        for na in &p.nodes {
+            if !seen.insert(na.node.as_str()) {
+                return Err(format!("node {} appears twice", na.node));
+            }
+            let node = self.nodes.get(&na.node).ok_or_else(|| format!("node {} does not exist", na.node))?;
+            if node.state != NodeState::Up {
+                return Err(format!("node {} is {}", na.node, node.state.as_str()));
+            }
+            if na.cpus < spec.cpus_per_node() || na.mem_mb < spec.mem_per_node_mb {
+                return Err(format!("allocation on {} is smaller than the request", na.node));
+            }
+            if node.cpus_alloc + na.cpus > node.cpus || node.mem_alloc_mb + na.mem_mb > node.mem_mb {
+                return Err(format!("node {} lacks free CPUs or memory", na.node));
+            }
+            if na.gpus.len() != spec.gpus_per_node as usize {
+                return Err(format!("{} GPUs on {} but {} requested", na.gpus.len(), na.node, spec.gpus_per_node));
+            }
+            let mut gpus_seen = BTreeSet::new();
+            for &g in &na.gpus {
+                let gpu = node.gpus.get(g as usize).ok_or_else(|| format!("GPU {g} on {} does not exist", na.node))?;
+                if !gpus_seen.insert(g) {
+                    return Err(format!("GPU {g} on {} appears twice", na.node));
+                }
+                if gpu.allocated_to.is_some() || gpu.health != GpuHealth::Healthy {
+                    return Err(format!("GPU {g} on {} is not free", na.node));
+                }
+                if !spec.gpu_type.is_empty() && !gpu.model.starts_with(&spec.gpu_type) {
+                    return Err(format!("GPU {g} on {} is {}, not {}", na.node, gpu.model, spec.gpu_type));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_plan(&mut self, index: u64, placements: &[Placement]) -> Applied {
+        let mut started = Vec::new();
+        let mut rejected = Vec::new();
+        let mut events = Vec::new();
+        for p in placements {
+            // Each gang is re-checked against the state as changed by the gangs
+            // before it in this plan: all of a gang or none of it.
+            if let Err(why) = self.check_placement(p) {
+                rejected.push((p.job_id, why));
+                continue;
+            }
+            for na in &p.nodes {
+                let node = self.nodes.get_mut(&na.node).expect("checked");
+                node.cpus_alloc += na.cpus;
+                node.mem_alloc_mb += na.mem_mb;
+                for &g in &na.gpus {
+                    node.gpus[g as usize].allocated_to = Some(p.job_id);
+                }
+                node.jobs.push(p.job_id);
+            }
+            let now = self.clock_ms;
+            let job = self.jobs.get_mut(&p.job_id).expect("checked");
+            job.state = JobState::Running;
+            job.attempt = p.attempt;
+            job.start_time_ms = Some(now);
+            job.reason = String::new();
+            job.allocation = Some(Allocation { attempt: p.attempt, nodes: p.nodes.clone() });
+            self.pending.remove(&p.job_id);
+            self.running.insert(p.job_id);
+            started.push(p.job_id);
+            events.push(JobEvent {
+                index,
+                job_id: p.job_id,
+                state: JobState::Running,
+                attempt: p.attempt,
+                reason: String::new(),
+            });
+        }
+        Applied { outcome: Outcome::PlanApplied { started, rejected }, events }
+    }
+
+    fn apply_job_finished(
+        &mut self,
+        index: u64,
+        job_id: JobId,
+        attempt: u32,
+        state: JobState,
+        exit_code: Option<i32>,
+        reason: &str,
+    ) -> Applied {
+        if !state.is_finished() {
+            return Applied::refused(RefusalKind::InvalidArgument, format!("state: {} is not a finished state", state.as_str()));
+        }
+        let Some(job) = self.jobs.get(&job_id) else {
+            return Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
+        };
+        if job.state != JobState::Running || job.attempt != attempt {
+            return Applied::refused(
+                RefusalKind::Stale,
+                format!("job {job_id} attempt {attempt} is not running (job is {} at attempt {})", job.state.as_str(), job.attempt),
+            );
+        }
+        let event = self.finish_job(index, job_id, state, exit_code, reason.to_string());
+        Applied { outcome: Outcome::JobFinished { job_id }, events: vec![event] }
+    }
+
+    /// Verifies every invariant of the state. Returns the first violation found.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut cpus: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut mem: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut gpus: BTreeMap<(&str, u32), JobId> = BTreeMap::new();
+        let mut node_jobs: BTreeMap<&str, BTreeSet<JobId>> = BTreeMap::new();
+        for (&id, job) in &self.jobs {
+            if id != job.id || id >= self.next_job_id {
+                return Err(format!("job key {id} vs id {} (next {})", job.id, self.next_job_id));
+            }
+            let in_pending = self.pending.contains(&id);
+            let in_running = self.running.contains(&id);
+            match job.state {
+                JobState::Pending if !in_pending || in_running || job.allocation.is_some() => {
+                    return Err(format!("pending job {id} misfiled or allocated"))
+                }
+                JobState::Running if !in_running || in_pending || job.allocation.is_none() => {
+                    return Err(format!("running job {id} misfiled or unallocated"))
+                }
+                s if s.is_finished() && (in_pending || in_running || job.allocation.is_some()) => {
+                    return Err(format!("finished job {id} still queued or allocated"))
+                }
+                _ => {}
+            }
+            if let Some(alloc) = &job.allocation {
+                if alloc.attempt != job.attempt || alloc.nodes.len() != job.spec.nodes as usize {
+                    return Err(format!("job {id} allocation does not match its attempt or gang size"));
+                }
+                for na in &alloc.nodes {
+                    *cpus.entry(&na.node).or_default() += na.cpus;
+                    *mem.entry(&na.node).or_default() += na.mem_mb;
+                    node_jobs.entry(&na.node).or_default().insert(id);
+                    for &g in &na.gpus {
+                        if gpus.insert((&na.node, g), id).is_some() {
+                            return Err(format!("GPU {g} on {} held twice", na.node));
+                        }
+                    }
+                }
+            }
+        }
+        if self.pending.len() + self.running.len() + self.finished.len() != self.jobs.len() {
+            return Err("job sets do not partition the jobs".into());
+        }
+        for id in self.pending.iter().chain(&self.running).chain(&self.finished) {
+            if !self.jobs.contains_key(id) {
+                return Err(format!("queued job {id} does not exist"));
+            }
+        }
+        for (name, node) in &self.nodes {
+            let n = name.as_str();
+            if node.cpus_alloc != cpus.get(n).copied().unwrap_or(0)
+                || node.mem_alloc_mb != mem.get(n).copied().unwrap_or(0)
+            {
+                return Err(format!("node {name}: allocated resources differ from the sum of allocations"));
+            }
+            if node.cpus_alloc > node.cpus || node.mem_alloc_mb > node.mem_mb {
+                return Err(format!("node {name}: more allocated than it has"));
+            }
+            let listed: BTreeSet<JobId> = node.jobs.iter().copied().collect();
+            if listed.len() != node.jobs.len() || listed != node_jobs.remove(n).unwrap_or_default() {
+                return Err(format!("node {name}: job list differs from allocations"));
+            }
+            for gpu in &node.gpus {
+                if gpu.allocated_to != gpus.remove(&(n, gpu.index)) {
+                    return Err(format!("node {name} GPU {}: holder differs from allocations", gpu.index));
+                }
+            }
+        }
+        if !gpus.is_empty() || !node_jobs.is_empty() {
+            return Err("allocation names a node or GPU that does not exist".into());
+        }
+        if self.idempotency.len() != self.idempotency_expiry.len() {
+            return Err("idempotency index and expiry index differ in size".into());
+        }
+        for (_, identity, key) in &self.idempotency_expiry {
+            if !self.idempotency.contains_key(&(identity.clone(), key.clone())) {
+                return Err("idempotency expiry names an unknown key".into());
+            }
+        }
+        Ok(())
+    }
+}

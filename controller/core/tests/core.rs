@@ -1,0 +1,209 @@
+//! Integration tests of the pure core: architecture rules, and property tests that
+//! random command streams keep every invariant and replay deterministically.
+
+use std::collections::BTreeMap;
+
+use gangway_core::command::{Command, NodeStateChange, Placement};
+use gangway_core::spec::GpuSpec;
+use gangway_core::*;
+use proptest::prelude::*;
+
+/// Architecture Invariant: the core depends on nothing that does I/O. The allowed
+/// dependencies are listed here; adding any other one fails this test.
+#[test]
+fn core_has_no_io_dependencies() {
+    let manifest = include_str!("../Cargo.toml");
+    let allowed = ["serde", "bincode", "thiserror"];
+    let mut section = "";
+    for line in manifest.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            section = line;
+            continue;
+        }
+        if section == "[dependencies]" && !line.is_empty() && !line.starts_with('#') {
+            let name = line.split(['=', '.', ' ']).next().unwrap().trim();
+            assert!(allowed.contains(&name), "controller/core must not depend on `{name}` (no I/O in the core)");
+        }
+    }
+}
+
+fn node_spec(i: usize, gpus: usize) -> NodeSpec {
+    NodeSpec {
+        name: format!("n{i}"),
+        addr: String::new(),
+        cpus: 16,
+        mem_mb: 65536,
+        gpus: (0..gpus)
+            .map(|g| GpuSpec { uuid: format!("GPU-{i}-{g}"), model: "h100-80gb".into(), mem_mb: 81920, nvlink_island: (g / 4) as u32 })
+            .collect(),
+        topology: vec!["zone-a".into(), format!("rack-{}", i / 2)],
+        labels: BTreeMap::new(),
+    }
+}
+
+fn job_spec(nodes: u32, gpus: u32, cpus: u32) -> JobSpec {
+    JobSpec {
+        user: "alice".into(),
+        command: vec!["sleep".into(), "1".into()],
+        nodes,
+        cpus_per_task: cpus,
+        gpus_per_node: gpus,
+        ..JobSpec::default()
+    }
+}
+
+/// A first-fit placement built from the current state, so that property tests
+/// produce plans that are often (but not always) valid.
+fn first_fit(state: &State, job_id: JobId, attempt_skew: u32) -> Option<Placement> {
+    let job = state.jobs.get(&job_id)?;
+    let spec = &job.spec;
+    let mut nodes = Vec::new();
+    for node in state.nodes.values() {
+        if nodes.len() == spec.nodes as usize {
+            break;
+        }
+        let free: Vec<u32> = node.gpus.iter().filter(|g| g.allocated_to.is_none()).map(|g| g.index).collect();
+        if node.state == NodeState::Up
+            && node.cpus - node.cpus_alloc >= spec.cpus_per_node()
+            && free.len() >= spec.gpus_per_node as usize
+        {
+            nodes.push(NodeAllocation {
+                node: node.name.clone(),
+                cpus: spec.cpus_per_node(),
+                mem_mb: spec.mem_per_node_mb,
+                gpus: free[..spec.gpus_per_node as usize].to_vec(),
+            });
+        }
+    }
+    Some(Placement { job_id, attempt: job.attempt + 1 + attempt_skew, nodes })
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Register(usize, usize),
+    Submit(u32, u32, u32, Option<u8>),
+    BadSubmit,
+    Cancel(u64),
+    Plan(u64, u32),
+    Finish(u64, bool),
+    Drain(usize),
+    Resume(usize),
+    Down(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0usize..6, 0usize..9).prop_map(|(i, g)| Op::Register(i, g)),
+        (1u32..4, 0u32..5, 1u32..9, proptest::option::of(0u8..5)).prop_map(|(n, g, c, k)| Op::Submit(n, g, c, k)),
+        Just(Op::BadSubmit),
+        (0u64..30).prop_map(Op::Cancel),
+        (0u64..30, 0u32..2).prop_map(|(j, s)| Op::Plan(j, s)),
+        (0u64..30, any::<bool>()).prop_map(|(j, ok)| Op::Finish(j, ok)),
+        (0usize..6).prop_map(Op::Drain),
+        (0usize..6).prop_map(Op::Resume),
+        (0usize..6).prop_map(Op::Down),
+    ]
+}
+
+fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
+    match op {
+        Op::Register(i, g) => Command::RegisterNode { spec: node_spec(*i, *g), now_ms },
+        Op::Submit(n, g, c, key) => Command::SubmitJob {
+            spec: job_spec(*n, *g, *c),
+            identity: "dev:alice".into(),
+            idempotency_key: key.map(|k| format!("key-{k}")).unwrap_or_default(),
+            now_ms,
+        },
+        Op::BadSubmit => Command::SubmitJob { spec: job_spec(0, 1, 1), identity: "x".into(), idempotency_key: String::new(), now_ms },
+        Op::Cancel(j) => Command::CancelJob { job_id: *j, identity: "dev:alice".into(), now_ms },
+        Op::Plan(j, skew) => Command::ApplyPlan {
+            placements: first_fit(state, *j, *skew).into_iter().collect(),
+            now_ms,
+        },
+        Op::Finish(j, ok) => Command::JobFinished {
+            job_id: *j,
+            attempt: state.jobs.get(j).map(|j| j.attempt).unwrap_or(1),
+            state: if *ok { JobState::Completed } else { JobState::Failed },
+            exit_code: Some(if *ok { 0 } else { 1 }),
+            reason: String::new(),
+            now_ms,
+        },
+        Op::Drain(i) => Command::SetNodeState { name: format!("n{i}"), change: NodeStateChange::Drain, reason: "test".into(), now_ms },
+        Op::Resume(i) => Command::SetNodeState { name: format!("n{i}"), change: NodeStateChange::Resume, reason: String::new(), now_ms },
+        Op::Down(i) => Command::SetNodeState { name: format!("n{i}"), change: NodeStateChange::Down, reason: "lost".into(), now_ms },
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Random command streams keep every invariant; a second replica applying the
+    /// same commands reaches a byte-identical snapshot; refusals change nothing.
+    #[test]
+    fn random_commands_keep_invariants_and_replay_identically(ops in proptest::collection::vec(op(), 1..120)) {
+        let mut a = State::default();
+        let mut commands = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            let cmd = to_command(&a, op, 1_000 + i as u64 * 10);
+            let before = a.clone();
+            let applied = a.apply(i as u64 + 1, &cmd);
+            if let Outcome::Refused(_) = applied.outcome {
+                // Only the replicated clock and idempotency expiry may move.
+                let mut b = before.clone();
+                b.clock_ms = a.clock_ms;
+                b.idempotency = a.idempotency.clone();
+                b.idempotency_expiry = a.idempotency_expiry.clone();
+                prop_assert_eq!(&b, &a, "a refused {} changed state", cmd.name());
+            }
+            if let Err(e) = a.check_invariants() {
+                return Err(TestCaseError::fail(format!("after {cmd:?}: {e}")));
+            }
+            commands.push(cmd);
+        }
+        let mut b = State::default();
+        for (i, cmd) in commands.iter().enumerate() {
+            b.apply(i as u64 + 1, cmd);
+        }
+        prop_assert_eq!(snapshot::encode(&a), snapshot::encode(&b));
+        prop_assert_eq!(snapshot::decode(&snapshot::encode(&a)).unwrap(), a);
+    }
+}
+
+#[test]
+fn idempotent_submit_returns_same_job() {
+    let mut s = State::default();
+    let cmd = Command::SubmitJob { spec: job_spec(1, 0, 1), identity: "dev:bob".into(), idempotency_key: "k1".into(), now_ms: 5 };
+    let first = s.apply(1, &cmd).outcome;
+    let second = s.apply(2, &cmd).outcome;
+    assert_eq!(first, Outcome::Submitted { job_id: 1, duplicate: false });
+    assert_eq!(second, Outcome::Submitted { job_id: 1, duplicate: true });
+    // Another identity with the same key is another submission.
+    let other = Command::SubmitJob { spec: job_spec(1, 0, 1), identity: "dev:eve".into(), idempotency_key: "k1".into(), now_ms: 6 };
+    assert_eq!(s.apply(3, &other).outcome, Outcome::Submitted { job_id: 2, duplicate: false });
+    assert_eq!(s.jobs.len(), 2);
+}
+
+#[test]
+fn gang_is_placed_whole_or_not_at_all() {
+    let mut s = State::default();
+    for i in 0..2 {
+        s.apply(1, &Command::RegisterNode { spec: node_spec(i, 4), now_ms: 1 });
+    }
+    s.apply(3, &Command::SubmitJob { spec: job_spec(2, 4, 1), identity: "a".into(), idempotency_key: String::new(), now_ms: 2 });
+    // n1 drained: the plan placing on both nodes must be refused whole.
+    let plan = first_fit(&s, 1, 0).unwrap();
+    s.apply(4, &Command::SetNodeState { name: "n1".into(), change: NodeStateChange::Drain, reason: String::new(), now_ms: 3 });
+    let out = s.apply(5, &Command::ApplyPlan { placements: vec![plan.clone()], now_ms: 4 }).outcome;
+    assert!(matches!(out, Outcome::PlanApplied { ref started, ref rejected } if started.is_empty() && rejected.len() == 1), "{out:?}");
+    assert_eq!(s.nodes["n0"].gpus_free(), 4, "no GPU of the refused gang may stay allocated");
+    s.apply(6, &Command::SetNodeState { name: "n1".into(), change: NodeStateChange::Resume, reason: String::new(), now_ms: 5 });
+    let out = s.apply(7, &Command::ApplyPlan { placements: vec![plan], now_ms: 6 }).outcome;
+    assert_eq!(out, Outcome::PlanApplied { started: vec![1], rejected: vec![] });
+    s.check_invariants().unwrap();
+    // Node n0 goes down: the gang fails and frees n1 too.
+    s.apply(8, &Command::SetNodeState { name: "n0".into(), change: NodeStateChange::Down, reason: "lost".into(), now_ms: 7 });
+    assert_eq!(s.jobs[&1].state, JobState::NodeFail);
+    assert_eq!(s.nodes["n1"].gpus_free(), 4);
+    s.check_invariants().unwrap();
+}

@@ -1,0 +1,28 @@
+//! The controller replica: the shell around the pure core.
+//!
+//! ```text
+//!  gRPC (tonic) ──► api::{jobs,nodes,admin,agent} ──validate──► Replica::propose ──► raft ──► raft-store
+//!        ▲                     │ not leader?                         (openraft)          (RocksDB)
+//!        └──── forward ◄───────┘
+//!  leader::duties (only while leader): node liveness → SetNodeState(Down)
+//! ```
+//!
+//! Related code: `controller/core` (model and `apply`), `raft-store` (storage),
+//! `proto` (wire types and the client library), `cli` (the `gangway` binary).
+
+pub mod api;
+pub mod config;
+pub mod leader;
+pub mod raft;
+pub mod replica;
+
+pub use config::{ReplicaConfig, Timing};
+pub use replica::{Replica, ReplicaHandle};
+
+/// Milliseconds since the Unix epoch: the time a leader stamps into commands.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,270 @@
+//! The Raft instance of one replica and the operations the API needs from it.
+//! With `raft-store`, this is the only place that names openraft types: the rest
+//! of the controller sees [`RaftNode`], [`ProposeError`] and plain values.
+//!
+//! Related code: `network.rs` (outgoing Raft RPCs), `service.rs` (incoming).
+
+pub mod network;
+pub mod service;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gangway_core::{Applied, Command};
+use gangway_raft_store::typ::{BasicNode, Raft};
+use gangway_raft_store::{SharedState, Stores};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{ChangeMembers, Config, ServerState, SnapshotPolicy};
+
+use crate::config::Timing;
+
+/// Raft messages can batch many entries; this bounds one message. It is far above
+/// `MAX_PAYLOAD_ENTRIES` × a typical command, and above a batch of the largest
+/// (1 MiB script) commands that fits in one message.
+pub const RAFT_MESSAGE_BYTES_MAX: usize = 512 * 1024 * 1024;
+/// Entries per AppendEntries message: large batches make replication cheap under
+/// load; 256 × the largest command still fits in one message.
+const MAX_PAYLOAD_ENTRIES: u64 = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProposeError {
+    /// This replica is not the leader; the leader's address, if known.
+    #[error("not the leader")]
+    NotLeader { leader_addr: Option<String> },
+    /// The request could not be completed now (no quorum, shutting down); retry.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The cluster refused the change (e.g. an invalid membership change).
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// A replica's view of itself, for status reporting.
+#[derive(Debug, Clone)]
+pub struct RaftStatus {
+    pub id: u64,
+    pub role: &'static str,
+    pub term: u64,
+    pub leader_id: Option<u64>,
+    pub last_log_index: Option<u64>,
+    pub committed_index: Option<u64>,
+    pub applied_index: Option<u64>,
+    pub snapshot_index: Option<u64>,
+    pub voters: BTreeSet<u64>,
+    pub learners: BTreeSet<u64>,
+    pub addrs: BTreeMap<u64, String>,
+    /// Leader only: the highest log index each member is known to hold.
+    pub matched: BTreeMap<u64, Option<u64>>,
+}
+
+pub struct RaftNode {
+    pub id: u64,
+    raft: Raft,
+    state: Arc<SharedState>,
+    committed_index: Arc<AtomicU64>,
+    pub timing: Timing,
+}
+
+impl RaftNode {
+    pub async fn start(id: u64, timing: Timing, stores: Stores) -> anyhow::Result<RaftNode> {
+        let config = Config {
+            cluster_name: "gangway".into(),
+            heartbeat_interval: timing.heartbeat_interval_ms,
+            election_timeout_min: timing.election_timeout_min_ms,
+            election_timeout_max: timing.election_timeout_max_ms,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(timing.snapshot_logs_since_last),
+            max_in_snapshot_log_to_keep: timing.logs_kept_after_snapshot,
+            max_payload_entries: MAX_PAYLOAD_ENTRIES,
+            ..Config::default()
+        }
+        .validate()?;
+        let state = stores.state_machine.shared();
+        let committed_index = stores.log.committed_index();
+        let raft =
+            Raft::new(id, Arc::new(config), network::Network::default(), stores.log, stores.state_machine).await?;
+        Ok(RaftNode { id, raft, state, committed_index, timing })
+    }
+
+    pub fn state(&self) -> &Arc<SharedState> {
+        &self.state
+    }
+
+    pub(crate) fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    pub async fn is_initialized(&self) -> bool {
+        self.raft.is_initialized().await.unwrap_or(false)
+    }
+
+    /// Forms a new cluster of `peers` (first start only).
+    pub async fn initialize(&self, peers: &BTreeMap<u64, String>) -> anyhow::Result<()> {
+        let members: BTreeMap<u64, BasicNode> =
+            peers.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
+        match self.raft.initialize(members).await {
+            Ok(()) => Ok(()),
+            // Another start already initialized this replica's log: nothing to do.
+            Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(anyhow::anyhow!("forming the cluster: {e}")),
+        }
+    }
+
+    fn leader_addr(&self, leader_id: Option<u64>) -> Option<String> {
+        let leader = leader_id?;
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        m.membership().get_node(&leader).map(|n| n.addr.clone())
+    }
+
+    fn map_write_error(&self, e: RaftError<u64, ClientWriteError<u64, BasicNode>>) -> ProposeError {
+        match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ProposeError::NotLeader {
+                leader_addr: f.leader_node.map(|n| n.addr).or_else(|| self.leader_addr(f.leader_id)),
+            },
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => ProposeError::Refused(e.to_string()),
+            RaftError::Fatal(f) => ProposeError::Unavailable(format!("this replica is stopping: {f}")),
+        }
+    }
+
+    /// Replicates `cmd` and returns what applying it did. Leader only.
+    pub async fn propose(&self, cmd: Command, timeout: Duration) -> Result<Applied, ProposeError> {
+        let fut = self.raft.client_write(cmd);
+        match tokio::time::timeout(timeout, fut).await {
+            Err(_) => Err(ProposeError::Unavailable(
+                "the write was not committed in time (no quorum?); its outcome is unknown, retry with the same idempotency key".into(),
+            )),
+            Ok(Ok(resp)) => Ok(resp.data.expect("a normal entry is answered with an outcome")),
+            Ok(Err(e)) => Err(self.map_write_error(e)),
+        }
+    }
+
+    /// Waits until this replica, as leader, has applied everything committed
+    /// before the call: a read after this is linearizable.
+    pub async fn ensure_linearizable(&self, timeout: Duration) -> Result<(), ProposeError> {
+        match tokio::time::timeout(timeout, self.raft.ensure_linearizable()).await {
+            Err(_) => Err(ProposeError::Unavailable("leadership could not be confirmed in time; retry".into())),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f)))) => {
+                Err(ProposeError::NotLeader {
+                    leader_addr: f.leader_node.map(|n| n.addr).or_else(|| self.leader_addr(f.leader_id)),
+                })
+            }
+            Ok(Err(RaftError::APIError(e))) => Err(ProposeError::Unavailable(e.to_string())),
+            Ok(Err(RaftError::Fatal(f))) => Err(ProposeError::Unavailable(format!("this replica is stopping: {f}"))),
+        }
+    }
+
+    pub fn is_leader(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.state == ServerState::Leader && m.current_leader == Some(self.id)
+    }
+
+    /// The known leader's address when it is another replica.
+    pub fn remote_leader(&self) -> Option<String> {
+        let leader = self.raft.metrics().borrow().current_leader;
+        match leader {
+            Some(l) if l != self.id => self.leader_addr(Some(l)),
+            _ => None,
+        }
+    }
+
+    pub fn status(&self) -> RaftStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        let learners: BTreeSet<u64> = membership.learner_ids().collect();
+        let addrs = membership.nodes().map(|(id, n)| (*id, n.addr.clone())).collect();
+        let role = match m.state {
+            ServerState::Leader => "leader",
+            ServerState::Follower => "follower",
+            ServerState::Candidate => "candidate",
+            ServerState::Learner => "learner",
+            ServerState::Shutdown => "shutdown",
+        };
+        let committed = self.committed_index.load(Ordering::Relaxed);
+        RaftStatus {
+            id: self.id,
+            role,
+            term: m.current_term,
+            leader_id: m.current_leader,
+            last_log_index: m.last_log_index,
+            committed_index: (committed > 0).then_some(committed),
+            applied_index: m.last_applied.map(|l| l.index),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            voters,
+            learners,
+            addrs,
+            matched: m
+                .replication
+                .as_ref()
+                .map(|r| r.iter().map(|(id, l)| (*id, l.map(|l| l.index))).collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Waits (bounded) until the metrics satisfy `pred`.
+    pub async fn wait_for(&self, timeout: Duration, pred: impl Fn(&RaftStatus) -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut rx = self.raft.metrics();
+        loop {
+            if pred(&self.status()) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+                return pred(&self.status());
+            }
+        }
+    }
+
+    pub async fn add_learner(&self, id: u64, addr: String) -> Result<u64, ProposeError> {
+        let r = self.raft.add_learner(id, BasicNode { addr }, true).await.map_err(|e| self.map_write_error(e))?;
+        Ok(r.log_id.index)
+    }
+
+    pub async fn promote(&self, id: u64) -> Result<u64, ProposeError> {
+        let r = self
+            .raft
+            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+            .await
+            .map_err(|e| self.map_write_error(e))?;
+        Ok(r.log_id.index)
+    }
+
+    pub async fn remove_member(&self, id: u64) -> Result<u64, ProposeError> {
+        let status = self.status();
+        let change = if status.voters.contains(&id) {
+            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else if status.learners.contains(&id) {
+            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        } else {
+            return Err(ProposeError::Refused(format!("id: replica {id} is not a member of the cluster")));
+        };
+        let r = self.raft.change_membership(change, false).await.map_err(|e| self.map_write_error(e))?;
+        Ok(r.log_id.index)
+    }
+
+    pub fn set_heartbeats(&self, enabled: bool) {
+        self.raft.enable_heartbeat(enabled);
+    }
+
+    pub async fn trigger_election(&self) -> Result<(), ProposeError> {
+        self.raft.trigger().elect().await.map_err(|e| ProposeError::Unavailable(e.to_string()))
+    }
+
+    /// Builds a snapshot now and waits (bounded) until it exists; returns its index.
+    pub async fn snapshot(&self, timeout: Duration) -> Result<u64, ProposeError> {
+        let applied = self.status().applied_index.unwrap_or(0);
+        self.raft.trigger().snapshot().await.map_err(|e| ProposeError::Unavailable(e.to_string()))?;
+        if self.wait_for(timeout, |s| s.snapshot_index.unwrap_or(0) >= applied).await {
+            Ok(self.status().snapshot_index.unwrap_or(0))
+        } else {
+            Err(ProposeError::Unavailable("the snapshot did not finish in time".into()))
+        }
+    }
+
+    pub async fn shutdown(&self) {
+        let _ = self.raft.shutdown().await;
+    }
+}

@@ -1,0 +1,125 @@
+//! Outgoing Raft RPCs over tonic: openraft messages encoded with bincode inside a
+//! `RaftPayload`. Connection failures are reported as `Unreachable`, so openraft
+//! backs off instead of hammering a dead peer.
+
+use std::time::Duration;
+
+use gangway_proto::v1::raft_service_client::RaftServiceClient;
+use gangway_proto::v1::RaftPayload;
+use gangway_raft_store::codec::{decode, encode};
+use gangway_raft_store::TypeConfig;
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
+use openraft::BasicNode;
+use serde::de::DeserializeOwned;
+use tonic::transport::{Channel, Endpoint};
+
+use super::RAFT_MESSAGE_BYTES_MAX;
+
+/// Pause between attempts to reach an unreachable peer: short, so a restarted
+/// replica rejoins quickly; openraft calls this only after a failure.
+const UNREACHABLE_BACKOFF: Duration = Duration::from_millis(200);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+#[derive(Default)]
+pub struct Network;
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerClient {
+        let uri = format!("http://{}", node.addr);
+        let client = Endpoint::from_shared(uri.clone()).ok().map(|ep| {
+            let ch = ep.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true).connect_lazy();
+            RaftServiceClient::new(ch)
+                .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
+                .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX)
+        });
+        PeerClient { target, addr: node.addr.clone(), client }
+    }
+}
+
+pub struct PeerClient {
+    target: u64,
+    addr: String,
+    /// None when the peer's address does not parse (reported on every call).
+    client: Option<RaftServiceClient<Channel>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("raft RPC to replica {target} at {addr}: {message}")]
+struct TransportError {
+    target: u64,
+    addr: String,
+    message: String,
+}
+
+impl PeerClient {
+    async fn call<Req, Resp, E>(
+        &mut self,
+        kind: &'static str,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<u64, BasicNode, RaftError<u64, E>>>
+    where
+        Req: serde::Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let err = |message: String| TransportError { target: self.target, addr: self.addr.clone(), message };
+        let Some(client) = self.client.as_mut() else {
+            return Err(RPCError::Unreachable(Unreachable::new(&err("address does not parse".into()))));
+        };
+        let mut request = tonic::Request::new(RaftPayload { data: encode(req) });
+        request.set_timeout(option.hard_ttl());
+        let response = match kind {
+            "append" => client.append_entries(request).await,
+            "vote" => client.vote(request).await,
+            _ => client.install_snapshot(request).await,
+        };
+        let payload = match response {
+            Ok(r) => r.into_inner(),
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                return Err(RPCError::Unreachable(Unreachable::new(&err(status.message().to_string()))))
+            }
+            Err(status) => return Err(RPCError::Network(NetworkError::new(&err(status.to_string())))),
+        };
+        let result: Result<Resp, RaftError<u64, E>> =
+            decode(&payload.data).map_err(|e| RPCError::Network(NetworkError::new(&err(e.to_string()))))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        self.call("append", &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<u64>, RPCError<u64, BasicNode, RaftError<u64, InstallSnapshotError>>> {
+        self.call("snapshot", &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        self.call("vote", &rpc, &option).await
+    }
+
+    fn backoff(&self) -> Backoff {
+        Backoff::new(std::iter::repeat(UNREACHABLE_BACKOFF))
+    }
+}

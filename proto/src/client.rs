@@ -1,0 +1,128 @@
+//! The client library: connects to any of a cluster's replicas and fails over.
+//!
+//! Replicas forward writes and linearizable reads to the leader themselves, so a
+//! client only needs one live replica. When a call fails with a retryable status
+//! (the replica is down, or the leader changed mid-call), [`Client::call`] tries
+//! the next endpoint, backing off between rounds, within a bounded number of
+//! attempts and an overall deadline. Submits carry an idempotency key, so a retry
+//! after an unknown outcome never creates a second job.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+
+use crate::IDENTITY_METADATA_KEY;
+
+/// Attempts of one call across all endpoints. With three replicas this is about
+/// ten rounds: enough to ride out a leader election.
+pub const CALL_ATTEMPTS_MAX: usize = 32;
+/// Overall time one call may spend retrying. A Raft election here takes well
+/// under a second; 15 s also covers a replica that restarts.
+pub const CALL_DEADLINE: Duration = Duration::from_secs(15);
+/// Pause after every endpoint failed once, doubling up to the cap.
+const BACKOFF_START: Duration = Duration::from_millis(20);
+const BACKOFF_CAP: Duration = Duration::from_millis(500);
+/// How long connecting to one endpoint may take before trying the next.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// A single attempt's time limit (a write waits for a Raft commit).
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(12);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no controller endpoints given (use --endpoints or GANGWAY_ENDPOINTS)")]
+    NoEndpoints,
+    #[error("endpoint '{0}' is not a valid address: {1}")]
+    BadEndpoint(String, String),
+    #[error("identity '{0}' cannot be sent as gRPC metadata (use printable ASCII)")]
+    BadIdentity(String),
+}
+
+/// A cluster client. Cheap to share by reference across tasks.
+pub struct Client {
+    endpoints: Vec<String>,
+    channels: Vec<Channel>,
+    identity: MetadataValue<tonic::metadata::Ascii>,
+    /// The endpoint that answered last; calls start there.
+    preferred: AtomicUsize,
+}
+
+/// Whether a failed call may be retried on another replica.
+pub fn is_retryable(status: &Status) -> bool {
+    matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled)
+        || (status.code() == Code::DeadlineExceeded)
+}
+
+impl Client {
+    /// Builds a client; connections are made on first use.
+    pub fn new(endpoints: &[String], identity: &str) -> Result<Client, ClientError> {
+        let endpoints: Vec<String> = endpoints.iter().map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect();
+        if endpoints.is_empty() {
+            return Err(ClientError::NoEndpoints);
+        }
+        let mut channels = Vec::with_capacity(endpoints.len());
+        for e in &endpoints {
+            let uri = if e.contains("://") { e.clone() } else { format!("http://{e}") };
+            let ep = Endpoint::from_shared(uri)
+                .map_err(|err| ClientError::BadEndpoint(e.clone(), err.to_string()))?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .tcp_nodelay(true);
+            channels.push(ep.connect_lazy());
+        }
+        let identity = identity.parse().map_err(|_| ClientError::BadIdentity(identity.to_string()))?;
+        Ok(Client { endpoints, channels, identity, preferred: AtomicUsize::new(0) })
+    }
+
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// Wraps a message in a request that carries the caller identity.
+    pub fn request<T>(&self, msg: T) -> Request<T> {
+        let mut req = Request::new(msg);
+        req.metadata_mut().insert(IDENTITY_METADATA_KEY, self.identity.clone());
+        req.set_timeout(ATTEMPT_TIMEOUT);
+        req
+    }
+
+    /// Runs `op` against a replica, failing over to the others on retryable errors.
+    pub async fn call<T, F, Fut>(&self, op: F) -> Result<T, Status>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let started = Instant::now();
+        let n = self.channels.len();
+        let mut backoff = BACKOFF_START;
+        let mut last = Status::unavailable("no attempt made");
+        for attempt in 0..CALL_ATTEMPTS_MAX {
+            let i = (self.preferred.load(Ordering::Relaxed) + attempt) % n;
+            match op(self.channels[i].clone()).await {
+                Ok(v) => {
+                    self.preferred.store(i, Ordering::Relaxed);
+                    return Ok(v);
+                }
+                Err(status) if is_retryable(&status) => {
+                    last = status;
+                }
+                Err(status) => return Err(status),
+            }
+            if started.elapsed() >= CALL_DEADLINE {
+                break;
+            }
+            if (attempt + 1) % n == 0 {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_CAP);
+            }
+        }
+        Err(Status::unavailable(format!(
+            "no controller answered ({} endpoints tried: {}); last error: {}",
+            n,
+            self.endpoints.join(", "),
+            last.message()
+        )))
+    }
+}

@@ -1,0 +1,206 @@
+//! The Raft log and Raft metadata (vote, committed, purged) on RocksDB, with group
+//! commit: appends write without syncing and hand their completion callback to the
+//! [`GroupCommitter`] thread, which syncs the WAL once for every callback waiting
+//! and only then acknowledges them to openraft.
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{AnyError, Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
+use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions, DB};
+
+use crate::codec::{decode, encode, index_key, key_index};
+use crate::db::{CF_LOG, CF_META};
+use crate::{NodeId, TypeConfig};
+
+/// Appends waiting for one fsync. openraft keeps a bounded number of appends in
+/// flight, so this bound is never the limiter in practice; it stops a stuck disk
+/// from queueing without end (senders then block, which is back-pressure).
+const GROUP_COMMIT_QUEUE_MAX: usize = 8192;
+/// Callbacks acknowledged by one fsync: large enough to amortise the sync under
+/// load, small enough that one batch's acknowledgements go out promptly.
+const GROUP_COMMIT_BATCH_MAX: usize = 4096;
+
+const KEY_VOTE: &[u8] = b"vote";
+const KEY_COMMITTED: &[u8] = b"committed";
+const KEY_PURGED: &[u8] = b"last_purged";
+
+type Result<T> = std::result::Result<T, StorageError<NodeId>>;
+
+/// The log half of the store. Cheap to clone: openraft asks for readers.
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<DB>,
+    committer: mpsc::SyncSender<LogFlushed<TypeConfig>>,
+    /// The highest committed index openraft reported (for status reporting; 0 = none).
+    committed_index: Arc<AtomicU64>,
+}
+
+impl LogStore {
+    pub(crate) fn new(db: Arc<DB>) -> LogStore {
+        let (tx, rx) = mpsc::sync_channel(GROUP_COMMIT_QUEUE_MAX);
+        let committer_db = db.clone();
+        std::thread::Builder::new()
+            .name("gangway-group-commit".into())
+            .spawn(move || group_commit_loop(&committer_db, &rx))
+            .expect("spawning the group-commit thread");
+        LogStore { db, committer: tx, committed_index: Arc::new(AtomicU64::new(0)) }
+    }
+
+    /// A live view of the committed index, for status reporting.
+    pub fn committed_index(&self) -> Arc<AtomicU64> {
+        self.committed_index.clone()
+    }
+
+    fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
+        self.db.cf_handle(name).expect("column family created at open")
+    }
+
+    fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>> {
+        let raw = self.db.get_cf(self.cf(CF_META), key).map_err(|e| StorageIOError::read(AnyError::new(&e)))?;
+        raw.map(|bytes| decode(&bytes).map_err(|e| StorageIOError::read(AnyError::new(&e)).into())).transpose()
+    }
+
+    fn put_meta<T: serde::Serialize>(&self, key: &[u8], value: &T, sync: bool) -> std::result::Result<(), rocksdb::Error> {
+        let mut opts = WriteOptions::default();
+        opts.set_sync(sync);
+        self.db.put_cf_opt(self.cf(CF_META), key, encode(value), &opts)
+    }
+}
+
+/// Syncs the WAL once per batch of waiting appends, then acknowledges them all.
+fn group_commit_loop(db: &DB, rx: &mpsc::Receiver<LogFlushed<TypeConfig>>) {
+    let mut batch = Vec::with_capacity(64);
+    // Ends when every LogStore handle is dropped (the replica shut down).
+    while let Ok(first) = rx.recv() {
+        batch.push(first);
+        while batch.len() < GROUP_COMMIT_BATCH_MAX {
+            match rx.try_recv() {
+                Ok(cb) => batch.push(cb),
+                Err(_) => break,
+            }
+        }
+        metrics::histogram!("gangway_raft_group_commit_batch").record(batch.len() as f64);
+        let result = db.flush_wal(true);
+        for cb in batch.drain(..) {
+            let r = match &result {
+                Ok(()) => Ok(()),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
+            };
+            cb.log_io_completed(r);
+        }
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>> {
+        let start = match range.start_bound() {
+            Bound::Included(&x) => x,
+            Bound::Excluded(&x) => x + 1,
+            Bound::Unbounded => 0,
+        };
+        let mut out = Vec::new();
+        let iter = self.db.iterator_cf(self.cf(CF_LOG), IteratorMode::From(&index_key(start), Direction::Forward));
+        for item in iter {
+            let (key, value) = item.map_err(|e| StorageIOError::read_logs(AnyError::new(&e)))?;
+            let index = key_index(&key);
+            if !range.contains(&index) {
+                break;
+            }
+            let entry: Entry<TypeConfig> =
+                decode(&value).map_err(|e| StorageIOError::read_log_at_index(index, AnyError::new(&e)))?;
+            assert_eq!(entry.log_id.index, index, "log entry stored under the wrong key");
+            out.push(entry);
+        }
+        Ok(out)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>> {
+        let last_purged_log_id: Option<LogId<NodeId>> = self.get_meta(KEY_PURGED)?;
+        let last = match self.db.iterator_cf(self.cf(CF_LOG), IteratorMode::End).next() {
+            None => None,
+            Some(item) => {
+                let (_, value) = item.map_err(|e| StorageIOError::read_logs(AnyError::new(&e)))?;
+                let entry: Entry<TypeConfig> =
+                    decode(&value).map_err(|e| StorageIOError::read_logs(AnyError::new(&e)))?;
+                Some(entry.log_id)
+            }
+        };
+        Ok(LogState { last_purged_log_id, last_log_id: last.or(last_purged_log_id) })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<()> {
+        // A vote must survive a crash before it is acted on: synced write.
+        self.put_meta(KEY_VOTE, vote, true).map_err(|e| StorageIOError::write_vote(AnyError::new(&e)))?;
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>> {
+        self.get_meta(KEY_VOTE)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<()> {
+        if let Some(c) = committed {
+            self.committed_index.fetch_max(c.index, Ordering::Relaxed);
+        }
+        // Not synced: it only lets a restart re-apply sooner; losing it is safe.
+        self.put_meta(KEY_COMMITTED, &committed, false).map_err(|e| StorageIOError::write(AnyError::new(&e)))?;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>> {
+        Ok(self.get_meta::<Option<LogId<NodeId>>>(KEY_COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<()>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut batch = WriteBatch::default();
+        let cf = self.cf(CF_LOG);
+        for entry in entries {
+            batch.put_cf(cf, index_key(entry.log_id.index), encode(&entry));
+        }
+        let mut opts = WriteOptions::default();
+        opts.set_sync(false);
+        self.db.write_opt(batch, &opts).map_err(|e| StorageIOError::write_logs(AnyError::new(&e)))?;
+        // Acknowledged by the group-commit thread after the fsync that covers it.
+        if let Err(mpsc::SendError(cb)) = self.committer.send(callback) {
+            cb.log_io_completed(Err(std::io::Error::other("group-commit thread is gone")));
+        }
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<()> {
+        self.db
+            .delete_range_cf(self.cf(CF_LOG), index_key(log_id.index), index_key(u64::MAX))
+            .map_err(|e| StorageIOError::write_logs(AnyError::new(&e)))?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<()> {
+        // Record the purge point first: a crash in between leaves extra entries,
+        // never a gap that claims to exist.
+        self.put_meta(KEY_PURGED, &log_id, true).map_err(|e| StorageIOError::write(AnyError::new(&e)))?;
+        self.db
+            .delete_range_cf(self.cf(CF_LOG), index_key(0), index_key(log_id.index + 1))
+            .map_err(|e| StorageIOError::write_logs(AnyError::new(&e)))?;
+        Ok(())
+    }
+}

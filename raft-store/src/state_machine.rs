@@ -1,0 +1,208 @@
+//! The state machine half of the store: [`gangway_core::State`] in memory, applied
+//! from the log, snapshotted into RocksDB's `snapshot` column family.
+//!
+//! Restart = load the latest snapshot, then openraft re-applies the committed log
+//! after it. The in-memory state is shared with the API ([`SharedState`]) behind a
+//! read-write lock; job events go out on a broadcast channel for watchers.
+
+use std::io::Cursor;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+use gangway_core::{snapshot, JobEvent, State};
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    AnyError, BasicNode, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, SnapshotMeta, StorageError,
+    StorageIOError, StoredMembership,
+};
+use rocksdb::{WriteOptions, DB};
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+
+use crate::codec::{decode, encode};
+use crate::db::CF_SNAPSHOT;
+use crate::{NodeId, Response, TypeConfig};
+
+/// Job events buffered for watchers. A watcher further behind than this is told
+/// it lagged (and its stream ends) instead of holding memory without bound.
+pub const WATCH_EVENTS_BUFFER_MAX: usize = 16_384;
+
+const KEY_CURRENT: &[u8] = b"current";
+
+type Result<T> = std::result::Result<T, StorageError<NodeId>>;
+
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta<NodeId, BasicNode>,
+    data: Vec<u8>,
+}
+
+/// The applied state, shared between the state machine (writer) and the API
+/// (readers).
+pub struct SharedState {
+    state: RwLock<State>,
+    events: broadcast::Sender<JobEvent>,
+}
+
+impl SharedState {
+    /// A read view of the applied state. Hold it briefly: apply waits for it.
+    pub fn read(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().expect("state lock poisoned: a replica thread panicked")
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<JobEvent> {
+        self.events.subscribe()
+    }
+}
+
+pub struct StateMachineStore {
+    shared: Arc<SharedState>,
+    last_applied: Option<LogId<NodeId>>,
+    last_membership: StoredMembership<NodeId, BasicNode>,
+    db: Arc<DB>,
+    /// Makes snapshot ids unique within this process's life.
+    snapshot_seq: u64,
+}
+
+impl StateMachineStore {
+    /// Loads the latest snapshot from `db`, or starts empty.
+    pub(crate) fn load(db: Arc<DB>) -> std::result::Result<StateMachineStore, String> {
+        let (events, _) = broadcast::channel(WATCH_EVENTS_BUFFER_MAX);
+        let mut sm = StateMachineStore {
+            shared: Arc::new(SharedState { state: RwLock::new(State::default()), events }),
+            last_applied: None,
+            last_membership: StoredMembership::default(),
+            db,
+            snapshot_seq: 0,
+        };
+        let cf = sm.db.cf_handle(CF_SNAPSHOT).expect("column family created at open");
+        if let Some(raw) = sm.db.get_cf(cf, KEY_CURRENT).map_err(|e| e.to_string())? {
+            let stored: StoredSnapshot = decode(&raw).map_err(|e| e.to_string())?;
+            let state = snapshot::decode(&stored.data).map_err(|e| e.to_string())?;
+            state.check_invariants().map_err(|e| format!("snapshot breaks an invariant: {e}"))?;
+            *sm.shared.state.write().expect("fresh lock") = state;
+            sm.last_applied = stored.meta.last_log_id;
+            sm.last_membership = stored.meta.last_membership;
+        }
+        Ok(sm)
+    }
+
+    pub fn shared(&self) -> Arc<SharedState> {
+        self.shared.clone()
+    }
+
+    fn store_snapshot(&self, stored: &StoredSnapshot) -> Result<()> {
+        let cf = self.db.cf_handle(CF_SNAPSHOT).expect("column family created at open");
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        self.db
+            .put_cf_opt(cf, KEY_CURRENT, encode(stored), &opts)
+            .map_err(|e| StorageIOError::write_snapshot(Some(stored.meta.signature()), AnyError::new(&e)))?;
+        Ok(())
+    }
+}
+
+/// Builds one snapshot from a copy of the state taken on the state-machine task,
+/// so encoding and writing happen off that task.
+pub struct SnapshotBuilder {
+    state: State,
+    meta: SnapshotMeta<NodeId, BasicNode>,
+    db: Arc<DB>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>> {
+        let data = snapshot::encode(&self.state);
+        let stored = StoredSnapshot { meta: self.meta.clone(), data };
+        let cf = self.db.cf_handle(CF_SNAPSHOT).expect("column family created at open");
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        self.db
+            .put_cf_opt(cf, KEY_CURRENT, encode(&stored), &opts)
+            .map_err(|e| StorageIOError::write_snapshot(Some(stored.meta.signature()), AnyError::new(&e)))?;
+        Ok(Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>)> {
+        Ok((self.last_applied, self.last_membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>>
+    where
+        I: IntoIterator<Item = openraft::Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries = entries.into_iter();
+        let mut replies = Vec::with_capacity(entries.size_hint().0);
+        let mut events = Vec::new();
+        {
+            let mut state = self.shared.state.write().expect("state lock poisoned");
+            for entry in entries {
+                self.last_applied = Some(entry.log_id);
+                match entry.payload {
+                    EntryPayload::Blank => replies.push(None),
+                    EntryPayload::Normal(cmd) => {
+                        let applied = state.apply(entry.log_id.index, &cmd);
+                        metrics::counter!("gangway_commands_applied_total", "command" => cmd.name()).increment(1);
+                        events.extend(applied.events.iter().cloned());
+                        replies.push(Some(applied));
+                    }
+                    EntryPayload::Membership(m) => {
+                        self.last_membership = StoredMembership::new(Some(entry.log_id), m);
+                        replies.push(None);
+                    }
+                }
+            }
+        }
+        for ev in events {
+            // No receivers is fine: nobody is watching.
+            let _ = self.shared.events.send(ev);
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.snapshot_seq += 1;
+        let state = self.shared.read().clone();
+        let snapshot_id = match self.last_applied {
+            Some(l) => format!("{}-{}-{}", l.leader_id, l.index, self.snapshot_seq),
+            None => format!("none-{}", self.snapshot_seq),
+        };
+        let meta = SnapshotMeta { last_log_id: self.last_applied, last_membership: self.last_membership.clone(), snapshot_id };
+        SnapshotBuilder { state, meta, db: self.db.clone() }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<()> {
+        let data = snapshot.into_inner();
+        let state = snapshot::decode(&data)
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), AnyError::error(e.to_string())))?;
+        state
+            .check_invariants()
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), AnyError::error(e)))?;
+        self.store_snapshot(&StoredSnapshot { meta: meta.clone(), data })?;
+        *self.shared.state.write().expect("state lock poisoned") = state;
+        self.last_applied = meta.last_log_id;
+        self.last_membership = meta.last_membership.clone();
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>> {
+        let cf = self.db.cf_handle(CF_SNAPSHOT).expect("column family created at open");
+        let raw = self.db.get_cf(cf, KEY_CURRENT).map_err(|e| StorageIOError::read_snapshot(None, AnyError::new(&e)))?;
+        let Some(raw) = raw else { return Ok(None) };
+        let stored: StoredSnapshot =
+            decode(&raw).map_err(|e| StorageIOError::read_snapshot(None, AnyError::new(&e)))?;
+        Ok(Some(Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) }))
+    }
+}
