@@ -1,1 +1,99 @@
-fn main() {}
+//! `gangway`: the one binary for controllers, agents, the dev cluster, users and
+//! benchmarks. Errors print as one line on stderr with a non-zero exit code.
+
+mod bench;
+mod commands;
+mod dev;
+mod parse;
+
+use clap::{Parser, Subcommand};
+
+/// The dev cluster's endpoints: where `gangway dev` listens by default.
+pub const DEFAULT_ENDPOINTS: &str = "127.0.0.1:50051,127.0.0.1:50052,127.0.0.1:50053";
+
+#[derive(Parser)]
+#[command(name = "gangway", version, about = "Gangway: a fault-tolerant workload manager for GPU and HPC clusters")]
+struct Cli {
+    /// Controller replicas to talk to (any one that answers will do).
+    #[arg(long, global = true, env = "GANGWAY_ENDPOINTS", default_value = DEFAULT_ENDPOINTS, value_delimiter = ',')]
+    endpoints: Vec<String>,
+    /// Caller identity sent with every request.
+    #[arg(long, global = true, env = "GANGWAY_IDENTITY")]
+    identity: Option<String>,
+    /// Print machine-readable JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a controller replica.
+    Controller(commands::ControllerArgs),
+    /// Run a node agent (registers the node and heartbeats).
+    Agent(commands::AgentArgs),
+    /// Start a local 3-replica cluster with simulated GPU nodes (Ctrl-C stops it).
+    Dev(dev::DevArgs),
+    /// Submit a job: a command after `--`, `--wrap "cmd"`, or a batch script file.
+    Submit(commands::SubmitArgs),
+    /// List pending and running jobs (`--all` for finished ones too).
+    Queue(commands::QueueArgs),
+    /// Show one job in full.
+    Show { job_id: u64, #[arg(long)] stale: bool },
+    /// Cancel jobs.
+    Cancel { #[arg(required = true)] job_ids: Vec<u64> },
+    /// List nodes.
+    Nodes { #[arg(long)] stale: bool },
+    /// Drain or resume a node.
+    #[command(subcommand)]
+    Node(commands::NodeCmd),
+    /// The controller cluster: status and membership.
+    #[command(subcommand)]
+    Cluster(commands::ClusterCmd),
+    /// Benchmarks against a local cluster of real controller processes.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
+}
+
+fn default_identity() -> String {
+    let user = std::env::var("USER").ok().filter(|u| !u.is_empty()).unwrap_or_else(|| "user".into());
+    format!("dev:{user}")
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GANGWAY_LOG").unwrap_or_else(|_| {
+        let server = matches!(cli.command, Cmd::Controller(_) | Cmd::Agent(_) | Cmd::Dev(_));
+        tracing_subscriber::EnvFilter::new(if server { "info,openraft=warn" } else { "warn,openraft=error" })
+    });
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let identity = cli.identity.clone().unwrap_or_else(default_identity);
+    let out = commands::Output { json: cli.json };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Cmd::Controller(a) => commands::controller(a).await,
+            Cmd::Agent(a) => commands::agent(a, &identity).await,
+            Cmd::Dev(a) => dev::run(a, &identity).await,
+            Cmd::Bench(b) => bench::run(b).await,
+            cmd => {
+                let client = gangway_proto::client::Client::new(&cli.endpoints, &identity)?;
+                match cmd {
+                    Cmd::Submit(a) => commands::submit(&client, &out, a).await,
+                    Cmd::Queue(a) => commands::queue(&client, &out, a).await,
+                    Cmd::Show { job_id, stale } => commands::show(&client, &out, job_id, stale).await,
+                    Cmd::Cancel { job_ids } => commands::cancel(&client, &out, &job_ids).await,
+                    Cmd::Nodes { stale } => commands::nodes(&client, &out, stale).await,
+                    Cmd::Node(n) => commands::node(&client, &out, n).await,
+                    Cmd::Cluster(c) => commands::cluster(&client, &out, c).await,
+                    _ => unreachable!("handled above"),
+                }
+            }
+        }
+    });
+    if let Err(e) = result {
+        eprintln!("gangway: {}", commands::one_line(&e));
+        std::process::exit(1);
+    }
+}

@@ -25,7 +25,7 @@ pub const CALL_ATTEMPTS_MAX: usize = 32;
 pub const CALL_DEADLINE: Duration = Duration::from_secs(15);
 /// Pause after every endpoint failed once, doubling up to the cap.
 const BACKOFF_START: Duration = Duration::from_millis(20);
-const BACKOFF_CAP: Duration = Duration::from_millis(500);
+const BACKOFF_CAP: Duration = Duration::from_millis(200);
 /// How long connecting to one endpoint may take before trying the next.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// A single attempt's time limit (a write waits for a Raft commit).

@@ -246,7 +246,7 @@ impl RaftNode {
     }
 
     pub fn set_heartbeats(&self, enabled: bool) {
-        self.raft.enable_heartbeat(enabled);
+        self.raft.runtime_config().heartbeat(enabled);
     }
 
     pub async fn trigger_election(&self) -> Result<(), ProposeError> {

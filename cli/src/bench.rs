@@ -1,0 +1,366 @@
+//! `gangway bench`: numbers, not pass/fail. Each benchmark starts its own cluster
+//! of real `gangway controller` child processes on loopback with durable storage
+//! in a temp dir, and removes it afterwards.
+//!
+//! - `bench submit`: submissions/s and latency percentiles at several client counts.
+//! - `bench failover`: leader SIGKILL → first successful submit, over repeated runs,
+//!   and a check that every acknowledged submit survived.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Subcommand;
+use gangway_proto::client::Client;
+use gangway_proto::v1 as pb;
+use gangway_proto::v1::admin_service_client::AdminServiceClient;
+use gangway_proto::v1::job_service_client::JobServiceClient;
+use tokio::sync::Mutex;
+
+/// Concurrent clients one run may use (each is a task with its own connection).
+const BENCH_CLIENTS_MAX: usize = 1024;
+/// Longest measurement per client count.
+const BENCH_SECONDS_MAX: u64 = 600;
+/// Failover runs at most.
+const FAILOVER_RUNS_MAX: usize = 100;
+/// Waiting for a cluster to elect a leader or for a restarted replica to catch up.
+const CLUSTER_WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// Submission throughput and latency against a local 3-replica cluster.
+    Submit {
+        /// Client counts to measure, in order.
+        #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+        clients: Vec<usize>,
+        /// Seconds to measure each client count.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Keep the cluster's data here instead of a temp dir.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+    /// Leader SIGKILL → first successful submit, repeated.
+    Failover {
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+}
+
+pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
+    match cmd {
+        BenchCmd::Submit { clients, seconds, data_dir } => bench_submit(&clients, seconds, data_dir).await,
+        BenchCmd::Failover { runs, data_dir } => bench_failover(runs, data_dir).await,
+    }
+}
+
+/// A cluster of real controller processes on loopback.
+struct LocalCluster {
+    exe: PathBuf,
+    root: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    addrs: BTreeMap<u64, String>,
+    children: BTreeMap<u64, Child>,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl LocalCluster {
+    fn start(replicas: u64, data_dir: Option<PathBuf>) -> anyhow::Result<LocalCluster> {
+        let (tmp, root) = match data_dir {
+            Some(d) => (None, d),
+            None => {
+                let t = tempfile::Builder::new().prefix("gangway-bench-").tempdir()?;
+                let p = t.path().to_path_buf();
+                (Some(t), p)
+            }
+        };
+        let mut addrs = BTreeMap::new();
+        for id in 1..=replicas {
+            addrs.insert(id, format!("127.0.0.1:{}", free_port()?));
+        }
+        let mut c = LocalCluster { exe: std::env::current_exe()?, root, _tmp: tmp, addrs, children: BTreeMap::new() };
+        for id in 1..=replicas {
+            c.spawn(id)?;
+        }
+        Ok(c)
+    }
+
+    fn spawn(&mut self, id: u64) -> anyhow::Result<()> {
+        let peers: Vec<String> = self.addrs.iter().map(|(i, a)| format!("{i}={a}")).collect();
+        let dir = self.root.join(format!("replica-{id}"));
+        std::fs::create_dir_all(&dir)?;
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("controller.log"))?;
+        let child = Command::new(&self.exe)
+            .args(["controller", "--id", &id.to_string(), "--listen", &self.addrs[&id], "--peers", &peers.join(",")])
+            .arg("--data-dir")
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting a controller process")?;
+        self.children.insert(id, child);
+        Ok(())
+    }
+
+    /// SIGKILL: no chance to flush or say goodbye.
+    fn kill(&mut self, id: u64) {
+        if let Some(mut c) = self.children.remove(&id) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        self.addrs.values().cloned().collect()
+    }
+
+    fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The leader's id once every live replica agrees there is one.
+    async fn wait_leader(&self, client: &Client) -> anyhow::Result<u64> {
+        let deadline = Instant::now() + CLUSTER_WAIT;
+        while Instant::now() < deadline {
+            let s = client
+                .call(|ch| {
+                    let r = client.request(pb::ClusterStatusRequest {});
+                    async move { AdminServiceClient::new(ch).cluster_status(r).await }
+                })
+                .await;
+            if let Ok(s) = s {
+                let s = s.into_inner();
+                if let Some(l) = s.leader_id {
+                    if s.replicas.iter().any(|r| r.id == l && r.role == "leader") {
+                        return Ok(l);
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("no leader within {}s (logs in {})", CLUSTER_WAIT.as_secs(), self.root.display())
+    }
+
+    /// Waits until every replica answers and has applied the leader's commit index.
+    async fn wait_converged(&self, client: &Client) -> anyhow::Result<()> {
+        let deadline = Instant::now() + CLUSTER_WAIT;
+        while Instant::now() < deadline {
+            if let Ok(s) = client
+                .call(|ch| {
+                    let r = client.request(pb::ClusterStatusRequest {});
+                    async move { AdminServiceClient::new(ch).cluster_status(r).await }
+                })
+                .await
+            {
+                let s = s.into_inner();
+                let commit = s.replicas.iter().filter(|r| r.role == "leader").filter_map(|r| r.commit_index).max();
+                if let Some(c) = commit {
+                    if s.replicas.iter().all(|r| r.role != "unreachable" && r.applied_index.unwrap_or(0) >= c) {
+                        return Ok(());
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("replicas did not converge within {}s", CLUSTER_WAIT.as_secs())
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        let ids: Vec<u64> = self.children.keys().copied().collect();
+        for id in ids {
+            self.kill(id);
+        }
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn bench_spec() -> pb::JobSpec {
+    pb::JobSpec { name: "bench".into(), command: vec!["true".into()], workdir: "/tmp".into(), ..Default::default() }
+}
+
+async fn submit_once(client: &Client, key: String) -> Result<u64, tonic::Status> {
+    let req = pb::SubmitRequest { spec: Some(bench_spec()), idempotency_key: key };
+    client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).submit(r).await }
+        })
+        .await
+        .map(|r| r.into_inner().job_id)
+}
+
+fn machine_facts() -> String {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let mem_gb = gangway_node_agent::inventory::host_mem_mb() / 1024;
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_default();
+    format!("{cpus} CPUs ({model}), {mem_gb} GiB RAM")
+}
+
+async fn bench_submit(clients: &[usize], seconds: u64, data_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    if clients.is_empty() || clients.iter().any(|&c| c == 0 || c > BENCH_CLIENTS_MAX) {
+        bail!("clients: each count must be between 1 and {BENCH_CLIENTS_MAX}");
+    }
+    if seconds == 0 || seconds > BENCH_SECONDS_MAX {
+        bail!("seconds: must be between 1 and {BENCH_SECONDS_MAX}");
+    }
+    let cluster = LocalCluster::start(3, data_dir)?;
+    let probe = Client::new(&cluster.endpoints(), "bench")?;
+    let leader = cluster.wait_leader(&probe).await?;
+    // Clients talk to the leader first (followers would forward: one more hop).
+    let mut eps = vec![cluster.addrs[&leader].clone()];
+    eps.extend(cluster.addrs.iter().filter(|(id, _)| **id != leader).map(|(_, a)| a.clone()));
+    println!("bench submit: 3 controller processes, durable RocksDB (fsync before ack), loopback gRPC");
+    println!("machine: {}; data in {}", machine_facts(), cluster.root().display());
+    println!("{:>8} {:>10} {:>12} {:>10} {:>10} {:>10}", "clients", "submits", "submits/s", "p50 ms", "p99 ms", "errors");
+    for &n in clients {
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        let mut tasks = Vec::new();
+        for t in 0..n {
+            let eps = eps.clone();
+            tasks.push(tokio::spawn(async move {
+                let client = Client::new(&eps, "bench").expect("endpoints");
+                let mut lat = Vec::new();
+                let mut errors = 0u64;
+                let mut i = 0u64;
+                while Instant::now() < deadline {
+                    let started = Instant::now();
+                    match submit_once(&client, format!("b{n}-{t}-{i}")).await {
+                        Ok(_) => lat.push(started.elapsed()),
+                        Err(_) => errors += 1,
+                    }
+                    i += 1;
+                }
+                (lat, errors)
+            }));
+        }
+        let started = Instant::now();
+        let mut all = Vec::new();
+        let mut errors = 0;
+        for t in tasks {
+            let (lat, e) = t.await?;
+            all.extend(lat);
+            errors += e;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        all.sort_unstable();
+        println!(
+            "{:>8} {:>10} {:>12.0} {:>10.2} {:>10.2} {:>10}",
+            n,
+            all.len(),
+            all.len() as f64 / elapsed,
+            percentile(&all, 0.5).as_secs_f64() * 1000.0,
+            percentile(&all, 0.99).as_secs_f64() * 1000.0,
+            errors
+        );
+    }
+    Ok(())
+}
+
+async fn bench_failover(runs: usize, data_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    if runs == 0 || runs > FAILOVER_RUNS_MAX {
+        bail!("runs: must be between 1 and {FAILOVER_RUNS_MAX}");
+    }
+    let mut cluster = LocalCluster::start(3, data_dir)?;
+    let client = Arc::new(Client::new(&cluster.endpoints(), "bench")?);
+    cluster.wait_leader(&client).await?;
+    println!("bench failover: 3 controller processes; one client submitting continuously; leader SIGKILLed {runs} times");
+    println!("machine: {}", machine_facts());
+    // The submitter records the completion time of every acknowledged submit.
+    let acked: Arc<Mutex<Vec<(Instant, u64)>>> = Arc::new(Mutex::new(Vec::new()));
+    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let submitter = {
+        let client = client.clone();
+        let acked = acked.clone();
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            loop {
+                tokio::select! {
+                    _ = &mut stop_rx => return,
+                    r = submit_once(&client, format!("failover-{i}")) => {
+                        if let Ok(id) = r {
+                            acked.lock().await.push((Instant::now(), id));
+                        }
+                        i += 1;
+                    }
+                }
+            }
+        })
+    };
+    let mut gaps = Vec::new();
+    for run in 1..=runs {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let leader = cluster.wait_leader(&client).await?;
+        let killed_at = Instant::now();
+        cluster.kill(leader);
+        let deadline = killed_at + CLUSTER_WAIT;
+        let gap = loop {
+            if let Some((t, _)) = acked.lock().await.iter().rev().take_while(|(t, _)| *t > killed_at).last() {
+                break t.duration_since(killed_at);
+            }
+            if Instant::now() > deadline {
+                bail!("no submit succeeded within {}s of killing the leader", CLUSTER_WAIT.as_secs());
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        println!("run {run:>3}: killed leader {leader}; first acknowledged submit after {:.0} ms", gap.as_secs_f64() * 1000.0);
+        gaps.push(gap);
+        cluster.spawn(leader)?;
+        cluster.wait_converged(&client).await?;
+    }
+    let _ = stop_tx.send(());
+    let _ = submitter.await;
+    gaps.sort_unstable();
+    println!(
+        "failover gap over {} runs: median {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        gaps.len(),
+        percentile(&gaps, 0.5).as_secs_f64() * 1000.0,
+        percentile(&gaps, 0.99).as_secs_f64() * 1000.0,
+        gaps.last().copied().unwrap_or_default().as_secs_f64() * 1000.0
+    );
+    // Every acknowledged submit must be in the final state.
+    let acked_ids: BTreeSet<u64> = acked.lock().await.iter().map(|(_, id)| *id).collect();
+    let mut present = BTreeSet::new();
+    let mut after_id = 0;
+    loop {
+        let req = pb::ListJobsRequest { limit: 10_000, after_id, ..Default::default() };
+        let page = client
+            .call(|ch| {
+                let r = client.request(req.clone());
+                async move { JobServiceClient::new(ch).list(r).await }
+            })
+            .await?
+            .into_inner();
+        present.extend(page.jobs.iter().map(|j| j.id));
+        if page.next_after_id == 0 {
+            break;
+        }
+        after_id = page.next_after_id;
+    }
+    let missing = acked_ids.difference(&present).count();
+    println!("acknowledged submits: {}; missing after all failovers: {missing}", acked_ids.len());
+    if missing > 0 {
+        bail!("{missing} acknowledged submits were lost");
+    }
+    Ok(())
+}

@@ -1,0 +1,707 @@
+//! The client commands (`submit`, `queue`, `show`, …) and the two daemons
+//! (`controller`, `agent`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use gangway_proto::client::Client;
+use gangway_proto::v1 as pb;
+use gangway_proto::v1::admin_service_client::AdminServiceClient;
+use gangway_proto::v1::job_service_client::JobServiceClient;
+use gangway_proto::v1::node_service_client::NodeServiceClient;
+use serde_json::{json, Value};
+
+use crate::parse;
+
+pub struct Output {
+    pub json: bool,
+}
+
+impl Output {
+    fn print_json(&self, v: &Value) {
+        println!("{}", serde_json::to_string_pretty(v).expect("json"));
+    }
+}
+
+/// Renders an error chain as one line; gRPC statuses as `code: message`.
+pub fn one_line(e: &anyhow::Error) -> String {
+    if let Some(s) = e.downcast_ref::<tonic::Status>() {
+        let code = match s.code() {
+            tonic::Code::InvalidArgument => "invalid argument",
+            tonic::Code::NotFound => "not found",
+            tonic::Code::FailedPrecondition => "refused",
+            tonic::Code::Unavailable => "unavailable",
+            tonic::Code::ResourceExhausted => "limit reached",
+            tonic::Code::DeadlineExceeded => "timed out",
+            tonic::Code::Aborted => "aborted",
+            _ => "error",
+        };
+        return format!("{code}: {}", s.message()).replace('\n', " ");
+    }
+    format!("{e:#}").replace('\n', " ")
+}
+
+// ---------------------------------------------------------------- controller
+
+#[derive(Args)]
+pub struct ControllerArgs {
+    /// This replica's id (a positive integer, unique in the cluster).
+    #[arg(long)]
+    id: u64,
+    /// Address to listen on, e.g. 0.0.0.0:50051.
+    #[arg(long)]
+    listen: String,
+    /// Address others reach this replica at (default: the listen address).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Initial members: 1=HOST:PORT,2=HOST:PORT,3=HOST:PORT (include this replica).
+    #[arg(long)]
+    peers: Option<String>,
+    /// Where the Raft log, metadata and snapshots live.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Start empty and wait to be added with `gangway cluster add`.
+    #[arg(long)]
+    join: bool,
+    /// Mark a node down after this many ms without a heartbeat.
+    #[arg(long, default_value_t = 10_000)]
+    node_down_timeout_ms: u64,
+}
+
+pub async fn controller(a: ControllerArgs) -> anyhow::Result<()> {
+    let advertise = a.advertise.clone().unwrap_or_else(|| a.listen.clone());
+    let peers = match &a.peers {
+        Some(p) => gangway_controller::config::parse_peers(p).map_err(anyhow::Error::msg)?,
+        None if a.join => BTreeMap::from([(a.id, advertise.clone())]),
+        None => bail!("peers: required (e.g. --peers 1=10.0.0.1:50051,2=10.0.0.2:50051,3=10.0.0.3:50051), or use --join"),
+    };
+    let listener = tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("listen: cannot bind {}", a.listen))?;
+    let timing = gangway_controller::Timing { node_down_timeout_ms: a.node_down_timeout_ms, ..Default::default() };
+    let config = gangway_controller::ReplicaConfig {
+        id: a.id,
+        advertise_addr: advertise,
+        peers,
+        data_dir: a.data_dir,
+        join: a.join,
+        timing,
+    };
+    let mut handle = gangway_controller::replica::start(config, listener).await?;
+    tracing::info!(id = a.id, addr = %handle.local_addr, "controller serving");
+    tokio::select! {
+        r = handle.wait() => r,
+        _ = shutdown_signal() => {
+            tracing::info!("shutting down");
+            handle.shutdown().await;
+            Ok(())
+        }
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+// ---------------------------------------------------------------- agent
+
+#[derive(Args)]
+pub struct AgentArgs {
+    /// Controller replicas, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    controllers: Vec<String>,
+    /// Node name (default: the host name).
+    #[arg(long)]
+    name: Option<String>,
+    /// Simulated GPUs, e.g. 8xh100-80gb.
+    #[arg(long)]
+    fake_gpus: Option<String>,
+    /// CPUs to offer (default: all of the host's).
+    #[arg(long)]
+    cpus: Option<u32>,
+    /// Memory to offer in MiB (default: all of the host's).
+    #[arg(long)]
+    mem_mb: Option<u64>,
+    /// Labels, k=v,k=v.
+    #[arg(long, value_delimiter = ',')]
+    labels: Vec<String>,
+    /// Topology path, e.g. zone-a/block-1/rack-3.
+    #[arg(long)]
+    topology: Option<String>,
+}
+
+fn parse_labels(items: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    items
+        .iter()
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| anyhow::anyhow!("labels: '{s}' must be KEY=VALUE"))
+        })
+        .collect()
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "node".into())
+}
+
+pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
+    let name = a.name.unwrap_or_else(hostname);
+    let gpus = match &a.fake_gpus {
+        Some(spec) => gangway_node_agent::inventory::parse_fake_gpus(spec, &name).map_err(anyhow::Error::msg)?,
+        None => Vec::new(),
+    };
+    let config = gangway_node_agent::AgentConfig {
+        controllers: a.controllers,
+        name,
+        addr: String::new(),
+        cpus: a.cpus.unwrap_or_else(gangway_node_agent::inventory::host_cpus),
+        mem_mb: a.mem_mb.unwrap_or_else(gangway_node_agent::inventory::host_mem_mb),
+        gpus,
+        topology: a.topology.map(|t| t.split('/').map(str::to_string).collect()).unwrap_or_default(),
+        labels: parse_labels(&a.labels)?,
+        identity: identity.to_string(),
+    };
+    gangway_node_agent::run(config, shutdown_signal()).await
+}
+
+// ---------------------------------------------------------------- submit
+
+#[derive(Args)]
+pub struct SubmitArgs {
+    /// Job name.
+    #[arg(short = 'J', long = "job-name", alias = "name")]
+    name: Option<String>,
+    /// Nodes (the whole gang starts together).
+    #[arg(short = 'N', long, allow_negative_numbers = true)]
+    nodes: Option<i64>,
+    #[arg(long = "ntasks-per-node", allow_negative_numbers = true)]
+    tasks_per_node: Option<i64>,
+    #[arg(short = 'c', long = "cpus-per-task", allow_negative_numbers = true)]
+    cpus_per_task: Option<i64>,
+    /// Memory per node: MiB, or with a unit (512M, 64G).
+    #[arg(long)]
+    mem: Option<String>,
+    /// GPUs per node: COUNT or TYPE:COUNT (h100:8).
+    #[arg(long = "gpus-per-node", alias = "gpus", allow_hyphen_values = true)]
+    gpus_per_node: Option<String>,
+    /// Time limit: MINUTES, H:MM:SS, D-HH:MM:SS.
+    #[arg(short = 't', long)]
+    time: Option<String>,
+    #[arg(short = 'p', long)]
+    partition: Option<String>,
+    /// Working directory (default: the current one).
+    #[arg(short = 'D', long)]
+    chdir: Option<String>,
+    /// Run this shell command line as the job.
+    #[arg(long)]
+    wrap: Option<String>,
+    /// Environment for the job, KEY=VALUE (repeatable).
+    #[arg(long = "env")]
+    env: Vec<String>,
+    /// Deduplication key (default: a fresh one per invocation, so the client's own
+    /// retries never create a second job).
+    #[arg(long)]
+    idempotency_key: Option<String>,
+    /// Print only the job id.
+    #[arg(long)]
+    parsable: bool,
+    /// A batch script to run.
+    script: Option<PathBuf>,
+    /// A command to run, after `--`.
+    #[arg(last = true)]
+    command: Vec<String>,
+}
+
+pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Result<()> {
+    let (command, script) = match (a.command.is_empty(), &a.wrap, &a.script) {
+        (false, None, None) => (a.command.clone(), String::new()),
+        (true, Some(w), None) => (Vec::new(), format!("#!/bin/sh\n{w}\n")),
+        (true, None, Some(path)) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("script: cannot read {}", path.display()))?;
+            (Vec::new(), text)
+        }
+        (true, None, None) => bail!("command: nothing to run; give a command after `--`, --wrap \"...\", or a script file"),
+        _ => bail!("command: give only one of a command after `--`, --wrap, or a script file"),
+    };
+    let (gpu_type, gpus) = match &a.gpus_per_node {
+        Some(g) => {
+            let (t, n) = parse::gpus(g).map_err(anyhow::Error::msg)?;
+            (t, Some(n))
+        }
+        None => (String::new(), None),
+    };
+    let workdir = match a.chdir {
+        Some(d) => d,
+        None => std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),
+    };
+    let spec = pb::JobSpec {
+        name: a.name.unwrap_or_else(|| default_job_name(&command, a.script.as_ref(), a.wrap.is_some())),
+        user: String::new(),
+        command,
+        script,
+        workdir,
+        partition: a.partition.unwrap_or_default(),
+        nodes: a.nodes,
+        tasks_per_node: a.tasks_per_node,
+        cpus_per_task: a.cpus_per_task,
+        mem_per_node_mb: a.mem.as_deref().map(parse::mem_mb).transpose().map_err(anyhow::Error::msg)?.map(|m| m as i64),
+        gpus_per_node: gpus,
+        gpu_type,
+        time_limit_s: a.time.as_deref().map(parse::time_limit_s).transpose().map_err(anyhow::Error::msg)?.map(|t| t as i64),
+        env: parse_labels(&a.env).context("env")?.into_iter().collect(),
+    };
+    let key = a.idempotency_key.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: key };
+    let resp = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).submit(r).await }
+        })
+        .await?
+        .into_inner();
+    if out.json {
+        out.print_json(&json!({"job_id": resp.job_id, "duplicate": resp.duplicate}));
+    } else if a.parsable {
+        println!("{}", resp.job_id);
+    } else {
+        println!("Submitted batch job {}", resp.job_id);
+    }
+    Ok(())
+}
+
+fn default_job_name(command: &[String], script: Option<&PathBuf>, wrap: bool) -> String {
+    if wrap {
+        return "wrap".into();
+    }
+    if let Some(p) = script {
+        return p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "script".into());
+    }
+    command
+        .first()
+        .map(|c| c.rsplit('/').next().unwrap_or(c).to_string())
+        .unwrap_or_else(|| "job".into())
+}
+
+// ---------------------------------------------------------------- queue / show / cancel
+
+#[derive(Args)]
+pub struct QueueArgs {
+    /// Include finished jobs.
+    #[arg(short, long)]
+    all: bool,
+    /// Only jobs in these states (PENDING, RUNNING, COMPLETED, ...).
+    #[arg(short = 't', long = "state", value_delimiter = ',')]
+    states: Vec<String>,
+    #[arg(short, long)]
+    user: Option<String>,
+    #[arg(short = 'n', long)]
+    name: Option<String>,
+    /// Read from the answering replica without confirming with the leader.
+    #[arg(long)]
+    stale: bool,
+    /// Jobs to show at most.
+    #[arg(long, default_value_t = 1000)]
+    limit: u32,
+}
+
+fn job_state_name(s: i32) -> &'static str {
+    match pb::JobState::try_from(s).unwrap_or(pb::JobState::Unspecified) {
+        pb::JobState::Unspecified => "UNKNOWN",
+        pb::JobState::Pending => "PENDING",
+        pb::JobState::Running => "RUNNING",
+        pb::JobState::Completed => "COMPLETED",
+        pb::JobState::Failed => "FAILED",
+        pb::JobState::Cancelled => "CANCELLED",
+        pb::JobState::Timeout => "TIMEOUT",
+        pb::JobState::NodeFail => "NODE_FAIL",
+    }
+}
+
+fn job_json(j: &pb::Job) -> Value {
+    let spec = j.spec.clone().unwrap_or_default();
+    json!({
+        "id": j.id,
+        "name": spec.name,
+        "user": spec.user,
+        "state": job_state_name(j.state),
+        "attempt": j.attempt,
+        "submitted_by": j.submitted_by,
+        "submit_time_ms": j.submit_time_ms,
+        "start_time_ms": j.start_time_ms,
+        "end_time_ms": j.end_time_ms,
+        "exit_code": j.exit_code,
+        "reason": j.reason,
+        "command": spec.command,
+        "script": spec.script,
+        "workdir": spec.workdir,
+        "partition": spec.partition,
+        "nodes": spec.nodes,
+        "tasks_per_node": spec.tasks_per_node,
+        "cpus_per_task": spec.cpus_per_task,
+        "mem_per_node_mb": spec.mem_per_node_mb,
+        "gpus_per_node": spec.gpus_per_node,
+        "gpu_type": spec.gpu_type,
+        "time_limit_s": spec.time_limit_s,
+        "allocation": j.allocation.iter().map(|a| json!({"node": a.node, "cpus": a.cpus, "mem_mb": a.mem_mb, "gpus": a.gpus})).collect::<Vec<_>>(),
+    })
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{:<w$}  ", c, w = widths[i]));
+            }
+        }
+        println!("{}", s.trim_end());
+    };
+    line(header.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        line(r.clone());
+    }
+}
+
+pub async fn queue(client: &Client, out: &Output, a: QueueArgs) -> anyhow::Result<()> {
+    let mut states = Vec::new();
+    for s in &a.states {
+        let st = gangway_core::JobState::parse(s).ok_or_else(|| {
+            anyhow::anyhow!("state: '{s}' is not a job state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL)")
+        })?;
+        states.push(st);
+    }
+    let states: Vec<i32> = if states.is_empty() && !a.all {
+        vec![pb::JobState::Pending as i32, pb::JobState::Running as i32]
+    } else {
+        states.iter().map(|s| pb::JobState::from_str_name(&format!("JOB_STATE_{}", s.as_str())).unwrap_or(pb::JobState::Unspecified) as i32).collect()
+    };
+    let req = pb::ListJobsRequest {
+        states,
+        user: a.user.unwrap_or_default(),
+        name: a.name.unwrap_or_default(),
+        stale: a.stale,
+        limit: a.limit,
+        after_id: 0,
+    };
+    let resp = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).list(r).await }
+        })
+        .await?
+        .into_inner();
+    if out.json {
+        out.print_json(&Value::Array(resp.jobs.iter().map(job_json).collect()));
+        return Ok(());
+    }
+    let now = now_ms();
+    let rows: Vec<Vec<String>> = resp
+        .jobs
+        .iter()
+        .map(|j| {
+            let spec = j.spec.clone().unwrap_or_default();
+            let elapsed = match (j.start_time_ms, j.end_time_ms) {
+                (Some(s), Some(e)) => e.saturating_sub(s) / 1000,
+                (Some(s), None) => now.saturating_sub(s) / 1000,
+                _ => 0,
+            };
+            let where_ = if j.allocation.is_empty() {
+                format!("({})", if j.reason.is_empty() { "None" } else { &j.reason })
+            } else {
+                j.allocation.iter().map(|a| a.node.as_str()).collect::<Vec<_>>().join(",")
+            };
+            vec![
+                j.id.to_string(),
+                spec.name,
+                spec.user,
+                job_state_name(j.state).to_string(),
+                parse::duration(elapsed),
+                spec.nodes.unwrap_or(1).to_string(),
+                spec.gpus_per_node.unwrap_or(0).to_string(),
+                where_,
+            ]
+        })
+        .collect();
+    print_table(&["JOBID", "NAME", "USER", "STATE", "TIME", "NODES", "GPUS/NODE", "NODELIST(REASON)"], &rows);
+    if resp.next_after_id != 0 {
+        eprintln!("(more jobs not shown; raise --limit)");
+    }
+    Ok(())
+}
+
+pub async fn show(client: &Client, out: &Output, job_id: u64, stale: bool) -> anyhow::Result<()> {
+    let req = pb::GetJobRequest { job_id, stale };
+    let job = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).get(r).await }
+        })
+        .await?
+        .into_inner();
+    let v = job_json(&job);
+    if out.json {
+        out.print_json(&v);
+        return Ok(());
+    }
+    if let Value::Object(map) = v {
+        for (k, val) in map {
+            let s = match val {
+                Value::String(s) => s,
+                Value::Null => "-".into(),
+                other => other.to_string(),
+            };
+            println!("{k:>16}: {s}");
+        }
+    }
+    Ok(())
+}
+
+pub async fn cancel(client: &Client, out: &Output, job_ids: &[u64]) -> anyhow::Result<()> {
+    let mut results = Vec::new();
+    let mut failed = None;
+    for &job_id in job_ids {
+        let req = pb::CancelRequest { job_id };
+        let r = client
+            .call(|ch| {
+                let r = client.request(req.clone());
+                async move { JobServiceClient::new(ch).cancel(r).await }
+            })
+            .await;
+        match r {
+            Ok(_) => {
+                results.push(json!({"job_id": job_id, "cancelled": true}));
+                if !out.json {
+                    println!("Cancelled job {job_id}");
+                }
+            }
+            Err(s) => {
+                results.push(json!({"job_id": job_id, "cancelled": false, "error": s.message()}));
+                failed = Some(anyhow::Error::new(s));
+            }
+        }
+    }
+    if out.json {
+        out.print_json(&Value::Array(results));
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+// ---------------------------------------------------------------- nodes
+
+#[derive(Subcommand)]
+pub enum NodeCmd {
+    /// Stop placing new work on a node; running work finishes.
+    Drain {
+        name: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Make a drained node available again.
+    Resume { name: String },
+}
+
+fn node_state_name(s: i32) -> &'static str {
+    match pb::NodeState::try_from(s).unwrap_or(pb::NodeState::Unspecified) {
+        pb::NodeState::Up => "UP",
+        pb::NodeState::Drain => "DRAIN",
+        pb::NodeState::Down => "DOWN",
+        pb::NodeState::Unspecified => "UNKNOWN",
+    }
+}
+
+fn node_json(n: &pb::Node) -> Value {
+    json!({
+        "name": n.name, "state": node_state_name(n.state), "reason": n.state_reason,
+        "cpus": n.cpus, "cpus_alloc": n.cpus_alloc, "mem_mb": n.mem_mb, "mem_alloc_mb": n.mem_alloc_mb,
+        "gpus": n.gpus.iter().map(|g| json!({"index": g.index, "uuid": g.uuid, "model": g.model, "mem_mb": g.mem_mb,
+            "nvlink_island": g.nvlink_island, "healthy": g.healthy, "allocated_to": g.allocated_to})).collect::<Vec<_>>(),
+        "topology": n.topology, "labels": n.labels, "jobs": n.jobs, "last_heartbeat_age_ms": n.last_heartbeat_age_ms,
+    })
+}
+
+pub async fn nodes(client: &Client, out: &Output, stale: bool) -> anyhow::Result<()> {
+    let req = pb::ListNodesRequest { stale };
+    let resp = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { NodeServiceClient::new(ch).list(r).await }
+        })
+        .await?
+        .into_inner();
+    if out.json {
+        out.print_json(&Value::Array(resp.nodes.iter().map(node_json).collect()));
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = resp
+        .nodes
+        .iter()
+        .map(|n| {
+            let free = n.gpus.iter().filter(|g| g.healthy && g.allocated_to.is_none()).count();
+            let model = n.gpus.first().map(|g| g.model.clone()).unwrap_or_else(|| "-".into());
+            vec![
+                n.name.clone(),
+                node_state_name(n.state).to_string(),
+                format!("{}/{}", n.cpus - n.cpus_alloc, n.cpus),
+                format!("{}/{}", (n.mem_mb - n.mem_alloc_mb) / 1024, n.mem_mb / 1024),
+                format!("{free}/{} {model}", n.gpus.len()),
+                n.topology.join("/"),
+                n.last_heartbeat_age_ms.map(|a| format!("{:.1}s ago", a as f64 / 1000.0)).unwrap_or_else(|| "-".into()),
+                n.state_reason.clone(),
+            ]
+        })
+        .collect();
+    print_table(&["NODE", "STATE", "CPUS(free/all)", "MEM_GB(free/all)", "GPUS(free/all)", "TOPOLOGY", "HEARTBEAT", "REASON"], &rows);
+    Ok(())
+}
+
+pub async fn node(client: &Client, out: &Output, cmd: NodeCmd) -> anyhow::Result<()> {
+    let node = match cmd {
+        NodeCmd::Drain { name, reason } => {
+            let req = pb::DrainRequest { name, reason };
+            client
+                .call(|ch| {
+                    let r = client.request(req.clone());
+                    async move { NodeServiceClient::new(ch).drain(r).await }
+                })
+                .await?
+        }
+        NodeCmd::Resume { name } => {
+            let req = pb::ResumeRequest { name };
+            client
+                .call(|ch| {
+                    let r = client.request(req.clone());
+                    async move { NodeServiceClient::new(ch).resume(r).await }
+                })
+                .await?
+        }
+    }
+    .into_inner();
+    if out.json {
+        out.print_json(&node_json(&node));
+    } else {
+        println!("node {} is {}", node.name, node_state_name(node.state));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- cluster
+
+#[derive(Subcommand)]
+pub enum ClusterCmd {
+    /// Every replica's role, term and log positions.
+    Status,
+    /// Add a replica (started with `gangway controller --join`) as a learner.
+    Add { id: u64, addr: String },
+    /// Make a learner a voting member.
+    Promote { id: u64 },
+    /// Remove a replica from the cluster.
+    Remove { id: u64 },
+    /// Move leadership to another voter.
+    TransferLeader { id: u64 },
+    /// Build a snapshot on the answering replica now.
+    Snapshot,
+}
+
+fn opt(v: Option<u64>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
+}
+
+pub async fn cluster(client: &Client, out: &Output, cmd: ClusterCmd) -> anyhow::Result<()> {
+    macro_rules! admin {
+        ($method:ident, $req:expr) => {{
+            let req = $req;
+            client
+                .call(|ch| {
+                    let r = client.request(req.clone());
+                    async move { AdminServiceClient::new(ch).$method(r).await }
+                })
+                .await?
+                .into_inner()
+        }};
+    }
+    let membership = |m: pb::MembershipResponse| {
+        if out.json {
+            out.print_json(&json!({"voters": m.voters, "learners": m.learners, "log_index": m.log_index}));
+        } else {
+            println!("voters: {:?}  learners: {:?}  (committed at log index {})", m.voters, m.learners, m.log_index);
+        }
+    };
+    match cmd {
+        ClusterCmd::Status => {
+            let s = admin!(cluster_status, pb::ClusterStatusRequest {});
+            if out.json {
+                let replicas: Vec<Value> = s
+                    .replicas
+                    .iter()
+                    .map(|r| json!({"id": r.id, "addr": r.addr, "role": r.role, "term": r.term, "leader_id": r.leader_id,
+                        "voter": r.voter, "last_log_index": r.last_log_index, "commit_index": r.commit_index,
+                        "applied_index": r.applied_index, "snapshot_index": r.snapshot_index, "error": r.error}))
+                    .collect();
+                out.print_json(&json!({"leader_id": s.leader_id, "term": s.term, "replicas": replicas}));
+                return Ok(());
+            }
+            println!("leader: {}   term: {}", opt(s.leader_id), s.term);
+            let rows: Vec<Vec<String>> = s
+                .replicas
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.id.to_string(),
+                        r.addr.clone(),
+                        r.role.clone(),
+                        if r.voter { "voter" } else { "learner" }.to_string(),
+                        r.term.to_string(),
+                        opt(r.last_log_index),
+                        opt(r.commit_index),
+                        opt(r.applied_index),
+                        opt(r.snapshot_index),
+                        r.error.clone(),
+                    ]
+                })
+                .collect();
+            print_table(&["ID", "ADDR", "ROLE", "MEMBER", "TERM", "LAST_LOG", "COMMIT", "APPLIED", "SNAPSHOT", "ERROR"], &rows);
+        }
+        ClusterCmd::Add { id, addr } => membership(admin!(add_learner, pb::AddLearnerRequest { id, addr })),
+        ClusterCmd::Promote { id } => membership(admin!(promote, pb::PromoteRequest { id })),
+        ClusterCmd::Remove { id } => membership(admin!(remove_member, pb::RemoveMemberRequest { id })),
+        ClusterCmd::TransferLeader { id } => {
+            let r = admin!(transfer_leader, pb::TransferLeaderRequest { to: id });
+            if out.json {
+                out.print_json(&json!({"leader_id": r.leader_id, "term": r.term}));
+            } else {
+                println!("leader is now replica {} (term {})", r.leader_id, r.term);
+            }
+        }
+        ClusterCmd::Snapshot => {
+            let r = admin!(snapshot, pb::SnapshotRequest {});
+            if out.json {
+                out.print_json(&json!({"index": r.index}));
+            } else {
+                println!("snapshot at log index {}", r.index);
+            }
+        }
+    }
+    Ok(())
+}

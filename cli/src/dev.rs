@@ -1,0 +1,131 @@
+//! `gangway dev`: a whole cluster in one process, for trying Gangway out: three
+//! controller replicas (real Raft, real RocksDB, real gRPC on loopback) and
+//! simulated GPU nodes that register and heartbeat.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+
+/// Replicas a dev cluster may have (Raft groups are 1, 3 or 5 in practice).
+const DEV_REPLICAS_MAX: u64 = 5;
+/// Simulated nodes a dev cluster may have: all run in this one process.
+const DEV_AGENTS_MAX: usize = 64;
+/// How long to wait for the first leader before giving up.
+const LEADER_WAIT: Duration = Duration::from_secs(15);
+
+#[derive(Args)]
+pub struct DevArgs {
+    /// Keep the cluster's data here (default: a temporary directory removed on exit).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// First port; replicas listen on consecutive ports from here.
+    #[arg(long, default_value_t = 50051)]
+    port: u16,
+    /// Controller replicas (1, 3 or 5).
+    #[arg(long, default_value_t = 3)]
+    replicas: u64,
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 2)]
+    nodes: usize,
+    /// GPUs on each simulated node.
+    #[arg(long, default_value = "8xh100-80gb")]
+    fake_gpus: String,
+}
+
+pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
+    if a.replicas == 0 || a.replicas > DEV_REPLICAS_MAX {
+        bail!("replicas: must be between 1 and {DEV_REPLICAS_MAX}, got {}", a.replicas);
+    }
+    if a.nodes > DEV_AGENTS_MAX {
+        bail!("nodes: must be at most {DEV_AGENTS_MAX}, got {}", a.nodes);
+    }
+    gangway_node_agent::inventory::parse_fake_gpus(&a.fake_gpus, "check").map_err(anyhow::Error::msg)?;
+    let (tmp, root) = match &a.data_dir {
+        Some(d) => (None, d.clone()),
+        None => {
+            let t = tempfile::Builder::new().prefix("gangway-dev-").tempdir().context("creating a temp dir")?;
+            let p = t.path().to_path_buf();
+            (Some(t), p)
+        }
+    };
+    let mut listeners = Vec::new();
+    let mut peers = BTreeMap::new();
+    for id in 1..=a.replicas {
+        let port = a.port.checked_add((id - 1) as u16).context("port: too high")?;
+        let addr = format!("127.0.0.1:{port}");
+        let l = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("port {port} is in use (is a dev cluster already running? pick another with --port)"))?;
+        listeners.push((id, l));
+        peers.insert(id, addr);
+    }
+    let mut handles = Vec::new();
+    for (id, listener) in listeners {
+        let config = gangway_controller::ReplicaConfig {
+            id,
+            advertise_addr: peers[&id].clone(),
+            peers: peers.clone(),
+            data_dir: root.join(format!("replica-{id}")),
+            join: false,
+            timing: gangway_controller::Timing::default(),
+        };
+        handles.push(gangway_controller::replica::start(config, listener).await?);
+    }
+    let first = handles[0].replica.node.clone();
+    if !first.wait_for(LEADER_WAIT, |s| s.leader_id.is_some()).await {
+        bail!("no leader was elected within {}s", LEADER_WAIT.as_secs());
+    }
+    let endpoints: Vec<String> = peers.values().cloned().collect();
+    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut agents = Vec::new();
+    for i in 1..=a.nodes {
+        let name = format!("dev-node-{i}");
+        let config = gangway_node_agent::AgentConfig {
+            controllers: endpoints.clone(),
+            gpus: gangway_node_agent::inventory::parse_fake_gpus(&a.fake_gpus, &name).map_err(anyhow::Error::msg)?,
+            name,
+            addr: String::new(),
+            cpus: 64,
+            mem_mb: 512 * 1024,
+            topology: vec!["zone-a".into(), format!("rack-{}", (i - 1) / 4 + 1)],
+            labels: BTreeMap::new(),
+            identity: identity.to_string(),
+        };
+        let mut stop = stop_tx.subscribe();
+        agents.push(tokio::spawn(gangway_node_agent::run(config, async move {
+            let _ = stop.recv().await;
+        })));
+    }
+    let joined = endpoints.join(",");
+    println!("Gangway dev cluster is up: {} controller replicas, {} simulated nodes ({} each).", a.replicas, a.nodes, a.fake_gpus);
+    println!("  endpoints: {joined}");
+    match &tmp {
+        Some(_) => println!("  data:      {} (removed when you stop the cluster)", root.display()),
+        None => println!("  data:      {}", root.display()),
+    }
+    if a.port != 50051 {
+        println!("  (not the default port: export GANGWAY_ENDPOINTS={joined})");
+    }
+    println!();
+    println!("Try, in another terminal:");
+    println!("  gangway submit -N 2 --gpus-per-node h100:8 -t 1:00:00 -- python train.py");
+    println!("  gangway queue");
+    println!("  gangway nodes");
+    println!("  gangway cluster status");
+    println!("(Jobs are accepted, replicated and listed; they stay PENDING until the scheduler lands.)");
+    println!("Ctrl-C stops the cluster.");
+    crate::commands::shutdown_signal().await;
+    println!("stopping...");
+    let _ = stop_tx.send(());
+    for agent in agents {
+        let _ = tokio::time::timeout(Duration::from_secs(2), agent).await;
+    }
+    for h in handles {
+        h.shutdown().await;
+    }
+    drop(tmp);
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! AdminService: cluster status, membership changes, leader transfer, snapshots.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gangway_proto::v1::admin_service_client::AdminServiceClient;
+use gangway_proto::v1::admin_service_server::AdminService;
+use gangway_proto::v1::*;
+use tonic::{Request, Response, Status};
+
+use super::{status_from_propose, CallCtx};
+use crate::raft::{ProposeError, RaftStatus};
+use crate::replica::Replica;
+
+/// How long ClusterStatus waits for each replica before calling it unreachable.
+const STATUS_PROBE_TIMEOUT: Duration = Duration::from_millis(1500);
+/// A leader transfer waits this long for the target to catch up with the log.
+const TRANSFER_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(5);
+/// ...and this long for the target to win its election.
+const TRANSFER_ELECTION_TIMEOUT: Duration = Duration::from_secs(3);
+/// Attempts at a transfer: a write arriving mid-transfer refreshes the followers'
+/// leader lease and can make one attempt fail.
+const TRANSFER_ATTEMPTS_MAX: usize = 3;
+/// Waiting for a requested snapshot to be built and stored.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Waiting for a membership change to commit (a new learner first catches up).
+const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub struct AdminApi {
+    pub replica: Arc<Replica>,
+}
+
+fn replica_status(s: &RaftStatus, addr: &str) -> ReplicaStatus {
+    ReplicaStatus {
+        id: s.id,
+        addr: addr.to_string(),
+        role: s.role.to_string(),
+        term: s.term,
+        leader_id: s.leader_id,
+        last_log_index: s.last_log_index,
+        commit_index: s.committed_index,
+        applied_index: s.applied_index,
+        snapshot_index: s.snapshot_index,
+        voter: s.voters.contains(&s.id),
+        error: String::new(),
+    }
+}
+
+fn membership(s: &RaftStatus, log_index: u64) -> MembershipResponse {
+    MembershipResponse {
+        voters: s.voters.iter().copied().collect(),
+        learners: s.learners.iter().copied().collect(),
+        log_index,
+    }
+}
+
+impl AdminApi {
+    async fn membership_change<M, F, Fut>(
+        &self,
+        ctx: &CallCtx,
+        change: impl std::future::Future<Output = Result<u64, ProposeError>>,
+        msg: M,
+        forward: F,
+    ) -> Result<Response<MembershipResponse>, Status>
+    where
+        F: FnOnce(tonic::transport::Channel, Request<M>) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<MembershipResponse>, Status>>,
+    {
+        let result = tokio::time::timeout(MEMBERSHIP_TIMEOUT, change)
+            .await
+            .map_err(|_| Status::deadline_exceeded("the membership change did not commit in time"))?;
+        match result {
+            Ok(index) => Ok(Response::new(membership(&self.replica.node.status(), index))),
+            Err(ProposeError::NotLeader { leader_addr }) => self.replica.forward(ctx, leader_addr, msg, forward).await,
+            Err(e) => Err(status_from_propose(e)),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl AdminService for AdminApi {
+    async fn cluster_status(&self, _req: Request<ClusterStatusRequest>) -> Result<Response<ClusterStatusResponse>, Status> {
+        let me = self.replica.node.status();
+        let members: Vec<(u64, String)> = me.addrs.iter().map(|(id, a)| (*id, a.clone())).collect();
+        let probes = members.iter().map(|(id, addr)| {
+            let id = *id;
+            let addr = addr.clone();
+            let replica = self.replica.clone();
+            let me = me.clone();
+            async move {
+                if id == me.id {
+                    return replica_status(&me, &addr);
+                }
+                let unreachable = |error: String| ReplicaStatus {
+                    id,
+                    addr: addr.clone(),
+                    role: "unreachable".into(),
+                    error,
+                    voter: me.voters.contains(&id),
+                    ..Default::default()
+                };
+                let channel = match replica.channel_to(&addr) {
+                    Ok(c) => c,
+                    Err(e) => return unreachable(e.message().to_string()),
+                };
+                let mut req = Request::new(ReplicaStatusRequest {});
+                req.set_timeout(STATUS_PROBE_TIMEOUT);
+                match tokio::time::timeout(STATUS_PROBE_TIMEOUT, AdminServiceClient::new(channel).get_replica_status(req)).await {
+                    Ok(Ok(r)) => r.into_inner(),
+                    Ok(Err(s)) => unreachable(s.message().to_string()),
+                    Err(_) => unreachable("timed out".into()),
+                }
+            }
+        });
+        let replicas = futures::future::join_all(probes).await;
+        // The freshest view of the leader: the highest term any replica reports.
+        let best = replicas.iter().filter(|r| r.role != "unreachable").max_by_key(|r| r.term);
+        Ok(Response::new(ClusterStatusResponse {
+            leader_id: best.and_then(|r| r.leader_id),
+            term: best.map(|r| r.term).unwrap_or(me.term),
+            replicas,
+        }))
+    }
+
+    async fn get_replica_status(&self, _req: Request<ReplicaStatusRequest>) -> Result<Response<ReplicaStatus>, Status> {
+        Ok(Response::new(replica_status(&self.replica.node.status(), &self.replica.addr)))
+    }
+
+    async fn add_learner(&self, req: Request<AddLearnerRequest>) -> Result<Response<MembershipResponse>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        if msg.id == 0 {
+            return Err(Status::invalid_argument("id: replica ids start at 1"));
+        }
+        if !msg.addr.contains(':') {
+            return Err(Status::invalid_argument("addr: must be HOST:PORT"));
+        }
+        let change = self.replica.node.add_learner(msg.id, msg.addr.clone());
+        self.membership_change(&ctx, change, msg, |ch, r| async move { AdminServiceClient::new(ch).add_learner(r).await })
+            .await
+    }
+
+    async fn promote(&self, req: Request<PromoteRequest>) -> Result<Response<MembershipResponse>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        let status = self.replica.node.status();
+        if self.replica.node.is_leader() && !status.learners.contains(&msg.id) {
+            return Err(Status::failed_precondition(format!(
+                "id: replica {} is not a learner; add it with `gangway cluster add` first",
+                msg.id
+            )));
+        }
+        let change = self.replica.node.promote(msg.id);
+        self.membership_change(&ctx, change, msg, |ch, r| async move { AdminServiceClient::new(ch).promote(r).await })
+            .await
+    }
+
+    async fn remove_member(&self, req: Request<RemoveMemberRequest>) -> Result<Response<MembershipResponse>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        let status = self.replica.node.status();
+        if self.replica.node.is_leader() {
+            if msg.id == status.id {
+                return Err(Status::failed_precondition(format!(
+                    "id: replica {} is the leader; move leadership away first (`gangway cluster transfer-leader`)",
+                    msg.id
+                )));
+            }
+            if status.voters.contains(&msg.id) && status.voters.len() <= 1 {
+                return Err(Status::failed_precondition("id: cannot remove the last voter"));
+            }
+        }
+        let change = self.replica.node.remove_member(msg.id);
+        self.membership_change(&ctx, change, msg, |ch, r| async move {
+            AdminServiceClient::new(ch).remove_member(r).await
+        })
+        .await
+    }
+
+    async fn transfer_leader(&self, req: Request<TransferLeaderRequest>) -> Result<Response<TransferLeaderResponse>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        let node = &self.replica.node;
+        if !node.is_leader() {
+            let leader = node.remote_leader();
+            return self
+                .replica
+                .forward(&ctx, leader, msg, |ch, r| async move { AdminServiceClient::new(ch).transfer_leader(r).await })
+                .await;
+        }
+        let status = node.status();
+        let to = msg.to;
+        if to == status.id {
+            return Ok(Response::new(TransferLeaderResponse { leader_id: to, term: status.term }));
+        }
+        if !status.voters.contains(&to) {
+            return Err(Status::invalid_argument(format!("to: replica {to} is not a voter")));
+        }
+        let target_addr = status.addrs.get(&to).cloned().unwrap_or_default();
+        let lease = Duration::from_millis(node.timing.election_timeout_max_ms);
+        for _ in 0..TRANSFER_ATTEMPTS_MAX {
+            // 1. The target must hold the whole log, or it cannot win.
+            let caught_up = node
+                .wait_for(TRANSFER_CATCH_UP_TIMEOUT, |s| {
+                    s.matched.get(&to).copied().flatten() >= s.last_log_index
+                })
+                .await;
+            if !caught_up {
+                return Err(Status::unavailable(format!("replica {to} did not catch up with the log in time")));
+            }
+            // 2. Stop heartbeats so the followers' leader lease runs out, then ask
+            //    the target to stand for election; it wins with its full log.
+            node.set_heartbeats(false);
+            tokio::time::sleep(lease + Duration::from_millis(50)).await;
+            let channel = self.replica.channel_to(&target_addr)?;
+            let asked = AdminServiceClient::new(channel).trigger_election(Request::new(TriggerElectionRequest {})).await;
+            let won = asked.is_ok()
+                && node.wait_for(TRANSFER_ELECTION_TIMEOUT, |s| s.leader_id == Some(to) || s.leader_id.is_some_and(|l| l != status.id && s.term > status.term)).await;
+            node.set_heartbeats(true);
+            let now = node.status();
+            if won && now.leader_id == Some(to) {
+                return Ok(Response::new(TransferLeaderResponse { leader_id: to, term: now.term }));
+            }
+            if now.leader_id != Some(status.id) && now.role != "leader" {
+                // Someone else won; the caller can transfer again from there.
+                if let Some(l) = now.leader_id {
+                    return Err(Status::aborted(format!(
+                        "replica {l} won the election instead of {to}; run the transfer again"
+                    )));
+                }
+            }
+        }
+        Err(Status::unavailable(format!("leadership did not move to replica {to}; retry when the cluster is quieter")))
+    }
+
+    async fn snapshot(&self, _req: Request<SnapshotRequest>) -> Result<Response<SnapshotResponse>, Status> {
+        let index = self.replica.node.snapshot(SNAPSHOT_TIMEOUT).await.map_err(status_from_propose)?;
+        Ok(Response::new(SnapshotResponse { index }))
+    }
+
+    async fn trigger_election(&self, _req: Request<TriggerElectionRequest>) -> Result<Response<TriggerElectionResponse>, Status> {
+        self.replica.node.trigger_election().await.map_err(status_from_propose)?;
+        Ok(Response::new(TriggerElectionResponse {}))
+    }
+}

@@ -1,0 +1,184 @@
+//! Protobuf ⇄ core conversion. Protobuf types stop here: the core never sees them.
+
+use gangway_core::spec::GpuSpec;
+use gangway_core::{Job, JobSpec, JobState, Node, NodeSpec, NodeState, SpecError};
+use gangway_proto::v1 as pb;
+
+fn opt_u32(field: &str, v: Option<i64>, default: u32, min: i64) -> Result<u32, SpecError> {
+    match v {
+        None => Ok(default),
+        Some(x) if x < min => Err(SpecError::new(field, format!("must be at least {min}, got {x}"))),
+        Some(x) => u32::try_from(x).map_err(|_| SpecError::new(field, format!("{x} is too large"))),
+    }
+}
+
+fn opt_u64(field: &str, v: Option<i64>, default: u64, min: i64) -> Result<u64, SpecError> {
+    match v {
+        None => Ok(default),
+        Some(x) if x < min => Err(SpecError::new(field, format!("must be at least {min}, got {x}"))),
+        Some(x) => Ok(x as u64),
+    }
+}
+
+/// Builds and validates a core spec; unset fields get their defaults.
+pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, SpecError> {
+    let d = JobSpec::default();
+    let spec = JobSpec {
+        name: p.name,
+        user: if p.user.is_empty() { default_user.to_string() } else { p.user },
+        command: p.command,
+        script: p.script,
+        workdir: p.workdir,
+        partition: p.partition,
+        nodes: opt_u32("nodes", p.nodes, d.nodes, 1)?,
+        tasks_per_node: opt_u32("tasks_per_node", p.tasks_per_node, d.tasks_per_node, 1)?,
+        cpus_per_task: opt_u32("cpus_per_task", p.cpus_per_task, d.cpus_per_task, 1)?,
+        mem_per_node_mb: opt_u64("mem_per_node_mb", p.mem_per_node_mb, d.mem_per_node_mb, 0)?,
+        gpus_per_node: opt_u32("gpus_per_node", p.gpus_per_node, d.gpus_per_node, 0)?,
+        gpu_type: p.gpu_type,
+        time_limit_s: opt_u64("time_limit_s", p.time_limit_s, d.time_limit_s, 1)?,
+        env: p.env.into_iter().collect(),
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+pub fn spec_to_proto(s: &JobSpec) -> pb::JobSpec {
+    pb::JobSpec {
+        name: s.name.clone(),
+        user: s.user.clone(),
+        command: s.command.clone(),
+        script: s.script.clone(),
+        workdir: s.workdir.clone(),
+        partition: s.partition.clone(),
+        nodes: Some(s.nodes.into()),
+        tasks_per_node: Some(s.tasks_per_node.into()),
+        cpus_per_task: Some(s.cpus_per_task.into()),
+        mem_per_node_mb: Some(s.mem_per_node_mb as i64),
+        gpus_per_node: Some(s.gpus_per_node.into()),
+        gpu_type: s.gpu_type.clone(),
+        time_limit_s: Some(s.time_limit_s as i64),
+        env: s.env.clone().into_iter().collect(),
+    }
+}
+
+pub fn state_to_proto(s: JobState) -> pb::JobState {
+    match s {
+        JobState::Pending => pb::JobState::Pending,
+        JobState::Running => pb::JobState::Running,
+        JobState::Completed => pb::JobState::Completed,
+        JobState::Failed => pb::JobState::Failed,
+        JobState::Cancelled => pb::JobState::Cancelled,
+        JobState::TimedOut => pb::JobState::Timeout,
+        JobState::NodeFail => pb::JobState::NodeFail,
+    }
+}
+
+pub fn state_from_proto(s: pb::JobState) -> Option<JobState> {
+    Some(match s {
+        pb::JobState::Unspecified => return None,
+        pb::JobState::Pending => JobState::Pending,
+        pb::JobState::Running => JobState::Running,
+        pb::JobState::Completed => JobState::Completed,
+        pb::JobState::Failed => JobState::Failed,
+        pb::JobState::Cancelled => JobState::Cancelled,
+        pb::JobState::Timeout => JobState::TimedOut,
+        pb::JobState::NodeFail => JobState::NodeFail,
+    })
+}
+
+pub fn job_to_proto(j: &Job) -> pb::Job {
+    pb::Job {
+        id: j.id,
+        spec: Some(spec_to_proto(&j.spec)),
+        state: state_to_proto(j.state) as i32,
+        attempt: j.attempt,
+        submitted_by: j.submitted_by.clone(),
+        submit_time_ms: j.submit_time_ms,
+        start_time_ms: j.start_time_ms,
+        end_time_ms: j.end_time_ms,
+        allocation: j
+            .allocation
+            .iter()
+            .flat_map(|a| a.nodes.iter())
+            .map(|na| pb::NodeAllocation { node: na.node.clone(), cpus: na.cpus, mem_mb: na.mem_mb, gpus: na.gpus.clone() })
+            .collect(),
+        exit_code: j.exit_code,
+        reason: j.reason.clone(),
+    }
+}
+
+pub fn node_to_proto(n: &Node, last_heartbeat_age_ms: Option<u64>) -> pb::Node {
+    pb::Node {
+        name: n.name.clone(),
+        addr: n.addr.clone(),
+        cpus: n.cpus,
+        mem_mb: n.mem_mb,
+        gpus: n
+            .gpus
+            .iter()
+            .map(|g| pb::Gpu {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                model: g.model.clone(),
+                mem_mb: g.mem_mb,
+                nvlink_island: g.nvlink_island,
+                healthy: g.health == gangway_core::GpuHealth::Healthy,
+                allocated_to: g.allocated_to,
+            })
+            .collect(),
+        topology: n.topology.clone(),
+        labels: n.labels.clone().into_iter().collect(),
+        state: match n.state {
+            NodeState::Up => pb::NodeState::Up,
+            NodeState::Drain => pb::NodeState::Drain,
+            NodeState::Down => pb::NodeState::Down,
+        } as i32,
+        state_reason: n.state_reason.clone(),
+        cpus_alloc: n.cpus_alloc,
+        mem_alloc_mb: n.mem_alloc_mb,
+        jobs: n.jobs.clone(),
+        last_heartbeat_age_ms,
+    }
+}
+
+pub fn node_spec_from_proto(r: pb::RegisterRequest) -> Result<NodeSpec, SpecError> {
+    let spec = NodeSpec {
+        name: r.name,
+        addr: r.addr,
+        cpus: r.cpus,
+        mem_mb: r.mem_mb,
+        gpus: r
+            .gpus
+            .into_iter()
+            .map(|g| GpuSpec { uuid: g.uuid, model: g.model, mem_mb: g.mem_mb, nvlink_island: g.nvlink_island })
+            .collect(),
+        topology: r.topology,
+        labels: r.labels.into_iter().collect(),
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negative_and_zero_resources_name_the_field() {
+        let base = pb::JobSpec { command: vec!["true".into()], ..Default::default() };
+        let cases = [
+            (pb::JobSpec { nodes: Some(-1), ..base.clone() }, "nodes"),
+            (pb::JobSpec { nodes: Some(0), ..base.clone() }, "nodes"),
+            (pb::JobSpec { cpus_per_task: Some(0), ..base.clone() }, "cpus_per_task"),
+            (pb::JobSpec { gpus_per_node: Some(-2), ..base.clone() }, "gpus_per_node"),
+            (pb::JobSpec { time_limit_s: Some(-5), ..base.clone() }, "time_limit_s"),
+            (pb::JobSpec { nodes: Some(i64::MAX), ..base.clone() }, "nodes"),
+        ];
+        for (p, field) in cases {
+            assert_eq!(spec_from_proto(p, "alice").unwrap_err().field, field);
+        }
+        let ok = spec_from_proto(base, "alice").unwrap();
+        assert_eq!((ok.nodes, ok.user.as_str()), (1, "alice"));
+    }
+}

@@ -1,0 +1,222 @@
+//! JobService: submit, cancel, get, list and watch jobs.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use gangway_core::limits::IDEMPOTENCY_KEY_BYTES_MAX;
+use gangway_core::{Command, Outcome};
+use gangway_proto::v1::job_service_client::JobServiceClient;
+use gangway_proto::v1::job_service_server::JobService;
+use gangway_proto::v1::*;
+use tokio::sync::broadcast::error::RecvError;
+use tonic::{Request, Response, Status};
+
+use super::convert::{job_to_proto, spec_from_proto, state_from_proto, state_to_proto};
+use super::{status_from_spec, unexpected, CallCtx, Routed};
+use crate::replica::Replica;
+
+/// Jobs in one List page unless the caller asks for fewer.
+const LIST_LIMIT_DEFAULT: u32 = 1000;
+/// Largest List page: bounds one response (a job is ~0.5 KiB on the wire).
+const LIST_LIMIT_MAX: u32 = 10_000;
+
+pub struct JobApi {
+    pub replica: Arc<Replica>,
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<JobEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl JobService for JobApi {
+    async fn submit(&self, req: Request<SubmitRequest>) -> Result<Response<SubmitResponse>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        if msg.idempotency_key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
+            return Err(Status::invalid_argument(format!(
+                "idempotency_key: must be at most {IDEMPOTENCY_KEY_BYTES_MAX} bytes"
+            )));
+        }
+        let Some(pspec) = msg.spec.clone() else {
+            return Err(Status::invalid_argument("spec: is required"));
+        };
+        let spec = spec_from_proto(pspec, ctx.user()).map_err(status_from_spec)?;
+        let cmd = Command::SubmitJob {
+            spec,
+            identity: ctx.identity.clone(),
+            idempotency_key: msg.idempotency_key.clone(),
+            now_ms: crate::now_ms(),
+        };
+        let routed = self
+            .replica
+            .write_or_forward(&ctx, cmd, msg, |ch, r| async move { JobServiceClient::new(ch).submit(r).await })
+            .await?;
+        match routed {
+            Routed::Forwarded(resp) => Ok(resp),
+            Routed::Local(applied) => match applied.outcome {
+                Outcome::Submitted { job_id, duplicate } => {
+                    metrics::counter!("gangway_jobs_submitted_total").increment(u64::from(!duplicate));
+                    Ok(Response::new(SubmitResponse { job_id, duplicate }))
+                }
+                other => Err(unexpected(&other)),
+            },
+        }
+    }
+
+    async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelResponse>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        let job_id = msg.job_id;
+        let cmd = Command::CancelJob { job_id, identity: ctx.identity.clone(), now_ms: crate::now_ms() };
+        let routed = self
+            .replica
+            .write_or_forward(&ctx, cmd, msg, |ch, r| async move { JobServiceClient::new(ch).cancel(r).await })
+            .await?;
+        match routed {
+            Routed::Forwarded(resp) => Ok(resp),
+            Routed::Local(applied) => match applied.outcome {
+                Outcome::Cancelled { .. } => {
+                    let job = self.replica.node.state().read().jobs.get(&job_id).map(job_to_proto);
+                    Ok(Response::new(CancelResponse { job }))
+                }
+                other => Err(unexpected(&other)),
+            },
+        }
+    }
+
+    async fn get(&self, req: Request<GetJobRequest>) -> Result<Response<Job>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        let job_id = msg.job_id;
+        if let Some(resp) = self
+            .replica
+            .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { JobServiceClient::new(ch).get(r).await })
+            .await?
+        {
+            return Ok(resp);
+        }
+        let state = self.replica.node.state().read();
+        match state.jobs.get(&job_id) {
+            Some(job) => Ok(Response::new(job_to_proto(job))),
+            None if job_id > 0 && job_id < state.next_job_id => {
+                Err(Status::not_found(format!("job {job_id} finished long ago and is no longer kept")))
+            }
+            None => Err(Status::not_found(format!("job {job_id} does not exist"))),
+        }
+    }
+
+    async fn list(&self, req: Request<ListJobsRequest>) -> Result<Response<ListJobsResponse>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        if msg.limit > LIST_LIMIT_MAX {
+            return Err(Status::invalid_argument(format!("limit: must be at most {LIST_LIMIT_MAX}")));
+        }
+        let mut states = Vec::new();
+        for s in &msg.states {
+            let st = JobState::try_from(*s)
+                .ok()
+                .and_then(state_from_proto)
+                .ok_or_else(|| Status::invalid_argument(format!("states: {s} is not a job state")))?;
+            states.push(st);
+        }
+        let limit = if msg.limit == 0 { LIST_LIMIT_DEFAULT } else { msg.limit } as usize;
+        let (user, name, after_id) = (msg.user.clone(), msg.name.clone(), msg.after_id);
+        if let Some(resp) = self
+            .replica
+            .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { JobServiceClient::new(ch).list(r).await })
+            .await?
+        {
+            return Ok(resp);
+        }
+        let state = self.replica.node.state().read();
+        let matches = |j: &&gangway_core::Job| {
+            (states.is_empty() || states.contains(&j.state))
+                && (user.is_empty() || j.spec.user == user)
+                && (name.is_empty() || j.spec.name == name)
+        };
+        // Pending and running jobs are indexed; scanning only them keeps the
+        // common "what is queued" listing cheap when many finished jobs are kept.
+        let active_only = !states.is_empty() && states.iter().all(|s| !s.is_finished());
+        let mut jobs = Vec::with_capacity(limit.min(1024));
+        let mut more = false;
+        let mut push = |j: &gangway_core::Job| {
+            if jobs.len() == limit {
+                more = true;
+                return false;
+            }
+            jobs.push(job_to_proto(j));
+            true
+        };
+        if active_only {
+            let mut ids: Vec<u64> =
+                state.pending.range(after_id + 1..).chain(state.running.range(after_id + 1..)).copied().collect();
+            ids.sort_unstable();
+            for id in ids {
+                let j = &state.jobs[&id];
+                if matches(&j) && !push(j) {
+                    break;
+                }
+            }
+        } else {
+            for j in state.jobs.range(after_id + 1..).map(|(_, j)| j) {
+                if matches(&j) && !push(j) {
+                    break;
+                }
+            }
+        }
+        let next_after_id = if more { jobs.last().map(|j| j.id).unwrap_or(0) } else { 0 };
+        Ok(Response::new(ListJobsResponse { jobs, next_after_id }))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
+        let filter = req.into_inner().job_id;
+        let mut rx = self.replica.node.state().subscribe();
+        let stream = async_stream(move |tx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(ev) => {
+                        if filter != 0 && ev.job_id != filter {
+                            continue;
+                        }
+                        let msg = JobEvent {
+                            index: ev.index,
+                            job_id: ev.job_id,
+                            state: state_to_proto(ev.state) as i32,
+                            attempt: ev.attempt,
+                            reason: ev.reason,
+                        };
+                        if tx.send(Ok(msg)).await.is_err() {
+                            return; // the client went away
+                        }
+                    }
+                    Err(RecvError::Lagged(n)) => {
+                        let _ = tx
+                            .send(Err(Status::resource_exhausted(format!(
+                                "watcher fell {n} events behind and was dropped; re-read state and watch again"
+                            ))))
+                            .await;
+                        return;
+                    }
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        });
+        Ok(Response::new(stream))
+    }
+}
+
+/// Events queued for one watcher's gRPC stream before back-pressure applies.
+const WATCH_STREAM_BUFFER_MAX: usize = 256;
+
+/// Runs `f` as a task feeding a bounded channel, and returns that channel as a stream.
+fn async_stream<F, Fut>(f: F) -> WatchStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<JobEvent, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(WATCH_STREAM_BUFFER_MAX);
+    tokio::spawn(f(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}

@@ -1,0 +1,108 @@
+//! NodeService: list and inspect nodes, drain and resume them.
+
+use std::sync::Arc;
+
+use gangway_core::{Command, NodeStateChange, Outcome};
+use gangway_proto::v1::node_service_client::NodeServiceClient;
+use gangway_proto::v1::node_service_server::NodeService;
+use gangway_proto::v1::*;
+use tonic::{Request, Response, Status};
+
+use super::convert::node_to_proto;
+use super::{unexpected, CallCtx, Routed};
+use crate::replica::Replica;
+
+pub struct NodeApi {
+    pub replica: Arc<Replica>,
+}
+
+impl NodeApi {
+    fn node(&self, name: &str) -> Result<Node, Status> {
+        let state = self.replica.node.state().read();
+        let node = state.nodes.get(name).ok_or_else(|| Status::not_found(format!("node {name} does not exist")))?;
+        Ok(node_to_proto(node, self.replica.heartbeat_age_ms(name)))
+    }
+
+    async fn set_state(
+        &self,
+        ctx: CallCtx,
+        name: String,
+        change: NodeStateChange,
+        reason: String,
+        forward_msg: Forward,
+    ) -> Result<Response<Node>, Status> {
+        if name.is_empty() {
+            return Err(Status::invalid_argument("name: must not be empty"));
+        }
+        let cmd = Command::SetNodeState { name: name.clone(), change, reason, now_ms: crate::now_ms() };
+        let routed = match forward_msg {
+            Forward::Drain(m) => {
+                self.replica
+                    .write_or_forward(&ctx, cmd, m, |ch, r| async move { NodeServiceClient::new(ch).drain(r).await })
+                    .await?
+            }
+            Forward::Resume(m) => {
+                self.replica
+                    .write_or_forward(&ctx, cmd, m, |ch, r| async move { NodeServiceClient::new(ch).resume(r).await })
+                    .await?
+            }
+        };
+        match routed {
+            Routed::Forwarded(resp) => Ok(resp),
+            Routed::Local(applied) => match applied.outcome {
+                Outcome::NodeStateSet { .. } => Ok(Response::new(self.node(&name)?)),
+                other => Err(unexpected(&other)),
+            },
+        }
+    }
+}
+
+enum Forward {
+    Drain(DrainRequest),
+    Resume(ResumeRequest),
+}
+
+#[tonic::async_trait]
+impl NodeService for NodeApi {
+    async fn list(&self, req: Request<ListNodesRequest>) -> Result<Response<ListNodesResponse>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        if let Some(resp) = self
+            .replica
+            .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { NodeServiceClient::new(ch).list(r).await })
+            .await?
+        {
+            return Ok(resp);
+        }
+        let state = self.replica.node.state().read();
+        let nodes = state.nodes.values().map(|n| node_to_proto(n, self.replica.heartbeat_age_ms(&n.name))).collect();
+        Ok(Response::new(ListNodesResponse { nodes }))
+    }
+
+    async fn get(&self, req: Request<GetNodeRequest>) -> Result<Response<Node>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        let name = msg.name.clone();
+        if let Some(resp) = self
+            .replica
+            .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { NodeServiceClient::new(ch).get(r).await })
+            .await?
+        {
+            return Ok(resp);
+        }
+        Ok(Response::new(self.node(&name)?))
+    }
+
+    async fn drain(&self, req: Request<DrainRequest>) -> Result<Response<Node>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        let reason = if msg.reason.is_empty() { format!("drained by {}", ctx.identity) } else { msg.reason.clone() };
+        self.set_state(ctx, msg.name.clone(), NodeStateChange::Drain, reason, Forward::Drain(msg)).await
+    }
+
+    async fn resume(&self, req: Request<ResumeRequest>) -> Result<Response<Node>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        self.set_state(ctx, msg.name.clone(), NodeStateChange::Resume, String::new(), Forward::Resume(msg)).await
+    }
+}

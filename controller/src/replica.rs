@@ -1,0 +1,192 @@
+//! One controller replica: opens its store, starts Raft, serves the gRPC API (plus
+//! health and reflection) on one port, forms the cluster on first start, and runs
+//! leader duties while it leads.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use gangway_proto::v1::admin_service_server::AdminServiceServer;
+use gangway_proto::v1::agent_service_server::AgentServiceServer;
+use gangway_proto::v1::job_service_server::JobServiceServer;
+use gangway_proto::v1::node_service_server::NodeServiceServer;
+use gangway_proto::v1::raft_service_server::RaftServiceServer;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::{Channel, Endpoint, Server};
+use tonic::Status;
+
+use crate::api::{admin::AdminApi, agent::AgentApi, jobs::JobApi, nodes::NodeApi};
+use crate::config::{ReplicaConfig, Timing};
+use crate::raft::service::RaftRpc;
+use crate::raft::{RaftNode, RAFT_MESSAGE_BYTES_MAX};
+
+/// A write waits this long for its commit before answering UNAVAILABLE (outcome
+/// unknown; a retry with the same idempotency key is safe).
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A forwarded call waits a little longer than the leader's own write timeout.
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(12);
+/// Largest API request: a 1 MiB script plus its spec, with room to spare. Larger
+/// requests are refused by the transport with RESOURCE_EXHAUSTED.
+const API_MESSAGE_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// Opening the store retries while a previous instance in this process (a test
+/// restarting a replica) still holds RocksDB's lock: 50 × 100 ms.
+const STORE_OPEN_ATTEMPTS_MAX: usize = 50;
+/// Peers, agents' leaders and forwarding targets this replica keeps channels to.
+/// Clusters have 3–5 replicas; the bound only guards against address churn.
+const CHANNELS_MAX: usize = 64;
+/// Nodes whose heartbeat times the leader keeps in memory (matches the core's NODES_MAX).
+const HEARTBEATS_MAX: usize = gangway_core::limits::NODES_MAX;
+
+pub struct Replica {
+    pub node: Arc<RaftNode>,
+    /// The advertised address of this replica.
+    pub addr: String,
+    pub timing: Timing,
+    channels: Mutex<BTreeMap<String, Channel>>,
+    /// Last heartbeat per node, in this replica's memory (meaningful on the leader).
+    heartbeats: Mutex<BTreeMap<String, Instant>>,
+}
+
+impl Replica {
+    /// A (lazily connected) channel to another replica's API.
+    pub fn channel_to(&self, addr: &str) -> Result<Channel, Status> {
+        let mut channels = self.channels.lock().expect("channels lock");
+        if let Some(ch) = channels.get(addr) {
+            return Ok(ch.clone());
+        }
+        let ep = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| Status::internal(format!("replica address {addr} is invalid: {e}")))?
+            .connect_timeout(Duration::from_secs(1))
+            .tcp_nodelay(true);
+        let ch = ep.connect_lazy();
+        if channels.len() >= CHANNELS_MAX {
+            channels.clear();
+        }
+        channels.insert(addr.to_string(), ch.clone());
+        Ok(ch)
+    }
+
+    pub fn record_heartbeat(&self, node: &str) {
+        let mut hb = self.heartbeats.lock().expect("heartbeats lock");
+        if hb.len() >= HEARTBEATS_MAX && !hb.contains_key(node) {
+            return;
+        }
+        hb.insert(node.to_string(), Instant::now());
+    }
+
+    pub fn last_heartbeat(&self, node: &str) -> Option<Instant> {
+        self.heartbeats.lock().expect("heartbeats lock").get(node).copied()
+    }
+
+    pub fn heartbeat_age_ms(&self, node: &str) -> Option<u64> {
+        if !self.node.is_leader() {
+            return None;
+        }
+        self.last_heartbeat(node).map(|t| t.elapsed().as_millis() as u64)
+    }
+}
+
+/// A running replica; `shutdown` stops it and releases its data dir.
+pub struct ReplicaHandle {
+    pub replica: Arc<Replica>,
+    pub local_addr: SocketAddr,
+    shutdown_tx: Option<oneshot::Sender<()>>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    leader_watch: JoinHandle<()>,
+}
+
+impl ReplicaHandle {
+    pub async fn shutdown(mut self) {
+        self.leader_watch.abort();
+        if let Some(tx) = self.shutdown_tx.take() {
+            let _ = tx.send(());
+        }
+        self.replica.node.shutdown().await;
+        // Open streams (watchers) would keep a graceful stop waiting: bound it.
+        let _ = tokio::time::timeout(Duration::from_secs(2), &mut self.server).await;
+        self.server.abort();
+    }
+
+    /// Waits until the server stops (it runs until `shutdown`).
+    pub async fn wait(&mut self) -> anyhow::Result<()> {
+        (&mut self.server).await.context("server task")?.context("gRPC server")
+    }
+}
+
+fn open_store(dir: &std::path::Path) -> anyhow::Result<gangway_raft_store::Stores> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating data dir {}", dir.display()))?;
+    let mut last = None;
+    for _ in 0..STORE_OPEN_ATTEMPTS_MAX {
+        match gangway_raft_store::open(dir) {
+            Ok(s) => return Ok(s),
+            Err(e) if e.to_string().contains("lock") => {
+                last = Some(e);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(last.expect("at least one attempt").into())
+}
+
+/// Starts a replica serving on `listener`.
+pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Result<ReplicaHandle> {
+    let local_addr = listener.local_addr()?;
+    let stores = open_store(&config.data_dir)?;
+    let node = Arc::new(RaftNode::start(config.id, config.timing.clone(), stores).await?);
+    let replica = Arc::new(Replica {
+        node: node.clone(),
+        addr: config.advertise_addr.clone(),
+        timing: config.timing.clone(),
+        channels: Mutex::new(BTreeMap::new()),
+        heartbeats: Mutex::new(BTreeMap::new()),
+    });
+
+    let (mut health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<JobServiceServer<JobApi>>().await;
+    health_reporter.set_serving::<NodeServiceServer<NodeApi>>().await;
+    health_reporter.set_serving::<AdminServiceServer<AdminApi>>().await;
+    health_reporter.set_serving::<AgentServiceServer<AgentApi>>().await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(gangway_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(gangway_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+    let router = Server::builder()
+        .tcp_nodelay(true)
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(
+            RaftServiceServer::new(RaftRpc { node: node.clone() })
+                .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
+                .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX),
+        )
+        .add_service(JobServiceServer::new(JobApi { replica: replica.clone() }).max_decoding_message_size(API_MESSAGE_BYTES_MAX))
+        .add_service(NodeServiceServer::new(NodeApi { replica: replica.clone() }))
+        .add_service(AdminServiceServer::new(AdminApi { replica: replica.clone() }))
+        .add_service(AgentServiceServer::new(AgentApi { replica: replica.clone() }));
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+        let _ = shutdown_rx.await;
+    }));
+
+    if !config.join && !node.is_initialized().await {
+        if !config.peers.contains_key(&config.id) {
+            anyhow::bail!("peers: must include this replica's own id {}", config.id);
+        }
+        node.initialize(&config.peers).await?;
+        tracing::info!(id = config.id, peers = ?config.peers, "formed a new cluster");
+    }
+    let leader_watch = crate::leader::spawn_leader_watch(replica.clone());
+    Ok(ReplicaHandle { replica, local_addr, shutdown_tx: Some(shutdown_tx), server, leader_watch })
+}
