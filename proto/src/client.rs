@@ -50,10 +50,23 @@ pub struct Client {
     preferred: AtomicUsize,
 }
 
+/// Whether a status means the call never got a real answer: the connection
+/// failed or was torn down (a replica stopping mid-call surfaces as an HTTP/2
+/// protocol error with code INTERNAL).
+pub fn is_transport_failure(status: &Status) -> bool {
+    match status.code() {
+        Code::Unavailable | Code::Unknown | Code::Cancelled => true,
+        Code::Internal => {
+            let m = status.message();
+            m.contains("h2 protocol error") || m.contains("transport error") || m.contains("connection")
+        }
+        _ => false,
+    }
+}
+
 /// Whether a failed call may be retried on another replica.
 pub fn is_retryable(status: &Status) -> bool {
-    matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled)
-        || (status.code() == Code::DeadlineExceeded)
+    is_transport_failure(status) || status.code() == Code::DeadlineExceeded
 }
 
 impl Client {

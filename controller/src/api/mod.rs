@@ -96,12 +96,12 @@ impl Replica {
         }
         req.set_timeout(crate::replica::FORWARD_TIMEOUT);
         metrics::counter!("gangway_api_forwarded_total").increment(1);
-        call(channel, req).await.map_err(|s| match s.code() {
-            tonic::Code::Unknown | tonic::Code::Cancelled => Status::unavailable(format!(
-                "the leader at {addr} did not answer ({}); retry",
-                s.message()
-            )),
-            _ => s,
+        call(channel, req).await.map_err(|s| {
+            if gangway_proto::client::is_transport_failure(&s) && s.code() != tonic::Code::Unavailable {
+                Status::unavailable(format!("the leader at {addr} did not answer ({}); retry", s.message()))
+            } else {
+                s
+            }
         })
     }
 

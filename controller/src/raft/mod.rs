@@ -15,7 +15,7 @@ use std::time::Duration;
 use gangway_core::{Applied, Command};
 use gangway_raft_store::typ::{BasicNode, Raft};
 use gangway_raft_store::{SharedState, Stores};
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::{ChangeMembers, Config, ServerState, SnapshotPolicy};
 
 use crate::config::Timing;
@@ -122,6 +122,11 @@ impl RaftNode {
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ProposeError::NotLeader {
                 leader_addr: f.leader_node.map(|n| n.addr).or_else(|| self.leader_addr(f.leader_id)),
             },
+            // Another membership change (or the leader's first entry) is still
+            // committing: retryable, and the client library retries it.
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e @ ChangeMembershipError::InProgress(_))) => {
+                ProposeError::Unavailable(format!("{e}; retry"))
+            }
             RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => ProposeError::Refused(e.to_string()),
             RaftError::Fatal(f) => ProposeError::Unavailable(format!("this replica is stopping: {f}")),
         }

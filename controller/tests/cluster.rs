@@ -1,0 +1,520 @@
+//! In-process multi-replica clusters on 127.0.0.1:0 with temp dirs: real Raft,
+//! real RocksDB, real gRPC between replicas.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use gangway_controller::replica::{self, ReplicaHandle};
+use gangway_controller::{ReplicaConfig, Timing};
+use gangway_core::{snapshot, NodeState, State};
+use gangway_proto::client::Client;
+use gangway_proto::v1 as pb;
+use gangway_proto::v1::admin_service_client::AdminServiceClient;
+use gangway_proto::v1::agent_service_client::AgentServiceClient;
+use gangway_proto::v1::job_service_client::JobServiceClient;
+use gangway_proto::v1::node_service_client::NodeServiceClient;
+use tonic::Code;
+
+/// Bound on every wait in these tests: far above what a healthy run needs.
+const WAIT: Duration = Duration::from_secs(30);
+
+struct TestCluster {
+    dirs: BTreeMap<u64, tempfile::TempDir>,
+    addrs: BTreeMap<u64, String>,
+    handles: BTreeMap<u64, ReplicaHandle>,
+    timing: BTreeMap<u64, Timing>,
+}
+
+fn fast_timing() -> Timing {
+    Timing { node_down_timeout_ms: 2_000, agent_heartbeat_interval_ms: 200, ..Timing::default() }
+}
+
+async fn bind(addr: &str) -> tokio::net::TcpListener {
+    // A restarted replica rebinds its old port; the old socket may linger briefly.
+    for _ in 0..100 {
+        if let Ok(l) = tokio::net::TcpListener::bind(addr).await {
+            return l;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("cannot bind {addr}");
+}
+
+impl TestCluster {
+    async fn start(n: u64) -> TestCluster {
+        Self::start_with(n, |_| fast_timing()).await
+    }
+
+    async fn start_with(n: u64, timing: impl Fn(u64) -> Timing) -> TestCluster {
+        let mut c = TestCluster { dirs: BTreeMap::new(), addrs: BTreeMap::new(), handles: BTreeMap::new(), timing: BTreeMap::new() };
+        let mut listeners = BTreeMap::new();
+        for id in 1..=n {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            c.addrs.insert(id, l.local_addr().unwrap().to_string());
+            c.dirs.insert(id, tempfile::tempdir().unwrap());
+            c.timing.insert(id, timing(id));
+            listeners.insert(id, l);
+        }
+        for (id, l) in listeners {
+            let h = replica::start(c.config(id, false), l).await.unwrap();
+            c.handles.insert(id, h);
+        }
+        c
+    }
+
+    fn config(&self, id: u64, join: bool) -> ReplicaConfig {
+        ReplicaConfig {
+            id,
+            advertise_addr: self.addrs[&id].clone(),
+            peers: if join { BTreeMap::from([(id, self.addrs[&id].clone())]) } else { self.addrs.clone() },
+            data_dir: self.dirs[&id].path().to_path_buf(),
+            join,
+            timing: self.timing[&id].clone(),
+        }
+    }
+
+    async fn stop(&mut self, id: u64) {
+        self.handles.remove(&id).expect("running").shutdown().await;
+    }
+
+    async fn restart(&mut self, id: u64) {
+        let l = bind(&self.addrs[&id]).await;
+        let h = replica::start(self.config(id, false), l).await.unwrap();
+        self.handles.insert(id, h);
+    }
+
+    /// Starts a new empty replica that waits to be added.
+    async fn start_joiner(&mut self, id: u64) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        self.addrs.insert(id, l.local_addr().unwrap().to_string());
+        self.dirs.insert(id, tempfile::tempdir().unwrap());
+        self.timing.insert(id, fast_timing());
+        let h = replica::start(self.config(id, true), l).await.unwrap();
+        self.handles.insert(id, h);
+    }
+
+    /// The leader every running replica agrees on (a restarted ex-leader may
+    /// briefly believe it still leads; agreement rules that out).
+    async fn leader(&self) -> u64 {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            for (id, h) in &self.handles {
+                let agreed = self.handles.values().all(|o| o.replica.node.status().leader_id == Some(*id));
+                if h.replica.node.is_leader() && agreed {
+                    return *id;
+                }
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no leader elected");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn client_for(&self, ids: &[u64]) -> Client {
+        let eps: Vec<String> = ids.iter().map(|id| self.addrs[id].clone()).collect();
+        Client::new(&eps, "dev:tester").unwrap()
+    }
+
+    fn client(&self) -> Client {
+        let ids: Vec<u64> = self.handles.keys().copied().collect();
+        self.client_for(&ids)
+    }
+
+    fn state(&self, id: u64) -> State {
+        self.handles[&id].replica.node.state().read().clone()
+    }
+
+    /// Waits until every running replica has applied what the leader applied.
+    async fn converge(&self) {
+        let leader = self.leader().await;
+        let target = self.handles[&leader].replica.node.status().applied_index;
+        for h in self.handles.values() {
+            assert!(
+                h.replica.node.wait_for(WAIT, |s| s.applied_index >= target).await,
+                "replica {} did not catch up",
+                h.replica.node.id
+            );
+        }
+    }
+
+    async fn shutdown(mut self) {
+        let ids: Vec<u64> = self.handles.keys().copied().collect();
+        for id in ids {
+            self.stop(id).await;
+        }
+    }
+}
+
+fn spec(cmd: &str) -> pb::JobSpec {
+    pb::JobSpec { command: vec![cmd.into()], workdir: "/tmp".into(), ..Default::default() }
+}
+
+async fn submit(client: &Client, spec: pb::JobSpec, key: &str) -> Result<pb::SubmitResponse, tonic::Status> {
+    let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: key.into() };
+    client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).submit(r).await }
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+async fn list_all(client: &Client) -> Vec<pb::Job> {
+    let req = pb::ListJobsRequest { limit: 10_000, ..Default::default() };
+    client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).list(r).await }
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn submit_via_follower_replicates_and_dedupes() {
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let follower = *c.handles.keys().find(|id| **id != leader).unwrap();
+    let client = c.client_for(&[follower]);
+    let first = submit(&client, spec("true"), "key-1").await.unwrap();
+    let again = submit(&client, spec("true"), "key-1").await.unwrap();
+    assert_eq!(first.job_id, again.job_id);
+    assert!(!first.duplicate && again.duplicate);
+    let other = submit(&client, spec("true"), "key-2").await.unwrap();
+    assert_ne!(other.job_id, first.job_id);
+    c.converge().await;
+    let states: Vec<Vec<u8>> = c.handles.keys().map(|id| snapshot::encode(&c.state(*id))).collect();
+    for id in c.handles.keys() {
+        let s = c.state(*id);
+        assert_eq!(s.jobs.len(), 2, "replica {id}");
+        assert_eq!(s.jobs[&first.job_id].submitted_by, "dev:tester");
+        assert_eq!(s.jobs[&first.job_id].spec.user, "tester");
+    }
+    assert!(states.windows(2).all(|w| w[0] == w[1]), "replicas diverged");
+    // A linearizable read through a follower sees the write at once; a stale one is allowed.
+    let req = pb::GetJobRequest { job_id: other.job_id, stale: false };
+    let job = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).get(r).await }
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(job.state, pb::JobState::Pending as i32);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_input_is_refused_with_field_and_nothing_is_logged() {
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let client = c.client();
+    submit(&client, spec("true"), "warm").await.unwrap();
+    c.converge().await;
+    let before = c.handles[&leader].replica.node.status().last_log_index;
+    let cases: Vec<(pb::JobSpec, &str)> = vec![
+        (pb::JobSpec { nodes: Some(0), ..spec("true") }, "nodes"),
+        (pb::JobSpec { nodes: Some(-3), ..spec("true") }, "nodes"),
+        (pb::JobSpec { cpus_per_task: Some(-1), ..spec("true") }, "cpus_per_task"),
+        (pb::JobSpec { gpus_per_node: Some(2), gpu_type: "H100:8".into(), ..spec("true") }, "gpu_type"),
+        (pb::JobSpec { command: vec![], ..spec("true") }, "command"),
+        (pb::JobSpec { time_limit_s: Some(400 * 86400), ..spec("true") }, "time_limit_s"),
+        (pb::JobSpec { nodes: Some(100_000), ..spec("true") }, "nodes"),
+        (pb::JobSpec { command: vec![], script: "x".repeat(1024 * 1024 + 1), ..spec("true") }, "script"),
+    ];
+    for (s, field) in cases {
+        let err = submit(&client, s, "").await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{field}: {err:?}");
+        assert!(err.message().starts_with(&format!("{field}:")), "{field}: {}", err.message());
+    }
+    let err = submit(&client, spec("true"), &"k".repeat(500)).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("idempotency_key"));
+    assert_eq!(c.handles[&leader].replica.node.status().last_log_index, before, "a refused request reached the log");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leader_failover_loses_no_acknowledged_submit() {
+    let mut c = TestCluster::start(3).await;
+    let client = c.client();
+    let mut acked = BTreeSet::new();
+    for i in 0..20 {
+        acked.insert(submit(&client, spec("true"), &format!("pre-{i}")).await.unwrap().job_id);
+    }
+    let old = c.leader().await;
+    // Submissions racing the failover: each either succeeds or fails retryably.
+    let racing = {
+        let eps: Vec<String> = c.addrs.values().cloned().collect();
+        tokio::spawn(async move {
+            let client = Client::new(&eps, "dev:tester").unwrap();
+            let mut ok = Vec::new();
+            for i in 0..30 {
+                match submit(&client, spec("true"), &format!("race-{i}")).await {
+                    Ok(r) => ok.push(r.job_id),
+                    Err(e) => assert!(gangway_proto::client::is_retryable(&e), "non-retryable failure: {e:?}"),
+                }
+            }
+            ok
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    c.stop(old).await;
+    let new = c.leader().await;
+    assert_ne!(new, old);
+    acked.extend(racing.await.unwrap());
+    let jobs = list_all(&c.client()).await;
+    let present: BTreeSet<u64> = jobs.iter().map(|j| j.id).collect();
+    assert!(acked.is_subset(&present), "lost: {:?}", acked.difference(&present).collect::<Vec<_>>());
+    // Idempotency held across the failover: no key produced two jobs.
+    assert!(jobs.len() <= 50, "{} jobs for 50 keys", jobs.len());
+    c.restart(old).await;
+    c.converge().await;
+    assert!(snapshot::encode(&c.state(old)) == snapshot::encode(&c.state(new)), "replica states differ");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lagging_replica_catches_up_by_snapshot_after_purge() {
+    // Replicas 1 and 2 snapshot (and purge) every 20 entries and keep no log after
+    // a snapshot; replica 3 never snapshots on its own, so a snapshot it holds
+    // was installed from the leader.
+    let mut c = TestCluster::start_with(3, |id| Timing {
+        snapshot_logs_since_last: if id == 3 { 1_000_000 } else { 20 },
+        logs_kept_after_snapshot: 0,
+        ..fast_timing()
+    })
+    .await;
+    // Replica 3 must be a follower: if it leads, restart it until another leads.
+    let mut leader = c.leader().await;
+    for _ in 0..5 {
+        if leader != 3 {
+            break;
+        }
+        c.stop(3).await;
+        c.leader().await; // 1 and 2 elect a leader before 3 returns
+        c.restart(3).await;
+        leader = c.leader().await;
+    }
+    assert_ne!(leader, 3, "replica 3 kept winning elections");
+    let lagger = 3;
+    let client = c.client_for(&[leader]);
+    c.stop(lagger).await;
+    for i in 0..120 {
+        submit(&client, spec("true"), &format!("k{i}")).await.unwrap();
+    }
+    c.converge().await;
+    assert!(
+        c.handles[&leader].replica.node.wait_for(WAIT, |s| s.snapshot_index.unwrap_or(0) > 20).await,
+        "the leader never built a snapshot"
+    );
+    c.restart(lagger).await;
+    c.converge().await;
+    let st = c.handles[&lagger].replica.node.status();
+    assert!(st.snapshot_index.is_some(), "replica 3 caught up without installing a snapshot");
+    assert_eq!(c.state(lagger).jobs.len(), 120);
+    assert!(snapshot::encode(&c.state(lagger)) == snapshot::encode(&c.state(leader)), "replica states differ");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn full_restart_restores_the_same_state() {
+    let mut c = TestCluster::start(3).await;
+    let client = c.client();
+    for i in 0..30 {
+        submit(&client, spec("true"), &format!("k{i}")).await.unwrap();
+    }
+    let reg = pb::RegisterRequest { name: "n1".into(), cpus: 8, mem_mb: 1024, ..Default::default() };
+    client
+        .call(|ch| {
+            let r = client.request(reg.clone());
+            async move { AgentServiceClient::new(ch).register(r).await }
+        })
+        .await
+        .unwrap();
+    let cancel = pb::CancelRequest { job_id: 3 };
+    client
+        .call(|ch| {
+            let r = client.request(cancel.clone());
+            async move { JobServiceClient::new(ch).cancel(r).await }
+        })
+        .await
+        .unwrap();
+    c.converge().await;
+    let before = snapshot::encode(&c.state(1));
+    for id in 1..=3 {
+        c.stop(id).await;
+    }
+    for id in 1..=3 {
+        c.restart(id).await;
+    }
+    c.leader().await;
+    c.converge().await;
+    for id in 1..=3 {
+        let mut s = c.state(id);
+        // The node may have been marked down by the new leader (no agent runs):
+        // compare everything else byte for byte.
+        let mut b = snapshot::decode(&before).unwrap();
+        for n in s.nodes.values_mut().chain(b.nodes.values_mut()) {
+            n.state = NodeState::Up;
+            n.state_reason.clear();
+            n.state_changed_ms = 0;
+        }
+        s.clock_ms = 0;
+        b.clock_ms = 0;
+        assert!(snapshot::encode(&s) == snapshot::encode(&b), "replica {id} restored different state");
+    }
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn membership_changes_and_leader_transfer() {
+    let mut c = TestCluster::start(3).await;
+    c.leader().await;
+    c.start_joiner(4).await;
+    let client = c.client_for(&[1, 2, 3]);
+    macro_rules! admin {
+        ($m:ident, $req:expr) => {{
+            let req = $req;
+            client
+                .call(|ch| {
+                    let r = client.request(req.clone());
+                    async move { AdminServiceClient::new(ch).$m(r).await }
+                })
+                .await
+        }};
+    }
+    let m = admin!(add_learner, pb::AddLearnerRequest { id: 4, addr: c.addrs[&4].clone() }).unwrap().into_inner();
+    assert_eq!((m.voters.clone(), m.learners.clone()), (vec![1, 2, 3], vec![4]));
+    let err = admin!(promote, pb::PromoteRequest { id: 9 }).unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    let m = admin!(promote, pb::PromoteRequest { id: 4 }).unwrap().into_inner();
+    assert_eq!(m.voters, vec![1, 2, 3, 4]);
+    // Transfer leadership to a follower.
+    let leader = c.leader().await;
+    let target = *[1, 2, 3, 4].iter().find(|id| **id != leader).unwrap();
+    let t = admin!(transfer_leader, pb::TransferLeaderRequest { to: target });
+    match t {
+        Ok(r) => assert_eq!(r.into_inner().leader_id, target),
+        // Another replica may win the election; leadership must still have moved.
+        Err(e) => assert_eq!(e.code(), Code::Aborted, "{e:?}"),
+    }
+    let now = c.leader().await;
+    assert_ne!(now, leader, "leadership did not move");
+    // Removing the leader is refused; removing a follower works.
+    let err = admin!(remove_member, pb::RemoveMemberRequest { id: now }).unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let victim = *[1, 2, 3, 4].iter().find(|id| **id != now).unwrap();
+    let m = admin!(remove_member, pb::RemoveMemberRequest { id: victim }).unwrap().into_inner();
+    assert!(!m.voters.contains(&victim) && m.voters.len() == 3, "{m:?}");
+    let leader_client = c.client_for(&[now]);
+    let st = leader_client
+        .call(|ch| {
+            let r = leader_client.request(pb::ClusterStatusRequest {});
+            async move { AdminServiceClient::new(ch).cluster_status(r).await }
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(st.leader_id, Some(now));
+    assert_eq!(st.replicas.len(), 3);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn silent_node_goes_down_and_failover_causes_no_false_alarm() {
+    let mut c = TestCluster::start(3).await;
+    c.leader().await;
+    let eps: Vec<String> = c.addrs.values().cloned().collect();
+    let client = c.client();
+    // "silent" registers once and never heartbeats.
+    let reg = pb::RegisterRequest { name: "silent".into(), cpus: 4, mem_mb: 1024, ..Default::default() };
+    client
+        .call(|ch| {
+            let r = client.request(reg.clone());
+            async move { AgentServiceClient::new(ch).register(r).await }
+        })
+        .await
+        .unwrap();
+    // "alive" runs a real agent.
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let agent = tokio::spawn(gangway_node_agent::run(
+        gangway_node_agent::AgentConfig {
+            controllers: eps,
+            name: "alive".into(),
+            addr: String::new(),
+            cpus: 4,
+            mem_mb: 1024,
+            gpus: gangway_node_agent::inventory::parse_fake_gpus("2xh100-80gb", "alive").unwrap(),
+            topology: vec![],
+            labels: BTreeMap::new(),
+            identity: "agent".into(),
+        },
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let node_state = |c: &TestCluster, name: &str| -> Option<NodeState> {
+        let id = *c.handles.keys().next().unwrap();
+        c.state(id).nodes.get(name).map(|n| n.state)
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while node_state(&c, "silent") != Some(NodeState::Down) {
+        assert!(tokio::time::Instant::now() < deadline, "silent node never marked down");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(node_state(&c, "alive"), Some(NodeState::Up));
+    // Kill the leader; the heartbeating node must stay up through the failover and
+    // for longer than the down timeout afterwards.
+    let old = c.leader().await;
+    c.stop(old).await;
+    c.leader().await;
+    let until = tokio::time::Instant::now() + Duration::from_millis(3 * 2_000);
+    while tokio::time::Instant::now() < until {
+        assert_eq!(node_state(&c, "alive"), Some(NodeState::Up), "false node failure after failover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Node API shows it, with the leader's heartbeat age.
+    let req = pb::GetNodeRequest { name: "alive".into(), stale: false };
+    let n = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { NodeServiceClient::new(ch).get(r).await }
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(n.gpus.len(), 2);
+    assert!(n.last_heartbeat_age_ms.is_some());
+    let _ = stop_tx.send(());
+    agent.await.unwrap().unwrap();
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn watch_health_and_reflection() {
+    let c = TestCluster::start(3).await;
+    c.leader().await;
+    let addr = format!("http://{}", c.addrs[&1]);
+    let channel = tonic::transport::Endpoint::from_shared(addr).unwrap().connect().await.unwrap();
+    let mut stream = JobServiceClient::new(channel.clone())
+        .watch(pb::WatchRequest { job_id: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let job = submit(&c.client(), spec("true"), "w").await.unwrap();
+    let ev = tokio::time::timeout(WAIT, stream.message()).await.unwrap().unwrap().unwrap();
+    assert_eq!((ev.job_id, ev.state), (job.job_id, pb::JobState::Pending as i32));
+    // Standard health service.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let r = health
+        .check(tonic_health::pb::HealthCheckRequest { service: "gangway.v1.JobService".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    c.shutdown().await;
+}
