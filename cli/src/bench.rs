@@ -212,7 +212,11 @@ fn machine_facts() -> String {
     let mem_gb = gangway_node_agent::inventory::host_mem_mb() / 1024;
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default();
     format!("{cpus} CPUs ({model}), {mem_gb} GiB RAM")
 }
@@ -232,7 +236,10 @@ async fn bench_submit(clients: &[usize], seconds: u64, data_dir: Option<PathBuf>
     eps.extend(cluster.addrs.iter().filter(|(id, _)| **id != leader).map(|(_, a)| a.clone()));
     println!("bench submit: 3 controller processes, durable RocksDB (fsync before ack), loopback gRPC");
     println!("machine: {}; data in {}", machine_facts(), cluster.root().display());
-    println!("{:>8} {:>10} {:>12} {:>10} {:>10} {:>10}", "clients", "submits", "submits/s", "p50 ms", "p99 ms", "errors");
+    println!(
+        "{:>8} {:>10} {:>12} {:>10} {:>10} {:>10}",
+        "clients", "submits", "submits/s", "p50 ms", "p99 ms", "errors"
+    );
     for &n in clients {
         let deadline = Instant::now() + Duration::from_secs(seconds);
         let mut tasks = Vec::new();
@@ -284,7 +291,9 @@ async fn bench_failover(runs: usize, data_dir: Option<PathBuf>) -> anyhow::Resul
     let mut cluster = LocalCluster::start(3, data_dir)?;
     let client = Arc::new(Client::new(&cluster.endpoints(), "bench")?);
     cluster.wait_leader(&client).await?;
-    println!("bench failover: 3 controller processes; one client submitting continuously; leader SIGKILLed {runs} times");
+    println!(
+        "bench failover: 3 controller processes; one client submitting continuously; leader SIGKILLed {runs} times"
+    );
     println!("machine: {}", machine_facts());
     // The submitter records the completion time of every acknowledged submit.
     let acked: Arc<Mutex<Vec<(Instant, u64)>>> = Arc::new(Mutex::new(Vec::new()));
@@ -323,7 +332,10 @@ async fn bench_failover(runs: usize, data_dir: Option<PathBuf>) -> anyhow::Resul
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         };
-        println!("run {run:>3}: killed leader {leader}; first acknowledged submit after {:.0} ms", gap.as_secs_f64() * 1000.0);
+        println!(
+            "run {run:>3}: killed leader {leader}; first acknowledged submit after {:.0} ms",
+            gap.as_secs_f64() * 1000.0
+        );
         gaps.push(gap);
         cluster.spawn(leader)?;
         cluster.wait_converged(&client).await?;

@@ -75,9 +75,12 @@ pub async fn controller(a: ControllerArgs) -> anyhow::Result<()> {
     let peers = match &a.peers {
         Some(p) => gangway_controller::config::parse_peers(p).map_err(anyhow::Error::msg)?,
         None if a.join => BTreeMap::from([(a.id, advertise.clone())]),
-        None => bail!("peers: required (e.g. --peers 1=10.0.0.1:50051,2=10.0.0.2:50051,3=10.0.0.3:50051), or use --join"),
+        None => {
+            bail!("peers: required (e.g. --peers 1=10.0.0.1:50051,2=10.0.0.2:50051,3=10.0.0.3:50051), or use --join")
+        }
     };
-    let listener = tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("listen: cannot bind {}", a.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("listen: cannot bind {}", a.listen))?;
     let timing = gangway_controller::Timing { node_down_timeout_ms: a.node_down_timeout_ms, ..Default::default() };
     let config = gangway_controller::ReplicaConfig {
         id: a.id,
@@ -224,10 +227,13 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
         (false, None, None) => (a.command.clone(), String::new()),
         (true, Some(w), None) => (Vec::new(), format!("#!/bin/sh\n{w}\n")),
         (true, None, Some(path)) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("script: cannot read {}", path.display()))?;
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("script: cannot read {}", path.display()))?;
             (Vec::new(), text)
         }
-        (true, None, None) => bail!("command: nothing to run; give a command after `--`, --wrap \"...\", or a script file"),
+        (true, None, None) => {
+            bail!("command: nothing to run; give a command after `--`, --wrap \"...\", or a script file")
+        }
         _ => bail!("command: give only one of a command after `--`, --wrap, or a script file"),
     };
     let (gpu_type, gpus) = match &a.gpus_per_node {
@@ -254,7 +260,13 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
         mem_per_node_mb: a.mem.as_deref().map(parse::mem_mb).transpose().map_err(anyhow::Error::msg)?.map(|m| m as i64),
         gpus_per_node: gpus,
         gpu_type,
-        time_limit_s: a.time.as_deref().map(parse::time_limit_s).transpose().map_err(anyhow::Error::msg)?.map(|t| t as i64),
+        time_limit_s: a
+            .time
+            .as_deref()
+            .map(parse::time_limit_s)
+            .transpose()
+            .map_err(anyhow::Error::msg)?
+            .map(|t| t as i64),
         env: parse_labels(&a.env).context("env")?.into_iter().collect(),
     };
     let key = a.idempotency_key.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
@@ -283,10 +295,7 @@ fn default_job_name(command: &[String], script: Option<&PathBuf>, wrap: bool) ->
     if let Some(p) = script {
         return p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "script".into());
     }
-    command
-        .first()
-        .map(|c| c.rsplit('/').next().unwrap_or(c).to_string())
-        .unwrap_or_else(|| "job".into())
+    command.first().map(|c| c.rsplit('/').next().unwrap_or(c).to_string()).unwrap_or_else(|| "job".into())
 }
 
 // ---------------------------------------------------------------- queue / show / cancel
@@ -385,14 +394,22 @@ pub async fn queue(client: &Client, out: &Output, a: QueueArgs) -> anyhow::Resul
     let mut states = Vec::new();
     for s in &a.states {
         let st = gangway_core::JobState::parse(s).ok_or_else(|| {
-            anyhow::anyhow!("state: '{s}' is not a job state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL)")
+            anyhow::anyhow!(
+                "state: '{s}' is not a job state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL)"
+            )
         })?;
         states.push(st);
     }
     let states: Vec<i32> = if states.is_empty() && !a.all {
         vec![pb::JobState::Pending as i32, pb::JobState::Running as i32]
     } else {
-        states.iter().map(|s| pb::JobState::from_str_name(&format!("JOB_STATE_{}", s.as_str())).unwrap_or(pb::JobState::Unspecified) as i32).collect()
+        states
+            .iter()
+            .map(|s| {
+                pb::JobState::from_str_name(&format!("JOB_STATE_{}", s.as_str())).unwrap_or(pb::JobState::Unspecified)
+                    as i32
+            })
+            .collect()
     };
     let req = pb::ListJobsRequest {
         states,
@@ -452,7 +469,7 @@ pub async fn show(client: &Client, out: &Output, job_id: u64, stale: bool) -> an
     let req = pb::GetJobRequest { job_id, stale };
     let job = client
         .call(|ch| {
-            let r = client.request(req.clone());
+            let r = client.request(req);
             async move { JobServiceClient::new(ch).get(r).await }
         })
         .await?
@@ -482,7 +499,7 @@ pub async fn cancel(client: &Client, out: &Output, job_ids: &[u64]) -> anyhow::R
         let req = pb::CancelRequest { job_id };
         let r = client
             .call(|ch| {
-                let r = client.request(req.clone());
+                let r = client.request(req);
                 async move { JobServiceClient::new(ch).cancel(r).await }
             })
             .await;
@@ -545,7 +562,7 @@ pub async fn nodes(client: &Client, out: &Output, stale: bool) -> anyhow::Result
     let req = pb::ListNodesRequest { stale };
     let resp = client
         .call(|ch| {
-            let r = client.request(req.clone());
+            let r = client.request(req);
             async move { NodeServiceClient::new(ch).list(r).await }
         })
         .await?
@@ -572,7 +589,10 @@ pub async fn nodes(client: &Client, out: &Output, stale: bool) -> anyhow::Result
             ]
         })
         .collect();
-    print_table(&["NODE", "STATE", "CPUS(free/all)", "MEM_GB(free/all)", "GPUS(free/all)", "TOPOLOGY", "HEARTBEAT", "REASON"], &rows);
+    print_table(
+        &["NODE", "STATE", "CPUS(free/all)", "MEM_GB(free/all)", "GPUS(free/all)", "TOPOLOGY", "HEARTBEAT", "REASON"],
+        &rows,
+    );
     Ok(())
 }
 
@@ -655,9 +675,11 @@ pub async fn cluster(client: &Client, out: &Output, cmd: ClusterCmd) -> anyhow::
                 let replicas: Vec<Value> = s
                     .replicas
                     .iter()
-                    .map(|r| json!({"id": r.id, "addr": r.addr, "role": r.role, "term": r.term, "leader_id": r.leader_id,
+                    .map(|r| {
+                        json!({"id": r.id, "addr": r.addr, "role": r.role, "term": r.term, "leader_id": r.leader_id,
                         "voter": r.voter, "last_log_index": r.last_log_index, "commit_index": r.commit_index,
-                        "applied_index": r.applied_index, "snapshot_index": r.snapshot_index, "error": r.error}))
+                        "applied_index": r.applied_index, "snapshot_index": r.snapshot_index, "error": r.error})
+                    })
                     .collect();
                 out.print_json(&json!({"leader_id": s.leader_id, "term": s.term, "replicas": replicas}));
                 return Ok(());
@@ -681,7 +703,10 @@ pub async fn cluster(client: &Client, out: &Output, cmd: ClusterCmd) -> anyhow::
                     ]
                 })
                 .collect();
-            print_table(&["ID", "ADDR", "ROLE", "MEMBER", "TERM", "LAST_LOG", "COMMIT", "APPLIED", "SNAPSHOT", "ERROR"], &rows);
+            print_table(
+                &["ID", "ADDR", "ROLE", "MEMBER", "TERM", "LAST_LOG", "COMMIT", "APPLIED", "SNAPSHOT", "ERROR"],
+                &rows,
+            );
         }
         ClusterCmd::Add { id, addr } => membership(admin!(add_learner, pb::AddLearnerRequest { id, addr })),
         ClusterCmd::Promote { id } => membership(admin!(promote, pb::PromoteRequest { id })),

@@ -56,9 +56,9 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
     for id in 1..=a.replicas {
         let port = a.port.checked_add((id - 1) as u16).context("port: too high")?;
         let addr = format!("127.0.0.1:{port}");
-        let l = tokio::net::TcpListener::bind(&addr)
-            .await
-            .with_context(|| format!("port {port} is in use (is a dev cluster already running? pick another with --port)"))?;
+        let l = tokio::net::TcpListener::bind(&addr).await.with_context(|| {
+            format!("port {port} is in use (is a dev cluster already running? pick another with --port)")
+        })?;
         listeners.push((id, l));
         peers.insert(id, addr);
     }
@@ -100,7 +100,10 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
         })));
     }
     let joined = endpoints.join(",");
-    println!("Gangway dev cluster is up: {} controller replicas, {} simulated nodes ({} each).", a.replicas, a.nodes, a.fake_gpus);
+    println!(
+        "Gangway dev cluster is up: {} controller replicas, {} simulated nodes ({} each).",
+        a.replicas, a.nodes, a.fake_gpus
+    );
     println!("  endpoints: {joined}");
     match &tmp {
         Some(_) => println!("  data:      {} (removed when you stop the cluster)", root.display()),

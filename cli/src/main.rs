@@ -40,11 +40,21 @@ enum Cmd {
     /// List pending and running jobs (`--all` for finished ones too).
     Queue(commands::QueueArgs),
     /// Show one job in full.
-    Show { job_id: u64, #[arg(long)] stale: bool },
+    Show {
+        job_id: u64,
+        #[arg(long)]
+        stale: bool,
+    },
     /// Cancel jobs.
-    Cancel { #[arg(required = true)] job_ids: Vec<u64> },
+    Cancel {
+        #[arg(required = true)]
+        job_ids: Vec<u64>,
+    },
     /// List nodes.
-    Nodes { #[arg(long)] stale: bool },
+    Nodes {
+        #[arg(long)]
+        stale: bool,
+    },
     /// Drain or resume a node.
     #[command(subcommand)]
     Node(commands::NodeCmd),

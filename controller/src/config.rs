@@ -58,7 +58,8 @@ pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>, String> {
         let (id, addr) = part
             .split_once('=')
             .ok_or_else(|| format!("peers: '{part}' must look like ID=HOST:PORT, e.g. 1=10.0.0.1:50051"))?;
-        let id: u64 = id.trim().parse().map_err(|_| format!("peers: '{id}' is not a replica id (a positive integer)"))?;
+        let id: u64 =
+            id.trim().parse().map_err(|_| format!("peers: '{id}' is not a replica id (a positive integer)"))?;
         if id == 0 {
             return Err("peers: replica ids start at 1".into());
         }

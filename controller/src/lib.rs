@@ -21,8 +21,5 @@ pub use replica::{Replica, ReplicaHandle};
 
 /// Milliseconds since the Unix epoch: the time a leader stamps into commands.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }

@@ -171,7 +171,9 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
                 .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX),
         )
-        .add_service(JobServiceServer::new(JobApi { replica: replica.clone() }).max_decoding_message_size(API_MESSAGE_BYTES_MAX))
+        .add_service(
+            JobServiceServer::new(JobApi { replica: replica.clone() }).max_decoding_message_size(API_MESSAGE_BYTES_MAX),
+        )
         .add_service(NodeServiceServer::new(NodeApi { replica: replica.clone() }))
         .add_service(AdminServiceServer::new(AdminApi { replica: replica.clone() }))
         .add_service(AgentServiceServer::new(AgentApi { replica: replica.clone() }));

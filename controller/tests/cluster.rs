@@ -46,7 +46,12 @@ impl TestCluster {
     }
 
     async fn start_with(n: u64, timing: impl Fn(u64) -> Timing) -> TestCluster {
-        let mut c = TestCluster { dirs: BTreeMap::new(), addrs: BTreeMap::new(), handles: BTreeMap::new(), timing: BTreeMap::new() };
+        let mut c = TestCluster {
+            dirs: BTreeMap::new(),
+            addrs: BTreeMap::new(),
+            handles: BTreeMap::new(),
+            timing: BTreeMap::new(),
+        };
         let mut listeners = BTreeMap::new();
         for id in 1..=n {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -197,7 +202,7 @@ async fn submit_via_follower_replicates_and_dedupes() {
     let req = pb::GetJobRequest { job_id: other.job_id, stale: false };
     let job = client
         .call(|ch| {
-            let r = client.request(req.clone());
+            let r = client.request(req);
             async move { JobServiceClient::new(ch).get(r).await }
         })
         .await
@@ -338,7 +343,7 @@ async fn full_restart_restores_the_same_state() {
     let cancel = pb::CancelRequest { job_id: 3 };
     client
         .call(|ch| {
-            let r = client.request(cancel.clone());
+            let r = client.request(cancel);
             async move { JobServiceClient::new(ch).cancel(r).await }
         })
         .await
@@ -500,11 +505,8 @@ async fn watch_health_and_reflection() {
     c.leader().await;
     let addr = format!("http://{}", c.addrs[&1]);
     let channel = tonic::transport::Endpoint::from_shared(addr).unwrap().connect().await.unwrap();
-    let mut stream = JobServiceClient::new(channel.clone())
-        .watch(pb::WatchRequest { job_id: 0 })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream =
+        JobServiceClient::new(channel.clone()).watch(pb::WatchRequest { job_id: 0 }).await.unwrap().into_inner();
     let job = submit(&c.client(), spec("true"), "w").await.unwrap();
     let ev = tokio::time::timeout(WAIT, stream.message()).await.unwrap().unwrap().unwrap();
     assert_eq!((ev.job_id, ev.state), (job.job_id, pb::JobState::Pending as i32));

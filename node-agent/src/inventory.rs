@@ -14,10 +14,7 @@ pub fn parse_fake_gpus(spec: &str, node: &str) -> Result<Vec<GpuInventory>, Stri
     let (count, model) = spec
         .split_once(['x', 'X'])
         .ok_or_else(|| format!("fake-gpus: '{spec}' must look like COUNTxMODEL, e.g. 8xh100-80gb"))?;
-    let count: u32 = count
-        .trim()
-        .parse()
-        .map_err(|_| format!("fake-gpus: '{count}' is not a GPU count"))?;
+    let count: u32 = count.trim().parse().map_err(|_| format!("fake-gpus: '{count}' is not a GPU count"))?;
     if count == 0 || count > FAKE_GPUS_MAX {
         return Err(format!("fake-gpus: count must be between 1 and {FAKE_GPUS_MAX}, got {count}"));
     }

@@ -69,7 +69,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                         async move { AgentServiceClient::new(ch).register(r).await }
                     })
                     .await?;
-                let ms = resp.into_inner().heartbeat_interval_ms.clamp(HEARTBEAT_INTERVAL_MIN_MS, HEARTBEAT_INTERVAL_MAX_MS);
+                let ms =
+                    resp.into_inner().heartbeat_interval_ms.clamp(HEARTBEAT_INTERVAL_MIN_MS, HEARTBEAT_INTERVAL_MAX_MS);
                 interval = Duration::from_millis(ms);
                 tracing::info!(node = %config.name, "registered");
                 registered = true;

@@ -65,7 +65,12 @@ impl LogStore {
         raw.map(|bytes| decode(&bytes).map_err(|e| StorageIOError::read(AnyError::new(&e)).into())).transpose()
     }
 
-    fn put_meta<T: serde::Serialize>(&self, key: &[u8], value: &T, sync: bool) -> std::result::Result<(), rocksdb::Error> {
+    fn put_meta<T: serde::Serialize>(
+        &self,
+        key: &[u8],
+        value: &T,
+        sync: bool,
+    ) -> std::result::Result<(), rocksdb::Error> {
         let mut opts = WriteOptions::default();
         opts.set_sync(sync);
         self.db.put_cf_opt(self.cf(CF_META), key, encode(value), &opts)

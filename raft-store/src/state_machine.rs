@@ -171,7 +171,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             Some(l) => format!("{}-{}-{}", l.leader_id, l.index, self.snapshot_seq),
             None => format!("none-{}", self.snapshot_seq),
         };
-        let meta = SnapshotMeta { last_log_id: self.last_applied, last_membership: self.last_membership.clone(), snapshot_id };
+        let meta =
+            SnapshotMeta { last_log_id: self.last_applied, last_membership: self.last_membership.clone(), snapshot_id };
         SnapshotBuilder { state, meta, db: self.db.clone() }
     }
 
@@ -199,7 +200,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>> {
         let cf = self.db.cf_handle(CF_SNAPSHOT).expect("column family created at open");
-        let raw = self.db.get_cf(cf, KEY_CURRENT).map_err(|e| StorageIOError::read_snapshot(None, AnyError::new(&e)))?;
+        let raw =
+            self.db.get_cf(cf, KEY_CURRENT).map_err(|e| StorageIOError::read_snapshot(None, AnyError::new(&e)))?;
         let Some(raw) = raw else { return Ok(None) };
         let stored: StoredSnapshot =
             decode(&raw).map_err(|e| StorageIOError::read_snapshot(None, AnyError::new(&e)))?;

@@ -22,8 +22,6 @@ pub mod spec;
 pub mod state;
 
 pub use command::{Command, NodeStateChange};
-pub use model::{
-    Allocation, Gpu, GpuHealth, Job, JobId, JobState, Node, NodeAllocation, NodeState,
-};
+pub use model::{Allocation, Gpu, GpuHealth, Job, JobId, JobState, Node, NodeAllocation, NodeState};
 pub use spec::{JobSpec, NodeSpec, SpecError};
 pub use state::{Applied, JobEvent, Outcome, Refusal, RefusalKind, State};

@@ -184,9 +184,6 @@ impl Node {
     }
 
     pub fn gpus_free(&self) -> usize {
-        self.gpus
-            .iter()
-            .filter(|g| g.allocated_to.is_none() && g.health == GpuHealth::Healthy)
-            .count()
+        self.gpus.iter().filter(|g| g.allocated_to.is_none() && g.health == GpuHealth::Healthy).count()
     }
 }

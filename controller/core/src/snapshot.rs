@@ -41,9 +41,8 @@ pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
     if version != SNAPSHOT_FORMAT_VERSION {
         return Err(SnapshotError::UnsupportedVersion { found: version });
     }
-    let (state, used): (State, usize) =
-        bincode::serde::decode_from_slice(&bytes[8..], bincode::config::standard())
-            .map_err(|e| SnapshotError::Decode(e.to_string()))?;
+    let (state, used): (State, usize) = bincode::serde::decode_from_slice(&bytes[8..], bincode::config::standard())
+        .map_err(|e| SnapshotError::Decode(e.to_string()))?;
     if used != bytes.len() - 8 {
         return Err(SnapshotError::Trailing(bytes.len() - 8 - used));
     }

@@ -83,12 +83,7 @@ fn check_name(field: &str, value: &str, required: bool) -> Result<(), SpecError>
     Ok(())
 }
 
-fn check_range<T: PartialOrd + std::fmt::Display>(
-    field: &str,
-    value: T,
-    min: T,
-    max: T,
-) -> Result<(), SpecError> {
+fn check_range<T: PartialOrd + std::fmt::Display>(field: &str, value: T, min: T, max: T) -> Result<(), SpecError> {
     if value < min || value > max {
         return Err(SpecError::new(field, format!("must be between {min} and {max}, got {value}")));
     }
@@ -105,9 +100,7 @@ pub fn check_gpu_type(field: &str, value: &str) -> Result<(), SpecError> {
         return Err(SpecError::new(field, format!("must be at most {GPU_TYPE_BYTES_MAX} bytes")));
     }
     let ok_first = value.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-    let ok_rest = value
-        .chars()
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'));
+    let ok_rest = value.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'));
     if !ok_first || !ok_rest {
         return Err(SpecError::new(
             field,
@@ -126,12 +119,8 @@ impl JobSpec {
         check_name("user", &self.user, true)?;
         check_name("partition", &self.partition, false)?;
         match (self.command.is_empty(), self.script.is_empty()) {
-            (true, true) => {
-                return Err(SpecError::new("command", "must not be empty: give a command or a script"))
-            }
-            (false, false) => {
-                return Err(SpecError::new("command", "give either a command or a script, not both"))
-            }
+            (true, true) => return Err(SpecError::new("command", "must not be empty: give a command or a script")),
+            (false, false) => return Err(SpecError::new("command", "give either a command or a script, not both")),
             _ => {}
         }
         if !self.command.is_empty() {

@@ -342,7 +342,10 @@ impl State {
             return Err(format!("job {} is {}, not pending", p.job_id, job.state.as_str()));
         }
         if p.attempt != job.attempt + 1 {
-            return Err(format!("stale plan: attempt {} but job {} is at attempt {}", p.attempt, p.job_id, job.attempt));
+            return Err(format!(
+                "stale plan: attempt {} but job {} is at attempt {}",
+                p.attempt, p.job_id, job.attempt
+            ));
         }
         let spec = &job.spec;
         if p.nodes.len() != spec.nodes as usize {
@@ -434,7 +437,10 @@ impl State {
         reason: &str,
     ) -> Applied {
         if !state.is_finished() {
-            return Applied::refused(RefusalKind::InvalidArgument, format!("state: {} is not a finished state", state.as_str()));
+            return Applied::refused(
+                RefusalKind::InvalidArgument,
+                format!("state: {} is not a finished state", state.as_str()),
+            );
         }
         let Some(job) = self.jobs.get(&job_id) else {
             return Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
@@ -442,7 +448,11 @@ impl State {
         if job.state != JobState::Running || job.attempt != attempt {
             return Applied::refused(
                 RefusalKind::Stale,
-                format!("job {job_id} attempt {attempt} is not running (job is {} at attempt {})", job.state.as_str(), job.attempt),
+                format!(
+                    "job {job_id} attempt {attempt} is not running (job is {} at attempt {})",
+                    job.state.as_str(),
+                    job.attempt
+                ),
             );
         }
         let event = self.finish_job(index, job_id, state, exit_code, reason.to_string());

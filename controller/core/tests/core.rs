@@ -35,7 +35,12 @@ fn node_spec(i: usize, gpus: usize) -> NodeSpec {
         cpus: 16,
         mem_mb: 65536,
         gpus: (0..gpus)
-            .map(|g| GpuSpec { uuid: format!("GPU-{i}-{g}"), model: "h100-80gb".into(), mem_mb: 81920, nvlink_island: (g / 4) as u32 })
+            .map(|g| GpuSpec {
+                uuid: format!("GPU-{i}-{g}"),
+                model: "h100-80gb".into(),
+                mem_mb: 81920,
+                nvlink_island: (g / 4) as u32,
+            })
             .collect(),
         topology: vec!["zone-a".into(), format!("rack-{}", i / 2)],
         labels: BTreeMap::new(),
@@ -115,12 +120,13 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
             idempotency_key: key.map(|k| format!("key-{k}")).unwrap_or_default(),
             now_ms,
         },
-        Op::BadSubmit => Command::SubmitJob { spec: job_spec(0, 1, 1), identity: "x".into(), idempotency_key: String::new(), now_ms },
+        Op::BadSubmit => {
+            Command::SubmitJob { spec: job_spec(0, 1, 1), identity: "x".into(), idempotency_key: String::new(), now_ms }
+        }
         Op::Cancel(j) => Command::CancelJob { job_id: *j, identity: "dev:alice".into(), now_ms },
-        Op::Plan(j, skew) => Command::ApplyPlan {
-            placements: first_fit(state, *j, *skew).into_iter().collect(),
-            now_ms,
-        },
+        Op::Plan(j, skew) => {
+            Command::ApplyPlan { placements: first_fit(state, *j, *skew).into_iter().collect(), now_ms }
+        }
         Op::Finish(j, ok) => Command::JobFinished {
             job_id: *j,
             attempt: state.jobs.get(j).map(|j| j.attempt).unwrap_or(1),
@@ -129,9 +135,24 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
             reason: String::new(),
             now_ms,
         },
-        Op::Drain(i) => Command::SetNodeState { name: format!("n{i}"), change: NodeStateChange::Drain, reason: "test".into(), now_ms },
-        Op::Resume(i) => Command::SetNodeState { name: format!("n{i}"), change: NodeStateChange::Resume, reason: String::new(), now_ms },
-        Op::Down(i) => Command::SetNodeState { name: format!("n{i}"), change: NodeStateChange::Down, reason: "lost".into(), now_ms },
+        Op::Drain(i) => Command::SetNodeState {
+            name: format!("n{i}"),
+            change: NodeStateChange::Drain,
+            reason: "test".into(),
+            now_ms,
+        },
+        Op::Resume(i) => Command::SetNodeState {
+            name: format!("n{i}"),
+            change: NodeStateChange::Resume,
+            reason: String::new(),
+            now_ms,
+        },
+        Op::Down(i) => Command::SetNodeState {
+            name: format!("n{i}"),
+            change: NodeStateChange::Down,
+            reason: "lost".into(),
+            now_ms,
+        },
     }
 }
 
@@ -173,13 +194,23 @@ proptest! {
 #[test]
 fn idempotent_submit_returns_same_job() {
     let mut s = State::default();
-    let cmd = Command::SubmitJob { spec: job_spec(1, 0, 1), identity: "dev:bob".into(), idempotency_key: "k1".into(), now_ms: 5 };
+    let cmd = Command::SubmitJob {
+        spec: job_spec(1, 0, 1),
+        identity: "dev:bob".into(),
+        idempotency_key: "k1".into(),
+        now_ms: 5,
+    };
     let first = s.apply(1, &cmd).outcome;
     let second = s.apply(2, &cmd).outcome;
     assert_eq!(first, Outcome::Submitted { job_id: 1, duplicate: false });
     assert_eq!(second, Outcome::Submitted { job_id: 1, duplicate: true });
     // Another identity with the same key is another submission.
-    let other = Command::SubmitJob { spec: job_spec(1, 0, 1), identity: "dev:eve".into(), idempotency_key: "k1".into(), now_ms: 6 };
+    let other = Command::SubmitJob {
+        spec: job_spec(1, 0, 1),
+        identity: "dev:eve".into(),
+        idempotency_key: "k1".into(),
+        now_ms: 6,
+    };
     assert_eq!(s.apply(3, &other).outcome, Outcome::Submitted { job_id: 2, duplicate: false });
     assert_eq!(s.jobs.len(), 2);
 }
@@ -190,19 +221,39 @@ fn gang_is_placed_whole_or_not_at_all() {
     for i in 0..2 {
         s.apply(1, &Command::RegisterNode { spec: node_spec(i, 4), now_ms: 1 });
     }
-    s.apply(3, &Command::SubmitJob { spec: job_spec(2, 4, 1), identity: "a".into(), idempotency_key: String::new(), now_ms: 2 });
+    s.apply(
+        3,
+        &Command::SubmitJob {
+            spec: job_spec(2, 4, 1),
+            identity: "a".into(),
+            idempotency_key: String::new(),
+            now_ms: 2,
+        },
+    );
     // n1 drained: the plan placing on both nodes must be refused whole.
     let plan = first_fit(&s, 1, 0).unwrap();
-    s.apply(4, &Command::SetNodeState { name: "n1".into(), change: NodeStateChange::Drain, reason: String::new(), now_ms: 3 });
+    s.apply(
+        4,
+        &Command::SetNodeState { name: "n1".into(), change: NodeStateChange::Drain, reason: String::new(), now_ms: 3 },
+    );
     let out = s.apply(5, &Command::ApplyPlan { placements: vec![plan.clone()], now_ms: 4 }).outcome;
-    assert!(matches!(out, Outcome::PlanApplied { ref started, ref rejected } if started.is_empty() && rejected.len() == 1), "{out:?}");
+    assert!(
+        matches!(out, Outcome::PlanApplied { ref started, ref rejected } if started.is_empty() && rejected.len() == 1),
+        "{out:?}"
+    );
     assert_eq!(s.nodes["n0"].gpus_free(), 4, "no GPU of the refused gang may stay allocated");
-    s.apply(6, &Command::SetNodeState { name: "n1".into(), change: NodeStateChange::Resume, reason: String::new(), now_ms: 5 });
+    s.apply(
+        6,
+        &Command::SetNodeState { name: "n1".into(), change: NodeStateChange::Resume, reason: String::new(), now_ms: 5 },
+    );
     let out = s.apply(7, &Command::ApplyPlan { placements: vec![plan], now_ms: 6 }).outcome;
     assert_eq!(out, Outcome::PlanApplied { started: vec![1], rejected: vec![] });
     s.check_invariants().unwrap();
     // Node n0 goes down: the gang fails and frees n1 too.
-    s.apply(8, &Command::SetNodeState { name: "n0".into(), change: NodeStateChange::Down, reason: "lost".into(), now_ms: 7 });
+    s.apply(
+        8,
+        &Command::SetNodeState { name: "n0".into(), change: NodeStateChange::Down, reason: "lost".into(), now_ms: 7 },
+    );
     assert_eq!(s.jobs[&1].state, JobState::NodeFail);
     assert_eq!(s.nodes["n1"].gpus_free(), 4);
     s.check_invariants().unwrap();

@@ -79,7 +79,10 @@ impl AdminApi {
 
 #[tonic::async_trait]
 impl AdminService for AdminApi {
-    async fn cluster_status(&self, _req: Request<ClusterStatusRequest>) -> Result<Response<ClusterStatusResponse>, Status> {
+    async fn cluster_status(
+        &self,
+        _req: Request<ClusterStatusRequest>,
+    ) -> Result<Response<ClusterStatusResponse>, Status> {
         let me = self.replica.node.status();
         let members: Vec<(u64, String)> = me.addrs.iter().map(|(id, a)| (*id, a.clone())).collect();
         let probes = members.iter().map(|(id, addr)| {
@@ -105,7 +108,12 @@ impl AdminService for AdminApi {
                 };
                 let mut req = Request::new(ReplicaStatusRequest {});
                 req.set_timeout(STATUS_PROBE_TIMEOUT);
-                match tokio::time::timeout(STATUS_PROBE_TIMEOUT, AdminServiceClient::new(channel).get_replica_status(req)).await {
+                match tokio::time::timeout(
+                    STATUS_PROBE_TIMEOUT,
+                    AdminServiceClient::new(channel).get_replica_status(req),
+                )
+                .await
+                {
                     Ok(Ok(r)) => r.into_inner(),
                     Ok(Err(s)) => unreachable(s.message().to_string()),
                     Err(_) => unreachable("timed out".into()),
@@ -136,8 +144,13 @@ impl AdminService for AdminApi {
             return Err(Status::invalid_argument("addr: must be HOST:PORT"));
         }
         let change = self.replica.node.add_learner(msg.id, msg.addr.clone());
-        self.membership_change(&ctx, change, msg, |ch, r| async move { AdminServiceClient::new(ch).add_learner(r).await })
-            .await
+        self.membership_change(
+            &ctx,
+            change,
+            msg,
+            |ch, r| async move { AdminServiceClient::new(ch).add_learner(r).await },
+        )
+        .await
     }
 
     async fn promote(&self, req: Request<PromoteRequest>) -> Result<Response<MembershipResponse>, Status> {
@@ -171,13 +184,19 @@ impl AdminService for AdminApi {
             }
         }
         let change = self.replica.node.remove_member(msg.id);
-        self.membership_change(&ctx, change, msg, |ch, r| async move {
-            AdminServiceClient::new(ch).remove_member(r).await
-        })
+        self.membership_change(
+            &ctx,
+            change,
+            msg,
+            |ch, r| async move { AdminServiceClient::new(ch).remove_member(r).await },
+        )
         .await
     }
 
-    async fn transfer_leader(&self, req: Request<TransferLeaderRequest>) -> Result<Response<TransferLeaderResponse>, Status> {
+    async fn transfer_leader(
+        &self,
+        req: Request<TransferLeaderRequest>,
+    ) -> Result<Response<TransferLeaderResponse>, Status> {
         let ctx = CallCtx::of(&req)?;
         let msg = req.into_inner();
         let node = &self.replica.node;
@@ -201,9 +220,7 @@ impl AdminService for AdminApi {
         for _ in 0..TRANSFER_ATTEMPTS_MAX {
             // 1. The target must hold the whole log, or it cannot win.
             let caught_up = node
-                .wait_for(TRANSFER_CATCH_UP_TIMEOUT, |s| {
-                    s.matched.get(&to).copied().flatten() >= s.last_log_index
-                })
+                .wait_for(TRANSFER_CATCH_UP_TIMEOUT, |s| s.matched.get(&to).copied().flatten() >= s.last_log_index)
                 .await;
             if !caught_up {
                 return Err(Status::unavailable(format!("replica {to} did not catch up with the log in time")));
@@ -213,9 +230,14 @@ impl AdminService for AdminApi {
             node.set_heartbeats(false);
             tokio::time::sleep(lease + Duration::from_millis(50)).await;
             let channel = self.replica.channel_to(&target_addr)?;
-            let asked = AdminServiceClient::new(channel).trigger_election(Request::new(TriggerElectionRequest {})).await;
+            let asked =
+                AdminServiceClient::new(channel).trigger_election(Request::new(TriggerElectionRequest {})).await;
             let won = asked.is_ok()
-                && node.wait_for(TRANSFER_ELECTION_TIMEOUT, |s| s.leader_id == Some(to) || s.leader_id.is_some_and(|l| l != status.id && s.term > status.term)).await;
+                && node
+                    .wait_for(TRANSFER_ELECTION_TIMEOUT, |s| {
+                        s.leader_id == Some(to) || s.leader_id.is_some_and(|l| l != status.id && s.term > status.term)
+                    })
+                    .await;
             node.set_heartbeats(true);
             let now = node.status();
             if won && now.leader_id == Some(to) {
@@ -238,7 +260,10 @@ impl AdminService for AdminApi {
         Ok(Response::new(SnapshotResponse { index }))
     }
 
-    async fn trigger_election(&self, _req: Request<TriggerElectionRequest>) -> Result<Response<TriggerElectionResponse>, Status> {
+    async fn trigger_election(
+        &self,
+        _req: Request<TriggerElectionRequest>,
+    ) -> Result<Response<TriggerElectionResponse>, Status> {
         self.replica.node.trigger_election().await.map_err(status_from_propose)?;
         Ok(Response::new(TriggerElectionResponse {}))
     }

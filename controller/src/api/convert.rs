@@ -101,7 +101,12 @@ pub fn job_to_proto(j: &Job) -> pb::Job {
             .allocation
             .iter()
             .flat_map(|a| a.nodes.iter())
-            .map(|na| pb::NodeAllocation { node: na.node.clone(), cpus: na.cpus, mem_mb: na.mem_mb, gpus: na.gpus.clone() })
+            .map(|na| pb::NodeAllocation {
+                node: na.node.clone(),
+                cpus: na.cpus,
+                mem_mb: na.mem_mb,
+                gpus: na.gpus.clone(),
+            })
             .collect(),
         exit_code: j.exit_code,
         reason: j.reason.clone(),

@@ -82,8 +82,7 @@ impl RaftNode {
         .validate()?;
         let state = stores.state_machine.shared();
         let committed_index = stores.log.committed_index();
-        let raft =
-            Raft::new(id, Arc::new(config), network::Network::default(), stores.log, stores.state_machine).await?;
+        let raft = Raft::new(id, Arc::new(config), network::Network, stores.log, stores.state_machine).await?;
         Ok(RaftNode { id, raft, state, committed_index, timing })
     }
 

@@ -1,0 +1,43 @@
+# Gangway: the two commands a newcomer needs are `make dev` and `make test`.
+# Builds share one target directory outside the clone so repeated runs (and CI
+# on the same machine) stay warm; RocksDB's C++ takes ~15 minutes cold.
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/gangway/target
+CARGO ?= cargo
+BIN := $(CARGO_TARGET_DIR)/debug/gangway
+
+.PHONY: setup build dev test verify fix bench chaos
+
+setup:
+	@bash deploy/setup-debian.sh
+
+build: setup
+	$(CARGO) build --bin gangway
+	@mkdir -p bin && ln -sf $(BIN) bin/gangway
+
+# Starts a 3-replica controller cluster with simulated GPU nodes; Ctrl-C stops it.
+dev: build
+	bin/gangway dev
+
+# The test suite: what CI runs.
+test: setup
+	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
+		$(CARGO) nextest run --workspace --no-fail-fast; \
+	else \
+		$(CARGO) test --workspace --no-fail-fast; \
+	fi
+
+# Read-only checks: formatting, lints, tests.
+verify: setup
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(MAKE) test
+
+# Rewrites: formatting and machine-applicable lint fixes.
+fix:
+	$(CARGO) fmt --all
+	$(CARGO) clippy --workspace --all-targets --fix --allow-dirty --allow-staged
+
+# Benchmarks print numbers; they are never pass/fail.
+bench: build
+	bin/gangway bench submit --clients 1,16,64 --seconds 5
+	bin/gangway bench failover --runs 10

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what building Gangway needs on a fresh Debian/Ubuntu machine:
+# a C/C++ toolchain and libclang (RocksDB's bindings are generated with bindgen
+# and its C++ is compiled from source). protoc comes from a vendored crate.
+# Safe to run again: it only installs what is missing.
+set -euo pipefail
+
+need=()
+command -v cc >/dev/null 2>&1 || need+=(build-essential)
+command -v clang >/dev/null 2>&1 || need+=(clang)
+if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1; then
+  need+=(libclang-dev)
+fi
+command -v make >/dev/null 2>&1 || need+=(make)
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: cargo is missing. Install Rust (rustup) first; rust-toolchain.toml pins the version." >&2
+  exit 1
+fi
+
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "setup: installing ${need[*]}" >&2
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO=sudo; else
+    echo "setup: need root to install ${need[*]} (apt-get install -y ${need[*]})" >&2
+    exit 1
+  fi
+else
+  SUDO=
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq "${need[@]}" >/dev/null
