@@ -177,7 +177,11 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
         .add_service(NodeServiceServer::new(NodeApi { replica: replica.clone() }))
         .add_service(AdminServiceServer::new(AdminApi { replica: replica.clone() }))
         .add_service(AgentServiceServer::new(AgentApi { replica: replica.clone() }));
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // Our own listener (bound by the caller) bypasses the builder's TCP options:
+    // set TCP_NODELAY here, or Nagle plus delayed ACKs add tens of milliseconds to
+    // every Raft round trip and response.
+    let incoming = tonic::transport::server::TcpIncoming::from_listener(listener, true, None)
+        .map_err(|e| anyhow::anyhow!("listener: {e}"))?;
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
         let _ = shutdown_rx.await;
     }));

@@ -17,15 +17,17 @@ use tonic::{Code, Request, Status};
 
 use crate::IDENTITY_METADATA_KEY;
 
-/// Attempts of one call across all endpoints. With three replicas this is about
-/// ten rounds: enough to ride out a leader election.
-pub const CALL_ATTEMPTS_MAX: usize = 32;
+/// Attempts of one call across all endpoints. With three replicas and the
+/// backoff below this is ~100 rounds, about 10 s of retrying: enough to ride out
+/// a leader election or a replica restart.
+pub const CALL_ATTEMPTS_MAX: usize = 300;
 /// Overall time one call may spend retrying. A Raft election here takes well
 /// under a second; 15 s also covers a replica that restarts.
 pub const CALL_DEADLINE: Duration = Duration::from_secs(15);
-/// Pause after every endpoint failed once, doubling up to the cap.
-const BACKOFF_START: Duration = Duration::from_millis(20);
-const BACKOFF_CAP: Duration = Duration::from_millis(200);
+/// Pause after every endpoint failed once, doubling up to the cap. The cap is
+/// short so a client notices a new leader within ~0.1 s of its election.
+const BACKOFF_START: Duration = Duration::from_millis(10);
+const BACKOFF_CAP: Duration = Duration::from_millis(100);
 /// How long connecting to one endpoint may take before trying the next.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// A single attempt's time limit (a write waits for a Raft commit).
