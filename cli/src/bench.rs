@@ -42,6 +42,9 @@ pub enum BenchCmd {
         /// Keep the cluster's data here instead of a temp dir.
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Controller replicas (1 measures the node without replication).
+        #[arg(long, default_value_t = 3)]
+        replicas: u64,
     },
     /// Leader SIGKILL → first successful submit, repeated.
     Failover {
@@ -54,7 +57,9 @@ pub enum BenchCmd {
 
 pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
     match cmd {
-        BenchCmd::Submit { clients, seconds, data_dir } => bench_submit(&clients, seconds, data_dir).await,
+        BenchCmd::Submit { clients, seconds, data_dir, replicas } => {
+            bench_submit(&clients, seconds, data_dir, replicas).await
+        }
         BenchCmd::Failover { runs, data_dir } => bench_failover(runs, data_dir).await,
     }
 }
@@ -221,20 +226,23 @@ fn machine_facts() -> String {
     format!("{cpus} CPUs ({model}), {mem_gb} GiB RAM")
 }
 
-async fn bench_submit(clients: &[usize], seconds: u64, data_dir: Option<PathBuf>) -> anyhow::Result<()> {
+async fn bench_submit(clients: &[usize], seconds: u64, data_dir: Option<PathBuf>, replicas: u64) -> anyhow::Result<()> {
+    if !(1..=5).contains(&replicas) {
+        bail!("replicas: must be between 1 and 5");
+    }
     if clients.is_empty() || clients.iter().any(|&c| c == 0 || c > BENCH_CLIENTS_MAX) {
         bail!("clients: each count must be between 1 and {BENCH_CLIENTS_MAX}");
     }
     if seconds == 0 || seconds > BENCH_SECONDS_MAX {
         bail!("seconds: must be between 1 and {BENCH_SECONDS_MAX}");
     }
-    let cluster = LocalCluster::start(3, data_dir)?;
+    let cluster = LocalCluster::start(replicas, data_dir)?;
     let probe = Client::new(&cluster.endpoints(), "bench")?;
     let leader = cluster.wait_leader(&probe).await?;
     // Clients talk to the leader first (followers would forward: one more hop).
     let mut eps = vec![cluster.addrs[&leader].clone()];
     eps.extend(cluster.addrs.iter().filter(|(id, _)| **id != leader).map(|(_, a)| a.clone()));
-    println!("bench submit: 3 controller processes, durable RocksDB (fsync before ack), loopback gRPC");
+    println!("bench submit: {replicas} controller processes, durable RocksDB (fsync before ack), loopback gRPC");
     println!("machine: {}; data in {}", machine_facts(), cluster.root().display());
     println!(
         "{:>8} {:>10} {:>12} {:>10} {:>10} {:>10}",

@@ -13,6 +13,7 @@
 pub mod api;
 pub mod config;
 pub mod leader;
+pub mod proposer;
 pub mod raft;
 pub mod replica;
 

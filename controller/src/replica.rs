@@ -43,6 +43,8 @@ const HEARTBEATS_MAX: usize = gangway_core::limits::NODES_MAX;
 
 pub struct Replica {
     pub node: Arc<RaftNode>,
+    /// Batches API writes into Raft entries.
+    pub proposer: crate::proposer::Proposer,
     /// The advertised address of this replica.
     pub addr: String,
     pub timing: Timing,
@@ -140,6 +142,7 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
     let node = Arc::new(RaftNode::start(config.id, config.timing.clone(), stores).await?);
     let replica = Arc::new(Replica {
         node: node.clone(),
+        proposer: crate::proposer::Proposer::start(node.clone()),
         addr: config.advertise_addr.clone(),
         timing: config.timing.clone(),
         channels: Mutex::new(BTreeMap::new()),

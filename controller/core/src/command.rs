@@ -71,9 +71,37 @@ pub enum Command {
         reason: String,
         now_ms: u64,
     },
+    /// Several commands proposed together as one log entry (one fsync, one
+    /// replication round), applied in order. Never nested.
+    Batch(Vec<Command>),
 }
 
+/// Commands in one batch: enough to absorb a burst from thousands of clients in
+/// one entry, small enough that applying one batch stays well under a millisecond.
+pub const BATCH_COMMANDS_MAX: usize = 1024;
+/// Approximate bytes in one batch: keeps one log entry (and one AppendEntries
+/// message) a few MiB even when scripts are large.
+pub const BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
+
 impl Command {
+    /// A cheap upper estimate of the command's encoded size, for batching.
+    pub fn approx_bytes(&self) -> usize {
+        const FIXED: usize = 256;
+        match self {
+            Command::SubmitJob { spec, .. } => {
+                FIXED
+                    + spec.script.len()
+                    + spec.command.iter().map(|a| a.len() + 2).sum::<usize>()
+                    + spec.env.iter().map(|(k, v)| k.len() + v.len() + 4).sum::<usize>()
+                    + spec.workdir.len()
+            }
+            Command::RegisterNode { spec, .. } => FIXED + spec.gpus.len() * 128 + spec.labels.len() * 64,
+            Command::ApplyPlan { placements, .. } => FIXED + placements.len() * 256,
+            Command::Batch(cmds) => cmds.iter().map(Command::approx_bytes).sum(),
+            _ => FIXED,
+        }
+    }
+
     pub fn now_ms(&self) -> u64 {
         match self {
             Command::SubmitJob { now_ms, .. }
@@ -82,6 +110,7 @@ impl Command {
             | Command::SetNodeState { now_ms, .. }
             | Command::ApplyPlan { now_ms, .. }
             | Command::JobFinished { now_ms, .. } => *now_ms,
+            Command::Batch(cmds) => cmds.iter().map(Command::now_ms).max().unwrap_or(0),
         }
     }
 
@@ -93,6 +122,7 @@ impl Command {
             Command::SetNodeState { .. } => "set_node_state",
             Command::ApplyPlan { .. } => "apply_plan",
             Command::JobFinished { .. } => "job_finished",
+            Command::Batch(_) => "batch",
         }
     }
 }

@@ -47,13 +47,30 @@ impl Refusal {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
-    Submitted { job_id: JobId, duplicate: bool },
-    Cancelled { job_id: JobId },
-    NodeRegistered { name: String },
-    NodeStateSet { name: String, state: NodeState },
-    PlanApplied { started: Vec<JobId>, rejected: Vec<(JobId, String)> },
-    JobFinished { job_id: JobId },
+    Submitted {
+        job_id: JobId,
+        duplicate: bool,
+    },
+    Cancelled {
+        job_id: JobId,
+    },
+    NodeRegistered {
+        name: String,
+    },
+    NodeStateSet {
+        name: String,
+        state: NodeState,
+    },
+    PlanApplied {
+        started: Vec<JobId>,
+        rejected: Vec<(JobId, String)>,
+    },
+    JobFinished {
+        job_id: JobId,
+    },
     Refused(Refusal),
+    /// One result per command of a `Command::Batch`, in order.
+    Batch(Vec<Applied>),
 }
 
 /// A change to one job, streamed to watchers.
@@ -132,7 +149,28 @@ impl State {
             Command::JobFinished { job_id, attempt, state, exit_code, reason, .. } => {
                 self.apply_job_finished(index, *job_id, *attempt, *state, *exit_code, reason)
             }
+            Command::Batch(cmds) => self.apply_batch(index, cmds),
         }
+    }
+
+    fn apply_batch(&mut self, index: u64, cmds: &[Command]) -> Applied {
+        if cmds.len() > crate::command::BATCH_COMMANDS_MAX {
+            return Applied::refused(
+                RefusalKind::InvalidArgument,
+                format!("batch: at most {} commands", crate::command::BATCH_COMMANDS_MAX),
+            );
+        }
+        if cmds.iter().any(|c| matches!(c, Command::Batch(_))) {
+            return Applied::refused(RefusalKind::InvalidArgument, "batch: batches do not nest");
+        }
+        let mut results = Vec::with_capacity(cmds.len());
+        let mut events = Vec::new();
+        for cmd in cmds {
+            let applied = self.apply(index, cmd);
+            events.extend(applied.events.iter().cloned());
+            results.push(applied);
+        }
+        Applied { outcome: Outcome::Batch(results), events }
     }
 
     fn purge_idempotency(&mut self) {

@@ -95,6 +95,8 @@ enum Op {
     Drain(usize),
     Resume(usize),
     Down(usize),
+    /// The next few ops proposed together as one batch entry.
+    Batch(Vec<Op>),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -108,6 +110,13 @@ fn op() -> impl Strategy<Value = Op> {
         (0usize..6).prop_map(Op::Drain),
         (0usize..6).prop_map(Op::Resume),
         (0usize..6).prop_map(Op::Down),
+    ]
+}
+
+fn op_or_batch() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => op(),
+        1 => proptest::collection::vec(op(), 0..6).prop_map(Op::Batch),
     ]
 }
 
@@ -153,6 +162,7 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
             reason: "lost".into(),
             now_ms,
         },
+        Op::Batch(ops) => Command::Batch(ops.iter().map(|o| to_command(state, o, now_ms)).collect()),
     }
 }
 
@@ -162,7 +172,7 @@ proptest! {
     /// Random command streams keep every invariant; a second replica applying the
     /// same commands reaches a byte-identical snapshot; refusals change nothing.
     #[test]
-    fn random_commands_keep_invariants_and_replay_identically(ops in proptest::collection::vec(op(), 1..120)) {
+    fn random_commands_keep_invariants_and_replay_identically(ops in proptest::collection::vec(op_or_batch(), 1..120)) {
         let mut a = State::default();
         let mut commands = Vec::new();
         for (i, op) in ops.iter().enumerate() {

@@ -117,7 +117,7 @@ impl Replica {
         F: FnOnce(Channel, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
-        match self.node.propose(cmd, crate::replica::WRITE_TIMEOUT).await {
+        match self.proposer.propose(cmd).await {
             Ok(applied) => Ok(Routed::Local(applied)),
             Err(ProposeError::NotLeader { leader_addr }) => {
                 Ok(Routed::Forwarded(self.forward(ctx, leader_addr, msg, call).await?))

@@ -28,7 +28,7 @@ pub const RAFT_MESSAGE_BYTES_MAX: usize = 512 * 1024 * 1024;
 /// load; 256 × the largest command still fits in one message.
 const MAX_PAYLOAD_ENTRIES: u64 = 256;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ProposeError {
     /// This replica is not the leader; the leader's address, if known.
     #[error("not the leader")]
