@@ -518,5 +518,27 @@ async fn watch_health_and_reflection() {
         .unwrap()
         .into_inner();
     assert_eq!(r.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    // Server reflection (what grpcurl uses) lists our services and health.
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut replies = ServerReflectionClient::new(channel)
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let reply = replies.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else {
+        panic!("unexpected reflection reply {reply:?}")
+    };
+    let names: BTreeSet<String> = list.service.into_iter().map(|s| s.name).collect();
+    for svc in ["gangway.v1.JobService", "gangway.v1.NodeService", "gangway.v1.AdminService", "grpc.health.v1.Health"] {
+        assert!(names.contains(svc), "reflection lacks {svc}: {names:?}");
+    }
     c.shutdown().await;
 }
