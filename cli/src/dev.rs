@@ -113,11 +113,14 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
         println!("  (not the default port: export GANGWAY_ENDPOINTS={joined})");
     }
     println!();
+    // Show the command the way this binary was invoked (e.g. `bin/gangway`).
+    let me =
+        std::env::args().next().filter(|a| a.contains('/') && !a.starts_with('/')).unwrap_or_else(|| "gangway".into());
     println!("Try, in another terminal:");
-    println!("  gangway submit -N 2 --gpus-per-node h100:8 -t 1:00:00 -- python train.py");
-    println!("  gangway queue");
-    println!("  gangway nodes");
-    println!("  gangway cluster status");
+    println!("  {me} submit -N 2 --gpus-per-node h100:8 -t 1:00:00 -- python train.py");
+    println!("  {me} queue");
+    println!("  {me} nodes");
+    println!("  {me} cluster status");
     println!("(Jobs are accepted, replicated and listed; they stay PENDING until the scheduler lands.)");
     println!("Ctrl-C stops the cluster.");
     crate::commands::shutdown_signal().await;
