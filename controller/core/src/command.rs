@@ -74,6 +74,19 @@ pub enum Command {
     /// Several commands proposed together as one log entry (one fsync, one
     /// replication round), applied in order. Never nested.
     Batch(Vec<Command>),
+    /// One node's task of a job attempt ended (reported by that node's agent).
+    /// The job completes when every node's task succeeded and fails at the first
+    /// task that did not.
+    TaskExited {
+        job_id: JobId,
+        attempt: u32,
+        node: String,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        /// Why, when the task did not run to its own exit (e.g. launch failed).
+        reason: String,
+        now_ms: u64,
+    },
 }
 
 /// Commands in one batch: enough to absorb a burst from thousands of clients in
@@ -111,6 +124,7 @@ impl Command {
             | Command::ApplyPlan { now_ms, .. }
             | Command::JobFinished { now_ms, .. } => *now_ms,
             Command::Batch(cmds) => cmds.iter().map(Command::now_ms).max().unwrap_or(0),
+            Command::TaskExited { now_ms, .. } => *now_ms,
         }
     }
 
@@ -123,6 +137,7 @@ impl Command {
             Command::ApplyPlan { .. } => "apply_plan",
             Command::JobFinished { .. } => "job_finished",
             Command::Batch(_) => "batch",
+            Command::TaskExited { .. } => "task_exited",
         }
     }
 }

@@ -16,6 +16,7 @@
 
 pub mod command;
 pub mod limits;
+pub mod sched;
 pub mod model;
 pub mod snapshot;
 pub mod spec;

@@ -89,6 +89,23 @@ pub struct Job {
     pub reason: String,
     /// The Raft log index of the submit: a replicated, totally ordered stamp.
     pub submit_index: u64,
+    /// Per node of the current attempt's allocation: how its task ended.
+    pub task_exits: BTreeMap<String, TaskExit>,
+}
+
+/// How one node's task of a job attempt ended, as its agent reported it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskExit {
+    pub exit_code: Option<i32>,
+    /// The signal that ended the task, if any.
+    pub signal: Option<i32>,
+    pub end_ms: u64,
+}
+
+impl TaskExit {
+    pub fn succeeded(&self) -> bool {
+        self.exit_code == Some(0) && self.signal.is_none()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -71,6 +71,7 @@ pub enum Outcome {
     Refused(Refusal),
     /// One result per command of a `Command::Batch`, in order.
     Batch(Vec<Applied>),
+    TaskRecorded { job_id: JobId },
 }
 
 /// A change to one job, streamed to watchers.
@@ -150,7 +151,60 @@ impl State {
                 self.apply_job_finished(index, *job_id, *attempt, *state, *exit_code, reason)
             }
             Command::Batch(cmds) => self.apply_batch(index, cmds),
+            Command::TaskExited { job_id, attempt, node, exit_code, signal, reason, .. } => {
+                self.apply_task_exited(index, *job_id, *attempt, node, *exit_code, *signal, reason)
+            }
         }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn apply_task_exited(
+        &mut self,
+        index: u64,
+        job_id: JobId,
+        attempt: u32,
+        node: &str,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        reason: &str,
+    ) -> Applied {
+        let now = self.clock_ms;
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
+        };
+        let on_node = job.allocation.as_ref().is_some_and(|a| a.nodes.iter().any(|n| n.node == node));
+        if job.state != JobState::Running || job.attempt != attempt || !on_node {
+            return Applied::refused(
+                RefusalKind::Stale,
+                format!("job {job_id} attempt {attempt} is not running on {node}"),
+            );
+        }
+        if job.task_exits.contains_key(node) {
+            return Applied::refused(RefusalKind::Stale, format!("job {job_id} task on {node} already reported"));
+        }
+        let exit = TaskExit { exit_code, signal, end_ms: now };
+        let ok = exit.succeeded();
+        job.task_exits.insert(node.to_string(), exit);
+        let nodes = job.spec.nodes as usize;
+        let done = job.task_exits.len() == nodes;
+        let outcome = Outcome::TaskRecorded { job_id };
+        if !ok {
+            let why = if !reason.is_empty() {
+                format!("task on {node}: {reason}")
+            } else if let Some(sig) = signal {
+                format!("task on {node} was killed by signal {sig}")
+            } else {
+                format!("task on {node} exited with code {}", exit_code.unwrap_or(-1))
+            };
+            let code = exit_code.or(signal.map(|s| 128 + s));
+            let event = self.finish_job(index, job_id, JobState::Failed, code, why);
+            return Applied { outcome, events: vec![event] };
+        }
+        if done {
+            let event = self.finish_job(index, job_id, JobState::Completed, Some(0), String::new());
+            return Applied { outcome, events: vec![event] };
+        }
+        Applied { outcome, events: Vec::new() }
     }
 
     fn apply_batch(&mut self, index: u64, cmds: &[Command]) -> Applied {
@@ -220,6 +274,7 @@ impl State {
             exit_code: None,
             reason: "Priority".to_string(),
             submit_index: index,
+            task_exits: BTreeMap::new(),
         };
         self.jobs.insert(job_id, job);
         self.pending.insert(job_id);
@@ -450,6 +505,7 @@ impl State {
             job.attempt = p.attempt;
             job.start_time_ms = Some(now);
             job.reason = String::new();
+            job.task_exits.clear();
             job.allocation = Some(Allocation { attempt: p.attempt, nodes: p.nodes.clone() });
             self.pending.remove(&p.job_id);
             self.running.insert(p.job_id);
@@ -520,6 +576,14 @@ impl State {
                     return Err(format!("finished job {id} still queued or allocated"))
                 }
                 _ => {}
+            }
+            if job.state == JobState::Running {
+                let alloc_nodes: BTreeSet<&str> =
+                    job.allocation.iter().flat_map(|a| a.nodes.iter().map(|n| n.node.as_str())).collect();
+                let exits_ok = job.task_exits.iter().all(|(n, e)| alloc_nodes.contains(n.as_str()) && e.succeeded());
+                if !exits_ok || job.task_exits.len() >= alloc_nodes.len().max(1) {
+                    return Err(format!("running job {id} has task exits that should have finished it"));
+                }
             }
             if let Some(alloc) = &job.allocation {
                 if alloc.attempt != job.attempt || alloc.nodes.len() != job.spec.nodes as usize {

@@ -97,6 +97,10 @@ enum Op {
     Down(usize),
     /// The next few ops proposed together as one batch entry.
     Batch(Vec<Op>),
+    /// The node at this position of the job's allocation reports its task's end.
+    TaskExit(u64, usize, bool),
+    /// The leader's scheduler plans.
+    Schedule,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -110,6 +114,8 @@ fn op() -> impl Strategy<Value = Op> {
         (0usize..6).prop_map(Op::Drain),
         (0usize..6).prop_map(Op::Resume),
         (0usize..6).prop_map(Op::Down),
+        (0u64..30, 0usize..3, any::<bool>()).prop_map(|(j, n, ok)| Op::TaskExit(j, n, ok)),
+        Just(Op::Schedule),
     ]
 }
 
@@ -163,6 +169,24 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
             now_ms,
         },
         Op::Batch(ops) => Command::Batch(ops.iter().map(|o| to_command(state, o, now_ms)).collect()),
+        Op::TaskExit(j, n, ok) => {
+            let job = state.jobs.get(j);
+            let node = job
+                .and_then(|job| job.allocation.as_ref())
+                .and_then(|a| a.nodes.get(*n))
+                .map(|na| na.node.clone())
+                .unwrap_or_else(|| format!("n{n}"));
+            Command::TaskExited {
+                job_id: *j,
+                attempt: job.map(|j| j.attempt).unwrap_or(1),
+                node,
+                exit_code: Some(if *ok { 0 } else { 3 }),
+                signal: None,
+                reason: String::new(),
+                now_ms,
+            }
+        }
+        Op::Schedule => Command::ApplyPlan { placements: gangway_core::sched::schedule(state), now_ms },
     }
 }
 
@@ -186,6 +210,9 @@ proptest! {
                 b.idempotency = a.idempotency.clone();
                 b.idempotency_expiry = a.idempotency_expiry.clone();
                 prop_assert_eq!(&b, &a, "a refused {} changed state", cmd.name());
+            }
+            if let (Op::Schedule, Outcome::PlanApplied { rejected, .. }) = (op, &applied.outcome) {
+                prop_assert!(rejected.is_empty(), "the scheduler planned gangs apply refused: {rejected:?}");
             }
             if let Err(e) = a.check_invariants() {
                 return Err(TestCaseError::fail(format!("after {cmd:?}: {e}")));

@@ -1,0 +1,176 @@
+//! Placement: which pending jobs start where. A pure function of the state, run
+//! by the leader and re-checked by `apply` (plans are optimistic).
+//!
+//! This is the first, simple policy: jobs in submit order, each gang placed whole
+//! on the first nodes that fit (first fit, skipping jobs that do not fit rather
+//! than blocking the queue behind them), GPUs preferring one NVLink island.
+//! Priorities, fair share, topology-aware placement and backfill replace it in
+//! the scheduler issue; the interface (`schedule(&State) -> Vec<Placement>`)
+//! stays.
+
+use std::collections::BTreeMap;
+
+use crate::command::Placement;
+use crate::model::{GpuHealth, JobId, Node, NodeAllocation, NodeState};
+use crate::state::State;
+
+/// Pending jobs examined per pass: bounds one pass's work when the queue is
+/// long; the rest are examined on the next passes.
+pub const PENDING_EXAMINED_PER_PASS_MAX: usize = 10_000;
+/// Gangs placed per plan: keeps one ApplyPlan entry small.
+pub const PLACEMENTS_PER_PLAN_MAX: usize = 512;
+
+/// What a node has left, as the plan being built uses it up.
+struct Free {
+    cpus: u32,
+    mem_mb: u64,
+    /// Free, healthy GPU indexes grouped by NVLink island.
+    gpus_by_island: BTreeMap<u32, Vec<u32>>,
+    model: Vec<String>,
+}
+
+impl Free {
+    fn of(node: &Node) -> Free {
+        let mut gpus_by_island: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for g in &node.gpus {
+            if g.allocated_to.is_none() && g.health == GpuHealth::Healthy {
+                gpus_by_island.entry(g.nvlink_island).or_default().push(g.index);
+            }
+        }
+        Free {
+            cpus: node.cpus - node.cpus_alloc,
+            mem_mb: node.mem_mb - node.mem_alloc_mb,
+            gpus_by_island,
+            model: node.gpus.iter().map(|g| g.model.clone()).collect(),
+        }
+    }
+
+    /// Picks `n` free GPUs of `gpu_type` (prefix; empty = any), from a single
+    /// island when one has enough, else the fullest islands first.
+    fn pick_gpus(&self, n: usize, gpu_type: &str) -> Option<Vec<u32>> {
+        if n == 0 {
+            return Some(Vec::new());
+        }
+        let fits = |g: &u32| gpu_type.is_empty() || self.model[*g as usize].starts_with(gpu_type);
+        let islands: Vec<Vec<u32>> =
+            self.gpus_by_island.values().map(|gs| gs.iter().copied().filter(fits).collect()).collect();
+        // Tightest single island that holds the whole request.
+        if let Some(best) = islands.iter().filter(|i| i.len() >= n).min_by_key(|i| i.len()) {
+            return Some(best[..n].to_vec());
+        }
+        let mut sorted = islands;
+        sorted.sort_by_key(|i| std::cmp::Reverse(i.len()));
+        let all: Vec<u32> = sorted.into_iter().flatten().collect();
+        (all.len() >= n).then(|| all[..n].to_vec())
+    }
+
+    fn take(&mut self, cpus: u32, mem_mb: u64, gpus: &[u32]) {
+        self.cpus -= cpus;
+        self.mem_mb -= mem_mb;
+        for list in self.gpus_by_island.values_mut() {
+            list.retain(|g| !gpus.contains(g));
+        }
+    }
+}
+
+/// Computes a plan: gangs to start now, each placed whole.
+pub fn schedule(state: &State) -> Vec<Placement> {
+    let mut free: BTreeMap<&str, Free> = state
+        .nodes
+        .values()
+        .filter(|n| n.state == NodeState::Up)
+        .map(|n| (n.name.as_str(), Free::of(n)))
+        .collect();
+    let mut plan = Vec::new();
+    for &job_id in state.pending.iter().take(PENDING_EXAMINED_PER_PASS_MAX) {
+        if plan.len() >= PLACEMENTS_PER_PLAN_MAX || free.is_empty() {
+            break;
+        }
+        if let Some(p) = place(state, job_id, &mut free) {
+            plan.push(p);
+        }
+    }
+    plan
+}
+
+fn place(state: &State, job_id: JobId, free: &mut BTreeMap<&str, Free>) -> Option<Placement> {
+    let job = &state.jobs[&job_id];
+    let spec = &job.spec;
+    let cpus = spec.cpus_per_node();
+    let gpus = spec.gpus_per_node as usize;
+    let mut chosen: Vec<(&str, Vec<u32>)> = Vec::new();
+    for (name, f) in free.iter() {
+        if chosen.len() == spec.nodes as usize {
+            break;
+        }
+        if f.cpus < cpus || f.mem_mb < spec.mem_per_node_mb {
+            continue;
+        }
+        if let Some(g) = f.pick_gpus(gpus, &spec.gpu_type) {
+            chosen.push((name, g));
+        }
+    }
+    if chosen.len() < spec.nodes as usize {
+        return None;
+    }
+    let mut nodes = Vec::with_capacity(chosen.len());
+    for (name, g) in chosen {
+        free.get_mut(name).expect("chosen from free").take(cpus, spec.mem_per_node_mb, &g);
+        nodes.push(NodeAllocation { node: name.to_string(), cpus, mem_mb: spec.mem_per_node_mb, gpus: g });
+    }
+    Some(Placement { job_id, attempt: job.attempt + 1, nodes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::Command;
+    use crate::spec::{GpuSpec, JobSpec, NodeSpec};
+    use crate::Outcome;
+
+    fn node(name: &str, gpus: u32) -> NodeSpec {
+        NodeSpec {
+            name: name.into(),
+            addr: String::new(),
+            cpus: 8,
+            mem_mb: 1024,
+            gpus: (0..gpus)
+                .map(|i| GpuSpec { uuid: format!("{name}-{i}"), model: "h100-80gb".into(), mem_mb: 1, nvlink_island: i / 4 })
+                .collect(),
+            topology: vec![],
+            labels: Default::default(),
+        }
+    }
+
+    fn submit(s: &mut State, nodes: u32, gpus: u32) {
+        let spec = JobSpec { user: "u".into(), command: vec!["true".into()], nodes, gpus_per_node: gpus, ..JobSpec::default() };
+        s.apply(1, &Command::SubmitJob { spec, identity: "u".into(), idempotency_key: String::new(), now_ms: 1 });
+    }
+
+    #[test]
+    fn gangs_fit_whole_and_skip_what_does_not_fit() {
+        let mut s = State::default();
+        s.apply(1, &Command::RegisterNode { spec: node("a", 8), now_ms: 1 });
+        s.apply(1, &Command::RegisterNode { spec: node("b", 8), now_ms: 1 });
+        submit(&mut s, 2, 8); // job 1: both nodes whole
+        submit(&mut s, 3, 1); // job 2: 3 nodes, never fits
+        submit(&mut s, 1, 2); // job 3: waits for job 1
+        let plan = schedule(&s);
+        assert_eq!(plan.iter().map(|p| p.job_id).collect::<Vec<_>>(), vec![1]);
+        let out = s.apply(2, &Command::ApplyPlan { placements: plan, now_ms: 2 }).outcome;
+        assert!(matches!(out, Outcome::PlanApplied { ref started, .. } if started == &vec![1]));
+        assert!(schedule(&s).is_empty(), "nothing else fits while job 1 holds every GPU");
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn gpus_come_from_one_nvlink_island_when_possible() {
+        let mut s = State::default();
+        s.apply(1, &Command::RegisterNode { spec: node("a", 8), now_ms: 1 });
+        submit(&mut s, 1, 3);
+        submit(&mut s, 1, 4);
+        let plan = schedule(&s);
+        assert_eq!(plan[0].nodes[0].gpus, vec![0, 1, 2]);
+        assert_eq!(plan[1].nodes[0].gpus, vec![4, 5, 6, 7], "the second job gets the untouched island");
+    }
+}
