@@ -136,6 +136,10 @@ pub struct AgentArgs {
     /// Topology path, e.g. zone-a/block-1/rack-3.
     #[arg(long)]
     topology: Option<String>,
+    /// Where the agent keeps launch fences and scripts
+    /// (default: /var/lib/gangway-agent as root, ~/.local/state/gangway-agent otherwise).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
 }
 
 fn parse_labels(items: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
@@ -170,6 +174,15 @@ pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
         topology: a.topology.map(|t| t.split('/').map(str::to_string).collect()).unwrap_or_default(),
         labels: parse_labels(&a.labels)?,
         identity: identity.to_string(),
+        stop_grace: gangway_node_agent::supervisor::STOP_GRACE_DEFAULT,
+        state_dir: a.state_dir.unwrap_or_else(|| {
+            if nix::unistd::geteuid().is_root() {
+                PathBuf::from("/var/lib/gangway-agent")
+            } else {
+                let home = std::env::var("HOME").unwrap_or_else(|_| "/tmp".into());
+                PathBuf::from(home).join(".local/state/gangway-agent")
+            }
+        }),
     };
     gangway_node_agent::run(config, shutdown_signal()).await
 }
@@ -442,7 +455,11 @@ pub async fn queue(client: &Client, out: &Output, a: QueueArgs) -> anyhow::Resul
                 _ => 0,
             };
             let where_ = if j.allocation.is_empty() {
-                format!("({})", if j.reason.is_empty() { "None" } else { &j.reason })
+                if j.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!("({})", j.reason)
+                }
             } else {
                 j.allocation.iter().map(|a| a.node.as_str()).collect::<Vec<_>>().join(",")
             };

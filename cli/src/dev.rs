@@ -86,13 +86,16 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
         let config = gangway_node_agent::AgentConfig {
             controllers: endpoints.clone(),
             gpus: gangway_node_agent::inventory::parse_fake_gpus(&a.fake_gpus, &name).map_err(anyhow::Error::msg)?,
+            state_dir: root.join(format!("agent-{name}")),
             name,
-            addr: String::new(),
+            // Every simulated node is this host: rendezvous on loopback.
+            addr: "127.0.0.1".into(),
             cpus: 64,
             mem_mb: 512 * 1024,
             topology: vec!["zone-a".into(), format!("rack-{}", (i - 1) / 4 + 1)],
             labels: BTreeMap::new(),
             identity: identity.to_string(),
+            stop_grace: gangway_node_agent::supervisor::STOP_GRACE_DEFAULT,
         };
         let mut stop = stop_tx.subscribe();
         agents.push(tokio::spawn(gangway_node_agent::run(config, async move {
@@ -117,11 +120,11 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
     let me =
         std::env::args().next().filter(|a| a.contains('/') && !a.starts_with('/')).unwrap_or_else(|| "gangway".into());
     println!("Try, in another terminal:");
-    println!("  {me} submit -N 2 --gpus-per-node h100:8 -t 1:00:00 -- python train.py");
+    println!("  {me} submit -N 2 --gpus-per-node h100:4 -- sh -c 'echo rank $RANK of $WORLD_SIZE on $SLURMD_NODENAME'");
     println!("  {me} queue");
     println!("  {me} nodes");
     println!("  {me} cluster status");
-    println!("(Jobs are accepted, replicated and listed; they stay PENDING until the scheduler lands.)");
+    println!("Jobs run as real processes on this machine; output goes to slurm-<jobid>.out in the submit directory.");
     println!("Ctrl-C stops the cluster.");
     crate::commands::shutdown_signal().await;
     println!("stopping...");

@@ -66,8 +66,14 @@ enum Cmd {
     Bench(bench::BenchCmd),
 }
 
+/// `dev:<login name>`: from USER or LOGNAME, else the name of this process's uid.
 fn default_identity() -> String {
-    let user = std::env::var("USER").ok().filter(|u| !u.is_empty()).unwrap_or_else(|| "user".into());
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|u| !u.is_empty())
+        .or_else(|| nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten().map(|u| u.name))
+        .unwrap_or_else(|| "user".into());
     format!("dev:{user}")
 }
 

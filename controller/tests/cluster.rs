@@ -445,6 +445,7 @@ async fn silent_node_goes_down_and_failover_causes_no_false_alarm() {
         .await
         .unwrap();
     // "alive" runs a real agent.
+    let agent_dir = tempfile::tempdir().unwrap();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let agent = tokio::spawn(gangway_node_agent::run(
         gangway_node_agent::AgentConfig {
@@ -457,6 +458,8 @@ async fn silent_node_goes_down_and_failover_causes_no_false_alarm() {
             topology: vec![],
             labels: BTreeMap::new(),
             identity: "agent".into(),
+            state_dir: agent_dir.path().to_path_buf(),
+            stop_grace: std::time::Duration::from_secs(1),
         },
         async {
             let _ = stop_rx.await;
@@ -540,5 +543,217 @@ async fn watch_health_and_reflection() {
     for svc in ["gangway.v1.JobService", "gangway.v1.NodeService", "gangway.v1.AdminService", "grpc.health.v1.Health"] {
         assert!(names.contains(svc), "reflection lacks {svc}: {names:?}");
     }
+    c.shutdown().await;
+}
+
+// ------------------------------------------------------------------ jobs on real agents
+
+struct TestAgent {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl TestAgent {
+    fn start(c: &TestCluster, name: &str, gpus: &str, state_dir: &std::path::Path) -> TestAgent {
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let config = gangway_node_agent::AgentConfig {
+            controllers: c.addrs.values().cloned().collect(),
+            name: name.into(),
+            addr: "127.0.0.1".into(),
+            cpus: 8,
+            mem_mb: 8192,
+            gpus: gangway_node_agent::inventory::parse_fake_gpus(gpus, name).unwrap(),
+            topology: vec![],
+            labels: BTreeMap::new(),
+            identity: "agent".into(),
+            state_dir: state_dir.to_path_buf(),
+            stop_grace: Duration::from_secs(1),
+        };
+        let task = tokio::spawn(gangway_node_agent::run(config, async {
+            let _ = stop_rx.await;
+        }));
+        TestAgent { stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+fn script_spec(script: &str, workdir: &std::path::Path) -> pb::JobSpec {
+    pb::JobSpec {
+        script: format!("#!/bin/sh\n{script}\n"),
+        workdir: workdir.display().to_string(),
+        user: "root".into(),
+        ..Default::default()
+    }
+}
+
+async fn get_job(client: &Client, job_id: u64) -> pb::Job {
+    let req = pb::GetJobRequest { job_id, stale: false };
+    client
+        .call(|ch| {
+            let r = client.request(req);
+            async move { JobServiceClient::new(ch).get(r).await }
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+async fn wait_state(client: &Client, job_id: u64, state: pb::JobState) -> pb::Job {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let job = get_job(client, job_id).await;
+        if job.state == state as i32 {
+            return job;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "job {job_id} never reached {state:?}: {job:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn pid_alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+async fn wait_file(path: &std::path::Path) -> String {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if !s.trim().is_empty() {
+                return s;
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{} never appeared", path.display());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gang_job_runs_on_both_nodes_with_consistent_environment() {
+    let c = TestCluster::start(3).await;
+    c.leader().await;
+    let (d1, d2, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a1 = TestAgent::start(&c, "gw-node-1", "4xh100-80gb", d1.path());
+    let a2 = TestAgent::start(&c, "gw-node-2", "4xh100-80gb", d2.path());
+    let client = c.client();
+    let mut spec = script_spec(
+        "env | grep -E '^(SLURM_|MASTER_|RANK=|WORLD_SIZE=|NODE_RANK=|LOCAL_RANK=|CUDA_VISIBLE_DEVICES=)' | sort > env-$SLURM_NODEID",
+        work.path(),
+    );
+    spec.nodes = Some(2);
+    spec.gpus_per_node = Some(2);
+    spec.gpu_type = "h100".into();
+    let id = submit(&client, spec, "gang").await.unwrap().job_id;
+    wait_state(&client, id, pb::JobState::Completed).await;
+    let parse = |rank: u32| -> BTreeMap<String, String> {
+        std::fs::read_to_string(work.path().join(format!("env-{rank}")))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+            .collect()
+    };
+    let (r0, r1) = (parse(0), parse(1));
+    for key in [
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "SLURM_JOB_ID",
+        "SLURM_JOB_NODELIST",
+        "SLURM_NNODES",
+        "SLURM_NTASKS",
+    ] {
+        assert_eq!(r0.get(key), r1.get(key), "{key} differs between ranks");
+        assert!(r0.contains_key(key), "{key} missing");
+    }
+    assert_eq!(r0["SLURM_JOB_NODELIST"], "gw-node-[1-2]");
+    assert_eq!(r0["WORLD_SIZE"], "2");
+    assert_eq!((r0["RANK"].as_str(), r1["RANK"].as_str()), ("0", "1"));
+    assert_eq!((r0["NODE_RANK"].as_str(), r1["NODE_RANK"].as_str()), ("0", "1"));
+    assert_eq!(r0["CUDA_VISIBLE_DEVICES"].split(',').count(), 2);
+    assert_eq!(r0["SLURM_JOB_ID"], id.to_string());
+    a1.stop().await;
+    a2.stop().await;
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancel_and_time_limit_kill_the_whole_process_tree() {
+    let c = TestCluster::start(3).await;
+    c.leader().await;
+    let (d1, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let agent = TestAgent::start(&c, "gw-node-1", "2xh100-80gb", d1.path());
+    let client = c.client();
+    // The script and its child both ignore SIGTERM: only SIGKILL of the group ends them.
+    let id = submit(&client, script_spec("trap '' TERM; sleep 300 & echo $! > child.pid; wait", work.path()), "c")
+        .await
+        .unwrap()
+        .job_id;
+    wait_state(&client, id, pb::JobState::Running).await;
+    let child: i32 = wait_file(&work.path().join("child.pid")).await.trim().parse().unwrap();
+    assert!(pid_alive(child));
+    let req = pb::CancelRequest { job_id: id };
+    client
+        .call(|ch| {
+            let r = client.request(req);
+            async move { JobServiceClient::new(ch).cancel(r).await }
+        })
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while pid_alive(child) {
+        assert!(tokio::time::Instant::now() < deadline, "the SIGTERM-ignoring child survived the cancel");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(get_job(&client, id).await.state, pb::JobState::Cancelled as i32);
+    // A time limit ends the job the same way.
+    let mut spec = script_spec("sleep 300 & echo $! > child2.pid; wait", work.path());
+    spec.time_limit_s = Some(1);
+    let id = submit(&client, spec, "t").await.unwrap().job_id;
+    let job = wait_state(&client, id, pb::JobState::Timeout).await;
+    assert!(job.reason.contains("time limit"), "{}", job.reason);
+    let child: i32 = wait_file(&work.path().join("child2.pid")).await.trim().parse().unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while pid_alive(child) {
+        assert!(tokio::time::Instant::now() < deadline, "a timed-out job's process survived");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    agent.stop().await;
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failed_launches_are_reported_and_an_attempt_never_runs_twice() {
+    let c = TestCluster::start(3).await;
+    c.leader().await;
+    let (d1, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let agent = TestAgent::start(&c, "gw-node-1", "2xh100-80gb", d1.path());
+    let client = c.client();
+    // A working directory that does not exist fails the attempt with the reason.
+    let bad = submit(&client, script_spec("true", std::path::Path::new("/nonexistent/gangway-dir")), "bad")
+        .await
+        .unwrap()
+        .job_id;
+    let job = wait_state(&client, bad, pb::JobState::Failed).await;
+    assert!(job.reason.contains("does not exist"), "{}", job.reason);
+    // A non-zero exit fails the job with its exit code.
+    let failing = submit(&client, script_spec("exit 3", work.path()), "exit3").await.unwrap().job_id;
+    let job = wait_state(&client, failing, pb::JobState::Failed).await;
+    assert_eq!(job.exit_code, Some(3));
+    // A running task, then the agent restarts (its tasks die with it): the leader
+    // still wants attempt 1, but the agent's fence refuses to start it again.
+    let id =
+        submit(&client, script_spec("echo started >> starts; sleep 300", work.path()), "once").await.unwrap().job_id;
+    wait_state(&client, id, pb::JobState::Running).await;
+    wait_file(&work.path().join("starts")).await;
+    agent.stop().await;
+    let agent = TestAgent::start(&c, "gw-node-1", "2xh100-80gb", d1.path());
+    let job = wait_state(&client, id, pb::JobState::Failed).await;
+    assert!(job.reason.contains("already launched"), "{}", job.reason);
+    let starts = std::fs::read_to_string(work.path().join("starts")).unwrap();
+    assert_eq!(starts.lines().count(), 1, "attempt 1 started twice");
+    agent.stop().await;
     c.shutdown().await;
 }

@@ -3,12 +3,18 @@
 //! through failovers (replicas forward to the leader; the client library fails
 //! over between replicas).
 //!
-//! This is the registration-and-heartbeat agent the controller needs today; job
-//! launch, GPU health and fencing build on it (see ARCHITECTURE.md).
+//! Each heartbeat says which tasks run here; the leader answers which should,
+//! with launch orders for the missing ones. The agent starts those (after
+//! recording their fence on disk), stops tasks that should no longer run, and
+//! reports every task's exit. Orders follow committed state only, so a gang's
+//! members start only after its whole allocation is committed.
 //!
 //! Related code: `proto/src/client.rs` (failover), `controller/src/api/agent.rs`.
 
+pub mod fence;
 pub mod inventory;
+pub mod launch;
+pub mod supervisor;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -16,7 +22,7 @@ use std::time::Duration;
 
 use gangway_proto::client::Client;
 use gangway_proto::v1::agent_service_client::AgentServiceClient;
-use gangway_proto::v1::{GpuInventory, HeartbeatRequest, RegisterRequest};
+use gangway_proto::v1::{GpuInventory, HeartbeatRequest, RegisterRequest, TaskExitReport, TaskRef};
 
 /// Pause after a failed register or heartbeat round (the client already retried
 /// every replica); short so that the node is back quickly after an outage.
@@ -36,6 +42,10 @@ pub struct AgentConfig {
     pub topology: Vec<String>,
     pub labels: BTreeMap<String, String>,
     pub identity: String,
+    /// Where the agent keeps its launch fences and batch scripts.
+    pub state_dir: std::path::PathBuf,
+    /// Time between SIGTERM and SIGKILL when a task is stopped.
+    pub stop_grace: Duration,
 }
 
 impl AgentConfig {
@@ -52,15 +62,23 @@ impl AgentConfig {
     }
 }
 
+/// Exit reports kept for delivery while the controllers are unreachable; beyond
+/// this the oldest are dropped (the leader then learns of them as lost tasks).
+const PENDING_EXITS_MAX: usize = 10_000;
+
 /// Runs the agent until `shutdown` completes. Its loop is bounded by the agent's
-/// life: one register/heartbeat round per interval.
+/// life: one register/heartbeat round per interval, woken early by task exits.
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let client = Client::new(&config.controllers, &config.identity)?;
+    let mut fences = fence::FenceStore::open(&config.state_dir)
+        .map_err(|e| anyhow::anyhow!("state-dir: cannot use {}: {e}", config.state_dir.display()))?;
+    let (mut tasks, mut exits_rx) = supervisor::Supervisor::new(&config.name, &config.state_dir, config.stop_grace);
+    let mut pending_exits: std::collections::VecDeque<TaskExitReport> = std::collections::VecDeque::new();
     tokio::pin!(shutdown);
     let mut registered = false;
     let mut interval = Duration::from_secs(1);
     loop {
-        let round = async {
+        let round: Result<(), tonic::Status> = async {
             if !registered {
                 let req = config.register_request();
                 let resp = client
@@ -69,28 +87,69 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                         async move { AgentServiceClient::new(ch).register(r).await }
                     })
                     .await?;
-                let ms =
-                    resp.into_inner().heartbeat_interval_ms.clamp(HEARTBEAT_INTERVAL_MIN_MS, HEARTBEAT_INTERVAL_MAX_MS);
+                let ms = resp.into_inner().heartbeat_interval_ms.clamp(HEARTBEAT_INTERVAL_MIN_MS, HEARTBEAT_INTERVAL_MAX_MS);
                 interval = Duration::from_millis(ms);
                 tracing::info!(node = %config.name, "registered");
                 registered = true;
-            } else {
-                let req = HeartbeatRequest { name: config.name.clone() };
-                let resp = client
+                return Ok(());
+            }
+            // Report ended tasks first, so the leader does not relaunch them.
+            while let Some(report) = pending_exits.front().cloned() {
+                client
                     .call(|ch| {
-                        let r = client.request(req.clone());
-                        async move { AgentServiceClient::new(ch).heartbeat(r).await }
+                        let r = client.request(report.clone());
+                        async move { AgentServiceClient::new(ch).report_task_exit(r).await }
                     })
                     .await?;
-                if !resp.into_inner().known {
-                    tracing::warn!(node = %config.name, "controller does not know this node: registering again");
-                    registered = false;
+                pending_exits.pop_front();
+            }
+            let running: Vec<TaskRef> =
+                tasks.running().into_iter().map(|(job_id, attempt)| TaskRef { job_id, attempt }).collect();
+            let req = HeartbeatRequest { name: config.name.clone(), running };
+            let resp = client
+                .call(|ch| {
+                    let r = client.request(req.clone());
+                    async move { AgentServiceClient::new(ch).heartbeat(r).await }
+                })
+                .await?
+                .into_inner();
+            if !resp.known {
+                tracing::warn!(node = %config.name, "controller does not know this node (or marked it down): registering again");
+                registered = false;
+                return Ok(());
+            }
+            // An answer from a leader older than one already obeyed is stale.
+            if !fences.accept_term(resp.term).unwrap_or(false) {
+                tracing::warn!(term = resp.term, max = fences.max_term, "ignoring orders from a stale leader");
+                return Ok(());
+            }
+            let desired: std::collections::BTreeSet<(u64, u32)> =
+                resp.desired.iter().map(|t| (t.job_id, t.attempt)).collect();
+            for key in tasks.running() {
+                if !desired.contains(&key) {
+                    tasks.stop(key);
                 }
             }
-            Ok::<_, tonic::Status>(())
-        };
-        let pause = match round.await {
-            Ok(()) if registered => interval,
+            for order in &resp.launch {
+                let outcome = fences.admit(order.job_id, order.attempt).and_then(|()| tasks.launch(order));
+                if let Err(reason) = outcome {
+                    tracing::warn!(job = order.job_id, attempt = order.attempt, %reason, "launch failed");
+                    pending_exits.push_back(TaskExitReport {
+                        node: config.name.clone(),
+                        job_id: order.job_id,
+                        attempt: order.attempt,
+                        exit_code: None,
+                        signal: None,
+                        reason,
+                    });
+                }
+            }
+            tasks.enforce_kills();
+            Ok(())
+        }
+        .await;
+        let pause = match round {
+            Ok(()) if registered && pending_exits.is_empty() => interval,
             Ok(()) => Duration::ZERO,
             Err(status) => {
                 tracing::warn!(node = %config.name, error = %status.message(), "controllers unreachable; retrying");
@@ -98,8 +157,18 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             }
         };
         tokio::select! {
-            _ = &mut shutdown => return Ok(()),
+            _ = &mut shutdown => {
+                tasks.kill_all();
+                return Ok(());
+            }
             _ = tokio::time::sleep(pause) => {}
+            Some(report) = exits_rx.recv() => {
+                tasks.forget((report.job_id, report.attempt));
+                if pending_exits.len() >= PENDING_EXITS_MAX {
+                    pending_exits.pop_front();
+                }
+                pending_exits.push_back(report);
+            }
         }
     }
 }

@@ -16,8 +16,8 @@
 
 pub mod command;
 pub mod limits;
-pub mod sched;
 pub mod model;
+pub mod sched;
 pub mod snapshot;
 pub mod spec;
 pub mod state;

@@ -75,12 +75,8 @@ impl Free {
 
 /// Computes a plan: gangs to start now, each placed whole.
 pub fn schedule(state: &State) -> Vec<Placement> {
-    let mut free: BTreeMap<&str, Free> = state
-        .nodes
-        .values()
-        .filter(|n| n.state == NodeState::Up)
-        .map(|n| (n.name.as_str(), Free::of(n)))
-        .collect();
+    let mut free: BTreeMap<&str, Free> =
+        state.nodes.values().filter(|n| n.state == NodeState::Up).map(|n| (n.name.as_str(), Free::of(n))).collect();
     let mut plan = Vec::new();
     for &job_id in state.pending.iter().take(PENDING_EXAMINED_PER_PASS_MAX) {
         if plan.len() >= PLACEMENTS_PER_PLAN_MAX || free.is_empty() {
@@ -135,7 +131,12 @@ mod tests {
             cpus: 8,
             mem_mb: 1024,
             gpus: (0..gpus)
-                .map(|i| GpuSpec { uuid: format!("{name}-{i}"), model: "h100-80gb".into(), mem_mb: 1, nvlink_island: i / 4 })
+                .map(|i| GpuSpec {
+                    uuid: format!("{name}-{i}"),
+                    model: "h100-80gb".into(),
+                    mem_mb: 1,
+                    nvlink_island: i / 4,
+                })
                 .collect(),
             topology: vec![],
             labels: Default::default(),
@@ -143,7 +144,13 @@ mod tests {
     }
 
     fn submit(s: &mut State, nodes: u32, gpus: u32) {
-        let spec = JobSpec { user: "u".into(), command: vec!["true".into()], nodes, gpus_per_node: gpus, ..JobSpec::default() };
+        let spec = JobSpec {
+            user: "u".into(),
+            command: vec!["true".into()],
+            nodes,
+            gpus_per_node: gpus,
+            ..JobSpec::default()
+        };
         s.apply(1, &Command::SubmitJob { spec, identity: "u".into(), idempotency_key: String::new(), now_ms: 1 });
     }
 

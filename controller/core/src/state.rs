@@ -71,7 +71,9 @@ pub enum Outcome {
     Refused(Refusal),
     /// One result per command of a `Command::Batch`, in order.
     Batch(Vec<Applied>),
-    TaskRecorded { job_id: JobId },
+    TaskRecorded {
+        job_id: JobId,
+    },
 }
 
 /// A change to one job, streamed to watchers.

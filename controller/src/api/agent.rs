@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use gangway_core::{Command, Outcome};
+use std::collections::BTreeSet;
+
+use gangway_core::{Command, NodeState, Outcome, RefusalKind};
 use gangway_proto::v1::agent_service_client::AgentServiceClient;
 use gangway_proto::v1::agent_service_server::AgentService;
 use gangway_proto::v1::*;
@@ -54,10 +56,109 @@ impl AgentService for AgentApi {
                 .forward(&ctx, leader, msg, |ch, r| async move { AgentServiceClient::new(ch).heartbeat(r).await })
                 .await;
         }
-        let known = self.replica.node.state().read().nodes.contains_key(&msg.name);
-        if known {
-            self.replica.record_heartbeat(&msg.name);
+        if msg.running.len() > TASKS_PER_NODE_REPORTED_MAX {
+            return Err(Status::invalid_argument(format!("running: at most {TASKS_PER_NODE_REPORTED_MAX} tasks")));
         }
-        Ok(Response::new(HeartbeatResponse { known }))
+        let term = self.replica.node.status().term;
+        let state = self.replica.node.state().read();
+        let Some(node) = state.nodes.get(&msg.name).filter(|n| n.state != NodeState::Down) else {
+            return Ok(Response::new(HeartbeatResponse { known: false, desired: vec![], launch: vec![], term }));
+        };
+        self.replica.record_heartbeat(&msg.name);
+        let running: BTreeSet<(u64, u32)> = msg.running.iter().map(|t| (t.job_id, t.attempt)).collect();
+        let mut desired = Vec::new();
+        let mut launch = Vec::new();
+        for job_id in &node.jobs {
+            let Some(job) = state.jobs.get(job_id) else { continue };
+            // A task that already ended here stays desired (the gang still
+            // runs elsewhere) but is never launched again.
+            let exited = job.task_exits.contains_key(&msg.name);
+            desired.push(TaskRef { job_id: *job_id, attempt: job.attempt });
+            if !exited && !running.contains(&(*job_id, job.attempt)) {
+                if let Some(order) = launch_order(&state, job, &msg.name, term) {
+                    launch.push(order);
+                }
+            }
+        }
+        Ok(Response::new(HeartbeatResponse { known: true, desired, launch, term }))
     }
+
+    async fn report_task_exit(&self, req: Request<TaskExitReport>) -> Result<Response<TaskExitAck>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        if msg.reason.len() > REASON_BYTES_MAX {
+            return Err(Status::invalid_argument(format!("reason: at most {REASON_BYTES_MAX} bytes")));
+        }
+        let cmd = Command::TaskExited {
+            job_id: msg.job_id,
+            attempt: msg.attempt,
+            node: msg.node.clone(),
+            exit_code: msg.exit_code,
+            signal: msg.signal,
+            reason: msg.reason.clone(),
+            now_ms: crate::now_ms(),
+        };
+        let routed =
+            self.replica
+                .write_or_forward(&ctx, cmd, msg, |ch, r| async move {
+                    AgentServiceClient::new(ch).report_task_exit(r).await
+                })
+                .await?;
+        match routed {
+            Routed::Forwarded(resp) => Ok(resp),
+            // A stale report (job cancelled, or already recorded) needs no retry.
+            Routed::Local(applied) => match applied.outcome {
+                Outcome::TaskRecorded { .. } => Ok(Response::new(TaskExitAck {})),
+                Outcome::Refused(r) if matches!(r.kind, RefusalKind::Stale | RefusalKind::NotFound) => {
+                    Ok(Response::new(TaskExitAck {}))
+                }
+                other => Err(unexpected(&other)),
+            },
+        }
+    }
+}
+
+/// Tasks one agent may report running (the core allows this many per node).
+const TASKS_PER_NODE_REPORTED_MAX: usize = 4096;
+/// Bytes of an exit reason: one line for `gangway show`.
+const REASON_BYTES_MAX: usize = 4096;
+/// Rendezvous ports are chosen per job from this range (PyTorch's default
+/// MASTER_PORT, 29500, starts it), the same on every node of the gang.
+const MASTER_PORT_BASE: u32 = 29_500;
+const MASTER_PORT_SPAN: u64 = 10_000;
+
+/// The order that starts `node`'s task of `job`'s current attempt.
+fn launch_order(state: &gangway_core::State, job: &gangway_core::Job, node: &str, term: u64) -> Option<LaunchOrder> {
+    let alloc = job.allocation.as_ref()?;
+    let rank = alloc.nodes.iter().position(|n| n.node == node)?;
+    let mine = &alloc.nodes[rank];
+    let first = &alloc.nodes[0].node;
+    let master_addr = state
+        .nodes
+        .get(first)
+        .and_then(|n| {
+            n.addr.rsplit_once(':').map(|(h, _)| h.to_string()).or_else(|| (!n.addr.is_empty()).then(|| n.addr.clone()))
+        })
+        .unwrap_or_else(|| first.clone());
+    let spec = &job.spec;
+    Some(LaunchOrder {
+        job_id: job.id,
+        attempt: job.attempt,
+        term,
+        name: spec.name.clone(),
+        user: spec.user.clone(),
+        command: spec.command.clone(),
+        script: spec.script.clone(),
+        workdir: spec.workdir.clone(),
+        env: spec.env.clone().into_iter().collect(),
+        gpus: mine.gpus.clone(),
+        nodes: alloc.nodes.iter().map(|n| n.node.clone()).collect(),
+        node_rank: rank as u32,
+        tasks_per_node: spec.tasks_per_node,
+        cpus_per_task: spec.cpus_per_task,
+        time_limit_s: spec.time_limit_s,
+        master_addr,
+        master_port: MASTER_PORT_BASE + (job.id % MASTER_PORT_SPAN) as u32,
+        mem_per_node_mb: spec.mem_per_node_mb,
+    })
 }

@@ -1,9 +1,10 @@
 //! Leader duties: started when this replica becomes leader, stopped the moment it
-//! is not. Today that is node liveness; the scheduler and dispatch join it.
+//! is not: node liveness and the scheduling loop.
 //!
-//! Related code: `liveness.rs`.
+//! Related code: `liveness.rs`, `scheduler.rs`.
 
 pub mod liveness;
+pub mod scheduler;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +25,10 @@ pub fn spawn_leader_watch(replica: Arc<Replica>) -> JoinHandle<()> {
             match (&duties, leading) {
                 (None, true) => {
                     tracing::info!(id = replica.node.id, "became leader: starting leader duties");
-                    duties = Some(tokio::spawn(liveness::run(replica.clone())));
+                    let r = replica.clone();
+                    duties = Some(tokio::spawn(async move {
+                        tokio::join!(liveness::run(r.clone()), scheduler::run(r));
+                    }));
                 }
                 (Some(handle), false) => {
                     tracing::info!(id = replica.node.id, "lost leadership: stopping leader duties");

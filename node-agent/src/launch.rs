@@ -1,0 +1,130 @@
+//! Starting one task: its environment (Slurm's variables and the rendezvous
+//! variables training launchers read), output files, user and process group.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use gangway_proto::v1::LaunchOrder;
+
+/// Compresses host names into Slurm's hostlist form: `n1,n2,n3,x` → `n[1-3],x`.
+pub fn compress_hostlist(names: &[String]) -> String {
+    // Split each name into a prefix and a numeric suffix (kept with its width).
+    let mut groups: Vec<(String, Vec<(u64, usize)>)> = Vec::new();
+    let mut out: Vec<String> = Vec::new();
+    for name in names {
+        let digits = name.chars().rev().take_while(|c| c.is_ascii_digit()).count();
+        if digits == 0 || digits > 18 {
+            out.push(name.clone());
+            continue;
+        }
+        let (prefix, num) = name.split_at(name.len() - digits);
+        let n: u64 = num.parse().expect("digits");
+        match groups.iter_mut().find(|(p, _)| p == prefix) {
+            Some((_, nums)) => nums.push((n, digits)),
+            None => groups.push((prefix.to_string(), vec![(n, digits)])),
+        }
+    }
+    for (prefix, mut nums) in groups {
+        nums.sort_unstable();
+        nums.dedup();
+        if nums.len() == 1 {
+            out.push(format!("{prefix}{:0w$}", nums[0].0, w = nums[0].1));
+            continue;
+        }
+        let mut ranges = Vec::new();
+        let mut i = 0;
+        while i < nums.len() {
+            let (start, w) = nums[i];
+            let mut j = i;
+            while j + 1 < nums.len() && nums[j + 1].0 == nums[j].0 + 1 && nums[j + 1].1 == w {
+                j += 1;
+            }
+            let end = nums[j].0;
+            ranges.push(if start == end { format!("{start:0w$}") } else { format!("{start:0w$}-{end:0w$}") });
+            i = j + 1;
+        }
+        out.push(format!("{prefix}[{}]", ranges.join(",")));
+    }
+    out.join(",")
+}
+
+/// The variables a task sees, on top of the job's own `env`.
+pub fn task_env(order: &LaunchOrder, node: &str) -> BTreeMap<String, String> {
+    let nnodes = order.nodes.len() as u32;
+    let tpn = order.tasks_per_node.max(1);
+    let ntasks = nnodes * tpn;
+    let first_rank = order.node_rank * tpn;
+    let nodelist = compress_hostlist(&order.nodes);
+    let gpus: Vec<String> = order.gpus.iter().map(|g| g.to_string()).collect();
+    let mut env = BTreeMap::new();
+    let mut set = |k: &str, v: String| {
+        env.insert(k.to_string(), v);
+    };
+    set("CUDA_VISIBLE_DEVICES", gpus.join(","));
+    set("SLURM_JOB_ID", order.job_id.to_string());
+    set("SLURM_JOBID", order.job_id.to_string());
+    set("SLURM_JOB_NAME", order.name.clone());
+    set("SLURM_JOB_USER", order.user.clone());
+    set("SLURM_JOB_NODELIST", nodelist.clone());
+    set("SLURM_NODELIST", nodelist);
+    set("SLURM_JOB_NUM_NODES", nnodes.to_string());
+    set("SLURM_NNODES", nnodes.to_string());
+    set("SLURM_NODEID", order.node_rank.to_string());
+    set("SLURMD_NODENAME", node.to_string());
+    set("SLURM_PROCID", first_rank.to_string());
+    set("SLURM_LOCALID", "0".into());
+    set("SLURM_NTASKS", ntasks.to_string());
+    set("SLURM_NPROCS", ntasks.to_string());
+    set("SLURM_NTASKS_PER_NODE", tpn.to_string());
+    set("SLURM_CPUS_PER_TASK", order.cpus_per_task.to_string());
+    set("SLURM_GPUS_ON_NODE", order.gpus.len().to_string());
+    set("SLURM_SUBMIT_DIR", order.workdir.clone());
+    set("SLURM_RESTART_COUNT", order.attempt.saturating_sub(1).to_string());
+    set("SLURM_CLUSTER_NAME", "gangway".into());
+    set("MASTER_ADDR", order.master_addr.clone());
+    set("MASTER_PORT", order.master_port.to_string());
+    set("WORLD_SIZE", ntasks.to_string());
+    set("RANK", first_rank.to_string());
+    set("LOCAL_RANK", "0".into());
+    set("LOCAL_WORLD_SIZE", tpn.to_string());
+    set("NODE_RANK", order.node_rank.to_string());
+    set("GANGWAY_JOB_ID", order.job_id.to_string());
+    set("GANGWAY_ATTEMPT", order.attempt.to_string());
+    env
+}
+
+/// Where a task's stdout and stderr go: Slurm's default `slurm-<jobid>.out` in
+/// the working directory for the first node; other nodes of a gang add their
+/// rank (`slurm-<jobid>.<rank>.out`) so ranks on a shared file system do not
+/// overwrite each other.
+pub fn output_path(order: &LaunchOrder) -> PathBuf {
+    let name = if order.node_rank == 0 {
+        format!("slurm-{}.out", order.job_id)
+    } else {
+        format!("slurm-{}.{}.out", order.job_id, order.node_rank)
+    };
+    Path::new(&order.workdir).join(name)
+}
+
+/// A local account: uid, gid.
+pub fn lookup_user(name: &str) -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        (f.len() >= 4 && f[0] == name).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostlists_compress_like_slurm() {
+        let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(compress_hostlist(&v(&["n1", "n2", "n3"])), "n[1-3]");
+        assert_eq!(compress_hostlist(&v(&["gpu01", "gpu02", "gpu04"])), "gpu[01-02,04]");
+        assert_eq!(compress_hostlist(&v(&["a", "n5"])), "a,n5");
+        assert_eq!(compress_hostlist(&v(&["dev-node-1", "dev-node-2"])), "dev-node-[1-2]");
+    }
+}

@@ -1,0 +1,187 @@
+//! Running tasks on this node: launch as a process group, stop with SIGTERM then
+//! SIGKILL of the whole group after a grace period, and report each exit.
+//!
+//! Cgroup limits, re-adopting tasks after an agent restart and the warning
+//! signal before a time limit are not here yet (see ARCHITECTURE.md).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gangway_proto::v1::{LaunchOrder, TaskExitReport};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::sync::mpsc;
+
+use crate::launch::{lookup_user, output_path, task_env};
+
+/// Default time between SIGTERM and SIGKILL when a task is stopped (Slurm's
+/// KillWait defaults to 30 s; training jobs that checkpoint on SIGTERM need
+/// seconds, not minutes).
+pub const STOP_GRACE_DEFAULT: Duration = Duration::from_secs(10);
+/// Exits waiting to be reported: the channel blocks task watchers beyond this.
+const EXIT_QUEUE_MAX: usize = 4096;
+
+type Key = (u64, u32);
+
+struct Task {
+    pgid: Pid,
+    stop_sent: Option<Instant>,
+    killed: bool,
+}
+
+pub struct Supervisor {
+    node: String,
+    stop_grace: Duration,
+    scripts_dir: PathBuf,
+    tasks: BTreeMap<Key, Task>,
+    exits_tx: mpsc::Sender<TaskExitReport>,
+}
+
+impl Supervisor {
+    pub fn new(
+        node: &str,
+        state_dir: &std::path::Path,
+        stop_grace: Duration,
+    ) -> (Supervisor, mpsc::Receiver<TaskExitReport>) {
+        let (exits_tx, rx) = mpsc::channel(EXIT_QUEUE_MAX);
+        let s = Supervisor {
+            node: node.to_string(),
+            stop_grace,
+            scripts_dir: state_dir.join("scripts"),
+            tasks: BTreeMap::new(),
+            exits_tx,
+        };
+        (s, rx)
+    }
+
+    pub fn running(&self) -> Vec<Key> {
+        self.tasks.keys().copied().collect()
+    }
+
+    /// The task ended (its exit was received): forget it.
+    pub fn forget(&mut self, key: Key) {
+        self.tasks.remove(&key);
+    }
+
+    /// Starts `order`'s task. An error is a reason the launch failed.
+    pub fn launch(&mut self, order: &LaunchOrder) -> Result<(), String> {
+        let key = (order.job_id, order.attempt);
+        if self.tasks.contains_key(&key) {
+            return Ok(());
+        }
+        let workdir = if order.workdir.is_empty() { "/".to_string() } else { order.workdir.clone() };
+        if !std::path::Path::new(&workdir).is_dir() {
+            return Err(format!("working directory {workdir} does not exist on {}", self.node));
+        }
+        let as_root = nix::unistd::geteuid().is_root();
+        let ids = if as_root && order.user != "root" {
+            Some(
+                lookup_user(&order.user)
+                    .ok_or_else(|| format!("user {} does not exist on {}", order.user, self.node))?,
+            )
+        } else {
+            None
+        };
+        let mut cmd = if !order.script.is_empty() {
+            std::fs::create_dir_all(&self.scripts_dir).map_err(|e| format!("cannot create the script dir: {e}"))?;
+            let path = self.scripts_dir.join(format!("job-{}-{}.sh", order.job_id, order.attempt));
+            std::fs::write(&path, &order.script).map_err(|e| format!("cannot write the batch script: {e}"))?;
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| format!("cannot make the batch script executable: {e}"))?;
+            if order.script.starts_with("#!") {
+                tokio::process::Command::new(&path)
+            } else {
+                let mut c = tokio::process::Command::new("/bin/sh");
+                c.arg(&path);
+                c
+            }
+        } else {
+            let mut c = tokio::process::Command::new(&order.command[0]);
+            c.args(&order.command[1..]);
+            c
+        };
+        let out_path = output_path(order);
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&out_path)
+            .map_err(|e| format!("cannot open output file {}: {e}", out_path.display()))?;
+        if let Some((uid, gid)) = ids {
+            let _ = std::os::unix::fs::chown(&out_path, Some(uid), Some(gid));
+            cmd.uid(uid).gid(gid);
+        }
+        let err = out.try_clone().map_err(|e| format!("cannot open output file: {e}"))?;
+        cmd.current_dir(&workdir)
+            .envs(order.env.iter())
+            .envs(task_env(order, &self.node))
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .kill_on_drop(false);
+        let mut child = cmd.spawn().map_err(|e| format!("cannot start the task: {e}"))?;
+        let pid = child.id().ok_or("the task exited before it could be tracked")?;
+        self.tasks.insert(key, Task { pgid: Pid::from_raw(pid as i32), stop_sent: None, killed: false });
+        tracing::info!(job = order.job_id, attempt = order.attempt, pid, "task started");
+        let tx = self.exits_tx.clone();
+        let node = self.node.clone();
+        tokio::spawn(async move {
+            use std::os::unix::process::ExitStatusExt;
+            let report = match child.wait().await {
+                Ok(status) => TaskExitReport {
+                    node,
+                    job_id: key.0,
+                    attempt: key.1,
+                    exit_code: status.code(),
+                    signal: status.signal(),
+                    reason: String::new(),
+                },
+                Err(e) => TaskExitReport {
+                    node,
+                    job_id: key.0,
+                    attempt: key.1,
+                    exit_code: None,
+                    signal: None,
+                    reason: format!("lost track of the task: {e}"),
+                },
+            };
+            let _ = tx.send(report).await;
+        });
+        Ok(())
+    }
+
+    /// Asks a task to stop: SIGTERM to its whole process group now, SIGKILL
+    /// after the stop grace period (see [`Supervisor::enforce_kills`]).
+    pub fn stop(&mut self, key: Key) {
+        if let Some(t) = self.tasks.get_mut(&key) {
+            if t.stop_sent.is_none() {
+                tracing::info!(job = key.0, attempt = key.1, "stopping task");
+                let _ = killpg(t.pgid, Signal::SIGTERM);
+                t.stop_sent = Some(Instant::now());
+            }
+        }
+    }
+
+    /// SIGKILLs the process groups of tasks that outlived their grace period.
+    pub fn enforce_kills(&mut self) {
+        for (key, t) in self.tasks.iter_mut() {
+            if let Some(sent) = t.stop_sent {
+                if !t.killed && sent.elapsed() >= self.stop_grace {
+                    tracing::warn!(job = key.0, attempt = key.1, "task ignored SIGTERM; killing its process group");
+                    let _ = killpg(t.pgid, Signal::SIGKILL);
+                    t.killed = true;
+                }
+            }
+        }
+    }
+
+    /// Kills every task's process group (the agent is shutting down in a test or
+    /// dev cluster; a production agent leaves tasks running).
+    pub fn kill_all(&mut self) {
+        for t in self.tasks.values() {
+            let _ = killpg(t.pgid, Signal::SIGKILL);
+        }
+    }
+}
