@@ -228,6 +228,12 @@ pub struct SubmitArgs {
     /// Print only the job id.
     #[arg(long)]
     parsable: bool,
+    /// Requeue the job if a node it runs on fails (the default).
+    #[arg(long, overrides_with = "no_requeue")]
+    requeue: bool,
+    /// End the job NODE_FAIL instead of requeueing it when a node fails.
+    #[arg(long)]
+    no_requeue: bool,
     /// A batch script to run.
     script: Option<PathBuf>,
     /// A command to run, after `--`.
@@ -281,6 +287,7 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
             .map_err(anyhow::Error::msg)?
             .map(|t| t as i64),
         env: parse_labels(&a.env).context("env")?.into_iter().collect(),
+        requeue: (a.requeue || a.no_requeue).then_some(!a.no_requeue),
     };
     let key = a.idempotency_key.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: key };

@@ -743,17 +743,73 @@ async fn failed_launches_are_reported_and_an_attempt_never_runs_twice() {
     let job = wait_state(&client, failing, pb::JobState::Failed).await;
     assert_eq!(job.exit_code, Some(3));
     // A running task, then the agent restarts (its tasks die with it): the leader
-    // still wants attempt 1, but the agent's fence refuses to start it again.
-    let id =
-        submit(&client, script_spec("echo started >> starts; sleep 300", work.path()), "once").await.unwrap().job_id;
+    // still wants attempt 1, the agent's fence refuses to start it again and
+    // reports it lost, and the job is requeued as attempt 2. Each attempt ran once.
+    let id = submit(&client, script_spec("echo $GANGWAY_ATTEMPT >> starts; sleep 300", work.path()), "once")
+        .await
+        .unwrap()
+        .job_id;
     wait_state(&client, id, pb::JobState::Running).await;
     wait_file(&work.path().join("starts")).await;
     agent.stop().await;
     let agent = TestAgent::start(&c, "gw-node-1", "2xh100-80gb", d1.path());
-    let job = wait_state(&client, id, pb::JobState::Failed).await;
-    assert!(job.reason.contains("already launched"), "{}", job.reason);
-    let starts = std::fs::read_to_string(work.path().join("starts")).unwrap();
-    assert_eq!(starts.lines().count(), 1, "attempt 1 started twice");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let starts = std::fs::read_to_string(work.path().join("starts")).unwrap();
+        if starts.lines().count() >= 2 {
+            assert_eq!(starts.lines().collect::<Vec<_>>(), vec!["1", "2"], "an attempt ran twice");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the lost attempt was not requeued");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let job = get_job(&client, id).await;
+    assert_eq!((job.state, job.attempt), (pb::JobState::Running as i32, 2));
+    agent.stop().await;
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jobs_survive_a_leader_failover_and_an_isolated_agent_stops_its_tasks() {
+    let mut c = TestCluster::start(3).await;
+    c.leader().await;
+    let (d1, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let agent = TestAgent::start(&c, "gw-node-1", "2xh100-80gb", d1.path());
+    let client = c.client();
+    // Kill the leader while a job runs: the job finishes normally.
+    let id = submit(&client, script_spec("sleep 2; echo done > finished", work.path()), "f").await.unwrap().job_id;
+    wait_state(&client, id, pb::JobState::Running).await;
+    let old = c.leader().await;
+    c.stop(old).await;
+    c.leader().await;
+    wait_state(&client, id, pb::JobState::Completed).await;
+    assert_eq!(std::fs::read_to_string(work.path().join("finished")).unwrap().trim(), "done");
+    let any = *c.handles.keys().next().unwrap();
+    assert_eq!(c.state(any).nodes["gw-node-1"].state, NodeState::Up, "a failover marked the node down");
+    c.restart(old).await;
+    // Cut the agent off from every controller: it stops its task on its own.
+    let id = submit(&client, script_spec("echo $$ > pid-$GANGWAY_ATTEMPT; exec sleep 300", work.path()), "iso")
+        .await
+        .unwrap()
+        .job_id;
+    wait_state(&client, id, pb::JobState::Running).await;
+    let pid: i32 = wait_file(&work.path().join("pid-1")).await.trim().parse().unwrap();
+    for id in 1..=3 {
+        c.stop(id).await;
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while pid_alive(pid) {
+        assert!(tokio::time::Instant::now() < deadline, "an isolated agent kept its task running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Back online: the lost attempt is requeued and runs again as attempt 2.
+    for id in 1..=3 {
+        c.restart(id).await;
+    }
+    c.leader().await;
+    wait_file(&work.path().join("pid-2")).await;
+    let job = get_job(&c.client(), id).await;
+    assert_eq!(job.attempt, 2);
     agent.stop().await;
     c.shutdown().await;
 }

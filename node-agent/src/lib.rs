@@ -18,7 +18,7 @@ pub mod supervisor;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gangway_proto::client::Client;
 use gangway_proto::v1::agent_service_client::AgentServiceClient;
@@ -77,6 +77,12 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     tokio::pin!(shutdown);
     let mut registered = false;
     let mut interval = Duration::from_secs(1);
+    // The leader's node-down timeout (from registration) and the last time a
+    // controller answered: an agent cut off for half the timeout stops its tasks,
+    // and kills them by three quarters of it, before the leader can declare the
+    // node down and start the jobs elsewhere.
+    let mut down_timeout = Duration::from_secs(10);
+    let mut last_contact = Instant::now();
     loop {
         let round: Result<(), tonic::Status> = async {
             if !registered {
@@ -87,8 +93,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                         async move { AgentServiceClient::new(ch).register(r).await }
                     })
                     .await?;
-                let ms = resp.into_inner().heartbeat_interval_ms.clamp(HEARTBEAT_INTERVAL_MIN_MS, HEARTBEAT_INTERVAL_MAX_MS);
+                let resp = resp.into_inner();
+                let ms = resp.heartbeat_interval_ms.clamp(HEARTBEAT_INTERVAL_MIN_MS, HEARTBEAT_INTERVAL_MAX_MS);
                 interval = Duration::from_millis(ms);
+                if resp.node_down_timeout_ms > 0 {
+                    down_timeout = Duration::from_millis(resp.node_down_timeout_ms);
+                }
+                last_contact = Instant::now();
                 tracing::info!(node = %config.name, "registered");
                 registered = true;
                 return Ok(());
@@ -125,13 +136,19 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             }
             let desired: std::collections::BTreeSet<(u64, u32)> =
                 resp.desired.iter().map(|t| (t.job_id, t.attempt)).collect();
+            last_contact = Instant::now();
             for key in tasks.running() {
                 if !desired.contains(&key) {
-                    tasks.stop(key);
+                    tasks.stop(key, tasks.stop_grace());
                 }
             }
             for order in &resp.launch {
-                let outcome = fences.admit(order.job_id, order.attempt).and_then(|()| tasks.launch(order));
+                // A refused fence means this attempt already ran here and its task
+                // is gone (it died with a previous agent process): lost, not failed.
+                let (outcome, lost) = match fences.admit(order.job_id, order.attempt) {
+                    Err(reason) => (Err(format!("task lost: {reason}")), true),
+                    Ok(()) => (tasks.launch(order), false),
+                };
                 if let Err(reason) = outcome {
                     tracing::warn!(job = order.job_id, attempt = order.attempt, %reason, "launch failed");
                     pending_exits.push_back(TaskExitReport {
@@ -141,13 +158,22 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                         exit_code: None,
                         signal: None,
                         reason,
+                        lost,
                     });
                 }
             }
-            tasks.enforce_kills();
             Ok(())
         }
         .await;
+        if !tasks.running().is_empty() && last_contact.elapsed() >= down_timeout / 2 {
+            let grace = tasks.stop_grace().min(down_timeout / 4);
+            for key in tasks.running() {
+                if tasks.stop_lost(key, grace) {
+                    tracing::warn!(job = key.0, attempt = key.1, "cut off from every controller: stopping the task");
+                }
+            }
+        }
+        tasks.enforce_kills();
         let pause = match round {
             Ok(()) if registered && pending_exits.is_empty() => interval,
             Ok(()) => Duration::ZERO,
@@ -162,8 +188,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 return Ok(());
             }
             _ = tokio::time::sleep(pause) => {}
-            Some(report) = exits_rx.recv() => {
-                tasks.forget((report.job_id, report.attempt));
+            Some(mut report) = exits_rx.recv() => {
+                if tasks.forget((report.job_id, report.attempt)) {
+                    report.lost = true;
+                    report.reason = "stopped by its node: cut off from every controller".into();
+                }
                 if pending_exits.len() >= PENDING_EXITS_MAX {
                     pending_exits.pop_front();
                 }

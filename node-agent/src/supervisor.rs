@@ -26,8 +26,12 @@ type Key = (u64, u32);
 
 struct Task {
     pgid: Pid,
-    stop_sent: Option<Instant>,
+    /// When SIGTERM was sent, SIGKILL follows at this instant.
+    kill_at: Option<Instant>,
     killed: bool,
+    /// Stopped by the node itself (cut off from the controllers), not by an
+    /// order or its own end: reported as lost so the job is requeued.
+    lost: bool,
 }
 
 pub struct Supervisor {
@@ -59,9 +63,20 @@ impl Supervisor {
         self.tasks.keys().copied().collect()
     }
 
-    /// The task ended (its exit was received): forget it.
-    pub fn forget(&mut self, key: Key) {
-        self.tasks.remove(&key);
+    /// The task ended (its exit was received): forget it. Returns whether the
+    /// node itself stopped it (see [`Supervisor::stop_lost`]).
+    pub fn forget(&mut self, key: Key) -> bool {
+        self.tasks.remove(&key).is_some_and(|t| t.lost)
+    }
+
+    /// Stops a task on the node's own initiative; returns true the first time.
+    pub fn stop_lost(&mut self, key: Key, grace: Duration) -> bool {
+        let first = self.tasks.get(&key).is_some_and(|t| t.kill_at.is_none());
+        if let Some(t) = self.tasks.get_mut(&key) {
+            t.lost = true;
+        }
+        self.stop(key, grace);
+        first
     }
 
     /// Starts `order`'s task. An error is a reason the launch failed.
@@ -123,7 +138,7 @@ impl Supervisor {
             .kill_on_drop(false);
         let mut child = cmd.spawn().map_err(|e| format!("cannot start the task: {e}"))?;
         let pid = child.id().ok_or("the task exited before it could be tracked")?;
-        self.tasks.insert(key, Task { pgid: Pid::from_raw(pid as i32), stop_sent: None, killed: false });
+        self.tasks.insert(key, Task { pgid: Pid::from_raw(pid as i32), kill_at: None, killed: false, lost: false });
         tracing::info!(job = order.job_id, attempt = order.attempt, pid, "task started");
         let tx = self.exits_tx.clone();
         let node = self.node.clone();
@@ -137,6 +152,7 @@ impl Supervisor {
                     exit_code: status.code(),
                     signal: status.signal(),
                     reason: String::new(),
+                    lost: false,
                 },
                 Err(e) => TaskExitReport {
                     node,
@@ -145,6 +161,7 @@ impl Supervisor {
                     exit_code: None,
                     signal: None,
                     reason: format!("lost track of the task: {e}"),
+                    lost: false,
                 },
             };
             let _ = tx.send(report).await;
@@ -153,23 +170,33 @@ impl Supervisor {
     }
 
     /// Asks a task to stop: SIGTERM to its whole process group now, SIGKILL
-    /// after the stop grace period (see [`Supervisor::enforce_kills`]).
-    pub fn stop(&mut self, key: Key) {
+    /// after `grace` (see [`Supervisor::enforce_kills`]).
+    pub fn stop(&mut self, key: Key, grace: Duration) {
         if let Some(t) = self.tasks.get_mut(&key) {
-            if t.stop_sent.is_none() {
+            if t.kill_at.is_none() {
                 tracing::info!(job = key.0, attempt = key.1, "stopping task");
                 let _ = killpg(t.pgid, Signal::SIGTERM);
-                t.stop_sent = Some(Instant::now());
+                t.kill_at = Some(Instant::now() + grace);
             }
         }
     }
 
+    /// The configured grace period between SIGTERM and SIGKILL.
+    pub fn stop_grace(&self) -> Duration {
+        self.stop_grace
+    }
+
     /// SIGKILLs the process groups of tasks that outlived their grace period.
     pub fn enforce_kills(&mut self) {
+        let now = Instant::now();
         for (key, t) in self.tasks.iter_mut() {
-            if let Some(sent) = t.stop_sent {
-                if !t.killed && sent.elapsed() >= self.stop_grace {
-                    tracing::warn!(job = key.0, attempt = key.1, "task ignored SIGTERM; killing its process group");
+            if let Some(at) = t.kill_at {
+                if !t.killed && now >= at {
+                    tracing::warn!(
+                        job = key.0,
+                        attempt = key.1,
+                        "task outlived its grace period; killing its process group"
+                    );
                     let _ = killpg(t.pgid, Signal::SIGKILL);
                     t.killed = true;
                 }

@@ -85,6 +85,8 @@ pub enum Command {
         signal: Option<i32>,
         /// Why, when the task did not run to its own exit (e.g. launch failed).
         reason: String,
+        /// The node lost the task (cut off, agent restarted): requeue per policy.
+        lost: bool,
         now_ms: u64,
     },
 }

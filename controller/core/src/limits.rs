@@ -47,3 +47,6 @@ pub const LABELS_PER_NODE_MAX: usize = 64;
 pub const TOPOLOGY_LEVELS_MAX: usize = 8;
 /// Length of a GPU type name such as `h100-80gb`.
 pub const GPU_TYPE_BYTES_MAX: usize = 64;
+/// Attempts one job may make. A job requeued this often (its nodes keep failing
+/// under it) ends NODE_FAIL instead of cycling through the cluster forever.
+pub const ATTEMPTS_MAX: u32 = 16;

@@ -44,6 +44,9 @@ pub struct JobSpec {
     pub gpu_type: String,
     pub time_limit_s: u64,
     pub env: BTreeMap<String, String>,
+    /// Put the job back in the queue when a node it runs on fails (Slurm's
+    /// default for batch jobs); otherwise it ends NODE_FAIL.
+    pub requeue: bool,
 }
 
 impl Default for JobSpec {
@@ -63,6 +66,7 @@ impl Default for JobSpec {
             gpu_type: String::new(),
             time_limit_s: TIME_LIMIT_S_DEFAULT,
             env: BTreeMap::new(),
+            requeue: true,
         }
     }
 }

@@ -153,8 +153,8 @@ impl State {
                 self.apply_job_finished(index, *job_id, *attempt, *state, *exit_code, reason)
             }
             Command::Batch(cmds) => self.apply_batch(index, cmds),
-            Command::TaskExited { job_id, attempt, node, exit_code, signal, reason, .. } => {
-                self.apply_task_exited(index, *job_id, *attempt, node, *exit_code, *signal, reason)
+            Command::TaskExited { job_id, attempt, node, exit_code, signal, reason, lost, .. } => {
+                self.apply_task_exited(index, *job_id, *attempt, node, *exit_code, *signal, reason, *lost)
             }
         }
     }
@@ -169,6 +169,7 @@ impl State {
         exit_code: Option<i32>,
         signal: Option<i32>,
         reason: &str,
+        lost: bool,
     ) -> Applied {
         let now = self.clock_ms;
         let Some(job) = self.jobs.get_mut(&job_id) else {
@@ -183,6 +184,16 @@ impl State {
         }
         if job.task_exits.contains_key(node) {
             return Applied::refused(RefusalKind::Stale, format!("job {job_id} task on {node} already reported"));
+        }
+        if lost {
+            let outcome = Outcome::TaskRecorded { job_id };
+            let why = format!("task on {node} was lost ({reason})");
+            let event = if job.spec.requeue && job.attempt < ATTEMPTS_MAX {
+                self.requeue_job(index, job_id, format!("requeued: {why}"))
+            } else {
+                self.finish_job(index, job_id, JobState::NodeFail, None, why)
+            };
+            return Applied { outcome, events: vec![event] };
         }
         let exit = TaskExit { exit_code, signal, end_ms: now };
         let ok = exit.succeeded();
@@ -336,6 +347,23 @@ impl State {
         JobEvent { index, job_id, state, attempt, reason }
     }
 
+    /// Puts a running job back in the queue, releasing its allocation; its next
+    /// placement is a new attempt.
+    fn requeue_job(&mut self, index: u64, job_id: JobId, reason: String) -> JobEvent {
+        let job = self.jobs.get_mut(&job_id).expect("requeue_job: job exists");
+        assert_eq!(job.state, JobState::Running, "only running jobs are requeued");
+        let allocation = job.allocation.take().expect("running jobs are allocated");
+        job.state = JobState::Pending;
+        job.start_time_ms = None;
+        job.task_exits.clear();
+        job.reason = reason.clone();
+        let attempt = job.attempt;
+        self.running.remove(&job_id);
+        self.pending.insert(job_id);
+        self.release(job_id, &allocation);
+        JobEvent { index, job_id, state: JobState::Pending, attempt, reason }
+    }
+
     fn release(&mut self, job_id: JobId, alloc: &Allocation) {
         for na in &alloc.nodes {
             let node = self.nodes.get_mut(&na.node).expect("allocated node exists");
@@ -423,8 +451,13 @@ impl State {
         if new_state == NodeState::Down {
             let victims = node.jobs.clone();
             for job_id in victims {
-                let reason = format!("node {name} went down");
-                events.push(self.finish_job(index, job_id, JobState::NodeFail, None, reason));
+                let job = &self.jobs[&job_id];
+                if job.spec.requeue && job.attempt < ATTEMPTS_MAX {
+                    events.push(self.requeue_job(index, job_id, format!("requeued: node {name} went down")));
+                } else {
+                    let reason = format!("node {name} went down");
+                    events.push(self.finish_job(index, job_id, JobState::NodeFail, None, reason));
+                }
             }
         }
         Applied { outcome: Outcome::NodeStateSet { name: name.to_string(), state: new_state }, events }

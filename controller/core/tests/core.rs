@@ -183,6 +183,7 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
                 exit_code: Some(if *ok { 0 } else { 3 }),
                 signal: None,
                 reason: String::new(),
+                lost: *n == 2,
                 now_ms,
             }
         }
@@ -286,12 +287,28 @@ fn gang_is_placed_whole_or_not_at_all() {
     let out = s.apply(7, &Command::ApplyPlan { placements: vec![plan], now_ms: 6 }).outcome;
     assert_eq!(out, Outcome::PlanApplied { started: vec![1], rejected: vec![] });
     s.check_invariants().unwrap();
-    // Node n0 goes down: the gang fails and frees n1 too.
+    // Node n0 goes down: the gang is requeued whole (Slurm's default) and frees n1 too.
     s.apply(
         8,
         &Command::SetNodeState { name: "n0".into(), change: NodeStateChange::Down, reason: "lost".into(), now_ms: 7 },
     );
-    assert_eq!(s.jobs[&1].state, JobState::NodeFail);
+    assert_eq!(s.jobs[&1].state, JobState::Pending);
+    assert_eq!(s.jobs[&1].attempt, 1, "the next placement will be attempt 2");
     assert_eq!(s.nodes["n1"].gpus_free(), 4);
+    s.check_invariants().unwrap();
+    // A job that asked not to be requeued ends NODE_FAIL instead.
+    let no_requeue = JobSpec { requeue: false, ..job_spec(1, 4, 1) };
+    s.apply(
+        9,
+        &Command::SubmitJob { spec: no_requeue, identity: "a".into(), idempotency_key: String::new(), now_ms: 8 },
+    );
+    let plan = first_fit(&s, 2, 0).unwrap();
+    assert_eq!(plan.nodes[0].node, "n1");
+    s.apply(10, &Command::ApplyPlan { placements: vec![plan], now_ms: 9 });
+    s.apply(
+        11,
+        &Command::SetNodeState { name: "n1".into(), change: NodeStateChange::Down, reason: "lost".into(), now_ms: 10 },
+    );
+    assert_eq!(s.jobs[&2].state, JobState::NodeFail);
     s.check_invariants().unwrap();
 }

@@ -39,6 +39,7 @@ impl AgentService for AgentApi {
                     self.replica.record_heartbeat(&name);
                     Ok(Response::new(RegisterResponse {
                         heartbeat_interval_ms: self.replica.timing.agent_heartbeat_interval_ms,
+                        node_down_timeout_ms: self.replica.timing.node_down_timeout_ms,
                     }))
                 }
                 other => Err(unexpected(&other)),
@@ -96,6 +97,7 @@ impl AgentService for AgentApi {
             exit_code: msg.exit_code,
             signal: msg.signal,
             reason: msg.reason.clone(),
+            lost: msg.lost,
             now_ms: crate::now_ms(),
         };
         let routed =

@@ -38,6 +38,7 @@ pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, Sp
         gpu_type: p.gpu_type,
         time_limit_s: opt_u64("time_limit_s", p.time_limit_s, d.time_limit_s, 1)?,
         env: p.env.into_iter().collect(),
+        requeue: p.requeue.unwrap_or(d.requeue),
     };
     spec.validate()?;
     Ok(spec)
@@ -59,6 +60,7 @@ pub fn spec_to_proto(s: &JobSpec) -> pb::JobSpec {
         gpu_type: s.gpu_type.clone(),
         time_limit_s: Some(s.time_limit_s as i64),
         env: s.env.clone().into_iter().collect(),
+        requeue: Some(s.requeue),
     }
 }
 
