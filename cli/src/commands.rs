@@ -136,6 +136,13 @@ pub struct AgentArgs {
     /// Topology path, e.g. zone-a/block-1/rack-3.
     #[arg(long)]
     topology: Option<String>,
+    /// Simulated GPU faults are read from this file, one `INDEX REASON` line per
+    /// failing GPU (default with --fake-gpus: STATE_DIR/gpu-faults).
+    #[arg(long)]
+    gpu_fault_file: Option<PathBuf>,
+    /// Seconds a failed GPU must stay healthy before it returns to service.
+    #[arg(long, default_value_t = 60)]
+    gpu_hold_down_s: u64,
     /// Where the agent keeps launch fences and scripts
     /// (default: /var/lib/gangway-agent as root, ~/.local/state/gangway-agent otherwise).
     #[arg(long)]
@@ -164,6 +171,15 @@ pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
         Some(spec) => gangway_node_agent::inventory::parse_fake_gpus(spec, &name).map_err(anyhow::Error::msg)?,
         None => Vec::new(),
     };
+    let state_dir = a.state_dir.unwrap_or_else(|| {
+        if nix::unistd::geteuid().is_root() {
+            PathBuf::from("/var/lib/gangway-agent")
+        } else {
+            let home = std::env::var("HOME").unwrap_or_else(|_| "/tmp".into());
+            PathBuf::from(home).join(".local/state/gangway-agent")
+        }
+    });
+    let gpu_fault_file = a.gpu_fault_file.or_else(|| a.fake_gpus.is_some().then(|| state_dir.join("gpu-faults")));
     let config = gangway_node_agent::AgentConfig {
         controllers: a.controllers,
         name,
@@ -175,14 +191,9 @@ pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
         labels: parse_labels(&a.labels)?,
         identity: identity.to_string(),
         stop_grace: gangway_node_agent::supervisor::STOP_GRACE_DEFAULT,
-        state_dir: a.state_dir.unwrap_or_else(|| {
-            if nix::unistd::geteuid().is_root() {
-                PathBuf::from("/var/lib/gangway-agent")
-            } else {
-                let home = std::env::var("HOME").unwrap_or_else(|_| "/tmp".into());
-                PathBuf::from(home).join(".local/state/gangway-agent")
-            }
-        }),
+        gpu_fault_file,
+        gpu_hold_down: std::time::Duration::from_secs(a.gpu_hold_down_s),
+        state_dir,
     };
     gangway_node_agent::run(config, shutdown_signal()).await
 }
@@ -577,7 +588,7 @@ fn node_json(n: &pb::Node) -> Value {
         "name": n.name, "state": node_state_name(n.state), "reason": n.state_reason,
         "cpus": n.cpus, "cpus_alloc": n.cpus_alloc, "mem_mb": n.mem_mb, "mem_alloc_mb": n.mem_alloc_mb,
         "gpus": n.gpus.iter().map(|g| json!({"index": g.index, "uuid": g.uuid, "model": g.model, "mem_mb": g.mem_mb,
-            "nvlink_island": g.nvlink_island, "healthy": g.healthy, "allocated_to": g.allocated_to})).collect::<Vec<_>>(),
+            "nvlink_island": g.nvlink_island, "healthy": g.healthy, "health_reason": g.health_reason, "allocated_to": g.allocated_to})).collect::<Vec<_>>(),
         "topology": n.topology, "labels": n.labels, "jobs": n.jobs, "last_heartbeat_age_ms": n.last_heartbeat_age_ms,
     })
 }
@@ -601,6 +612,18 @@ pub async fn nodes(client: &Client, out: &Output, stale: bool) -> anyhow::Result
         .map(|n| {
             let free = n.gpus.iter().filter(|g| g.healthy && g.allocated_to.is_none()).count();
             let model = n.gpus.first().map(|g| g.model.clone()).unwrap_or_else(|| "-".into());
+            let sick: Vec<String> = n
+                .gpus
+                .iter()
+                .filter(|g| !g.healthy)
+                .map(|g| format!("GPU {} quarantined: {}", g.index, g.health_reason))
+                .collect();
+            let reason = [n.state_reason.clone()]
+                .into_iter()
+                .chain(sick)
+                .filter(|r| !r.is_empty())
+                .collect::<Vec<_>>()
+                .join("; ");
             vec![
                 n.name.clone(),
                 node_state_name(n.state).to_string(),
@@ -609,7 +632,7 @@ pub async fn nodes(client: &Client, out: &Output, stale: bool) -> anyhow::Result
                 format!("{free}/{} {model}", n.gpus.len()),
                 n.topology.join("/"),
                 n.last_heartbeat_age_ms.map(|a| format!("{:.1}s ago", a as f64 / 1000.0)).unwrap_or_else(|| "-".into()),
-                n.state_reason.clone(),
+                reason,
             ]
         })
         .collect();

@@ -96,6 +96,8 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
             labels: BTreeMap::new(),
             identity: identity.to_string(),
             stop_grace: gangway_node_agent::supervisor::STOP_GRACE_DEFAULT,
+            gpu_fault_file: Some(root.join(format!("agent-dev-node-{i}")).join("gpu-faults")),
+            gpu_hold_down: std::time::Duration::from_secs(10),
         };
         let mut stop = stop_tx.subscribe();
         agents.push(tokio::spawn(gangway_node_agent::run(config, async move {
@@ -125,6 +127,10 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
     println!("  {me} nodes");
     println!("  {me} cluster status");
     println!("Jobs run as real processes on this machine; output goes to slurm-<jobid>.out in the submit directory.");
+    println!(
+        "Inject a GPU fault: echo '3 xid 79' > {}/agent-dev-node-1/gpu-faults (empty the file to recover)",
+        root.display()
+    );
     println!("Ctrl-C stops the cluster.");
     crate::commands::shutdown_signal().await;
     println!("stopping...");

@@ -460,6 +460,8 @@ async fn silent_node_goes_down_and_failover_causes_no_false_alarm() {
             identity: "agent".into(),
             state_dir: agent_dir.path().to_path_buf(),
             stop_grace: std::time::Duration::from_secs(1),
+            gpu_fault_file: None,
+            gpu_hold_down: gangway_node_agent::GPU_HOLD_DOWN_DEFAULT,
         },
         async {
             let _ = stop_rx.await;
@@ -568,6 +570,8 @@ impl TestAgent {
             identity: "agent".into(),
             state_dir: state_dir.to_path_buf(),
             stop_grace: Duration::from_secs(1),
+            gpu_fault_file: Some(state_dir.join("gpu-faults")),
+            gpu_hold_down: Duration::from_millis(500),
         };
         let task = tokio::spawn(gangway_node_agent::run(config, async {
             let _ = stop_rx.await;
@@ -810,6 +814,51 @@ async fn jobs_survive_a_leader_failover_and_an_isolated_agent_stops_its_tasks() 
     wait_file(&work.path().join("pid-2")).await;
     let job = get_job(&c.client(), id).await;
     assert_eq!(job.attempt, 2);
+    agent.stop().await;
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failing_gpu_is_quarantined_alone_and_its_job_requeued() {
+    let c = TestCluster::start(3).await;
+    c.leader().await;
+    let (d1, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let agent = TestAgent::start(&c, "gw-node-1", "2xh100-80gb", d1.path());
+    let client = c.client();
+    let mut spec = script_spec("echo $CUDA_VISIBLE_DEVICES >> gpus; sleep 300", work.path());
+    spec.gpus_per_node = Some(1);
+    let id = submit(&client, spec, "g").await.unwrap().job_id;
+    wait_state(&client, id, pb::JobState::Running).await;
+    let first_gpu = wait_file(&work.path().join("gpus")).await.trim().to_string();
+    // Inject a fault on the GPU the job holds.
+    std::fs::write(d1.path().join("gpu-faults"), format!("{first_gpu} xid 79: GPU has fallen off the bus\n")).unwrap();
+    let node_of = |c: &TestCluster| {
+        let any = *c.handles.keys().next().unwrap();
+        c.state(any).nodes["gw-node-1"].clone()
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let job = get_job(&client, id).await;
+        if job.attempt == 2 && job.state == pb::JobState::Running as i32 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the job was not requeued off the failed GPU: {job:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let node = node_of(&c);
+    let bad: u32 = first_gpu.parse().unwrap();
+    assert_eq!(node.gpus[bad as usize].health, gangway_core::GpuHealth::Quarantined);
+    assert!(node.gpus[bad as usize].health_reason.contains("xid 79"));
+    assert_eq!(node.state, NodeState::Up, "one bad GPU must not take the node out");
+    let job = get_job(&client, id).await;
+    assert_ne!(job.allocation[0].gpus, vec![bad], "attempt 2 landed on the quarantined GPU");
+    // Clear the fault: after the hold-down the GPU returns to service.
+    std::fs::write(d1.path().join("gpu-faults"), "").unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while node_of(&c).gpus[bad as usize].health != gangway_core::GpuHealth::Healthy {
+        assert!(tokio::time::Instant::now() < deadline, "the GPU never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     agent.stop().await;
     c.shutdown().await;
 }

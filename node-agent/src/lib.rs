@@ -12,6 +12,7 @@
 //! Related code: `proto/src/client.rs` (failover), `controller/src/api/agent.rs`.
 
 pub mod fence;
+pub mod health;
 pub mod inventory;
 pub mod launch;
 pub mod supervisor;
@@ -46,7 +47,14 @@ pub struct AgentConfig {
     pub state_dir: std::path::PathBuf,
     /// Time between SIGTERM and SIGKILL when a task is stopped.
     pub stop_grace: Duration,
+    /// The simulated GPU provider's fault file (see `health.rs`).
+    pub gpu_fault_file: Option<std::path::PathBuf>,
+    /// How long a failed GPU must stay healthy before it is reported recovered.
+    pub gpu_hold_down: Duration,
 }
+
+/// Default hold-down before a recovered GPU returns to service.
+pub const GPU_HOLD_DOWN_DEFAULT: Duration = Duration::from_secs(60);
 
 impl AgentConfig {
     fn register_request(&self) -> RegisterRequest {
@@ -74,6 +82,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         .map_err(|e| anyhow::anyhow!("state-dir: cannot use {}: {e}", config.state_dir.display()))?;
     let (mut tasks, mut exits_rx) = supervisor::Supervisor::new(&config.name, &config.state_dir, config.stop_grace);
     let mut pending_exits: std::collections::VecDeque<TaskExitReport> = std::collections::VecDeque::new();
+    let mut gpu_health =
+        health::GpuHealthMonitor::new(config.gpus.len(), config.gpu_fault_file.clone(), config.gpu_hold_down);
     tokio::pin!(shutdown);
     let mut registered = false;
     let mut interval = Duration::from_secs(1);
@@ -116,7 +126,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             }
             let running: Vec<TaskRef> =
                 tasks.running().into_iter().map(|(job_id, attempt)| TaskRef { job_id, attempt }).collect();
-            let req = HeartbeatRequest { name: config.name.clone(), running };
+            let req = HeartbeatRequest { name: config.name.clone(), running, gpu_health: gpu_health.poll() };
             let resp = client
                 .call(|ch| {
                     let r = client.request(req.clone());

@@ -89,6 +89,16 @@ pub enum Command {
         lost: bool,
         now_ms: u64,
     },
+    /// One GPU's health changed: quarantined GPUs get no new work, and the job
+    /// holding one is requeued (or failed) per its policy; the node's other GPUs
+    /// stay schedulable.
+    SetGpuHealth {
+        node: String,
+        gpu: u32,
+        healthy: bool,
+        reason: String,
+        now_ms: u64,
+    },
 }
 
 /// Commands in one batch: enough to absorb a burst from thousands of clients in
@@ -127,6 +137,7 @@ impl Command {
             | Command::JobFinished { now_ms, .. } => *now_ms,
             Command::Batch(cmds) => cmds.iter().map(Command::now_ms).max().unwrap_or(0),
             Command::TaskExited { now_ms, .. } => *now_ms,
+            Command::SetGpuHealth { now_ms, .. } => *now_ms,
         }
     }
 
@@ -140,6 +151,7 @@ impl Command {
             Command::JobFinished { .. } => "job_finished",
             Command::Batch(_) => "batch",
             Command::TaskExited { .. } => "task_exited",
+            Command::SetGpuHealth { .. } => "set_gpu_health",
         }
     }
 }

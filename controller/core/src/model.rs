@@ -123,6 +123,8 @@ pub struct Gpu {
     pub mem_mb: u64,
     pub nvlink_island: u32,
     pub health: GpuHealth,
+    /// Why the GPU is quarantined (empty when healthy).
+    pub health_reason: String,
     /// The job whose running attempt holds this GPU.
     pub allocated_to: Option<JobId>,
 }
@@ -185,6 +187,7 @@ impl Node {
                     mem_mb: g.mem_mb,
                     nvlink_island: g.nvlink_island,
                     health: GpuHealth::Healthy,
+                    health_reason: String::new(),
                     allocated_to: None,
                 })
                 .collect(),

@@ -74,6 +74,11 @@ pub enum Outcome {
     TaskRecorded {
         job_id: JobId,
     },
+    GpuHealthSet {
+        node: String,
+        gpu: u32,
+        healthy: bool,
+    },
 }
 
 /// A change to one job, streamed to watchers.
@@ -153,10 +158,36 @@ impl State {
                 self.apply_job_finished(index, *job_id, *attempt, *state, *exit_code, reason)
             }
             Command::Batch(cmds) => self.apply_batch(index, cmds),
+            Command::SetGpuHealth { node, gpu, healthy, reason, .. } => {
+                self.apply_set_gpu_health(index, node, *gpu, *healthy, reason)
+            }
             Command::TaskExited { job_id, attempt, node, exit_code, signal, reason, lost, .. } => {
                 self.apply_task_exited(index, *job_id, *attempt, node, *exit_code, *signal, reason, *lost)
             }
         }
+    }
+
+    fn apply_set_gpu_health(&mut self, index: u64, node: &str, gpu: u32, healthy: bool, reason: &str) -> Applied {
+        let Some(n) = self.nodes.get_mut(node) else {
+            return Applied::refused(RefusalKind::NotFound, format!("node {node} does not exist"));
+        };
+        let Some(g) = n.gpus.get_mut(gpu as usize) else {
+            return Applied::refused(RefusalKind::NotFound, format!("gpu: node {node} has no GPU {gpu}"));
+        };
+        g.health = if healthy { GpuHealth::Healthy } else { GpuHealth::Quarantined };
+        g.health_reason = if healthy { String::new() } else { reason.to_string() };
+        let holder = if healthy { None } else { g.allocated_to };
+        let mut events = Vec::new();
+        if let Some(job_id) = holder {
+            let why = format!("GPU {gpu} on {node} failed: {reason}");
+            let job = &self.jobs[&job_id];
+            events.push(if job.spec.requeue && job.attempt < ATTEMPTS_MAX {
+                self.requeue_job(index, job_id, format!("requeued: {why}"))
+            } else {
+                self.finish_job(index, job_id, JobState::Failed, None, why)
+            });
+        }
+        Applied { outcome: Outcome::GpuHealthSet { node: node.to_string(), gpu, healthy }, events }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -411,6 +442,7 @@ impl State {
                 for g in &mut fresh.gpus {
                     if let Some(old) = node.gpus.iter().find(|o| o.uuid == g.uuid) {
                         g.health = old.health;
+                        g.health_reason = old.health_reason.clone();
                     }
                 }
                 *node = fresh;

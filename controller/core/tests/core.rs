@@ -101,6 +101,8 @@ enum Op {
     TaskExit(u64, usize, bool),
     /// The leader's scheduler plans.
     Schedule,
+    /// GPU `1` of node `0` turns unhealthy or healthy.
+    GpuHealth(usize, u32, bool),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -116,6 +118,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0usize..6).prop_map(Op::Down),
         (0u64..30, 0usize..3, any::<bool>()).prop_map(|(j, n, ok)| Op::TaskExit(j, n, ok)),
         Just(Op::Schedule),
+        (0usize..6, 0u32..9, any::<bool>()).prop_map(|(n, g, h)| Op::GpuHealth(n, g, h)),
     ]
 }
 
@@ -188,6 +191,9 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
             }
         }
         Op::Schedule => Command::ApplyPlan { placements: gangway_core::sched::schedule(state), now_ms },
+        Op::GpuHealth(n, g, healthy) => {
+            Command::SetGpuHealth { node: format!("n{n}"), gpu: *g, healthy: *healthy, reason: "xid 79".into(), now_ms }
+        }
     }
 }
 

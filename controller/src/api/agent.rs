@@ -20,6 +20,36 @@ pub struct AgentApi {
     pub replica: Arc<Replica>,
 }
 
+impl AgentApi {
+    /// Commits the GPU health changes an agent reports (level-triggered: the
+    /// report is the whole current health; only differences are proposed).
+    async fn commit_gpu_health(&self, msg: &HeartbeatRequest) -> Result<(), Status> {
+        let changes: Vec<Command> = {
+            let state = self.replica.node.state().read();
+            let Some(node) = state.nodes.get(&msg.name) else { return Ok(()) };
+            msg.gpu_health
+                .iter()
+                .filter_map(|r| {
+                    let g = node.gpus.get(r.index as usize)?;
+                    let healthy_now = g.health == gangway_core::GpuHealth::Healthy;
+                    (healthy_now != r.healthy).then(|| Command::SetGpuHealth {
+                        node: msg.name.clone(),
+                        gpu: r.index,
+                        healthy: r.healthy,
+                        reason: r.reason.chars().take(REASON_BYTES_MAX).collect(),
+                        now_ms: crate::now_ms(),
+                    })
+                })
+                .collect()
+        };
+        for cmd in changes {
+            tracing::warn!(node = %msg.name, change = ?cmd, "GPU health changed");
+            self.replica.proposer.propose(cmd).await.map_err(super::status_from_propose)?;
+        }
+        Ok(())
+    }
+}
+
 #[tonic::async_trait]
 impl AgentService for AgentApi {
     async fn register(&self, req: Request<RegisterRequest>) -> Result<Response<RegisterResponse>, Status> {
@@ -60,6 +90,10 @@ impl AgentService for AgentApi {
         if msg.running.len() > TASKS_PER_NODE_REPORTED_MAX {
             return Err(Status::invalid_argument(format!("running: at most {TASKS_PER_NODE_REPORTED_MAX} tasks")));
         }
+        if msg.gpu_health.len() > gangway_core::limits::GPUS_PER_NODE_MAX as usize {
+            return Err(Status::invalid_argument("gpu_health: more GPUs than a node can have"));
+        }
+        self.commit_gpu_health(&msg).await?;
         let term = self.replica.node.status().term;
         let state = self.replica.node.state().read();
         let Some(node) = state.nodes.get(&msg.name).filter(|n| n.state != NodeState::Down) else {

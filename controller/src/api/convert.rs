@@ -132,6 +132,7 @@ pub fn node_to_proto(n: &Node, last_heartbeat_age_ms: Option<u64>) -> pb::Node {
                 nvlink_island: g.nvlink_island,
                 healthy: g.health == gangway_core::GpuHealth::Healthy,
                 allocated_to: g.allocated_to,
+                health_reason: g.health_reason.clone(),
             })
             .collect(),
         topology: n.topology.clone(),
