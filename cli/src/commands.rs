@@ -239,6 +239,15 @@ pub struct SubmitArgs {
     /// Print only the job id.
     #[arg(long)]
     parsable: bool,
+    /// stdout file pattern (%j job id, %x name, %N node, %u user, %t rank, %A %a).
+    #[arg(short = 'o', long)]
+    output: Option<String>,
+    /// stderr file pattern (default: with stdout).
+    #[arg(short = 'e', long)]
+    error: Option<String>,
+    /// Warning signal before the time limit: [B:]SIG[@SECONDS], e.g. USR1@120.
+    #[arg(long)]
+    signal: Option<String>,
     /// Requeue the job if a node it runs on fails (the default).
     #[arg(long, overrides_with = "no_requeue")]
     requeue: bool,
@@ -273,6 +282,7 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
         }
         None => (String::new(), None),
     };
+    let warn = a.signal.as_deref().map(parse::warn_signal).transpose().map_err(anyhow::Error::msg)?.unwrap_or((0, 0));
     let workdir = match a.chdir {
         Some(d) => d,
         None => std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),
@@ -299,6 +309,10 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
             .map(|t| t as i64),
         env: parse_labels(&a.env).context("env")?.into_iter().collect(),
         requeue: (a.requeue || a.no_requeue).then_some(!a.no_requeue),
+        output: a.output.unwrap_or_default(),
+        error: a.error.unwrap_or_default(),
+        warn_signal: warn.0,
+        warn_before_s: warn.1,
     };
     let key = a.idempotency_key.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: key };

@@ -47,6 +47,28 @@ pub fn gpus(s: &str) -> Result<(String, i64), String> {
     }
 }
 
+/// Slurm's `--signal=[B:]SIG[@SECONDS]`: a signal name (`USR1`, `SIGTERM`) or
+/// number, sent SECONDS (default 60) before the time limit.
+pub fn warn_signal(s: &str) -> Result<(u32, u32), String> {
+    let bad = |why: &str| format!("--signal: '{s}' {why} (example: USR1@120)");
+    let spec = s.strip_prefix("B:").or_else(|| s.strip_prefix("R:")).unwrap_or(s);
+    let (sig, secs) = match spec.split_once('@') {
+        Some((sig, secs)) => (sig, secs.parse::<u32>().map_err(|_| bad("has a bad number of seconds"))?),
+        None => (spec, 60),
+    };
+    let num = match sig.parse::<u32>() {
+        Ok(n) => n,
+        Err(_) => {
+            let name = if sig.starts_with("SIG") { sig.to_string() } else { format!("SIG{sig}") };
+            name.parse::<nix::sys::signal::Signal>().map_err(|_| bad("names no signal"))? as u32
+        }
+    };
+    if num == 0 || num > 31 {
+        return Err(bad("names no signal"));
+    }
+    Ok((num, secs))
+}
+
 /// Formats seconds the way squeue does: `D-HH:MM:SS` or `H:MM:SS` or `M:SS`.
 pub fn duration(secs: u64) -> String {
     let (d, h, m, s) = (secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
@@ -85,5 +107,9 @@ mod tests {
         assert_eq!(gpus("4").unwrap(), (String::new(), 4));
         assert!(gpus("h100:x").is_err());
         assert_eq!(duration(3725), "1:02:05");
+        assert_eq!(warn_signal("USR1@120").unwrap(), (10, 120));
+        assert_eq!(warn_signal("B:SIGTERM").unwrap(), (15, 60));
+        assert_eq!(warn_signal("12@5").unwrap(), (12, 5));
+        assert!(warn_signal("NOPE@5").is_err());
     }
 }

@@ -650,8 +650,14 @@ async fn gang_job_runs_on_both_nodes_with_consistent_environment() {
     spec.nodes = Some(2);
     spec.gpus_per_node = Some(2);
     spec.gpu_type = "h100".into();
+    spec.name = "train".into();
+    spec.output = "logs-%x-%j.%N.%t.out".into();
     let id = submit(&client, spec, "gang").await.unwrap().job_id;
     wait_state(&client, id, pb::JobState::Completed).await;
+    for (rank, node) in [(0, "gw-node-1"), (1, "gw-node-2")] {
+        let log = work.path().join(format!("logs-train-{id}.{node}.{rank}.out"));
+        assert!(log.exists(), "{} missing", log.display());
+    }
     let parse = |rank: u32| -> BTreeMap<String, String> {
         std::fs::read_to_string(work.path().join(format!("env-{rank}")))
             .unwrap()
@@ -712,9 +718,14 @@ async fn cancel_and_time_limit_kill_the_whole_process_tree() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(get_job(&client, id).await.state, pb::JobState::Cancelled as i32);
-    // A time limit ends the job the same way.
-    let mut spec = script_spec("sleep 300 & echo $! > child2.pid; wait", work.path());
-    spec.time_limit_s = Some(1);
+    // A time limit ends the job the same way, after the --signal warning.
+    let mut spec = script_spec(
+        "trap 'echo warned > warned' USR1; (trap '' USR1; exec sleep 300) & echo $! > child2.pid; wait; wait",
+        work.path(),
+    );
+    spec.time_limit_s = Some(2);
+    spec.warn_signal = 10; // SIGUSR1
+    spec.warn_before_s = 1;
     let id = submit(&client, spec, "t").await.unwrap().job_id;
     let job = wait_state(&client, id, pb::JobState::Timeout).await;
     assert!(job.reason.contains("time limit"), "{}", job.reason);
@@ -724,6 +735,7 @@ async fn cancel_and_time_limit_kill_the_whole_process_tree() {
         assert!(tokio::time::Instant::now() < deadline, "a timed-out job's process survived");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert_eq!(std::fs::read_to_string(work.path().join("warned")).unwrap().trim(), "warned");
     agent.stop().await;
     c.shutdown().await;
 }

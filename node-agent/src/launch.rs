@@ -93,17 +93,63 @@ pub fn task_env(order: &LaunchOrder, node: &str) -> BTreeMap<String, String> {
     env
 }
 
-/// Where a task's stdout and stderr go: Slurm's default `slurm-<jobid>.out` in
+/// Expands Slurm's filename patterns: `%j` job id, `%x` job name, `%A` array
+/// master id (the job id for plain jobs), `%a` array index (0 for plain jobs),
+/// `%N` node name, `%u` user, `%t` / `%n` this node's rank, `%%` a percent sign.
+/// Unknown patterns are kept as written.
+pub fn expand_pattern(pattern: &str, order: &LaunchOrder, node: &str) -> String {
+    let mut out = String::with_capacity(pattern.len() + 16);
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('j') | Some('A') => out.push_str(&order.job_id.to_string()),
+            Some('x') => out.push_str(&order.name),
+            Some('a') => out.push('0'),
+            Some('N') => out.push_str(node),
+            Some('u') => out.push_str(&order.user),
+            Some('t') | Some('n') => out.push_str(&order.node_rank.to_string()),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// Where a task's stdout and stderr go. Default: Slurm's `slurm-<jobid>.out` in
 /// the working directory for the first node; other nodes of a gang add their
 /// rank (`slurm-<jobid>.<rank>.out`) so ranks on a shared file system do not
-/// overwrite each other.
-pub fn output_path(order: &LaunchOrder) -> PathBuf {
-    let name = if order.node_rank == 0 {
-        format!("slurm-{}.out", order.job_id)
-    } else {
-        format!("slurm-{}.{}.out", order.job_id, order.node_rank)
+/// overwrite each other. `--output`/`--error` patterns are expanded per node;
+/// relative paths are under the working directory. stderr shares stdout's file
+/// unless `--error` is given.
+pub fn output_paths(order: &LaunchOrder, node: &str) -> (PathBuf, Option<PathBuf>) {
+    let under_workdir = |p: String| {
+        let p = PathBuf::from(p);
+        if p.is_absolute() {
+            p
+        } else {
+            Path::new(&order.workdir).join(p)
+        }
     };
-    Path::new(&order.workdir).join(name)
+    let out = if order.output.is_empty() {
+        let name = if order.node_rank == 0 {
+            format!("slurm-{}.out", order.job_id)
+        } else {
+            format!("slurm-{}.{}.out", order.job_id, order.node_rank)
+        };
+        Path::new(&order.workdir).join(name)
+    } else {
+        under_workdir(expand_pattern(&order.output, order, node))
+    };
+    let err = (!order.error.is_empty()).then(|| under_workdir(expand_pattern(&order.error, order, node)));
+    (out, err)
 }
 
 /// A local account: uid, gid.
@@ -118,6 +164,23 @@ pub fn lookup_user(name: &str) -> Option<(u32, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_patterns_expand_like_slurm() {
+        let order = LaunchOrder {
+            job_id: 42,
+            name: "train".into(),
+            user: "alice".into(),
+            node_rank: 1,
+            workdir: "/work".into(),
+            output: "logs/%x-%j.%N.%t.out".into(),
+            ..Default::default()
+        };
+        assert_eq!(expand_pattern("%x-%j-%A_%a.%N.%u.%t.%%.%q", &order, "n7"), "train-42-42_0.n7.alice.1.%.%q");
+        let (out, err) = output_paths(&order, "n7");
+        assert_eq!(out, PathBuf::from("/work/logs/train-42.n7.1.out"));
+        assert_eq!(err, None);
+    }
 
     #[test]
     fn hostlists_compress_like_slurm() {

@@ -13,7 +13,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::sync::mpsc;
 
-use crate::launch::{lookup_user, output_path, task_env};
+use crate::launch::{lookup_user, output_paths, task_env};
 
 /// Default time between SIGTERM and SIGKILL when a task is stopped (Slurm's
 /// KillWait defaults to 30 s; training jobs that checkpoint on SIGTERM need
@@ -32,6 +32,8 @@ struct Task {
     /// Stopped by the node itself (cut off from the controllers), not by an
     /// order or its own end: reported as lost so the job is requeued.
     lost: bool,
+    /// Sends the warning signal before the time limit; aborted when the task ends.
+    warn_timer: Option<tokio::task::JoinHandle<()>>,
 }
 
 pub struct Supervisor {
@@ -66,7 +68,11 @@ impl Supervisor {
     /// The task ended (its exit was received): forget it. Returns whether the
     /// node itself stopped it (see [`Supervisor::stop_lost`]).
     pub fn forget(&mut self, key: Key) -> bool {
-        self.tasks.remove(&key).is_some_and(|t| t.lost)
+        let Some(t) = self.tasks.remove(&key) else { return false };
+        if let Some(timer) = t.warn_timer {
+            timer.abort();
+        }
+        t.lost
     }
 
     /// Stops a task on the node's own initiative; returns true the first time.
@@ -117,17 +123,25 @@ impl Supervisor {
             c.args(&order.command[1..]);
             c
         };
-        let out_path = output_path(order);
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&out_path)
-            .map_err(|e| format!("cannot open output file {}: {e}", out_path.display()))?;
+        let (out_path, err_path) = output_paths(order, &self.node);
+        let open = |path: &std::path::Path| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| format!("cannot open output file {}: {e}", path.display()))
+        };
+        let out = open(&out_path)?;
+        let err = match &err_path {
+            Some(p) => open(p)?,
+            None => out.try_clone().map_err(|e| format!("cannot open output file: {e}"))?,
+        };
         if let Some((uid, gid)) = ids {
-            let _ = std::os::unix::fs::chown(&out_path, Some(uid), Some(gid));
+            for p in std::iter::once(&out_path).chain(err_path.as_ref()) {
+                let _ = std::os::unix::fs::chown(p, Some(uid), Some(gid));
+            }
             cmd.uid(uid).gid(gid);
         }
-        let err = out.try_clone().map_err(|e| format!("cannot open output file: {e}"))?;
         cmd.current_dir(&workdir)
             .envs(order.env.iter())
             .envs(task_env(order, &self.node))
@@ -138,7 +152,18 @@ impl Supervisor {
             .kill_on_drop(false);
         let mut child = cmd.spawn().map_err(|e| format!("cannot start the task: {e}"))?;
         let pid = child.id().ok_or("the task exited before it could be tracked")?;
-        self.tasks.insert(key, Task { pgid: Pid::from_raw(pid as i32), kill_at: None, killed: false, lost: false });
+        let pgid = Pid::from_raw(pid as i32);
+        // Slurm's --signal: warn the whole task this long before its time limit.
+        let warn_timer =
+            (order.warn_signal > 0).then(|| Signal::try_from(order.warn_signal as i32).ok()).flatten().map(|sig| {
+                let delay = Duration::from_secs(order.time_limit_s.saturating_sub(order.warn_before_s.into()));
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    tracing::info!(job = key.0, signal = %sig, "sending the time-limit warning signal");
+                    let _ = killpg(pgid, sig);
+                })
+            });
+        self.tasks.insert(key, Task { pgid, kill_at: None, killed: false, lost: false, warn_timer });
         tracing::info!(job = order.job_id, attempt = order.attempt, pid, "task started");
         let tx = self.exits_tx.clone();
         let node = self.node.clone();

@@ -50,3 +50,5 @@ pub const GPU_TYPE_BYTES_MAX: usize = 64;
 /// Attempts one job may make. A job requeued this often (its nodes keep failing
 /// under it) ends NODE_FAIL instead of cycling through the cluster forever.
 pub const ATTEMPTS_MAX: u32 = 16;
+/// Longest lead time of a pre-time-limit warning signal (Slurm's maximum).
+pub const WARN_BEFORE_S_MAX: u32 = 65_535;

@@ -47,6 +47,15 @@ pub struct JobSpec {
     /// Put the job back in the queue when a node it runs on fails (Slurm's
     /// default for batch jobs); otherwise it ends NODE_FAIL.
     pub requeue: bool,
+    /// stdout path pattern (Slurm's `%j %x %A %a %N %u %t`); empty: `slurm-%j.out`
+    /// in the working directory.
+    pub output: String,
+    /// stderr path pattern; empty: the same file as stdout.
+    pub error: String,
+    /// Signal number sent `warn_before_s` seconds before the time limit, so the
+    /// job can checkpoint (Slurm's `--signal=SIG@SECONDS`); 0: none.
+    pub warn_signal: u8,
+    pub warn_before_s: u32,
 }
 
 impl Default for JobSpec {
@@ -67,6 +76,10 @@ impl Default for JobSpec {
             time_limit_s: TIME_LIMIT_S_DEFAULT,
             env: BTreeMap::new(),
             requeue: true,
+            output: String::new(),
+            error: String::new(),
+            warn_signal: 0,
+            warn_before_s: 0,
         }
     }
 }
@@ -164,6 +177,17 @@ impl JobSpec {
             return Err(SpecError::new("gpu_type", "a GPU type needs gpus_per_node of at least 1"));
         }
         check_range("time_limit_s", self.time_limit_s, 1, TIME_LIMIT_S_MAX)?;
+        for (field, v) in [("output", &self.output), ("error", &self.error)] {
+            if v.len() > PATH_BYTES_MAX || v.contains('\0') {
+                return Err(SpecError::new(field, format!("must be a path of at most {PATH_BYTES_MAX} bytes")));
+            }
+        }
+        if self.warn_signal > 31 {
+            return Err(SpecError::new("warn_signal", format!("{} is not a signal number (1-31)", self.warn_signal)));
+        }
+        if self.warn_signal > 0 && (self.warn_before_s == 0 || self.warn_before_s > WARN_BEFORE_S_MAX) {
+            return Err(SpecError::new("warn_before_s", format!("must be between 1 and {WARN_BEFORE_S_MAX} seconds")));
+        }
         let cpus = u64::from(self.tasks_per_node) * u64::from(self.cpus_per_task);
         if cpus > u64::from(CPUS_PER_TASK_MAX) * 4 {
             return Err(SpecError::new(

@@ -196,5 +196,9 @@ fn launch_order(state: &gangway_core::State, job: &gangway_core::Job, node: &str
         master_addr,
         master_port: MASTER_PORT_BASE + (job.id % MASTER_PORT_SPAN) as u32,
         mem_per_node_mb: spec.mem_per_node_mb,
+        output: spec.output.clone(),
+        error: spec.error.clone(),
+        warn_signal: spec.warn_signal.into(),
+        warn_before_s: spec.warn_before_s,
     })
 }

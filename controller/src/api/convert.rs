@@ -39,6 +39,11 @@ pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, Sp
         time_limit_s: opt_u64("time_limit_s", p.time_limit_s, d.time_limit_s, 1)?,
         env: p.env.into_iter().collect(),
         requeue: p.requeue.unwrap_or(d.requeue),
+        output: p.output,
+        error: p.error,
+        warn_signal: u8::try_from(p.warn_signal)
+            .map_err(|_| SpecError::new("warn_signal", format!("{} is not a signal number (1-31)", p.warn_signal)))?,
+        warn_before_s: p.warn_before_s,
     };
     spec.validate()?;
     Ok(spec)
@@ -61,6 +66,10 @@ pub fn spec_to_proto(s: &JobSpec) -> pb::JobSpec {
         time_limit_s: Some(s.time_limit_s as i64),
         env: s.env.clone().into_iter().collect(),
         requeue: Some(s.requeue),
+        output: s.output.clone(),
+        error: s.error.clone(),
+        warn_signal: s.warn_signal.into(),
+        warn_before_s: s.warn_before_s,
     }
 }
 
