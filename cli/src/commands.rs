@@ -143,6 +143,9 @@ pub struct AgentArgs {
     /// Seconds a failed GPU must stay healthy before it returns to service.
     #[arg(long, default_value_t = 60)]
     gpu_hold_down_s: u64,
+    /// Print the discovered inventory and GPU health as JSON, then exit.
+    #[arg(long)]
+    probe: bool,
     /// Where the agent keeps launch fences and scripts
     /// (default: /var/lib/gangway-agent as root, ~/.local/state/gangway-agent otherwise).
     #[arg(long)]
@@ -167,10 +170,33 @@ fn hostname() -> String {
 
 pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
     let name = a.name.unwrap_or_else(hostname);
-    let gpus = match &a.fake_gpus {
-        Some(spec) => gangway_node_agent::inventory::parse_fake_gpus(spec, &name).map_err(anyhow::Error::msg)?,
-        None => Vec::new(),
+    let (gpus, nvml) = match &a.fake_gpus {
+        Some(spec) => (gangway_node_agent::inventory::parse_fake_gpus(spec, &name).map_err(anyhow::Error::msg)?, None),
+        None => match gangway_node_agent::nvml::NvmlProvider::probe() {
+            Ok((provider, gpus)) => (gpus, Some(std::sync::Arc::new(provider))),
+            Err(why) => {
+                tracing::warn!("{why}");
+                (Vec::new(), None)
+            }
+        },
     };
+    if a.probe {
+        let health: Vec<Value> = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let fault = nvml.as_ref().and_then(|n| n.fault(i as u32));
+                json!({"index": i, "uuid": g.uuid, "model": g.model, "mem_mb": g.mem_mb,
+                       "nvlink_island": g.nvlink_island, "healthy": fault.is_none(), "fault": fault})
+            })
+            .collect();
+        let doc = json!({"node": name, "cpus": gangway_node_agent::inventory::host_cpus(),
+                         "mem_mb": gangway_node_agent::inventory::host_mem_mb(),
+                         "gpu_source": if a.fake_gpus.is_some() { "fake" } else if nvml.is_some() { "nvml" } else { "none" },
+                         "gpus": health});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
     let state_dir = a.state_dir.unwrap_or_else(|| {
         if nix::unistd::geteuid().is_root() {
             PathBuf::from("/var/lib/gangway-agent")
@@ -193,6 +219,7 @@ pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
         stop_grace: gangway_node_agent::supervisor::STOP_GRACE_DEFAULT,
         gpu_fault_file,
         gpu_hold_down: std::time::Duration::from_secs(a.gpu_hold_down_s),
+        nvml,
         state_dir,
     };
     gangway_node_agent::run(config, shutdown_signal()).await

@@ -462,6 +462,7 @@ async fn silent_node_goes_down_and_failover_causes_no_false_alarm() {
             stop_grace: std::time::Duration::from_secs(1),
             gpu_fault_file: None,
             gpu_hold_down: gangway_node_agent::GPU_HOLD_DOWN_DEFAULT,
+            nvml: None,
         },
         async {
             let _ = stop_rx.await;
@@ -572,6 +573,7 @@ impl TestAgent {
             stop_grace: Duration::from_secs(1),
             gpu_fault_file: Some(state_dir.join("gpu-faults")),
             gpu_hold_down: Duration::from_millis(500),
+            nvml: None,
         };
         let task = tokio::spawn(gangway_node_agent::run(config, async {
             let _ = stop_rx.await;

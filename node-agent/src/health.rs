@@ -16,29 +16,43 @@ const FAULT_FILE_BYTES_MAX: u64 = 64 * 1024;
 
 pub struct GpuHealthMonitor {
     fault_file: Option<PathBuf>,
+    /// Real GPUs' checks, when the inventory came from NVML.
+    nvml: Option<std::sync::Arc<crate::nvml::NvmlProvider>>,
     hold_down: Duration,
     /// Per GPU: the reported health, its reason, and since when it looks healthy.
     gpus: Vec<(bool, String, Option<Instant>)>,
 }
 
 impl GpuHealthMonitor {
-    pub fn new(gpu_count: usize, fault_file: Option<PathBuf>, hold_down: Duration) -> GpuHealthMonitor {
-        GpuHealthMonitor { fault_file, hold_down, gpus: vec![(true, String::new(), None); gpu_count] }
+    pub fn new(
+        gpu_count: usize,
+        fault_file: Option<PathBuf>,
+        nvml: Option<std::sync::Arc<crate::nvml::NvmlProvider>>,
+        hold_down: Duration,
+    ) -> GpuHealthMonitor {
+        GpuHealthMonitor { fault_file, nvml, hold_down, gpus: vec![(true, String::new(), None); gpu_count] }
     }
 
     fn faults(&self) -> BTreeMap<u32, String> {
-        let Some(path) = &self.fault_file else { return BTreeMap::new() };
-        let Ok(f) = std::fs::File::open(path) else { return BTreeMap::new() };
+        let mut faults = BTreeMap::new();
+        if let Some(nvml) = &self.nvml {
+            for i in 0..self.gpus.len() as u32 {
+                if let Some(why) = nvml.fault(i) {
+                    faults.insert(i, why);
+                }
+            }
+        }
+        let Some(path) = &self.fault_file else { return faults };
+        let Ok(f) = std::fs::File::open(path) else { return faults };
         let mut text = String::new();
         use std::io::Read;
         let _ = f.take(FAULT_FILE_BYTES_MAX).read_to_string(&mut text);
-        text.lines()
-            .filter_map(|l| {
-                let l = l.trim();
-                let (idx, reason) = l.split_once(char::is_whitespace).unwrap_or((l, "injected fault"));
-                Some((idx.parse().ok()?, reason.trim().to_string()))
-            })
-            .collect()
+        faults.extend(text.lines().filter_map(|l| {
+            let l = l.trim();
+            let (idx, reason) = l.split_once(char::is_whitespace).unwrap_or((l, "injected fault"));
+            Some((idx.parse().ok()?, reason.trim().to_string()))
+        }));
+        faults
     }
 
     /// The health of every GPU now.
@@ -80,7 +94,7 @@ mod tests {
     fn faults_report_at_once_and_recover_after_hold_down() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("faults");
-        let mut m = GpuHealthMonitor::new(2, Some(file.clone()), Duration::from_millis(200));
+        let mut m = GpuHealthMonitor::new(2, Some(file.clone()), None, Duration::from_millis(200));
         assert!(m.poll().iter().all(|g| g.healthy));
         std::fs::write(&file, "1 xid 79: fallen off the bus\n").unwrap();
         let r = m.poll();

@@ -15,6 +15,7 @@ pub mod fence;
 pub mod health;
 pub mod inventory;
 pub mod launch;
+pub mod nvml;
 pub mod supervisor;
 
 use std::collections::BTreeMap;
@@ -51,6 +52,8 @@ pub struct AgentConfig {
     pub gpu_fault_file: Option<std::path::PathBuf>,
     /// How long a failed GPU must stay healthy before it is reported recovered.
     pub gpu_hold_down: Duration,
+    /// NVML, when the GPUs are real (their health is then checked every heartbeat).
+    pub nvml: Option<std::sync::Arc<nvml::NvmlProvider>>,
 }
 
 /// Default hold-down before a recovered GPU returns to service.
@@ -82,8 +85,12 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         .map_err(|e| anyhow::anyhow!("state-dir: cannot use {}: {e}", config.state_dir.display()))?;
     let (mut tasks, mut exits_rx) = supervisor::Supervisor::new(&config.name, &config.state_dir, config.stop_grace);
     let mut pending_exits: std::collections::VecDeque<TaskExitReport> = std::collections::VecDeque::new();
-    let mut gpu_health =
-        health::GpuHealthMonitor::new(config.gpus.len(), config.gpu_fault_file.clone(), config.gpu_hold_down);
+    let mut gpu_health = health::GpuHealthMonitor::new(
+        config.gpus.len(),
+        config.gpu_fault_file.clone(),
+        config.nvml.clone(),
+        config.gpu_hold_down,
+    );
     tokio::pin!(shutdown);
     let mut registered = false;
     let mut interval = Duration::from_secs(1);

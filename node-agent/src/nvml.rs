@@ -1,0 +1,176 @@
+//! Real GPUs through NVML, loaded at run time (`libnvidia-ml.so`): a host without
+//! NVIDIA drivers simply has no NVML and reports no GPUs.
+//!
+//! Discovery: model, UUID, memory, and NVLink islands (GPUs joined by active
+//! NVLink links, found by following each link to its peer's PCI bus id).
+//! Health, polled every heartbeat: a lost device, uncorrectable ECC errors, and
+//! hardware slowdown (thermal, power brake). XID event monitoring is not here yet.
+
+use std::collections::BTreeMap;
+
+use gangway_proto::v1::GpuInventory;
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+
+/// NVLink links per GPU that NVML can report (NVML_NVLINK_MAX_LINKS on Hopper).
+const NVLINK_LINKS_MAX: u32 = 18;
+/// GPUs examined on one host (the core's per-node limit).
+const GPUS_MAX: u32 = 16;
+
+pub struct NvmlProvider {
+    nvml: Nvml,
+    count: u32,
+}
+
+impl std::fmt::Debug for NvmlProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NvmlProvider({} GPUs)", self.count)
+    }
+}
+
+/// `NVIDIA H200` with 141 GB → `h200-141gb`: lower-case, vendor dropped, memory appended.
+pub fn model_name(name: &str, mem_mb: u64) -> String {
+    let base = name.trim().to_ascii_lowercase();
+    let base = base.strip_prefix("nvidia").unwrap_or(&base).trim();
+    let mut slug: String = base.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '-' }).collect();
+    while slug.contains("--") {
+        slug = slug.replace("--", "-");
+    }
+    let slug = slug.trim_matches('-');
+    let gb = (mem_mb as f64 / 1024.0).round() as u64;
+    let names_memory = slug
+        .rsplit('-')
+        .next()
+        .and_then(|last| last.strip_suffix("gb"))
+        .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+    if slug.is_empty() {
+        format!("gpu-{gb}gb")
+    } else if names_memory {
+        slug.to_string()
+    } else {
+        format!("{slug}-{gb}gb")
+    }
+}
+
+impl NvmlProvider {
+    /// Loads NVML and lists the GPUs; `Err` says why there are none.
+    pub fn probe() -> Result<(NvmlProvider, Vec<GpuInventory>), String> {
+        let nvml = Nvml::init().map_err(|e| format!("NVML is not available ({e}); reporting no GPUs"))?;
+        let count = nvml.device_count().map_err(|e| format!("NVML device count: {e}"))?.min(GPUS_MAX);
+        let mut gpus = Vec::new();
+        let mut bus_ids = BTreeMap::new();
+        let mut links: Vec<(u32, String)> = Vec::new();
+        for i in 0..count {
+            let dev = nvml.device_by_index(i).map_err(|e| format!("NVML device {i}: {e}"))?;
+            let mem_mb = dev.memory_info().map(|m| m.total / (1024 * 1024)).unwrap_or(0);
+            let name = dev.name().unwrap_or_else(|_| "gpu".into());
+            if let Ok(pci) = dev.pci_info() {
+                bus_ids.insert(pci.bus_id.to_ascii_lowercase(), i);
+            }
+            for l in 0..NVLINK_LINKS_MAX {
+                let link = dev.link_wrapper_for(l);
+                if link.is_active().unwrap_or(false) {
+                    if let Ok(remote) = link.remote_pci_info() {
+                        links.push((i, remote.bus_id.to_ascii_lowercase()));
+                    }
+                }
+            }
+            gpus.push(GpuInventory {
+                uuid: dev.uuid().unwrap_or_else(|_| format!("GPU-unknown-{i}")),
+                model: model_name(&name, mem_mb),
+                mem_mb,
+                nvlink_island: i,
+            });
+        }
+        // Union GPUs joined by an active link; links to NVSwitches (whose bus ids
+        // are not GPUs) join every GPU on the same switch fabric.
+        let mut parent: Vec<u32> = (0..count).collect();
+        fn find(p: &mut [u32], x: u32) -> u32 {
+            let mut r = x;
+            while p[r as usize] != r {
+                r = p[r as usize];
+            }
+            p[x as usize] = r;
+            r
+        }
+        let mut switch_members: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for (a, remote) in &links {
+            match bus_ids.get(remote) {
+                Some(&b) => {
+                    let (ra, rb) = (find(&mut parent, *a), find(&mut parent, b));
+                    parent[ra.max(rb) as usize] = ra.min(rb);
+                }
+                None => switch_members.entry(remote.clone()).or_default().push(*a),
+            }
+        }
+        for members in switch_members.values() {
+            for w in members.windows(2) {
+                let (ra, rb) = (find(&mut parent, w[0]), find(&mut parent, w[1]));
+                parent[ra.max(rb) as usize] = ra.min(rb);
+            }
+        }
+        let mut island_of_root = BTreeMap::new();
+        for i in 0..count {
+            let root = find(&mut parent, i);
+            let next = island_of_root.len() as u32;
+            gpus[i as usize].nvlink_island = *island_of_root.entry(root).or_insert(next);
+        }
+        Ok((NvmlProvider { nvml, count }, gpus))
+    }
+
+    /// What is wrong with GPU `index` now, if anything.
+    pub fn fault(&self, index: u32) -> Option<String> {
+        if index >= self.count {
+            return None;
+        }
+        let dev = match self.nvml.device_by_index(index) {
+            Ok(d) => d,
+            Err(NvmlError::GpuLost) => return Some("GPU lost: it fell off the bus".into()),
+            Err(e) => return Some(format!("NVML cannot reach the GPU: {e}")),
+        };
+        match dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile) {
+            Ok(n) if n > 0 => return Some(format!("{n} uncorrectable ECC errors")),
+            Err(NvmlError::GpuLost) => return Some("GPU lost: it fell off the bus".into()),
+            _ => {}
+        }
+        if let Ok(reasons) = dev.current_throttle_reasons() {
+            let bad = ThrottleReasons::HW_SLOWDOWN
+                | ThrottleReasons::HW_THERMAL_SLOWDOWN
+                | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN;
+            if reasons.intersects(bad) {
+                return Some(format!("hardware slowdown: {:?}", reasons & bad));
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_names_are_scheduler_friendly() {
+        assert_eq!(model_name("NVIDIA H200", 143_771), "h200-140gb");
+        assert_eq!(model_name("NVIDIA A100-SXM4-80GB", 81_920), "a100-sxm4-80gb");
+        assert_eq!(model_name("", 1024), "gpu-1gb");
+        crate::inventory::parse_fake_gpus("1xh200-140gb", "n").unwrap();
+    }
+
+    #[test]
+    fn probing_lists_real_gpus_or_says_why_there_are_none() {
+        match NvmlProvider::probe() {
+            Ok((provider, gpus)) => {
+                for (i, g) in gpus.iter().enumerate() {
+                    assert!(!g.uuid.is_empty() && g.mem_mb > 0, "{g:?}");
+                    crate::inventory::parse_fake_gpus(&format!("1x{}", g.model), "n").expect("model name is valid");
+                    let _ = provider.fault(i as u32);
+                }
+            }
+            // A host without NVIDIA drivers (CI): a clear reason, no panic.
+            Err(why) => assert!(why.contains("NVML"), "{why}"),
+        }
+    }
+}
