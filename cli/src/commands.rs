@@ -143,6 +143,12 @@ pub struct AgentArgs {
     /// Seconds a failed GPU must stay healthy before it returns to service.
     #[arg(long, default_value_t = 60)]
     gpu_hold_down_s: u64,
+    /// A health-check program run every --health-check-interval-s; a non-zero
+    /// exit drains the node with its first line of output as the reason.
+    #[arg(long)]
+    health_check_program: Option<PathBuf>,
+    #[arg(long, default_value_t = 300)]
+    health_check_interval_s: u64,
     /// Print the discovered inventory and GPU health as JSON, then exit.
     #[arg(long)]
     probe: bool,
@@ -220,6 +226,9 @@ pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
         gpu_fault_file,
         gpu_hold_down: std::time::Duration::from_secs(a.gpu_hold_down_s),
         nvml,
+        health_check: a
+            .health_check_program
+            .map(|p| (p, std::time::Duration::from_secs(a.health_check_interval_s.max(1)))),
         state_dir,
     };
     gangway_node_agent::run(config, shutdown_signal()).await

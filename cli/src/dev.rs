@@ -99,6 +99,7 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
             gpu_fault_file: Some(root.join(format!("agent-dev-node-{i}")).join("gpu-faults")),
             gpu_hold_down: std::time::Duration::from_secs(10),
             nvml: None,
+            health_check: None,
         };
         let mut stop = stop_tx.subscribe();
         agents.push(tokio::spawn(gangway_node_agent::run(config, async move {

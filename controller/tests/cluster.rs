@@ -463,6 +463,7 @@ async fn silent_node_goes_down_and_failover_causes_no_false_alarm() {
             gpu_fault_file: None,
             gpu_hold_down: gangway_node_agent::GPU_HOLD_DOWN_DEFAULT,
             nvml: None,
+            health_check: None,
         },
         async {
             let _ = stop_rx.await;
@@ -558,6 +559,16 @@ struct TestAgent {
 
 impl TestAgent {
     fn start(c: &TestCluster, name: &str, gpus: &str, state_dir: &std::path::Path) -> TestAgent {
+        Self::start_with(c, name, gpus, state_dir, None)
+    }
+
+    fn start_with(
+        c: &TestCluster,
+        name: &str,
+        gpus: &str,
+        state_dir: &std::path::Path,
+        health_check: Option<(std::path::PathBuf, Duration)>,
+    ) -> TestAgent {
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let config = gangway_node_agent::AgentConfig {
             controllers: c.addrs.values().cloned().collect(),
@@ -574,6 +585,7 @@ impl TestAgent {
             gpu_fault_file: Some(state_dir.join("gpu-faults")),
             gpu_hold_down: Duration::from_millis(500),
             nvml: None,
+            health_check,
         };
         let task = tokio::spawn(gangway_node_agent::run(config, async {
             let _ = stop_rx.await;
@@ -871,6 +883,33 @@ async fn failing_gpu_is_quarantined_alone_and_its_job_requeued() {
     let deadline = tokio::time::Instant::now() + WAIT;
     while node_of(&c).gpus[bad as usize].health != gangway_core::GpuHealth::Healthy {
         assert!(tokio::time::Instant::now() < deadline, "the GPU never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    agent.stop().await;
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failing_health_check_program_drains_the_node() {
+    let c = TestCluster::start(3).await;
+    c.leader().await;
+    let d1 = tempfile::tempdir().unwrap();
+    let program = d1.path().join("check.sh");
+    std::fs::write(&program, "#!/bin/sh\necho 'scratch disk full'\nexit 1\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let agent =
+        TestAgent::start_with(&c, "gw-node-1", "1xh100-80gb", d1.path(), Some((program, Duration::from_millis(200))));
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let any = *c.handles.keys().next().unwrap();
+        if let Some(n) = c.state(any).nodes.get("gw-node-1") {
+            if n.state == NodeState::Drain {
+                assert!(n.state_reason.contains("scratch disk full"), "{}", n.state_reason);
+                break;
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the failing health check never drained the node");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     agent.stop().await;

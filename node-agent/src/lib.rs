@@ -11,6 +11,7 @@
 //!
 //! Related code: `proto/src/client.rs` (failover), `controller/src/api/agent.rs`.
 
+pub mod cgroup;
 pub mod fence;
 pub mod health;
 pub mod inventory;
@@ -54,6 +55,58 @@ pub struct AgentConfig {
     pub gpu_hold_down: Duration,
     /// NVML, when the GPUs are real (their health is then checked every heartbeat).
     pub nvml: Option<std::sync::Arc<nvml::NvmlProvider>>,
+    /// A site health check (like Slurm's HealthCheckProgram) and how often to
+    /// run it: a non-zero exit drains the node with the program's first line of
+    /// output as the reason (an admin resumes it).
+    pub health_check: Option<(std::path::PathBuf, Duration)>,
+}
+
+/// Longest a health-check program may run before it counts as failed.
+const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs the site health check on its interval; drains the node when it fails.
+async fn health_check_loop(client: std::sync::Arc<Client>, node: String, program: std::path::PathBuf, every: Duration) {
+    use gangway_proto::v1::node_service_client::NodeServiceClient;
+    let mut drained = false;
+    loop {
+        tokio::time::sleep(every).await;
+        let run = tokio::process::Command::new(&program).kill_on_drop(true).output();
+        let failure = match tokio::time::timeout(HEALTH_CHECK_TIMEOUT, run).await {
+            Err(_) => Some(format!("timed out after {}s", HEALTH_CHECK_TIMEOUT.as_secs())),
+            Ok(Err(e)) => Some(format!("cannot run {}: {e}", program.display())),
+            Ok(Ok(out)) if !out.status.success() => {
+                let text =
+                    String::from_utf8_lossy(if out.stdout.is_empty() { &out.stderr } else { &out.stdout }).into_owned();
+                Some(text.lines().next().unwrap_or("failed").chars().take(200).collect())
+            }
+            Ok(Ok(_)) => None,
+        };
+        match failure {
+            Some(why) if !drained => {
+                tracing::warn!(node = %node, %why, "health check failed: draining the node");
+                let req =
+                    gangway_proto::v1::DrainRequest { name: node.clone(), reason: format!("health check: {why}") };
+                let done = client
+                    .call(|ch| {
+                        let r = client.request(req.clone());
+                        async move { NodeServiceClient::new(ch).drain(r).await }
+                    })
+                    .await;
+                drained = done.is_ok();
+            }
+            Some(_) => {}
+            None => drained = false,
+        }
+    }
+}
+
+/// Stops a background task when the agent stops.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Default hold-down before a recovered GPU returns to service.
@@ -80,10 +133,14 @@ const PENDING_EXITS_MAX: usize = 10_000;
 /// Runs the agent until `shutdown` completes. Its loop is bounded by the agent's
 /// life: one register/heartbeat round per interval, woken early by task exits.
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let client = Client::new(&config.controllers, &config.identity)?;
+    let client = std::sync::Arc::new(Client::new(&config.controllers, &config.identity)?);
+    let _health_check = config.health_check.clone().map(|(program, every)| {
+        AbortOnDrop(tokio::spawn(health_check_loop(client.clone(), config.name.clone(), program, every)))
+    });
     let mut fences = fence::FenceStore::open(&config.state_dir)
         .map_err(|e| anyhow::anyhow!("state-dir: cannot use {}: {e}", config.state_dir.display()))?;
-    let (mut tasks, mut exits_rx) = supervisor::Supervisor::new(&config.name, &config.state_dir, config.stop_grace);
+    let (mut tasks, mut exits_rx) =
+        supervisor::Supervisor::new(&config.name, &config.state_dir, config.stop_grace, config.gpus.len());
     let mut pending_exits: std::collections::VecDeque<TaskExitReport> = std::collections::VecDeque::new();
     let mut gpu_health = health::GpuHealthMonitor::new(
         config.gpus.len(),
@@ -176,6 +233,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                         signal: None,
                         reason,
                         lost,
+                        peak_mem_mb: None,
                     });
                 }
             }

@@ -34,10 +34,15 @@ struct Task {
     lost: bool,
     /// Sends the warning signal before the time limit; aborted when the task ends.
     warn_timer: Option<tokio::task::JoinHandle<()>>,
+    /// The task's cgroup on cgroup v2 hosts.
+    cgroup: Option<PathBuf>,
 }
 
 pub struct Supervisor {
     node: String,
+    /// GPUs on this node: orders naming others are refused.
+    gpu_count: usize,
+    cgroups: Option<crate::cgroup::Cgroups>,
     stop_grace: Duration,
     scripts_dir: PathBuf,
     tasks: BTreeMap<Key, Task>,
@@ -49,11 +54,19 @@ impl Supervisor {
         node: &str,
         state_dir: &std::path::Path,
         stop_grace: Duration,
+        gpu_count: usize,
     ) -> (Supervisor, mpsc::Receiver<TaskExitReport>) {
         let (exits_tx, rx) = mpsc::channel(EXIT_QUEUE_MAX);
+        let cgroups = crate::cgroup::Cgroups::detect();
+        match &cgroups {
+            Some(_) => tracing::info!("tasks run in cgroup v2 with CPU and memory limits"),
+            None => tracing::info!("no delegable cgroup v2 here: tasks run as plain process groups"),
+        }
         let s = Supervisor {
             node: node.to_string(),
             stop_grace,
+            gpu_count,
+            cgroups,
             scripts_dir: state_dir.join("scripts"),
             tasks: BTreeMap::new(),
             exits_tx,
@@ -90,6 +103,9 @@ impl Supervisor {
         let key = (order.job_id, order.attempt);
         if self.tasks.contains_key(&key) {
             return Ok(());
+        }
+        if let Some(g) = order.gpus.iter().find(|g| **g as usize >= self.gpu_count) {
+            return Err(format!("GPU {g} does not exist on {} (it has {})", self.node, self.gpu_count));
         }
         let workdir = if order.workdir.is_empty() { "/".to_string() } else { order.workdir.clone() };
         if !std::path::Path::new(&workdir).is_dir() {
@@ -153,6 +169,22 @@ impl Supervisor {
         let mut child = cmd.spawn().map_err(|e| format!("cannot start the task: {e}"))?;
         let pid = child.id().ok_or("the task exited before it could be tracked")?;
         let pgid = Pid::from_raw(pid as i32);
+        // Confine the task (and what it forks from now on) to its own cgroup.
+        let cgroup = self.cgroups.as_ref().and_then(|cg| {
+            let dir = cg.create(
+                order.job_id,
+                order.attempt,
+                order.tasks_per_node * order.cpus_per_task,
+                order.mem_per_node_mb,
+            );
+            match dir.and_then(|d| crate::cgroup::Cgroups::add(&d, pid).map(|()| d)) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    tracing::warn!(job = order.job_id, error = %e, "cgroup setup failed; process group only");
+                    None
+                }
+            }
+        });
         // Slurm's --signal: warn the whole task this long before its time limit.
         let warn_timer =
             (order.warn_signal > 0).then(|| Signal::try_from(order.warn_signal as i32).ok()).flatten().map(|sig| {
@@ -163,13 +195,20 @@ impl Supervisor {
                     let _ = killpg(pgid, sig);
                 })
             });
-        self.tasks.insert(key, Task { pgid, kill_at: None, killed: false, lost: false, warn_timer });
+        self.tasks
+            .insert(key, Task { pgid, kill_at: None, killed: false, lost: false, warn_timer, cgroup: cgroup.clone() });
         tracing::info!(job = order.job_id, attempt = order.attempt, pid, "task started");
         let tx = self.exits_tx.clone();
         let node = self.node.clone();
         tokio::spawn(async move {
             use std::os::unix::process::ExitStatusExt;
-            let report = match child.wait().await {
+            let result = child.wait().await;
+            let peak_mem_mb = cgroup.as_deref().and_then(crate::cgroup::Cgroups::peak_mb);
+            if let Some(dir) = &cgroup {
+                crate::cgroup::Cgroups::kill(dir); // anything the task left behind
+                crate::cgroup::Cgroups::remove(dir);
+            }
+            let report = match result {
                 Ok(status) => TaskExitReport {
                     node,
                     job_id: key.0,
@@ -178,6 +217,7 @@ impl Supervisor {
                     signal: status.signal(),
                     reason: String::new(),
                     lost: false,
+                    peak_mem_mb,
                 },
                 Err(e) => TaskExitReport {
                     node,
@@ -187,6 +227,7 @@ impl Supervisor {
                     signal: None,
                     reason: format!("lost track of the task: {e}"),
                     lost: false,
+                    peak_mem_mb,
                 },
             };
             let _ = tx.send(report).await;
@@ -223,6 +264,9 @@ impl Supervisor {
                         "task outlived its grace period; killing its process group"
                     );
                     let _ = killpg(t.pgid, Signal::SIGKILL);
+                    if let Some(dir) = &t.cgroup {
+                        crate::cgroup::Cgroups::kill(dir);
+                    }
                     t.killed = true;
                 }
             }
@@ -235,5 +279,38 @@ impl Supervisor {
         for t in self.tasks.values() {
             let _ = killpg(t.pgid, Signal::SIGKILL);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(gpus: Vec<u32>, workdir: &str, output: &str) -> LaunchOrder {
+        LaunchOrder {
+            job_id: 1,
+            attempt: 1,
+            user: "root".into(),
+            command: vec!["true".into()],
+            workdir: workdir.into(),
+            output: output.into(),
+            gpus,
+            nodes: vec!["n1".into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn bad_orders_fail_with_a_reason_and_start_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, _rx) = Supervisor::new("n1", dir.path(), STOP_GRACE_DEFAULT, 2);
+        let work = dir.path().display().to_string();
+        let err = s.launch(&order(vec![5], &work, "")).unwrap_err();
+        assert!(err.contains("GPU 5 does not exist"), "{err}");
+        let err = s.launch(&order(vec![0], &work, "/proc/gangway-denied/out.log")).unwrap_err();
+        assert!(err.contains("cannot open output file"), "{err}");
+        let err = s.launch(&order(vec![], "/nonexistent/dir", "")).unwrap_err();
+        assert!(err.contains("does not exist"), "{err}");
+        assert!(s.running().is_empty(), "a failed launch left a task behind");
     }
 }

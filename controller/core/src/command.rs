@@ -87,6 +87,8 @@ pub enum Command {
         reason: String,
         /// The node lost the task (cut off, agent restarted): requeue per policy.
         lost: bool,
+        /// Peak memory of the task, where the node could measure it.
+        peak_mem_mb: Option<u64>,
         now_ms: u64,
     },
     /// One GPU's health changed: quarantined GPUs get no new work, and the job

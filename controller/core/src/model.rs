@@ -100,6 +100,7 @@ pub struct TaskExit {
     /// The signal that ended the task, if any.
     pub signal: Option<i32>,
     pub end_ms: u64,
+    pub peak_mem_mb: Option<u64>,
 }
 
 impl TaskExit {

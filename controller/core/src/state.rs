@@ -161,8 +161,14 @@ impl State {
             Command::SetGpuHealth { node, gpu, healthy, reason, .. } => {
                 self.apply_set_gpu_health(index, node, *gpu, *healthy, reason)
             }
-            Command::TaskExited { job_id, attempt, node, exit_code, signal, reason, lost, .. } => {
-                self.apply_task_exited(index, *job_id, *attempt, node, *exit_code, *signal, reason, *lost)
+            Command::TaskExited { job_id, attempt, node, exit_code, signal, reason, lost, peak_mem_mb, .. } => {
+                let exit = TaskExit {
+                    exit_code: *exit_code,
+                    signal: *signal,
+                    end_ms: self.clock_ms,
+                    peak_mem_mb: *peak_mem_mb,
+                };
+                self.apply_task_exited(index, *job_id, *attempt, node, exit, reason, *lost)
             }
         }
     }
@@ -197,12 +203,11 @@ impl State {
         job_id: JobId,
         attempt: u32,
         node: &str,
-        exit_code: Option<i32>,
-        signal: Option<i32>,
+        exit: TaskExit,
         reason: &str,
         lost: bool,
     ) -> Applied {
-        let now = self.clock_ms;
+        let (exit_code, signal) = (exit.exit_code, exit.signal);
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
         };
@@ -226,7 +231,6 @@ impl State {
             };
             return Applied { outcome, events: vec![event] };
         }
-        let exit = TaskExit { exit_code, signal, end_ms: now };
         let ok = exit.succeeded();
         job.task_exits.insert(node.to_string(), exit);
         let nodes = job.spec.nodes as usize;

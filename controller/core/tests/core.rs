@@ -187,6 +187,7 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
                 signal: None,
                 reason: String::new(),
                 lost: *n == 2,
+                peak_mem_mb: None,
                 now_ms,
             }
         }

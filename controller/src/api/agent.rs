@@ -132,6 +132,7 @@ impl AgentService for AgentApi {
             signal: msg.signal,
             reason: msg.reason.clone(),
             lost: msg.lost,
+            peak_mem_mb: msg.peak_mem_mb,
             now_ms: crate::now_ms(),
         };
         let routed =
