@@ -473,11 +473,7 @@ async fn silent_node_goes_down_and_failover_causes_no_false_alarm() {
         let id = *c.handles.keys().next().unwrap();
         c.state(id).nodes.get(name).map(|n| n.state)
     };
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while node_state(&c, "silent") != Some(NodeState::Down) {
-        assert!(tokio::time::Instant::now() < deadline, "silent node never marked down");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("silent node never marked down", || node_state(&c, "silent") == Some(NodeState::Down)).await;
     assert_eq!(node_state(&c, "alive"), Some(NodeState::Up));
     // Kill the leader; the heartbeating node must stay up through the failover and
     // for longer than the down timeout afterwards.
@@ -632,6 +628,15 @@ async fn wait_state(client: &Client, job_id: u64, state: pb::JobState) -> pb::Jo
     }
 }
 
+/// Polls `cond` until it holds; fails the test with `what` after [`WAIT`].
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn pid_alive(pid: i32) -> bool {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
 }
@@ -726,11 +731,7 @@ async fn cancel_and_time_limit_kill_the_whole_process_tree() {
         })
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while pid_alive(child) {
-        assert!(tokio::time::Instant::now() < deadline, "the SIGTERM-ignoring child survived the cancel");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the SIGTERM-ignoring child survived the cancel", || !(pid_alive(child))).await;
     assert_eq!(get_job(&client, id).await.state, pb::JobState::Cancelled as i32);
     // A time limit ends the job the same way, after the --signal warning.
     let mut spec = script_spec(
@@ -744,11 +745,7 @@ async fn cancel_and_time_limit_kill_the_whole_process_tree() {
     let job = wait_state(&client, id, pb::JobState::Timeout).await;
     assert!(job.reason.contains("time limit"), "{}", job.reason);
     let child: i32 = wait_file(&work.path().join("child2.pid")).await.trim().parse().unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while pid_alive(child) {
-        assert!(tokio::time::Instant::now() < deadline, "a timed-out job's process survived");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("a timed-out job's process survived", || !(pid_alive(child))).await;
     assert_eq!(std::fs::read_to_string(work.path().join("warned")).unwrap().trim(), "warned");
     agent.stop().await;
     c.shutdown().await;
@@ -827,11 +824,7 @@ async fn jobs_survive_a_leader_failover_and_an_isolated_agent_stops_its_tasks() 
     for id in 1..=3 {
         c.stop(id).await;
     }
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while pid_alive(pid) {
-        assert!(tokio::time::Instant::now() < deadline, "an isolated agent kept its task running");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("an isolated agent kept its task running", || !(pid_alive(pid))).await;
     // Back online: the lost attempt is requeued and runs again as attempt 2.
     for id in 1..=3 {
         c.restart(id).await;
@@ -880,11 +873,8 @@ async fn failing_gpu_is_quarantined_alone_and_its_job_requeued() {
     assert_ne!(job.allocation[0].gpus, vec![bad], "attempt 2 landed on the quarantined GPU");
     // Clear the fault: after the hold-down the GPU returns to service.
     std::fs::write(d1.path().join("gpu-faults"), "").unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while node_of(&c).gpus[bad as usize].health != gangway_core::GpuHealth::Healthy {
-        assert!(tokio::time::Instant::now() < deadline, "the GPU never recovered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the GPU never recovered", || node_of(&c).gpus[bad as usize].health == gangway_core::GpuHealth::Healthy)
+        .await;
     agent.stop().await;
     c.shutdown().await;
 }
