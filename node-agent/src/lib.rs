@@ -100,6 +100,32 @@ async fn health_check_loop(client: std::sync::Arc<Client>, node: String, program
     }
 }
 
+/// Keeps a `WatchNode` stream open to any replica and wakes the main loop on
+/// each notice, so launches and stops happen at once rather than at the next
+/// heartbeat. Reconnects after a short pause when the stream breaks; bounded by
+/// the agent's life.
+async fn watch_node_loop(client: std::sync::Arc<Client>, node: String, poke: std::sync::Arc<tokio::sync::Notify>) {
+    use gangway_proto::v1::WatchNodeRequest;
+    loop {
+        let req = WatchNodeRequest { name: node.clone() };
+        let stream = client
+            .call(|ch| {
+                let r = client.stream_request(req.clone());
+                async move { AgentServiceClient::new(ch).watch_node(r).await }
+            })
+            .await;
+        if let Ok(stream) = stream {
+            let mut stream = stream.into_inner();
+            // After (re)connecting, reconcile once: notices may have been missed.
+            poke.notify_one();
+            while let Ok(Some(_)) = stream.message().await {
+                poke.notify_one();
+            }
+        }
+        tokio::time::sleep(RETRY_PAUSE / 5).await;
+    }
+}
+
 /// Stops a background task when the agent stops.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -137,6 +163,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let _health_check = config.health_check.clone().map(|(program, every)| {
         AbortOnDrop(tokio::spawn(health_check_loop(client.clone(), config.name.clone(), program, every)))
     });
+    let poke = std::sync::Arc::new(tokio::sync::Notify::new());
+    let _watch = AbortOnDrop(tokio::spawn(watch_node_loop(client.clone(), config.name.clone(), poke.clone())));
     let mut fences = fence::FenceStore::open(&config.state_dir)
         .map_err(|e| anyhow::anyhow!("state-dir: cannot use {}: {e}", config.state_dir.display()))?;
     let (mut tasks, mut exits_rx) =
@@ -263,6 +291,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 return Ok(());
             }
             _ = tokio::time::sleep(pause) => {}
+            _ = poke.notified(), if registered => {}
             Some(mut report) = exits_rx.recv() => {
                 if tasks.forget((report.job_id, report.attempt)) {
                     report.lost = true;

@@ -103,6 +103,13 @@ impl Client {
         req
     }
 
+    /// Like [`Client::request`] but without a deadline, for long-lived streams.
+    pub fn stream_request<T>(&self, msg: T) -> Request<T> {
+        let mut req = Request::new(msg);
+        req.metadata_mut().insert(IDENTITY_METADATA_KEY, self.identity.clone());
+        req
+    }
+
     /// Runs `op` against a replica, failing over to the others on retryable errors.
     pub async fn call<T, F, Fut>(&self, op: F) -> Result<T, Status>
     where

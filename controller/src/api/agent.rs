@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use gangway_core::{Command, NodeState, Outcome, RefusalKind};
 use gangway_proto::v1::agent_service_client::AgentServiceClient;
@@ -50,8 +51,62 @@ impl AgentApi {
     }
 }
 
+/// Fastest rate at which one agent is poked: coalesces bursts (a plan starting
+/// hundreds of jobs) into one reconcile.
+const POKE_MIN_INTERVAL: Duration = Duration::from_millis(20);
+/// Pokes buffered per watching agent; one pending poke is all an agent needs.
+const POKE_BUFFER_MAX: usize = 1;
+
+type PokeStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<NodeChanged, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl AgentService for AgentApi {
+    type WatchNodeStream = PokeStream;
+
+    async fn watch_node(&self, req: Request<WatchNodeRequest>) -> Result<Response<PokeStream>, Status> {
+        let name = req.into_inner().name;
+        if name.is_empty() {
+            return Err(Status::invalid_argument("name: must not be empty"));
+        }
+        let mut events = self.replica.node.state().subscribe();
+        let replica = self.replica.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(POKE_BUFFER_MAX);
+        tokio::spawn(async move {
+            loop {
+                let ev = match events.recv().await {
+                    Ok(ev) => ev,
+                    // Missed events: poke anyway, the agent reconciles everything.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => gangway_core::JobEvent {
+                        index: 0,
+                        job_id: 0,
+                        state: gangway_core::JobState::Failed,
+                        attempt: 0,
+                        reason: String::new(),
+                    },
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
+                let relevant = match ev.state {
+                    gangway_core::JobState::Running => {
+                        replica.node.state().read().jobs.get(&ev.job_id).is_some_and(|j| {
+                            j.allocation.as_ref().is_some_and(|a| a.nodes.iter().any(|n| n.node == name))
+                        })
+                    }
+                    // A new submission changes nothing on nodes; a requeue does.
+                    gangway_core::JobState::Pending => ev.attempt > 0,
+                    _ => true,
+                };
+                if !relevant {
+                    continue;
+                }
+                match tx.try_send(Ok(NodeChanged { index: ev.index })) {
+                    Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => return,
+                    _ => tokio::time::sleep(POKE_MIN_INTERVAL).await,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
     async fn register(&self, req: Request<RegisterRequest>) -> Result<Response<RegisterResponse>, Status> {
         let ctx = CallCtx::of(&req)?;
         let msg = req.into_inner();

@@ -10,16 +10,25 @@ use gangway_core::{Command, JobState, Outcome};
 
 use crate::replica::Replica;
 
-/// How often the leader plans. Short enough that a submitted job starts within a
-/// fraction of a second on an idle cluster; each pass is bounded by the core's
-/// per-pass limits.
+/// The leader plans when a job is submitted or ends, and at least this often
+/// (time limits, nodes coming back); each pass is bounded by the core's limits.
 const SCHEDULE_TICK: Duration = Duration::from_millis(200);
+/// Shortest gap between passes: under a stream of submissions, one pass covers
+/// everything that arrived meanwhile instead of one pass per submission.
+const SCHEDULE_MIN_INTERVAL: Duration = Duration::from_millis(5);
 /// Jobs ended for their time limit per pass (bounds one pass's log entries).
 const TIMEOUTS_PER_PASS_MAX: usize = 256;
 
 pub async fn run(replica: Arc<Replica>) {
+    let mut events = replica.node.state().subscribe();
     loop {
-        tokio::time::sleep(SCHEDULE_TICK).await;
+        tokio::time::sleep(SCHEDULE_MIN_INTERVAL).await;
+        // Wait for a change (or the tick); a lagged receiver just means "plan now".
+        tokio::select! {
+            _ = tokio::time::sleep(SCHEDULE_TICK) => {}
+            _ = events.recv() => {}
+        }
+        while events.try_recv().is_ok() {}
         let now = crate::now_ms();
         let (plan, expired) = {
             let state = replica.node.state().read();
