@@ -40,4 +40,5 @@ fix:
 # Benchmarks print numbers; they are never pass/fail.
 bench: build
 	bin/gangway bench submit --clients 1,16,64 --seconds 5
+	bin/gangway bench jobs --jobs 500 --nodes 4
 	bin/gangway bench failover --runs 10

@@ -24,6 +24,11 @@ use tokio::sync::Mutex;
 const BENCH_CLIENTS_MAX: usize = 1024;
 /// Longest measurement per client count.
 const BENCH_SECONDS_MAX: u64 = 600;
+/// Jobs one `bench jobs` run may submit, and agents it may start.
+const BENCH_JOBS_MAX: usize = 100_000;
+const BENCH_NODES_MAX: usize = 64;
+/// Submitting clients in `bench jobs`.
+const BENCH_JOBS_CLIENTS: usize = 16;
 /// Failover runs at most.
 const FAILOVER_RUNS_MAX: usize = 100;
 /// Waiting for a cluster to elect a leader or for a restarted replica to catch up.
@@ -46,6 +51,17 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 3)]
         replicas: u64,
     },
+    /// End to end: trivial jobs submitted, scheduled, run as real processes on
+    /// agents, and completed; jobs per second from first submit to last completion.
+    Jobs {
+        #[arg(long, default_value_t = 500)]
+        jobs: usize,
+        /// Agents (simulated nodes running real processes), 64 CPUs each.
+        #[arg(long, default_value_t = 4)]
+        nodes: usize,
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
     /// Leader SIGKILL → first successful submit, repeated.
     Failover {
         #[arg(long, default_value_t = 10)]
@@ -61,6 +77,7 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             bench_submit(&clients, seconds, data_dir, replicas).await
         }
         BenchCmd::Failover { runs, data_dir } => bench_failover(runs, data_dir).await,
+        BenchCmd::Jobs { jobs, nodes, data_dir } => bench_jobs(jobs, nodes, data_dir).await,
     }
 }
 
@@ -381,6 +398,145 @@ async fn bench_failover(runs: usize, data_dir: Option<PathBuf>) -> anyhow::Resul
     println!("acknowledged submits: {}; missing after all failovers: {missing}", acked_ids.len());
     if missing > 0 {
         bail!("{missing} acknowledged submits were lost");
+    }
+    Ok(())
+}
+
+async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    if jobs == 0 || jobs > BENCH_JOBS_MAX {
+        bail!("jobs: must be between 1 and {BENCH_JOBS_MAX}");
+    }
+    if nodes == 0 || nodes > BENCH_NODES_MAX {
+        bail!("nodes: must be between 1 and {BENCH_NODES_MAX}");
+    }
+    let cluster = LocalCluster::start(3, data_dir)?;
+    let client = Arc::new(Client::new(&cluster.endpoints(), "bench")?);
+    cluster.wait_leader(&client).await?;
+    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut agents = Vec::new();
+    for i in 1..=nodes {
+        let name = format!("bench-node-{i}");
+        let config = gangway_node_agent::AgentConfig {
+            controllers: cluster.endpoints(),
+            state_dir: cluster.root().join(format!("agent-{name}")),
+            name,
+            addr: "127.0.0.1".into(),
+            cpus: 64,
+            mem_mb: 64 * 1024,
+            gpus: Vec::new(),
+            topology: Vec::new(),
+            labels: Default::default(),
+            identity: "bench".into(),
+            stop_grace: gangway_node_agent::supervisor::STOP_GRACE_DEFAULT,
+            gpu_fault_file: None,
+            gpu_hold_down: gangway_node_agent::GPU_HOLD_DOWN_DEFAULT,
+            nvml: None,
+            health_check: None,
+        };
+        let mut stop = stop_tx.subscribe();
+        agents.push(tokio::spawn(gangway_node_agent::run(config, async move {
+            let _ = stop.recv().await;
+        })));
+    }
+    // Wait until every node is registered.
+    let deadline = Instant::now() + CLUSTER_WAIT;
+    loop {
+        let n = client
+            .call(|ch| {
+                let r = client.request(pb::ListNodesRequest { stale: false });
+                async move { gangway_proto::v1::node_service_client::NodeServiceClient::new(ch).list(r).await }
+            })
+            .await
+            .map(|r| r.into_inner().nodes.len())
+            .unwrap_or(0);
+        if n == nodes {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("only {n} of {nodes} agents registered");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let workdir = cluster.root().join("jobs");
+    std::fs::create_dir_all(&workdir)?;
+    let user = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name).unwrap_or_default();
+    println!("bench jobs: {jobs} trivial jobs (`true`) on {nodes} agents of 64 CPUs, 3 controller processes");
+    println!("machine: {}", machine_facts());
+    let started = Instant::now();
+    let mut submitters = Vec::new();
+    for c in 0..BENCH_JOBS_CLIENTS {
+        let client = client.clone();
+        let (workdir, user) = (workdir.display().to_string(), user.clone());
+        submitters.push(tokio::spawn(async move {
+            for j in (c..jobs).step_by(BENCH_JOBS_CLIENTS) {
+                let spec = pb::JobSpec {
+                    command: vec!["true".into()],
+                    workdir: workdir.clone(),
+                    user: user.clone(),
+                    ..Default::default()
+                };
+                let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: format!("job-{j}") };
+                client
+                    .call(|ch| {
+                        let r = client.request(req.clone());
+                        async move { JobServiceClient::new(ch).submit(r).await }
+                    })
+                    .await?;
+            }
+            Ok::<_, tonic::Status>(())
+        }));
+    }
+    for s in submitters {
+        s.await??;
+    }
+    let submitted = started.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let (done, failed) = loop {
+        let req = pb::ListJobsRequest {
+            states: vec![pb::JobState::Pending as i32, pb::JobState::Running as i32],
+            limit: 1,
+            ..Default::default()
+        };
+        let active = client
+            .call(|ch| {
+                let r = client.request(req.clone());
+                async move { JobServiceClient::new(ch).list(r).await }
+            })
+            .await?
+            .into_inner()
+            .jobs
+            .len();
+        if active == 0 {
+            let req = pb::ListJobsRequest {
+                states: vec![pb::JobState::Completed as i32],
+                limit: 10_000,
+                ..Default::default()
+            };
+            let completed = client
+                .call(|ch| {
+                    let r = client.request(req.clone());
+                    async move { JobServiceClient::new(ch).list(r).await }
+                })
+                .await?
+                .into_inner()
+                .jobs
+                .len();
+            break (started.elapsed(), jobs.saturating_sub(completed));
+        }
+        if Instant::now() > deadline {
+            bail!("jobs still active after 600 s");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    println!(
+        "all {jobs} submitted in {:.2} s; all finished after {:.2} s: {:.0} jobs/s end to end ({failed} not COMPLETED)",
+        submitted.as_secs_f64(),
+        done.as_secs_f64(),
+        jobs as f64 / done.as_secs_f64()
+    );
+    let _ = stop_tx.send(());
+    for a in agents {
+        let _ = a.await;
     }
     Ok(())
 }
