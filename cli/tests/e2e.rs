@@ -1,0 +1,133 @@
+//! End to end with real processes: three `gangway controller` processes, two
+//! `gangway agent` processes, and the `gangway` CLI as a user runs it.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const GANGWAY: &str = env!("CARGO_BIN_EXE_gangway");
+/// Bound on every wait here: far above what a healthy run needs.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Child processes killed (SIGKILL) when the test ends, however it ends.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn spawn(args: &[&str], log: &Path) -> Child {
+    let log = std::fs::File::create(log).unwrap();
+    Command::new(GANGWAY).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().unwrap()
+}
+
+fn cli(endpoints: &str, args: &[&str], cwd: &Path) -> Output {
+    Command::new(GANGWAY)
+        .args(args)
+        .env("GANGWAY_ENDPOINTS", endpoints)
+        .env("GANGWAY_IDENTITY", "dev:root")
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn controllers_agents_and_cli_as_separate_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+    let peers: Vec<String> = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
+    let peers = peers.join(",");
+    let endpoints = addrs.join(",");
+    let mut procs = Procs(Vec::new());
+    for (i, addr) in addrs.iter().enumerate() {
+        let data = dir.path().join(format!("c{}", i + 1));
+        let id = (i + 1).to_string();
+        let args =
+            ["controller", "--id", &id, "--listen", addr, "--peers", &peers, "--data-dir", data.to_str().unwrap()];
+        procs.0.push(spawn(&args, &dir.path().join(format!("c{}.log", i + 1))));
+    }
+    for n in 1..=2 {
+        let name = format!("e2e-node-{n}");
+        let state = dir.path().join(format!("agent-{n}"));
+        let args = [
+            "agent",
+            "--controllers",
+            &endpoints,
+            "--name",
+            &name,
+            "--fake-gpus",
+            "4xh100-80gb",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ];
+        procs.0.push(spawn(&args, &dir.path().join(format!("a{n}.log"))));
+    }
+    // Both nodes registered, seen through the CLI.
+    eventually("agents never registered", || {
+        let o = cli(&endpoints, &["nodes", "--json"], &work);
+        o.status.success() && stdout(&o).matches("\"state\": \"UP\"").count() == 2
+    });
+    // A bad submission: one line on stderr, exit code 1, nothing created.
+    let bad = cli(&endpoints, &["submit", "-N", "0", "--", "true"], &work);
+    assert_eq!(bad.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("nodes: must be at least 1"), "{err}");
+    // A 2-node gang job through the CLI, run by the agent processes.
+    let o = cli(
+        &endpoints,
+        &[
+            "submit",
+            "--parsable",
+            "-N",
+            "2",
+            "--gpus-per-node",
+            "h100:2",
+            "--",
+            "sh",
+            "-c",
+            "echo rank=$RANK nodes=$SLURM_JOB_NODELIST",
+        ],
+        &work,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id = stdout(&o).trim().to_string();
+    eventually("the gang job never completed", || {
+        let o = cli(&endpoints, &["show", &id, "--json"], &work);
+        stdout(&o).contains("\"state\": \"COMPLETED\"")
+    });
+    let rank0 = std::fs::read_to_string(work.join(format!("slurm-{id}.out"))).unwrap();
+    let rank1 = std::fs::read_to_string(work.join(format!("slurm-{id}.1.out"))).unwrap();
+    assert_eq!(rank0.trim(), "rank=0 nodes=e2e-node-[1-2]");
+    assert_eq!(rank1.trim(), "rank=1 nodes=e2e-node-[1-2]");
+    // The queue and cluster status read as tables.
+    let q = stdout(&cli(&endpoints, &["queue", "--all"], &work));
+    assert!(q.starts_with("JOBID") && q.contains("COMPLETED"), "{q}");
+    let st = stdout(&cli(&endpoints, &["cluster", "status"], &work));
+    assert!(st.matches("leader").count() >= 2, "{st}");
+    assert_eq!(st.matches("follower").count(), 2, "{st}");
+}
