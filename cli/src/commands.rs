@@ -121,9 +121,12 @@ pub struct AgentArgs {
     /// Node name (default: the host name).
     #[arg(long)]
     name: Option<String>,
-    /// Simulated GPUs, e.g. 8xh100-80gb.
-    #[arg(long)]
+    /// Simulated GPUs: COUNTxMODEL[/ISLAND_SIZE], e.g. 8xh100-80gb or 8xa100-40gb/4.
+    #[arg(long, conflicts_with = "gpu_inventory")]
     fake_gpus: Option<String>,
+    /// Simulated GPUs from a file: one `MODEL ISLAND [MEM_MB]` line per GPU.
+    #[arg(long)]
+    gpu_inventory: Option<PathBuf>,
     /// CPUs to offer (default: all of the host's).
     #[arg(long)]
     cpus: Option<u32>,
@@ -176,9 +179,15 @@ fn hostname() -> String {
 
 pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
     let name = a.name.unwrap_or_else(hostname);
-    let (gpus, nvml) = match &a.fake_gpus {
-        Some(spec) => (gangway_node_agent::inventory::parse_fake_gpus(spec, &name).map_err(anyhow::Error::msg)?, None),
-        None => match gangway_node_agent::nvml::NvmlProvider::probe() {
+    let simulated = a.fake_gpus.is_some() || a.gpu_inventory.is_some();
+    let (gpus, nvml) = match (&a.fake_gpus, &a.gpu_inventory) {
+        (Some(spec), _) => {
+            (gangway_node_agent::inventory::parse_fake_gpus(spec, &name).map_err(anyhow::Error::msg)?, None)
+        }
+        (None, Some(file)) => {
+            (gangway_node_agent::inventory::read_inventory_file(file, &name).map_err(anyhow::Error::msg)?, None)
+        }
+        (None, None) => match gangway_node_agent::nvml::NvmlProvider::probe() {
             Ok((provider, gpus)) => (gpus, Some(std::sync::Arc::new(provider))),
             Err(why) => {
                 tracing::warn!("{why}");
@@ -198,7 +207,7 @@ pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
             .collect();
         let doc = json!({"node": name, "cpus": gangway_node_agent::inventory::host_cpus(),
                          "mem_mb": gangway_node_agent::inventory::host_mem_mb(),
-                         "gpu_source": if a.fake_gpus.is_some() { "fake" } else if nvml.is_some() { "nvml" } else { "none" },
+                         "gpu_source": if simulated { "fake" } else if nvml.is_some() { "nvml" } else { "none" },
                          "gpus": health});
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
@@ -211,7 +220,7 @@ pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
             PathBuf::from(home).join(".local/state/gangway-agent")
         }
     });
-    let gpu_fault_file = a.gpu_fault_file.or_else(|| a.fake_gpus.is_some().then(|| state_dir.join("gpu-faults")));
+    let gpu_fault_file = a.gpu_fault_file.or_else(|| simulated.then(|| state_dir.join("gpu-faults")));
     let config = gangway_node_agent::AgentConfig {
         controllers: a.controllers,
         name,

@@ -9,8 +9,19 @@ const FAKE_GPUS_MAX: u32 = 16;
 /// GPUs per simulated NVLink island (an HGX board joins 8 with NVSwitch).
 const FAKE_NVLINK_ISLAND_SIZE: u32 = 8;
 
-/// Parses `COUNTxMODEL`, e.g. `8xh100-80gb`; memory comes from a `-NNgb` suffix.
+/// Parses `COUNTxMODEL[/ISLAND]`, e.g. `8xh100-80gb` (one NVLink island of 8)
+/// or `8xa100-40gb/4` (two islands of 4); memory comes from a `-NNgb` suffix.
 pub fn parse_fake_gpus(spec: &str, node: &str) -> Result<Vec<GpuInventory>, String> {
+    let (spec, island) = match spec.split_once('/') {
+        Some((s, n)) => {
+            let n: u32 = n.trim().parse().map_err(|_| format!("fake-gpus: island size '{n}' is not a number"))?;
+            if n == 0 {
+                return Err("fake-gpus: island size must be at least 1".into());
+            }
+            (s, n)
+        }
+        None => (spec, FAKE_NVLINK_ISLAND_SIZE),
+    };
     let (count, model) = spec
         .split_once(['x', 'X'])
         .ok_or_else(|| format!("fake-gpus: '{spec}' must look like COUNTxMODEL, e.g. 8xh100-80gb"))?;
@@ -34,9 +45,50 @@ pub fn parse_fake_gpus(spec: &str, node: &str) -> Result<Vec<GpuInventory>, Stri
             uuid: format!("GPU-fake-{node}-{i}"),
             model: model.clone(),
             mem_mb,
-            nvlink_island: i / FAKE_NVLINK_ISLAND_SIZE,
+            nvlink_island: i / island,
         })
         .collect())
+}
+
+/// Reads a simulated inventory file: one GPU per line, `MODEL ISLAND [MEM_MB]`
+/// (`#` starts a comment), so tests can describe any NVLink topology:
+///
+/// ```text
+/// h100-80gb 0
+/// h100-80gb 0
+/// h100-80gb 1   # a second island
+/// ```
+pub fn read_inventory_file(path: &std::path::Path, node: &str) -> Result<Vec<GpuInventory>, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("gpu-inventory: cannot read {}: {e}", path.display()))?;
+    let mut gpus = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let bad = |why: &str| format!("gpu-inventory line {}: {why} (expected MODEL ISLAND [MEM_MB])", n + 1);
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 2 || f.len() > 3 {
+            return Err(bad("wrong number of fields"));
+        }
+        let template = parse_fake_gpus(&format!("1x{}", f[0]), node).map_err(|e| bad(&e))?;
+        let island = f[1].parse().map_err(|_| bad("ISLAND is not a number"))?;
+        let mem_mb = match f.get(2) {
+            Some(m) => m.parse().map_err(|_| bad("MEM_MB is not a number"))?,
+            None => template[0].mem_mb,
+        };
+        if gpus.len() as u32 >= FAKE_GPUS_MAX {
+            return Err(bad(&format!("more than {FAKE_GPUS_MAX} GPUs")));
+        }
+        gpus.push(GpuInventory {
+            uuid: format!("GPU-fake-{node}-{}", gpus.len()),
+            model: template[0].model.clone(),
+            mem_mb,
+            nvlink_island: island,
+        });
+    }
+    Ok(gpus)
 }
 
 /// CPUs this host offers.
@@ -71,5 +123,22 @@ mod tests {
         assert!(parse_fake_gpus("0xh100", "n").is_err());
         assert!(parse_fake_gpus("h100", "n").is_err());
         assert!(parse_fake_gpus("17xh100", "n").is_err());
+        let two = parse_fake_gpus("8xa100-40gb/4", "n").unwrap();
+        assert_eq!(two.iter().map(|g| g.nvlink_island).collect::<Vec<_>>(), vec![0, 0, 0, 0, 1, 1, 1, 1]);
+    }
+
+    #[test]
+    fn inventory_files_describe_islands_and_refuse_bad_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("inv");
+        std::fs::write(&p, "# two islands\nh100-80gb 0\nh100-80gb 0\nl4 1 24576\n").unwrap();
+        let g = read_inventory_file(&p, "n").unwrap();
+        assert_eq!(
+            g.iter().map(|g| (g.nvlink_island, g.mem_mb)).collect::<Vec<_>>(),
+            vec![(0, 81920), (0, 81920), (1, 24576)]
+        );
+        std::fs::write(&p, "h100 zero\n").unwrap();
+        let err = read_inventory_file(&p, "n").unwrap_err();
+        assert!(err.contains("line 1") && err.contains("ISLAND"), "{err}");
     }
 }
