@@ -437,6 +437,7 @@ fn job_json(j: &pb::Job) -> Value {
         "end_time_ms": j.end_time_ms,
         "exit_code": j.exit_code,
         "reason": j.reason,
+        "ran_on": j.ran_on,
         "command": spec.command,
         "script": spec.script,
         "workdir": spec.workdir,
@@ -531,14 +532,12 @@ pub async fn queue(client: &Client, out: &Output, a: QueueArgs) -> anyhow::Resul
                 (Some(s), None) => now.saturating_sub(s) / 1000,
                 _ => 0,
             };
-            let where_ = if j.allocation.is_empty() {
-                if j.reason.is_empty() {
-                    String::new()
-                } else {
-                    format!("({})", j.reason)
-                }
-            } else {
+            let where_ = if !j.allocation.is_empty() {
                 j.allocation.iter().map(|a| a.node.as_str()).collect::<Vec<_>>().join(",")
+            } else if !j.reason.is_empty() {
+                format!("({})", j.reason)
+            } else {
+                j.ran_on.join(",")
             };
             vec![
                 j.id.to_string(),

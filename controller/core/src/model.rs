@@ -91,6 +91,9 @@ pub struct Job {
     pub submit_index: u64,
     /// Per node of the current attempt's allocation: how its task ended.
     pub task_exits: BTreeMap<String, TaskExit>,
+    /// The nodes the last attempt ran on (kept after the allocation is released,
+    /// for `queue --all` and accounting).
+    pub ran_on: Vec<String>,
 }
 
 /// How one node's task of a job attempt ended, as its agent reported it.

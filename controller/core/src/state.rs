@@ -323,6 +323,7 @@ impl State {
             reason: "Priority".to_string(),
             submit_index: index,
             task_exits: BTreeMap::new(),
+            ran_on: Vec::new(),
         };
         self.jobs.insert(job_id, job);
         self.pending.insert(job_id);
@@ -577,6 +578,7 @@ impl State {
             job.start_time_ms = Some(now);
             job.reason = String::new();
             job.task_exits.clear();
+            job.ran_on = p.nodes.iter().map(|n| n.node.clone()).collect();
             job.allocation = Some(Allocation { attempt: p.attempt, nodes: p.nodes.clone() });
             self.pending.remove(&p.job_id);
             self.running.insert(p.job_id);

@@ -121,6 +121,7 @@ pub fn job_to_proto(j: &Job) -> pb::Job {
             .collect(),
         exit_code: j.exit_code,
         reason: j.reason.clone(),
+        ran_on: j.ran_on.clone(),
     }
 }
 
