@@ -432,6 +432,8 @@ async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> any
             gpu_hold_down: gangway_node_agent::GPU_HOLD_DOWN_DEFAULT,
             nvml: None,
             health_check: None,
+            shim: None,
+            kill_tasks_on_exit: true,
         };
         let mut stop = stop_tx.subscribe();
         agents.push(tokio::spawn(gangway_node_agent::run(config, async move {

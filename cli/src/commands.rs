@@ -235,6 +235,8 @@ pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
         gpu_fault_file,
         gpu_hold_down: std::time::Duration::from_secs(a.gpu_hold_down_s),
         nvml,
+        shim: Some(std::env::current_exe().context("finding the gangway binary for task-shim")?),
+        kill_tasks_on_exit: false,
         health_check: a
             .health_check_program
             .map(|p| (p, std::time::Duration::from_secs(a.health_check_interval_s.max(1)))),

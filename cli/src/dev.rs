@@ -100,6 +100,8 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
             gpu_hold_down: std::time::Duration::from_secs(10),
             nvml: None,
             health_check: None,
+            shim: std::env::current_exe().ok(),
+            kill_tasks_on_exit: true,
         };
         let mut stop = stop_tx.subscribe();
         agents.push(tokio::spawn(gangway_node_agent::run(config, async move {

@@ -61,6 +61,14 @@ enum Cmd {
     /// The controller cluster: status and membership.
     #[command(subcommand)]
     Cluster(commands::ClusterCmd),
+    /// Internal: runs one job task for an agent and records its exit status.
+    #[command(hide = true)]
+    TaskShim {
+        #[arg(long)]
+        exit_file: std::path::PathBuf,
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
     /// Benchmarks against a local cluster of real controller processes.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -79,6 +87,10 @@ fn default_identity() -> String {
 
 fn main() {
     let cli = Cli::parse();
+    if let Cmd::TaskShim { exit_file, argv } = &cli.command {
+        // Before any runtime or logging: the shim is only a waiting parent.
+        std::process::exit(gangway_node_agent::shim::run(exit_file, argv));
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("GANGWAY_LOG").unwrap_or_else(|_| {
         let server = matches!(cli.command, Cmd::Controller(_) | Cmd::Agent(_) | Cmd::Dev(_));
         tracing_subscriber::EnvFilter::new(if server { "info,openraft=warn" } else { "warn,openraft=error" })

@@ -130,4 +130,43 @@ fn controllers_agents_and_cli_as_separate_processes() {
     let st = stdout(&cli(&endpoints, &["cluster", "status"], &work));
     assert!(st.matches("leader").count() >= 2, "{st}");
     assert_eq!(st.matches("follower").count(), 2, "{st}");
+
+    // SIGKILL an agent while its task runs: the task keeps running under its
+    // shim, the restarted agent re-adopts it, and the job completes as attempt 1
+    // with the task's real exit code.
+    let o = cli(
+        &endpoints,
+        &["submit", "--parsable", "-N", "2", "--", "sh", "-c", "echo start >> starts-$SLURM_NODEID; sleep 2; exit 7"],
+        &work,
+    );
+    let id = stdout(&o).trim().to_string();
+    eventually("the job never started", || work.join("starts-0").exists() && work.join("starts-1").exists());
+    let agent = procs.0.remove(3); // e2e-node-1
+    let mut agent = agent;
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    let state = dir.path().join("agent-1");
+    let args = [
+        "agent",
+        "--controllers",
+        &endpoints,
+        "--name",
+        "e2e-node-1",
+        "--fake-gpus",
+        "4xh100-80gb",
+        "--state-dir",
+        state.to_str().unwrap(),
+    ];
+    procs.0.push(spawn(&args, &dir.path().join("a1-restarted.log")));
+    eventually("the re-adopted job never finished", || {
+        let o = cli(&endpoints, &["show", &id, "--json"], &work);
+        stdout(&o).contains("\"state\": \"FAILED\"")
+    });
+    let shown = stdout(&cli(&endpoints, &["show", &id, "--json"], &work));
+    assert!(shown.contains("\"exit_code\": 7"), "{shown}");
+    assert!(shown.contains("\"attempt\": 1"), "the job was requeued instead of re-adopted: {shown}");
+    for rank in 0..2 {
+        let starts = std::fs::read_to_string(work.join(format!("starts-{rank}"))).unwrap();
+        assert_eq!(starts.lines().count(), 1, "rank {rank} started twice");
+    }
 }

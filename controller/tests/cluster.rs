@@ -464,6 +464,8 @@ async fn silent_node_goes_down_and_failover_causes_no_false_alarm() {
             gpu_hold_down: gangway_node_agent::GPU_HOLD_DOWN_DEFAULT,
             nvml: None,
             health_check: None,
+            shim: None,
+            kill_tasks_on_exit: true,
         },
         async {
             let _ = stop_rx.await;
@@ -582,6 +584,8 @@ impl TestAgent {
             gpu_hold_down: Duration::from_millis(500),
             nvml: None,
             health_check,
+            shim: None,
+            kill_tasks_on_exit: true,
         };
         let task = tokio::spawn(gangway_node_agent::run(config, async {
             let _ = stop_rx.await;

@@ -17,6 +17,7 @@ pub mod health;
 pub mod inventory;
 pub mod launch;
 pub mod nvml;
+pub mod shim;
 pub mod supervisor;
 
 use std::collections::BTreeMap;
@@ -59,6 +60,12 @@ pub struct AgentConfig {
     /// run it: a non-zero exit drains the node with the program's first line of
     /// output as the reason (an admin resumes it).
     pub health_check: Option<(std::path::PathBuf, Duration)>,
+    /// The `gangway` binary, to run each task under `gangway task-shim` so
+    /// tasks outlive the agent and are re-adopted when it restarts.
+    pub shim: Option<std::path::PathBuf>,
+    /// Kill every task when the agent stops (dev clusters and tests); a real
+    /// agent leaves them running for its next start to re-adopt.
+    pub kill_tasks_on_exit: bool,
 }
 
 /// Longest a health-check program may run before it counts as failed.
@@ -167,8 +174,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let _watch = AbortOnDrop(tokio::spawn(watch_node_loop(client.clone(), config.name.clone(), poke.clone())));
     let mut fences = fence::FenceStore::open(&config.state_dir)
         .map_err(|e| anyhow::anyhow!("state-dir: cannot use {}: {e}", config.state_dir.display()))?;
-    let (mut tasks, mut exits_rx) =
-        supervisor::Supervisor::new(&config.name, &config.state_dir, config.stop_grace, config.gpus.len());
+    let (mut tasks, mut exits_rx) = supervisor::Supervisor::new(
+        &config.name,
+        &config.state_dir,
+        config.stop_grace,
+        config.gpus.len(),
+        config.shim.clone(),
+    );
+    tasks.adopt_all();
     let mut pending_exits: std::collections::VecDeque<TaskExitReport> = std::collections::VecDeque::new();
     let mut gpu_health = health::GpuHealthMonitor::new(
         config.gpus.len(),
@@ -287,7 +300,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         };
         tokio::select! {
             _ = &mut shutdown => {
-                tasks.kill_all();
+                if config.kill_tasks_on_exit {
+                    tasks.kill_all();
+                }
                 return Ok(());
             }
             _ = tokio::time::sleep(pause) => {}

@@ -21,6 +21,39 @@ use crate::launch::{lookup_user, output_paths, task_env};
 pub const STOP_GRACE_DEFAULT: Duration = Duration::from_secs(10);
 /// Exits waiting to be reported: the channel blocks task watchers beyond this.
 const EXIT_QUEUE_MAX: usize = 4096;
+/// How often a re-adopted task (not our child) is checked for its end.
+const ADOPTED_POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// How a task ended: the shim's exit file when there is one, else `status`
+/// (the wait status of our own child); neither means the task was lost. The
+/// task's record is removed.
+fn exit_report(
+    node: &str,
+    key: Key,
+    exit_file: &std::path::Path,
+    record: &std::path::Path,
+    status: Option<(Option<i32>, Option<i32>)>,
+    peak_mem_mb: Option<u64>,
+) -> TaskExitReport {
+    let found = crate::shim::read_exit(exit_file).or(status);
+    let _ = std::fs::remove_file(exit_file);
+    let _ = std::fs::remove_file(record);
+    let (exit_code, signal) = found.unwrap_or((None, None));
+    TaskExitReport {
+        node: node.to_string(),
+        job_id: key.0,
+        attempt: key.1,
+        exit_code,
+        signal,
+        reason: if found.is_none() {
+            "the task ended while its agent was down; its exit status is unknown".into()
+        } else {
+            String::new()
+        },
+        lost: found.is_none(),
+        peak_mem_mb,
+    }
+}
 
 type Key = (u64, u32);
 
@@ -45,6 +78,11 @@ pub struct Supervisor {
     cgroups: Option<crate::cgroup::Cgroups>,
     stop_grace: Duration,
     scripts_dir: PathBuf,
+    /// One record per running task (pid, exit file), for re-adoption.
+    records_dir: PathBuf,
+    /// The `gangway` binary to run tasks under `task-shim`; without it tasks are
+    /// the agent's own children and cannot outlive it.
+    shim: Option<PathBuf>,
     tasks: BTreeMap<Key, Task>,
     exits_tx: mpsc::Sender<TaskExitReport>,
 }
@@ -55,6 +93,7 @@ impl Supervisor {
         state_dir: &std::path::Path,
         stop_grace: Duration,
         gpu_count: usize,
+        shim: Option<PathBuf>,
     ) -> (Supervisor, mpsc::Receiver<TaskExitReport>) {
         let (exits_tx, rx) = mpsc::channel(EXIT_QUEUE_MAX);
         let cgroups = crate::cgroup::Cgroups::detect();
@@ -68,10 +107,71 @@ impl Supervisor {
             gpu_count,
             cgroups,
             scripts_dir: state_dir.join("scripts"),
+            records_dir: state_dir.join("tasks"),
+            shim,
             tasks: BTreeMap::new(),
             exits_tx,
         };
         (s, rx)
+    }
+
+    fn record_path(&self, key: Key) -> PathBuf {
+        self.records_dir.join(format!("{}-{}", key.0, key.1))
+    }
+
+    fn exit_path(&self, key: Key) -> PathBuf {
+        self.records_dir.join(format!("{}-{}.exit", key.0, key.1))
+    }
+
+    /// Re-adopts the tasks a previous agent process left running (under the
+    /// shim): they keep running and their exits are reported as usual. Tasks
+    /// that ended meanwhile are reported from their exit files; tasks that
+    /// vanished without one are reported lost (and requeued).
+    pub fn adopt_all(&mut self) {
+        let Ok(entries) = std::fs::read_dir(&self.records_dir) else { return };
+        let mut records: Vec<(Key, i32)> = Vec::new();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some((j, a)) = name.split_once('-') else { continue };
+            let (Ok(j), Ok(a)) = (j.parse::<u64>(), a.parse::<u32>()) else { continue };
+            let Ok(pid) = std::fs::read_to_string(e.path()).map(|t| t.trim().parse::<i32>()) else { continue };
+            if let Ok(pid) = pid {
+                records.push(((j, a), pid));
+            }
+        }
+        for (key, pid) in records {
+            let is_shim = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains("task-shim"))
+                .unwrap_or(false);
+            if is_shim {
+                tracing::info!(job = key.0, attempt = key.1, pid, "re-adopted a running task");
+                let pgid = Pid::from_raw(pid);
+                self.tasks.insert(
+                    key,
+                    Task { pgid, kill_at: None, killed: false, lost: false, warn_timer: None, cgroup: None },
+                );
+                self.watch_adopted(key, pgid);
+            } else {
+                self.report_from_files(key, None);
+            }
+        }
+    }
+
+    /// Polls an adopted task (not our child, so it cannot be waited for).
+    fn watch_adopted(&self, key: Key, pid: Pid) {
+        let (tx, node, exit, record) =
+            (self.exits_tx.clone(), self.node.clone(), self.exit_path(key), self.record_path(key));
+        tokio::spawn(async move {
+            while nix::sys::signal::kill(pid, None).is_ok() {
+                tokio::time::sleep(ADOPTED_POLL_INTERVAL).await;
+            }
+            let _ = tx.send(exit_report(&node, key, &exit, &record, None, None)).await;
+        });
+    }
+
+    fn report_from_files(&self, key: Key, fallback: Option<(Option<i32>, Option<i32>)>) {
+        let report = exit_report(&self.node, key, &self.exit_path(key), &self.record_path(key), fallback, None);
+        let _ = self.exits_tx.try_send(report);
     }
 
     pub fn running(&self) -> Vec<Key> {
@@ -120,24 +220,36 @@ impl Supervisor {
         } else {
             None
         };
-        let mut cmd = if !order.script.is_empty() {
+        let argv: Vec<String> = if !order.script.is_empty() {
             std::fs::create_dir_all(&self.scripts_dir).map_err(|e| format!("cannot create the script dir: {e}"))?;
             let path = self.scripts_dir.join(format!("job-{}-{}.sh", order.job_id, order.attempt));
             std::fs::write(&path, &order.script).map_err(|e| format!("cannot write the batch script: {e}"))?;
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
                 .map_err(|e| format!("cannot make the batch script executable: {e}"))?;
+            let path = path.display().to_string();
             if order.script.starts_with("#!") {
-                tokio::process::Command::new(&path)
+                vec![path]
             } else {
-                let mut c = tokio::process::Command::new("/bin/sh");
-                c.arg(&path);
-                c
+                vec!["/bin/sh".into(), path]
             }
         } else {
-            let mut c = tokio::process::Command::new(&order.command[0]);
-            c.args(&order.command[1..]);
-            c
+            order.command.clone()
+        };
+        let mut cmd = match &self.shim {
+            Some(shim) => {
+                std::fs::create_dir_all(&self.records_dir)
+                    .map_err(|e| format!("cannot create the task records dir: {e}"))?;
+                let _ = std::fs::remove_file(self.exit_path(key));
+                let mut c = tokio::process::Command::new(shim);
+                c.arg("task-shim").arg("--exit-file").arg(self.exit_path(key)).arg("--").args(&argv);
+                c
+            }
+            None => {
+                let mut c = tokio::process::Command::new(&argv[0]);
+                c.args(&argv[1..]);
+                c
+            }
         };
         let (out_path, err_path) = output_paths(order, &self.node);
         let open = |path: &std::path::Path| {
@@ -152,6 +264,13 @@ impl Supervisor {
             Some(p) => open(p)?,
             None => out.try_clone().map_err(|e| format!("cannot open output file: {e}"))?,
         };
+        if self.shim.is_some() {
+            let exit = self.exit_path(key);
+            std::fs::write(&exit, "").map_err(|e| format!("cannot create the task's exit file: {e}"))?;
+            if let Some((uid, gid)) = ids {
+                let _ = std::os::unix::fs::chown(&exit, Some(uid), Some(gid));
+            }
+        }
         if let Some((uid, gid)) = ids {
             for p in std::iter::once(&out_path).chain(err_path.as_ref()) {
                 let _ = std::os::unix::fs::chown(p, Some(uid), Some(gid));
@@ -198,8 +317,12 @@ impl Supervisor {
         self.tasks
             .insert(key, Task { pgid, kill_at: None, killed: false, lost: false, warn_timer, cgroup: cgroup.clone() });
         tracing::info!(job = order.job_id, attempt = order.attempt, pid, "task started");
-        let tx = self.exits_tx.clone();
-        let node = self.node.clone();
+        if self.shim.is_some() {
+            // The record lets a restarted agent find and re-adopt this task.
+            let _ = std::fs::write(self.record_path(key), pid.to_string());
+        }
+        let (tx, node, exit, record) =
+            (self.exits_tx.clone(), self.node.clone(), self.exit_path(key), self.record_path(key));
         tokio::spawn(async move {
             use std::os::unix::process::ExitStatusExt;
             let result = child.wait().await;
@@ -209,16 +332,9 @@ impl Supervisor {
                 crate::cgroup::Cgroups::remove(dir);
             }
             let report = match result {
-                Ok(status) => TaskExitReport {
-                    node,
-                    job_id: key.0,
-                    attempt: key.1,
-                    exit_code: status.code(),
-                    signal: status.signal(),
-                    reason: String::new(),
-                    lost: false,
-                    peak_mem_mb,
-                },
+                Ok(status) => {
+                    exit_report(&node, key, &exit, &record, Some((status.code(), status.signal())), peak_mem_mb)
+                }
                 Err(e) => TaskExitReport {
                     node,
                     job_id: key.0,
@@ -303,7 +419,7 @@ mod tests {
     #[test]
     fn bad_orders_fail_with_a_reason_and_start_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut s, _rx) = Supervisor::new("n1", dir.path(), STOP_GRACE_DEFAULT, 2);
+        let (mut s, _rx) = Supervisor::new("n1", dir.path(), STOP_GRACE_DEFAULT, 2, None);
         let work = dir.path().display().to_string();
         let err = s.launch(&order(vec![5], &work, "")).unwrap_err();
         assert!(err.contains("GPU 5 does not exist"), "{err}");
