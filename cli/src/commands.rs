@@ -188,7 +188,13 @@ pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
             (gangway_node_agent::inventory::read_inventory_file(file, &name).map_err(anyhow::Error::msg)?, None)
         }
         (None, None) => match gangway_node_agent::nvml::NvmlProvider::probe() {
-            Ok((provider, gpus)) => (gpus, Some(std::sync::Arc::new(provider))),
+            Ok((provider, gpus)) => {
+                let provider = std::sync::Arc::new(provider);
+                if !a.probe {
+                    provider.start_xid_watch();
+                }
+                (gpus, Some(provider))
+            }
             Err(why) => {
                 tracing::warn!("{why}");
                 (Vec::new(), None)

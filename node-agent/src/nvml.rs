@@ -3,10 +3,13 @@
 //!
 //! Discovery: model, UUID, memory, and NVLink islands (GPUs joined by active
 //! NVLink links, found by following each link to its peer's PCI bus id).
-//! Health, polled every heartbeat: a lost device, uncorrectable ECC errors, and
-//! hardware slowdown (thermal, power brake). XID event monitoring is not here yet.
+//! Health, polled every heartbeat: a lost device, uncorrectable ECC errors,
+//! memory pages pending retirement, hardware slowdown (thermal, power brake),
+//! and critical XID errors caught by a watcher thread on NVML's event set.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use gangway_proto::v1::GpuInventory;
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
@@ -18,10 +21,20 @@ use nvml_wrapper::Nvml;
 const NVLINK_LINKS_MAX: u32 = 18;
 /// GPUs examined on one host (the core's per-node limit).
 const GPUS_MAX: u32 = 16;
+/// XIDs that mean a GPU needs attention (NVIDIA's XID catalog): 48 double-bit
+/// ECC, 63/64 row remapping, 74 NVLink, 79 fallen off the bus, 92 high
+/// single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP errors.
+const CRITICAL_XIDS: &[u64] = &[48, 63, 64, 74, 79, 92, 94, 95, 119, 120];
+/// A critical XID keeps its GPU quarantined this long (then the hold-down runs).
+const XID_FAULT_HOLD: Duration = Duration::from_secs(600);
+/// One wait on the event set: also how soon the watcher notices the agent stopped.
+const XID_WAIT_MS: u32 = 1000;
 
 pub struct NvmlProvider {
     nvml: Nvml,
     count: u32,
+    /// The last critical XID seen per GPU index, and when.
+    xids: Mutex<BTreeMap<u32, (Instant, u64)>>,
 }
 
 impl std::fmt::Debug for NvmlProvider {
@@ -117,7 +130,48 @@ impl NvmlProvider {
             let next = island_of_root.len() as u32;
             gpus[i as usize].nvlink_island = *island_of_root.entry(root).or_insert(next);
         }
-        Ok((NvmlProvider { nvml, count }, gpus))
+        Ok((NvmlProvider { nvml, count, xids: Mutex::new(BTreeMap::new()) }, gpus))
+    }
+
+    /// Watches NVML's event set for critical XID errors on a thread of its own
+    /// (NVML's wait blocks); ends when the agent drops its last handle.
+    pub fn start_xid_watch(self: &Arc<Self>) {
+        let me = self.clone();
+        let spawned = std::thread::Builder::new().name("gangway-xid-watch".into()).spawn(move || {
+            use nvml_wrapper::bitmasks::event::EventTypes;
+            use nvml_wrapper::enums::event::XidError;
+            let Ok(mut set) = me.nvml.create_event_set() else { return };
+            for i in 0..me.count {
+                let Ok(dev) = me.nvml.device_by_index(i) else { return };
+                set = match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(gpu = i, error = %e.error, "XID events unavailable; other health checks continue");
+                        return;
+                    }
+                };
+            }
+            while Arc::strong_count(&me) > 1 {
+                match set.wait(XID_WAIT_MS) {
+                    Ok(ev) => {
+                        if let (Some(XidError::Value(xid)), Ok(idx)) = (ev.event_data, ev.device.index()) {
+                            if CRITICAL_XIDS.contains(&xid) {
+                                tracing::warn!(gpu = idx, xid, "critical XID error");
+                                me.xids.lock().expect("xid lock").insert(idx, (Instant::now(), xid));
+                            }
+                        }
+                    }
+                    Err(NvmlError::Timeout) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "waiting for XID events failed");
+                        std::thread::sleep(Duration::from_millis(u64::from(XID_WAIT_MS)));
+                    }
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the XID watcher");
+        }
     }
 
     /// What is wrong with GPU `index` now, if anything.
@@ -130,6 +184,14 @@ impl NvmlProvider {
             Err(NvmlError::GpuLost) => return Some("GPU lost: it fell off the bus".into()),
             Err(e) => return Some(format!("NVML cannot reach the GPU: {e}")),
         };
+        if let Some((seen, xid)) = self.xids.lock().expect("xid lock").get(&index) {
+            if seen.elapsed() < XID_FAULT_HOLD {
+                return Some(format!("XID {xid} error"));
+            }
+        }
+        if dev.are_pages_pending_retired().unwrap_or(false) {
+            return Some("memory pages pending retirement: the GPU needs a reset".into());
+        }
         match dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile) {
             Ok(n) if n > 0 => return Some(format!("{n} uncorrectable ECC errors")),
             Err(NvmlError::GpuLost) => return Some("GPU lost: it fell off the bus".into()),
