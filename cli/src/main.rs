@@ -5,6 +5,7 @@ mod bench;
 mod commands;
 mod dev;
 mod parse;
+mod simulate;
 
 use clap::{Parser, Subcommand};
 
@@ -69,6 +70,8 @@ enum Cmd {
         #[arg(last = true, required = true)]
         argv: Vec<String>,
     },
+    /// Replay a workload trace through the scheduler in virtual time.
+    Simulate(simulate::SimulateArgs),
     /// Benchmarks against a local cluster of real controller processes.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -105,6 +108,7 @@ fn main() {
             Cmd::Agent(a) => commands::agent(a, &identity).await,
             Cmd::Dev(a) => dev::run(a, &identity).await,
             Cmd::Bench(b) => bench::run(b).await,
+            Cmd::Simulate(s) => simulate::run(s),
             cmd => {
                 let client = gangway_proto::client::Client::new(&cli.endpoints, &identity)?;
                 match cmd {

@@ -18,6 +18,7 @@ pub mod command;
 pub mod limits;
 pub mod model;
 pub mod sched;
+pub mod sim;
 pub mod snapshot;
 pub mod spec;
 pub mod state;

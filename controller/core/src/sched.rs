@@ -73,8 +73,23 @@ impl Free {
     }
 }
 
-/// Computes a plan: gangs to start now, each placed whole.
+/// How the queue is walked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Submit order; a job that does not fit is skipped and later jobs may start
+    /// (no reservation: large jobs can wait long behind small ones).
+    FirstFit,
+    /// Strict submit order: nothing starts ahead of a job that does not fit.
+    Fifo,
+}
+
+/// Computes a plan: gangs to start now, each placed whole (first fit).
 pub fn schedule(state: &State) -> Vec<Placement> {
+    schedule_with(state, Policy::FirstFit)
+}
+
+/// Computes a plan under `policy`.
+pub fn schedule_with(state: &State, policy: Policy) -> Vec<Placement> {
     let mut free: BTreeMap<&str, Free> =
         state.nodes.values().filter(|n| n.state == NodeState::Up).map(|n| (n.name.as_str(), Free::of(n))).collect();
     let mut plan = Vec::new();
@@ -82,8 +97,10 @@ pub fn schedule(state: &State) -> Vec<Placement> {
         if plan.len() >= PLACEMENTS_PER_PLAN_MAX || free.is_empty() {
             break;
         }
-        if let Some(p) = place(state, job_id, &mut free) {
-            plan.push(p);
+        match place(state, job_id, &mut free) {
+            Some(p) => plan.push(p),
+            None if policy == Policy::Fifo => break,
+            None => {}
         }
     }
     plan
@@ -94,6 +111,10 @@ fn place(state: &State, job_id: JobId, free: &mut BTreeMap<&str, Free>) -> Optio
     let spec = &job.spec;
     let cpus = spec.cpus_per_node();
     let gpus = spec.gpus_per_node as usize;
+    // Cheap bound first: too few nodes with enough CPUs means no placement.
+    if free.values().filter(|f| f.cpus >= cpus).take(spec.nodes as usize).count() < spec.nodes as usize {
+        return None;
+    }
     let mut chosen: Vec<(&str, Vec<u32>)> = Vec::new();
     for (name, f) in free.iter() {
         if chosen.len() == spec.nodes as usize {
