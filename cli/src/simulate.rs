@@ -21,8 +21,8 @@ pub struct SimulateArgs {
     /// An SWF trace (.swf or .swf.gz), e.g. ../shared/traces/swf/KTH-SP2-1996-2.1-cln.swf.gz
     #[arg(long)]
     trace: PathBuf,
-    /// Policies to compare: first-fit, fifo.
-    #[arg(long, value_delimiter = ',', default_value = "fifo,first-fit")]
+    /// Policies to compare: fifo, first-fit, easy.
+    #[arg(long, value_delimiter = ',', default_value = "fifo,first-fit,easy")]
     policy: Vec<String>,
     /// Nodes in the simulated machine (default: the trace's MaxProcs / cpus-per-node).
     #[arg(long)]
@@ -68,7 +68,8 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
         let policy = match p.as_str() {
             "fifo" => Policy::Fifo,
             "first-fit" => Policy::FirstFit,
-            other => bail!("policy: '{other}' is not a policy (fifo, first-fit)"),
+            "easy" => Policy::Easy,
+            other => bail!("policy: '{other}' is not a policy (fifo, first-fit, easy)"),
         };
         let started = Instant::now();
         let r = simulate(&trace, &SimConfig { nodes, cpus_per_node: cpn, policy });

@@ -130,7 +130,7 @@ pub fn simulate(trace: &[TraceJob], cfg: &SimConfig) -> SimReport {
             }
             next += 1;
         }
-        let plan = schedule_with(&state, cfg.policy);
+        let plan = schedule_with(&state, cfg.policy, t * 1000);
         if plan.is_empty() {
             continue;
         }

@@ -191,7 +191,10 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
                 now_ms,
             }
         }
-        Op::Schedule => Command::ApplyPlan { placements: gangway_core::sched::schedule(state), now_ms },
+        Op::Schedule => Command::ApplyPlan {
+            placements: gangway_core::sched::schedule_with(state, gangway_core::sched::Policy::Easy, now_ms),
+            now_ms,
+        },
         Op::GpuHealth(n, g, healthy) => {
             Command::SetGpuHealth { node: format!("n{n}"), gpu: *g, healthy: *healthy, reason: "xid 79".into(), now_ms }
         }

@@ -1,5 +1,5 @@
 //! The leader's scheduling loop: plans placements with the core's pure
-//! `sched::schedule` and commits them as one `ApplyPlan`, and ends jobs that ran
+//! `sched::schedule_with` (EASY backfilling) and commits them as one `ApplyPlan`, and ends jobs that ran
 //! past their time limit. Agents learn of started and ended jobs from their next
 //! heartbeat (see `api/agent.rs`).
 
@@ -32,7 +32,7 @@ pub async fn run(replica: Arc<Replica>) {
         let now = crate::now_ms();
         let (plan, expired) = {
             let state = replica.node.state().read();
-            let plan = gangway_core::sched::schedule(&state);
+            let plan = gangway_core::sched::schedule_with(&state, gangway_core::sched::Policy::Easy, now);
             let expired: Vec<(u64, u32, u64)> = state
                 .running
                 .iter()
