@@ -402,6 +402,18 @@ async fn bench_failover(runs: usize, data_dir: Option<PathBuf>) -> anyhow::Resul
     Ok(())
 }
 
+/// Jobs in `states` (at most `limit` are counted).
+async fn count_jobs(client: &Client, states: &[pb::JobState], limit: u32) -> Result<usize, tonic::Status> {
+    let req = pb::ListJobsRequest { states: states.iter().map(|s| *s as i32).collect(), limit, ..Default::default() };
+    let resp = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).list(r).await }
+        })
+        .await?;
+    Ok(resp.into_inner().jobs.len())
+}
+
 async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> anyhow::Result<()> {
     if jobs == 0 || jobs > BENCH_JOBS_MAX {
         bail!("jobs: must be between 1 and {BENCH_JOBS_MAX}");
@@ -494,35 +506,9 @@ async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> any
     let submitted = started.elapsed();
     let deadline = Instant::now() + Duration::from_secs(600);
     let (done, failed) = loop {
-        let req = pb::ListJobsRequest {
-            states: vec![pb::JobState::Pending as i32, pb::JobState::Running as i32],
-            limit: 1,
-            ..Default::default()
-        };
-        let active = client
-            .call(|ch| {
-                let r = client.request(req.clone());
-                async move { JobServiceClient::new(ch).list(r).await }
-            })
-            .await?
-            .into_inner()
-            .jobs
-            .len();
+        let active = count_jobs(&client, &[pb::JobState::Pending, pb::JobState::Running], 1).await?;
         if active == 0 {
-            let req = pb::ListJobsRequest {
-                states: vec![pb::JobState::Completed as i32],
-                limit: 10_000,
-                ..Default::default()
-            };
-            let completed = client
-                .call(|ch| {
-                    let r = client.request(req.clone());
-                    async move { JobServiceClient::new(ch).list(r).await }
-                })
-                .await?
-                .into_inner()
-                .jobs
-                .len();
+            let completed = count_jobs(&client, &[pb::JobState::Completed], 10_000).await?;
             break (started.elapsed(), jobs.saturating_sub(completed));
         }
         if Instant::now() > deadline {

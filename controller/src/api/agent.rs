@@ -73,32 +73,25 @@ impl AgentService for AgentApi {
         let (tx, rx) = tokio::sync::mpsc::channel(POKE_BUFFER_MAX);
         tokio::spawn(async move {
             loop {
-                let ev = match events.recv().await {
-                    Ok(ev) => ev,
-                    // Missed events: poke anyway, the agent reconciles everything.
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => gangway_core::JobEvent {
-                        index: 0,
-                        job_id: 0,
-                        state: gangway_core::JobState::Failed,
-                        attempt: 0,
-                        reason: String::new(),
+                let relevant = match events.recv().await {
+                    Ok(ev) => match ev.state {
+                        gangway_core::JobState::Running => {
+                            replica.node.state().read().jobs.get(&ev.job_id).is_some_and(|j| {
+                                j.allocation.as_ref().is_some_and(|a| a.nodes.iter().any(|n| n.node == name))
+                            })
+                        }
+                        // A new submission changes nothing on nodes; a requeue does.
+                        gangway_core::JobState::Pending => ev.attempt > 0,
+                        _ => true,
                     },
+                    // Missed events: poke anyway, the agent reconciles everything.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                };
-                let relevant = match ev.state {
-                    gangway_core::JobState::Running => {
-                        replica.node.state().read().jobs.get(&ev.job_id).is_some_and(|j| {
-                            j.allocation.as_ref().is_some_and(|a| a.nodes.iter().any(|n| n.node == name))
-                        })
-                    }
-                    // A new submission changes nothing on nodes; a requeue does.
-                    gangway_core::JobState::Pending => ev.attempt > 0,
-                    _ => true,
                 };
                 if !relevant {
                     continue;
                 }
-                match tx.try_send(Ok(NodeChanged { index: ev.index })) {
+                match tx.try_send(Ok(NodeChanged { index: replica.node.status().applied_index.unwrap_or(0) })) {
                     Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => return,
                     _ => tokio::time::sleep(POKE_MIN_INTERVAL).await,
                 }
