@@ -428,24 +428,11 @@ async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> any
     let mut agents = Vec::new();
     for i in 1..=nodes {
         let name = format!("bench-node-{i}");
+        let state_dir = cluster.root().join(format!("agent-{name}"));
         let config = gangway_node_agent::AgentConfig {
-            controllers: cluster.endpoints(),
-            state_dir: cluster.root().join(format!("agent-{name}")),
-            name,
-            addr: "127.0.0.1".into(),
-            cpus: 64,
-            mem_mb: 64 * 1024,
-            gpus: Vec::new(),
-            topology: Vec::new(),
-            labels: Default::default(),
             identity: "bench".into(),
-            stop_grace: gangway_node_agent::supervisor::STOP_GRACE_DEFAULT,
             gpu_fault_file: None,
-            gpu_hold_down: gangway_node_agent::GPU_HOLD_DOWN_DEFAULT,
-            nvml: None,
-            health_check: None,
-            shim: None,
-            kill_tasks_on_exit: true,
+            ..gangway_node_agent::AgentConfig::simulated(cluster.endpoints(), &name, state_dir)
         };
         let mut stop = stop_tx.subscribe();
         agents.push(tokio::spawn(gangway_node_agent::run(config, async move {

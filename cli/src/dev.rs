@@ -83,25 +83,15 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
     let mut agents = Vec::new();
     for i in 1..=a.nodes {
         let name = format!("dev-node-{i}");
+        let state_dir = root.join(format!("agent-{name}"));
         let config = gangway_node_agent::AgentConfig {
-            controllers: endpoints.clone(),
             gpus: gangway_node_agent::inventory::parse_fake_gpus(&a.fake_gpus, &name).map_err(anyhow::Error::msg)?,
-            state_dir: root.join(format!("agent-{name}")),
-            name,
-            // Every simulated node is this host: rendezvous on loopback.
-            addr: "127.0.0.1".into(),
-            cpus: 64,
             mem_mb: 512 * 1024,
             topology: vec!["zone-a".into(), format!("rack-{}", (i - 1) / 4 + 1)],
-            labels: BTreeMap::new(),
             identity: identity.to_string(),
-            stop_grace: gangway_node_agent::supervisor::STOP_GRACE_DEFAULT,
-            gpu_fault_file: Some(root.join(format!("agent-dev-node-{i}")).join("gpu-faults")),
             gpu_hold_down: std::time::Duration::from_secs(10),
-            nvml: None,
-            health_check: None,
             shim: std::env::current_exe().ok(),
-            kill_tasks_on_exit: true,
+            ..gangway_node_agent::AgentConfig::simulated(endpoints.clone(), &name, state_dir)
         };
         let mut stop = stop_tx.subscribe();
         agents.push(tokio::spawn(gangway_node_agent::run(config, async move {

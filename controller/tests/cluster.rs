@@ -451,23 +451,13 @@ async fn silent_node_goes_down_and_failover_causes_no_false_alarm() {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let agent = tokio::spawn(gangway_node_agent::run(
         gangway_node_agent::AgentConfig {
-            controllers: eps,
-            name: "alive".into(),
             addr: String::new(),
             cpus: 4,
             mem_mb: 1024,
             gpus: gangway_node_agent::inventory::parse_fake_gpus("2xh100-80gb", "alive").unwrap(),
-            topology: vec![],
-            labels: BTreeMap::new(),
-            identity: "agent".into(),
-            state_dir: agent_dir.path().to_path_buf(),
-            stop_grace: std::time::Duration::from_secs(1),
+            stop_grace: Duration::from_secs(1),
             gpu_fault_file: None,
-            gpu_hold_down: gangway_node_agent::GPU_HOLD_DOWN_DEFAULT,
-            nvml: None,
-            health_check: None,
-            shim: None,
-            kill_tasks_on_exit: true,
+            ..gangway_node_agent::AgentConfig::simulated(eps, "alive", agent_dir.path().to_path_buf())
         },
         async {
             let _ = stop_rx.await;
@@ -571,23 +561,17 @@ impl TestAgent {
     ) -> TestAgent {
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let config = gangway_node_agent::AgentConfig {
-            controllers: c.addrs.values().cloned().collect(),
-            name: name.into(),
-            addr: "127.0.0.1".into(),
             cpus: 8,
             mem_mb: 8192,
             gpus: gangway_node_agent::inventory::parse_fake_gpus(gpus, name).unwrap(),
-            topology: vec![],
-            labels: BTreeMap::new(),
-            identity: "agent".into(),
-            state_dir: state_dir.to_path_buf(),
             stop_grace: Duration::from_secs(1),
-            gpu_fault_file: Some(state_dir.join("gpu-faults")),
             gpu_hold_down: Duration::from_millis(500),
-            nvml: None,
             health_check,
-            shim: None,
-            kill_tasks_on_exit: true,
+            ..gangway_node_agent::AgentConfig::simulated(
+                c.addrs.values().cloned().collect(),
+                name,
+                state_dir.to_path_buf(),
+            )
         };
         let task = tokio::spawn(gangway_node_agent::run(config, async {
             let _ = stop_rx.await;
@@ -737,7 +721,7 @@ async fn cancel_and_time_limit_kill_the_whole_process_tree() {
         })
         .await
         .unwrap();
-    eventually("the SIGTERM-ignoring child survived the cancel", || !(pid_alive(child))).await;
+    eventually("the SIGTERM-ignoring child survived the cancel", || !pid_alive(child)).await;
     assert_eq!(get_job(&client, id).await.state, pb::JobState::Cancelled as i32);
     // A time limit ends the job the same way, after the --signal warning.
     let mut spec = script_spec(
@@ -751,7 +735,7 @@ async fn cancel_and_time_limit_kill_the_whole_process_tree() {
     let job = wait_state(&client, id, pb::JobState::Timeout).await;
     assert!(job.reason.contains("time limit"), "{}", job.reason);
     let child: i32 = wait_file(&work.path().join("child2.pid")).await.trim().parse().unwrap();
-    eventually("a timed-out job's process survived", || !(pid_alive(child))).await;
+    eventually("a timed-out job's process survived", || !pid_alive(child)).await;
     assert_eq!(std::fs::read_to_string(work.path().join("warned")).unwrap().trim(), "warned");
     agent.stop().await;
     c.shutdown().await;
@@ -830,7 +814,7 @@ async fn jobs_survive_a_leader_failover_and_an_isolated_agent_stops_its_tasks() 
     for id in 1..=3 {
         c.stop(id).await;
     }
-    eventually("an isolated agent kept its task running", || !(pid_alive(pid))).await;
+    eventually("an isolated agent kept its task running", || !pid_alive(pid)).await;
     // Back online: the lost attempt is requeued and runs again as attempt 2.
     for id in 1..=3 {
         c.restart(id).await;

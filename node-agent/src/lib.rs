@@ -146,6 +146,31 @@ impl Drop for AbortOnDrop {
 pub const GPU_HOLD_DOWN_DEFAULT: Duration = Duration::from_secs(60);
 
 impl AgentConfig {
+    /// A simulated node run inside another process (dev cluster, benchmarks,
+    /// tests): loopback rendezvous, no GPUs, default timings, tasks run directly
+    /// (no shim) and are killed when the agent stops. Callers override the rest.
+    pub fn simulated(controllers: Vec<String>, name: &str, state_dir: std::path::PathBuf) -> AgentConfig {
+        AgentConfig {
+            controllers,
+            name: name.to_string(),
+            addr: "127.0.0.1".into(),
+            cpus: 64,
+            mem_mb: 64 * 1024,
+            gpus: Vec::new(),
+            topology: Vec::new(),
+            labels: BTreeMap::new(),
+            identity: "agent".into(),
+            gpu_fault_file: Some(state_dir.join("gpu-faults")),
+            state_dir,
+            stop_grace: supervisor::STOP_GRACE_DEFAULT,
+            gpu_hold_down: GPU_HOLD_DOWN_DEFAULT,
+            nvml: None,
+            health_check: None,
+            shim: None,
+            kill_tasks_on_exit: true,
+        }
+    }
+
     fn register_request(&self) -> RegisterRequest {
         RegisterRequest {
             name: self.name.clone(),
