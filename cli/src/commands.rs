@@ -13,7 +13,7 @@ use gangway_proto::v1::job_service_client::JobServiceClient;
 use gangway_proto::v1::node_service_client::NodeServiceClient;
 use serde_json::{json, Value};
 
-use crate::parse;
+use crate::{parse, policy};
 
 pub struct Output {
     pub json: bool,
@@ -36,6 +36,7 @@ pub fn one_line(e: &anyhow::Error) -> String {
             tonic::Code::ResourceExhausted => "limit reached",
             tonic::Code::DeadlineExceeded => "timed out",
             tonic::Code::Aborted => "aborted",
+            tonic::Code::PermissionDenied => "permission denied",
             _ => "error",
         };
         return format!("{code}: {}", s.message()).replace('\n', " ");
@@ -258,9 +259,9 @@ pub struct SubmitArgs {
     /// Job name.
     #[arg(short = 'J', long = "job-name", alias = "name")]
     name: Option<String>,
-    /// Nodes (the whole gang starts together).
-    #[arg(short = 'N', long, allow_negative_numbers = true)]
-    nodes: Option<i64>,
+    /// Nodes: N, or a range MIN-MAX (the whole gang starts together).
+    #[arg(short = 'N', long, allow_hyphen_values = true)]
+    nodes: Option<String>,
     #[arg(long = "ntasks-per-node", allow_negative_numbers = true)]
     tasks_per_node: Option<i64>,
     #[arg(short = 'c', long = "cpus-per-task", allow_negative_numbers = true)]
@@ -269,8 +270,55 @@ pub struct SubmitArgs {
     #[arg(long)]
     mem: Option<String>,
     /// GPUs per node: COUNT or TYPE:COUNT (h100:8).
-    #[arg(long = "gpus-per-node", alias = "gpus", allow_hyphen_values = true)]
+    #[arg(long = "gpus-per-node", allow_hyphen_values = true)]
     gpus_per_node: Option<String>,
+    /// GPUs for the whole job: [TYPE:]COUNT, spread evenly over its nodes.
+    #[arg(short = 'G', long = "gpus", allow_hyphen_values = true)]
+    gpus: Option<String>,
+    /// GPUs per task: [TYPE:]COUNT (times --ntasks-per-node per node).
+    #[arg(long = "gpus-per-task", allow_hyphen_values = true)]
+    gpus_per_task: Option<String>,
+    /// Generic resources, Slurm style: gpu[:TYPE]:COUNT per node.
+    #[arg(long)]
+    gres: Option<String>,
+    /// Memory per allocated CPU: MiB or with a unit (4G).
+    #[arg(long = "mem-per-cpu")]
+    mem_per_cpu: Option<String>,
+    /// Account to charge (default: your default account).
+    #[arg(short = 'A', long)]
+    account: Option<String>,
+    /// Quality of service.
+    #[arg(short = 'q', long)]
+    qos: Option<String>,
+    /// Node features, joined with & (e.g. "ib&arch=zen4").
+    #[arg(short = 'C', long)]
+    constraint: Option<String>,
+    /// Whole nodes, shared with no other job.
+    #[arg(long)]
+    exclusive: bool,
+    /// Keep the gang within one domain of a topology level: LEVEL[:required] or
+    /// LEVEL:preferred[@WAIT] (e.g. rack:required, block:preferred@10:00).
+    #[arg(long)]
+    topology: Option<String>,
+    /// Slurm's --switches=1[@WAIT]: within one leaf domain (the lowest topology level),
+    /// preferred for WAIT (default: required).
+    #[arg(long)]
+    switches: Option<String>,
+    /// Dependencies: afterok:ID[:ID..],afterany:ID,...,singleton.
+    #[arg(short = 'd', long)]
+    dependency: Option<String>,
+    /// A job array: indexes like 0-99, 1,3,5-7 or 0-99:2, with an optional %LIMIT.
+    #[arg(short = 'a', long)]
+    array: Option<String>,
+    /// Lower the priority by N (admins may raise it with a negative N).
+    #[arg(long, allow_hyphen_values = true)]
+    nice: Option<i32>,
+    /// Submit held; start it with `gangway release`.
+    #[arg(short = 'H', long)]
+    hold: bool,
+    /// What to do when a dependency can never be met: yes = cancel (default), no = keep it held.
+    #[arg(long = "kill-on-invalid-dep")]
+    kill_on_invalid_dep: Option<String>,
     /// Time limit: MINUTES, H:MM:SS, D-HH:MM:SS.
     #[arg(short = 't', long)]
     time: Option<String>,
@@ -328,17 +376,47 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
         }
         _ => bail!("command: give only one of a command after `--`, --wrap, or a script file"),
     };
-    let (gpu_type, gpus) = match &a.gpus_per_node {
-        Some(g) => {
-            let (t, n) = parse::gpus(g).map_err(anyhow::Error::msg)?;
-            (t, Some(n))
+    let (nodes, nodes_max) = match a.nodes.as_deref() {
+        Some(n) => {
+            let (lo, hi) = parse::node_range(n).map_err(anyhow::Error::msg)?;
+            (Some(i64::from(lo)), hi)
         }
-        None => (String::new(), None),
+        None => (None, 0),
     };
+    let node_count = nodes.unwrap_or(1).max(1);
+    let tasks = a.tasks_per_node.unwrap_or(1).max(1);
+    let (gpu_type, gpus) = parse::gpu_request(
+        a.gpus_per_node.as_deref(),
+        a.gpus.as_deref(),
+        a.gpus_per_task.as_deref(),
+        a.gres.as_deref(),
+        node_count,
+        tasks,
+    )
+    .map_err(anyhow::Error::msg)?;
     let warn = a.signal.as_deref().map(parse::warn_signal).transpose().map_err(anyhow::Error::msg)?.unwrap_or((0, 0));
     let workdir = match a.chdir {
         Some(d) => d,
         None => std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),
+    };
+    let topology = match (&a.topology, &a.switches) {
+        (Some(_), Some(_)) => bail!("topology: give --topology or --switches, not both"),
+        (Some(t), None) => Some(parse::topology(t).map_err(anyhow::Error::msg)?),
+        (None, Some(sw)) => {
+            let (required, wait_s) = parse::switches(sw).map_err(anyhow::Error::msg)?;
+            let policy = policy::fetch_policy(client, true).await?.0;
+            let Some(level) = policy.topology_levels.last() else {
+                bail!("switches: this cluster defines no topology levels (gangway admin set --topology-levels ...)")
+            };
+            Some(pb::TopologyConstraint { level: level.clone(), required, wait_s })
+        }
+        (None, None) => None,
+    };
+    let kill_on_invalid_dep = match a.kill_on_invalid_dep.as_deref() {
+        None => None,
+        Some("yes" | "true" | "1") => Some(true),
+        Some("no" | "false" | "0") => Some(false),
+        Some(other) => bail!("kill-on-invalid-dep: '{other}' must be yes or no"),
     };
     let spec = pb::JobSpec {
         name: a.name.unwrap_or_else(|| default_job_name(&command, a.script.as_ref(), a.wrap.is_some())),
@@ -347,7 +425,7 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
         script,
         workdir,
         partition: a.partition.unwrap_or_default(),
-        nodes: a.nodes,
+        nodes,
         tasks_per_node: a.tasks_per_node,
         cpus_per_task: a.cpus_per_task,
         mem_per_node_mb: a.mem.as_deref().map(parse::mem_mb).transpose().map_err(anyhow::Error::msg)?.map(|m| m as i64),
@@ -366,6 +444,28 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
         error: a.error.unwrap_or_default(),
         warn_signal: warn.0,
         warn_before_s: warn.1,
+        account: a.account.unwrap_or_default(),
+        qos: a.qos.unwrap_or_default(),
+        nodes_max,
+        mem_per_cpu_mb: a
+            .mem_per_cpu
+            .as_deref()
+            .map(parse::mem_mb)
+            .transpose()
+            .map_err(anyhow::Error::msg)?
+            .unwrap_or(0),
+        constraints: a
+            .constraint
+            .as_deref()
+            .map(|c| c.split('&').map(|f| f.trim().to_string()).filter(|f| !f.is_empty()).collect())
+            .unwrap_or_default(),
+        exclusive: a.exclusive,
+        topology,
+        dependency: a.dependency.unwrap_or_default(),
+        array: a.array.unwrap_or_default(),
+        nice: a.nice.unwrap_or(0),
+        hold: a.hold,
+        kill_on_invalid_dep,
     };
     let key = a.idempotency_key.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: key };
@@ -377,9 +477,17 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
         .await?
         .into_inner();
     if out.json {
-        out.print_json(&json!({"job_id": resp.job_id, "duplicate": resp.duplicate}));
+        out.print_json(&json!({"job_id": resp.job_id, "duplicate": resp.duplicate, "count": resp.count}));
     } else if a.parsable {
         println!("{}", resp.job_id);
+    } else if resp.count > 1 {
+        println!(
+            "Submitted batch job {} (array of {} jobs: {}..{})",
+            resp.job_id,
+            resp.count,
+            resp.job_id,
+            resp.job_id + u64::from(resp.count) - 1
+        );
     } else {
         println!("Submitted batch job {}", resp.job_id);
     }
@@ -416,6 +524,10 @@ pub struct QueueArgs {
     /// Jobs to show at most.
     #[arg(long, default_value_t = 1000)]
     limit: u32,
+    #[arg(short = 'A', long)]
+    account: Option<String>,
+    #[arg(short = 'p', long)]
+    partition: Option<String>,
 }
 
 fn job_state_name(s: i32) -> &'static str {
@@ -433,7 +545,7 @@ fn job_state_name(s: i32) -> &'static str {
 
 fn job_json(j: &pb::Job) -> Value {
     let spec = j.spec.clone().unwrap_or_default();
-    json!({
+    let mut v = json!({
         "id": j.id,
         "name": spec.name,
         "user": spec.user,
@@ -458,7 +570,28 @@ fn job_json(j: &pb::Job) -> Value {
         "gpu_type": spec.gpu_type,
         "time_limit_s": spec.time_limit_s,
         "allocation": j.allocation.iter().map(|a| json!({"node": a.node, "cpus": a.cpus, "mem_mb": a.mem_mb, "gpus": a.gpus})).collect::<Vec<_>>(),
-    })
+    });
+    let extra = json!({
+        "display_id": j.display_id,
+        "array_job_id": j.array_job_id,
+        "array_index": j.array_index,
+        "account": spec.account,
+        "qos": spec.qos,
+        "held": j.held,
+        "pending_dependencies": j.pending_dependencies,
+        "priority_override": j.priority_override,
+        "preempted": j.preempted,
+        "constraints": spec.constraints,
+        "exclusive": spec.exclusive,
+        "nodes_max": spec.nodes_max,
+        "dependency": spec.dependency,
+        "array": spec.array,
+        "nice": spec.nice,
+    });
+    if let (Value::Object(m), Value::Object(x)) = (&mut v, extra) {
+        m.extend(x);
+    }
+    v
 }
 
 fn now_ms() -> u64 {
@@ -517,6 +650,9 @@ pub async fn queue(client: &Client, out: &Output, a: QueueArgs) -> anyhow::Resul
         stale: a.stale,
         limit: a.limit,
         after_id: 0,
+        account: a.account.unwrap_or_default(),
+        partition: a.partition.unwrap_or_default(),
+        explain: true,
     };
     let resp = client
         .call(|ch| {
@@ -548,7 +684,8 @@ pub async fn queue(client: &Client, out: &Output, a: QueueArgs) -> anyhow::Resul
                 j.ran_on.join(",")
             };
             vec![
-                j.id.to_string(),
+                if j.display_id.is_empty() { j.id.to_string() } else { j.display_id.clone() },
+                spec.partition,
                 spec.name,
                 spec.user,
                 job_state_name(j.state).to_string(),
@@ -559,7 +696,10 @@ pub async fn queue(client: &Client, out: &Output, a: QueueArgs) -> anyhow::Resul
             ]
         })
         .collect();
-    print_table(&["JOBID", "NAME", "USER", "STATE", "TIME", "NODES", "GPUS/NODE", "NODELIST(REASON)"], &rows);
+    print_table(
+        &["JOBID", "PARTITION", "NAME", "USER", "STATE", "TIME", "NODES", "GPUS/NODE", "NODELIST(REASON)"],
+        &rows,
+    );
     if resp.next_after_id != 0 {
         eprintln!("(more jobs not shown; raise --limit)");
     }

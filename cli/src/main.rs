@@ -4,7 +4,9 @@
 mod bench;
 mod commands;
 mod dev;
+mod jobctl;
 mod parse;
+mod policy;
 mod simulate;
 
 use clap::{Parser, Subcommand};
@@ -51,6 +53,38 @@ enum Cmd {
         #[arg(required = true)]
         job_ids: Vec<u64>,
     },
+    /// Keep pending jobs from starting (until `release`).
+    Hold {
+        #[arg(required = true)]
+        job_ids: Vec<u64>,
+        /// An admin hold: only admins can release it.
+        #[arg(long)]
+        admin: bool,
+    },
+    /// Let held jobs start.
+    Release {
+        #[arg(required = true)]
+        job_ids: Vec<u64>,
+    },
+    /// Stop running jobs and put them back in the queue.
+    Requeue {
+        #[arg(required = true)]
+        job_ids: Vec<u64>,
+        /// Hold them once requeued.
+        #[arg(long)]
+        hold: bool,
+    },
+    /// Change a job's priority, nice value or time limit.
+    Update(jobctl::UpdateArgs),
+    /// Why a job is pending: reason, priority factors, node rejections.
+    Why {
+        job_id: u64,
+        #[arg(long)]
+        stale: bool,
+    },
+    /// Cluster policy: partitions, accounts, users, QOS, weights (TOML import/export).
+    #[command(subcommand)]
+    Admin(policy::AdminCmd),
     /// List nodes.
     Nodes {
         #[arg(long)]
@@ -116,6 +150,23 @@ fn main() {
                     Cmd::Queue(a) => commands::queue(&client, &out, a).await,
                     Cmd::Show { job_id, stale } => commands::show(&client, &out, job_id, stale).await,
                     Cmd::Cancel { job_ids } => commands::cancel(&client, &out, &job_ids).await,
+                    Cmd::Hold { job_ids, admin } => {
+                        use gangway_proto::v1::update_job_request::Change;
+                        let c = if admin { Change::AdminHold } else { Change::Hold };
+                        jobctl::change_jobs(&client, &out, &job_ids, c, 0).await
+                    }
+                    Cmd::Release { job_ids } => {
+                        let c = gangway_proto::v1::update_job_request::Change::Release;
+                        jobctl::change_jobs(&client, &out, &job_ids, c, 0).await
+                    }
+                    Cmd::Requeue { job_ids, hold } => {
+                        use gangway_proto::v1::update_job_request::Change;
+                        let c = if hold { Change::RequeueHold } else { Change::Requeue };
+                        jobctl::change_jobs(&client, &out, &job_ids, c, 0).await
+                    }
+                    Cmd::Update(a) => jobctl::update(&client, &out, a).await,
+                    Cmd::Why { job_id, stale } => jobctl::why(&client, &out, job_id, stale).await,
+                    Cmd::Admin(a) => policy::run(&client, &out, a).await,
                     Cmd::Nodes { stale } => commands::nodes(&client, &out, stale).await,
                     Cmd::Node(n) => commands::node(&client, &out, n).await,
                     Cmd::Cluster(c) => commands::cluster(&client, &out, c).await,

@@ -47,6 +47,93 @@ pub fn gpus(s: &str) -> Result<(String, i64), String> {
     }
 }
 
+/// `-N`: `N` or `MIN-MAX`. Returns (min, max), max 0 when not a range.
+pub fn node_range(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("--nodes: '{s}' must be N or MIN-MAX with N >= 1, e.g. 4 or 2-8");
+    let num =
+        |p: &str| p.trim().parse::<u32>().map_err(|_| bad()).and_then(|n| if n == 0 { Err(bad()) } else { Ok(n) });
+    match s.split_once('-') {
+        Some((lo, hi)) => {
+            let (lo, hi) = (num(lo)?, num(hi)?);
+            if hi < lo {
+                return Err(format!("--nodes: '{s}': the maximum is below the minimum"));
+            }
+            Ok((lo, if hi == lo { 0 } else { hi }))
+        }
+        None => Ok((num(s)?, 0)),
+    }
+}
+
+/// Turns the GPU options (`--gpus-per-node`, `--gpus`, `--gpus-per-task`,
+/// `--gres gpu[:TYPE]:N`) into (type, GPUs per node); at most one may be given.
+pub fn gpu_request(
+    per_node: Option<&str>,
+    total: Option<&str>,
+    per_task: Option<&str>,
+    gres: Option<&str>,
+    nodes: i64,
+    tasks_per_node: i64,
+) -> Result<(String, Option<i64>), String> {
+    let given =
+        [per_node.is_some(), total.is_some(), per_task.is_some(), gres.is_some()].iter().filter(|g| **g).count();
+    if given > 1 {
+        return Err("gpus: give only one of --gpus-per-node, --gpus, --gpus-per-task and --gres".into());
+    }
+    if let Some(g) = per_node {
+        let (t, n) = gpus(g)?;
+        return Ok((t, Some(n)));
+    }
+    if let Some(g) = total {
+        let (t, n) = gpus(g).map_err(|e| e.replace("--gpus-per-node", "--gpus"))?;
+        if n % nodes != 0 {
+            return Err(format!("--gpus: {n} GPUs do not spread evenly over {nodes} nodes; use --gpus-per-node"));
+        }
+        return Ok((t, Some(n / nodes)));
+    }
+    if let Some(g) = per_task {
+        let (t, n) = gpus(g).map_err(|e| e.replace("--gpus-per-node", "--gpus-per-task"))?;
+        return Ok((t, Some(n * tasks_per_node)));
+    }
+    if let Some(g) = gres {
+        let bad = || format!("--gres: '{g}' must be gpu:COUNT or gpu:TYPE:COUNT");
+        let rest = g.strip_prefix("gpu:").ok_or_else(bad)?;
+        let (t, n) = gpus(rest).map_err(|_| bad())?;
+        return Ok((t, Some(n)));
+    }
+    Ok((String::new(), None))
+}
+
+/// `--topology LEVEL[:required|:preferred[@WAIT]]` (default required).
+pub fn topology(s: &str) -> Result<gangway_proto::v1::TopologyConstraint, String> {
+    let (level, mode) = s.split_once(':').unwrap_or((s, "required"));
+    if level.is_empty() {
+        return Err(format!("--topology: '{s}' names no level (e.g. rack:required or block:preferred@10:00)"));
+    }
+    let (required, wait_s) = match mode.split_once('@') {
+        Some(("preferred", w)) => (false, time_limit_s(w).map_err(|e| e.replace("--time", "--topology wait"))?),
+        None if mode == "preferred" => (false, 0),
+        None if mode == "required" => (true, 0),
+        _ => return Err(format!("--topology: '{s}': mode must be required or preferred[@WAIT]")),
+    };
+    Ok(gangway_proto::v1::TopologyConstraint { level: level.to_string(), required, wait_s })
+}
+
+/// Slurm's `--switches=COUNT[@WAIT]`; only a count of 1 is supported. Returns
+/// (required, wait seconds).
+pub fn switches(s: &str) -> Result<(bool, u64), String> {
+    let (count, wait) = match s.split_once('@') {
+        Some((c, w)) => (c, Some(time_limit_s(w).map_err(|e| e.replace("--time", "--switches wait"))?)),
+        None => (s, None),
+    };
+    if count.trim() != "1" {
+        return Err(format!("--switches: '{s}': only 1 (one leaf domain) is supported"));
+    }
+    Ok(match wait {
+        Some(w) => (false, w),
+        None => (true, 0),
+    })
+}
+
 /// Slurm's `--signal=[B:]SIG[@SECONDS]`: a signal name (`USR1`, `SIGTERM`) or
 /// number, sent SECONDS (default 60) before the time limit.
 pub fn warn_signal(s: &str) -> Result<(u32, u32), String> {
@@ -111,5 +198,24 @@ mod tests {
         assert_eq!(warn_signal("B:SIGTERM").unwrap(), (15, 60));
         assert_eq!(warn_signal("12@5").unwrap(), (12, 5));
         assert!(warn_signal("NOPE@5").is_err());
+    }
+
+    #[test]
+    fn scheduler_options() {
+        assert_eq!(node_range("4").unwrap(), (4, 0));
+        assert_eq!(node_range("2-8").unwrap(), (2, 8));
+        assert!(node_range("0").is_err());
+        assert!(node_range("8-2").is_err());
+        assert_eq!(gpu_request(None, Some("h100:16"), None, None, 2, 1).unwrap(), ("h100".into(), Some(8)));
+        assert!(gpu_request(None, Some("3"), None, None, 2, 1).unwrap_err().contains("evenly"));
+        assert_eq!(gpu_request(None, None, Some("1"), None, 1, 4).unwrap(), (String::new(), Some(4)));
+        assert_eq!(gpu_request(None, None, None, Some("gpu:a100:4"), 1, 1).unwrap(), ("a100".into(), Some(4)));
+        assert!(gpu_request(Some("1"), Some("1"), None, None, 1, 1).is_err());
+        let t = topology("block:preferred@10:00").unwrap();
+        assert_eq!((t.level.as_str(), t.required, t.wait_s), ("block", false, 600));
+        assert!(topology("rack").unwrap().required);
+        assert!(topology("rack:sometimes").is_err());
+        assert_eq!(switches("1@5").unwrap(), (false, 300));
+        assert!(switches("2").is_err());
     }
 }

@@ -8,8 +8,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use gangway_core::sched::Policy;
-use gangway_core::sim::{parse_swf, simulate, SimConfig};
+use gangway_core::sim::{parse_gpu_trace, parse_swf, simulate, SimConfig, SimPolicy};
 
 /// Jobs one simulation may replay: the largest trace we ship has ~200,000.
 const SIM_JOBS_MAX: usize = 1_000_000;
@@ -18,20 +17,50 @@ const TRACE_BYTES_MAX: u64 = 1 << 30;
 
 #[derive(Args)]
 pub struct SimulateArgs {
-    /// An SWF trace (.swf or .swf.gz), e.g. ../shared/traces/swf/KTH-SP2-1996-2.1-cln.swf.gz
+    /// A trace: SWF (.swf or .swf.gz, e.g. ../shared/traces/swf/KTH-SP2-1996-2.1-cln.swf.gz),
+    /// a Tiresias GPU CSV or a Gavel GPU trace.
     #[arg(long)]
     trace: PathBuf,
-    /// Policies to compare: fifo, first-fit, easy.
-    #[arg(long, value_delimiter = ',', default_value = "fifo,first-fit,easy")]
-    policy: Vec<String>,
-    /// Nodes in the simulated machine (default: the trace's MaxProcs / cpus-per-node).
+    /// Trace format: swf, gpu-csv or gavel (default: from the file name).
     #[arg(long)]
-    nodes: Option<u32>,
-    #[arg(long, default_value_t = 1)]
-    cpus_per_node: u32,
+    format: Option<String>,
+    /// Policies to compare: fcfs, first-fit, easy, easy-learned.
+    #[arg(long, value_delimiter = ',', default_value = "fcfs,easy,easy-learned")]
+    policy: Vec<String>,
+    /// The machine: NODES[xCPUS[xGPUS]] per node, e.g. 240 or 16x64x8
+    /// (default: the SWF header's MaxProcs single-CPU nodes; 16x64x8 for GPU traces).
+    #[arg(long)]
+    cluster: Option<String>,
+    /// Seconds per training step for Gavel traces (they hold steps, not durations).
+    #[arg(long, default_value_t = 100)]
+    gavel_step_ms: u64,
     /// Replay only the first N jobs.
     #[arg(long)]
     limit: Option<usize>,
+    /// Print one JSON object per policy instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Parses NODES[xCPUS[xGPUS]].
+fn parse_cluster(s: &str) -> anyhow::Result<(u32, u32, u32)> {
+    let parts: Vec<&str> = s.split('x').collect();
+    let num = |i: usize, what: &str, default: u32| -> anyhow::Result<u32> {
+        match parts.get(i) {
+            None => Ok(default),
+            Some(p) => p
+                .parse::<u32>()
+                .map_err(|_| anyhow::anyhow!("cluster: {what} '{p}' is not a number (NODES[xCPUS[xGPUS]])")),
+        }
+    };
+    if parts.len() > 3 {
+        bail!("cluster: '{s}' is not NODES[xCPUS[xGPUS]]");
+    }
+    let (n, c, g) = (num(0, "nodes", 1)?, num(1, "CPUs per node", 1)?, num(2, "GPUs per node", 0)?);
+    if n == 0 || c == 0 || g > 16 {
+        bail!("cluster: nodes and CPUs must be at least 1 and GPUs per node at most 16");
+    }
+    Ok((n, c, g))
 }
 
 pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
@@ -43,7 +72,23 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
         file.take(TRACE_BYTES_MAX).read_to_string(&mut text)
     }
     .with_context(|| format!("trace: cannot read {}", a.trace.display()))?;
-    let (mut trace, max_procs) = parse_swf(&text);
+    let name = a.trace.to_string_lossy().to_string();
+    let format = a.format.clone().unwrap_or_else(|| {
+        if name.ends_with(".csv") {
+            "gpu-csv".into()
+        } else if name.ends_with(".trace") {
+            "gavel".into()
+        } else {
+            "swf".into()
+        }
+    });
+    let (mut trace, max_procs) = match format.as_str() {
+        "swf" => parse_swf(&text),
+        "gpu-csv" | "gavel" => {
+            (parse_gpu_trace(&text, a.gavel_step_ms).map_err(|e| anyhow::anyhow!("trace: {e}"))?, None)
+        }
+        other => bail!("format: '{other}' is not a trace format (swf, gpu-csv, gavel)"),
+    };
     if let Some(n) = a.limit {
         trace.truncate(n);
     }
@@ -53,37 +98,68 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
     if trace.len() > SIM_JOBS_MAX {
         bail!("trace: at most {SIM_JOBS_MAX} jobs (use --limit)");
     }
-    let cpn = a.cpus_per_node.max(1);
-    let nodes = match (a.nodes, max_procs) {
-        (Some(n), _) => n,
-        (None, Some(p)) => p.div_ceil(cpn),
-        (None, None) => bail!("nodes: the trace names no MaxProcs; give --nodes"),
+    let gpu_trace = format != "swf";
+    let (nodes, cpn, gpn) = match (&a.cluster, max_procs) {
+        (Some(c), _) => parse_cluster(c)?,
+        (None, _) if gpu_trace => (16, 64, 8),
+        (None, Some(p)) => (p, 1, 0),
+        (None, None) => bail!("cluster: the trace names no MaxProcs; give --cluster NODES[xCPUS[xGPUS]]"),
     };
-    println!("trace {}: {} jobs on {nodes} nodes × {cpn} CPUs", a.trace.display(), trace.len());
-    println!(
-        "{:>10} {:>8} {:>8} {:>14} {:>12} {:>12} {:>10} {:>9}",
-        "policy", "jobs", "skipped", "mean wait s", "mean bsld", "p95 bsld", "util %", "wall s"
-    );
-    for p in &a.policy {
-        let policy = match p.as_str() {
-            "fifo" => Policy::Fifo,
-            "first-fit" => Policy::FirstFit,
-            "easy" => Policy::Easy,
-            other => bail!("policy: '{other}' is not a policy (fifo, first-fit, easy)"),
-        };
-        let started = Instant::now();
-        let r = simulate(&trace, &SimConfig { nodes, cpus_per_node: cpn, policy });
+    if gpu_trace && gpn == 0 {
+        bail!("cluster: a GPU trace needs GPUs per node (NODESxCPUSxGPUS)");
+    }
+    let policies: Vec<SimPolicy> = a
+        .policy
+        .iter()
+        .map(|p| {
+            SimPolicy::parse(p)
+                .ok_or_else(|| anyhow::anyhow!("policy: '{p}' is not a policy (fcfs, first-fit, easy, easy-learned)"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    if !a.json {
+        println!("trace {}: {} jobs on {nodes} nodes × {cpn} CPUs × {gpn} GPUs", a.trace.display(), trace.len());
         println!(
-            "{:>10} {:>8} {:>8} {:>14.0} {:>12.2} {:>12.2} {:>10.1} {:>9.2}",
-            p,
-            r.jobs,
-            r.skipped,
-            r.mean_wait_s,
-            r.mean_bounded_slowdown,
-            r.p95_bounded_slowdown,
-            r.utilization * 100.0,
-            started.elapsed().as_secs_f64()
+            "{:>13} {:>8} {:>8} {:>12} {:>10} {:>10} {:>10} {:>10} {:>7} {:>8}",
+            "policy",
+            "jobs",
+            "skipped",
+            "mean wait s",
+            "p50 wait",
+            "p95 wait",
+            "mean bsld",
+            "p95 bsld",
+            "util %",
+            "wall s"
         );
+    }
+    for policy in policies {
+        let started = Instant::now();
+        let r = simulate(&trace, &SimConfig { nodes, cpus_per_node: cpn, gpus_per_node: gpn, policy });
+        let wall = started.elapsed().as_secs_f64();
+        if a.json {
+            let v = serde_json::json!({
+                "trace": name, "policy": policy.name(), "nodes": nodes, "cpus_per_node": cpn, "gpus_per_node": gpn,
+                "jobs": r.jobs, "skipped": r.skipped, "mean_wait_s": r.mean_wait_s, "p50_wait_s": r.p50_wait_s,
+                "p95_wait_s": r.p95_wait_s, "mean_bounded_slowdown": r.mean_bounded_slowdown,
+                "p95_bounded_slowdown": r.p95_bounded_slowdown, "utilization": r.utilization,
+                "makespan_s": r.makespan_s, "wall_s": wall,
+            });
+            println!("{v}");
+        } else {
+            println!(
+                "{:>13} {:>8} {:>8} {:>12.0} {:>10.0} {:>10.0} {:>10.2} {:>10.2} {:>7.1} {:>8.2}",
+                policy.name(),
+                r.jobs,
+                r.skipped,
+                r.mean_wait_s,
+                r.p50_wait_s,
+                r.p95_wait_s,
+                r.mean_bounded_slowdown,
+                r.p95_bounded_slowdown,
+                r.utilization * 100.0,
+                wall
+            );
+        }
     }
     Ok(())
 }

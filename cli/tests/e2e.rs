@@ -96,7 +96,7 @@ fn controllers_agents_and_cli_as_separate_processes() {
     assert_eq!(bad.status.code(), Some(1));
     let err = String::from_utf8_lossy(&bad.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("nodes: must be at least 1"), "{err}");
+    assert!(err.contains("--nodes: '0' must be N or MIN-MAX with N >= 1"), "{err}");
     // A 2-node gang job through the CLI, run by the agent processes.
     let o = cli(
         &endpoints,

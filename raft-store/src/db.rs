@@ -18,7 +18,20 @@ pub enum StoreError {
     Open { path: String, source: rocksdb::Error },
     #[error("the snapshot stored at {path} cannot be read: {reason}")]
     Snapshot { path: String, reason: String },
+    #[error(
+        "the data in {path} was written in format {found}; this build reads format {DATA_FORMAT_VERSION}. \
+         Start from an empty data directory (or run the build that wrote it)"
+    )]
+    Format { path: String, found: u32 },
 }
+
+/// The encoding of log entries and snapshots this build writes. Bump it when a
+/// replicated type's encoding changes in a way old entries cannot decode; a store
+/// written in another format is refused at open with a clear error instead of
+/// failing later on the first old entry.
+pub const DATA_FORMAT_VERSION: u32 = 2;
+/// Meta key holding the store's data format (a little-endian u32).
+const FORMAT_KEY: &[u8] = b"data_format";
 
 /// The two halves openraft needs, over one shared database.
 pub struct Stores {
@@ -37,8 +50,35 @@ pub fn open(dir: &Path) -> Result<Stores, StoreError> {
     let cfs = [CF_LOG, CF_META, CF_SNAPSHOT].map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
     let db = DB::open_cf_descriptors(&opts, dir, cfs)
         .map_err(|source| StoreError::Open { path: dir.display().to_string(), source })?;
+    check_format(&db, dir)?;
     let db = Arc::new(db);
     let state_machine = StateMachineStore::load(db.clone())
         .map_err(|reason| StoreError::Snapshot { path: dir.display().to_string(), reason })?;
     Ok(Stores { log: LogStore::new(db), state_machine })
+}
+
+/// Refuses a store written in another data format; stamps a new, empty store.
+/// Stores from before the stamp existed (format 1) hold entries but no stamp.
+fn check_format(db: &DB, dir: &Path) -> Result<(), StoreError> {
+    let open_err = |source| StoreError::Open { path: dir.display().to_string(), source };
+    let meta = db.cf_handle(CF_META).expect("column family created at open");
+    let found = match db.get_cf(meta, FORMAT_KEY).map_err(open_err)? {
+        Some(v) if v.len() == 4 => u32::from_le_bytes(v[..4].try_into().expect("4 bytes")),
+        Some(_) => 0,
+        None => {
+            let log = db.cf_handle(CF_LOG).expect("column family created at open");
+            let has_log = db.iterator_cf(log, rocksdb::IteratorMode::Start).next().is_some();
+            let has_meta = db.iterator_cf(meta, rocksdb::IteratorMode::Start).next().is_some();
+            if has_log || has_meta {
+                1
+            } else {
+                db.put_cf(meta, FORMAT_KEY, DATA_FORMAT_VERSION.to_le_bytes()).map_err(open_err)?;
+                DATA_FORMAT_VERSION
+            }
+        }
+    };
+    if found != DATA_FORMAT_VERSION {
+        return Err(StoreError::Format { path: dir.display().to_string(), found });
+    }
+    Ok(())
 }

@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::model::{JobId, JobState, NodeAllocation};
+use crate::policy::{ClusterPolicy, PreemptMode};
 use crate::spec::{JobSpec, NodeSpec};
 
 /// One gang placement in a plan: the whole allocation for the job's next attempt.
@@ -101,6 +102,66 @@ pub enum Command {
         reason: String,
         now_ms: u64,
     },
+    /// Replaces the cluster policy whole, validated as a whole. With
+    /// `expected_version`, refused unless the policy is still at that version
+    /// (read-modify-write without lost updates). `force` allows quotas below
+    /// current use.
+    UpdatePolicy {
+        policy: ClusterPolicy,
+        expected_version: Option<u64>,
+        force: bool,
+        identity: String,
+        now_ms: u64,
+    },
+    /// Changes one unfinished job (hold, release, priority, nice, requeue, time limit).
+    UpdateJob {
+        job_id: JobId,
+        change: JobChange,
+        identity: String,
+        now_ms: u64,
+    },
+    /// A plan with preemptions: the victims stop (requeued or cancelled) and the
+    /// placements that needed their space start, in one entry, so a failover
+    /// mid-way neither loses the placement nor evicts twice.
+    ApplySchedule {
+        preemptions: Vec<Preemption>,
+        placements: Vec<Placement>,
+        now_ms: u64,
+    },
+    /// The running attempt of a job saved a checkpoint.
+    JobCheckpointed {
+        job_id: JobId,
+        attempt: u32,
+        now_ms: u64,
+    },
+}
+
+/// One victim of a preemption.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preemption {
+    pub job_id: JobId,
+    /// The victim's running attempt; a later attempt is not touched.
+    pub attempt: u32,
+    pub mode: PreemptMode,
+    /// The job the space is for.
+    pub for_job: JobId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobChange {
+    /// Keep the job from starting; `admin` holds can only be released by admins.
+    Hold {
+        admin: bool,
+    },
+    Release,
+    /// Set (or with None, clear) an absolute priority that replaces the computed one.
+    SetPriority(Option<u32>),
+    SetNice(i32),
+    /// Stop a running job and put it back in the queue (optionally held).
+    Requeue {
+        hold: bool,
+    },
+    SetTimeLimit(u64),
 }
 
 /// Commands in one batch: enough to absorb a burst from thousands of clients in
@@ -124,6 +185,16 @@ impl Command {
             }
             Command::RegisterNode { spec, .. } => FIXED + spec.gpus.len() * 128 + spec.labels.len() * 64,
             Command::ApplyPlan { placements, .. } => FIXED + placements.len() * 256,
+            Command::ApplySchedule { placements, preemptions, .. } => {
+                FIXED + placements.len() * 256 + preemptions.len() * 64
+            }
+            Command::UpdatePolicy { policy, .. } => {
+                FIXED
+                    + policy.accounts.len() * 128
+                    + policy.users.len() * 128
+                    + policy.partitions.len() * 512
+                    + policy.qos.len() * 256
+            }
             Command::Batch(cmds) => cmds.iter().map(Command::approx_bytes).sum(),
             _ => FIXED,
         }
@@ -139,7 +210,11 @@ impl Command {
             | Command::JobFinished { now_ms, .. } => *now_ms,
             Command::Batch(cmds) => cmds.iter().map(Command::now_ms).max().unwrap_or(0),
             Command::TaskExited { now_ms, .. } => *now_ms,
-            Command::SetGpuHealth { now_ms, .. } => *now_ms,
+            Command::SetGpuHealth { now_ms, .. }
+            | Command::UpdatePolicy { now_ms, .. }
+            | Command::UpdateJob { now_ms, .. }
+            | Command::ApplySchedule { now_ms, .. }
+            | Command::JobCheckpointed { now_ms, .. } => *now_ms,
         }
     }
 
@@ -154,6 +229,10 @@ impl Command {
             Command::Batch(_) => "batch",
             Command::TaskExited { .. } => "task_exited",
             Command::SetGpuHealth { .. } => "set_gpu_health",
+            Command::UpdatePolicy { .. } => "update_policy",
+            Command::UpdateJob { .. } => "update_job",
+            Command::ApplySchedule { .. } => "apply_schedule",
+            Command::JobCheckpointed { .. } => "job_checkpointed",
         }
     }
 }

@@ -17,6 +17,7 @@
 pub mod command;
 pub mod limits;
 pub mod model;
+pub mod policy;
 pub mod sched;
 pub mod sim;
 pub mod snapshot;

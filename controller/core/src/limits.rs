@@ -52,3 +52,22 @@ pub const GPU_TYPE_BYTES_MAX: usize = 64;
 pub const ATTEMPTS_MAX: u32 = 16;
 /// Longest lead time of a pre-time-limit warning signal (Slurm's maximum).
 pub const WARN_BEFORE_S_MAX: u32 = 65_535;
+/// Features in one job's constraint: real constraints name a few.
+pub const CONSTRAINTS_MAX: usize = 32;
+/// Jobs one job may depend on: pipelines name a handful; bounds the work of
+/// resolving a finish.
+pub const DEPENDENCIES_MAX: usize = 64;
+/// Elements in one job array (Slurm's MaxArraySize defaults to 1001): each is a
+/// full job in the replicated state.
+pub const ARRAY_TASKS_MAX: usize = 10_000;
+/// Largest array index (Slurm caps indexes at MaxArraySize - 1 = 4,000,000 max).
+pub const ARRAY_INDEX_MAX: u32 = 4_000_000;
+/// Bytes of spec copied into one array's elements in all: an array of large
+/// scripts would otherwise blow up the replicated state.
+pub const ARRAY_SPEC_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Nice values (Slurm allows ±2147483645; a priority's weighted factors sum to
+/// far less, so this is plenty).
+pub const NICE_MAX: i32 = 1_000_000;
+/// Buckets of historical usage kept per account for fair share: with buckets a
+/// quarter half-life wide this covers 16 half-lives (usage then weighs 1/65536).
+pub const USAGE_BUCKETS_MAX: usize = 64;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{JobSpec, NodeSpec};
+use crate::spec::{Dependency, JobSpec, NodeSpec};
 
 pub type JobId = u64;
 
@@ -94,6 +94,59 @@ pub struct Job {
     /// The nodes the last attempt ran on (kept after the allocation is released,
     /// for `queue --all` and accounting).
     pub ran_on: Vec<String>,
+    /// Set for an element of a job array.
+    pub array: Option<ArrayElement>,
+    /// Dependencies not yet satisfied (resolved to job ids at submit); the job
+    /// is eligible when this is empty.
+    pub deps_pending: Vec<Dependency>,
+    /// Why the job is held (`JobHeldUser`, `JobHeldAdmin`,
+    /// `DependencyNeverSatisfied`); None: not held.
+    pub held: Option<String>,
+    /// Admin-set priority that replaces the computed one (Slurm's
+    /// `scontrol update priority=`).
+    pub priority_override: Option<u32>,
+    /// When the running attempt last reported a checkpoint: preemption prefers
+    /// victims that lose the least work since theirs.
+    pub last_checkpoint_ms: Option<u64>,
+    /// Times the job was preempted (requeued for another job).
+    pub preempted: u32,
+}
+
+/// Membership of a job in an array: elements are consecutive job ids starting
+/// at `array_job_id` (Slurm's `%A`), each with its index (`%a`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayElement {
+    pub array_job_id: JobId,
+    pub index: u32,
+    /// Elements in the array.
+    pub count: u32,
+    /// Elements allowed to run at once (0: no limit).
+    pub throttle: u32,
+}
+
+impl Job {
+    /// GPUs the job holds (running) or asks for at its minimum size.
+    pub fn gpus(&self) -> u64 {
+        match &self.allocation {
+            Some(a) => a.nodes.iter().map(|n| n.gpus.len() as u64).sum(),
+            None => u64::from(self.spec.nodes) * u64::from(self.spec.gpus_per_node),
+        }
+    }
+
+    pub fn cpus(&self) -> u64 {
+        match &self.allocation {
+            Some(a) => a.nodes.iter().map(|n| u64::from(n.cpus)).sum(),
+            None => u64::from(self.spec.nodes) * u64::from(self.spec.cpus_per_node()),
+        }
+    }
+
+    /// `12` or `10_2` (array job id and index), as Slurm prints job ids.
+    pub fn display_id(&self) -> String {
+        match &self.array {
+            Some(a) => format!("{}_{}", a.array_job_id, a.index),
+            None => self.id.to_string(),
+        }
+    }
 }
 
 /// How one node's task of a job attempt ended, as its agent reported it.

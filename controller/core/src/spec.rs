@@ -25,6 +25,7 @@ impl SpecError {
 
 /// A job submission, as replicated. Defaults have been filled in by the edge.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct JobSpec {
     pub name: String,
     /// The submitting user (who the job runs as).
@@ -56,6 +57,191 @@ pub struct JobSpec {
     /// job can checkpoint (Slurm's `--signal=SIG@SECONDS`); 0: none.
     pub warn_signal: u8,
     pub warn_before_s: u32,
+    /// The account charged; empty: the user's default account (resolved at submit).
+    pub account: String,
+    /// Quality of service; empty: the partition's or the cluster's default.
+    pub qos: String,
+    /// Upper end of a node-count range (`-N 2-4`); 0: exactly `nodes`.
+    pub nodes_max: u32,
+    /// Memory per allocated CPU (MiB); resolved into `mem_per_node_mb` at submit.
+    pub mem_per_cpu_mb: u64,
+    /// Node features every node must have: `name` matches a label key, `key=value`
+    /// a label value (Slurm's `--constraint`, joined with `&`).
+    pub constraints: Vec<String>,
+    /// Whole nodes: no other job shares them.
+    pub exclusive: bool,
+    /// Co-location of a gang's nodes within one topology domain.
+    pub topology: TopologyConstraint,
+    /// Jobs this one waits for.
+    pub dependencies: Vec<Dependency>,
+    /// Start only when no other job with the same name and user is running.
+    pub singleton: bool,
+    /// A dependency that can never be met fails the job (otherwise it stays
+    /// pending, held with reason DependencyNeverSatisfied).
+    pub kill_on_invalid_dep: bool,
+    /// Job array indexes (`0-99:2%8`); empty: a single job.
+    pub array: String,
+    /// Lowers (positive) or raises (negative, admins only) the priority.
+    pub nice: i32,
+    /// Submit held: the job does not start until released.
+    pub hold: bool,
+}
+
+/// Required or preferred co-location of a gang within one domain of a topology
+/// level (Kueue's required/preferred topology, Slurm's `--switches=N@wait`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TopologyConstraint {
+    /// A level name from the policy's topology levels; empty: no constraint.
+    pub level: String,
+    /// Never place across domains of the level (otherwise: preferred).
+    pub required: bool,
+    /// How long a preferred constraint holds before the job may spread (seconds).
+    pub wait_s: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum DependencyKind {
+    /// The other job started (or ended without starting).
+    After,
+    AfterOk,
+    AfterNotOk,
+    AfterAny,
+    /// Array element i waits for element i of the other array to succeed.
+    AfterCorr,
+}
+
+impl DependencyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DependencyKind::After => "after",
+            DependencyKind::AfterOk => "afterok",
+            DependencyKind::AfterNotOk => "afternotok",
+            DependencyKind::AfterAny => "afterany",
+            DependencyKind::AfterCorr => "aftercorr",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Dependency {
+    pub kind: DependencyKind,
+    pub job_id: u64,
+    /// One element of an array job (`afterok:12_3`); None: the whole job/array.
+    pub array_index: Option<u32>,
+}
+
+/// Parses Slurm's `--dependency`: `afterok:12:13,afterany:14_2` (`,` = all of;
+/// `?` any-of is not supported) or `singleton`. Returns the list and the
+/// singleton flag.
+pub fn parse_dependencies(s: &str) -> Result<(Vec<Dependency>, bool), SpecError> {
+    let mut deps = Vec::new();
+    let mut singleton = false;
+    if s.contains('?') {
+        return Err(SpecError::new("dependency", "'?' (any of) is not supported; use ',' (all of)"));
+    }
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if part == "singleton" {
+            singleton = true;
+            continue;
+        }
+        let mut it = part.split(':');
+        let kind = match it.next().unwrap_or("") {
+            "after" => DependencyKind::After,
+            "afterok" => DependencyKind::AfterOk,
+            "afternotok" => DependencyKind::AfterNotOk,
+            "afterany" => DependencyKind::AfterAny,
+            "aftercorr" => DependencyKind::AfterCorr,
+            other => return Err(SpecError::new(
+                "dependency",
+                format!(
+                    "'{other}' is not a dependency type (after, afterok, afternotok, afterany, aftercorr, singleton)"
+                ),
+            )),
+        };
+        let mut any = false;
+        for id in it {
+            any = true;
+            let (job, index) = match id.split_once('_') {
+                Some((j, i)) => (j, Some(i)),
+                None => (id, None),
+            };
+            let job_id = job
+                .parse::<u64>()
+                .map_err(|_| SpecError::new("dependency", format!("'{id}' is not a job id (N or N_INDEX)")))?;
+            let array_index = match index {
+                Some(i) => Some(
+                    i.parse::<u32>().map_err(|_| SpecError::new("dependency", format!("'{id}': bad array index")))?,
+                ),
+                None => None,
+            };
+            deps.push(Dependency { kind, job_id, array_index });
+        }
+        if !any {
+            return Err(SpecError::new("dependency", format!("'{part}' names no job: use TYPE:JOBID[:JOBID...]")));
+        }
+    }
+    if deps.len() > DEPENDENCIES_MAX {
+        return Err(SpecError::new("dependency", format!("at most {DEPENDENCIES_MAX} jobs")));
+    }
+    Ok((deps, singleton))
+}
+
+/// A parsed array specification: the indexes and the concurrency throttle (0: none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArrayIndexes {
+    pub indexes: Vec<u32>,
+    pub throttle: u32,
+}
+
+/// Parses Slurm's `--array`: `0-15`, `1,3,5-9`, `0-99:2` (step), with an optional
+/// `%N` throttle.
+pub fn parse_array(s: &str) -> Result<ArrayIndexes, SpecError> {
+    let bad = |rule: String| SpecError::new("array", rule);
+    let (list, throttle) = match s.split_once('%') {
+        Some((l, t)) => {
+            let t = t.parse::<u32>().map_err(|_| bad(format!("throttle '%{t}' must be a number")))?;
+            if t == 0 {
+                return Err(bad("throttle '%0' would never run anything; use %1 or more".into()));
+            }
+            (l, t)
+        }
+        None => (s, 0),
+    };
+    let mut set = std::collections::BTreeSet::new();
+    for part in list.split(',') {
+        let (range, step) = match part.split_once(':') {
+            Some((r, st)) => (r, st.parse::<u32>().map_err(|_| bad(format!("step in '{part}' must be a number")))?),
+            None => (part, 1),
+        };
+        if step == 0 {
+            return Err(bad(format!("step in '{part}' must be at least 1")));
+        }
+        let (a, b) = match range.split_once('-') {
+            Some((a, b)) => (a, b),
+            None => (range, range),
+        };
+        let num = |x: &str| x.trim().parse::<u32>().map_err(|_| bad(format!("'{part}' is not START[-END[:STEP]]")));
+        let (a, b) = (num(a)?, num(b)?);
+        if a > b {
+            return Err(bad(format!("'{part}': start is after end")));
+        }
+        if b > ARRAY_INDEX_MAX {
+            return Err(bad(format!("indexes must be at most {ARRAY_INDEX_MAX}")));
+        }
+        let mut i = a;
+        while i <= b {
+            set.insert(i);
+            if set.len() > ARRAY_TASKS_MAX {
+                return Err(bad(format!("at most {ARRAY_TASKS_MAX} elements")));
+            }
+            i = match i.checked_add(step) {
+                Some(n) => n,
+                None => break,
+            };
+        }
+    }
+    Ok(ArrayIndexes { indexes: set.into_iter().collect(), throttle })
 }
 
 impl Default for JobSpec {
@@ -73,13 +259,26 @@ impl Default for JobSpec {
             mem_per_node_mb: 0,
             gpus_per_node: 0,
             gpu_type: String::new(),
-            time_limit_s: TIME_LIMIT_S_DEFAULT,
+            time_limit_s: 0,
             env: BTreeMap::new(),
             requeue: true,
             output: String::new(),
             error: String::new(),
             warn_signal: 0,
             warn_before_s: 0,
+            account: String::new(),
+            qos: String::new(),
+            nodes_max: 0,
+            mem_per_cpu_mb: 0,
+            constraints: Vec::new(),
+            exclusive: false,
+            topology: TopologyConstraint::default(),
+            dependencies: Vec::new(),
+            singleton: false,
+            kill_on_invalid_dep: true,
+            array: String::new(),
+            nice: 0,
+            hold: false,
         }
     }
 }
@@ -176,7 +375,8 @@ impl JobSpec {
         if !self.gpu_type.is_empty() && self.gpus_per_node == 0 {
             return Err(SpecError::new("gpu_type", "a GPU type needs gpus_per_node of at least 1"));
         }
-        check_range("time_limit_s", self.time_limit_s, 1, TIME_LIMIT_S_MAX)?;
+        // 0: the partition's default, filled in at submit.
+        check_range("time_limit_s", self.time_limit_s, 0, TIME_LIMIT_S_MAX)?;
         for (field, v) in [("output", &self.output), ("error", &self.error)] {
             if v.len() > PATH_BYTES_MAX || v.contains('\0') {
                 return Err(SpecError::new(field, format!("must be a path of at most {PATH_BYTES_MAX} bytes")));
@@ -188,6 +388,33 @@ impl JobSpec {
         if self.warn_signal > 0 && (self.warn_before_s == 0 || self.warn_before_s > WARN_BEFORE_S_MAX) {
             return Err(SpecError::new("warn_before_s", format!("must be between 1 and {WARN_BEFORE_S_MAX} seconds")));
         }
+        check_name("account", &self.account, false)?;
+        check_name("qos", &self.qos, false)?;
+        if self.nodes_max != 0 {
+            check_range("nodes_max", self.nodes_max, self.nodes, NODES_PER_JOB_MAX)?;
+        }
+        check_range("mem_per_cpu_mb", self.mem_per_cpu_mb, 0, MEM_PER_NODE_MB_MAX)?;
+        if self.mem_per_cpu_mb > 0 && self.mem_per_node_mb > 0 {
+            return Err(SpecError::new("mem_per_cpu_mb", "give memory per node or per CPU, not both"));
+        }
+        if self.constraints.len() > CONSTRAINTS_MAX {
+            return Err(SpecError::new("constraints", format!("at most {CONSTRAINTS_MAX} features")));
+        }
+        for c in &self.constraints {
+            check_name("constraints", c, true)?;
+        }
+        check_name("topology.level", &self.topology.level, false)?;
+        if self.topology.level.is_empty() && (self.topology.required || self.topology.wait_s > 0) {
+            return Err(SpecError::new("topology.level", "name a level to require or prefer"));
+        }
+        check_range("topology.wait_s", self.topology.wait_s, 0, TIME_LIMIT_S_MAX)?;
+        if self.dependencies.len() > DEPENDENCIES_MAX {
+            return Err(SpecError::new("dependencies", format!("at most {DEPENDENCIES_MAX} jobs")));
+        }
+        if !self.array.is_empty() {
+            parse_array(&self.array)?;
+        }
+        check_range("nice", self.nice, -NICE_MAX, NICE_MAX)?;
         let cpus = u64::from(self.tasks_per_node) * u64::from(self.cpus_per_task);
         if cpus > u64::from(CPUS_PER_TASK_MAX) * 4 {
             return Err(SpecError::new(
@@ -213,6 +440,22 @@ impl JobSpec {
             }
         }
         Ok(())
+    }
+
+    /// A cheap upper estimate of the spec's size in memory and on the wire.
+    pub fn approx_bytes(&self) -> usize {
+        512 + self.script.len()
+            + self.command.iter().map(|a| a.len() + 24).sum::<usize>()
+            + self.env.iter().map(|(k, v)| k.len() + v.len() + 64).sum::<usize>()
+            + self.workdir.len()
+            + self.name.len()
+            + self.output.len()
+            + self.error.len()
+    }
+
+    /// The most nodes the job can use (`nodes` unless a range was given).
+    pub fn nodes_max(&self) -> u32 {
+        self.nodes_max.max(self.nodes)
     }
 
     /// CPUs the job needs on each of its nodes.
@@ -304,7 +547,6 @@ mod tests {
             (JobSpec { cpus_per_task: 0, ..ok_spec() }, "cpus_per_task"),
             (JobSpec { gpus_per_node: 17, ..ok_spec() }, "gpus_per_node"),
             (JobSpec { gpus_per_node: 1, gpu_type: "H100:8".into(), ..ok_spec() }, "gpu_type"),
-            (JobSpec { time_limit_s: 0, ..ok_spec() }, "time_limit_s"),
             (JobSpec { time_limit_s: TIME_LIMIT_S_MAX + 1, ..ok_spec() }, "time_limit_s"),
             (JobSpec { script: "x".repeat(SCRIPT_BYTES_MAX + 1), command: vec![], ..ok_spec() }, "script"),
             (JobSpec { workdir: "relative/dir".into(), ..ok_spec() }, "workdir"),

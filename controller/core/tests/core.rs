@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use gangway_core::command::{Command, NodeStateChange, Placement};
-use gangway_core::spec::GpuSpec;
+use gangway_core::command::{Command, JobChange, NodeStateChange, Placement};
+use gangway_core::spec::{Dependency, DependencyKind, GpuSpec, TopologyConstraint};
+use gangway_core::state::UseKey;
 use gangway_core::*;
 use proptest::prelude::*;
 
@@ -103,6 +104,39 @@ enum Op {
     Schedule,
     /// GPU `1` of node `0` turns unhealthy or healthy.
     GpuHealth(usize, u32, bool),
+    /// One of a few policies (quotas, QOS with preemption, partitions).
+    Policy(u8),
+    /// A submission using policy features: (qos, dependency on job, array, hold, topology).
+    RichSubmit(u8, Option<u64>, bool, bool, bool),
+    /// Hold / release / requeue / nice / priority on a job.
+    Update(u64, u8),
+    Checkpoint(u64),
+}
+
+/// Preset policies for property tests: all valid, so updates apply unless a
+/// quota is below current use.
+fn preset_policy(i: u8) -> gangway_core::policy::ClusterPolicy {
+    use gangway_core::policy::*;
+    let mut p = ClusterPolicy::default();
+    if i.is_multiple_of(4) {
+        return p;
+    }
+    p.topology_levels = vec!["zone".into(), "rack".into()];
+    p.accounts.insert(
+        "ml".into(),
+        Account {
+            quota: Quota { max_running_gpus: Some(4 + u32::from(i % 3) * 4), ..Quota::default() },
+            ..Account::default()
+        },
+    );
+    p.users.insert("alice".into(), User { accounts: vec!["ml".into()], ..User::default() });
+    p.qos.insert("low".into(), Qos::default());
+    p.qos.insert("high".into(), Qos { priority: 10, preempt: vec!["low".into()], ..Qos::default() });
+    if i % 4 == 3 {
+        p.partitions.insert("all".into(), Partition { default: true, ..Partition::default() });
+        p.partitions.insert("half".into(), Partition { nodes: vec!["n[0-2]".into()], ..Partition::default() });
+    }
+    p
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -119,6 +153,11 @@ fn op() -> impl Strategy<Value = Op> {
         (0u64..30, 0usize..3, any::<bool>()).prop_map(|(j, n, ok)| Op::TaskExit(j, n, ok)),
         Just(Op::Schedule),
         (0usize..6, 0u32..9, any::<bool>()).prop_map(|(n, g, h)| Op::GpuHealth(n, g, h)),
+        (0u8..8).prop_map(Op::Policy),
+        (0u8..3, proptest::option::of(0u64..30), any::<bool>(), any::<bool>(), any::<bool>())
+            .prop_map(|(q, d, a, h, t)| Op::RichSubmit(q, d, a, h, t)),
+        (0u64..30, 0u8..6).prop_map(|(j, k)| Op::Update(j, k)),
+        (0u64..30).prop_map(Op::Checkpoint),
     ]
 }
 
@@ -191,10 +230,51 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
                 now_ms,
             }
         }
-        Op::Schedule => Command::ApplyPlan {
-            placements: gangway_core::sched::schedule_with(state, gangway_core::sched::Policy::Easy, now_ms),
+        Op::Schedule => {
+            use gangway_core::sched::{plan, Options, Policy};
+            let p = plan(state, &Options::new(Policy::Easy, now_ms));
+            Command::ApplySchedule { preemptions: p.preemptions, placements: p.placements, now_ms }
+        }
+        Op::Policy(i) => Command::UpdatePolicy {
+            policy: preset_policy(*i),
+            expected_version: None,
+            force: false,
+            identity: "admin".into(),
             now_ms,
         },
+        Op::RichSubmit(q, dep, array, hold, topo) => {
+            let mut spec = job_spec(1 + u32::from(*topo), u32::from(*q) * 2, 1);
+            spec.qos = ["", "low", "high"][*q as usize].to_string();
+            if let Some(d) = dep {
+                let kind =
+                    [DependencyKind::AfterOk, DependencyKind::AfterAny, DependencyKind::AfterNotOk][(*d % 3) as usize];
+                spec.dependencies = vec![Dependency { kind, job_id: *d, array_index: None }];
+                spec.kill_on_invalid_dep = d % 2 == 0;
+            }
+            if *array {
+                spec.array = "0-3%2".into();
+            }
+            spec.hold = *hold;
+            if *topo {
+                spec.topology = TopologyConstraint { level: "rack".into(), required: true, wait_s: 0 };
+            }
+            spec.time_limit_s = 60;
+            Command::SubmitJob { spec, identity: "dev:alice".into(), idempotency_key: String::new(), now_ms }
+        }
+        Op::Update(j, k) => {
+            let change = match k {
+                0 => JobChange::Hold { admin: false },
+                1 => JobChange::Release,
+                2 => JobChange::Requeue { hold: false },
+                3 => JobChange::SetNice(10),
+                4 => JobChange::SetPriority(Some(5)),
+                _ => JobChange::SetTimeLimit(30),
+            };
+            Command::UpdateJob { job_id: *j, change, identity: "dev:alice".into(), now_ms }
+        }
+        Op::Checkpoint(j) => {
+            Command::JobCheckpointed { job_id: *j, attempt: state.jobs.get(j).map(|j| j.attempt).unwrap_or(1), now_ms }
+        }
         Op::GpuHealth(n, g, healthy) => {
             Command::SetGpuHealth { node: format!("n{n}"), gpu: *g, healthy: *healthy, reason: "xid 79".into(), now_ms }
         }
@@ -222,8 +302,15 @@ proptest! {
                 b.idempotency_expiry = a.idempotency_expiry.clone();
                 prop_assert_eq!(&b, &a, "a refused {} changed state", cmd.name());
             }
-            if let (Op::Schedule, Outcome::PlanApplied { rejected, .. }) = (op, &applied.outcome) {
+            if let (Op::Schedule, Outcome::ScheduleApplied { rejected, .. }) = (op, &applied.outcome) {
                 prop_assert!(rejected.is_empty(), "the scheduler planned gangs apply refused: {rejected:?}");
+            }
+            // Quotas are never exceeded (policies here are never forced).
+            for (name, acct) in &a.policy.accounts {
+                if let Some(max) = acct.quota.max_running_gpus {
+                    let used = a.running_use.get(&UseKey::Account(name.clone())).map_or(0, |u| u.gpus);
+                    prop_assert!(used <= u64::from(max), "account {name} runs {used} GPUs over its quota {max}");
+                }
             }
             if let Err(e) = a.check_invariants() {
                 return Err(TestCaseError::fail(format!("after {cmd:?}: {e}")));
@@ -321,4 +408,20 @@ fn gang_is_placed_whole_or_not_at_all() {
     );
     assert_eq!(s.jobs[&2].state, JobState::NodeFail);
     s.check_invariants().unwrap();
+}
+
+#[path = "support/scenario.rs"]
+mod scenario;
+
+/// Every scheduler scenario file (tests/scenarios/*.toml) passes.
+#[test]
+fn scheduler_scenarios() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.retain(|p| p.extension().is_some_and(|e| e == "toml"));
+    files.sort();
+    assert!(files.len() >= 10, "expected the scenario files in {}", dir.display());
+    for f in files {
+        scenario::run_file(&f);
+    }
 }

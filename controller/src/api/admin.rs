@@ -8,9 +8,11 @@ use gangway_proto::v1::admin_service_server::AdminService;
 use gangway_proto::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::{status_from_propose, CallCtx};
+use super::{status_from_propose, unexpected, CallCtx, Routed};
 use crate::raft::{ProposeError, RaftStatus};
 use crate::replica::Replica;
+use gangway_core::policy::ClusterPolicy;
+use gangway_core::{Command, Outcome};
 
 /// How long ClusterStatus waits for each replica before calling it unreachable.
 const STATUS_PROBE_TIMEOUT: Duration = Duration::from_millis(1500);
@@ -77,8 +79,108 @@ impl AdminApi {
     }
 }
 
+/// Largest policy document accepted: 100,000 users at ~100 bytes each, with room.
+const POLICY_JSON_BYTES_MAX: usize = 32 * 1024 * 1024;
+
+fn policy_to_proto(p: &ClusterPolicy) -> Result<Policy, Status> {
+    let json = serde_json::to_string(p).map_err(|e| Status::internal(format!("policy: cannot encode: {e}")))?;
+    Ok(Policy { json, version: p.version })
+}
+
 #[tonic::async_trait]
 impl AdminService for AdminApi {
+    async fn get_policy(&self, req: Request<GetPolicyRequest>) -> Result<Response<Policy>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        if let Some(resp) =
+            self.replica
+                .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move {
+                    AdminServiceClient::new(ch).get_policy(r).await
+                })
+                .await?
+        {
+            return Ok(resp);
+        }
+        let state = self.replica.node.state().read();
+        Ok(Response::new(policy_to_proto(&state.policy)?))
+    }
+
+    async fn update_policy(&self, req: Request<UpdatePolicyRequest>) -> Result<Response<Policy>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        if msg.json.len() > POLICY_JSON_BYTES_MAX {
+            return Err(Status::invalid_argument(format!("json: must be at most {POLICY_JSON_BYTES_MAX} bytes")));
+        }
+        let policy: ClusterPolicy = serde_json::from_str(&msg.json)
+            .map_err(|e| Status::invalid_argument(format!("json: not a policy document: {e}")))?;
+        policy.validate().map_err(super::status_from_spec)?;
+        let cmd = Command::UpdatePolicy {
+            policy,
+            expected_version: msg.expected_version,
+            force: msg.force,
+            identity: ctx.identity.clone(),
+            now_ms: crate::now_ms(),
+        };
+        let routed = self
+            .replica
+            .write_or_forward(&ctx, cmd, msg, |ch, r| async move { AdminServiceClient::new(ch).update_policy(r).await })
+            .await?;
+        match routed {
+            Routed::Forwarded(resp) => Ok(resp),
+            Routed::Local(applied) => match applied.outcome {
+                Outcome::PolicyUpdated { .. } => {
+                    let state = self.replica.node.state().read();
+                    Ok(Response::new(policy_to_proto(&state.policy)?))
+                }
+                other => Err(unexpected(&other)),
+            },
+        }
+    }
+
+    async fn fair_share(&self, req: Request<FairShareRequest>) -> Result<Response<FairShareResponse>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        if let Some(resp) =
+            self.replica
+                .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move {
+                    AdminServiceClient::new(ch).fair_share(r).await
+                })
+                .await?
+        {
+            return Ok(resp);
+        }
+        let state = self.replica.node.state().read();
+        let shares = gangway_core::sched::fair_share(&state, crate::now_ms());
+        let mut pending: std::collections::BTreeMap<&str, u64> = Default::default();
+        for id in &state.pending {
+            *pending.entry(state.jobs[id].spec.account.as_str()).or_default() += 1;
+        }
+        let accounts = shares
+            .iter()
+            .map(|(name, s)| {
+                let running = state.running_use.get(&gangway_core::state::UseKey::Account(name.clone())).copied();
+                let (parent, raw_shares) = match state.policy.accounts.get(name) {
+                    Some(a) => (state.policy.parent_of(name).to_string(), a.shares),
+                    None => (String::new(), 1),
+                };
+                AccountShare {
+                    account: name.clone(),
+                    parent,
+                    shares: raw_shares,
+                    norm_shares: s.norm_shares,
+                    gpu_hours: s.gpu_hours,
+                    cpu_hours: s.cpu_hours,
+                    norm_usage: s.norm_usage,
+                    factor: s.factor,
+                    running_gpus: running.map_or(0, |u| u.gpus),
+                    running_jobs: running.map_or(0, |u| u.jobs),
+                    pending_jobs: pending.get(name.as_str()).copied().unwrap_or(0),
+                }
+            })
+            .collect();
+        Ok(Response::new(FairShareResponse { accounts }))
+    }
+
     async fn cluster_status(
         &self,
         _req: Request<ClusterStatusRequest>,

@@ -1,6 +1,6 @@
 //! Protobuf ⇄ core conversion. Protobuf types stop here: the core never sees them.
 
-use gangway_core::spec::GpuSpec;
+use gangway_core::spec::{parse_dependencies, Dependency, GpuSpec, TopologyConstraint};
 use gangway_core::{Job, JobSpec, JobState, Node, NodeSpec, NodeState, SpecError};
 use gangway_proto::v1 as pb;
 
@@ -23,6 +23,7 @@ fn opt_u64(field: &str, v: Option<i64>, default: u64, min: i64) -> Result<u64, S
 /// Builds and validates a core spec; unset fields get their defaults.
 pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, SpecError> {
     let d = JobSpec::default();
+    let (dependencies, singleton) = parse_dependencies(&p.dependency)?;
     let spec = JobSpec {
         name: p.name,
         user: if p.user.is_empty() { default_user.to_string() } else { p.user },
@@ -36,7 +37,7 @@ pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, Sp
         mem_per_node_mb: opt_u64("mem_per_node_mb", p.mem_per_node_mb, d.mem_per_node_mb, 0)?,
         gpus_per_node: opt_u32("gpus_per_node", p.gpus_per_node, d.gpus_per_node, 0)?,
         gpu_type: p.gpu_type,
-        time_limit_s: opt_u64("time_limit_s", p.time_limit_s, d.time_limit_s, 1)?,
+        time_limit_s: opt_u64("time_limit_s", p.time_limit_s, d.time_limit_s, 0)?,
         env: p.env.into_iter().collect(),
         requeue: p.requeue.unwrap_or(d.requeue),
         output: p.output,
@@ -44,6 +45,22 @@ pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, Sp
         warn_signal: u8::try_from(p.warn_signal)
             .map_err(|_| SpecError::new("warn_signal", format!("{} is not a signal number (1-31)", p.warn_signal)))?,
         warn_before_s: p.warn_before_s,
+        account: p.account,
+        qos: p.qos,
+        nodes_max: p.nodes_max,
+        mem_per_cpu_mb: p.mem_per_cpu_mb,
+        constraints: p.constraints,
+        exclusive: p.exclusive,
+        topology: p
+            .topology
+            .map(|t| TopologyConstraint { level: t.level, required: t.required, wait_s: t.wait_s })
+            .unwrap_or_default(),
+        dependencies,
+        singleton,
+        kill_on_invalid_dep: p.kill_on_invalid_dep.unwrap_or(d.kill_on_invalid_dep),
+        array: p.array,
+        nice: p.nice,
+        hold: p.hold,
     };
     spec.validate()?;
     Ok(spec)
@@ -70,7 +87,37 @@ pub fn spec_to_proto(s: &JobSpec) -> pb::JobSpec {
         error: s.error.clone(),
         warn_signal: s.warn_signal.into(),
         warn_before_s: s.warn_before_s,
+        account: s.account.clone(),
+        qos: s.qos.clone(),
+        nodes_max: s.nodes_max,
+        mem_per_cpu_mb: s.mem_per_cpu_mb,
+        constraints: s.constraints.clone(),
+        exclusive: s.exclusive,
+        topology: (!s.topology.level.is_empty()).then(|| pb::TopologyConstraint {
+            level: s.topology.level.clone(),
+            required: s.topology.required,
+            wait_s: s.topology.wait_s,
+        }),
+        dependency: format_dependencies(&s.dependencies, s.singleton),
+        array: s.array.clone(),
+        nice: s.nice,
+        hold: s.hold,
+        kill_on_invalid_dep: Some(s.kill_on_invalid_dep),
     }
+}
+
+/// Slurm's `--dependency` syntax for a list of dependencies.
+pub fn format_dependencies(deps: &[Dependency], singleton: bool) -> String {
+    let mut parts: Vec<String> = deps.iter().map(format_dependency).collect();
+    if singleton {
+        parts.push("singleton".into());
+    }
+    parts.join(",")
+}
+
+/// Resolved dependencies name concrete job ids (an array element's own id).
+fn format_dependency(d: &Dependency) -> String {
+    format!("{}:{}", d.kind.as_str(), d.job_id)
 }
 
 pub fn state_to_proto(s: JobState) -> pb::JobState {
@@ -122,6 +169,14 @@ pub fn job_to_proto(j: &Job) -> pb::Job {
         exit_code: j.exit_code,
         reason: j.reason.clone(),
         ran_on: j.ran_on.clone(),
+        array_job_id: j.array.map(|a| a.array_job_id),
+        array_index: j.array.map(|a| a.index),
+        pending_dependencies: j.deps_pending.iter().map(format_dependency).collect(),
+        held: j.held.clone().unwrap_or_default(),
+        priority_override: j.priority_override,
+        preempted: j.preempted,
+        last_checkpoint_ms: j.last_checkpoint_ms,
+        display_id: j.display_id(),
     }
 }
 

@@ -55,8 +55,14 @@ impl JobService for JobApi {
             Routed::Forwarded(resp) => Ok(resp),
             Routed::Local(applied) => match applied.outcome {
                 Outcome::Submitted { job_id, duplicate } => {
-                    metrics::counter!("gangway_jobs_submitted_total").increment(u64::from(!duplicate));
-                    Ok(Response::new(SubmitResponse { job_id, duplicate }))
+                    let count =
+                        self.replica.node.state().read().jobs.get(&job_id).and_then(|j| j.array).map_or(1, |a| a.count);
+                    metrics::counter!("gangway_jobs_submitted_total").increment(if duplicate {
+                        0
+                    } else {
+                        u64::from(count)
+                    });
+                    Ok(Response::new(SubmitResponse { job_id, duplicate, count }))
                 }
                 other => Err(unexpected(&other)),
             },
@@ -121,6 +127,7 @@ impl JobService for JobApi {
         }
         let limit = if msg.limit == 0 { LIST_LIMIT_DEFAULT } else { msg.limit } as usize;
         let (user, name, after_id) = (msg.user.clone(), msg.name.clone(), msg.after_id);
+        let (account, partition, explain) = (msg.account.clone(), msg.partition.clone(), msg.explain);
         if let Some(resp) = self
             .replica
             .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { JobServiceClient::new(ch).list(r).await })
@@ -133,6 +140,15 @@ impl JobService for JobApi {
             (states.is_empty() || states.contains(&j.state))
                 && (user.is_empty() || j.spec.user == user)
                 && (name.is_empty() || j.spec.name == name)
+                && (account.is_empty() || j.spec.account == account)
+                && (partition.is_empty() || j.spec.partition == partition)
+        };
+        // Live pending reasons from one scheduling pass over this replica's state.
+        let reasons: std::collections::BTreeMap<u64, &'static str> = if explain && !state.pending.is_empty() {
+            let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, crate::now_ms());
+            gangway_core::sched::plan(&state, &opts).reasons.into_iter().collect()
+        } else {
+            Default::default()
         };
         // Pending and running jobs are indexed; scanning only them keeps the
         // common "what is queued" listing cheap when many finished jobs are kept.
@@ -144,7 +160,13 @@ impl JobService for JobApi {
                 more = true;
                 return false;
             }
-            jobs.push(job_to_proto(j));
+            let mut pj = job_to_proto(j);
+            if let Some(r) = reasons.get(&j.id) {
+                if pj.reason.is_empty() || !pj.reason.starts_with("requeued") {
+                    pj.reason = (*r).to_string();
+                }
+            }
+            jobs.push(pj);
             true
         };
         if active_only {
@@ -166,6 +188,110 @@ impl JobService for JobApi {
         }
         let next_after_id = if more { jobs.last().map(|j| j.id).unwrap_or(0) } else { 0 };
         Ok(Response::new(ListJobsResponse { jobs, next_after_id }))
+    }
+
+    async fn update(&self, req: Request<UpdateJobRequest>) -> Result<Response<Job>, Status> {
+        use gangway_core::command::JobChange;
+        use update_job_request::Change;
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        let job_id = msg.job_id;
+        let value = msg.value;
+        let int = |what: &str, min: i64, max: i64| -> Result<i64, Status> {
+            if value < min || value > max {
+                return Err(Status::invalid_argument(format!(
+                    "value: {what} must be between {min} and {max}, got {value}"
+                )));
+            }
+            Ok(value)
+        };
+        let change = match Change::try_from(msg.change).unwrap_or(Change::Unspecified) {
+            Change::Unspecified => return Err(Status::invalid_argument("change: say what to change")),
+            Change::Hold => JobChange::Hold { admin: false },
+            Change::AdminHold => JobChange::Hold { admin: true },
+            Change::Release => JobChange::Release,
+            Change::SetPriority => JobChange::SetPriority(Some(int("priority", 0, i64::from(u32::MAX))? as u32)),
+            Change::ClearPriority => JobChange::SetPriority(None),
+            Change::SetNice => {
+                let max = i64::from(gangway_core::limits::NICE_MAX);
+                JobChange::SetNice(int("nice", -max, max)? as i32)
+            }
+            Change::Requeue => JobChange::Requeue { hold: false },
+            Change::RequeueHold => JobChange::Requeue { hold: true },
+            Change::SetTimeLimit => {
+                JobChange::SetTimeLimit(int("time limit", 1, gangway_core::limits::TIME_LIMIT_S_MAX as i64)? as u64)
+            }
+        };
+        let cmd = Command::UpdateJob { job_id, change, identity: ctx.identity.clone(), now_ms: crate::now_ms() };
+        let routed = self
+            .replica
+            .write_or_forward(&ctx, cmd, msg, |ch, r| async move { JobServiceClient::new(ch).update(r).await })
+            .await?;
+        match routed {
+            Routed::Forwarded(resp) => Ok(resp),
+            Routed::Local(applied) => match applied.outcome {
+                Outcome::JobUpdated { .. } => {
+                    let state = self.replica.node.state().read();
+                    let job =
+                        state.jobs.get(&job_id).ok_or_else(|| Status::not_found(format!("job {job_id} is gone")))?;
+                    Ok(Response::new(job_to_proto(job)))
+                }
+                other => Err(unexpected(&other)),
+            },
+        }
+    }
+
+    async fn explain(&self, req: Request<ExplainRequest>) -> Result<Response<Explanation>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        let job_id = msg.job_id;
+        if let Some(resp) = self
+            .replica
+            .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { JobServiceClient::new(ch).explain(r).await })
+            .await?
+        {
+            return Ok(resp);
+        }
+        let state = self.replica.node.state().read();
+        let e = gangway_core::sched::explain(&state, job_id, crate::now_ms())
+            .ok_or_else(|| Status::not_found(format!("job {job_id} does not exist")))?;
+        let f = e.factors;
+        let factors = [
+            ("age", f.age),
+            ("fairshare", f.fairshare),
+            ("job_size", f.job_size),
+            ("qos", f.qos),
+            ("partition", f.partition),
+            ("nice", f.nice),
+        ];
+        Ok(Response::new(Explanation {
+            job_id,
+            state: state_to_proto(e.state) as i32,
+            reason: e.reason,
+            detail: e.detail,
+            priority: f.total,
+            priority_factors: factors.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            eligible_nodes: e.eligible_nodes,
+            rejections: e.rejections.into_iter().collect(),
+            queue_position: e.queue_position,
+        }))
+    }
+
+    async fn checkpoint(&self, req: Request<CheckpointRequest>) -> Result<Response<CheckpointResponse>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        let cmd = Command::JobCheckpointed { job_id: msg.job_id, attempt: msg.attempt, now_ms: crate::now_ms() };
+        let routed = self
+            .replica
+            .write_or_forward(&ctx, cmd, msg, |ch, r| async move { JobServiceClient::new(ch).checkpoint(r).await })
+            .await?;
+        match routed {
+            Routed::Forwarded(resp) => Ok(resp),
+            Routed::Local(applied) => match applied.outcome {
+                Outcome::CheckpointRecorded { .. } => Ok(Response::new(CheckpointResponse {})),
+                other => Err(unexpected(&other)),
+            },
+        }
     }
 
     type WatchStream = WatchStream;

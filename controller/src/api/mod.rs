@@ -165,7 +165,9 @@ pub fn status_from_refusal(r: &Refusal) -> Status {
     match r.kind {
         RefusalKind::NotFound => Status::not_found(r.message.clone()),
         RefusalKind::InvalidArgument => Status::invalid_argument(r.message.clone()),
-        RefusalKind::FailedPrecondition | RefusalKind::Stale => Status::failed_precondition(r.message.clone()),
+        RefusalKind::FailedPrecondition => Status::failed_precondition(r.message.clone()),
+        RefusalKind::Stale => Status::aborted(r.message.clone()),
+        RefusalKind::PermissionDenied => Status::permission_denied(r.message.clone()),
         RefusalKind::ResourceExhausted => Status::resource_exhausted(r.message.clone()),
     }
 }

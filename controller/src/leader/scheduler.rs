@@ -1,5 +1,5 @@
 //! The leader's scheduling loop: plans placements with the core's pure
-//! `sched::schedule_with` (EASY backfilling) and commits them as one `ApplyPlan`, and ends jobs that ran
+//! `sched::plan` (priority order, EASY backfilling, preemption) and commits each plan as one `ApplySchedule`, and ends jobs that ran
 //! past their time limit. Agents learn of started and ended jobs from their next
 //! heartbeat (see `api/agent.rs`).
 
@@ -32,7 +32,8 @@ pub async fn run(replica: Arc<Replica>) {
         let now = crate::now_ms();
         let (plan, expired) = {
             let state = replica.node.state().read();
-            let plan = gangway_core::sched::schedule_with(&state, gangway_core::sched::Policy::Easy, now);
+            let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, now);
+            let plan = gangway_core::sched::plan(&state, &opts);
             let expired: Vec<(u64, u32, u64)> = state
                 .running
                 .iter()
@@ -43,12 +44,15 @@ pub async fn run(replica: Arc<Replica>) {
                 .collect();
             (plan, expired)
         };
-        if !plan.is_empty() {
-            let n = plan.len();
-            match replica.proposer.propose(Command::ApplyPlan { placements: plan, now_ms: now }).await {
+        if !plan.placements.is_empty() || !plan.preemptions.is_empty() {
+            let n = plan.placements.len();
+            let cmd =
+                Command::ApplySchedule { preemptions: plan.preemptions, placements: plan.placements, now_ms: now };
+            match replica.proposer.propose(cmd).await {
                 Ok(applied) => {
-                    if let Outcome::PlanApplied { started, rejected } = applied.outcome {
+                    if let Outcome::ScheduleApplied { started, rejected, preempted } = applied.outcome {
                         metrics::counter!("gangway_jobs_started_total").increment(started.len() as u64);
+                        metrics::counter!("gangway_jobs_preempted_total").increment(preempted.len() as u64);
                         if !rejected.is_empty() {
                             tracing::debug!(planned = n, rejected = rejected.len(), "part of a plan was stale");
                         }

@@ -14,7 +14,15 @@ use serde::{Deserialize, Serialize};
 use crate::command::{Command, NodeStateChange, Placement};
 use crate::limits::*;
 use crate::model::*;
-use crate::spec::{JobSpec, NodeSpec};
+use crate::policy::{ClusterPolicy, Use};
+use crate::spec::NodeSpec;
+
+mod admin;
+mod deps;
+mod submit;
+
+pub use admin::{alloc_use, UsageBucket};
+pub use submit::DepStatus;
 
 /// Idempotency entries purged per applied command. Bounds the work of one apply;
 /// entries expire at most as fast as submits create them, so this keeps up.
@@ -30,6 +38,8 @@ pub enum RefusalKind {
     ResourceExhausted,
     /// The command was based on an older state (plan or attempt superseded).
     Stale,
+    /// The caller may not do this (not the owner, not an admin).
+    PermissionDenied,
 }
 
 /// An expected refusal: a value, the same on every replica.
@@ -79,6 +89,30 @@ pub enum Outcome {
         gpu: u32,
         healthy: bool,
     },
+    PolicyUpdated {
+        version: u64,
+    },
+    JobUpdated {
+        job_id: JobId,
+    },
+    ScheduleApplied {
+        preempted: Vec<JobId>,
+        started: Vec<JobId>,
+        rejected: Vec<(JobId, String)>,
+    },
+    CheckpointRecorded {
+        job_id: JobId,
+    },
+}
+
+/// Whose use a counter tracks, for quotas.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum UseKey {
+    /// An account, counting its sub-accounts' jobs too.
+    Account(String),
+    User(String),
+    /// (QOS, user): QOS per-user limits.
+    QosUser(String, String),
 }
 
 /// A change to one job, streamed to watchers.
@@ -121,6 +155,21 @@ pub struct State {
     /// Replicated clock: the highest `now_ms` applied. Leaders' clocks may disagree;
     /// this never goes backwards.
     pub clock_ms: u64,
+    pub policy: ClusterPolicy,
+    /// Historical usage per account, for fair share (oldest bucket first).
+    pub usage: BTreeMap<String, VecDeque<UsageBucket>>,
+    /// What running jobs hold, per account (with ancestors), user and QOS-user.
+    pub running_use: BTreeMap<UseKey, Use>,
+    /// Unfinished (pending + running) jobs per account (with ancestors), user and
+    /// QOS-user, for submit limits.
+    pub active_jobs: BTreeMap<UseKey, u64>,
+    /// Job id → pending jobs whose dependencies wait on it (whole-array
+    /// dependencies are filed under the array's job id).
+    pub dependents: BTreeMap<JobId, BTreeSet<JobId>>,
+    /// Jobs that started or finished during the current apply; their dependents
+    /// are settled before apply returns. Always empty between applies.
+    #[serde(skip)]
+    dep_triggers: Vec<JobId>,
 }
 
 impl Default for State {
@@ -135,7 +184,22 @@ impl Default for State {
             idempotency: BTreeMap::new(),
             idempotency_expiry: BTreeSet::new(),
             clock_ms: 0,
+            policy: ClusterPolicy::default(),
+            usage: BTreeMap::new(),
+            running_use: BTreeMap::new(),
+            active_jobs: BTreeMap::new(),
+            dependents: BTreeMap::new(),
+            dep_triggers: Vec::new(),
         }
+    }
+}
+
+/// Whether a node offers a feature: `name` matches a label key, `key=value` a
+/// label's value.
+pub fn node_has_feature(node: &Node, feature: &str) -> bool {
+    match feature.split_once('=') {
+        Some((k, v)) => node.labels.get(k).is_some_and(|x| x == v),
+        None => node.labels.contains_key(feature),
     }
 }
 
@@ -144,6 +208,12 @@ impl State {
     pub fn apply(&mut self, index: u64, cmd: &Command) -> Applied {
         self.clock_ms = self.clock_ms.max(cmd.now_ms());
         self.purge_idempotency();
+        let mut applied = self.apply_one(index, cmd);
+        applied.events.extend(self.settle_dependents(index));
+        applied
+    }
+
+    fn apply_one(&mut self, index: u64, cmd: &Command) -> Applied {
         match cmd {
             Command::SubmitJob { spec, identity, idempotency_key, .. } => {
                 self.apply_submit_job(index, spec, identity, idempotency_key)
@@ -170,6 +240,16 @@ impl State {
                 };
                 self.apply_task_exited(index, *job_id, *attempt, node, exit, reason, *lost)
             }
+            Command::UpdatePolicy { policy, expected_version, force, identity, .. } => {
+                self.apply_update_policy(policy, *expected_version, *force, identity)
+            }
+            Command::UpdateJob { job_id, change, identity, .. } => {
+                self.apply_update_job(index, *job_id, change, identity)
+            }
+            Command::ApplySchedule { preemptions, placements, .. } => {
+                self.apply_schedule(index, preemptions, placements)
+            }
+            Command::JobCheckpointed { job_id, attempt, .. } => self.apply_job_checkpointed(*job_id, *attempt),
         }
     }
 
@@ -233,7 +313,7 @@ impl State {
         }
         let ok = exit.succeeded();
         job.task_exits.insert(node.to_string(), exit);
-        let nodes = job.spec.nodes as usize;
+        let nodes = job.allocation.as_ref().map_or(job.spec.nodes as usize, |a| a.nodes.len());
         let done = job.task_exits.len() == nodes;
         let outcome = Outcome::TaskRecorded { job_id };
         if !ok {
@@ -286,56 +366,6 @@ impl State {
         }
     }
 
-    fn apply_submit_job(&mut self, index: u64, spec: &JobSpec, identity: &str, key: &str) -> Applied {
-        if !key.is_empty() {
-            if let Some(&job_id) = self.idempotency.get(&(identity.to_string(), key.to_string())) {
-                return Applied { outcome: Outcome::Submitted { job_id, duplicate: true }, events: Vec::new() };
-            }
-            if key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
-                return Applied::refused(
-                    RefusalKind::InvalidArgument,
-                    format!("idempotency_key: must be at most {IDEMPOTENCY_KEY_BYTES_MAX} bytes"),
-                );
-            }
-        }
-        if let Err(e) = spec.validate() {
-            return Applied::refused(RefusalKind::InvalidArgument, e.to_string());
-        }
-        if self.pending.len() + self.running.len() >= ACTIVE_JOBS_MAX {
-            return Applied::refused(
-                RefusalKind::ResourceExhausted,
-                format!("the cluster holds {ACTIVE_JOBS_MAX} unfinished jobs, its limit; retry later"),
-            );
-        }
-        let job_id = self.next_job_id;
-        self.next_job_id += 1;
-        let job = Job {
-            id: job_id,
-            spec: spec.clone(),
-            state: JobState::Pending,
-            attempt: 0,
-            submitted_by: identity.to_string(),
-            submit_time_ms: self.clock_ms,
-            start_time_ms: None,
-            end_time_ms: None,
-            allocation: None,
-            exit_code: None,
-            reason: "Priority".to_string(),
-            submit_index: index,
-            task_exits: BTreeMap::new(),
-            ran_on: Vec::new(),
-        };
-        self.jobs.insert(job_id, job);
-        self.pending.insert(job_id);
-        if !key.is_empty() {
-            self.idempotency.insert((identity.to_string(), key.to_string()), job_id);
-            let expires = self.clock_ms.saturating_add(IDEMPOTENCY_TTL_MS);
-            self.idempotency_expiry.insert((expires, identity.to_string(), key.to_string()));
-        }
-        let event = JobEvent { index, job_id, state: JobState::Pending, attempt: 0, reason: String::new() };
-        Applied { outcome: Outcome::Submitted { job_id, duplicate: false }, events: vec![event] }
-    }
-
     fn apply_cancel_job(&mut self, index: u64, job_id: JobId, identity: &str) -> Applied {
         let Some(job) = self.jobs.get(&job_id) else {
             return Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
@@ -375,10 +405,14 @@ impl State {
         if let Some(alloc) = allocation {
             self.release(job_id, &alloc);
         }
+        self.count_active(job_id, false);
+        self.forget_dependencies(job_id);
+        self.dep_triggers.push(job_id);
         self.finished.push_back(job_id);
         while self.finished.len() > FINISHED_JOBS_RETAINED_MAX {
             let old = self.finished.pop_front().expect("non-empty");
             self.jobs.remove(&old);
+            self.dependents.remove(&old);
         }
         JobEvent { index, job_id, state, attempt, reason }
     }
@@ -390,17 +424,20 @@ impl State {
         assert_eq!(job.state, JobState::Running, "only running jobs are requeued");
         let allocation = job.allocation.take().expect("running jobs are allocated");
         job.state = JobState::Pending;
-        job.start_time_ms = None;
         job.task_exits.clear();
         job.reason = reason.clone();
         let attempt = job.attempt;
         self.running.remove(&job_id);
         self.pending.insert(job_id);
+        // Release first: usage is charged from the start time.
         self.release(job_id, &allocation);
+        self.jobs.get_mut(&job_id).expect("exists").start_time_ms = None;
         JobEvent { index, job_id, state: JobState::Pending, attempt, reason }
     }
 
     fn release(&mut self, job_id: JobId, alloc: &Allocation) {
+        self.charge_usage(job_id, alloc);
+        self.count_running(job_id, alloc, false);
         for na in &alloc.nodes {
             let node = self.nodes.get_mut(&na.node).expect("allocated node exists");
             node.cpus_alloc = node.cpus_alloc.checked_sub(na.cpus).expect("cpu accounting underflow");
@@ -512,10 +549,19 @@ impl State {
                 p.attempt, p.job_id, job.attempt
             ));
         }
-        let spec = &job.spec;
-        if p.nodes.len() != spec.nodes as usize {
-            return Err(format!("gang of {} nodes placed on {}", spec.nodes, p.nodes.len()));
+        if let Some(why) = &job.held {
+            return Err(format!("job {} is held ({why})", p.job_id));
         }
+        if !job.deps_pending.is_empty() {
+            return Err(format!("job {} waits for its dependencies", p.job_id));
+        }
+        let spec = &job.spec;
+        if p.nodes.len() < spec.nodes as usize || p.nodes.len() > spec.nodes_max() as usize {
+            return Err(format!("gang of {}-{} nodes placed on {}", spec.nodes, spec.nodes_max(), p.nodes.len()));
+        }
+        let partition = self.policy.partitions.get(&spec.partition);
+        let mut domain: Option<&[String]> = None;
+        let level = self.topology_depth(&spec.topology.level);
         let mut seen = BTreeSet::new();
         for na in &p.nodes {
             if !seen.insert(na.node.as_str()) {
@@ -524,6 +570,25 @@ impl State {
             let node = self.nodes.get(&na.node).ok_or_else(|| format!("node {} does not exist", na.node))?;
             if node.state != NodeState::Up {
                 return Err(format!("node {} is {}", na.node, node.state.as_str()));
+            }
+            if partition.is_some_and(|part| !part.contains(&na.node)) {
+                return Err(format!("node {} is not in partition {}", na.node, spec.partition));
+            }
+            if let Some(missing) = spec.constraints.iter().find(|c| !node_has_feature(node, c)) {
+                return Err(format!("node {} lacks feature {missing}", na.node));
+            }
+            if let (Some(depth), true) = (level, spec.topology.required) {
+                let path = &node.topology[..depth.min(node.topology.len())];
+                match domain {
+                    None => domain = Some(path),
+                    Some(d) if d != path => {
+                        return Err(format!("nodes span more than one {} (required)", spec.topology.level))
+                    }
+                    _ => {}
+                }
+            }
+            if spec.exclusive && (!node.jobs.is_empty() || na.cpus != node.cpus) {
+                return Err(format!("node {} is not whole for an exclusive job", na.node));
             }
             if na.cpus < spec.cpus_per_node() || na.mem_mb < spec.mem_per_node_mb {
                 return Err(format!("allocation on {} is smaller than the request", na.node));
@@ -548,7 +613,24 @@ impl State {
                 }
             }
         }
+        let extra = Use {
+            gpus: p.nodes.iter().map(|n| n.gpus.len() as u64).sum(),
+            cpus: p.nodes.iter().map(|n| u64::from(n.cpus)).sum(),
+            jobs: 1,
+        };
+        if let Some(why) = self.quota_exceeded(job, extra) {
+            return Err(why);
+        }
         Ok(())
+    }
+
+    /// The number of topology path elements that identify a domain of `level`
+    /// (None: no such level, or no level named).
+    pub fn topology_depth(&self, level: &str) -> Option<usize> {
+        if level.is_empty() {
+            return None;
+        }
+        self.policy.topology_levels.iter().position(|l| l == level).map(|i| i + 1)
     }
 
     fn apply_plan(&mut self, index: u64, placements: &[Placement]) -> Applied {
@@ -571,6 +653,9 @@ impl State {
                 }
                 node.jobs.push(p.job_id);
             }
+            let alloc = Allocation { attempt: p.attempt, nodes: p.nodes.clone() };
+            self.count_running(p.job_id, &alloc, true);
+            self.dep_triggers.push(p.job_id);
             let now = self.clock_ms;
             let job = self.jobs.get_mut(&p.job_id).expect("checked");
             job.state = JobState::Running;
@@ -579,7 +664,8 @@ impl State {
             job.reason = String::new();
             job.task_exits.clear();
             job.ran_on = p.nodes.iter().map(|n| n.node.clone()).collect();
-            job.allocation = Some(Allocation { attempt: p.attempt, nodes: p.nodes.clone() });
+            job.last_checkpoint_ms = None;
+            job.allocation = Some(alloc);
             self.pending.remove(&p.job_id);
             self.running.insert(p.job_id);
             started.push(p.job_id);
@@ -659,7 +745,10 @@ impl State {
                 }
             }
             if let Some(alloc) = &job.allocation {
-                if alloc.attempt != job.attempt || alloc.nodes.len() != job.spec.nodes as usize {
+                if alloc.attempt != job.attempt
+                    || alloc.nodes.len() < job.spec.nodes as usize
+                    || alloc.nodes.len() > job.spec.nodes_max() as usize
+                {
                     return Err(format!("job {id} allocation does not match its attempt or gang size"));
                 }
                 for na in &alloc.nodes {
@@ -704,6 +793,19 @@ impl State {
         }
         if !gpus.is_empty() || !node_jobs.is_empty() {
             return Err("allocation names a node or GPU that does not exist".into());
+        }
+        let mut recount = self.clone();
+        recount.rebuild_use();
+        if recount.running_use != self.running_use || recount.active_jobs != self.active_jobs {
+            return Err("quota use counters differ from the jobs".into());
+        }
+        for id in &self.pending {
+            let job = &self.jobs[id];
+            for d in &job.deps_pending {
+                if !self.dependents.get(&d.job_id).is_some_and(|s| s.contains(id)) {
+                    return Err(format!("pending job {id} waits on {} but is not filed as its dependent", d.job_id));
+                }
+            }
         }
         if self.idempotency.len() != self.idempotency_expiry.len() {
             return Err("idempotency index and expiry index differ in size".into());

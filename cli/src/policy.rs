@@ -1,0 +1,570 @@
+//! `gangway admin ...`: the cluster policy (partitions, accounts, users, QOS,
+//! priority weights, topology levels) — shown, exported to and imported from
+//! TOML, and edited one object at a time in the spirit of `sacctmgr` and
+//! `scontrol update`.
+//!
+//! Every edit is a read-modify-write of the whole policy with the version it
+//! read (compare-and-set in the replicated state machine); a concurrent edit
+//! makes the write fail with ABORTED and the edit is retried on the new policy.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use gangway_core::policy::{Account, ClusterPolicy, Partition, PreemptMode, Qos, Quota, User};
+use gangway_proto::client::Client;
+use gangway_proto::v1 as pb;
+use gangway_proto::v1::admin_service_client::AdminServiceClient;
+use serde_json::json;
+
+use crate::commands::Output;
+use crate::parse;
+
+/// Read-modify-write attempts when other admins edit at the same time.
+const POLICY_EDIT_ATTEMPTS_MAX: usize = 5;
+
+#[derive(Subcommand)]
+pub enum AdminCmd {
+    /// Print the policy as TOML (the format `import` reads).
+    Export {
+        /// Write to this file instead of stdout.
+        file: Option<PathBuf>,
+    },
+    /// Replace the whole policy with a TOML file (validated as a whole).
+    Import {
+        file: PathBuf,
+        /// Allow quotas below current use and removing objects jobs still use.
+        #[arg(long)]
+        force: bool,
+        /// Validate and show the differences only.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Partitions: groups of nodes with defaults and limits.
+    #[command(subcommand)]
+    Partition(ObjCmd<PartitionArgs>),
+    /// Accounts: a tree with fair-share shares and quotas.
+    #[command(subcommand)]
+    Account(ObjCmd<AccountArgs>),
+    /// Users: the accounts they may charge, and per-user quotas.
+    #[command(subcommand)]
+    User(ObjCmd<UserArgs>),
+    /// QOS levels: priority, limits, preemption.
+    #[command(subcommand)]
+    Qos(ObjCmd<QosArgs>),
+    /// Cluster-wide settings: topology levels, priority weights, fair share, backfill, admins.
+    Set(SetArgs),
+    /// Fair share per account: shares, decayed usage, factor (like `sshare`).
+    Shares {
+        #[arg(long)]
+        stale: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ObjCmd<A: Args> {
+    /// Create (fails if it exists).
+    Add {
+        name: String,
+        #[command(flatten)]
+        args: A,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Change the given fields (fails if it does not exist).
+    Set {
+        name: String,
+        #[command(flatten)]
+        args: A,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Remove.
+    Rm {
+        name: String,
+        #[arg(long)]
+        force: bool,
+    },
+    /// List all.
+    List,
+}
+
+#[derive(Args)]
+pub struct PartitionArgs {
+    /// Node name patterns, comma-separated (gpu[001-128],cpu-*); empty: every node.
+    #[arg(long, value_delimiter = ',')]
+    nodes: Option<Vec<String>>,
+    /// Make this the default partition.
+    #[arg(long)]
+    default: Option<bool>,
+    #[arg(long)]
+    default_time: Option<String>,
+    #[arg(long)]
+    max_time: Option<String>,
+    #[arg(long)]
+    default_mem_per_cpu: Option<String>,
+    #[arg(long)]
+    default_mem_per_gpu: Option<String>,
+    /// Higher tiers are scheduled first.
+    #[arg(long)]
+    tier: Option<u32>,
+    /// Accounts allowed (with their sub-accounts), comma-separated; empty: all.
+    #[arg(long, value_delimiter = ',')]
+    accounts: Option<Vec<String>>,
+    #[arg(long)]
+    default_qos: Option<String>,
+    #[arg(long)]
+    max_nodes: Option<u32>,
+}
+
+#[derive(Args, Default)]
+pub struct QuotaArgs {
+    /// Running GPUs at most (-1: unlimited).
+    #[arg(long, allow_negative_numbers = true)]
+    max_gpus: Option<i64>,
+    #[arg(long, allow_negative_numbers = true)]
+    max_cpus: Option<i64>,
+    /// Running jobs at most.
+    #[arg(long, allow_negative_numbers = true)]
+    max_jobs: Option<i64>,
+    /// Pending + running jobs at most.
+    #[arg(long, allow_negative_numbers = true)]
+    max_submit: Option<i64>,
+}
+
+#[derive(Args)]
+pub struct AccountArgs {
+    /// Parent account (default root).
+    #[arg(long)]
+    parent: Option<String>,
+    /// Fair-share shares relative to siblings.
+    #[arg(long)]
+    shares: Option<u32>,
+    #[arg(long)]
+    description: Option<String>,
+    #[command(flatten)]
+    quota: QuotaArgs,
+}
+
+#[derive(Args)]
+pub struct UserArgs {
+    /// Accounts the user may charge, comma-separated; the first is the default.
+    #[arg(long, value_delimiter = ',')]
+    accounts: Option<Vec<String>>,
+    #[command(flatten)]
+    quota: QuotaArgs,
+}
+
+#[derive(Args)]
+pub struct QosArgs {
+    #[arg(long)]
+    priority: Option<u32>,
+    #[arg(long)]
+    max_time: Option<String>,
+    /// QOS levels this one may preempt, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    preempt: Option<Vec<String>>,
+    /// What happens to this QOS's jobs when preempted: requeue or cancel.
+    #[arg(long)]
+    preempt_mode: Option<String>,
+    /// Seconds between the warning signal and the kill of a preempted job.
+    #[arg(long)]
+    grace: Option<u32>,
+    /// Per-user limits under this QOS.
+    #[command(flatten)]
+    quota: QuotaArgs,
+}
+
+#[derive(Args)]
+pub struct SetArgs {
+    /// Topology level names, top down (e.g. zone,block,rack); nodes' topology paths follow them.
+    #[arg(long, value_delimiter = ',')]
+    topology_levels: Option<Vec<String>>,
+    #[arg(long)]
+    weight_age: Option<u32>,
+    #[arg(long)]
+    weight_fairshare: Option<u32>,
+    #[arg(long)]
+    weight_job_size: Option<u32>,
+    #[arg(long)]
+    weight_qos: Option<u32>,
+    #[arg(long)]
+    weight_partition: Option<u32>,
+    /// Age at which the age factor is full (a duration like 7-00:00:00).
+    #[arg(long)]
+    max_age: Option<String>,
+    /// Fair-share usage half-life (a duration like 7-00:00:00).
+    #[arg(long)]
+    half_life: Option<String>,
+    /// Top jobs that get a backfill reservation per pass.
+    #[arg(long)]
+    reservations: Option<u32>,
+    /// Refuse jobs from users without a policy entry.
+    #[arg(long)]
+    enforce_users: Option<bool>,
+    /// Admin identities or user names, comma-separated (empty list: everyone).
+    #[arg(long, value_delimiter = ',')]
+    admins: Option<Vec<String>>,
+}
+
+/// The policy as the cluster has it now, and its version.
+pub async fn fetch_policy(client: &Client, stale: bool) -> anyhow::Result<(ClusterPolicy, u64)> {
+    let resp = client
+        .call(|ch| {
+            let r = client.request(pb::GetPolicyRequest { stale });
+            async move { AdminServiceClient::new(ch).get_policy(r).await }
+        })
+        .await?
+        .into_inner();
+    let policy: ClusterPolicy =
+        serde_json::from_str(&resp.json).context("policy: the controller sent an unreadable policy")?;
+    Ok((policy, resp.version))
+}
+
+async fn store(
+    client: &Client,
+    policy: &ClusterPolicy,
+    expected: Option<u64>,
+    force: bool,
+) -> Result<u64, tonic::Status> {
+    let json = serde_json::to_string(policy).expect("policy encodes");
+    let req = pb::UpdatePolicyRequest { json, expected_version: expected, force };
+    let resp = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { AdminServiceClient::new(ch).update_policy(r).await }
+        })
+        .await?;
+    Ok(resp.into_inner().version)
+}
+
+/// Applies `edit` to the current policy and stores it, retrying on concurrent edits.
+async fn edit<F>(client: &Client, force: bool, mut edit: F) -> anyhow::Result<u64>
+where
+    F: FnMut(&mut ClusterPolicy) -> anyhow::Result<()>,
+{
+    for _ in 0..POLICY_EDIT_ATTEMPTS_MAX {
+        let (mut policy, version) = fetch_policy(client, false).await?;
+        edit(&mut policy)?;
+        match store(client, &policy, Some(version), force).await {
+            Ok(v) => return Ok(v),
+            Err(s) if s.code() == tonic::Code::Aborted => continue,
+            Err(s) => return Err(s.into()),
+        }
+    }
+    bail!("policy: it kept changing under this edit ({POLICY_EDIT_ATTEMPTS_MAX} attempts); retry")
+}
+
+fn to_toml(policy: &ClusterPolicy) -> anyhow::Result<String> {
+    let mut p = policy.clone();
+    p.version = 0;
+    let body = toml::to_string_pretty(&p).context("policy: cannot write TOML")?;
+    Ok(format!(
+        "# Gangway cluster policy (version {}). Edit and load with `gangway admin import FILE`.\n{body}",
+        policy.version
+    ))
+}
+
+fn quota_apply(q: &mut Quota, a: &QuotaArgs) -> anyhow::Result<()> {
+    let conv = |field: &str, v: Option<i64>, cur: Option<u32>| -> anyhow::Result<Option<u32>> {
+        match v {
+            None => Ok(cur),
+            Some(-1) => Ok(None),
+            Some(n) if n >= 0 && n <= i64::from(u32::MAX) => Ok(Some(n as u32)),
+            Some(n) => bail!("{field}: {n} must be -1 (unlimited) or 0..{}", u32::MAX),
+        }
+    };
+    q.max_running_gpus = conv("max-gpus", a.max_gpus, q.max_running_gpus)?;
+    q.max_running_cpus = conv("max-cpus", a.max_cpus, q.max_running_cpus)?;
+    q.max_running_jobs = conv("max-jobs", a.max_jobs, q.max_running_jobs)?;
+    q.max_submitted_jobs = conv("max-submit", a.max_submit, q.max_submitted_jobs)?;
+    Ok(())
+}
+
+fn dur(field: &str, v: &Option<String>) -> anyhow::Result<Option<u64>> {
+    v.as_deref().map(|t| parse::time_limit_s(t).map_err(|e| anyhow::anyhow!(e.replace("--time", field)))).transpose()
+}
+
+fn mem(field: &str, v: &Option<String>) -> anyhow::Result<Option<u64>> {
+    v.as_deref().map(|t| parse::mem_mb(t).map_err(|e| anyhow::anyhow!(e.replace("--mem", field)))).transpose()
+}
+
+impl PartitionArgs {
+    fn apply(&self, p: &mut Partition) -> anyhow::Result<()> {
+        if let Some(n) = &self.nodes {
+            p.nodes = n.iter().filter(|x| !x.is_empty()).cloned().collect();
+        }
+        if let Some(d) = self.default {
+            p.default = d;
+        }
+        if let Some(t) = dur("--default-time", &self.default_time)? {
+            p.default_time_s = t;
+        }
+        if let Some(t) = dur("--max-time", &self.max_time)? {
+            p.max_time_s = t;
+        }
+        if let Some(m) = mem("--default-mem-per-cpu", &self.default_mem_per_cpu)? {
+            p.default_mem_per_cpu_mb = m;
+        }
+        if let Some(m) = mem("--default-mem-per-gpu", &self.default_mem_per_gpu)? {
+            p.default_mem_per_gpu_mb = m;
+        }
+        if let Some(t) = self.tier {
+            p.priority_tier = t;
+        }
+        if let Some(a) = &self.accounts {
+            p.allow_accounts = a.iter().filter(|x| !x.is_empty()).cloned().collect();
+        }
+        if let Some(q) = &self.default_qos {
+            p.default_qos = q.clone();
+        }
+        if let Some(n) = self.max_nodes {
+            p.max_nodes = n;
+        }
+        Ok(())
+    }
+}
+
+impl AccountArgs {
+    fn apply(&self, a: &mut Account) -> anyhow::Result<()> {
+        if let Some(p) = &self.parent {
+            a.parent = if p == "root" { String::new() } else { p.clone() };
+        }
+        if let Some(s) = self.shares {
+            a.shares = s;
+        }
+        if let Some(d) = &self.description {
+            a.description = d.clone();
+        }
+        quota_apply(&mut a.quota, &self.quota)
+    }
+}
+
+impl UserArgs {
+    fn apply(&self, u: &mut User) -> anyhow::Result<()> {
+        if let Some(a) = &self.accounts {
+            u.accounts = a.iter().filter(|x| !x.is_empty()).cloned().collect();
+        }
+        quota_apply(&mut u.quota, &self.quota)
+    }
+}
+
+impl QosArgs {
+    fn apply(&self, q: &mut Qos) -> anyhow::Result<()> {
+        if let Some(p) = self.priority {
+            q.priority = p;
+        }
+        if let Some(t) = dur("--max-time", &self.max_time)? {
+            q.max_time_s = t;
+        }
+        if let Some(p) = &self.preempt {
+            q.preempt = p.iter().filter(|x| !x.is_empty()).cloned().collect();
+        }
+        if let Some(m) = &self.preempt_mode {
+            q.preempt_mode = match m.as_str() {
+                "requeue" => PreemptMode::Requeue,
+                "cancel" => PreemptMode::Cancel,
+                other => bail!("preempt-mode: '{other}' must be requeue or cancel"),
+            };
+        }
+        if let Some(g) = self.grace {
+            q.preempt_grace_s = g;
+        }
+        quota_apply(&mut q.per_user, &self.quota)
+    }
+}
+
+/// Runs add/set/rm on one kind of object in the policy's map `pick`.
+async fn object_cmd<A: Args, T: Default + serde::Serialize>(
+    client: &Client,
+    out: &Output,
+    kind: &str,
+    cmd: ObjCmd<A>,
+    pick: fn(&mut ClusterPolicy) -> &mut std::collections::BTreeMap<String, T>,
+    apply: fn(&A, &mut T) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let (verb, name, version) = match cmd {
+        ObjCmd::List => {
+            let (mut policy, _) = fetch_policy(client, false).await?;
+            let map = pick(&mut policy);
+            if out.json {
+                println!("{}", serde_json::to_string_pretty(&*map)?);
+            } else if map.is_empty() {
+                println!("(no {kind}s defined)");
+            } else {
+                let mut wrapper = toml::Table::new();
+                wrapper.insert(format!("{kind}s"), toml::Value::try_from(&*map)?);
+                print!("{}", toml::to_string_pretty(&wrapper)?);
+            }
+            return Ok(());
+        }
+        ObjCmd::Add { name, args, force } => {
+            let v = edit(client, force, |p| {
+                let map = pick(p);
+                if map.contains_key(&name) {
+                    bail!("{kind}: '{name}' already exists; use `set` to change it");
+                }
+                let mut obj = T::default();
+                apply(&args, &mut obj)?;
+                map.insert(name.clone(), obj);
+                Ok(())
+            })
+            .await?;
+            ("added", name, v)
+        }
+        ObjCmd::Set { name, args, force } => {
+            let v = edit(client, force, |p| {
+                let obj = pick(p)
+                    .get_mut(&name)
+                    .ok_or_else(|| anyhow::anyhow!("{kind}: '{name}' does not exist; use `add` to create it"))?;
+                apply(&args, obj)
+            })
+            .await?;
+            ("updated", name, v)
+        }
+        ObjCmd::Rm { name, force } => {
+            let v = edit(client, force, |p| {
+                pick(p).remove(&name).map(|_| ()).ok_or_else(|| anyhow::anyhow!("{kind}: '{name}' does not exist"))
+            })
+            .await?;
+            ("removed", name, v)
+        }
+    };
+    if out.json {
+        println!("{}", json!({"kind": kind, "name": name, "result": verb, "policy_version": version}));
+    } else {
+        println!("{kind} {name} {verb} (policy version {version})");
+    }
+    Ok(())
+}
+
+pub async fn run(client: &Client, out: &Output, cmd: AdminCmd) -> anyhow::Result<()> {
+    match cmd {
+        AdminCmd::Export { file } => {
+            let (policy, _) = fetch_policy(client, false).await?;
+            let text = to_toml(&policy)?;
+            match file {
+                Some(f) => std::fs::write(&f, text).with_context(|| format!("cannot write {}", f.display()))?,
+                None => print!("{text}"),
+            }
+            Ok(())
+        }
+        AdminCmd::Import { file, force, dry_run } => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            let policy: ClusterPolicy =
+                toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {}", file.display(), e.message()))?;
+            policy.validate().map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            let (current, version) = fetch_policy(client, false).await?;
+            let (mut a, mut b) = (current.clone(), policy.clone());
+            a.version = 0;
+            b.version = 0;
+            if a == b {
+                println!("the policy already matches {} (version {version})", file.display());
+                return Ok(());
+            }
+            if dry_run {
+                println!("{} is valid; it would replace policy version {version}", file.display());
+                return Ok(());
+            }
+            let v = store(client, &policy, Some(version), force).await?;
+            println!("policy imported from {} (version {v})", file.display());
+            Ok(())
+        }
+        AdminCmd::Partition(c) => {
+            object_cmd(client, out, "partition", c, |p| &mut p.partitions, PartitionArgs::apply).await
+        }
+        AdminCmd::Account(c) => object_cmd(client, out, "account", c, |p| &mut p.accounts, AccountArgs::apply).await,
+        AdminCmd::User(c) => object_cmd(client, out, "user", c, |p| &mut p.users, UserArgs::apply).await,
+        AdminCmd::Qos(c) => object_cmd(client, out, "qos", c, |p| &mut p.qos, QosArgs::apply).await,
+        AdminCmd::Set(a) => {
+            let v = edit(client, false, |p| {
+                if let Some(l) = &a.topology_levels {
+                    p.topology_levels = l.iter().filter(|x| !x.is_empty()).cloned().collect();
+                }
+                let w = &mut p.priority;
+                for (dst, src) in [
+                    (&mut w.age, a.weight_age),
+                    (&mut w.fairshare, a.weight_fairshare),
+                    (&mut w.job_size, a.weight_job_size),
+                    (&mut w.qos, a.weight_qos),
+                    (&mut w.partition, a.weight_partition),
+                ] {
+                    if let Some(x) = src {
+                        *dst = x;
+                    }
+                }
+                if let Some(t) = dur("--max-age", &a.max_age)? {
+                    p.priority.max_age_s = t;
+                }
+                if let Some(t) = dur("--half-life", &a.half_life)? {
+                    p.fairshare_half_life_s = t;
+                }
+                if let Some(r) = a.reservations {
+                    p.backfill_reservations = r;
+                }
+                if let Some(e) = a.enforce_users {
+                    p.enforce_users = e;
+                }
+                if let Some(ad) = &a.admins {
+                    p.admins = ad.iter().filter(|x| !x.is_empty()).cloned().collect();
+                }
+                Ok(())
+            })
+            .await?;
+            println!("policy updated (version {v})");
+            Ok(())
+        }
+        AdminCmd::Shares { stale } => {
+            let resp = client
+                .call(|ch| {
+                    let r = client.request(pb::FairShareRequest { stale });
+                    async move { AdminServiceClient::new(ch).fair_share(r).await }
+                })
+                .await?
+                .into_inner();
+            if out.json {
+                let rows: Vec<_> = resp
+                    .accounts
+                    .iter()
+                    .map(|a| {
+                        json!({"account": a.account, "parent": a.parent, "shares": a.shares, "norm_shares": a.norm_shares,
+                            "gpu_hours": a.gpu_hours, "cpu_hours": a.cpu_hours, "norm_usage": a.norm_usage,
+                            "factor": a.factor, "running_gpus": a.running_gpus, "running_jobs": a.running_jobs,
+                            "pending_jobs": a.pending_jobs})
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+                return Ok(());
+            }
+            println!(
+                "{:<20} {:<12} {:>7} {:>10} {:>11} {:>11} {:>10} {:>8} {:>8} {:>8}",
+                "ACCOUNT",
+                "PARENT",
+                "SHARES",
+                "NORM_SHR",
+                "GPU_HOURS",
+                "CPU_HOURS",
+                "NORM_USE",
+                "FAIRSHR",
+                "RUN_GPU",
+                "PENDING"
+            );
+            for a in &resp.accounts {
+                println!(
+                    "{:<20} {:<12} {:>7} {:>10.4} {:>11.2} {:>11.2} {:>10.4} {:>8.4} {:>8} {:>8}",
+                    a.account,
+                    a.parent,
+                    a.shares,
+                    a.norm_shares,
+                    a.gpu_hours,
+                    a.cpu_hours,
+                    a.norm_usage,
+                    a.factor,
+                    a.running_gpus,
+                    a.pending_jobs
+                );
+            }
+            Ok(())
+        }
+    }
+}

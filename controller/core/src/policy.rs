@@ -1,0 +1,654 @@
+//! Cluster policy: partitions, the account tree, users' memberships, QOS levels,
+//! quotas, priority weights and topology level names — replicated state that
+//! admins change at run time (`gangway admin ...`) or import from a TOML file.
+//!
+//! The whole policy is one value ([`ClusterPolicy`]) replaced atomically by
+//! `Command::UpdatePolicy`, validated as a whole (no cycles in the account tree,
+//! names that resolve, limits in range) and compare-and-set on `version`, so two
+//! admins editing at once cannot silently undo each other.
+//!
+//! An empty policy is a working cluster: one implicit partition holding every
+//! node, every job in the `root` account, the `normal` QOS, no quotas.
+//!
+//! Related code: [`crate::state`] applies updates and resolves submissions
+//! against the policy; [`crate::sched`] reads priorities, quotas and partitions.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::SpecError;
+
+/// The account every job belongs to when the policy names none (and the root of
+/// the account tree).
+pub const ROOT_ACCOUNT: &str = "root";
+/// The QOS a job gets when neither it, its partition nor the policy names one.
+pub const DEFAULT_QOS: &str = "normal";
+/// The implicit partition when the policy defines none.
+pub const DEFAULT_PARTITION: &str = "default";
+
+/// Partitions in one cluster: they are a scheduler index per pass (bitmask of 64).
+pub const PARTITIONS_MAX: usize = 64;
+/// Accounts in the tree: large organisations have thousands of projects.
+pub const ACCOUNTS_MAX: usize = 10_000;
+/// Users with a policy entry.
+pub const USERS_MAX: usize = 100_000;
+/// QOS levels: a handful in practice (Slurm sites use 3-20).
+pub const QOS_MAX: usize = 64;
+/// Depth of the account tree: bounds every walk up to the root.
+pub const ACCOUNT_DEPTH_MAX: usize = 16;
+/// Node-name patterns per partition (hostlist patterns like `gpu[001-512]`).
+pub const PARTITION_NODE_PATTERNS_MAX: usize = 256;
+/// Accounts one user may belong to.
+pub const USER_ACCOUNTS_MAX: usize = 256;
+/// Reservation depth of EASY backfill: how many top jobs get a reservation per
+/// pass. Each costs a sweep over running jobs' end times.
+pub const BACKFILL_RESERVATIONS_MAX: u32 = 64;
+/// Longest fair-share half-life: a year (usage older than a few half-lives no
+/// longer counts).
+pub const HALF_LIFE_S_MAX: u64 = 365 * 24 * 3600;
+/// Admin identities: a short list of operators and automation accounts.
+pub const ADMINS_MAX: usize = 256;
+/// A priority weight: keeps weighted sums far from u64 overflow.
+pub const PRIORITY_WEIGHT_MAX: u32 = 1_000_000;
+
+/// Running/submitted limits on one account, user or QOS. `None` is unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Quota {
+    pub max_running_gpus: Option<u32>,
+    pub max_running_cpus: Option<u32>,
+    pub max_running_jobs: Option<u32>,
+    /// Pending + running jobs (checked at submit).
+    pub max_submitted_jobs: Option<u32>,
+}
+
+impl Quota {
+    pub fn is_empty(&self) -> bool {
+        *self == Quota::default()
+    }
+}
+
+/// What a running job holds, for quota checks and use counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Use {
+    pub gpus: u64,
+    pub cpus: u64,
+    pub jobs: u64,
+}
+
+impl Use {
+    pub fn add(&mut self, other: Use) {
+        self.gpus += other.gpus;
+        self.cpus += other.cpus;
+        self.jobs += other.jobs;
+    }
+
+    pub fn sub(&mut self, other: Use) {
+        self.gpus = self.gpus.checked_sub(other.gpus).expect("use accounting underflow (gpus)");
+        self.cpus = self.cpus.checked_sub(other.cpus).expect("use accounting underflow (cpus)");
+        self.jobs = self.jobs.checked_sub(other.jobs).expect("use accounting underflow (jobs)");
+    }
+}
+
+impl Quota {
+    /// The first running limit that `current + extra` would exceed, as
+    /// `(what, limit)`, or None.
+    pub fn exceeded_by(&self, current: Use, extra: Use) -> Option<(&'static str, u32)> {
+        let checks = [
+            ("running GPUs", self.max_running_gpus, current.gpus + extra.gpus),
+            ("running CPUs", self.max_running_cpus, current.cpus + extra.cpus),
+            ("running jobs", self.max_running_jobs, current.jobs + extra.jobs),
+        ];
+        checks.into_iter().find_map(|(what, max, v)| max.filter(|&m| v > u64::from(m)).map(|m| (what, m)))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Partition {
+    /// Node-name patterns (`gpu[001-128]`, `node-*`, exact names); empty: every node.
+    pub nodes: Vec<String>,
+    /// Jobs that name no partition go to the default one.
+    pub default: bool,
+    /// Time limit for jobs that give none (seconds; 0 = the cluster default).
+    pub default_time_s: u64,
+    /// Longest time limit a job may ask for here (0 = no partition limit).
+    pub max_time_s: u64,
+    /// Memory per allocated CPU / GPU for jobs that give no memory (MiB, 0 = none).
+    pub default_mem_per_cpu_mb: u64,
+    pub default_mem_per_gpu_mb: u64,
+    /// Higher tiers are scheduled first (Slurm's PriorityTier) and weigh in priority.
+    pub priority_tier: u32,
+    /// Accounts allowed here (and their sub-accounts); empty: all.
+    pub allow_accounts: Vec<String>,
+    /// QOS for jobs here that name none (empty: the cluster default).
+    pub default_qos: String,
+    /// Largest gang allowed here, in nodes (0 = no partition limit).
+    pub max_nodes: u32,
+}
+
+impl Default for Partition {
+    fn default() -> Self {
+        Partition {
+            nodes: Vec::new(),
+            default: false,
+            default_time_s: 0,
+            max_time_s: 0,
+            default_mem_per_cpu_mb: 0,
+            default_mem_per_gpu_mb: 0,
+            priority_tier: 1,
+            allow_accounts: Vec::new(),
+            default_qos: String::new(),
+            max_nodes: 0,
+        }
+    }
+}
+
+impl Partition {
+    /// Whether `node` belongs to this partition.
+    pub fn contains(&self, node: &str) -> bool {
+        self.nodes.is_empty() || self.nodes.iter().any(|p| pattern_matches(p, node))
+    }
+}
+
+/// Matches a node name against `*` globs and `prefix[001-010,015]suffix` ranges.
+pub fn pattern_matches(pattern: &str, name: &str) -> bool {
+    if let Some(open) = pattern.find('[') {
+        let Some(close_rel) = pattern[open..].find(']') else { return pattern == name };
+        let (prefix, ranges, suffix) =
+            (&pattern[..open], &pattern[open + 1..open + close_rel], &pattern[open + close_rel + 1..]);
+        let Some(mid) = name.strip_prefix(prefix).and_then(|r| r.strip_suffix(suffix)) else { return false };
+        if mid.is_empty() || !mid.chars().all(|c| c.is_ascii_digit()) {
+            return false;
+        }
+        let Ok(n) = mid.parse::<u64>() else { return false };
+        return ranges.split(',').any(|r| match r.split_once('-') {
+            Some((a, b)) => {
+                let width_ok = a.len() == mid.len() || !a.starts_with('0');
+                width_ok && a.parse::<u64>().is_ok_and(|a| a <= n) && b.parse::<u64>().is_ok_and(|b| n <= b)
+            }
+            None => r == mid,
+        });
+    }
+    match pattern.split_once('*') {
+        Some((pre, post)) => name.len() >= pre.len() + post.len() && name.starts_with(pre) && name.ends_with(post),
+        None => pattern == name,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Account {
+    /// The parent account; empty means directly under `root`.
+    pub parent: String,
+    /// Fair-share shares relative to sibling accounts.
+    pub shares: u32,
+    pub quota: Quota,
+    pub description: String,
+}
+
+impl Default for Account {
+    fn default() -> Self {
+        Account { parent: String::new(), shares: 1, quota: Quota::default(), description: String::new() }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct User {
+    /// Accounts the user may charge; the first is the default.
+    pub accounts: Vec<String>,
+    /// Limits on this user's own jobs (across accounts).
+    pub quota: Quota,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PreemptMode {
+    /// Victims go back to the queue (keeping their priority age).
+    Requeue,
+    /// Victims end CANCELLED.
+    Cancel,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Qos {
+    /// Weighs into priority (normalized by the highest QOS priority).
+    pub priority: u32,
+    /// Longest time limit under this QOS (0 = none).
+    pub max_time_s: u64,
+    /// Limits per user running under this QOS.
+    pub per_user: Quota,
+    /// QOS levels whose jobs this QOS may preempt.
+    pub preempt: Vec<String>,
+    pub preempt_mode: PreemptMode,
+    /// Seconds between the warning signal (SIGTERM) and the kill of a victim.
+    pub preempt_grace_s: u32,
+}
+
+impl Default for Qos {
+    fn default() -> Self {
+        Qos {
+            priority: 0,
+            max_time_s: 0,
+            per_user: Quota::default(),
+            preempt: Vec::new(),
+            preempt_mode: PreemptMode::Requeue,
+            preempt_grace_s: 30,
+        }
+    }
+}
+
+/// Multifactor priority weights (Slurm's PriorityWeight*). Each factor is
+/// normalized to 0..=1 and multiplied by its weight.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PriorityWeights {
+    pub age: u32,
+    pub fairshare: u32,
+    pub job_size: u32,
+    pub qos: u32,
+    pub partition: u32,
+    /// Age at which the age factor reaches 1 (Slurm's PriorityMaxAge).
+    pub max_age_s: u64,
+}
+
+impl Default for PriorityWeights {
+    fn default() -> Self {
+        PriorityWeights {
+            age: 1000,
+            fairshare: 10_000,
+            job_size: 100,
+            qos: 10_000,
+            partition: 1000,
+            max_age_s: 7 * 24 * 3600,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterPolicy {
+    /// Bumped by every accepted update (read-only for writers: updates say which
+    /// version they were based on).
+    pub version: u64,
+    /// Names of the positions in nodes' topology paths, top down, e.g.
+    /// `["zone", "block", "rack"]`: jobs name a level for co-location.
+    pub topology_levels: Vec<String>,
+    pub partitions: BTreeMap<String, Partition>,
+    pub accounts: BTreeMap<String, Account>,
+    pub users: BTreeMap<String, User>,
+    pub qos: BTreeMap<String, Qos>,
+    pub priority: PriorityWeights,
+    /// Half-life of historical usage in fair share.
+    pub fairshare_half_life_s: u64,
+    /// Top jobs that get an EASY backfill reservation per pass.
+    pub backfill_reservations: u32,
+    /// Refuse jobs from users without a policy entry (otherwise they charge `root`).
+    pub enforce_users: bool,
+    /// Identities allowed to change the policy and other users' jobs; empty:
+    /// everyone (a fresh or development cluster).
+    pub admins: Vec<String>,
+}
+
+impl Default for ClusterPolicy {
+    fn default() -> Self {
+        ClusterPolicy {
+            version: 0,
+            topology_levels: Vec::new(),
+            partitions: BTreeMap::new(),
+            accounts: BTreeMap::new(),
+            users: BTreeMap::new(),
+            qos: BTreeMap::new(),
+            priority: PriorityWeights::default(),
+            fairshare_half_life_s: 7 * 24 * 3600,
+            backfill_reservations: 1,
+            enforce_users: false,
+            admins: Vec::new(),
+        }
+    }
+}
+
+fn check_ident(field: &str, value: &str) -> Result<(), SpecError> {
+    let ok = !value.is_empty()
+        && value.len() <= crate::limits::NAME_BYTES_MAX
+        && value.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !ok {
+        return Err(SpecError::new(field, format!("'{value}' must be 1-256 of letters, digits, '-', '_' or '.'")));
+    }
+    Ok(())
+}
+
+fn check_quota(field: &str, q: &Quota) -> Result<(), SpecError> {
+    if q.max_running_jobs == Some(0) && q.max_submitted_jobs != Some(0) {
+        // Allowed (a paused account), nothing to check; kept explicit for clarity.
+    }
+    if let (Some(run), Some(sub)) = (q.max_running_jobs, q.max_submitted_jobs) {
+        if run > sub {
+            return Err(SpecError::new(
+                field,
+                format!("max_running_jobs ({run}) must not exceed max_submitted_jobs ({sub})"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl ClusterPolicy {
+    /// Checks the whole policy: names, references, the tree, limits.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.partitions.len() > PARTITIONS_MAX {
+            return Err(SpecError::new("partitions", format!("at most {PARTITIONS_MAX}")));
+        }
+        if self.accounts.len() > ACCOUNTS_MAX {
+            return Err(SpecError::new("accounts", format!("at most {ACCOUNTS_MAX}")));
+        }
+        if self.users.len() > USERS_MAX {
+            return Err(SpecError::new("users", format!("at most {USERS_MAX}")));
+        }
+        if self.qos.len() > QOS_MAX {
+            return Err(SpecError::new("qos", format!("at most {QOS_MAX}")));
+        }
+        if self.topology_levels.len() > crate::limits::TOPOLOGY_LEVELS_MAX {
+            return Err(SpecError::new(
+                "topology_levels",
+                format!("at most {} levels", crate::limits::TOPOLOGY_LEVELS_MAX),
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        for l in &self.topology_levels {
+            check_ident("topology_levels", l)?;
+            if l == "node" || l == "island" {
+                return Err(SpecError::new("topology_levels", format!("'{l}' is built in; do not list it")));
+            }
+            if !seen.insert(l) {
+                return Err(SpecError::new("topology_levels", format!("'{l}' is listed twice")));
+            }
+        }
+        if self.partitions.values().filter(|p| p.default).count() > 1 {
+            return Err(SpecError::new("partitions", "at most one partition may be the default"));
+        }
+        for (name, p) in &self.partitions {
+            let f = |x: &str| format!("partitions.{name}.{x}");
+            check_ident("partitions", name)?;
+            if p.nodes.len() > PARTITION_NODE_PATTERNS_MAX {
+                return Err(SpecError::new(&f("nodes"), format!("at most {PARTITION_NODE_PATTERNS_MAX} patterns")));
+            }
+            for pat in &p.nodes {
+                if pat.is_empty() || pat.len() > crate::limits::NAME_BYTES_MAX {
+                    return Err(SpecError::new(&f("nodes"), "patterns must be 1-256 bytes"));
+                }
+            }
+            if p.max_time_s > crate::limits::TIME_LIMIT_S_MAX || p.default_time_s > crate::limits::TIME_LIMIT_S_MAX {
+                return Err(SpecError::new(
+                    &f("max_time_s"),
+                    format!("time limits must be at most {} s", crate::limits::TIME_LIMIT_S_MAX),
+                ));
+            }
+            if p.max_time_s > 0 && p.default_time_s > p.max_time_s {
+                return Err(SpecError::new(&f("default_time_s"), "must not exceed max_time_s"));
+            }
+            for a in &p.allow_accounts {
+                if a != ROOT_ACCOUNT && !self.accounts.contains_key(a) {
+                    return Err(SpecError::new(&f("allow_accounts"), format!("account '{a}' does not exist")));
+                }
+            }
+            if !p.default_qos.is_empty() && !self.qos_exists(&p.default_qos) {
+                return Err(SpecError::new(&f("default_qos"), format!("QOS '{}' does not exist", p.default_qos)));
+            }
+        }
+        for (name, a) in &self.accounts {
+            check_ident("accounts", name)?;
+            if name == ROOT_ACCOUNT {
+                return Err(SpecError::new("accounts", "'root' is built in; add accounts under it"));
+            }
+            if !a.parent.is_empty() && a.parent != ROOT_ACCOUNT && !self.accounts.contains_key(&a.parent) {
+                return Err(SpecError::new(
+                    &format!("accounts.{name}.parent"),
+                    format!("account '{}' does not exist", a.parent),
+                ));
+            }
+            if a.shares == 0 {
+                return Err(SpecError::new(&format!("accounts.{name}.shares"), "must be at least 1"));
+            }
+            check_quota(&format!("accounts.{name}.quota"), &a.quota)?;
+        }
+        for name in self.accounts.keys() {
+            // Walk to the root: a cycle or an over-deep tree never reaches it.
+            let mut cur = name.as_str();
+            let mut depth = 0;
+            while cur != ROOT_ACCOUNT {
+                depth += 1;
+                if depth > ACCOUNT_DEPTH_MAX {
+                    return Err(SpecError::new(
+                        &format!("accounts.{name}.parent"),
+                        format!("the account tree has a cycle or is deeper than {ACCOUNT_DEPTH_MAX} levels"),
+                    ));
+                }
+                cur = self.parent_of(cur);
+            }
+        }
+        for (name, u) in &self.users {
+            check_ident("users", name)?;
+            if u.accounts.len() > USER_ACCOUNTS_MAX {
+                return Err(SpecError::new(&format!("users.{name}.accounts"), format!("at most {USER_ACCOUNTS_MAX}")));
+            }
+            for a in &u.accounts {
+                if !self.account_exists(a) {
+                    return Err(SpecError::new(
+                        &format!("users.{name}.accounts"),
+                        format!("account '{a}' does not exist"),
+                    ));
+                }
+            }
+            check_quota(&format!("users.{name}.quota"), &u.quota)?;
+        }
+        for (name, q) in &self.qos {
+            check_ident("qos", name)?;
+            for p in &q.preempt {
+                if !self.qos_exists(p) {
+                    return Err(SpecError::new(&format!("qos.{name}.preempt"), format!("QOS '{p}' does not exist")));
+                }
+                if p == name {
+                    return Err(SpecError::new(&format!("qos.{name}.preempt"), "a QOS cannot preempt itself"));
+                }
+            }
+            if q.max_time_s > crate::limits::TIME_LIMIT_S_MAX {
+                return Err(SpecError::new(&format!("qos.{name}.max_time_s"), "must be at most a year"));
+            }
+            check_quota(&format!("qos.{name}.per_user"), &q.per_user)?;
+        }
+        let w = &self.priority;
+        for (field, v) in [
+            ("age", w.age),
+            ("fairshare", w.fairshare),
+            ("job_size", w.job_size),
+            ("qos", w.qos),
+            ("partition", w.partition),
+        ] {
+            if v > PRIORITY_WEIGHT_MAX {
+                return Err(SpecError::new(
+                    &format!("priority.{field}"),
+                    format!("must be at most {PRIORITY_WEIGHT_MAX}"),
+                ));
+            }
+        }
+        if w.max_age_s == 0 {
+            return Err(SpecError::new("priority.max_age_s", "must be at least 1"));
+        }
+        if self.fairshare_half_life_s == 0 || self.fairshare_half_life_s > HALF_LIFE_S_MAX {
+            return Err(SpecError::new("fairshare_half_life_s", format!("must be between 1 and {HALF_LIFE_S_MAX}")));
+        }
+        if self.admins.len() > ADMINS_MAX {
+            return Err(SpecError::new("admins", format!("at most {ADMINS_MAX}")));
+        }
+        for a in &self.admins {
+            if a.is_empty() || a.len() > crate::limits::NAME_BYTES_MAX || a.chars().any(|c| c.is_control() || c == ' ')
+            {
+                return Err(SpecError::new(
+                    "admins",
+                    format!("'{a}' must be an identity or user name (1-256 bytes, no spaces)"),
+                ));
+            }
+        }
+        if self.backfill_reservations > BACKFILL_RESERVATIONS_MAX {
+            return Err(SpecError::new(
+                "backfill_reservations",
+                format!("must be at most {BACKFILL_RESERVATIONS_MAX}"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn account_exists(&self, name: &str) -> bool {
+        name == ROOT_ACCOUNT || self.accounts.contains_key(name)
+    }
+
+    pub fn qos_exists(&self, name: &str) -> bool {
+        name == DEFAULT_QOS || self.qos.contains_key(name)
+    }
+
+    /// The QOS settings for `name` (the built-in `normal` has defaults).
+    pub fn qos_of(&self, name: &str) -> Qos {
+        self.qos.get(name).cloned().unwrap_or_default()
+    }
+
+    /// The parent of an account (`root` for top-level ones and for root itself).
+    pub fn parent_of(&self, account: &str) -> &str {
+        match self.accounts.get(account) {
+            Some(a) if !a.parent.is_empty() => a.parent.as_str(),
+            _ => ROOT_ACCOUNT,
+        }
+    }
+
+    /// The account and its ancestors up to (not including) root, nearest first.
+    pub fn lineage<'a>(&'a self, account: &'a str) -> Vec<&'a str> {
+        let mut out = Vec::new();
+        let mut cur = account;
+        while cur != ROOT_ACCOUNT && out.len() < ACCOUNT_DEPTH_MAX {
+            out.push(cur);
+            cur = self.parent_of(cur);
+        }
+        out
+    }
+
+    /// Whether `account` is `ancestor` or below it.
+    pub fn is_under(&self, account: &str, ancestor: &str) -> bool {
+        ancestor == ROOT_ACCOUNT || self.lineage(account).contains(&ancestor)
+    }
+
+    /// The partition a job naming `requested` (maybe empty) runs in.
+    pub fn resolve_partition<'a>(&'a self, requested: &'a str) -> Result<(&'a str, Partition), SpecError> {
+        if self.partitions.is_empty() {
+            if requested.is_empty() || requested == DEFAULT_PARTITION {
+                return Ok((DEFAULT_PARTITION, Partition { default: true, ..Partition::default() }));
+            }
+            return Err(SpecError::new(
+                "partition",
+                format!(
+                    "'{requested}' does not exist (this cluster has only the implicit '{DEFAULT_PARTITION}' partition)"
+                ),
+            ));
+        }
+        if requested.is_empty() {
+            return match self.partitions.iter().find(|(_, p)| p.default) {
+                Some((n, p)) => Ok((n.as_str(), p.clone())),
+                None => Err(SpecError::new("partition", "no partition given and the cluster has no default partition")),
+            };
+        }
+        match self.partitions.get(requested) {
+            Some(p) => Ok((requested, p.clone())),
+            None => Err(SpecError::new(
+                "partition",
+                format!(
+                    "'{requested}' does not exist (partitions: {})",
+                    self.partitions.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            )),
+        }
+    }
+
+    /// The account a job of `user` naming `requested` (maybe empty) charges.
+    pub fn resolve_account<'a>(&'a self, user: &str, requested: &'a str) -> Result<&'a str, SpecError> {
+        match self.users.get(user) {
+            Some(u) => {
+                if requested.is_empty() {
+                    return Ok(u.accounts.first().map(String::as_str).unwrap_or(ROOT_ACCOUNT));
+                }
+                if !self.account_exists(requested) {
+                    return Err(SpecError::new("account", format!("'{requested}' does not exist")));
+                }
+                if !u.accounts.iter().any(|a| a == requested) {
+                    return Err(SpecError::new(
+                        "account",
+                        format!("user {user} is not a member of account '{requested}' (member of: {})", u.accounts.join(", ")),
+                    ));
+                }
+                Ok(requested)
+            }
+            None if self.enforce_users => Err(SpecError::new(
+                "user",
+                format!("user {user} has no account on this cluster; ask an admin to run `gangway admin user add {user} --account ACCOUNT`"),
+            )),
+            None => {
+                if requested.is_empty() {
+                    return Ok(ROOT_ACCOUNT);
+                }
+                if !self.account_exists(requested) {
+                    return Err(SpecError::new("account", format!("'{requested}' does not exist")));
+                }
+                Ok(requested)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_patterns() {
+        assert!(pattern_matches("gpu[001-010]", "gpu007"));
+        assert!(!pattern_matches("gpu[001-010]", "gpu011"));
+        assert!(!pattern_matches("gpu[001-010]", "gpu7"));
+        assert!(pattern_matches("gpu[1-3,7]", "gpu7"));
+        assert!(pattern_matches("rack1-[1-4].dc", "rack1-2.dc"));
+        assert!(pattern_matches("node-*", "node-17"));
+        assert!(pattern_matches("*", "anything"));
+        assert!(!pattern_matches("node-*", "gpu-1"));
+        assert!(pattern_matches("exact", "exact"));
+    }
+
+    #[test]
+    fn account_cycles_are_refused() {
+        let mut p = ClusterPolicy::default();
+        p.accounts.insert("a".into(), Account { parent: "b".into(), ..Account::default() });
+        p.accounts.insert("b".into(), Account { parent: "a".into(), ..Account::default() });
+        let e = p.validate().unwrap_err();
+        assert!(e.rule.contains("cycle"), "{e}");
+        p.accounts.get_mut("b").unwrap().parent = String::new();
+        p.validate().unwrap();
+        assert_eq!(p.lineage("a"), vec!["a", "b"]);
+        assert!(p.is_under("a", "b"));
+        assert!(!p.is_under("b", "a"));
+    }
+
+    #[test]
+    fn references_must_resolve() {
+        let mut p = ClusterPolicy::default();
+        p.users.insert("alice".into(), User { accounts: vec!["ml".into()], ..User::default() });
+        assert_eq!(p.validate().unwrap_err().field, "users.alice.accounts");
+        p.accounts.insert("ml".into(), Account::default());
+        p.validate().unwrap();
+        assert_eq!(p.resolve_account("alice", "").unwrap(), "ml");
+        assert_eq!(p.resolve_account("alice", "root").unwrap_err().field, "account");
+        assert_eq!(p.resolve_account("bob", "").unwrap(), ROOT_ACCOUNT);
+        p.enforce_users = true;
+        assert_eq!(p.resolve_account("bob", "").unwrap_err().field, "user");
+        p.qos.insert("high".into(), Qos { preempt: vec!["low".into()], ..Qos::default() });
+        assert_eq!(p.validate().unwrap_err().field, "qos.high.preempt");
+    }
+}

@@ -1,0 +1,150 @@
+//! Why a pending job is not running: the reason the scheduler gives it (from a
+//! full pass, exactly as the leader would plan now), its priority factors and
+//! position, and per node why it cannot host the job (counted by reason, as
+//! Nomad's AllocMetric counts filtered nodes).
+//!
+//! Related code: `mod.rs` (the pass whose reason this reports).
+
+use std::collections::BTreeMap;
+
+use super::view::View;
+use super::{plan, Options, Order, Policy, Prioritizer};
+use crate::model::{JobId, JobState};
+use crate::state::State;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Explanation {
+    pub job_id: JobId,
+    pub state: JobState,
+    /// Slurm-style reason code (empty when the job is not pending).
+    pub reason: String,
+    /// One sentence a user can act on.
+    pub detail: String,
+    pub factors: super::Factors,
+    /// Nodes that could take one gang member now.
+    pub eligible_nodes: u32,
+    /// Why the other nodes cannot (reason → nodes).
+    pub rejections: BTreeMap<String, u32>,
+    /// 1 = next in line among pending jobs.
+    pub queue_position: u32,
+}
+
+/// Explains `job_id` at `now_ms`; None if the job does not exist.
+pub fn explain(state: &State, job_id: JobId, now_ms: u64) -> Option<Explanation> {
+    let job = state.jobs.get(&job_id)?;
+    let prio = Prioritizer::new(state, now_ms);
+    let factors = prio.factors(job);
+    let mut out = Explanation {
+        job_id,
+        state: job.state,
+        reason: String::new(),
+        detail: String::new(),
+        factors,
+        eligible_nodes: 0,
+        rejections: BTreeMap::new(),
+        queue_position: 0,
+    };
+    if job.state != JobState::Pending {
+        out.detail = match job.state {
+            JobState::Running => format!("running on {}", job.ran_on.join(",")),
+            s => format!("{} {}", s.as_str(), job.reason),
+        };
+        return Some(out);
+    }
+    let key = (prio.tier(job), factors.total);
+    out.queue_position = 1 + state
+        .pending
+        .iter()
+        .filter(|id| **id != job_id)
+        .filter(|id| {
+            let j = &state.jobs[*id];
+            let k = (prio.tier(j), prio.factors(j).total);
+            k.0 > key.0 || (k.0 == key.0 && (k.1 > key.1 || (k.1 == key.1 && **id < job_id)))
+        })
+        .count() as u32;
+    let view = View::new(state.nodes.values(), &state.policy);
+    let mut statically_ok = 0u32;
+    for i in 0..view.nodes.len() {
+        match view.static_reject(i, job) {
+            Some(why) => *out.rejections.entry(why.to_string()).or_default() += 1,
+            None => {
+                statically_ok += 1;
+                if view.fits_now(i, job) {
+                    out.eligible_nodes += 1;
+                } else {
+                    *out.rejections.entry(view.busy_reason(job, &view.free[i]).to_string()).or_default() += 1;
+                }
+            }
+        }
+    }
+    let p = plan(state, &Options { policy: Policy::Easy, order: Order::Priority, now_ms, estimate_s: None });
+    let reason = p.reasons.iter().find(|(id, _)| *id == job_id).map(|(_, r)| *r);
+    let starting = p.placements.iter().any(|pl| pl.job_id == job_id);
+    let need = job.spec.nodes;
+    let (reason, detail) = if starting {
+        ("None", "the next scheduling pass starts it".to_string())
+    } else if statically_ok < need && job.held.is_none() && job.deps_pending.is_empty() {
+        let top = out.rejections.iter().max_by_key(|(_, c)| **c).map(|(r, _)| r.clone()).unwrap_or_default();
+        (
+            "BadConstraints",
+            format!(
+                "only {statically_ok} node(s) could ever run it and it needs {need} (most common: {top}); change the request or partition"
+            ),
+        )
+    } else {
+        match reason {
+            Some("Dependency") => (
+                "Dependency",
+                if job.deps_pending.is_empty() {
+                    "singleton: another job with the same name and user is running".to_string()
+                } else {
+                    let deps: Vec<String> =
+                        job.deps_pending.iter().map(|d| format!("{}:{}", d.kind.as_str(), d.job_id)).collect();
+                    format!("waiting for {}", deps.join(","))
+                },
+            ),
+            Some(r @ ("JobHeldUser" | "JobHeldAdmin" | "DependencyNeverSatisfied")) => {
+                (r, format!("held ({}); release it with `gangway release {}`", job.reason, job.display_id()))
+            }
+            Some("JobArrayTaskLimit") => {
+                ("JobArrayTaskLimit", "the array's throttle (%N) is reached; elements start as others end".into())
+            }
+            Some(r @ ("AssocGrpLimit" | "AssocMaxLimit" | "QOSMaxPerUser")) => {
+                let extra = crate::policy::Use {
+                    gpus: u64::from(job.spec.nodes) * u64::from(job.spec.gpus_per_node),
+                    cpus: u64::from(job.spec.nodes) * u64::from(job.spec.cpus_per_node()),
+                    jobs: 1,
+                };
+                (r, state.quota_exceeded(job, extra).unwrap_or_else(|| "a quota is reached".into()))
+            }
+            Some("Topology") => (
+                "Topology",
+                format!(
+                    "enough nodes are free, but not within one {} (required{})",
+                    job.spec.topology.level,
+                    if job.spec.topology.required { "" } else { " until its wait ends" }
+                ),
+            ),
+            Some("Resources") => {
+                let start = p.reservations.iter().find(|(id, _)| *id == job_id).map(|(_, t)| *t);
+                (
+                    "Resources",
+                    match start {
+                        Some(t) => format!(
+                            "waiting for resources; expected to start within {} s (reserved)",
+                            t.saturating_sub(now_ms) / 1000
+                        ),
+                        None => format!(
+                            "waiting for resources: {} node(s) can take it now, it needs {need}",
+                            out.eligible_nodes
+                        ),
+                    },
+                )
+            }
+            _ => ("Priority", format!("{} job(s) ahead of it by priority", out.queue_position.saturating_sub(1))),
+        }
+    };
+    out.reason = reason.to_string();
+    out.detail = detail;
+    Some(out)
+}

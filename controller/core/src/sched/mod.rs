@@ -1,0 +1,479 @@
+//! Scheduling: which pending jobs start where. A pure function of the state
+//! (and the time), run by the leader and replayed by the simulator; `apply`
+//! re-checks every placement (plans are optimistic).
+//!
+//! One pass:
+//! ```text
+//! view     = nodes in topology order + what each has free            (view.rs)
+//! order    = pending jobs by partition tier, then multifactor priority (priority.rs)
+//! for job in order:
+//!     gates: held? dependencies? singleton? array throttle? quotas?  → reason
+//!     shape already failed this pass?                                → skip in O(log n)
+//!     place the whole gang now (tightest topology domain, best fit,
+//!       not into what a reservation needs unless it ends first)       → placement
+//!     else: the top job(s) get a reservation: the earliest time it
+//!       fits as running jobs end (EASY backfill; depth from policy)   → holds on nodes
+//! ```
+//! The shape cache is what makes a pass over a million pending jobs cheap:
+//! within one pass free resources only shrink and reservations only grow, so a
+//! request shape that failed keeps failing for jobs at least as long.
+//!
+//! Related code: `explain.rs` (why one job waits), [`crate::sim`] (replays
+//! traces through [`plan`]), controller/src/leader/scheduler.rs (the loop).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::command::{Placement, Preemption};
+use crate::limits::ACTIVE_JOBS_MAX;
+use crate::model::{Job, JobId, NodeAllocation};
+use crate::policy::Use;
+use crate::state::{State, UseKey};
+
+mod explain;
+mod preempt;
+mod priority;
+mod view;
+
+pub use explain::{explain, Explanation};
+pub use priority::{fair_share, Factors, Prioritizer, Share, GPU_USAGE_WEIGHT};
+use view::{Free, Hold, Member, Miss, View};
+
+/// Pending jobs examined per pass: every unfinished job may be pending.
+pub const PENDING_EXAMINED_PER_PASS_MAX: usize = ACTIVE_JOBS_MAX;
+/// Full placement attempts per pass (each scans every node): with the shape
+/// cache most jobs never need one; this bounds a pass over a queue of all
+/// different shapes.
+pub const PLACE_ATTEMPTS_PER_PASS_MAX: usize = 20_000;
+/// Gangs placed per plan: keeps one ApplyPlan entry small.
+pub const PLACEMENTS_PER_PLAN_MAX: usize = 512;
+/// Preemptors tried per pass (each tries up to VICTIM_CANDIDATES_MAX trial
+/// placements).
+pub const PREEMPT_ATTEMPTS_PER_PASS_MAX: usize = 16;
+/// Trial placements while sweeping future job ends for one reservation.
+pub const RESERVATION_TRIES_MAX: usize = 256;
+
+/// How the queue is walked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// A job that does not fit is skipped and later jobs may start (no
+    /// reservation: large jobs can wait long behind small ones).
+    FirstFit,
+    /// Strict order: nothing starts ahead of a job that does not fit.
+    Fifo,
+    /// EASY backfilling: the top job(s) that do not fit get a reservation at
+    /// the earliest time enough resources free up (from running jobs' expected
+    /// ends); later jobs start now only if they cannot delay it.
+    Easy,
+}
+
+/// The order pending jobs are considered in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// Partition tier, then multifactor priority, then submit order.
+    Priority,
+    /// Submit order (what the scheduling literature calls FCFS).
+    Submit,
+}
+
+/// Expected run time of a job, in seconds (default: its time limit).
+pub type Estimator<'a> = &'a dyn Fn(&Job) -> u64;
+
+pub struct Options<'a> {
+    pub policy: Policy,
+    pub order: Order,
+    pub now_ms: u64,
+    pub estimate_s: Option<Estimator<'a>>,
+}
+
+impl Options<'_> {
+    pub fn new(policy: Policy, now_ms: u64) -> Options<'static> {
+        Options { policy, order: Order::Priority, now_ms, estimate_s: None }
+    }
+}
+
+/// A pass's result.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    pub placements: Vec<Placement>,
+    pub preemptions: Vec<Preemption>,
+    /// Why examined jobs did not start (Slurm-style reason codes).
+    pub reasons: Vec<(JobId, &'static str)>,
+    /// Reservations made: (job, expected start ms).
+    pub reservations: Vec<(JobId, u64)>,
+    pub examined: usize,
+    pub place_attempts: usize,
+}
+
+/// Computes a plan: gangs to start now, each placed whole (first fit, submit order).
+pub fn schedule(state: &State) -> Vec<Placement> {
+    schedule_with(state, Policy::FirstFit, state.clock_ms)
+}
+
+/// Computes a plan under `policy`, in submit order.
+pub fn schedule_with(state: &State, policy: Policy, now_ms: u64) -> Vec<Placement> {
+    plan(state, &Options { policy, order: Order::Submit, now_ms, estimate_s: None }).placements
+}
+
+/// The request shape a placement outcome depends on (besides the job's end).
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct ShapeKey<'a> {
+    partition: &'a str,
+    gpu_type: &'a str,
+    constraints: &'a [String],
+    exclusive: bool,
+    nodes: u32,
+    nodes_max: u32,
+    cpus: u32,
+    mem_mb: u64,
+    gpus: u32,
+    depth: Option<usize>,
+}
+
+impl<'a> ShapeKey<'a> {
+    fn of(job: &'a Job, depth: Option<usize>) -> ShapeKey<'a> {
+        let s = &job.spec;
+        ShapeKey {
+            partition: &s.partition,
+            gpu_type: &s.gpu_type,
+            constraints: &s.constraints,
+            exclusive: s.exclusive,
+            nodes: s.nodes,
+            nodes_max: s.nodes_max(),
+            cpus: s.cpus_per_node(),
+            mem_mb: s.mem_per_node_mb,
+            gpus: s.gpus_per_node,
+            depth,
+        }
+    }
+}
+
+/// The topology depth that must hold `job`'s gang now: a required level, or a
+/// preferred one still within its wait.
+pub(crate) fn required_depth(state: &State, job: &Job, now_ms: u64) -> Option<usize> {
+    let t = &job.spec.topology;
+    let depth = state.topology_depth(&t.level)?;
+    let waited_ms = now_ms.saturating_sub(job.submit_time_ms);
+    (t.required || waited_ms < t.wait_s.saturating_mul(1000)).then_some(depth)
+}
+
+struct Pass<'s, 'o> {
+    state: &'s State,
+    opts: &'o Options<'o>,
+    view: View<'s>,
+    free: Vec<Free>,
+    holds: Vec<Option<Hold>>,
+    node_index: BTreeMap<&'s str, usize>,
+    /// Running (and planned) elements per array.
+    array_running: BTreeMap<JobId, u32>,
+    /// (user, name) of running (and planned) jobs, for singleton.
+    running_names: BTreeSet<(&'s str, &'s str)>,
+    /// Use added by this plan's placements, per quota key.
+    plan_use: BTreeMap<UseKey, Use>,
+    /// Free CPUs left in the whole cluster (a cheap bound before placing).
+    free_cpus: u64,
+    plan: Plan,
+}
+
+impl<'s, 'o> Pass<'s, 'o> {
+    fn estimate_s(&self, job: &Job) -> u64 {
+        match self.opts.estimate_s {
+            Some(f) => f(job).clamp(1, job.spec.time_limit_s.max(1)),
+            None => job.spec.time_limit_s,
+        }
+    }
+
+    /// When a running job is expected to end (never before now).
+    fn running_end_ms(&self, job: &Job) -> u64 {
+        let start = job.start_time_ms.unwrap_or(self.opts.now_ms);
+        let limit_end = start.saturating_add(job.spec.time_limit_s.saturating_mul(1000));
+        let est_end = start.saturating_add(self.estimate_s(job).saturating_mul(1000));
+        // A job past its estimate runs until its limit at most.
+        let end = if est_end > self.opts.now_ms { est_end } else { limit_end };
+        end.max(self.opts.now_ms)
+    }
+
+    /// The first gate that keeps `job` from starting now, as a reason.
+    fn gate(&self, job: &Job) -> Option<&'static str> {
+        if let Some(h) = &job.held {
+            return Some(match h.as_str() {
+                "JobHeldAdmin" => "JobHeldAdmin",
+                "DependencyNeverSatisfied" => "DependencyNeverSatisfied",
+                _ => "JobHeldUser",
+            });
+        }
+        if !job.deps_pending.is_empty() {
+            return Some("Dependency");
+        }
+        if job.spec.singleton && self.running_names.contains(&(job.spec.user.as_str(), job.spec.name.as_str())) {
+            return Some("Dependency");
+        }
+        if let Some(a) = job.array {
+            if a.throttle > 0 && self.array_running.get(&a.array_job_id).copied().unwrap_or(0) >= a.throttle {
+                return Some("JobArrayTaskLimit");
+            }
+        }
+        None
+    }
+
+    /// The quota a placement would exceed (state use + this plan's).
+    fn quota(&self, job: &Job, extra: Use) -> Option<&'static str> {
+        self.state.quota_exceeded_with(job, extra, &self.plan_use).map(|why| {
+            if why.starts_with("AssocGrp") {
+                "AssocGrpLimit"
+            } else if why.starts_with("AssocMax") {
+                "AssocMaxLimit"
+            } else {
+                "QOSMaxPerUser"
+            }
+        })
+    }
+
+    fn record(&mut self, job: &'s Job, members: Vec<Member>) {
+        View::take(&mut self.free, &members);
+        self.free_cpus = self.free_cpus.saturating_sub(members.iter().map(|m| u64::from(m.cpus)).sum());
+        let nodes: Vec<NodeAllocation> = members
+            .iter()
+            .map(|m| NodeAllocation {
+                node: self.view.nodes[m.node].name.clone(),
+                cpus: m.cpus,
+                mem_mb: m.mem_mb,
+                gpus: (0..32).filter(|b| m.gpus & (1 << b) != 0).collect(),
+            })
+            .collect();
+        let u = Use {
+            gpus: members.iter().map(|m| u64::from(m.gpus.count_ones())).sum(),
+            cpus: members.iter().map(|m| u64::from(m.cpus)).sum(),
+            jobs: 1,
+        };
+        for k in self.state.use_keys_of(job) {
+            self.plan_use.entry(k).or_default().add(u);
+        }
+        if let Some(a) = job.array {
+            *self.array_running.entry(a.array_job_id).or_default() += 1;
+        }
+        self.running_names.insert((job.spec.user.as_str(), job.spec.name.as_str()));
+        self.plan.placements.push(Placement { job_id: job.id, attempt: job.attempt + 1, nodes });
+    }
+
+    /// The earliest time `job` fits as running and planned jobs end, and where:
+    /// marks holds on those nodes. Returns the expected start.
+    fn reserve(&mut self, job: &Job, depth: Option<usize>) -> Option<u64> {
+        let now = self.opts.now_ms;
+        let mut events: Vec<(u64, usize, u32, u64, u32)> = Vec::new();
+        for id in &self.state.running {
+            let j = &self.state.jobs[id];
+            let end = self.running_end_ms(j);
+            for na in j.allocation.iter().flat_map(|a| a.nodes.iter()) {
+                if let Some(&i) = self.node_index.get(na.node.as_str()) {
+                    let mask = na.gpus.iter().fold(0u32, |m, g| m | (1 << g));
+                    events.push((end, i, na.cpus, na.mem_mb, mask));
+                }
+            }
+        }
+        for p in &self.plan.placements {
+            let j = &self.state.jobs[&p.job_id];
+            let end = now.saturating_add(self.estimate_s(j).saturating_mul(1000));
+            for na in &p.nodes {
+                if let Some(&i) = self.node_index.get(na.node.as_str()) {
+                    let mask = na.gpus.iter().fold(0u32, |m, g| m | (1 << g));
+                    events.push((end, i, na.cpus, na.mem_mb, mask));
+                }
+            }
+        }
+        events.sort_unstable_by_key(|e| (e.0, e.1));
+        let statics: Vec<bool> = (0..self.view.nodes.len()).map(|i| self.view.static_ok(i, job)).collect();
+        let s = &job.spec;
+        let fits = |f: &Free| {
+            f.cpus >= s.cpus_per_node() && f.mem_mb >= s.mem_per_node_mb && f.gpus.count_ones() >= s.gpus_per_node
+        };
+        let mut future = self.free.clone();
+        let mut fit_count = (0..future.len()).filter(|&i| statics[i] && fits(&future[i])).count();
+        let mut tries = 0;
+        let mut k = 0;
+        while k < events.len() && tries < RESERVATION_TRIES_MAX {
+            let t = events[k].0;
+            while k < events.len() && events[k].0 == t {
+                let (_, i, cpus, mem, gpus) = events[k];
+                let before = statics[i] && fits(&future[i]);
+                self.view.give(&mut future, i, cpus, mem, gpus);
+                if !before && statics[i] && fits(&future[i]) {
+                    fit_count += 1;
+                }
+                k += 1;
+            }
+            if fit_count < s.nodes as usize {
+                continue;
+            }
+            tries += 1;
+            if let Ok(members) = self.view.place(job, &future, None, depth) {
+                for m in &members {
+                    let f = &future[m.node];
+                    let h = Hold {
+                        until_ms: t,
+                        spare_cpus: f.cpus - m.cpus,
+                        spare_mem_mb: f.mem_mb - m.mem_mb,
+                        spare_gpus: (f.gpus & !m.gpus).count_ones(),
+                    };
+                    let slot = &mut self.holds[m.node];
+                    *slot = Some(match slot.take() {
+                        None => h,
+                        Some(o) => Hold {
+                            until_ms: o.until_ms.min(h.until_ms),
+                            spare_cpus: o.spare_cpus.min(h.spare_cpus),
+                            spare_mem_mb: o.spare_mem_mb.min(h.spare_mem_mb),
+                            spare_gpus: o.spare_gpus.min(h.spare_gpus),
+                        },
+                    });
+                }
+                return Some(t);
+            }
+        }
+        None
+    }
+}
+
+/// Computes one pass's plan.
+pub fn plan(state: &State, opts: &Options) -> Plan {
+    let now = opts.now_ms;
+    let view = View::new(state.nodes.values(), &state.policy);
+    let free = view.free.clone();
+    let node_index = view.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+    let mut array_running: BTreeMap<JobId, u32> = BTreeMap::new();
+    let mut running_names = BTreeSet::new();
+    for id in &state.running {
+        let j = &state.jobs[id];
+        if let Some(a) = j.array {
+            *array_running.entry(a.array_job_id).or_default() += 1;
+        }
+        running_names.insert((j.spec.user.as_str(), j.spec.name.as_str()));
+    }
+    let holds = vec![None; view.nodes.len()];
+    let mut pass = Pass {
+        state,
+        opts,
+        view,
+        free,
+        holds,
+        node_index,
+        array_running,
+        running_names,
+        plan_use: BTreeMap::new(),
+        free_cpus: 0,
+        plan: Plan::default(),
+    };
+    pass.free_cpus = pass.free.iter().map(|f| u64::from(f.cpus)).sum();
+    let prio = Prioritizer::new(state, now);
+    let order: Vec<JobId> = match opts.order {
+        Order::Submit => state.pending.iter().copied().take(PENDING_EXAMINED_PER_PASS_MAX).collect(),
+        Order::Priority => {
+            let mut keyed: Vec<(u32, f64, JobId)> = state
+                .pending
+                .iter()
+                .take(PENDING_EXAMINED_PER_PASS_MAX)
+                .map(|id| {
+                    let j = &state.jobs[id];
+                    (prio.tier(j), prio.factors(j).total, *id)
+                })
+                .collect();
+            keyed.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.cmp(&b.2)));
+            keyed.into_iter().map(|k| k.2).collect()
+        }
+    };
+    let reservations_max =
+        if opts.policy == Policy::Easy { state.policy.backfill_reservations.max(1) as usize } else { 0 };
+    let mut reservations_tried = 0;
+    // Shape → (shortest run estimate that failed, why).
+    let mut failed: BTreeMap<ShapeKey, (u64, Miss)> = BTreeMap::new();
+    let mut preempt_attempts = 0;
+    let can_preempt = state.policy.qos.values().any(|q| !q.preempt.is_empty());
+    for id in order {
+        if pass.plan.placements.len() >= PLACEMENTS_PER_PLAN_MAX {
+            break;
+        }
+        // A full cluster starts nothing more once the top jobs have their
+        // reservations (preemption aside): the rest keep their reasons.
+        let free_cpus = pass.free_cpus;
+        if free_cpus == 0 && reservations_tried >= reservations_max && !can_preempt {
+            break;
+        }
+        let job = &state.jobs[&id];
+        pass.plan.examined += 1;
+        if let Some(why) = pass.gate(job) {
+            pass.plan.reasons.push((id, why));
+            continue;
+        }
+        let depth = required_depth(state, job, now);
+        let est_s = pass.estimate_s(job);
+        let key = ShapeKey::of(job, depth);
+        let known = failed.get(&key).filter(|(l, _)| est_s >= *l).map(|(_, m)| *m);
+        let known_fail = known.is_some();
+        let attempt = if let Some(miss) = known {
+            Err(miss)
+        } else if pass.plan.place_attempts >= PLACE_ATTEMPTS_PER_PASS_MAX
+            || u64::from(job.spec.nodes) * u64::from(job.spec.cpus_per_node()) > free_cpus
+        {
+            Err(Miss::Resources)
+        } else {
+            pass.plan.place_attempts += 1;
+            let end_ms = now.saturating_add(est_s.saturating_mul(1000));
+            let holds = (reservations_tried > 0).then_some((pass.holds.as_slice(), end_ms));
+            pass.view.place(job, &pass.free, holds, depth)
+        };
+        match attempt {
+            Ok(members) => {
+                let u = Use {
+                    gpus: members.iter().map(|m| u64::from(m.gpus.count_ones())).sum(),
+                    cpus: members.iter().map(|m| u64::from(m.cpus)).sum(),
+                    jobs: 1,
+                };
+                if let Some(why) = pass.quota(job, u) {
+                    pass.plan.reasons.push((id, why));
+                    continue;
+                }
+                pass.record(job, members);
+            }
+            Err(miss) => {
+                if preempt_attempts < PREEMPT_ATTEMPTS_PER_PASS_MAX {
+                    if let Some((victims, members)) = pass.preempt(job, depth, &prio) {
+                        preempt_attempts += 1;
+                        let u = Use {
+                            gpus: members.iter().map(|m| u64::from(m.gpus.count_ones())).sum(),
+                            cpus: members.iter().map(|m| u64::from(m.cpus)).sum(),
+                            jobs: 1,
+                        };
+                        if pass.quota(job, u).is_none() {
+                            pass.evict(&victims, id);
+                            pass.record(job, members);
+                            continue;
+                        }
+                    }
+                }
+                let entry = failed.entry(key).or_insert((u64::MAX, miss));
+                *entry = (entry.0.min(est_s), miss);
+                let none_reserved = reservations_tried == 0;
+                let reason = move |reserved: bool| match miss {
+                    Miss::Topology => "Topology",
+                    Miss::Resources if reserved || none_reserved => "Resources",
+                    Miss::Resources => "Priority",
+                };
+                if opts.policy == Policy::Fifo {
+                    pass.plan.reasons.push((id, reason(true)));
+                    break;
+                }
+                if reservations_tried < reservations_max && !known_fail {
+                    reservations_tried += 1;
+                    if let Some(start) = pass.reserve(job, depth) {
+                        pass.plan.reservations.push((id, start));
+                    }
+                    pass.plan.reasons.push((id, reason(true)));
+                } else {
+                    pass.plan.reasons.push((id, reason(false)));
+                }
+            }
+        }
+    }
+    pass.plan
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,110 @@
+//! Preemption: a job that does not fit, whose QOS may preempt others' QOS,
+//! takes the space of running victims — whole jobs only (gangs stop whole).
+//!
+//! Victims are chosen to lose the least work: fewest GPU-seconds (CPU-seconds
+//! for CPU jobs) since each victim's last checkpoint (or start), then lowest
+//! priority, then youngest. Victims are added in that order until the
+//! preemptor fits, then any victim the placement does not need is dropped
+//! again. The placement is computed in the freed space and committed with the
+//! victims in one `ApplySchedule`, so a preemptor always starts where it
+//! evicted (no thrashing) and a failover cannot evict twice.
+//!
+//! Related code: `mod.rs` calls [`Pass::preempt`] for jobs that did not fit;
+//! `state/admin.rs` applies preemptions.
+
+use super::view::Member;
+use super::{Pass, Prioritizer};
+use crate::command::Preemption;
+use crate::model::{Job, JobId};
+
+/// Running jobs considered as victims for one preemptor: the cheapest ones by
+/// lost work; bounds the trial placements.
+pub const VICTIM_CANDIDATES_MAX: usize = 256;
+/// Victims one preemptor may evict (a 1,024-node gang may need many small ones).
+pub const VICTIMS_PER_JOB_MAX: usize = 128;
+
+impl<'s> Pass<'s, '_> {
+    /// Finds victims whose eviction lets `job` start, and where it would run.
+    pub(super) fn preempt(
+        &mut self,
+        job: &'s Job,
+        depth: Option<usize>,
+        prio: &Prioritizer,
+    ) -> Option<(Vec<&'s Job>, Vec<Member>)> {
+        let state = self.state;
+        let qos = state.policy.qos.get(&job.spec.qos)?;
+        if qos.preempt.is_empty() {
+            return None;
+        }
+        let now = self.opts.now_ms;
+        let mut victims: Vec<(u64, f64, u64, &'s Job)> = state
+            .running
+            .iter()
+            .map(|id| &state.jobs[id])
+            .filter(|v| qos.preempt.contains(&v.spec.qos))
+            .filter(|v| !self.plan.preemptions.iter().any(|p| p.job_id == v.id))
+            .map(|v| {
+                let since = v.last_checkpoint_ms.or(v.start_time_ms).unwrap_or(now);
+                let secs = now.saturating_sub(since) / 1000;
+                let weight = if v.gpus() > 0 { v.gpus() * 1000 } else { v.cpus() };
+                let lost = weight.saturating_mul(secs);
+                (lost, prio.factors(v).total, u64::MAX - v.start_time_ms.unwrap_or(0), v)
+            })
+            .collect();
+        victims.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)).then(a.3.id.cmp(&b.3.id)));
+        victims.truncate(VICTIM_CANDIDATES_MAX);
+        let mut trial = self.free.clone();
+        let mut chosen: Vec<&'s Job> = Vec::new();
+        let mut placed = None;
+        for (_, _, _, v) in &victims {
+            if chosen.len() >= VICTIMS_PER_JOB_MAX {
+                break;
+            }
+            self.give_job(&mut trial, v);
+            chosen.push(v);
+            if let Ok(m) = self.view.place(job, &trial, None, depth) {
+                placed = Some(m);
+                break;
+            }
+        }
+        let mut members = placed?;
+        // Drop victims the placement does not touch, newest additions first.
+        let mut k = chosen.len();
+        while k > 0 {
+            k -= 1;
+            let mut without = self.free.clone();
+            for (i, v) in chosen.iter().enumerate() {
+                if i != k {
+                    self.give_job(&mut without, v);
+                }
+            }
+            if let Ok(m) = self.view.place(job, &without, None, depth) {
+                chosen.remove(k);
+                members = m;
+            }
+        }
+        Some((chosen, members))
+    }
+
+    /// Returns a running job's resources to `free`.
+    fn give_job(&self, free: &mut [super::Free], v: &Job) {
+        for na in v.allocation.iter().flat_map(|a| a.nodes.iter()) {
+            if let Some(&i) = self.node_index.get(na.node.as_str()) {
+                let mask = na.gpus.iter().fold(0u32, |m, g| m | (1 << g));
+                self.view.give(free, i, na.cpus, na.mem_mb, mask);
+            }
+        }
+    }
+
+    /// Commits victims to the plan: their space becomes free for the preemptor.
+    pub(super) fn evict(&mut self, victims: &[&'s Job], for_job: JobId) {
+        for v in victims {
+            let mode = self.state.policy.qos_of(&v.spec.qos).preempt_mode;
+            let mut free = std::mem::take(&mut self.free);
+            self.give_job(&mut free, v);
+            self.free = free;
+            self.free_cpus += v.cpus();
+            self.plan.preemptions.push(Preemption { job_id: v.id, attempt: v.attempt, mode, for_job });
+        }
+    }
+}

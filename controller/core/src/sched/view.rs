@@ -1,0 +1,382 @@
+//! The scheduler's working copy of the cluster for one pass: nodes in topology
+//! order (so every domain — rack, block, zone — is a contiguous run), what each
+//! has free as the plan uses it up, and gang placement over it.
+//!
+//! Placement of one gang (all or nothing):
+//! ```text
+//! candidates = nodes that can take one member now (and do not break a reservation)
+//! for depth = deepest level .. required level:      (rack, then block, then zone)
+//!     best-fit domain = the one with the fewest candidates that still holds the gang
+//! else (no level required): spread over the fewest top-level domains
+//! within the chosen domain: best-fit nodes (least left over), GPUs from one NVLink island
+//! ```
+//!
+//! Related code: `mod.rs` (the pass), `explain.rs` (why a job does not fit).
+
+use std::collections::BTreeMap;
+
+use crate::model::{GpuHealth, Job, Node, NodeState};
+use crate::policy::ClusterPolicy;
+use crate::state::node_has_feature;
+
+/// What a node has left, as the plan being built uses it up.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Free {
+    pub cpus: u32,
+    pub mem_mb: u64,
+    /// Free, healthy GPUs (bit i = GPU index i).
+    pub gpus: u32,
+    /// Jobs on the node (an exclusive job needs 0).
+    pub jobs: u32,
+}
+
+/// A reservation's hold on a node: jobs that end after `until_ms` may only use
+/// what the reservation leaves spare there.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hold {
+    pub until_ms: u64,
+    pub spare_cpus: u32,
+    pub spare_mem_mb: u64,
+    pub spare_gpus: u32,
+}
+
+/// One gang member: node index and what it gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Member {
+    pub node: usize,
+    pub cpus: u32,
+    pub mem_mb: u64,
+    pub gpus: u32,
+}
+
+/// Why a gang found no place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Miss {
+    /// Not enough nodes with free resources.
+    Resources,
+    /// Enough nodes, but not within one domain of the required level.
+    Topology,
+}
+
+pub(crate) struct View<'a> {
+    pub nodes: Vec<&'a Node>,
+    pub free: Vec<Free>,
+    /// Per node: bit p set when the node is in partition p (policy order).
+    part_mask: Vec<u64>,
+    part_index: BTreeMap<&'a str, usize>,
+    /// Per depth d (1-based: d = 1 is the top level): domain id of each node.
+    domains: Vec<Vec<u32>>,
+    /// GPU NVLink island masks per node.
+    islands: Vec<Vec<u32>>,
+    pub policy: &'a ClusterPolicy,
+}
+
+/// GPUs matching a type prefix on a node (bit mask).
+pub(crate) fn type_mask(node: &Node, gpu_type: &str) -> u32 {
+    let mut m = 0;
+    for g in &node.gpus {
+        if gpu_type.is_empty() || g.model.starts_with(gpu_type) {
+            m |= 1 << g.index;
+        }
+    }
+    m
+}
+
+impl<'a> View<'a> {
+    pub fn new(nodes: impl Iterator<Item = &'a Node>, policy: &'a ClusterPolicy) -> View<'a> {
+        let mut nodes: Vec<&Node> = nodes.collect();
+        nodes.sort_by(|a, b| a.topology.cmp(&b.topology).then_with(|| a.name.cmp(&b.name)));
+        let free = nodes.iter().map(|n| free_of(n)).collect();
+        let part_index: BTreeMap<&str, usize> =
+            policy.partitions.keys().enumerate().map(|(i, k)| (k.as_str(), i)).collect();
+        let part_mask = nodes
+            .iter()
+            .map(|n| {
+                let mut m = 0u64;
+                for (i, p) in policy.partitions.values().enumerate() {
+                    if p.contains(&n.name) {
+                        m |= 1 << i;
+                    }
+                }
+                m
+            })
+            .collect();
+        let depth = nodes.iter().map(|n| n.topology.len()).max().unwrap_or(0);
+        let mut domains = Vec::with_capacity(depth);
+        for d in 1..=depth {
+            let mut ids = Vec::with_capacity(nodes.len());
+            let mut id = 0u32;
+            for i in 0..nodes.len() {
+                if i > 0 && prefix(nodes[i], d) != prefix(nodes[i - 1], d) {
+                    id += 1;
+                }
+                ids.push(id);
+            }
+            domains.push(ids);
+        }
+        let islands = nodes
+            .iter()
+            .map(|n| {
+                let mut by: BTreeMap<u32, u32> = BTreeMap::new();
+                for g in &n.gpus {
+                    *by.entry(g.nvlink_island).or_default() |= 1 << g.index;
+                }
+                by.into_values().collect()
+            })
+            .collect();
+        View { nodes, free, part_mask, part_index, domains, islands, policy }
+    }
+
+    pub fn depth(&self) -> usize {
+        self.domains.len()
+    }
+
+    /// Whether node `i` could ever hold one member of `job` (ignoring what is in
+    /// use): up, in the partition, with the features and enough hardware.
+    pub fn static_ok(&self, i: usize, job: &Job) -> bool {
+        self.static_reject(i, job).is_none()
+    }
+
+    /// Why node `i` can never hold a member of `job`, if it cannot.
+    pub fn static_reject(&self, i: usize, job: &Job) -> Option<&'static str> {
+        let n = self.nodes[i];
+        let s = &job.spec;
+        if n.state != NodeState::Up {
+            return Some(if n.state == NodeState::Down { "node down" } else { "node drained" });
+        }
+        if !self.policy.partitions.is_empty() {
+            match self.part_index.get(s.partition.as_str()) {
+                Some(&p) if self.part_mask[i] & (1 << p) != 0 => {}
+                _ => return Some("not in the job's partition"),
+            }
+        }
+        if !s.constraints.iter().all(|c| node_has_feature(n, c)) {
+            return Some("lacks a required feature");
+        }
+        if n.cpus < s.cpus_per_node() {
+            return Some("too few CPUs");
+        }
+        if n.mem_mb < s.mem_per_node_mb {
+            return Some("too little memory");
+        }
+        if s.gpus_per_node > 0 {
+            let healthy: u32 =
+                n.gpus.iter().filter(|g| g.health == GpuHealth::Healthy).fold(0, |m, g| m | (1 << g.index));
+            if (type_mask(n, &s.gpu_type) & healthy).count_ones() < s.gpus_per_node {
+                return Some(if s.gpu_type.is_empty() { "too few GPUs" } else { "too few GPUs of the type" });
+            }
+        }
+        None
+    }
+
+    /// What one member of `job` takes on node `i` if it fits in `f` now.
+    fn fit(&self, i: usize, job: &Job, f: &Free, tmask: u32) -> Option<Member> {
+        let s = &job.spec;
+        let n = self.nodes[i];
+        let cpus = if s.exclusive { n.cpus } else { s.cpus_per_node() };
+        if f.cpus < cpus || f.mem_mb < s.mem_per_node_mb || (s.exclusive && f.jobs > 0) {
+            return None;
+        }
+        let gpus = pick_gpus(f.gpus & tmask, s.gpus_per_node, &self.islands[i])?;
+        Some(Member { node: i, cpus, mem_mb: s.mem_per_node_mb, gpus })
+    }
+
+    /// Whether node `i` can take one member of `job` with what it has free now.
+    pub fn fits_now(&self, i: usize, job: &Job) -> bool {
+        self.fit(i, job, &self.free[i], type_mask(self.nodes[i], &job.spec.gpu_type)).is_some()
+    }
+
+    /// Why node `i` (statically fine) cannot take a member now.
+    pub fn busy_reason(&self, job: &Job, f: &Free) -> &'static str {
+        let s = &job.spec;
+        if s.exclusive && f.jobs > 0 {
+            "in use (exclusive job needs a whole node)"
+        } else if f.cpus < s.cpus_per_node() {
+            "CPUs in use"
+        } else if f.mem_mb < s.mem_per_node_mb {
+            "memory in use"
+        } else {
+            "GPUs in use"
+        }
+    }
+
+    /// Places `job` whole on `free`, or says why not. `holds`/`end_ms` keep
+    /// long jobs out of what reservations need; `topology_depth` is the level
+    /// that must hold the whole gang (None: preferred tightest, any allowed).
+    pub fn place(
+        &self,
+        job: &Job,
+        free: &[Free],
+        holds: Option<(&[Option<Hold>], u64)>,
+        required_depth: Option<usize>,
+    ) -> Result<Vec<Member>, Miss> {
+        let s = &job.spec;
+        let need = s.nodes as usize;
+        let want = s.nodes_max() as usize;
+        let mut cand: Vec<Member> = Vec::new();
+        for i in 0..self.nodes.len() {
+            let f = &free[i];
+            // Cheap filters first: most nodes are rejected here on a busy cluster.
+            if f.cpus < s.cpus_per_node() || f.mem_mb < s.mem_per_node_mb || f.gpus.count_ones() < s.gpus_per_node {
+                continue;
+            }
+            if !self.static_ok(i, job) {
+                continue;
+            }
+            let Some(m) = self.fit(i, job, f, type_mask(self.nodes[i], &s.gpu_type)) else { continue };
+            if let Some((holds, end_ms)) = holds {
+                if let Some(h) = &holds[i] {
+                    let within =
+                        m.cpus <= h.spare_cpus && m.mem_mb <= h.spare_mem_mb && m.gpus.count_ones() <= h.spare_gpus;
+                    if end_ms > h.until_ms && !within {
+                        continue;
+                    }
+                }
+            }
+            cand.push(m);
+        }
+        if cand.len() < need {
+            return Err(Miss::Resources);
+        }
+        let leftover = |m: &Member| {
+            let f = &free[m.node];
+            ((f.gpus & !m.gpus).count_ones(), f.cpus - m.cpus)
+        };
+        if need == 1 && want == 1 {
+            // Best fit, then the fullest deepest domain (keeps empty racks whole).
+            let counts = self.domain_counts(&cand, self.depth());
+            let best = cand
+                .iter()
+                .min_by_key(|m| (leftover(m), counts.as_ref().map_or(0, |c| c[self.dom(self.depth(), m.node)]), m.node))
+                .expect("non-empty")
+                .clone();
+            return Ok(vec![best]);
+        }
+        let floor = required_depth.unwrap_or(1).max(1);
+        for d in (floor..=self.depth()).rev() {
+            let counts = self.domain_counts(&cand, d).expect("depth exists");
+            let best = counts.iter().enumerate().filter(|(_, &c)| c >= need).min_by_key(|(id, &c)| (c, *id));
+            if let Some((dom, _)) = best {
+                let mut members: Vec<Member> =
+                    cand.into_iter().filter(|m| self.dom(d, m.node) == dom).collect();
+                members.sort_by_key(|m| (leftover(m), m.node));
+                members.truncate(want);
+                members.sort_by_key(|m| m.node);
+                return Ok(members);
+            }
+        }
+        if required_depth.is_some() && self.depth() > 0 {
+            return Err(Miss::Topology);
+        }
+        // No single domain holds it: fill from the top-level domains with the
+        // most candidates first (spans as few as possible).
+        if self.depth() > 0 {
+            let counts = self.domain_counts(&cand, 1).expect("depth exists");
+            cand.sort_by_key(|m| {
+                (std::cmp::Reverse(counts[self.dom(1, m.node)]), self.dom(1, m.node), leftover(m), m.node)
+            });
+        } else {
+            cand.sort_by_key(|m| (leftover(m), m.node));
+        }
+        cand.truncate(want);
+        cand.sort_by_key(|m| m.node);
+        Ok(cand)
+    }
+
+    fn dom(&self, depth: usize, node: usize) -> usize {
+        self.domains[depth - 1][node] as usize
+    }
+
+    /// Candidates per domain at `depth` (None when the cluster has no levels).
+    fn domain_counts(&self, cand: &[Member], depth: usize) -> Option<Vec<usize>> {
+        if depth == 0 || depth > self.depth() {
+            return None;
+        }
+        let ids = &self.domains[depth - 1];
+        let mut counts = vec![0usize; ids.last().map_or(0, |&l| l as usize + 1)];
+        for m in cand {
+            counts[ids[m.node] as usize] += 1;
+        }
+        Some(counts)
+    }
+
+    /// Takes a gang's resources out of `free`.
+    pub fn take(free: &mut [Free], members: &[Member]) {
+        for m in members {
+            let f = &mut free[m.node];
+            f.cpus -= m.cpus;
+            f.mem_mb -= m.mem_mb;
+            f.gpus &= !m.gpus;
+            f.jobs += 1;
+        }
+    }
+
+    /// Gives resources back to `free` (a job expected to end).
+    pub fn give(&self, free: &mut [Free], node: usize, cpus: u32, mem_mb: u64, gpus: u32) {
+        let f = &mut free[node];
+        f.cpus += cpus;
+        f.mem_mb += mem_mb;
+        // A GPU quarantined meanwhile does not come back.
+        let healthy: u32 =
+            self.nodes[node].gpus.iter().filter(|g| g.health == GpuHealth::Healthy).fold(0, |m, g| m | (1 << g.index));
+        f.gpus |= gpus & healthy;
+        f.jobs = f.jobs.saturating_sub(1);
+    }
+}
+
+fn prefix(n: &Node, d: usize) -> &[String] {
+    &n.topology[..d.min(n.topology.len())]
+}
+
+fn free_of(n: &Node) -> Free {
+    let gpus = if n.state == NodeState::Up {
+        n.gpus
+            .iter()
+            .filter(|g| g.allocated_to.is_none() && g.health == GpuHealth::Healthy)
+            .fold(0, |m, g| m | (1 << g.index))
+    } else {
+        0
+    };
+    if n.state != NodeState::Up {
+        return Free { cpus: 0, mem_mb: 0, gpus: 0, jobs: n.jobs.len() as u32 };
+    }
+    Free { cpus: n.cpus - n.cpus_alloc, mem_mb: n.mem_mb - n.mem_alloc_mb, gpus, jobs: n.jobs.len() as u32 }
+}
+
+/// Picks `n` GPUs from `avail`: the tightest single island that holds them all,
+/// else the fullest islands first.
+pub(crate) fn pick_gpus(avail: u32, n: u32, islands: &[u32]) -> Option<u32> {
+    if n == 0 {
+        return Some(0);
+    }
+    if avail.count_ones() < n {
+        return None;
+    }
+    let take = |mask: u32, k: u32| {
+        let mut out = 0u32;
+        let mut m = mask;
+        for _ in 0..k {
+            let bit = m & m.wrapping_neg();
+            out |= bit;
+            m &= !bit;
+        }
+        out
+    };
+    let best = islands.iter().map(|&isl| isl & avail).filter(|m| m.count_ones() >= n).min_by_key(|m| m.count_ones());
+    if let Some(m) = best {
+        return Some(take(m, n));
+    }
+    let mut by_size: Vec<u32> = islands.iter().map(|&isl| isl & avail).collect();
+    by_size.sort_by_key(|m| std::cmp::Reverse(m.count_ones()));
+    let mut out = 0u32;
+    let mut left = n;
+    for m in by_size {
+        let k = m.count_ones().min(left);
+        out |= take(m, k);
+        left -= k;
+        if left == 0 {
+            break;
+        }
+    }
+    (left == 0).then_some(out)
+}

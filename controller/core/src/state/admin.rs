@@ -1,0 +1,376 @@
+//! Policy updates, job updates (hold/release/priority/nice/requeue/time limit),
+//! preemption plans, checkpoints, and the use/usage counters that quotas and
+//! fair share read.
+//!
+//! Related code: [`crate::policy`] (what the policy holds), [`crate::sched`]
+//! (the reader of usage and quotas).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Applied, Outcome, RefusalKind, State, UseKey};
+use crate::command::{JobChange, Placement, Preemption};
+use crate::limits::*;
+use crate::model::{Allocation, Job, JobId, JobState};
+use crate::policy::{ClusterPolicy, PreemptMode, Quota, Use};
+
+/// Usage charged to an account in one time bucket (for decayed fair share).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageBucket {
+    pub start_ms: u64,
+    /// GPU-milliseconds and CPU-milliseconds of allocations that ended in the bucket.
+    pub gpu_ms: u64,
+    pub cpu_ms: u64,
+}
+
+impl State {
+    pub(super) fn apply_update_policy(
+        &mut self,
+        policy: &ClusterPolicy,
+        expected_version: Option<u64>,
+        force: bool,
+        identity: &str,
+    ) -> Applied {
+        if !self.is_admin(identity) {
+            return Applied::refused(
+                RefusalKind::PermissionDenied,
+                format!("permission: {identity} is not an admin of this cluster"),
+            );
+        }
+        if let Some(v) = expected_version {
+            if v != self.policy.version {
+                return Applied::refused(
+                    RefusalKind::Stale,
+                    format!("the policy changed (version {} now, edit was based on {v}); retry", self.policy.version),
+                );
+            }
+        }
+        if let Err(e) = policy.validate() {
+            return Applied::refused(RefusalKind::InvalidArgument, e.to_string());
+        }
+        let mut next = policy.clone();
+        next.version = self.policy.version + 1;
+        let previous = std::mem::replace(&mut self.policy, next);
+        self.rebuild_use();
+        if !force {
+            if let Some(why) = self.quota_below_use().or_else(|| self.orphaned_jobs()) {
+                self.policy = previous;
+                self.rebuild_use();
+                return Applied::refused(
+                    RefusalKind::FailedPrecondition,
+                    format!("{why}; pass --force to set it anyway (running jobs keep running)"),
+                );
+            }
+        }
+        Applied { outcome: Outcome::PolicyUpdated { version: self.policy.version }, events: Vec::new() }
+    }
+
+    /// An object the new policy removed although unfinished jobs still use it.
+    fn orphaned_jobs(&self) -> Option<String> {
+        let p = &self.policy;
+        for id in self.pending.iter().chain(self.running.iter()) {
+            let s = &self.jobs[id].spec;
+            if !p.account_exists(&s.account) {
+                return Some(format!("accounts.{}: unfinished jobs (e.g. {id}) still charge it", s.account));
+            }
+            if !p.qos_exists(&s.qos) {
+                return Some(format!("qos.{}: unfinished jobs (e.g. {id}) still use it", s.qos));
+            }
+            let part_ok = if p.partitions.is_empty() {
+                s.partition == crate::policy::DEFAULT_PARTITION
+            } else {
+                p.partitions.contains_key(&s.partition)
+            };
+            if !part_ok {
+                return Some(format!("partitions.{}: unfinished jobs (e.g. {id}) still run in it", s.partition));
+            }
+        }
+        None
+    }
+
+    /// The first quota that current use already exceeds.
+    fn quota_below_use(&self) -> Option<String> {
+        let p = &self.policy;
+        let mut quotas: Vec<(UseKey, &Quota, String)> = Vec::new();
+        for (name, a) in &p.accounts {
+            quotas.push((UseKey::Account(name.clone()), &a.quota, format!("accounts.{name}.quota")));
+        }
+        for (name, u) in &p.users {
+            quotas.push((UseKey::User(name.clone()), &u.quota, format!("users.{name}.quota")));
+        }
+        for (key, quota, field) in quotas {
+            let running = self.running_use.get(&key).copied().unwrap_or_default();
+            if let Some((what, max)) = quota.exceeded_by(running, Use::default()) {
+                return Some(format!("{field}: {what} limit {max} is below current use"));
+            }
+            let active = self.active_jobs.get(&key).copied().unwrap_or(0);
+            if let Some(max) = quota.max_submitted_jobs.filter(|&m| active > u64::from(m)) {
+                return Some(format!("{field}: max_submitted_jobs {max} is below the {active} unfinished jobs"));
+            }
+        }
+        None
+    }
+
+    /// Recomputes the quota counters from the jobs (after the account tree changed).
+    pub(super) fn rebuild_use(&mut self) {
+        self.running_use.clear();
+        self.active_jobs.clear();
+        let active: Vec<JobId> = self.pending.iter().chain(self.running.iter()).copied().collect();
+        for id in active {
+            self.count_active(id, true);
+            if let Some(alloc) = self.jobs[&id].allocation.clone() {
+                self.count_running(id, &alloc, true);
+            }
+        }
+    }
+
+    /// Counts an allocation in (or out of) the running-use counters.
+    pub(super) fn count_running(&mut self, job_id: JobId, alloc: &Allocation, add: bool) {
+        let u = alloc_use(alloc);
+        for k in self.use_keys(job_id) {
+            let e = self.running_use.entry(k.clone()).or_default();
+            if add {
+                e.add(u);
+            } else {
+                e.sub(u);
+                if *e == Use::default() {
+                    self.running_use.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// The first running quota (account tree, user, QOS per user) that starting
+    /// `job` with `extra` would exceed, as a reason.
+    pub fn quota_exceeded(&self, job: &Job, extra: Use) -> Option<String> {
+        self.quota_exceeded_with(job, extra, &BTreeMap::new())
+    }
+
+    /// As [`State::quota_exceeded`], with `planned` use (a plan being built) on
+    /// top of the committed use.
+    pub fn quota_exceeded_with(&self, job: &Job, extra: Use, planned: &BTreeMap<UseKey, Use>) -> Option<String> {
+        let p = &self.policy;
+        let spec = &job.spec;
+        let current = |k: &UseKey| {
+            let mut u = self.running_use.get(k).copied().unwrap_or_default();
+            if let Some(x) = planned.get(k) {
+                u.add(*x);
+            }
+            u
+        };
+        for a in p.lineage(&spec.account) {
+            let Some(acc) = p.accounts.get(a) else { continue };
+            if let Some((what, max)) = acc.quota.exceeded_by(current(&UseKey::Account(a.to_string())), extra) {
+                return Some(format!("AssocGrpLimit: account {a} {what} limit {max}"));
+            }
+        }
+        if let Some(u) = p.users.get(&spec.user) {
+            if let Some((what, max)) = u.quota.exceeded_by(current(&UseKey::User(spec.user.clone())), extra) {
+                return Some(format!("AssocMaxLimit: user {} {what} limit {max}", spec.user));
+            }
+        }
+        if let Some(q) = p.qos.get(&spec.qos) {
+            let key = UseKey::QosUser(spec.qos.clone(), spec.user.clone());
+            if let Some((what, max)) = q.per_user.exceeded_by(current(&key), extra) {
+                return Some(format!("QOSMaxPerUser: QOS {} {what} per user limit {max}", spec.qos));
+            }
+        }
+        None
+    }
+
+    /// Adds an ending allocation's GPU- and CPU-time to its account's usage.
+    pub(super) fn charge_usage(&mut self, job_id: JobId, alloc: &Allocation) {
+        let job = &self.jobs[&job_id];
+        let now = self.clock_ms;
+        let ran_ms = now.saturating_sub(job.start_time_ms.unwrap_or(now));
+        let u = alloc_use(alloc);
+        let (gpu_ms, cpu_ms) = (u.gpus.saturating_mul(ran_ms), u.cpus.saturating_mul(ran_ms));
+        if gpu_ms == 0 && cpu_ms == 0 {
+            return;
+        }
+        // Buckets a quarter half-life wide: fine enough that decay is smooth.
+        let width_ms = (self.policy.fairshare_half_life_s * 1000 / 4).max(1);
+        let buckets = self.usage.entry(job.spec.account.clone()).or_default();
+        match buckets.back_mut() {
+            Some(b) if now < b.start_ms.saturating_add(width_ms) => {
+                b.gpu_ms = b.gpu_ms.saturating_add(gpu_ms);
+                b.cpu_ms = b.cpu_ms.saturating_add(cpu_ms);
+            }
+            _ => buckets.push_back(UsageBucket { start_ms: now, gpu_ms, cpu_ms }),
+        }
+        while buckets.len() > USAGE_BUCKETS_MAX {
+            buckets.pop_front();
+        }
+    }
+
+    pub(super) fn apply_update_job(
+        &mut self,
+        index: u64,
+        job_id: JobId,
+        change: &JobChange,
+        identity: &str,
+    ) -> Applied {
+        let admin = self.is_admin(identity);
+        let Some(job) = self.jobs.get(&job_id) else {
+            return Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
+        };
+        if job.state.is_finished() {
+            return Applied::refused(
+                RefusalKind::FailedPrecondition,
+                format!("job {job_id} already finished ({})", job.state.as_str()),
+            );
+        }
+        let user = identity.rsplit(':').next().unwrap_or(identity);
+        let owner = job.spec.user == user || job.submitted_by == identity;
+        if !owner && !admin {
+            return Applied::refused(
+                RefusalKind::PermissionDenied,
+                format!(
+                    "permission: job {job_id} belongs to {}; only its owner or an admin may change it",
+                    job.spec.user
+                ),
+            );
+        }
+        let pending = job.state == JobState::Pending;
+        let not_pending = || {
+            Applied::refused(
+                RefusalKind::FailedPrecondition,
+                format!("job {job_id} is {}, not pending", job.state.as_str()),
+            )
+        };
+        let mut events = Vec::new();
+        match change {
+            JobChange::Hold { admin: as_admin } => {
+                if !pending {
+                    return not_pending();
+                }
+                if *as_admin && !admin {
+                    return Applied::refused(RefusalKind::PermissionDenied, "permission: admin holds need an admin");
+                }
+                let why = if *as_admin { "JobHeldAdmin" } else { "JobHeldUser" };
+                let job = self.jobs.get_mut(&job_id).expect("checked");
+                job.held = Some(why.to_string());
+                job.reason = why.to_string();
+            }
+            JobChange::Release => {
+                if job.held.is_none() {
+                    return Applied::refused(RefusalKind::FailedPrecondition, format!("job {job_id} is not held"));
+                }
+                if job.held.as_deref() == Some("JobHeldAdmin") && !admin {
+                    return Applied::refused(
+                        RefusalKind::PermissionDenied,
+                        "permission: an admin hold can only be released by an admin",
+                    );
+                }
+                let job = self.jobs.get_mut(&job_id).expect("checked");
+                job.held = None;
+                job.reason.clear();
+            }
+            JobChange::SetPriority(p) => {
+                if !admin {
+                    return Applied::refused(RefusalKind::PermissionDenied, "permission: only admins set priorities");
+                }
+                self.jobs.get_mut(&job_id).expect("checked").priority_override = *p;
+            }
+            JobChange::SetNice(n) => {
+                if n.abs() > NICE_MAX {
+                    return Applied::refused(RefusalKind::InvalidArgument, format!("nice: must be within ±{NICE_MAX}"));
+                }
+                if *n < 0 && !admin {
+                    return Applied::refused(
+                        RefusalKind::InvalidArgument,
+                        "nice: only admins may set a negative value",
+                    );
+                }
+                self.jobs.get_mut(&job_id).expect("checked").spec.nice = *n;
+            }
+            JobChange::Requeue { hold } => {
+                if job.state != JobState::Running {
+                    return Applied::refused(
+                        RefusalKind::FailedPrecondition,
+                        format!("job {job_id} is {}, not running", job.state.as_str()),
+                    );
+                }
+                if job.attempt >= ATTEMPTS_MAX {
+                    return Applied::refused(
+                        RefusalKind::FailedPrecondition,
+                        format!("job {job_id} made {ATTEMPTS_MAX} attempts, its limit"),
+                    );
+                }
+                events.push(self.requeue_job(index, job_id, format!("requeued by {identity}")));
+                if *hold {
+                    let job = self.jobs.get_mut(&job_id).expect("checked");
+                    job.held = Some("JobHeldUser".to_string());
+                }
+            }
+            JobChange::SetTimeLimit(t) => {
+                if *t == 0 || *t > TIME_LIMIT_S_MAX {
+                    return Applied::refused(
+                        RefusalKind::InvalidArgument,
+                        format!("time_limit_s: must be between 1 and {TIME_LIMIT_S_MAX}"),
+                    );
+                }
+                if *t > job.spec.time_limit_s && !admin {
+                    return Applied::refused(
+                        RefusalKind::PermissionDenied,
+                        "permission: only admins may raise a time limit",
+                    );
+                }
+                self.jobs.get_mut(&job_id).expect("checked").spec.time_limit_s = *t;
+            }
+        }
+        Applied { outcome: Outcome::JobUpdated { job_id }, events }
+    }
+
+    pub(super) fn apply_schedule(
+        &mut self,
+        index: u64,
+        preemptions: &[Preemption],
+        placements: &[Placement],
+    ) -> Applied {
+        let mut preempted = Vec::new();
+        let mut events = Vec::new();
+        for p in preemptions {
+            let Some(job) = self.jobs.get(&p.job_id) else { continue };
+            if job.state != JobState::Running || job.attempt != p.attempt {
+                // Already gone (finished, requeued): its space is free anyway.
+                continue;
+            }
+            let why = format!("preempted by job {}", p.for_job);
+            let requeue = p.mode == PreemptMode::Requeue && job.attempt < ATTEMPTS_MAX;
+            events.push(if requeue {
+                self.jobs.get_mut(&p.job_id).expect("checked").preempted += 1;
+                self.requeue_job(index, p.job_id, format!("requeued: {why}"))
+            } else {
+                self.finish_job(index, p.job_id, JobState::Cancelled, None, why)
+            });
+            preempted.push(p.job_id);
+        }
+        let plan = self.apply_plan(index, placements);
+        events.extend(plan.events);
+        let Outcome::PlanApplied { started, rejected } = plan.outcome else { unreachable!("apply_plan outcome") };
+        Applied { outcome: Outcome::ScheduleApplied { preempted, started, rejected }, events }
+    }
+
+    pub(super) fn apply_job_checkpointed(&mut self, job_id: JobId, attempt: u32) -> Applied {
+        let now = self.clock_ms;
+        match self.jobs.get_mut(&job_id) {
+            Some(job) if job.state == JobState::Running && job.attempt == attempt => {
+                job.last_checkpoint_ms = Some(now);
+                Applied { outcome: Outcome::CheckpointRecorded { job_id }, events: Vec::new() }
+            }
+            Some(_) => Applied::refused(RefusalKind::Stale, format!("job {job_id} attempt {attempt} is not running")),
+            None => Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist")),
+        }
+    }
+}
+
+/// What an allocation holds.
+pub fn alloc_use(alloc: &Allocation) -> Use {
+    Use {
+        gpus: alloc.nodes.iter().map(|n| n.gpus.len() as u64).sum(),
+        cpus: alloc.nodes.iter().map(|n| u64::from(n.cpus)).sum(),
+        jobs: 1,
+    }
+}

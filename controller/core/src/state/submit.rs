@@ -1,0 +1,353 @@
+//! Submission: a [`JobSpec`] resolved against the policy (partition, account,
+//! QOS, time limit, memory defaults), checked against submit limits, its
+//! dependencies resolved to job ids, and — for an array — expanded into one job
+//! per element. All checks run before anything changes.
+//!
+//! Related code: [`crate::policy`] (what is resolved against), `deps.rs`
+//! (dependency tracking after submit).
+
+use std::collections::BTreeMap;
+
+use super::{Applied, JobEvent, Outcome, RefusalKind, State, UseKey};
+use crate::limits::*;
+use crate::model::{ArrayElement, Job, JobId, JobState};
+use crate::policy::DEFAULT_QOS;
+use crate::spec::{parse_array, Dependency, DependencyKind, JobSpec, SpecError};
+
+impl State {
+    pub(super) fn apply_submit_job(&mut self, index: u64, spec: &JobSpec, identity: &str, key: &str) -> Applied {
+        if !key.is_empty() {
+            if let Some(&job_id) = self.idempotency.get(&(identity.to_string(), key.to_string())) {
+                return Applied { outcome: Outcome::Submitted { job_id, duplicate: true }, events: Vec::new() };
+            }
+            if key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
+                return Applied::refused(
+                    RefusalKind::InvalidArgument,
+                    format!("idempotency_key: must be at most {IDEMPOTENCY_KEY_BYTES_MAX} bytes"),
+                );
+            }
+        }
+        let spec = match self.resolve_spec(spec, identity) {
+            Ok(s) => s,
+            Err(e) => return Applied::refused(RefusalKind::InvalidArgument, e.to_string()),
+        };
+        let array = if spec.array.is_empty() {
+            None
+        } else {
+            match parse_array(&spec.array) {
+                Ok(a) => Some(a),
+                Err(e) => return Applied::refused(RefusalKind::InvalidArgument, e.to_string()),
+            }
+        };
+        let count = array.as_ref().map_or(1, |a| a.indexes.len());
+        if count > 1 && spec.approx_bytes().saturating_mul(count) > ARRAY_SPEC_BYTES_MAX {
+            return Applied::refused(
+                RefusalKind::InvalidArgument,
+                format!("array: {count} copies of this job exceed {ARRAY_SPEC_BYTES_MAX} bytes; use fewer elements or a smaller script"),
+            );
+        }
+        if self.pending.len() + self.running.len() + count > ACTIVE_JOBS_MAX {
+            return Applied::refused(
+                RefusalKind::ResourceExhausted,
+                format!("the cluster holds {ACTIVE_JOBS_MAX} unfinished jobs, its limit; retry later"),
+            );
+        }
+        if let Some(why) = self.submit_limit_exceeded(&spec, count as u64) {
+            return Applied::refused(RefusalKind::ResourceExhausted, why);
+        }
+        let first_id = self.next_job_id;
+        // Resolve every element's dependencies before creating any job.
+        let mut per_element_deps = Vec::with_capacity(count);
+        for k in 0..count {
+            let my_index = array.as_ref().map(|a| a.indexes[k]);
+            match self.resolve_dependencies(&spec.dependencies, my_index) {
+                Ok(d) => per_element_deps.push(d),
+                Err(e) => return Applied::refused(RefusalKind::InvalidArgument, e.to_string()),
+            }
+        }
+        let mut events = Vec::with_capacity(count);
+        for (k, deps) in per_element_deps.into_iter().enumerate() {
+            let job_id = self.next_job_id;
+            self.next_job_id += 1;
+            let mut element_spec = spec.clone();
+            element_spec.dependencies = deps.clone();
+            let job = Job {
+                id: job_id,
+                state: JobState::Pending,
+                attempt: 0,
+                submitted_by: identity.to_string(),
+                submit_time_ms: self.clock_ms,
+                start_time_ms: None,
+                end_time_ms: None,
+                allocation: None,
+                exit_code: None,
+                reason: String::new(),
+                submit_index: index,
+                task_exits: BTreeMap::new(),
+                ran_on: Vec::new(),
+                array: array.as_ref().map(|a| ArrayElement {
+                    array_job_id: first_id,
+                    index: a.indexes[k],
+                    count: count as u32,
+                    throttle: a.throttle,
+                }),
+                deps_pending: deps,
+                held: spec.hold.then(|| "JobHeldUser".to_string()),
+                priority_override: None,
+                last_checkpoint_ms: None,
+                preempted: 0,
+                spec: element_spec,
+            };
+            for d in &job.deps_pending {
+                self.dependents.entry(d.job_id).or_default().insert(job_id);
+            }
+            self.jobs.insert(job_id, job);
+            self.pending.insert(job_id);
+            self.count_active(job_id, true);
+            // Dependencies already met (a job that already started, say) settle now.
+            self.dep_triggers.extend(self.jobs[&job_id].deps_pending.iter().map(|d| d.job_id));
+            events.push(JobEvent { index, job_id, state: JobState::Pending, attempt: 0, reason: String::new() });
+        }
+        if !key.is_empty() {
+            self.idempotency.insert((identity.to_string(), key.to_string()), first_id);
+            let expires = self.clock_ms.saturating_add(IDEMPOTENCY_TTL_MS);
+            self.idempotency_expiry.insert((expires, identity.to_string(), key.to_string()));
+        }
+        Applied { outcome: Outcome::Submitted { job_id: first_id, duplicate: false }, events }
+    }
+
+    /// Validates a submission and fills in what the policy decides: partition,
+    /// account, QOS, time limit and memory.
+    pub fn resolve_spec(&self, spec: &JobSpec, identity: &str) -> Result<JobSpec, SpecError> {
+        spec.validate()?;
+        let policy = &self.policy;
+        let mut s = spec.clone();
+        let (part_name, part) = policy.resolve_partition(&spec.partition)?;
+        s.partition = part_name.to_string();
+        let account = policy.resolve_account(&spec.user, &spec.account)?;
+        if !part.allow_accounts.is_empty() && !part.allow_accounts.iter().any(|a| policy.is_under(account, a)) {
+            return Err(SpecError::new(
+                "account",
+                format!(
+                    "account '{account}' may not use partition {part_name} (allowed: {})",
+                    part.allow_accounts.join(", ")
+                ),
+            ));
+        }
+        s.account = account.to_string();
+        s.qos = if !spec.qos.is_empty() {
+            spec.qos.clone()
+        } else if !part.default_qos.is_empty() {
+            part.default_qos.clone()
+        } else {
+            DEFAULT_QOS.to_string()
+        };
+        if !policy.qos_exists(&s.qos) {
+            return Err(SpecError::new("qos", format!("'{}' does not exist", s.qos)));
+        }
+        let qos = policy.qos_of(&s.qos);
+        if s.time_limit_s == 0 {
+            s.time_limit_s = if part.default_time_s > 0 { part.default_time_s } else { TIME_LIMIT_S_DEFAULT };
+            if part.max_time_s > 0 {
+                s.time_limit_s = s.time_limit_s.min(part.max_time_s);
+            }
+        }
+        if part.max_time_s > 0 && s.time_limit_s > part.max_time_s {
+            return Err(SpecError::new(
+                "time_limit_s",
+                format!("{} s exceeds partition {part_name}'s maximum of {} s", s.time_limit_s, part.max_time_s),
+            ));
+        }
+        if qos.max_time_s > 0 && s.time_limit_s > qos.max_time_s {
+            return Err(SpecError::new(
+                "time_limit_s",
+                format!("{} s exceeds QOS {}'s maximum of {} s", s.time_limit_s, s.qos, qos.max_time_s),
+            ));
+        }
+        if part.max_nodes > 0 && s.nodes > part.max_nodes {
+            return Err(SpecError::new(
+                "nodes",
+                format!("{} nodes exceed partition {part_name}'s maximum of {}", s.nodes, part.max_nodes),
+            ));
+        }
+        if part.max_nodes > 0 {
+            s.nodes_max = s.nodes_max().min(part.max_nodes);
+        }
+        if s.mem_per_node_mb == 0 {
+            let cpus = u64::from(s.cpus_per_node());
+            s.mem_per_node_mb = if s.mem_per_cpu_mb > 0 {
+                cpus * s.mem_per_cpu_mb
+            } else if s.gpus_per_node > 0 && part.default_mem_per_gpu_mb > 0 {
+                u64::from(s.gpus_per_node) * part.default_mem_per_gpu_mb
+            } else {
+                cpus * part.default_mem_per_cpu_mb
+            };
+            s.mem_per_cpu_mb = 0;
+            if s.mem_per_node_mb > MEM_PER_NODE_MB_MAX {
+                return Err(SpecError::new(
+                    "mem_per_cpu_mb",
+                    format!("memory per node would exceed {MEM_PER_NODE_MB_MAX} MiB"),
+                ));
+            }
+        }
+        if !s.topology.level.is_empty() && self.topology_depth(&s.topology.level).is_none() {
+            let levels = policy.topology_levels.join(", ");
+            return Err(SpecError::new(
+                "topology.level",
+                format!(
+                    "'{}' is not a topology level of this cluster (levels: {})",
+                    s.topology.level,
+                    if levels.is_empty() { "none defined" } else { &levels }
+                ),
+            ));
+        }
+        if s.nice < 0 && !self.is_admin(identity) {
+            return Err(SpecError::new("nice", "only admins may set a negative nice value"));
+        }
+        if s.dependencies.iter().any(|d| d.kind == DependencyKind::AfterCorr) && s.array.is_empty() {
+            return Err(SpecError::new("dependency", "aftercorr needs the job to be an array (--array)"));
+        }
+        Ok(s)
+    }
+
+    /// The first submit limit (max_submitted_jobs of the account tree, the user,
+    /// the QOS per user) that `count` more jobs would exceed.
+    fn submit_limit_exceeded(&self, spec: &JobSpec, count: u64) -> Option<String> {
+        let policy = &self.policy;
+        let mut checks: Vec<(UseKey, Option<u32>, String)> = Vec::new();
+        for a in policy.lineage(&spec.account) {
+            let q = policy.accounts.get(a).and_then(|acc| acc.quota.max_submitted_jobs);
+            checks.push((UseKey::Account(a.to_string()), q, format!("account {a}")));
+        }
+        let uq = policy.users.get(&spec.user).and_then(|u| u.quota.max_submitted_jobs);
+        checks.push((UseKey::User(spec.user.clone()), uq, format!("user {}", spec.user)));
+        let qq = policy.qos.get(&spec.qos).and_then(|q| q.per_user.max_submitted_jobs);
+        checks.push((UseKey::QosUser(spec.qos.clone(), spec.user.clone()), qq, format!("QOS {} per user", spec.qos)));
+        for (key, max, who) in checks {
+            let Some(max) = max else { continue };
+            let now = self.active_jobs.get(&key).copied().unwrap_or(0);
+            if now + count > u64::from(max) {
+                return Some(format!(
+                    "max_submitted_jobs: {who} may have {max} unfinished jobs; it has {now} and this adds {count}"
+                ));
+            }
+        }
+        None
+    }
+
+    /// Resolves dependencies to concrete job ids (array elements, aftercorr),
+    /// refusing ones that name unknown jobs or can already never be met.
+    /// `my_index` is this element's array index (aftercorr pairs by index).
+    fn resolve_dependencies(&self, deps: &[Dependency], my_index: Option<u32>) -> Result<Vec<Dependency>, SpecError> {
+        let mut out = Vec::with_capacity(deps.len());
+        for d in deps {
+            let target = self.jobs.get(&d.job_id).ok_or_else(|| {
+                let why = if d.job_id < self.next_job_id { "was purged from the queue" } else { "does not exist" };
+                SpecError::new("dependency", format!("job {} {why}", d.job_id))
+            })?;
+            let head = target.array.map(|a| a.array_job_id);
+            if head.is_some_and(|h| h != d.job_id) && (d.array_index.is_some() || d.kind == DependencyKind::AfterCorr) {
+                return Err(SpecError::new(
+                    "dependency",
+                    format!("job {} is an array element; name the array ({})", d.job_id, head.unwrap_or(0)),
+                ));
+            }
+            let element_index = match d.kind {
+                DependencyKind::AfterCorr => {
+                    if target.array.is_none() {
+                        return Err(SpecError::new(
+                            "dependency",
+                            format!("aftercorr: job {} is not an array", d.job_id),
+                        ));
+                    }
+                    my_index
+                }
+                _ => d.array_index,
+            };
+            let kind = if d.kind == DependencyKind::AfterCorr { DependencyKind::AfterOk } else { d.kind };
+            let resolved = match element_index {
+                Some(i) => {
+                    let Some(el) = self.array_element(d.job_id, i) else {
+                        if d.kind == DependencyKind::AfterCorr {
+                            // No corresponding element: nothing to wait for (Slurm's behaviour).
+                            continue;
+                        }
+                        return Err(SpecError::new("dependency", format!("array {} has no index {i}", d.job_id)));
+                    };
+                    Dependency { kind, job_id: el, array_index: Some(i) }
+                }
+                None => Dependency { kind, job_id: d.job_id, array_index: None },
+            };
+            if self.dependency_status(&resolved) == DepStatus::Never {
+                let t = &self.jobs[&resolved.job_id];
+                return Err(SpecError::new(
+                    "dependency",
+                    format!(
+                        "{}:{} can never be met (job {} ended {})",
+                        resolved.kind.as_str(),
+                        d.job_id,
+                        t.display_id(),
+                        t.state.as_str()
+                    ),
+                ));
+            }
+            out.push(resolved);
+        }
+        Ok(out)
+    }
+
+    /// The job id of index `index` of the array whose first job is `array_job_id`.
+    pub fn array_element(&self, array_job_id: JobId, index: u32) -> Option<JobId> {
+        let head = self.jobs.get(&array_job_id)?.array?;
+        let ids = array_job_id..array_job_id + u64::from(head.count);
+        ids.into_iter().find(|id| self.jobs.get(id).and_then(|j| j.array).is_some_and(|a| a.index == index))
+    }
+
+    /// Whether `identity` (`dev:alice` or `alice`) is an admin: listed in the
+    /// policy by identity or user name, or any caller while none is listed.
+    pub fn is_admin(&self, identity: &str) -> bool {
+        let user = identity.rsplit(':').next().unwrap_or(identity);
+        self.policy.admins.is_empty() || self.policy.admins.iter().any(|a| a == identity || a == user)
+    }
+
+    /// Counts a job in (or out of) the unfinished-job counters of its account
+    /// tree, user and QOS-user.
+    pub(super) fn count_active(&mut self, job_id: JobId, add: bool) {
+        let keys = self.use_keys(job_id);
+        for k in keys {
+            let e = self.active_jobs.entry(k.clone()).or_default();
+            if add {
+                *e += 1;
+            } else {
+                *e = e.checked_sub(1).expect("active job accounting underflow");
+                if *e == 0 {
+                    self.active_jobs.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// The counters a job's use is charged to.
+    pub(super) fn use_keys(&self, job_id: JobId) -> Vec<UseKey> {
+        self.use_keys_of(&self.jobs[&job_id])
+    }
+
+    /// The counters `job`'s use is charged to: its account and the account's
+    /// ancestors, its user, its (QOS, user).
+    pub fn use_keys_of(&self, job: &Job) -> Vec<UseKey> {
+        let spec = &job.spec;
+        let mut keys: Vec<UseKey> =
+            self.policy.lineage(&spec.account).into_iter().map(|a| UseKey::Account(a.to_string())).collect();
+        keys.push(UseKey::User(spec.user.clone()));
+        keys.push(UseKey::QosUser(spec.qos.clone(), spec.user.clone()));
+        keys
+    }
+}
+
+/// Where one dependency stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DepStatus {
+    Satisfied,
+    Waiting,
+    Never,
+}

@@ -1,0 +1,311 @@
+//! Data-driven scheduler scenarios: each `tests/scenarios/*.toml` file is a
+//! cluster (nodes, policy) and a list of steps — submit, schedule (with the
+//! expected plan and pending reasons), finish, hold/release, update policy —
+//! run through the real `State::apply` and `sched::plan`. Every plan is applied
+//! and must be accepted whole; invariants are checked after every step.
+//!
+//! Format (see any file in tests/scenarios for a full example):
+//! ```toml
+//! [policy]                 # optional ClusterPolicy (same as `gangway admin export`)
+//! [[node]]                 # names = "n[1-4]", cpus, mem_mb, gpus = "8xh100", topology, labels
+//! [[step]]                 # exactly one of: submit / schedule / finish / hold / release / policy / checkpoint
+//! ```
+
+use std::collections::BTreeMap;
+
+use gangway_core::command::{Command, JobChange};
+use gangway_core::policy::{pattern_matches, ClusterPolicy};
+use gangway_core::sched::{plan, Options, Order, Policy};
+use gangway_core::spec::{parse_dependencies, GpuSpec, JobSpec, NodeSpec};
+use gangway_core::{JobState, Outcome, State};
+use toml::Value;
+
+struct Run {
+    name: String,
+    state: State,
+    index: u64,
+    now_ms: u64,
+}
+
+impl Run {
+    fn apply(&mut self, cmd: Command) -> Outcome {
+        self.index += 1;
+        let out = self.state.apply(self.index, &cmd).outcome;
+        if let Err(e) = self.state.check_invariants() {
+            panic!("{}: invariant broken after {}: {e}", self.name, cmd.name());
+        }
+        out
+    }
+
+    fn fail(&self, step: usize, msg: String) -> ! {
+        panic!("scenario {} step {}: {msg}", self.name, step + 1)
+    }
+}
+
+fn expand_names(pattern: &str) -> Vec<String> {
+    // `n[1-4]` or `n[01-16]` or a plain name.
+    let Some(open) = pattern.find('[') else { return vec![pattern.to_string()] };
+    let close = pattern.find(']').expect("closing bracket");
+    let (prefix, body, suffix) = (&pattern[..open], &pattern[open + 1..close], &pattern[close + 1..]);
+    let (a, b) = body.split_once('-').expect("range a-b");
+    let width = a.len();
+    let (a, b): (u32, u32) = (a.parse().unwrap(), b.parse().unwrap());
+    (a..=b).map(|i| format!("{prefix}{i:0width$}{suffix}")).collect()
+}
+
+fn node_specs(v: &Value) -> Vec<NodeSpec> {
+    let mut out = Vec::new();
+    for n in v.get("node").and_then(Value::as_array).cloned().unwrap_or_default() {
+        let names = n.get("names").and_then(Value::as_str).expect("node.names");
+        let gpus = n.get("gpus").and_then(Value::as_str).unwrap_or("");
+        let (count, model) = match gpus.split_once('x') {
+            Some((c, m)) => (c.parse::<u32>().expect("gpu count"), m.to_string()),
+            None => (0, String::new()),
+        };
+        let island = n.get("island_size").and_then(Value::as_integer).unwrap_or(4) as u32;
+        for name in expand_names(names) {
+            let topology = n
+                .get("topology")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().map(|x| x.as_str().unwrap().to_string()).collect())
+                .unwrap_or_default();
+            let labels = n
+                .get("labels")
+                .and_then(Value::as_table)
+                .map(|t| t.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string())).collect())
+                .unwrap_or_default();
+            out.push(NodeSpec {
+                name: name.clone(),
+                addr: String::new(),
+                cpus: n.get("cpus").and_then(Value::as_integer).unwrap_or(64) as u32,
+                mem_mb: n.get("mem_mb").and_then(Value::as_integer).unwrap_or(512 * 1024) as u64,
+                gpus: (0..count)
+                    .map(|i| GpuSpec {
+                        uuid: format!("{name}-gpu{i}"),
+                        model: model.clone(),
+                        mem_mb: 81920,
+                        nvlink_island: i / island.max(1),
+                    })
+                    .collect(),
+                topology,
+                labels,
+            });
+        }
+    }
+    out
+}
+
+fn int_map(v: Option<&Value>) -> BTreeMap<u64, Value> {
+    v.and_then(Value::as_table)
+        .map(|t| t.iter().map(|(k, v)| (k.parse::<u64>().expect("job id key"), v.clone())).collect())
+        .unwrap_or_default()
+}
+
+fn ids(v: Option<&Value>) -> Option<Vec<u64>> {
+    v.and_then(Value::as_array).map(|a| a.iter().map(|x| x.as_integer().expect("job id") as u64).collect())
+}
+
+pub fn run_file(path: &std::path::Path) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let doc: Value = toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut run = Run {
+        name: path.file_name().unwrap().to_string_lossy().into_owned(),
+        state: State::default(),
+        index: 0,
+        now_ms: 0,
+    };
+    if let Some(p) = doc.get("policy") {
+        let policy: ClusterPolicy = p.clone().try_into().unwrap_or_else(|e| panic!("{}: policy: {e}", run.name));
+        let out = run.apply(Command::UpdatePolicy {
+            policy,
+            expected_version: None,
+            force: false,
+            identity: "admin".into(),
+            now_ms: 0,
+        });
+        assert!(matches!(out, Outcome::PolicyUpdated { .. }), "{}: policy refused: {out:?}", run.name);
+    }
+    for spec in node_specs(&doc) {
+        let out = run.apply(Command::RegisterNode { spec, now_ms: 0 });
+        assert!(matches!(out, Outcome::NodeRegistered { .. }), "{}: node refused: {out:?}", run.name);
+    }
+    let steps = doc.get("step").and_then(Value::as_array).cloned().unwrap_or_default();
+    assert!(!steps.is_empty(), "{}: no steps", run.name);
+    for (i, step) in steps.iter().enumerate() {
+        if let Some(t) = step.get("at_s").and_then(Value::as_integer) {
+            run.now_ms = t as u64 * 1000;
+        }
+        let now_ms = run.now_ms;
+        if let Some(sub) = step.get("submit") {
+            let mut table = sub.as_table().cloned().expect("submit table");
+            let dep = table.remove("dependency").map(|d| d.as_str().unwrap().to_string());
+            let identity = table.remove("identity").and_then(|v| v.as_str().map(String::from));
+            let mut spec: JobSpec =
+                Value::Table(table).try_into().unwrap_or_else(|e| run.fail(i, format!("spec: {e}")));
+            if spec.user.is_empty() {
+                spec.user = "alice".into();
+            }
+            if spec.command.is_empty() && spec.script.is_empty() {
+                spec.command = vec!["true".into()];
+            }
+            if let Some(d) = dep {
+                let (deps, singleton) = parse_dependencies(&d).unwrap_or_else(|e| run.fail(i, e.to_string()));
+                spec.dependencies = deps;
+                spec.singleton = singleton;
+            }
+            let identity = identity.unwrap_or_else(|| spec.user.clone());
+            let out = run.apply(Command::SubmitJob { spec, identity, idempotency_key: String::new(), now_ms });
+            match (step.get("expect_error").and_then(Value::as_str), &out) {
+                (Some(field), Outcome::Refused(r)) => {
+                    if !r.message.starts_with(&format!("{field}:")) && !r.message.contains(field) {
+                        run.fail(i, format!("expected a refusal naming {field}, got: {}", r.message));
+                    }
+                }
+                (Some(field), _) => run.fail(i, format!("expected a refusal naming {field}, got {out:?}")),
+                (None, Outcome::Submitted { job_id, .. }) => {
+                    if let Some(want) = step.get("expect_id").and_then(Value::as_integer) {
+                        assert_eq!(*job_id, want as u64, "{} step {}", run.name, i + 1);
+                    }
+                }
+                (None, _) => run.fail(i, format!("submit refused: {out:?}")),
+            }
+        } else if let Some(sched) = step.get("schedule") {
+            let policy = match sched.as_str().unwrap_or("easy") {
+                "easy" => Policy::Easy,
+                "fifo" => Policy::Fifo,
+                "first-fit" => Policy::FirstFit,
+                other => run.fail(i, format!("unknown policy {other}")),
+            };
+            let order = if step.get("order").and_then(Value::as_str) == Some("submit") {
+                Order::Submit
+            } else {
+                Order::Priority
+            };
+            let p1 = plan(&run.state, &Options { policy, order, now_ms, estimate_s: None });
+            let p2 = plan(&run.state, &Options { policy, order, now_ms, estimate_s: None });
+            assert_eq!(p1, p2, "{}: the same inputs must give the same plan", run.name);
+            let started: Vec<u64> = p1.placements.iter().map(|p| p.job_id).collect();
+            let preempted: Vec<u64> = p1.preemptions.iter().map(|p| p.job_id).collect();
+            if let Some(want) = ids(step.get("started")) {
+                let (mut a, mut b) = (started.clone(), want.clone());
+                a.sort_unstable();
+                b.sort_unstable();
+                if a != b {
+                    run.fail(i, format!("started {started:?}, expected {want:?}; reasons {:?}", p1.reasons));
+                }
+            }
+            if let Some(want) = ids(step.get("preempted")) {
+                let mut a = preempted.clone();
+                a.sort_unstable();
+                if a != want {
+                    run.fail(i, format!("preempted {preempted:?}, expected {want:?}"));
+                }
+            }
+            for (job, want) in int_map(step.get("nodes")) {
+                let placed = p1
+                    .placements
+                    .iter()
+                    .find(|p| p.job_id == job)
+                    .unwrap_or_else(|| run.fail(i, format!("job {job} not placed")));
+                let got: Vec<&str> = placed.nodes.iter().map(|n| n.node.as_str()).collect();
+                let want_s = want.as_str().unwrap_or_else(|| run.fail(i, "nodes values are patterns".into()));
+                // A pattern that every node must match, and (with `=`) the exact count.
+                let (pat, count) = match want_s.split_once(" x") {
+                    Some((p, c)) => (p, Some(c.parse::<usize>().unwrap())),
+                    None => (want_s, None),
+                };
+                if !got.iter().all(|n| pattern_matches(pat, n)) || count.is_some_and(|c| c != got.len()) {
+                    run.fail(i, format!("job {job} placed on {got:?}, expected {want_s}"));
+                }
+            }
+            for (job, want) in int_map(step.get("gpus")) {
+                let placed = p1
+                    .placements
+                    .iter()
+                    .find(|p| p.job_id == job)
+                    .unwrap_or_else(|| run.fail(i, format!("job {job} not placed")));
+                let want: Vec<u32> = want.as_array().unwrap().iter().map(|x| x.as_integer().unwrap() as u32).collect();
+                if placed.nodes[0].gpus != want {
+                    run.fail(i, format!("job {job} got GPUs {:?}, expected {want:?}", placed.nodes[0].gpus));
+                }
+            }
+            for (job, want) in int_map(step.get("reasons")) {
+                let got = p1.reasons.iter().find(|(id, _)| *id == job).map(|(_, r)| *r).unwrap_or("(none)");
+                if got != want.as_str().unwrap() {
+                    run.fail(i, format!("job {job} reason {got}, expected {}", want.as_str().unwrap()));
+                }
+            }
+            let n = started.len();
+            let out =
+                run.apply(Command::ApplySchedule { preemptions: p1.preemptions, placements: p1.placements, now_ms });
+            match out {
+                Outcome::ScheduleApplied { started, rejected, .. } => {
+                    if !rejected.is_empty() || started.len() != n {
+                        run.fail(i, format!("apply rejected part of the plan: {rejected:?}"));
+                    }
+                }
+                other => run.fail(i, format!("plan refused: {other:?}")),
+            }
+        } else if let Some(fin) = step.get("finish") {
+            let job_id = fin.as_integer().expect("finish = JOB") as u64;
+            let state = match step.get("state").and_then(Value::as_str).unwrap_or("completed") {
+                "completed" => JobState::Completed,
+                "failed" => JobState::Failed,
+                other => run.fail(i, format!("unknown state {other}")),
+            };
+            let attempt = run.state.jobs[&job_id].attempt;
+            let out = run.apply(Command::JobFinished {
+                job_id,
+                attempt,
+                state,
+                exit_code: Some(if state == JobState::Completed { 0 } else { 1 }),
+                reason: String::new(),
+                now_ms,
+            });
+            assert!(matches!(out, Outcome::JobFinished { .. }), "{} step {}: {out:?}", run.name, i + 1);
+        } else if let Some(job) = step.get("hold").or(step.get("release")).or(step.get("requeue")) {
+            let job_id = job.as_integer().unwrap() as u64;
+            let change = if step.get("hold").is_some() {
+                JobChange::Hold { admin: false }
+            } else if step.get("release").is_some() {
+                JobChange::Release
+            } else {
+                JobChange::Requeue { hold: false }
+            };
+            let identity = step.get("identity").and_then(Value::as_str).unwrap_or("alice").to_string();
+            let out = run.apply(Command::UpdateJob { job_id, change, identity, now_ms });
+            let refused = matches!(out, Outcome::Refused(_));
+            if refused != step.get("expect_error").is_some() {
+                run.fail(i, format!("unexpected outcome {out:?}"));
+            }
+        } else if let Some(p) = step.get("policy") {
+            let policy: ClusterPolicy = p.clone().try_into().unwrap_or_else(|e| run.fail(i, format!("policy: {e}")));
+            let force = step.get("force").and_then(Value::as_bool).unwrap_or(false);
+            let out = run.apply(Command::UpdatePolicy {
+                policy,
+                expected_version: None,
+                force,
+                identity: "admin".into(),
+                now_ms,
+            });
+            match (step.get("expect_error").and_then(Value::as_str), &out) {
+                (Some(want), Outcome::Refused(r)) if r.message.contains(want) => {}
+                (None, Outcome::PolicyUpdated { .. }) => {}
+                _ => run.fail(i, format!("unexpected policy outcome {out:?}")),
+            }
+        } else if let Some(job) = step.get("checkpoint") {
+            let job_id = job.as_integer().unwrap() as u64;
+            let attempt = run.state.jobs[&job_id].attempt;
+            run.apply(Command::JobCheckpointed { job_id, attempt, now_ms });
+        } else if step.get("at_s").is_none() {
+            run.fail(i, "a step needs submit, schedule, finish, hold, release, requeue, policy or checkpoint".into());
+        }
+        // Job states, checked after any step.
+        for (job, want) in int_map(step.get("states")) {
+            let got = run.state.jobs.get(&job).map(|j| j.state.as_str()).unwrap_or("(gone)");
+            if !got.eq_ignore_ascii_case(want.as_str().unwrap()) {
+                run.fail(i, format!("job {job} is {got}, expected {}", want.as_str().unwrap()));
+            }
+        }
+    }
+}
