@@ -152,12 +152,14 @@ pub fn parse_dependencies(s: &str) -> Result<(Vec<Dependency>, bool), SpecError>
             "afternotok" => DependencyKind::AfterNotOk,
             "afterany" => DependencyKind::AfterAny,
             "aftercorr" => DependencyKind::AfterCorr,
-            other => return Err(SpecError::new(
-                "dependency",
-                format!(
+            other => {
+                return Err(SpecError::new(
+                    "dependency",
+                    format!(
                     "'{other}' is not a dependency type (after, afterok, afternotok, afterany, aftercorr, singleton)"
                 ),
-            )),
+                ))
+            }
         };
         let mut any = false;
         for id in it {

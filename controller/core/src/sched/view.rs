@@ -257,8 +257,7 @@ impl<'a> View<'a> {
             let counts = self.domain_counts(&cand, d).expect("depth exists");
             let best = counts.iter().enumerate().filter(|(_, &c)| c >= need).min_by_key(|(id, &c)| (c, *id));
             if let Some((dom, _)) = best {
-                let mut members: Vec<Member> =
-                    cand.into_iter().filter(|m| self.dom(d, m.node) == dom).collect();
+                let mut members: Vec<Member> = cand.into_iter().filter(|m| self.dom(d, m.node) == dom).collect();
                 members.sort_by_key(|m| (leftover(m), m.node));
                 members.truncate(want);
                 members.sort_by_key(|m| m.node);
