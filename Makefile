@@ -42,3 +42,4 @@ bench: build
 	bin/gangway bench submit --clients 1,16,64 --seconds 5
 	bin/gangway bench jobs --jobs 500 --nodes 4
 	bin/gangway bench failover --runs 10
+	bin/gangway bench sched --pending 100000,1000000

@@ -62,6 +62,8 @@ pub enum BenchCmd {
         #[arg(long)]
         data_dir: Option<PathBuf>,
     },
+    /// The scheduler alone: one pass over 100k / 1M pending jobs on 10,000 × 8 GPUs.
+    Sched(crate::bench_sched::SchedArgs),
     /// Leader SIGKILL → first successful submit, repeated.
     Failover {
         #[arg(long, default_value_t = 10)]
@@ -78,6 +80,7 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         }
         BenchCmd::Failover { runs, data_dir } => bench_failover(runs, data_dir).await,
         BenchCmd::Jobs { jobs, nodes, data_dir } => bench_jobs(jobs, nodes, data_dir).await,
+        BenchCmd::Sched(a) => crate::bench_sched::run(a),
     }
 }
 

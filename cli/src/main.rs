@@ -2,6 +2,7 @@
 //! benchmarks. Errors print as one line on stderr with a non-zero exit code.
 
 mod bench;
+mod bench_sched;
 mod commands;
 mod dev;
 mod jobctl;

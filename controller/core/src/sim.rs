@@ -208,6 +208,11 @@ pub fn simulate(trace: &[TraceJob], cfg: &SimConfig) -> SimReport {
             }
             next += 1;
         }
+        // A machine with nothing free starts nothing: skip the pass.
+        let free_cpus: u64 = state.nodes.values().map(|n| u64::from(n.cpus - n.cpus_alloc)).sum();
+        if free_cpus == 0 {
+            continue;
+        }
         let predict = |job: &Job| -> u64 {
             match history.get(&job.spec.user) {
                 Some(h) if !h.is_empty() => (h.iter().sum::<u64>() / h.len() as u64).clamp(1, job.spec.time_limit_s),

@@ -117,19 +117,47 @@ pub fn schedule_with(state: &State, policy: Policy, now_ms: u64) -> Vec<Placemen
 /// The request shape a placement outcome depends on (besides the job's end).
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 struct ShapeKey<'a> {
+    // Numbers first: most comparisons end before reaching the strings.
+    gpus: u32,
+    nodes: u32,
+    cpus: u32,
+    mem_mb: u64,
+    nodes_max: u32,
+    exclusive: bool,
+    depth: Option<usize>,
     partition: &'a str,
     gpu_type: &'a str,
     constraints: &'a [String],
-    exclusive: bool,
-    nodes: u32,
-    nodes_max: u32,
-    cpus: u32,
-    mem_mb: u64,
-    gpus: u32,
-    depth: Option<usize>,
+}
+
+/// FNV-1a: a cheap, deterministic fingerprint for the shape cache (equal
+/// fingerprints are confirmed by comparing the keys themselves).
+fn fnv(h: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
 }
 
 impl<'a> ShapeKey<'a> {
+    fn fingerprint(&self) -> u64 {
+        let mut h = 0xcbf2_9ce4_8422_2325;
+        for n in [
+            u64::from(self.gpus),
+            u64::from(self.nodes),
+            u64::from(self.cpus),
+            self.mem_mb,
+            u64::from(self.nodes_max),
+            u64::from(self.exclusive),
+            self.depth.map_or(u64::MAX, |d| d as u64),
+        ] {
+            h = fnv(h, &n.to_le_bytes());
+        }
+        h = fnv(fnv(h, self.partition.as_bytes()), &[0xff]);
+        h = fnv(fnv(h, self.gpu_type.as_bytes()), &[0xff]);
+        for c in self.constraints {
+            h = fnv(fnv(h, c.as_bytes()), &[0xfe]);
+        }
+        h
+    }
+
     fn of(job: &'a Job, depth: Option<usize>) -> ShapeKey<'a> {
         let s = &job.spec;
         ShapeKey {
@@ -169,8 +197,13 @@ struct Pass<'s, 'o> {
     running_names: BTreeSet<(&'s str, &'s str)>,
     /// Use added by this plan's placements, per quota key.
     plan_use: BTreeMap<UseKey, Use>,
-    /// Free CPUs left in the whole cluster (a cheap bound before placing).
+    /// Nodes by free GPU count (index = free GPUs): single-node jobs take the
+    /// best fit from the first bucket that holds a fitting node instead of
+    /// scanning every node.
+    buckets: Vec<BTreeSet<usize>>,
+    /// Free CPUs and GPUs left in the whole cluster (cheap bounds before placing).
     free_cpus: u64,
+    free_gpus: u64,
     plan: Plan,
 }
 
@@ -228,9 +261,46 @@ impl<'s, 'o> Pass<'s, 'o> {
         })
     }
 
+    /// Moves node `i` to the bucket of what it has free now.
+    fn rebucket(&mut self, i: usize, before: Free) {
+        self.buckets[before.gpus.count_ones() as usize].remove(&i);
+        let f = self.free[i];
+        if f.cpus > 0 {
+            self.buckets[f.gpus.count_ones() as usize].insert(i);
+        }
+    }
+
+    /// Best fit for a one-node job: the first fitting node in the bucket with
+    /// the fewest free GPUs that can hold it.
+    fn place_single(&self, job: &Job, holds: Option<(&[Option<Hold>], u64)>) -> Result<Vec<Member>, Miss> {
+        let s = &job.spec;
+        let tmask_of = |i: usize| view::type_mask(self.view.nodes[i], &s.gpu_type);
+        for bucket in self.buckets.iter().skip(s.gpus_per_node as usize) {
+            for &i in bucket {
+                let f = &self.free[i];
+                if f.cpus < s.cpus_per_node() || f.mem_mb < s.mem_per_node_mb || !self.view.static_ok(i, job) {
+                    continue;
+                }
+                let Some(m) = self.view.fit(i, job, f, tmask_of(i)) else { continue };
+                if let Some((holds, end_ms)) = holds {
+                    if !Hold::allows(holds[i].as_ref(), &m, end_ms) {
+                        continue;
+                    }
+                }
+                return Ok(vec![m]);
+            }
+        }
+        Err(Miss::Resources)
+    }
+
     fn record(&mut self, job: &'s Job, members: Vec<Member>) {
+        let before: Vec<Free> = members.iter().map(|m| self.free[m.node]).collect();
         View::take(&mut self.free, &members);
+        for (m, b) in members.iter().zip(before) {
+            self.rebucket(m.node, b);
+        }
         self.free_cpus = self.free_cpus.saturating_sub(members.iter().map(|m| u64::from(m.cpus)).sum());
+        self.free_gpus = self.free_gpus.saturating_sub(members.iter().map(|m| u64::from(m.gpus.count_ones())).sum());
         let nodes: Vec<NodeAllocation> = members
             .iter()
             .map(|m| NodeAllocation {
@@ -332,6 +402,18 @@ impl<'s, 'o> Pass<'s, 'o> {
     }
 }
 
+/// Pending jobs in submit order (at most PENDING_EXAMINED_PER_PASS_MAX). When
+/// most kept jobs are pending, one sequential walk over all jobs is far cheaper
+/// than a tree lookup per pending id.
+fn pending_jobs(state: &State) -> Vec<&Job> {
+    let n = state.pending.len().min(PENDING_EXAMINED_PER_PASS_MAX);
+    if n.saturating_mul(4) >= state.jobs.len() {
+        state.jobs.values().filter(|j| j.state == crate::model::JobState::Pending).take(n).collect()
+    } else {
+        state.pending.iter().take(n).map(|id| &state.jobs[id]).collect()
+    }
+}
+
 /// Computes one pass's plan.
 pub fn plan(state: &State, opts: &Options) -> Plan {
     let now = opts.now_ms;
@@ -359,34 +441,44 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
         running_names,
         plan_use: BTreeMap::new(),
         free_cpus: 0,
+        free_gpus: 0,
+        buckets: Vec::new(),
         plan: Plan::default(),
     };
+    pass.buckets = vec![BTreeSet::new(); 33];
+    for (i, f) in pass.free.iter().enumerate() {
+        if f.cpus > 0 {
+            pass.buckets[f.gpus.count_ones() as usize].insert(i);
+        }
+    }
     pass.free_cpus = pass.free.iter().map(|f| u64::from(f.cpus)).sum();
-    let prio = Prioritizer::new(state, now);
-    let order: Vec<JobId> = match opts.order {
-        Order::Submit => state.pending.iter().copied().take(PENDING_EXAMINED_PER_PASS_MAX).collect(),
-        Order::Priority => {
-            let mut keyed: Vec<(u32, f64, JobId)> = state
-                .pending
-                .iter()
-                .take(PENDING_EXAMINED_PER_PASS_MAX)
-                .map(|id| {
-                    let j = &state.jobs[id];
-                    (prio.tier(j), prio.factors(j).total, *id)
+    pass.free_gpus = pass.free.iter().map(|f| u64::from(f.gpus.count_ones())).sum();
+    let can_preempt = state.policy.qos.values().any(|q| !q.preempt.is_empty());
+    // Priorities are only needed to order the queue and to rank victims.
+    let prio = (opts.order == Order::Priority || can_preempt).then(|| Prioritizer::new(state, now));
+    let order: Box<dyn Iterator<Item = &Job>> = match (&prio, opts.order) {
+        (Some(prio), Order::Priority) => {
+            let mut keyed: Vec<(u32, f64, &Job)> = pending_jobs(state)
+                .into_iter()
+                .map(|j| {
+                    let (t, p) = prio.key(j);
+                    (t, p, j)
                 })
                 .collect();
-            keyed.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.cmp(&b.2)));
-            keyed.into_iter().map(|k| k.2).collect()
+            keyed.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.id.cmp(&b.2.id)));
+            Box::new(keyed.into_iter().map(|k| k.2))
         }
+        // Submit order is walked lazily: FIFO often stops at the first job.
+        _ => Box::new(state.pending.iter().take(PENDING_EXAMINED_PER_PASS_MAX).map(|id| &state.jobs[id])),
     };
     let reservations_max =
         if opts.policy == Policy::Easy { state.policy.backfill_reservations.max(1) as usize } else { 0 };
     let mut reservations_tried = 0;
-    // Shape → (shortest run estimate that failed, why).
-    let mut failed: BTreeMap<ShapeKey, (u64, Miss)> = BTreeMap::new();
+    // Shape fingerprint → [(shape, shortest run estimate that failed, why)].
+    let mut failed: BTreeMap<u64, Vec<(ShapeKey, u64, Miss)>> = BTreeMap::new();
     let mut preempt_attempts = 0;
-    let can_preempt = state.policy.qos.values().any(|q| !q.preempt.is_empty());
-    for id in order {
+    for job in order {
+        let id = job.id;
         if pass.plan.placements.len() >= PLACEMENTS_PER_PLAN_MAX {
             break;
         }
@@ -396,7 +488,6 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
         if free_cpus == 0 && reservations_tried >= reservations_max && !can_preempt {
             break;
         }
-        let job = &state.jobs[&id];
         pass.plan.examined += 1;
         if let Some(why) = pass.gate(job) {
             pass.plan.reasons.push((id, why));
@@ -404,20 +495,37 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
         }
         let depth = required_depth(state, job, now);
         let est_s = pass.estimate_s(job);
+        let spec = &job.spec;
+        // Cheapest test first: the whole cluster has too little free.
+        let too_big = u64::from(spec.nodes) * u64::from(spec.cpus_per_node()) > pass.free_cpus
+            || u64::from(spec.nodes) * u64::from(spec.gpus_per_node) > pass.free_gpus;
         let key = ShapeKey::of(job, depth);
-        let known = failed.get(&key).filter(|(l, _)| est_s >= *l).map(|(_, m)| *m);
-        let known_fail = known.is_some();
+        let mut fp = 0;
+        let known = if too_big {
+            Some(Miss::Resources)
+        } else {
+            fp = key.fingerprint();
+            failed
+                .get(&fp)
+                .and_then(|v| v.iter().find(|(k, _, _)| *k == key))
+                .filter(|(_, l, _)| est_s >= *l)
+                .map(|(_, _, m)| *m)
+        };
+        // A job too big for what is free still gets its reservation if it is a top job.
+        let known_fail = known.is_some() && !(too_big && reservations_tried < reservations_max);
         let attempt = if let Some(miss) = known {
             Err(miss)
-        } else if pass.plan.place_attempts >= PLACE_ATTEMPTS_PER_PASS_MAX
-            || u64::from(job.spec.nodes) * u64::from(job.spec.cpus_per_node()) > free_cpus
-        {
+        } else if pass.plan.place_attempts >= PLACE_ATTEMPTS_PER_PASS_MAX {
             Err(Miss::Resources)
         } else {
             pass.plan.place_attempts += 1;
             let end_ms = now.saturating_add(est_s.saturating_mul(1000));
             let holds = (reservations_tried > 0).then_some((pass.holds.as_slice(), end_ms));
-            pass.view.place(job, &pass.free, holds, depth)
+            if spec.nodes_max() == 1 {
+                pass.place_single(job, holds)
+            } else {
+                pass.view.place(job, &pass.free, holds, depth)
+            }
         };
         match attempt {
             Ok(members) => {
@@ -433,8 +541,8 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
                 pass.record(job, members);
             }
             Err(miss) => {
-                if preempt_attempts < PREEMPT_ATTEMPTS_PER_PASS_MAX {
-                    if let Some((victims, members)) = pass.preempt(job, depth, &prio) {
+                if let (true, Some(prio)) = (preempt_attempts < PREEMPT_ATTEMPTS_PER_PASS_MAX, &prio) {
+                    if let Some((victims, members)) = pass.preempt(job, depth, prio) {
                         preempt_attempts += 1;
                         let u = Use {
                             gpus: members.iter().map(|m| u64::from(m.gpus.count_ones())).sum(),
@@ -448,8 +556,13 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
                         }
                     }
                 }
-                let entry = failed.entry(key).or_insert((u64::MAX, miss));
-                *entry = (entry.0.min(est_s), miss);
+                if !too_big {
+                    let same = failed.entry(fp).or_default();
+                    match same.iter_mut().find(|(k, _, _)| *k == key) {
+                        Some(e) => *e = (key, e.1.min(est_s), miss),
+                        None => same.push((key, est_s, miss)),
+                    }
+                }
                 let none_reserved = reservations_tried == 0;
                 let reason = move |reserved: bool| match miss {
                     Miss::Topology => "Topology",

@@ -100,10 +100,17 @@ impl<'s> Pass<'s, '_> {
     pub(super) fn evict(&mut self, victims: &[&'s Job], for_job: JobId) {
         for v in victims {
             let mode = self.state.policy.qos_of(&v.spec.qos).preempt_mode;
+            let before = self.free.clone();
             let mut free = std::mem::take(&mut self.free);
             self.give_job(&mut free, v);
             self.free = free;
             self.free_cpus += v.cpus();
+            self.free_gpus += v.gpus();
+            for na in v.allocation.iter().flat_map(|a| a.nodes.iter()) {
+                if let Some(&i) = self.node_index.get(na.node.as_str()) {
+                    self.rebucket(i, before[i]);
+                }
+            }
             self.plan.preemptions.push(Preemption { job_id: v.id, attempt: v.attempt, mode, for_job });
         }
     }

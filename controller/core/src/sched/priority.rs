@@ -113,6 +113,8 @@ pub struct Factors {
     pub partition: f64,
     pub nice: f64,
     pub total: f64,
+    /// The partition's priority tier (the first sort key).
+    pub tier: u32,
 }
 
 /// Precomputed inputs of [`Prioritizer::factors`] for one pass.
@@ -152,6 +154,12 @@ impl<'a> Prioritizer<'a> {
         self.policy.partitions.get(&job.spec.partition).map_or(1, |p| p.priority_tier)
     }
 
+    /// The queue order key: (partition tier, priority).
+    pub fn key(&self, job: &Job) -> (u32, f64) {
+        let f = self.factors(job);
+        (f.tier, f.total)
+    }
+
     pub fn factors(&self, job: &Job) -> Factors {
         let w = &self.policy.priority;
         let age_ms = self.now_ms.saturating_sub(job.submit_time_ms);
@@ -163,7 +171,8 @@ impl<'a> Prioritizer<'a> {
             (f64::from(job.spec.nodes) / self.total_nodes).min(1.0)
         };
         let qos = self.policy.qos.get(&job.spec.qos).map_or(0.0, |q| f64::from(q.priority) / self.max_qos);
-        let partition = f64::from(self.tier(job)) / self.max_tier;
+        let tier = self.tier(job);
+        let partition = f64::from(tier) / self.max_tier;
         let nice = f64::from(job.spec.nice);
         let total = match job.priority_override {
             Some(p) => f64::from(p),
@@ -176,6 +185,6 @@ impl<'a> Prioritizer<'a> {
                     - nice
             }
         };
-        Factors { age, fairshare, job_size, qos, partition, nice, total }
+        Factors { age, fairshare, job_size, qos, partition, nice, total, tier }
     }
 }

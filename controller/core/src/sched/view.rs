@@ -40,6 +40,19 @@ pub(crate) struct Hold {
     pub spare_gpus: u32,
 }
 
+impl Hold {
+    /// Whether a member ending at `end_ms` may use a node under this hold.
+    pub fn allows(hold: Option<&Hold>, m: &Member, end_ms: u64) -> bool {
+        match hold {
+            None => true,
+            Some(h) => {
+                end_ms <= h.until_ms
+                    || (m.cpus <= h.spare_cpus && m.mem_mb <= h.spare_mem_mb && m.gpus.count_ones() <= h.spare_gpus)
+            }
+        }
+    }
+}
+
 /// One gang member: node index and what it gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Member {
@@ -170,7 +183,7 @@ impl<'a> View<'a> {
     }
 
     /// What one member of `job` takes on node `i` if it fits in `f` now.
-    fn fit(&self, i: usize, job: &Job, f: &Free, tmask: u32) -> Option<Member> {
+    pub fn fit(&self, i: usize, job: &Job, f: &Free, tmask: u32) -> Option<Member> {
         let s = &job.spec;
         let n = self.nodes[i];
         let cpus = if s.exclusive { n.cpus } else { s.cpus_per_node() };
