@@ -895,3 +895,145 @@ async fn failing_health_check_program_drains_the_node() {
     agent.stop().await;
     c.shutdown().await;
 }
+
+// ------------------------------------------------------------------ scheduling policy through the API
+
+async fn update_job(
+    client: &Client,
+    job_id: u64,
+    change: pb::update_job_request::Change,
+) -> Result<pb::Job, tonic::Status> {
+    let req = pb::UpdateJobRequest { job_id, change: change as i32, value: 0 };
+    client
+        .call(|ch| {
+            let r = client.request(req);
+            async move { JobServiceClient::new(ch).update(r).await }
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+async fn explain(client: &Client, job_id: u64) -> pb::Explanation {
+    let req = pb::ExplainRequest { job_id, stale: false };
+    client
+        .call(|ch| {
+            let r = client.request(req);
+            async move { JobServiceClient::new(ch).explain(r).await }
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Policy updates (compare-and-set), hold/release with a pending reason,
+/// dependencies and an array with a throttle, and a preemption that warns the
+/// victim, waits for it to leave its GPUs, then starts the preemptor there —
+/// all with real job processes on a real agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn policy_dependencies_arrays_and_preemption_on_a_real_agent() {
+    let c = TestCluster::start(3).await;
+    c.leader().await;
+    let (d1, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let agent = TestAgent::start(&c, "gw-node-1", "2xh100-80gb", d1.path());
+    let client = c.client();
+    let policy = serde_json::json!({
+        "qos": {
+            "low": { "priority": 0, "preempt_grace_s": 2 },
+            "high": { "priority": 100, "preempt": ["low"] }
+        },
+        "accounts": { "ml": { "shares": 2 } },
+        "users": { "root": { "accounts": ["ml"] } }
+    });
+    async fn put(client: &Client, json: String, expected: Option<u64>) -> Result<pb::Policy, tonic::Status> {
+        let req = pb::UpdatePolicyRequest { json, expected_version: expected, force: false };
+        client
+            .call(|ch| {
+                let r = client.request(req.clone());
+                async move { AdminServiceClient::new(ch).update_policy(r).await }
+            })
+            .await
+            .map(|r| r.into_inner())
+    }
+    let v1 = put(&client, policy.to_string(), Some(0)).await.unwrap();
+    assert_eq!(v1.version, 1);
+    let stale = put(&client, policy.to_string(), Some(0)).await.unwrap_err();
+    assert_eq!(stale.code(), Code::Aborted, "{stale:?}");
+    let bad = put(&client, r#"{"qos": {"high": {"preempt": ["nope"]}}}"#.into(), None).await.unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(bad.message().contains("qos.high.preempt"), "{}", bad.message());
+
+    // Hold, then release: the pending reason says why.
+    let mut held = script_spec("true", work.path());
+    held.hold = true;
+    let h = submit(&client, held, "held").await.unwrap().job_id;
+    let e = explain(&client, h).await;
+    assert_eq!(e.reason, "JobHeldUser", "{e:?}");
+    update_job(&client, h, pb::update_job_request::Change::Release).await.unwrap();
+    wait_state(&client, h, pb::JobState::Completed).await;
+
+    // afterok runs after its parent; afternotok of a success is cancelled.
+    let a = submit(&client, script_spec("sleep 0.3; echo a >> order", work.path()), "a").await.unwrap().job_id;
+    let mut b = script_spec("echo b >> order", work.path());
+    b.dependency = format!("afterok:{a}");
+    let b = submit(&client, b, "b").await.unwrap().job_id;
+    let mut n = script_spec("echo never >> order", work.path());
+    n.dependency = format!("afternotok:{a}");
+    let n = submit(&client, n, "n").await.unwrap().job_id;
+    assert_eq!(explain(&client, b).await.reason, "Dependency");
+    wait_state(&client, b, pb::JobState::Completed).await;
+    let never = wait_state(&client, n, pb::JobState::Cancelled).await;
+    assert!(never.reason.contains("DependencyNeverSatisfied"), "{}", never.reason);
+    assert_eq!(std::fs::read_to_string(work.path().join("order")).unwrap(), "a\nb\n");
+
+    // An array of 4 with at most one element at a time.
+    let mut arr = script_spec("echo start >> arr; sleep 0.2; echo $SLURM_ARRAY_TASK_ID end >> arr", work.path());
+    arr.array = "0-3%1".into();
+    let resp = submit(&client, arr, "arr").await.unwrap();
+    assert_eq!(resp.count, 4);
+    for id in resp.job_id..resp.job_id + 4 {
+        wait_state(&client, id, pb::JobState::Completed).await;
+    }
+    let log = std::fs::read_to_string(work.path().join("arr")).unwrap();
+    assert_eq!(log, "start\n0 end\nstart\n1 end\nstart\n2 end\nstart\n3 end\n", "the throttle let elements overlap");
+    assert!(work.path().join(format!("slurm-{}_3.out", resp.job_id)).exists(), "array output is slurm-%A_%a.out");
+
+    // Preemption: a low-QOS job holds both GPUs; a high-QOS job takes them.
+    let mut low = script_spec(
+        "trap 'echo warned >> victim; sleep 0.5; echo left >> victim; exit 0' TERM; echo started >> victim; sleep 300 & wait",
+        work.path(),
+    );
+    low.qos = "low".into();
+    low.gpus_per_node = Some(2);
+    let low = submit(&client, low, "low").await.unwrap().job_id;
+    wait_state(&client, low, pb::JobState::Running).await;
+    wait_file(&work.path().join("victim")).await;
+    let mut high = script_spec("cat victim > seen-by-high", work.path());
+    high.qos = "high".into();
+    high.gpus_per_node = Some(2);
+    let high = submit(&client, high, "high").await.unwrap().job_id;
+    wait_state(&client, high, pb::JobState::Completed).await;
+    let seen = std::fs::read_to_string(work.path().join("seen-by-high")).unwrap();
+    assert!(seen.contains("warned") && seen.contains("left"), "the preemptor started before the victim left: {seen:?}");
+    let victim = get_job(&client, low).await;
+    assert_eq!(victim.preempted, 1, "{victim:?}");
+    // The victim is requeued and runs again once the preemptor is done.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let j = get_job(&client, low).await;
+        if j.attempt == 2 && j.state == pb::JobState::Running as i32 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the preempted job never ran again: {j:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cancel = pb::CancelRequest { job_id: low };
+    client
+        .call(|ch| {
+            let r = client.request(cancel);
+            async move { JobServiceClient::new(ch).cancel(r).await }
+        })
+        .await
+        .unwrap();
+    agent.stop().await;
+    c.shutdown().await;
+}

@@ -88,6 +88,20 @@ pub fn task_env(order: &LaunchOrder, node: &str) -> BTreeMap<String, String> {
     set("LOCAL_RANK", "0".into());
     set("LOCAL_WORLD_SIZE", tpn.to_string());
     set("NODE_RANK", order.node_rank.to_string());
+    if let (Some(a), Some(i)) = (order.array_job_id, order.array_index) {
+        set("SLURM_ARRAY_JOB_ID", a.to_string());
+        set("SLURM_ARRAY_TASK_ID", i.to_string());
+        set("SLURM_ARRAY_TASK_COUNT", order.array_count.to_string());
+    }
+    for (k, v) in [
+        ("SLURM_JOB_ACCOUNT", &order.account),
+        ("SLURM_JOB_PARTITION", &order.partition),
+        ("SLURM_JOB_QOS", &order.qos),
+    ] {
+        if !v.is_empty() {
+            set(k, v.clone());
+        }
+    }
     set("GANGWAY_JOB_ID", order.job_id.to_string());
     set("GANGWAY_ATTEMPT", order.attempt.to_string());
     env
@@ -106,9 +120,10 @@ pub fn expand_pattern(pattern: &str, order: &LaunchOrder, node: &str) -> String 
             continue;
         }
         match chars.next() {
-            Some('j') | Some('A') => out.push_str(&order.job_id.to_string()),
+            Some('j') => out.push_str(&order.job_id.to_string()),
+            Some('A') => out.push_str(&order.array_job_id.unwrap_or(order.job_id).to_string()),
             Some('x') => out.push_str(&order.name),
-            Some('a') => out.push('0'),
+            Some('a') => out.push_str(&order.array_index.unwrap_or(0).to_string()),
             Some('N') => out.push_str(node),
             Some('u') => out.push_str(&order.user),
             Some('t') | Some('n') => out.push_str(&order.node_rank.to_string()),
@@ -139,10 +154,15 @@ pub fn output_paths(order: &LaunchOrder, node: &str) -> (PathBuf, Option<PathBuf
         }
     };
     let out = if order.output.is_empty() {
+        // Slurm's defaults: slurm-%j.out, and slurm-%A_%a.out for array elements.
+        let id = match (order.array_job_id, order.array_index) {
+            (Some(a), Some(i)) => format!("{a}_{i}"),
+            _ => order.job_id.to_string(),
+        };
         let name = if order.node_rank == 0 {
-            format!("slurm-{}.out", order.job_id)
+            format!("slurm-{id}.out")
         } else {
-            format!("slurm-{}.{}.out", order.job_id, order.node_rank)
+            format!("slurm-{id}.{}.out", order.node_rank)
         };
         Path::new(&order.workdir).join(name)
     } else {

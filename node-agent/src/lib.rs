@@ -279,10 +279,21 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             last_contact = Instant::now();
             for key in tasks.running() {
                 if !desired.contains(&key) {
-                    tasks.stop(key, tasks.stop_grace());
+                    let grace = resp
+                        .stops
+                        .iter()
+                        .find(|s| (s.job_id, s.attempt) == key)
+                        .map_or(tasks.stop_grace(), |s| Duration::from_secs(u64::from(s.grace_s)));
+                    tasks.stop(key, grace);
                 }
             }
             for order in &resp.launch {
+                // A preempted task may still hold these GPUs during its grace:
+                // the new task starts once it is gone (the order comes again).
+                if tasks.gpus_in_use(&order.gpus) {
+                    tracing::debug!(job = order.job_id, "GPUs still held by a stopping task; launching later");
+                    continue;
+                }
                 // A refused fence means this attempt already ran here and its task
                 // is gone (it died with a previous agent process): lost, not failed.
                 let (outcome, lost) = match fences.admit(order.job_id, order.attempt) {

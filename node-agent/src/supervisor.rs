@@ -69,6 +69,8 @@ struct Task {
     warn_timer: Option<tokio::task::JoinHandle<()>>,
     /// The task's cgroup on cgroup v2 hosts.
     cgroup: Option<PathBuf>,
+    /// GPU indexes the task was given (empty for re-adopted tasks).
+    gpus: Vec<u32>,
 }
 
 pub struct Supervisor {
@@ -148,7 +150,15 @@ impl Supervisor {
                 let pgid = Pid::from_raw(pid);
                 self.tasks.insert(
                     key,
-                    Task { pgid, kill_at: None, killed: false, lost: false, warn_timer: None, cgroup: None },
+                    Task {
+                        pgid,
+                        kill_at: None,
+                        killed: false,
+                        lost: false,
+                        warn_timer: None,
+                        cgroup: None,
+                        gpus: Vec::new(),
+                    },
                 );
                 self.watch_adopted(key, pgid);
             } else {
@@ -314,8 +324,18 @@ impl Supervisor {
                     let _ = killpg(pgid, sig);
                 })
             });
-        self.tasks
-            .insert(key, Task { pgid, kill_at: None, killed: false, lost: false, warn_timer, cgroup: cgroup.clone() });
+        self.tasks.insert(
+            key,
+            Task {
+                pgid,
+                kill_at: None,
+                killed: false,
+                lost: false,
+                warn_timer,
+                cgroup: cgroup.clone(),
+                gpus: order.gpus.clone(),
+            },
+        );
         tracing::info!(job = order.job_id, attempt = order.attempt, pid, "task started");
         if self.shim.is_some() {
             // The record lets a restarted agent find and re-adopt this task.
@@ -361,6 +381,11 @@ impl Supervisor {
                 t.kill_at = Some(Instant::now() + grace);
             }
         }
+    }
+
+    /// Whether a task still running here holds any of `gpus`.
+    pub fn gpus_in_use(&self, gpus: &[u32]) -> bool {
+        self.tasks.values().any(|t| t.gpus.iter().any(|g| gpus.contains(g)))
     }
 
     /// The configured grace period between SIGTERM and SIGKILL.

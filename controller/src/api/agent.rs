@@ -145,7 +145,7 @@ impl AgentService for AgentApi {
         let term = self.replica.node.status().term;
         let state = self.replica.node.state().read();
         let Some(node) = state.nodes.get(&msg.name).filter(|n| n.state != NodeState::Down) else {
-            return Ok(Response::new(HeartbeatResponse { known: false, desired: vec![], launch: vec![], term }));
+            return Ok(Response::new(HeartbeatResponse { known: false, term, ..Default::default() }));
         };
         self.replica.record_heartbeat(&msg.name);
         let running: BTreeSet<(u64, u32)> = msg.running.iter().map(|t| (t.job_id, t.attempt)).collect();
@@ -163,7 +163,20 @@ impl AgentService for AgentApi {
                 }
             }
         }
-        Ok(Response::new(HeartbeatResponse { known: true, desired, launch, term }))
+        // Tasks the agent still runs but should stop: a preempted job's gets the
+        // grace of its QOS (warning signal first, kill after).
+        let mut stops = Vec::new();
+        for t in &msg.running {
+            if desired.iter().any(|d| d.job_id == t.job_id && d.attempt == t.attempt) {
+                continue;
+            }
+            let Some(job) = state.jobs.get(&t.job_id) else { continue };
+            if job.reason.contains("preempted by job") {
+                let grace_s = state.policy.qos_of(&job.spec.qos).preempt_grace_s;
+                stops.push(TaskStop { job_id: t.job_id, attempt: t.attempt, grace_s, reason: job.reason.clone() });
+            }
+        }
+        Ok(Response::new(HeartbeatResponse { known: true, desired, launch, term, stops }))
     }
 
     async fn report_task_exit(&self, req: Request<TaskExitReport>) -> Result<Response<TaskExitAck>, Status> {
@@ -249,5 +262,11 @@ fn launch_order(state: &gangway_core::State, job: &gangway_core::Job, node: &str
         error: spec.error.clone(),
         warn_signal: spec.warn_signal.into(),
         warn_before_s: spec.warn_before_s,
+        array_job_id: job.array.map(|a| a.array_job_id),
+        array_index: job.array.map(|a| a.index),
+        array_count: job.array.map_or(0, |a| a.count),
+        account: spec.account.clone(),
+        partition: spec.partition.clone(),
+        qos: spec.qos.clone(),
     })
 }
