@@ -142,6 +142,9 @@ pub struct AccountArgs {
     shares: Option<u32>,
     #[arg(long)]
     description: Option<String>,
+    /// GPUs it may run beyond --max-gpus on siblings' idle quota (reclaimed by preemption).
+    #[arg(long)]
+    borrow_gpus: Option<u32>,
     #[command(flatten)]
     quota: QuotaArgs,
 }
@@ -335,6 +338,9 @@ impl AccountArgs {
         }
         if let Some(d) = &self.description {
             a.description = d.clone();
+        }
+        if let Some(b) = self.borrow_gpus {
+            a.borrow_gpus = b;
         }
         quota_apply(&mut a.quota, &self.quota)
     }

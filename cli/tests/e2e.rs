@@ -169,4 +169,102 @@ fn controllers_agents_and_cli_as_separate_processes() {
         let starts = std::fs::read_to_string(work.join(format!("starts-{rank}"))).unwrap();
         assert_eq!(starts.lines().count(), 1, "rank {rank} started twice");
     }
+    policy_and_scheduler_options_through_the_cli(&endpoints, &work);
+}
+
+/// The admin commands (TOML import/export, object edits) and the scheduler's
+/// submit options as a user types them.
+fn policy_and_scheduler_options_through_the_cli(endpoints: &str, work: &Path) {
+    let ok = |args: &[&str]| {
+        let o = cli(endpoints, args, work);
+        assert!(o.status.success(), "gangway {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o)
+    };
+    let fails = |args: &[&str]| {
+        let o = cli(endpoints, args, work);
+        assert_eq!(o.status.code(), Some(1), "gangway {args:?} should fail: {}", stdout(&o));
+        let err = String::from_utf8_lossy(&o.stderr).trim().to_string();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        err
+    };
+    let policy = r#"
+topology_levels = ["rack"]
+
+[partitions.gpu]
+nodes = ["e2e-node-[1-2]"]
+default = true
+max_time_s = 86400
+
+[partitions.debug]
+nodes = ["e2e-node-2"]
+max_time_s = 3600
+priority_tier = 2
+
+[accounts.ml]
+shares = 3
+quota = { max_running_gpus = 4 }
+
+[accounts.research]
+
+[users.root]
+accounts = ["ml", "research"]
+
+[qos.high]
+priority = 100
+"#;
+    std::fs::write(work.join("policy.toml"), policy).unwrap();
+    assert!(ok(&["admin", "import", "policy.toml"]).contains("imported"));
+    let exported = ok(&["admin", "export"]);
+    assert!(exported.contains("[partitions.debug]") && exported.contains("max_running_gpus = 4"), "{exported}");
+    std::fs::write(work.join("exported.toml"), &exported).unwrap();
+    assert!(ok(&["admin", "import", "exported.toml"]).contains("already matches"), "export/import must round-trip");
+    let err = fails(&["admin", "account", "add", "bad", "--parent", "nope"]);
+    assert!(err.contains("accounts.bad.parent"), "{err}");
+    assert!(ok(&["admin", "account", "set", "ml", "--max-gpus", "8"]).contains("updated"));
+    assert!(ok(&["admin", "account", "list"]).contains("max_running_gpus = 8"));
+    let err = fails(&["submit", "-p", "debug", "-t", "2-00:00:00", "--", "true"]);
+    assert!(err.contains("time_limit_s") && err.contains("debug"), "{err}");
+    let err = fails(&["submit", "-A", "nope", "--", "true"]);
+    assert!(err.contains("account"), "{err}");
+
+    // Held with a partition, account, QOS and GPUs; `why` says so; release runs it.
+    let id = ok(&[
+        "submit",
+        "--parsable",
+        "-p",
+        "debug",
+        "-A",
+        "research",
+        "-q",
+        "high",
+        "-t",
+        "10",
+        "--gpus",
+        "2",
+        "-H",
+        "--",
+        "true",
+    ]);
+    let id = id.trim();
+    assert!(ok(&["why", id]).contains("JobHeldUser"));
+    assert!(ok(&["queue"]).contains("(JobHeldUser)"));
+    ok(&["release", id]);
+    eventually("the released job never completed", || {
+        stdout(&cli(endpoints, &["show", id, "--json"], work)).contains("\"state\": \"COMPLETED\"")
+    });
+    let shown = stdout(&cli(endpoints, &["show", id, "--json"], work));
+    assert!(shown.contains("\"account\": \"research\"") && shown.contains("e2e-node-2"), "{shown}");
+
+    // An array with a throttle, as Slurm prints and names it.
+    let out = ok(&["submit", "--array", "0-2%1", "--wrap", "echo task $SLURM_ARRAY_TASK_ID"]);
+    assert!(out.contains("array of 3"), "{out}");
+    let first: u64 = out.split_whitespace().nth(3).unwrap().parse().unwrap();
+    eventually("the array never finished", || {
+        (0..3).all(|i| {
+            std::fs::read_to_string(work.join(format!("slurm-{first}_{i}.out")))
+                .is_ok_and(|s| s.trim() == format!("task {i}"))
+        })
+    });
+    let shares = ok(&["admin", "shares"]);
+    assert!(shares.contains("research") && shares.contains("ml"), "{shares}");
 }

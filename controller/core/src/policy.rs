@@ -185,12 +185,23 @@ pub struct Account {
     /// Fair-share shares relative to sibling accounts.
     pub shares: u32,
     pub quota: Quota,
+    /// GPUs this account may run beyond its `max_running_gpus` while sibling
+    /// accounts (same parent, all with GPU quotas) leave theirs idle. Jobs
+    /// started on borrowed GPUs are preempted when a sibling needs its quota
+    /// back. 0: no borrowing.
+    pub borrow_gpus: u32,
     pub description: String,
 }
 
 impl Default for Account {
     fn default() -> Self {
-        Account { parent: String::new(), shares: 1, quota: Quota::default(), description: String::new() }
+        Account {
+            parent: String::new(),
+            shares: 1,
+            quota: Quota::default(),
+            borrow_gpus: 0,
+            description: String::new(),
+        }
     }
 }
 
@@ -414,6 +425,12 @@ impl ClusterPolicy {
                 return Err(SpecError::new(&format!("accounts.{name}.shares"), "must be at least 1"));
             }
             check_quota(&format!("accounts.{name}.quota"), &a.quota)?;
+            if a.borrow_gpus > 0 && a.quota.max_running_gpus.is_none() {
+                return Err(SpecError::new(
+                    &format!("accounts.{name}.borrow_gpus"),
+                    "borrowing needs a max_running_gpus quota to borrow beyond",
+                ));
+            }
         }
         for name in self.accounts.keys() {
             // Walk to the root: a cycle or an over-deep tree never reaches it.
@@ -532,6 +549,12 @@ impl ClusterPolicy {
             cur = self.parent_of(cur);
         }
         out
+    }
+
+    /// Accounts with the same parent as `account` (excluding it).
+    pub fn siblings<'a>(&'a self, account: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        let parent = self.parent_of(account);
+        self.accounts.keys().map(String::as_str).filter(move |a| *a != account && self.parent_of(a) == parent)
     }
 
     /// Whether `account` is `ancestor` or below it.

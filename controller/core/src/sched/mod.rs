@@ -453,7 +453,8 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
     }
     pass.free_cpus = pass.free.iter().map(|f| u64::from(f.cpus)).sum();
     pass.free_gpus = pass.free.iter().map(|f| u64::from(f.gpus.count_ones())).sum();
-    let can_preempt = state.policy.qos.values().any(|q| !q.preempt.is_empty());
+    let can_preempt = state.policy.qos.values().any(|q| !q.preempt.is_empty())
+        || state.policy.accounts.values().any(|a| a.borrow_gpus > 0);
     // Priorities are only needed to order the queue and to rank victims.
     let prio = (opts.order == Order::Priority || can_preempt).then(|| Prioritizer::new(state, now));
     let order: Box<dyn Iterator<Item = &Job>> = match (&prio, opts.order) {
@@ -477,6 +478,10 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
     // Shape fingerprint → [(shape, shortest run estimate that failed, why)].
     let mut failed: BTreeMap<u64, Vec<(ShapeKey, u64, Miss)>> = BTreeMap::new();
     let mut preempt_attempts = 0;
+    let p = &state.policy;
+    let has_quotas = p.accounts.values().any(|a| !a.quota.is_empty())
+        || p.users.values().any(|u| !u.quota.is_empty())
+        || p.qos.values().any(|q| !q.per_user.is_empty());
     for job in order {
         let id = job.id;
         if pass.plan.placements.len() >= PLACEMENTS_PER_PLAN_MAX {
@@ -492,6 +497,18 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
         if let Some(why) = pass.gate(job) {
             pass.plan.reasons.push((id, why));
             continue;
+        }
+        // Limits before resources (as Slurm reports them): the smallest the job can be.
+        if has_quotas {
+            let min = Use {
+                gpus: u64::from(job.spec.nodes) * u64::from(job.spec.gpus_per_node),
+                cpus: u64::from(job.spec.nodes) * u64::from(job.spec.cpus_per_node()),
+                jobs: 1,
+            };
+            if let Some(why) = pass.quota(job, min) {
+                pass.plan.reasons.push((id, why));
+                continue;
+            }
         }
         let depth = required_depth(state, job, now);
         let est_s = pass.estimate_s(job);
@@ -534,7 +551,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
                     cpus: members.iter().map(|m| u64::from(m.cpus)).sum(),
                     jobs: 1,
                 };
-                if let Some(why) = pass.quota(job, u) {
+                if let Some(why) = has_quotas.then(|| pass.quota(job, u)).flatten() {
                     pass.plan.reasons.push((id, why));
                     continue;
                 }
@@ -549,7 +566,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
                             cpus: members.iter().map(|m| u64::from(m.cpus)).sum(),
                             jobs: 1,
                         };
-                        if pass.quota(job, u).is_none() {
+                        if !has_quotas || pass.quota(job, u).is_none() {
                             pass.evict(&victims, id);
                             pass.record(job, members);
                             continue;

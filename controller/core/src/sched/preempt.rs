@@ -9,6 +9,10 @@
 //! victims in one `ApplySchedule`, so a preemptor always starts where it
 //! evicted (no thrashing) and a failover cannot evict twice.
 //!
+//! Borrowed quota is reclaimed the same way: a job whose account stays within
+//! its own GPU quota may preempt jobs of sibling accounts that run beyond
+//! theirs on borrowed GPUs, whatever their QOS.
+//!
 //! Related code: `mod.rs` calls [`Pass::preempt`] for jobs that did not fit;
 //! `state/admin.rs` applies preemptions.
 
@@ -32,16 +36,24 @@ impl<'s> Pass<'s, '_> {
         prio: &Prioritizer,
     ) -> Option<(Vec<&'s Job>, Vec<Member>)> {
         let state = self.state;
-        let qos = state.policy.qos.get(&job.spec.qos)?;
-        if qos.preempt.is_empty() {
+        let targets: &[String] = state.policy.qos.get(&job.spec.qos).map_or(&[], |q| q.preempt.as_slice());
+        let reclaim = self.within_own_gpu_quota(job);
+        if targets.is_empty() && !reclaim {
             return None;
         }
+        let account = job.spec.account.as_str();
         let now = self.opts.now_ms;
         let mut victims: Vec<(u64, f64, u64, &'s Job)> = state
             .running
             .iter()
             .map(|id| &state.jobs[id])
-            .filter(|v| qos.preempt.contains(&v.spec.qos))
+            .filter(|v| {
+                targets.contains(&v.spec.qos)
+                    || (reclaim
+                        && v.spec.account != account
+                        && state.policy.siblings(account).any(|s| s == v.spec.account)
+                        && state.is_borrowing(v))
+            })
             .filter(|v| !self.plan.preemptions.iter().any(|p| p.job_id == v.id))
             .map(|v| {
                 let since = v.last_checkpoint_ms.or(v.start_time_ms).unwrap_or(now);
@@ -84,6 +96,18 @@ impl<'s> Pass<'s, '_> {
             }
         }
         Some((chosen, members))
+    }
+
+    /// Whether `job`'s account has a GPU quota that it would stay within: it
+    /// may then reclaim GPUs its siblings borrowed.
+    fn within_own_gpu_quota(&self, job: &Job) -> bool {
+        let p = &self.state.policy;
+        let Some(max) = p.accounts.get(&job.spec.account).and_then(|a| a.quota.max_running_gpus) else { return false };
+        let key = crate::state::UseKey::Account(job.spec.account.clone());
+        let used =
+            self.state.running_use.get(&key).map_or(0, |u| u.gpus) + self.plan_use.get(&key).map_or(0, |u| u.gpus);
+        let need = u64::from(job.spec.nodes) * u64::from(job.spec.gpus_per_node);
+        need > 0 && used + need <= u64::from(max)
     }
 
     /// Returns a running job's resources to `free`.

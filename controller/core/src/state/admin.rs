@@ -161,8 +161,12 @@ impl State {
         };
         for a in p.lineage(&spec.account) {
             let Some(acc) = p.accounts.get(a) else { continue };
-            if let Some((what, max)) = acc.quota.exceeded_by(current(&UseKey::Account(a.to_string())), extra) {
-                return Some(format!("AssocGrpLimit: account {a} {what} limit {max}"));
+            let used = current(&UseKey::Account(a.to_string()));
+            if let Some((what, max)) = acc.quota.exceeded_by(used, extra) {
+                let only_gpus = acc.quota.exceeded_by(used, Use { gpus: 0, ..extra }).is_none();
+                if !(only_gpus && self.may_borrow(a, used, extra.gpus, &current)) {
+                    return Some(format!("AssocGrpLimit: account {a} {what} limit {max}"));
+                }
             }
         }
         if let Some(u) = p.users.get(&spec.user) {
@@ -177,6 +181,35 @@ impl State {
             }
         }
         None
+    }
+
+    /// Whether `account` may run `extra` more GPUs beyond its GPU quota on
+    /// idle quota of its siblings: within its `borrow_gpus`, and the cohort
+    /// (it and its siblings, all with GPU quotas) stays within the sum of their quotas.
+    fn may_borrow(&self, account: &str, used: Use, extra: u64, current: &dyn Fn(&UseKey) -> Use) -> bool {
+        let p = &self.policy;
+        let Some(acc) = p.accounts.get(account) else { return false };
+        let Some(own) = acc.quota.max_running_gpus else { return false };
+        if acc.borrow_gpus == 0 || used.gpus + extra > u64::from(own) + u64::from(acc.borrow_gpus) {
+            return false;
+        }
+        let (mut cohort_quota, mut cohort_used) = (u64::from(own), used.gpus);
+        for s in p.siblings(account) {
+            let Some(q) = p.accounts[s].quota.max_running_gpus else { return false };
+            cohort_quota += u64::from(q);
+            cohort_used += current(&UseKey::Account(s.to_string())).gpus;
+        }
+        cohort_used + extra <= cohort_quota
+    }
+
+    /// Whether `job` (running) holds GPUs beyond its account's own quota,
+    /// borrowed from siblings: such jobs are reclaimed by preemption.
+    pub fn is_borrowing(&self, job: &Job) -> bool {
+        let p = &self.policy;
+        let Some(acc) = p.accounts.get(&job.spec.account) else { return false };
+        let (Some(own), true) = (acc.quota.max_running_gpus, acc.borrow_gpus > 0) else { return false };
+        let used = self.running_use.get(&UseKey::Account(job.spec.account.clone())).map_or(0, |u| u.gpus);
+        job.allocation.is_some() && used > u64::from(own)
     }
 
     /// Adds an ending allocation's GPU- and CPU-time to its account's usage.
