@@ -147,7 +147,7 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
             println!("{v}");
         } else {
             println!(
-                "{:>13} {:>8} {:>8} {:>12.0} {:>10.0} {:>10.0} {:>10.2} {:>10.2} {:>7.1} {:>8.2}",
+                "{:>13} {:>8} {:>8} {:>12.0} {:>10.0} {:>10.0} {:>10.2} {:>10.2} {:>7.1} {:>11} {:>8.2}",
                 policy.name(),
                 r.jobs,
                 r.skipped,
@@ -157,6 +157,7 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
                 r.mean_bounded_slowdown,
                 r.p95_bounded_slowdown,
                 r.utilization * 100.0,
+                r.makespan_s,
                 wall
             );
         }

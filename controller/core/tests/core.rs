@@ -425,3 +425,15 @@ fn scheduler_scenarios() {
         scenario::run_file(&f);
     }
 }
+
+/// The example policy shipped in deploy/ parses and validates.
+#[test]
+fn example_policy_is_valid() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/policy.example.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let policy: gangway_core::policy::ClusterPolicy = toml::from_str(&text).unwrap();
+    policy.validate().unwrap();
+    assert_eq!(policy.topology_levels, vec!["zone", "block", "rack"]);
+    assert!(policy.partitions["gpu"].default);
+    assert_eq!(policy.lineage("vision"), vec!["vision", "research"]);
+}

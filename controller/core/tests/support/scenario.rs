@@ -8,12 +8,13 @@
 //! ```toml
 //! [policy]                 # optional ClusterPolicy (same as `gangway admin export`)
 //! [[node]]                 # names = "n[1-4]", cpus, mem_mb, gpus = "8xh100", topology, labels
-//! [[step]]                 # exactly one of: submit / schedule / finish / hold / release / policy / checkpoint
+//! [[step]]                 # one of: submit / schedule / finish / hold / release / requeue / policy /
+//!                          #   drain / resume / gpu_fault / gpu_ok / checkpoint (plus at_s, states)
 //! ```
 
 use std::collections::BTreeMap;
 
-use gangway_core::command::{Command, JobChange};
+use gangway_core::command::{Command, JobChange, NodeStateChange};
 use gangway_core::policy::{pattern_matches, ClusterPolicy};
 use gangway_core::sched::{plan, Options, Order, Policy};
 use gangway_core::spec::{parse_dependencies, GpuSpec, JobSpec, NodeSpec};
@@ -293,12 +294,31 @@ pub fn run_file(path: &std::path::Path) {
                 (None, Outcome::PolicyUpdated { .. }) => {}
                 _ => run.fail(i, format!("unexpected policy outcome {out:?}")),
             }
+        } else if let Some(node) = step.get("drain").or(step.get("resume")) {
+            let change = if step.get("drain").is_some() { NodeStateChange::Drain } else { NodeStateChange::Resume };
+            let name = node.as_str().expect("node name").to_string();
+            let out = run.apply(Command::SetNodeState { name, change, reason: "scenario".into(), now_ms });
+            assert!(matches!(out, Outcome::NodeStateSet { .. }), "{} step {}: {out:?}", run.name, i + 1);
+        } else if let Some(gpu) = step.get("gpu_fault").or(step.get("gpu_ok")) {
+            let (node, idx) = gpu.as_str().and_then(|g| g.split_once(':')).expect("gpu = \"NODE:INDEX\"");
+            let out = run.apply(Command::SetGpuHealth {
+                node: node.to_string(),
+                gpu: idx.parse().expect("GPU index"),
+                healthy: step.get("gpu_ok").is_some(),
+                reason: "xid 79".into(),
+                now_ms,
+            });
+            assert!(matches!(out, Outcome::GpuHealthSet { .. }), "{} step {}: {out:?}", run.name, i + 1);
         } else if let Some(job) = step.get("checkpoint") {
             let job_id = job.as_integer().unwrap() as u64;
             let attempt = run.state.jobs[&job_id].attempt;
             run.apply(Command::JobCheckpointed { job_id, attempt, now_ms });
         } else if step.get("at_s").is_none() {
-            run.fail(i, "a step needs submit, schedule, finish, hold, release, requeue, policy or checkpoint".into());
+            run.fail(
+                i,
+                "a step needs submit, schedule, finish, hold, release, requeue, policy, drain, resume, gpu_fault, gpu_ok or checkpoint"
+                    .into(),
+            );
         }
         // Job states, checked after any step.
         for (job, want) in int_map(step.get("states")) {
