@@ -51,9 +51,21 @@ pub struct Replica {
     channels: Mutex<BTreeMap<String, Channel>>,
     /// Last heartbeat per node, in this replica's memory (meaningful on the leader).
     heartbeats: Mutex<BTreeMap<String, Instant>>,
+    /// The last scheduling pass's pending reasons (on the leader), for `List`.
+    pending_reasons: Mutex<Arc<BTreeMap<u64, &'static str>>>,
 }
 
 impl Replica {
+    /// Keeps the last scheduling pass's reasons.
+    pub fn set_pending_reasons(&self, reasons: Vec<(u64, &'static str)>) {
+        *self.pending_reasons.lock().expect("reasons lock") = Arc::new(reasons.into_iter().collect());
+    }
+
+    /// The last scheduling pass's reasons (empty on a replica that does not lead).
+    pub fn pending_reasons(&self) -> Arc<BTreeMap<u64, &'static str>> {
+        self.pending_reasons.lock().expect("reasons lock").clone()
+    }
+
     /// A (lazily connected) channel to another replica's API.
     pub fn channel_to(&self, addr: &str) -> Result<Channel, Status> {
         let mut channels = self.channels.lock().expect("channels lock");
@@ -147,6 +159,7 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
         timing: config.timing.clone(),
         channels: Mutex::new(BTreeMap::new()),
         heartbeats: Mutex::new(BTreeMap::new()),
+        pending_reasons: Mutex::new(Arc::new(BTreeMap::new())),
     });
 
     let (mut health_reporter, health_service) = tonic_health::server::health_reporter();

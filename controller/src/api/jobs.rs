@@ -20,6 +20,9 @@ use crate::replica::Replica;
 const LIST_LIMIT_DEFAULT: u32 = 1000;
 /// Largest List page: bounds one response (a job is ~0.5 KiB on the wire).
 const LIST_LIMIT_MAX: u32 = 10_000;
+/// A replica without the leader's cached pending reasons computes them for a
+/// List only up to this queue length (a pass over it takes a few milliseconds).
+const EXPLAIN_INLINE_PENDING_MAX: usize = 10_000;
 
 pub struct JobApi {
     pub replica: Arc<Replica>,
@@ -143,12 +146,19 @@ impl JobService for JobApi {
                 && (account.is_empty() || j.spec.account == account)
                 && (partition.is_empty() || j.spec.partition == partition)
         };
-        // Live pending reasons from one scheduling pass over this replica's state.
-        let reasons: std::collections::BTreeMap<u64, &'static str> = if explain && !state.pending.is_empty() {
+        // Pending reasons: the leader's last scheduling pass; a replica that has
+        // none (a follower serving a stale read) runs a pass itself when the
+        // queue is short enough for that to be cheap.
+        let cached = if explain { self.replica.pending_reasons() } else { Default::default() };
+        let reasons: std::sync::Arc<std::collections::BTreeMap<u64, &'static str>> = if explain
+            && cached.is_empty()
+            && !state.pending.is_empty()
+            && state.pending.len() <= EXPLAIN_INLINE_PENDING_MAX
+        {
             let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, crate::now_ms());
-            gangway_core::sched::plan(&state, &opts).reasons.into_iter().collect()
+            std::sync::Arc::new(gangway_core::sched::plan(&state, &opts).reasons.into_iter().collect())
         } else {
-            Default::default()
+            cached
         };
         // Pending and running jobs are indexed; scanning only them keeps the
         // common "what is queued" listing cheap when many finished jobs are kept.
@@ -161,8 +171,10 @@ impl JobService for JobApi {
                 return false;
             }
             let mut pj = job_to_proto(j);
-            if let Some(r) = reasons.get(&j.id) {
-                if pj.reason.is_empty() || !pj.reason.starts_with("requeued") {
+            // The scheduler's reason replaces the stored one, except a requeue's
+            // explanation, which says more.
+            if let Some(r) = reasons.get(&j.id).filter(|_| j.state == gangway_core::JobState::Pending) {
+                if !pj.reason.starts_with("requeued") {
                     pj.reason = (*r).to_string();
                 }
             }

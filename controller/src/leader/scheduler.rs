@@ -1,7 +1,12 @@
-//! The leader's scheduling loop: plans placements with the core's pure
-//! `sched::plan` (priority order, EASY backfilling, preemption) and commits each plan as one `ApplySchedule`, and ends jobs that ran
-//! past their time limit. Agents learn of started and ended jobs from their next
-//! heartbeat (see `api/agent.rs`).
+//! The leader's scheduling loop: plans with the core's pure `sched::plan`
+//! (priority order, EASY backfilling, preemption), commits each plan as one
+//! `ApplySchedule`, and ends jobs that ran past their time limit. Agents learn
+//! of started and ended jobs from their next heartbeat (see `api/agent.rs`).
+//!
+//! A pass reads the state under its read lock on a blocking thread; with a
+//! long queue it takes tens of milliseconds (about 1 s for a million pending
+//! jobs), so passes are spaced to keep applies flowing, and the pass's pending
+//! reasons are kept for `List` to show without another pass.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,11 +23,16 @@ const SCHEDULE_TICK: Duration = Duration::from_millis(200);
 const SCHEDULE_MIN_INTERVAL: Duration = Duration::from_millis(5);
 /// Jobs ended for their time limit per pass (bounds one pass's log entries).
 const TIMEOUTS_PER_PASS_MAX: usize = 256;
+/// Idle time between passes, as a multiple of the last pass's duration: the
+/// scheduler holds the state's read lock at most a third of the time, so
+/// applies (which need the write lock) keep flowing under a huge queue.
+const PASS_SPACING_FACTOR: u32 = 2;
 
 pub async fn run(replica: Arc<Replica>) {
     let mut events = replica.node.state().subscribe();
+    let mut last_pass = Duration::ZERO;
     loop {
-        tokio::time::sleep(SCHEDULE_MIN_INTERVAL).await;
+        tokio::time::sleep(SCHEDULE_MIN_INTERVAL.max(last_pass * PASS_SPACING_FACTOR)).await;
         // Wait for a change (or the tick); a lagged receiver just means "plan now".
         tokio::select! {
             _ = tokio::time::sleep(SCHEDULE_TICK) => {}
@@ -30,8 +40,10 @@ pub async fn run(replica: Arc<Replica>) {
         }
         while events.try_recv().is_ok() {}
         let now = crate::now_ms();
-        let (plan, expired) = {
-            let state = replica.node.state().read();
+        let shared = replica.node.state().clone();
+        let started = std::time::Instant::now();
+        let pass = tokio::task::spawn_blocking(move || {
+            let state = shared.read();
             let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, now);
             let plan = gangway_core::sched::plan(&state, &opts);
             let expired: Vec<(u64, u32, u64)> = state
@@ -43,7 +55,15 @@ pub async fn run(replica: Arc<Replica>) {
                 .map(|j| (j.id, j.attempt, j.spec.time_limit_s))
                 .collect();
             (plan, expired)
+        })
+        .await;
+        last_pass = started.elapsed();
+        metrics::histogram!("gangway_schedule_pass_seconds").record(last_pass.as_secs_f64());
+        let Ok((mut plan, expired)) = pass else {
+            tracing::error!("a scheduling pass panicked");
+            continue;
         };
+        replica.set_pending_reasons(std::mem::take(&mut plan.reasons));
         if !plan.placements.is_empty() || !plan.preemptions.is_empty() {
             let n = plan.placements.len();
             let cmd =
