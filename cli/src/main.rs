@@ -130,8 +130,13 @@ fn main() {
         std::process::exit(gangway_node_agent::shim::run(exit_file, argv));
     }
     let filter = tracing_subscriber::EnvFilter::try_from_env("GANGWAY_LOG").unwrap_or_else(|_| {
-        let server = matches!(cli.command, Cmd::Controller(_) | Cmd::Agent(_) | Cmd::Dev(_));
-        tracing_subscriber::EnvFilter::new(if server { "info,openraft=warn" } else { "warn,openraft=error" })
+        // The dev cluster forms itself on every start; openraft's election chatter
+        // (and its complaint that the other replicas initialized first) is noise there.
+        tracing_subscriber::EnvFilter::new(match cli.command {
+            Cmd::Dev(_) => "info,openraft=off",
+            Cmd::Controller(_) | Cmd::Agent(_) => "info,openraft=warn",
+            _ => "warn,openraft=error",
+        })
     });
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");

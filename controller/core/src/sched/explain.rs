@@ -47,7 +47,8 @@ pub fn explain(state: &State, job_id: JobId, now_ms: u64) -> Option<Explanation>
     if job.state != JobState::Pending {
         out.detail = match job.state {
             JobState::Running => format!("running on {}", job.ran_on.join(",")),
-            s => format!("{} {}", s.as_str(), job.reason),
+            s if job.reason.is_empty() => format!("{} (ran on {})", s.as_str(), job.ran_on.join(",")),
+            s => format!("{}: {}", s.as_str(), job.reason),
         };
         return Some(out);
     }

@@ -261,6 +261,12 @@ impl<'s, 'o> Pass<'s, 'o> {
         })
     }
 
+    /// Whether enough nodes could ever hold `job` (ignoring what is in use).
+    fn possible(&self, job: &Job) -> bool {
+        let need = job.spec.nodes as usize;
+        (0..self.view.nodes.len()).filter(|&i| self.view.static_ok(i, job)).take(need).count() >= need
+    }
+
     /// Moves node `i` to the bucket of what it has free now.
     fn rebucket(&mut self, i: usize, before: Free) {
         self.buckets[before.gpus.count_ones() as usize].remove(&i);
@@ -586,6 +592,13 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
                     Miss::Resources if reserved || none_reserved => "Resources",
                     Miss::Resources => "Priority",
                 };
+                // A top job no node set could ever hold (partition, features,
+                // sizes) neither blocks FIFO nor takes a reservation slot.
+                let wants_slot = opts.policy == Policy::Fifo || (reservations_tried < reservations_max && !known_fail);
+                if wants_slot && !pass.possible(job) {
+                    pass.plan.reasons.push((id, "BadConstraints"));
+                    continue;
+                }
                 if opts.policy == Policy::Fifo {
                     pass.plan.reasons.push((id, reason(true)));
                     break;
