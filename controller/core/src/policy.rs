@@ -398,6 +398,14 @@ impl ClusterPolicy {
                     format!("time limits must be at most {} s", crate::limits::TIME_LIMIT_S_MAX),
                 ));
             }
+            if p.default_mem_per_cpu_mb > crate::limits::MEM_PER_NODE_MB_MAX
+                || p.default_mem_per_gpu_mb > crate::limits::MEM_PER_NODE_MB_MAX
+            {
+                return Err(SpecError::new(
+                    &f("default_mem_per_cpu_mb"),
+                    format!("memory defaults must be at most {} MiB", crate::limits::MEM_PER_NODE_MB_MAX),
+                ));
+            }
             if p.max_time_s > 0 && p.default_time_s > p.max_time_s {
                 return Err(SpecError::new(&f("default_time_s"), "must not exceed max_time_s"));
             }

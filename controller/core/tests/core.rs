@@ -248,7 +248,12 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
             if let Some(d) = dep {
                 let kind =
                     [DependencyKind::AfterOk, DependencyKind::AfterAny, DependencyKind::AfterNotOk][(*d % 3) as usize];
-                spec.dependencies = vec![Dependency { kind, job_id: *d, array_index: None }];
+                // Repeated and whole-array dependencies, as users write them.
+                spec.dependencies = vec![
+                    Dependency { kind, job_id: *d, array_index: None },
+                    Dependency { kind, job_id: *d, array_index: None },
+                    Dependency { kind: DependencyKind::AfterAny, job_id: d / 2, array_index: None },
+                ];
                 spec.kill_on_invalid_dep = d % 2 == 0;
             }
             if *array {

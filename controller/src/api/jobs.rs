@@ -264,9 +264,13 @@ impl JobService for JobApi {
         {
             return Ok(resp);
         }
-        let state = self.replica.node.state().read();
-        let e = gangway_core::sched::explain(&state, job_id, crate::now_ms())
-            .ok_or_else(|| Status::not_found(format!("job {job_id} does not exist")))?;
+        // A full scheduling pass: off the async workers.
+        let shared = self.replica.node.state().clone();
+        let now = crate::now_ms();
+        let e = tokio::task::spawn_blocking(move || gangway_core::sched::explain(&shared.read(), job_id, now))
+            .await
+            .map_err(|_| Status::internal("explain: the scheduling pass failed"))?;
+        let e = e.ok_or_else(|| Status::not_found(format!("job {job_id} does not exist")))?;
         let f = e.factors;
         let factors = [
             ("age", f.age),

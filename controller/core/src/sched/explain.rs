@@ -66,10 +66,12 @@ pub fn explain(state: &State, job_id: JobId, now_ms: u64) -> Option<Explanation>
     let view = View::new(state.nodes.values(), &state.policy);
     let mut statically_ok = 0u32;
     for i in 0..view.nodes.len() {
+        if view.hardware_reject(i, job).is_none() {
+            statically_ok += 1;
+        }
         match view.static_reject(i, job) {
             Some(why) => *out.rejections.entry(why.to_string()).or_default() += 1,
             None => {
-                statically_ok += 1;
                 if view.fits_now(i, job) {
                     out.eligible_nodes += 1;
                 } else {

@@ -115,7 +115,7 @@ pub fn schedule_with(state: &State, policy: Policy, now_ms: u64) -> Vec<Placemen
 }
 
 /// The request shape a placement outcome depends on (besides the job's end).
-#[derive(PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct ShapeKey<'a> {
     // Numbers first: most comparisons end before reaching the strings.
     gpus: u32,
@@ -125,6 +125,8 @@ struct ShapeKey<'a> {
     nodes_max: u32,
     exclusive: bool,
     depth: Option<usize>,
+    /// A required level can make a shape impossible; a preferred one cannot.
+    required: bool,
     partition: &'a str,
     gpu_type: &'a str,
     constraints: &'a [String],
@@ -147,6 +149,7 @@ impl<'a> ShapeKey<'a> {
             u64::from(self.nodes_max),
             u64::from(self.exclusive),
             self.depth.map_or(u64::MAX, |d| d as u64),
+            u64::from(self.required),
         ] {
             h = fnv(h, &n.to_le_bytes());
         }
@@ -171,6 +174,7 @@ impl<'a> ShapeKey<'a> {
             mem_mb: s.mem_per_node_mb,
             gpus: s.gpus_per_node,
             depth,
+            required: s.topology.required,
         }
     }
 }
@@ -204,6 +208,11 @@ struct Pass<'s, 'o> {
     /// Free CPUs and GPUs left in the whole cluster (cheap bounds before placing).
     free_cpus: u64,
     free_gpus: u64,
+    /// Reservations made this pass: (expected start, expected end, where);
+    /// later ones plan around them.
+    reserved: Vec<(u64, u64, Vec<Member>)>,
+    /// Accounts running beyond their own GPU quota on borrowed GPUs.
+    borrowing: BTreeSet<&'s str>,
     plan: Plan,
 }
 
@@ -261,10 +270,32 @@ impl<'s, 'o> Pass<'s, 'o> {
         })
     }
 
-    /// Whether enough nodes could ever hold `job` (ignoring what is in use).
-    fn possible(&self, job: &Job) -> bool {
+    /// Whether enough nodes could ever hold `job` (ignoring what is in use),
+    /// within one domain of `depth` when that is required.
+    fn possible(&self, job: &Job, depth: Option<usize>) -> bool {
         let need = job.spec.nodes as usize;
-        (0..self.view.nodes.len()).filter(|&i| self.view.static_ok(i, job)).take(need).count() >= need
+        // Down and drained nodes count: they come back.
+        let ok = (0..self.view.nodes.len()).filter(|&i| self.view.hardware_reject(i, job).is_none());
+        match depth {
+            Some(d) if d <= self.view.depth() => {
+                let mut per_domain: BTreeMap<usize, usize> = BTreeMap::new();
+                for i in ok {
+                    *per_domain.entry(self.view.domain_of(d, i)).or_default() += 1;
+                }
+                per_domain.values().any(|&c| c >= need)
+            }
+            _ => ok.take(need).count() >= need,
+        }
+    }
+
+    /// Whether `job` may preempt anything: its QOS names others, or it would
+    /// take back GPUs a sibling account borrowed.
+    fn may_preempt(&self, job: &Job) -> bool {
+        let p = &self.state.policy;
+        let qos = p.qos.get(&job.spec.qos).is_some_and(|q| !q.preempt.is_empty());
+        let parent = p.parent_of(&job.spec.account);
+        qos || (self.borrowing.iter().any(|a| *a != job.spec.account && p.parent_of(a) == parent)
+            && self.within_own_gpu_quota(job))
     }
 
     /// Moves node `i` to the bucket of what it has free now.
@@ -299,7 +330,15 @@ impl<'s, 'o> Pass<'s, 'o> {
         Err(Miss::Resources)
     }
 
-    fn record(&mut self, job: &'s Job, members: Vec<Member>) {
+    fn record(&mut self, job: &'s Job, members: Vec<Member>, end_ms: u64) {
+        // What a job outliving a reservation takes comes out of that reservation's spare.
+        for m in &members {
+            if let Some(h) = self.holds[m.node].as_mut().filter(|h| end_ms > h.until_ms) {
+                h.spare_cpus = h.spare_cpus.saturating_sub(m.cpus);
+                h.spare_mem_mb = h.spare_mem_mb.saturating_sub(m.mem_mb);
+                h.spare_gpus = h.spare_gpus.saturating_sub(m.gpus.count_ones());
+            }
+        }
         let before: Vec<Free> = members.iter().map(|m| self.free[m.node]).collect();
         View::take(&mut self.free, &members);
         for (m, b) in members.iter().zip(before) {
@@ -356,7 +395,17 @@ impl<'s, 'o> Pass<'s, 'o> {
                 }
             }
         }
+        // Earlier reservations of this pass take their nodes at their start
+        // and give them back at their expected end.
+        let mut takes: Vec<(u64, usize, u32, u64, u32)> = Vec::new();
+        for (start, end, members) in &self.reserved {
+            for m in members {
+                takes.push((*start, m.node, m.cpus, m.mem_mb, m.gpus));
+                events.push((*end, m.node, m.cpus, m.mem_mb, m.gpus));
+            }
+        }
         events.sort_unstable_by_key(|e| (e.0, e.1));
+        takes.sort_unstable_by_key(|e| (e.0, e.1));
         let statics: Vec<bool> = (0..self.view.nodes.len()).map(|i| self.view.static_ok(i, job)).collect();
         let s = &job.spec;
         let fits = |f: &Free| {
@@ -365,9 +414,15 @@ impl<'s, 'o> Pass<'s, 'o> {
         let mut future = self.free.clone();
         let mut fit_count = (0..future.len()).filter(|&i| statics[i] && fits(&future[i])).count();
         let mut tries = 0;
-        let mut k = 0;
-        while k < events.len() && tries < RESERVATION_TRIES_MAX {
-            let t = events[k].0;
+        let (mut k, mut next_take) = (0, 0);
+        while (k < events.len() || next_take < takes.len()) && tries < RESERVATION_TRIES_MAX {
+            let t = match (events.get(k), takes.get(next_take)) {
+                (Some(e), Some(x)) => e.0.min(x.0),
+                (Some(e), None) => e.0,
+                (None, Some(x)) => x.0,
+                (None, None) => break,
+            };
+            // Ends first, then starts, at the same instant.
             while k < events.len() && events[k].0 == t {
                 let (_, i, cpus, mem, gpus) = events[k];
                 let before = statics[i] && fits(&future[i]);
@@ -376,6 +431,18 @@ impl<'s, 'o> Pass<'s, 'o> {
                     fit_count += 1;
                 }
                 k += 1;
+            }
+            while next_take < takes.len() && takes[next_take].0 <= t {
+                let (_, i, cpus, mem, gpus) = takes[next_take];
+                let before = statics[i] && fits(&future[i]);
+                let f = &mut future[i];
+                f.cpus = f.cpus.saturating_sub(cpus);
+                f.mem_mb = f.mem_mb.saturating_sub(mem);
+                f.gpus &= !gpus;
+                if before && !fits(&future[i]) {
+                    fit_count -= 1;
+                }
+                next_take += 1;
             }
             if fit_count < s.nodes as usize {
                 continue;
@@ -401,6 +468,8 @@ impl<'s, 'o> Pass<'s, 'o> {
                         },
                     });
                 }
+                let end = t.saturating_add(self.estimate_s(job).saturating_mul(1000));
+                self.reserved.push((t, end, members));
                 return Some(t);
             }
         }
@@ -448,6 +517,8 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
         plan_use: BTreeMap::new(),
         free_cpus: 0,
         free_gpus: 0,
+        reserved: Vec::new(),
+        borrowing: BTreeSet::new(),
         buckets: Vec::new(),
         plan: Plan::default(),
     };
@@ -458,6 +529,12 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
         }
     }
     pass.free_cpus = pass.free.iter().map(|f| u64::from(f.cpus)).sum();
+    for (name, a) in &state.policy.accounts {
+        let used = state.running_use.get(&UseKey::Account(name.clone())).map_or(0, |u| u.gpus);
+        if a.borrow_gpus > 0 && a.quota.max_running_gpus.is_some_and(|q| used > u64::from(q)) {
+            pass.borrowing.insert(name.as_str());
+        }
+    }
     pass.free_gpus = pass.free.iter().map(|f| u64::from(f.gpus.count_ones())).sum();
     let can_preempt = state.policy.qos.values().any(|q| !q.preempt.is_empty())
         || state.policy.accounts.values().any(|a| a.borrow_gpus > 0);
@@ -561,12 +638,14 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
                     pass.plan.reasons.push((id, why));
                     continue;
                 }
-                pass.record(job, members);
+                pass.record(job, members, now.saturating_add(est_s.saturating_mul(1000)));
             }
             Err(miss) => {
-                if let (true, Some(prio)) = (preempt_attempts < PREEMPT_ATTEMPTS_PER_PASS_MAX, &prio) {
+                let may_preempt = preempt_attempts < PREEMPT_ATTEMPTS_PER_PASS_MAX && pass.may_preempt(job);
+                if let (true, Some(prio)) = (may_preempt, &prio) {
+                    // Every attempt counts, found or not: each may try many placements.
+                    preempt_attempts += 1;
                     if let Some((victims, members)) = pass.preempt(job, depth, prio) {
-                        preempt_attempts += 1;
                         let u = Use {
                             gpus: members.iter().map(|m| u64::from(m.gpus.count_ones())).sum(),
                             cpus: members.iter().map(|m| u64::from(m.cpus)).sum(),
@@ -574,7 +653,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
                         };
                         if !has_quotas || pass.quota(job, u).is_none() {
                             pass.evict(&victims, id);
-                            pass.record(job, members);
+                            pass.record(job, members, now.saturating_add(est_s.saturating_mul(1000)));
                             continue;
                         }
                     }
@@ -588,14 +667,26 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
                 }
                 let none_reserved = reservations_tried == 0;
                 let reason = move |reserved: bool| match miss {
+                    Miss::Impossible => "BadConstraints",
                     Miss::Topology => "Topology",
                     Miss::Resources if reserved || none_reserved => "Resources",
                     Miss::Resources => "Priority",
                 };
                 // A top job no node set could ever hold (partition, features,
                 // sizes) neither blocks FIFO nor takes a reservation slot.
+                if miss == Miss::Impossible {
+                    pass.plan.reasons.push((id, "BadConstraints"));
+                    continue;
+                }
                 let wants_slot = opts.policy == Policy::Fifo || (reservations_tried < reservations_max && !known_fail);
-                if wants_slot && !pass.possible(job) {
+                // A preferred level relaxes later: only a required one makes a job impossible.
+                let hard_depth = depth.filter(|_| job.spec.topology.required);
+                if wants_slot && !pass.possible(job, hard_depth) {
+                    if !too_big {
+                        if let Some(e) = failed.get_mut(&fp).and_then(|v| v.iter_mut().find(|(k, _, _)| *k == key)) {
+                            *e = (key, 0, Miss::Impossible);
+                        }
+                    }
                     pass.plan.reasons.push((id, "BadConstraints"));
                     continue;
                 }

@@ -51,8 +51,8 @@ impl<'s> Pass<'s, '_> {
                 targets.contains(&v.spec.qos)
                     || (reclaim
                         && v.spec.account != account
-                        && state.policy.siblings(account).any(|s| s == v.spec.account)
-                        && state.is_borrowing(v))
+                        && self.borrowing.contains(v.spec.account.as_str())
+                        && state.policy.parent_of(&v.spec.account) == state.policy.parent_of(account))
             })
             .filter(|v| !self.plan.preemptions.iter().any(|p| p.job_id == v.id))
             .map(|v| {
@@ -65,12 +65,27 @@ impl<'s> Pass<'s, '_> {
             .collect();
         victims.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)).then(a.3.id.cmp(&b.3.id)));
         victims.truncate(VICTIM_CANDIDATES_MAX);
+        // A borrowing account gives back at most what it borrowed: its jobs
+        // within its own quota are not reclaimed.
+        let mut overage: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+        for a in &self.borrowing {
+            let used = state.running_use.get(&crate::state::UseKey::Account(a.to_string())).map_or(0, |u| u.gpus);
+            let own = state.policy.accounts.get(*a).and_then(|x| x.quota.max_running_gpus).unwrap_or(0);
+            overage.insert(a, used.saturating_sub(u64::from(own)));
+        }
         let mut trial = self.free.clone();
         let mut chosen: Vec<&'s Job> = Vec::new();
         let mut placed = None;
         for (_, _, _, v) in &victims {
             if chosen.len() >= VICTIMS_PER_JOB_MAX {
                 break;
+            }
+            if !targets.contains(&v.spec.qos) {
+                let left = overage.get_mut(v.spec.account.as_str()).expect("reclaim victims borrow");
+                if v.gpus() > *left {
+                    continue;
+                }
+                *left -= v.gpus();
             }
             self.give_job(&mut trial, v);
             chosen.push(v);
@@ -100,7 +115,7 @@ impl<'s> Pass<'s, '_> {
 
     /// Whether `job`'s account has a GPU quota that it would stay within: it
     /// may then reclaim GPUs its siblings borrowed.
-    fn within_own_gpu_quota(&self, job: &Job) -> bool {
+    pub(super) fn within_own_gpu_quota(&self, job: &Job) -> bool {
         let p = &self.state.policy;
         let Some(max) = p.accounts.get(&job.spec.account).and_then(|a| a.quota.max_running_gpus) else { return false };
         let key = crate::state::UseKey::Account(job.spec.account.clone());

@@ -67,6 +67,8 @@ pub(crate) struct Member {
 pub(crate) enum Miss {
     /// Not enough nodes with free resources.
     Resources,
+    /// No set of nodes could ever hold it (partition, features, sizes, topology).
+    Impossible,
     /// Enough nodes, but not within one domain of the required level.
     Topology,
 }
@@ -150,13 +152,21 @@ impl<'a> View<'a> {
         self.static_reject(i, job).is_none()
     }
 
-    /// Why node `i` can never hold a member of `job`, if it cannot.
+    /// Why node `i` cannot hold a member of `job` whatever runs on it, if it
+    /// cannot (down and drained nodes cannot now).
     pub fn static_reject(&self, i: usize, job: &Job) -> Option<&'static str> {
         let n = self.nodes[i];
-        let s = &job.spec;
         if n.state != NodeState::Up {
             return Some(if n.state == NodeState::Down { "node down" } else { "node drained" });
         }
+        self.hardware_reject(i, job)
+    }
+
+    /// Why node `i` could never hold a member of `job`, even when up and idle:
+    /// partition, features, hardware.
+    pub fn hardware_reject(&self, i: usize, job: &Job) -> Option<&'static str> {
+        let n = self.nodes[i];
+        let s = &job.spec;
         if !self.policy.partitions.is_empty() {
             match self.part_index.get(s.partition.as_str()) {
                 Some(&p) if self.part_mask[i] & (1 << p) != 0 => {}
@@ -293,6 +303,11 @@ impl<'a> View<'a> {
         cand.truncate(want);
         cand.sort_by_key(|m| m.node);
         Ok(cand)
+    }
+
+    /// The domain id of node `i` at `depth` (1 = top level).
+    pub fn domain_of(&self, depth: usize, i: usize) -> usize {
+        self.dom(depth, i)
     }
 
     fn dom(&self, depth: usize, node: usize) -> usize {

@@ -254,9 +254,7 @@ impl State {
                 format!("job {job_id} already finished ({})", job.state.as_str()),
             );
         }
-        let user = identity.rsplit(':').next().unwrap_or(identity);
-        let owner = job.spec.user == user || job.submitted_by == identity;
-        if !owner && !admin {
+        if !self.may_change(job, identity) {
             return Applied::refused(
                 RefusalKind::PermissionDenied,
                 format!(
@@ -280,6 +278,12 @@ impl State {
                 }
                 if *as_admin && !admin {
                     return Applied::refused(RefusalKind::PermissionDenied, "permission: admin holds need an admin");
+                }
+                if job.held.as_deref() == Some("JobHeldAdmin") && !*as_admin {
+                    return Applied::refused(
+                        RefusalKind::FailedPrecondition,
+                        format!("job {job_id} is already held by an admin"),
+                    );
                 }
                 let why = if *as_admin { "JobHeldAdmin" } else { "JobHeldUser" };
                 let job = self.jobs.get_mut(&job_id).expect("checked");

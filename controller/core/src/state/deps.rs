@@ -11,6 +11,8 @@
 //!
 //! Related code: `submit.rs` resolves dependencies to job ids at submit.
 
+use std::collections::BTreeMap;
+
 use super::submit::DepStatus;
 use super::{JobEvent, State};
 use crate::model::{JobId, JobState};
@@ -40,25 +42,27 @@ impl State {
     }
 
     /// Settles the dependents of every job that started or finished in this
-    /// apply; returns the events of jobs failed for unmet dependencies.
+    /// apply; returns the events of jobs cancelled for unmet dependencies.
     pub(super) fn settle_dependents(&mut self, index: u64) -> Vec<JobEvent> {
         let mut events = Vec::new();
-        // Each round either finishes a job (at most once per job) or drains the
-        // list: bounded by the number of jobs.
-        let mut rounds = self.jobs.len() + 1;
-        while let Some(trigger) = self.dep_triggers.pop() {
-            rounds = rounds.saturating_sub(1);
-            assert!(rounds > 0, "dependency settling did not converge");
+        // Terminates: a trigger is only added when a job starts or finishes,
+        // and settling can only finish pending jobs (each at most once).
+        while let Some(trigger) = self.dep_triggers.pop_first() {
             let mut keys = vec![trigger];
-            if let Some(a) = self.jobs.get(&trigger).and_then(|j| j.array) {
-                keys.push(a.array_job_id);
+            if let Some(head) = self.jobs.get(&trigger).and_then(|j| j.array).map(|a| a.array_job_id) {
+                if head != trigger {
+                    keys.push(head);
+                }
             }
             for key in keys {
                 let waiting: Vec<JobId> =
                     self.dependents.get(&key).map(|s| s.iter().copied().collect()).unwrap_or_default();
+                // Every waiter of an array asks about the same array: look once.
+                let mut memo: BTreeMap<Dependency, DepStatus> = BTreeMap::new();
                 for dependent in waiting {
-                    if let Some(ev) = self.settle_one(index, dependent) {
+                    if let Some(ev) = self.settle_one(index, dependent, &mut memo) {
                         events.push(ev);
+                        memo.clear();
                     }
                 }
             }
@@ -66,28 +70,47 @@ impl State {
         events
     }
 
-    /// Drops a pending job's met dependencies; fails or holds it if one can never be met.
-    fn settle_one(&mut self, index: u64, job_id: JobId) -> Option<JobEvent> {
+    /// Drops a pending job's met dependencies; cancels it, or holds it, if one
+    /// can never be met (a held job forgets that dependency: releasing it runs it).
+    fn settle_one(
+        &mut self,
+        index: u64,
+        job_id: JobId,
+        memo: &mut BTreeMap<Dependency, DepStatus>,
+    ) -> Option<JobEvent> {
         let job = self.jobs.get(&job_id)?;
         if job.state != JobState::Pending {
             return None;
         }
         let mut never = None;
         let mut still = Vec::new();
+        let mut dropped = Vec::new();
         for d in &job.deps_pending {
-            match self.dependency_status(d) {
-                DepStatus::Satisfied => {}
+            let status = match memo.get(d) {
+                Some(s) => *s,
+                None => {
+                    let s = self.dependency_status(d);
+                    memo.insert(d.clone(), s);
+                    s
+                }
+            };
+            match status {
+                DepStatus::Satisfied => dropped.push(d.job_id),
                 DepStatus::Waiting => still.push(d.clone()),
                 DepStatus::Never => {
                     never.get_or_insert_with(|| d.clone());
-                    still.push(d.clone());
+                    dropped.push(d.job_id);
                 }
             }
         }
+        if dropped.is_empty() {
+            return None;
+        }
         let kill = job.spec.kill_on_invalid_dep;
-        let met: Vec<JobId> =
-            job.deps_pending.iter().filter(|d| !still.contains(d)).map(|d| d.job_id).collect::<Vec<_>>();
-        for m in met {
+        for m in dropped {
+            if still.iter().any(|d| d.job_id == m) {
+                continue;
+            }
             if let Some(set) = self.dependents.get_mut(&m) {
                 set.remove(&job_id);
                 if set.is_empty() {
@@ -109,6 +132,22 @@ impl State {
             job.reason = why;
             None
         }
+    }
+
+    /// Settles freshly submitted jobs (dependencies already met or impossible).
+    pub(super) fn settle_new(&mut self, index: u64, ids: &[JobId]) -> Vec<JobEvent> {
+        let mut memo = BTreeMap::new();
+        ids.iter().filter_map(|id| self.settle_one(index, *id, &mut memo)).collect()
+    }
+
+    /// Whether an array (by its first job id) still has unfinished elements:
+    /// its first job then stays in the state, as whole-array dependencies are
+    /// filed under it.
+    pub(super) fn array_unfinished(&self, head: JobId) -> bool {
+        let Some(a) = self.jobs.get(&head).and_then(|j| j.array).filter(|a| a.array_job_id == head) else {
+            return false;
+        };
+        (head + 1..head + u64::from(a.count)).any(|id| self.jobs.get(&id).is_some_and(|j| !j.state.is_finished()))
     }
 
     /// Removes a finished job from the dependents index (as a waiter).

@@ -169,7 +169,7 @@ pub struct State {
     /// Jobs that started or finished during the current apply; their dependents
     /// are settled before apply returns. Always empty between applies.
     #[serde(skip)]
-    dep_triggers: Vec<JobId>,
+    dep_triggers: BTreeSet<JobId>,
 }
 
 impl Default for State {
@@ -189,7 +189,7 @@ impl Default for State {
             running_use: BTreeMap::new(),
             active_jobs: BTreeMap::new(),
             dependents: BTreeMap::new(),
-            dep_triggers: Vec::new(),
+            dep_triggers: BTreeSet::new(),
         }
     }
 }
@@ -376,6 +376,15 @@ impl State {
                 format!("job {job_id} already finished ({})", job.state.as_str()),
             );
         }
+        if !self.may_change(job, identity) {
+            return Applied::refused(
+                RefusalKind::PermissionDenied,
+                format!(
+                    "permission: job {job_id} belongs to {}; only its owner or an admin may cancel it",
+                    job.spec.user
+                ),
+            );
+        }
         let reason = format!("cancelled by {identity}");
         let event = self.finish_job(index, job_id, JobState::Cancelled, None, reason);
         Applied { outcome: Outcome::Cancelled { job_id }, events: vec![event] }
@@ -407,10 +416,18 @@ impl State {
         }
         self.count_active(job_id, false);
         self.forget_dependencies(job_id);
-        self.dep_triggers.push(job_id);
+        self.dep_triggers.insert(job_id);
         self.finished.push_back(job_id);
-        while self.finished.len() > FINISHED_JOBS_RETAINED_MAX {
+        // The first job of an array with unfinished elements is kept (it files
+        // whole-array dependencies); each purge looks at each kept job once.
+        let mut looks = self.finished.len();
+        while self.finished.len() > FINISHED_JOBS_RETAINED_MAX && looks > 0 {
+            looks -= 1;
             let old = self.finished.pop_front().expect("non-empty");
+            if self.array_unfinished(old) {
+                self.finished.push_back(old);
+                continue;
+            }
             self.jobs.remove(&old);
             self.dependents.remove(&old);
         }
@@ -508,6 +525,12 @@ impl State {
             return Applied::refused(RefusalKind::NotFound, format!("node {name} does not exist"));
         };
         let new_state = match (change, node.state) {
+            (NodeStateChange::Drain, NodeState::Down) => {
+                return Applied::refused(
+                    RefusalKind::FailedPrecondition,
+                    format!("node {name} is down; drain it once its agent has registered again"),
+                )
+            }
             (NodeStateChange::Drain, _) => NodeState::Drain,
             (NodeStateChange::Resume, NodeState::Down) => {
                 return Applied::refused(
@@ -655,7 +678,7 @@ impl State {
             }
             let alloc = Allocation { attempt: p.attempt, nodes: p.nodes.clone() };
             self.count_running(p.job_id, &alloc, true);
-            self.dep_triggers.push(p.job_id);
+            self.dep_triggers.insert(p.job_id);
             let now = self.clock_ms;
             let job = self.jobs.get_mut(&p.job_id).expect("checked");
             job.state = JobState::Running;

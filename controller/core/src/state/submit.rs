@@ -58,9 +58,10 @@ impl State {
         let first_id = self.next_job_id;
         // Resolve every element's dependencies before creating any job.
         let mut per_element_deps = Vec::with_capacity(count);
+        let mut elements: BTreeMap<JobId, BTreeMap<u32, JobId>> = BTreeMap::new();
         for k in 0..count {
             let my_index = array.as_ref().map(|a| a.indexes[k]);
-            match self.resolve_dependencies(&spec.dependencies, my_index) {
+            match self.resolve_dependencies(&spec.dependencies, my_index, &mut elements) {
                 Ok(d) => per_element_deps.push(d),
                 Err(e) => return Applied::refused(RefusalKind::InvalidArgument, e.to_string()),
             }
@@ -104,10 +105,11 @@ impl State {
             self.jobs.insert(job_id, job);
             self.pending.insert(job_id);
             self.count_active(job_id, true);
-            // Dependencies already met (a job that already started, say) settle now.
-            self.dep_triggers.extend(self.jobs[&job_id].deps_pending.iter().map(|d| d.job_id));
             events.push(JobEvent { index, job_id, state: JobState::Pending, attempt: 0, reason: String::new() });
         }
+        // Dependencies already met (a job that already started, say) settle now.
+        let ids: Vec<JobId> = (first_id..self.next_job_id).collect();
+        events.extend(self.settle_new(index, &ids));
         if !key.is_empty() {
             self.idempotency.insert((identity.to_string(), key.to_string()), first_id);
             let expires = self.clock_ms.saturating_add(IDEMPOTENCY_TTL_MS);
@@ -148,8 +150,10 @@ impl State {
         let qos = policy.qos_of(&s.qos);
         if s.time_limit_s == 0 {
             s.time_limit_s = if part.default_time_s > 0 { part.default_time_s } else { TIME_LIMIT_S_DEFAULT };
-            if part.max_time_s > 0 {
-                s.time_limit_s = s.time_limit_s.min(part.max_time_s);
+            for max in [part.max_time_s, qos.max_time_s] {
+                if max > 0 {
+                    s.time_limit_s = s.time_limit_s.min(max);
+                }
             }
         }
         if part.max_time_s > 0 && s.time_limit_s > part.max_time_s {
@@ -176,11 +180,11 @@ impl State {
         if s.mem_per_node_mb == 0 {
             let cpus = u64::from(s.cpus_per_node());
             s.mem_per_node_mb = if s.mem_per_cpu_mb > 0 {
-                cpus * s.mem_per_cpu_mb
+                cpus.saturating_mul(s.mem_per_cpu_mb)
             } else if s.gpus_per_node > 0 && part.default_mem_per_gpu_mb > 0 {
-                u64::from(s.gpus_per_node) * part.default_mem_per_gpu_mb
+                u64::from(s.gpus_per_node).saturating_mul(part.default_mem_per_gpu_mb)
             } else {
-                cpus * part.default_mem_per_cpu_mb
+                cpus.saturating_mul(part.default_mem_per_cpu_mb)
             };
             s.mem_per_cpu_mb = 0;
             if s.mem_per_node_mb > MEM_PER_NODE_MB_MAX {
@@ -238,8 +242,13 @@ impl State {
     /// Resolves dependencies to concrete job ids (array elements, aftercorr),
     /// refusing ones that name unknown jobs or can already never be met.
     /// `my_index` is this element's array index (aftercorr pairs by index).
-    fn resolve_dependencies(&self, deps: &[Dependency], my_index: Option<u32>) -> Result<Vec<Dependency>, SpecError> {
-        let mut out = Vec::with_capacity(deps.len());
+    fn resolve_dependencies(
+        &self,
+        deps: &[Dependency],
+        my_index: Option<u32>,
+        elements: &mut BTreeMap<JobId, BTreeMap<u32, JobId>>,
+    ) -> Result<Vec<Dependency>, SpecError> {
+        let mut out: Vec<Dependency> = Vec::with_capacity(deps.len());
         for d in deps {
             let target = self.jobs.get(&d.job_id).ok_or_else(|| {
                 let why = if d.job_id < self.next_job_id { "was purged from the queue" } else { "does not exist" };
@@ -267,7 +276,8 @@ impl State {
             let kind = if d.kind == DependencyKind::AfterCorr { DependencyKind::AfterOk } else { d.kind };
             let resolved = match element_index {
                 Some(i) => {
-                    let Some(el) = self.array_element(d.job_id, i) else {
+                    let index = elements.entry(d.job_id).or_insert_with(|| self.array_elements(d.job_id));
+                    let Some(&el) = index.get(&i) else {
                         if d.kind == DependencyKind::AfterCorr {
                             // No corresponding element: nothing to wait for (Slurm's behaviour).
                             continue;
@@ -291,20 +301,32 @@ impl State {
                     ),
                 ));
             }
-            out.push(resolved);
+            if !out.contains(&resolved) {
+                out.push(resolved);
+            }
         }
         Ok(out)
     }
 
-    /// The job id of index `index` of the array whose first job is `array_job_id`.
-    pub fn array_element(&self, array_job_id: JobId, index: u32) -> Option<JobId> {
-        let head = self.jobs.get(&array_job_id)?.array?;
-        let ids = array_job_id..array_job_id + u64::from(head.count);
-        ids.into_iter().find(|id| self.jobs.get(id).and_then(|j| j.array).is_some_and(|a| a.index == index))
+    /// Array index → job id for the array whose first job is `array_job_id`.
+    pub fn array_elements(&self, array_job_id: JobId) -> BTreeMap<u32, JobId> {
+        let Some(head) = self.jobs.get(&array_job_id).and_then(|j| j.array) else { return BTreeMap::new() };
+        (array_job_id..array_job_id + u64::from(head.count))
+            .filter_map(|id| {
+                let a = self.jobs.get(&id)?.array?;
+                (a.array_job_id == array_job_id).then_some((a.index, id))
+            })
+            .collect()
     }
 
     /// Whether `identity` (`dev:alice` or `alice`) is an admin: listed in the
     /// policy by identity or user name, or any caller while none is listed.
+    /// Whether `identity` may change `job`: its owner or an admin.
+    pub fn may_change(&self, job: &Job, identity: &str) -> bool {
+        let user = identity.rsplit(':').next().unwrap_or(identity);
+        job.spec.user == user || job.submitted_by == identity || self.is_admin(identity)
+    }
+
     pub fn is_admin(&self, identity: &str) -> bool {
         let user = identity.rsplit(':').next().unwrap_or(identity);
         self.policy.admins.is_empty() || self.policy.admins.iter().any(|a| a == identity || a == user)

@@ -236,6 +236,13 @@ pub fn run_file(path: &std::path::Path) {
                     run.fail(i, format!("job {job} reason {got}, expected {}", want.as_str().unwrap()));
                 }
             }
+            for (job, want) in int_map(step.get("reservations")) {
+                let got = p1.reservations.iter().find(|(id, _)| *id == job).map(|(_, t)| *t / 1000);
+                let want = want.as_integer().expect("reservation start in seconds") as u64;
+                if got != Some(want) {
+                    run.fail(i, format!("job {job} reserved at {got:?} s, expected {want} s; {:?}", p1.reservations));
+                }
+            }
             let n = started.len();
             let out =
                 run.apply(Command::ApplySchedule { preemptions: p1.preemptions, placements: p1.placements, now_ms });
@@ -264,9 +271,20 @@ pub fn run_file(path: &std::path::Path) {
                 now_ms,
             });
             assert!(matches!(out, Outcome::JobFinished { .. }), "{} step {}: {out:?}", run.name, i + 1);
-        } else if let Some(job) = step.get("hold").or(step.get("release")).or(step.get("requeue")) {
+        } else if let Some(job) = step.get("cancel") {
             let job_id = job.as_integer().unwrap() as u64;
-            let change = if step.get("hold").is_some() {
+            let identity = step.get("identity").and_then(Value::as_str).unwrap_or("alice").to_string();
+            let out = run.apply(Command::CancelJob { job_id, identity, now_ms });
+            if matches!(out, Outcome::Refused(_)) != step.get("expect_error").is_some() {
+                run.fail(i, format!("unexpected outcome {out:?}"));
+            }
+        } else if let Some(job) =
+            step.get("hold").or(step.get("admin_hold")).or(step.get("release")).or(step.get("requeue"))
+        {
+            let job_id = job.as_integer().unwrap() as u64;
+            let change = if step.get("admin_hold").is_some() {
+                JobChange::Hold { admin: true }
+            } else if step.get("hold").is_some() {
                 JobChange::Hold { admin: false }
             } else if step.get("release").is_some() {
                 JobChange::Release
