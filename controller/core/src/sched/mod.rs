@@ -292,10 +292,15 @@ impl<'s, 'o> Pass<'s, 'o> {
     /// take back GPUs a sibling account borrowed.
     fn may_preempt(&self, job: &Job) -> bool {
         let p = &self.state.policy;
-        let qos = p.qos.get(&job.spec.qos).is_some_and(|q| !q.preempt.is_empty());
+        if p.qos.get(&job.spec.qos).is_some_and(|q| !q.preempt.is_empty()) {
+            return true;
+        }
+        if self.borrowing.is_empty() {
+            return false;
+        }
         let parent = p.parent_of(&job.spec.account);
-        qos || (self.borrowing.iter().any(|a| *a != job.spec.account && p.parent_of(a) == parent)
-            && self.within_own_gpu_quota(job))
+        self.borrowing.iter().any(|a| *a != job.spec.account && p.parent_of(a) == parent)
+            && self.within_own_gpu_quota(job)
     }
 
     /// Moves node `i` to the bucket of what it has free now.
