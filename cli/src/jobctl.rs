@@ -27,10 +27,18 @@ pub async fn change_jobs(client: &Client, out: &Output, ids: &[u64], change: Cha
         match r {
             Ok(_) => {
                 if !out.json {
-                    println!(
-                        "job {job_id}: {}",
-                        change.as_str_name().trim_start_matches("CHANGE_").to_lowercase().replace('_', " ")
-                    );
+                    let done = match change {
+                        Change::Hold | Change::AdminHold => "held",
+                        Change::Release => "released",
+                        Change::Requeue => "requeued",
+                        Change::RequeueHold => "requeued and held",
+                        Change::SetPriority => "priority set",
+                        Change::ClearPriority => "priority back to computed",
+                        Change::SetNice => "nice set",
+                        Change::SetTimeLimit => "time limit set",
+                        Change::Unspecified => "unchanged",
+                    };
+                    println!("job {job_id}: {done}");
                 }
                 results.push(json!({"job_id": job_id, "ok": true}));
             }

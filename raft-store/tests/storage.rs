@@ -19,3 +19,27 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> fo
 fn openraft_storage_suite() {
     Suite::test_all(Builder).unwrap();
 }
+
+/// A store written by a build with another data format is refused at open,
+/// naming the formats, instead of failing later on an undecodable entry.
+#[test]
+fn stores_in_another_data_format_are_refused() {
+    // A fresh store is stamped and reopens.
+    let fresh = tempfile::tempdir().unwrap();
+    drop(open(fresh.path()).expect("open a new store"));
+    assert!(open(fresh.path()).is_ok(), "a store reopens in its own format");
+    // A store with entries but no stamp predates the stamp (format 1).
+    let old = tempfile::tempdir().unwrap();
+    {
+        let mut opts = rocksdb::Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        let db = rocksdb::DB::open_cf(&opts, old.path(), ["log", "meta", "snapshot"]).unwrap();
+        db.put_cf(db.cf_handle("log").unwrap(), 1u64.to_be_bytes(), b"an entry").unwrap();
+    }
+    let err = match open(old.path()) {
+        Ok(_) => panic!("an old store opened"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("format 1") && err.contains("empty data directory"), "{err}");
+}

@@ -107,7 +107,12 @@ pub fn explain(state: &State, job_id: JobId, now_ms: u64) -> Option<Explanation>
                 },
             ),
             Some(r @ ("JobHeldUser" | "JobHeldAdmin" | "DependencyNeverSatisfied")) => {
-                (r, format!("held ({}); release it with `gangway release {}`", job.reason, job.display_id()))
+                let by = match r {
+                    "JobHeldUser" => "held by its user".to_string(),
+                    "JobHeldAdmin" => "held by an admin".to_string(),
+                    _ => format!("held: {}", job.reason),
+                };
+                (r, format!("{by}; `gangway release {}` lets it run", job.id))
             }
             Some("JobArrayTaskLimit") => {
                 ("JobArrayTaskLimit", "the array's throttle (%N) is reached; elements start as others end".into())

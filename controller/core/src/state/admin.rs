@@ -59,23 +59,24 @@ impl State {
                 self.rebuild_use();
                 return Applied::refused(
                     RefusalKind::FailedPrecondition,
-                    format!("{why}; pass --force to set it anyway (running jobs keep running)"),
+                    format!("{why}; pass --force to set it anyway"),
                 );
             }
         }
         Applied { outcome: Outcome::PolicyUpdated { version: self.policy.version }, events: Vec::new() }
     }
 
-    /// An object the new policy removed although unfinished jobs still use it.
+    /// An object the new policy removed although pending jobs still need it
+    /// (running jobs just finish where they are).
     fn orphaned_jobs(&self) -> Option<String> {
         let p = &self.policy;
-        for id in self.pending.iter().chain(self.running.iter()) {
+        for id in &self.pending {
             let s = &self.jobs[id].spec;
             if !p.account_exists(&s.account) {
-                return Some(format!("accounts.{}: unfinished jobs (e.g. {id}) still charge it", s.account));
+                return Some(format!("accounts.{}: pending jobs (e.g. {id}) still charge it", s.account));
             }
             if !p.qos_exists(&s.qos) {
-                return Some(format!("qos.{}: unfinished jobs (e.g. {id}) still use it", s.qos));
+                return Some(format!("qos.{}: pending jobs (e.g. {id}) still use it", s.qos));
             }
             let part_ok = if p.partitions.is_empty() {
                 s.partition == crate::policy::DEFAULT_PARTITION
@@ -83,7 +84,7 @@ impl State {
                 p.partitions.contains_key(&s.partition)
             };
             if !part_ok {
-                return Some(format!("partitions.{}: unfinished jobs (e.g. {id}) still run in it", s.partition));
+                return Some(format!("partitions.{}: pending jobs (e.g. {id}) wait in it", s.partition));
             }
         }
         None
