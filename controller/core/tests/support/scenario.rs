@@ -271,6 +271,22 @@ pub fn run_file(path: &std::path::Path) {
                 now_ms,
             });
             assert!(matches!(out, Outcome::JobFinished { .. }), "{} step {}: {out:?}", run.name, i + 1);
+        } else if let Some(u) = step.get("update") {
+            let job_id = u.get("job").and_then(Value::as_integer).expect("update.job") as u64;
+            let change = if let Some(p) = u.get("priority").and_then(Value::as_integer) {
+                JobChange::SetPriority(Some(p as u32))
+            } else if let Some(n) = u.get("nice").and_then(Value::as_integer) {
+                JobChange::SetNice(n as i32)
+            } else if let Some(t) = u.get("time_limit_s").and_then(Value::as_integer) {
+                JobChange::SetTimeLimit(t as u64)
+            } else {
+                run.fail(i, "update needs priority, nice or time_limit_s".into())
+            };
+            let identity = step.get("identity").and_then(Value::as_str).unwrap_or("alice").to_string();
+            let out = run.apply(Command::UpdateJob { job_id, change, identity, now_ms });
+            if matches!(out, Outcome::Refused(_)) != step.get("expect_error").is_some() {
+                run.fail(i, format!("unexpected outcome {out:?}"));
+            }
         } else if let Some(job) = step.get("cancel") {
             let job_id = job.as_integer().unwrap() as u64;
             let identity = step.get("identity").and_then(Value::as_str).unwrap_or("alice").to_string();
