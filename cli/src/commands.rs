@@ -262,6 +262,9 @@ pub struct SubmitArgs {
     /// Nodes: N, or a range MIN-MAX (the whole gang starts together).
     #[arg(short = 'N', long, allow_hyphen_values = true)]
     nodes: Option<String>,
+    /// Tasks in all: spread evenly over the nodes (with no -N, all on one node).
+    #[arg(short = 'n', long = "ntasks", allow_negative_numbers = true, conflicts_with = "tasks_per_node")]
+    ntasks: Option<i64>,
     #[arg(long = "ntasks-per-node", allow_negative_numbers = true)]
     tasks_per_node: Option<i64>,
     #[arg(short = 'c', long = "cpus-per-task", allow_negative_numbers = true)]
@@ -384,7 +387,15 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
         None => (None, 0),
     };
     let node_count = nodes.unwrap_or(1).max(1);
-    let tasks = a.tasks_per_node.unwrap_or(1).max(1);
+    let tasks_per_node = match a.ntasks {
+        Some(n) if n < 1 => bail!("--ntasks: must be at least 1, got {n}"),
+        Some(n) if n % node_count != 0 => {
+            bail!("--ntasks: {n} tasks do not spread evenly over {node_count} nodes; use --ntasks-per-node")
+        }
+        Some(n) => Some(n / node_count),
+        None => a.tasks_per_node,
+    };
+    let tasks = tasks_per_node.unwrap_or(1).max(1);
     let (gpu_type, gpus) = parse::gpu_request(
         a.gpus_per_node.as_deref(),
         a.gpus.as_deref(),
@@ -426,7 +437,7 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
         workdir,
         partition: a.partition.unwrap_or_default(),
         nodes,
-        tasks_per_node: a.tasks_per_node,
+        tasks_per_node,
         cpus_per_task: a.cpus_per_task,
         mem_per_node_mb: a.mem.as_deref().map(parse::mem_mb).transpose().map_err(anyhow::Error::msg)?.map(|m| m as i64),
         gpus_per_node: gpus,

@@ -119,7 +119,7 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
     if !a.json {
         println!("trace {}: {} jobs on {nodes} nodes × {cpn} CPUs × {gpn} GPUs", a.trace.display(), trace.len());
         println!(
-            "{:>13} {:>8} {:>8} {:>12} {:>10} {:>10} {:>10} {:>10} {:>7} {:>8}",
+            "{:>13} {:>8} {:>8} {:>12} {:>10} {:>10} {:>10} {:>10} {:>7} {:>11} {:>8}",
             "policy",
             "jobs",
             "skipped",
@@ -129,6 +129,7 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
             "mean bsld",
             "p95 bsld",
             "util %",
+            "makespan s",
             "wall s"
         );
     }

@@ -265,6 +265,14 @@ priority = 100
                 .is_ok_and(|s| s.trim() == format!("task {i}"))
         })
     });
+    // -n spreads tasks over the nodes; an uneven split is refused.
+    let id = ok(&["submit", "--parsable", "-N", "2", "-n", "4", "--wrap", "echo $SLURM_NTASKS $SLURM_NTASKS_PER_NODE"]);
+    let id = id.trim().to_string();
+    eventually("the task-count job never finished", || {
+        std::fs::read_to_string(work.join(format!("slurm-{id}.out"))).is_ok_and(|s| s.trim() == "4 2")
+    });
+    let err = fails(&["submit", "-N", "2", "-n", "3", "--", "true"]);
+    assert!(err.contains("--ntasks") && err.contains("evenly"), "{err}");
     let shares = ok(&["admin", "shares"]);
     assert!(shares.contains("research") && shares.contains("ml"), "{shares}");
 }
