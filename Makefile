@@ -43,3 +43,8 @@ bench: build
 	bin/gangway bench jobs --jobs 500 --nodes 4
 	bin/gangway bench failover --runs 10
 	bin/gangway bench sched --pending 100000,1000000
+
+# Chaos scenarios on real multi-host clusters (network namespaces; needs root).
+# CHAOS_SEED picks the fault schedule, CHAOS_DURATION_S the loaded phase.
+chaos: build
+	$(CARGO) nextest run -p gangway-chaos-tests --no-capture

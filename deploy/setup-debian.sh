@@ -12,6 +12,9 @@ if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ls /usr/lib/x86_6
   need+=(libclang-dev)
 fi
 command -v make >/dev/null 2>&1 || need+=(make)
+# The chaos tests build test hosts from network namespaces and iptables.
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: cargo is missing. Install Rust (rustup) first; rust-toolchain.toml pins the version." >&2

@@ -1,0 +1,237 @@
+//! A cluster of real `gangway` processes, one per test host: controllers on the
+//! first hosts, agents (simulated GPUs, real job processes) on the rest. The
+//! test process is the client, in the root namespace.
+//!
+//! Processes are killed (SIGKILL) and reaped on drop, before the network goes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use gangway_proto::client::Client;
+use gangway_proto::v1 as pb;
+use gangway_proto::v1::admin_service_client::AdminServiceClient;
+use gangway_proto::v1::node_service_client::NodeServiceClient;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::net::TestNet;
+
+/// The controllers' gRPC port inside each host.
+pub const PORT: u16 = 50051;
+
+/// One `gangway` process on a test host, restartable with the same arguments.
+pub struct Proc {
+    pub host: usize,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Proc {
+    fn spawn(&mut self, exe: &Path, net: &TestNet) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &net.hosts[self.host].netns])
+            .arg(exe)
+            .args(&self.args)
+            .env("GANGWAY_LOG", "info,openraft=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("spawning a gangway process")?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    pub fn pid(&self) -> Option<Pid> {
+        self.child.as_ref().map(|c| Pid::from_raw(c.id() as i32))
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn pause(&self) {
+        if let Some(p) = self.pid() {
+            let _ = kill(p, Signal::SIGSTOP);
+        }
+    }
+
+    pub fn resume(&self) {
+        if let Some(p) = self.pid() {
+            let _ = kill(p, Signal::SIGCONT);
+        }
+    }
+
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.resume();
+        self.kill();
+    }
+}
+
+pub struct ChaosCluster {
+    // Field order is drop order: processes go before the network.
+    pub controllers: Vec<Proc>,
+    pub agents: Vec<Proc>,
+    pub net: TestNet,
+    exe: PathBuf,
+    pub dir: PathBuf,
+    pub endpoints: Vec<String>,
+}
+
+/// The `gangway` binary next to this test binary (target/debug/gangway), or
+/// `GANGWAY_BIN`.
+pub fn gangway_exe() -> anyhow::Result<PathBuf> {
+    if let Ok(p) = std::env::var("GANGWAY_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let me = std::env::current_exe()?;
+    for dir in me.ancestors().skip(1).take(3) {
+        let candidate = dir.join("gangway");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "cannot find the gangway binary near {}; build it (cargo build --bin gangway) or set GANGWAY_BIN",
+        me.display()
+    )
+}
+
+impl ChaosCluster {
+    /// Starts `controllers` replicas and `agents` agents (4 simulated GPUs each),
+    /// each on its own host, logging under `dir`.
+    pub fn start(controllers: usize, agents: usize, dir: &Path) -> anyhow::Result<ChaosCluster> {
+        let exe = gangway_exe()?;
+        let net = TestNet::create(controllers + agents)?;
+        let endpoints: Vec<String> = (0..controllers).map(|h| format!("{}:{PORT}", net.hosts[h].ip)).collect();
+        let peers: Vec<String> = endpoints.iter().enumerate().map(|(i, e)| format!("{}={e}", i + 1)).collect();
+        let peers = peers.join(",");
+        let mut c = ChaosCluster {
+            controllers: Vec::new(),
+            agents: Vec::new(),
+            net,
+            exe,
+            dir: dir.to_path_buf(),
+            endpoints: endpoints.clone(),
+        };
+        for (h, endpoint) in endpoints.iter().enumerate() {
+            let data = dir.join(format!("c{}", h + 1));
+            let args = vec![
+                "controller".to_string(),
+                "--id".into(),
+                (h + 1).to_string(),
+                "--listen".into(),
+                format!("0.0.0.0:{PORT}"),
+                "--advertise".into(),
+                endpoint.clone(),
+                "--peers".into(),
+                peers.clone(),
+                "--data-dir".into(),
+                data.display().to_string(),
+                "--node-down-timeout-ms".into(),
+                "6000".into(),
+            ];
+            let mut p = Proc { host: h, args, log: dir.join(format!("c{}.log", h + 1)), child: None };
+            p.spawn(&c.exe, &c.net)?;
+            c.controllers.push(p);
+        }
+        for a in 0..agents {
+            let host = controllers + a;
+            let args = vec![
+                "agent".to_string(),
+                "--controllers".into(),
+                endpoints.join(","),
+                "--name".into(),
+                format!("chaos-node-{}", a + 1),
+                "--fake-gpus".into(),
+                "4xh100-80gb".into(),
+                "--state-dir".into(),
+                dir.join(format!("agent-{}", a + 1)).display().to_string(),
+            ];
+            let mut p = Proc { host, args, log: dir.join(format!("a{}.log", a + 1)), child: None };
+            p.spawn(&c.exe, &c.net)?;
+            c.agents.push(p);
+        }
+        Ok(c)
+    }
+
+    pub fn client(&self) -> anyhow::Result<Client> {
+        Ok(Client::new(&self.endpoints, "chaos:root")?)
+    }
+
+    pub fn restart_controller(&mut self, i: usize) -> anyhow::Result<()> {
+        let (exe, net) = (self.exe.clone(), &self.net);
+        let p = &mut self.controllers[i];
+        p.kill();
+        p.spawn(&exe, net)
+    }
+
+    /// The replica every reachable replica names as leader (index into `controllers`).
+    pub async fn leader(&self, within: Duration) -> anyhow::Result<usize> {
+        let deadline = Instant::now() + within;
+        loop {
+            let mut votes = Vec::new();
+            for i in 0..self.controllers.len() {
+                if !self.controllers[i].running() {
+                    continue;
+                }
+                if let Some(s) = self.replica_status(i).await {
+                    votes.push(s);
+                }
+            }
+            if let Some(l) = votes.iter().find(|s| s.role == "leader") {
+                let agreed = votes.iter().all(|s| s.leader_id == Some(l.id));
+                if agreed && votes.len() * 2 > self.controllers.len() {
+                    return Ok(l.id as usize - 1);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("no leader agreed by a majority within {within:?}: {votes:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A channel to one replica only (no failover), for per-replica checks.
+    pub fn channel_of(&self, controller: usize) -> anyhow::Result<tonic::transport::Channel> {
+        Ok(tonic::transport::Endpoint::from_shared(format!("http://{}", self.endpoints[controller]))?
+            .connect_timeout(Duration::from_millis(500))
+            .connect_lazy())
+    }
+
+    /// One replica's own view (role, term, indexes), if it answers in time.
+    pub async fn replica_status(&self, controller: usize) -> Option<pb::ReplicaStatus> {
+        let ch = self.channel_of(controller).ok()?;
+        let mut req = tonic::Request::new(pb::ReplicaStatusRequest {});
+        req.set_timeout(Duration::from_millis(500));
+        let mut admin = AdminServiceClient::new(ch);
+        let r = tokio::time::timeout(Duration::from_millis(700), admin.get_replica_status(req)).await;
+        r.ok()?.ok().map(|r| r.into_inner())
+    }
+
+    /// Nodes as the cluster sees them (linearizable read).
+    pub async fn nodes(&self) -> anyhow::Result<Vec<pb::Node>> {
+        let client = self.client()?;
+        let r = client
+            .call(|ch| {
+                let req = client.request(pb::ListNodesRequest { stale: false });
+                async move { NodeServiceClient::new(ch).list(req).await }
+            })
+            .await?;
+        Ok(r.into_inner().nodes)
+    }
+}

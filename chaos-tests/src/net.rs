@@ -1,0 +1,133 @@
+//! Test hosts: one Linux network namespace per host, each with its own address
+//! on a bridge the test creates, and iptables partitions between them.
+//!
+//! ```text
+//!   root namespace (the test, its clients)  10.88.S.254
+//!        │ bridge gwbrID
+//!   ├── veth ── netns gwID-h1  10.88.S.1   (a controller or an agent)
+//!   ├── veth ── netns gwID-h2  10.88.S.2
+//!   └── ...
+//! ```
+//!
+//! Everything created here is removed on drop, also when a test fails: the
+//! namespaces (which takes their veth ends and iptables rules with them) and
+//! the bridge.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use anyhow::{bail, Context};
+
+/// Hosts in one test network: the /24 leaves 1..=253 for hosts.
+pub const HOSTS_MAX: usize = 32;
+
+/// Distinguishes networks made by one test process (their names and subnets).
+static NEXT_NET: AtomicU32 = AtomicU32::new(0);
+
+/// Runs `ip`/`iptables` style commands; an error names the command and its stderr.
+pub fn sh(program: &str, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(program).args(args).output().with_context(|| format!("running {program}"))?;
+    if !out.status.success() {
+        bail!("{program} {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+/// One test host.
+#[derive(Debug, Clone)]
+pub struct Host {
+    /// The network namespace name.
+    pub netns: String,
+    /// Its address on the test bridge.
+    pub ip: String,
+    /// The root-namespace end of its veth pair.
+    outer: String,
+}
+
+pub struct TestNet {
+    bridge: String,
+    pub hosts: Vec<Host>,
+}
+
+impl TestNet {
+    /// Creates `n` hosts on a new bridge. Needs root, `ip` and `iptables`.
+    pub fn create(n: usize) -> anyhow::Result<TestNet> {
+        if n == 0 || n > HOSTS_MAX {
+            bail!("hosts: between 1 and {HOSTS_MAX}, got {n}");
+        }
+        if !nix::unistd::geteuid().is_root() {
+            bail!("chaos tests need root (network namespaces, iptables)");
+        }
+        let seq = NEXT_NET.fetch_add(1, Ordering::Relaxed);
+        // Short names: interface names are limited to 15 bytes.
+        let id = format!("{:x}", (std::process::id() % 0x1000) * 16 + seq % 16);
+        let subnet = 10 + (std::process::id() as usize * 7 + seq as usize) % 240;
+        let bridge = format!("gwbr{id}");
+        let mut net = TestNet { bridge: bridge.clone(), hosts: Vec::new() };
+        sh("ip", &["link", "add", &bridge, "type", "bridge"])?;
+        sh("ip", &["addr", "add", &format!("10.88.{subnet}.254/24"), "dev", &bridge])?;
+        sh("ip", &["link", "set", &bridge, "up"])?;
+        for h in 1..=n {
+            let netns = format!("gw{id}-h{h}");
+            let (outer, inner) = (format!("gw{id}v{h}"), format!("gw{id}p{h}"));
+            let ip = format!("10.88.{subnet}.{h}");
+            sh("ip", &["netns", "add", &netns])?;
+            net.hosts.push(Host { netns: netns.clone(), ip: ip.clone(), outer: outer.clone() });
+            sh("ip", &["link", "add", &outer, "type", "veth", "peer", "name", &inner])?;
+            sh("ip", &["link", "set", &inner, "netns", &netns])?;
+            sh("ip", &["link", "set", &outer, "master", &bridge, "up"])?;
+            net.exec(h - 1, &["ip", "addr", "add", &format!("{ip}/24"), "dev", &inner])?;
+            net.exec(h - 1, &["ip", "link", "set", &inner, "up"])?;
+            net.exec(h - 1, &["ip", "link", "set", "lo", "up"])?;
+        }
+        Ok(net)
+    }
+
+    /// Runs a command inside host `h`'s namespace and waits for it.
+    pub fn exec(&self, h: usize, argv: &[&str]) -> anyhow::Result<()> {
+        let mut args = vec!["netns", "exec", self.hosts[h].netns.as_str()];
+        args.extend_from_slice(argv);
+        sh("ip", &args)
+    }
+
+    /// Drops all traffic between the hosts in `a` and those in `b`, both ways.
+    pub fn partition(&self, a: &[usize], b: &[usize]) -> anyhow::Result<()> {
+        for &x in a {
+            for &y in b {
+                self.drop_between(x, y)?;
+                self.drop_between(y, x)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Host `x` stops hearing from host `y` (one-way loss).
+    pub fn drop_between(&self, x: usize, y: usize) -> anyhow::Result<()> {
+        self.exec(x, &["iptables", "-A", "INPUT", "-s", &self.hosts[y].ip, "-j", "DROP"])
+    }
+
+    /// Cuts host `h` off from every other host and from the test's clients.
+    pub fn isolate(&self, h: usize) -> anyhow::Result<()> {
+        self.exec(h, &["iptables", "-A", "INPUT", "-s", "10.88.0.0/16", "-j", "DROP"])?;
+        self.exec(h, &["iptables", "-A", "OUTPUT", "-d", "10.88.0.0/16", "-j", "DROP"])
+    }
+
+    /// Removes every rule: the network is whole again.
+    pub fn heal(&self) -> anyhow::Result<()> {
+        for h in 0..self.hosts.len() {
+            self.exec(h, &["iptables", "-F"])?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        for h in &self.hosts {
+            let _ = sh("ip", &["netns", "del", &h.netns]);
+            // Gone with the namespace, unless a straggling process still holds it.
+            let _ = sh("ip", &["link", "del", &h.outer]);
+        }
+        let _ = sh("ip", &["link", "del", &self.bridge]);
+    }
+}

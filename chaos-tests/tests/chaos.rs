@@ -1,0 +1,180 @@
+//! Chaos scenarios against real multi-host clusters. Each prints the command
+//! that reproduces it (same seed) when a checker finds a violation, and keeps
+//! the logs, the history and the agents' execution records.
+//!
+//! `CHAOS_SEED` picks the fault schedule, `CHAOS_DURATION_S` the length of the
+//! loaded phase (the CI smoke run uses the defaults).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gangway_chaos_tests::check;
+use gangway_chaos_tests::cluster::ChaosCluster;
+use gangway_chaos_tests::history::{History, Outcome};
+use gangway_chaos_tests::{workload, Rng};
+use gangway_proto::v1 as pb;
+use gangway_proto::v1::job_service_client::JobServiceClient;
+
+/// Bound on every recovery wait: far above a healthy cluster's (leader in
+/// ~1 s, queue drained in a few).
+const RECOVER: Duration = Duration::from_secs(60);
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Every job one replica holds, read from its own state (stale read, no forwarding).
+async fn jobs_of(c: &ChaosCluster, replica: usize) -> anyhow::Result<Vec<pb::Job>> {
+    let mut all = Vec::new();
+    let mut after_id = 0;
+    loop {
+        let mut req =
+            tonic::Request::new(pb::ListJobsRequest { stale: true, limit: 10_000, after_id, ..Default::default() });
+        req.set_timeout(Duration::from_secs(5));
+        let resp = JobServiceClient::new(c.channel_of(replica)?).list(req).await?.into_inner();
+        all.extend(resp.jobs);
+        if resp.next_after_id == 0 {
+            return Ok(all);
+        }
+        after_id = resp.next_after_id;
+    }
+}
+
+async fn eventually<F, Fut>(what: &str, mut cond: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + RECOVER;
+    while !cond().await {
+        anyhow::ensure!(Instant::now() < deadline, "{what} within {RECOVER:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// Leader SIGKILLed and restarted, leader paused (SIGSTOP/SIGCONT), leader
+/// isolated by iptables, in a seeded order, while clients submit real jobs
+/// (some 2-node gangs). Checks: acknowledged submits kept, nothing invented,
+/// no GPU used twice at once, gangs whole, attempts fenced, replicas converge,
+/// a leader and an empty queue after healing, no false node failures,
+/// resources conserved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leader_kill_pause_and_isolation_under_load() {
+    let seed = env_u64("CHAOS_SEED", 1);
+    let duration = Duration::from_secs(env_u64("CHAOS_DURATION_S", 12));
+    let dir = tempfile::Builder::new().prefix("gangway-chaos-").tempdir().unwrap();
+    let result = run_scenario(seed, duration, dir.path()).await;
+    if let Err(e) = result {
+        let kept = dir.keep();
+        panic!(
+            "chaos scenario failed: {e:#}\n  logs, history and records kept in {}\n  reproduce: CHAOS_SEED={seed} CHAOS_DURATION_S={} cargo nextest run -p gangway-chaos-tests leader_kill_pause_and_isolation_under_load",
+            kept.display(),
+            duration.as_secs()
+        );
+    }
+}
+
+async fn run_scenario(seed: u64, duration: Duration, dir: &std::path::Path) -> anyhow::Result<()> {
+    let records = dir.join("records");
+    std::fs::create_dir_all(&records)?;
+    let mut c = ChaosCluster::start(3, 2, dir)?;
+    c.leader(RECOVER).await?;
+    eventually("both agents registered", || async {
+        c.nodes().await.is_ok_and(|n| n.iter().filter(|n| n.state == pb::NodeState::Up as i32).count() == 2)
+    })
+    .await?;
+
+    let client = Arc::new(c.client()?);
+    let history = Arc::new(History::default());
+    let until = Instant::now() + duration;
+    let load = tokio::spawn(workload::run(client.clone(), history.clone(), 3, until, records.display().to_string()));
+
+    let mut rng = Rng::new(seed);
+    let mut faults = Vec::new();
+    while Instant::now() + Duration::from_secs(3) < until {
+        tokio::time::sleep(Duration::from_millis(500 + rng.below(1000))).await;
+        let leader = c.leader(RECOVER).await?;
+        let host = c.controllers[leader].host;
+        match rng.below(3) {
+            0 => {
+                faults.push(format!("kill leader {}", leader + 1));
+                c.controllers[leader].kill();
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                c.restart_controller(leader)?;
+            }
+            1 => {
+                faults.push(format!("pause leader {}", leader + 1));
+                c.controllers[leader].pause();
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                c.controllers[leader].resume();
+            }
+            _ => {
+                faults.push(format!("isolate leader {}", leader + 1));
+                c.net.isolate(host)?;
+                tokio::time::sleep(Duration::from_millis(2500)).await;
+                c.net.heal()?;
+            }
+        }
+    }
+    load.await?;
+    c.net.heal()?;
+
+    // Liveness: a leader, and every submitted job runs to its end.
+    c.leader(RECOVER).await?;
+    eventually("the queue drained", || async {
+        let client = &client;
+        let r = client
+            .call(|ch| {
+                let req = client.request(pb::ListJobsRequest {
+                    states: vec![pb::JobState::Pending as i32, pb::JobState::Running as i32],
+                    limit: 10,
+                    ..Default::default()
+                });
+                async move { JobServiceClient::new(ch).list(req).await }
+            })
+            .await;
+        r.is_ok_and(|r| r.into_inner().jobs.is_empty())
+    })
+    .await?;
+    // Convergence: every replica applies the same log.
+    eventually("replicas applied the same index", || async {
+        let mut applied = Vec::new();
+        for i in 0..c.controllers.len() {
+            applied.push(c.replica_status(i).await.map(|s| s.applied_index));
+        }
+        applied.iter().all(|a| a.is_some() && *a == applied[0])
+    })
+    .await?;
+
+    let mut per_replica = Vec::new();
+    for i in 0..c.controllers.len() {
+        per_replica.push(jobs_of(&c, i).await?);
+    }
+    let nodes = c.nodes().await?;
+    let execs = check::read_records(&records);
+    let submits = history.submits();
+    let jobs = &per_replica[0];
+    let mut violations = Vec::new();
+    violations.extend(check::submits_accounted_for(&submits, jobs));
+    violations.extend(check::no_gpu_double_use(&execs));
+    violations.extend(check::gangs_whole_and_attempts_fenced(jobs, &execs));
+    violations.extend(check::replicas_converged(&per_replica));
+    violations.extend(check::no_false_node_failures(jobs, &nodes));
+    violations.extend(check::resources_conserved(jobs, &nodes));
+
+    let acked = submits.iter().filter(|s| matches!(s.outcome, Outcome::Ok(_))).count();
+    let unknown = submits.iter().filter(|s| matches!(s.outcome, Outcome::Unknown(_))).count();
+    let summary = format!(
+        "seed {seed}: {} submits ({acked} acknowledged, {unknown} unknown), {} jobs, {} execution records, faults: {}",
+        submits.len(),
+        jobs.len(),
+        execs.len(),
+        faults.join(", ")
+    );
+    std::fs::write(dir.join("summary.txt"), format!("{summary}\n{}\n", violations.join("\n")))?;
+    println!("{summary}");
+    anyhow::ensure!(acked > 0, "no submit was acknowledged: {summary}");
+    anyhow::ensure!(violations.is_empty(), "{} violations:\n{}\n{summary}", violations.len(), violations.join("\n"));
+    Ok(())
+}
