@@ -5,7 +5,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/gangway/target
 CARGO ?= cargo
 BIN := $(CARGO_TARGET_DIR)/debug/gangway
 
-.PHONY: setup build dev test verify fix bench chaos
+.PHONY: setup build dev test verify fix bench chaos chaos-long
 
 setup:
 	@bash deploy/setup-debian.sh
@@ -48,3 +48,11 @@ bench: build
 # CHAOS_SEED picks the fault schedule, CHAOS_DURATION_S the loaded phase.
 chaos: build
 	$(CARGO) nextest run -p gangway-chaos-tests --no-capture
+
+# The chaos matrix, longer: several seeds per scenario, results as a Markdown table.
+chaos-long: build
+	@echo "| scenario | seed | submits | acknowledged | faults | violations | worst submit | recovery |" > chaos-results.md
+	@echo "|---|---:|---:|---:|---:|---:|---:|---:|" >> chaos-results.md
+	for seed in 1 2 3 4 5; do CHAOS_SEED=$$seed CHAOS_DURATION_S=60 CHAOS_RESULTS=$(CURDIR)/chaos-results.md \
+		$(CARGO) nextest run -p gangway-chaos-tests --no-capture || exit 1; done
+	@cat chaos-results.md

@@ -136,6 +136,31 @@ pub fn gangs_whole_and_attempts_fenced(jobs: &[pb::Job], records: &[ExecRecord])
     v
 }
 
+/// Checker 4: at most one attempt of a job runs at a time: the span of each
+/// attempt (first start to last end, across its nodes) never overlaps another's.
+pub fn attempts_never_overlap(records: &[ExecRecord]) -> Vec<String> {
+    let mut spans: BTreeMap<(u64, u32), (u128, u128)> = BTreeMap::new();
+    for r in records {
+        let e = spans.entry((r.job, r.attempt)).or_insert((u128::MAX, 0));
+        if r.start {
+            e.0 = e.0.min(r.time_ns);
+        } else {
+            e.1 = e.1.max(r.time_ns);
+        }
+    }
+    let mut v = Vec::new();
+    let list: Vec<_> = spans.into_iter().collect();
+    for w in list.windows(2) {
+        let (((job_a, att_a), (_, end_a)), ((job_b, att_b), (start_b, _))) = (&w[0], &w[1]);
+        // An attempt that never recorded its end still runs: it overlaps what follows.
+        let end_a = if *end_a == 0 { u128::MAX } else { *end_a };
+        if job_a == job_b && *start_b < end_a {
+            v.push(format!("job {job_a}: attempt {att_b} started while attempt {att_a} still ran"));
+        }
+    }
+    v
+}
+
 /// Checker 5: every replica holds the same jobs in the same states.
 pub fn replicas_converged(per_replica: &[Vec<pb::Job>]) -> Vec<String> {
     let view =

@@ -10,15 +10,18 @@ use gangway_proto::v1::job_service_client::JobServiceClient;
 
 use crate::history::{History, Outcome, Submit};
 
-/// Pause between one client's submits: a steady load, not a flood (the
-/// throughput benchmark is elsewhere).
-const SUBMIT_PAUSE: Duration = Duration::from_millis(40);
+/// Pause between one client's submits: three clients then offer about as many
+/// jobs as two 4-GPU agents run (so the queue drains after the faults); the
+/// throughput benchmark is elsewhere.
+const SUBMIT_PAUSE: Duration = Duration::from_millis(150);
 
 /// The job a chaos submit runs: a short real process that leaves an execution
 /// record (node, job, attempt) in `records`.
 pub fn job_spec(key: &str, records: &str, gang: bool) -> pb::JobSpec {
+    // A stopped task (SIGTERM first) still records its end, so that attempts
+    // and GPU use can be told apart in time.
     let script = format!(
-        "#!/bin/sh\necho \"start $SLURMD_NODENAME $SLURM_JOB_ID $GANGWAY_ATTEMPT $CUDA_VISIBLE_DEVICES $(date +%s%N)\" >> {records}/$SLURMD_NODENAME.log\nsleep 0.3\necho \"end $SLURMD_NODENAME $SLURM_JOB_ID $GANGWAY_ATTEMPT $CUDA_VISIBLE_DEVICES $(date +%s%N)\" >> {records}/$SLURMD_NODENAME.log\n"
+        "#!/bin/sh\nrec() {{ echo \"$1 $SLURMD_NODENAME $SLURM_JOB_ID $GANGWAY_ATTEMPT $CUDA_VISIBLE_DEVICES $(date +%s%N)\" >> {records}/$SLURMD_NODENAME.log; }}\ntrap 'rec end; exit 143' TERM\nrec start\nsleep 0.2\nrec end\n"
     );
     pb::JobSpec {
         name: format!("chaos-{key}"),

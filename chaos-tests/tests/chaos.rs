@@ -56,26 +56,139 @@ where
 /// Leader SIGKILLed and restarted, leader paused (SIGSTOP/SIGCONT), leader
 /// isolated by iptables, in a seeded order, while clients submit real jobs
 /// (some 2-node gangs). Checks: acknowledged submits kept, nothing invented,
-/// no GPU used twice at once, gangs whole, attempts fenced, replicas converge,
-/// a leader and an empty queue after healing, no false node failures,
-/// resources conserved.
+/// no GPU used twice at once, gangs whole, attempts fenced and never
+/// overlapping, replicas converge, a leader and an empty queue after healing,
+/// no false node failures, resources conserved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leader_kill_pause_and_isolation_under_load() {
+    scenario(
+        "leader_kill_pause_and_isolation_under_load",
+        &[Fault::KillLeader, Fault::PauseLeader, Fault::IsolateLeader],
+    )
+    .await;
+}
+
+/// Majority/minority splits, a bridge (one replica sees both sides), one-way
+/// loss, an agent cut off from every controller, and every replica restarted
+/// at once, while clients submit. Node failures are real here (the cut-off
+/// agent stops its tasks and they are requeued), so the checks are that no
+/// acknowledged work is lost, no GPU or attempt runs twice at once, replicas
+/// converge and resources are conserved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn partitions_agent_cutoff_and_full_restart_under_load() {
+    scenario(
+        "partitions_agent_cutoff_and_full_restart_under_load",
+        &[Fault::SplitLeaderAway, Fault::Bridge, Fault::OneWayLoss, Fault::CutOffAgent, Fault::RestartAll],
+    )
+    .await;
+}
+
+/// The faults a scenario draws from, in its seeded order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    KillLeader,
+    PauseLeader,
+    IsolateLeader,
+    /// The leader alone on one side, the other replicas on the other.
+    SplitLeaderAway,
+    /// The leader and one follower cannot talk; the third replica sees both.
+    Bridge,
+    /// A follower stops hearing the leader (the leader still hears it).
+    OneWayLoss,
+    /// An agent loses every controller for longer than half the node-down timeout.
+    CutOffAgent,
+    /// Every replica SIGKILLed, then all restarted (recovery from disk).
+    RestartAll,
+}
+
+async fn scenario(name: &str, faults: &[Fault]) {
     let seed = env_u64("CHAOS_SEED", 1);
     let duration = Duration::from_secs(env_u64("CHAOS_DURATION_S", 12));
     let dir = tempfile::Builder::new().prefix("gangway-chaos-").tempdir().unwrap();
-    let result = run_scenario(seed, duration, dir.path()).await;
+    let result = run_scenario(name, seed, duration, dir.path(), faults).await;
     if let Err(e) = result {
         let kept = dir.keep();
         panic!(
-            "chaos scenario failed: {e:#}\n  logs, history and records kept in {}\n  reproduce: CHAOS_SEED={seed} CHAOS_DURATION_S={} cargo nextest run -p gangway-chaos-tests leader_kill_pause_and_isolation_under_load",
+            "chaos scenario {name} failed: {e:#}\n  logs, history and records kept in {}\n  reproduce: CHAOS_SEED={seed} CHAOS_DURATION_S={} cargo nextest run -p gangway-chaos-tests {name}",
             kept.display(),
             duration.as_secs()
         );
     }
 }
 
-async fn run_scenario(seed: u64, duration: Duration, dir: &std::path::Path) -> anyhow::Result<()> {
+async fn inject(c: &mut ChaosCluster, fault: Fault, rng: &mut Rng) -> anyhow::Result<String> {
+    let leader = c.leader(RECOVER).await?;
+    let host = c.controllers[leader].host;
+    let n = c.controllers.len();
+    let others: Vec<usize> = (0..n).filter(|&i| i != leader).map(|i| c.controllers[i].host).collect();
+    let pause = |ms| tokio::time::sleep(Duration::from_millis(ms));
+    Ok(match fault {
+        Fault::KillLeader => {
+            c.controllers[leader].kill();
+            pause(1500).await;
+            c.restart_controller(leader)?;
+            format!("kill leader {}", leader + 1)
+        }
+        Fault::PauseLeader => {
+            c.controllers[leader].pause();
+            pause(1500).await;
+            c.controllers[leader].resume();
+            format!("pause leader {}", leader + 1)
+        }
+        Fault::IsolateLeader => {
+            c.net.isolate(host)?;
+            pause(2500).await;
+            c.net.heal()?;
+            format!("isolate leader {}", leader + 1)
+        }
+        Fault::SplitLeaderAway => {
+            c.net.partition(&[host], &others)?;
+            pause(3000).await;
+            c.net.heal()?;
+            format!("split leader {} from the majority", leader + 1)
+        }
+        Fault::Bridge => {
+            let far = others[rng.below(others.len() as u64) as usize];
+            c.net.partition(&[host], &[far])?;
+            pause(3000).await;
+            c.net.heal()?;
+            format!("bridge: leader {} cut from host {}", leader + 1, far + 1)
+        }
+        Fault::OneWayLoss => {
+            let follower = others[rng.below(others.len() as u64) as usize];
+            c.net.drop_between(follower, host)?;
+            pause(3000).await;
+            c.net.heal()?;
+            format!("host {} stops hearing leader {}", follower + 1, leader + 1)
+        }
+        Fault::CutOffAgent => {
+            let a = rng.below(c.agents.len() as u64) as usize;
+            let agent_host = c.agents[a].host;
+            c.net.isolate(agent_host)?;
+            pause(4000).await;
+            c.net.heal()?;
+            format!("agent {} cut off", a + 1)
+        }
+        Fault::RestartAll => {
+            for p in &mut c.controllers {
+                p.kill();
+            }
+            pause(1000).await;
+            for i in 0..n {
+                c.restart_controller(i)?;
+            }
+            "restart every replica".to_string()
+        }
+    })
+}
+
+async fn run_scenario(
+    name: &str,
+    seed: u64,
+    duration: Duration,
+    dir: &std::path::Path,
+    kinds: &[Fault],
+) -> anyhow::Result<()> {
     let records = dir.join("records");
     std::fs::create_dir_all(&records)?;
     let mut c = ChaosCluster::start(3, 2, dir)?;
@@ -92,33 +205,14 @@ async fn run_scenario(seed: u64, duration: Duration, dir: &std::path::Path) -> a
 
     let mut rng = Rng::new(seed);
     let mut faults = Vec::new();
-    while Instant::now() + Duration::from_secs(3) < until {
+    while Instant::now() + Duration::from_secs(4) < until {
         tokio::time::sleep(Duration::from_millis(500 + rng.below(1000))).await;
-        let leader = c.leader(RECOVER).await?;
-        let host = c.controllers[leader].host;
-        match rng.below(3) {
-            0 => {
-                faults.push(format!("kill leader {}", leader + 1));
-                c.controllers[leader].kill();
-                tokio::time::sleep(Duration::from_millis(1500)).await;
-                c.restart_controller(leader)?;
-            }
-            1 => {
-                faults.push(format!("pause leader {}", leader + 1));
-                c.controllers[leader].pause();
-                tokio::time::sleep(Duration::from_millis(1500)).await;
-                c.controllers[leader].resume();
-            }
-            _ => {
-                faults.push(format!("isolate leader {}", leader + 1));
-                c.net.isolate(host)?;
-                tokio::time::sleep(Duration::from_millis(2500)).await;
-                c.net.heal()?;
-            }
-        }
+        let fault = kinds[rng.below(kinds.len() as u64) as usize];
+        faults.push(inject(&mut c, fault, &mut rng).await?);
     }
     load.await?;
     c.net.heal()?;
+    let healed = Instant::now();
 
     // Liveness: a leader, and every submitted job runs to its end.
     c.leader(RECOVER).await?;
@@ -137,6 +231,7 @@ async fn run_scenario(seed: u64, duration: Duration, dir: &std::path::Path) -> a
         r.is_ok_and(|r| r.into_inner().jobs.is_empty())
     })
     .await?;
+    let recovered = healed.elapsed();
     // Convergence: every replica applies the same log.
     eventually("replicas applied the same index", || async {
         let mut applied = Vec::new();
@@ -160,18 +255,41 @@ async fn run_scenario(seed: u64, duration: Duration, dir: &std::path::Path) -> a
     violations.extend(check::no_gpu_double_use(&execs));
     violations.extend(check::gangs_whole_and_attempts_fenced(jobs, &execs));
     violations.extend(check::replicas_converged(&per_replica));
-    violations.extend(check::no_false_node_failures(jobs, &nodes));
+    violations.extend(check::attempts_never_overlap(&execs));
+    // Only controller faults must never fail a node; an agent cut off is a real node failure.
+    if !kinds.contains(&Fault::CutOffAgent) {
+        violations.extend(check::no_false_node_failures(jobs, &nodes));
+    }
     violations.extend(check::resources_conserved(jobs, &nodes));
 
     let acked = submits.iter().filter(|s| matches!(s.outcome, Outcome::Ok(_))).count();
     let unknown = submits.iter().filter(|s| matches!(s.outcome, Outcome::Unknown(_))).count();
+    // The slowest submit a client saw: the worst gap a fault opened.
+    let worst_gap = submits.iter().map(|s| s.completed - s.invoked).max().unwrap_or_default();
     let summary = format!(
-        "seed {seed}: {} submits ({acked} acknowledged, {unknown} unknown), {} jobs, {} execution records, faults: {}",
+        "seed {seed}: {} submits ({acked} acknowledged, {unknown} unknown), {} jobs, {} execution records, \
+         worst submit {:.2} s, recovered in {:.1} s, faults: {}",
         submits.len(),
         jobs.len(),
         execs.len(),
+        worst_gap.as_secs_f64(),
+        recovered.as_secs_f64(),
         faults.join(", ")
     );
+    if let Ok(path) = std::env::var("CHAOS_RESULTS") {
+        // One Markdown table row per run, for the README's results table.
+        use std::io::Write;
+        let row = format!(
+            "| {name} | {seed} | {} | {} | {} | {} | {:.2} s | {:.1} s |\n",
+            submits.len(),
+            acked,
+            faults.len(),
+            violations.len(),
+            worst_gap.as_secs_f64(),
+            recovered.as_secs_f64()
+        );
+        std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(row.as_bytes())?;
+    }
     std::fs::write(dir.join("summary.txt"), format!("{summary}\n{}\n", violations.join("\n")))?;
     println!("{summary}");
     anyhow::ensure!(acked > 0, "no submit was acknowledged: {summary}");
