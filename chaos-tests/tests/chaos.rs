@@ -54,7 +54,7 @@ where
 }
 
 /// Leader SIGKILLed and restarted, leader paused (SIGSTOP/SIGCONT), leader
-/// isolated by iptables, in a seeded order, while clients submit real jobs
+/// isolated by iptables, a majority SIGKILLed and restarted, in a seeded order, while clients submit real jobs
 /// (some 2-node gangs). Checks: acknowledged submits kept, nothing invented,
 /// no GPU used twice at once, gangs whole, attempts fenced and never
 /// overlapping, replicas converge, a leader and an empty queue after healing,
@@ -63,7 +63,7 @@ where
 async fn leader_kill_pause_and_isolation_under_load() {
     scenario(
         "leader_kill_pause_and_isolation_under_load",
-        &[Fault::KillLeader, Fault::PauseLeader, Fault::IsolateLeader],
+        &[Fault::KillLeader, Fault::PauseLeader, Fault::IsolateLeader, Fault::KillMajority],
     )
     .await;
 }
@@ -99,6 +99,8 @@ enum Fault {
     CutOffAgent,
     /// Every replica SIGKILLed, then all restarted (recovery from disk).
     RestartAll,
+    /// The leader and a follower SIGKILLed together (no quorum), then restarted.
+    KillMajority,
 }
 
 async fn scenario(name: &str, faults: &[Fault]) {
@@ -168,6 +170,15 @@ async fn inject(c: &mut ChaosCluster, fault: Fault, rng: &mut Rng) -> anyhow::Re
             pause(4000).await;
             c.net.heal()?;
             format!("agent {} cut off", a + 1)
+        }
+        Fault::KillMajority => {
+            let follower = (0..n).find(|&i| i != leader).expect("3 replicas");
+            c.controllers[leader].kill();
+            c.controllers[follower].kill();
+            pause(2000).await;
+            c.restart_controller(leader)?;
+            c.restart_controller(follower)?;
+            format!("kill leader {} and replica {}", leader + 1, follower + 1)
         }
         Fault::RestartAll => {
             for p in &mut c.controllers {
