@@ -106,6 +106,16 @@ impl TestNet {
         self.exec(x, &["iptables", "-A", "INPUT", "-s", &self.hosts[y].ip, "-j", "DROP"])
     }
 
+    /// Host `h` drops this fraction of the packets it receives, at random
+    /// (iptables' statistic match: this kernel has no netem).
+    pub fn lossy(&self, h: usize, probability: f64) -> anyhow::Result<()> {
+        let p = format!("{:.2}", probability.clamp(0.0, 1.0));
+        self.exec(
+            h,
+            &["iptables", "-A", "INPUT", "-m", "statistic", "--mode", "random", "--probability", &p, "-j", "DROP"],
+        )
+    }
+
     /// Cuts host `h` off from every other host and from the test's clients.
     pub fn isolate(&self, h: usize) -> anyhow::Result<()> {
         self.exec(h, &["iptables", "-A", "INPUT", "-s", "10.88.0.0/16", "-j", "DROP"])?;

@@ -69,8 +69,8 @@ async fn leader_kill_pause_and_isolation_under_load() {
 }
 
 /// Majority/minority splits, a bridge (one replica sees both sides), one-way
-/// loss, an agent cut off from every controller, and every replica restarted
-/// at once, while clients submit. Node failures are real here (the cut-off
+/// loss, random packet loss, an agent cut off from every controller, and every
+/// replica restarted at once, while clients submit. Node failures are real here (the cut-off
 /// agent stops its tasks and they are requeued), so the checks are that no
 /// acknowledged work is lost, no GPU or attempt runs twice at once, replicas
 /// converge and resources are conserved.
@@ -78,7 +78,14 @@ async fn leader_kill_pause_and_isolation_under_load() {
 async fn partitions_agent_cutoff_and_full_restart_under_load() {
     scenario(
         "partitions_agent_cutoff_and_full_restart_under_load",
-        &[Fault::SplitLeaderAway, Fault::Bridge, Fault::OneWayLoss, Fault::CutOffAgent, Fault::RestartAll],
+        &[
+            Fault::SplitLeaderAway,
+            Fault::Bridge,
+            Fault::OneWayLoss,
+            Fault::CutOffAgent,
+            Fault::RestartAll,
+            Fault::PacketLoss,
+        ],
     )
     .await;
 }
@@ -101,6 +108,8 @@ enum Fault {
     RestartAll,
     /// The leader and a follower SIGKILLed together (no quorum), then restarted.
     KillMajority,
+    /// Every host drops a fifth of what it receives, at random.
+    PacketLoss,
 }
 
 async fn scenario(name: &str, faults: &[Fault]) {
@@ -179,6 +188,14 @@ async fn inject(c: &mut ChaosCluster, fault: Fault, rng: &mut Rng) -> anyhow::Re
             c.restart_controller(leader)?;
             c.restart_controller(follower)?;
             format!("kill leader {} and replica {}", leader + 1, follower + 1)
+        }
+        Fault::PacketLoss => {
+            for h in 0..c.net.hosts.len() {
+                c.net.lossy(h, 0.2)?;
+            }
+            pause(3000).await;
+            c.net.heal()?;
+            "20% packet loss everywhere".to_string()
         }
         Fault::RestartAll => {
             for p in &mut c.controllers {
