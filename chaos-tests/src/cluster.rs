@@ -24,6 +24,8 @@ pub const PORT: u16 = 50051;
 /// One `gangway` process on a test host, restartable with the same arguments.
 pub struct Proc {
     pub host: usize,
+    /// Removed from the membership: stopped for good, not a replica any more.
+    pub retired: bool,
     args: Vec<String>,
     log: PathBuf,
     child: Option<Child>,
@@ -145,7 +147,7 @@ impl ChaosCluster {
                 "--node-down-timeout-ms".into(),
                 "6000".into(),
             ];
-            let mut p = Proc { host: h, args, log: dir.join(format!("c{}.log", h + 1)), child: None };
+            let mut p = Proc { host: h, retired: false, args, log: dir.join(format!("c{}.log", h + 1)), child: None };
             p.spawn(&c.exe, &c.net)?;
             c.controllers.push(p);
         }
@@ -162,7 +164,7 @@ impl ChaosCluster {
                 "--state-dir".into(),
                 dir.join(format!("agent-{}", a + 1)).display().to_string(),
             ];
-            let mut p = Proc { host, args, log: dir.join(format!("a{}.log", a + 1)), child: None };
+            let mut p = Proc { host, retired: false, args, log: dir.join(format!("a{}.log", a + 1)), child: None };
             p.spawn(&c.exe, &c.net)?;
             c.agents.push(p);
         }
@@ -171,6 +173,67 @@ impl ChaosCluster {
 
     pub fn client(&self) -> anyhow::Result<Client> {
         Ok(Client::new(&self.endpoints, "chaos:root")?)
+    }
+
+    /// Indexes of the controllers that are members (not retired).
+    pub fn members(&self) -> Vec<usize> {
+        (0..self.controllers.len()).filter(|&i| !self.controllers[i].retired).collect()
+    }
+
+    /// Starts a new replica on a new host with `--join` and makes it a voter
+    /// (add learner, promote), then removes `remove` from the membership and
+    /// stops it. Returns the new replica's index.
+    pub async fn replace_member(&mut self, remove: usize) -> anyhow::Result<usize> {
+        let host = self.net.add_host()?;
+        let i = self.controllers.len();
+        let id = (i + 1) as u64;
+        let endpoint = format!("{}:{PORT}", self.net.hosts[host].ip);
+        let args = vec![
+            "controller".to_string(),
+            "--id".into(),
+            id.to_string(),
+            "--listen".into(),
+            format!("0.0.0.0:{PORT}"),
+            "--advertise".into(),
+            endpoint.clone(),
+            "--join".into(),
+            "--data-dir".into(),
+            self.dir.join(format!("c{id}")).display().to_string(),
+            "--node-down-timeout-ms".into(),
+            "6000".into(),
+        ];
+        let mut p = Proc { host, retired: false, args, log: self.dir.join(format!("c{id}.log")), child: None };
+        p.spawn(&self.exe, &self.net)?;
+        self.controllers.push(p);
+        self.endpoints.push(endpoint.clone());
+        let client = self.client()?;
+        let admin = |ch| AdminServiceClient::new(ch);
+        let req = pb::AddLearnerRequest { id, addr: endpoint };
+        client
+            .call(|ch| {
+                let mut r = client.request(req.clone());
+                r.set_timeout(Duration::from_secs(60));
+                async move { admin(ch).add_learner(r).await }
+            })
+            .await?;
+        client
+            .call(|ch| {
+                let mut r = client.request(pb::PromoteRequest { id });
+                r.set_timeout(Duration::from_secs(60));
+                async move { admin(ch).promote(r).await }
+            })
+            .await?;
+        let gone = (remove + 1) as u64;
+        client
+            .call(|ch| {
+                let mut r = client.request(pb::RemoveMemberRequest { id: gone });
+                r.set_timeout(Duration::from_secs(60));
+                async move { admin(ch).remove_member(r).await }
+            })
+            .await?;
+        self.controllers[remove].kill();
+        self.controllers[remove].retired = true;
+        Ok(i)
     }
 
     pub fn restart_controller(&mut self, i: usize) -> anyhow::Result<()> {
@@ -185,7 +248,7 @@ impl ChaosCluster {
         let deadline = Instant::now() + within;
         loop {
             let mut votes = Vec::new();
-            for i in 0..self.controllers.len() {
+            for i in self.members() {
                 if !self.controllers[i].running() {
                     continue;
                 }
@@ -195,7 +258,7 @@ impl ChaosCluster {
             }
             if let Some(l) = votes.iter().find(|s| s.role == "leader") {
                 let agreed = votes.iter().all(|s| s.leader_id == Some(l.id));
-                if agreed && votes.len() * 2 > self.controllers.len() {
+                if agreed && votes.len() * 2 > self.members().len() {
                     return Ok(l.id as usize - 1);
                 }
             }

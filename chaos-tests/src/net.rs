@@ -46,6 +46,10 @@ pub struct Host {
 
 pub struct TestNet {
     bridge: String,
+    /// Short id in every name this network creates.
+    id: String,
+    /// The third octet of the network's 10.88.S.0/24.
+    subnet: usize,
     pub hosts: Vec<Host>,
 }
 
@@ -63,24 +67,35 @@ impl TestNet {
         let id = format!("{:x}", (std::process::id() % 0x1000) * 16 + seq % 16);
         let subnet = 10 + (std::process::id() as usize * 7 + seq as usize) % 240;
         let bridge = format!("gwbr{id}");
-        let mut net = TestNet { bridge: bridge.clone(), hosts: Vec::new() };
+        let mut net = TestNet { bridge: bridge.clone(), id, subnet, hosts: Vec::new() };
         sh("ip", &["link", "add", &bridge, "type", "bridge"])?;
         sh("ip", &["addr", "add", &format!("10.88.{subnet}.254/24"), "dev", &bridge])?;
         sh("ip", &["link", "set", &bridge, "up"])?;
-        for h in 1..=n {
-            let netns = format!("gw{id}-h{h}");
-            let (outer, inner) = (format!("gw{id}v{h}"), format!("gw{id}p{h}"));
-            let ip = format!("10.88.{subnet}.{h}");
-            sh("ip", &["netns", "add", &netns])?;
-            net.hosts.push(Host { netns: netns.clone(), ip: ip.clone(), outer: outer.clone() });
-            sh("ip", &["link", "add", &outer, "type", "veth", "peer", "name", &inner])?;
-            sh("ip", &["link", "set", &inner, "netns", &netns])?;
-            sh("ip", &["link", "set", &outer, "master", &bridge, "up"])?;
-            net.exec(h - 1, &["ip", "addr", "add", &format!("{ip}/24"), "dev", &inner])?;
-            net.exec(h - 1, &["ip", "link", "set", &inner, "up"])?;
-            net.exec(h - 1, &["ip", "link", "set", "lo", "up"])?;
+        for _ in 0..n {
+            net.add_host()?;
         }
         Ok(net)
+    }
+
+    /// Adds one more host to the network; returns its index.
+    pub fn add_host(&mut self) -> anyhow::Result<usize> {
+        let h = self.hosts.len() + 1;
+        if h > HOSTS_MAX {
+            bail!("hosts: at most {HOSTS_MAX}");
+        }
+        let (id, subnet) = (self.id.clone(), self.subnet);
+        let netns = format!("gw{id}-h{h}");
+        let (outer, inner) = (format!("gw{id}v{h}"), format!("gw{id}p{h}"));
+        let ip = format!("10.88.{subnet}.{h}");
+        sh("ip", &["netns", "add", &netns])?;
+        self.hosts.push(Host { netns: netns.clone(), ip: ip.clone(), outer: outer.clone() });
+        sh("ip", &["link", "add", &outer, "type", "veth", "peer", "name", &inner])?;
+        sh("ip", &["link", "set", &inner, "netns", &netns])?;
+        sh("ip", &["link", "set", &outer, "master", &self.bridge, "up"])?;
+        self.exec(h - 1, &["ip", "addr", "add", &format!("{ip}/24"), "dev", &inner])?;
+        self.exec(h - 1, &["ip", "link", "set", &inner, "up"])?;
+        self.exec(h - 1, &["ip", "link", "set", "lo", "up"])?;
+        Ok(h - 1)
     }
 
     /// Runs a command inside host `h`'s namespace and waits for it.

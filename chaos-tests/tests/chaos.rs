@@ -54,7 +54,8 @@ where
 }
 
 /// Leader SIGKILLed and restarted, leader paused (SIGSTOP/SIGCONT), leader
-/// isolated by iptables, a majority SIGKILLed and restarted, in a seeded order, while clients submit real jobs
+/// isolated by iptables, a majority SIGKILLed and restarted, a replica replaced
+/// (a new one joins, a follower is removed), in a seeded order, while clients submit real jobs
 /// (some 2-node gangs). Checks: acknowledged submits kept, nothing invented,
 /// no GPU used twice at once, gangs whole, attempts fenced and never
 /// overlapping, replicas converge, a leader and an empty queue after healing,
@@ -63,7 +64,7 @@ where
 async fn leader_kill_pause_and_isolation_under_load() {
     scenario(
         "leader_kill_pause_and_isolation_under_load",
-        &[Fault::KillLeader, Fault::PauseLeader, Fault::IsolateLeader, Fault::KillMajority],
+        &[Fault::KillLeader, Fault::PauseLeader, Fault::IsolateLeader, Fault::KillMajority, Fault::ReplaceMember],
     )
     .await;
 }
@@ -110,6 +111,8 @@ enum Fault {
     KillMajority,
     /// Every host drops a fifth of what it receives, at random.
     PacketLoss,
+    /// A new replica joins (learner, then voter) and a follower is removed.
+    ReplaceMember,
 }
 
 async fn scenario(name: &str, faults: &[Fault]) {
@@ -130,8 +133,8 @@ async fn scenario(name: &str, faults: &[Fault]) {
 async fn inject(c: &mut ChaosCluster, fault: Fault, rng: &mut Rng) -> anyhow::Result<String> {
     let leader = c.leader(RECOVER).await?;
     let host = c.controllers[leader].host;
-    let n = c.controllers.len();
-    let others: Vec<usize> = (0..n).filter(|&i| i != leader).map(|i| c.controllers[i].host).collect();
+    let members = c.members();
+    let others: Vec<usize> = members.iter().filter(|&&i| i != leader).map(|&i| c.controllers[i].host).collect();
     let pause = |ms| tokio::time::sleep(Duration::from_millis(ms));
     Ok(match fault {
         Fault::KillLeader => {
@@ -181,13 +184,25 @@ async fn inject(c: &mut ChaosCluster, fault: Fault, rng: &mut Rng) -> anyhow::Re
             format!("agent {} cut off", a + 1)
         }
         Fault::KillMajority => {
-            let follower = (0..n).find(|&i| i != leader).expect("3 replicas");
+            let follower = *members.iter().find(|&&i| i != leader).expect("3 replicas");
             c.controllers[leader].kill();
             c.controllers[follower].kill();
             pause(2000).await;
             c.restart_controller(leader)?;
             c.restart_controller(follower)?;
             format!("kill leader {} and replica {}", leader + 1, follower + 1)
+        }
+        Fault::ReplaceMember if c.controllers.len() == members.len() => {
+            let follower = *members.iter().find(|&&i| i != leader).expect("3 replicas");
+            let new = c.replace_member(follower).await?;
+            format!("replica {} joined, replica {} removed", new + 1, follower + 1)
+        }
+        Fault::ReplaceMember => {
+            // One membership change per run: the clients keep their endpoint list.
+            c.controllers[leader].pause();
+            pause(1500).await;
+            c.controllers[leader].resume();
+            format!("pause leader {}", leader + 1)
         }
         Fault::PacketLoss => {
             for h in 0..c.net.hosts.len() {
@@ -198,11 +213,11 @@ async fn inject(c: &mut ChaosCluster, fault: Fault, rng: &mut Rng) -> anyhow::Re
             "20% packet loss everywhere".to_string()
         }
         Fault::RestartAll => {
-            for p in &mut c.controllers {
-                p.kill();
+            for &i in &members {
+                c.controllers[i].kill();
             }
             pause(1000).await;
-            for i in 0..n {
+            for &i in &members {
                 c.restart_controller(i)?;
             }
             "restart every replica".to_string()
@@ -263,7 +278,7 @@ async fn run_scenario(
     // Convergence: every replica applies the same log.
     eventually("replicas applied the same index", || async {
         let mut applied = Vec::new();
-        for i in 0..c.controllers.len() {
+        for i in c.members() {
             applied.push(c.replica_status(i).await.map(|s| s.applied_index));
         }
         applied.iter().all(|a| a.is_some() && *a == applied[0])
@@ -271,7 +286,7 @@ async fn run_scenario(
     .await?;
 
     let mut per_replica = Vec::new();
-    for i in 0..c.controllers.len() {
+    for i in c.members() {
         per_replica.push(jobs_of(&c, i).await?);
     }
     let nodes = c.nodes().await?;
