@@ -71,6 +71,32 @@ fn job(i: usize, gpn: u32) -> JobSpec {
     }
 }
 
+/// The synthetic cluster: racks of `rack_nodes`, blocks of `block_racks`
+/// racks, GPUs in NVLink islands of 4.
+fn node_specs(a: &SchedArgs) -> Vec<NodeSpec> {
+    (0..a.nodes)
+        .map(|n| {
+            let rack = n / a.rack_nodes;
+            NodeSpec {
+                name: format!("gpu{n:05}"),
+                addr: String::new(),
+                cpus: 128,
+                mem_mb: 2 * 1024 * 1024,
+                gpus: (0..a.gpus_per_node)
+                    .map(|g| GpuSpec {
+                        uuid: format!("GPU-{n}-{g}"),
+                        model: "h100-80gb".into(),
+                        mem_mb: 81920,
+                        nvlink_island: g / 4,
+                    })
+                    .collect(),
+                topology: vec![format!("block{}", rack / a.block_racks), format!("rack{rack}")],
+                labels: Default::default(),
+            }
+        })
+        .collect()
+}
+
 pub fn run(a: SchedArgs) -> anyhow::Result<()> {
     println!(
         "cluster: {} nodes × {} GPUs ({} GPUs), racks of {} nodes, blocks of {} racks; {} CPUs",
@@ -96,24 +122,7 @@ fn small_job_fill(a: &SchedArgs) -> anyhow::Result<()> {
         index += 1;
         state.apply(index, cmd)
     };
-    for n in 0..a.nodes {
-        let rack = n / a.rack_nodes;
-        let spec = NodeSpec {
-            name: format!("gpu{n:05}"),
-            addr: String::new(),
-            cpus: 128,
-            mem_mb: 2 * 1024 * 1024,
-            gpus: (0..a.gpus_per_node)
-                .map(|g| GpuSpec {
-                    uuid: format!("GPU-{n}-{g}"),
-                    model: "h100-80gb".into(),
-                    mem_mb: 81920,
-                    nvlink_island: g / 4,
-                })
-                .collect(),
-            topology: vec![format!("block{}", rack / a.block_racks), format!("rack{rack}")],
-            labels: Default::default(),
-        };
+    for spec in node_specs(a) {
         apply(&mut state, &Command::RegisterNode { spec, now_ms: 0 });
     }
     let total = (a.nodes * a.gpus_per_node) as usize;
@@ -173,24 +182,7 @@ fn measure(a: &SchedArgs, pending: usize) -> anyhow::Result<()> {
     let cmd =
         Command::UpdatePolicy { policy, expected_version: None, force: false, identity: "bench".into(), now_ms: 0 };
     anyhow::ensure!(matches!(apply(&mut state, &cmd).outcome, Outcome::PolicyUpdated { .. }), "policy refused");
-    for n in 0..a.nodes {
-        let rack = n / a.rack_nodes;
-        let spec = NodeSpec {
-            name: format!("gpu{n:05}"),
-            addr: String::new(),
-            cpus: 128,
-            mem_mb: 2 * 1024 * 1024,
-            gpus: (0..a.gpus_per_node)
-                .map(|g| GpuSpec {
-                    uuid: format!("GPU-{n}-{g}"),
-                    model: "h100-80gb".into(),
-                    mem_mb: 81920,
-                    nvlink_island: 0,
-                })
-                .collect(),
-            topology: vec![format!("block{}", rack / a.block_racks), format!("rack{rack}")],
-            labels: Default::default(),
-        };
+    for spec in node_specs(a) {
         apply(&mut state, &Command::RegisterNode { spec, now_ms: 0 });
     }
     let rss_before = rss_kb();

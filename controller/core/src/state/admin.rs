@@ -246,24 +246,10 @@ impl State {
         identity: &str,
     ) -> Applied {
         let admin = self.is_admin(identity);
-        let Some(job) = self.jobs.get(&job_id) else {
-            return Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
+        let job = match self.changeable_job(job_id, identity, "change") {
+            Ok(job) => job,
+            Err(refused) => return refused,
         };
-        if job.state.is_finished() {
-            return Applied::refused(
-                RefusalKind::FailedPrecondition,
-                format!("job {job_id} already finished ({})", job.state.as_str()),
-            );
-        }
-        if !self.may_change(job, identity) {
-            return Applied::refused(
-                RefusalKind::PermissionDenied,
-                format!(
-                    "permission: job {job_id} belongs to {}; only its owner or an admin may change it",
-                    job.spec.user
-                ),
-            );
-        }
         let pending = job.state == JobState::Pending;
         let not_pending = || {
             Applied::refused(

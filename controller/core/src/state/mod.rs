@@ -366,24 +366,32 @@ impl State {
         }
     }
 
-    fn apply_cancel_job(&mut self, index: u64, job_id: JobId, identity: &str) -> Applied {
+    /// The unfinished job `identity` may `verb` (its owner or an admin), or the refusal.
+    fn changeable_job(&self, job_id: JobId, identity: &str, verb: &str) -> Result<&Job, Applied> {
         let Some(job) = self.jobs.get(&job_id) else {
-            return Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
+            return Err(Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist")));
         };
         if job.state.is_finished() {
-            return Applied::refused(
+            return Err(Applied::refused(
                 RefusalKind::FailedPrecondition,
                 format!("job {job_id} already finished ({})", job.state.as_str()),
-            );
+            ));
         }
         if !self.may_change(job, identity) {
-            return Applied::refused(
+            return Err(Applied::refused(
                 RefusalKind::PermissionDenied,
                 format!(
-                    "permission: job {job_id} belongs to {}; only its owner or an admin may cancel it",
+                    "permission: job {job_id} belongs to {}; only its owner or an admin may {verb} it",
                     job.spec.user
                 ),
-            );
+            ));
+        }
+        Ok(job)
+    }
+
+    fn apply_cancel_job(&mut self, index: u64, job_id: JobId, identity: &str) -> Applied {
+        if let Err(refused) = self.changeable_job(job_id, identity, "cancel") {
+            return refused;
         }
         let reason = format!("cancelled by {identity}");
         let event = self.finish_job(index, job_id, JobState::Cancelled, None, reason);
