@@ -118,11 +118,7 @@ pub fn explain(state: &State, job_id: JobId, now_ms: u64) -> Option<Explanation>
                 ("JobArrayTaskLimit", "the array's throttle (%N) is reached; elements start as others end".into())
             }
             Some(r @ ("AssocGrpLimit" | "AssocMaxLimit" | "QOSMaxPerUser")) => {
-                let extra = crate::policy::Use {
-                    gpus: u64::from(job.spec.nodes) * u64::from(job.spec.gpus_per_node),
-                    cpus: u64::from(job.spec.nodes) * u64::from(job.spec.cpus_per_node()),
-                    jobs: 1,
-                };
+                let extra = crate::policy::Use { gpus: job.gpus(), cpus: job.cpus(), jobs: 1 };
                 (r, state.quota_exceeded(job, extra).unwrap_or_else(|| "a quota is reached".into()))
             }
             Some("Topology") => (

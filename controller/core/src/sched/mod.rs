@@ -360,11 +360,7 @@ impl<'s, 'o> Pass<'s, 'o> {
                 gpus: (0..32).filter(|b| m.gpus & (1 << b) != 0).collect(),
             })
             .collect();
-        let u = Use {
-            gpus: members.iter().map(|m| u64::from(m.gpus.count_ones())).sum(),
-            cpus: members.iter().map(|m| u64::from(m.cpus)).sum(),
-            jobs: 1,
-        };
+        let u = view::members_use(&members);
         for k in self.state.use_keys_of(job) {
             self.plan_use.entry(k).or_default().add(u);
         }
@@ -385,7 +381,7 @@ impl<'s, 'o> Pass<'s, 'o> {
             let end = self.running_end_ms(j);
             for na in j.allocation.iter().flat_map(|a| a.nodes.iter()) {
                 if let Some(&i) = self.node_index.get(na.node.as_str()) {
-                    let mask = na.gpus.iter().fold(0u32, |m, g| m | (1 << g));
+                    let mask = view::gpu_mask(&na.gpus);
                     events.push((end, i, na.cpus, na.mem_mb, mask));
                 }
             }
@@ -395,7 +391,7 @@ impl<'s, 'o> Pass<'s, 'o> {
             let end = now.saturating_add(self.estimate_s(j).saturating_mul(1000));
             for na in &p.nodes {
                 if let Some(&i) = self.node_index.get(na.node.as_str()) {
-                    let mask = na.gpus.iter().fold(0u32, |m, g| m | (1 << g));
+                    let mask = view::gpu_mask(&na.gpus);
                     events.push((end, i, na.cpus, na.mem_mb, mask));
                 }
             }
@@ -588,11 +584,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
         }
         // Limits before resources (as Slurm reports them): the smallest the job can be.
         if has_quotas {
-            let min = Use {
-                gpus: u64::from(job.spec.nodes) * u64::from(job.spec.gpus_per_node),
-                cpus: u64::from(job.spec.nodes) * u64::from(job.spec.cpus_per_node()),
-                jobs: 1,
-            };
+            let min = Use { gpus: job.gpus(), cpus: job.cpus(), jobs: 1 };
             if let Some(why) = pass.quota(job, min) {
                 pass.plan.reasons.push((id, why));
                 continue;
@@ -634,11 +626,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
         };
         match attempt {
             Ok(members) => {
-                let u = Use {
-                    gpus: members.iter().map(|m| u64::from(m.gpus.count_ones())).sum(),
-                    cpus: members.iter().map(|m| u64::from(m.cpus)).sum(),
-                    jobs: 1,
-                };
+                let u = view::members_use(&members);
                 if let Some(why) = has_quotas.then(|| pass.quota(job, u)).flatten() {
                     pass.plan.reasons.push((id, why));
                     continue;
@@ -651,11 +639,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
                     // Every attempt counts, found or not: each may try many placements.
                     preempt_attempts += 1;
                     if let Some((victims, members)) = pass.preempt(job, depth, prio) {
-                        let u = Use {
-                            gpus: members.iter().map(|m| u64::from(m.gpus.count_ones())).sum(),
-                            cpus: members.iter().map(|m| u64::from(m.cpus)).sum(),
-                            jobs: 1,
-                        };
+                        let u = view::members_use(&members);
                         if !has_quotas || pass.quota(job, u).is_none() {
                             pass.evict(&victims, id);
                             pass.record(job, members, now.saturating_add(est_s.saturating_mul(1000)));

@@ -129,7 +129,7 @@ impl<'s> Pass<'s, '_> {
     fn give_job(&self, free: &mut [super::Free], v: &Job) {
         for na in v.allocation.iter().flat_map(|a| a.nodes.iter()) {
             if let Some(&i) = self.node_index.get(na.node.as_str()) {
-                let mask = na.gpus.iter().fold(0u32, |m, g| m | (1 << g));
+                let mask = super::view::gpu_mask(&na.gpus);
                 self.view.give(free, i, na.cpus, na.mem_mb, mask);
             }
         }

@@ -86,6 +86,20 @@ pub(crate) struct View<'a> {
     pub policy: &'a ClusterPolicy,
 }
 
+/// The bit mask of a list of GPU indexes.
+pub(crate) fn gpu_mask(gpus: &[u32]) -> u32 {
+    gpus.iter().fold(0, |m, g| m | (1 << g))
+}
+
+/// What a placed gang holds, for quota checks.
+pub(crate) fn members_use(members: &[Member]) -> crate::policy::Use {
+    crate::policy::Use {
+        gpus: members.iter().map(|m| u64::from(m.gpus.count_ones())).sum(),
+        cpus: members.iter().map(|m| u64::from(m.cpus)).sum(),
+        jobs: 1,
+    }
+}
+
 /// GPUs matching a type prefix on a node (bit mask).
 pub(crate) fn type_mask(node: &Node, gpu_type: &str) -> u32 {
     let mut m = 0;

@@ -203,16 +203,6 @@ impl State {
         cohort_used + extra <= cohort_quota
     }
 
-    /// Whether `job` (running) holds GPUs beyond its account's own quota,
-    /// borrowed from siblings: such jobs are reclaimed by preemption.
-    pub fn is_borrowing(&self, job: &Job) -> bool {
-        let p = &self.policy;
-        let Some(acc) = p.accounts.get(&job.spec.account) else { return false };
-        let (Some(own), true) = (acc.quota.max_running_gpus, acc.borrow_gpus > 0) else { return false };
-        let used = self.running_use.get(&UseKey::Account(job.spec.account.clone())).map_or(0, |u| u.gpus);
-        job.allocation.is_some() && used > u64::from(own)
-    }
-
     /// Adds an ending allocation's GPU- and CPU-time to its account's usage.
     pub(super) fn charge_usage(&mut self, job_id: JobId, alloc: &Allocation) {
         let job = &self.jobs[&job_id];
