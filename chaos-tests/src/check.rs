@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gangway_proto::v1 as pb;
 
-use crate::history::{Outcome, Submit};
+use crate::history::{Cancel, CancelOutcome, Outcome, Query, QueryOutcome, Submit};
 
 /// One line an agent's job wrote: `start|end NODE JOB ATTEMPT GPUS TIME_NS`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,6 +216,97 @@ pub fn resources_conserved(jobs: &[pb::Job], nodes: &[pb::Node]) -> Vec<String> 
     v
 }
 
+fn finished(state: i32) -> bool {
+    state >= pb::JobState::Completed as i32
+}
+
+/// Checker 4, cancels: an acknowledged cancel leaves its job Cancelled, and no
+/// later attempt of it ever starts on a node; a cancel refused because the job
+/// had finished finds it finished in the final state.
+pub fn cancels_took_effect(cancels: &[Cancel], jobs: &[pb::Job], records: &[ExecRecord]) -> Vec<String> {
+    let by_id: BTreeMap<u64, &pb::Job> = jobs.iter().map(|j| (j.id, j)).collect();
+    let mut v = Vec::new();
+    for c in cancels {
+        let Some(job) = by_id.get(&c.job) else {
+            if !matches!(c.outcome, CancelOutcome::Unknown(_)) {
+                v.push(format!("cancelled job {} is missing from the final state", c.job));
+            }
+            continue;
+        };
+        match c.outcome {
+            CancelOutcome::Ok { attempt } => {
+                if job.state != pb::JobState::Cancelled as i32 {
+                    v.push(format!("job {}: cancel acknowledged, but it ended {:?}", c.job, job.state()));
+                }
+                if let Some(r) = records.iter().find(|r| r.start && r.job == c.job && r.attempt > attempt) {
+                    v.push(format!(
+                        "job {}: attempt {} started on {} after a cancel at attempt {attempt}",
+                        c.job, r.attempt, r.node
+                    ));
+                }
+            }
+            CancelOutcome::AlreadyFinished if !finished(job.state) => {
+                v.push(format!("job {}: a cancel was refused as finished, but it ended {:?}", c.job, job.state()));
+            }
+            _ => {}
+        }
+    }
+    v
+}
+
+/// Checker 4, as clients see it: reads are linearizable and each job's history
+/// is monotone. A query begun after a submit was acknowledged finds the job; one
+/// begun after a cancel was acknowledged finds it Cancelled; of two queries of
+/// one job, the later (begun after the earlier ended) never sees a lower
+/// attempt, nor anything but the same finished state once one was seen.
+pub fn reads_linearizable_and_monotone(submits: &[Submit], cancels: &[Cancel], queries: &[Query]) -> Vec<String> {
+    let acked: BTreeMap<u64, std::time::Instant> = submits
+        .iter()
+        .filter_map(|s| match s.outcome {
+            Outcome::Ok(id) => Some((id, s.completed)),
+            _ => None,
+        })
+        .collect();
+    let mut v = Vec::new();
+    let mut per_job: BTreeMap<u64, Vec<&Query>> = BTreeMap::new();
+    for q in queries {
+        let after_submit = acked.get(&q.job).is_some_and(|t| *t < q.invoked);
+        match &q.outcome {
+            QueryOutcome::NotFound(why) if after_submit => {
+                v.push(format!("job {}: a query after its acknowledged submit found nothing ({why})", q.job));
+            }
+            QueryOutcome::Found { state, .. } => {
+                let cancelled_before = cancels.iter().any(|c| {
+                    c.job == q.job && matches!(c.outcome, CancelOutcome::Ok { .. }) && c.completed < q.invoked
+                });
+                if cancelled_before && *state != pb::JobState::Cancelled as i32 {
+                    v.push(format!("job {}: a query after its acknowledged cancel saw state {state}", q.job));
+                }
+                per_job.entry(q.job).or_default().push(q);
+            }
+            _ => {}
+        }
+    }
+    for (job, qs) in per_job {
+        for a in &qs {
+            for b in qs.iter().filter(|b| a.completed < b.invoked) {
+                let (QueryOutcome::Found { state: sa, attempt: aa }, QueryOutcome::Found { state: sb, attempt: ab }) =
+                    (&a.outcome, &b.outcome)
+                else {
+                    continue;
+                };
+                if ab < aa {
+                    v.push(format!("job {job}: attempt went back from {aa} to {ab} between two queries"));
+                }
+                if finished(*sa) && sb != sa {
+                    v.push(format!("job {job}: state {sa} (finished) was followed by state {sb}"));
+                }
+            }
+        }
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,5 +360,37 @@ mod tests {
         assert_eq!(gangs_whole_and_attempts_fenced(&[gang.clone()], &half).len(), 1);
         let twice = [rec(true, "n1", 5, 1, &[0], 1), rec(true, "n2", 5, 1, &[0], 1), rec(true, "n1", 5, 1, &[0], 2)];
         assert!(gangs_whole_and_attempts_fenced(&[gang], &twice).iter().any(|m| m.contains("started 2 times")));
+    }
+
+    #[test]
+    fn ineffective_cancels_and_non_linearizable_reads_are_caught() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + std::time::Duration::from_millis(ms);
+        let cancel = |job, outcome| Cancel { job, invoked: at(10), completed: at(20), outcome };
+        let jobs = [job(1, "chaos-a", pb::JobState::Completed, 1), job(2, "chaos-b", pb::JobState::Cancelled, 1)];
+        let recs = [rec(true, "n1", 2, 1, &[0], 1), rec(true, "n1", 2, 2, &[0], 2)];
+        let v = cancels_took_effect(
+            &[cancel(1, CancelOutcome::Ok { attempt: 1 }), cancel(2, CancelOutcome::Ok { attempt: 1 })],
+            &jobs,
+            &recs,
+        );
+        assert!(v.iter().any(|m| m.contains("job 1: cancel acknowledged")), "{v:?}");
+        assert!(v.iter().any(|m| m.contains("attempt 2 started")), "{v:?}");
+        assert!(cancels_took_effect(&[cancel(1, CancelOutcome::AlreadyFinished)], &jobs, &[]).is_empty());
+
+        let submits = [Submit { key: "a".into(), invoked: at(0), completed: at(5), outcome: Outcome::Ok(1) }];
+        let q = |from, to, outcome| Query { job: 1, invoked: at(from), completed: at(to), outcome };
+        let found = |state: pb::JobState, attempt| QueryOutcome::Found { state: state as i32, attempt };
+        let ok = [q(6, 7, found(pb::JobState::Pending, 1)), q(8, 9, found(pb::JobState::Completed, 2))];
+        assert!(reads_linearizable_and_monotone(&submits, &[], &ok).is_empty());
+        let lost = [q(6, 7, QueryOutcome::NotFound("gone".into()))];
+        assert_eq!(reads_linearizable_and_monotone(&submits, &[], &lost).len(), 1);
+        let back = [q(6, 7, found(pb::JobState::Running, 2)), q(8, 9, found(pb::JobState::Running, 1))];
+        assert_eq!(reads_linearizable_and_monotone(&submits, &[], &back).len(), 1);
+        let revived = [q(6, 7, found(pb::JobState::Completed, 1)), q(8, 9, found(pb::JobState::Running, 1))];
+        assert_eq!(reads_linearizable_and_monotone(&submits, &[], &revived).len(), 1);
+        let after_cancel = [q(30, 31, found(pb::JobState::Running, 1))];
+        let acked_cancel = [cancel(1, CancelOutcome::Ok { attempt: 1 })];
+        assert_eq!(reads_linearizable_and_monotone(&submits, &acked_cancel, &after_cancel).len(), 1);
     }
 }

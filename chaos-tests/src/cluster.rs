@@ -20,6 +20,11 @@ use crate::net::TestNet;
 
 /// The controllers' gRPC port inside each host.
 pub const PORT: u16 = 50051;
+/// The replicas' node-down timeout: short, so an agent cut off in a run of
+/// seconds gets fenced (half of it) and its node declared down, yet longer than
+/// twice the worst quorum outage a scenario causes (a majority killed for 2 s,
+/// restart and election), which running jobs must ride out.
+pub const NODE_DOWN_TIMEOUT_MS: u64 = 10_000;
 
 /// One `gangway` process on a test host, restartable with the same arguments.
 pub struct Proc {
@@ -145,7 +150,7 @@ impl ChaosCluster {
                 "--data-dir".into(),
                 data.display().to_string(),
                 "--node-down-timeout-ms".into(),
-                "6000".into(),
+                NODE_DOWN_TIMEOUT_MS.to_string(),
             ];
             let mut p = Proc { host: h, retired: false, args, log: dir.join(format!("c{}.log", h + 1)), child: None };
             p.spawn(&c.exe, &c.net)?;
@@ -200,7 +205,7 @@ impl ChaosCluster {
             "--data-dir".into(),
             self.dir.join(format!("c{id}")).display().to_string(),
             "--node-down-timeout-ms".into(),
-            "6000".into(),
+            NODE_DOWN_TIMEOUT_MS.to_string(),
         ];
         let mut p = Proc { host, retired: false, args, log: self.dir.join(format!("c{id}.log")), child: None };
         p.spawn(&self.exe, &self.net)?;

@@ -11,15 +11,18 @@
 //! workload.rs  concurrent submitters (idempotency keys), short real jobs
 //! history.rs   what clients invoked and saw (ok / fail / unknown)
 //! check.rs     the invariants, each its own function
+//! scenario.rs  cluster shapes and their faults; one run, healed and judged
+//! bin/gangway-chaos.rs  runs scenarios by name, seeds, results table
 //! ```
 //!
-//! Related code: tests/chaos.rs (the scenarios); controller/tests/cluster.rs
+//! Related code: tests/chaos.rs (every scenario once, the CI smoke set); controller/tests/cluster.rs
 //! covers failover and recovery in process on loopback.
 
 pub mod check;
 pub mod cluster;
 pub mod history;
 pub mod net;
+pub mod scenario;
 pub mod workload;
 
 /// A small, seeded generator for fault schedules (xorshift64*): the same seed

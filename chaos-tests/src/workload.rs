@@ -1,6 +1,8 @@
 //! Concurrent clients submitting short real jobs (some of them 2-node gangs)
-//! with idempotency keys while faults happen; every call goes to the history.
+//! with idempotency keys, cancelling and querying some of them, while faults
+//! happen; every call goes to the history.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -8,7 +10,8 @@ use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
 use gangway_proto::v1::job_service_client::JobServiceClient;
 
-use crate::history::{History, Outcome, Submit};
+use crate::history::{Cancel, CancelOutcome, History, Outcome, Query, QueryOutcome, Submit};
+use crate::Rng;
 
 /// Pause between one client's submits: three clients then offer about as many
 /// jobs as two 4-GPU agents run (so the queue drains after the faults); the
@@ -36,35 +39,48 @@ pub fn job_spec(key: &str, records: &str, gang: bool) -> pb::JobSpec {
     }
 }
 
-/// Runs `clients` submitters until `until`; each 5th job is a 2-node gang.
-pub async fn run(client: Arc<Client>, history: Arc<History>, clients: usize, until: Instant, records: String) {
+/// Jobs a client remembers for its cancels and queries: the most recent ones
+/// (the likeliest to be still pending or running).
+const RECENT_JOBS_KEPT: usize = 16;
+/// One operation in this many, after a submit, is a cancel of a recent job; one
+/// in `QUERY_EVERY` a query of one.
+const CANCEL_EVERY: u64 = 8;
+const QUERY_EVERY: u64 = 3;
+
+/// Runs `clients` clients until `until`. Each submits (every 5th job is a
+/// 2-node gang), and now and then cancels or queries one of its recent jobs;
+/// `seed` makes the choices repeatable.
+pub async fn run(
+    client: Arc<Client>,
+    history: Arc<History>,
+    clients: usize,
+    until: Instant,
+    records: String,
+    seed: u64,
+) {
     let mut tasks = Vec::new();
     for c in 0..clients {
         let (client, history, records) = (client.clone(), history.clone(), records.clone());
         tasks.push(tokio::spawn(async move {
+            let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(c as u64 + 1));
+            let mut recent: VecDeque<u64> = VecDeque::new();
             let mut n = 0u64;
             while Instant::now() < until {
                 n += 1;
                 let key = format!("{c}-{n}-{}", uuid::Uuid::new_v4().simple());
-                let req = pb::SubmitRequest {
-                    spec: Some(job_spec(&key, &records, n.is_multiple_of(5))),
-                    idempotency_key: key.clone(),
-                };
-                let invoked = Instant::now();
-                let r = client
-                    .call(|ch| {
-                        let r = client.request(req.clone());
-                        async move { JobServiceClient::new(ch).submit(r).await }
-                    })
-                    .await;
-                let outcome = match r {
-                    Ok(resp) => Outcome::Ok(resp.into_inner().job_id),
-                    Err(s) if matches!(s.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted) => {
-                        Outcome::Fail(s.message().to_string())
+                if let Some(id) = submit(&client, &history, key, &records, n.is_multiple_of(5)).await {
+                    if recent.len() >= RECENT_JOBS_KEPT {
+                        recent.pop_front();
                     }
-                    Err(s) => Outcome::Unknown(format!("{:?}: {}", s.code(), s.message())),
-                };
-                history.record(Submit { key, invoked, completed: Instant::now(), outcome });
+                    recent.push_back(id);
+                }
+                if !recent.is_empty() && rng.below(CANCEL_EVERY) == 0 {
+                    let job = recent[rng.below(recent.len() as u64) as usize];
+                    cancel(&client, &history, job).await;
+                } else if !recent.is_empty() && rng.below(QUERY_EVERY) == 0 {
+                    let job = recent[rng.below(recent.len() as u64) as usize];
+                    query(&client, &history, job).await;
+                }
                 tokio::time::sleep(SUBMIT_PAUSE).await;
             }
         }));
@@ -72,4 +88,65 @@ pub async fn run(client: Arc<Client>, history: Arc<History>, clients: usize, unt
     for t in tasks {
         let _ = t.await;
     }
+}
+
+/// Submits one job; the acknowledged id, if any.
+async fn submit(client: &Client, history: &History, key: String, records: &str, gang: bool) -> Option<u64> {
+    let req = pb::SubmitRequest { spec: Some(job_spec(&key, records, gang)), idempotency_key: key.clone() };
+    let invoked = Instant::now();
+    let r = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).submit(r).await }
+        })
+        .await;
+    let outcome = match r {
+        Ok(resp) => Outcome::Ok(resp.into_inner().job_id),
+        Err(s) if matches!(s.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted) => {
+            Outcome::Fail(s.message().to_string())
+        }
+        Err(s) => Outcome::Unknown(format!("{:?}: {}", s.code(), s.message())),
+    };
+    let id = match outcome {
+        Outcome::Ok(id) => Some(id),
+        _ => None,
+    };
+    history.record(Submit { key, invoked, completed: Instant::now(), outcome });
+    id
+}
+
+async fn cancel(client: &Client, history: &History, job: u64) {
+    let invoked = Instant::now();
+    let r = client
+        .call(|ch| {
+            let r = client.request(pb::CancelRequest { job_id: job });
+            async move { JobServiceClient::new(ch).cancel(r).await }
+        })
+        .await;
+    let outcome = match r {
+        Ok(resp) => CancelOutcome::Ok { attempt: resp.into_inner().job.map_or(0, |j| j.attempt) },
+        Err(s) if s.code() == tonic::Code::FailedPrecondition => CancelOutcome::AlreadyFinished,
+        Err(s) => CancelOutcome::Unknown(format!("{:?}: {}", s.code(), s.message())),
+    };
+    let completed = Instant::now();
+    history.record_cancel(Cancel { job, invoked, completed, outcome });
+}
+
+async fn query(client: &Client, history: &History, job: u64) {
+    let invoked = Instant::now();
+    let r = client
+        .call(|ch| {
+            let r = client.request(pb::GetJobRequest { job_id: job, stale: false });
+            async move { JobServiceClient::new(ch).get(r).await }
+        })
+        .await;
+    let outcome = match r {
+        Ok(j) => {
+            let j = j.into_inner();
+            QueryOutcome::Found { state: j.state, attempt: j.attempt }
+        }
+        Err(s) if s.code() == tonic::Code::NotFound => QueryOutcome::NotFound(s.message().to_string()),
+        Err(s) => QueryOutcome::Unknown(format!("{:?}: {}", s.code(), s.message())),
+    };
+    history.record_query(Query { job, invoked, completed: Instant::now(), outcome });
 }

@@ -66,8 +66,11 @@ pub struct ControllerArgs {
     /// Start empty and wait to be added with `gangway cluster add`.
     #[arg(long)]
     join: bool,
-    /// Mark a node down after this many ms without a heartbeat.
-    #[arg(long, default_value_t = 10_000)]
+    /// Mark a node down after this many ms without a heartbeat (its jobs are
+    /// then requeued). Agents stop their tasks after half of it without a
+    /// leader, so it is also the longest control-plane outage running jobs ride
+    /// out (half of it).
+    #[arg(long, default_value_t = gangway_controller::Timing::default().node_down_timeout_ms)]
     node_down_timeout_ms: u64,
 }
 

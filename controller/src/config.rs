@@ -17,7 +17,10 @@ pub struct Timing {
     /// Log entries kept after a snapshot, so a briefly lagging follower catches up
     /// from the log rather than a full snapshot.
     pub logs_kept_after_snapshot: u64,
-    /// A node whose agent is silent this long is marked Down (Slurm waits 300 s).
+    /// A node whose agent is silent this long is marked Down and its jobs
+    /// requeued (Slurm waits 300 s). Agents stop their tasks after half of it
+    /// without reaching a leader, so that is also how long running jobs ride
+    /// out a control-plane outage (no quorum): the default tolerates 15 s.
     pub node_down_timeout_ms: u64,
     /// How often agents are asked to heartbeat.
     pub agent_heartbeat_interval_ms: u64,
@@ -31,7 +34,7 @@ impl Default for Timing {
             election_timeout_max_ms: 400,
             snapshot_logs_since_last: 20_000,
             logs_kept_after_snapshot: 2_000,
-            node_down_timeout_ms: 10_000,
+            node_down_timeout_ms: 30_000,
             agent_heartbeat_interval_ms: 1_000,
         }
     }

@@ -493,6 +493,27 @@ async fn silent_node_goes_down_and_failover_causes_no_false_alarm() {
     assert!(n.last_heartbeat_age_ms.is_some());
     let _ = stop_tx.send(());
     agent.await.unwrap().unwrap();
+    // A leader that lost its quorum keeps its role (it hears of no newer
+    // term) but may already be deposed: it refuses heartbeats, so an agent
+    // cut off from the real leader cannot count it as contact.
+    let leader = c.leader().await;
+    let follower = *c.handles.keys().find(|&&id| id != leader).unwrap();
+    c.stop(follower).await;
+    assert!(c.handles[&leader].replica.node.is_leader());
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", c.addrs[&leader])).unwrap().connect_lazy();
+    let hb = pb::HeartbeatRequest { name: "alive".into(), ..Default::default() };
+    let mut refused = None;
+    for _ in 0..50 {
+        match AgentServiceClient::new(ch.clone()).heartbeat(client.request(hb.clone())).await {
+            Err(s) if s.code() == tonic::Code::Unavailable => {
+                refused = Some(s);
+                break;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let refused = refused.expect("a leader without a quorum kept answering heartbeats");
+    assert!(refused.message().contains("quorum"), "{}", refused.message());
     c.shutdown().await;
 }
 

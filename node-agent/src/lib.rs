@@ -188,6 +188,97 @@ impl AgentConfig {
 /// this the oldest are dropped (the leader then learns of them as lost tasks).
 const PENDING_EXITS_MAX: usize = 10_000;
 
+/// Task exits waiting to be reported to the leader, oldest first.
+struct Exits {
+    rx: tokio::sync::mpsc::Receiver<TaskExitReport>,
+    pending: std::collections::VecDeque<TaskExitReport>,
+}
+
+impl Exits {
+    /// Takes one exit from the supervisor. A task the node stopped on its own
+    /// (cut off) is reported lost, to be requeued, unless it had ended cleanly.
+    fn take(&mut self, mut report: TaskExitReport, tasks: &mut supervisor::Supervisor) {
+        let stopped_here = tasks.forget((report.job_id, report.attempt));
+        let clean = report.exit_code == Some(0) && report.signal.is_none();
+        if stopped_here && !clean {
+            report.lost = true;
+            report.reason = "stopped by its node: cut off from every controller".into();
+        }
+        if self.pending.len() >= PENDING_EXITS_MAX {
+            self.pending.pop_front();
+        }
+        self.pending.push_back(report);
+    }
+
+    /// Takes every exit already received, so that a task that has ended is
+    /// never taken for a running one.
+    fn drain(&mut self, tasks: &mut supervisor::Supervisor) {
+        while let Ok(report) = self.rx.try_recv() {
+            self.take(report, tasks);
+        }
+    }
+}
+
+/// How often the self-fence is checked, also while a call to the controllers
+/// hangs: its deadlines are honoured to within this.
+const SELF_FENCE_TICK: Duration = Duration::from_millis(100);
+
+/// One call attempt's deadline is this share of the node-down timeout (within
+/// the bounds below), so an agent whose controller went silent tries the next
+/// one long before the leader could declare its node down.
+const CALL_TIMEOUT_SHARE: u32 = 4;
+const CALL_TIMEOUT_MIN: Duration = Duration::from_millis(500);
+const CALL_TIMEOUT_MAX: Duration = Duration::from_secs(10);
+
+/// The agent's half of fencing. The leader declares a node down (and starts its
+/// jobs elsewhere) after `down_timeout` without a heartbeat; an agent that has
+/// not reached a leader for half of it stops its tasks, and kills them by three
+/// quarters of it. Contact is timed from when a heartbeat was sent, and the
+/// deadlines are checked on a clock of their own, also while a call hangs in a
+/// lossy network, so the node's tasks are gone before the leader can act.
+struct SelfFence {
+    /// The leader's node-down timeout (from registration).
+    down_timeout: Duration,
+    /// When the last heartbeat a leader answered was sent.
+    last_contact: Instant,
+}
+
+impl SelfFence {
+    fn call_timeout(&self) -> Duration {
+        (self.down_timeout / CALL_TIMEOUT_SHARE).clamp(CALL_TIMEOUT_MIN, CALL_TIMEOUT_MAX)
+    }
+
+    fn check(&self, tasks: &mut supervisor::Supervisor, exits: &mut Exits) {
+        exits.drain(tasks);
+        if self.last_contact.elapsed() >= self.down_timeout / 2 {
+            let grace = tasks.stop_grace().min(self.down_timeout / 4);
+            for key in tasks.running() {
+                if tasks.stop_lost(key, grace) {
+                    tracing::warn!(job = key.0, attempt = key.1, "cut off from every controller: stopping the task");
+                }
+            }
+        }
+        tasks.enforce_kills();
+    }
+
+    /// Awaits a call to the controllers, checking the fence every tick while
+    /// it is outstanding (the call bounds itself: `Client::call`'s deadline).
+    async fn await_fenced<F: Future>(
+        &self,
+        call: F,
+        tasks: &mut supervisor::Supervisor,
+        exits: &mut Exits,
+    ) -> F::Output {
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                out = &mut call => return out,
+                _ = tokio::time::sleep(SELF_FENCE_TICK) => self.check(tasks, exits),
+            }
+        }
+    }
+}
+
 /// Runs the agent until `shutdown` completes. Its loop is bounded by the agent's
 /// life: one register/heartbeat round per interval, woken early by task exits.
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
@@ -199,7 +290,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let _watch = AbortOnDrop(tokio::spawn(watch_node_loop(client.clone(), config.name.clone(), poke.clone())));
     let mut fences = fence::FenceStore::open(&config.state_dir)
         .map_err(|e| anyhow::anyhow!("state-dir: cannot use {}: {e}", config.state_dir.display()))?;
-    let (mut tasks, mut exits_rx) = supervisor::Supervisor::new(
+    let (mut tasks, exits_rx) = supervisor::Supervisor::new(
         &config.name,
         &config.state_dir,
         config.stop_grace,
@@ -207,7 +298,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         config.shim.clone(),
     );
     tasks.adopt_all();
-    let mut pending_exits: std::collections::VecDeque<TaskExitReport> = std::collections::VecDeque::new();
+    let mut exits = Exits { rx: exits_rx, pending: std::collections::VecDeque::new() };
     let mut gpu_health = health::GpuHealthMonitor::new(
         config.gpus.len(),
         config.gpu_fault_file.clone(),
@@ -217,53 +308,53 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     tokio::pin!(shutdown);
     let mut registered = false;
     let mut interval = Duration::from_secs(1);
-    // The leader's node-down timeout (from registration) and the last time a
-    // controller answered: an agent cut off for half the timeout stops its tasks,
-    // and kills them by three quarters of it, before the leader can declare the
-    // node down and start the jobs elsewhere.
-    let mut down_timeout = Duration::from_secs(10);
-    let mut last_contact = Instant::now();
+    let mut fence_clock = SelfFence { down_timeout: Duration::from_secs(10), last_contact: Instant::now() };
     loop {
+        let per_try = fence_clock.call_timeout();
         let round: Result<(), tonic::Status> = async {
             if !registered {
                 let req = config.register_request();
-                let resp = client
-                    .call(|ch| {
-                        let r = client.request(req.clone());
-                        async move { AgentServiceClient::new(ch).register(r).await }
-                    })
-                    .await?;
-                let resp = resp.into_inner();
+                let sent = Instant::now();
+                let call = client.call(|ch| {
+                    let mut r = client.request(req.clone());
+                    r.set_timeout(per_try);
+                    async move { AgentServiceClient::new(ch).register(r).await }
+                });
+                let resp = fence_clock.await_fenced(call, &mut tasks, &mut exits).await?.into_inner();
                 let ms = resp.heartbeat_interval_ms.clamp(HEARTBEAT_INTERVAL_MIN_MS, HEARTBEAT_INTERVAL_MAX_MS);
                 interval = Duration::from_millis(ms);
                 if resp.node_down_timeout_ms > 0 {
-                    down_timeout = Duration::from_millis(resp.node_down_timeout_ms);
+                    fence_clock.down_timeout = Duration::from_millis(resp.node_down_timeout_ms);
                 }
-                last_contact = Instant::now();
+                fence_clock.last_contact = sent;
                 tracing::info!(node = %config.name, "registered");
                 registered = true;
                 return Ok(());
             }
             // Report ended tasks first, so the leader does not relaunch them.
-            while let Some(report) = pending_exits.front().cloned() {
-                client
-                    .call(|ch| {
-                        let r = client.request(report.clone());
-                        async move { AgentServiceClient::new(ch).report_task_exit(r).await }
-                    })
-                    .await?;
-                pending_exits.pop_front();
+            while let Some(report) = exits.pending.pop_front() {
+                let call = client.call(|ch| {
+                    let mut r = client.request(report.clone());
+                    r.set_timeout(per_try);
+                    async move { AgentServiceClient::new(ch).report_task_exit(r).await }
+                });
+                if let Err(e) = fence_clock.await_fenced(call, &mut tasks, &mut exits).await {
+                    exits.pending.push_front(report);
+                    return Err(e);
+                }
             }
             let running: Vec<TaskRef> =
                 tasks.running().into_iter().map(|(job_id, attempt)| TaskRef { job_id, attempt }).collect();
             let req = HeartbeatRequest { name: config.name.clone(), running, gpu_health: gpu_health.poll() };
-            let resp = client
-                .call(|ch| {
-                    let r = client.request(req.clone());
-                    async move { AgentServiceClient::new(ch).heartbeat(r).await }
-                })
-                .await?
-                .into_inner();
+            // Contact counts from when the heartbeat left, never from when the
+            // answer came back: the leader heard it no earlier than that.
+            let sent = Instant::now();
+            let call = client.call(|ch| {
+                let mut r = client.request(req.clone());
+                r.set_timeout(per_try);
+                async move { AgentServiceClient::new(ch).heartbeat(r).await }
+            });
+            let resp = fence_clock.await_fenced(call, &mut tasks, &mut exits).await?.into_inner();
             if !resp.known {
                 tracing::warn!(node = %config.name, "controller does not know this node (or marked it down): registering again");
                 registered = false;
@@ -276,7 +367,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             }
             let desired: std::collections::BTreeSet<(u64, u32)> =
                 resp.desired.iter().map(|t| (t.job_id, t.attempt)).collect();
-            last_contact = Instant::now();
+            fence_clock.last_contact = sent;
             for key in tasks.running() {
                 if !desired.contains(&key) {
                     let grace = resp
@@ -302,7 +393,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 };
                 if let Err(reason) = outcome {
                     tracing::warn!(job = order.job_id, attempt = order.attempt, %reason, "launch failed");
-                    pending_exits.push_back(TaskExitReport {
+                    exits.pending.push_back(TaskExitReport {
                         node: config.name.clone(),
                         job_id: order.job_id,
                         attempt: order.attempt,
@@ -317,41 +408,32 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             Ok(())
         }
         .await;
-        if !tasks.running().is_empty() && last_contact.elapsed() >= down_timeout / 2 {
-            let grace = tasks.stop_grace().min(down_timeout / 4);
-            for key in tasks.running() {
-                if tasks.stop_lost(key, grace) {
-                    tracing::warn!(job = key.0, attempt = key.1, "cut off from every controller: stopping the task");
-                }
-            }
-        }
-        tasks.enforce_kills();
+        fence_clock.check(&mut tasks, &mut exits);
         let pause = match round {
-            Ok(()) if registered && pending_exits.is_empty() => interval,
+            Ok(()) if registered && exits.pending.is_empty() => interval,
             Ok(()) => Duration::ZERO,
             Err(status) => {
                 tracing::warn!(node = %config.name, error = %status.message(), "controllers unreachable; retrying");
                 RETRY_PAUSE
             }
         };
-        tokio::select! {
-            _ = &mut shutdown => {
-                if config.kill_tasks_on_exit {
-                    tasks.kill_all();
+        let wake = tokio::time::Instant::now() + pause;
+        // Bounded by `wake`: one pass per self-fence tick until then.
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => {
+                    if config.kill_tasks_on_exit {
+                        tasks.kill_all();
+                    }
+                    return Ok(());
                 }
-                return Ok(());
-            }
-            _ = tokio::time::sleep(pause) => {}
-            _ = poke.notified(), if registered => {}
-            Some(mut report) = exits_rx.recv() => {
-                if tasks.forget((report.job_id, report.attempt)) {
-                    report.lost = true;
-                    report.reason = "stopped by its node: cut off from every controller".into();
+                _ = tokio::time::sleep_until(wake) => break,
+                _ = poke.notified(), if registered => break,
+                Some(report) = exits.rx.recv() => {
+                    exits.take(report, &mut tasks);
+                    break;
                 }
-                if pending_exits.len() >= PENDING_EXITS_MAX {
-                    pending_exits.pop_front();
-                }
-                pending_exits.push_back(report);
+                _ = tokio::time::sleep(SELF_FENCE_TICK) => fence_clock.check(&mut tasks, &mut exits),
             }
         }
     }

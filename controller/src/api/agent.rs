@@ -141,6 +141,16 @@ impl AgentService for AgentApi {
         if msg.gpu_health.len() > gangway_core::limits::GPUS_PER_NODE_MAX as usize {
             return Err(Status::invalid_argument("gpu_health: more GPUs than a node can have"));
         }
+        // A leader a quorum has not acknowledged lately may be deposed: its
+        // answer must not count as contact, or the agent would keep its tasks
+        // while the real leader declares the node down and starts them elsewhere.
+        let within = Duration::from_millis(self.replica.timing.election_timeout_max_ms);
+        if !self.replica.node.leads_with_quorum(within) {
+            return Err(Status::unavailable(format!(
+                "this leader has not heard from a quorum of replicas within {} ms; it may be deposed",
+                within.as_millis()
+            )));
+        }
         self.commit_gpu_health(&msg).await?;
         let term = self.replica.node.status().term;
         let state = self.replica.node.state().read();

@@ -165,6 +165,17 @@ impl RaftNode {
         m.state == ServerState::Leader && m.current_leader == Some(self.id)
     }
 
+    /// Whether this replica is leader and a quorum acknowledged it within
+    /// `within`. A leader cut off from the other replicas keeps its role until
+    /// it hears of a newer term; this tells it that it may already be deposed.
+    pub fn leads_with_quorum(&self, within: Duration) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.state == ServerState::Leader
+            && m.current_leader == Some(self.id)
+            && m.millis_since_quorum_ack.is_some_and(|ms| u128::from(ms) <= within.as_millis())
+    }
+
     /// The known leader's address when it is another replica.
     pub fn remote_leader(&self) -> Option<String> {
         let leader = self.raft.metrics().borrow().current_leader;
