@@ -257,127 +257,154 @@ pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
 
 // ---------------------------------------------------------------- submit
 
-#[derive(Args)]
+#[derive(Args, Default)]
 pub struct SubmitArgs {
     /// Job name.
     #[arg(short = 'J', long = "job-name", alias = "name")]
-    name: Option<String>,
+    pub(crate) name: Option<String>,
     /// Nodes: N, or a range MIN-MAX (the whole gang starts together).
     #[arg(short = 'N', long, allow_hyphen_values = true)]
-    nodes: Option<String>,
+    pub(crate) nodes: Option<String>,
     /// Tasks in all: spread evenly over the nodes (with no -N, all on one node).
     #[arg(short = 'n', long = "ntasks", allow_negative_numbers = true, conflicts_with = "tasks_per_node")]
-    ntasks: Option<i64>,
+    pub(crate) ntasks: Option<i64>,
     #[arg(long = "ntasks-per-node", allow_negative_numbers = true)]
-    tasks_per_node: Option<i64>,
+    pub(crate) tasks_per_node: Option<i64>,
     #[arg(short = 'c', long = "cpus-per-task", allow_negative_numbers = true)]
-    cpus_per_task: Option<i64>,
+    pub(crate) cpus_per_task: Option<i64>,
     /// Memory per node: MiB, or with a unit (512M, 64G).
     #[arg(long)]
-    mem: Option<String>,
+    pub(crate) mem: Option<String>,
     /// GPUs per node: COUNT or TYPE:COUNT (h100:8).
     #[arg(long = "gpus-per-node", allow_hyphen_values = true)]
-    gpus_per_node: Option<String>,
+    pub(crate) gpus_per_node: Option<String>,
     /// GPUs for the whole job: [TYPE:]COUNT, spread evenly over its nodes.
     #[arg(short = 'G', long = "gpus", allow_hyphen_values = true)]
-    gpus: Option<String>,
+    pub(crate) gpus: Option<String>,
     /// GPUs per task: [TYPE:]COUNT (times --ntasks-per-node per node).
     #[arg(long = "gpus-per-task", allow_hyphen_values = true)]
-    gpus_per_task: Option<String>,
+    pub(crate) gpus_per_task: Option<String>,
     /// Generic resources, Slurm style: gpu[:TYPE]:COUNT per node.
     #[arg(long)]
-    gres: Option<String>,
+    pub(crate) gres: Option<String>,
     /// Memory per allocated CPU: MiB or with a unit (4G).
     #[arg(long = "mem-per-cpu")]
-    mem_per_cpu: Option<String>,
+    pub(crate) mem_per_cpu: Option<String>,
     /// Account to charge (default: your default account).
     #[arg(short = 'A', long)]
-    account: Option<String>,
+    pub(crate) account: Option<String>,
     /// Quality of service.
     #[arg(short = 'q', long)]
-    qos: Option<String>,
+    pub(crate) qos: Option<String>,
     /// Node features, joined with & (e.g. "ib&arch=zen4").
     #[arg(short = 'C', long)]
-    constraint: Option<String>,
+    pub(crate) constraint: Option<String>,
     /// Whole nodes, shared with no other job.
     #[arg(long)]
-    exclusive: bool,
+    pub(crate) exclusive: bool,
     /// Keep the gang within one domain of a topology level: LEVEL[:required] or
     /// LEVEL:preferred[@WAIT] (e.g. rack:required, block:preferred@10:00).
     #[arg(long)]
-    topology: Option<String>,
+    pub(crate) topology: Option<String>,
     /// Slurm's --switches=1[@WAIT]: within one leaf domain (the lowest topology level),
     /// preferred for WAIT (default: required).
     #[arg(long)]
-    switches: Option<String>,
+    pub(crate) switches: Option<String>,
     /// Dependencies: afterok:ID[:ID..],afterany:ID,...,singleton.
     #[arg(short = 'd', long)]
-    dependency: Option<String>,
+    pub(crate) dependency: Option<String>,
     /// A job array: indexes like 0-99, 1,3,5-7 or 0-99:2, with an optional %LIMIT.
     #[arg(short = 'a', long)]
-    array: Option<String>,
+    pub(crate) array: Option<String>,
     /// Lower the priority by N (admins may raise it with a negative N).
     #[arg(long, allow_hyphen_values = true)]
-    nice: Option<i32>,
+    pub(crate) nice: Option<i32>,
     /// Submit held; start it with `gangway release`.
     #[arg(short = 'H', long)]
-    hold: bool,
+    pub(crate) hold: bool,
     /// What to do when a dependency can never be met: yes = cancel (default), no = keep it held.
     #[arg(long = "kill-on-invalid-dep")]
-    kill_on_invalid_dep: Option<String>,
+    pub(crate) kill_on_invalid_dep: Option<String>,
     /// Time limit: MINUTES, H:MM:SS, D-HH:MM:SS.
     #[arg(short = 't', long)]
-    time: Option<String>,
+    pub(crate) time: Option<String>,
     #[arg(short = 'p', long)]
-    partition: Option<String>,
+    pub(crate) partition: Option<String>,
     /// Working directory (default: the current one).
     #[arg(short = 'D', long)]
-    chdir: Option<String>,
+    pub(crate) chdir: Option<String>,
     /// Run this shell command line as the job.
     #[arg(long)]
-    wrap: Option<String>,
+    pub(crate) wrap: Option<String>,
     /// Environment for the job, KEY=VALUE (repeatable).
     #[arg(long = "env")]
-    env: Vec<String>,
+    pub(crate) env: Vec<String>,
     /// Deduplication key (default: a fresh one per invocation, so the client's own
     /// retries never create a second job).
     #[arg(long)]
-    idempotency_key: Option<String>,
+    pub(crate) idempotency_key: Option<String>,
     /// Print only the job id.
     #[arg(long)]
-    parsable: bool,
+    pub(crate) parsable: bool,
     /// stdout file pattern (%j job id, %x name, %N node, %u user, %t rank, %A %a).
     #[arg(short = 'o', long)]
-    output: Option<String>,
+    pub(crate) output: Option<String>,
     /// stderr file pattern (default: with stdout).
     #[arg(short = 'e', long)]
-    error: Option<String>,
+    pub(crate) error: Option<String>,
     /// Warning signal before the time limit: [B:]SIG[@SECONDS], e.g. USR1@120.
     #[arg(long)]
-    signal: Option<String>,
+    pub(crate) signal: Option<String>,
     /// Requeue the job if a node it runs on fails (the default).
     #[arg(long, overrides_with = "no_requeue")]
-    requeue: bool,
+    pub(crate) requeue: bool,
     /// End the job NODE_FAIL instead of requeueing it when a node fails.
     #[arg(long)]
-    no_requeue: bool,
+    pub(crate) no_requeue: bool,
     /// A batch script to run.
-    script: Option<PathBuf>,
+    pub(crate) script: Option<PathBuf>,
+    /// The script's text when the caller has read it already (sbatch).
+    #[arg(skip)]
+    pub(crate) script_text: Option<String>,
     /// A command to run, after `--`.
     #[arg(last = true)]
-    command: Vec<String>,
+    pub(crate) command: Vec<String>,
 }
 
 pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Result<()> {
-    let (command, script) = match (a.command.is_empty(), &a.wrap, &a.script) {
-        (false, None, None) => (a.command.clone(), String::new()),
-        (true, Some(w), None) => (Vec::new(), format!("#!/bin/sh\n{w}\n")),
-        (true, None, Some(path)) => {
-            let text =
-                std::fs::read_to_string(path).with_context(|| format!("script: cannot read {}", path.display()))?;
-            (Vec::new(), text)
+    // --switches names the lowest topology level, which the policy defines.
+    let leaf_level = match (&a.topology, &a.switches) {
+        (None, Some(_)) => {
+            let policy = policy::fetch_policy(client, true).await?.0;
+            let Some(level) = policy.topology_levels.last() else {
+                bail!("switches: this cluster defines no topology levels (gangway admin set --topology-levels ...)")
+            };
+            Some(level.clone())
         }
-        (true, None, None) => {
+        _ => None,
+    };
+    let (key, parsable) = (a.idempotency_key.clone(), a.parsable);
+    let spec = job_spec(a, leaf_level.as_deref())?;
+    send_submit(client, out, spec, key, parsable).await
+}
+
+/// Builds the job spec from submit options (no network: `leaf_level` is the
+/// policy's lowest topology level, needed only for `--switches`).
+pub(crate) fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::JobSpec> {
+    let (command, script) = match (&a.wrap, &a.script) {
+        (None, None) if !a.command.is_empty() => (a.command.clone(), String::new()),
+        (Some(w), None) if a.command.is_empty() => (Vec::new(), format!("#!/bin/sh\n{w}\n")),
+        (None, Some(path)) => {
+            let text = match &a.script_text {
+                Some(t) => t.clone(),
+                None => {
+                    std::fs::read_to_string(path).with_context(|| format!("script: cannot read {}", path.display()))?
+                }
+            };
+            // After a script, the command is the script's arguments.
+            (a.command.clone(), text)
+        }
+        (None, None) => {
             bail!("command: nothing to run; give a command after `--`, --wrap \"...\", or a script file")
         }
         _ => bail!("command: give only one of a command after `--`, --wrap, or a script file"),
@@ -418,11 +445,8 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
         (Some(t), None) => Some(parse::topology(t).map_err(anyhow::Error::msg)?),
         (None, Some(sw)) => {
             let (required, wait_s) = parse::switches(sw).map_err(anyhow::Error::msg)?;
-            let policy = policy::fetch_policy(client, true).await?.0;
-            let Some(level) = policy.topology_levels.last() else {
-                bail!("switches: this cluster defines no topology levels (gangway admin set --topology-levels ...)")
-            };
-            Some(pb::TopologyConstraint { level: level.clone(), required, wait_s })
+            let level = leaf_level.context("switches: the cluster's topology levels are unknown")?;
+            Some(pb::TopologyConstraint { level: level.to_string(), required, wait_s })
         }
         (None, None) => None,
     };
@@ -481,7 +505,19 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
         hold: a.hold,
         kill_on_invalid_dep,
     };
-    let key = a.idempotency_key.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    Ok(spec)
+}
+
+/// Submits `spec` and prints what sbatch would: `Submitted batch job N`, or the
+/// id alone with `parsable`.
+pub(crate) async fn send_submit(
+    client: &Client,
+    out: &Output,
+    spec: pb::JobSpec,
+    key: Option<String>,
+    parsable: bool,
+) -> anyhow::Result<()> {
+    let key = key.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: key };
     let resp = client
         .call(|ch| {
@@ -492,7 +528,7 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
         .into_inner();
     if out.json {
         out.print_json(&json!({"job_id": resp.job_id, "duplicate": resp.duplicate, "count": resp.count}));
-    } else if a.parsable {
+    } else if parsable {
         println!("{}", resp.job_id);
     } else if resp.count > 1 {
         println!(

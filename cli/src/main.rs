@@ -8,6 +8,7 @@ mod dev;
 mod jobctl;
 mod parse;
 mod policy;
+mod sbatch;
 mod simulate;
 
 use clap::{Parser, Subcommand};
@@ -41,6 +42,15 @@ enum Cmd {
     Dev(dev::DevArgs),
     /// Submit a job: a command after `--`, `--wrap "cmd"`, or a batch script file.
     Submit(commands::SubmitArgs),
+    /// Slurm's sbatch: submit a batch script with #SBATCH directives (`gangway sbatch --help`).
+    #[command(disable_help_flag = true)]
+    Sbatch {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Slurm command names as links to this binary (sbatch).
+    #[command(subcommand)]
+    Shims(ShimsCmd),
     /// List pending and running jobs (`--all` for finished ones too).
     Queue(commands::QueueArgs),
     /// Show one job in full.
@@ -112,6 +122,40 @@ enum Cmd {
     Bench(bench::BenchCmd),
 }
 
+#[derive(Subcommand)]
+enum ShimsCmd {
+    /// Create links named like Slurm's commands, pointing at this binary.
+    Install {
+        /// The directory for the links (e.g. ~/.local/bin).
+        #[arg(long)]
+        prefix: std::path::PathBuf,
+        /// Replace existing files of those names.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// The Slurm commands this binary answers to when invoked by that name.
+const SHIMS: &[&str] = &["sbatch"];
+
+fn install_shims(prefix: &std::path::Path, force: bool) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this binary: {e}"))?;
+    std::fs::create_dir_all(prefix).map_err(|e| anyhow::anyhow!("prefix: cannot create {}: {e}", prefix.display()))?;
+    for name in SHIMS {
+        let link = prefix.join(name);
+        if link.symlink_metadata().is_ok() {
+            if !force {
+                anyhow::bail!("prefix: {} exists; use --force to replace it", link.display());
+            }
+            std::fs::remove_file(&link).map_err(|e| anyhow::anyhow!("cannot replace {}: {e}", link.display()))?;
+        }
+        std::os::unix::fs::symlink(&exe, &link)
+            .map_err(|e| anyhow::anyhow!("cannot link {} to {}: {e}", link.display(), exe.display()))?;
+        println!("{} -> {}", link.display(), exe.display());
+    }
+    Ok(())
+}
+
 /// `dev:<login name>`: from USER or LOGNAME, else the name of this process's uid.
 fn default_identity() -> String {
     let user = std::env::var("USER")
@@ -123,8 +167,19 @@ fn default_identity() -> String {
     format!("dev:{user}")
 }
 
+/// Invoked as `sbatch` (a link): the same as `gangway sbatch`.
+fn shim_argv() -> Vec<std::ffi::OsString> {
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let invoked = argv.first().and_then(|a| std::path::Path::new(a).file_name()).map(|n| n.to_os_string());
+    if let Some(name) = invoked.filter(|n| SHIMS.iter().any(|s| n == *s)) {
+        argv[0] = "gangway".into();
+        argv.insert(1, name);
+    }
+    argv
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(shim_argv());
     if let Cmd::TaskShim { exit_file, argv } = &cli.command {
         // Before any runtime or logging: the shim is only a waiting parent.
         std::process::exit(gangway_node_agent::shim::run(exit_file, argv));
@@ -149,10 +204,12 @@ fn main() {
             Cmd::Dev(a) => dev::run(a, &identity).await,
             Cmd::Bench(b) => bench::run(b).await,
             Cmd::Simulate(s) => simulate::run(s),
+            Cmd::Shims(ShimsCmd::Install { prefix, force }) => install_shims(&prefix, force),
             cmd => {
                 let client = gangway_proto::client::Client::new(&cli.endpoints, &identity)?;
                 match cmd {
                     Cmd::Submit(a) => commands::submit(&client, &out, a).await,
+                    Cmd::Sbatch { args } => sbatch::run(&client, &out, &args).await,
                     Cmd::Queue(a) => commands::queue(&client, &out, a).await,
                     Cmd::Show { job_id, stale } => commands::show(&client, &out, job_id, stale).await,
                     Cmd::Cancel { job_ids } => commands::cancel(&client, &out, &job_ids).await,

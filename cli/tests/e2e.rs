@@ -170,6 +170,63 @@ fn controllers_agents_and_cli_as_separate_processes() {
         assert_eq!(starts.lines().count(), 1, "rank {rank} started twice");
     }
     policy_and_scheduler_options_through_the_cli(&endpoints, &work);
+    sbatch_scripts_through_the_shim(&endpoints, &work, dir.path());
+}
+
+/// A batch script with #SBATCH directives, submitted through the `sbatch`
+/// link that `gangway shims install` makes, as a Slurm user would.
+fn sbatch_scripts_through_the_shim(endpoints: &str, work: &Path, dir: &Path) {
+    let bin = dir.join("bin");
+    let o = cli(endpoints, &["shims", "install", "--prefix", bin.to_str().unwrap()], work);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let sbatch = bin.join("sbatch");
+    let run = |args: &[&str]| {
+        Command::new(&sbatch)
+            .args(args)
+            .env("GANGWAY_ENDPOINTS", endpoints)
+            .env("GANGWAY_IDENTITY", "dev:root")
+            .env("FOO", "from-submit-env")
+            .current_dir(work)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    std::fs::write(
+        work.join("train.sh"),
+        "#!/bin/bash\n\
+         # a training job\n\
+         #SBATCH --job-name=e2e-sbatch --nodes=1   # one node\n\
+         #SBATCH --gpus-per-node=1\n\
+         #SBATCH --time=5 --mail-type=END\n\
+         echo \"name=$SLURM_JOB_NAME args=$* gpus=$CUDA_VISIBLE_DEVICES foo=$FOO\"\n\
+         #SBATCH --nodes=99\n",
+    )
+    .unwrap();
+    let o = run(&["train.sh", "first", "second"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = stdout(&o);
+    let id: u64 = out.trim().strip_prefix("Submitted batch job ").unwrap_or_else(|| panic!("{out}")).parse().unwrap();
+    let notes = String::from_utf8_lossy(&o.stderr);
+    assert!(notes.contains("line 5: --mail-type has no effect"), "{notes}");
+    eventually("the sbatch job's output never appeared", || {
+        std::fs::read_to_string(work.join(format!("slurm-{id}.out")))
+            .is_ok_and(|s| s.trim() == "name=e2e-sbatch args=first second gpus=0 foo=from-submit-env")
+    });
+    // The command line overrides a directive; --parsable prints the id alone.
+    let o = run(&["--parsable", "--job-name", "renamed", "train.sh"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id = stdout(&o).trim().to_string();
+    assert!(id.parse::<u64>().is_ok(), "{id}");
+    let shown = stdout(&cli(endpoints, &["show", &id, "--json"], work));
+    assert!(shown.contains("\"name\": \"renamed\""), "{shown}");
+    // An unknown directive: the line and a suggestion, exit 1, nothing submitted.
+    std::fs::write(work.join("typo.sh"), "#!/bin/sh\n#SBATCH --partitoin=gpu\ntrue\n").unwrap();
+    let o = run(&["typo.sh"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("line 2: unknown option --partitoin; did you mean --partition?"), "{err}");
+    let q = stdout(&cli(endpoints, &["queue", "--all", "--json"], work));
+    assert!(!q.contains("typo.sh"), "{q}");
 }
 
 /// The admin commands (TOML import/export, object edits) and the scheduler's

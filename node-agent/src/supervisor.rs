@@ -238,11 +238,10 @@ impl Supervisor {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
                 .map_err(|e| format!("cannot make the batch script executable: {e}"))?;
             let path = path.display().to_string();
-            if order.script.starts_with("#!") {
-                vec![path]
-            } else {
-                vec!["/bin/sh".into(), path]
-            }
+            let mut argv = if order.script.starts_with("#!") { vec![path] } else { vec!["/bin/sh".into(), path] };
+            // With a script, the command is its arguments.
+            argv.extend(order.command.iter().cloned());
+            argv
         } else {
             order.command.clone()
         };

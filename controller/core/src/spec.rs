@@ -30,9 +30,9 @@ pub struct JobSpec {
     pub name: String,
     /// The submitting user (who the job runs as).
     pub user: String,
-    /// argv of the command to run; empty when `script` is set.
+    /// argv of the command to run; with a `script`, the script's arguments.
     pub command: Vec<String>,
-    /// A batch script's full text; empty when `command` is set.
+    /// A batch script's full text (run with `command` as its arguments).
     pub script: String,
     pub workdir: String,
     pub partition: String,
@@ -336,13 +336,11 @@ impl JobSpec {
         check_name("name", &self.name, false)?;
         check_name("user", &self.user, true)?;
         check_name("partition", &self.partition, false)?;
-        match (self.command.is_empty(), self.script.is_empty()) {
-            (true, true) => return Err(SpecError::new("command", "must not be empty: give a command or a script")),
-            (false, false) => return Err(SpecError::new("command", "give either a command or a script, not both")),
-            _ => {}
+        if self.command.is_empty() && self.script.is_empty() {
+            return Err(SpecError::new("command", "must not be empty: give a command or a script"));
         }
         if !self.command.is_empty() {
-            if self.command[0].trim().is_empty() {
+            if self.script.is_empty() && self.command[0].trim().is_empty() {
                 return Err(SpecError::new("command", "the program name (first argument) must not be empty"));
             }
             if self.command.len() > ARGS_MAX {

@@ -1,0 +1,949 @@
+//! `gangway sbatch` (also `sbatch` through a link): Slurm's batch submission,
+//! reading `#SBATCH` directives the way sbatch does.
+//!
+//! Directives come from the lines after the `#!` line up to the first command
+//! (blank and other comment lines may come between them); a line may hold
+//! several options, with a space or `=` before values, quotes as in the shell
+//! and a trailing `# comment`. Options on the command line override them.
+//! Long options may be shortened to any unambiguous prefix (`--err=`,
+//! `--tasks=`). Every option is either applied, accepted with a notice saying
+//! it has no effect here, or refused with a message that names the option, the
+//! line and what to do instead; an unknown one gets the closest known name.
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+use clap::{CommandFactory, Parser};
+
+use crate::commands::SubmitArgs;
+
+/// Lines scanned for directives: sbatch stops at the first command, and a
+/// file with this many leading comment lines is not a batch script.
+const DIRECTIVE_LINES_MAX: usize = 10_000;
+/// Bytes of a batch script read from disk (the controller's own cap is lower
+/// and gives the precise error; this one stops reading a huge wrong file).
+const SCRIPT_FILE_BYTES_MAX: u64 = 16 << 20;
+/// Words on one directive line, and in all: far above any real script.
+const WORDS_MAX: usize = 4096;
+/// Environment variables `--export=ALL` may carry (the controller's limit).
+const EXPORT_VARS_MAX: usize = 1024;
+
+/// Slurm's sbatch options that Gangway applies. Long names are Slurm's;
+/// `--tasks-per-node` is Slurm's alias of `--ntasks-per-node`.
+#[derive(Parser, Debug, Default, Clone)]
+#[command(
+    name = "sbatch",
+    about = "Submit a batch script (Slurm's sbatch: #SBATCH directives, then command-line options)",
+    args_override_self = true,
+    disable_version_flag = true
+)]
+pub struct SbatchOpts {
+    #[arg(short = 'J', long = "job-name")]
+    job_name: Option<String>,
+    /// N or MIN-MAX.
+    #[arg(short = 'N', long)]
+    nodes: Option<String>,
+    #[arg(short = 'n', long)]
+    ntasks: Option<i64>,
+    #[arg(long = "ntasks-per-node", alias = "tasks-per-node")]
+    ntasks_per_node: Option<i64>,
+    #[arg(short = 'c', long = "cpus-per-task")]
+    cpus_per_task: Option<i64>,
+    /// Per node: MiB or with a unit (64G); 0 = all of each node's memory.
+    #[arg(long)]
+    mem: Option<String>,
+    #[arg(long = "mem-per-cpu")]
+    mem_per_cpu: Option<String>,
+    /// [TYPE:]N for the whole job.
+    #[arg(short = 'G', long)]
+    gpus: Option<String>,
+    #[arg(long = "gpus-per-node")]
+    gpus_per_node: Option<String>,
+    #[arg(long = "gpus-per-task")]
+    gpus_per_task: Option<String>,
+    /// gpu[:TYPE]:N per node.
+    #[arg(long)]
+    gres: Option<String>,
+    /// MINUTES, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+    #[arg(short = 't', long)]
+    time: Option<String>,
+    #[arg(short = 'p', long)]
+    partition: Option<String>,
+    #[arg(short = 'A', long)]
+    account: Option<String>,
+    #[arg(short = 'q', long)]
+    qos: Option<String>,
+    /// Features joined with & (all of them) or | (any one of them).
+    #[arg(short = 'C', long)]
+    constraint: Option<String>,
+    /// Whole nodes (`--exclusive`; `=user` and `=mcs` are not supported).
+    #[arg(long, num_args = 0..=1, default_missing_value = "node", require_equals = true)]
+    exclusive: Option<String>,
+    /// %j job id, %x name, %A array job, %a array index, %N node, %u user, %t rank.
+    #[arg(short = 'o', long)]
+    output: Option<String>,
+    #[arg(short = 'e', long)]
+    error: Option<String>,
+    /// append (what Gangway does) or truncate.
+    #[arg(long = "open-mode")]
+    open_mode: Option<String>,
+    /// INDEXES[:STEP][%LIMIT], e.g. 0-99:2%8.
+    #[arg(short = 'a', long)]
+    array: Option<String>,
+    /// after:ID, afterok:ID[:ID], afternotok, afterany, aftercorr, singleton; `,` = all, `?` = any.
+    #[arg(short = 'd', long)]
+    dependency: Option<String>,
+    /// [B:]SIG[@SECONDS] before the time limit, e.g. B:USR1@120.
+    #[arg(long)]
+    signal: Option<String>,
+    #[arg(long, overrides_with = "no_requeue")]
+    requeue: bool,
+    #[arg(long = "no-requeue", overrides_with = "requeue")]
+    no_requeue: bool,
+    #[arg(short = 'D', long)]
+    chdir: Option<String>,
+    /// ALL (the default), NONE, or VAR[=VALUE],... (with ALL, added to it).
+    #[arg(long)]
+    export: Option<String>,
+    #[arg(short = 'H', long)]
+    hold: bool,
+    /// Lower the priority by N (100 when no N).
+    #[arg(long, num_args = 0..=1, default_missing_value = "100", allow_hyphen_values = true, require_equals = true)]
+    nice: Option<String>,
+    /// COUNT[@WAIT]: within one lowest-level topology domain.
+    #[arg(long)]
+    switches: Option<String>,
+    /// yes or no.
+    #[arg(long = "kill-on-invalid-dep")]
+    kill_on_invalid_dep: Option<String>,
+    /// Print only the job id.
+    #[arg(long)]
+    parsable: bool,
+    /// Run this command line as the job's script.
+    #[arg(long)]
+    wrap: Option<String>,
+    /// The batch script (or `-`, or none with --wrap).
+    script: Option<String>,
+    /// Arguments for the script ($1, $2, ...).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
+/// What happens to a Slurm option Gangway does not apply.
+enum Treatment {
+    /// Accepted; the note says what happens instead.
+    Ignored(&'static str),
+    /// Refused with this reason and what to do instead.
+    Refused(&'static str),
+}
+
+/// A Slurm option Gangway does not apply: long name, short name, whether it
+/// takes a value, and its treatment.
+struct Other {
+    long: &'static str,
+    short: Option<char>,
+    takes_value: bool,
+    treatment: Treatment,
+}
+
+const fn ignored(long: &'static str, short: Option<char>, takes_value: bool, note: &'static str) -> Other {
+    Other { long, short, takes_value, treatment: Treatment::Ignored(note) }
+}
+
+const fn refused(long: &'static str, short: Option<char>, takes_value: bool, why: &'static str) -> Other {
+    Other { long, short, takes_value, treatment: Treatment::Refused(why) }
+}
+
+const PYXIS: &str = "belongs to the pyxis container plugin (SPANK), which Gangway lacks; start the container \
+                     from the script instead (enroot start, apptainer exec, ...)";
+
+/// Every sbatch option Gangway knows but does not apply.
+const OTHERS: &[Other] = &[
+    ignored(
+        "mail-type",
+        None,
+        true,
+        "no mail is sent: Gangway has no mail delivery; follow jobs with `squeue`/`gangway queue`",
+    ),
+    ignored(
+        "mail-user",
+        None,
+        true,
+        "no mail is sent: Gangway has no mail delivery; follow jobs with `squeue`/`gangway queue`",
+    ),
+    ignored("hint", None, true, "tasks are not pinned to cores, so CPU placement hints change nothing"),
+    ignored(
+        "gpu-bind",
+        None,
+        true,
+        "every task sees all of its node's allocated GPUs (CUDA_VISIBLE_DEVICES); per-task GPU binding is not applied",
+    ),
+    ignored(
+        "wait-all-nodes",
+        None,
+        true,
+        "a job always starts once all of its nodes are allocated and launched together",
+    ),
+    ignored("overcommit", Some('O'), false, "tasks are not pinned to CPUs, so oversubscribing them needs no flag"),
+    ignored("comment", None, true, "comments are not stored yet"),
+    ignored("quiet", Some('Q'), false, ""),
+    ignored("verbose", Some('v'), false, ""),
+    ignored("acctg-freq", None, true, "accounting sampling is not configurable; peak memory is recorded per task"),
+    ignored("profile", None, true, "job profiling (HDF5) is not supported; scrape the agents' Prometheus metrics"),
+    ignored("propagate", None, true, "resource limits are not propagated from the submit host"),
+    ignored("get-user-env", None, false, "jobs get the submitting environment through --export (ALL by default)"),
+    ignored("wckey", None, true, "workload characterization keys are not supported; use --account"),
+    refused("reservation", None, true, "advance reservations are not supported yet"),
+    refused(
+        "test-only",
+        None,
+        false,
+        "start-time estimates without submitting are not available yet; submit with --hold, then `gangway why ID`",
+    ),
+    refused(
+        "begin",
+        Some('b'),
+        true,
+        "deferred start times are not supported yet; submit with --hold and release it later, or use a dependency",
+    ),
+    refused("deadline", None, true, "deadlines are not supported yet"),
+    refused("time-min", None, true, "flexible time limits are not supported yet; give --time"),
+    refused("mem-per-gpu", None, true, "memory per GPU is not supported yet; give --mem (per node) or --mem-per-cpu"),
+    refused("priority", None, true, "a priority is set by admins after submission: `gangway update ID --priority N`"),
+    refused(
+        "nodelist",
+        Some('w'),
+        true,
+        "choosing nodes by name is not supported yet; label the nodes and use --constraint",
+    ),
+    refused(
+        "exclude",
+        Some('x'),
+        true,
+        "excluding nodes by name is not supported yet; drain bad nodes or use --constraint",
+    ),
+    refused("nodefile", Some('F'), true, "choosing nodes by name is not supported yet; use --constraint"),
+    refused("licenses", Some('L'), true, "licenses are not supported yet"),
+    refused("clusters", Some('M'), true, "multi-cluster operation is not supported"),
+    refused("distribution", Some('m'), true, "task distribution patterns are not supported yet"),
+    refused("mincpus", None, true, "give --cpus-per-task"),
+    refused("tmp", None, true, "temporary disk requests are not supported yet"),
+    refused("cpus-per-gpu", None, true, "give --cpus-per-task (with --gpus-per-task)"),
+    refused("ntasks-per-gpu", None, true, "give --ntasks-per-node and --gpus-per-node"),
+    refused("sockets-per-node", None, true, "socket and core layout requests are not supported yet"),
+    refused("cores-per-socket", None, true, "socket and core layout requests are not supported yet"),
+    refused("threads-per-core", None, true, "socket and core layout requests are not supported yet"),
+    refused("core-spec", Some('S'), true, "core specialization is not supported"),
+    refused("thread-spec", None, true, "core specialization is not supported"),
+    refused("gres-flags", None, true, "GRES binding flags are not supported"),
+    refused("network", None, true, "network (switch window) requests are not supported"),
+    refused("input", Some('i'), true, "jobs read no standard input; read the file from the script"),
+    refused(
+        "wait",
+        Some('W'),
+        false,
+        "sbatch --wait is not supported yet; poll with `squeue -j ID` or `gangway show ID`",
+    ),
+    refused(
+        "oversubscribe",
+        Some('s'),
+        false,
+        "sharing nodes is the default for non-exclusive jobs; this flag is not needed",
+    ),
+    refused("uid", None, true, "jobs run as the submitting user"),
+    refused("gid", None, true, "jobs run with the submitting user's group"),
+    refused(
+        "container",
+        None,
+        true,
+        "OCI containers need a container runtime plugin, which Gangway lacks; start the container from the script",
+    ),
+    refused(
+        "container-id",
+        None,
+        true,
+        "OCI containers need a container runtime plugin, which Gangway lacks; start the container from the script",
+    ),
+    refused("container-image", None, true, PYXIS),
+    refused("container-mounts", None, true, PYXIS),
+    refused("container-workdir", None, true, PYXIS),
+    refused("container-name", None, true, PYXIS),
+    refused("container-save", None, true, PYXIS),
+    refused("container-env", None, true, PYXIS),
+    refused("container-mount-home", None, false, PYXIS),
+    refused("no-container-mount-home", None, false, PYXIS),
+    refused("container-remap-root", None, false, PYXIS),
+    refused("no-container-remap-root", None, false, PYXIS),
+    refused("container-writable", None, false, PYXIS),
+    refused("container-readonly", None, false, PYXIS),
+];
+
+/// Where some words came from, for messages: a directive line or the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Line(usize),
+    CommandLine,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Line(n) => write!(f, "line {n}"),
+            Origin::CommandLine => write!(f, "command line"),
+        }
+    }
+}
+
+/// Splits a directive into words as the shell would for simple quoting:
+/// whitespace separates, '...' and "..." quote (backslash escapes in double
+/// quotes and outside quotes), and an unquoted `#` starting a word begins a comment.
+pub fn words(text: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            c if c.is_whitespace() => {
+                if in_word {
+                    out.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            '#' if !in_word => break,
+            '\'' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(c) => cur.push(c),
+                        None => return Err("unterminated ' quote".into()),
+                    }
+                }
+            }
+            '"' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => match chars.next() {
+                            Some(c @ ('"' | '\\' | '$' | '`')) => cur.push(c),
+                            Some(c) => {
+                                cur.push('\\');
+                                cur.push(c);
+                            }
+                            None => return Err("unterminated \" quote".into()),
+                        },
+                        Some(c) => cur.push(c),
+                        None => return Err("unterminated \" quote".into()),
+                    }
+                }
+            }
+            '\\' => {
+                in_word = true;
+                if let Some(c) = chars.next() {
+                    cur.push(c);
+                }
+            }
+            c => {
+                in_word = true;
+                cur.push(c);
+            }
+        }
+        if out.len() > WORDS_MAX {
+            return Err(format!("more than {WORDS_MAX} words"));
+        }
+    }
+    if in_word {
+        out.push(cur);
+    }
+    Ok(out)
+}
+
+/// The `#SBATCH` directives of a script, with their line numbers: from the
+/// lines after `#!` up to the first command. Later `#SBATCH` lines (in a
+/// heredoc, say) are not directives.
+pub fn directives(script: &str) -> Result<Vec<(Origin, Vec<String>)>, String> {
+    let mut out = Vec::new();
+    for (i, line) in script.lines().enumerate().take(DIRECTIVE_LINES_MAX) {
+        let n = i + 1;
+        if i == 0 && line.starts_with("#!") {
+            continue;
+        }
+        let t = line.trim();
+        if t.is_empty() {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("#SBATCH") {
+            if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
+                continue; // e.g. `#SBATCHED`: a comment
+            }
+            let w = words(rest).map_err(|e| format!("line {n}: {e}"))?;
+            if matches!(w.first().map(String::as_str), Some("hetjob" | "packjob")) {
+                return Err(format!(
+                    "line {n}: heterogeneous jobs (#SBATCH {}) are not supported yet; submit each component \
+                     as its own job and chain them with --dependency",
+                    w[0]
+                ));
+            }
+            if !w.is_empty() {
+                out.push((Origin::Line(n), w));
+            }
+            continue;
+        }
+        if t.starts_with('#') {
+            continue;
+        }
+        break;
+    }
+    Ok(out)
+}
+
+/// The options clap applies for [`SbatchOpts`]: long names (with aliases),
+/// short name, and whether a value must follow (as the next word if not attached).
+struct Applied {
+    longs: Vec<String>,
+    short: Option<char>,
+    needs_value: bool,
+}
+
+fn applied() -> Vec<Applied> {
+    let mut cmd = SbatchOpts::command();
+    cmd.build();
+    let mut v: Vec<Applied> = cmd
+        .get_arguments()
+        .filter(|a| !a.is_positional())
+        .map(|a| Applied {
+            longs: a
+                .get_long()
+                .into_iter()
+                .chain(a.get_all_aliases().unwrap_or_default())
+                .map(str::to_string)
+                .collect(),
+            short: a.get_short(),
+            needs_value: a.get_action().takes_values() && a.get_num_args().is_some_and(|n| n.min_values() > 0),
+        })
+        .collect();
+    v.push(Applied { longs: vec!["help".into()], short: Some('h'), needs_value: false });
+    v
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur.push((prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// Resolves a long option name (maybe an unambiguous prefix) to its full name.
+fn resolve_long(name: &str, known: &[String], at: Origin) -> Result<String, String> {
+    if known.iter().any(|k| k == name) {
+        return Ok(name.to_string());
+    }
+    let matches: Vec<&String> = known.iter().filter(|k| k.starts_with(name)).collect();
+    match matches.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => {
+            let best = known.iter().min_by_key(|k| edit_distance(name, k));
+            let hint = best
+                .filter(|b| edit_distance(name, b) <= 3)
+                .map(|b| format!("; did you mean --{b}?"))
+                .unwrap_or_else(|| "; `gangway sbatch --help` lists the options".into());
+            Err(format!("{at}: unknown option --{name}{hint}"))
+        }
+        many => {
+            let names: Vec<String> = many.iter().map(|m| format!("--{m}")).collect();
+            Err(format!("{at}: --{name} is ambiguous: it could be {}", names.join(", ")))
+        }
+    }
+}
+
+/// Options parsed from every source, with the notices for accepted-but-ignored ones.
+#[derive(Debug, Default)]
+pub struct Parsed {
+    pub opts: SbatchOpts,
+    pub notices: Vec<String>,
+}
+
+/// Normalizes one source's words: long options to their full names, options
+/// Gangway does not apply dropped (with a notice) or refused.
+fn normalize(
+    words: &[String],
+    at: Origin,
+    known: &[Applied],
+    notices: &mut Vec<String>,
+) -> Result<Vec<String>, String> {
+    let mut all_longs: Vec<String> = known.iter().flat_map(|a| a.longs.iter().cloned()).collect();
+    all_longs.extend(OTHERS.iter().map(|o| o.long.to_string()));
+    let needs_value = |long: &str| known.iter().any(|a| a.needs_value && a.longs.iter().any(|l| l == long));
+    let mut out = Vec::new();
+    let mut i = 0;
+    let mut positional = false;
+    while i < words.len() {
+        let w = &words[i];
+        i += 1;
+        if positional || w == "-" || !w.starts_with('-') {
+            // The script and its arguments end option parsing (on the command line).
+            positional = at == Origin::CommandLine;
+            out.push(w.clone());
+            continue;
+        }
+        if w == "--" {
+            out.push(w.clone());
+            positional = true;
+            continue;
+        }
+        let other = if let Some(body) = w.strip_prefix("--") {
+            let (name, value) = match body.split_once('=') {
+                Some((n, v)) => (n, Some(v)),
+                None => (body, None),
+            };
+            let full = resolve_long(name, &all_longs, at)?;
+            match OTHERS.iter().find(|o| o.long == full) {
+                Some(o) => Some((o, value.is_none())),
+                None => {
+                    out.push(match value {
+                        Some(v) => format!("--{full}={v}"),
+                        None => format!("--{full}"),
+                    });
+                    if value.is_none() && needs_value(&full) && i < words.len() {
+                        out.push(words[i].clone());
+                        i += 1;
+                    }
+                    None
+                }
+            }
+        } else {
+            let c = w.chars().nth(1).unwrap_or('-');
+            match OTHERS.iter().find(|o| o.short == Some(c)) {
+                Some(o) => Some((o, w.len() == 2)),
+                None => {
+                    out.push(w.clone());
+                    // `-N 2`: the value is the next word.
+                    let short_needs_value = known.iter().any(|a| a.short == Some(c) && a.needs_value);
+                    if w.len() == 2 && short_needs_value && i < words.len() {
+                        out.push(words[i].clone());
+                        i += 1;
+                    }
+                    None
+                }
+            }
+        };
+        if let Some((o, value_is_next)) = other {
+            match o.treatment {
+                Treatment::Refused(why) => return Err(format!("{at}: --{} is not supported: {why}", o.long)),
+                Treatment::Ignored(note) => {
+                    if o.takes_value && value_is_next {
+                        i += 1; // its value
+                    }
+                    if !note.is_empty() {
+                        notices.push(format!("{at}: --{} has no effect: {note}", o.long));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Turns clap's error into one line naming where the words came from.
+fn clap_error(e: &clap::Error, at: Origin) -> String {
+    let text = e.to_string();
+    let mut parts: Vec<&str> = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if let Some(m) = line.strip_prefix("error: ") {
+            parts.push(m);
+        } else if let Some(t) = line.strip_prefix("tip: ") {
+            parts.push(t);
+        }
+    }
+    if parts.is_empty() {
+        parts.push(text.lines().next().unwrap_or("invalid option"));
+    }
+    format!("{at}: {}", parts.join("; "))
+}
+
+fn parse_words(words: Vec<String>, at: Origin) -> Result<SbatchOpts, String> {
+    SbatchOpts::try_parse_from(std::iter::once("sbatch".to_string()).chain(words)).map_err(|e| clap_error(&e, at))
+}
+
+/// Why the command line did not parse.
+pub enum CommandLineError {
+    /// `--help`: the text to print.
+    Help(String),
+    Bad(String),
+}
+
+/// Parses the command line's words (without the program name): the options,
+/// the normalized words (applied over the directives later) and notices.
+pub fn parse_command_line(argv: &[String]) -> Result<(SbatchOpts, Vec<String>, Vec<String>), CommandLineError> {
+    let known = applied();
+    let mut notices = Vec::new();
+    let words = normalize(argv, Origin::CommandLine, &known, &mut notices).map_err(CommandLineError::Bad)?;
+    match SbatchOpts::try_parse_from(std::iter::once("sbatch".to_string()).chain(words.iter().cloned())) {
+        Ok(opts) => Ok((opts, words, notices)),
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => Err(CommandLineError::Help(e.to_string())),
+        Err(e) => Err(CommandLineError::Bad(clap_error(&e, Origin::CommandLine))),
+    }
+}
+
+/// Applies a script's directives under the command line's options (already
+/// normalized `cmdline_words`): each directive line is checked on its own, for
+/// its line number, then all are parsed together, the command line last.
+pub fn parse_with_script(script: &str, cmdline_words: &[String], mut notices: Vec<String>) -> Result<Parsed, String> {
+    let known = applied();
+    let mut all = Vec::new();
+    for (at, words) in directives(script)? {
+        let words = normalize(&words, at, &known, &mut notices)?;
+        let line = parse_words(words.clone(), at)?;
+        if let Some(stray) = &line.script {
+            return Err(format!("{at}: '{stray}' is not an option (directives hold options only)"));
+        }
+        all.extend(words);
+    }
+    if all.len() > WORDS_MAX {
+        return Err(format!("the script's directives hold more than {WORDS_MAX} words"));
+    }
+    all.extend(cmdline_words.iter().cloned());
+    let opts = parse_words(all, Origin::CommandLine)?;
+    Ok(Parsed { opts, notices })
+}
+
+/// The environment `--export` gives the job: `ALL` (the default) is the
+/// submitting environment, `NONE` nothing, otherwise the listed variables
+/// (`VAR` from the environment, `VAR=VALUE` as given), added to it with `ALL,`.
+pub fn export_env(
+    spec: Option<&str>,
+    environment: impl Iterator<Item = (String, String)>,
+) -> Result<Vec<(String, String)>, String> {
+    let spec = spec.unwrap_or("ALL");
+    let env: Vec<(String, String)> = environment.collect();
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut items: Vec<&str> = spec.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    match items.first().map(|s| s.to_ascii_uppercase()) {
+        Some(first) if first == "ALL" => {
+            out.extend(env.iter().filter(|(k, _)| exportable(k)).cloned());
+            items.remove(0);
+        }
+        Some(first) if first == "NONE" => {
+            items.remove(0);
+        }
+        None => return Err("--export: give ALL, NONE or VAR[=VALUE],...".into()),
+        _ => {}
+    }
+    for item in items {
+        match item.split_once('=') {
+            Some((k, v)) => {
+                out.retain(|(o, _)| o != k);
+                out.push((k.to_string(), v.to_string()));
+            }
+            // An unset variable stays unset, as in Slurm.
+            None => {
+                if let Some(kv) = env.iter().find(|(k, _)| k == item) {
+                    out.retain(|(o, _)| o != item);
+                    out.push(kv.clone());
+                }
+            }
+        }
+    }
+    if out.len() > EXPORT_VARS_MAX {
+        return Err(format!(
+            "--export: {} environment variables exceed the limit of {EXPORT_VARS_MAX}; use --export=NONE,VAR,...",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
+/// Variables never carried into a job: the shell's own per-process ones and
+/// the submitter's Slurm/Gangway job context, which the job gets anew.
+fn exportable(k: &str) -> bool {
+    !matches!(k, "_" | "PWD" | "OLDPWD" | "SHLVL")
+        && !k.starts_with("SLURM_")
+        && !k.starts_with("GANGWAY_")
+        && !k.starts_with("BASH_FUNC_")
+}
+
+/// Converts sbatch options to Gangway's submit options. `script` is the
+/// script's path and text (None with --wrap); `cwd` the submit directory.
+pub fn to_submit_args(
+    o: SbatchOpts,
+    script: Option<(PathBuf, String)>,
+    environment: impl Iterator<Item = (String, String)>,
+    notices: &mut Vec<String>,
+) -> Result<SubmitArgs, String> {
+    let exclusive = match o.exclusive.as_deref() {
+        None => false,
+        Some("node" | "") => true,
+        Some(other) => return Err(format!("--exclusive={other}: only whole-node --exclusive is supported")),
+    };
+    if let Some(mode) = o.open_mode.as_deref() {
+        if !matches!(mode, "append" | "truncate") {
+            return Err(format!("--open-mode: '{mode}' must be append or truncate"));
+        }
+    }
+    let mem = match o.mem.as_deref() {
+        // Slurm's "all of each node's memory": Gangway reserves none and sets
+        // no limit, so the job may use all of it; other jobs may share the node.
+        Some(m) if m.trim_end_matches(['K', 'M', 'G', 'T', 'k', 'm', 'g', 't']) == "0" => {
+            if !exclusive {
+                notices.push(
+                    "--mem=0: no memory is reserved and none is limited, so the job may use all of each node's \
+                     memory; add --exclusive to keep other jobs off its nodes"
+                        .into(),
+                );
+            }
+            None
+        }
+        m => m.map(str::to_string),
+    };
+    let constraint = o
+        .constraint
+        .map(|c| {
+            if c.contains('|') || c.contains('[') || c.contains('*') {
+                Err(format!(
+                    "--constraint: '{c}': only features joined with & are supported yet (not |, [..] or counts)"
+                ))
+            } else {
+                Ok(c)
+            }
+        })
+        .transpose()?;
+    let nice =
+        o.nice.map(|n| n.parse::<i32>().map_err(|_| format!("--nice: '{n}' is not a whole number"))).transpose()?;
+    let env = export_env(o.export.as_deref(), environment)?.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let (script_path, script_text, command) = match (script, &o.wrap) {
+        (Some((path, text)), None) => (Some(path), Some(text), o.args.clone()),
+        (None, Some(_)) => (None, None, Vec::new()),
+        (Some(_), Some(_)) => return Err("--wrap: give a script or --wrap, not both".into()),
+        (None, None) => return Err("script: give a batch script (a file, or - for standard input) or --wrap".into()),
+    };
+    Ok(SubmitArgs {
+        name: o.job_name,
+        nodes: o.nodes,
+        ntasks: o.ntasks,
+        tasks_per_node: o.ntasks_per_node,
+        cpus_per_task: o.cpus_per_task,
+        mem,
+        gpus_per_node: o.gpus_per_node,
+        gpus: o.gpus,
+        gpus_per_task: o.gpus_per_task,
+        gres: o.gres,
+        mem_per_cpu: o.mem_per_cpu,
+        account: o.account,
+        qos: o.qos,
+        constraint,
+        exclusive,
+        topology: None,
+        switches: o.switches,
+        dependency: o.dependency,
+        array: o.array,
+        nice,
+        hold: o.hold,
+        kill_on_invalid_dep: o.kill_on_invalid_dep,
+        time: o.time,
+        partition: o.partition,
+        chdir: o.chdir,
+        wrap: o.wrap,
+        env,
+        idempotency_key: None,
+        parsable: o.parsable,
+        // Slurm's default output file: slurm-%j.out (slurm-%A_%a.out for arrays)
+        // in the submit directory; the agent applies the same default.
+        output: o.output,
+        error: o.error,
+        signal: o.signal,
+        requeue: o.requeue,
+        no_requeue: o.no_requeue,
+        script: script_path,
+        script_text,
+        command,
+    })
+}
+
+/// Reads the script named on the command line (`-` or none without --wrap:
+/// standard input).
+fn read_script(name: Option<&str>, wrap: bool) -> anyhow::Result<Option<(PathBuf, String)>> {
+    use std::io::Read;
+    let (path, text) = match name {
+        None if wrap => return Ok(None),
+        None | Some("-") => {
+            let mut text = String::new();
+            std::io::stdin().take(SCRIPT_FILE_BYTES_MAX).read_to_string(&mut text)?;
+            (PathBuf::from("sbatch"), text)
+        }
+        Some(p) => {
+            let path = PathBuf::from(p);
+            let f = std::fs::File::open(&path).map_err(|e| anyhow::anyhow!("script: cannot read {p}: {e}"))?;
+            let mut text = String::new();
+            f.take(SCRIPT_FILE_BYTES_MAX)
+                .read_to_string(&mut text)
+                .map_err(|e| anyhow::anyhow!("script: cannot read {p}: {e}"))?;
+            (path, text)
+        }
+    };
+    if text.trim().is_empty() {
+        match name {
+            None | Some("-") => {
+                bail!("script: standard input is empty; give a script file, pipe one in, or use --wrap")
+            }
+            Some(p) => bail!("script: {p} is empty"),
+        }
+    }
+    Ok(Some((path, text)))
+}
+
+/// `gangway sbatch ARGS...`: parse, then submit (or with --test-only, print).
+pub async fn run(
+    client: &gangway_proto::client::Client,
+    out: &crate::commands::Output,
+    argv: &[String],
+) -> anyhow::Result<()> {
+    let (cmdline, words, notices) = match parse_command_line(argv) {
+        Ok(p) => p,
+        Err(CommandLineError::Help(text)) => {
+            print!("{text}");
+            return Ok(());
+        }
+        Err(CommandLineError::Bad(m)) => bail!("{m}"),
+    };
+    let script = read_script(cmdline.script.as_deref(), cmdline.wrap.is_some())?;
+    let parsed = match &script {
+        Some((_, text)) => parse_with_script(text, &words, notices),
+        None => Ok(Parsed { opts: cmdline, notices }),
+    }
+    .map_err(anyhow::Error::msg)?;
+    let mut notices = parsed.notices;
+    let args = to_submit_args(parsed.opts, script, std::env::vars(), &mut notices).map_err(anyhow::Error::msg)?;
+    for n in &notices {
+        eprintln!("sbatch: note: {n}");
+    }
+    crate::commands::submit(client, out, args).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gangway_proto::v1 as pb;
+
+    /// The submitting environment the corpus sees.
+    const ENV: &[(&str, &str)] =
+        &[("HOME", "/home/alice"), ("PATH", "/usr/bin:/bin"), ("PWD", "/home/alice"), ("SLURM_JOB_ID", "77")];
+
+    /// A spec's non-default fields, one per line (env sorted, script summarized).
+    fn render_spec(spec: &pb::JobSpec) -> String {
+        let mut s = spec.clone();
+        let env: std::collections::BTreeMap<String, String> = s.env.drain().collect();
+        s.script = format!("<{} lines>", spec.script.lines().count());
+        if std::env::current_dir().is_ok_and(|d| d.display().to_string() == s.workdir) {
+            s.workdir = "<submit dir>".into();
+        }
+        let defaults = [": None,", ": \"\",", ": [],", ": 0,", ": false,", ": {},"];
+        let mut out: String = format!("{s:#?}")
+            .lines()
+            .filter(|l| !defaults.iter().any(|d| l.ends_with(d)))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        for (k, v) in env {
+            out.push_str(&format!("env {k}={v}\n"));
+        }
+        out
+    }
+
+    /// What submitting `script` with `argv` (SCRIPT stands for its path) gives:
+    /// notices and the spec, or the error.
+    fn render(script: &str, argv: &[String]) -> String {
+        let env = || ENV.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        let (cmdline, words, notices) = match parse_command_line(argv) {
+            Ok(p) => p,
+            Err(CommandLineError::Bad(m)) => return format!("error: {m}\n"),
+            Err(CommandLineError::Help(_)) => return "help\n".into(),
+        };
+        let path = PathBuf::from(cmdline.script.clone().unwrap_or_default());
+        let parsed = match parse_with_script(script, &words, notices) {
+            Ok(p) => p,
+            Err(m) => return format!("error: {m}\n"),
+        };
+        let mut notices = parsed.notices;
+        let args = match to_submit_args(parsed.opts, Some((path, script.to_string())), env(), &mut notices) {
+            Ok(a) => a,
+            Err(m) => return format!("error: {m}\n"),
+        };
+        let mut out: String = notices.iter().map(|n| format!("note: {n}\n")).collect();
+        match crate::commands::job_spec(args, Some("rack")) {
+            Ok(spec) => out.push_str(&render_spec(&spec)),
+            Err(e) => out.push_str(&format!("error: {e:#}\n")),
+        }
+        out
+    }
+
+    fn corpus_dir() -> PathBuf {
+        let dir = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+        PathBuf::from(dir).join("tests/sbatch")
+    }
+
+    /// Every script in tests/sbatch/ gives exactly its `.expected` rendering
+    /// (`GANGWAY_BLESS=1` rewrites them; review the diff). A script's
+    /// `# test-args:` line is its command line, SCRIPT standing for its path.
+    #[test]
+    fn sbatch_corpus_matches_golden_files() {
+        let dir = corpus_dir();
+        let mut scripts: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "sh"))
+            .collect();
+        scripts.sort();
+        assert!(scripts.len() >= 10, "expected the corpus in {}", dir.display());
+        let bless = std::env::var_os("GANGWAY_BLESS").is_some();
+        let mut mismatches = Vec::new();
+        for path in scripts {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let argv: Vec<String> = match text.lines().find_map(|l| l.strip_prefix("# test-args:")) {
+                Some(a) => {
+                    a.split_whitespace().map(|w| if w == "SCRIPT" { name.clone() } else { w.to_string() }).collect()
+                }
+                None => vec![name.clone()],
+            };
+            let got = render(&text, &argv);
+            let expected_path = path.with_extension("expected");
+            if bless {
+                std::fs::write(&expected_path, &got).unwrap();
+                continue;
+            }
+            let want = std::fs::read_to_string(&expected_path).unwrap_or_default();
+            if got != want {
+                mismatches.push(format!("{name}:\n--- expected\n{want}--- got\n{got}"));
+            }
+        }
+        assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+    }
+
+    #[test]
+    fn words_split_like_the_shell() {
+        assert_eq!(words(r#" -N 2 --job-name="a b" 'c d'  # trailing"#).unwrap(), ["-N", "2", "--job-name=a b", "c d"]);
+        assert_eq!(words(r"--x=a\ b#c").unwrap(), ["--x=a b#c"]);
+        assert!(words("--name='x").is_err());
+    }
+
+    #[test]
+    fn export_picks_the_environment() {
+        let env = || ENV.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        let all = export_env(None, env()).unwrap();
+        assert!(all.contains(&("HOME".into(), "/home/alice".into())));
+        assert!(!all.iter().any(|(k, _)| k == "SLURM_JOB_ID" || k == "PWD"), "{all:?}");
+        let some = export_env(Some("ALL,HOME=/x,EXTRA=1"), env()).unwrap();
+        assert!(some.contains(&("HOME".into(), "/x".into())) && some.contains(&("EXTRA".into(), "1".into())));
+        assert_eq!(export_env(Some("NONE"), env()).unwrap(), vec![]);
+        assert_eq!(export_env(Some("PATH,UNSET"), env()).unwrap(), vec![("PATH".into(), "/usr/bin:/bin".into())]);
+        let many = (0..EXPORT_VARS_MAX + 1).map(|i| (format!("V{i}"), "x".to_string()));
+        assert!(export_env(None, many).unwrap_err().contains("--export"));
+    }
+}

@@ -1,0 +1,3 @@
+#!/bin/bash
+#SBATCH --ntask=4
+hostname

@@ -1,0 +1,4 @@
+#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --partitoin=gpu
+srun hostname
