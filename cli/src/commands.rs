@@ -593,7 +593,7 @@ fn job_state_name(s: i32) -> &'static str {
     }
 }
 
-fn job_json(j: &pb::Job) -> Value {
+pub(crate) fn job_json(j: &pb::Job) -> Value {
     let spec = j.spec.clone().unwrap_or_default();
     let mut v = json!({
         "id": j.id,
@@ -839,7 +839,7 @@ fn node_state_name(s: i32) -> &'static str {
     }
 }
 
-fn node_json(n: &pb::Node) -> Value {
+pub(crate) fn node_json(n: &pb::Node) -> Value {
     json!({
         "name": n.name, "state": node_state_name(n.state), "reason": n.state_reason,
         "cpus": n.cpus, "cpus_alloc": n.cpus_alloc, "mem_mb": n.mem_mb, "mem_alloc_mb": n.mem_alloc_mb,

@@ -10,6 +10,7 @@ mod parse;
 mod policy;
 mod sbatch;
 mod simulate;
+mod slurm;
 
 use clap::{Parser, Subcommand};
 
@@ -48,7 +49,17 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Slurm command names as links to this binary (sbatch).
+    /// Slurm's squeue: pending and running jobs, Slurm's columns and -o/-O formats.
+    Squeue(slurm::squeue::SqueueArgs),
+    /// Slurm's scancel: by id (12, 12_3, a whole array), name, user, state, partition.
+    Scancel(slurm::scancel::ScancelArgs),
+    /// Slurm's sinfo: partitions and node states.
+    Sinfo(slurm::sinfo::SinfoArgs),
+    /// Slurm's scontrol: show hostnames/job/node/partition, hold, release, requeue, update.
+    Scontrol(slurm::scontrol::ScontrolArgs),
+    /// Slurm's sacct: job history, including finished jobs.
+    Sacct(slurm::sacct::SacctArgs),
+    /// Slurm command names as links to this binary (sbatch, squeue, scancel, sinfo, scontrol, sacct).
     #[command(subcommand)]
     Shims(ShimsCmd),
     /// List pending and running jobs (`--all` for finished ones too).
@@ -136,7 +147,7 @@ enum ShimsCmd {
 }
 
 /// The Slurm commands this binary answers to when invoked by that name.
-const SHIMS: &[&str] = &["sbatch"];
+const SHIMS: &[&str] = &["sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct"];
 
 fn install_shims(prefix: &std::path::Path, force: bool) -> anyhow::Result<()> {
     let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this binary: {e}"))?;
@@ -178,8 +189,22 @@ fn shim_argv() -> Vec<std::ffi::OsString> {
     argv
 }
 
+/// Client commands end quietly when their reader goes away (`squeue | head`), as
+/// Unix tools do; Rust's default would make the next print panic. Servers keep
+/// the default (a closed pipe is an error they handle).
+#[allow(unsafe_code)]
+fn die_on_closed_pipe() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: called at the start of main, before any other thread exists; the
+    // default disposition runs no code of ours.
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
+}
+
 fn main() {
     let cli = Cli::parse_from(shim_argv());
+    if !matches!(cli.command, Cmd::Controller(_) | Cmd::Agent(_) | Cmd::Dev(_) | Cmd::Bench(_) | Cmd::TaskShim { .. }) {
+        die_on_closed_pipe();
+    }
     if let Cmd::TaskShim { exit_file, argv } = &cli.command {
         // Before any runtime or logging: the shim is only a waiting parent.
         std::process::exit(gangway_node_agent::shim::run(exit_file, argv));
@@ -210,6 +235,11 @@ fn main() {
                 match cmd {
                     Cmd::Submit(a) => commands::submit(&client, &out, a).await,
                     Cmd::Sbatch { args } => sbatch::run(&client, &out, &args).await,
+                    Cmd::Squeue(a) => slurm::squeue::run(&client, &out, &identity, a).await,
+                    Cmd::Scancel(a) => slurm::scancel::run(&client, &out, &identity, a).await,
+                    Cmd::Sinfo(a) => slurm::sinfo::run(&client, &out, a).await,
+                    Cmd::Scontrol(a) => slurm::scontrol::run(&client, &out, a).await,
+                    Cmd::Sacct(a) => slurm::sacct::run(&client, &out, &identity, a).await,
                     Cmd::Queue(a) => commands::queue(&client, &out, a).await,
                     Cmd::Show { job_id, stale } => commands::show(&client, &out, job_id, stale).await,
                     Cmd::Cancel { job_ids } => commands::cancel(&client, &out, &job_ids).await,

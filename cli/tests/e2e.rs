@@ -212,6 +212,7 @@ fn sbatch_scripts_through_the_shim(endpoints: &str, work: &Path, dir: &Path) {
         std::fs::read_to_string(work.join(format!("slurm-{id}.out")))
             .is_ok_and(|s| s.trim() == "name=e2e-sbatch args=first second gpus=0 foo=from-submit-env")
     });
+    let done = id;
     // The command line overrides a directive; --parsable prints the id alone.
     let o = run(&["--parsable", "--job-name", "renamed", "train.sh"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -227,6 +228,47 @@ fn sbatch_scripts_through_the_shim(endpoints: &str, work: &Path, dir: &Path) {
     assert!(err.contains("line 2: unknown option --partitoin; did you mean --partition?"), "{err}");
     let q = stdout(&cli(endpoints, &["queue", "--all", "--json"], work));
     assert!(!q.contains("typo.sh"), "{q}");
+    slurm_commands_through_the_shims(endpoints, work, &bin, done);
+}
+
+/// squeue, scancel, sacct, scontrol and sinfo answer as Slurm's do, through links.
+fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, done: u64) {
+    let tool = |name: &str, args: &[&str]| {
+        let o = Command::new(bin.join(name))
+            .args(args)
+            .env("GANGWAY_ENDPOINTS", endpoints)
+            .env("GANGWAY_IDENTITY", "dev:root")
+            .current_dir(work)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{name} {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o)
+    };
+    // The finished sbatch job, in sacct's parsable form.
+    let line = tool("sacct", &["-j", &done.to_string(), "-n", "-P", "-o", "JobID,JobName,State,ExitCode,NNodes"]);
+    assert_eq!(line.trim(), format!("{done}|e2e-sbatch|COMPLETED|0:0|1"));
+    assert_eq!(tool("scontrol", &["show", "hostnames", "e2e-node-[1-2]"]), "e2e-node-1\ne2e-node-2\n");
+    let node = tool("scontrol", &["-o", "show", "node", "e2e-node-1"]);
+    assert!(node.starts_with("NodeName=e2e-node-1 ") && node.contains("Gres=gpu:"), "{node}");
+    let nodes = tool("sinfo", &["-N", "-h", "-o", "%N"]);
+    assert!(nodes.lines().any(|l| l.trim() == "e2e-node-2"), "{nodes}");
+    // A throttled array: squeue shows its elements as 12_3; scancel of the
+    // array's id ends all of them; sacct reports them cancelled.
+    let base = tool("sbatch", &["--parsable", "--array=0-3%1", "--wrap", "sleep 60"]).trim().to_string();
+    eventually("an array element never started", || {
+        tool("squeue", &["-h", "-j", &base, "-o", "%i %t"]).lines().any(|l| l.ends_with(" R"))
+    });
+    let q = tool("squeue", &["-h", "-j", &base, "-o", "%i %t %r"]);
+    assert_eq!(q.lines().count(), 4, "{q}");
+    assert!(q.contains(&format!("{base}_3 PD JobArrayTaskLimit")), "{q}");
+    tool("scancel", &[&base]);
+    let states = tool("sacct", &["-j", &base, "-n", "-P", "-o", "JobID,State"]);
+    let want: Vec<String> = (0..4).map(|i| format!("{base}_{i}|CANCELLED")).collect();
+    assert_eq!(states.lines().collect::<Vec<_>>(), want, "{states}");
+    assert_eq!(tool("squeue", &["-h", "-j", &base, "-t", "PD,R"]), "");
+    // Just ended, named: shown (as Slurm does until MinJobAge), cancelled.
+    assert_eq!(tool("squeue", &["-h", "-j", &format!("{base}_2"), "-o", "%i %t"]).trim(), format!("{base}_2 CA"));
 }
 
 /// The admin commands (TOML import/export, object edits) and the scheduler's

@@ -1,0 +1,299 @@
+//! Slurm's user commands over Gangway's API, answering as Slurm does (state
+//! codes, time formats, hostlists, format strings, exit codes) so that driver
+//! scripts that parse them keep working: `squeue`, `scancel`, `sinfo`,
+//! `scontrol`, `sacct`. The binary answers to those names through links
+//! (`gangway shims install`); `sbatch` lives in `sbatch.rs`.
+//!
+//! Times print in UTC (`YYYY-MM-DDTHH:MM:SS`).
+
+pub mod format;
+pub mod hostlist;
+pub mod sacct;
+pub mod scancel;
+pub mod scontrol;
+pub mod sinfo;
+pub mod squeue;
+
+use gangway_proto::client::Client;
+use gangway_proto::v1 as pb;
+use gangway_proto::v1::job_service_client::JobServiceClient;
+
+/// Pages read when listing jobs: with 10,000 jobs a page, far above the
+/// controller's retention (100,000 finished jobs plus the queue).
+const LIST_PAGES_MAX: usize = 100;
+/// Jobs per page.
+const LIST_PAGE: u32 = 10_000;
+
+/// Slurm's compact state code.
+pub fn state_code(s: i32) -> &'static str {
+    match pb::JobState::try_from(s).unwrap_or(pb::JobState::Unspecified) {
+        pb::JobState::Pending => "PD",
+        pb::JobState::Running => "R",
+        pb::JobState::Completed => "CD",
+        pb::JobState::Failed => "F",
+        pb::JobState::Cancelled => "CA",
+        pb::JobState::Timeout => "TO",
+        pb::JobState::NodeFail => "NF",
+        pb::JobState::Unspecified => "?",
+    }
+}
+
+/// Slurm's state name.
+pub fn state_name(s: i32) -> &'static str {
+    match pb::JobState::try_from(s).unwrap_or(pb::JobState::Unspecified) {
+        pb::JobState::Pending => "PENDING",
+        pb::JobState::Running => "RUNNING",
+        pb::JobState::Completed => "COMPLETED",
+        pb::JobState::Failed => "FAILED",
+        pb::JobState::Cancelled => "CANCELLED",
+        pb::JobState::Timeout => "TIMEOUT",
+        pb::JobState::NodeFail => "NODE_FAIL",
+        pb::JobState::Unspecified => "UNKNOWN",
+    }
+}
+
+const ALL_STATES: [pb::JobState; 7] = [
+    pb::JobState::Pending,
+    pb::JobState::Running,
+    pb::JobState::Completed,
+    pb::JobState::Failed,
+    pb::JobState::Cancelled,
+    pb::JobState::Timeout,
+    pb::JobState::NodeFail,
+];
+
+/// Parses state filters as Slurm takes them: codes or names, any case; `all`.
+pub fn parse_states(option: &str, items: &[String]) -> Result<Vec<i32>, String> {
+    let mut out = Vec::new();
+    for item in items {
+        let up = item.trim().to_ascii_uppercase();
+        if up == "ALL" {
+            return Ok(ALL_STATES.iter().map(|s| *s as i32).collect());
+        }
+        let found = ALL_STATES.iter().find(|s| state_code(**s as i32) == up || state_name(**s as i32) == up);
+        match found {
+            Some(s) => out.push(*s as i32),
+            None => {
+                return Err(format!(
+                    "{option}: '{item}' is not a job state (PD/PENDING, R/RUNNING, CD/COMPLETED, F/FAILED, \
+                     CA/CANCELLED, TO/TIMEOUT, NF/NODE_FAIL, all)"
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Slurm's elapsed-time form: `M:SS`, `H:MM:SS`, `D-HH:MM:SS`.
+pub fn duration(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    if d > 0 {
+        format!("{d}-{h:02}:{m:02}:{s:02}")
+    } else if h > 0 {
+        format!("{h}:{m:02}:{s:02}")
+    } else {
+        format!("{m}:{s:02}")
+    }
+}
+
+/// sacct's elapsed form: `HH:MM:SS`, with `D-` for days.
+pub fn elapsed(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    if d > 0 {
+        format!("{d}-{h:02}:{m:02}:{s:02}")
+    } else {
+        format!("{h:02}:{m:02}:{s:02}")
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` (UTC) for epoch milliseconds.
+pub fn timestamp(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// The user part of a caller identity (`dev:alice` → `alice`).
+pub fn identity_user(identity: &str) -> String {
+    identity.rsplit(':').next().unwrap_or(identity).to_string()
+}
+
+/// A job selector as Slurm's commands take them: `12` (a job, or a whole
+/// array by its id), `12_3`, `12_[1-3,5]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobSel {
+    pub id: u64,
+    /// Array indexes; None: the job, or every element of the array `id`.
+    pub indexes: Option<Vec<u32>>,
+}
+
+/// Array indexes one selector may name.
+const SELECTOR_INDEXES_MAX: usize = 100_000;
+
+impl JobSel {
+    pub fn parse(option: &str, s: &str) -> Result<JobSel, String> {
+        let bad = || format!("{option}: '{s}' is not a job id (examples: 12, 12_3, 12_[1-3,5])");
+        let (id, idx) = match s.split_once('_') {
+            Some((id, idx)) => (id, Some(idx)),
+            None => (s, None),
+        };
+        let id: u64 = id.trim().parse().map_err(|_| bad())?;
+        let indexes = match idx {
+            None => None,
+            Some(idx) => {
+                let body = idx.strip_prefix('[').and_then(|b| b.strip_suffix(']')).unwrap_or(idx);
+                let mut v = Vec::new();
+                for part in body.split(',') {
+                    let (a, b) = part.split_once('-').unwrap_or((part, part));
+                    let (a, b): (u32, u32) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                    if b < a || v.len() + (b - a) as usize >= SELECTOR_INDEXES_MAX {
+                        return Err(bad());
+                    }
+                    v.extend(a..=b);
+                }
+                Some(v)
+            }
+        };
+        Ok(JobSel { id, indexes })
+    }
+
+    pub fn matches(&self, j: &pb::Job) -> bool {
+        match &self.indexes {
+            None => j.id == self.id || j.array_job_id == Some(self.id),
+            Some(ix) => j.array_job_id == Some(self.id) && j.array_index.is_some_and(|i| ix.contains(&i)),
+        }
+    }
+}
+
+/// Filters a listing asks the controller for.
+#[derive(Default, Clone)]
+pub struct Listing {
+    pub states: Vec<i32>,
+    pub user: String,
+    pub partition: String,
+    pub account: String,
+    pub explain: bool,
+}
+
+/// Every job matching `l`, page by page (linearizable reads).
+pub async fn list_jobs(client: &Client, l: &Listing) -> anyhow::Result<Vec<pb::Job>> {
+    let mut all = Vec::new();
+    let mut after_id = 0;
+    for _ in 0..LIST_PAGES_MAX {
+        let req = pb::ListJobsRequest {
+            states: l.states.clone(),
+            user: l.user.clone(),
+            partition: l.partition.clone(),
+            account: l.account.clone(),
+            explain: l.explain,
+            limit: LIST_PAGE,
+            after_id,
+            ..Default::default()
+        };
+        let resp = client
+            .call(|ch| {
+                let r = client.request(req.clone());
+                async move { JobServiceClient::new(ch).list(r).await }
+            })
+            .await?
+            .into_inner();
+        all.extend(resp.jobs);
+        if resp.next_after_id == 0 {
+            return Ok(all);
+        }
+        after_id = resp.next_after_id;
+    }
+    Ok(all)
+}
+
+/// The nodes a job holds (running) or last ran on, as a hostlist.
+pub fn job_nodelist(j: &pb::Job) -> String {
+    let names: Vec<String> =
+        if j.allocation.is_empty() { j.ran_on.clone() } else { j.allocation.iter().map(|a| a.node.clone()).collect() };
+    gangway_node_agent::launch::compress_hostlist(&names)
+}
+
+/// The job's nodes: allocated, or requested while pending.
+pub fn job_nodes(j: &pb::Job) -> u64 {
+    if !j.allocation.is_empty() {
+        return j.allocation.len() as u64;
+    }
+    j.spec.as_ref().and_then(|s| s.nodes).unwrap_or(1).max(1) as u64
+}
+
+/// The job's CPUs: allocated, or requested while pending.
+pub fn job_cpus(j: &pb::Job) -> u64 {
+    if !j.allocation.is_empty() {
+        return j.allocation.iter().map(|a| u64::from(a.cpus)).sum();
+    }
+    let s = j.spec.clone().unwrap_or_default();
+    let per_node = s.tasks_per_node.unwrap_or(1).max(1) * s.cpus_per_task.unwrap_or(1).max(1);
+    job_nodes(j) * per_node as u64
+}
+
+/// GPUs per node as Slurm's TRES string (`gres/gpu:h100=8`), or empty.
+pub fn job_gres(j: &pb::Job) -> String {
+    let s = j.spec.clone().unwrap_or_default();
+    match s.gpus_per_node.unwrap_or(0) {
+        0 => String::new(),
+        n if s.gpu_type.is_empty() => format!("gres/gpu={n}"),
+        n => format!("gres/gpu:{}={n}", s.gpu_type),
+    }
+}
+
+/// Seconds the job has run (so far, or in all).
+pub fn job_elapsed_s(j: &pb::Job, now: u64) -> u64 {
+    match (j.start_time_ms, j.end_time_ms) {
+        (Some(s), Some(e)) => e.saturating_sub(s) / 1000,
+        (Some(s), None) => now.saturating_sub(s) / 1000,
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_print_as_slurm_does() {
+        assert_eq!(duration(0), "0:00");
+        assert_eq!(duration(65), "1:05");
+        assert_eq!(duration(3 * 3600 + 5), "3:00:05");
+        assert_eq!(duration(2 * 86_400 + 3600), "2-01:00:00");
+        assert_eq!(elapsed(5), "00:00:05");
+        assert_eq!(timestamp(0), "1970-01-01T00:00:00");
+        assert_eq!(timestamp(1_796_084_311_000), "2026-12-01T00:18:31");
+        assert_eq!(timestamp(951_782_400_000), "2000-02-29T00:00:00");
+    }
+
+    #[test]
+    fn job_selectors_and_states_parse() {
+        assert_eq!(JobSel::parse("-j", "12").unwrap(), JobSel { id: 12, indexes: None });
+        assert_eq!(JobSel::parse("-j", "12_3").unwrap().indexes, Some(vec![3]));
+        assert_eq!(JobSel::parse("-j", "12_[1-3,5]").unwrap().indexes, Some(vec![1, 2, 3, 5]));
+        assert!(JobSel::parse("-j", "x").is_err());
+        assert!(JobSel::parse("-j", "12_[3-1]").is_err());
+        let array_elem = pb::Job { id: 14, array_job_id: Some(12), array_index: Some(2), ..Default::default() };
+        assert!(JobSel::parse("", "12").unwrap().matches(&array_elem));
+        assert!(JobSel::parse("", "12_2").unwrap().matches(&array_elem));
+        assert!(!JobSel::parse("", "12_1").unwrap().matches(&array_elem));
+        assert_eq!(parse_states("-t", &["pd".into(), "RUNNING".into()]).unwrap().len(), 2);
+        assert_eq!(parse_states("-t", &["all".into()]).unwrap().len(), 7);
+        assert!(parse_states("-t", &["sleeping".into()]).unwrap_err().contains("-t"));
+        assert_eq!(identity_user("dev:alice"), "alice");
+    }
+}

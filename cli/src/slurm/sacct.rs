@@ -1,0 +1,319 @@
+//! `sacct`: the job history (finished jobs too), from the replicated state, so
+//! it survives a controller failover. Gangway keeps the last 100,000 finished
+//! jobs; steps (`12.batch`) are not recorded, so every line is an allocation
+//! (`-X` is implied).
+
+use anyhow::bail;
+use clap::Args;
+use gangway_proto::client::Client;
+use gangway_proto::v1 as pb;
+
+use super::format::{self, Item};
+use super::{elapsed, identity_user, job_cpus, job_elapsed_s, job_nodelist, job_nodes, timestamp, JobSel};
+use crate::commands::Output;
+
+const DEFAULT_FIELDS: &str = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode";
+const BRIEF_FIELDS: &str = "JobID,State,ExitCode";
+const LONG_FIELDS: &str = "JobID,JobIDRaw,JobName,Partition,Account,User,AllocCPUS,AllocNodes,AllocTRES,\
+                           State,ExitCode,Submit,Start,End,Elapsed,Timelimit,NodeList,Restarts";
+
+#[derive(Args, Debug, Default)]
+pub struct SacctArgs {
+    /// Jobs: 12, 12_3, 12 for a whole array.
+    #[arg(short = 'j', long = "jobs", value_delimiter = ',')]
+    jobs: Vec<String>,
+    #[arg(short = 'u', long = "user", value_delimiter = ',')]
+    users: Vec<String>,
+    /// Every user's jobs (the default for root).
+    #[arg(short = 'a', long = "allusers")]
+    all_users: bool,
+    #[arg(short = 'A', long = "accounts", value_delimiter = ',')]
+    accounts: Vec<String>,
+    #[arg(short = 'r', long = "partition", value_delimiter = ',')]
+    partitions: Vec<String>,
+    #[arg(long = "name", value_delimiter = ',')]
+    names: Vec<String>,
+    /// States: CD, F, CA, TO, NF, R, PD (or names).
+    #[arg(short = 's', long = "state", value_delimiter = ',')]
+    states: Vec<String>,
+    /// Jobs that ended (or run) at or after: YYYY-MM-DD[THH:MM[:SS]], now, now-2hours.
+    #[arg(short = 'S', long = "starttime")]
+    start: Option<String>,
+    /// Jobs that started at or before this time.
+    #[arg(short = 'E', long = "endtime")]
+    end: Option<String>,
+    /// Fields, e.g. JobID,JobName%30,State,Elapsed,AllocTRES.
+    #[arg(short = 'o', long = "format")]
+    format: Option<String>,
+    #[arg(short = 'b', long)]
+    brief: bool,
+    #[arg(short = 'l', long)]
+    long: bool,
+    #[arg(short = 'n', long = "noheader")]
+    noheader: bool,
+    /// `|` between fields, none after the last.
+    #[arg(short = 'P', long = "parsable2")]
+    parsable2: bool,
+    /// `|` between fields and after the last.
+    #[arg(short = 'p', long = "parsable")]
+    parsable: bool,
+    /// Accepted: every line is an allocation already.
+    #[arg(short = 'X', long = "allocations")]
+    allocations: bool,
+}
+
+const FIELDS: &[&str] = &[
+    "JobID",
+    "JobIDRaw",
+    "JobName",
+    "Partition",
+    "Account",
+    "User",
+    "AllocCPUS",
+    "NCPUS",
+    "AllocNodes",
+    "NNodes",
+    "AllocTRES",
+    "ReqCPUS",
+    "ReqMem",
+    "State",
+    "ExitCode",
+    "Submit",
+    "Start",
+    "End",
+    "Elapsed",
+    "ElapsedRaw",
+    "Timelimit",
+    "NodeList",
+    "QOS",
+    "WorkDir",
+    "Restarts",
+    "Reason",
+];
+
+/// sacct's column widths (JobID and NodeList left-justified, the rest right).
+fn width(key: &str) -> (usize, bool) {
+    match key {
+        "JobID" | "JobIDRaw" => (12, false),
+        "NodeList" | "WorkDir" | "AllocTRES" => (15, false),
+        "ExitCode" => (8, true),
+        "Submit" | "Start" | "End" => (19, true),
+        _ => (10, true),
+    }
+}
+
+pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
+    let s = j.spec.clone().unwrap_or_default();
+    let ran = j.start_time_ms.is_some();
+    match key {
+        "JobID" => {
+            if j.display_id.is_empty() {
+                j.id.to_string()
+            } else {
+                j.display_id.clone()
+            }
+        }
+        "JobIDRaw" => j.id.to_string(),
+        "JobName" => s.name,
+        "Partition" => s.partition,
+        "Account" => s.account,
+        "User" => s.user,
+        "AllocCPUS" | "NCPUS" if !ran => "0".into(),
+        "AllocCPUS" | "NCPUS" | "ReqCPUS" => job_cpus(j).to_string(),
+        "AllocNodes" if !ran => "0".into(),
+        "AllocNodes" | "NNodes" => job_nodes(j).to_string(),
+        "AllocTRES" if !ran => String::new(),
+        "AllocTRES" => {
+            let gpus = s.gpus_per_node.unwrap_or(0) as u64 * job_nodes(j);
+            let mem = s.mem_per_node_mb.unwrap_or(0) as u64 * job_nodes(j);
+            let mut t = format!("cpu={}", job_cpus(j));
+            if gpus > 0 {
+                t.push_str(&format!(",gres/gpu={gpus}"));
+            }
+            if mem > 0 {
+                t.push_str(&format!(",mem={mem}M"));
+            }
+            t.push_str(&format!(",node={}", job_nodes(j)));
+            t
+        }
+        "ReqMem" => match (s.mem_per_node_mb.unwrap_or(0), s.mem_per_cpu_mb) {
+            (0, 0) => "0".into(),
+            (0, c) => format!("{c}Mc"),
+            (n, _) => format!("{n}M"),
+        },
+        "State" => super::state_name(j.state).into(),
+        "ExitCode" => format!("{}:0", j.exit_code.unwrap_or(0)),
+        "Submit" => timestamp(j.submit_time_ms),
+        "Start" => j.start_time_ms.map_or("Unknown".into(), timestamp),
+        "End" => j.end_time_ms.map_or("Unknown".into(), timestamp),
+        "Elapsed" => elapsed(job_elapsed_s(j, now)),
+        "ElapsedRaw" => job_elapsed_s(j, now).to_string(),
+        "Timelimit" => s.time_limit_s.filter(|t| *t > 0).map_or("UNLIMITED".into(), |t| super::duration(t as u64)),
+        "NodeList" if !ran => "None assigned".into(),
+        "NodeList" => job_nodelist(j),
+        "QOS" => s.qos,
+        "WorkDir" => s.workdir,
+        "Restarts" => j.attempt.saturating_sub(1).to_string(),
+        "Reason" if j.reason.is_empty() => "None".into(),
+        "Reason" => j.reason.clone(),
+        _ => String::new(),
+    }
+}
+
+/// Epoch ms for sacct's time options: `YYYY-MM-DD[THH:MM[:SS]]` (UTC), `now`,
+/// `now-N{seconds,minutes,hours,days}`.
+pub fn parse_time(option: &str, s: &str, now: u64) -> Result<u64, String> {
+    let bad = || format!("{option}: '{s}' is not a time (YYYY-MM-DD[THH:MM[:SS]], now, now-2hours)");
+    if let Some(rest) = s.strip_prefix("now") {
+        if rest.is_empty() {
+            return Ok(now);
+        }
+        let rest = rest.strip_prefix('-').ok_or_else(bad)?;
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        let unit = match &rest[digits.len()..] {
+            "" | "s" | "second" | "seconds" => 1,
+            "m" | "minute" | "minutes" => 60,
+            "h" | "hour" | "hours" => 3600,
+            "d" | "day" | "days" => 86_400,
+            _ => return Err(bad()),
+        };
+        return Ok(now.saturating_sub(n.saturating_mul(unit).saturating_mul(1000)));
+    }
+    let (date, time) = s.split_once('T').unwrap_or((s, "00:00:00"));
+    let d: Vec<i64> = date.split('-').map(|p| p.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
+    let t: Vec<i64> = time.split(':').map(|p| p.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
+    let ([y, mo, day], [h, mi, sec @ ..]) = (d.as_slice(), t.as_slice()) else { return Err(bad()) };
+    let sec = sec.first().copied().unwrap_or(0);
+    if !(1..=12).contains(mo) || !(1..=31).contains(day) || *h > 23 || *mi > 59 || sec > 59 || *y < 1970 {
+        return Err(bad());
+    }
+    // Days since 1970-01-01 (Howard Hinnant's days_from_civil).
+    let y2 = if *mo <= 2 { y - 1 } else { *y };
+    let era = y2.div_euclid(400);
+    let yoe = y2.rem_euclid(400);
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Ok(((days * 86_400 + h * 3600 + mi * 60 + sec) * 1000) as u64)
+}
+
+pub async fn run(client: &Client, out: &Output, identity: &str, a: SacctArgs) -> anyhow::Result<()> {
+    let sels: Vec<JobSel> =
+        a.jobs.iter().map(|s| JobSel::parse("--jobs", s)).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?;
+    let fields = match (&a.format, a.brief, a.long) {
+        (Some(f), _, _) => f.as_str(),
+        (None, true, _) => BRIEF_FIELDS,
+        (None, false, true) => LONG_FIELDS,
+        (None, false, false) => DEFAULT_FIELDS,
+    };
+    let mut items = format::parse_names(fields, "--format", FIELDS, None).map_err(anyhow::Error::msg)?;
+    for i in &mut items {
+        if let Item::Field { key, width: w @ None, right } = i {
+            let (dw, dr) = width(key);
+            *w = Some(dw);
+            *right = dr;
+        }
+    }
+    let states = super::parse_states("--state", &a.states).map_err(anyhow::Error::msg)?;
+    let now = super::now_ms();
+    let since =
+        a.start.as_deref().map(|s| parse_time("--starttime", s, now)).transpose().map_err(anyhow::Error::msg)?;
+    let until = a.end.as_deref().map(|s| parse_time("--endtime", s, now)).transpose().map_err(anyhow::Error::msg)?;
+    // Your own jobs unless you ask for others' (root sees everyone's, as in Slurm).
+    let me = identity_user(identity);
+    let users: Vec<String> = if !a.users.is_empty() {
+        a.users.clone()
+    } else if a.all_users || me == "root" || !sels.is_empty() {
+        Vec::new()
+    } else {
+        vec![me]
+    };
+    let one = |v: &[String]| if v.len() == 1 { v[0].clone() } else { String::new() };
+    let listing = super::Listing {
+        states: states.clone(),
+        user: one(&users),
+        partition: one(&a.partitions),
+        account: one(&a.accounts),
+        explain: false,
+    };
+    let any = |f: &[String], v: &str| f.is_empty() || f.iter().any(|x| x == v);
+    let jobs: Vec<pb::Job> = super::list_jobs(client, &listing)
+        .await?
+        .into_iter()
+        .filter(|j| sels.is_empty() || sels.iter().any(|s| s.matches(j)))
+        .filter(|j| {
+            let s = j.spec.clone().unwrap_or_default();
+            any(&users, &s.user)
+                && any(&a.partitions, &s.partition)
+                && any(&a.accounts, &s.account)
+                && any(&a.names, &s.name)
+        })
+        .filter(|j| since.is_none_or(|t| j.end_time_ms.is_none_or(|e| e >= t)))
+        .filter(|j| until.is_none_or(|t| j.start_time_ms.or(Some(j.submit_time_ms)).is_some_and(|s| s <= t)))
+        .collect();
+    if out.json {
+        let v: Vec<serde_json::Value> = jobs
+            .iter()
+            .map(|j| {
+                let m: serde_json::Map<String, serde_json::Value> =
+                    FIELDS.iter().map(|k| (k.to_string(), serde_json::Value::String(field(j, k, now)))).collect();
+                serde_json::Value::Object(m)
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "jobs": v }))?);
+        return Ok(());
+    }
+    if a.parsable && a.parsable2 {
+        bail!("--parsable: give -p or -P, not both");
+    }
+    let parsable = a.parsable || a.parsable2;
+    if !a.noheader {
+        println!("{}", format::render_columns(&items, |k| k.to_string(), parsable, a.parsable));
+        if !parsable {
+            let dashes: Vec<Item> = items
+                .iter()
+                .map(|i| match i {
+                    Item::Field { width, .. } => Item::Text("-".repeat(width.unwrap_or(10))),
+                    t => t.clone(),
+                })
+                .collect();
+            println!("{}", format::render_columns(&dashes, |_| String::new(), false, false));
+        }
+    }
+    for j in &jobs {
+        println!("{}", format::render_columns(&items, |k| field(j, k, now), parsable, a.parsable));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_and_fields_read_as_sacct_does() {
+        assert_eq!(parse_time("-S", "2026-12-01T00:18:31", 0).unwrap(), 1_796_084_311_000);
+        assert_eq!(parse_time("-S", "2000-02-29", 0).unwrap(), 951_782_400_000);
+        assert_eq!(parse_time("-S", "now-2hours", 10_000_000).unwrap(), 10_000_000 - 7_200_000);
+        assert!(parse_time("-S", "yesterday", 0).unwrap_err().contains("-S"));
+        assert!(parse_time("-S", "2026-13-01", 0).is_err());
+        let j = pb::Job {
+            id: 7,
+            state: pb::JobState::Completed as i32,
+            exit_code: Some(0),
+            start_time_ms: Some(1_000),
+            end_time_ms: Some(66_000),
+            allocation: vec![],
+            ran_on: vec!["n1".into(), "n2".into()],
+            spec: Some(pb::JobSpec { nodes: Some(2), gpus_per_node: Some(4), ..Default::default() }),
+            ..Default::default()
+        };
+        assert_eq!(field(&j, "Elapsed", 0), "00:01:05");
+        assert_eq!(field(&j, "ExitCode", 0), "0:0");
+        assert_eq!(field(&j, "NodeList", 0), "n[1-2]");
+        assert_eq!(field(&j, "AllocTRES", 0), "cpu=2,gres/gpu=8,node=2");
+        assert_eq!(field(&j, "State", 0), "COMPLETED");
+    }
+}

@@ -1,0 +1,144 @@
+//! `scancel`: cancel jobs by id (`12`, `12_3`, a whole array by its id), or
+//! every pending/running job matching name, user, state, partition, account.
+
+use anyhow::bail;
+use clap::Args;
+use gangway_proto::client::Client;
+use gangway_proto::v1 as pb;
+use gangway_proto::v1::job_service_client::JobServiceClient;
+
+use super::{identity_user, JobSel};
+use crate::commands::Output;
+
+#[derive(Args, Debug, Default)]
+pub struct ScancelArgs {
+    /// Job ids: 12, 12_3, 12_[1-3]; an array's id cancels all of it.
+    ids: Vec<String>,
+    #[arg(short = 'n', long = "name", alias = "jobname")]
+    name: Option<String>,
+    #[arg(short = 'u', long)]
+    user: Option<String>,
+    /// Only your own jobs.
+    #[arg(long)]
+    me: bool,
+    /// PENDING/PD or RUNNING/R.
+    #[arg(short = 't', long)]
+    state: Option<String>,
+    #[arg(short = 'p', long)]
+    partition: Option<String>,
+    #[arg(short = 'A', long)]
+    account: Option<String>,
+    #[arg(short = 'q', long)]
+    qos: Option<String>,
+    /// Send a signal instead of cancelling: not supported yet.
+    #[arg(short = 's', long)]
+    signal: Option<String>,
+    /// Ask before each: not supported (scancel runs without a terminal here).
+    #[arg(short = 'i', long)]
+    interactive: bool,
+    /// No error for jobs that already ended.
+    #[arg(short = 'Q', long)]
+    quiet: bool,
+    /// Report each job cancelled.
+    #[arg(short = 'v', long)]
+    verbose: bool,
+}
+
+pub async fn run(client: &Client, out: &Output, identity: &str, a: ScancelArgs) -> anyhow::Result<()> {
+    if a.signal.is_some() {
+        bail!("--signal: signalling a job without cancelling it is not supported yet; use `scancel ID` to end it");
+    }
+    if a.interactive {
+        bail!("--interactive: not supported; list the jobs with squeue and cancel them by id");
+    }
+    let sels: Vec<JobSel> =
+        a.ids.iter().map(|s| JobSel::parse("job id", s)).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?;
+    let user = if a.me { Some(identity_user(identity)) } else { a.user.clone() };
+    let filtered = a.name.is_some()
+        || user.is_some()
+        || a.state.is_some()
+        || a.partition.is_some()
+        || a.account.is_some()
+        || a.qos.is_some();
+    if sels.is_empty() && !filtered {
+        bail!("job id: give job ids or a filter (--name, --user, --me, --state, --partition, --account, --qos)");
+    }
+    let states = match &a.state {
+        Some(s) => {
+            let st = super::parse_states("--state", std::slice::from_ref(s)).map_err(anyhow::Error::msg)?;
+            let live = [pb::JobState::Pending as i32, pb::JobState::Running as i32];
+            if st.iter().any(|s| !live.contains(s)) {
+                bail!("--state: only PENDING and RUNNING jobs can be cancelled");
+            }
+            st
+        }
+        None => vec![pb::JobState::Pending as i32, pb::JobState::Running as i32],
+    };
+    let listing = super::Listing {
+        states,
+        user: user.clone().unwrap_or_default(),
+        partition: a.partition.clone().unwrap_or_default(),
+        account: a.account.clone().unwrap_or_default(),
+        explain: false,
+    };
+    let live = super::list_jobs(client, &listing).await?;
+    let targets: Vec<&pb::Job> = live
+        .iter()
+        .filter(|j| sels.is_empty() || sels.iter().any(|s| s.matches(j)))
+        .filter(|j| {
+            let s = j.spec.clone().unwrap_or_default();
+            a.name.as_ref().is_none_or(|n| *n == s.name) && a.qos.as_ref().is_none_or(|q| *q == s.qos)
+        })
+        .collect();
+    let mut failed = 0;
+    // Named ids that are not live: Slurm says so per id.
+    // (-Q: no error for jobs that already ended.)
+    for sel in sels.iter().filter(|_| !a.quiet) {
+        if !targets.iter().any(|j| sel.matches(j)) {
+            eprintln!(
+                "scancel: error: Kill job error on job id {}: Job/step already completing or completed, or no such job",
+                render_sel(sel)
+            );
+            failed += 1;
+        }
+    }
+    let mut results = Vec::new();
+    for j in targets {
+        let req = pb::CancelRequest { job_id: j.id };
+        let r = client
+            .call(|ch| {
+                let r = client.request(req);
+                async move { JobServiceClient::new(ch).cancel(r).await }
+            })
+            .await;
+        let shown = if j.display_id.is_empty() { j.id.to_string() } else { j.display_id.clone() };
+        match r {
+            Ok(_) => {
+                results.push(serde_json::json!({"job_id": j.id, "cancelled": true}));
+                if a.verbose {
+                    eprintln!("scancel: Terminating job {shown}");
+                }
+            }
+            Err(s) => {
+                results.push(serde_json::json!({"job_id": j.id, "cancelled": false, "error": s.message()}));
+                eprintln!("scancel: error: Kill job error on job id {shown}: {}", s.message());
+                failed += 1;
+            }
+        }
+    }
+    if out.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    }
+    if failed > 0 {
+        bail!("{failed} job(s) not cancelled (see above)");
+    }
+    Ok(())
+}
+
+fn render_sel(s: &JobSel) -> String {
+    match &s.indexes {
+        None => s.id.to_string(),
+        Some(ix) if ix.len() == 1 => format!("{}_{}", s.id, ix[0]),
+        Some(_) => format!("{}_[...]", s.id),
+    }
+}
