@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building Gangway needs on a fresh Debian/Ubuntu machine:
 # a C/C++ toolchain and libclang (RocksDB's bindings are generated with bindgen
-# and its C++ is compiled from source). protoc comes from a vendored crate.
+# and its C++ is compiled from source), iproute2 and iptables for the chaos
+# tests, Prometheus for the metrics tests. protoc comes from a vendored crate.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 
@@ -15,6 +16,8 @@ command -v make >/dev/null 2>&1 || need+=(make)
 # The chaos tests build test hosts from network namespaces and iptables.
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
+# The metrics tests check the exposition with promtool and scrape it with a real Prometheus.
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: cargo is missing. Install Rust (rustup) first; rust-toolchain.toml pins the version." >&2
@@ -35,4 +38,4 @@ else
 fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

@@ -72,6 +72,9 @@ pub struct ControllerArgs {
     /// out (half of it).
     #[arg(long, default_value_t = gangway_controller::Timing::default().node_down_timeout_ms)]
     node_down_timeout_ms: u64,
+    /// Serve Prometheus metrics at HOST:PORT, path /metrics (e.g. 0.0.0.0:9464).
+    #[arg(long)]
+    metrics_listen: Option<String>,
 }
 
 pub async fn controller(a: ControllerArgs) -> anyhow::Result<()> {
@@ -94,8 +97,18 @@ pub async fn controller(a: ControllerArgs) -> anyhow::Result<()> {
         join: a.join,
         timing,
     };
+    let metrics = match &a.metrics_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr).await.with_context(|| format!("metrics-listen: cannot bind {addr}"))?,
+        ),
+        None => None,
+    };
     let mut handle = gangway_controller::replica::start(config, listener).await?;
     tracing::info!(id = a.id, addr = %handle.local_addr, "controller serving");
+    let _metrics = metrics.map(|l| {
+        tracing::info!(addr = ?l.local_addr().ok(), "serving metrics");
+        gangway_controller::telemetry::serve(handle.replica.clone(), l)
+    });
     tokio::select! {
         r = handle.wait() => r,
         _ = shutdown_signal() => {
@@ -163,6 +176,9 @@ pub struct AgentArgs {
     /// (default: /var/lib/gangway-agent as root, ~/.local/state/gangway-agent otherwise).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// Serve Prometheus metrics (node and per-GPU) at HOST:PORT, path /metrics.
+    #[arg(long)]
+    metrics_listen: Option<String>,
 }
 
 fn parse_labels(items: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
@@ -247,6 +263,7 @@ pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
         nvml,
         shim: Some(std::env::current_exe().context("finding the gangway binary for task-shim")?),
         kill_tasks_on_exit: false,
+        metrics_listen: a.metrics_listen,
         health_check: a
             .health_check_program
             .map(|p| (p, std::time::Duration::from_secs(a.health_check_interval_s.max(1)))),

@@ -33,6 +33,10 @@ pub struct DevArgs {
     /// GPUs on each simulated node.
     #[arg(long, default_value = "8xh100-80gb")]
     fake_gpus: String,
+    /// First Prometheus metrics port: replicas, then nodes, on consecutive
+    /// ports from here (0: no metrics).
+    #[arg(long, default_value_t = 9464)]
+    metrics_port: u16,
 }
 
 pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
@@ -62,6 +66,21 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
         listeners.push((id, l));
         peers.insert(id, addr);
     }
+    // Metrics listeners first, so a port in use fails before anything starts.
+    let mut metrics = Vec::new();
+    if a.metrics_port != 0 {
+        for i in 0..a.replicas as usize + a.nodes {
+            let port = a.metrics_port.checked_add(i as u16).context("metrics-port: too high")?;
+            let l = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.with_context(|| {
+                format!("metrics port {port} is in use (pick another with --metrics-port, 0 for none)")
+            })?;
+            metrics.push(l);
+        }
+    }
+    let metrics_addrs: Vec<String> =
+        metrics.iter().filter_map(|l| l.local_addr().ok()).map(|a| a.to_string()).collect();
+    let mut node_metrics = metrics.split_off(metrics.len().min(a.replicas as usize));
+    let mut metric_tasks = Vec::new();
     let mut handles = Vec::new();
     for (id, listener) in listeners {
         let config = gangway_controller::ReplicaConfig {
@@ -72,7 +91,11 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
             join: false,
             timing: gangway_controller::Timing::default(),
         };
-        handles.push(gangway_controller::replica::start(config, listener).await?);
+        let h = gangway_controller::replica::start(config, listener).await?;
+        if !metrics.is_empty() {
+            metric_tasks.push(gangway_controller::telemetry::serve(h.replica.clone(), metrics.remove(0)));
+        }
+        handles.push(h);
     }
     let first = handles[0].replica.node.clone();
     if !first.wait_for(LEADER_WAIT, |s| s.leader_id.is_some()).await {
@@ -93,6 +116,15 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
             shim: std::env::current_exe().ok(),
             ..gangway_node_agent::AgentConfig::simulated(endpoints.clone(), &name, state_dir)
         };
+        // The agent binds its own metrics port: hand this one back just before.
+        let config = match (!node_metrics.is_empty()).then(|| node_metrics.remove(0)) {
+            Some(l) => {
+                let addr = l.local_addr()?.to_string();
+                drop(l);
+                gangway_node_agent::AgentConfig { metrics_listen: Some(addr), ..config }
+            }
+            None => config,
+        };
         let mut stop = stop_tx.subscribe();
         agents.push(tokio::spawn(gangway_node_agent::run(config, async move {
             let _ = stop.recv().await;
@@ -107,6 +139,13 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
     match &tmp {
         Some(_) => println!("  data:      {} (removed when you stop the cluster)", root.display()),
         None => println!("  data:      {}", root.display()),
+    }
+    if !metrics_addrs.is_empty() {
+        let (c, n) = metrics_addrs.split_at(metrics_addrs.len().min(a.replicas as usize));
+        println!("  metrics:   controllers http://{}/metrics", c.join("/metrics, http://"));
+        if !n.is_empty() {
+            println!("             nodes       http://{}/metrics", n.join("/metrics, http://"));
+        }
     }
     if a.port != 50051 {
         println!("  (not the default port: export GANGWAY_ENDPOINTS={joined})");
@@ -131,6 +170,9 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
     let _ = stop_tx.send(());
     for agent in agents {
         let _ = tokio::time::timeout(Duration::from_secs(2), agent).await;
+    }
+    for t in metric_tasks {
+        t.abort();
     }
     for h in handles {
         h.shutdown().await;

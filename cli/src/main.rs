@@ -5,6 +5,7 @@ mod bench;
 mod bench_sched;
 mod commands;
 mod dev;
+mod events;
 mod jobctl;
 mod parse;
 mod policy;
@@ -29,6 +30,9 @@ struct Cli {
     /// Print machine-readable JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// Log lines (stderr) as text or as JSON objects, one per line.
+    #[arg(long, global = true, env = "GANGWAY_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -98,6 +102,8 @@ enum Cmd {
     },
     /// Change a job's priority, nice value or time limit.
     Update(jobctl::UpdateArgs),
+    /// Job and node events as they happen, resumable from a log index (--from).
+    Events(events::EventsArgs),
     /// Why a job is pending: reason, priority factors, node rejections.
     Why {
         job_id: u64,
@@ -218,7 +224,12 @@ fn main() {
             _ => "warn,openraft=error",
         })
     });
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if cli.log_format == "json" {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let identity = cli.identity.clone().unwrap_or_else(default_identity);
     let out = commands::Output { json: cli.json };
@@ -259,6 +270,7 @@ fn main() {
                     }
                     Cmd::Update(a) => jobctl::update(&client, &out, a).await,
                     Cmd::Why { job_id, stale } => jobctl::why(&client, &out, job_id, stale).await,
+                    Cmd::Events(a) => events::run(&client, &out, a).await,
                     Cmd::Admin(a) => policy::run(&client, &out, a).await,
                     Cmd::Nodes { stale } => commands::nodes(&client, &out, stale).await,
                     Cmd::Node(n) => commands::node(&client, &out, n).await,

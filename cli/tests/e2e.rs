@@ -267,6 +267,18 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     let want: Vec<String> = (0..4).map(|i| format!("{base}_{i}|CANCELLED")).collect();
     assert_eq!(states.lines().collect::<Vec<_>>(), want, "{states}");
     assert_eq!(tool("squeue", &["-h", "-j", &base, "-t", "PD,R"]), "");
+    // The event stream from the start of the log: the sbatch job's end, as JSON.
+    let o = cli(
+        endpoints,
+        &["events", "--from", "1", "--job", &done.to_string(), "--kinds", "finished", "--count", "1", "--json"],
+        work,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ev: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(
+        (ev["kind"].as_str(), ev["state"].as_str(), ev["job_id"].as_u64()),
+        (Some("finished"), Some("COMPLETED"), Some(done))
+    );
     // Just ended, named: shown (as Slurm does until MinJobAge), cancelled.
     assert_eq!(tool("squeue", &["-h", "-j", &format!("{base}_2"), "-o", "%i %t"]).trim(), format!("{base}_2 CA"));
 }

@@ -16,6 +16,7 @@ pub mod leader;
 pub mod proposer;
 pub mod raft;
 pub mod replica;
+pub mod telemetry;
 
 pub use config::{ReplicaConfig, Timing};
 pub use replica::{Replica, ReplicaHandle};

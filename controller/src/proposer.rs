@@ -78,7 +78,13 @@ async fn batch_loop(node: Arc<RaftNode>, mut rx: mpsc::Receiver<Pending>) {
     }
 }
 
-async fn propose_batch(node: &RaftNode, mut batch: Vec<Pending>) {
+async fn propose_batch(node: &RaftNode, batch: Vec<Pending>) {
+    let started = std::time::Instant::now();
+    propose_batch_timed(node, batch).await;
+    metrics::histogram!("gangway_proposal_seconds").record(started.elapsed().as_secs_f64());
+}
+
+async fn propose_batch_timed(node: &RaftNode, mut batch: Vec<Pending>) {
     if batch.len() == 1 {
         let p = batch.pop().expect("one");
         let _ = p.reply.send(node.propose(p.cmd, WRITE_TIMEOUT).await);

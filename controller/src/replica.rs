@@ -53,9 +53,20 @@ pub struct Replica {
     heartbeats: Mutex<BTreeMap<String, Instant>>,
     /// The last scheduling pass's pending reasons (on the leader), for `List`.
     pending_reasons: Mutex<Arc<BTreeMap<u64, &'static str>>>,
+    /// Set when the replica shuts down: open streams end, so clients reconnect
+    /// elsewhere instead of waiting on a replica that is going away.
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl Replica {
+    /// Resolves once the replica is shutting down.
+    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.closing.subscribe();
+        async move {
+            let _ = rx.wait_for(|closing| *closing).await;
+        }
+    }
+
     /// Keeps the last scheduling pass's reasons.
     pub fn set_pending_reasons(&self, reasons: Vec<(u64, &'static str)>) {
         *self.pending_reasons.lock().expect("reasons lock") = Arc::new(reasons.into_iter().collect());
@@ -115,6 +126,7 @@ pub struct ReplicaHandle {
 
 impl ReplicaHandle {
     pub async fn shutdown(mut self) {
+        self.replica.closing.send_replace(true);
         self.leader_watch.abort();
         if let Some(tx) = self.shutdown_tx.take() {
             let _ = tx.send(());
@@ -149,6 +161,7 @@ fn open_store(dir: &std::path::Path) -> anyhow::Result<gangway_raft_store::Store
 
 /// Starts a replica serving on `listener`.
 pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Result<ReplicaHandle> {
+    crate::telemetry::describe();
     let local_addr = listener.local_addr()?;
     let stores = open_store(&config.data_dir)?;
     let node = Arc::new(RaftNode::start(config.id, config.timing.clone(), stores).await?);
@@ -160,6 +173,7 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
         channels: Mutex::new(BTreeMap::new()),
         heartbeats: Mutex::new(BTreeMap::new()),
         pending_reasons: Mutex::new(Arc::new(BTreeMap::new())),
+        closing: tokio::sync::watch::Sender::new(false),
     });
 
     let (mut health_reporter, health_service) = tonic_health::server::health_reporter();

@@ -570,7 +570,7 @@ struct TestAgent {
 
 impl TestAgent {
     fn start(c: &TestCluster, name: &str, gpus: &str, state_dir: &std::path::Path) -> TestAgent {
-        Self::start_with(c, name, gpus, state_dir, None)
+        Self::start_with(c, name, gpus, state_dir, None, None)
     }
 
     fn start_with(
@@ -579,6 +579,7 @@ impl TestAgent {
         gpus: &str,
         state_dir: &std::path::Path,
         health_check: Option<(std::path::PathBuf, Duration)>,
+        metrics_listen: Option<String>,
     ) -> TestAgent {
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let config = gangway_node_agent::AgentConfig {
@@ -588,6 +589,7 @@ impl TestAgent {
             stop_grace: Duration::from_secs(1),
             gpu_hold_down: Duration::from_millis(500),
             health_check,
+            metrics_listen,
             ..gangway_node_agent::AgentConfig::simulated(
                 c.addrs.values().cloned().collect(),
                 name,
@@ -899,8 +901,14 @@ async fn failing_health_check_program_drains_the_node() {
     std::fs::write(&program, "#!/bin/sh\necho 'scratch disk full'\nexit 1\n").unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let agent =
-        TestAgent::start_with(&c, "gw-node-1", "1xh100-80gb", d1.path(), Some((program, Duration::from_millis(200))));
+    let agent = TestAgent::start_with(
+        &c,
+        "gw-node-1",
+        "1xh100-80gb",
+        d1.path(),
+        Some((program, Duration::from_millis(200))),
+        None,
+    );
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let any = *c.handles.keys().next().unwrap();
@@ -1055,6 +1063,284 @@ async fn policy_dependencies_arrays_and_preemption_on_a_real_agent() {
         })
         .await
         .unwrap();
+    agent.stop().await;
+    c.shutdown().await;
+}
+
+/// A tool from the `prometheus` package; `make test` installs it (deploy/setup-debian.sh).
+fn prometheus_tool(name: &str) -> std::path::PathBuf {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file());
+    found.unwrap_or_else(|| panic!("{name} is missing: install Debian's prometheus package (make test does)"))
+}
+
+/// A plain HTTP GET: the body of a 200 answer.
+async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(WAIT, conn.read_to_end(&mut raw)).await.unwrap().unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_string()
+}
+
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Prometheus' instant query: the first result's value, if any.
+async fn prom_query(addr: &str, q: &str) -> Option<String> {
+    let body = http_get(addr, &format!("/api/v1/query?query={}", url_encode(q))).await;
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    v["data"]["result"][0]["value"][1].as_str().map(str::to_string)
+}
+
+/// Killed when the test ends, however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Controllers and agents serve metrics that Prometheus' own `promtool` accepts,
+/// and a real Prometheus server scrapes them: one leader among the replicas, and
+/// the GPU a job holds labelled with the job's id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_pass_promtool_and_a_real_prometheus_scrapes_them() {
+    let (promtool, prometheus) = (prometheus_tool("promtool"), prometheus_tool("prometheus"));
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let mut targets = BTreeMap::new();
+    let mut serving = Vec::new();
+    for (id, h) in &c.handles {
+        let l = bind("127.0.0.1:0").await;
+        targets.insert(*id, l.local_addr().unwrap().to_string());
+        serving.push(gangway_controller::telemetry::serve(h.replica.clone(), l));
+    }
+    let agent_addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let (d1, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let agent = TestAgent::start_with(&c, "gw-metrics-1", "2xh100-80gb", d1.path(), None, Some(agent_addr.clone()));
+    let client = c.client();
+    let spec = pb::JobSpec { gpus_per_node: Some(1), ..script_spec("sleep 60", work.path()) };
+    let id = submit(&client, spec, "metrics").await.unwrap().job_id;
+    wait_state(&client, id, pb::JobState::Running).await;
+    // Two GPUs while one is held: pending for Resources.
+    let spec = pb::JobSpec { gpus_per_node: Some(2), ..script_spec("true", work.path()) };
+    submit(&client, spec, "metrics-pending").await.unwrap();
+    let wants = [
+        "gangway_raft_leader 1",
+        "gangway_jobs{state=\"running\"} 1",
+        "gangway_gpus{state=\"allocated\"} 1",
+        "gangway_pending_jobs{reason=\"Resources\"} 1",
+    ];
+    let mut leader_text = String::new();
+    for _ in 0..100 {
+        leader_text = http_get(&targets[&leader], "/metrics").await;
+        if wants.iter().all(|w| leader_text.contains(w)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for want in wants {
+        assert!(leader_text.contains(want), "{want} missing from:\n{leader_text}");
+    }
+    assert!(leader_text.contains("gangway_jobs_started_total"), "{leader_text}");
+    let held = format!("job_id=\"{id}\"}} 1");
+    let mut agent_text = String::new();
+    for _ in 0..100 {
+        agent_text = http_get(&agent_addr, "/metrics").await;
+        if agent_text.lines().any(|l| l.starts_with("gangway_gpu_allocated{") && l.ends_with(&held)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(agent_text.lines().any(|l| l.starts_with("gangway_gpu_allocated{") && l.ends_with(&held)), "{agent_text}");
+    for text in [&leader_text, &agent_text] {
+        use std::io::Write;
+        let mut check = std::process::Command::new(&promtool)
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        check.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let out = check.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "promtool check metrics: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // The Grafana dashboard in deploy/ charts only metrics that exist (NVML's
+    // readings are absent with simulated GPUs).
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    let dashboard = std::path::Path::new(&manifest).join("../deploy/grafana/gangway-dashboard.json");
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dashboard).unwrap()).unwrap();
+    let nvml_only = ["utilization_ratio", "temperature_celsius", "memory_used_bytes", "power_watts"];
+    let mut charted = 0;
+    for p in dashboard["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap();
+            for name in
+                expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("gangway_"))
+            {
+                charted += 1;
+                let exported = leader_text.contains(&format!("\n{name}")) || agent_text.contains(&format!("\n{name}"));
+                assert!(
+                    exported || nvml_only.iter().any(|n| name.ends_with(n)),
+                    "the dashboard charts {name}, which is not exported"
+                );
+            }
+        }
+    }
+    assert!(charted >= 20, "{charted}");
+
+    // A real Prometheus scrapes the three replicas and the agent every second.
+    let dir = tempfile::tempdir().unwrap();
+    let mut all: Vec<String> = targets.values().cloned().collect();
+    all.push(agent_addr.clone());
+    let list: Vec<String> = all.iter().map(|t| format!("'{t}'")).collect();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: gangway\n    static_configs:\n      - targets: [{}]\n",
+            list.join(", ")
+        ),
+    )
+    .unwrap();
+    let prom_addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
+    let _prom = KillOnDrop(
+        std::process::Command::new(&prometheus)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address={prom_addr}"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let queries = [
+        ("count(up{job=\"gangway\"} == 1)".to_string(), "4"),
+        ("sum(gangway_raft_leader)".to_string(), "1"),
+        (format!("gangway_gpu_allocated{{job_id=\"{id}\"}}"), "1"),
+        ("sum(gangway_nodes{state=\"up\"}) / 3".to_string(), "1"),
+    ];
+    for (q, want) in &queries {
+        loop {
+            let ready = tokio::net::TcpStream::connect(&prom_addr).await.is_ok();
+            let got = if ready { prom_query(&prom_addr, q).await } else { None };
+            if got.as_deref() == Some(*want) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "Prometheus never answered {q} with {want} (last: {got:?}); log in {}",
+                dir.path().display()
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    for t in serving {
+        t.abort();
+    }
+    agent.stop().await;
+    c.shutdown().await;
+}
+
+/// The event stream carries job and node events in log order, and a follower
+/// whose replica dies resumes on another one without losing or repeating an
+/// event; a stream can also start from a past index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_stream_and_resume_across_a_replica_failure() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let victim = *c.handles.keys().find(|&&id| id != leader).unwrap();
+    let (d1, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let agent = TestAgent::start(&c, "gw-events-1", "2xh100-80gb", d1.path());
+    let client = c.client();
+    // The follower streams from `victim` first (its first endpoint).
+    let mut order: Vec<u64> = vec![victim];
+    order.extend(c.handles.keys().filter(|&&id| id != victim));
+    let follower = c.client_for(&order);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<pb::ClusterEvent>::new()));
+    let sink = seen.clone();
+    let follow = tokio::spawn(async move {
+        gangway_proto::events::follow(&follower, 0, |ev| {
+            let mut s = sink.lock().unwrap();
+            s.push(ev.clone());
+            // Stop once the second job has finished.
+            !(ev.kind == "finished" && s.iter().filter(|e| e.kind == "finished").count() == 2)
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let a = submit(&client, script_spec("sleep 1", work.path()), "ev-a").await.unwrap().job_id;
+    wait_state(&client, a, pb::JobState::Running).await;
+    c.stop(victim).await;
+    wait_state(&client, a, pb::JobState::Completed).await;
+    let b = submit(&client, script_spec("true", work.path()), "ev-b").await.unwrap().job_id;
+    wait_state(&client, b, pb::JobState::Completed).await;
+    if tokio::time::timeout(WAIT, follow).await.is_err() {
+        panic!("the follower never saw both jobs finish: {:#?}", seen.lock().unwrap());
+    }
+    let events = seen.lock().unwrap().clone();
+    let kinds =
+        |job: u64| -> Vec<String> { events.iter().filter(|e| e.job_id == job).map(|e| e.kind.clone()).collect() };
+    assert_eq!(kinds(a), ["submitted", "started", "finished"], "{events:#?}");
+    assert_eq!(kinds(b), ["submitted", "started", "finished"], "{events:#?}");
+    assert!(events.windows(2).all(|w| w[0].index <= w[1].index), "out of order: {events:#?}");
+
+    // From a past index: the stream starts there (here, job a's start).
+    let started = events.iter().find(|e| e.job_id == a && e.kind == "started").unwrap().index;
+    c.restart(victim).await;
+    let drained = pb::DrainRequest { name: "gw-events-1".into(), reason: "maintenance".into() };
+    client
+        .call(|ch| {
+            let r = client.request(drained.clone());
+            async move { NodeServiceClient::new(ch).drain(r).await }
+        })
+        .await
+        .unwrap();
+    let mut replay = Vec::new();
+    gangway_proto::events::follow(&c.client(), started, |ev| {
+        replay.push(ev.clone());
+        ev.kind != "node_drain"
+    })
+    .await
+    .unwrap();
+    assert_eq!(replay[0].index, started, "{replay:#?}");
+    assert_eq!(replay.iter().filter(|e| e.job_id == b).count(), 3, "{replay:#?}");
+    let drain = replay.last().unwrap();
+    assert_eq!((drain.node.as_str(), drain.reason.as_str()), ("gw-events-1", "maintenance"));
     agent.stop().await;
     c.shutdown().await;
 }

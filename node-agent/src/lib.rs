@@ -19,6 +19,7 @@ pub mod launch;
 pub mod nvml;
 pub mod shim;
 pub mod supervisor;
+pub mod telemetry;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -66,6 +67,8 @@ pub struct AgentConfig {
     /// Kill every task when the agent stops (dev clusters and tests); a real
     /// agent leaves them running for its next start to re-adopt.
     pub kill_tasks_on_exit: bool,
+    /// Serve Prometheus metrics at this address (`GET /metrics`); None: off.
+    pub metrics_listen: Option<String>,
 }
 
 /// Longest a health-check program may run before it counts as failed.
@@ -168,6 +171,7 @@ impl AgentConfig {
             health_check: None,
             shim: None,
             kill_tasks_on_exit: true,
+            metrics_listen: None,
         }
     }
 
@@ -286,6 +290,19 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let _health_check = config.health_check.clone().map(|(program, every)| {
         AbortOnDrop(tokio::spawn(health_check_loop(client.clone(), config.name.clone(), program, every)))
     });
+    gangway_proto::telemetry::recorder();
+    let view = std::sync::Arc::new(std::sync::Mutex::new(telemetry::View::default()));
+    let _metrics = match &config.metrics_listen {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("metrics-listen: cannot bind {addr}: {e}"))?;
+            tracing::info!(addr = %l.local_addr()?, "serving metrics");
+            let task = telemetry::serve(l, config.name.clone(), config.gpus.clone(), view.clone(), config.nvml.clone());
+            Some(AbortOnDrop(task))
+        }
+        None => None,
+    };
     let poke = std::sync::Arc::new(tokio::sync::Notify::new());
     let _watch = AbortOnDrop(tokio::spawn(watch_node_loop(client.clone(), config.name.clone(), poke.clone())));
     let mut fences = fence::FenceStore::open(&config.state_dir)
@@ -308,6 +325,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     tokio::pin!(shutdown);
     let mut registered = false;
     let mut interval = Duration::from_secs(1);
+    let mut last_health: Vec<gangway_proto::v1::GpuHealthReport> = Vec::new();
     let mut fence_clock = SelfFence { down_timeout: Duration::from_secs(10), last_contact: Instant::now() };
     loop {
         let per_try = fence_clock.call_timeout();
@@ -346,6 +364,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             let running: Vec<TaskRef> =
                 tasks.running().into_iter().map(|(job_id, attempt)| TaskRef { job_id, attempt }).collect();
             let req = HeartbeatRequest { name: config.name.clone(), running, gpu_health: gpu_health.poll() };
+            last_health.clone_from(&req.gpu_health);
             // Contact counts from when the heartbeat left, never from when the
             // answer came back: the leader heard it no earlier than that.
             let sent = Instant::now();
@@ -409,6 +428,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         }
         .await;
         fence_clock.check(&mut tasks, &mut exits);
+        {
+            let mut v = view.lock().expect("view lock");
+            v.registered = registered;
+            v.last_contact = Some(fence_clock.last_contact);
+            v.tasks_running = tasks.running().len();
+            v.gpu_jobs = tasks.gpu_jobs();
+            v.health = last_health.clone();
+        }
         let pause = match round {
             Ok(()) if registered && exits.pending.is_empty() => interval,
             Ok(()) => Duration::ZERO,

@@ -30,6 +30,15 @@ const XID_FAULT_HOLD: Duration = Duration::from_secs(600);
 /// One wait on the event set: also how soon the watcher notices the agent stopped.
 const XID_WAIT_MS: u32 = 1000;
 
+/// One GPU's readings (NaN where NVML cannot tell).
+#[derive(Debug, Clone, Copy)]
+pub struct Readings {
+    pub utilization: f64,
+    pub memory_used_bytes: f64,
+    pub temperature_celsius: f64,
+    pub power_watts: f64,
+}
+
 pub struct NvmlProvider {
     nvml: Nvml,
     count: u32,
@@ -172,6 +181,22 @@ impl NvmlProvider {
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start the XID watcher");
         }
+    }
+
+    /// GPU `index`'s utilization, memory, temperature and power now, for metrics.
+    pub fn readings(&self, index: u32) -> Option<Readings> {
+        if index >= self.count {
+            return None;
+        }
+        let dev = self.nvml.device_by_index(index).ok()?;
+        Some(Readings {
+            utilization: dev.utilization_rates().map_or(f64::NAN, |u| f64::from(u.gpu) / 100.0),
+            memory_used_bytes: dev.memory_info().map_or(f64::NAN, |m| m.used as f64),
+            temperature_celsius: dev
+                .temperature(nvml_wrapper::enum_wrappers::device::TemperatureSensor::Gpu)
+                .map_or(f64::NAN, f64::from),
+            power_watts: dev.power_usage().map_or(f64::NAN, |mw| f64::from(mw) / 1000.0),
+        })
     }
 
     /// What is wrong with GPU `index` now, if anything.

@@ -383,6 +383,11 @@ impl Supervisor {
     }
 
     /// Whether a task still running here holds any of `gpus`.
+    /// GPU index → the job whose task holds it.
+    pub fn gpu_jobs(&self) -> std::collections::BTreeMap<u32, u64> {
+        self.tasks.iter().flat_map(|((job, _), t)| t.gpus.iter().map(move |g| (*g, *job))).collect()
+    }
+
     pub fn gpus_in_use(&self, gpus: &[u32]) -> bool {
         self.tasks.values().any(|t| t.gpus.iter().any(|g| gpus.contains(g)))
     }

@@ -15,3 +15,5 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("gang
 pub const IDENTITY_METADATA_KEY: &str = "gangway-identity";
 
 pub mod client;
+pub mod events;
+pub mod telemetry;

@@ -5,10 +5,11 @@
 //! after it. The in-memory state is shared with the API ([`SharedState`]) behind a
 //! read-write lock; job events go out on a broadcast channel for watchers.
 
+use std::collections::VecDeque;
 use std::io::Cursor;
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
-use gangway_core::{snapshot, JobEvent, State};
+use gangway_core::{snapshot, Event, State};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     AnyError, BasicNode, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, SnapshotMeta, StorageError,
@@ -25,6 +26,10 @@ use crate::{NodeId, Response, TypeConfig};
 /// Job events buffered for watchers. A watcher further behind than this is told
 /// it lagged (and its stream ends) instead of holding memory without bound.
 pub const WATCH_EVENTS_BUFFER_MAX: usize = 16_384;
+/// Events each replica keeps so a client can resume its stream after a
+/// reconnect (to any replica: all number events by log index alike). About
+/// 100 bytes each; older ones are dropped first.
+pub const RECENT_EVENTS_MAX: usize = 100_000;
 
 const KEY_CURRENT: &[u8] = b"current";
 
@@ -40,7 +45,11 @@ struct StoredSnapshot {
 /// (readers).
 pub struct SharedState {
     state: RwLock<State>,
-    events: broadcast::Sender<JobEvent>,
+    events: broadcast::Sender<Event>,
+    /// The last RECENT_EVENTS_MAX events applied here, oldest first, and the
+    /// log index through which events are not known here (a snapshot loaded or
+    /// installed, or events dropped from the ring).
+    recent: Mutex<(VecDeque<Event>, u64)>,
 }
 
 impl SharedState {
@@ -49,8 +58,26 @@ impl SharedState {
         self.state.read().expect("state lock poisoned: a replica thread panicked")
     }
 
-    pub fn subscribe(&self) -> broadcast::Receiver<JobEvent> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.events.subscribe()
+    }
+
+    /// Kept events with index >= `from`, or Err(the oldest index kept) when
+    /// some of those are no longer kept here.
+    pub fn events_since(&self, from: u64) -> std::result::Result<Vec<Event>, u64> {
+        let recent = self.recent.lock().expect("events lock");
+        let (events, unknown_through) = (&recent.0, recent.1);
+        if from <= unknown_through {
+            return Err(unknown_through + 1);
+        }
+        Ok(events.iter().filter(|e| e.index() >= from).cloned().collect())
+    }
+
+    /// Events through `index` are not known here (a snapshot replaced the state).
+    fn forget_events_through(&self, index: u64) {
+        let mut recent = self.recent.lock().expect("events lock");
+        recent.0.clear();
+        recent.1 = recent.1.max(index);
     }
 }
 
@@ -68,7 +95,11 @@ impl StateMachineStore {
     pub(crate) fn load(db: Arc<DB>) -> std::result::Result<StateMachineStore, String> {
         let (events, _) = broadcast::channel(WATCH_EVENTS_BUFFER_MAX);
         let mut sm = StateMachineStore {
-            shared: Arc::new(SharedState { state: RwLock::new(State::default()), events }),
+            shared: Arc::new(SharedState {
+                state: RwLock::new(State::default()),
+                events,
+                recent: Mutex::new((VecDeque::new(), 0)),
+            }),
             last_applied: None,
             last_membership: StoredMembership::default(),
             db,
@@ -82,6 +113,7 @@ impl StateMachineStore {
             *sm.shared.state.write().expect("fresh lock") = state;
             sm.last_applied = stored.meta.last_log_id;
             sm.last_membership = stored.meta.last_membership;
+            sm.shared.forget_events_through(sm.last_applied.map_or(0, |l| l.index));
         }
         Ok(sm)
     }
@@ -147,7 +179,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     EntryPayload::Normal(cmd) => {
                         let applied = state.apply(entry.log_id.index, &cmd);
                         metrics::counter!("gangway_commands_applied_total", "command" => cmd.name()).increment(1);
-                        events.extend(applied.events.iter().cloned());
+                        state.events_of(entry.log_id.index, &applied, &mut events);
                         replies.push(Some(applied));
                     }
                     EntryPayload::Membership(m) => {
@@ -157,9 +189,22 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 }
             }
         }
-        for ev in events {
-            // No receivers is fine: nobody is watching.
-            let _ = self.shared.events.send(ev);
+        if !events.is_empty() {
+            let mut recent = self.shared.recent.lock().expect("events lock");
+            for ev in &events {
+                if recent.0.len() >= RECENT_EVENTS_MAX {
+                    if let Some(dropped) = recent.0.pop_front() {
+                        recent.1 = recent.1.max(dropped.index());
+                    }
+                }
+                recent.0.push_back(ev.clone());
+            }
+            // Sent while the ring is locked, so a reader that subscribes and
+            // then reads the ring misses nothing in between.
+            for ev in events {
+                // No receivers is fine: nobody is watching.
+                let _ = self.shared.events.send(ev);
+            }
         }
         Ok(replies)
     }
@@ -195,6 +240,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         *self.shared.state.write().expect("state lock poisoned") = state;
         self.last_applied = meta.last_log_id;
         self.last_membership = meta.last_membership.clone();
+        self.shared.forget_events_through(self.last_applied.map_or(0, |l| l.index));
         Ok(())
     }
 

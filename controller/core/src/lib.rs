@@ -27,4 +27,4 @@ pub mod state;
 pub use command::{Command, NodeStateChange};
 pub use model::{Allocation, Gpu, GpuHealth, Job, JobId, JobState, Node, NodeAllocation, NodeState};
 pub use spec::{JobSpec, NodeSpec, SpecError};
-pub use state::{Applied, JobEvent, Outcome, Refusal, RefusalKind, State};
+pub use state::{Applied, Event, JobEvent, NodeChange, Outcome, Refusal, RefusalKind, State};

@@ -71,10 +71,18 @@ impl AgentService for AgentApi {
         let mut events = self.replica.node.state().subscribe();
         let replica = self.replica.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(POKE_BUFFER_MAX);
+        let closed = self.replica.closed();
         tokio::spawn(async move {
+            tokio::pin!(closed);
             loop {
-                let relevant = match events.recv().await {
-                    Ok(ev) => match ev.state {
+                let got = tokio::select! {
+                    got = events.recv() => got,
+                    // The agent reconnects to another replica.
+                    _ = &mut closed => return,
+                };
+                let relevant = match got {
+                    Ok(gangway_core::Event::Node { node, .. }) => node == name,
+                    Ok(gangway_core::Event::Job(ev)) => match ev.state {
                         gangway_core::JobState::Running => {
                             replica.node.state().read().jobs.get(&ev.job_id).is_some_and(|j| {
                                 j.allocation.as_ref().is_some_and(|a| a.nodes.iter().any(|n| n.node == name))

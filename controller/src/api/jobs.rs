@@ -311,14 +311,90 @@ impl JobService for JobApi {
     }
 
     type WatchStream = WatchStream;
+    type EventsStream = Pin<Box<dyn Stream<Item = Result<ClusterEvent, Status>> + Send>>;
+
+    async fn events(&self, req: Request<EventsRequest>) -> Result<Response<Self::EventsStream>, Status> {
+        let from = req.into_inner().from_index;
+        let shared = self.replica.node.state();
+        // Subscribe before reading what is kept, so nothing falls in between.
+        let mut rx = shared.subscribe();
+        let start = self.replica.node.status().applied_index.unwrap_or(0);
+        let backlog = if from > 0 {
+            shared.events_since(from).map_err(|oldest| {
+                Status::out_of_range(format!(
+                    "from_index: events before index {oldest} are no longer kept on this replica; \
+                     read the current state (gangway queue --all) and follow from {oldest}"
+                ))
+            })?
+        } else {
+            Vec::new()
+        };
+        // Live events already in the backlog (or before `from`) are skipped.
+        let seen_through = backlog.last().map_or(from.saturating_sub(1), gangway_core::Event::index);
+        let closed = self.replica.closed();
+        let stream = async_stream(move |tx| async move {
+            let first = ClusterEvent {
+                index: if from > 0 { from - 1 } else { start },
+                kind: "stream_start".into(),
+                ..Default::default()
+            };
+            if tx.send(Ok(first)).await.is_err() {
+                return;
+            }
+            for ev in backlog {
+                if tx.send(Ok(cluster_event(ev))).await.is_err() {
+                    return;
+                }
+            }
+            let closed = closed;
+            tokio::pin!(closed);
+            loop {
+                let got = tokio::select! {
+                    got = rx.recv() => got,
+                    _ = &mut closed => {
+                        let _ = tx.send(Err(Status::unavailable("this replica is shutting down; resume on another"))).await;
+                        return;
+                    }
+                };
+                match got {
+                    Ok(ev) if from > 0 && ev.index() <= seen_through => continue,
+                    Ok(ev) => {
+                        if tx.send(Ok(cluster_event(ev))).await.is_err() {
+                            return; // the client went away
+                        }
+                    }
+                    Err(RecvError::Lagged(n)) => {
+                        let _ = tx
+                            .send(Err(Status::resource_exhausted(format!(
+                                "the stream fell {n} events behind and was dropped; resume from the last index seen"
+                            ))))
+                            .await;
+                        return;
+                    }
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        });
+        Ok(Response::new(stream))
+    }
 
     async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
         let filter = req.into_inner().job_id;
         let mut rx = self.replica.node.state().subscribe();
+        let closed = self.replica.closed();
         let stream = async_stream(move |tx| async move {
+            tokio::pin!(closed);
             loop {
-                match rx.recv().await {
-                    Ok(ev) => {
+                let got = tokio::select! {
+                    got = rx.recv() => got,
+                    _ = &mut closed => {
+                        let _ = tx.send(Err(Status::unavailable("this replica is shutting down; watch another"))).await;
+                        return;
+                    }
+                };
+                match got {
+                    Ok(gangway_core::Event::Node { .. }) => continue,
+                    Ok(gangway_core::Event::Job(ev)) => {
                         if filter != 0 && ev.job_id != filter {
                             continue;
                         }
@@ -353,12 +429,50 @@ impl JobService for JobApi {
 const WATCH_STREAM_BUFFER_MAX: usize = 256;
 
 /// Runs `f` as a task feeding a bounded channel, and returns that channel as a stream.
-fn async_stream<F, Fut>(f: F) -> WatchStream
+fn async_stream<T, F, Fut>(f: F) -> Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>
 where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<JobEvent, Status>>) -> Fut,
+    T: Send + 'static,
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<T, Status>>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = tokio::sync::mpsc::channel(WATCH_STREAM_BUFFER_MAX);
     tokio::spawn(f(tx));
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// An event as the stream carries it, with its kind in words.
+fn cluster_event(ev: gangway_core::Event) -> ClusterEvent {
+    use gangway_core::{Event, JobState, NodeChange, NodeState};
+    match ev {
+        Event::Job(j) => {
+            let kind = match j.state {
+                JobState::Running => "started",
+                JobState::Pending if j.attempt == 0 && j.reason.is_empty() => "submitted",
+                JobState::Pending if j.reason.contains("preempted") => "preempted",
+                JobState::Pending if j.attempt > 0 => "requeued",
+                JobState::Pending => "pending",
+                _ => "finished",
+            };
+            ClusterEvent {
+                index: j.index,
+                kind: kind.into(),
+                job_id: j.job_id,
+                state: state_to_proto(j.state) as i32,
+                attempt: j.attempt,
+                reason: j.reason,
+                ..Default::default()
+            }
+        }
+        Event::Node { index, node, change, reason } => {
+            let (kind, gpu) = match change {
+                NodeChange::Registered => ("node_registered", None),
+                NodeChange::State(NodeState::Up) => ("node_up", None),
+                NodeChange::State(NodeState::Drain) => ("node_drain", None),
+                NodeChange::State(NodeState::Down) => ("node_down", None),
+                NodeChange::Gpu { gpu, healthy: false } => ("gpu_quarantined", Some(gpu)),
+                NodeChange::Gpu { gpu, healthy: true } => ("gpu_healthy", Some(gpu)),
+            };
+            ClusterEvent { index, kind: kind.into(), node, gpu, reason, ..Default::default() }
+        }
+    }
 }

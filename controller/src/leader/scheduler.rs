@@ -72,6 +72,14 @@ pub async fn run(replica: Arc<Replica>) {
                 Ok(applied) => {
                     if let Outcome::ScheduleApplied { started, rejected, preempted } = applied.outcome {
                         metrics::counter!("gangway_jobs_started_total").increment(started.len() as u64);
+                        let state = replica.node.state().read();
+                        for id in &started {
+                            if let Some(j) = state.jobs.get(id) {
+                                let wait_ms = now.saturating_sub(j.submit_time_ms);
+                                metrics::histogram!("gangway_job_queue_wait_seconds").record(wait_ms as f64 / 1000.0);
+                            }
+                        }
+                        drop(state);
                         metrics::counter!("gangway_jobs_preempted_total").increment(preempted.len() as u64);
                         if !rejected.is_empty() {
                             tracing::debug!(planned = n, rejected = rejected.len(), "part of a plan was stale");

@@ -115,6 +115,79 @@ pub enum UseKey {
     QosUser(String, String),
 }
 
+/// What happened to a node, for the event stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeChange {
+    Registered,
+    State(NodeState),
+    Gpu { gpu: u32, healthy: bool },
+}
+
+/// Everything the event stream carries: job changes, node and GPU changes.
+/// `index` is the log entry that caused it, so every replica numbers events
+/// alike and a client can resume on any of them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    Job(JobEvent),
+    Node { index: u64, node: String, change: NodeChange, reason: String },
+}
+
+impl Event {
+    pub fn index(&self) -> u64 {
+        match self {
+            Event::Job(e) => e.index,
+            Event::Node { index, .. } => *index,
+        }
+    }
+}
+
+impl State {
+    /// The events one applied command produced: its job events, then what it
+    /// changed on nodes (read from the state just after applying it).
+    pub fn events_of(&self, index: u64, applied: &Applied, out: &mut Vec<Event>) {
+        out.extend(applied.events.iter().cloned().map(Event::Job));
+        self.node_events_of(index, &applied.outcome, out);
+    }
+
+    fn node_events_of(&self, index: u64, outcome: &Outcome, out: &mut Vec<Event>) {
+        let reason = |node: &str| self.nodes.get(node).map(|n| n.state_reason.clone()).unwrap_or_default();
+        match outcome {
+            Outcome::NodeRegistered { name } => out.push(Event::Node {
+                index,
+                node: name.clone(),
+                change: NodeChange::Registered,
+                reason: String::new(),
+            }),
+            Outcome::NodeStateSet { name, state } => out.push(Event::Node {
+                index,
+                node: name.clone(),
+                change: NodeChange::State(*state),
+                reason: reason(name),
+            }),
+            Outcome::GpuHealthSet { node, gpu, healthy } => {
+                let why = self
+                    .nodes
+                    .get(node)
+                    .and_then(|n| n.gpus.iter().find(|g| g.index == *gpu))
+                    .map(|g| g.health_reason.clone())
+                    .unwrap_or_default();
+                out.push(Event::Node {
+                    index,
+                    node: node.clone(),
+                    change: NodeChange::Gpu { gpu: *gpu, healthy: *healthy },
+                    reason: why,
+                })
+            }
+            Outcome::Batch(results) => {
+                for r in results {
+                    self.node_events_of(index, &r.outcome, out);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// A change to one job, streamed to watchers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobEvent {

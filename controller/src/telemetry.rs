@@ -1,0 +1,161 @@
+//! The controller's Prometheus metrics. Gauges are read from the replica when
+//! scraped (Raft role and indexes, jobs by state, pending jobs by reason, nodes
+//! and GPUs by state, per-account usage and fair share); counters and
+//! histograms are recorded through the `metrics` facade as things happen
+//! (proposals, scheduling passes, placements, preemptions, queue waits, node
+//! failures). Every replica serves its own view; pending reasons and fair share
+//! are the leader's.
+
+use std::sync::Arc;
+
+use gangway_core::{GpuHealth, JobState, NodeState};
+use gangway_proto::telemetry::{self, Gauges};
+use tokio::net::TcpListener;
+
+use crate::replica::Replica;
+
+const JOB_STATES: [JobState; 7] = [
+    JobState::Pending,
+    JobState::Running,
+    JobState::Completed,
+    JobState::Failed,
+    JobState::Cancelled,
+    JobState::TimedOut,
+    JobState::NodeFail,
+];
+
+/// Installs the recorder and describes the facade's metrics (HELP lines);
+/// counters start at zero so they exist (and `rate()` works) before they move.
+/// Idempotent; every replica start calls it.
+pub fn describe() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(describe_once);
+}
+
+fn describe_once() {
+    telemetry::recorder();
+    for c in [
+        "gangway_jobs_submitted_total",
+        "gangway_jobs_started_total",
+        "gangway_jobs_preempted_total",
+        "gangway_nodes_marked_down_total",
+        "gangway_api_forwarded_total",
+    ] {
+        metrics::counter!(c).increment(0);
+    }
+    use metrics::{describe_counter, describe_histogram, Unit};
+    describe_counter!(
+        "gangway_jobs_submitted_total",
+        "Jobs accepted by submit (duplicates by idempotency key not counted)."
+    );
+    describe_counter!("gangway_jobs_started_total", "Jobs placed by the scheduler and started.");
+    describe_counter!("gangway_jobs_preempted_total", "Jobs preempted to make room for others.");
+    describe_counter!("gangway_nodes_marked_down_total", "Nodes the leader declared down for missing heartbeats.");
+    describe_counter!("gangway_api_forwarded_total", "API calls a follower forwarded to the leader.");
+    describe_counter!("gangway_commands_applied_total", "Replicated commands applied, by command.");
+    describe_histogram!("gangway_schedule_pass_seconds", Unit::Seconds, "Duration of one scheduling pass.");
+    describe_histogram!(
+        "gangway_proposal_seconds",
+        Unit::Seconds,
+        "Time from proposing a command to its commit and apply."
+    );
+    describe_histogram!("gangway_job_queue_wait_seconds", Unit::Seconds, "Time jobs waited from submit to start.");
+    describe_histogram!("gangway_proposal_batch_size", "Commands proposed together in one Raft entry batch.");
+    describe_histogram!("gangway_raft_group_commit_batch", "Log entries written with one fsync.");
+}
+
+/// The text a scrape of this replica returns.
+pub fn render(replica: &Replica) -> String {
+    let mut g = Gauges::default();
+    let st = replica.node.status();
+    g.set("gangway_raft_term", "This replica's current Raft term.", &[], st.term as f64);
+    g.set(
+        "gangway_raft_leader",
+        "1 when this replica is the leader.",
+        &[],
+        if st.role == "leader" { 1.0 } else { 0.0 },
+    );
+    g.set(
+        "gangway_raft_leader_id",
+        "The replica this one follows as leader (0: none known).",
+        &[],
+        st.leader_id.unwrap_or(0) as f64,
+    );
+    let idx = |v: Option<u64>| v.unwrap_or(0) as f64;
+    g.set("gangway_raft_last_log_index", "Index of the last entry in this replica's log.", &[], idx(st.last_log_index));
+    g.set("gangway_raft_commit_index", "Highest log index known committed.", &[], idx(st.committed_index));
+    g.set("gangway_raft_applied_index", "Highest log index applied to the state machine.", &[], idx(st.applied_index));
+    g.set("gangway_raft_voters", "Voting members of the controller cluster.", &[], st.voters.len() as f64);
+
+    let reasons = replica.pending_reasons();
+    let state = replica.node.state().read();
+    let mut by_state = [0u64; 7];
+    for j in state.jobs.values() {
+        by_state[JOB_STATES.iter().position(|s| *s == j.state).unwrap_or(0)] += 1;
+    }
+    for (s, n) in JOB_STATES.iter().zip(by_state) {
+        let state_name = s.as_str().to_ascii_lowercase();
+        g.set("gangway_jobs", "Jobs by state (finished jobs while retained).", &[("state", &state_name)], n as f64);
+    }
+    let mut pending_by_reason: std::collections::BTreeMap<&str, u64> = Default::default();
+    for id in &state.pending {
+        *pending_by_reason.entry(reasons.get(id).copied().unwrap_or("None")).or_default() += 1;
+    }
+    for (reason, n) in pending_by_reason {
+        g.set(
+            "gangway_pending_jobs",
+            "Pending jobs by the scheduler's reason (the leader's last pass).",
+            &[("reason", reason)],
+            n as f64,
+        );
+    }
+    let (mut up, mut drain, mut down) = (0, 0, 0);
+    let (mut idle, mut busy, mut sick) = (0, 0, 0);
+    for n in state.nodes.values() {
+        match n.state {
+            NodeState::Up => up += 1,
+            NodeState::Drain => drain += 1,
+            NodeState::Down => down += 1,
+        }
+        for gpu in &n.gpus {
+            match (gpu.health, gpu.allocated_to) {
+                (GpuHealth::Quarantined, _) => sick += 1,
+                (_, Some(_)) => busy += 1,
+                _ => idle += 1,
+            }
+        }
+    }
+    for (s, n) in [("up", up), ("drain", drain), ("down", down)] {
+        g.set("gangway_nodes", "Nodes by state.", &[("state", s)], f64::from(n));
+    }
+    for (s, n) in [("idle", idle), ("allocated", busy), ("quarantined", sick)] {
+        g.set("gangway_gpus", "GPUs by state (quarantined: failed health checks).", &[("state", s)], f64::from(n));
+    }
+    let mut running_gpus: std::collections::BTreeMap<&str, u64> = Default::default();
+    for j in state.jobs.values().filter(|j| j.state == JobState::Running) {
+        let held: usize = j.allocation.iter().flat_map(|a| &a.nodes).map(|n| n.gpus.len()).sum();
+        *running_gpus.entry(j.spec.account.as_str()).or_default() += held as u64;
+    }
+    let shares = gangway_core::sched::fair_share(&state, crate::now_ms());
+    for (account, s) in &shares {
+        let l = [("account", account.as_str())];
+        g.set(
+            "gangway_account_gpu_seconds",
+            "Decayed GPU-seconds an account used (the fair-share input).",
+            &l,
+            s.gpu_hours * 3600.0,
+        );
+        g.set("gangway_account_fairshare_factor", "Fair-share factor 2^(-usage/shares), 0 to 1.", &l, s.factor);
+        let running = running_gpus.get(account.as_str()).copied().unwrap_or(0);
+        g.set("gangway_account_running_gpus", "GPUs an account's running jobs hold.", &l, running as f64);
+    }
+    drop(state);
+    g.finish()
+}
+
+/// Serves this replica's metrics on `listener` until the returned task is aborted.
+pub fn serve(replica: Arc<Replica>, listener: TcpListener) -> tokio::task::JoinHandle<()> {
+    describe();
+    let render = Arc::new(move || render(&replica));
+    tokio::spawn(telemetry::serve(listener, render))
+}

@@ -1,0 +1,88 @@
+//! Following the cluster's event stream across failures: reconnect to any
+//! replica and resume after the last event delivered, so each event reaches
+//! the caller once, in order, even when the replica it streamed from dies.
+
+use std::time::Duration;
+
+use tonic::{Code, Status};
+
+use crate::client::Client;
+use crate::v1::job_service_client::JobServiceClient;
+use crate::v1::{ClusterEvent, EventsRequest};
+
+/// Consecutive reconnects that fail before giving up: with the client's own
+/// failover inside each one, about a minute without any replica answering.
+pub const RECONNECTS_MAX: u32 = 60;
+/// Pause between reconnects.
+const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
+
+/// Where a follower is: the index to ask for, and how many events at that
+/// index were already delivered (all events of one index come together, in
+/// the same order on every replica).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cursor {
+    pub index: u64,
+    pub delivered: usize,
+}
+
+/// Follows events from `from` (0: from now), calling `on_event` once per
+/// event until it returns false. Errors: events that old are gone
+/// (OUT_OF_RANGE), or no replica answered RECONNECTS_MAX times in a row.
+pub async fn follow(client: &Client, from: u64, mut on_event: impl FnMut(&ClusterEvent) -> bool) -> Result<(), Status> {
+    let mut cursor = (from > 0).then_some(Cursor { index: from, delivered: 0 });
+    let mut failures = 0u32;
+    loop {
+        let req = EventsRequest { from_index: cursor.map_or(0, |c| c.index) };
+        let opened = client
+            .call(|ch| {
+                let r = client.stream_request(req);
+                async move { JobServiceClient::new(ch).events(r).await }
+            })
+            .await;
+        let last_error = match opened {
+            Err(s) if s.code() == Code::OutOfRange || s.code() == Code::InvalidArgument => return Err(s),
+            Err(s) => s,
+            Ok(resp) => {
+                let mut stream = resp.into_inner();
+                let mut at_index = 0usize;
+                loop {
+                    match stream.message().await {
+                        Ok(Some(ev)) if ev.kind == "stream_start" => {
+                            failures = 0;
+                            cursor.get_or_insert(Cursor { index: ev.index + 1, delivered: 0 });
+                        }
+                        Ok(Some(ev)) => {
+                            failures = 0;
+                            let c = cursor.get_or_insert(Cursor { index: ev.index, delivered: 0 });
+                            if ev.index < c.index {
+                                continue;
+                            }
+                            if ev.index > c.index {
+                                *c = Cursor { index: ev.index, delivered: 0 };
+                                at_index = 0;
+                            }
+                            at_index += 1;
+                            if at_index <= c.delivered {
+                                continue; // delivered before the reconnect
+                            }
+                            c.delivered = at_index;
+                            if !on_event(&ev) {
+                                return Ok(());
+                            }
+                        }
+                        Ok(None) => break Status::unavailable("the event stream ended"),
+                        Err(s) => break s,
+                    }
+                }
+            }
+        };
+        failures += 1;
+        if failures >= RECONNECTS_MAX {
+            return Err(Status::unavailable(format!(
+                "events: no replica answered {RECONNECTS_MAX} times in a row; last error: {}",
+                last_error.message()
+            )));
+        }
+        tokio::time::sleep(RECONNECT_PAUSE).await;
+    }
+}

@@ -1,0 +1,138 @@
+//! Prometheus metrics for controllers and agents: the process-wide recorder
+//! behind the `metrics` facade (counters and histograms recorded as things
+//! happen), a builder for gauges computed when scraped, and a small HTTP
+//! endpoint serving `GET /metrics` in the text exposition format.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// Histogram buckets for durations (`*_seconds`): from a millisecond (a
+/// proposal) to a day (a queue wait).
+const SECONDS_BUCKETS: &[f64] =
+    &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14_400.0, 86_400.0];
+/// Histogram buckets for batch sizes.
+const SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
+/// Bytes of a request read before answering: a scrape's request line and
+/// headers are a few hundred bytes.
+const REQUEST_BYTES_MAX: usize = 8192;
+/// A client that sends nothing for this long is dropped.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Scrapes served at once; more wait for a slot (Prometheus scrapes one at a time).
+const CONNECTIONS_MAX: usize = 16;
+
+/// The process-wide recorder (installed on first use) whose handle renders
+/// every counter and histogram recorded through the `metrics` facade.
+pub fn recorder() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+            .and_then(|b| b.set_buckets(SIZE_BUCKETS))
+            .expect("bucket lists are not empty");
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        // Another recorder may be installed already (a test harness): then the
+        // facade records there and this handle renders nothing of it.
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+/// Gauges computed at scrape time, rendered with one HELP and TYPE line per family.
+#[derive(Default)]
+pub struct Gauges {
+    text: String,
+    families: Vec<&'static str>,
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+impl Gauges {
+    /// Adds one sample of the gauge `name`.
+    pub fn set(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], value: f64) {
+        if !self.families.contains(&name) {
+            self.families.push(name);
+            let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} gauge");
+        }
+        let _ = write!(self.text, "{name}");
+        if !labels.is_empty() {
+            let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
+            let _ = write!(self.text, "{{{}}}", l.join(","));
+        }
+        let _ = writeln!(self.text, " {value}");
+    }
+
+    /// The gauges, then everything the recorder holds.
+    pub fn finish(self) -> String {
+        let mut out = self.text;
+        out.push_str(&recorder().render());
+        out
+    }
+}
+
+/// Serves `GET /metrics` with `render()`'s text until the task is dropped.
+pub async fn serve(listener: TcpListener, render: Arc<dyn Fn() -> String + Send + Sync>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+    loop {
+        let Ok((mut conn, _)) = listener.accept().await else { continue };
+        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let render = render.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut buf = Vec::with_capacity(512);
+            let read = tokio::time::timeout(REQUEST_TIMEOUT, async {
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < REQUEST_BYTES_MAX {
+                    match conn.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return false,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                true
+            })
+            .await;
+            if !matches!(read, Ok(true)) {
+                return;
+            }
+            let request = String::from_utf8_lossy(&buf);
+            let mut words = request.split_whitespace();
+            let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+            let path = path.split('?').next().unwrap_or("");
+            let (status, kind, body) = match (method, path) {
+                ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", render()),
+                ("GET", "/") => ("200 OK", "text/plain; charset=utf-8", "Gangway: metrics at /metrics\n".to_string()),
+                _ => ("404 Not Found", "text/plain; charset=utf-8", "not found: try /metrics\n".to_string()),
+            };
+            let head = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(head.as_bytes()).await;
+            let _ = conn.write_all(body.as_bytes()).await;
+            let _ = conn.shutdown().await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gauges_render_one_family_header_each() {
+        let mut g = Gauges::default();
+        g.set("gangway_jobs", "Jobs by state.", &[("state", "pending")], 3.0);
+        g.set("gangway_jobs", "Jobs by state.", &[("state", "run\"ning")], 1.0);
+        let text = g.finish();
+        assert_eq!(text.matches("# TYPE gangway_jobs gauge").count(), 1, "{text}");
+        assert!(text.contains("gangway_jobs{state=\"pending\"} 3\n"), "{text}");
+        assert!(text.contains("gangway_jobs{state=\"run\\\"ning\"} 1\n"), "{text}");
+    }
+}
