@@ -63,7 +63,9 @@ enum Cmd {
     Scontrol(slurm::scontrol::ScontrolArgs),
     /// Slurm's sacct: job history, including finished jobs.
     Sacct(slurm::sacct::SacctArgs),
-    /// Slurm command names as links to this binary (sbatch, squeue, scancel, sinfo, scontrol, sacct).
+    /// Slurm's srun, inside a job: this node's tasks of a step, with per-task SLURM_* variables.
+    Srun(slurm::srun::SrunArgs),
+    /// Slurm command names as links to this binary (sbatch, srun, squeue, scancel, sinfo, scontrol, sacct).
     #[command(subcommand)]
     Shims(ShimsCmd),
     /// List pending and running jobs (`--all` for finished ones too).
@@ -153,7 +155,7 @@ enum ShimsCmd {
 }
 
 /// The Slurm commands this binary answers to when invoked by that name.
-const SHIMS: &[&str] = &["sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct"];
+const SHIMS: &[&str] = &["sbatch", "srun", "squeue", "scancel", "sinfo", "scontrol", "sacct"];
 
 fn install_shims(prefix: &std::path::Path, force: bool) -> anyhow::Result<()> {
     let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this binary: {e}"))?;
@@ -214,6 +216,13 @@ fn main() {
     if let Cmd::TaskShim { exit_file, argv } = &cli.command {
         // Before any runtime or logging: the shim is only a waiting parent.
         std::process::exit(gangway_node_agent::shim::run(exit_file, argv));
+    }
+    if let Cmd::Srun(a) = cli.command {
+        // srun needs no controller: the job's environment says everything.
+        std::process::exit(slurm::srun::run(a).unwrap_or_else(|e| {
+            eprintln!("{}", commands::one_line(&e));
+            1
+        }));
     }
     let filter = tracing_subscriber::EnvFilter::try_from_env("GANGWAY_LOG").unwrap_or_else(|_| {
         // The dev cluster forms itself on every start; openraft's election chatter

@@ -154,7 +154,8 @@ const fn refused(long: &'static str, short: Option<char>, takes_value: bool, why
     Other { long, short, takes_value, treatment: Treatment::Refused(why) }
 }
 
-const PYXIS: &str = "belongs to the pyxis container plugin (SPANK), which Gangway lacks; start the container \
+pub(crate) const PYXIS: &str =
+    "belongs to the pyxis container plugin (SPANK), which Gangway lacks; start the container \
                      from the script instead (enroot start, apptainer exec, ...)";
 
 /// Every sbatch option Gangway knows but does not apply.

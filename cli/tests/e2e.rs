@@ -267,6 +267,46 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     let want: Vec<String> = (0..4).map(|i| format!("{base}_{i}|CANCELLED")).collect();
     assert_eq!(states.lines().collect::<Vec<_>>(), want, "{states}");
     assert_eq!(tool("squeue", &["-h", "-j", &base, "-t", "PD,R"]), "");
+    // srun in a 2-node job with 2 tasks per node: each node runs its two tasks
+    // with their ranks and one GPU each; a helper step runs on one named node.
+    std::fs::write(
+        work.join("steps.sh"),
+        "#!/bin/bash\n\
+         #SBATCH -N 2 --ntasks-per-node=2 --gpus-per-node=2 -J steps\n\
+         srun --label --gpus-per-task=1 bash -c 'echo task $SLURM_PROCID local $SLURM_LOCALID node $SLURM_NODEID of $SLURM_NTASKS gpus $CUDA_VISIBLE_DEVICES'\n\
+         srun -N1 -n1 -w e2e-node-2 bash -c 'echo helper on $SLURMD_NODENAME'\n\
+         srun -n 3 false || echo \"step failed with $?\"\n",
+    )
+    .unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let o = Command::new(bin.join("sbatch"))
+        .args(["--parsable", "steps.sh"])
+        .env("GANGWAY_ENDPOINTS", endpoints)
+        .env("GANGWAY_IDENTITY", "dev:root")
+        .env("PATH", &path)
+        .current_dir(work)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let steps = stdout(&o).trim().to_string();
+    eventually("the srun job never finished", || {
+        tool("sacct", &["-j", &steps, "-n", "-P", "-o", "State"]).trim() == "COMPLETED"
+    });
+    let read = |f: &str| std::fs::read_to_string(work.join(f)).unwrap();
+    let (node0, node1) = (read(&format!("slurm-{steps}.out")), read(&format!("slurm-{steps}.1.out")));
+    let tasks = |text: &str, rank: u32, local: u32, node: u32| {
+        text.lines().any(|l| l.starts_with(&format!("{rank}: task {rank} local {local} node {node} of 4 gpus ")))
+    };
+    assert!(tasks(&node0, 0, 0, 0) && tasks(&node0, 1, 1, 0), "{node0}");
+    assert!(tasks(&node1, 2, 0, 1) && tasks(&node1, 3, 1, 1), "{node1}");
+    let gpus: Vec<&str> =
+        node0.lines().filter(|l| l.contains(" gpus ")).map(|l| l.rsplit(' ').next().unwrap()).collect();
+    assert_eq!(gpus.len(), 2, "{node0}");
+    assert_ne!(gpus[0], gpus[1], "two tasks got the same GPU: {node0}");
+    assert!(node1.contains("helper on e2e-node-2") && !node0.contains("helper"), "{node0}\n{node1}");
+    assert!(node0.contains("step failed with 1") && node1.contains("step failed with 1"), "{node0}\n{node1}");
+
     // The event stream from the start of the log: the sbatch job's end, as JSON.
     let o = cli(
         endpoints,

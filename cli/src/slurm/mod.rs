@@ -13,6 +13,7 @@ pub mod scancel;
 pub mod scontrol;
 pub mod sinfo;
 pub mod squeue;
+pub mod srun;
 
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
