@@ -307,6 +307,16 @@ pub struct SubmitArgs {
     /// Memory per allocated CPU: MiB or with a unit (4G).
     #[arg(long = "mem-per-cpu")]
     pub(crate) mem_per_cpu: Option<String>,
+    /// Memory per allocated GPU: MiB or with a unit (80G); per node it is this
+    /// times the node's GPUs.
+    #[arg(long = "mem-per-gpu")]
+    pub(crate) mem_per_gpu: Option<String>,
+    /// Not before this time (UTC): now+1hour, 16:00, 2026-12-24T08:00, midnight.
+    #[arg(long, short = 'b')]
+    pub(crate) begin: Option<String>,
+    /// Free text kept with the job (shown by show/squeue %k/sacct).
+    #[arg(long)]
+    pub(crate) comment: Option<String>,
     /// Account to charge (default: your default account).
     #[arg(short = 'A', long)]
     pub(crate) account: Option<String>,
@@ -483,7 +493,21 @@ pub(crate) fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Resul
         nodes,
         tasks_per_node,
         cpus_per_task: a.cpus_per_task,
-        mem_per_node_mb: a.mem.as_deref().map(parse::mem_mb).transpose().map_err(anyhow::Error::msg)?.map(|m| m as i64),
+        mem_per_node_mb: match (&a.mem, &a.mem_per_gpu) {
+            (Some(_), Some(_)) => bail!("--mem-per-gpu: give --mem (per node) or --mem-per-gpu, not both"),
+            (None, Some(_)) if a.mem_per_cpu.is_some() => {
+                bail!("--mem-per-gpu: give --mem-per-cpu or --mem-per-gpu, not both")
+            }
+            (None, Some(per_gpu)) => {
+                let per_gpu =
+                    parse::mem_mb(per_gpu).map_err(|e| anyhow::anyhow!(e.replace("--mem", "--mem-per-gpu")))?;
+                match gpus.unwrap_or(0) {
+                    0 => bail!("--mem-per-gpu: the job asks for no GPUs (add --gpus-per-node, --gpus or --gres)"),
+                    g => Some(per_gpu as i64 * g),
+                }
+            }
+            (m, None) => m.as_deref().map(parse::mem_mb).transpose().map_err(anyhow::Error::msg)?.map(|m| m as i64),
+        },
         gpus_per_node: gpus,
         gpu_type,
         time_limit_s: a
@@ -521,6 +545,11 @@ pub(crate) fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Resul
         nice: a.nice.unwrap_or(0),
         hold: a.hold,
         kill_on_invalid_dep,
+        begin_time_ms: match &a.begin {
+            Some(b) => parse::begin_ms(b, crate::slurm::now_ms()).map_err(anyhow::Error::msg)?,
+            None => 0,
+        },
+        comment: a.comment.clone().unwrap_or_default(),
     };
     Ok(spec)
 }

@@ -23,6 +23,54 @@ pub fn time_limit_s(s: &str) -> Result<u64, String> {
     Ok(days * 86400 + secs)
 }
 
+/// Slurm's `--begin` times, in UTC: `now`, `now+N[seconds|minutes|hours|days|weeks]`
+/// (bare N: seconds), `HH:MM[:SS]` (today, or tomorrow once past),
+/// `YYYY-MM-DD[THH:MM[:SS]]`, `midnight`, `noon`, `teatime` (16:00), `tomorrow`.
+pub fn begin_ms(s: &str, now_ms: u64) -> Result<u64, String> {
+    let bad =
+        || format!("--begin: '{s}' is not a time (examples: now+1hour, 16:00, 2026-12-24T08:00, midnight, tomorrow)");
+    let t = s.trim().to_ascii_lowercase();
+    let day_ms = 86_400_000;
+    let today = now_ms - now_ms % day_ms;
+    let next_at = |secs_of_day: u64| {
+        let at = today + secs_of_day * 1000;
+        if at <= now_ms {
+            at + day_ms
+        } else {
+            at
+        }
+    };
+    match t.as_str() {
+        "now" => return Ok(now_ms),
+        "midnight" | "tomorrow" => return Ok(today + day_ms),
+        "noon" => return Ok(next_at(12 * 3600)),
+        "teatime" => return Ok(next_at(16 * 3600)),
+        _ => {}
+    }
+    if let Some(rest) = t.strip_prefix("now+") {
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        let unit: u64 = match &rest[digits.len()..] {
+            "" | "s" | "sec" | "secs" | "second" | "seconds" => 1,
+            "m" | "min" | "mins" | "minute" | "minutes" => 60,
+            "h" | "hour" | "hours" => 3600,
+            "d" | "day" | "days" => 86_400,
+            "w" | "week" | "weeks" => 7 * 86_400,
+            _ => return Err(bad()),
+        };
+        return n.checked_mul(unit * 1000).and_then(|d| now_ms.checked_add(d)).ok_or_else(bad);
+    }
+    if !t.contains('-') {
+        let parts: Vec<u64> = t.split(':').map(|p| p.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
+        return match parts.as_slice() {
+            [h, m] if *h < 24 && *m < 60 => Ok(next_at(h * 3600 + m * 60)),
+            [h, m, sec] if *h < 24 && *m < 60 && *sec < 60 => Ok(next_at(h * 3600 + m * 60 + sec)),
+            _ => Err(bad()),
+        };
+    }
+    crate::slurm::sacct::parse_time("--begin", &t.replace('t', "T"), now_ms).map_err(|_| bad())
+}
+
 /// Memory sizes: a number of MiB, or with a K/M/G/T suffix (`512M`, `64G`).
 pub fn mem_mb(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -165,6 +213,26 @@ pub fn duration(secs: u64) -> String {
         format!("{h}:{m:02}:{s:02}")
     } else {
         format!("{m}:{s:02}")
+    }
+}
+
+#[cfg(test)]
+mod begin_tests {
+    use super::*;
+
+    #[test]
+    fn begin_times_read_as_slurm_does() {
+        let now = 1_796_084_311_000; // 2026-12-01T00:18:31
+        assert_eq!(begin_ms("now", now).unwrap(), now);
+        assert_eq!(begin_ms("now+1hour", now).unwrap(), now + 3_600_000);
+        assert_eq!(begin_ms("now+60", now).unwrap(), now + 60_000);
+        assert_eq!(begin_ms("2026-12-24T08:00", now).unwrap(), 1_798_099_200_000);
+        // 00:10 has passed today: tomorrow; 16:00 has not.
+        assert_eq!(begin_ms("00:10", now).unwrap(), 1_796_084_311_000 - 511_000 + 86_400_000);
+        assert_eq!(begin_ms("teatime", now).unwrap(), begin_ms("16:00", now).unwrap());
+        assert_eq!(begin_ms("tomorrow", now).unwrap(), begin_ms("midnight", now).unwrap());
+        assert!(begin_ms("later", now).unwrap_err().contains("--begin"));
+        assert!(begin_ms("25:00", now).is_err());
     }
 }
 

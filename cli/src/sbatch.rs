@@ -54,6 +54,15 @@ pub struct SbatchOpts {
     mem: Option<String>,
     #[arg(long = "mem-per-cpu")]
     mem_per_cpu: Option<String>,
+    /// Per GPU: MiB or with a unit (80G).
+    #[arg(long = "mem-per-gpu")]
+    mem_per_gpu: Option<String>,
+    /// Not before: now+1hour, 16:00, 2026-12-24T08:00, midnight, tomorrow (UTC).
+    #[arg(short = 'b', long)]
+    begin: Option<String>,
+    /// Free text kept with the job.
+    #[arg(long)]
+    comment: Option<String>,
     /// [TYPE:]N for the whole job.
     #[arg(short = 'G', long)]
     gpus: Option<String>,
@@ -186,7 +195,6 @@ const OTHERS: &[Other] = &[
         "a job always starts once all of its nodes are allocated and launched together",
     ),
     ignored("overcommit", Some('O'), false, "tasks are not pinned to CPUs, so oversubscribing them needs no flag"),
-    ignored("comment", None, true, "comments are not stored yet"),
     ignored("quiet", Some('Q'), false, ""),
     ignored("verbose", Some('v'), false, ""),
     ignored("acctg-freq", None, true, "accounting sampling is not configurable; peak memory is recorded per task"),
@@ -201,15 +209,8 @@ const OTHERS: &[Other] = &[
         false,
         "start-time estimates without submitting are not available yet; submit with --hold, then `gangway why ID`",
     ),
-    refused(
-        "begin",
-        Some('b'),
-        true,
-        "deferred start times are not supported yet; submit with --hold and release it later, or use a dependency",
-    ),
     refused("deadline", None, true, "deadlines are not supported yet"),
     refused("time-min", None, true, "flexible time limits are not supported yet; give --time"),
-    refused("mem-per-gpu", None, true, "memory per GPU is not supported yet; give --mem (per node) or --mem-per-cpu"),
     refused("priority", None, true, "a priority is set by admins after submission: `gangway update ID --priority N`"),
     refused(
         "nodelist",
@@ -737,6 +738,9 @@ pub fn to_submit_args(
         gpus_per_task: o.gpus_per_task,
         gres: o.gres,
         mem_per_cpu: o.mem_per_cpu,
+        mem_per_gpu: o.mem_per_gpu,
+        begin: o.begin,
+        comment: o.comment,
         account: o.account,
         qos: o.qos,
         constraint,

@@ -307,6 +307,14 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     assert!(node1.contains("helper on e2e-node-2") && !node0.contains("helper"), "{node0}\n{node1}");
     assert!(node0.contains("step failed with 1") && node1.contains("step failed with 1"), "{node0}\n{node1}");
 
+    // --begin keeps a job pending (BeginTime) until then; --comment is kept.
+    let later = tool("sbatch", &["--parsable", "--begin", "now+1hour", "--comment", "after lunch", "--wrap", "true"]);
+    let later = later.trim().to_string();
+    eventually("the deferred job never showed BeginTime", || {
+        tool("squeue", &["-h", "-j", &later, "-o", "%t|%r|%k"]).trim() == "PD|BeginTime|after lunch"
+    });
+    tool("scancel", &[&later]);
+
     // The event stream from the start of the log: the sbatch job's end, as JSON.
     let o = cli(
         endpoints,

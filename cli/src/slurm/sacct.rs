@@ -89,6 +89,8 @@ const FIELDS: &[&str] = &[
     "WorkDir",
     "Restarts",
     "Reason",
+    "Comment",
+    "Eligible",
 ];
 
 /// sacct's column widths (JobID and NodeList left-justified, the rest right).
@@ -154,6 +156,8 @@ pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
         "QOS" => s.qos,
         "WorkDir" => s.workdir,
         "Restarts" => j.attempt.saturating_sub(1).to_string(),
+        "Comment" => s.comment,
+        "Eligible" => timestamp(s.begin_time_ms.max(j.submit_time_ms)),
         "Reason" if j.reason.is_empty() => "None".into(),
         "Reason" => j.reason.clone(),
         _ => String::new(),

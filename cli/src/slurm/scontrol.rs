@@ -203,6 +203,7 @@ pub fn job_fields(j: &pb::Job, e: Option<&pb::Explanation>, now: u64) -> Vec<(St
         ("RunTime".into(), super::elapsed(job_elapsed_s(j, now))),
         ("TimeLimit".into(), s.time_limit_s.filter(|t| *t > 0).map_or("UNLIMITED".into(), |t| duration(t as u64))),
         ("SubmitTime".into(), timestamp(j.submit_time_ms)),
+        ("EligibleTime".into(), timestamp(s.begin_time_ms.max(j.submit_time_ms))),
         ("StartTime".into(), t(j.start_time_ms)),
         ("EndTime".into(), t(j.end_time_ms)),
         ("Partition".into(), none(&s.partition)),
@@ -215,6 +216,7 @@ pub fn job_fields(j: &pb::Job, e: Option<&pb::Explanation>, now: u64) -> Vec<(St
         ("Features".into(), if s.constraints.is_empty() { "(null)".into() } else { s.constraints.join("&") }),
         ("Command".into(), if s.script.is_empty() { s.command.join(" ") } else { "(batch script)".into() }),
         ("WorkDir".into(), s.workdir.clone()),
+        ("Comment".into(), none(&s.comment)),
         ("StdOut".into(), if s.output.is_empty() { "slurm-%j.out".into() } else { s.output.clone() }),
         ("StdErr".into(), if s.error.is_empty() { "(with StdOut)".into() } else { s.error.clone() }),
     ]);

@@ -92,6 +92,8 @@ const FIELDS: &[(&str, &str)] = &[
     ("MinMemory", "MIN_MEMORY"),
     ("Dependency", "DEPENDENCY"),
     ("Nice", "NICE"),
+    ("Comment", "COMMENT"),
+    ("EligibleTime", "ELIGIBLE_TIME"),
 ];
 
 fn code(c: char) -> Option<&'static str> {
@@ -124,6 +126,7 @@ fn code(c: char) -> Option<&'static str> {
         'm' => "MinMemory",
         'E' => "Dependency",
         'y' => "Nice",
+        'k' => "Comment",
         _ => return None,
     })
 }
@@ -196,6 +199,9 @@ pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
         "Dependency" if j.pending_dependencies.is_empty() => "(null)".into(),
         "Dependency" => j.pending_dependencies.join(","),
         "Nice" => spec.nice.to_string(),
+        "Comment" if spec.comment.is_empty() => "(null)".into(),
+        "Comment" => spec.comment,
+        "EligibleTime" => timestamp(spec.begin_time_ms.max(j.submit_time_ms)),
         _ => String::new(),
     }
 }

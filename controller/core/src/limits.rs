@@ -22,6 +22,8 @@ pub const SCRIPT_BYTES_MAX: usize = 1024 * 1024;
 pub const ARGS_MAX: usize = 4096;
 /// Job, user, partition and node names: short identifiers, like Slurm's.
 pub const NAME_BYTES_MAX: usize = 256;
+/// A job's comment: a line of notes, kept in every replica's state.
+pub const COMMENT_BYTES_MAX: usize = 1024;
 /// Working directory paths (PATH_MAX on Linux).
 pub const PATH_BYTES_MAX: usize = 4096;
 /// Environment variables carried by one job.

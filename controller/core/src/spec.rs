@@ -85,6 +85,10 @@ pub struct JobSpec {
     pub nice: i32,
     /// Submit held: the job does not start until released.
     pub hold: bool,
+    /// Not before this time (epoch ms; 0: as soon as it can). Slurm's --begin.
+    pub begin_ms: u64,
+    /// Free text kept with the job (Slurm's --comment).
+    pub comment: String,
 }
 
 /// Required or preferred co-location of a gang within one domain of a topology
@@ -281,6 +285,8 @@ impl Default for JobSpec {
             array: String::new(),
             nice: 0,
             hold: false,
+            begin_ms: 0,
+            comment: String::new(),
         }
     }
 }
@@ -396,6 +402,9 @@ impl JobSpec {
         check_range("mem_per_cpu_mb", self.mem_per_cpu_mb, 0, MEM_PER_NODE_MB_MAX)?;
         if self.mem_per_cpu_mb > 0 && self.mem_per_node_mb > 0 {
             return Err(SpecError::new("mem_per_cpu_mb", "give memory per node or per CPU, not both"));
+        }
+        if self.comment.len() > COMMENT_BYTES_MAX {
+            return Err(SpecError::new("comment", format!("must be at most {COMMENT_BYTES_MAX} bytes")));
         }
         if self.constraints.len() > CONSTRAINTS_MAX {
             return Err(SpecError::new("constraints", format!("at most {CONSTRAINTS_MAX} features")));

@@ -114,6 +114,13 @@ pub fn explain(state: &State, job_id: JobId, now_ms: u64) -> Option<Explanation>
                 };
                 (r, format!("{by}; `gangway release {}` lets it run", job.id))
             }
+            Some("BeginTime") => (
+                "BeginTime",
+                format!(
+                    "asked not to start before {} ms since the epoch (--begin); it is eligible then",
+                    job.spec.begin_ms
+                ),
+            ),
             Some("JobArrayTaskLimit") => {
                 ("JobArrayTaskLimit", "the array's throttle (%N) is reached; elements start as others end".into())
             }

@@ -243,6 +243,9 @@ impl<'s, 'o> Pass<'s, 'o> {
                 _ => "JobHeldUser",
             });
         }
+        if job.spec.begin_ms > self.opts.now_ms {
+            return Some("BeginTime");
+        }
         if !job.deps_pending.is_empty() {
             return Some("Dependency");
         }
