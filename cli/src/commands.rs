@@ -415,6 +415,55 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
     send_submit(client, out, spec, key, parsable).await
 }
 
+/// `sbatch --test-only`: where and when the job would start, submitting nothing.
+pub(crate) async fn test_submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Result<()> {
+    let leaf_level = match (&a.topology, &a.switches) {
+        (None, Some(_)) => policy::fetch_policy(client, true).await?.0.topology_levels.last().cloned(),
+        _ => None,
+    };
+    let spec = job_spec(a, leaf_level.as_deref())?;
+    let req = pb::SubmitRequest { spec: Some(spec.clone()), idempotency_key: String::new() };
+    let e = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).test_submit(r).await }
+        })
+        .await?
+        .into_inner();
+    let cpus = spec.nodes.unwrap_or(1).max(1)
+        * spec.tasks_per_node.unwrap_or(1).max(1)
+        * spec.cpus_per_task.unwrap_or(1).max(1);
+    if out.json {
+        out.print_json(&json!({
+            "job_id": e.job_id, "reason": e.reason, "detail": e.detail,
+            "estimated_start_ms": e.estimated_start_ms, "nodes": e.start_nodes, "cpus": cpus,
+        }));
+        return Ok(());
+    }
+    match e.estimated_start_ms {
+        Some(t) => {
+            let nodes = if e.start_nodes.is_empty() {
+                String::new()
+            } else {
+                format!(" on nodes {}", crate::slurm::hostlist::compress(&e.start_nodes))
+            };
+            let partition =
+                if spec.partition.is_empty() { String::new() } else { format!(" in partition {}", spec.partition) };
+            eprintln!(
+                "sbatch: Job {} to start at {} using {cpus} processors{nodes}{partition}",
+                e.job_id,
+                crate::slurm::timestamp(t)
+            );
+            Ok(())
+        }
+        None if e.reason == "BadConstraints" => bail!("test-only: the job could never run: {}", e.detail),
+        None => {
+            eprintln!("sbatch: Job {} would wait ({}): {}; no start time is known yet", e.job_id, e.reason, e.detail);
+            Ok(())
+        }
+    }
+}
+
 /// Builds the job spec from submit options (no network: `leaf_level` is the
 /// policy's lowest topology level, needed only for `--switches`).
 pub(crate) fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::JobSpec> {

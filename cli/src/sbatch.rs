@@ -128,6 +128,10 @@ pub struct SbatchOpts {
     /// Print only the job id.
     #[arg(long)]
     parsable: bool,
+    /// Check the script and options and say where and when the job would
+    /// start, without submitting it.
+    #[arg(long = "test-only")]
+    test_only: bool,
     /// Run this command line as the job's script.
     #[arg(long)]
     wrap: Option<String>,
@@ -203,12 +207,6 @@ const OTHERS: &[Other] = &[
     ignored("get-user-env", None, false, "jobs get the submitting environment through --export (ALL by default)"),
     ignored("wckey", None, true, "workload characterization keys are not supported; use --account"),
     refused("reservation", None, true, "advance reservations are not supported yet"),
-    refused(
-        "test-only",
-        None,
-        false,
-        "start-time estimates without submitting are not available yet; submit with --hold, then `gangway why ID`",
-    ),
     refused("deadline", None, true, "deadlines are not supported yet"),
     refused("time-min", None, true, "flexible time limits are not supported yet; give --time"),
     refused("priority", None, true, "a priority is set by admins after submission: `gangway update ID --priority N`"),
@@ -825,9 +823,13 @@ pub async fn run(
     }
     .map_err(anyhow::Error::msg)?;
     let mut notices = parsed.notices;
+    let test_only = parsed.opts.test_only;
     let args = to_submit_args(parsed.opts, script, std::env::vars(), &mut notices).map_err(anyhow::Error::msg)?;
     for n in &notices {
         eprintln!("sbatch: note: {n}");
+    }
+    if test_only {
+        return crate::commands::test_submit(client, out, args).await;
     }
     crate::commands::submit(client, out, args).await
 }

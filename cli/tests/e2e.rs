@@ -307,6 +307,28 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     assert!(node1.contains("helper on e2e-node-2") && !node0.contains("helper"), "{node0}\n{node1}");
     assert!(node0.contains("step failed with 1") && node1.contains("step failed with 1"), "{node0}\n{node1}");
 
+    // --test-only: where and when, and nothing submitted.
+    let before = tool("sacct", &["-a", "-n", "-P", "-o", "JobID"]).lines().count();
+    let o = Command::new(bin.join("sbatch"))
+        .args(["--test-only", "-N", "2", "--wrap", "true"])
+        .env("GANGWAY_ENDPOINTS", endpoints)
+        .env("GANGWAY_IDENTITY", "dev:root")
+        .current_dir(work)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && said.contains(" to start at ") && said.contains("on nodes e2e-node-[1-2]"), "{said}");
+    let o = Command::new(bin.join("sbatch"))
+        .args(["--test-only", "-N", "5", "--wrap", "true"])
+        .env("GANGWAY_ENDPOINTS", endpoints)
+        .env("GANGWAY_IDENTITY", "dev:root")
+        .current_dir(work)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && said.contains("could never run"), "{said}");
+    assert_eq!(tool("sacct", &["-a", "-n", "-P", "-o", "JobID"]).lines().count(), before, "test-only submitted a job");
+
     // --begin keeps a job pending (BeginTime) until then; --comment is kept.
     let later = tool("sbatch", &["--parsable", "--begin", "now+1hour", "--comment", "after lunch", "--wrap", "true"]);
     let later = later.trim().to_string();

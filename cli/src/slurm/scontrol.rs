@@ -204,7 +204,7 @@ pub fn job_fields(j: &pb::Job, e: Option<&pb::Explanation>, now: u64) -> Vec<(St
         ("TimeLimit".into(), s.time_limit_s.filter(|t| *t > 0).map_or("UNLIMITED".into(), |t| duration(t as u64))),
         ("SubmitTime".into(), timestamp(j.submit_time_ms)),
         ("EligibleTime".into(), timestamp(s.begin_time_ms.max(j.submit_time_ms))),
-        ("StartTime".into(), t(j.start_time_ms)),
+        ("StartTime".into(), t(j.start_time_ms.or(e.and_then(|e| e.estimated_start_ms)))),
         ("EndTime".into(), t(j.end_time_ms)),
         ("Partition".into(), none(&s.partition)),
         ("NodeList".into(), none(&job_nodelist(j))),

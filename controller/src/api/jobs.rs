@@ -271,26 +271,39 @@ impl JobService for JobApi {
             .await
             .map_err(|_| Status::internal("explain: the scheduling pass failed"))?;
         let e = e.ok_or_else(|| Status::not_found(format!("job {job_id} does not exist")))?;
-        let f = e.factors;
-        let factors = [
-            ("age", f.age),
-            ("fairshare", f.fairshare),
-            ("job_size", f.job_size),
-            ("qos", f.qos),
-            ("partition", f.partition),
-            ("nice", f.nice),
-        ];
-        Ok(Response::new(Explanation {
-            job_id,
-            state: state_to_proto(e.state) as i32,
-            reason: e.reason,
-            detail: e.detail,
-            priority: f.total,
-            priority_factors: factors.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
-            eligible_nodes: e.eligible_nodes,
-            rejections: e.rejections.into_iter().collect(),
-            queue_position: e.queue_position,
-        }))
+        Ok(Response::new(explanation_to_proto(e)))
+    }
+
+    async fn test_submit(&self, req: Request<SubmitRequest>) -> Result<Response<Explanation>, Status> {
+        let ctx = CallCtx::of(&req)?;
+        let msg = req.into_inner();
+        let Some(pspec) = msg.spec else {
+            return Err(Status::invalid_argument("spec: is required"));
+        };
+        let spec = spec_from_proto(pspec, ctx.user()).map_err(status_from_spec)?;
+        let shared = self.replica.node.state().clone();
+        let now = crate::now_ms();
+        let identity = ctx.identity.clone();
+        // On a copy of this replica's state: apply the submission as the log
+        // would, then explain it. Off the async workers; bounded by the state's size.
+        let answer = tokio::task::spawn_blocking(move || {
+            let mut state = shared.read().clone();
+            if state.jobs.len() > TEST_SUBMIT_JOBS_MAX {
+                return Err(Status::resource_exhausted(format!(
+                    "test-only: the cluster holds more than {TEST_SUBMIT_JOBS_MAX} jobs; too many to simulate a submission"
+                )));
+            }
+            let cmd = Command::SubmitJob { spec, identity, idempotency_key: String::new(), now_ms: now };
+            match state.apply(u64::MAX / 2, &cmd).outcome {
+                Outcome::Submitted { job_id, .. } => gangway_core::sched::explain(&state, job_id, now)
+                    .ok_or_else(|| Status::internal("test-only: the job vanished after submission")),
+                Outcome::Refused(r) => Err(super::status_from_refusal(&r)),
+                other => Err(unexpected(&other)),
+            }
+        })
+        .await
+        .map_err(|_| Status::internal("test-only: the scheduling pass failed"))??;
+        Ok(Response::new(explanation_to_proto(answer)))
     }
 
     async fn checkpoint(&self, req: Request<CheckpointRequest>) -> Result<Response<CheckpointResponse>, Status> {
@@ -427,6 +440,35 @@ impl JobService for JobApi {
 
 /// Events queued for one watcher's gRPC stream before back-pressure applies.
 const WATCH_STREAM_BUFFER_MAX: usize = 256;
+
+/// Jobs in the state a test-only submission may copy: a copy of a larger state
+/// costs more memory and time than a dry run is worth.
+const TEST_SUBMIT_JOBS_MAX: usize = 200_000;
+
+fn explanation_to_proto(e: gangway_core::sched::Explanation) -> Explanation {
+    let f = e.factors;
+    let factors = [
+        ("age", f.age),
+        ("fairshare", f.fairshare),
+        ("job_size", f.job_size),
+        ("qos", f.qos),
+        ("partition", f.partition),
+        ("nice", f.nice),
+    ];
+    Explanation {
+        job_id: e.job_id,
+        state: state_to_proto(e.state) as i32,
+        reason: e.reason,
+        detail: e.detail,
+        priority: f.total,
+        priority_factors: factors.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        eligible_nodes: e.eligible_nodes,
+        rejections: e.rejections.into_iter().collect(),
+        queue_position: e.queue_position,
+        estimated_start_ms: e.estimated_start_ms,
+        start_nodes: e.start_nodes,
+    }
+}
 
 /// Runs `f` as a task feeding a bounded channel, and returns that channel as a stream.
 fn async_stream<T, F, Fut>(f: F) -> Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>

@@ -27,6 +27,11 @@ pub struct Explanation {
     pub rejections: BTreeMap<String, u32>,
     /// 1 = next in line among pending jobs.
     pub queue_position: u32,
+    /// When it is expected to start: now (the next pass starts it), its
+    /// backfill reservation, or its begin time; None when nothing says.
+    pub estimated_start_ms: Option<u64>,
+    /// Where it would start now.
+    pub start_nodes: Vec<String>,
 }
 
 /// Explains `job_id` at `now_ms`; None if the job does not exist.
@@ -43,6 +48,8 @@ pub fn explain(state: &State, job_id: JobId, now_ms: u64) -> Option<Explanation>
         eligible_nodes: 0,
         rejections: BTreeMap::new(),
         queue_position: 0,
+        estimated_start_ms: None,
+        start_nodes: Vec::new(),
     };
     if job.state != JobState::Pending {
         out.detail = match job.state {
@@ -84,6 +91,14 @@ pub fn explain(state: &State, job_id: JobId, now_ms: u64) -> Option<Explanation>
     let reason = p.reasons.iter().find(|(id, _)| *id == job_id).map(|(_, r)| *r);
     let starting = p.placements.iter().any(|pl| pl.job_id == job_id);
     let need = job.spec.nodes;
+    if let Some(pl) = p.placements.iter().find(|pl| pl.job_id == job_id) {
+        out.estimated_start_ms = Some(now_ms);
+        out.start_nodes = pl.nodes.iter().map(|n| n.node.clone()).collect();
+    } else if let Some((_, t)) = p.reservations.iter().find(|(id, _)| *id == job_id) {
+        out.estimated_start_ms = Some(*t);
+    } else if job.spec.begin_ms > now_ms && reason == Some("BeginTime") {
+        out.estimated_start_ms = Some(job.spec.begin_ms);
+    }
     let (reason, detail) = if starting {
         ("None", "the next scheduling pass starts it".to_string())
     } else if statically_ok < need && job.held.is_none() && job.deps_pending.is_empty() {
