@@ -2,13 +2,13 @@
 //! optionally gzipped) through the core's scheduler and state machine in virtual
 //! time, and prints wait, bounded slowdown and utilization per policy.
 
-use std::io::Read;
+use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use gangway_core::sim::{parse_gpu_trace, parse_swf, simulate, SimConfig, SimPolicy};
+use gangway_core::sim::{parse_gpu_trace, parse_swf, simulate_with_progress, SimConfig, SimPolicy};
 
 /// Jobs one simulation may replay: the largest trace we ship has ~200,000.
 const SIM_JOBS_MAX: usize = 1_000_000;
@@ -135,7 +135,14 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
     }
     for policy in policies {
         let started = Instant::now();
-        let r = simulate(&trace, &SimConfig { nodes, cpus_per_node: cpn, gpus_per_node: gpn, policy });
+        let cfg = SimConfig { nodes, cpus_per_node: cpn, gpus_per_node: gpn, policy };
+        let mut quarter = 0;
+        let r = simulate_with_progress(&trace, &cfg, &mut |done, total| {
+            progress(policy.name(), done, total, started, &mut quarter)
+        });
+        if std::io::stderr().is_terminal() {
+            eprint!("\r{:60}\r", "");
+        }
         let wall = started.elapsed().as_secs_f64();
         if a.json {
             let v = serde_json::json!({
@@ -164,4 +171,17 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Shows a replay's progress on stderr: a line rewritten in place on a
+/// terminal, otherwise a line at each quarter (logs stay short).
+fn progress(policy: &str, done: usize, total: usize, started: Instant, quarter: &mut usize) {
+    let pct = done * 100 / total.max(1);
+    let secs = started.elapsed().as_secs_f64();
+    if std::io::stderr().is_terminal() {
+        eprint!("\r  {policy}: {pct:>3}% ({done} of {total} jobs, {secs:.1} s)");
+    } else if done * 4 / total.max(1) > *quarter {
+        *quarter = done * 4 / total.max(1);
+        eprintln!("  {policy}: {pct}% ({done} of {total} jobs, {secs:.1} s)");
+    }
 }

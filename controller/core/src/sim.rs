@@ -96,8 +96,21 @@ pub struct SimReport {
 /// Bounded slowdown threshold (the literature's tau = 10 s).
 const BSLD_TAU_S: f64 = 10.0;
 
+/// Progress reports per replay: one each hundredth of the trace's jobs.
+const PROGRESS_STEPS: usize = 100;
+
 /// Replays `trace` on a machine of `cfg.nodes` nodes.
 pub fn simulate(trace: &[TraceJob], cfg: &SimConfig) -> SimReport {
+    simulate_with_progress(trace, cfg, &mut |_, _| {})
+}
+
+/// As [`simulate`], calling `progress(submitted, total)` as jobs arrive (at
+/// most PROGRESS_STEPS times).
+pub fn simulate_with_progress(
+    trace: &[TraceJob],
+    cfg: &SimConfig,
+    progress: &mut dyn FnMut(usize, usize),
+) -> SimReport {
     let mut state = State::default();
     let mut index = 0u64;
     let mut apply = |state: &mut State, cmd: Command| {
@@ -159,6 +172,7 @@ pub fn simulate(trace: &[TraceJob], cfg: &SimConfig) -> SimReport {
     };
     // User → their last run times (learned predictor).
     let mut history: BTreeMap<String, VecDeque<u64>> = BTreeMap::new();
+    let mut reported = 0usize;
     loop {
         let t_arrival = arrivals.get(next).map(|a| a.0);
         let t_end = ends.keys().next().copied();
@@ -188,6 +202,10 @@ pub fn simulate(trace: &[TraceJob], cfg: &SimConfig) -> SimReport {
                 }
                 last_end = last_end.max(t);
             }
+        }
+        if next >= reported + (arrivals.len() / PROGRESS_STEPS).max(1) {
+            reported = next;
+            progress(next, arrivals.len());
         }
         while next < arrivals.len() && arrivals[next].0 == t {
             let j = &trace[arrivals[next].1];
