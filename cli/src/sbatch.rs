@@ -706,9 +706,10 @@ pub fn to_submit_args(
     let constraint = o
         .constraint
         .map(|c| {
-            if c.contains('|') || c.contains('[') || c.contains('*') {
+            if c.contains('[') || c.contains('*') || (c.contains('|') && c.contains('&')) {
                 Err(format!(
-                    "--constraint: '{c}': only features joined with & are supported yet (not |, [..] or counts)"
+                    "--constraint: '{c}': features joined with & (all) or with | (any one) are supported, \
+                     not both in one constraint, [..] groups or counts"
                 ))
             } else {
                 Ok(c)

@@ -144,7 +144,7 @@ pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
             (n, _) => format!("{n}M"),
         },
         "State" => super::state_name(j.state).into(),
-        "ExitCode" => format!("{}:0", j.exit_code.unwrap_or(0)),
+        "ExitCode" => format!("{}:{}", j.exit_code.unwrap_or(0), j.exit_signal.unwrap_or(0)),
         "Submit" => timestamp(j.submit_time_ms),
         "Start" => j.start_time_ms.map_or("Unknown".into(), timestamp),
         "End" => j.end_time_ms.map_or("Unknown".into(), timestamp),
@@ -319,5 +319,7 @@ mod tests {
         assert_eq!(field(&j, "NodeList", 0), "n[1-2]");
         assert_eq!(field(&j, "AllocTRES", 0), "cpu=2,gres/gpu=8,node=2");
         assert_eq!(field(&j, "State", 0), "COMPLETED");
+        let killed = pb::Job { exit_code: None, exit_signal: Some(9), state: pb::JobState::Failed as i32, ..j };
+        assert_eq!(field(&killed, "ExitCode", 0), "0:9");
     }
 }

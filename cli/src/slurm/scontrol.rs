@@ -199,7 +199,7 @@ pub fn job_fields(j: &pb::Job, e: Option<&pb::Explanation>, now: u64) -> Vec<(St
         ),
         ("Requeue".into(), if s.requeue.unwrap_or(true) { "1" } else { "0" }.into()),
         ("Restarts".into(), j.attempt.saturating_sub(1).to_string()),
-        ("ExitCode".into(), format!("{}:0", j.exit_code.unwrap_or(0))),
+        ("ExitCode".into(), format!("{}:{}", j.exit_code.unwrap_or(0), j.exit_signal.unwrap_or(0))),
         ("RunTime".into(), super::elapsed(job_elapsed_s(j, now))),
         ("TimeLimit".into(), s.time_limit_s.filter(|t| *t > 0).map_or("UNLIMITED".into(), |t| duration(t as u64))),
         ("SubmitTime".into(), timestamp(j.submit_time_ms)),

@@ -181,6 +181,7 @@ pub fn job_to_proto(j: &Job) -> pb::Job {
         preempted: j.preempted,
         last_checkpoint_ms: j.last_checkpoint_ms,
         display_id: j.display_id(),
+        exit_signal: j.task_exits.values().find_map(|t| t.signal),
     }
 }
 

@@ -269,11 +269,13 @@ impl Default for State {
 
 /// Whether a node offers a feature: `name` matches a label key, `key=value` a
 /// label's value.
+/// Whether `node` has `feature`: a label (`ib`), a label's value (`arch=zen4`),
+/// or any of several alternatives (`a100|h100`, Slurm's OR).
 pub fn node_has_feature(node: &Node, feature: &str) -> bool {
-    match feature.split_once('=') {
+    feature.split('|').map(str::trim).filter(|f| !f.is_empty()).any(|f| match f.split_once('=') {
         Some((k, v)) => node.labels.get(k).is_some_and(|x| x == v),
-        None => node.labels.contains_key(feature),
-    }
+        None => node.labels.contains_key(f),
+    })
 }
 
 impl State {
