@@ -51,6 +51,11 @@ pub const PLACEMENTS_PER_PLAN_MAX: usize = 512;
 pub const PREEMPT_ATTEMPTS_PER_PASS_MAX: usize = 16;
 /// Trial placements while sweeping future job ends for one reservation.
 pub const RESERVATION_TRIES_MAX: usize = 256;
+/// Shapes checked per pass for whether any node set could ever hold them,
+/// beyond the reservation candidates (which are always checked): so a job that
+/// can never run reads BadConstraints even deep in the queue, at a bounded cost
+/// (one check is a walk over the nodes).
+pub const POSSIBLE_CHECKS_PER_PASS_MAX: usize = 256;
 
 /// How the queue is walked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -565,6 +570,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
     // Shape fingerprint → [(shape, shortest run estimate that failed, why)].
     let mut failed: BTreeMap<u64, Vec<(ShapeKey, u64, Miss)>> = BTreeMap::new();
     let mut preempt_attempts = 0;
+    let mut possible_checks = 0;
     let p = &state.policy;
     let has_quotas = p.accounts.values().any(|a| !a.quota.is_empty())
         || p.users.values().any(|u| !u.quota.is_empty())
@@ -613,11 +619,13 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
         };
         // A job too big for what is free still gets its reservation if it is a top job.
         let known_fail = known.is_some() && !(too_big && reservations_tried < reservations_max);
+        let mut attempted = false;
         let attempt = if let Some(miss) = known {
             Err(miss)
         } else if pass.plan.place_attempts >= PLACE_ATTEMPTS_PER_PASS_MAX {
             Err(Miss::Resources)
         } else {
+            attempted = true;
             pass.plan.place_attempts += 1;
             let end_ms = now.saturating_add(est_s.saturating_mul(1000));
             let holds = (reservations_tried > 0).then_some((pass.holds.as_slice(), end_ms));
@@ -673,7 +681,14 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
                 let wants_slot = opts.policy == Policy::Fifo || (reservations_tried < reservations_max && !known_fail);
                 // A preferred level relaxes later: only a required one makes a job impossible.
                 let hard_depth = depth.filter(|_| job.spec.topology.required);
-                if wants_slot && !pass.possible(job, hard_depth) {
+                // Beyond the reservation candidates, a shape's first failure
+                // this pass is checked too (within a budget; the cache then
+                // answers for the same shape).
+                let check = wants_slot || (attempted && !too_big && possible_checks < POSSIBLE_CHECKS_PER_PASS_MAX);
+                if check && !wants_slot {
+                    possible_checks += 1;
+                }
+                if check && !pass.possible(job, hard_depth) {
                     if !too_big {
                         if let Some(e) = failed.get_mut(&fp).and_then(|v| v.iter_mut().find(|(k, _, _)| *k == key)) {
                             *e = (key, 0, Miss::Impossible);
