@@ -860,19 +860,58 @@ pub async fn show(client: &Client, out: &Output, job_id: u64, stale: bool) -> an
         })
         .await?
         .into_inner();
-    let v = job_json(&job);
+    let mut v = job_json(&job);
+    // A pending job: why, in Slurm's words and Gangway's detail.
+    let why = if job.state == pb::JobState::Pending as i32 {
+        let r = client
+            .call(|ch| {
+                let r = client.request(pb::ExplainRequest { job_id, stale });
+                async move { JobServiceClient::new(ch).explain(r).await }
+            })
+            .await;
+        r.ok().map(|r| r.into_inner())
+    } else {
+        None
+    };
+    if let (Some(e), Value::Object(map)) = (&why, &mut v) {
+        let mut rej: Vec<(&String, &u32)> = e.rejections.iter().collect();
+        rej.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        map.insert(
+            "pending".into(),
+            json!({
+                "reason": e.reason, "detail": e.detail, "queue_position": e.queue_position,
+                "eligible_nodes": e.eligible_nodes,
+                "rejected_nodes": rej.iter().map(|(k, n)| json!({"why": k, "nodes": n})).collect::<Vec<_>>(),
+                "estimated_start": e.estimated_start_ms.map(crate::slurm::timestamp),
+            }),
+        );
+    }
     if out.json {
         out.print_json(&v);
         return Ok(());
     }
     if let Value::Object(map) = v {
         for (k, val) in map {
+            if k == "pending" {
+                continue;
+            }
             let s = match val {
                 Value::String(s) => s,
                 Value::Null => "-".into(),
                 other => other.to_string(),
             };
             println!("{k:>16}: {s}");
+        }
+    }
+    if let Some(e) = why {
+        println!("{:>16}: {} ({})", "pending", e.reason, e.detail);
+        if let Some(t) = e.estimated_start_ms {
+            println!("{:>16}: {}", "expected start", crate::slurm::timestamp(t));
+        }
+        let mut rej: Vec<(String, u32)> = e.rejections.into_iter().collect();
+        rej.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        for (why, n) in rej {
+            println!("{:>16}: {n} node(s): {why}", "rejected");
         }
     }
     Ok(())

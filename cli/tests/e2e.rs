@@ -335,6 +335,10 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     eventually("the deferred job never showed BeginTime", || {
         tool("squeue", &["-h", "-j", &later, "-o", "%t|%r|%k"]).trim() == "PD|BeginTime|after lunch"
     });
+    let shown: serde_json::Value =
+        serde_json::from_str(&stdout(&cli(endpoints, &["show", &later, "--json"], work))).unwrap();
+    assert_eq!(shown["pending"]["reason"].as_str(), Some("BeginTime"), "{shown}");
+    assert!(shown["pending"]["estimated_start"].as_str().is_some_and(|t| t.starts_with("20")), "{shown}");
     tool("scancel", &[&later]);
 
     // The event stream from the start of the log: the sbatch job's end, as JSON.
