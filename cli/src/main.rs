@@ -218,8 +218,20 @@ fn main() {
         std::process::exit(gangway_node_agent::shim::run(exit_file, argv));
     }
     if let Cmd::Srun(a) = cli.command {
-        // srun needs no controller: the job's environment says everything.
-        std::process::exit(slurm::srun::run(a).unwrap_or_else(|e| {
+        // Inside a job srun needs no controller: the job's environment says
+        // everything. Outside, it submits a job and waits for it.
+        let code = if slurm::srun::inside_job() {
+            slurm::srun::run(a)
+        } else {
+            die_on_closed_pipe();
+            let identity = cli.identity.clone().unwrap_or_else(default_identity);
+            let out = commands::Output { json: cli.json };
+            tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime").block_on(async {
+                let client = gangway_proto::client::Client::new(&cli.endpoints, &identity)?;
+                slurm::srun::submit_and_wait(&client, &out, a).await
+            })
+        };
+        std::process::exit(code.unwrap_or_else(|e| {
             eprintln!("{}", commands::one_line(&e));
             1
         }));

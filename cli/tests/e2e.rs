@@ -307,6 +307,19 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     assert!(node1.contains("helper on e2e-node-2") && !node0.contains("helper"), "{node0}\n{node1}");
     assert!(node0.contains("step failed with 1") && node1.contains("step failed with 1"), "{node0}\n{node1}");
 
+    // srun from outside a job: a job of its own, output streamed, exit code kept.
+    let said = tool("srun", &["-N", "2", "-l", "bash", "-c", "echo on $SLURMD_NODENAME"]);
+    assert!(said.contains("0: on e2e-node-1") && said.contains("1: on e2e-node-2"), "{said}");
+    let o = Command::new(bin.join("srun"))
+        .args(["bash", "-c", "echo failing; exit 3"])
+        .env("GANGWAY_ENDPOINTS", endpoints)
+        .env("GANGWAY_IDENTITY", "dev:root")
+        .current_dir(work)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout(&o).contains("failing"), "{}", stdout(&o));
+
     // --test-only: where and when, and nothing submitted.
     let before = tool("sacct", &["-a", "-n", "-P", "-o", "JobID"]).lines().count();
     let o = Command::new(bin.join("sbatch"))

@@ -72,6 +72,31 @@ pub struct SrunArgs {
     /// (torchrun, NCCL's env:// init) work, MPI needs mpirun.
     #[arg(long)]
     mpi: Option<String>,
+    /// Outside a job: the partition, time limit, account, QOS, name, GPUs,
+    /// memory and features of the job srun submits and waits for.
+    #[arg(short = 'p', long)]
+    partition: Option<String>,
+    #[arg(short = 't', long)]
+    time: Option<String>,
+    #[arg(short = 'A', long)]
+    account: Option<String>,
+    #[arg(short = 'q', long)]
+    qos: Option<String>,
+    #[arg(short = 'J', long = "job-name")]
+    job_name: Option<String>,
+    #[arg(short = 'G', long)]
+    gpus: Option<String>,
+    #[arg(long = "gpus-per-node")]
+    gpus_per_node: Option<String>,
+    #[arg(long)]
+    gres: Option<String>,
+    #[arg(long)]
+    mem: Option<String>,
+    #[arg(short = 'C', long)]
+    constraint: Option<String>,
+    /// A terminal for the task: not supported (srun runs batch-style here).
+    #[arg(long)]
+    pty: bool,
     #[arg(long = "container-image", hide = true)]
     container_image: Option<String>,
     #[arg(long = "container-mounts", hide = true)]
@@ -167,6 +192,188 @@ fn env_or(name: &str) -> anyhow::Result<String> {
              interactive allocations are not supported yet"
         )
     })
+}
+
+/// Whether srun runs inside a job (else it submits one and waits for it).
+pub fn inside_job() -> bool {
+    std::env::var_os("SLURM_JOB_ID").is_some()
+}
+
+/// Polls of a one-shot job's state while waiting (every WAIT_POLL): far above
+/// any job's time limit (the controller ends the job at its limit).
+const WAIT_POLLS_MAX: u64 = 10_000_000;
+const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+/// Bytes of a job's output streamed per poll and file.
+const STREAM_CHUNK_BYTES: u64 = 1 << 20;
+
+/// srun outside a job: submits the step as a job of its own (the same srun
+/// runs inside it, so tasks get their per-task variables), streams its output
+/// files from the submit directory as they grow, and exits with its exit code.
+/// Ctrl-C cancels the job. The output is read from the submit directory, so
+/// it streams when that directory is shared with the nodes (as on most
+/// clusters, and in the dev cluster); otherwise it is left in slurm-N.out there.
+pub async fn submit_and_wait(
+    client: &gangway_proto::client::Client,
+    out: &crate::commands::Output,
+    a: SrunArgs,
+) -> anyhow::Result<i32> {
+    use gangway_proto::v1 as pb;
+    use gangway_proto::v1::job_service_client::JobServiceClient;
+    if a.pty {
+        bail!("--pty: interactive terminals are not supported yet; srun runs the command batch-style and streams its output");
+    }
+    let exe = std::env::current_exe().context("srun: cannot find the gangway binary")?;
+    // Inside the job: the same srun with the task options, fanning out per node.
+    let mut inner: Vec<String> = vec![exe.display().to_string(), "srun".into()];
+    if let Some(k) = a.ntasks_per_node {
+        inner.push(format!("--ntasks-per-node={k}"));
+    }
+    if let Some(c) = a.cpus_per_task {
+        inner.push(format!("--cpus-per-task={c}"));
+    }
+    if let Some(g) = a.gpus_per_task {
+        inner.push(format!("--gpus-per-task={g}"));
+    }
+    if let Some(k) = a.kill_on_bad_exit {
+        inner.push(format!("--kill-on-bad-exit={k}"));
+    }
+    if a.label {
+        inner.push("--label".into());
+    }
+    if let Some(e) = &a.export {
+        inner.push(format!("--export={e}"));
+    }
+    inner.push("--".into());
+    inner.extend(a.command.iter().cloned());
+    let nodes: u32 = match &a.nodes {
+        Some(n) => crate::parse::node_range(n).map_err(anyhow::Error::msg)?.0,
+        None => 1,
+    };
+    let per_node = match (a.ntasks, a.ntasks_per_node) {
+        (Some(n), None) if n % nodes != 0 => {
+            bail!("--ntasks: {n} tasks do not spread evenly over {nodes} nodes here; give --ntasks-per-node")
+        }
+        (Some(n), None) => Some(i64::from(n / nodes)),
+        (_, k) => k.map(i64::from),
+    };
+    if a.ntasks.is_some() && a.ntasks_per_node.is_none() {
+        inner.insert(2, format!("--ntasks-per-node={}", per_node.unwrap_or(1)));
+    }
+    let args = crate::commands::SubmitArgs {
+        name: a.job_name.clone().or_else(|| a.command.first().map(|c| c.rsplit('/').next().unwrap_or(c).to_string())),
+        nodes: a.nodes.clone(),
+        tasks_per_node: per_node,
+        cpus_per_task: a.cpus_per_task.map(i64::from),
+        gpus: a.gpus.clone(),
+        gpus_per_node: a.gpus_per_node.clone(),
+        // The job's GPUs: what was asked per node or in all, else per task
+        // (the srun inside splits them among the tasks either way).
+        gpus_per_task: a
+            .gpus_per_task
+            .filter(|_| a.gpus.is_none() && a.gpus_per_node.is_none() && a.gres.is_none())
+            .map(|g| g.to_string()),
+        gres: a.gres.clone(),
+        mem: a.mem.clone(),
+        constraint: a.constraint.clone(),
+        partition: a.partition.clone(),
+        time: a.time.clone(),
+        account: a.account.clone(),
+        qos: a.qos.clone(),
+        env: crate::sbatch::export_env(None, std::env::vars())
+            .map_err(anyhow::Error::msg)?
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect(),
+        command: inner,
+        // Held until the output files' current ends are known (an earlier job
+        // with the same id may have left files here: only new output streams).
+        hold: true,
+        ..Default::default()
+    };
+    let spec = crate::commands::job_spec(args, None)?;
+    let workdir = std::path::PathBuf::from(&spec.workdir);
+    let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: uuid::Uuid::new_v4().to_string() };
+    let id = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).submit(r).await }
+        })
+        .await?
+        .into_inner()
+        .job_id;
+    // Node 0 writes slurm-ID.out, node N slurm-ID.N.out.
+    let mut files = vec![workdir.join(format!("slurm-{id}.out"))];
+    files.extend((1..nodes).map(|n| workdir.join(format!("slurm-{id}.{n}.out"))));
+    let mut offsets: std::collections::BTreeMap<std::path::PathBuf, u64> =
+        files.iter().map(|f| (f.clone(), std::fs::metadata(f).map_or(0, |m| m.len()))).collect();
+    let release = pb::UpdateJobRequest { job_id: id, change: pb::update_job_request::Change::Release as i32, value: 0 };
+    client
+        .call(|ch| {
+            let r = client.request(release);
+            async move { JobServiceClient::new(ch).update(r).await }
+        })
+        .await?;
+    if !out.json {
+        eprintln!("srun: job {id} queued and waiting for resources");
+    }
+    let stream = |offsets: &mut std::collections::BTreeMap<std::path::PathBuf, u64>| {
+        for f in &files {
+            let Ok(mut file) = std::fs::File::open(f) else { continue };
+            let at = offsets.entry(f.clone()).or_default();
+            use std::io::{Read, Seek};
+            if file.seek(std::io::SeekFrom::Start(*at)).is_err() {
+                continue;
+            }
+            let mut buf = Vec::new();
+            if let Ok(n) = file.take(STREAM_CHUNK_BYTES).read_to_end(&mut buf) {
+                *at += n as u64;
+                let _ = std::io::stdout().write_all(&buf);
+                let _ = std::io::stdout().flush();
+            }
+        }
+    };
+    let mut started = false;
+    for _ in 0..WAIT_POLLS_MAX {
+        let polled = tokio::select! {
+            _ = tokio::signal::ctrl_c() => None,
+            r = client.call(|ch| {
+                let r = client.request(pb::GetJobRequest { job_id: id, stale: false });
+                async move { JobServiceClient::new(ch).get(r).await }
+            }) => Some(r),
+        };
+        let Some(job) = polled else {
+            eprintln!("srun: interrupted: cancelling job {id}");
+            let _ = client
+                .call(|ch| {
+                    let r = client.request(pb::CancelRequest { job_id: id });
+                    async move { JobServiceClient::new(ch).cancel(r).await }
+                })
+                .await;
+            return Ok(130);
+        };
+        let job = job?.into_inner();
+        if !started && job.state == pb::JobState::Running as i32 {
+            started = true;
+            if !out.json {
+                eprintln!("srun: job {id} has been allocated resources");
+            }
+        }
+        stream(&mut offsets);
+        if job.state > pb::JobState::Running as i32 {
+            stream(&mut offsets);
+            if job.state != pb::JobState::Completed as i32 {
+                eprintln!("srun: job {id} ended {}: {}", super::state_name(job.state), job.reason);
+            }
+            return Ok(match (job.exit_code, job.exit_signal) {
+                (Some(c), _) => c,
+                (None, Some(sig)) => 128 + sig,
+                (None, None) if job.state == pb::JobState::Completed as i32 => 0,
+                (None, None) => 1,
+            });
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
+    bail!("srun: gave up waiting for job {id}")
 }
 
 pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
