@@ -1341,6 +1341,19 @@ async fn events_stream_and_resume_across_a_replica_failure() {
     assert_eq!(replay.iter().filter(|e| e.job_id == b).count(), 3, "{replay:#?}");
     let drain = replay.last().unwrap();
     assert_eq!((drain.node.as_str(), drain.reason.as_str()), ("gw-events-1", "maintenance"));
+
+    // A replica restarted from a snapshot no longer knows the events before it:
+    // asking it for them is OUT_OF_RANGE (not a silent gap).
+    let leader = c.leader().await;
+    let other = *c.handles.keys().find(|&&id| id != leader).unwrap();
+    let snap = c.handles[&other].replica.node.snapshot(WAIT).await.unwrap();
+    assert!(snap >= started, "snapshot at {snap}, before {started}");
+    c.stop(other).await;
+    c.restart(other).await;
+    let only = c.client_for(&[other]);
+    let gone = gangway_proto::events::follow(&only, started, |_| false).await.unwrap_err();
+    assert_eq!(gone.code(), tonic::Code::OutOfRange, "{gone:?}");
+    assert!(gone.message().contains("no longer kept"), "{}", gone.message());
     agent.stop().await;
     c.shutdown().await;
 }
