@@ -13,7 +13,7 @@ use gangway_proto::v1::job_service_client::JobServiceClient;
 use gangway_proto::v1::node_service_client::NodeServiceClient;
 use serde_json::{json, Value};
 
-use crate::{parse, policy};
+use crate::{jobctl, parse, policy};
 
 pub struct Output {
     pub json: bool,
@@ -317,6 +317,9 @@ pub struct SubmitArgs {
     /// Free text kept with the job (shown by show/squeue %k/sacct).
     #[arg(long)]
     pub(crate) comment: Option<String>,
+    /// Admins: the job's priority, replacing the computed one.
+    #[arg(long)]
+    pub(crate) priority: Option<u32>,
     /// Account to charge (default: your default account).
     #[arg(short = 'A', long)]
     pub(crate) account: Option<String>,
@@ -410,9 +413,52 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
         }
         _ => None,
     };
-    let (key, parsable) = (a.idempotency_key.clone(), a.parsable);
-    let spec = job_spec(a, leaf_level.as_deref())?;
-    send_submit(client, out, spec, key, parsable).await
+    let (key, parsable, priority, held) = (a.idempotency_key.clone(), a.parsable, a.priority, a.hold);
+    let mut spec = job_spec(a, leaf_level.as_deref())?;
+    let Some(priority) = priority else {
+        return send_submit(client, out, spec, key, parsable).await;
+    };
+    // --priority: admins only, checked before anything is submitted; the job is
+    // submitted held, given its priority, then released (unless -H).
+    let policy = policy::fetch_policy(client, false).await?.0;
+    let me = client.identity();
+    let user = me.rsplit(':').next().unwrap_or(me);
+    if !policy.admins.is_empty() && !policy.admins.iter().any(|a| a == me || a == user) {
+        bail!("--priority: only admins may set a job's priority ({user} is not one)");
+    }
+    spec.hold = true;
+    let id = send_submit_quiet(client, spec, key).await?;
+    use pb::update_job_request::Change;
+    let set = jobctl::change_jobs_quiet(client, id, Change::SetPriority, i64::from(priority)).await;
+    if let Err(e) = set {
+        let _ = jobctl::cancel_quiet(client, id).await;
+        return Err(e.context("--priority"));
+    }
+    if !held {
+        jobctl::change_jobs_quiet(client, id, Change::Release, 0).await?;
+    }
+    if out.json {
+        out.print_json(&json!({"job_id": id, "priority": priority}));
+    } else if parsable {
+        println!("{id}");
+    } else {
+        println!("Submitted batch job {id}");
+    }
+    Ok(())
+}
+
+/// Submits `spec` and returns the job id, printing nothing.
+async fn send_submit_quiet(client: &Client, spec: pb::JobSpec, key: Option<String>) -> anyhow::Result<u64> {
+    let key = key.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: key };
+    Ok(client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).submit(r).await }
+        })
+        .await?
+        .into_inner()
+        .job_id)
 }
 
 /// `sbatch --test-only`: where and when the job would start, submitting nothing.

@@ -12,6 +12,29 @@ use serde_json::json;
 use crate::commands::Output;
 use crate::parse;
 
+/// Applies one change to one job, printing nothing.
+pub async fn change_jobs_quiet(client: &Client, job_id: u64, change: Change, value: i64) -> anyhow::Result<()> {
+    let req = pb::UpdateJobRequest { job_id, change: change as i32, value };
+    client
+        .call(|ch| {
+            let r = client.request(req);
+            async move { JobServiceClient::new(ch).update(r).await }
+        })
+        .await?;
+    Ok(())
+}
+
+/// Cancels one job, printing nothing.
+pub async fn cancel_quiet(client: &Client, job_id: u64) -> anyhow::Result<()> {
+    client
+        .call(|ch| {
+            let r = client.request(pb::CancelRequest { job_id });
+            async move { JobServiceClient::new(ch).cancel(r).await }
+        })
+        .await?;
+    Ok(())
+}
+
 /// Applies one change to each job, reporting each; fails if any failed.
 pub async fn change_jobs(client: &Client, out: &Output, ids: &[u64], change: Change, value: i64) -> anyhow::Result<()> {
     let mut results = Vec::new();

@@ -63,6 +63,9 @@ pub struct SbatchOpts {
     /// Free text kept with the job.
     #[arg(long)]
     comment: Option<String>,
+    /// Admins: the job's priority, replacing the computed one.
+    #[arg(long)]
+    priority: Option<u32>,
     /// [TYPE:]N for the whole job.
     #[arg(short = 'G', long)]
     gpus: Option<String>,
@@ -209,7 +212,6 @@ const OTHERS: &[Other] = &[
     refused("reservation", None, true, "advance reservations are not supported yet"),
     refused("deadline", None, true, "deadlines are not supported yet"),
     refused("time-min", None, true, "flexible time limits are not supported yet; give --time"),
-    refused("priority", None, true, "a priority is set by admins after submission: `gangway update ID --priority N`"),
     refused(
         "nodelist",
         Some('w'),
@@ -740,6 +742,7 @@ pub fn to_submit_args(
         mem_per_gpu: o.mem_per_gpu,
         begin: o.begin,
         comment: o.comment,
+        priority: o.priority,
         account: o.account,
         qos: o.qos,
         constraint,

@@ -342,6 +342,26 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     assert!(!o.status.success() && said.contains("could never run"), "{said}");
     assert_eq!(tool("sacct", &["-a", "-n", "-P", "-o", "JobID"]).lines().count(), before, "test-only submitted a job");
 
+    // --priority: an admin's job gets it (submitted held here, so it stays put);
+    // anyone else is refused before anything is submitted.
+    let pinned = tool("sbatch", &["--parsable", "--priority", "4242", "-H", "--wrap", "true"]).trim().to_string();
+    let shown = stdout(&cli(endpoints, &["show", &pinned, "--json"], work));
+    assert!(shown.contains("4242") && shown.contains("JobHeldUser"), "{shown}");
+    tool("scancel", &[&pinned]);
+    let o = cli(endpoints, &["admin", "set", "--admins", "dev:root"], work);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let before = tool("sacct", &["-a", "-n", "-P", "-o", "JobID"]).lines().count();
+    let o = Command::new(bin.join("sbatch"))
+        .args(["--priority", "9", "--wrap", "true"])
+        .env("GANGWAY_ENDPOINTS", endpoints)
+        .env("GANGWAY_IDENTITY", "dev:mallory")
+        .current_dir(work)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && said.contains("--priority: only admins"), "{said}");
+    assert_eq!(tool("sacct", &["-a", "-n", "-P", "-o", "JobID"]).lines().count(), before);
+
     // --begin keeps a job pending (BeginTime) until then; --comment is kept.
     let later = tool("sbatch", &["--parsable", "--begin", "now+1hour", "--comment", "after lunch", "--wrap", "true"]);
     let later = later.trim().to_string();

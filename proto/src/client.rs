@@ -91,6 +91,11 @@ impl Client {
         Ok(Client { endpoints, channels, identity, preferred: AtomicUsize::new(0) })
     }
 
+    /// The caller identity every request carries.
+    pub fn identity(&self) -> &str {
+        self.identity.to_str().unwrap_or_default()
+    }
+
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
     }
