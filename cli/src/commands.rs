@@ -721,26 +721,13 @@ pub struct QueueArgs {
     partition: Option<String>,
 }
 
-fn job_state_name(s: i32) -> &'static str {
-    match pb::JobState::try_from(s).unwrap_or(pb::JobState::Unspecified) {
-        pb::JobState::Unspecified => "UNKNOWN",
-        pb::JobState::Pending => "PENDING",
-        pb::JobState::Running => "RUNNING",
-        pb::JobState::Completed => "COMPLETED",
-        pb::JobState::Failed => "FAILED",
-        pb::JobState::Cancelled => "CANCELLED",
-        pb::JobState::Timeout => "TIMEOUT",
-        pb::JobState::NodeFail => "NODE_FAIL",
-    }
-}
-
 pub(crate) fn job_json(j: &pb::Job) -> Value {
     let spec = j.spec.clone().unwrap_or_default();
     let mut v = json!({
         "id": j.id,
         "name": spec.name,
         "user": spec.user,
-        "state": job_state_name(j.state),
+        "state": crate::slurm::state_name(j.state),
         "attempt": j.attempt,
         "submitted_by": j.submitted_by,
         "submit_time_ms": j.submit_time_ms,
@@ -879,7 +866,7 @@ pub async fn queue(client: &Client, out: &Output, a: QueueArgs) -> anyhow::Resul
                 spec.partition,
                 spec.name,
                 spec.user,
-                job_state_name(j.state).to_string(),
+                crate::slurm::state_name(j.state).to_string(),
                 parse::duration(elapsed),
                 spec.nodes.unwrap_or(1).to_string(),
                 spec.gpus_per_node.unwrap_or(0).to_string(),

@@ -233,15 +233,14 @@ fn sbatch_scripts_through_the_shim(endpoints: &str, work: &Path, dir: &Path) {
 
 /// squeue, scancel, sacct, scontrol and sinfo answer as Slurm's do, through links.
 fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, done: u64) {
+    // A Slurm command through its link, as `identity`.
+    let shim = |name: &str, identity: &str| {
+        let mut c = Command::new(bin.join(name));
+        c.env("GANGWAY_ENDPOINTS", endpoints).env("GANGWAY_IDENTITY", identity).current_dir(work).stdin(Stdio::null());
+        c
+    };
     let tool = |name: &str, args: &[&str]| {
-        let o = Command::new(bin.join(name))
-            .args(args)
-            .env("GANGWAY_ENDPOINTS", endpoints)
-            .env("GANGWAY_IDENTITY", "dev:root")
-            .current_dir(work)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+        let o = shim(name, "dev:root").args(args).output().unwrap();
         assert!(o.status.success(), "{name} {args:?}: {}", String::from_utf8_lossy(&o.stderr));
         stdout(&o)
     };
@@ -279,15 +278,7 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     )
     .unwrap();
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let o = Command::new(bin.join("sbatch"))
-        .args(["--parsable", "steps.sh"])
-        .env("GANGWAY_ENDPOINTS", endpoints)
-        .env("GANGWAY_IDENTITY", "dev:root")
-        .env("PATH", &path)
-        .current_dir(work)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let o = shim("sbatch", "dev:root").args(["--parsable", "steps.sh"]).env("PATH", &path).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let steps = stdout(&o).trim().to_string();
     eventually("the srun job never finished", || {
@@ -310,34 +301,16 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     // srun from outside a job: a job of its own, output streamed, exit code kept.
     let said = tool("srun", &["-N", "2", "-l", "bash", "-c", "echo on $SLURMD_NODENAME"]);
     assert!(said.contains("0: on e2e-node-1") && said.contains("1: on e2e-node-2"), "{said}");
-    let o = Command::new(bin.join("srun"))
-        .args(["bash", "-c", "echo failing; exit 3"])
-        .env("GANGWAY_ENDPOINTS", endpoints)
-        .env("GANGWAY_IDENTITY", "dev:root")
-        .current_dir(work)
-        .output()
-        .unwrap();
+    let o = shim("srun", "dev:root").args(["bash", "-c", "echo failing; exit 3"]).output().unwrap();
     assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(stdout(&o).contains("failing"), "{}", stdout(&o));
 
     // --test-only: where and when, and nothing submitted.
     let before = tool("sacct", &["-a", "-n", "-P", "-o", "JobID"]).lines().count();
-    let o = Command::new(bin.join("sbatch"))
-        .args(["--test-only", "-N", "2", "--wrap", "true"])
-        .env("GANGWAY_ENDPOINTS", endpoints)
-        .env("GANGWAY_IDENTITY", "dev:root")
-        .current_dir(work)
-        .output()
-        .unwrap();
+    let o = shim("sbatch", "dev:root").args(["--test-only", "-N", "2", "--wrap", "true"]).output().unwrap();
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success() && said.contains(" to start at ") && said.contains("on nodes e2e-node-[1-2]"), "{said}");
-    let o = Command::new(bin.join("sbatch"))
-        .args(["--test-only", "-N", "5", "--wrap", "true"])
-        .env("GANGWAY_ENDPOINTS", endpoints)
-        .env("GANGWAY_IDENTITY", "dev:root")
-        .current_dir(work)
-        .output()
-        .unwrap();
+    let o = shim("sbatch", "dev:root").args(["--test-only", "-N", "5", "--wrap", "true"]).output().unwrap();
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && said.contains("could never run"), "{said}");
     assert_eq!(tool("sacct", &["-a", "-n", "-P", "-o", "JobID"]).lines().count(), before, "test-only submitted a job");
@@ -351,13 +324,7 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     let o = cli(endpoints, &["admin", "set", "--admins", "dev:root"], work);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let before = tool("sacct", &["-a", "-n", "-P", "-o", "JobID"]).lines().count();
-    let o = Command::new(bin.join("sbatch"))
-        .args(["--priority", "9", "--wrap", "true"])
-        .env("GANGWAY_ENDPOINTS", endpoints)
-        .env("GANGWAY_IDENTITY", "dev:mallory")
-        .current_dir(work)
-        .output()
-        .unwrap();
+    let o = shim("sbatch", "dev:mallory").args(["--priority", "9", "--wrap", "true"]).output().unwrap();
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && said.contains("--priority: only admins"), "{said}");
     assert_eq!(tool("sacct", &["-a", "-n", "-P", "-o", "JobID"]).lines().count(), before);

@@ -14,16 +14,6 @@ use tokio::net::TcpListener;
 
 use crate::replica::Replica;
 
-const JOB_STATES: [JobState; 7] = [
-    JobState::Pending,
-    JobState::Running,
-    JobState::Completed,
-    JobState::Failed,
-    JobState::Cancelled,
-    JobState::TimedOut,
-    JobState::NodeFail,
-];
-
 /// Installs the recorder and describes the facade's metrics (HELP lines);
 /// counters start at zero so they exist (and `rate()` works) before they move.
 /// Idempotent; every replica start calls it.
@@ -91,9 +81,9 @@ pub fn render(replica: &Replica) -> String {
     let state = replica.node.state().read();
     let mut by_state = [0u64; 7];
     for j in state.jobs.values() {
-        by_state[JOB_STATES.iter().position(|s| *s == j.state).unwrap_or(0)] += 1;
+        by_state[JobState::ALL.iter().position(|s| *s == j.state).unwrap_or(0)] += 1;
     }
-    for (s, n) in JOB_STATES.iter().zip(by_state) {
+    for (s, n) in JobState::ALL.iter().zip(by_state) {
         let state_name = s.as_str().to_ascii_lowercase();
         g.set("gangway_jobs", "Jobs by state (finished jobs while retained).", &[("state", &state_name)], n as f64);
     }

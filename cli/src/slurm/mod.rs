@@ -86,16 +86,7 @@ pub fn parse_states(option: &str, items: &[String]) -> Result<Vec<i32>, String> 
 }
 
 /// Slurm's elapsed-time form: `M:SS`, `H:MM:SS`, `D-HH:MM:SS`.
-pub fn duration(secs: u64) -> String {
-    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
-    if d > 0 {
-        format!("{d}-{h:02}:{m:02}:{s:02}")
-    } else if h > 0 {
-        format!("{h}:{m:02}:{s:02}")
-    } else {
-        format!("{m}:{s:02}")
-    }
-}
+pub use crate::parse::duration;
 
 /// sacct's elapsed form: `HH:MM:SS`, with `D-` for days.
 pub fn elapsed(secs: u64) -> String {
@@ -221,6 +212,13 @@ pub async fn list_jobs(client: &Client, l: &Listing) -> anyhow::Result<Vec<pb::J
     Ok(all)
 }
 
+/// A job's spec, borrowed (an empty one if absent): fields are read per job
+/// and column, and a spec carries its whole script and environment.
+pub fn spec(j: &pb::Job) -> &pb::JobSpec {
+    static EMPTY: std::sync::LazyLock<pb::JobSpec> = std::sync::LazyLock::new(pb::JobSpec::default);
+    j.spec.as_ref().unwrap_or(&EMPTY)
+}
+
 /// The nodes a job holds (running) or last ran on, as a hostlist.
 pub fn job_nodelist(j: &pb::Job) -> String {
     let names: Vec<String> =
@@ -241,14 +239,14 @@ pub fn job_cpus(j: &pb::Job) -> u64 {
     if !j.allocation.is_empty() {
         return j.allocation.iter().map(|a| u64::from(a.cpus)).sum();
     }
-    let s = j.spec.clone().unwrap_or_default();
+    let s = spec(j);
     let per_node = s.tasks_per_node.unwrap_or(1).max(1) * s.cpus_per_task.unwrap_or(1).max(1);
     job_nodes(j) * per_node as u64
 }
 
 /// GPUs per node as Slurm's TRES string (`gres/gpu:h100=8`), or empty.
 pub fn job_gres(j: &pb::Job) -> String {
-    let s = j.spec.clone().unwrap_or_default();
+    let s = spec(j);
     match s.gpus_per_node.unwrap_or(0) {
         0 => String::new(),
         n if s.gpu_type.is_empty() => format!("gres/gpu={n}"),

@@ -105,7 +105,7 @@ fn width(key: &str) -> (usize, bool) {
 }
 
 pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
-    let s = j.spec.clone().unwrap_or_default();
+    let s = super::spec(j);
     let ran = j.start_time_ms.is_some();
     match key {
         "JobID" => {
@@ -116,10 +116,10 @@ pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
             }
         }
         "JobIDRaw" => j.id.to_string(),
-        "JobName" => s.name,
-        "Partition" => s.partition,
-        "Account" => s.account,
-        "User" => s.user,
+        "JobName" => s.name.clone(),
+        "Partition" => s.partition.clone(),
+        "Account" => s.account.clone(),
+        "User" => s.user.clone(),
         "AllocCPUS" | "NCPUS" if !ran => "0".into(),
         "AllocCPUS" | "NCPUS" | "ReqCPUS" => job_cpus(j).to_string(),
         "AllocNodes" if !ran => "0".into(),
@@ -153,10 +153,10 @@ pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
         "Timelimit" => s.time_limit_s.filter(|t| *t > 0).map_or("UNLIMITED".into(), |t| super::duration(t as u64)),
         "NodeList" if !ran => "None assigned".into(),
         "NodeList" => job_nodelist(j),
-        "QOS" => s.qos,
-        "WorkDir" => s.workdir,
+        "QOS" => s.qos.clone(),
+        "WorkDir" => s.workdir.clone(),
         "Restarts" => j.attempt.saturating_sub(1).to_string(),
-        "Comment" => s.comment,
+        "Comment" => s.comment.clone(),
         "Eligible" => timestamp(s.begin_time_ms.max(j.submit_time_ms)),
         "Reason" if j.reason.is_empty() => "None".into(),
         "Reason" => j.reason.clone(),
@@ -248,7 +248,7 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: SacctArgs) ->
         .into_iter()
         .filter(|j| sels.is_empty() || sels.iter().any(|s| s.matches(j)))
         .filter(|j| {
-            let s = j.spec.clone().unwrap_or_default();
+            let s = super::spec(j);
             any(&users, &s.user)
                 && any(&a.partitions, &s.partition)
                 && any(&a.accounts, &s.account)

@@ -86,7 +86,7 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: ScancelArgs) 
         .iter()
         .filter(|j| sels.is_empty() || sels.iter().any(|s| s.matches(j)))
         .filter(|j| {
-            let s = j.spec.clone().unwrap_or_default();
+            let s = super::spec(j);
             a.name.as_ref().is_none_or(|n| *n == s.name) && a.qos.as_ref().is_none_or(|q| *q == s.qos)
         })
         .collect();

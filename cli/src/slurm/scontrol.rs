@@ -168,7 +168,7 @@ async fn explain(client: &Client, job_id: u64) -> Option<pb::Explanation> {
 
 /// `scontrol show job`'s key=value fields for one job.
 pub fn job_fields(j: &pb::Job, e: Option<&pb::Explanation>, now: u64) -> Vec<(String, String)> {
-    let s = j.spec.clone().unwrap_or_default();
+    let s = super::spec(j);
     let id = if j.display_id.is_empty() { j.id.to_string() } else { j.display_id.clone() };
     let none = |v: &str| if v.is_empty() { "(null)".to_string() } else { v.to_string() };
     let t = |ms: Option<u64>| ms.map_or("Unknown".to_string(), timestamp);

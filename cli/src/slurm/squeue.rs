@@ -137,7 +137,7 @@ fn header(key: &str) -> String {
 
 /// One field of one job, as squeue prints it.
 pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
-    let spec = j.spec.clone().unwrap_or_default();
+    let spec = super::spec(j);
     let pending = j.state == pb::JobState::Pending as i32;
     let running = j.state == pb::JobState::Running as i32;
     let limit = spec.time_limit_s.filter(|t| *t > 0).map(|t| t as u64);
@@ -154,8 +154,8 @@ pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
         "JobIDRaw" => j.id.to_string(),
         "ArrayJobID" => j.array_job_id.unwrap_or(j.id).to_string(),
         "ArrayTaskID" => j.array_index.map_or("N/A".into(), |i| i.to_string()),
-        "Name" => spec.name,
-        "UserName" => spec.user,
+        "Name" => spec.name.clone(),
+        "UserName" => spec.user.clone(),
         "StateCompact" => super::state_code(j.state).into(),
         "State" => super::state_name(j.state).into(),
         "TimeUsed" => duration(job_elapsed_s(j, now)),
@@ -170,9 +170,9 @@ pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
         "ReasonList" if pending => format!("({reason})"),
         "ReasonList" | "NodeList" => job_nodelist(j),
         "Reason" => reason,
-        "Partition" => spec.partition,
-        "Account" => spec.account,
-        "QOS" => spec.qos,
+        "Partition" => spec.partition.clone(),
+        "Account" => spec.account.clone(),
+        "QOS" => spec.qos.clone(),
         "StartTime" => time(j.start_time_ms),
         "SubmitTime" => timestamp(j.submit_time_ms),
         "EndTime" => match (j.end_time_ms, j.start_time_ms, limit) {
@@ -180,7 +180,7 @@ pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
             (None, Some(s), Some(l)) => timestamp(s + l * 1000),
             _ => "N/A".into(),
         },
-        "WorkDir" => spec.workdir,
+        "WorkDir" => spec.workdir.clone(),
         "Command" if spec.script.is_empty() => spec.command.join(" "),
         "Command" => format!("(batch script) {}", spec.command.join(" ")).trim_end().to_string(),
         "tres-per-node" => {
@@ -200,7 +200,7 @@ pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
         "Dependency" => j.pending_dependencies.join(","),
         "Nice" => spec.nice.to_string(),
         "Comment" if spec.comment.is_empty() => "(null)".into(),
-        "Comment" => spec.comment,
+        "Comment" => spec.comment.clone(),
         "EligibleTime" => timestamp(spec.begin_time_ms.max(j.submit_time_ms)),
         _ => String::new(),
     }
@@ -249,7 +249,7 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: SqueueArgs) -
         .filter(|j| sels.is_empty() || sels.iter().any(|s| s.matches(j)))
         .filter(|j| j.end_time_ms.is_none_or(|e| now.saturating_sub(e) <= FINISHED_SHOWN_MS))
         .filter(|j| {
-            let s = j.spec.clone().unwrap_or_default();
+            let s = super::spec(j);
             matches_any(&users, &s.user)
                 && matches_any(&a.partitions, &s.partition)
                 && matches_any(&a.names, &s.name)

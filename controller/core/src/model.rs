@@ -22,6 +22,17 @@ pub enum JobState {
 }
 
 impl JobState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [JobState; 7] = [
+        JobState::Pending,
+        JobState::Running,
+        JobState::Completed,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::TimedOut,
+        JobState::NodeFail,
+    ];
+
     pub fn is_finished(self) -> bool {
         !matches!(self, JobState::Pending | JobState::Running)
     }
@@ -40,16 +51,7 @@ impl JobState {
 
     /// Parses the Slurm-style names `as_str` prints (case-insensitive).
     pub fn parse(s: &str) -> Option<JobState> {
-        let all = [
-            JobState::Pending,
-            JobState::Running,
-            JobState::Completed,
-            JobState::Failed,
-            JobState::Cancelled,
-            JobState::TimedOut,
-            JobState::NodeFail,
-        ];
-        all.into_iter().find(|st| st.as_str().eq_ignore_ascii_case(s))
+        JobState::ALL.into_iter().find(|st| st.as_str().eq_ignore_ascii_case(s))
     }
 }
 
