@@ -179,6 +179,14 @@ pub struct AgentArgs {
     /// Serve Prometheus metrics (node and per-GPU) at HOST:PORT, path /metrics.
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// The address other nodes reach this one at (default: its node name):
+    /// srun's steps and training rendezvous (MASTER_ADDR) use it.
+    #[arg(long, default_value = "")]
+    addr: String,
+    /// Serve the step service (the tasks srun starts from a batch script on
+    /// the job's first node) at HOST:PORT (Slurm's slurmd uses 6818); `none`: off.
+    #[arg(long, default_value = "0.0.0.0:6818")]
+    step_listen: String,
 }
 
 fn parse_labels(items: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
@@ -250,7 +258,7 @@ pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
     let config = gangway_node_agent::AgentConfig {
         controllers: a.controllers,
         name,
-        addr: String::new(),
+        addr: a.addr,
         cpus: a.cpus.unwrap_or_else(gangway_node_agent::inventory::host_cpus),
         mem_mb: a.mem_mb.unwrap_or_else(gangway_node_agent::inventory::host_mem_mb),
         gpus,
@@ -264,6 +272,7 @@ pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
         shim: Some(std::env::current_exe().context("finding the gangway binary for task-shim")?),
         kill_tasks_on_exit: false,
         metrics_listen: a.metrics_listen,
+        step_listen: (a.step_listen != "none").then_some(a.step_listen),
         health_check: a
             .health_check_program
             .map(|p| (p, std::time::Duration::from_secs(a.health_check_interval_s.max(1)))),
@@ -320,6 +329,11 @@ pub struct SubmitArgs {
     /// Admins: the job's priority, replacing the computed one.
     #[arg(long)]
     pub(crate) priority: Option<u32>,
+    /// Slurm's batch semantics (what sbatch does): the command runs on the
+    /// first node only and `srun` inside it starts steps on the others.
+    /// Without it the command runs once on every node.
+    #[arg(long)]
+    pub(crate) batch: bool,
     /// Account to charge (default: your default account).
     #[arg(short = 'A', long)]
     pub(crate) account: Option<String>,
@@ -645,6 +659,7 @@ pub(crate) fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Resul
             None => 0,
         },
         comment: a.comment.clone().unwrap_or_default(),
+        batch: a.batch,
     };
     Ok(spec)
 }

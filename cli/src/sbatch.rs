@@ -771,6 +771,7 @@ pub fn to_submit_args(
         script: script_path,
         script_text,
         command,
+        batch: true,
     })
 }
 

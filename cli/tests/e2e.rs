@@ -83,6 +83,10 @@ fn controllers_agents_and_cli_as_separate_processes() {
             "4xh100-80gb",
             "--state-dir",
             state.to_str().unwrap(),
+            "--addr",
+            "127.0.0.1",
+            "--step-listen",
+            "127.0.0.1:0",
         ];
         procs.0.push(spawn(&args, &dir.path().join(format!("a{n}.log"))));
     }
@@ -156,6 +160,10 @@ fn controllers_agents_and_cli_as_separate_processes() {
         "4xh100-80gb",
         "--state-dir",
         state.to_str().unwrap(),
+        "--addr",
+        "127.0.0.1",
+        "--step-listen",
+        "127.0.0.1:0",
     ];
     procs.0.push(spawn(&args, &dir.path().join("a1-restarted.log")));
     eventually("the re-adopted job never finished", || {
@@ -266,15 +274,21 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     let want: Vec<String> = (0..4).map(|i| format!("{base}_{i}|CANCELLED")).collect();
     assert_eq!(states.lines().collect::<Vec<_>>(), want, "{states}");
     assert_eq!(tool("squeue", &["-h", "-j", &base, "-t", "PD,R"]), "");
-    // srun in a 2-node job with 2 tasks per node: each node runs its two tasks
-    // with their ranks and one GPU each; a helper step runs on one named node.
+    // A 2-node batch job, 2 tasks per node: the script runs once, on the
+    // first node; srun starts each step's tasks on both nodes (the second
+    // node's through its agent) and gathers their output and exit codes into
+    // the one output file, as Slurm does.
     std::fs::write(
         work.join("steps.sh"),
         "#!/bin/bash\n\
          #SBATCH -N 2 --ntasks-per-node=2 --gpus-per-node=2 -J steps\n\
-         srun --label --gpus-per-task=1 bash -c 'echo task $SLURM_PROCID local $SLURM_LOCALID node $SLURM_NODEID of $SLURM_NTASKS gpus $CUDA_VISIBLE_DEVICES'\n\
-         srun -N1 -n1 -w e2e-node-2 bash -c 'echo helper on $SLURMD_NODENAME'\n\
-         srun -n 3 false || echo \"step failed with $?\"\n",
+         echo \"batch on $SLURMD_NODENAME of $SLURM_JOB_NODELIST\"\n\
+         export FROM_SCRIPT=set-in-script\n\
+         srun --label --gpus-per-task=1 bash -c 'echo task $SLURM_PROCID local $SLURM_LOCALID node $SLURM_NODEID of $SLURM_NTASKS on $SLURMD_NODENAME gpus $CUDA_VISIBLE_DEVICES env $FROM_SCRIPT'\n\
+         srun -N1 -n1 -w e2e-node-2 bash -c 'echo helper on $SLURMD_NODENAME; echo helper-err >&2'\n\
+         srun -n 3 false || echo \"step failed with $?\"\n\
+         srun -N1 -n1 -w e2e-node-2 bash -c 'exit 4'; echo \"remote exit $?\"\n\
+         srun -K -N2 bash -c 'if [ $SLURM_NODEID = 1 ]; then exit 5; fi; sleep 600'; echo \"killed step exit $?\"\n",
     )
     .unwrap();
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
@@ -284,19 +298,30 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     eventually("the srun job never finished", || {
         tool("sacct", &["-j", &steps, "-n", "-P", "-o", "State"]).trim() == "COMPLETED"
     });
-    let read = |f: &str| std::fs::read_to_string(work.join(f)).unwrap();
-    let (node0, node1) = (read(&format!("slurm-{steps}.out")), read(&format!("slurm-{steps}.1.out")));
-    let tasks = |text: &str, rank: u32, local: u32, node: u32| {
-        text.lines().any(|l| l.starts_with(&format!("{rank}: task {rank} local {local} node {node} of 4 gpus ")))
-    };
-    assert!(tasks(&node0, 0, 0, 0) && tasks(&node0, 1, 1, 0), "{node0}");
-    assert!(tasks(&node1, 2, 0, 1) && tasks(&node1, 3, 1, 1), "{node1}");
-    let gpus: Vec<&str> =
-        node0.lines().filter(|l| l.contains(" gpus ")).map(|l| l.rsplit(' ').next().unwrap()).collect();
-    assert_eq!(gpus.len(), 2, "{node0}");
-    assert_ne!(gpus[0], gpus[1], "two tasks got the same GPU: {node0}");
-    assert!(node1.contains("helper on e2e-node-2") && !node0.contains("helper"), "{node0}\n{node1}");
-    assert!(node0.contains("step failed with 1") && node1.contains("step failed with 1"), "{node0}\n{node1}");
+    let out = std::fs::read_to_string(work.join(format!("slurm-{steps}.out"))).unwrap();
+    assert!(!work.join(format!("slurm-{steps}.1.out")).exists(), "the second node wrote an output file: {out}");
+    let batch: Vec<&str> = out.lines().filter(|l| l.starts_with("batch on ")).collect();
+    assert_eq!(batch.len(), 1, "the script must run once: {out}");
+    let host = batch[0].split(' ').nth(2).unwrap();
+    let task = |rank: u32| out.lines().find(|l| l.starts_with(&format!("{rank}: task {rank} "))).unwrap_or_default();
+    let mut gpus = Vec::new();
+    for rank in 0..4 {
+        let line = task(rank);
+        let (local, node) = (rank % 2, rank / 2);
+        assert!(line.contains(&format!("local {local} node {node} of 4 on ")), "task {rank}: {out}");
+        assert!(line.ends_with("env set-in-script"), "the script's environment must reach every task: {out}");
+        // The first node runs ranks 0-1 (where the script runs), the other 2-3.
+        assert_eq!(line.contains(&format!(" on {host} ")), node == 0, "task {rank} on the wrong node: {out}");
+        let g = line.split(" gpus ").nth(1).unwrap().split(' ').next().unwrap().to_string();
+        gpus.push((node, g));
+    }
+    assert_ne!(gpus[0], gpus[1], "two tasks got the same GPU: {out}");
+    assert_ne!(gpus[2], gpus[3], "two remote tasks got the same GPU: {out}");
+    assert_eq!(out.matches("helper on e2e-node-2").count(), 1, "{out}");
+    assert!(out.contains("helper-err"), "a remote task's stderr must come back: {out}");
+    assert_eq!(out.matches("step failed with 1").count(), 1, "{out}");
+    assert!(out.contains("remote exit 4"), "a remote task's exit code must come back: {out}");
+    assert!(out.contains("killed step exit 5"), "--kill-on-bad-exit must end the step: {out}");
 
     // srun from outside a job: a job of its own, output streamed, exit code kept.
     let said = tool("srun", &["-N", "2", "-l", "bash", "-c", "echo on $SLURMD_NODENAME"]);

@@ -104,6 +104,11 @@ pub fn task_env(order: &LaunchOrder, node: &str) -> BTreeMap<String, String> {
     }
     set("GANGWAY_JOB_ID", order.job_id.to_string());
     set("GANGWAY_ATTEMPT", order.attempt.to_string());
+    if order.batch {
+        // srun in the batch script starts steps on the other nodes here.
+        let addrs: Vec<String> = order.nodes.iter().zip(&order.step_addrs).map(|(n, a)| format!("{n}={a}")).collect();
+        set("GANGWAY_STEP_ADDRS", addrs.join(","));
+    }
     env
 }
 

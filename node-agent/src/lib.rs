@@ -18,6 +18,7 @@ pub mod inventory;
 pub mod launch;
 pub mod nvml;
 pub mod shim;
+pub mod steps;
 pub mod supervisor;
 pub mod telemetry;
 
@@ -69,6 +70,10 @@ pub struct AgentConfig {
     pub kill_tasks_on_exit: bool,
     /// Serve Prometheus metrics at this address (`GET /metrics`); None: off.
     pub metrics_listen: Option<String>,
+    /// Serve the step service (srun's steps on this node) at this address;
+    /// None: off (batch jobs then cannot start steps here). Other nodes reach
+    /// it at `addr` (or the node's name when `addr` is empty) and its port.
+    pub step_listen: Option<String>,
 }
 
 /// Longest a health-check program may run before it counts as failed.
@@ -172,13 +177,18 @@ impl AgentConfig {
             shim: None,
             kill_tasks_on_exit: true,
             metrics_listen: None,
+            step_listen: Some("127.0.0.1:0".into()),
         }
     }
 
-    fn register_request(&self) -> RegisterRequest {
+    /// `step_port`: where the step service listens, when it does.
+    fn register_request(&self, step_port: Option<u16>) -> RegisterRequest {
         RegisterRequest {
             name: self.name.clone(),
-            addr: self.addr.clone(),
+            addr: match step_port {
+                Some(port) => format!("{}:{port}", self.addr),
+                None => self.addr.clone(),
+            },
             cpus: self.cpus,
             mem_mb: self.mem_mb,
             gpus: self.gpus.clone(),
@@ -315,6 +325,18 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         config.shim.clone(),
     );
     tasks.adopt_all();
+    tasks.provide_job_tools(&config.state_dir, &config.controllers);
+    let (_steps, step_port) = match &config.step_listen {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("step-listen: cannot bind {addr}: {e}"))?;
+            let port = l.local_addr()?.port();
+            tracing::info!(addr = %l.local_addr()?, "serving steps");
+            (Some(AbortOnDrop(steps::serve(l, &config.name, tasks.step_hosts()))), Some(port))
+        }
+        None => (None, None),
+    };
     let mut exits = Exits { rx: exits_rx, pending: std::collections::VecDeque::new() };
     let mut gpu_health = health::GpuHealthMonitor::new(
         config.gpus.len(),
@@ -331,7 +353,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         let per_try = fence_clock.call_timeout();
         let round: Result<(), tonic::Status> = async {
             if !registered {
-                let req = config.register_request();
+                let req = config.register_request(step_port);
                 let sent = Instant::now();
                 let call = client.call(|ch| {
                     let mut r = client.request(req.clone());

@@ -87,7 +87,15 @@ pub struct Supervisor {
     shim: Option<PathBuf>,
     tasks: BTreeMap<Key, Task>,
     exits_tx: mpsc::Sender<TaskExitReport>,
+    /// Batch jobs' allocations here, for the step service.
+    step_hosts: crate::steps::StepHosts,
+    /// A directory of Slurm command links to the `gangway` binary, on every
+    /// task's PATH (after the job's own), and the controllers they talk to.
+    job_tools: Option<(PathBuf, String)>,
 }
+
+/// The Slurm commands a batch script may call, linked in every task's PATH.
+pub const JOB_TOOLS: &[&str] = &["srun", "scontrol", "squeue", "sbatch", "scancel", "sinfo", "sacct"];
 
 impl Supervisor {
     pub fn new(
@@ -113,8 +121,38 @@ impl Supervisor {
             shim,
             tasks: BTreeMap::new(),
             exits_tx,
+            step_hosts: Default::default(),
+            job_tools: None,
         };
         (s, rx)
+    }
+
+    /// Links the Slurm commands (`srun`, `scontrol`, ...) to the `gangway`
+    /// binary in STATE_DIR/bin and puts that directory at the end of every
+    /// task's PATH, with GANGWAY_ENDPOINTS naming `controllers`, so batch
+    /// scripts find them on a node where they were not installed.
+    pub fn provide_job_tools(&mut self, state_dir: &std::path::Path, controllers: &[String]) {
+        let Some(exe) = self.shim.clone() else { return };
+        let dir = state_dir.join("bin");
+        let made = std::fs::create_dir_all(&dir).and_then(|()| {
+            for name in JOB_TOOLS {
+                let link = dir.join(name);
+                if std::fs::read_link(&link).ok().as_deref() != Some(exe.as_path()) {
+                    let _ = std::fs::remove_file(&link);
+                    std::os::unix::fs::symlink(&exe, &link)?;
+                }
+            }
+            Ok(())
+        });
+        match made {
+            Ok(()) => self.job_tools = Some((dir, controllers.join(","))),
+            Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "cannot link the Slurm commands for jobs"),
+        }
+    }
+
+    /// The allocations steps can start in (shared with the step service).
+    pub fn step_hosts(&self) -> crate::steps::StepHosts {
+        self.step_hosts.clone()
     }
 
     fn record_path(&self, key: Key) -> PathBuf {
@@ -175,6 +213,7 @@ impl Supervisor {
             while nix::sys::signal::kill(pid, None).is_ok() {
                 tokio::time::sleep(ADOPTED_POLL_INTERVAL).await;
             }
+            let _ = killpg(pid, Signal::SIGKILL); // what the task left behind
             let _ = tx.send(exit_report(&node, key, &exit, &record, None, None)).await;
         });
     }
@@ -191,6 +230,7 @@ impl Supervisor {
     /// The task ended (its exit was received): forget it. Returns whether the
     /// node itself stopped it (see [`Supervisor::stop_lost`]).
     pub fn forget(&mut self, key: Key) -> bool {
+        self.step_hosts.lock().expect("step hosts lock").remove(&key);
         let Some(t) = self.tasks.remove(&key) else { return false };
         if let Some(timer) = t.warn_timer {
             timer.abort();
@@ -230,7 +270,12 @@ impl Supervisor {
         } else {
             None
         };
-        let argv: Vec<String> = if !order.script.is_empty() {
+        // A batch job's nodes other than the first hold the allocation for
+        // the steps srun starts there; they run nothing of their own.
+        let step_host = order.batch && order.node_rank > 0;
+        let argv: Vec<String> = if step_host {
+            vec!["/bin/sh".into(), "-c".into(), crate::steps::HOLD_SCRIPT.into()]
+        } else if !order.script.is_empty() {
             std::fs::create_dir_all(&self.scripts_dir).map_err(|e| format!("cannot create the script dir: {e}"))?;
             let path = self.scripts_dir.join(format!("job-{}-{}.sh", order.job_id, order.attempt));
             std::fs::write(&path, &order.script).map_err(|e| format!("cannot write the batch script: {e}"))?;
@@ -260,7 +305,8 @@ impl Supervisor {
                 c
             }
         };
-        let (out_path, err_path) = output_paths(order, &self.node);
+        // A step host writes nothing: its steps' output goes back to srun.
+        let (out_path, err_path) = if step_host { ("/dev/null".into(), None) } else { output_paths(order, &self.node) };
         let open = |path: &std::path::Path| {
             std::fs::OpenOptions::new()
                 .create(true)
@@ -281,13 +327,22 @@ impl Supervisor {
             }
         }
         if let Some((uid, gid)) = ids {
-            for p in std::iter::once(&out_path).chain(err_path.as_ref()) {
-                let _ = std::os::unix::fs::chown(p, Some(uid), Some(gid));
+            if !step_host {
+                for p in std::iter::once(&out_path).chain(err_path.as_ref()) {
+                    let _ = std::os::unix::fs::chown(p, Some(uid), Some(gid));
+                }
             }
             cmd.uid(uid).gid(gid);
         }
+        if let Some((dir, endpoints)) = &self.job_tools {
+            let path = order.env.get("PATH").map_or("/usr/local/bin:/usr/bin:/bin", String::as_str);
+            cmd.env("PATH", format!("{path}:{}", dir.display()));
+            if !order.env.contains_key("GANGWAY_ENDPOINTS") {
+                cmd.env("GANGWAY_ENDPOINTS", endpoints);
+            }
+        }
         cmd.current_dir(&workdir)
-            .envs(order.env.iter())
+            .envs(order.env.iter().filter(|(k, _)| self.job_tools.is_none() || *k != "PATH"))
             .envs(task_env(order, &self.node))
             .stdin(std::process::Stdio::null())
             .stdout(out)
@@ -335,7 +390,17 @@ impl Supervisor {
                 gpus: order.gpus.clone(),
             },
         );
-        tracing::info!(job = order.job_id, attempt = order.attempt, pid, "task started");
+        if order.batch {
+            let host = crate::steps::StepHost {
+                pgid: pgid.as_raw(),
+                ids,
+                cgroup: cgroup.clone(),
+                gpus: order.gpus.clone(),
+                workdir: workdir.clone(),
+            };
+            self.step_hosts.lock().expect("step hosts lock").insert(key, host);
+        }
+        tracing::info!(job = order.job_id, attempt = order.attempt, pid, step_host, "task started");
         if self.shim.is_some() {
             // The record lets a restarted agent find and re-adopt this task.
             let _ = std::fs::write(self.record_path(key), pid.to_string());
@@ -345,6 +410,9 @@ impl Supervisor {
         tokio::spawn(async move {
             use std::os::unix::process::ExitStatusExt;
             let result = child.wait().await;
+            // What the task left running in its process group ends with it
+            // (Slurm kills a job's leftover processes too).
+            let _ = killpg(pgid, Signal::SIGKILL);
             let peak_mem_mb = cgroup.as_deref().and_then(crate::cgroup::Cgroups::peak_mb);
             if let Some(dir) = &cgroup {
                 crate::cgroup::Cgroups::kill(dir); // anything the task left behind

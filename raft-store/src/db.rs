@@ -29,7 +29,7 @@ pub enum StoreError {
 /// replicated type's encoding changes in a way old entries cannot decode; a store
 /// written in another format is refused at open with a clear error instead of
 /// failing later on the first old entry.
-pub const DATA_FORMAT_VERSION: u32 = 3;
+pub const DATA_FORMAT_VERSION: u32 = 4;
 /// Meta key holding the store's data format (a little-endian u32).
 const FORMAT_KEY: &[u8] = b"data_format";
 

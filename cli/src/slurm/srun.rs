@@ -1,17 +1,20 @@
 //! `srun` inside a job: runs a step's tasks with Slurm's per-task environment.
 //!
-//! Gangway runs a job's batch script once on every node of its allocation (as
-//! if the whole script were one step), so `srun` in that script starts this
-//! node's share of the step's tasks: `srun torchrun ...` runs one torchrun per
-//! node, `srun -n 16 python train.py` on 2 nodes runs 8 per node with
-//! `SLURM_PROCID` 0-7 here and 8-15 there, and `srun -N1 -n1 -w NODE cmd` runs
-//! only on NODE (it returns at once everywhere else). Commands outside `srun`
-//! run on every node too, which is the one difference from Slurm (where they
-//! run on the first node only).
+//! In a batch job (sbatch) the script runs on the first node of the
+//! allocation only, as in Slurm, and `srun` there starts the whole step: this
+//! node's tasks as its own children, the other nodes' through their agents'
+//! step service (their output and exit codes come back here). `srun torchrun
+//! ...` runs one torchrun per node, `srun -n 16 python train.py` on 2 nodes
+//! runs `SLURM_PROCID` 0-7 on the first and 8-15 on the second, and `srun -N1
+//! -n1 -w NODE cmd` runs on NODE only.
+//!
+//! A job submitted with `gangway submit` (no --batch) runs its command on
+//! every node; `srun` there starts only this node's share of the step (and
+//! returns at once on nodes that are not in it).
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::Stdio;
 
 use anyhow::{bail, Context};
 use clap::Args;
@@ -126,9 +129,9 @@ impl Share {
         self.per_node.iter().sum()
     }
 
-    /// The global rank of this node's first task.
-    pub fn first_rank(&self) -> u32 {
-        self.here.map_or(0, |h| self.per_node[..h].iter().sum())
+    /// The global rank of the first task on the step's `node_index`th node.
+    pub fn first_rank(&self, node_index: usize) -> u32 {
+        self.per_node[..node_index].iter().sum()
     }
 }
 
@@ -387,6 +390,9 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
             bail!("{opt}: {}", crate::sbatch::PYXIS);
         }
     }
+    if a.pty {
+        bail!("--pty: interactive terminals are not supported yet; srun runs the command batch-style");
+    }
     let job = env_or("SLURM_JOB_ID")?;
     if let Some(other) = a.jobid.as_deref().filter(|j| *j != job) {
         bail!("--jobid: only this job ({job}) can run steps here, not {other}");
@@ -395,121 +401,368 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
     let me = env_or("SLURMD_NODENAME")?;
     let tpn: u32 = std::env::var("SLURM_NTASKS_PER_NODE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     let share = plan(&alloc, &me, tpn, &a).map_err(|e| anyhow::anyhow!("srun: {e}"))?;
-    let Some(here) = share.here else {
-        return Ok(0); // this node is not in the step: its tasks run elsewhere
+    // A batch job (sbatch) runs its script on the first node only: srun starts
+    // the whole step from here, the other nodes' tasks through their agents.
+    // Otherwise every node runs the script and starts its own share.
+    let step_addrs = std::env::var("GANGWAY_STEP_ADDRS").ok().map(|v| parse_step_addrs(&v));
+    let targets: Vec<usize> = match (&step_addrs, share.here) {
+        (Some(_), _) => (0..share.nodes.len()).collect(),
+        (None, Some(here)) => vec![here],
+        (None, None) => return Ok(0), // this node is not in the step: its tasks run elsewhere
     };
-    let local = share.per_node[here];
-    let first = share.first_rank();
-    let ntasks = share.ntasks();
-    let gpus: Vec<String> = std::env::var("CUDA_VISIBLE_DEVICES")
-        .ok()
-        .map(|v| v.split(',').filter(|g| !g.is_empty()).map(str::to_string).collect())
-        .unwrap_or_default();
-    if let Some(g) = a.gpus_per_task {
-        if (g * local) as usize > gpus.len() {
-            bail!("--gpus-per-task: {local} tasks x {g} GPUs, but this node has {} for the job", gpus.len());
-        }
-    }
-    let export = crate::sbatch::export_env(a.export.as_deref(), std::env::vars()).map_err(anyhow::Error::msg)?;
-    let step_nodes = hostlist::compress(&share.nodes);
-    let tasks_per_node: Vec<String> = share.per_node.iter().map(u32::to_string).collect();
-    let mut children: Vec<(u32, Child)> = Vec::new();
-    let out = Arc::new(Mutex::new(()));
-    let mut pumps = Vec::new();
-    for l in 0..local {
-        let rank = first + l;
-        let mut cmd = Command::new(&a.command[0]);
-        cmd.args(&a.command[1..]);
-        if a.export.is_some() {
-            cmd.env_clear().envs(export.iter().cloned());
-        }
-        let mut set = |k: &str, v: String| {
-            cmd.env(k, v);
+    let step = Step {
+        args: a,
+        share,
+        me,
+        job,
+        attempt: std::env::var("GANGWAY_ATTEMPT").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
+        addrs: step_addrs.unwrap_or_default(),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("srun: tokio runtime")?;
+    rt.block_on(step.execute(&targets))
+}
+
+/// `node=HOST:PORT,...` (the agent's GANGWAY_STEP_ADDRS) as a map.
+fn parse_step_addrs(v: &str) -> BTreeMap<String, String> {
+    v.split(',').filter_map(|kv| kv.split_once('=')).map(|(k, a)| (k.to_string(), a.to_string())).collect()
+}
+
+/// Events from a step's tasks, local or remote, buffered before srun writes them.
+const STEP_EVENTS_QUEUE_MAX: usize = 1024;
+/// How long srun waits to reach another node's agent.
+const STEP_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Bytes read from a local task's pipe at a time.
+const PIPE_CHUNK_BYTES: usize = 64 * 1024;
+
+enum Ev {
+    Out {
+        rank: u32,
+        stderr: bool,
+        data: Vec<u8>,
+    },
+    /// A task ended with this exit code (128+signal when killed); `error`
+    /// says why it could not start or was lost.
+    End {
+        rank: u32,
+        code: i32,
+        error: String,
+    },
+}
+
+/// One srun invocation inside a job.
+struct Step {
+    args: SrunArgs,
+    share: Share,
+    me: String,
+    job: String,
+    attempt: u32,
+    /// Each node's step service (batch jobs).
+    addrs: BTreeMap<String, String>,
+}
+
+impl Step {
+    /// Every task's environment on top of the inherited one: Slurm's per-task
+    /// variables and the rendezvous variables training launchers read.
+    fn task_vars(&self, node_index: usize, local: u32) -> BTreeMap<String, String> {
+        let share = &self.share;
+        let rank = share.first_rank(node_index) + local;
+        let ntasks = share.ntasks().to_string();
+        let per_node: Vec<String> = share.per_node.iter().map(u32::to_string).collect();
+        let mut v = BTreeMap::new();
+        let mut set = |k: &str, val: String| {
+            v.insert(k.to_string(), val);
         };
         set("SLURM_PROCID", rank.to_string());
-        set("SLURM_LOCALID", l.to_string());
-        set("SLURM_NODEID", here.to_string());
-        set("SLURM_NTASKS", ntasks.to_string());
-        set("SLURM_NPROCS", ntasks.to_string());
-        set("SLURM_STEP_NUM_TASKS", ntasks.to_string());
+        set("SLURM_LOCALID", local.to_string());
+        set("SLURM_NODEID", node_index.to_string());
+        set("SLURM_NTASKS", ntasks.clone());
+        set("SLURM_NPROCS", ntasks.clone());
+        set("SLURM_STEP_NUM_TASKS", ntasks.clone());
         set("SLURM_STEP_NUM_NODES", share.nodes.len().to_string());
-        set("SLURM_STEP_NODELIST", step_nodes.clone());
-        set("SLURM_STEP_TASKS_PER_NODE", tasks_per_node.join(","));
-        set("SLURM_TASKS_PER_NODE", tasks_per_node.join(","));
-        set("SLURM_JOB_ID", job.clone());
-        set("SLURMD_NODENAME", me.clone());
+        set("SLURM_STEP_NODELIST", hostlist::compress(&share.nodes));
+        set("SLURM_STEP_TASKS_PER_NODE", per_node.join(","));
+        set("SLURM_TASKS_PER_NODE", per_node.join(","));
+        set("SLURM_JOB_ID", self.job.clone());
+        set("SLURMD_NODENAME", share.nodes[node_index].clone());
         set("RANK", rank.to_string());
-        set("LOCAL_RANK", l.to_string());
-        set("WORLD_SIZE", ntasks.to_string());
-        set("LOCAL_WORLD_SIZE", local.to_string());
-        if let Some(c) = a.cpus_per_task {
+        set("LOCAL_RANK", local.to_string());
+        set("WORLD_SIZE", ntasks);
+        set("LOCAL_WORLD_SIZE", share.per_node[node_index].to_string());
+        set("NODE_RANK", node_index.to_string());
+        if let Some(c) = self.args.cpus_per_task {
             set("SLURM_CPUS_PER_TASK", c.to_string());
         }
+        v
+    }
+
+    /// The node that runs task `rank`.
+    fn node_of(&self, rank: u32) -> &str {
+        let i = (0..self.share.nodes.len()).rfind(|&i| self.share.first_rank(i) <= rank).unwrap_or(0);
+        &self.share.nodes[i]
+    }
+
+    /// The environment every task starts from: srun's own, or what --export
+    /// keeps of it (the job's SLURM_*/GANGWAY_* variables always pass).
+    fn base_env(&self) -> anyhow::Result<Option<Vec<(String, String)>>> {
+        let Some(spec) = self.args.export.as_deref() else { return Ok(None) };
+        let mut env = crate::sbatch::export_env(Some(spec), std::env::vars()).map_err(anyhow::Error::msg)?;
+        env.extend(std::env::vars().filter(|(k, _)| k.starts_with("SLURM_") || k.starts_with("GANGWAY_")));
+        Ok(Some(env))
+    }
+
+    /// Starts the step's tasks on `targets` (indexes of its nodes), writes
+    /// their output, and returns the worst exit code.
+    async fn execute(&self, targets: &[usize]) -> anyhow::Result<i32> {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Ev>(STEP_EVENTS_QUEUE_MAX);
+        let base = self.base_env()?;
+        let mut local_pids: Vec<(u32, u32)> = Vec::new();
+        let mut remotes: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+        let mut total = 0usize;
+        for &ni in targets {
+            let node = &self.share.nodes[ni];
+            let count = self.share.per_node[ni];
+            total += count as usize;
+            if *node == self.me {
+                for l in 0..count {
+                    let (rank, pid) = self.spawn_local(ni, l, base.as_deref(), &tx)?;
+                    local_pids.push((rank, pid));
+                }
+            } else {
+                let req = self.remote_request(ni, base.as_deref())?;
+                let addr = self.addrs.get(node).filter(|a| !a.is_empty()).cloned().ok_or_else(|| {
+                    anyhow::anyhow!("srun: {node}'s agent serves no steps (it runs with --step-listen none)")
+                })?;
+                let mut stream = connect_step(node, &addr, req).await?;
+                let (tx, node) = (tx.clone(), node.clone());
+                let mut open: std::collections::BTreeSet<u32> =
+                    (0..count).map(|l| self.share.first_rank(ni) + l).collect();
+                remotes.push(tokio::spawn(async move {
+                    use gangway_proto::v1::step_event::Kind;
+                    // Bounded by the remote tasks' lives: the stream ends with them.
+                    loop {
+                        let ev = match stream.message().await {
+                            Ok(Some(gangway_proto::v1::StepEvent { kind: Some(k) })) => k,
+                            Ok(Some(_)) => continue,
+                            Ok(None) | Err(_) => break,
+                        };
+                        let ev = match ev {
+                            Kind::Output(o) => Ev::Out { rank: o.rank, stderr: o.stderr, data: o.data },
+                            Kind::End(e) => {
+                                open.remove(&e.rank);
+                                let code = e.exit_code.unwrap_or_else(|| e.signal.map_or(1, |s| 128 + s));
+                                Ev::End { rank: e.rank, code, error: e.error }
+                            }
+                        };
+                        if tx.send(ev).await.is_err() {
+                            return;
+                        }
+                    }
+                    for rank in open {
+                        let error = format!("lost contact with {node}'s agent");
+                        let _ = tx.send(Ev::End { rank, code: 1, error }).await;
+                    }
+                }));
+            }
+        }
+        drop(tx);
+        let kill_on_bad = self.args.kill_on_bad_exit.unwrap_or(0) != 0;
+        let mut out = Writer { label: self.args.label, carry: BTreeMap::new() };
+        let mut worst = 0;
+        // Bounded by the tasks: each ends once (remote ones are ended by srun
+        // when their agent goes away).
+        while total > 0 {
+            let Some(ev) = rx.recv().await else { break };
+            match ev {
+                Ev::Out { rank, stderr, data } => out.write(rank, stderr, &data),
+                Ev::End { rank, code, error } => {
+                    total -= 1;
+                    out.flush(rank);
+                    // Slurm's wording, which log scrapers look for.
+                    let node = self.node_of(rank);
+                    if !error.is_empty() {
+                        eprintln!("srun: error: {node}: task {rank}: {error}");
+                    } else if code > 128 {
+                        eprintln!("srun: error: {node}: task {rank}: Killed by signal {}", code - 128);
+                    } else if code != 0 {
+                        eprintln!("srun: error: {node}: task {rank}: Exited with exit code {code}");
+                    }
+                    worst = worst.max(code);
+                    if code != 0 && kill_on_bad && total > 0 {
+                        eprintln!("srun: killing the step's other tasks (--kill-on-bad-exit)");
+                        for (_, pid) in &local_pids {
+                            let _ = nix::sys::signal::kill(
+                                nix::unistd::Pid::from_raw(*pid as i32),
+                                nix::sys::signal::Signal::SIGKILL,
+                            );
+                        }
+                        // Dropping a remote call kills its tasks there.
+                        for r in &remotes {
+                            r.abort();
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(worst)
+    }
+
+    /// Starts one task here; its output is passed through, or labelled.
+    fn spawn_local(
+        &self,
+        ni: usize,
+        l: u32,
+        base: Option<&[(String, String)]>,
+        tx: &tokio::sync::mpsc::Sender<Ev>,
+    ) -> anyhow::Result<(u32, u32)> {
+        let a = &self.args;
+        let vars = self.task_vars(ni, l);
+        let rank: u32 = vars["SLURM_PROCID"].parse().expect("rank");
+        let mut cmd = tokio::process::Command::new(&a.command[0]);
+        cmd.args(&a.command[1..]);
+        if let Some(base) = base {
+            cmd.env_clear().envs(base.iter().cloned());
+        }
+        cmd.envs(&vars);
         if let Some(g) = a.gpus_per_task {
-            let mine = &gpus[(l * g) as usize..((l + 1) * g) as usize];
-            set("CUDA_VISIBLE_DEVICES", mine.join(","));
+            let gpus: Vec<String> = std::env::var("CUDA_VISIBLE_DEVICES")
+                .ok()
+                .map(|v| v.split(',').filter(|g| !g.is_empty()).map(str::to_string).collect())
+                .unwrap_or_default();
+            let local = self.share.per_node[ni];
+            if (g * local) as usize > gpus.len() {
+                bail!("--gpus-per-task: {local} tasks x {g} GPUs, but this node has {} for the job", gpus.len());
+            }
+            cmd.env("CUDA_VISIBLE_DEVICES", gpus[(l * g) as usize..((l + 1) * g) as usize].join(","));
         }
         if a.label {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         }
         let mut child = cmd.spawn().with_context(|| format!("srun: cannot start {}", a.command[0]))?;
-        if a.label {
-            for (pipe, to_err) in [
-                (child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>), false),
-                (child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>), true),
-            ] {
-                let Some(pipe) = pipe else { continue };
-                let out = out.clone();
-                pumps.push(std::thread::spawn(move || {
-                    for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                        let _guard = out.lock();
-                        if to_err {
-                            let _ = writeln!(std::io::stderr(), "{rank}: {line}");
-                        } else {
-                            let _ = writeln!(std::io::stdout(), "{rank}: {line}");
+        let pid = child.id().unwrap_or(0);
+        let pipes = [
+            child.stdout.take().map(|p| (Box::new(p) as Box<dyn tokio::io::AsyncRead + Send + Unpin>, false)),
+            child.stderr.take().map(|p| (Box::new(p) as Box<dyn tokio::io::AsyncRead + Send + Unpin>, true)),
+        ];
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let pumps = pipes.into_iter().flatten().map(|(mut pipe, stderr)| {
+                let tx = tx.clone();
+                async move {
+                    let mut buf = vec![0u8; PIPE_CHUNK_BYTES];
+                    // Bounded by the pipe: it ends when the task closes it.
+                    while let Ok(n) = pipe.read(&mut buf).await {
+                        if n == 0 || tx.send(Ev::Out { rank, stderr, data: buf[..n].to_vec() }).await.is_err() {
+                            break;
                         }
                     }
-                }));
-            }
-        }
-        children.push((rank, child));
-    }
-    let kill_on_bad = a.kill_on_bad_exit.unwrap_or(0) != 0;
-    let mut worst = 0;
-    let mut running: Vec<(u32, Child)> = children;
-    // Poll until every task ended; bounded by the tasks' lives (the job's time
-    // limit kills the whole process group).
-    while !running.is_empty() {
-        let mut still = Vec::new();
-        for (rank, mut c) in running {
-            match c.try_wait()? {
-                Some(status) => {
-                    let code = status_code(status);
-                    if code != 0 {
-                        eprintln!("srun: error: task {rank}: exited with {code}");
-                        worst = worst.max(code);
-                    }
                 }
-                None => still.push((rank, c)),
+            });
+            futures::future::join_all(pumps).await;
+            let (code, error) = match child.wait().await {
+                Ok(s) => (status_code(s), String::new()),
+                Err(e) => (1, format!("lost track of the task: {e}")),
+            };
+            let _ = tx.send(Ev::End { rank, code, error }).await;
+        });
+        Ok((rank, pid))
+    }
+
+    /// The request that starts node `ni`'s tasks through its agent.
+    fn remote_request(
+        &self,
+        ni: usize,
+        base: Option<&[(String, String)]>,
+    ) -> anyhow::Result<gangway_proto::v1::StepRequest> {
+        let a = &self.args;
+        let env = match base {
+            Some(b) => b.iter().cloned().collect(),
+            None => std::env::vars().collect(),
+        };
+        let tasks = (0..self.share.per_node[ni])
+            .map(|l| {
+                let env = self.task_vars(ni, l);
+                let rank = env["SLURM_PROCID"].parse().expect("rank");
+                gangway_proto::v1::StepTask { rank, env: env.into_iter().collect() }
+            })
+            .collect();
+        Ok(gangway_proto::v1::StepRequest {
+            job_id: self.job.parse().with_context(|| format!("srun: SLURM_JOB_ID {} is not a job id", self.job))?,
+            attempt: self.attempt,
+            argv: a.command.clone(),
+            env,
+            tasks,
+            workdir: std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),
+            gpus_per_task: a.gpus_per_task.unwrap_or(0),
+        })
+    }
+}
+
+/// Starts a step's tasks on `node` through its agent at `addr`.
+async fn connect_step(
+    node: &str,
+    addr: &str,
+    req: gangway_proto::v1::StepRequest,
+) -> anyhow::Result<tonic::Streaming<gangway_proto::v1::StepEvent>> {
+    use gangway_proto::v1::step_service_client::StepServiceClient;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .with_context(|| format!("srun: {node}'s step address {addr} is not HOST:PORT"))?
+        .connect_timeout(STEP_CONNECT_TIMEOUT);
+    let channel =
+        endpoint.connect().await.map_err(|e| anyhow::anyhow!("srun: cannot reach {node}'s agent at {addr}: {e}"))?;
+    let resp = StepServiceClient::new(channel)
+        .run(req)
+        .await
+        .map_err(|s| anyhow::anyhow!("srun: {node} refused the step: {}", s.message()))?;
+    Ok(resp.into_inner())
+}
+
+/// Writes tasks' output to srun's stdout and stderr, whole lines prefixed
+/// with the task's rank under --label.
+struct Writer {
+    label: bool,
+    /// Partial lines per (rank, stderr) under --label.
+    carry: BTreeMap<(u32, bool), Vec<u8>>,
+}
+
+impl Writer {
+    fn write(&mut self, rank: u32, stderr: bool, data: &[u8]) {
+        if !self.label {
+            emit(stderr, data);
+            return;
+        }
+        let carry = self.carry.entry((rank, stderr)).or_default();
+        carry.extend_from_slice(data);
+        let Some(last) = carry.iter().rposition(|b| *b == b'\n') else { return };
+        let rest = carry.split_off(last + 1);
+        let lines = std::mem::replace(carry, rest);
+        let mut text = Vec::with_capacity(lines.len() + 16);
+        for line in lines.split_inclusive(|b| *b == b'\n') {
+            text.extend_from_slice(format!("{rank}: ").as_bytes());
+            text.extend_from_slice(line);
+        }
+        emit(stderr, &text);
+    }
+
+    /// A task ended: its unterminated last lines are written.
+    fn flush(&mut self, rank: u32) {
+        for stderr in [false, true] {
+            if let Some(rest) = self.carry.remove(&(rank, stderr)).filter(|r| !r.is_empty()) {
+                emit(stderr, format!("{rank}: {}\n", String::from_utf8_lossy(&rest)).as_bytes());
             }
         }
-        if worst != 0 && kill_on_bad {
-            for (rank, c) in &mut still {
-                eprintln!("srun: killing task {rank} (--kill-on-bad-exit)");
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-            still.clear();
-        }
-        running = still;
-        if !running.is_empty() {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
     }
-    for p in pumps {
-        let _ = p.join();
+}
+
+fn emit(stderr: bool, data: &[u8]) {
+    if stderr {
+        let _ = std::io::stderr().write_all(data);
+    } else {
+        let mut o = std::io::stdout();
+        let _ = o.write_all(data);
+        let _ = o.flush();
     }
-    Ok(worst)
 }
 
 fn status_code(s: std::process::ExitStatus) -> i32 {
@@ -538,10 +791,10 @@ mod tests {
         let alloc: Vec<String> = ["n1", "n2", "n3"].iter().map(|s| s.to_string()).collect();
         // One task per node by default; this node's rank follows the node order.
         let s = plan(&alloc, "n2", 1, &args(&["torchrun", "--nproc-per-node=8", "train.py"])).unwrap();
-        assert_eq!((s.per_node.clone(), s.here, s.first_rank(), s.ntasks()), (vec![1, 1, 1], Some(1), 1, 3));
+        assert_eq!((s.per_node.clone(), s.here, s.first_rank(1), s.ntasks()), (vec![1, 1, 1], Some(1), 1, 3));
         // Block distribution of 8 tasks over 3 nodes: 3, 3, 2.
         let s = plan(&alloc, "n3", 1, &args(&["-n", "8", "python", "x.py"])).unwrap();
-        assert_eq!((s.per_node.clone(), s.first_rank()), (vec![3, 3, 2], 6));
+        assert_eq!((s.per_node.clone(), s.first_rank(2)), (vec![3, 3, 2], 6));
         // A helper step on one named node: the others are not in it.
         let s = plan(&alloc, "n1", 1, &args(&["-N1", "-n1", "-w", "n3", "hostname"])).unwrap();
         assert_eq!((s.nodes.clone(), s.here), (vec!["n3".to_string()], None));

@@ -9,7 +9,7 @@ use crate::state::State;
 
 /// Marks a Gangway snapshot, so a foreign or truncated blob is refused clearly.
 pub const SNAPSHOT_MAGIC: &[u8; 4] = b"GWSN";
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {

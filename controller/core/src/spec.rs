@@ -89,6 +89,10 @@ pub struct JobSpec {
     pub begin_ms: u64,
     /// Free text kept with the job (Slurm's --comment).
     pub comment: String,
+    /// Slurm's batch-host semantics (sbatch): the script runs on the first node
+    /// only; the other nodes hold the allocation for the steps `srun` starts
+    /// there. Otherwise the command runs once on every node.
+    pub batch: bool,
 }
 
 /// Required or preferred co-location of a gang within one domain of a topology
@@ -287,6 +291,7 @@ impl Default for JobSpec {
             hold: false,
             begin_ms: 0,
             comment: String::new(),
+            batch: false,
         }
     }
 }

@@ -244,6 +244,7 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
         },
         Op::RichSubmit(q, dep, array, hold, topo) => {
             let mut spec = job_spec(1 + u32::from(*topo), u32::from(*q) * 2, 1);
+            spec.batch = *hold;
             spec.qos = ["", "low", "high"][*q as usize].to_string();
             if let Some(d) = dep {
                 let kind =
@@ -412,6 +413,68 @@ fn gang_is_placed_whole_or_not_at_all() {
         &Command::SetNodeState { name: "n1".into(), change: NodeStateChange::Down, reason: "lost".into(), now_ms: 10 },
     );
     assert_eq!(s.jobs[&2].state, JobState::NodeFail);
+    s.check_invariants().unwrap();
+}
+
+/// Slurm's batch semantics: a batch job ends with its script on the first
+/// node; the other nodes' step hosts do not decide it unless they fail.
+#[test]
+fn batch_jobs_end_with_their_first_node() {
+    let exit = |s: &mut State, index: u64, job_id: JobId, node: &str, code: Option<i32>, signal: Option<i32>| {
+        let attempt = s.jobs[&job_id].attempt;
+        let cmd = Command::TaskExited {
+            job_id,
+            attempt,
+            node: node.into(),
+            exit_code: code,
+            signal,
+            reason: String::new(),
+            lost: false,
+            peak_mem_mb: None,
+            now_ms: index,
+        };
+        s.apply(index, &cmd).outcome
+    };
+    let mut s = State::default();
+    for i in 0..2 {
+        s.apply(1, &Command::RegisterNode { spec: node_spec(i, 4), now_ms: 1 });
+    }
+    let mut index = 2;
+    let mut start = |s: &mut State, batch: bool| {
+        index += 1;
+        let spec = JobSpec { batch, ..job_spec(2, 1, 1) };
+        let cmd = Command::SubmitJob { spec, identity: "a".into(), idempotency_key: String::new(), now_ms: index };
+        let Outcome::Submitted { job_id, .. } = s.apply(index, &cmd).outcome else { panic!("submit refused") };
+        let plan = first_fit(s, job_id, 0).unwrap();
+        index += 1;
+        s.apply(index, &Command::ApplyPlan { placements: vec![plan], now_ms: index });
+        assert_eq!(s.jobs[&job_id].state, JobState::Running);
+        let nodes: Vec<String> =
+            s.jobs[&job_id].allocation.as_ref().unwrap().nodes.iter().map(|n| n.node.clone()).collect();
+        (job_id, nodes)
+    };
+    // The script's clean exit on the first node completes the job and frees
+    // the step host too.
+    let (job, nodes) = start(&mut s, true);
+    exit(&mut s, 100, job, &nodes[0], Some(0), None);
+    assert_eq!(s.jobs[&job].state, JobState::Completed);
+    assert_eq!(s.nodes[&nodes[1]].gpus_free(), 4, "the step host's GPU is released with the job");
+    s.check_invariants().unwrap();
+    // A failing script fails the job with its exit code.
+    let (job, nodes) = start(&mut s, true);
+    exit(&mut s, 101, job, &nodes[0], Some(7), None);
+    assert_eq!((s.jobs[&job].state, s.jobs[&job].exit_code), (JobState::Failed, Some(7)));
+    // A step host killed while the script runs fails the job, named as such.
+    let (job, nodes) = start(&mut s, true);
+    exit(&mut s, 102, job, &nodes[1], None, Some(9));
+    assert_eq!(s.jobs[&job].state, JobState::Failed);
+    assert!(s.jobs[&job].reason.contains("step host on"), "{}", s.jobs[&job].reason);
+    // Without batch semantics every node's exit is waited for.
+    let (job, nodes) = start(&mut s, false);
+    exit(&mut s, 103, job, &nodes[0], Some(0), None);
+    assert_eq!(s.jobs[&job].state, JobState::Running, "the second node's task is still running");
+    exit(&mut s, 104, job, &nodes[1], Some(0), None);
+    assert_eq!(s.jobs[&job].state, JobState::Completed);
     s.check_invariants().unwrap();
 }
 

@@ -249,13 +249,15 @@ fn launch_order(state: &gangway_core::State, job: &gangway_core::Job, node: &str
     let rank = alloc.nodes.iter().position(|n| n.node == node)?;
     let mine = &alloc.nodes[rank];
     let first = &alloc.nodes[0].node;
-    let master_addr = state
+    let master_addr = node_host(state, first);
+    let step_addrs = alloc
         .nodes
-        .get(first)
-        .and_then(|n| {
-            n.addr.rsplit_once(':').map(|(h, _)| h.to_string()).or_else(|| (!n.addr.is_empty()).then(|| n.addr.clone()))
+        .iter()
+        .map(|n| {
+            let port = state.nodes.get(&n.node).and_then(|x| x.addr.rsplit_once(':')).map(|(_, p)| p.to_string());
+            port.map(|p| format!("{}:{p}", node_host(state, &n.node))).unwrap_or_default()
         })
-        .unwrap_or_else(|| first.clone());
+        .collect();
     let spec = &job.spec;
     Some(LaunchOrder {
         job_id: job.id,
@@ -286,5 +288,19 @@ fn launch_order(state: &gangway_core::State, job: &gangway_core::Job, node: &str
         account: spec.account.clone(),
         partition: spec.partition.clone(),
         qos: spec.qos.clone(),
+        batch: spec.batch,
+        step_addrs,
     })
+}
+
+/// The host other nodes reach `node` at: its registered HOST[:PORT]'s host,
+/// else its name.
+fn node_host(state: &gangway_core::State, node: &str) -> String {
+    let addr = state.nodes.get(node).map(|n| n.addr.as_str()).unwrap_or_default();
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    if host.is_empty() {
+        node.to_string()
+    } else {
+        host.to_string()
+    }
 }

@@ -60,6 +60,7 @@ pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, Sp
         kill_on_invalid_dep: p.kill_on_invalid_dep.unwrap_or(d.kill_on_invalid_dep),
         begin_ms: p.begin_time_ms,
         comment: p.comment,
+        batch: p.batch,
         array: p.array,
         nice: p.nice,
         hold: p.hold,
@@ -107,6 +108,7 @@ pub fn spec_to_proto(s: &JobSpec) -> pb::JobSpec {
         kill_on_invalid_dep: Some(s.kill_on_invalid_dep),
         begin_time_ms: s.begin_ms,
         comment: s.comment.clone(),
+        batch: s.batch,
     }
 }
 

@@ -389,15 +389,20 @@ impl State {
         let ok = exit.succeeded();
         job.task_exits.insert(node.to_string(), exit);
         let nodes = job.allocation.as_ref().map_or(job.spec.nodes as usize, |a| a.nodes.len());
-        let done = job.task_exits.len() == nodes;
+        // Batch jobs end with their script, which runs on the first node; the
+        // other nodes only hold the allocation for steps (a step host that ends
+        // on its own took the allocation there with it: the job fails).
+        let batch_host = job.allocation.as_ref().and_then(|a| a.nodes.first()).is_some_and(|n| n.node == node);
+        let done = if job.spec.batch { batch_host } else { job.task_exits.len() == nodes };
         let outcome = Outcome::TaskRecorded { job_id };
         if !ok {
+            let what = if job.spec.batch && !batch_host { "step host" } else { "task" };
             let why = if !reason.is_empty() {
-                format!("task on {node}: {reason}")
+                format!("{what} on {node}: {reason}")
             } else if let Some(sig) = signal {
-                format!("task on {node} was killed by signal {sig}")
+                format!("{what} on {node} was killed by signal {sig}")
             } else {
-                format!("task on {node} exited with code {}", exit_code.unwrap_or(-1))
+                format!("{what} on {node} exited with code {}", exit_code.unwrap_or(-1))
             };
             let code = exit_code.or(signal.map(|s| 128 + s));
             let event = self.finish_job(index, job_id, JobState::Failed, code, why);

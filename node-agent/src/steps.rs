@@ -1,0 +1,232 @@
+//! The step service: starts the tasks of a job step on this node for `srun`
+//! running in the job's batch script on the job's first node (Slurm's srun
+//! calling each slurmd), and streams their output and exits back.
+//!
+//! A step runs inside an allocation this node holds: the task of a batch job
+//! on a node other than its first is a *step host* (a process that only waits,
+//! see [`HOLD_SCRIPT`]), and a step's tasks join its process group and cgroup.
+//! Everything that stops the job here (its end, a cancel, the self-fence, the
+//! warning signal before the time limit) therefore reaches the steps too.
+//! A call that is dropped (srun ended or was killed) kills its tasks.
+//!
+//! Trust: like the controllers' API, the service believes the job id and
+//! attempt it is given; it only starts tasks as the job's own user, in a job
+//! that runs here. Serve it on the cluster's private network.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use gangway_proto::v1::step_event::Kind;
+use gangway_proto::v1::step_service_server::StepService;
+use gangway_proto::v1::{StepEvent, StepOutput, StepRequest, StepTaskEnd};
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status};
+
+/// What a step host runs: nothing, until it is stopped with the job. It
+/// ignores the signals meant for the step's tasks (the `--signal` warning
+/// reaches the whole process group), so that only a stop ends it.
+pub const HOLD_SCRIPT: &str = "trap '' USR1 USR2 HUP INT ALRM QUIT; while :; do sleep 3600; done";
+
+/// Tasks one step may start on a node (srun's own limit per node).
+pub const STEP_TASKS_MAX: usize = 1024;
+/// Bytes of environment (names and values) one step request may carry: far
+/// above any real environment, and bounded so a request cannot exhaust memory.
+pub const STEP_ENV_BYTES_MAX: usize = 4 << 20;
+/// Arguments of a step's command.
+pub const STEP_ARGV_MAX: usize = 65_536;
+/// Bytes of output per streamed chunk.
+const OUTPUT_CHUNK_BYTES: usize = 64 * 1024;
+/// Events buffered per step before its tasks' output waits for srun to read
+/// (a slow reader slows the tasks down instead of growing memory).
+const STEP_EVENTS_QUEUE_MAX: usize = 256;
+
+/// A job allocation on this node that can host steps.
+#[derive(Clone, Debug)]
+pub struct StepHost {
+    /// The job's task's process group, which step tasks join.
+    pub pgid: i32,
+    /// The job's user (uid, gid) when tasks switch user.
+    pub ids: Option<(u32, u32)>,
+    /// The job's cgroup on cgroup v2 hosts.
+    pub cgroup: Option<PathBuf>,
+    /// GPU indexes the job holds on this node.
+    pub gpus: Vec<u32>,
+    pub workdir: String,
+}
+
+/// The allocations that can host steps, by (job, attempt); kept by the supervisor.
+pub type StepHosts = Arc<Mutex<BTreeMap<(u64, u32), StepHost>>>;
+
+pub struct StepServer {
+    node: String,
+    hosts: StepHosts,
+}
+
+impl StepServer {
+    pub fn new(node: &str, hosts: StepHosts) -> StepServer {
+        StepServer { node: node.to_string(), hosts }
+    }
+}
+
+/// Checks a request's bounds; the error names the field and the rule.
+fn validate(r: &StepRequest) -> Result<(), Status> {
+    if r.argv.is_empty() || r.argv[0].is_empty() {
+        return Err(Status::invalid_argument("argv: give the command to run"));
+    }
+    if r.argv.len() > STEP_ARGV_MAX {
+        return Err(Status::invalid_argument(format!("argv: at most {STEP_ARGV_MAX} arguments")));
+    }
+    if r.tasks.is_empty() || r.tasks.len() > STEP_TASKS_MAX {
+        return Err(Status::invalid_argument(format!("tasks: between 1 and {STEP_TASKS_MAX} per node")));
+    }
+    let env_bytes: usize = r.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+        + r.tasks.iter().flat_map(|t| t.env.iter()).map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    if env_bytes > STEP_ENV_BYTES_MAX {
+        return Err(Status::invalid_argument(format!("env: at most {STEP_ENV_BYTES_MAX} bytes of environment")));
+    }
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl StepService for StepServer {
+    type RunStream = tokio_stream::wrappers::ReceiverStream<Result<StepEvent, Status>>;
+
+    async fn run(&self, request: Request<StepRequest>) -> Result<Response<Self::RunStream>, Status> {
+        let r = request.into_inner();
+        validate(&r)?;
+        let host = self.hosts.lock().expect("step hosts lock").get(&(r.job_id, r.attempt)).cloned();
+        let Some(host) = host else {
+            return Err(Status::failed_precondition(format!(
+                "job {} attempt {} does not run on {}: no step can start there",
+                r.job_id, r.attempt, self.node
+            )));
+        };
+        let per_task = r.gpus_per_task as usize;
+        if per_task * r.tasks.len() > host.gpus.len() {
+            return Err(Status::invalid_argument(format!(
+                "gpus_per_task: {} tasks x {per_task} GPUs, but job {} holds {} on {}",
+                r.tasks.len(),
+                r.job_id,
+                host.gpus.len(),
+                self.node
+            )));
+        }
+        let (tx, rx) = mpsc::channel(STEP_EVENTS_QUEUE_MAX);
+        let workdir = if r.workdir.is_empty() { host.workdir.clone() } else { r.workdir.clone() };
+        for (local, task) in r.tasks.iter().enumerate() {
+            let gpus = if per_task > 0 { &host.gpus[local * per_task..(local + 1) * per_task] } else { &host.gpus[..] };
+            let visible: Vec<String> = gpus.iter().map(u32::to_string).collect();
+            let mut cmd = tokio::process::Command::new(&r.argv[0]);
+            cmd.args(&r.argv[1..])
+                .env_clear()
+                .envs(&r.env)
+                .envs(&task.env)
+                .env("CUDA_VISIBLE_DEVICES", visible.join(","))
+                .env("SLURM_GPUS_ON_NODE", host.gpus.len().to_string())
+                .env("SLURMD_NODENAME", &self.node)
+                .current_dir(&workdir)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .process_group(host.pgid)
+                .kill_on_drop(true);
+            if let Some((uid, gid)) = host.ids {
+                cmd.uid(uid).gid(gid);
+            }
+            let rank = task.rank;
+            match cmd.spawn() {
+                Ok(child) => {
+                    if let (Some(dir), Some(pid)) = (&host.cgroup, child.id()) {
+                        if let Err(e) = crate::cgroup::Cgroups::add(dir, pid) {
+                            tracing::warn!(job = r.job_id, error = %e, "step task: cgroup join failed");
+                        }
+                    }
+                    tokio::spawn(supervise(child, rank, tx.clone()));
+                }
+                Err(e) => {
+                    let end = StepTaskEnd {
+                        rank,
+                        exit_code: None,
+                        signal: None,
+                        error: format!("cannot start {} on {}: {e}", r.argv[0], self.node),
+                    };
+                    let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
+                }
+            }
+        }
+        tracing::info!(job = r.job_id, attempt = r.attempt, tasks = r.tasks.len(), "step started");
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+}
+
+/// Streams one task's output, then its end. When srun goes away (the stream
+/// is dropped) the task is killed.
+async fn supervise(mut child: tokio::process::Child, rank: u32, tx: mpsc::Sender<Result<StepEvent, Status>>) {
+    let mut out = child.stdout.take();
+    let mut err = child.stderr.take();
+    let (mut obuf, mut ebuf) = (vec![0u8; OUTPUT_CHUNK_BYTES], vec![0u8; OUTPUT_CHUNK_BYTES]);
+    let output = |stderr: bool, data: &[u8]| StepEvent {
+        kind: Some(Kind::Output(StepOutput { rank, stderr, data: data.to_vec() })),
+    };
+    // Bounded by the pipes: each turn reads from one until both are closed.
+    while out.is_some() || err.is_some() {
+        let event = tokio::select! {
+            n = read_some(&mut out, &mut obuf), if out.is_some() => match n {
+                Some(n) => output(false, &obuf[..n]),
+                None => { out = None; continue; }
+            },
+            n = read_some(&mut err, &mut ebuf), if err.is_some() => match n {
+                Some(n) => output(true, &ebuf[..n]),
+                None => { err = None; continue; }
+            },
+            _ = tx.closed() => {
+                let _ = child.start_kill();
+                return;
+            }
+        };
+        if tx.send(Ok(event)).await.is_err() {
+            let _ = child.start_kill();
+            return;
+        }
+    }
+    let status = tokio::select! {
+        s = child.wait() => s,
+        _ = tx.closed() => {
+            let _ = child.start_kill();
+            return;
+        }
+    };
+    use std::os::unix::process::ExitStatusExt;
+    let end = match status {
+        Ok(s) => StepTaskEnd { rank, exit_code: s.code(), signal: s.signal(), error: String::new() },
+        Err(e) => StepTaskEnd { rank, exit_code: None, signal: None, error: format!("lost track of the task: {e}") },
+    };
+    let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
+}
+
+/// Reads what is there from `pipe`; None at its end (or on an error).
+async fn read_some<R: tokio::io::AsyncRead + Unpin>(pipe: &mut Option<R>, buf: &mut [u8]) -> Option<usize> {
+    let p = pipe.as_mut()?;
+    match p.read(buf).await {
+        Ok(0) | Err(_) => None,
+        Ok(n) => Some(n),
+    }
+}
+
+/// Serves the step service on `listener` until the returned task is aborted.
+pub fn serve(listener: tokio::net::TcpListener, node: &str, hosts: StepHosts) -> tokio::task::JoinHandle<()> {
+    use gangway_proto::v1::step_service_server::StepServiceServer;
+    let server = StepServer::new(node, hosts);
+    tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        if let Err(e) = tonic::transport::Server::builder()
+            .add_service(StepServiceServer::new(server))
+            .serve_with_incoming(incoming)
+            .await
+        {
+            tracing::error!(error = %e, "the step service stopped");
+        }
+    })
+}
