@@ -334,6 +334,10 @@ pub struct SubmitArgs {
     /// Without it the command runs once on every node.
     #[arg(long)]
     pub(crate) batch: bool,
+    /// append (default: a requeued job's earlier output is kept) or truncate
+    /// the output files when the job starts.
+    #[arg(long = "open-mode")]
+    pub(crate) open_mode: Option<String>,
     /// Account to charge (default: your default account).
     #[arg(short = 'A', long)]
     pub(crate) account: Option<String>,
@@ -660,6 +664,11 @@ pub(crate) fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Resul
         },
         comment: a.comment.clone().unwrap_or_default(),
         batch: a.batch,
+        truncate_output: match a.open_mode.as_deref() {
+            None | Some("append") => false,
+            Some("truncate") => true,
+            Some(other) => bail!("--open-mode: '{other}' must be append or truncate"),
+        },
     };
     Ok(spec)
 }

@@ -690,6 +690,7 @@ pub fn to_submit_args(
             return Err(format!("--open-mode: '{mode}' must be append or truncate"));
         }
     }
+    let open_mode = o.open_mode.clone();
     let mem = match o.mem.as_deref() {
         // Slurm's "all of each node's memory": Gangway reserves none and sets
         // no limit, so the job may use all of it; other jobs may share the node.
@@ -772,6 +773,7 @@ pub fn to_submit_args(
         script_text,
         command,
         batch: true,
+        open_mode,
     })
 }
 

@@ -228,6 +228,17 @@ fn sbatch_scripts_through_the_shim(endpoints: &str, work: &Path, dir: &Path) {
     assert!(id.parse::<u64>().is_ok(), "{id}");
     let shown = stdout(&cli(endpoints, &["show", &id, "--json"], work));
     assert!(shown.contains("\"name\": \"renamed\""), "{shown}");
+    // --open-mode: output appended by default (a requeue keeps the first
+    // attempt's), or the file truncated at the start.
+    for f in ["kept.log", "fresh.log"] {
+        std::fs::write(work.join(f), "old\n").unwrap();
+    }
+    assert!(run(&["-o", "kept.log", "--wrap", "echo new"]).status.success());
+    assert!(run(&["-o", "fresh.log", "--open-mode=truncate", "--wrap", "echo new"]).status.success());
+    eventually("--open-mode was not honoured", || {
+        let read = |f: &str| std::fs::read_to_string(work.join(f)).unwrap_or_default();
+        read("kept.log") == "old\nnew\n" && read("fresh.log") == "new\n"
+    });
     // An unknown directive: the line and a suggestion, exit 1, nothing submitted.
     std::fs::write(work.join("typo.sh"), "#!/bin/sh\n#SBATCH --partitoin=gpu\ntrue\n").unwrap();
     let o = run(&["typo.sh"]);
@@ -291,8 +302,9 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
          srun -K -N2 bash -c 'if [ $SLURM_NODEID = 1 ]; then exit 5; fi; sleep 600'; echo \"killed step exit $?\"\n",
     )
     .unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let o = shim("sbatch", "dev:root").args(["--parsable", "steps.sh"]).env("PATH", &path).output().unwrap();
+    // srun is found without installing the links: agents put their own on
+    // every task's PATH.
+    let o = shim("sbatch", "dev:root").args(["--parsable", "steps.sh"]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let steps = stdout(&o).trim().to_string();
     eventually("the srun job never finished", || {

@@ -310,7 +310,9 @@ impl Supervisor {
         let open = |path: &std::path::Path| {
             std::fs::OpenOptions::new()
                 .create(true)
-                .append(true)
+                .append(!order.truncate_output)
+                .write(true)
+                .truncate(order.truncate_output && !step_host)
                 .open(path)
                 .map_err(|e| format!("cannot open output file {}: {e}", path.display()))
         };

@@ -8,7 +8,7 @@
 #SBATCH -G a100:16
 #SBATCH --constraint=ib&arch=zen4
 #SBATCH --nice
-#SBATCH --hold --parsable
+#SBATCH --hold --parsable --open-m=truncate
 #SBATCHED this is a comment, not a directive
 
 hostname

@@ -93,6 +93,9 @@ pub struct JobSpec {
     /// only; the other nodes hold the allocation for the steps `srun` starts
     /// there. Otherwise the command runs once on every node.
     pub batch: bool,
+    /// Truncate the output files at each start (Slurm's --open-mode=truncate);
+    /// otherwise append.
+    pub truncate_output: bool,
 }
 
 /// Required or preferred co-location of a gang within one domain of a topology
@@ -292,6 +295,7 @@ impl Default for JobSpec {
             begin_ms: 0,
             comment: String::new(),
             batch: false,
+            truncate_output: false,
         }
     }
 }

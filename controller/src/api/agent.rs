@@ -290,6 +290,7 @@ fn launch_order(state: &gangway_core::State, job: &gangway_core::Job, node: &str
         qos: spec.qos.clone(),
         batch: spec.batch,
         step_addrs,
+        truncate_output: spec.truncate_output,
     })
 }
 

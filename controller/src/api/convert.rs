@@ -61,6 +61,7 @@ pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, Sp
         begin_ms: p.begin_time_ms,
         comment: p.comment,
         batch: p.batch,
+        truncate_output: p.truncate_output,
         array: p.array,
         nice: p.nice,
         hold: p.hold,
@@ -109,6 +110,7 @@ pub fn spec_to_proto(s: &JobSpec) -> pb::JobSpec {
         begin_time_ms: s.begin_ms,
         comment: s.comment.clone(),
         batch: s.batch,
+        truncate_output: s.truncate_output,
     }
 }
 
