@@ -230,3 +230,88 @@ pub fn serve(listener: tokio::net::TcpListener, node: &str, hosts: StepHosts) ->
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gangway_proto::v1::StepTask;
+    use tokio_stream::StreamExt;
+
+    fn request(job_id: u64, argv: &[&str], ranks: &[u32]) -> StepRequest {
+        StepRequest {
+            job_id,
+            attempt: 1,
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            env: [("FROM_SRUN".to_string(), "yes".to_string())].into(),
+            tasks: ranks
+                .iter()
+                .map(|&rank| StepTask { rank, env: [("SLURM_PROCID".to_string(), rank.to_string())].into() })
+                .collect(),
+            workdir: String::new(),
+            gpus_per_task: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn steps_run_in_a_held_allocation_and_stream_back() {
+        // A step host to join: a process group of our own.
+        let mut hold = tokio::process::Command::new("sleep").arg("30").process_group(0).spawn().unwrap();
+        let pgid = hold.id().unwrap() as i32;
+        let hosts: StepHosts = Default::default();
+        let dir = tempfile::tempdir().unwrap();
+        let host =
+            StepHost { pgid, ids: None, cgroup: None, gpus: vec![2, 3], workdir: dir.path().display().to_string() };
+        hosts.lock().unwrap().insert((7, 1), host);
+        let server = StepServer::new("n2", hosts.clone());
+
+        // Not a job that runs here, or a bad request: refused with the field named.
+        let err = server.run(Request::new(request(8, &["true"], &[0]))).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        assert!(err.message().contains("job 8 attempt 1 does not run on n2"), "{}", err.message());
+        let err = server.run(Request::new(request(7, &[], &[0]))).await.unwrap_err();
+        assert!(err.message().starts_with("argv:"), "{}", err.message());
+        let err = server.run(Request::new(request(7, &["true"], &[0, 1, 2]))).await.unwrap_err();
+        assert!(err.message().starts_with("gpus_per_task:"), "{}", err.message());
+
+        // Two tasks, each with one of the node's GPUs, srun's environment and
+        // its own; output and exit codes come back per rank.
+        let script = "echo $SLURM_PROCID $FROM_SRUN $CUDA_VISIBLE_DEVICES $SLURMD_NODENAME $(ps -o pgid= $$); \
+                      echo oops >&2; exit $((SLURM_PROCID + 3))";
+        let stream = server.run(Request::new(request(7, &["sh", "-c", script], &[4, 5]))).await.unwrap();
+        let events: Vec<StepEvent> = stream.into_inner().map(|e| e.unwrap()).collect().await;
+        let mut out = BTreeMap::<(u32, bool), String>::new();
+        let mut ends = BTreeMap::new();
+        for e in events {
+            match e.kind.unwrap() {
+                Kind::Output(o) => {
+                    out.entry((o.rank, o.stderr)).or_default().push_str(&String::from_utf8_lossy(&o.data))
+                }
+                Kind::End(end) => {
+                    assert!(!out.is_empty(), "an end came before its output");
+                    ends.insert(end.rank, (end.exit_code, end.error));
+                }
+            }
+        }
+        assert_eq!(out[&(4, false)].trim(), format!("4 yes 2 n2 {pgid}"), "the task joins the host's group");
+        assert_eq!(out[&(5, false)].trim(), format!("5 yes 3 n2 {pgid}"));
+        assert_eq!(out[&(5, true)].trim(), "oops");
+        assert_eq!(ends[&4], (Some(7), String::new()));
+        assert_eq!(ends[&5], (Some(8), String::new()));
+
+        // A command that cannot start is an end with the reason.
+        let stream = server.run(Request::new(request(7, &["/nonexistent/cmd"], &[0]))).await.unwrap();
+        let events: Vec<StepEvent> = stream.into_inner().map(|e| e.unwrap()).collect().await;
+        let Some(Kind::End(end)) = events.last().and_then(|e| e.kind.clone()) else { panic!("{events:?}") };
+        assert!(end.error.contains("cannot start /nonexistent/cmd on n2"), "{}", end.error);
+
+        // Dropping the stream (srun went away) kills the step's tasks.
+        let marker = dir.path().join("survived");
+        let cmd = format!("sleep 2; touch {}", marker.display());
+        let stream = server.run(Request::new(request(7, &["sh", "-c", &cmd], &[0]))).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        drop(stream);
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        assert!(!marker.exists(), "a step task outlived its srun");
+        hold.kill().await.unwrap();
+    }
+}
