@@ -329,6 +329,17 @@ pub struct SubmitArgs {
     /// Admins: the job's priority, replacing the computed one.
     #[arg(long)]
     pub(crate) priority: Option<u32>,
+    /// Run on exactly these nodes (a hostlist: n[1-4],gpu7); with no --nodes,
+    /// the job takes as many nodes as listed.
+    #[arg(short = 'w', long)]
+    pub(crate) nodelist: Option<String>,
+    /// Never run on these nodes (a hostlist).
+    #[arg(short = 'x', long)]
+    pub(crate) exclude: Option<String>,
+    /// CPUs per allocated GPU: each node gets this times its GPUs, split
+    /// among its tasks (instead of --cpus-per-task).
+    #[arg(long = "cpus-per-gpu")]
+    pub(crate) cpus_per_gpu: Option<i64>,
     /// Slurm's batch semantics (what sbatch does): the command runs on the
     /// first node only and `srun` inside it starts steps on the others.
     /// Without it the command runs once on every node.
@@ -556,6 +567,17 @@ pub(crate) fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Resul
         }
         None => (None, 0),
     };
+    let names = |opt: &str, list: &Option<String>| -> anyhow::Result<Vec<String>> {
+        let Some(list) = list else { return Ok(Vec::new()) };
+        crate::slurm::hostlist::expand(list).map_err(|e| anyhow::anyhow!("--{opt}: {e}"))
+    };
+    let nodelist = names("nodelist", &a.nodelist)?;
+    let exclude = names("exclude", &a.exclude)?;
+    // A node list without --nodes: as many nodes as it names.
+    let nodes = match nodes {
+        None if !nodelist.is_empty() => Some(nodelist.len() as i64),
+        n => n,
+    };
     let node_count = nodes.unwrap_or(1).max(1);
     let tasks_per_node = match a.ntasks {
         Some(n) if n < 1 => bail!("--ntasks: must be at least 1, got {n}"),
@@ -605,7 +627,16 @@ pub(crate) fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Resul
         partition: a.partition.unwrap_or_default(),
         nodes,
         tasks_per_node,
-        cpus_per_task: a.cpus_per_task,
+        cpus_per_task: match (a.cpus_per_task, a.cpus_per_gpu) {
+            (Some(_), Some(_)) => bail!("--cpus-per-gpu: give --cpus-per-task or --cpus-per-gpu, not both"),
+            (None, Some(c)) if c < 1 => bail!("--cpus-per-gpu: must be at least 1, got {c}"),
+            (None, Some(c)) => match gpus.unwrap_or(0) {
+                0 => bail!("--cpus-per-gpu: the job asks for no GPUs (add --gpus-per-node, --gpus or --gres)"),
+                // Each node's CPUs, split among its tasks (rounded up).
+                g => Some((c * g + tasks - 1) / tasks),
+            },
+            (c, None) => c,
+        },
         mem_per_node_mb: match (&a.mem, &a.mem_per_gpu) {
             (Some(_), Some(_)) => bail!("--mem-per-gpu: give --mem (per node) or --mem-per-gpu, not both"),
             (None, Some(_)) if a.mem_per_cpu.is_some() => {
@@ -664,6 +695,8 @@ pub(crate) fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Resul
         },
         comment: a.comment.clone().unwrap_or_default(),
         batch: a.batch,
+        nodelist,
+        exclude,
         truncate_output: match a.open_mode.as_deref() {
             None | Some("append") => false,
             Some("truncate") => true,

@@ -49,6 +49,18 @@ pub struct SbatchOpts {
     ntasks_per_node: Option<i64>,
     #[arg(short = 'c', long = "cpus-per-task")]
     cpus_per_task: Option<i64>,
+    #[arg(long = "cpus-per-gpu")]
+    cpus_per_gpu: Option<i64>,
+    /// Exactly these nodes (a hostlist); their number is the node count.
+    #[arg(short = 'w', long)]
+    nodelist: Option<String>,
+    /// Never these nodes (a hostlist).
+    #[arg(short = 'x', long)]
+    exclude: Option<String>,
+    /// The shortest time limit the job accepts: parsed, not used (the job
+    /// runs with its full --time).
+    #[arg(long = "time-min")]
+    time_min: Option<String>,
     /// Per node: MiB or with a unit (64G); 0 = all of each node's memory.
     #[arg(long)]
     mem: Option<String>,
@@ -211,26 +223,12 @@ const OTHERS: &[Other] = &[
     ignored("wckey", None, true, "workload characterization keys are not supported; use --account"),
     refused("reservation", None, true, "advance reservations are not supported yet"),
     refused("deadline", None, true, "deadlines are not supported yet"),
-    refused("time-min", None, true, "flexible time limits are not supported yet; give --time"),
-    refused(
-        "nodelist",
-        Some('w'),
-        true,
-        "choosing nodes by name is not supported yet; label the nodes and use --constraint",
-    ),
-    refused(
-        "exclude",
-        Some('x'),
-        true,
-        "excluding nodes by name is not supported yet; drain bad nodes or use --constraint",
-    ),
     refused("nodefile", Some('F'), true, "choosing nodes by name is not supported yet; use --constraint"),
     refused("licenses", Some('L'), true, "licenses are not supported yet"),
     refused("clusters", Some('M'), true, "multi-cluster operation is not supported"),
     refused("distribution", Some('m'), true, "task distribution patterns are not supported yet"),
     refused("mincpus", None, true, "give --cpus-per-task"),
     refused("tmp", None, true, "temporary disk requests are not supported yet"),
-    refused("cpus-per-gpu", None, true, "give --cpus-per-task (with --gpus-per-task)"),
     refused("ntasks-per-gpu", None, true, "give --ntasks-per-node and --gpus-per-node"),
     refused("sockets-per-node", None, true, "socket and core layout requests are not supported yet"),
     refused("cores-per-socket", None, true, "socket and core layout requests are not supported yet"),
@@ -691,6 +689,16 @@ pub fn to_submit_args(
         }
     }
     let open_mode = o.open_mode.clone();
+    if let Some(t) = o.time_min.as_deref() {
+        let min = crate::parse::time_limit_s(t).map_err(|e| e.replace("--time", "--time-min"))?;
+        let limit = o.time.as_deref().map(crate::parse::time_limit_s).transpose()?;
+        if limit.is_some_and(|l| min > l) {
+            return Err(format!("--time-min: {t} is longer than --time"));
+        }
+        notices.push(format!(
+            "--time-min={t} is not used: the job runs with its full --time (Gangway does not shorten limits to backfill)"
+        ));
+    }
     let mem = match o.mem.as_deref() {
         // Slurm's "all of each node's memory": Gangway reserves none and sets
         // no limit, so the job may use all of it; other jobs may share the node.
@@ -734,6 +742,9 @@ pub fn to_submit_args(
         ntasks: o.ntasks,
         tasks_per_node: o.ntasks_per_node,
         cpus_per_task: o.cpus_per_task,
+        cpus_per_gpu: o.cpus_per_gpu,
+        nodelist: o.nodelist,
+        exclude: o.exclude,
         mem,
         gpus_per_node: o.gpus_per_node,
         gpus: o.gpus,

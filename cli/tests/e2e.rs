@@ -239,6 +239,21 @@ fn sbatch_scripts_through_the_shim(endpoints: &str, work: &Path, dir: &Path) {
         let read = |f: &str| std::fs::read_to_string(work.join(f)).unwrap_or_default();
         read("kept.log") == "old\nnew\n" && read("fresh.log") == "new\n"
     });
+    // --nodelist picks the node; excluding every node leaves a job that could
+    // never run, and scontrol says which nodes turned it down and why.
+    assert!(run(&["-w", "e2e-node-2", "-o", "where.log", "--wrap", "echo $SLURMD_NODENAME"]).status.success());
+    eventually("the --nodelist job never ran", || {
+        std::fs::read_to_string(work.join("where.log")).is_ok_and(|s| s.trim() == "e2e-node-2")
+    });
+    let o = run(&["--parsable", "-x", "e2e-node-[1-2]", "--wrap", "true"]);
+    let nowhere = stdout(&o).trim().to_string();
+    eventually("the job excluding every node was not explained", || {
+        let shown = stdout(&cli(endpoints, &["scontrol", "show", "job", &nowhere], work));
+        shown.contains("Reason=BadConstraints")
+            && shown.contains("ExcNodeList=e2e-node-[1-2]")
+            && shown.contains("excluded by the job")
+    });
+    assert!(cli(endpoints, &["cancel", &nowhere], work).status.success());
     // An unknown directive: the line and a suggestion, exit 1, nothing submitted.
     std::fs::write(work.join("typo.sh"), "#!/bin/sh\n#SBATCH --partitoin=gpu\ntrue\n").unwrap();
     let o = run(&["typo.sh"]);

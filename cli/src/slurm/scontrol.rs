@@ -208,6 +208,8 @@ pub fn job_fields(j: &pb::Job, e: Option<&pb::Explanation>, now: u64) -> Vec<(St
         ("EndTime".into(), t(j.end_time_ms)),
         ("Partition".into(), none(&s.partition)),
         ("NodeList".into(), none(&job_nodelist(j))),
+        ("ReqNodeList".into(), none(&super::hostlist::compress(&s.nodelist))),
+        ("ExcNodeList".into(), none(&super::hostlist::compress(&s.exclude))),
         ("NumNodes".into(), job_nodes(j).to_string()),
         ("NumCPUs".into(), job_cpus(j).to_string()),
         ("NumTasks".into(), tasks.to_string()),

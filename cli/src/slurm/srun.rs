@@ -278,6 +278,7 @@ pub async fn submit_and_wait(
         gres: a.gres.clone(),
         mem: a.mem.clone(),
         constraint: a.constraint.clone(),
+        nodelist: a.nodelist.clone(),
         partition: a.partition.clone(),
         time: a.time.clone(),
         account: a.account.clone(),

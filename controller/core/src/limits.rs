@@ -56,6 +56,9 @@ pub const ATTEMPTS_MAX: u32 = 16;
 pub const WARN_BEFORE_S_MAX: u32 = 65_535;
 /// Features in one job's constraint: real constraints name a few.
 pub const CONSTRAINTS_MAX: usize = 32;
+/// Nodes one job may exclude by name (Slurm's --exclude): a rack or two of
+/// known-bad hosts, bounded so a spec stays small.
+pub const EXCLUDED_NODES_MAX: usize = 1024;
 /// Jobs one job may depend on: pipelines name a handful; bounds the work of
 /// resolving a finish.
 pub const DEPENDENCIES_MAX: usize = 64;

@@ -96,6 +96,11 @@ pub struct JobSpec {
     /// Truncate the output files at each start (Slurm's --open-mode=truncate);
     /// otherwise append.
     pub truncate_output: bool,
+    /// Exactly these nodes (Slurm's --nodelist); empty: any. Its length is
+    /// the job's node count.
+    pub nodelist: Vec<String>,
+    /// Never these nodes (Slurm's --exclude).
+    pub exclude: Vec<String>,
 }
 
 /// Required or preferred co-location of a gang within one domain of a topology
@@ -296,6 +301,8 @@ impl Default for JobSpec {
             comment: String::new(),
             batch: false,
             truncate_output: false,
+            nodelist: Vec::new(),
+            exclude: Vec::new(),
         }
     }
 }
@@ -420,6 +427,32 @@ impl JobSpec {
         }
         for c in &self.constraints {
             check_name("constraints", c, true)?;
+        }
+        if !self.nodelist.is_empty()
+            && (self.nodelist.len() != self.nodes as usize || (self.nodes_max != 0 && self.nodes_max != self.nodes))
+        {
+            return Err(SpecError::new(
+                "nodelist",
+                format!(
+                    "names {} nodes but the job asks for {}: the job runs on exactly the listed nodes",
+                    self.nodelist.len(),
+                    self.nodes
+                ),
+            ));
+        }
+        if self.exclude.len() > EXCLUDED_NODES_MAX {
+            return Err(SpecError::new("exclude", format!("at most {EXCLUDED_NODES_MAX} nodes")));
+        }
+        for (field, names) in [("nodelist", &self.nodelist), ("exclude", &self.exclude)] {
+            for (i, n) in names.iter().enumerate() {
+                check_name(field, n, true)?;
+                if names[..i].contains(n) {
+                    return Err(SpecError::new(field, format!("{n} is named twice")));
+                }
+            }
+        }
+        if let Some(n) = self.nodelist.iter().find(|n| self.exclude.contains(n)) {
+            return Err(SpecError::new("exclude", format!("{n} is also in the node list")));
         }
         check_name("topology.level", &self.topology.level, false)?;
         if self.topology.level.is_empty() && (self.topology.required || self.topology.wait_s > 0) {

@@ -62,6 +62,8 @@ pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, Sp
         comment: p.comment,
         batch: p.batch,
         truncate_output: p.truncate_output,
+        nodelist: p.nodelist,
+        exclude: p.exclude,
         array: p.array,
         nice: p.nice,
         hold: p.hold,
@@ -111,6 +113,8 @@ pub fn spec_to_proto(s: &JobSpec) -> pb::JobSpec {
         comment: s.comment.clone(),
         batch: s.batch,
         truncate_output: s.truncate_output,
+        nodelist: s.nodelist.clone(),
+        exclude: s.exclude.clone(),
     }
 }
 

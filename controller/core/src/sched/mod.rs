@@ -135,6 +135,8 @@ struct ShapeKey<'a> {
     partition: &'a str,
     gpu_type: &'a str,
     constraints: &'a [String],
+    nodelist: &'a [String],
+    exclude: &'a [String],
 }
 
 /// FNV-1a: a cheap, deterministic fingerprint for the shape cache (equal
@@ -163,6 +165,11 @@ impl<'a> ShapeKey<'a> {
         for c in self.constraints {
             h = fnv(fnv(h, c.as_bytes()), &[0xfe]);
         }
+        for (tag, names) in [(0xfd, self.nodelist), (0xfc, self.exclude)] {
+            for n in names {
+                h = fnv(fnv(h, n.as_bytes()), &[tag]);
+            }
+        }
         h
     }
 
@@ -172,6 +179,8 @@ impl<'a> ShapeKey<'a> {
             partition: &s.partition,
             gpu_type: &s.gpu_type,
             constraints: &s.constraints,
+            nodelist: &s.nodelist,
+            exclude: &s.exclude,
             exclusive: s.exclusive,
             nodes: s.nodes,
             nodes_max: s.nodes_max(),

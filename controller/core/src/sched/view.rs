@@ -190,6 +190,12 @@ impl<'a> View<'a> {
         if !s.constraints.iter().all(|c| node_has_feature(n, c)) {
             return Some("lacks a required feature");
         }
+        if !s.nodelist.is_empty() && !s.nodelist.contains(&n.name) {
+            return Some("not in the job's node list");
+        }
+        if s.exclude.contains(&n.name) {
+            return Some("excluded by the job");
+        }
         if n.cpus < s.cpus_per_node() {
             return Some("too few CPUs");
         }

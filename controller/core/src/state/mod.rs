@@ -688,6 +688,9 @@ impl State {
             if let Some(missing) = spec.constraints.iter().find(|c| !node_has_feature(node, c)) {
                 return Err(format!("node {} lacks feature {missing}", na.node));
             }
+            if (!spec.nodelist.is_empty() && !spec.nodelist.contains(&na.node)) || spec.exclude.contains(&na.node) {
+                return Err(format!("node {} is excluded by the job's node list", na.node));
+            }
             if let (Some(depth), true) = (level, spec.topology.required) {
                 let path = &node.topology[..depth.min(node.topology.len())];
                 match domain {
