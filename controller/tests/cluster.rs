@@ -1346,6 +1346,9 @@ async fn events_stream_and_resume_across_a_replica_failure() {
     // asking it for them is OUT_OF_RANGE (not a silent gap).
     let leader = c.leader().await;
     let other = *c.handles.keys().find(|&&id| id != leader).unwrap();
+    // A follower (perhaps the one just restarted) may still be catching up.
+    let caught_up = c.handles[&other].replica.node.wait_for(WAIT, |s| s.applied_index >= Some(drain.index)).await;
+    assert!(caught_up, "replica {other} never applied index {}", drain.index);
     let snap = c.handles[&other].replica.node.snapshot(WAIT).await.unwrap();
     assert!(snap >= started, "snapshot at {snap}, before {started}");
     c.stop(other).await;
