@@ -168,6 +168,9 @@ impl ChaosCluster {
                 "4xh100-80gb".into(),
                 "--state-dir".into(),
                 dir.join(format!("agent-{}", a + 1)).display().to_string(),
+                // Other agents reach this one's step service here.
+                "--addr".into(),
+                c.net.hosts[host].ip.clone(),
             ];
             let mut p = Proc { host, retired: false, args, log: dir.join(format!("a{}.log", a + 1)), child: None };
             p.spawn(&c.exe, &c.net)?;

@@ -19,14 +19,18 @@ use crate::Rng;
 const SUBMIT_PAUSE: Duration = Duration::from_millis(150);
 
 /// The job a chaos submit runs: a short real process that leaves an execution
-/// record (node, job, attempt) in `records`.
+/// record (node, job, attempt) in `records`. A gang is a batch job, as sbatch
+/// submits it: its script runs on the first node and `srun` starts the
+/// recording task on both nodes (the second through its agent's step service).
 pub fn job_spec(key: &str, records: &str, gang: bool) -> pb::JobSpec {
     // A stopped task (SIGTERM first) still records its end, so that attempts
     // and GPU use can be told apart in time.
-    let script = format!(
-        "#!/bin/sh\nrec() {{ echo \"$1 $SLURMD_NODENAME $SLURM_JOB_ID $GANGWAY_ATTEMPT $CUDA_VISIBLE_DEVICES $(date +%s%N)\" >> {records}/$SLURMD_NODENAME.log; }}\ntrap 'rec end; exit 143' TERM\nrec start\nsleep 0.2\nrec end\n"
+    let task = format!(
+        "rec() {{ echo \"$1 $SLURMD_NODENAME $SLURM_JOB_ID $GANGWAY_ATTEMPT $CUDA_VISIBLE_DEVICES $(date +%s%N)\" >> {records}/$SLURMD_NODENAME.log; }}; trap \"rec end; exit 143\" TERM; rec start; sleep 0.2; rec end"
     );
+    let script = if gang { format!("#!/bin/sh\nexec srun sh -c '{task}'\n") } else { format!("#!/bin/sh\n{task}\n") };
     pb::JobSpec {
+        batch: gang,
         name: format!("chaos-{key}"),
         user: "root".into(),
         script,

@@ -70,6 +70,35 @@ impl StepServer {
     }
 }
 
+impl StepServer {
+    /// The allocation of `job`'s `attempt` here. The first node's script can
+    /// call srun before this node's agent has its own launch order (it comes
+    /// with the next heartbeat answer), so a step waits for it, within
+    /// [`STEP_HOST_WAIT`]; a request for another attempt of a job that runs
+    /// here is answered at once.
+    async fn wait_for_host(&self, job: u64, attempt: u32) -> Option<StepHost> {
+        let polls = STEP_HOST_WAIT.as_millis() / STEP_HOST_POLL.as_millis();
+        for _ in 0..polls {
+            {
+                let hosts = self.hosts.lock().expect("step hosts lock");
+                if let Some(h) = hosts.get(&(job, attempt)) {
+                    return Some(h.clone());
+                }
+                if hosts.range((job, 0)..=(job, u32::MAX)).next().is_some() {
+                    return None;
+                }
+            }
+            tokio::time::sleep(STEP_HOST_POLL).await;
+        }
+        None
+    }
+}
+
+/// How long a step waits for its job's allocation to start on this node: a
+/// few heartbeats, and a leader change, beyond the moment the first node began.
+const STEP_HOST_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+const STEP_HOST_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Checks a request's bounds; the error names the field and the rule.
 fn validate(r: &StepRequest) -> Result<(), Status> {
     if r.argv.is_empty() || r.argv[0].is_empty() {
@@ -96,7 +125,7 @@ impl StepService for StepServer {
     async fn run(&self, request: Request<StepRequest>) -> Result<Response<Self::RunStream>, Status> {
         let r = request.into_inner();
         validate(&r)?;
-        let host = self.hosts.lock().expect("step hosts lock").get(&(r.job_id, r.attempt)).cloned();
+        let host = self.wait_for_host(r.job_id, r.attempt).await;
         let Some(host) = host else {
             return Err(Status::failed_precondition(format!(
                 "job {} attempt {} does not run on {}: no step can start there",
@@ -181,22 +210,15 @@ async fn supervise(mut child: tokio::process::Child, rank: u32, tx: mpsc::Sender
                 Some(n) => output(true, &ebuf[..n]),
                 None => { err = None; continue; }
             },
-            _ = tx.closed() => {
-                let _ = child.start_kill();
-                return;
-            }
+            _ = tx.closed() => return stop(child).await,
         };
         if tx.send(Ok(event)).await.is_err() {
-            let _ = child.start_kill();
-            return;
+            return stop(child).await;
         }
     }
     let status = tokio::select! {
         s = child.wait() => s,
-        _ = tx.closed() => {
-            let _ = child.start_kill();
-            return;
-        }
+        _ = tx.closed() => return stop(child).await,
     };
     use std::os::unix::process::ExitStatusExt;
     let end = match status {
@@ -204,6 +226,21 @@ async fn supervise(mut child: tokio::process::Child, rank: u32, tx: mpsc::Sender
         Err(e) => StepTaskEnd { rank, exit_code: None, signal: None, error: format!("lost track of the task: {e}") },
     };
     let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
+}
+
+/// Time a step task has between SIGTERM and SIGKILL when its srun went away
+/// (the agent's default stop grace: training checkpoints on SIGTERM).
+const STEP_STOP_GRACE: std::time::Duration = crate::supervisor::STOP_GRACE_DEFAULT;
+
+/// Stops a task whose srun went away: SIGTERM, then SIGKILL after the grace.
+async fn stop(mut child: tokio::process::Child) {
+    if let Some(pid) = child.id() {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+    }
+    if tokio::time::timeout(STEP_STOP_GRACE, child.wait()).await.is_err() {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
 }
 
 /// Reads what is there from `pipe`; None at its end (or on an error).
@@ -264,10 +301,12 @@ mod tests {
         hosts.lock().unwrap().insert((7, 1), host);
         let server = StepServer::new("n2", hosts.clone());
 
-        // Not a job that runs here, or a bad request: refused with the field named.
-        let err = server.run(Request::new(request(8, &["true"], &[0]))).await.unwrap_err();
+        // Another attempt of a job that runs here, or a bad request: refused
+        // at once, with the field named.
+        let stale = StepRequest { attempt: 2, ..request(7, &["true"], &[0]) };
+        let err = server.run(Request::new(stale)).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::FailedPrecondition);
-        assert!(err.message().contains("job 8 attempt 1 does not run on n2"), "{}", err.message());
+        assert!(err.message().contains("job 7 attempt 2 does not run on n2"), "{}", err.message());
         let err = server.run(Request::new(request(7, &[], &[0]))).await.unwrap_err();
         assert!(err.message().starts_with("argv:"), "{}", err.message());
         let err = server.run(Request::new(request(7, &["true"], &[0, 1, 2]))).await.unwrap_err();
@@ -303,6 +342,16 @@ mod tests {
         let events: Vec<StepEvent> = stream.into_inner().map(|e| e.unwrap()).collect().await;
         let Some(Kind::End(end)) = events.last().and_then(|e| e.kind.clone()) else { panic!("{events:?}") };
         assert!(end.error.contains("cannot start /nonexistent/cmd on n2"), "{}", end.error);
+
+        // A step that arrives before its allocation here waits for it.
+        let early = {
+            let server = StepServer::new("n2", hosts.clone());
+            tokio::spawn(async move { server.run(Request::new(request(9, &["true"], &[0]))).await.map(|_| ()) })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let host = hosts.lock().unwrap()[&(7, 1)].clone();
+        hosts.lock().unwrap().insert((9, 1), host);
+        early.await.unwrap().expect("the early step was refused");
 
         // Dropping the stream (srun went away) kills the step's tasks.
         let marker = dir.path().join("survived");

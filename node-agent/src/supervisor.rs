@@ -6,6 +6,8 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gangway_proto::v1::{LaunchOrder, TaskExitReport};
@@ -57,8 +59,62 @@ fn exit_report(
 
 type Key = (u64, u32);
 
+/// How often a task's process group is checked for leftovers after its main
+/// process ended.
+const LEFTOVER_POLL: Duration = Duration::from_millis(50);
+/// Polls after SIGKILL before giving up on a group that will not empty (a
+/// process stuck in uninterruptible sleep): the exit is reported anyway.
+const LEFTOVER_KILL_POLLS: u32 = 100;
+
+/// Whether any process of group `pgid` is still running. Zombies do not
+/// count: an orphan's zombie waits for PID 1 to reap it, and some container
+/// inits never do. Without /proc: whether the group can be signalled.
+fn group_alive(pgid: Pid) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return killpg(pgid, None).is_ok() };
+    entries.flatten().any(|e| {
+        let name = e.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            return false;
+        }
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { return false };
+        // `pid (comm) state ppid pgrp ...`; comm may hold spaces and parentheses.
+        let Some((_, rest)) = stat.rsplit_once(')') else { return false };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        f.len() > 2 && !matches!(f[0], "Z" | "X") && f[2].parse::<i32>() == Ok(pgid.as_raw())
+    })
+}
+
+/// What a task left running in its process group (daemons it started, steps
+/// in a step host, children still in their SIGTERM handler) ends before the
+/// task's exit is reported, so its GPUs are free when the leader reuses them:
+/// SIGTERM (unless the task is already being stopped), `grace` to finish,
+/// then SIGKILL. Slurm likewise ends a job's leftover processes.
+async fn end_leftovers(pgid: Pid, stopping: &AtomicBool, grace: Duration) {
+    let alive = || group_alive(pgid);
+    if !alive() {
+        return;
+    }
+    if !stopping.load(Ordering::SeqCst) {
+        let _ = killpg(pgid, Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + grace;
+    // Bounded by the deadline.
+    while alive() && Instant::now() < deadline {
+        tokio::time::sleep(LEFTOVER_POLL).await;
+    }
+    let _ = killpg(pgid, Signal::SIGKILL);
+    for _ in 0..LEFTOVER_KILL_POLLS {
+        if !alive() {
+            break;
+        }
+        tokio::time::sleep(LEFTOVER_POLL).await;
+    }
+}
+
 struct Task {
     pgid: Pid,
+    /// Set once the task is being stopped (its group already has SIGTERM).
+    stopping: Arc<AtomicBool>,
     /// When SIGTERM was sent, SIGKILL follows at this instant.
     kill_at: Option<Instant>,
     killed: bool,
@@ -186,11 +242,13 @@ impl Supervisor {
             if is_shim {
                 tracing::info!(job = key.0, attempt = key.1, pid, "re-adopted a running task");
                 let pgid = Pid::from_raw(pid);
+                let stopping = Arc::new(AtomicBool::new(false));
                 self.tasks.insert(
                     key,
                     Task {
                         pgid,
                         kill_at: None,
+                        stopping: stopping.clone(),
                         killed: false,
                         lost: false,
                         warn_timer: None,
@@ -198,7 +256,7 @@ impl Supervisor {
                         gpus: Vec::new(),
                     },
                 );
-                self.watch_adopted(key, pgid);
+                self.watch_adopted(key, pgid, stopping);
             } else {
                 self.report_from_files(key, None);
             }
@@ -206,14 +264,15 @@ impl Supervisor {
     }
 
     /// Polls an adopted task (not our child, so it cannot be waited for).
-    fn watch_adopted(&self, key: Key, pid: Pid) {
+    fn watch_adopted(&self, key: Key, pid: Pid, stopping: Arc<AtomicBool>) {
         let (tx, node, exit, record) =
             (self.exits_tx.clone(), self.node.clone(), self.exit_path(key), self.record_path(key));
+        let grace = self.stop_grace;
         tokio::spawn(async move {
             while nix::sys::signal::kill(pid, None).is_ok() {
                 tokio::time::sleep(ADOPTED_POLL_INTERVAL).await;
             }
-            let _ = killpg(pid, Signal::SIGKILL); // what the task left behind
+            end_leftovers(pid, &stopping, grace).await;
             let _ = tx.send(exit_report(&node, key, &exit, &record, None, None)).await;
         });
     }
@@ -352,6 +411,7 @@ impl Supervisor {
             .process_group(0)
             .kill_on_drop(false);
         let mut child = cmd.spawn().map_err(|e| format!("cannot start the task: {e}"))?;
+        let stopping = Arc::new(AtomicBool::new(false));
         let pid = child.id().ok_or("the task exited before it could be tracked")?;
         let pgid = Pid::from_raw(pid as i32);
         // Confine the task (and what it forks from now on) to its own cgroup.
@@ -385,6 +445,7 @@ impl Supervisor {
             Task {
                 pgid,
                 kill_at: None,
+                stopping: stopping.clone(),
                 killed: false,
                 lost: false,
                 warn_timer,
@@ -409,12 +470,11 @@ impl Supervisor {
         }
         let (tx, node, exit, record) =
             (self.exits_tx.clone(), self.node.clone(), self.exit_path(key), self.record_path(key));
+        let grace = self.stop_grace;
         tokio::spawn(async move {
             use std::os::unix::process::ExitStatusExt;
             let result = child.wait().await;
-            // What the task left running in its process group ends with it
-            // (Slurm kills a job's leftover processes too).
-            let _ = killpg(pgid, Signal::SIGKILL);
+            end_leftovers(pgid, &stopping, grace).await;
             let peak_mem_mb = cgroup.as_deref().and_then(crate::cgroup::Cgroups::peak_mb);
             if let Some(dir) = &cgroup {
                 crate::cgroup::Cgroups::kill(dir); // anything the task left behind
@@ -446,6 +506,7 @@ impl Supervisor {
         if let Some(t) = self.tasks.get_mut(&key) {
             if t.kill_at.is_none() {
                 tracing::info!(job = key.0, attempt = key.1, "stopping task");
+                t.stopping.store(true, Ordering::SeqCst);
                 let _ = killpg(t.pgid, Signal::SIGTERM);
                 t.kill_at = Some(Instant::now() + grace);
             }
@@ -513,6 +574,22 @@ mod tests {
             nodes: vec!["n1".into()],
             ..Default::default()
         }
+    }
+
+    #[tokio::test]
+    async fn leftovers_end_before_the_exit_is_reported() {
+        // The main process exits at once, leaving a background process (one
+        // that ignores SIGTERM, so only the SIGKILL after the grace ends it).
+        let mut child = tokio::process::Command::new("sh")
+            .args(["-c", "sh -c 'trap \"\" TERM; while :; do sleep 1; done' & exit 0"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = Pid::from_raw(child.id().unwrap() as i32);
+        assert!(child.wait().await.unwrap().success());
+        assert!(group_alive(pgid), "the background process should still run");
+        end_leftovers(pgid, &AtomicBool::new(false), Duration::from_millis(300)).await;
+        assert!(!group_alive(pgid), "a leftover outlived end_leftovers");
     }
 
     #[test]

@@ -516,54 +516,68 @@ impl Step {
     async fn execute(&self, targets: &[usize]) -> anyhow::Result<i32> {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Ev>(STEP_EVENTS_QUEUE_MAX);
         let base = self.base_env()?;
-        let mut local_pids: Vec<(u32, u32)> = Vec::new();
-        let mut remotes: Vec<tokio::task::JoinHandle<()>> = Vec::new();
         let mut total = 0usize;
+        // The other nodes' tasks first, all at once: a node that cannot start
+        // its share fails the step before any task runs (dropping the calls
+        // that did start kills their tasks).
+        let mut calls = Vec::new();
         for &ni in targets {
+            total += self.share.per_node[ni] as usize;
             let node = &self.share.nodes[ni];
-            let count = self.share.per_node[ni];
-            total += count as usize;
             if *node == self.me {
-                for l in 0..count {
-                    let (rank, pid) = self.spawn_local(ni, l, base.as_deref(), &tx)?;
-                    local_pids.push((rank, pid));
-                }
-            } else {
-                let req = self.remote_request(ni, base.as_deref())?;
-                let addr = self.addrs.get(node).filter(|a| !a.is_empty()).cloned().ok_or_else(|| {
-                    anyhow::anyhow!("srun: {node}'s agent serves no steps (it runs with --step-listen none)")
-                })?;
-                let mut stream = connect_step(node, &addr, req).await?;
-                let (tx, node) = (tx.clone(), node.clone());
-                let mut open: std::collections::BTreeSet<u32> =
-                    (0..count).map(|l| self.share.first_rank(ni) + l).collect();
-                remotes.push(tokio::spawn(async move {
-                    use gangway_proto::v1::step_event::Kind;
-                    // Bounded by the remote tasks' lives: the stream ends with them.
-                    loop {
-                        let ev = match stream.message().await {
-                            Ok(Some(gangway_proto::v1::StepEvent { kind: Some(k) })) => k,
-                            Ok(Some(_)) => continue,
-                            Ok(None) | Err(_) => break,
-                        };
-                        let ev = match ev {
-                            Kind::Output(o) => Ev::Out { rank: o.rank, stderr: o.stderr, data: o.data },
-                            Kind::End(e) => {
-                                open.remove(&e.rank);
-                                let code = e.exit_code.unwrap_or_else(|| e.signal.map_or(1, |s| 128 + s));
-                                Ev::End { rank: e.rank, code, error: e.error }
-                            }
-                        };
-                        if tx.send(ev).await.is_err() {
-                            return;
-                        }
-                    }
-                    for rank in open {
-                        let error = format!("lost contact with {node}'s agent");
-                        let _ = tx.send(Ev::End { rank, code: 1, error }).await;
-                    }
-                }));
+                continue;
             }
+            let req = self.remote_request(ni, base.as_deref())?;
+            let addr = self.addrs.get(node).filter(|a| !a.is_empty()).cloned().ok_or_else(|| {
+                anyhow::anyhow!("srun: {node}'s agent serves no steps (it runs with --step-listen none)")
+            })?;
+            let node = node.clone();
+            calls.push(async move { connect_step(&node, &addr, req).await.map(|s| (ni, node, s)) });
+        }
+        let streams = futures::future::try_join_all(calls).await?;
+        let mut local_pids: Vec<u32> = Vec::new();
+        for &ni in targets.iter().filter(|&&ni| self.share.nodes[ni] == self.me) {
+            for l in 0..self.share.per_node[ni] {
+                match self.spawn_local(ni, l, base.as_deref(), &tx) {
+                    Ok(pid) => local_pids.push(pid),
+                    Err(e) => {
+                        kill_pids(&local_pids);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let mut remotes: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+        for (ni, node, mut stream) in streams {
+            let tx = tx.clone();
+            let count = self.share.per_node[ni];
+            let mut open: std::collections::BTreeSet<u32> = (0..count).map(|l| self.share.first_rank(ni) + l).collect();
+            remotes.push(tokio::spawn(async move {
+                use gangway_proto::v1::step_event::Kind;
+                // Bounded by the remote tasks' lives: the stream ends with them.
+                loop {
+                    let ev = match stream.message().await {
+                        Ok(Some(gangway_proto::v1::StepEvent { kind: Some(k) })) => k,
+                        Ok(Some(_)) => continue,
+                        Ok(None) | Err(_) => break,
+                    };
+                    let ev = match ev {
+                        Kind::Output(o) => Ev::Out { rank: o.rank, stderr: o.stderr, data: o.data },
+                        Kind::End(e) => {
+                            open.remove(&e.rank);
+                            let code = e.exit_code.unwrap_or_else(|| e.signal.map_or(1, |s| 128 + s));
+                            Ev::End { rank: e.rank, code, error: e.error }
+                        }
+                    };
+                    if tx.send(ev).await.is_err() {
+                        return;
+                    }
+                }
+                for rank in open {
+                    let error = format!("lost contact with {node}'s agent");
+                    let _ = tx.send(Ev::End { rank, code: 1, error }).await;
+                }
+            }));
         }
         drop(tx);
         let kill_on_bad = self.args.kill_on_bad_exit.unwrap_or(0) != 0;
@@ -590,12 +604,7 @@ impl Step {
                     worst = worst.max(code);
                     if code != 0 && kill_on_bad && total > 0 {
                         eprintln!("srun: killing the step's other tasks (--kill-on-bad-exit)");
-                        for (_, pid) in &local_pids {
-                            let _ = nix::sys::signal::kill(
-                                nix::unistd::Pid::from_raw(*pid as i32),
-                                nix::sys::signal::Signal::SIGKILL,
-                            );
-                        }
+                        kill_pids(&local_pids);
                         // Dropping a remote call kills its tasks there.
                         for r in &remotes {
                             r.abort();
@@ -615,7 +624,7 @@ impl Step {
         l: u32,
         base: Option<&[(String, String)]>,
         tx: &tokio::sync::mpsc::Sender<Ev>,
-    ) -> anyhow::Result<(u32, u32)> {
+    ) -> anyhow::Result<u32> {
         let a = &self.args;
         let vars = self.task_vars(ni, l);
         let rank: u32 = vars["SLURM_PROCID"].parse().expect("rank");
@@ -667,7 +676,7 @@ impl Step {
             };
             let _ = tx.send(Ev::End { rank, code, error }).await;
         });
-        Ok((rank, pid))
+        Ok(pid)
     }
 
     /// The request that starts node `ni`'s tasks through its agent.
@@ -753,6 +762,13 @@ impl Writer {
                 emit(stderr, format!("{rank}: {}\n", String::from_utf8_lossy(&rest)).as_bytes());
             }
         }
+    }
+}
+
+/// Ends tasks srun started here (SIGKILL, as Slurm ends a failed step).
+fn kill_pids(pids: &[u32]) {
+    for pid in pids {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid as i32), nix::sys::signal::Signal::SIGKILL);
     }
 }
 
