@@ -278,9 +278,12 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
         assert!(o.status.success(), "{name} {args:?}: {}", String::from_utf8_lossy(&o.stderr));
         stdout(&o)
     };
-    // The finished sbatch job, in sacct's parsable form.
-    let line = tool("sacct", &["-j", &done.to_string(), "-n", "-P", "-o", "JobID,JobName,State,ExitCode,NNodes"]);
-    assert_eq!(line.trim(), format!("{done}|e2e-sbatch|COMPLETED|0:0|1"));
+    // The finished sbatch job, in sacct's parsable form, with its batch step.
+    let lines = tool("sacct", &["-j", &done.to_string(), "-n", "-P", "-o", "JobID,JobName,State,ExitCode,NNodes"]);
+    let want = format!("{done}|e2e-sbatch|COMPLETED|0:0|1\n{done}.batch|batch|COMPLETED|0:0|1");
+    assert_eq!(lines.trim(), want);
+    let line = tool("sacct", &["-X", "-j", &done.to_string(), "-n", "-P", "-o", "JobID,State"]);
+    assert_eq!(line.trim(), format!("{done}|COMPLETED"));
     assert_eq!(tool("scontrol", &["show", "hostnames", "e2e-node-[1-2]"]), "e2e-node-1\ne2e-node-2\n");
     let node = tool("scontrol", &["-o", "show", "node", "e2e-node-1"]);
     assert!(node.starts_with("NodeName=e2e-node-1 ") && node.contains("Gres=gpu:"), "{node}");
@@ -296,7 +299,7 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     assert_eq!(q.lines().count(), 4, "{q}");
     assert!(q.contains(&format!("{base}_3 PD JobArrayTaskLimit")), "{q}");
     tool("scancel", &[&base]);
-    let states = tool("sacct", &["-j", &base, "-n", "-P", "-o", "JobID,State"]);
+    let states = tool("sacct", &["-X", "-j", &base, "-n", "-P", "-o", "JobID,State"]);
     let want: Vec<String> = (0..4).map(|i| format!("{base}_{i}|CANCELLED")).collect();
     assert_eq!(states.lines().collect::<Vec<_>>(), want, "{states}");
     assert_eq!(tool("squeue", &["-h", "-j", &base, "-t", "PD,R"]), "");
@@ -323,7 +326,7 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let steps = stdout(&o).trim().to_string();
     eventually("the srun job never finished", || {
-        tool("sacct", &["-j", &steps, "-n", "-P", "-o", "State"]).trim() == "COMPLETED"
+        tool("sacct", &["-X", "-j", &steps, "-n", "-P", "-o", "State"]).trim() == "COMPLETED"
     });
     let out = std::fs::read_to_string(work.join(format!("slurm-{steps}.out"))).unwrap();
     assert!(!work.join(format!("slurm-{steps}.1.out")).exists(), "the second node wrote an output file: {out}");
@@ -358,14 +361,18 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     assert!(stdout(&o).contains("failing"), "{}", stdout(&o));
 
     // --test-only: where and when, and nothing submitted.
-    let before = tool("sacct", &["-a", "-n", "-P", "-o", "JobID"]).lines().count();
+    let before = tool("sacct", &["-X", "-a", "-n", "-P", "-o", "JobID"]).lines().count();
     let o = shim("sbatch", "dev:root").args(["--test-only", "-N", "2", "--wrap", "true"]).output().unwrap();
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success() && said.contains(" to start at ") && said.contains("on nodes e2e-node-[1-2]"), "{said}");
     let o = shim("sbatch", "dev:root").args(["--test-only", "-N", "5", "--wrap", "true"]).output().unwrap();
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && said.contains("could never run"), "{said}");
-    assert_eq!(tool("sacct", &["-a", "-n", "-P", "-o", "JobID"]).lines().count(), before, "test-only submitted a job");
+    assert_eq!(
+        tool("sacct", &["-X", "-a", "-n", "-P", "-o", "JobID"]).lines().count(),
+        before,
+        "test-only submitted a job"
+    );
 
     // --priority: an admin's job gets it (submitted held here, so it stays put);
     // anyone else is refused before anything is submitted.
@@ -375,11 +382,11 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     tool("scancel", &[&pinned]);
     let o = cli(endpoints, &["admin", "set", "--admins", "dev:root"], work);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let before = tool("sacct", &["-a", "-n", "-P", "-o", "JobID"]).lines().count();
+    let before = tool("sacct", &["-X", "-a", "-n", "-P", "-o", "JobID"]).lines().count();
     let o = shim("sbatch", "dev:mallory").args(["--priority", "9", "--wrap", "true"]).output().unwrap();
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && said.contains("--priority: only admins"), "{said}");
-    assert_eq!(tool("sacct", &["-a", "-n", "-P", "-o", "JobID"]).lines().count(), before);
+    assert_eq!(tool("sacct", &["-X", "-a", "-n", "-P", "-o", "JobID"]).lines().count(), before);
 
     // --begin keeps a job pending (BeginTime) until then; --comment is kept.
     let later = tool("sbatch", &["--parsable", "--begin", "now+1hour", "--comment", "after lunch", "--wrap", "true"]);

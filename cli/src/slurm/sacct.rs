@@ -1,7 +1,8 @@
 //! `sacct`: the job history (finished jobs too), from the replicated state, so
 //! it survives a controller failover. Gangway keeps the last 100,000 finished
-//! jobs; steps (`12.batch`) are not recorded, so every line is an allocation
-//! (`-X` is implied).
+//! jobs. A batch job that started also gets its batch step's line
+//! (`12.batch`: the script, on the first node; it ends with the job); srun's
+//! steps (`12.0`) are not recorded. `-X` shows allocations only.
 
 use anyhow::bail;
 use clap::Args;
@@ -57,7 +58,7 @@ pub struct SacctArgs {
     /// `|` between fields and after the last.
     #[arg(short = 'p', long = "parsable")]
     parsable: bool,
-    /// Accepted: every line is an allocation already.
+    /// Allocations only: no `.batch` step lines.
     #[arg(short = 'X', long = "allocations")]
     allocations: bool,
 }
@@ -115,6 +116,7 @@ pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
                 j.display_id.clone()
             }
         }
+        "JobIDRaw" if j.display_id.ends_with(".batch") => format!("{}.batch", j.id),
         "JobIDRaw" => j.id.to_string(),
         "JobName" => s.name.clone(),
         "Partition" => s.partition.clone(),
@@ -288,8 +290,27 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: SacctArgs) ->
     }
     for j in &jobs {
         println!("{}", format::render_columns(&items, |k| field(j, k, now), parsable, a.parsable));
+        if let Some(b) = batch_step(j).filter(|_| !a.allocations) {
+            println!("{}", format::render_columns(&items, |k| field(&b, k, now), parsable, a.parsable));
+        }
     }
     Ok(())
+}
+
+/// A started batch job's batch step, as sacct shows it: `ID.batch`, named
+/// `batch`, on the first node, with the job's state, times and exit code.
+fn batch_step(j: &pb::Job) -> Option<pb::Job> {
+    let s = j.spec.as_ref().filter(|s| s.batch)?;
+    j.start_time_ms?;
+    let id = if j.display_id.is_empty() { j.id.to_string() } else { j.display_id.clone() };
+    let spec = pb::JobSpec { name: "batch".into(), partition: String::new(), nodes: Some(1), ..s.clone() };
+    Some(pb::Job {
+        display_id: format!("{id}.batch"),
+        spec: Some(spec),
+        allocation: j.allocation.iter().take(1).cloned().collect(),
+        ran_on: j.ran_on.iter().take(1).cloned().collect(),
+        ..j.clone()
+    })
 }
 
 #[cfg(test)]
@@ -319,6 +340,15 @@ mod tests {
         assert_eq!(field(&j, "NodeList", 0), "n[1-2]");
         assert_eq!(field(&j, "AllocTRES", 0), "cpu=2,gres/gpu=8,node=2");
         assert_eq!(field(&j, "State", 0), "COMPLETED");
+        assert!(batch_step(&j).is_none(), "only batch jobs have a batch step");
+        let batch = pb::Job { spec: Some(pb::JobSpec { batch: true, ..j.spec.clone().unwrap() }), ..j.clone() };
+        let b = batch_step(&batch).unwrap();
+        let f = |k: &str| field(&b, k, 0);
+        assert_eq!((f("JobID"), f("JobIDRaw"), f("JobName")), ("7.batch".into(), "7.batch".into(), "batch".into()));
+        assert_eq!(
+            (f("NodeList"), f("NNodes"), f("State"), f("Elapsed")),
+            ("n1".into(), "1".into(), "COMPLETED".into(), "00:01:05".into())
+        );
         let killed = pb::Job { exit_code: None, exit_signal: Some(9), state: pb::JobState::Failed as i32, ..j };
         assert_eq!(field(&killed, "ExitCode", 0), "0:9");
     }
