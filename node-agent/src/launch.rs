@@ -77,7 +77,19 @@ pub fn task_env(order: &LaunchOrder, node: &str) -> BTreeMap<String, String> {
     set("SLURM_NPROCS", ntasks.to_string());
     set("SLURM_NTASKS_PER_NODE", tpn.to_string());
     set("SLURM_CPUS_PER_TASK", order.cpus_per_task.to_string());
+    // What the allocation holds on each node (Gangway's allocations are alike
+    // on every node of a job): scripts size thread pools from these.
+    let cpus_on_node = (tpn * order.cpus_per_task.max(1)).to_string();
+    set("SLURM_CPUS_ON_NODE", cpus_on_node.clone());
+    set("SLURM_JOB_CPUS_PER_NODE", cpus_on_node);
+    if order.mem_per_node_mb > 0 {
+        set("SLURM_MEM_PER_NODE", order.mem_per_node_mb.to_string());
+    }
     set("SLURM_GPUS_ON_NODE", order.gpus.len().to_string());
+    if !order.gpus.is_empty() {
+        set("SLURM_GPUS_PER_NODE", order.gpus.len().to_string());
+        set("SLURM_JOB_GPUS", gpus.join(","));
+    }
     set("SLURM_SUBMIT_DIR", order.workdir.clone());
     set("SLURM_RESTART_COUNT", order.attempt.saturating_sub(1).to_string());
     set("SLURM_CLUSTER_NAME", "gangway".into());
