@@ -145,27 +145,31 @@ fn controllers_agents_and_cli_as_separate_processes() {
     );
     let id = stdout(&o).trim().to_string();
     eventually("the job never started", || work.join("starts-0").exists() && work.join("starts-1").exists());
-    let agent = procs.0.remove(3); // e2e-node-1
-    let mut agent = agent;
-    agent.kill().unwrap();
-    agent.wait().unwrap();
-    let state = dir.path().join("agent-1");
-    let args = [
-        "agent",
-        "--controllers",
-        &endpoints,
-        "--name",
-        "e2e-node-1",
-        "--fake-gpus",
-        "4xh100-80gb",
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--addr",
-        "127.0.0.1",
-        "--step-listen",
-        "127.0.0.1:0",
-    ];
-    procs.0.push(spawn(&args, &dir.path().join("a1-restarted.log")));
+    // Agents sit at procs 3 (e2e-node-1) and 4 (e2e-node-2); a restarted one
+    // goes back in its place.
+    let restart_agent = |procs: &mut Procs, n: usize| {
+        let agent = &mut procs.0[2 + n];
+        agent.kill().unwrap();
+        agent.wait().unwrap();
+        let (name, state) = (format!("e2e-node-{n}"), dir.path().join(format!("agent-{n}")));
+        let args = [
+            "agent",
+            "--controllers",
+            &endpoints,
+            "--name",
+            &name,
+            "--fake-gpus",
+            "4xh100-80gb",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--addr",
+            "127.0.0.1",
+            "--step-listen",
+            "127.0.0.1:0",
+        ];
+        procs.0[2 + n] = spawn(&args, &dir.path().join(format!("a{n}-restarted.log")));
+    };
+    restart_agent(&mut procs, 1);
     eventually("the re-adopted job never finished", || {
         let o = cli(&endpoints, &["show", &id, "--json"], &work);
         stdout(&o).contains("\"state\": \"FAILED\"")
@@ -177,6 +181,23 @@ fn controllers_agents_and_cli_as_separate_processes() {
         let starts = std::fs::read_to_string(work.join(format!("starts-{rank}"))).unwrap();
         assert_eq!(starts.lines().count(), 1, "rank {rank} started twice");
     }
+    // A batch job whose step host's agent restarts between two srun steps:
+    // the restarted agent re-adopts the step host, and the next step runs there.
+    let script = "srun true; echo $SLURMD_NODENAME > batch-host; while [ ! -e go ]; do sleep 0.1; done; \
+                  srun -l sh -c 'echo again on $SLURMD_NODENAME'";
+    let o = cli(&endpoints, &["submit", "--parsable", "--batch", "-N", "2", "--", "sh", "-c", script], &work);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id = stdout(&o).trim().to_string();
+    eventually("the batch job never reached its pause", || work.join("batch-host").exists());
+    let host = std::fs::read_to_string(work.join("batch-host")).unwrap();
+    let other = if host.trim() == "e2e-node-1" { 2 } else { 1 };
+    restart_agent(&mut procs, other);
+    std::fs::write(work.join("go"), "").unwrap();
+    eventually("the batch job never completed after its step host's agent restarted", || {
+        stdout(&cli(&endpoints, &["show", &id, "--json"], &work)).contains("\"state\": \"COMPLETED\"")
+    });
+    let out = std::fs::read_to_string(work.join(format!("slurm-{id}.out"))).unwrap();
+    assert!(out.contains(&format!(": again on e2e-node-{other}")), "no step on the restarted node: {out}");
     policy_and_scheduler_options_through_the_cli(&endpoints, &work);
     sbatch_scripts_through_the_shim(&endpoints, &work, dir.path());
 }

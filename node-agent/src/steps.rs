@@ -154,6 +154,7 @@ impl StepService for StepServer {
                 .envs(&task.env)
                 .env("CUDA_VISIBLE_DEVICES", visible.join(","))
                 .env("SLURM_GPUS_ON_NODE", host.gpus.len().to_string())
+                .env("SLURM_JOB_GPUS", host.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
                 .env("SLURMD_NODENAME", &self.node)
                 .current_dir(&workdir)
                 .stdin(std::process::Stdio::null())

@@ -66,6 +66,27 @@ const LEFTOVER_POLL: Duration = Duration::from_millis(50);
 /// process stuck in uninterruptible sleep): the exit is reported anyway.
 const LEFTOVER_KILL_POLLS: u32 = 100;
 
+/// A batch task's step host in its task record (so a restarted agent can
+/// start steps in it again): `step-host UID GID GPUS WORKDIR`, `-` for none.
+fn step_host_line(h: &crate::steps::StepHost) -> String {
+    let (uid, gid) = h.ids.map_or(("-".to_string(), "-".to_string()), |(u, g)| (u.to_string(), g.to_string()));
+    let gpus: Vec<String> = h.gpus.iter().map(u32::to_string).collect();
+    let gpus = if gpus.is_empty() { "-".to_string() } else { gpus.join(",") };
+    format!("step-host {uid} {gid} {gpus} {}", h.workdir)
+}
+
+fn parse_step_host(line: &str, pid: i32) -> Option<crate::steps::StepHost> {
+    let rest = line.strip_prefix("step-host ")?;
+    let mut f = rest.splitn(4, ' ');
+    let (uid, gid, gpus, workdir) = (f.next()?, f.next()?, f.next()?, f.next()?);
+    let ids = match (uid, gid) {
+        ("-", "-") => None,
+        (u, g) => Some((u.parse().ok()?, g.parse().ok()?)),
+    };
+    let gpus = if gpus == "-" { Vec::new() } else { gpus.split(',').map(|g| g.parse().ok()).collect::<Option<_>>()? };
+    Some(crate::steps::StepHost { pgid: pid, ids, cgroup: None, gpus, workdir: workdir.to_string() })
+}
+
 /// Whether any process of group `pgid` is still running. Zombies do not
 /// count: an orphan's zombie waits for PID 1 to reap it, and some container
 /// inits never do. Without /proc: whether the group can be signalled.
@@ -225,22 +246,28 @@ impl Supervisor {
     /// vanished without one are reported lost (and requeued).
     pub fn adopt_all(&mut self) {
         let Ok(entries) = std::fs::read_dir(&self.records_dir) else { return };
-        let mut records: Vec<(Key, i32)> = Vec::new();
+        let mut records: Vec<(Key, i32, Option<crate::steps::StepHost>)> = Vec::new();
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let Some((j, a)) = name.split_once('-') else { continue };
             let (Ok(j), Ok(a)) = (j.parse::<u64>(), a.parse::<u32>()) else { continue };
-            let Ok(pid) = std::fs::read_to_string(e.path()).map(|t| t.trim().parse::<i32>()) else { continue };
-            if let Ok(pid) = pid {
-                records.push(((j, a), pid));
+            let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
+            let mut lines = text.lines();
+            if let Some(Ok(pid)) = lines.next().map(|l| l.trim().parse::<i32>()) {
+                records.push(((j, a), pid, lines.next().and_then(|l| parse_step_host(l, pid))));
             }
         }
-        for (key, pid) in records {
+        for (key, pid, step_host) in records {
             let is_shim = std::fs::read(format!("/proc/{pid}/cmdline"))
                 .map(|c| String::from_utf8_lossy(&c).contains("task-shim"))
                 .unwrap_or(false);
             if is_shim {
                 tracing::info!(job = key.0, attempt = key.1, pid, "re-adopted a running task");
+                let gpus = step_host.as_ref().map(|h| h.gpus.clone()).unwrap_or_default();
+                if let Some(host) = step_host {
+                    // Steps can start in a batch job's allocation again.
+                    self.step_hosts.lock().expect("step hosts lock").insert(key, host);
+                }
                 let pgid = Pid::from_raw(pid);
                 let stopping = Arc::new(AtomicBool::new(false));
                 self.tasks.insert(
@@ -253,7 +280,7 @@ impl Supervisor {
                         lost: false,
                         warn_timer: None,
                         cgroup: None,
-                        gpus: Vec::new(),
+                        gpus,
                     },
                 );
                 self.watch_adopted(key, pgid, stopping);
@@ -466,7 +493,12 @@ impl Supervisor {
         tracing::info!(job = order.job_id, attempt = order.attempt, pid, step_host, "task started");
         if self.shim.is_some() {
             // The record lets a restarted agent find and re-adopt this task.
-            let _ = std::fs::write(self.record_path(key), pid.to_string());
+            let mut record = pid.to_string();
+            if let Some(host) = self.step_hosts.lock().expect("step hosts lock").get(&key) {
+                record.push('\n');
+                record.push_str(&step_host_line(host));
+            }
+            let _ = std::fs::write(self.record_path(key), record);
         }
         let (tx, node, exit, record) =
             (self.exits_tx.clone(), self.node.clone(), self.exit_path(key), self.record_path(key));
@@ -574,6 +606,23 @@ mod tests {
             nodes: vec!["n1".into()],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn step_hosts_survive_in_task_records() {
+        let host = crate::steps::StepHost {
+            pgid: 42,
+            ids: Some((1000, 100)),
+            cgroup: None,
+            gpus: vec![2, 3],
+            workdir: "/home/alice/my runs".into(),
+        };
+        let back = parse_step_host(&step_host_line(&host), 42).unwrap();
+        assert_eq!((back.ids, back.gpus, back.workdir.as_str()), (host.ids, host.gpus, "/home/alice/my runs"));
+        let bare = crate::steps::StepHost { ids: None, gpus: vec![], workdir: "/".into(), ..host };
+        let back = parse_step_host(&step_host_line(&bare), 7).unwrap();
+        assert_eq!((back.pgid, back.ids, back.gpus.len()), (7, None, 0));
+        assert!(parse_step_host("something else", 1).is_none());
     }
 
     #[tokio::test]

@@ -532,7 +532,7 @@ impl Step {
                 anyhow::anyhow!("srun: {node}'s agent serves no steps (it runs with --step-listen none)")
             })?;
             let node = node.clone();
-            calls.push(async move { connect_step(&node, &addr, req).await.map(|s| (ni, node, s)) });
+            calls.push(async move { start_remote(&node, &addr, req).await.map(|s| (ni, node, s)) });
         }
         let streams = futures::future::try_join_all(calls).await?;
         let mut local_pids: Vec<u32> = Vec::new();
@@ -709,23 +709,54 @@ impl Step {
     }
 }
 
-/// Starts a step's tasks on `node` through its agent at `addr`.
-async fn connect_step(
+/// Starts a step's tasks on `node` through its agent, at `addr` (from the
+/// job's start) or, when that does not answer, wherever the controllers say
+/// the node's agent serves steps now (it may have restarted on another port).
+async fn start_remote(
     node: &str,
     addr: &str,
     req: gangway_proto::v1::StepRequest,
 ) -> anyhow::Result<tonic::Streaming<gangway_proto::v1::StepEvent>> {
     use gangway_proto::v1::step_service_client::StepServiceClient;
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .with_context(|| format!("srun: {node}'s step address {addr} is not HOST:PORT"))?
-        .connect_timeout(STEP_CONNECT_TIMEOUT);
-    let channel =
-        endpoint.connect().await.map_err(|e| anyhow::anyhow!("srun: cannot reach {node}'s agent at {addr}: {e}"))?;
+    let channel = match connect(node, addr).await {
+        Ok(c) => c,
+        Err(first) => match current_step_addr(node).await.filter(|now| now != addr) {
+            Some(now) => connect(node, &now).await?,
+            None => return Err(first),
+        },
+    };
     let resp = StepServiceClient::new(channel)
         .run(req)
         .await
         .map_err(|s| anyhow::anyhow!("srun: {node} refused the step: {}", s.message()))?;
     Ok(resp.into_inner())
+}
+
+async fn connect(node: &str, addr: &str) -> anyhow::Result<tonic::transport::Channel> {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .with_context(|| format!("srun: {node}'s step address {addr} is not HOST:PORT"))?
+        .connect_timeout(STEP_CONNECT_TIMEOUT);
+    endpoint.connect().await.map_err(|e| anyhow::anyhow!("srun: cannot reach {node}'s agent at {addr}: {e}"))
+}
+
+/// `node`'s step service as the controllers know it now (GANGWAY_ENDPOINTS
+/// is in every job's environment), if they answer.
+async fn current_step_addr(node: &str) -> Option<String> {
+    use gangway_proto::v1::node_service_client::NodeServiceClient;
+    let endpoints: Vec<String> = std::env::var("GANGWAY_ENDPOINTS").ok()?.split(',').map(str::to_string).collect();
+    let identity = std::env::var("GANGWAY_IDENTITY").unwrap_or_else(|_| "dev:srun".into());
+    let client = gangway_proto::client::Client::new(&endpoints, &identity).ok()?;
+    let req = gangway_proto::v1::GetNodeRequest { name: node.to_string(), stale: true };
+    let n = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { NodeServiceClient::new(ch).get(r).await }
+        })
+        .await
+        .ok()?
+        .into_inner();
+    let (host, port) = n.addr.rsplit_once(':')?;
+    Some(format!("{}:{port}", if host.is_empty() { node } else { host }))
 }
 
 /// Writes tasks' output to srun's stdout and stderr, whole lines prefixed
