@@ -667,6 +667,7 @@ pub(crate) fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Resul
         error: a.error.unwrap_or_default(),
         warn_signal: warn.0,
         warn_before_s: warn.1,
+        warn_batch_shell: a.signal.as_deref().is_some_and(|s| s.starts_with("B:")),
         account: a.account.unwrap_or_default(),
         qos: a.qos.unwrap_or_default(),
         nodes_max,

@@ -374,6 +374,43 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     assert!(out.contains("remote exit 4"), "a remote task's exit code must come back: {out}");
     assert!(out.contains("killed step exit 5"), "--kill-on-bad-exit must end the step: {out}");
 
+    // Slurm's --signal in batch jobs (2 s into a 1-minute limit): without B:
+    // every task of the job gets it, on both nodes, but not the batch shell;
+    // with B: only the batch shell does.
+    std::fs::write(
+        work.join("warned.sh"),
+        "#!/bin/bash\n\
+         #SBATCH -N 2 -t 1 --signal=USR1@58\n\
+         srun bash -c 'trap \"echo warned on $SLURMD_NODENAME; exit 0\" USR1; for i in $(seq 300); do sleep 0.1; done'\n\
+         echo shell survived\n",
+    )
+    .unwrap();
+    std::fs::write(
+        work.join("shell-warned.sh"),
+        "#!/bin/bash\n\
+         #SBATCH -N 1 -t 1 --signal=B:USR1@58\n\
+         trap 'echo shell warned' USR1\n\
+         bash -c 'trap \"echo child warned\" USR1; for i in $(seq 40); do sleep 0.1; done' &\n\
+         wait; wait\n\
+         echo shell done\n",
+    )
+    .unwrap();
+    let ids: Vec<String> = ["warned.sh", "shell-warned.sh"]
+        .iter()
+        .map(|f| stdout(&shim("sbatch", "dev:root").args(["--parsable", f]).output().unwrap()).trim().to_string())
+        .collect();
+    eventually("the --signal jobs never finished", || {
+        ids.iter().all(|id| tool("sacct", &["-X", "-j", id, "-n", "-P", "-o", "State"]).trim() == "COMPLETED")
+    });
+    let warned = std::fs::read_to_string(work.join(format!("slurm-{}.out", ids[0]))).unwrap();
+    for n in 1..=2 {
+        assert!(warned.contains(&format!("warned on e2e-node-{n}")), "a task missed the warning: {warned}");
+    }
+    assert!(warned.contains("shell survived"), "the batch shell got the warning: {warned}");
+    let shell = std::fs::read_to_string(work.join(format!("slurm-{}.out", ids[1]))).unwrap();
+    assert!(shell.contains("shell warned") && shell.contains("shell done"), "{shell}");
+    assert!(!shell.contains("child warned"), "B: must signal only the batch shell: {shell}");
+
     // srun from outside a job: a job of its own, output streamed, exit code kept.
     let said = tool("srun", &["-N", "2", "-l", "bash", "-c", "echo on $SLURMD_NODENAME"]);
     assert!(said.contains("0: on e2e-node-1") && said.contains("1: on e2e-node-2"), "{said}");

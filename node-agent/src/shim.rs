@@ -4,8 +4,8 @@
 //! command's parent, an agent can exit or crash and a restarted agent re-adopts
 //! the task and still learns how it ended.
 //!
-//! The shim survives SIGTERM/SIGINT/SIGHUP (they are meant for the command, and
-//! reach it through the process group), so it outlives the command's graceful
+//! The shim survives SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2/SIGALRM
+//! (they are meant for the command, and reach it through the process group), so it outlives the command's graceful
 //! shutdown; SIGKILL of the group ends both.
 
 use std::path::Path;
@@ -16,7 +16,10 @@ use std::sync::Arc;
 /// returns the exit code the shim itself should exit with.
 pub fn run(exit_file: &Path, argv: &[String]) -> i32 {
     let ignored = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
+    use signal_hook::consts::*;
+    // Every signal meant for the command (stops, Slurm's --signal warnings)
+    // reaches it through the process group; the shim must outlive them.
+    for sig in [SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM] {
         let _ = signal_hook::flag::register(sig, ignored.clone());
     }
     let Some((program, args)) = argv.split_first() else {

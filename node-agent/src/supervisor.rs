@@ -87,22 +87,75 @@ fn parse_step_host(line: &str, pid: i32) -> Option<crate::steps::StepHost> {
     Some(crate::steps::StepHost { pgid: pid, ids, cgroup: None, gpus, workdir: workdir.to_string() })
 }
 
+/// Who gets Slurm's `--signal` warning on this node.
+#[derive(Debug, Clone, Copy)]
+enum WarnTarget {
+    /// The whole task (a job that runs its command on every node; a step
+    /// host, whose hold ignores it while its steps get it).
+    Group,
+    /// The batch shell only (`--signal=B:...`).
+    BatchShell,
+    /// Everything of the batch job's task here but its shell (srun ignores
+    /// the warning signals; its tasks and the script's other commands get it).
+    AllButBatchShell,
+}
+
+fn send_warning(pgid: Pid, sig: Signal, target: WarnTarget, shim: bool) {
+    // Under the shim the batch shell is the shim's child; without, the task.
+    let shell = || {
+        if shim {
+            group_members(pgid)?.into_iter().find(|(_, ppid)| *ppid == pgid.as_raw())
+        } else {
+            Some((pgid.as_raw(), 0))
+        }
+    };
+    match target {
+        WarnTarget::Group => {
+            let _ = killpg(pgid, sig);
+        }
+        WarnTarget::BatchShell => {
+            if let Some((pid, _)) = shell() {
+                let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+            }
+        }
+        WarnTarget::AllButBatchShell => {
+            let shell = shell().map(|(pid, _)| pid);
+            for (pid, _) in group_members(pgid).unwrap_or_default() {
+                if Some(pid) != shell {
+                    let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+                }
+            }
+        }
+    }
+}
+
+/// The running (not zombie) processes of group `pgid`, as (pid, parent pid);
+/// None without /proc.
+fn group_members(pgid: Pid) -> Option<Vec<(i32, i32)>> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    let members = entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // `pid (comm) state ppid pgrp ...`; comm may hold spaces and parentheses.
+            let (_, rest) = stat.rsplit_once(')')?;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let (ppid, pgrp): (i32, i32) = (f.get(1)?.parse().ok()?, f.get(2)?.parse().ok()?);
+            (pgrp == pgid.as_raw() && !matches!(f[0], "Z" | "X")).then_some((pid, ppid))
+        })
+        .collect();
+    Some(members)
+}
+
 /// Whether any process of group `pgid` is still running. Zombies do not
 /// count: an orphan's zombie waits for PID 1 to reap it, and some container
 /// inits never do. Without /proc: whether the group can be signalled.
 fn group_alive(pgid: Pid) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return killpg(pgid, None).is_ok() };
-    entries.flatten().any(|e| {
-        let name = e.file_name();
-        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-            return false;
-        }
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { return false };
-        // `pid (comm) state ppid pgrp ...`; comm may hold spaces and parentheses.
-        let Some((_, rest)) = stat.rsplit_once(')') else { return false };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        f.len() > 2 && !matches!(f[0], "Z" | "X") && f[2].parse::<i32>() == Ok(pgid.as_raw())
-    })
+    match group_members(pgid) {
+        Some(m) => !m.is_empty(),
+        None => killpg(pgid, None).is_ok(),
+    }
 }
 
 /// What a task left running in its process group (daemons it started, steps
@@ -457,16 +510,26 @@ impl Supervisor {
                 }
             }
         });
-        // Slurm's --signal: warn the whole task this long before its time limit.
+        // Slurm's --signal: warn the task this long before its time limit.
+        let target = match (order.batch, step_host, order.warn_batch_shell) {
+            (false, _, _) => Some(WarnTarget::Group),
+            (true, true, true) => None,
+            (true, true, false) => Some(WarnTarget::Group),
+            (true, false, true) => Some(WarnTarget::BatchShell),
+            (true, false, false) => Some(WarnTarget::AllButBatchShell),
+        };
+        let shim = self.shim.is_some();
         let warn_timer =
-            (order.warn_signal > 0).then(|| Signal::try_from(order.warn_signal as i32).ok()).flatten().map(|sig| {
-                let delay = Duration::from_secs(order.time_limit_s.saturating_sub(order.warn_before_s.into()));
-                tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    tracing::info!(job = key.0, signal = %sig, "sending the time-limit warning signal");
-                    let _ = killpg(pgid, sig);
-                })
-            });
+            (order.warn_signal > 0).then(|| Signal::try_from(order.warn_signal as i32).ok()).flatten().zip(target).map(
+                |(sig, target)| {
+                    let delay = Duration::from_secs(order.time_limit_s.saturating_sub(order.warn_before_s.into()));
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        tracing::info!(job = key.0, signal = %sig, ?target, "sending the time-limit warning signal");
+                        send_warning(pgid, sig, target, shim);
+                    })
+                },
+            );
         self.tasks.insert(
             key,
             Task {

@@ -514,6 +514,13 @@ impl Step {
     /// Starts the step's tasks on `targets` (indexes of its nodes), writes
     /// their output, and returns the worst exit code.
     async fn execute(&self, targets: &[usize]) -> anyhow::Result<i32> {
+        // Slurm's --signal warnings reach the tasks through the job's process
+        // group (and the step hosts' on other nodes); srun must outlive them.
+        use tokio::signal::unix::{signal, SignalKind};
+        let _outlive: Vec<_> = [SignalKind::user_defined1(), SignalKind::user_defined2(), SignalKind::alarm()]
+            .into_iter()
+            .filter_map(|k| signal(k).ok())
+            .collect();
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Ev>(STEP_EVENTS_QUEUE_MAX);
         let base = self.base_env()?;
         let mut total = 0usize;

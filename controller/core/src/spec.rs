@@ -57,6 +57,9 @@ pub struct JobSpec {
     /// job can checkpoint (Slurm's `--signal=SIG@SECONDS`); 0: none.
     pub warn_signal: u8,
     pub warn_before_s: u32,
+    /// The warning goes to the batch shell only (Slurm's `--signal=B:`);
+    /// otherwise to the tasks (batch jobs: all but the batch shell).
+    pub warn_batch_shell: bool,
     /// The account charged; empty: the user's default account (resolved at submit).
     pub account: String,
     /// Quality of service; empty: the partition's or the cluster's default.
@@ -300,6 +303,7 @@ impl Default for JobSpec {
             begin_ms: 0,
             comment: String::new(),
             batch: false,
+            warn_batch_shell: false,
             truncate_output: false,
             nodelist: Vec::new(),
             exclude: Vec::new(),

@@ -291,6 +291,7 @@ fn launch_order(state: &gangway_core::State, job: &gangway_core::Job, node: &str
         batch: spec.batch,
         step_addrs,
         truncate_output: spec.truncate_output,
+        warn_batch_shell: spec.warn_batch_shell,
     })
 }
 

@@ -45,6 +45,7 @@ pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, Sp
         warn_signal: u8::try_from(p.warn_signal)
             .map_err(|_| SpecError::new("warn_signal", format!("{} is not a signal number (1-31)", p.warn_signal)))?,
         warn_before_s: p.warn_before_s,
+        warn_batch_shell: p.warn_batch_shell,
         account: p.account,
         qos: p.qos,
         nodes_max: p.nodes_max,
@@ -93,6 +94,7 @@ pub fn spec_to_proto(s: &JobSpec) -> pb::JobSpec {
         error: s.error.clone(),
         warn_signal: s.warn_signal.into(),
         warn_before_s: s.warn_before_s,
+        warn_batch_shell: s.warn_batch_shell,
         account: s.account.clone(),
         qos: s.qos.clone(),
         nodes_max: s.nodes_max,
