@@ -578,3 +578,72 @@ priority = 100
     let shares = ok(&["admin", "shares"]);
     assert!(shares.contains("research") && shares.contains("ml"), "{shares}");
 }
+
+/// The README's first command: `gangway dev` (replicas and simulated nodes in
+/// one process) runs a Slurm batch script as a new user would submit it,
+/// with no links installed: the script runs once, srun reaches both nodes.
+#[test]
+fn the_dev_cluster_runs_a_batch_script() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    // The dev cluster takes consecutive ports from its base: retry elsewhere
+    // if one of them is taken.
+    let mut dev = None;
+    for _ in 0..5 {
+        let port = free_port();
+        let args = ["dev", "--port", &port.to_string(), "--metrics-port", "0"];
+        let log = std::fs::File::create(work.join("dev.log")).unwrap();
+        let mut child =
+            Command::new(GANGWAY).args(args).current_dir(work).stdin(Stdio::null()).stdout(log).spawn().unwrap();
+        let endpoints = (0..3).map(|i| format!("127.0.0.1:{}", port + i)).collect::<Vec<_>>().join(",");
+        let deadline = Instant::now() + WAIT;
+        let up = loop {
+            if child.try_wait().unwrap().is_some() {
+                break false;
+            }
+            let o = cli(&endpoints, &["nodes", "--json"], work);
+            if stdout(&o).matches("\"state\": \"UP\"").count() == 2 {
+                break true;
+            }
+            assert!(Instant::now() < deadline, "the dev cluster never came up");
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        if up {
+            dev = Some((Procs(vec![child]), endpoints));
+            break;
+        }
+    }
+    let (mut procs, endpoints) = dev.expect("the dev cluster did not start on any port");
+    std::fs::write(
+        work.join("job.sh"),
+        "#!/bin/bash\n\
+         #SBATCH -N 2 --gpus-per-node=1 -J devjob\n\
+         echo \"batch on $SLURMD_NODENAME\"\n\
+         srun -l bash -c 'echo rank $SLURM_PROCID on $SLURMD_NODENAME'\n",
+    )
+    .unwrap();
+    let o = cli(&endpoints, &["sbatch", "job.sh"], work);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id = stdout(&o).trim().strip_prefix("Submitted batch job ").unwrap().to_string();
+    eventually("the batch job never completed", || {
+        stdout(&cli(&endpoints, &["sacct", "-X", "-j", &id, "-n", "-P", "-o", "State"], work)).trim() == "COMPLETED"
+    });
+    let out = std::fs::read_to_string(work.join(format!("slurm-{id}.out"))).unwrap();
+    assert_eq!(out.matches("batch on dev-node-").count(), 1, "{out}");
+    for rank in 0..2 {
+        assert!(out.contains(&format!("{rank}: rank {rank} on dev-node-")), "{out}");
+    }
+    assert!(out.contains("on dev-node-1") && out.contains("on dev-node-2"), "{out}");
+    // Ctrl-C stops it cleanly.
+    let dev = &mut procs.0[0];
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(dev.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(s) = dev.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the dev cluster did not stop on Ctrl-C");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status:?}");
+}
