@@ -354,6 +354,8 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     let batch: Vec<&str> = out.lines().filter(|l| l.starts_with("batch on ")).collect();
     assert_eq!(batch.len(), 1, "the script must run once: {out}");
     let host = batch[0].split(' ').nth(2).unwrap();
+    let shown = tool("scontrol", &["show", "job", &steps]);
+    assert!(shown.contains(&format!("BatchHost={host}")), "{shown}");
     let task = |rank: u32| out.lines().find(|l| l.starts_with(&format!("{rank}: task {rank} "))).unwrap_or_default();
     let mut gpus = Vec::new();
     for rank in 0..4 {

@@ -208,6 +208,15 @@ pub fn job_fields(j: &pb::Job, e: Option<&pb::Explanation>, now: u64) -> Vec<(St
         ("EndTime".into(), t(j.end_time_ms)),
         ("Partition".into(), none(&s.partition)),
         ("NodeList".into(), none(&job_nodelist(j))),
+        (
+            "BatchHost".into(),
+            none(
+                &s.batch
+                    .then(|| j.allocation.first().map(|a| a.node.clone()).or_else(|| j.ran_on.first().cloned()))
+                    .flatten()
+                    .unwrap_or_default(),
+            ),
+        ),
         ("ReqNodeList".into(), none(&super::hostlist::compress(&s.nodelist))),
         ("ExcNodeList".into(), none(&super::hostlist::compress(&s.exclude))),
         ("NumNodes".into(), job_nodes(j).to_string()),
