@@ -397,7 +397,17 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
          echo shell done\n",
     )
     .unwrap();
-    let ids: Vec<String> = ["warned.sh", "shell-warned.sh"]
+    // SIGTERM as the warning: neither srun nor the other node's step host
+    // may take it for a stop.
+    std::fs::write(
+        work.join("term-warned.sh"),
+        "#!/bin/bash\n\
+         #SBATCH -N 2 -t 1 --signal=TERM@58\n\
+         srun bash -c 'trap \"echo term on $SLURMD_NODENAME; exit 0\" TERM; for i in $(seq 300); do sleep 0.1; done'\n\
+         echo shell survived\n",
+    )
+    .unwrap();
+    let ids: Vec<String> = ["warned.sh", "shell-warned.sh", "term-warned.sh"]
         .iter()
         .map(|f| stdout(&shim("sbatch", "dev:root").args(["--parsable", f]).output().unwrap()).trim().to_string())
         .collect();
@@ -412,6 +422,11 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     let shell = std::fs::read_to_string(work.join(format!("slurm-{}.out", ids[1]))).unwrap();
     assert!(shell.contains("shell warned") && shell.contains("shell done"), "{shell}");
     assert!(!shell.contains("child warned"), "B: must signal only the batch shell: {shell}");
+    let term = std::fs::read_to_string(work.join(format!("slurm-{}.out", ids[2]))).unwrap();
+    for n in 1..=2 {
+        assert!(term.contains(&format!("term on e2e-node-{n}")), "a task missed the TERM warning: {term}");
+    }
+    assert!(term.contains("shell survived"), "{term}");
 
     // srun from outside a job: a job of its own, output streamed, exit code kept.
     let said = tool("srun", &["-N", "2", "-l", "bash", "-c", "echo on $SLURMD_NODENAME"]);

@@ -90,13 +90,13 @@ fn parse_step_host(line: &str, pid: i32) -> Option<crate::steps::StepHost> {
 /// Who gets Slurm's `--signal` warning on this node.
 #[derive(Debug, Clone, Copy)]
 enum WarnTarget {
-    /// The whole task (a job that runs its command on every node; a step
-    /// host, whose hold ignores it while its steps get it).
+    /// The whole task (a job that runs its command on every node).
     Group,
     /// The batch shell only (`--signal=B:...`).
     BatchShell,
-    /// Everything of the batch job's task here but its shell (srun ignores
-    /// the warning signals; its tasks and the script's other commands get it).
+    /// Everything of the batch job's task here but its shell and srun: the
+    /// steps' tasks and the script's other commands (on a step host, its
+    /// steps' tasks but not the waiting shell).
     AllButBatchShell,
 }
 
@@ -121,11 +121,23 @@ fn send_warning(pgid: Pid, sig: Signal, target: WarnTarget, shim: bool) {
         WarnTarget::AllButBatchShell => {
             let shell = shell().map(|(pid, _)| pid);
             for (pid, _) in group_members(pgid).unwrap_or_default() {
-                if Some(pid) != shell {
+                if Some(pid) != shell && !is_srun(pid) {
                     let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
                 }
             }
         }
+    }
+}
+
+/// Whether `pid` runs srun (`srun ...` or `gangway srun ...`), which passes
+/// Slurm's warning to its tasks rather than taking it.
+fn is_srun(pid: i32) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let mut args = cmdline.split(|b| *b == 0).map(|a| a.rsplit(|b| *b == b'/').next().unwrap_or(a));
+    match (args.next(), args.next()) {
+        (Some(b"srun"), _) => true,
+        (Some(b"gangway"), Some(b"srun")) => true,
+        _ => false,
     }
 }
 
@@ -514,7 +526,8 @@ impl Supervisor {
         let target = match (order.batch, step_host, order.warn_batch_shell) {
             (false, _, _) => Some(WarnTarget::Group),
             (true, true, true) => None,
-            (true, true, false) => Some(WarnTarget::Group),
+            // The step host's waiting shell is its "batch shell": spared.
+            (true, true, false) => Some(WarnTarget::AllButBatchShell),
             (true, false, true) => Some(WarnTarget::BatchShell),
             (true, false, false) => Some(WarnTarget::AllButBatchShell),
         };
