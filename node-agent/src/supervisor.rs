@@ -134,11 +134,7 @@ fn send_warning(pgid: Pid, sig: Signal, target: WarnTarget, shim: bool) {
 fn is_srun(pid: i32) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
     let mut args = cmdline.split(|b| *b == 0).map(|a| a.rsplit(|b| *b == b'/').next().unwrap_or(a));
-    match (args.next(), args.next()) {
-        (Some(b"srun"), _) => true,
-        (Some(b"gangway"), Some(b"srun")) => true,
-        _ => false,
-    }
+    matches!((args.next(), args.next()), (Some(b"srun"), _) | (Some(b"gangway"), Some(b"srun")))
 }
 
 /// The running (not zombie) processes of group `pgid`, as (pid, parent pid);
