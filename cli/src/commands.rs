@@ -430,7 +430,8 @@ pub struct SubmitArgs {
     pub(crate) command: Vec<String>,
 }
 
-pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Result<()> {
+/// Submits; the job id and how many jobs (an array's elements) it made.
+pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Result<(u64, u32)> {
     // --switches names the lowest topology level, which the policy defines.
     let leaf_level = match (&a.topology, &a.switches) {
         (None, Some(_)) => {
@@ -473,7 +474,7 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
     } else {
         println!("Submitted batch job {id}");
     }
-    Ok(())
+    Ok((id, 1))
 }
 
 /// Submits `spec` and returns the job id, printing nothing.
@@ -715,7 +716,7 @@ pub(crate) async fn send_submit(
     spec: pb::JobSpec,
     key: Option<String>,
     parsable: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<(u64, u32)> {
     let key = key.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: key };
     let resp = client
@@ -740,7 +741,7 @@ pub(crate) async fn send_submit(
     } else {
         println!("Submitted batch job {}", resp.job_id);
     }
-    Ok(())
+    Ok((resp.job_id, resp.count.max(1)))
 }
 
 fn default_job_name(command: &[String], script: Option<&PathBuf>, wrap: bool) -> String {

@@ -265,7 +265,7 @@ fn main() {
             cmd => {
                 let client = gangway_proto::client::Client::new(&cli.endpoints, &identity)?;
                 match cmd {
-                    Cmd::Submit(a) => commands::submit(&client, &out, a).await,
+                    Cmd::Submit(a) => commands::submit(&client, &out, a).await.map(|_| ()),
                     Cmd::Sbatch { args } => sbatch::run(&client, &out, &args).await,
                     Cmd::Squeue(a) => slurm::squeue::run(&client, &out, &identity, a).await,
                     Cmd::Scancel(a) => slurm::scancel::run(&client, &out, &identity, a).await,

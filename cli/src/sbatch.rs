@@ -143,6 +143,10 @@ pub struct SbatchOpts {
     /// Print only the job id.
     #[arg(long)]
     parsable: bool,
+    /// Wait until the job (every element of an array) ends, then exit with
+    /// its exit code (the highest of an array's).
+    #[arg(short = 'W', long)]
+    wait: bool,
     /// Check the script and options and say where and when the job would
     /// start, without submitting it.
     #[arg(long = "test-only")]
@@ -238,12 +242,6 @@ const OTHERS: &[Other] = &[
     refused("gres-flags", None, true, "GRES binding flags are not supported"),
     refused("network", None, true, "network (switch window) requests are not supported"),
     refused("input", Some('i'), true, "jobs read no standard input; read the file from the script"),
-    refused(
-        "wait",
-        Some('W'),
-        false,
-        "sbatch --wait is not supported yet; poll with `squeue -j ID` or `gangway show ID`",
-    ),
     refused(
         "oversubscribe",
         Some('s'),
@@ -841,7 +839,7 @@ pub async fn run(
     }
     .map_err(anyhow::Error::msg)?;
     let mut notices = parsed.notices;
-    let test_only = parsed.opts.test_only;
+    let (test_only, wait) = (parsed.opts.test_only, parsed.opts.wait);
     let args = to_submit_args(parsed.opts, script, std::env::vars(), &mut notices).map_err(anyhow::Error::msg)?;
     for n in &notices {
         eprintln!("sbatch: note: {n}");
@@ -849,7 +847,50 @@ pub async fn run(
     if test_only {
         return crate::commands::test_submit(client, out, args).await;
     }
-    crate::commands::submit(client, out, args).await
+    let (id, count) = crate::commands::submit(client, out, args).await?;
+    if wait {
+        let code = wait_for(client, id, count).await?;
+        if code != 0 {
+            std::process::exit(code);
+        }
+    }
+    Ok(())
+}
+
+/// Polls of the submitted jobs while `--wait`ing (every WAIT_POLL): far above
+/// any time limit (the controller ends jobs at their limit).
+const WAIT_POLLS_MAX: u64 = 10_000_000;
+const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Waits for jobs `id..id+count` to end; the highest exit code.
+async fn wait_for(client: &gangway_proto::client::Client, id: u64, count: u32) -> anyhow::Result<i32> {
+    use gangway_proto::v1 as pb;
+    use gangway_proto::v1::job_service_client::JobServiceClient;
+    let mut open: Vec<u64> = (id..id + u64::from(count)).collect();
+    let mut worst = 0;
+    for _ in 0..WAIT_POLLS_MAX {
+        let mut still = Vec::new();
+        for job_id in open {
+            let job = client
+                .call(|ch| {
+                    let r = client.request(pb::GetJobRequest { job_id, stale: false });
+                    async move { JobServiceClient::new(ch).get(r).await }
+                })
+                .await?
+                .into_inner();
+            if job.state > pb::JobState::Running as i32 {
+                worst = worst.max(crate::slurm::job_exit_code(&job));
+            } else {
+                still.push(job_id);
+            }
+        }
+        open = still;
+        if open.is_empty() {
+            return Ok(worst);
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
+    bail!("--wait: gave up waiting for job {id}")
 }
 
 #[cfg(test)]

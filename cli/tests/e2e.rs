@@ -260,6 +260,11 @@ fn sbatch_scripts_through_the_shim(endpoints: &str, work: &Path, dir: &Path) {
         let read = |f: &str| std::fs::read_to_string(work.join(f)).unwrap_or_default();
         read("kept.log") == "old\nnew\n" && read("fresh.log") == "new\n"
     });
+    // --wait: sbatch returns when the job has ended, with its exit code.
+    let o = run(&["--wait", "--wrap", "sleep 0.5; exit 3"]);
+    assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout(&o).starts_with("Submitted batch job "), "{}", stdout(&o));
+    assert_eq!(run(&["-W", "--parsable", "--array=0-2", "--wrap", "true"]).status.code(), Some(0));
     // --nodelist picks the node; excluding every node leaves a job that could
     // never run, and scontrol says which nodes turned it down and why.
     assert!(run(&["-w", "e2e-node-2", "-o", "where.log", "--wrap", "echo $SLURMD_NODENAME"]).status.success());

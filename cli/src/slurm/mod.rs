@@ -226,6 +226,17 @@ pub fn job_nodelist(j: &pb::Job) -> String {
     gangway_node_agent::launch::compress_hostlist(&names)
 }
 
+/// A finished job's exit code as a shell sees it: its own, 128 + a killing
+/// signal, 0 when it completed without one, else 1 (cancelled, node failure).
+pub fn job_exit_code(job: &pb::Job) -> i32 {
+    match (job.exit_code, job.exit_signal) {
+        (Some(c), _) => c,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) if job.state == pb::JobState::Completed as i32 => 0,
+        (None, None) => 1,
+    }
+}
+
 /// The job's nodes: allocated, or requested while pending.
 pub fn job_nodes(j: &pb::Job) -> u64 {
     if !j.allocation.is_empty() {

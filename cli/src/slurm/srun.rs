@@ -368,12 +368,7 @@ pub async fn submit_and_wait(
             if job.state != pb::JobState::Completed as i32 {
                 eprintln!("srun: job {id} ended {}: {}", super::state_name(job.state), job.reason);
             }
-            return Ok(match (job.exit_code, job.exit_signal) {
-                (Some(c), _) => c,
-                (None, Some(sig)) => 128 + sig,
-                (None, None) if job.state == pb::JobState::Completed as i32 => 0,
-                (None, None) => 1,
-            });
+            return Ok(super::job_exit_code(&job));
         }
         tokio::time::sleep(WAIT_POLL).await;
     }
