@@ -167,7 +167,12 @@ fn controllers_agents_and_cli_as_separate_processes() {
             "--step-listen",
             "127.0.0.1:0",
         ];
-        procs.0[2 + n] = spawn(&args, &dir.path().join(format!("a{n}-restarted.log")));
+        // In a session of its own, as systemd starts services: the tasks it
+        // re-adopts stay in the old agent's session.
+        let log = std::fs::File::create(dir.path().join(format!("a{n}-restarted.log"))).unwrap();
+        let mut agent = Command::new("setsid");
+        agent.arg(GANGWAY).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        procs.0[2 + n] = agent.spawn().unwrap();
     };
     restart_agent(&mut procs, 1);
     eventually("the re-adopted job never finished", || {

@@ -4,10 +4,13 @@
 //!
 //! A step runs inside an allocation this node holds: the task of a batch job
 //! on a node other than its first is a *step host* (a process that only waits,
-//! see [`HOLD_SCRIPT`]), and a step's tasks join its process group and cgroup.
-//! Everything that stops the job here (its end, a cancel, the self-fence, the
-//! warning signal before the time limit) therefore reaches the steps too.
-//! A call that is dropped (srun ended or was killed) kills its tasks.
+//! see [`HOLD_SCRIPT`]). Each step task leads a process group of its own
+//! (joining the host's group is not possible across sessions, e.g. once a
+//! restarted agent re-adopted the host), recorded in the host's
+//! [`StepGroups`] and its cgroup: everything that stops the job here (its
+//! end, a cancel, the self-fence, the warning before the time limit) signals
+//! those groups with the host's. A call that is dropped (srun ended or was
+//! killed) stops its tasks.
 //!
 //! Trust: like the controllers' API, the service believes the job id and
 //! attempt it is given; it only starts tasks as the job's own user, in a job
@@ -42,11 +45,16 @@ const OUTPUT_CHUNK_BYTES: usize = 64 * 1024;
 /// (a slow reader slows the tasks down instead of growing memory).
 const STEP_EVENTS_QUEUE_MAX: usize = 256;
 
+/// The process groups of a step host's running step tasks.
+pub type StepGroups = Arc<Mutex<std::collections::BTreeSet<i32>>>;
+
 /// A job allocation on this node that can host steps.
 #[derive(Clone, Debug)]
 pub struct StepHost {
-    /// The job's task's process group, which step tasks join.
+    /// The job's task's process group.
     pub pgid: i32,
+    /// Its step tasks' process groups (shared with the supervisor's task).
+    pub groups: StepGroups,
     /// The job's user (uid, gid) when tasks switch user.
     pub ids: Option<(u32, u32)>,
     /// The job's cgroup on cgroup v2 hosts.
@@ -160,7 +168,7 @@ impl StepService for StepServer {
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
-                .process_group(host.pgid)
+                .process_group(0)
                 .kill_on_drop(true);
             if let Some((uid, gid)) = host.ids {
                 cmd.uid(uid).gid(gid);
@@ -168,12 +176,15 @@ impl StepService for StepServer {
             let rank = task.rank;
             match cmd.spawn() {
                 Ok(child) => {
-                    if let (Some(dir), Some(pid)) = (&host.cgroup, child.id()) {
-                        if let Err(e) = crate::cgroup::Cgroups::add(dir, pid) {
-                            tracing::warn!(job = r.job_id, error = %e, "step task: cgroup join failed");
+                    if let Some(pid) = child.id() {
+                        if let Some(dir) = &host.cgroup {
+                            if let Err(e) = crate::cgroup::Cgroups::add(dir, pid) {
+                                tracing::warn!(job = r.job_id, error = %e, "step task: cgroup join failed");
+                            }
                         }
+                        host.groups.lock().expect("step groups lock").insert(pid as i32);
                     }
-                    tokio::spawn(supervise(child, rank, tx.clone()));
+                    tokio::spawn(supervise(child, rank, tx.clone(), host.groups.clone()));
                 }
                 Err(e) => {
                     let end = StepTaskEnd {
@@ -191,9 +202,28 @@ impl StepService for StepServer {
     }
 }
 
+/// Streams one task's output, then its end; the task's group leaves `groups`
+/// once nothing of it runs.
+async fn supervise(
+    child: tokio::process::Child,
+    rank: u32,
+    tx: mpsc::Sender<Result<StepEvent, Status>>,
+    groups: StepGroups,
+) {
+    let pgid = child.id().map(|p| nix::unistd::Pid::from_raw(p as i32));
+    let stopped = run_task(child, rank, tx.clone()).await;
+    if let Some(pgid) = pgid {
+        // What the task left in its group ends with it.
+        let stopping = std::sync::atomic::AtomicBool::new(stopped);
+        crate::supervisor::end_leftovers(|| vec![pgid], &stopping, STEP_STOP_GRACE).await;
+        groups.lock().expect("step groups lock").remove(&pgid.as_raw());
+    }
+    drop(tx); // the step's stream ends once every task's group is gone
+}
+
 /// Streams one task's output, then its end. When srun goes away (the stream
-/// is dropped) the task is killed.
-async fn supervise(mut child: tokio::process::Child, rank: u32, tx: mpsc::Sender<Result<StepEvent, Status>>) {
+/// is dropped) the task is stopped, and true returned.
+async fn run_task(mut child: tokio::process::Child, rank: u32, tx: mpsc::Sender<Result<StepEvent, Status>>) -> bool {
     let mut out = child.stdout.take();
     let mut err = child.stderr.take();
     let (mut obuf, mut ebuf) = (vec![0u8; OUTPUT_CHUNK_BYTES], vec![0u8; OUTPUT_CHUNK_BYTES]);
@@ -227,21 +257,29 @@ async fn supervise(mut child: tokio::process::Child, rank: u32, tx: mpsc::Sender
         Err(e) => StepTaskEnd { rank, exit_code: None, signal: None, error: format!("lost track of the task: {e}") },
     };
     let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
+    false
 }
 
 /// Time a step task has between SIGTERM and SIGKILL when its srun went away
 /// (the agent's default stop grace: training checkpoints on SIGTERM).
 const STEP_STOP_GRACE: std::time::Duration = crate::supervisor::STOP_GRACE_DEFAULT;
 
-/// Stops a task whose srun went away: SIGTERM, then SIGKILL after the grace.
-async fn stop(mut child: tokio::process::Child) {
-    if let Some(pid) = child.id() {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+/// Stops a task whose srun went away: SIGTERM to its group, then SIGKILL
+/// after the grace. True: it was stopped.
+async fn stop(mut child: tokio::process::Child) -> bool {
+    use nix::sys::signal::{killpg, Signal};
+    let pgid = child.id().map(|p| nix::unistd::Pid::from_raw(p as i32));
+    if let Some(g) = pgid {
+        let _ = killpg(g, Signal::SIGTERM);
     }
     if tokio::time::timeout(STEP_STOP_GRACE, child.wait()).await.is_err() {
+        if let Some(g) = pgid {
+            let _ = killpg(g, Signal::SIGKILL);
+        }
         let _ = child.start_kill();
         let _ = child.wait().await;
     }
+    true
 }
 
 /// Reads what is there from `pipe`; None at its end (or on an error).
@@ -297,8 +335,14 @@ mod tests {
         let pgid = hold.id().unwrap() as i32;
         let hosts: StepHosts = Default::default();
         let dir = tempfile::tempdir().unwrap();
-        let host =
-            StepHost { pgid, ids: None, cgroup: None, gpus: vec![2, 3], workdir: dir.path().display().to_string() };
+        let host = StepHost {
+            pgid,
+            groups: Default::default(),
+            ids: None,
+            cgroup: None,
+            gpus: vec![2, 3],
+            workdir: dir.path().display().to_string(),
+        };
         hosts.lock().unwrap().insert((7, 1), host);
         let server = StepServer::new("n2", hosts.clone());
 
@@ -315,7 +359,8 @@ mod tests {
 
         // Two tasks, each with one of the node's GPUs, srun's environment and
         // its own; output and exit codes come back per rank.
-        let script = "echo $SLURM_PROCID $FROM_SRUN $CUDA_VISIBLE_DEVICES $SLURMD_NODENAME $(ps -o pgid= $$); \
+        let script = "echo $SLURM_PROCID $FROM_SRUN $CUDA_VISIBLE_DEVICES $SLURMD_NODENAME; \
+                      echo $$ $(ps -o pgid= $$) >> groups.txt; sleep 0.3; \
                       echo oops >&2; exit $((SLURM_PROCID + 3))";
         let stream = server.run(Request::new(request(7, &["sh", "-c", script], &[4, 5]))).await.unwrap();
         let events: Vec<StepEvent> = stream.into_inner().map(|e| e.unwrap()).collect().await;
@@ -332,8 +377,16 @@ mod tests {
                 }
             }
         }
-        assert_eq!(out[&(4, false)].trim(), format!("4 yes 2 n2 {pgid}"), "the task joins the host's group");
-        assert_eq!(out[&(5, false)].trim(), format!("5 yes 3 n2 {pgid}"));
+        assert_eq!(out[&(4, false)].trim(), "4 yes 2 n2");
+        assert_eq!(out[&(5, false)].trim(), "5 yes 3 n2");
+        // Each task led a group of its own, recorded with the host while it ran.
+        let groups = std::fs::read_to_string(dir.path().join("groups.txt")).unwrap();
+        for line in groups.lines() {
+            let (pid, pgrp) = line.split_once(' ').unwrap();
+            assert_eq!(pid.trim(), pgrp.trim(), "a step task is not its group's leader: {groups}");
+        }
+        assert_eq!(groups.lines().count(), 2, "{groups}");
+        assert!(hosts.lock().unwrap()[&(7, 1)].groups.lock().unwrap().is_empty(), "ended steps' groups remain");
         assert_eq!(out[&(5, true)].trim(), "oops");
         assert_eq!(ends[&4], (Some(7), String::new()));
         assert_eq!(ends[&5], (Some(8), String::new()));

@@ -84,7 +84,14 @@ fn parse_step_host(line: &str, pid: i32) -> Option<crate::steps::StepHost> {
         (u, g) => Some((u.parse().ok()?, g.parse().ok()?)),
     };
     let gpus = if gpus == "-" { Vec::new() } else { gpus.split(',').map(|g| g.parse().ok()).collect::<Option<_>>()? };
-    Some(crate::steps::StepHost { pgid: pid, ids, cgroup: None, gpus, workdir: workdir.to_string() })
+    Some(crate::steps::StepHost {
+        pgid: pid,
+        groups: Default::default(),
+        ids,
+        cgroup: None,
+        gpus,
+        workdir: workdir.to_string(),
+    })
 }
 
 /// Who gets Slurm's `--signal` warning on this node.
@@ -100,29 +107,36 @@ enum WarnTarget {
     AllButBatchShell,
 }
 
-fn send_warning(pgid: Pid, sig: Signal, target: WarnTarget, shim: bool) {
+/// Sends the warning to a task's `groups` (its own first, then its step
+/// tasks').
+fn send_warning(groups: &[Pid], sig: Signal, target: WarnTarget, shim: bool) {
+    let pgid = groups[0];
     // Under the shim the batch shell is the shim's child; without, the task.
     let shell = || {
         if shim {
-            group_members(pgid)?.into_iter().find(|(_, ppid)| *ppid == pgid.as_raw())
+            group_members(pgid)?.into_iter().find(|(_, ppid)| *ppid == pgid.as_raw()).map(|(pid, _)| pid)
         } else {
-            Some((pgid.as_raw(), 0))
+            Some(pgid.as_raw())
         }
     };
     match target {
         WarnTarget::Group => {
-            let _ = killpg(pgid, sig);
+            for g in groups {
+                let _ = killpg(*g, sig);
+            }
         }
         WarnTarget::BatchShell => {
-            if let Some((pid, _)) = shell() {
+            if let Some(pid) = shell() {
                 let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
             }
         }
         WarnTarget::AllButBatchShell => {
-            let shell = shell().map(|(pid, _)| pid);
-            for (pid, _) in group_members(pgid).unwrap_or_default() {
-                if Some(pid) != shell && !is_srun(pid) {
-                    let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+            let shell = shell();
+            for g in groups {
+                for (pid, _) in group_members(*g).unwrap_or_default() {
+                    if Some(pid) != shell && !is_srun(pid) {
+                        let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+                    }
                 }
             }
         }
@@ -171,20 +185,27 @@ fn group_alive(pgid: Pid) -> bool {
 /// task's exit is reported, so its GPUs are free when the leader reuses them:
 /// SIGTERM (unless the task is already being stopped), `grace` to finish,
 /// then SIGKILL. Slurm likewise ends a job's leftover processes.
-async fn end_leftovers(pgid: Pid, stopping: &AtomicBool, grace: Duration) {
-    let alive = || group_alive(pgid);
+/// `groups` says which process groups are the task's now (its own, and a step
+/// host's step tasks').
+pub(crate) async fn end_leftovers(groups: impl Fn() -> Vec<Pid>, stopping: &AtomicBool, grace: Duration) {
+    let alive = || groups().into_iter().any(group_alive);
+    let signal_all = |sig: Signal| {
+        for g in groups() {
+            let _ = killpg(g, sig);
+        }
+    };
     if !alive() {
         return;
     }
     if !stopping.load(Ordering::SeqCst) {
-        let _ = killpg(pgid, Signal::SIGTERM);
+        signal_all(Signal::SIGTERM);
     }
     let deadline = Instant::now() + grace;
     // Bounded by the deadline.
     while alive() && Instant::now() < deadline {
         tokio::time::sleep(LEFTOVER_POLL).await;
     }
-    let _ = killpg(pgid, Signal::SIGKILL);
+    signal_all(Signal::SIGKILL);
     for _ in 0..LEFTOVER_KILL_POLLS {
         if !alive() {
             break;
@@ -193,8 +214,17 @@ async fn end_leftovers(pgid: Pid, stopping: &AtomicBool, grace: Duration) {
     }
 }
 
+/// A task's own process group and its step tasks' groups (step hosts).
+fn task_groups(pgid: Pid, steps: &crate::steps::StepGroups) -> Vec<Pid> {
+    let mut all = vec![pgid];
+    all.extend(steps.lock().expect("step groups lock").iter().map(|g| Pid::from_raw(*g)));
+    all
+}
+
 struct Task {
     pgid: Pid,
+    /// Step tasks' process groups (a batch job's task; empty otherwise).
+    steps: crate::steps::StepGroups,
     /// Set once the task is being stopped (its group already has SIGTERM).
     stopping: Arc<AtomicBool>,
     /// When SIGTERM was sent, SIGKILL follows at this instant.
@@ -325,6 +355,7 @@ impl Supervisor {
             if is_shim {
                 tracing::info!(job = key.0, attempt = key.1, pid, "re-adopted a running task");
                 let gpus = step_host.as_ref().map(|h| h.gpus.clone()).unwrap_or_default();
+                let steps = step_host.as_ref().map(|h| h.groups.clone()).unwrap_or_default();
                 if let Some(host) = step_host {
                     // Steps can start in a batch job's allocation again.
                     self.step_hosts.lock().expect("step hosts lock").insert(key, host);
@@ -335,6 +366,7 @@ impl Supervisor {
                     key,
                     Task {
                         pgid,
+                        steps: steps.clone(),
                         kill_at: None,
                         stopping: stopping.clone(),
                         killed: false,
@@ -344,7 +376,7 @@ impl Supervisor {
                         gpus,
                     },
                 );
-                self.watch_adopted(key, pgid, stopping);
+                self.watch_adopted(key, pgid, stopping, steps);
             } else {
                 self.report_from_files(key, None);
             }
@@ -352,7 +384,7 @@ impl Supervisor {
     }
 
     /// Polls an adopted task (not our child, so it cannot be waited for).
-    fn watch_adopted(&self, key: Key, pid: Pid, stopping: Arc<AtomicBool>) {
+    fn watch_adopted(&self, key: Key, pid: Pid, stopping: Arc<AtomicBool>, steps: crate::steps::StepGroups) {
         let (tx, node, exit, record) =
             (self.exits_tx.clone(), self.node.clone(), self.exit_path(key), self.record_path(key));
         let grace = self.stop_grace;
@@ -360,7 +392,7 @@ impl Supervisor {
             while nix::sys::signal::kill(pid, None).is_ok() {
                 tokio::time::sleep(ADOPTED_POLL_INTERVAL).await;
             }
-            end_leftovers(pid, &stopping, grace).await;
+            end_leftovers(|| task_groups(pid, &steps), &stopping, grace).await;
             let _ = tx.send(exit_report(&node, key, &exit, &record, None, None)).await;
         });
     }
@@ -528,6 +560,8 @@ impl Supervisor {
             (true, false, false) => Some(WarnTarget::AllButBatchShell),
         };
         let shim = self.shim.is_some();
+        let steps = crate::steps::StepGroups::default();
+        let warn_steps = steps.clone();
         let warn_timer =
             (order.warn_signal > 0).then(|| Signal::try_from(order.warn_signal as i32).ok()).flatten().zip(target).map(
                 |(sig, target)| {
@@ -535,7 +569,7 @@ impl Supervisor {
                     tokio::spawn(async move {
                         tokio::time::sleep(delay).await;
                         tracing::info!(job = key.0, signal = %sig, ?target, "sending the time-limit warning signal");
-                        send_warning(pgid, sig, target, shim);
+                        send_warning(&task_groups(pgid, &warn_steps), sig, target, shim);
                     })
                 },
             );
@@ -543,6 +577,7 @@ impl Supervisor {
             key,
             Task {
                 pgid,
+                steps: steps.clone(),
                 kill_at: None,
                 stopping: stopping.clone(),
                 killed: false,
@@ -555,6 +590,7 @@ impl Supervisor {
         if order.batch {
             let host = crate::steps::StepHost {
                 pgid: pgid.as_raw(),
+                groups: steps.clone(),
                 ids,
                 cgroup: cgroup.clone(),
                 gpus: order.gpus.clone(),
@@ -578,7 +614,7 @@ impl Supervisor {
         tokio::spawn(async move {
             use std::os::unix::process::ExitStatusExt;
             let result = child.wait().await;
-            end_leftovers(pgid, &stopping, grace).await;
+            end_leftovers(|| task_groups(pgid, &steps), &stopping, grace).await;
             let peak_mem_mb = cgroup.as_deref().and_then(crate::cgroup::Cgroups::peak_mb);
             if let Some(dir) = &cgroup {
                 crate::cgroup::Cgroups::kill(dir); // anything the task left behind
@@ -611,7 +647,9 @@ impl Supervisor {
             if t.kill_at.is_none() {
                 tracing::info!(job = key.0, attempt = key.1, "stopping task");
                 t.stopping.store(true, Ordering::SeqCst);
-                let _ = killpg(t.pgid, Signal::SIGTERM);
+                for g in task_groups(t.pgid, &t.steps) {
+                    let _ = killpg(g, Signal::SIGTERM);
+                }
                 t.kill_at = Some(Instant::now() + grace);
             }
         }
@@ -643,7 +681,9 @@ impl Supervisor {
                         attempt = key.1,
                         "task outlived its grace period; killing its process group"
                     );
-                    let _ = killpg(t.pgid, Signal::SIGKILL);
+                    for g in task_groups(t.pgid, &t.steps) {
+                        let _ = killpg(g, Signal::SIGKILL);
+                    }
                     if let Some(dir) = &t.cgroup {
                         crate::cgroup::Cgroups::kill(dir);
                     }
@@ -657,7 +697,9 @@ impl Supervisor {
     /// dev cluster; a production agent leaves tasks running).
     pub fn kill_all(&mut self) {
         for t in self.tasks.values() {
-            let _ = killpg(t.pgid, Signal::SIGKILL);
+            for g in task_groups(t.pgid, &t.steps) {
+                let _ = killpg(g, Signal::SIGKILL);
+            }
         }
     }
 }
@@ -684,6 +726,7 @@ mod tests {
     fn step_hosts_survive_in_task_records() {
         let host = crate::steps::StepHost {
             pgid: 42,
+            groups: Default::default(),
             ids: Some((1000, 100)),
             cgroup: None,
             gpus: vec![2, 3],
@@ -709,7 +752,7 @@ mod tests {
         let pgid = Pid::from_raw(child.id().unwrap() as i32);
         assert!(child.wait().await.unwrap().success());
         assert!(group_alive(pgid), "the background process should still run");
-        end_leftovers(pgid, &AtomicBool::new(false), Duration::from_millis(300)).await;
+        end_leftovers(|| vec![pgid], &AtomicBool::new(false), Duration::from_millis(300)).await;
         assert!(!group_alive(pgid), "a leftover outlived end_leftovers");
     }
 
