@@ -186,9 +186,14 @@ fn controllers_agents_and_cli_as_separate_processes() {
         let starts = std::fs::read_to_string(work.join(format!("starts-{rank}"))).unwrap();
         assert_eq!(starts.lines().count(), 1, "rank {rank} started twice");
     }
-    // A batch job whose step host's agent restarts between two srun steps:
-    // the restarted agent re-adopts the step host, and the next step runs there.
-    let script = "srun true; echo $SLURMD_NODENAME > batch-host; while [ ! -e go ]; do sleep 0.1; done; \
+    // A batch job whose step host's agent restarts while a step runs there
+    // and before the next: the restarted agent ends the step its predecessor
+    // started (its srun lost it), re-adopts the step host, and the next step
+    // runs there.
+    let script = "srun true; other=$(scontrol show hostnames | grep -v $SLURMD_NODENAME); \
+                  srun -N1 -n1 -w $other sh -c 'echo $$ > orphan.pid; exec sleep 300' & \
+                  while [ ! -e orphan.pid ]; do sleep 0.1; done; \
+                  echo $SLURMD_NODENAME > batch-host; while [ ! -e go ]; do sleep 0.1; done; \
                   srun -l sh -c 'echo again on $SLURMD_NODENAME'";
     let o = cli(&endpoints, &["submit", "--parsable", "--batch", "-N", "2", "--", "sh", "-c", script], &work);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -196,7 +201,13 @@ fn controllers_agents_and_cli_as_separate_processes() {
     eventually("the batch job never reached its pause", || work.join("batch-host").exists());
     let host = std::fs::read_to_string(work.join("batch-host")).unwrap();
     let other = if host.trim() == "e2e-node-1" { 2 } else { 1 };
+    let orphan: i32 = std::fs::read_to_string(work.join("orphan.pid")).unwrap().trim().parse().unwrap();
     restart_agent(&mut procs, other);
+    eventually("the restarted agent left its predecessor's step running", || {
+        // Gone, or a zombie no one reaps (this machine's PID 1 does not).
+        std::fs::read_to_string(format!("/proc/{orphan}/stat"))
+            .map_or(true, |s| s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
+    });
     std::fs::write(work.join("go"), "").unwrap();
     eventually("the batch job never completed after its step host's agent restarted", || {
         stdout(&cli(&endpoints, &["show", &id, "--json"], &work)).contains("\"state\": \"COMPLETED\"")

@@ -55,6 +55,9 @@ pub struct StepHost {
     pub pgid: i32,
     /// Its step tasks' process groups (shared with the supervisor's task).
     pub groups: StepGroups,
+    /// Where each step task's process group is also noted, so that a
+    /// restarted agent finds (and ends) the steps of the agent before it.
+    pub steps_file: Option<PathBuf>,
     /// The job's user (uid, gid) when tasks switch user.
     pub ids: Option<(u32, u32)>,
     /// The job's cgroup on cgroup v2 hosts.
@@ -183,6 +186,17 @@ impl StepService for StepServer {
                             }
                         }
                         host.groups.lock().expect("step groups lock").insert(pid as i32);
+                        if let Some(f) = &host.steps_file {
+                            use std::io::Write;
+                            let noted = std::fs::OpenOptions::new()
+                                .create(true)
+                                .append(true)
+                                .open(f)
+                                .and_then(|mut file| writeln!(file, "{pid}"));
+                            if let Err(e) = noted {
+                                tracing::warn!(file = %f.display(), error = %e, "cannot note a step task");
+                            }
+                        }
                     }
                     tokio::spawn(supervise(child, rank, tx.clone(), host.groups.clone()));
                 }
@@ -338,6 +352,7 @@ mod tests {
         let host = StepHost {
             pgid,
             groups: Default::default(),
+            steps_file: None,
             ids: None,
             cgroup: None,
             gpus: vec![2, 3],

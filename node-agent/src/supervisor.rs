@@ -39,6 +39,7 @@ fn exit_report(
 ) -> TaskExitReport {
     let found = crate::shim::read_exit(exit_file).or(status);
     let _ = std::fs::remove_file(exit_file);
+    let _ = std::fs::remove_file(steps_path(record));
     let _ = std::fs::remove_file(record);
     let (exit_code, signal) = found.unwrap_or((None, None));
     TaskExitReport {
@@ -87,6 +88,7 @@ fn parse_step_host(line: &str, pid: i32) -> Option<crate::steps::StepHost> {
     Some(crate::steps::StepHost {
         pgid: pid,
         groups: Default::default(),
+        steps_file: None,
         ids,
         cgroup: None,
         gpus,
@@ -212,6 +214,29 @@ pub(crate) async fn end_leftovers(groups: impl Fn() -> Vec<Pid>, stopping: &Atom
         }
         tokio::time::sleep(LEFTOVER_POLL).await;
     }
+}
+
+/// The file noting a step host's step tasks, next to its task record.
+fn steps_path(record: &std::path::Path) -> PathBuf {
+    record.with_extension("steps")
+}
+
+/// The step tasks a previous agent process started in job `key`'s step host
+/// and that still run: their srun lost them with that agent, so they are
+/// ended (checked against their environment, so a reused process id is never
+/// taken for one).
+fn orphaned_steps(record: &std::path::Path, key: Key) -> Vec<Pid> {
+    let Ok(text) = std::fs::read_to_string(steps_path(record)) else { return Vec::new() };
+    let job = format!("SLURM_JOB_ID={}", key.0);
+    text.lines()
+        .filter_map(|l| l.trim().parse::<i32>().ok())
+        .map(Pid::from_raw)
+        .filter(|&p| group_alive(p))
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == job.as_bytes()))
+        })
+        .collect()
 }
 
 /// A task's own process group and its step tasks' groups (step hosts).
@@ -356,8 +381,21 @@ impl Supervisor {
                 tracing::info!(job = key.0, attempt = key.1, pid, "re-adopted a running task");
                 let gpus = step_host.as_ref().map(|h| h.gpus.clone()).unwrap_or_default();
                 let steps = step_host.as_ref().map(|h| h.groups.clone()).unwrap_or_default();
-                if let Some(host) = step_host {
+                let orphans = orphaned_steps(&self.record_path(key), key);
+                if !orphans.is_empty() {
+                    tracing::warn!(
+                        job = key.0,
+                        steps = orphans.len(),
+                        "ending steps whose srun was lost with the agent"
+                    );
+                    let grace = self.stop_grace;
+                    tokio::spawn(async move {
+                        end_leftovers(|| orphans.clone(), &AtomicBool::new(false), grace).await;
+                    });
+                }
+                if let Some(mut host) = step_host {
                     // Steps can start in a batch job's allocation again.
+                    host.steps_file = Some(steps_path(&self.record_path(key)));
                     self.step_hosts.lock().expect("step hosts lock").insert(key, host);
                 }
                 let pgid = Pid::from_raw(pid);
@@ -591,6 +629,7 @@ impl Supervisor {
             let host = crate::steps::StepHost {
                 pgid: pgid.as_raw(),
                 groups: steps.clone(),
+                steps_file: self.shim.is_some().then(|| steps_path(&self.record_path(key))),
                 ids,
                 cgroup: cgroup.clone(),
                 gpus: order.gpus.clone(),
@@ -727,6 +766,7 @@ mod tests {
         let host = crate::steps::StepHost {
             pgid: 42,
             groups: Default::default(),
+            steps_file: None,
             ids: Some((1000, 100)),
             cgroup: None,
             gpus: vec![2, 3],
