@@ -65,7 +65,10 @@ enum Cmd {
     Sacct(slurm::sacct::SacctArgs),
     /// Slurm's srun, inside a job: this node's tasks of a step, with per-task SLURM_* variables.
     Srun(slurm::srun::SrunArgs),
-    /// Slurm command names as links to this binary (sbatch, srun, squeue, scancel, sinfo, scontrol, sacct).
+    /// Slurm's salloc: an allocation held while a command (default: your shell) runs here; srun in it
+    /// starts steps on the allocated nodes.
+    Salloc(slurm::salloc::SallocArgs),
+    /// Slurm command names as links to this binary (sbatch, srun, salloc, squeue, scancel, sinfo, scontrol, sacct).
     #[command(subcommand)]
     Shims(ShimsCmd),
     /// List pending and running jobs (`--all` for finished ones too).
@@ -155,7 +158,7 @@ enum ShimsCmd {
 }
 
 /// The Slurm commands this binary answers to when invoked by that name.
-const SHIMS: &[&str] = &["sbatch", "srun", "squeue", "scancel", "sinfo", "scontrol", "sacct"];
+const SHIMS: &[&str] = &["sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sacct"];
 
 fn install_shims(prefix: &std::path::Path, force: bool) -> anyhow::Result<()> {
     let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this binary: {e}"))?;
@@ -267,6 +270,10 @@ fn main() {
                 match cmd {
                     Cmd::Submit(a) => commands::submit(&client, &out, a).await.map(|_| ()),
                     Cmd::Sbatch { args } => sbatch::run(&client, &out, &args).await,
+                    Cmd::Salloc(a) => {
+                        let code = slurm::salloc::run(&client, &out, a).await?;
+                        std::process::exit(code)
+                    }
                     Cmd::Squeue(a) => slurm::squeue::run(&client, &out, &identity, a).await,
                     Cmd::Scancel(a) => slurm::scancel::run(&client, &out, &identity, a).await,
                     Cmd::Sinfo(a) => slurm::sinfo::run(&client, &out, a).await,

@@ -449,6 +449,21 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     }
     assert!(term.contains("shell survived"), "{term}");
 
+    // salloc: an allocation held while a command runs here; srun in it starts
+    // the step on the allocated nodes, output streamed back through the agents.
+    let o = shim("salloc", "dev:root")
+        .args(["-N", "2", GANGWAY, "srun", "-l", "bash", "-c", "echo on $SLURMD_NODENAME"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = stdout(&o);
+    assert!(said.contains("0: on e2e-node-") && said.contains("1: on e2e-node-"), "{said}");
+    assert!(said.contains("on e2e-node-1") && said.contains("on e2e-node-2"), "{said}");
+    let granted = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(granted.contains("Granted job allocation") && granted.contains("Relinquishing"), "{granted}");
+    let o = shim("salloc", "dev:root").args(["-N", "1", "sh", "-c", "exit 4"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}", String::from_utf8_lossy(&o.stderr));
+
     // srun from outside a job: a job of its own, output streamed, exit code kept.
     let said = tool("srun", &["-N", "2", "-l", "bash", "-c", "echo on $SLURMD_NODENAME"]);
     assert!(said.contains("0: on e2e-node-1") && said.contains("1: on e2e-node-2"), "{said}");

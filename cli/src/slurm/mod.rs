@@ -9,6 +9,7 @@
 pub mod format;
 pub mod hostlist;
 pub mod sacct;
+pub mod salloc;
 pub mod scancel;
 pub mod scontrol;
 pub mod sinfo;

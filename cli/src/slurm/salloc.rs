@@ -1,0 +1,215 @@
+//! `salloc`: an interactive allocation. It submits a batch job whose nodes
+//! only hold the allocation (every node a step host), waits until it runs,
+//! then runs a command here (default: the user's shell) with the job's
+//! variables, so that `srun` there starts steps on the allocated nodes
+//! through their agents and streams their output back to this terminal. When
+//! the command ends, the allocation is given back (the job is cancelled).
+
+use anyhow::{bail, Context};
+use clap::Args;
+use gangway_proto::client::Client;
+use gangway_proto::v1 as pb;
+use gangway_proto::v1::job_service_client::JobServiceClient;
+use gangway_proto::v1::node_service_client::NodeServiceClient;
+
+use crate::commands::Output;
+
+/// Polls of the job's state while waiting for the allocation (every
+/// WAIT_POLL): far above any wait worth holding a terminal for.
+const WAIT_POLLS_MAX: u64 = 10_000_000;
+const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+#[derive(Args, Debug, Default)]
+pub struct SallocArgs {
+    #[arg(short = 'N', long)]
+    nodes: Option<String>,
+    #[arg(short = 'n', long)]
+    ntasks: Option<i64>,
+    #[arg(long = "ntasks-per-node", alias = "tasks-per-node")]
+    ntasks_per_node: Option<i64>,
+    #[arg(short = 'c', long = "cpus-per-task")]
+    cpus_per_task: Option<i64>,
+    #[arg(short = 'G', long)]
+    gpus: Option<String>,
+    #[arg(long = "gpus-per-node")]
+    gpus_per_node: Option<String>,
+    #[arg(long = "gpus-per-task")]
+    gpus_per_task: Option<String>,
+    #[arg(long)]
+    gres: Option<String>,
+    #[arg(long)]
+    mem: Option<String>,
+    #[arg(short = 't', long)]
+    time: Option<String>,
+    #[arg(short = 'p', long)]
+    partition: Option<String>,
+    #[arg(short = 'A', long)]
+    account: Option<String>,
+    #[arg(short = 'q', long)]
+    qos: Option<String>,
+    #[arg(short = 'J', long = "job-name")]
+    job_name: Option<String>,
+    #[arg(short = 'C', long)]
+    constraint: Option<String>,
+    #[arg(short = 'w', long)]
+    nodelist: Option<String>,
+    #[arg(short = 'x', long)]
+    exclude: Option<String>,
+    #[arg(long)]
+    exclusive: bool,
+    /// The command to run in the allocation (default: $SHELL).
+    #[arg(trailing_var_arg = true)]
+    command: Vec<String>,
+}
+
+pub async fn run(client: &Client, out: &Output, a: SallocArgs) -> anyhow::Result<i32> {
+    let command = if a.command.is_empty() {
+        vec![std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into())]
+    } else {
+        a.command.clone()
+    };
+    let args = crate::commands::SubmitArgs {
+        name: a.job_name.clone().or_else(|| Some("interactive".into())),
+        nodes: a.nodes.clone(),
+        ntasks: a.ntasks,
+        tasks_per_node: a.ntasks_per_node,
+        cpus_per_task: a.cpus_per_task,
+        gpus: a.gpus.clone(),
+        gpus_per_node: a.gpus_per_node.clone(),
+        gpus_per_task: a.gpus_per_task.clone(),
+        gres: a.gres.clone(),
+        mem: a.mem.clone(),
+        time: a.time.clone(),
+        partition: a.partition.clone(),
+        account: a.account.clone(),
+        qos: a.qos.clone(),
+        constraint: a.constraint.clone(),
+        nodelist: a.nodelist.clone(),
+        exclude: a.exclude.clone(),
+        exclusive: a.exclusive,
+        // Every node, the first too, only holds the allocation for steps.
+        wrap: Some(gangway_node_agent::steps::HOLD_SCRIPT.into()),
+        batch: true,
+        output: Some("/dev/null".into()),
+        ..Default::default()
+    };
+    let spec = crate::commands::job_spec(args, None)?;
+    let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: uuid::Uuid::new_v4().to_string() };
+    let id = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).submit(r).await }
+        })
+        .await?
+        .into_inner()
+        .job_id;
+    if !out.json {
+        eprintln!("salloc: Pending job allocation {id}");
+    }
+    let job = match wait_running(client, id).await {
+        Ok(Some(job)) => job,
+        Ok(None) => {
+            eprintln!("salloc: interrupted: job allocation {id} cancelled");
+            cancel(client, id).await;
+            return Ok(130);
+        }
+        Err(e) => {
+            cancel(client, id).await;
+            return Err(e);
+        }
+    };
+    eprintln!("salloc: Granted job allocation {id}");
+    let code = match allocation_env(client, &job).await {
+        Ok(env) => {
+            let status = tokio::process::Command::new(&command[0])
+                .args(&command[1..])
+                .envs(env)
+                .status()
+                .await
+                .with_context(|| format!("salloc: cannot run {}", command[0]));
+            status.map(|s| {
+                use std::os::unix::process::ExitStatusExt;
+                s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
+            })
+        }
+        Err(e) => Err(e),
+    };
+    eprintln!("salloc: Relinquishing job allocation {id}");
+    cancel(client, id).await;
+    code
+}
+
+/// Waits until the job runs; None when interrupted (Ctrl-C).
+async fn wait_running(client: &Client, id: u64) -> anyhow::Result<Option<pb::Job>> {
+    for _ in 0..WAIT_POLLS_MAX {
+        let polled = tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(None),
+            r = client.call(|ch| {
+                let r = client.request(pb::GetJobRequest { job_id: id, stale: false });
+                async move { JobServiceClient::new(ch).get(r).await }
+            }) => r?.into_inner(),
+        };
+        if polled.state == pb::JobState::Running as i32 {
+            return Ok(Some(polled));
+        }
+        if polled.state > pb::JobState::Running as i32 {
+            bail!("salloc: job {id} ended {} before it ran: {}", super::state_name(polled.state), polled.reason);
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
+    bail!("salloc: gave up waiting for job {id}")
+}
+
+/// The job's variables for the command run in the allocation: enough for
+/// srun (nodes, attempt, each node's step service) and for scripts.
+async fn allocation_env(client: &Client, job: &pb::Job) -> anyhow::Result<Vec<(String, String)>> {
+    let nodes: Vec<String> = job.allocation.iter().map(|a| a.node.clone()).collect();
+    let mut addrs = Vec::new();
+    for n in &nodes {
+        let node = client
+            .call(|ch| {
+                let r = client.request(pb::GetNodeRequest { name: n.clone(), stale: false });
+                async move { NodeServiceClient::new(ch).get(r).await }
+            })
+            .await?
+            .into_inner();
+        let addr = match node.addr.rsplit_once(':') {
+            Some((host, port)) => format!("{}:{port}", if host.is_empty() { n } else { host }),
+            None => String::new(),
+        };
+        addrs.push(format!("{n}={addr}"));
+    }
+    let spec = super::spec(job);
+    let list = super::hostlist::compress(&nodes);
+    let here = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    let tpn = spec.tasks_per_node.unwrap_or(1).max(1);
+    let mut env = vec![
+        ("SLURM_JOB_ID", job.id.to_string()),
+        ("SLURM_JOBID", job.id.to_string()),
+        ("SLURM_JOB_NAME", spec.name.clone()),
+        ("SLURM_JOB_NODELIST", list.clone()),
+        ("SLURM_NODELIST", list),
+        ("SLURM_JOB_NUM_NODES", nodes.len().to_string()),
+        ("SLURM_NNODES", nodes.len().to_string()),
+        ("SLURM_NTASKS_PER_NODE", tpn.to_string()),
+        ("SLURM_NTASKS", (tpn as usize * nodes.len()).to_string()),
+        ("SLURM_SUBMIT_DIR", spec.workdir.clone()),
+        ("SLURMD_NODENAME", here),
+        ("GANGWAY_JOB_ID", job.id.to_string()),
+        ("GANGWAY_ATTEMPT", job.attempt.to_string()),
+        ("GANGWAY_STEP_ADDRS", addrs.join(",")),
+    ];
+    if let Some(c) = spec.cpus_per_task {
+        env.push(("SLURM_CPUS_PER_TASK", c.to_string()));
+    }
+    Ok(env.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+}
+
+async fn cancel(client: &Client, id: u64) {
+    let _ = client
+        .call(|ch| {
+            let r = client.request(pb::CancelRequest { job_id: id });
+            async move { JobServiceClient::new(ch).cancel(r).await }
+        })
+        .await;
+}
