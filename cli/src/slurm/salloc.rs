@@ -87,12 +87,34 @@ pub async fn run(client: &Client, out: &Output, a: SallocArgs) -> anyhow::Result
         nodelist: a.nodelist.clone(),
         exclude: a.exclude.clone(),
         exclusive: a.exclusive,
-        // Every node, the first too, only holds the allocation for steps.
-        wrap: Some(gangway_node_agent::steps::HOLD_SCRIPT.into()),
-        batch: true,
-        output: Some("/dev/null".into()),
         ..Default::default()
     };
+    allocate_and_run(client, out, args, &command, Who::Salloc).await
+}
+
+/// Who asks for the allocation: their messages differ.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Who {
+    Salloc,
+    /// srun outside a job: allocates, runs its step, gives the nodes back.
+    Srun,
+}
+
+/// Submits `args` as an allocation whose every node only holds it, waits for
+/// it, runs `command` here with the job's variables, gives the allocation
+/// back, and returns the command's exit code.
+pub async fn allocate_and_run(
+    client: &Client,
+    out: &Output,
+    mut args: crate::commands::SubmitArgs,
+    command: &[String],
+    who: Who,
+) -> anyhow::Result<i32> {
+    // Every node, the first too, only holds the allocation for steps.
+    args.wrap = Some(gangway_node_agent::steps::HOLD_SCRIPT.into());
+    args.command = Vec::new();
+    args.batch = true;
+    args.output = Some("/dev/null".into());
     let spec = crate::commands::job_spec(args, None)?;
     let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: uuid::Uuid::new_v4().to_string() };
     let id = client
@@ -104,12 +126,15 @@ pub async fn run(client: &Client, out: &Output, a: SallocArgs) -> anyhow::Result
         .into_inner()
         .job_id;
     if !out.json {
-        eprintln!("salloc: Pending job allocation {id}");
+        match who {
+            Who::Salloc => eprintln!("salloc: Pending job allocation {id}"),
+            Who::Srun => eprintln!("srun: job {id} queued and waiting for resources"),
+        }
     }
     let job = match wait_running(client, id).await {
         Ok(Some(job)) => job,
         Ok(None) => {
-            eprintln!("salloc: interrupted: job allocation {id} cancelled");
+            eprintln!("{}: interrupted: job allocation {id} cancelled", name(who));
             cancel(client, id).await;
             return Ok(130);
         }
@@ -118,7 +143,11 @@ pub async fn run(client: &Client, out: &Output, a: SallocArgs) -> anyhow::Result
             return Err(e);
         }
     };
-    eprintln!("salloc: Granted job allocation {id}");
+    match who {
+        Who::Salloc => eprintln!("salloc: Granted job allocation {id}"),
+        Who::Srun if !out.json => eprintln!("srun: job {id} has been allocated resources"),
+        Who::Srun => {}
+    }
     let code = match allocation_env(client, &job).await {
         Ok(env) => {
             let status = tokio::process::Command::new(&command[0])
@@ -134,9 +163,18 @@ pub async fn run(client: &Client, out: &Output, a: SallocArgs) -> anyhow::Result
         }
         Err(e) => Err(e),
     };
-    eprintln!("salloc: Relinquishing job allocation {id}");
+    if who == Who::Salloc {
+        eprintln!("salloc: Relinquishing job allocation {id}");
+    }
     cancel(client, id).await;
     code
+}
+
+fn name(who: Who) -> &'static str {
+    match who {
+        Who::Salloc => "salloc",
+        Who::Srun => "srun",
+    }
 }
 
 /// Waits until the job runs; None when interrupted (Ctrl-C).
@@ -153,11 +191,11 @@ async fn wait_running(client: &Client, id: u64) -> anyhow::Result<Option<pb::Job
             return Ok(Some(polled));
         }
         if polled.state > pb::JobState::Running as i32 {
-            bail!("salloc: job {id} ended {} before it ran: {}", super::state_name(polled.state), polled.reason);
+            bail!("job {id} ended {} before it ran: {}", super::state_name(polled.state), polled.reason);
         }
         tokio::time::sleep(WAIT_POLL).await;
     }
-    bail!("salloc: gave up waiting for job {id}")
+    bail!("gave up waiting for job {id}")
 }
 
 /// The job's variables for the command run in the allocation: enough for

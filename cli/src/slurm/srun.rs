@@ -202,26 +202,17 @@ pub fn inside_job() -> bool {
     std::env::var_os("SLURM_JOB_ID").is_some()
 }
 
-/// Polls of a one-shot job's state while waiting (every WAIT_POLL): far above
-/// any job's time limit (the controller ends the job at its limit).
-const WAIT_POLLS_MAX: u64 = 10_000_000;
-const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
-/// Bytes of a job's output streamed per poll and file.
-const STREAM_CHUNK_BYTES: u64 = 1 << 20;
-
-/// srun outside a job: submits the step as a job of its own (the same srun
-/// runs inside it, so tasks get their per-task variables), streams its output
-/// files from the submit directory as they grow, and exits with its exit code.
-/// Ctrl-C cancels the job. The output is read from the submit directory, so
-/// it streams when that directory is shared with the nodes (as on most
-/// clusters, and in the dev cluster); otherwise it is left in slurm-N.out there.
+/// srun outside a job: allocates the nodes (as salloc does), runs the same
+/// srun here inside that allocation, so the step's tasks start on the nodes
+/// through their agents and their output streams back to this terminal (no
+/// shared file system needed), gives the nodes back, and exits with the
+/// step's exit code. Ctrl-C while waiting cancels the request; during the
+/// step it ends the tasks.
 pub async fn submit_and_wait(
     client: &gangway_proto::client::Client,
     out: &crate::commands::Output,
     a: SrunArgs,
 ) -> anyhow::Result<i32> {
-    use gangway_proto::v1 as pb;
-    use gangway_proto::v1::job_service_client::JobServiceClient;
     if a.pty {
         bail!("--pty: interactive terminals are not supported yet; srun runs the command batch-style and streams its output");
     }
@@ -288,91 +279,9 @@ pub async fn submit_and_wait(
             .into_iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect(),
-        command: inner,
-        // Held until the output files' current ends are known (an earlier job
-        // with the same id may have left files here: only new output streams).
-        hold: true,
         ..Default::default()
     };
-    let spec = crate::commands::job_spec(args, None)?;
-    let workdir = std::path::PathBuf::from(&spec.workdir);
-    let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: uuid::Uuid::new_v4().to_string() };
-    let id = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).submit(r).await }
-        })
-        .await?
-        .into_inner()
-        .job_id;
-    // Node 0 writes slurm-ID.out, node N slurm-ID.N.out.
-    let mut files = vec![workdir.join(format!("slurm-{id}.out"))];
-    files.extend((1..nodes).map(|n| workdir.join(format!("slurm-{id}.{n}.out"))));
-    let mut offsets: std::collections::BTreeMap<std::path::PathBuf, u64> =
-        files.iter().map(|f| (f.clone(), std::fs::metadata(f).map_or(0, |m| m.len()))).collect();
-    let release = pb::UpdateJobRequest { job_id: id, change: pb::update_job_request::Change::Release as i32, value: 0 };
-    client
-        .call(|ch| {
-            let r = client.request(release);
-            async move { JobServiceClient::new(ch).update(r).await }
-        })
-        .await?;
-    if !out.json {
-        eprintln!("srun: job {id} queued and waiting for resources");
-    }
-    let stream = |offsets: &mut std::collections::BTreeMap<std::path::PathBuf, u64>| {
-        for f in &files {
-            let Ok(mut file) = std::fs::File::open(f) else { continue };
-            let at = offsets.entry(f.clone()).or_default();
-            use std::io::{Read, Seek};
-            if file.seek(std::io::SeekFrom::Start(*at)).is_err() {
-                continue;
-            }
-            let mut buf = Vec::new();
-            if let Ok(n) = file.take(STREAM_CHUNK_BYTES).read_to_end(&mut buf) {
-                *at += n as u64;
-                let _ = std::io::stdout().write_all(&buf);
-                let _ = std::io::stdout().flush();
-            }
-        }
-    };
-    let mut started = false;
-    for _ in 0..WAIT_POLLS_MAX {
-        let polled = tokio::select! {
-            _ = tokio::signal::ctrl_c() => None,
-            r = client.call(|ch| {
-                let r = client.request(pb::GetJobRequest { job_id: id, stale: false });
-                async move { JobServiceClient::new(ch).get(r).await }
-            }) => Some(r),
-        };
-        let Some(job) = polled else {
-            eprintln!("srun: interrupted: cancelling job {id}");
-            let _ = client
-                .call(|ch| {
-                    let r = client.request(pb::CancelRequest { job_id: id });
-                    async move { JobServiceClient::new(ch).cancel(r).await }
-                })
-                .await;
-            return Ok(130);
-        };
-        let job = job?.into_inner();
-        if !started && job.state == pb::JobState::Running as i32 {
-            started = true;
-            if !out.json {
-                eprintln!("srun: job {id} has been allocated resources");
-            }
-        }
-        stream(&mut offsets);
-        if job.state > pb::JobState::Running as i32 {
-            stream(&mut offsets);
-            if job.state != pb::JobState::Completed as i32 {
-                eprintln!("srun: job {id} ended {}: {}", super::state_name(job.state), job.reason);
-            }
-            return Ok(super::job_exit_code(&job));
-        }
-        tokio::time::sleep(WAIT_POLL).await;
-    }
-    bail!("srun: gave up waiting for job {id}")
+    super::salloc::allocate_and_run(client, out, args, &inner, super::salloc::Who::Srun).await
 }
 
 pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
