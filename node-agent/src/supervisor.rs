@@ -216,6 +216,21 @@ pub(crate) async fn end_leftovers(groups: impl Fn() -> Vec<Pid>, stopping: &Atom
     }
 }
 
+/// How a script is run, as the kernel would: its `#!` line's interpreter and
+/// optional argument, else `/bin/sh`.
+fn interpreter(script: &str) -> Vec<String> {
+    let Some(line) = script.strip_prefix("#!").and_then(|s| s.lines().next()) else {
+        return vec!["/bin/sh".into()];
+    };
+    let line = line.trim();
+    match line.split_once([' ', '\t']) {
+        Some((interp, arg)) if !arg.trim().is_empty() => vec![interp.to_string(), arg.trim().to_string()],
+        Some((interp, _)) => vec![interp.to_string()],
+        None if line.is_empty() => vec!["/bin/sh".into()],
+        None => vec![line.to_string()],
+    }
+}
+
 /// The file noting a step host's step tasks, next to its task record.
 fn steps_path(record: &std::path::Path) -> PathBuf {
     record.with_extension("steps")
@@ -500,7 +515,11 @@ impl Supervisor {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
                 .map_err(|e| format!("cannot make the batch script executable: {e}"))?;
             let path = path.display().to_string();
-            let mut argv = if order.script.starts_with("#!") { vec![path] } else { vec!["/bin/sh".into(), path] };
+            // Run through its interpreter rather than exec'ing the file just
+            // written: a task forked meanwhile on another thread may still
+            // hold it open for writing, and exec would fail (ETXTBSY).
+            let mut argv = interpreter(&order.script);
+            argv.push(path);
             // With a script, the command is its arguments.
             argv.extend(order.command.iter().cloned());
             argv
@@ -759,6 +778,16 @@ mod tests {
             nodes: vec!["n1".into()],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn scripts_run_through_their_interpreter() {
+        let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(interpreter("#!/bin/bash\necho"), v(&["/bin/bash"]));
+        assert_eq!(interpreter("#!/usr/bin/env python3\nprint()"), v(&["/usr/bin/env", "python3"]));
+        assert_eq!(interpreter("#! /bin/bash -l  \n"), v(&["/bin/bash", "-l"]));
+        assert_eq!(interpreter("echo no shebang"), v(&["/bin/sh"]));
+        assert_eq!(interpreter("#!\n"), v(&["/bin/sh"]));
     }
 
     #[test]
