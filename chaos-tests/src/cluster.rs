@@ -244,6 +244,14 @@ impl ChaosCluster {
         Ok(i)
     }
 
+    /// SIGKILLs agent `i`, waits `down`, and starts it again on its state.
+    pub async fn restart_agent(&mut self, i: usize, down: Duration) -> anyhow::Result<()> {
+        self.agents[i].kill();
+        tokio::time::sleep(down).await;
+        let (exe, net) = (self.exe.clone(), &self.net);
+        self.agents[i].spawn(&exe, net)
+    }
+
     pub fn restart_controller(&mut self, i: usize) -> anyhow::Result<()> {
         let (exe, net) = (self.exe.clone(), &self.net);
         let p = &mut self.controllers[i];

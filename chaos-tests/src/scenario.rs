@@ -53,6 +53,9 @@ pub enum Fault {
     PacketLoss,
     /// A new replica joins (learner, then voter) and a follower is removed.
     ReplaceMember,
+    /// An agent SIGKILLed, then restarted on its state: its tasks run on
+    /// under their shims and are re-adopted (steps it started are ended).
+    RestartAgent,
 }
 
 pub struct Scenario {
@@ -87,7 +90,7 @@ pub const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "partitions",
-        about: "3 replicas: leader split away, bridge, one-way loss, packet loss, an agent cut off, every replica restarted",
+        about: "3 replicas: leader split away, bridge, one-way loss, packet loss, an agent cut off or restarted, every replica restarted",
         controllers: 3,
         agents: 2,
         faults: &[
@@ -95,6 +98,7 @@ pub const SCENARIOS: &[Scenario] = &[
             Fault::Bridge,
             Fault::OneWayLoss,
             Fault::CutOffAgent,
+            Fault::RestartAgent,
             Fault::RestartAll,
             Fault::PacketLoss,
         ],
@@ -271,6 +275,11 @@ async fn inject(c: &mut ChaosCluster, fault: Fault, rng: &mut Rng) -> anyhow::Re
             pause(3000).await;
             c.net.heal()?;
             "20% packet loss everywhere".to_string()
+        }
+        Fault::RestartAgent => {
+            let a = rng.below(c.agents.len() as u64) as usize;
+            c.restart_agent(a, Duration::from_millis(1000)).await?;
+            format!("agent {} killed and restarted", a + 1)
         }
         Fault::RestartAll => {
             for &i in &members {
