@@ -201,7 +201,7 @@ fn parse_labels(items: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
         .collect()
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "node".into())
 }
 

@@ -30,6 +30,17 @@ fn spawn(args: &[&str], log: &Path) -> Child {
     Command::new(GANGWAY).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().unwrap()
 }
 
+/// `gangway agent` arguments for test node `n` (state under `dir`).
+fn agent_args(endpoints: &str, n: usize, dir: &Path) -> Vec<String> {
+    let state = dir.join(format!("agent-{n}")).display().to_string();
+    let name = format!("e2e-node-{n}");
+    ["agent", "--controllers", endpoints, "--name", &name, "--fake-gpus", "4xh100-80gb", "--state-dir", &state]
+        .into_iter()
+        .chain(["--addr", "127.0.0.1", "--step-listen", "127.0.0.1:0"])
+        .map(str::to_string)
+        .collect()
+}
+
 fn cli(endpoints: &str, args: &[&str], cwd: &Path) -> Output {
     Command::new(GANGWAY)
         .args(args)
@@ -71,23 +82,8 @@ fn controllers_agents_and_cli_as_separate_processes() {
         procs.0.push(spawn(&args, &dir.path().join(format!("c{}.log", i + 1))));
     }
     for n in 1..=2 {
-        let name = format!("e2e-node-{n}");
-        let state = dir.path().join(format!("agent-{n}"));
-        let args = [
-            "agent",
-            "--controllers",
-            &endpoints,
-            "--name",
-            &name,
-            "--fake-gpus",
-            "4xh100-80gb",
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--addr",
-            "127.0.0.1",
-            "--step-listen",
-            "127.0.0.1:0",
-        ];
+        let args = agent_args(&endpoints, n, dir.path());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         procs.0.push(spawn(&args, &dir.path().join(format!("a{n}.log"))));
     }
     // Both nodes registered, seen through the CLI.
@@ -151,22 +147,7 @@ fn controllers_agents_and_cli_as_separate_processes() {
         let agent = &mut procs.0[2 + n];
         agent.kill().unwrap();
         agent.wait().unwrap();
-        let (name, state) = (format!("e2e-node-{n}"), dir.path().join(format!("agent-{n}")));
-        let args = [
-            "agent",
-            "--controllers",
-            &endpoints,
-            "--name",
-            &name,
-            "--fake-gpus",
-            "4xh100-80gb",
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--addr",
-            "127.0.0.1",
-            "--step-listen",
-            "127.0.0.1:0",
-        ];
+        let args = agent_args(&endpoints, n, dir.path());
         // In a session of its own, as systemd starts services: the tasks it
         // re-adopts stay in the old agent's session.
         let log = std::fs::File::create(dir.path().join(format!("a{n}-restarted.log"))).unwrap();

@@ -14,6 +14,23 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("gang
 /// Metadata key that carries the caller identity on every request.
 pub const IDENTITY_METADATA_KEY: &str = "gangway-identity";
 
+/// The host other nodes reach node `name` at, from the address it registered
+/// (`HOST[:PORT]`, HOST possibly empty): that host, else its name.
+pub fn node_host<'a>(name: &'a str, addr: &'a str) -> &'a str {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    if host.is_empty() {
+        name
+    } else {
+        host
+    }
+}
+
+/// Node `name`'s step service (`HOST:PORT`), when its agent registered a port.
+pub fn step_addr(name: &str, addr: &str) -> Option<String> {
+    let (_, port) = addr.rsplit_once(':')?;
+    Some(format!("{}:{port}", node_host(name, addr)))
+}
+
 pub mod client;
 pub mod events;
 pub mod telemetry;

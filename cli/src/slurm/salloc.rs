@@ -211,15 +211,11 @@ async fn allocation_env(client: &Client, job: &pb::Job) -> anyhow::Result<Vec<(S
             })
             .await?
             .into_inner();
-        let addr = match node.addr.rsplit_once(':') {
-            Some((host, port)) => format!("{}:{port}", if host.is_empty() { n } else { host }),
-            None => String::new(),
-        };
-        addrs.push(format!("{n}={addr}"));
+        addrs.push(format!("{n}={}", gangway_proto::step_addr(n, &node.addr).unwrap_or_default()));
     }
     let spec = super::spec(job);
     let list = super::hostlist::compress(&nodes);
-    let here = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    let here = crate::commands::hostname();
     let tpn = spec.tasks_per_node.unwrap_or(1).max(1);
     let mut env = vec![
         ("SLURM_JOB_ID", job.id.to_string()),

@@ -666,8 +666,7 @@ async fn current_step_addr(node: &str) -> Option<String> {
         .await
         .ok()?
         .into_inner();
-    let (host, port) = n.addr.rsplit_once(':')?;
-    Some(format!("{}:{port}", if host.is_empty() { node } else { host }))
+    gangway_proto::step_addr(node, &n.addr)
 }
 
 /// Writes tasks' output to srun's stdout and stderr, whole lines prefixed

@@ -249,15 +249,10 @@ fn launch_order(state: &gangway_core::State, job: &gangway_core::Job, node: &str
     let rank = alloc.nodes.iter().position(|n| n.node == node)?;
     let mine = &alloc.nodes[rank];
     let first = &alloc.nodes[0].node;
-    let master_addr = node_host(state, first);
-    let step_addrs = alloc
-        .nodes
-        .iter()
-        .map(|n| {
-            let port = state.nodes.get(&n.node).and_then(|x| x.addr.rsplit_once(':')).map(|(_, p)| p.to_string());
-            port.map(|p| format!("{}:{p}", node_host(state, &n.node))).unwrap_or_default()
-        })
-        .collect();
+    let addr = |node: &str| state.nodes.get(node).map_or("", |n| n.addr.as_str());
+    let master_addr = gangway_proto::node_host(first, addr(first)).to_string();
+    let step_addrs =
+        alloc.nodes.iter().map(|n| gangway_proto::step_addr(&n.node, addr(&n.node)).unwrap_or_default()).collect();
     let spec = &job.spec;
     Some(LaunchOrder {
         job_id: job.id,
@@ -293,16 +288,4 @@ fn launch_order(state: &gangway_core::State, job: &gangway_core::Job, node: &str
         truncate_output: spec.truncate_output,
         warn_batch_shell: spec.warn_batch_shell,
     })
-}
-
-/// The host other nodes reach `node` at: its registered HOST[:PORT]'s host,
-/// else its name.
-fn node_host(state: &gangway_core::State, node: &str) -> String {
-    let addr = state.nodes.get(node).map(|n| n.addr.as_str()).unwrap_or_default();
-    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-    if host.is_empty() {
-        node.to_string()
-    } else {
-        host.to_string()
-    }
 }
