@@ -97,6 +97,43 @@ pub struct ChaosCluster {
     exe: PathBuf,
     pub dir: PathBuf,
     pub endpoints: Vec<String>,
+    /// The cluster runs with mutual TLS: a throwaway CA in DIR/tls.
+    tls_dir: PathBuf,
+    /// The test's own client (user root, the bootstrap admin).
+    security: gangway_proto::tls::Security,
+}
+
+/// Replicas a chaos cluster may ever have (replacements included): each needs
+/// a server certificate made up front.
+const REPLICA_IDS_MAX: usize = 12;
+
+/// A CA and certificates for every replica, agent and the test client.
+fn make_pki(dir: &Path, agents: usize) -> anyhow::Result<(PathBuf, gangway_proto::tls::Security)> {
+    use gangway_proto::tls::{Credentials, Principal, Role, Security, TlsFiles};
+    let tls = dir.join("tls");
+    let mut ps = Vec::new();
+    for id in 1..=REPLICA_IDS_MAX {
+        ps.push(Principal::new(Role::Server, &id.to_string()).map_err(anyhow::Error::msg)?);
+    }
+    for a in 1..=agents {
+        ps.push(Principal::new(Role::Agent, &format!("chaos-node-{a}")).map_err(anyhow::Error::msg)?);
+    }
+    ps.push(Principal::new(Role::Client, "root").map_err(anyhow::Error::msg)?);
+    gangway_proto::pki::throwaway(&tls, &ps).map_err(anyhow::Error::msg)?;
+    let creds = Credentials::load(TlsFiles::in_dir(&tls, "client-root")).map_err(anyhow::Error::msg)?;
+    Ok((tls, Security::Tls(creds)))
+}
+
+/// Security flags every replica gets: its certificate, root as the bootstrap
+/// admin, and root's jobs allowed (the workload runs as root here).
+fn controller_tls_args(tls: &Path) -> Vec<String> {
+    vec![
+        "--tls-dir".into(),
+        tls.display().to_string(),
+        "--bootstrap-admin".into(),
+        "root".into(),
+        "--allow-root-jobs".into(),
+    ]
 }
 
 /// The `gangway` binary next to this test binary (target/debug/gangway), or
@@ -127,6 +164,7 @@ impl ChaosCluster {
         let endpoints: Vec<String> = (0..controllers).map(|h| format!("{}:{PORT}", net.hosts[h].ip)).collect();
         let peers: Vec<String> = endpoints.iter().enumerate().map(|(i, e)| format!("{}={e}", i + 1)).collect();
         let peers = peers.join(",");
+        let (tls_dir, security) = make_pki(dir, agents)?;
         let mut c = ChaosCluster {
             controllers: Vec::new(),
             agents: Vec::new(),
@@ -134,10 +172,12 @@ impl ChaosCluster {
             exe,
             dir: dir.to_path_buf(),
             endpoints: endpoints.clone(),
+            tls_dir,
+            security,
         };
         for (h, endpoint) in endpoints.iter().enumerate() {
             let data = dir.join(format!("c{}", h + 1));
-            let args = vec![
+            let mut args = vec![
                 "controller".to_string(),
                 "--id".into(),
                 (h + 1).to_string(),
@@ -152,6 +192,7 @@ impl ChaosCluster {
                 "--node-down-timeout-ms".into(),
                 NODE_DOWN_TIMEOUT_MS.to_string(),
             ];
+            args.extend(controller_tls_args(&c.tls_dir));
             let mut p = Proc { host: h, retired: false, args, log: dir.join(format!("c{}.log", h + 1)), child: None };
             p.spawn(&c.exe, &c.net)?;
             c.controllers.push(p);
@@ -171,6 +212,9 @@ impl ChaosCluster {
                 // Other agents reach this one's step service here.
                 "--addr".into(),
                 c.net.hosts[host].ip.clone(),
+                "--tls-dir".into(),
+                c.tls_dir.display().to_string(),
+                "--allow-root-jobs".into(),
             ];
             let mut p = Proc { host, retired: false, args, log: dir.join(format!("a{}.log", a + 1)), child: None };
             p.spawn(&c.exe, &c.net)?;
@@ -180,7 +224,7 @@ impl ChaosCluster {
     }
 
     pub fn client(&self) -> anyhow::Result<Client> {
-        Ok(Client::new(&self.endpoints, "chaos:root")?)
+        Ok(Client::new(&self.endpoints, "chaos:root", &self.security)?)
     }
 
     /// Indexes of the controllers that are members (not retired).
@@ -196,7 +240,10 @@ impl ChaosCluster {
         let i = self.controllers.len();
         let id = (i + 1) as u64;
         let endpoint = format!("{}:{PORT}", self.net.hosts[host].ip);
-        let args = vec![
+        if i >= REPLICA_IDS_MAX {
+            bail!("a chaos cluster has certificates for {REPLICA_IDS_MAX} replicas");
+        }
+        let mut args = vec![
             "controller".to_string(),
             "--id".into(),
             id.to_string(),
@@ -210,6 +257,7 @@ impl ChaosCluster {
             "--node-down-timeout-ms".into(),
             NODE_DOWN_TIMEOUT_MS.to_string(),
         ];
+        args.extend(controller_tls_args(&self.tls_dir));
         let mut p = Proc { host, retired: false, args, log: self.dir.join(format!("c{id}.log")), child: None };
         p.spawn(&self.exe, &self.net)?;
         self.controllers.push(p);
@@ -287,9 +335,9 @@ impl ChaosCluster {
 
     /// A channel to one replica only (no failover), for per-replica checks.
     pub fn channel_of(&self, controller: usize) -> anyhow::Result<tonic::transport::Channel> {
-        Ok(tonic::transport::Endpoint::from_shared(format!("http://{}", self.endpoints[controller]))?
-            .connect_timeout(Duration::from_millis(500))
-            .connect_lazy())
+        self.security
+            .channel(&self.endpoints[controller], gangway_proto::tls::Expect::Server, Duration::from_millis(500))
+            .map_err(anyhow::Error::msg)
     }
 
     /// One replica's own view (role, term, indexes), if it answers in time.

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use gangway_proto::client::Client;
+use gangway_proto::tls::Security;
 use gangway_proto::v1 as pb;
 use gangway_proto::v1::admin_service_client::AdminServiceClient;
 use gangway_proto::v1::job_service_client::JobServiceClient;
@@ -50,6 +51,10 @@ pub enum BenchCmd {
         /// Controller replicas (1 measures the node without replication).
         #[arg(long, default_value_t = 3)]
         replicas: u64,
+        /// Transports to measure, each on a fresh cluster: mtls (what clusters
+        /// run), insecure (plaintext, the cost of TLS by difference).
+        #[arg(long, value_delimiter = ',', default_value = "insecure,mtls", value_parser = ["insecure", "mtls"])]
+        transport: Vec<String>,
     },
     /// End to end: trivial jobs submitted, scheduled, run as real processes on
     /// agents, and completed; jobs per second from first submit to last completion.
@@ -75,8 +80,8 @@ pub enum BenchCmd {
 
 pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
     match cmd {
-        BenchCmd::Submit { clients, seconds, data_dir, replicas } => {
-            bench_submit(&clients, seconds, data_dir, replicas).await
+        BenchCmd::Submit { clients, seconds, data_dir, replicas, transport } => {
+            bench_submit(&clients, seconds, data_dir, replicas, &transport).await
         }
         BenchCmd::Failover { runs, data_dir } => bench_failover(runs, data_dir).await,
         BenchCmd::Jobs { jobs, nodes, data_dir } => bench_jobs(jobs, nodes, data_dir).await,
@@ -91,6 +96,24 @@ struct LocalCluster {
     _tmp: Option<tempfile::TempDir>,
     addrs: BTreeMap<u64, String>,
     children: BTreeMap<u64, Child>,
+    /// With mutual TLS: the certificates' directory (replicas get --tls-dir).
+    tls_dir: Option<PathBuf>,
+    /// How the benchmark's clients connect.
+    security: Security,
+}
+
+/// Certificates for a bench cluster: replicas 1-5 and the client `bench`.
+fn bench_pki(root: &Path) -> anyhow::Result<(PathBuf, Security)> {
+    use gangway_proto::tls::{Credentials, Principal, Role, TlsFiles};
+    let dir = root.join("tls");
+    let mut ps: Vec<Principal> = (1..=5)
+        .map(|i| Principal::new(Role::Server, &i.to_string()))
+        .collect::<Result<_, _>>()
+        .map_err(anyhow::Error::msg)?;
+    ps.push(Principal::new(Role::Client, "bench").map_err(anyhow::Error::msg)?);
+    gangway_proto::pki::throwaway(&dir, &ps).map_err(anyhow::Error::msg)?;
+    let creds = Credentials::load(TlsFiles::in_dir(&dir, "client-bench")).map_err(anyhow::Error::msg)?;
+    Ok((dir, Security::Tls(creds)))
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -99,6 +122,10 @@ fn free_port() -> anyhow::Result<u16> {
 
 impl LocalCluster {
     fn start(replicas: u64, data_dir: Option<PathBuf>) -> anyhow::Result<LocalCluster> {
+        Self::start_with(replicas, data_dir, false)
+    }
+
+    fn start_with(replicas: u64, data_dir: Option<PathBuf>, mtls: bool) -> anyhow::Result<LocalCluster> {
         let (tmp, root) = match data_dir {
             Some(d) => (None, d),
             None => {
@@ -111,7 +138,21 @@ impl LocalCluster {
         for id in 1..=replicas {
             addrs.insert(id, format!("127.0.0.1:{}", free_port()?));
         }
-        let mut c = LocalCluster { exe: std::env::current_exe()?, root, _tmp: tmp, addrs, children: BTreeMap::new() };
+        let (tls_dir, security) = if mtls {
+            let (d, s) = bench_pki(&root)?;
+            (Some(d), s)
+        } else {
+            (None, Security::Insecure)
+        };
+        let mut c = LocalCluster {
+            exe: std::env::current_exe()?,
+            root,
+            _tmp: tmp,
+            addrs,
+            children: BTreeMap::new(),
+            tls_dir,
+            security,
+        };
         for id in 1..=replicas {
             c.spawn(id)?;
         }
@@ -123,8 +164,14 @@ impl LocalCluster {
         let dir = self.root.join(format!("replica-{id}"));
         std::fs::create_dir_all(&dir)?;
         let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("controller.log"))?;
-        let child = Command::new(&self.exe)
-            .args(["controller", "--id", &id.to_string(), "--listen", &self.addrs[&id], "--peers", &peers.join(",")])
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(["controller", "--id", &id.to_string(), "--listen", &self.addrs[&id], "--peers", &peers.join(",")])
+            .args(["--bootstrap-admin", "bench", "--allow-root-jobs"]);
+        match &self.tls_dir {
+            Some(d) => cmd.arg("--tls-dir").arg(d),
+            None => cmd.arg("--insecure"),
+        };
+        let child = cmd
             .arg("--data-dir")
             .arg(&dir)
             .stdin(Stdio::null())
@@ -246,7 +293,13 @@ fn machine_facts() -> String {
     format!("{cpus} CPUs ({model}), {mem_gb} GiB RAM")
 }
 
-async fn bench_submit(clients: &[usize], seconds: u64, data_dir: Option<PathBuf>, replicas: u64) -> anyhow::Result<()> {
+async fn bench_submit(
+    clients: &[usize],
+    seconds: u64,
+    data_dir: Option<PathBuf>,
+    replicas: u64,
+    transports: &[String],
+) -> anyhow::Result<()> {
     if !(1..=5).contains(&replicas) {
         bail!("replicas: must be between 1 and 5");
     }
@@ -256,60 +309,96 @@ async fn bench_submit(clients: &[usize], seconds: u64, data_dir: Option<PathBuf>
     if seconds == 0 || seconds > BENCH_SECONDS_MAX {
         bail!("seconds: must be between 1 and {BENCH_SECONDS_MAX}");
     }
-    let cluster = LocalCluster::start(replicas, data_dir)?;
-    let probe = Client::new(&cluster.endpoints(), "bench")?;
-    let leader = cluster.wait_leader(&probe).await?;
-    // Clients talk to the leader first (followers would forward: one more hop).
-    let mut eps = vec![cluster.addrs[&leader].clone()];
-    eps.extend(cluster.addrs.iter().filter(|(id, _)| **id != leader).map(|(_, a)| a.clone()));
     println!("bench submit: {replicas} controller processes, durable RocksDB (fsync before ack), loopback gRPC");
-    println!("machine: {}; data in {}", machine_facts(), cluster.root().display());
+    println!("machine: {}", machine_facts());
     println!(
-        "{:>8} {:>10} {:>12} {:>10} {:>10} {:>10}",
-        "clients", "submits", "submits/s", "p50 ms", "p99 ms", "errors"
+        "{:>9} {:>8} {:>10} {:>12} {:>10} {:>10} {:>10}",
+        "transport", "clients", "submits", "submits/s", "p50 ms", "p99 ms", "errors"
     );
-    for &n in clients {
-        let deadline = Instant::now() + Duration::from_secs(seconds);
-        let mut tasks = Vec::new();
-        for t in 0..n {
-            let eps = eps.clone();
-            tasks.push(tokio::spawn(async move {
-                let client = Client::new(&eps, "bench").expect("endpoints");
-                let mut lat = Vec::new();
-                let mut errors = 0u64;
-                let mut i = 0u64;
-                while Instant::now() < deadline {
-                    let started = Instant::now();
-                    match submit_once(&client, format!("b{n}-{t}-{i}")).await {
-                        Ok(_) => lat.push(started.elapsed()),
-                        Err(_) => errors += 1,
+    let mut connects = Vec::new();
+    for transport in transports {
+        let mtls = transport == "mtls";
+        let dir = data_dir.as_ref().map(|d| d.join(transport));
+        let cluster = LocalCluster::start_with(replicas, dir, mtls)?;
+        let security = cluster.security.clone();
+        let probe = Client::new(&cluster.endpoints(), "bench", &security)?;
+        let leader = cluster.wait_leader(&probe).await?;
+        // Clients talk to the leader first (followers would forward: one more hop).
+        let mut eps = vec![cluster.addrs[&leader].clone()];
+        eps.extend(cluster.addrs.iter().filter(|(id, _)| **id != leader).map(|(_, a)| a.clone()));
+        for &n in clients {
+            let deadline = Instant::now() + Duration::from_secs(seconds);
+            let mut tasks = Vec::new();
+            for t in 0..n {
+                let eps = eps.clone();
+                let security = security.clone();
+                tasks.push(tokio::spawn(async move {
+                    let client = Client::new(&eps, "bench", &security).expect("endpoints");
+                    let mut lat = Vec::new();
+                    let mut errors = 0u64;
+                    let mut i = 0u64;
+                    while Instant::now() < deadline {
+                        let started = Instant::now();
+                        match submit_once(&client, format!("b{n}-{t}-{i}")).await {
+                            Ok(_) => lat.push(started.elapsed()),
+                            Err(_) => errors += 1,
+                        }
+                        i += 1;
                     }
-                    i += 1;
-                }
-                (lat, errors)
-            }));
+                    (lat, errors)
+                }));
+            }
+            let started = Instant::now();
+            let mut all = Vec::new();
+            let mut errors = 0;
+            for t in tasks {
+                let (lat, e) = t.await?;
+                all.extend(lat);
+                errors += e;
+            }
+            let elapsed = started.elapsed().as_secs_f64();
+            all.sort_unstable();
+            println!(
+                "{:>9} {:>8} {:>10} {:>12.0} {:>10.2} {:>10.2} {:>10}",
+                transport,
+                n,
+                all.len(),
+                all.len() as f64 / elapsed,
+                percentile(&all, 0.5).as_secs_f64() * 1000.0,
+                percentile(&all, 0.99).as_secs_f64() * 1000.0,
+                errors
+            );
         }
-        let started = Instant::now();
-        let mut all = Vec::new();
-        let mut errors = 0;
-        for t in tasks {
-            let (lat, e) = t.await?;
-            all.extend(lat);
-            errors += e;
-        }
-        let elapsed = started.elapsed().as_secs_f64();
-        all.sort_unstable();
+        connects.push((transport.clone(), new_connection_cost(&cluster.addrs[&leader], &security).await?));
+    }
+    for (transport, (p50, p99)) in connects {
         println!(
-            "{:>8} {:>10} {:>12.0} {:>10.2} {:>10.2} {:>10}",
-            n,
-            all.len(),
-            all.len() as f64 / elapsed,
-            percentile(&all, 0.5).as_secs_f64() * 1000.0,
-            percentile(&all, 0.99).as_secs_f64() * 1000.0,
-            errors
+            "new connection + first call ({CONNECT_SAMPLES} samples), {transport}: p50 {:.2} ms, p99 {:.2} ms",
+            p50.as_secs_f64() * 1000.0,
+            p99.as_secs_f64() * 1000.0
         );
     }
     Ok(())
+}
+
+/// New connections measured for the handshake cost.
+const CONNECT_SAMPLES: usize = 200;
+
+/// Connecting anew (TCP, plus the TLS handshake when secured) and one small
+/// call on the fresh connection, repeated: p50 and p99.
+async fn new_connection_cost(addr: &str, security: &Security) -> anyhow::Result<(Duration, Duration)> {
+    let mut lat = Vec::with_capacity(CONNECT_SAMPLES);
+    for _ in 0..CONNECT_SAMPLES {
+        let started = Instant::now();
+        let ch = security
+            .connect(addr, gangway_proto::tls::Expect::Server, Duration::from_secs(2))
+            .await
+            .map_err(anyhow::Error::msg)?;
+        AdminServiceClient::new(ch).get_replica_status(pb::ReplicaStatusRequest {}).await?;
+        lat.push(started.elapsed());
+    }
+    lat.sort_unstable();
+    Ok((percentile(&lat, 0.5), percentile(&lat, 0.99)))
 }
 
 async fn bench_failover(runs: usize, data_dir: Option<PathBuf>) -> anyhow::Result<()> {
@@ -317,7 +406,7 @@ async fn bench_failover(runs: usize, data_dir: Option<PathBuf>) -> anyhow::Resul
         bail!("runs: must be between 1 and {FAILOVER_RUNS_MAX}");
     }
     let mut cluster = LocalCluster::start(3, data_dir)?;
-    let client = Arc::new(Client::new(&cluster.endpoints(), "bench")?);
+    let client = Arc::new(Client::new(&cluster.endpoints(), "bench", &Security::Insecure)?);
     cluster.wait_leader(&client).await?;
     println!(
         "bench failover: 3 controller processes; one client submitting continuously; leader SIGKILLed {runs} times"
@@ -425,7 +514,7 @@ async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> any
         bail!("nodes: must be between 1 and {BENCH_NODES_MAX}");
     }
     let cluster = LocalCluster::start(3, data_dir)?;
-    let client = Arc::new(Client::new(&cluster.endpoints(), "bench")?);
+    let client = Arc::new(Client::new(&cluster.endpoints(), "bench", &Security::Insecure)?);
     cluster.wait_leader(&client).await?;
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut agents = Vec::new();

@@ -179,8 +179,13 @@ fn measure(a: &SchedArgs, pending: usize) -> anyhow::Result<()> {
     for u in 0..50 {
         policy.users.insert(format!("user{u}"), User { accounts: vec![format!("team{}", u % 10)], ..User::default() });
     }
-    let cmd =
-        Command::UpdatePolicy { policy, expected_version: None, force: false, identity: "bench".into(), now_ms: 0 };
+    let cmd = Command::UpdatePolicy {
+        policy,
+        expected_version: None,
+        force: false,
+        identity: "server:bench".into(),
+        now_ms: 0,
+    };
     anyhow::ensure!(matches!(apply(&mut state, &cmd).outcome, Outcome::PolicyUpdated { .. }), "policy refused");
     for spec in node_specs(a) {
         apply(&mut state, &Command::RegisterNode { spec, now_ms: 0 });

@@ -75,9 +75,43 @@ pub struct ControllerArgs {
     /// Serve Prometheus metrics at HOST:PORT, path /metrics (e.g. 0.0.0.0:9464).
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// A user who is an admin while the policy names none: the first admin of
+    /// a new cluster (repeatable; give every replica the same list).
+    #[arg(long = "bootstrap-admin")]
+    bootstrap_admins: Vec<String>,
+    /// Accept jobs that run as root (refused by default; give every replica the same).
+    #[arg(long)]
+    allow_root_jobs: bool,
+    /// Accept bearer tokens signed by this public key (PEM: EC P-256 for
+    /// ES256, Ed25519, or RSA for RS256; repeatable, e.g. during rotation).
+    #[arg(long = "token-public-key")]
+    token_public_keys: Vec<PathBuf>,
+    /// Accept bearer tokens signed by the keys of this JWKS file (a site's OIDC issuer).
+    #[arg(long)]
+    token_jwks: Option<PathBuf>,
+    /// The `iss` tokens must carry.
+    #[arg(long, default_value = gangway_proto::token::DEFAULT_ISSUER)]
+    token_issuer: String,
+    /// The `aud` tokens must carry.
+    #[arg(long, default_value = gangway_proto::token::DEFAULT_AUDIENCE)]
+    token_audience: String,
+    /// Revoked token ids (`jti`), one per line; read again when it changes.
+    #[arg(long)]
+    token_revoked: Option<PathBuf>,
 }
 
-pub async fn controller(a: ControllerArgs) -> anyhow::Result<()> {
+pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow::Result<()> {
+    let me = gangway_proto::tls::Principal::new(gangway_proto::tls::Role::Server, &a.id.to_string())
+        .map_err(anyhow::Error::msg)?;
+    let security = tls.for_daemon(&me)?;
+    if let Some(p) = security.credentials().and_then(|c| c.principal()) {
+        if p != me {
+            bail!("tls: the certificate names {p}, but this is replica {} (server:{})", a.id, a.id);
+        }
+    }
+    for admin in &a.bootstrap_admins {
+        gangway_proto::tls::check_principal_name(admin).map_err(|e| anyhow::anyhow!("bootstrap-admin: {e}"))?;
+    }
     let advertise = a.advertise.clone().unwrap_or_else(|| a.listen.clone());
     let peers = match &a.peers {
         Some(p) => gangway_controller::config::parse_peers(p).map_err(anyhow::Error::msg)?,
@@ -96,6 +130,17 @@ pub async fn controller(a: ControllerArgs) -> anyhow::Result<()> {
         data_dir: a.data_dir,
         join: a.join,
         timing,
+        security,
+        bootstrap_admins: a.bootstrap_admins,
+        allow_root_jobs: a.allow_root_jobs,
+        tokens: gangway_proto::token::TokenVerifier::load(&gangway_proto::token::TokenConfig {
+            public_keys: a.token_public_keys,
+            jwks: a.token_jwks,
+            issuer: Some(a.token_issuer),
+            audience: Some(a.token_audience),
+            revoked: a.token_revoked,
+        })
+        .map_err(|e| anyhow::anyhow!("tokens: {e}"))?,
     };
     let metrics = match &a.metrics_listen {
         Some(addr) => Some(
@@ -119,6 +164,18 @@ pub async fn controller(a: ControllerArgs) -> anyhow::Result<()> {
     }
 }
 
+/// A certificate's expiry as days from now (`-` when the replica has none).
+fn cert_expiry(not_after_unix: Option<i64>) -> String {
+    let Some(t) = not_after_unix else { return "-".into() };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let days = (t - now).div_euclid(86_400);
+    if t <= now {
+        "EXPIRED".into()
+    } else {
+        format!("{days}d")
+    }
+}
+
 /// Resolves on Ctrl-C or SIGTERM.
 pub async fn shutdown_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
@@ -135,6 +192,9 @@ pub struct AgentArgs {
     /// Controller replicas, comma-separated.
     #[arg(long, value_delimiter = ',', required = true)]
     controllers: Vec<String>,
+    /// Run tasks as root when a job's user is root (refused by default).
+    #[arg(long)]
+    allow_root_jobs: bool,
     /// Node name (default: the host name).
     #[arg(long)]
     name: Option<String>,
@@ -205,7 +265,7 @@ pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "node".into())
 }
 
-pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
+pub async fn agent(a: AgentArgs, identity: &str, tls: &crate::tls::TlsArgs) -> anyhow::Result<()> {
     let name = a.name.unwrap_or_else(hostname);
     let simulated = a.fake_gpus.is_some() || a.gpu_inventory.is_some();
     let (gpus, nvml) = match (&a.fake_gpus, &a.gpu_inventory) {
@@ -255,6 +315,9 @@ pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
         }
     });
     let gpu_fault_file = a.gpu_fault_file.or_else(|| simulated.then(|| state_dir.join("gpu-faults")));
+    let me = gangway_proto::tls::Principal::new(gangway_proto::tls::Role::Agent, &name)
+        .map_err(|e| anyhow::anyhow!("name: {e}"))?;
+    let security = tls.for_daemon(&me)?;
     let config = gangway_node_agent::AgentConfig {
         controllers: a.controllers,
         name,
@@ -265,6 +328,8 @@ pub async fn agent(a: AgentArgs, identity: &str) -> anyhow::Result<()> {
         topology: a.topology.map(|t| t.split('/').map(str::to_string).collect()).unwrap_or_default(),
         labels: parse_labels(&a.labels)?,
         identity: identity.to_string(),
+        security,
+        allow_root_jobs: a.allow_root_jobs,
         stop_grace: gangway_node_agent::supervisor::STOP_GRACE_DEFAULT,
         gpu_fault_file,
         gpu_hold_down: std::time::Duration::from_secs(a.gpu_hold_down_s),
@@ -453,7 +518,7 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
     let policy = policy::fetch_policy(client, false).await?.0;
     let me = client.identity();
     let user = me.rsplit(':').next().unwrap_or(me);
-    if !policy.admins.is_empty() && !policy.admins.iter().any(|a| a == me || a == user) {
+    if !policy.admins.iter().any(|a| a == me || a == user) {
         bail!("--priority: only admins may set a job's priority ({user} is not one)");
     }
     spec.hold = true;
@@ -1207,7 +1272,8 @@ pub async fn cluster(client: &Client, out: &Output, cmd: ClusterCmd) -> anyhow::
                     .map(|r| {
                         json!({"id": r.id, "addr": r.addr, "role": r.role, "term": r.term, "leader_id": r.leader_id,
                         "voter": r.voter, "last_log_index": r.last_log_index, "commit_index": r.commit_index,
-                        "applied_index": r.applied_index, "snapshot_index": r.snapshot_index, "error": r.error})
+                        "applied_index": r.applied_index, "snapshot_index": r.snapshot_index,
+                        "cert_not_after_unix": r.cert_not_after_unix, "error": r.error})
                     })
                     .collect();
                 out.print_json(&json!({"leader_id": s.leader_id, "term": s.term, "replicas": replicas}));
@@ -1228,12 +1294,13 @@ pub async fn cluster(client: &Client, out: &Output, cmd: ClusterCmd) -> anyhow::
                         opt(r.commit_index),
                         opt(r.applied_index),
                         opt(r.snapshot_index),
+                        cert_expiry(r.cert_not_after_unix),
                         r.error.clone(),
                     ]
                 })
                 .collect();
             print_table(
-                &["ID", "ADDR", "ROLE", "MEMBER", "TERM", "LAST_LOG", "COMMIT", "APPLIED", "SNAPSHOT", "ERROR"],
+                &["ID", "ADDR", "ROLE", "MEMBER", "TERM", "LAST_LOG", "COMMIT", "APPLIED", "SNAPSHOT", "CERT", "ERROR"],
                 &rows,
             );
         }

@@ -39,7 +39,7 @@ pub struct DevArgs {
     metrics_port: u16,
 }
 
-pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
+pub async fn run(a: DevArgs, identity: &str, tls: &crate::tls::TlsArgs) -> anyhow::Result<()> {
     if a.replicas == 0 || a.replicas > DEV_REPLICAS_MAX {
         bail!("replicas: must be between 1 and {DEV_REPLICAS_MAX}, got {}", a.replicas);
     }
@@ -77,6 +77,11 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
             metrics.push(l);
         }
     }
+    let pki = if tls.insecure { None } else { Some(DevPki::create(a.replicas, a.nodes)?) };
+    let server_security = |id: u64| match &pki {
+        Some(p) => p.security(&format!("server-{id}")),
+        None => Ok(gangway_proto::tls::Security::Insecure),
+    };
     let metrics_addrs: Vec<String> =
         metrics.iter().filter_map(|l| l.local_addr().ok()).map(|a| a.to_string()).collect();
     let mut node_metrics = metrics.split_off(metrics.len().min(a.replicas as usize));
@@ -90,6 +95,12 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
             data_dir: root.join(format!("replica-{id}")),
             join: false,
             timing: gangway_controller::Timing::default(),
+            security: server_security(id)?,
+            // The one who started the dev cluster runs it: admin, and their
+            // jobs run as them (root too, when that is who they are).
+            bootstrap_admins: vec![crate::tls::login_name()],
+            allow_root_jobs: nix::unistd::geteuid().is_root(),
+            tokens: None,
         };
         let h = gangway_controller::replica::start(config, listener).await?;
         if !metrics.is_empty() {
@@ -100,6 +111,14 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
     let first = handles[0].replica.node.clone();
     if !first.wait_for(LEADER_WAIT, |s| s.leader_id.is_some()).await {
         bail!("no leader was elected within {}s", LEADER_WAIT.as_secs());
+    }
+    // You are the dev cluster's admin from its first command on.
+    let deadline = std::time::Instant::now() + LEADER_WAIT;
+    while handles[0].replica.node.state().read().policy.admins.is_empty() {
+        if std::time::Instant::now() > deadline {
+            bail!("the dev cluster's admin was not committed within {}s", LEADER_WAIT.as_secs());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let endpoints: Vec<String> = peers.values().cloned().collect();
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
@@ -112,6 +131,10 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
             mem_mb: 512 * 1024,
             topology: vec!["zone-a".into(), format!("rack-{}", (i - 1) / 4 + 1)],
             identity: identity.to_string(),
+            security: match &pki {
+                Some(p) => p.security(&format!("agent-{name}"))?,
+                None => gangway_proto::tls::Security::Insecure,
+            },
             gpu_hold_down: std::time::Duration::from_secs(10),
             shim: std::env::current_exe().ok(),
             ..gangway_node_agent::AgentConfig::simulated(endpoints.clone(), &name, state_dir)
@@ -147,6 +170,15 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
             println!("             nodes       http://{}/metrics", n.join("/metrics, http://"));
         }
     }
+    match &pki {
+        Some(p) => println!(
+            "  TLS:       mutual TLS with a throwaway CA in {} (removed when you stop the cluster); \
+             the CLI finds it, you are admin {}",
+            p.dir.display(),
+            crate::tls::login_name()
+        ),
+        None => println!("  TLS:       none (--insecure): anyone who can reach these ports controls this cluster"),
+    }
     if a.port != 50051 {
         println!("  (not the default port: export GANGWAY_ENDPOINTS={joined})");
     }
@@ -178,5 +210,53 @@ pub async fn run(a: DevArgs, identity: &str) -> anyhow::Result<()> {
         h.shutdown().await;
     }
     drop(tmp);
+    drop(pki);
     Ok(())
+}
+
+/// The dev cluster's throwaway CA and certificates, where the CLI looks for
+/// them ([`crate::tls::dev_tls_dir`]); removed when the cluster stops.
+struct DevPki {
+    dir: PathBuf,
+}
+
+impl DevPki {
+    fn create(replicas: u64, nodes: usize) -> anyhow::Result<DevPki> {
+        use gangway_proto::tls::{Principal, Role};
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        let dir = crate::tls::dev_tls_dir();
+        if let Ok(m) = std::fs::symlink_metadata(&dir) {
+            // A dev cluster that did not stop cleanly left it; anything else
+            // (someone else's, a link) is not ours to remove.
+            if !m.is_dir() || m.uid() != nix::unistd::getuid().as_raw() {
+                bail!("{} exists and is not this user's directory; remove it or use --insecure", dir.display());
+            }
+            std::fs::remove_dir_all(&dir).with_context(|| format!("removing the stale {}", dir.display()))?;
+        }
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut principals = Vec::new();
+        for id in 1..=replicas {
+            principals.push(Principal::new(Role::Server, &id.to_string()).map_err(anyhow::Error::msg)?);
+        }
+        for i in 1..=nodes {
+            principals.push(Principal::new(Role::Agent, &format!("dev-node-{i}")).map_err(anyhow::Error::msg)?);
+        }
+        let user = crate::tls::login_name();
+        principals.push(Principal::new(Role::Client, &user).map_err(|e| anyhow::anyhow!("user name: {e}"))?);
+        gangway_proto::pki::throwaway(&dir, &principals).map_err(|e| anyhow::anyhow!("dev TLS: {e}"))?;
+        Ok(DevPki { dir })
+    }
+
+    fn security(&self, stem: &str) -> anyhow::Result<gangway_proto::tls::Security> {
+        let files = gangway_proto::tls::TlsFiles::in_dir(&self.dir, stem);
+        Ok(gangway_proto::tls::Security::Tls(
+            gangway_proto::tls::Credentials::load(files).map_err(|e| anyhow::anyhow!("dev TLS: {e}"))?,
+        ))
+    }
+}
+
+impl Drop for DevPki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

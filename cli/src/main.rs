@@ -12,6 +12,7 @@ mod policy;
 mod sbatch;
 mod simulate;
 mod slurm;
+mod tls;
 
 use clap::{Parser, Subcommand};
 
@@ -24,9 +25,12 @@ struct Cli {
     /// Controller replicas to talk to (any one that answers will do).
     #[arg(long, global = true, env = "GANGWAY_ENDPOINTS", default_value = DEFAULT_ENDPOINTS, value_delimiter = ',')]
     endpoints: Vec<String>,
-    /// Caller identity sent with every request.
+    /// Caller identity claimed with every request to an --insecure cluster (a
+    /// secured cluster takes it from the client certificate).
     #[arg(long, global = true, env = "GANGWAY_IDENTITY")]
     identity: Option<String>,
+    #[command(flatten)]
+    tls: tls::TlsArgs,
     /// Print machine-readable JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -71,6 +75,12 @@ enum Cmd {
     /// Slurm command names as links to this binary (sbatch, srun, salloc, squeue, scancel, sinfo, scontrol, sacct).
     #[command(subcommand)]
     Shims(ShimsCmd),
+    /// Certificates: a CA, and server, agent and client certificates signed by it.
+    #[command(subcommand)]
+    Tls(tls::TlsCmd),
+    /// Bearer tokens for callers without a certificate.
+    #[command(subcommand)]
+    Token(tls::TokenCmd),
     /// List pending and running jobs (`--all` for finished ones too).
     Queue(commands::QueueArgs),
     /// Show one job in full.
@@ -180,13 +190,33 @@ fn install_shims(prefix: &std::path::Path, force: bool) -> anyhow::Result<()> {
 
 /// `dev:<login name>`: from USER or LOGNAME, else the name of this process's uid.
 fn default_identity() -> String {
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .ok()
-        .filter(|u| !u.is_empty())
-        .or_else(|| nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten().map(|u| u.name))
-        .unwrap_or_else(|| "user".into());
-    format!("dev:{user}")
+    format!("dev:{}", tls::login_name())
+}
+
+/// A client of the cluster as the flags say, and who it is.
+fn make_client(
+    endpoints: &[String],
+    claimed: Option<String>,
+    tls: &tls::TlsArgs,
+) -> anyhow::Result<(gangway_proto::client::Client, String)> {
+    let security = tls.for_client()?;
+    let mut identity = client_identity(claimed, &security);
+    let mut client = gangway_proto::client::Client::new(endpoints, &identity, &security)?;
+    if let Some(t) = &tls.token {
+        client = client.with_bearer(t)?;
+        // Who the token names, for `--me` filters; the controllers check it.
+        identity = gangway_proto::token::peek_subject(t).map(|u| format!("client:{u}")).unwrap_or_default();
+    }
+    Ok((client, identity))
+}
+
+/// Who this client is: the principal of its certificate on a secured cluster
+/// (what the controllers will see), else the claimed identity.
+fn client_identity(claimed: Option<String>, security: &gangway_proto::tls::Security) -> String {
+    match security.credentials().and_then(|c| c.principal()) {
+        Some(p) => p.encode(),
+        None => claimed.unwrap_or_else(default_identity),
+    }
 }
 
 /// Invoked as `sbatch` (a link): the same as `gangway sbatch`.
@@ -227,10 +257,9 @@ fn main() {
             slurm::srun::run(a)
         } else {
             die_on_closed_pipe();
-            let identity = cli.identity.clone().unwrap_or_else(default_identity);
             let out = commands::Output { json: cli.json };
             tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime").block_on(async {
-                let client = gangway_proto::client::Client::new(&cli.endpoints, &identity)?;
+                let (client, _) = make_client(&cli.endpoints, cli.identity.clone(), &cli.tls)?;
                 slurm::srun::submit_and_wait(&client, &out, a).await
             })
         };
@@ -259,14 +288,17 @@ fn main() {
     let out = commands::Output { json: cli.json };
     let result = runtime.block_on(async move {
         match cli.command {
-            Cmd::Controller(a) => commands::controller(a).await,
-            Cmd::Agent(a) => commands::agent(a, &identity).await,
-            Cmd::Dev(a) => dev::run(a, &identity).await,
+            Cmd::Controller(a) => commands::controller(a, &cli.tls).await,
+            Cmd::Agent(a) => commands::agent(a, &identity, &cli.tls).await,
+            Cmd::Dev(a) => dev::run(a, &identity, &cli.tls).await,
+            Cmd::Tls(t) => tls::run(t),
+            Cmd::Token(t) => tls::run_token(t),
             Cmd::Bench(b) => bench::run(b).await,
             Cmd::Simulate(s) => simulate::run(s),
             Cmd::Shims(ShimsCmd::Install { prefix, force }) => install_shims(&prefix, force),
+            Cmd::Scontrol(a) if slurm::scontrol::is_local(&a) => slurm::scontrol::run_local(&a),
             cmd => {
-                let client = gangway_proto::client::Client::new(&cli.endpoints, &identity)?;
+                let (client, identity) = make_client(&cli.endpoints, cli.identity.clone(), &cli.tls)?;
                 match cmd {
                     Cmd::Submit(a) => commands::submit(&client, &out, a).await.map(|_| ()),
                     Cmd::Sbatch { args } => sbatch::run(&client, &out, &args).await,

@@ -1,8 +1,9 @@
 //! End to end with real processes: three `gangway controller` processes, two
 //! `gangway agent` processes, and the `gangway` CLI as a user runs it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const GANGWAY: &str = env!("CARGO_BIN_EXE_gangway");
@@ -21,6 +22,40 @@ impl Drop for Procs {
     }
 }
 
+/// The e2e clusters' CA and certificates (replicas 1-3, agents e2e-node-1..3,
+/// users root and mallory), made once with `gangway tls` as a site would.
+fn pki() -> &'static Path {
+    static PKI: OnceLock<PathBuf> = OnceLock::new();
+    PKI.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep();
+        let tls = dir.join("tls");
+        let run = |args: &[&str]| {
+            let o = Command::new(GANGWAY).args(args).stdin(Stdio::null()).output().unwrap();
+            assert!(o.status.success(), "gangway {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        };
+        let d = tls.to_str().unwrap();
+        run(&["tls", "ca", "create", "--dir", d]);
+        for id in ["1", "2", "3"] {
+            run(&["tls", "cert", "create", "--server", id, "--ca-dir", d]);
+        }
+        for n in 1..=3 {
+            run(&["tls", "cert", "create", "--agent", &format!("e2e-node-{n}"), "--ca-dir", d]);
+        }
+        for user in ["root", "mallory"] {
+            run(&["tls", "cert", "create", "--client", user, "--ca-dir", d]);
+        }
+        tls
+    })
+}
+
+/// A CLI command as `user` of the e2e clusters (its client certificate).
+fn as_user<'a>(c: &'a mut Command, user: &str) -> &'a mut Command {
+    let d = pki();
+    c.env("GANGWAY_TLS_CA", d.join("ca.pem"))
+        .env("GANGWAY_TLS_CERT", d.join(format!("client-{user}.pem")))
+        .env("GANGWAY_TLS_KEY", d.join(format!("client-{user}-key.pem")))
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -37,15 +72,27 @@ fn agent_args(endpoints: &str, n: usize, dir: &Path) -> Vec<String> {
     ["agent", "--controllers", endpoints, "--name", &name, "--fake-gpus", "4xh100-80gb", "--state-dir", &state]
         .into_iter()
         .chain(["--addr", "127.0.0.1", "--step-listen", "127.0.0.1:0"])
+        .chain(["--tls-dir", pki().to_str().unwrap(), "--allow-root-jobs"])
         .map(str::to_string)
         .collect()
 }
 
 fn cli(endpoints: &str, args: &[&str], cwd: &Path) -> Output {
+    as_user(Command::new(GANGWAY).args(args), "root")
+        .env("GANGWAY_ENDPOINTS", endpoints)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// A CLI command against the dev cluster, finding its certificates itself as
+/// a user's would.
+fn dev_cli(endpoints: &str, args: &[&str], cwd: &Path) -> Output {
     Command::new(GANGWAY)
         .args(args)
         .env("GANGWAY_ENDPOINTS", endpoints)
-        .env("GANGWAY_IDENTITY", "dev:root")
+        .env_remove("GANGWAY_TLS_DIR")
         .current_dir(cwd)
         .stdin(Stdio::null())
         .output()
@@ -77,8 +124,23 @@ fn controllers_agents_and_cli_as_separate_processes() {
     for (i, addr) in addrs.iter().enumerate() {
         let data = dir.path().join(format!("c{}", i + 1));
         let id = (i + 1).to_string();
-        let args =
-            ["controller", "--id", &id, "--listen", addr, "--peers", &peers, "--data-dir", data.to_str().unwrap()];
+        let tls = pki().to_str().unwrap();
+        let args = [
+            "controller",
+            "--id",
+            &id,
+            "--listen",
+            addr,
+            "--peers",
+            &peers,
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--tls-dir",
+            tls,
+            "--bootstrap-admin",
+            "root",
+            "--allow-root-jobs",
+        ];
         procs.0.push(spawn(&args, &dir.path().join(format!("c{}.log", i + 1))));
     }
     for n in 1..=2 {
@@ -210,7 +272,7 @@ fn sbatch_scripts_through_the_shim(endpoints: &str, work: &Path, dir: &Path) {
         Command::new(&sbatch)
             .args(args)
             .env("GANGWAY_ENDPOINTS", endpoints)
-            .env("GANGWAY_IDENTITY", "dev:root")
+            .env("GANGWAY_TLS_DIR", pki())
             .env("FOO", "from-submit-env")
             .current_dir(work)
             .stdin(Stdio::null())
@@ -293,7 +355,8 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     // A Slurm command through its link, as `identity`.
     let shim = |name: &str, identity: &str| {
         let mut c = Command::new(bin.join(name));
-        c.env("GANGWAY_ENDPOINTS", endpoints).env("GANGWAY_IDENTITY", identity).current_dir(work).stdin(Stdio::null());
+        as_user(&mut c, identity.rsplit(':').next().unwrap());
+        c.env("GANGWAY_ENDPOINTS", endpoints).current_dir(work).stdin(Stdio::null());
         c
     };
     let tool = |name: &str, args: &[&str]| {
@@ -472,7 +535,7 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     let shown = stdout(&cli(endpoints, &["show", &pinned, "--json"], work));
     assert!(shown.contains("4242") && shown.contains("JobHeldUser"), "{shown}");
     tool("scancel", &[&pinned]);
-    let o = cli(endpoints, &["admin", "set", "--admins", "dev:root"], work);
+    let o = cli(endpoints, &["admin", "set", "--admins", "root"], work);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let before = tool("sacct", &["-X", "-a", "-n", "-P", "-o", "JobID"]).lines().count();
     let o = shim("sbatch", "dev:mallory").args(["--priority", "9", "--wrap", "true"]).output().unwrap();
@@ -635,7 +698,7 @@ fn the_dev_cluster_runs_a_batch_script() {
             if child.try_wait().unwrap().is_some() {
                 break false;
             }
-            let o = cli(&endpoints, &["nodes", "--json"], work);
+            let o = dev_cli(&endpoints, &["nodes", "--json"], work);
             if stdout(&o).matches("\"state\": \"UP\"").count() == 2 {
                 break true;
             }
@@ -656,11 +719,11 @@ fn the_dev_cluster_runs_a_batch_script() {
          srun -l bash -c 'echo rank $SLURM_PROCID on $SLURMD_NODENAME'\n",
     )
     .unwrap();
-    let o = cli(&endpoints, &["sbatch", "job.sh"], work);
+    let o = dev_cli(&endpoints, &["sbatch", "job.sh"], work);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let id = stdout(&o).trim().strip_prefix("Submitted batch job ").unwrap().to_string();
     eventually("the batch job never completed", || {
-        stdout(&cli(&endpoints, &["sacct", "-X", "-j", &id, "-n", "-P", "-o", "State"], work)).trim() == "COMPLETED"
+        stdout(&dev_cli(&endpoints, &["sacct", "-X", "-j", &id, "-n", "-P", "-o", "State"], work)).trim() == "COMPLETED"
     });
     let out = std::fs::read_to_string(work.join(format!("slurm-{id}.out"))).unwrap();
     assert_eq!(out.matches("batch on dev-node-").count(), 1, "{out}");

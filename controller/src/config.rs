@@ -52,6 +52,15 @@ pub struct ReplicaConfig {
     /// Start without forming a cluster: wait to be added with `cluster add`.
     pub join: bool,
     pub timing: Timing,
+    /// Mutual TLS with this replica's server certificate, or `Insecure`.
+    pub security: gangway_proto::tls::Security,
+    /// Users made admins when the cluster's policy names none (the first
+    /// admin of a new cluster; also the way back in if every admin was removed).
+    pub bootstrap_admins: Vec<String>,
+    /// Accept jobs that run as root (refused by default).
+    pub allow_root_jobs: bool,
+    /// Bearer tokens this replica accepts, if any.
+    pub tokens: Option<std::sync::Arc<gangway_proto::token::TokenVerifier>>,
 }
 
 /// Parses `1=host:port,2=host:port,...` into an id → address map.

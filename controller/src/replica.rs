@@ -16,7 +16,7 @@ use gangway_proto::v1::raft_service_server::RaftServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tonic::transport::{Channel, Endpoint, Server};
+use tonic::transport::{Channel, Server};
 use tonic::Status;
 
 use crate::api::{admin::AdminApi, agent::AgentApi, jobs::JobApi, nodes::NodeApi};
@@ -48,6 +48,14 @@ pub struct Replica {
     /// The advertised address of this replica.
     pub addr: String,
     pub timing: Timing,
+    /// How this replica talks to its peers and checks its callers.
+    pub security: gangway_proto::tls::Security,
+    /// Users that are admins even when the policy names none (`--bootstrap-admin`).
+    pub bootstrap_admins: Vec<String>,
+    /// Whether jobs may run as root (`--allow-root-jobs`).
+    pub allow_root_jobs: bool,
+    /// Bearer tokens accepted (`--token-public-key`, `--token-jwks`).
+    pub tokens: Option<Arc<gangway_proto::token::TokenVerifier>>,
     channels: Mutex<BTreeMap<String, Channel>>,
     /// Last heartbeat per node, in this replica's memory (meaningful on the leader).
     heartbeats: Mutex<BTreeMap<String, Instant>>,
@@ -83,16 +91,20 @@ impl Replica {
         if let Some(ch) = channels.get(addr) {
             return Ok(ch.clone());
         }
-        let ep = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| Status::internal(format!("replica address {addr} is invalid: {e}")))?
-            .connect_timeout(Duration::from_secs(1))
-            .tcp_nodelay(true);
-        let ch = ep.connect_lazy();
+        let ch = self
+            .security
+            .channel(addr, gangway_proto::tls::Expect::Server, Duration::from_secs(1))
+            .map_err(|e| Status::internal(format!("replica address {addr}: {e}")))?;
         if channels.len() >= CHANNELS_MAX {
             channels.clear();
         }
         channels.insert(addr.to_string(), ch.clone());
         Ok(ch)
+    }
+
+    /// When this replica's own certificate expires (Unix seconds).
+    pub fn cert_not_after(&self) -> Option<i64> {
+        self.security.credentials().and_then(|c| c.not_after())
     }
 
     pub fn record_heartbeat(&self, node: &str) {
@@ -164,12 +176,16 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
     crate::telemetry::describe();
     let local_addr = listener.local_addr()?;
     let stores = open_store(&config.data_dir)?;
-    let node = Arc::new(RaftNode::start(config.id, config.timing.clone(), stores).await?);
+    let node = Arc::new(RaftNode::start(config.id, config.timing.clone(), stores, config.security.clone()).await?);
     let replica = Arc::new(Replica {
         node: node.clone(),
         proposer: crate::proposer::Proposer::start(node.clone()),
         addr: config.advertise_addr.clone(),
         timing: config.timing.clone(),
+        security: config.security.clone(),
+        bootstrap_admins: config.bootstrap_admins.clone(),
+        allow_root_jobs: config.allow_root_jobs,
+        tokens: config.tokens.clone(),
         channels: Mutex::new(BTreeMap::new()),
         heartbeats: Mutex::new(BTreeMap::new()),
         pending_reasons: Mutex::new(Arc::new(BTreeMap::new())),
@@ -210,8 +226,13 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
     // Our own listener (bound by the caller) bypasses the builder's TCP options:
     // set TCP_NODELAY here, or Nagle plus delayed ACKs add tens of milliseconds to
     // every Raft round trip and response.
-    let incoming = tonic::transport::server::TcpIncoming::from_listener(listener, true, None)
-        .map_err(|e| anyhow::anyhow!("listener: {e}"))?;
+    if config.security.is_insecure() {
+        tracing::warn!(
+            "INSECURE: this replica serves plaintext gRPC and believes whoever callers say they are \
+             (--insecure); anyone who can reach {local_addr} controls the cluster and runs jobs as any user"
+        );
+    }
+    let incoming = gangway_proto::tls::incoming(listener, &config.security).map_err(|e| anyhow::anyhow!("TLS: {e}"))?;
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
         let _ = shutdown_rx.await;
     }));

@@ -76,6 +76,15 @@ pub fn render(replica: &Replica) -> String {
     g.set("gangway_raft_commit_index", "Highest log index known committed.", &[], idx(st.committed_index));
     g.set("gangway_raft_applied_index", "Highest log index applied to the state machine.", &[], idx(st.applied_index));
     g.set("gangway_raft_voters", "Voting members of the controller cluster.", &[], st.voters.len() as f64);
+    if let Some(not_after) = replica.cert_not_after() {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        g.set(
+            "gangway_tls_cert_expiry_seconds",
+            "Seconds until this replica's TLS certificate expires (negative: expired).",
+            &[],
+            (not_after - now) as f64,
+        );
+    }
 
     let reasons = replica.pending_reasons();
     let state = replica.node.state().read();

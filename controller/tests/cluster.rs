@@ -8,6 +8,7 @@ use gangway_controller::replica::{self, ReplicaHandle};
 use gangway_controller::{ReplicaConfig, Timing};
 use gangway_core::{snapshot, NodeState, State};
 use gangway_proto::client::Client;
+use gangway_proto::tls::Security;
 use gangway_proto::v1 as pb;
 use gangway_proto::v1::admin_service_client::AdminServiceClient;
 use gangway_proto::v1::agent_service_client::AgentServiceClient;
@@ -64,7 +65,17 @@ impl TestCluster {
             let h = replica::start(c.config(id, false), l).await.unwrap();
             c.handles.insert(id, h);
         }
+        c.wait_bootstrap_admin().await;
         c
+    }
+
+    /// The first leader commits the bootstrap admin: tests act as it.
+    async fn wait_bootstrap_admin(&self) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !self.handles.values().any(|h| !h.replica.node.state().read().policy.admins.is_empty()) {
+            assert!(tokio::time::Instant::now() < deadline, "the bootstrap admin was never committed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     fn config(&self, id: u64, join: bool) -> ReplicaConfig {
@@ -75,6 +86,11 @@ impl TestCluster {
             data_dir: self.dirs[&id].path().to_path_buf(),
             join,
             timing: self.timing[&id].clone(),
+            // These tests exercise the cluster itself; the security tests run TLS.
+            security: Security::Insecure,
+            bootstrap_admins: vec!["tester".into()],
+            allow_root_jobs: true,
+            tokens: None,
         }
     }
 
@@ -116,7 +132,7 @@ impl TestCluster {
 
     fn client_for(&self, ids: &[u64]) -> Client {
         let eps: Vec<String> = ids.iter().map(|id| self.addrs[id].clone()).collect();
-        Client::new(&eps, "dev:tester").unwrap()
+        Client::new(&eps, "dev:tester", &Security::Insecure).unwrap()
     }
 
     fn client(&self) -> Client {
@@ -255,7 +271,7 @@ async fn leader_failover_loses_no_acknowledged_submit() {
     let racing = {
         let eps: Vec<String> = c.addrs.values().cloned().collect();
         tokio::spawn(async move {
-            let client = Client::new(&eps, "dev:tester").unwrap();
+            let client = Client::new(&eps, "dev:tester", &Security::Insecure).unwrap();
             let mut ok = Vec::new();
             for i in 0..30 {
                 match submit(&client, spec("true"), &format!("race-{i}")).await {
@@ -983,9 +999,12 @@ async fn policy_dependencies_arrays_and_preemption_on_a_real_agent() {
             .await
             .map(|r| r.into_inner())
     }
-    let v1 = put(&client, policy.to_string(), Some(0)).await.unwrap();
-    assert_eq!(v1.version, 1);
-    let stale = put(&client, policy.to_string(), Some(0)).await.unwrap_err();
+    // Version 1 is the bootstrap admin's; this edit is based on it.
+    let v2 = put(&client, policy.to_string(), Some(1)).await.unwrap();
+    assert_eq!(v2.version, 2);
+    // The imported policy names no admins: the current ones stay.
+    assert!(v2.json.contains("\"admins\":[\"tester\"]"), "{}", v2.json);
+    let stale = put(&client, policy.to_string(), Some(1)).await.unwrap_err();
     assert_eq!(stale.code(), Code::Aborted, "{stale:?}");
     let bad = put(&client, r#"{"qos": {"high": {"preempt": ["nope"]}}}"#.into(), None).await.unwrap_err();
     assert_eq!(bad.code(), Code::InvalidArgument);
@@ -1359,4 +1378,533 @@ async fn events_stream_and_resume_across_a_replica_failure() {
     assert!(gone.message().contains("no longer kept"), "{}", gone.message());
     agent.stop().await;
     c.shutdown().await;
+}
+
+// ---------------------------------------------------------------- security
+
+/// The security matrix: every kind of RPC × every kind of caller, against the
+/// leader and a follower, before and after a forced failover, over real mutual
+/// TLS. Each cell is the gRPC outcome the caller must get.
+mod security {
+    use super::*;
+    use gangway_proto::pki::{self, CertRequest};
+    use gangway_proto::tls::{Credentials, Expect, Principal, Role, TlsFiles};
+    use gangway_proto::v1::raft_service_client::RaftServiceClient;
+    use tonic::transport::Channel;
+
+    /// What a caller gets from a call.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Got {
+        /// Past authentication and authorization (an answer, or a domain refusal).
+        Allowed,
+        /// UNAUTHENTICATED: nothing vouches for the caller.
+        Unauthenticated,
+        /// PERMISSION_DENIED: known, but not allowed this.
+        Denied,
+        /// The TLS handshake was refused (a certificate the CA did not sign, or expired).
+        NoHandshake,
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Caller {
+        NoCert,
+        ForeignCa,
+        Expired,
+        Alice,
+        Bob,
+        Admin,
+        AgentX,
+        AgentY,
+        Server,
+        /// No certificate, a bearer token for alice signed by the cluster's token key.
+        TokenAlice,
+        /// No certificate, a token signed by a key the cluster does not trust.
+        ForgedToken,
+        /// No certificate, a step credential (signed by a replica) of a job
+        /// that does not run: it opens nothing.
+        StaleStep,
+    }
+
+    const CALLERS: [Caller; 12] = [
+        Caller::NoCert,
+        Caller::ForeignCa,
+        Caller::Expired,
+        Caller::Alice,
+        Caller::Bob,
+        Caller::Admin,
+        Caller::AgentX,
+        Caller::AgentY,
+        Caller::Server,
+        Caller::TokenAlice,
+        Caller::ForgedToken,
+        Caller::StaleStep,
+    ];
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Rpc {
+        RaftVote,
+        RaftAppend,
+        AddLearner,
+        TransferLeader,
+        UpdatePolicy,
+        Snapshot,
+        Drain,
+        ClusterStatus,
+        GetPolicy,
+        ListNodes,
+        GetNodeX,
+        ListJobs,
+        GetAlicesJob,
+        Submit,
+        SubmitAsRoot,
+        SubmitAsOther,
+        HoldAlicesJob,
+        CancelMissingJob,
+        RegisterNodeX,
+        HeartbeatNodeX,
+        ReportExitOnNodeX,
+        Events,
+    }
+
+    const RPCS: [Rpc; 22] = [
+        Rpc::RaftVote,
+        Rpc::RaftAppend,
+        Rpc::AddLearner,
+        Rpc::TransferLeader,
+        Rpc::UpdatePolicy,
+        Rpc::Snapshot,
+        Rpc::Drain,
+        Rpc::ClusterStatus,
+        Rpc::GetPolicy,
+        Rpc::ListNodes,
+        Rpc::GetNodeX,
+        Rpc::ListJobs,
+        Rpc::GetAlicesJob,
+        Rpc::Submit,
+        Rpc::SubmitAsRoot,
+        Rpc::SubmitAsOther,
+        Rpc::HoldAlicesJob,
+        Rpc::CancelMissingJob,
+        Rpc::RegisterNodeX,
+        Rpc::HeartbeatNodeX,
+        Rpc::ReportExitOnNodeX,
+        Rpc::Events,
+    ];
+
+    /// The rules: what each caller must get for each RPC.
+    fn expected(rpc: Rpc, caller: Caller) -> Got {
+        use Caller::*;
+        // Raft knows only server certificates; tokens do not count there.
+        if caller == TokenAlice && matches!(rpc, Rpc::RaftVote | Rpc::RaftAppend) {
+            return Got::Unauthenticated;
+        }
+        // Otherwise a token holder is the user it names.
+        let caller = if caller == TokenAlice { Alice } else { caller };
+        match caller {
+            NoCert | ForgedToken | StaleStep => return Got::Unauthenticated,
+            ForeignCa | Expired => return Got::NoHandshake,
+            _ => {}
+        }
+        let allowed = |ok: bool| if ok { Got::Allowed } else { Got::Denied };
+        let user = matches!(caller, Alice | Bob | Admin);
+        match rpc {
+            Rpc::RaftVote | Rpc::RaftAppend => allowed(caller == Server),
+            Rpc::AddLearner | Rpc::TransferLeader | Rpc::UpdatePolicy | Rpc::Snapshot | Rpc::Drain => {
+                allowed(matches!(caller, Admin | Server))
+            }
+            Rpc::ClusterStatus
+            | Rpc::GetPolicy
+            | Rpc::ListNodes
+            | Rpc::GetNodeX
+            | Rpc::ListJobs
+            | Rpc::GetAlicesJob
+            | Rpc::Events => Got::Allowed,
+            Rpc::Submit | Rpc::CancelMissingJob => allowed(user),
+            // Nobody runs jobs as root here, nor as someone else.
+            Rpc::SubmitAsRoot => Got::Denied,
+            Rpc::SubmitAsOther => Got::Denied,
+            Rpc::HoldAlicesJob => allowed(matches!(caller, Alice | Admin)),
+            Rpc::RegisterNodeX | Rpc::HeartbeatNodeX | Rpc::ReportExitOnNodeX => allowed(caller == AgentX),
+        }
+    }
+
+    fn classify(r: Result<(), tonic::Status>) -> (Got, String) {
+        match r {
+            Ok(()) => (Got::Allowed, "ok".into()),
+            Err(s) => {
+                let got = match s.code() {
+                    Code::Unauthenticated => Got::Unauthenticated,
+                    Code::PermissionDenied => Got::Denied,
+                    Code::Unavailable | Code::Unknown if s.message().contains("transport") => Got::NoHandshake,
+                    // With TLS 1.3 a client learns that its certificate was
+                    // refused only when the server tears the connection down.
+                    Code::Cancelled => Got::NoHandshake,
+                    Code::Unavailable if !s.message().contains("leader") => Got::NoHandshake,
+                    _ => Got::Allowed,
+                };
+                (got, format!("{:?}: {}", s.code(), s.message()))
+            }
+        }
+    }
+
+    fn spec(user: &str) -> pb::JobSpec {
+        pb::JobSpec {
+            name: "matrix".into(),
+            user: user.into(),
+            command: vec!["true".into()],
+            script: "#!/bin/sh\necho secret-script\n".into(),
+            env: [("SECRET_TOKEN".to_string(), "hunter2".to_string())].into_iter().collect(),
+            ..Default::default()
+        }
+    }
+
+    /// A request with the caller's bearer token or step credential.
+    fn req<T>(m: T, bearer: Option<&str>) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(m);
+        r.set_timeout(Duration::from_secs(10));
+        match bearer {
+            Some(b) if b.starts_with("v1.") => {
+                r.metadata_mut().insert(gangway_proto::step_cred::STEP_CREDENTIAL_METADATA_KEY, b.parse().unwrap());
+            }
+            Some(b) => {
+                r.metadata_mut().insert("authorization", format!("Bearer {b}").parse().unwrap());
+            }
+            None => {}
+        }
+        r
+    }
+
+    async fn call(rpc: Rpc, ch: Channel, alices_job: u64, bearer: Option<&str>) -> Result<(), tonic::Status> {
+        match rpc {
+            Rpc::RaftVote => {
+                RaftServiceClient::new(ch).vote(req(pb::RaftPayload { data: vec![1, 2, 3] }, bearer)).await.map(drop)
+            }
+            Rpc::RaftAppend => RaftServiceClient::new(ch)
+                .append_entries(req(pb::RaftPayload { data: vec![9] }, bearer))
+                .await
+                .map(drop),
+            Rpc::AddLearner => AdminServiceClient::new(ch)
+                .add_learner(req(pb::AddLearnerRequest { id: 0, addr: "x".into() }, bearer))
+                .await
+                .map(drop),
+            Rpc::TransferLeader => AdminServiceClient::new(ch)
+                .transfer_leader(req(pb::TransferLeaderRequest { to: 99 }, bearer))
+                .await
+                .map(drop),
+            Rpc::UpdatePolicy => AdminServiceClient::new(ch)
+                .update_policy(req(pb::UpdatePolicyRequest { json: "not json".into(), ..Default::default() }, bearer))
+                .await
+                .map(drop),
+            Rpc::Snapshot => AdminServiceClient::new(ch).snapshot(req(pb::SnapshotRequest {}, bearer)).await.map(drop),
+            Rpc::Drain => NodeServiceClient::new(ch)
+                .drain(req(pb::DrainRequest { name: "no-such-node".into(), reason: String::new() }, bearer))
+                .await
+                .map(drop),
+            Rpc::ClusterStatus => {
+                AdminServiceClient::new(ch).cluster_status(req(pb::ClusterStatusRequest {}, bearer)).await.map(drop)
+            }
+            Rpc::GetPolicy => AdminServiceClient::new(ch)
+                .get_policy(req(pb::GetPolicyRequest { stale: false }, bearer))
+                .await
+                .map(drop),
+            Rpc::GetNodeX => NodeServiceClient::new(ch)
+                .get(req(pb::GetNodeRequest { name: "node-x".into(), stale: false }, bearer))
+                .await
+                .map(drop),
+            Rpc::ListNodes => {
+                NodeServiceClient::new(ch).list(req(pb::ListNodesRequest::default(), bearer)).await.map(drop)
+            }
+            Rpc::ListJobs => {
+                JobServiceClient::new(ch).list(req(pb::ListJobsRequest::default(), bearer)).await.map(drop)
+            }
+            Rpc::GetAlicesJob => JobServiceClient::new(ch)
+                .get(req(pb::GetJobRequest { job_id: alices_job, stale: false }, bearer))
+                .await
+                .map(drop),
+            Rpc::Submit | Rpc::SubmitAsRoot | Rpc::SubmitAsOther => {
+                let user = match rpc {
+                    Rpc::SubmitAsRoot => "root",
+                    Rpc::SubmitAsOther => "mallory",
+                    _ => "",
+                };
+                JobServiceClient::new(ch)
+                    .submit(req(pb::SubmitRequest { spec: Some(spec(user)), ..Default::default() }, bearer))
+                    .await
+                    .map(drop)
+            }
+            Rpc::HoldAlicesJob => JobServiceClient::new(ch)
+                .update(req(
+                    pb::UpdateJobRequest {
+                        job_id: alices_job,
+                        change: pb::update_job_request::Change::Hold as i32,
+                        value: 0,
+                    },
+                    bearer,
+                ))
+                .await
+                .map(drop),
+            Rpc::CancelMissingJob => {
+                JobServiceClient::new(ch).cancel(req(pb::CancelRequest { job_id: 999_999 }, bearer)).await.map(drop)
+            }
+            Rpc::RegisterNodeX => AgentServiceClient::new(ch)
+                .register(req(
+                    pb::RegisterRequest { name: "node-x".into(), cpus: 8, mem_mb: 8192, ..Default::default() },
+                    bearer,
+                ))
+                .await
+                .map(drop),
+            Rpc::HeartbeatNodeX => AgentServiceClient::new(ch)
+                .heartbeat(req(pb::HeartbeatRequest { name: "node-x".into(), ..Default::default() }, bearer))
+                .await
+                .map(drop),
+            Rpc::ReportExitOnNodeX => AgentServiceClient::new(ch)
+                .report_task_exit(req(
+                    pb::TaskExitReport {
+                        node: "node-x".into(),
+                        job_id: 999_999,
+                        attempt: 0,
+                        exit_code: Some(0),
+                        ..Default::default()
+                    },
+                    bearer,
+                ))
+                .await
+                .map(drop),
+            Rpc::Events => {
+                let mut s = JobServiceClient::new(ch)
+                    .events(req(pb::EventsRequest { from_index: 1 }, bearer))
+                    .await?
+                    .into_inner();
+                // The first message (or the stream's refusal) is the answer.
+                match tokio::time::timeout(Duration::from_secs(2), s.message()).await {
+                    Ok(Err(e)) => Err(e),
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
+
+    struct Pki {
+        _dir: tempfile::TempDir,
+        main: std::path::PathBuf,
+        token_alice: String,
+        forged_token: String,
+        token_public_key: std::path::PathBuf,
+        stale_step: String,
+    }
+
+    impl Pki {
+        fn new() -> Pki {
+            let dir = tempfile::tempdir().unwrap();
+            let main = dir.path().join("main");
+            let mut ps: Vec<Principal> =
+                (1..=3).map(|id| Principal::new(Role::Server, &id.to_string()).unwrap()).collect();
+            for (role, name) in [
+                (Role::Agent, "node-x"),
+                (Role::Agent, "node-y"),
+                (Role::Client, "alice"),
+                (Role::Client, "bob"),
+                (Role::Client, "admin"),
+            ] {
+                ps.push(Principal::new(role, name).unwrap());
+            }
+            pki::throwaway(&main, &ps).unwrap();
+            // A client certificate from another CA, and an expired one from ours.
+            let foreign = dir.path().join("foreign");
+            pki::throwaway(&foreign, &[Principal::new(Role::Client, "alice").unwrap()]).unwrap();
+            let req = CertRequest {
+                principal: Principal::new(Role::Client, "expired").unwrap(),
+                hosts: vec![],
+                days: 1,
+                backdate_days: 3,
+            };
+            pki::create_cert(&main, &main, &req).unwrap();
+            // The cluster's token key, and another that nobody trusts.
+            let (key, token_public_key) = gangway_proto::token::create_key(&dir.path().join("token")).unwrap();
+            let (other, _) = gangway_proto::token::create_key(&dir.path().join("other-token")).unwrap();
+            let life = Duration::from_secs(600);
+            let token_alice = gangway_proto::token::create(&key, "alice", life, "gangway", "gangway").unwrap();
+            let forged_token = gangway_proto::token::create(&other, "admin", life, "gangway", "gangway").unwrap();
+            let server = Credentials::load(TlsFiles::in_dir(&main, "server-1")).unwrap();
+            let claims = gangway_proto::step_cred::StepClaims {
+                job_id: 4242,
+                attempt: 1,
+                nodes: vec!["node-x".into()],
+                expires_unix: u64::MAX / 2,
+            };
+            let stale_step = gangway_proto::step_cred::sign(&server, &claims).unwrap();
+            Pki { main, _dir: dir, token_alice, forged_token, token_public_key, stale_step }
+        }
+
+        fn bearer(&self, caller: Caller) -> Option<&str> {
+            match caller {
+                Caller::TokenAlice => Some(&self.token_alice),
+                Caller::ForgedToken => Some(&self.forged_token),
+                Caller::StaleStep => Some(&self.stale_step),
+                _ => None,
+            }
+        }
+
+        fn security(&self, caller: Caller) -> Security {
+            let files = match caller {
+                Caller::NoCert | Caller::TokenAlice | Caller::ForgedToken | Caller::StaleStep => {
+                    TlsFiles { ca: self.main.join("ca.pem"), cert: None }
+                }
+                Caller::ForeignCa => TlsFiles {
+                    ca: self.main.join("ca.pem"),
+                    cert: Some((
+                        self.main.parent().unwrap().join("foreign/client-alice.pem"),
+                        self.main.parent().unwrap().join("foreign/client-alice-key.pem"),
+                    )),
+                },
+                Caller::Expired => TlsFiles::in_dir(&self.main, "client-expired"),
+                Caller::Alice => TlsFiles::in_dir(&self.main, "client-alice"),
+                Caller::Bob => TlsFiles::in_dir(&self.main, "client-bob"),
+                Caller::Admin => TlsFiles::in_dir(&self.main, "client-admin"),
+                Caller::AgentX => TlsFiles::in_dir(&self.main, "agent-node-x"),
+                Caller::AgentY => TlsFiles::in_dir(&self.main, "agent-node-y"),
+                Caller::Server => TlsFiles::in_dir(&self.main, "server-1"),
+            };
+            Security::Tls(Credentials::load(files).unwrap())
+        }
+    }
+
+    async fn start_secure(pki: &Pki) -> TestCluster {
+        let mut c = TestCluster {
+            dirs: BTreeMap::new(),
+            addrs: BTreeMap::new(),
+            handles: BTreeMap::new(),
+            timing: BTreeMap::new(),
+        };
+        let mut listeners = BTreeMap::new();
+        for id in 1..=3u64 {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            c.addrs.insert(id, l.local_addr().unwrap().to_string());
+            c.dirs.insert(id, tempfile::tempdir().unwrap());
+            c.timing.insert(id, fast_timing());
+            listeners.insert(id, l);
+        }
+        for (id, l) in listeners {
+            let mut config = c.config(id, false);
+            let creds = Credentials::load(TlsFiles::in_dir(&pki.main, &format!("server-{id}"))).unwrap();
+            config.security = Security::Tls(creds);
+            config.bootstrap_admins = vec!["admin".into()];
+            config.allow_root_jobs = false;
+            let tokens = gangway_proto::token::TokenConfig {
+                public_keys: vec![pki.token_public_key.clone()],
+                ..Default::default()
+            };
+            config.tokens = gangway_proto::token::TokenVerifier::load(&tokens).unwrap();
+            c.handles.insert(id, replica::start(config, l).await.unwrap());
+        }
+        c
+    }
+
+    async fn run_matrix(
+        pki: &Pki,
+        c: &TestCluster,
+        label: &str,
+        alices_job: u64,
+        table: &mut Vec<String>,
+    ) -> (usize, Vec<String>) {
+        let leader = c.leader().await;
+        let follower = *c.handles.keys().find(|id| **id != leader).unwrap();
+        let mut cells = 0;
+        let mut wrong = Vec::new();
+        for (target, id) in [("leader", leader), ("follower", follower)] {
+            for rpc in RPCS {
+                let mut row = format!("{label:<8} {target:<8} {:<18}", format!("{rpc:?}"));
+                for caller in CALLERS {
+                    let ch =
+                        pki.security(caller).channel(&c.addrs[&id], Expect::Server, Duration::from_secs(2)).unwrap();
+                    let (got, detail) = classify(call(rpc, ch, alices_job, pki.bearer(caller)).await);
+                    let want = expected(rpc, caller);
+                    cells += 1;
+                    let mark = match got {
+                        Got::Allowed => "allow",
+                        Got::Unauthenticated => "unauth",
+                        Got::Denied => "deny",
+                        Got::NoHandshake => "no-tls",
+                    };
+                    row.push_str(&format!(" {:<7}", if got == want { mark.to_string() } else { format!("{mark}!") }));
+                    if got != want {
+                        wrong.push(format!(
+                            "{label} {target} {rpc:?} as {caller:?}: want {want:?}, got {got:?} ({detail})"
+                        ));
+                    }
+                }
+                table.push(row);
+            }
+        }
+        (cells, wrong)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn security_matrix_holds_on_every_replica_across_failover() {
+        let pki = Pki::new();
+        let mut c = start_secure(&pki).await;
+        let leader = c.leader().await;
+        let eps: Vec<String> = c.addrs.values().cloned().collect();
+        let alice = Client::new(&eps, "ignored", &pki.security(Caller::Alice)).unwrap();
+        let bob = Client::new(&eps, "ignored", &pki.security(Caller::Bob)).unwrap();
+        // The bootstrap admin was committed by the leader.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while c.state(leader).policy.admins != vec!["admin".to_string()] {
+            assert!(tokio::time::Instant::now() < deadline, "the bootstrap admin was never committed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Alice's job runs as alice, whatever she claims to be otherwise.
+        let job = alice
+            .call(|ch| {
+                let r = alice.request(pb::SubmitRequest { spec: Some(spec("")), ..Default::default() });
+                async move { JobServiceClient::new(ch).submit(r).await }
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id;
+        let stored = c.state(leader).jobs[&job].clone();
+        assert_eq!((stored.spec.user.as_str(), stored.submitted_by.as_str()), ("alice", "client:alice"));
+        // Bob sees the job but not its script, command or environment; alice sees all.
+        async fn get_job(client: &Client, job_id: u64) -> pb::JobSpec {
+            let job = client
+                .call(|ch| {
+                    let r = client.request(pb::GetJobRequest { job_id, stale: false });
+                    async move { JobServiceClient::new(ch).get(r).await }
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            job.spec.unwrap()
+        }
+        let bob_spec = get_job(&bob, job).await;
+        assert!(bob_spec.env.is_empty() && bob_spec.script.is_empty() && bob_spec.command.is_empty(), "{bob_spec:?}");
+        let alice_spec = get_job(&alice, job).await;
+        assert_eq!(alice_spec.env.get("SECRET_TOKEN").map(String::as_str), Some("hunter2"));
+
+        let mut table = vec![format!(
+            "{:<8} {:<8} {:<18} {}",
+            "phase",
+            "replica",
+            "rpc",
+            CALLERS.iter().map(|c| format!("{:<7}", format!("{c:?}"))).collect::<Vec<_>>().join(" ")
+        )];
+        let (mut cells, mut wrong) = run_matrix(&pki, &c, "before", job, &mut table).await;
+        // Forced failover: the leader goes, the rules hold on the new one.
+        c.stop(leader).await;
+        let (more, w) = run_matrix(&pki, &c, "after", job, &mut table).await;
+        cells += more;
+        wrong.extend(w);
+        println!("{}", table.join("\n"));
+        println!("security matrix: {cells} cells, {} wrong", wrong.len());
+        assert!(wrong.is_empty(), "{} of {cells} cells wrong:\n{}", wrong.len(), wrong.join("\n"));
+        // Nobody but alice and the admin managed to touch alice's job, and no
+        // job of root or of another user was ever stored.
+        let new_leader = c.leader().await;
+        let s = c.state(new_leader);
+        assert!(s.jobs.values().all(|j| j.spec.user != "root" && j.spec.user != "mallory"));
+        for (_, h) in std::mem::take(&mut c.handles) {
+            h.shutdown().await;
+        }
+    }
 }

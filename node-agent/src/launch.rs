@@ -191,11 +191,9 @@ pub fn output_paths(order: &LaunchOrder, node: &str) -> (PathBuf, Option<PathBuf
 
 /// A local account: uid, gid.
 pub fn lookup_user(name: &str) -> Option<(u32, u32)> {
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|line| {
-        let f: Vec<&str> = line.split(':').collect();
-        (f.len() >= 4 && f[0] == name).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
-    })
+    // Through NSS (getpwnam_r), so LDAP and SSSD users resolve as local ones do.
+    let user = nix::unistd::User::from_name(name).ok()??;
+    Some((user.uid.as_raw(), user.gid.as_raw()))
 }
 
 #[cfg(test)]

@@ -48,6 +48,10 @@ pub struct AgentConfig {
     pub topology: Vec<String>,
     pub labels: BTreeMap<String, String>,
     pub identity: String,
+    /// Mutual TLS with this node's agent certificate (`agent/NAME`), or `Insecure`.
+    pub security: gangway_proto::tls::Security,
+    /// Whether tasks may run as root (refused by default).
+    pub allow_root_jobs: bool,
     /// Where the agent keeps its launch fences and batch scripts.
     pub state_dir: std::path::PathBuf,
     /// Time between SIGTERM and SIGKILL when a task is stopped.
@@ -168,6 +172,8 @@ impl AgentConfig {
             topology: Vec::new(),
             labels: BTreeMap::new(),
             identity: "agent".into(),
+            security: gangway_proto::tls::Security::Insecure,
+            allow_root_jobs: true,
             gpu_fault_file: Some(state_dir.join("gpu-faults")),
             state_dir,
             stop_grace: supervisor::STOP_GRACE_DEFAULT,
@@ -296,7 +302,20 @@ impl SelfFence {
 /// Runs the agent until `shutdown` completes. Its loop is bounded by the agent's
 /// life: one register/heartbeat round per interval, woken early by task exits.
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let client = std::sync::Arc::new(Client::new(&config.controllers, &config.identity)?);
+    if let Some(creds) = config.security.credentials() {
+        let want = gangway_proto::tls::Principal::new(gangway_proto::tls::Role::Agent, &config.name)
+            .map_err(|e| anyhow::anyhow!("node name: {e}"))?;
+        let have = creds.principal();
+        if have.as_ref() != Some(&want) {
+            anyhow::bail!(
+                "the agent certificate names {}, but this node is '{}': create one with `gangway tls cert create --agent {}`",
+                have.map_or_else(|| "no principal".to_string(), |p| p.to_string()),
+                config.name,
+                config.name
+            );
+        }
+    }
+    let client = std::sync::Arc::new(Client::new(&config.controllers, &config.identity, &config.security)?);
     let _health_check = config.health_check.clone().map(|(program, every)| {
         AbortOnDrop(tokio::spawn(health_check_loop(client.clone(), config.name.clone(), program, every)))
     });
@@ -324,6 +343,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         config.gpus.len(),
         config.shim.clone(),
     );
+    tasks.allow_root_jobs = config.allow_root_jobs;
+    if let Some(creds) = config.security.credentials() {
+        // srun in a job checks the other nodes' agents against the cluster's CA.
+        let ca = std::fs::read_to_string(&creds.files().ca)
+            .map_err(|e| anyhow::anyhow!("tls-ca: {}: {e}", creds.files().ca.display()))?;
+        tasks.step_ca_pem = Some(ca);
+    }
     tasks.adopt_all();
     tasks.provide_job_tools(&config.state_dir, &config.controllers);
     let (_steps, step_port) = match &config.step_listen {
@@ -333,7 +359,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 .map_err(|e| anyhow::anyhow!("step-listen: cannot bind {addr}: {e}"))?;
             let port = l.local_addr()?.port();
             tracing::info!(addr = %l.local_addr()?, "serving steps");
-            (Some(AbortOnDrop(steps::serve(l, &config.name, tasks.step_hosts()))), Some(port))
+            (Some(AbortOnDrop(steps::serve(l, &config.name, tasks.step_hosts(), config.security.clone())?)), Some(port))
         }
         None => (None, None),
     };

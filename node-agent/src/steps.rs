@@ -73,11 +73,30 @@ pub type StepHosts = Arc<Mutex<BTreeMap<(u64, u32), StepHost>>>;
 pub struct StepServer {
     node: String,
     hosts: StepHosts,
+    /// With TLS, a step needs the job's step credential (signed by a
+    /// controller replica); an insecure agent takes any step of a running job.
+    security: gangway_proto::tls::Security,
 }
 
 impl StepServer {
-    pub fn new(node: &str, hosts: StepHosts) -> StepServer {
-        StepServer { node: node.to_string(), hosts }
+    pub fn new(node: &str, hosts: StepHosts, security: gangway_proto::tls::Security) -> StepServer {
+        StepServer { node: node.to_string(), hosts, security }
+    }
+
+    /// The caller must hold this job attempt's step credential naming this node.
+    fn check_credential<T>(&self, req: &Request<T>, job_id: u64, attempt: u32) -> Result<(), Status> {
+        use gangway_proto::step_cred::{verify, STEP_CREDENTIAL_METADATA_KEY};
+        let Some(creds) = self.security.credentials() else { return Ok(()) };
+        let token = req
+            .metadata()
+            .get(STEP_CREDENTIAL_METADATA_KEY)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| Status::unauthenticated("a step needs its job's step credential (srun sends it)"))?;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        verify(creds, token, job_id, attempt, &self.node, now).map(drop).map_err(|why| {
+            tracing::warn!(target: "gangway::audit", job_id, attempt, reason = %why, "step refused: bad credential");
+            Status::permission_denied(format!("permission: the step credential is not valid here: {why}"))
+        })
     }
 }
 
@@ -134,6 +153,7 @@ impl StepService for StepServer {
     type RunStream = tokio_stream::wrappers::ReceiverStream<Result<StepEvent, Status>>;
 
     async fn run(&self, request: Request<StepRequest>) -> Result<Response<Self::RunStream>, Status> {
+        self.check_credential(&request, request.get_ref().job_id, request.get_ref().attempt)?;
         let r = request.into_inner();
         validate(&r)?;
         let host = self.wait_for_host(r.job_id, r.attempt).await;
@@ -306,11 +326,17 @@ async fn read_some<R: tokio::io::AsyncRead + Unpin>(pipe: &mut Option<R>, buf: &
 }
 
 /// Serves the step service on `listener` until the returned task is aborted.
-pub fn serve(listener: tokio::net::TcpListener, node: &str, hosts: StepHosts) -> tokio::task::JoinHandle<()> {
+pub fn serve(
+    listener: tokio::net::TcpListener,
+    node: &str,
+    hosts: StepHosts,
+    security: gangway_proto::tls::Security,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     use gangway_proto::v1::step_service_server::StepServiceServer;
-    let server = StepServer::new(node, hosts);
-    tokio::spawn(async move {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming =
+        gangway_proto::tls::incoming(listener, &security).map_err(|e| anyhow::anyhow!("step service TLS: {e}"))?;
+    let server = StepServer::new(node, hosts, security);
+    Ok(tokio::spawn(async move {
         if let Err(e) = tonic::transport::Server::builder()
             .add_service(StepServiceServer::new(server))
             .serve_with_incoming(incoming)
@@ -318,7 +344,7 @@ pub fn serve(listener: tokio::net::TcpListener, node: &str, hosts: StepHosts) ->
         {
             tracing::error!(error = %e, "the step service stopped");
         }
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -359,7 +385,7 @@ mod tests {
             workdir: dir.path().display().to_string(),
         };
         hosts.lock().unwrap().insert((7, 1), host);
-        let server = StepServer::new("n2", hosts.clone());
+        let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure);
 
         // Another attempt of a job that runs here, or a bad request: refused
         // at once, with the field named.
@@ -414,7 +440,7 @@ mod tests {
 
         // A step that arrives before its allocation here waits for it.
         let early = {
-            let server = StepServer::new("n2", hosts.clone());
+            let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure);
             tokio::spawn(async move { server.run(Request::new(request(9, &["true"], &[0]))).await.map(|_| ()) })
         };
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;

@@ -41,6 +41,11 @@ fn exit_report(
     let _ = std::fs::remove_file(exit_file);
     let _ = std::fs::remove_file(steps_path(record));
     let _ = std::fs::remove_file(record);
+    // The batch script goes with its task (records and scripts are siblings
+    // under the state dir).
+    if let Some(state_dir) = record.parent().and_then(std::path::Path::parent) {
+        let _ = std::fs::remove_file(state_dir.join("scripts").join(format!("job-{}-{}.sh", key.0, key.1)));
+    }
     let (exit_code, signal) = found.unwrap_or((None, None));
     TaskExitReport {
         node: node.to_string(),
@@ -300,6 +305,44 @@ pub struct Supervisor {
     /// A directory of Slurm command links to the `gangway` binary, on every
     /// task's PATH (after the job's own), and the controllers they talk to.
     job_tools: Option<(PathBuf, String)>,
+    /// Whether tasks may run as root (uid 0); refused unless the agent was
+    /// started with `--allow-root-jobs`.
+    pub allow_root_jobs: bool,
+    /// The cluster's CA (PEM), handed to tasks so srun can check the agents
+    /// it starts steps on; `None` on an insecure agent.
+    pub step_ca_pem: Option<String>,
+}
+
+/// The scripts directory: the agent's, searchable by job users (who read
+/// their own 0700 script by its name) but not listable.
+const SCRIPTS_DIR_MODE: u32 = 0o711;
+
+/// Runs `f` with this thread's file-system uid and gid set to `ids` (when
+/// given), so the kernel checks every path component as that user would; the
+/// thread's credentials are restored afterwards. Other threads are unaffected.
+fn with_fs_ids<T>(ids: Option<(u32, u32)>, f: impl FnOnce() -> T) -> T {
+    use nix::unistd::{setfsgid, setfsuid, Gid, Uid};
+    let Some((uid, gid)) = ids else { return f() };
+    let prev_gid = setfsgid(Gid::from_raw(gid));
+    let prev_uid = setfsuid(Uid::from_raw(uid));
+    let out = f();
+    setfsuid(prev_uid);
+    setfsgid(prev_gid);
+    out
+}
+
+/// What srun in the task needs to start steps on the job's other nodes: the
+/// job's step credential and the CA that signed their agents' certificates
+/// (after the job's own environment, so a job cannot replace them).
+fn step_env(order: &LaunchOrder, ca_pem: Option<&str>) -> Vec<(&'static str, String)> {
+    let mut env = Vec::new();
+    if !order.step_credential.is_empty() {
+        env.push((gangway_proto::step_cred::STEP_CREDENTIAL_ENV, order.step_credential.clone()));
+    }
+    if let Some(ca) = ca_pem {
+        env.push((gangway_proto::step_cred::STEP_CA_ENV, ca.to_string()));
+    }
+    env
 }
 
 /// The Slurm commands a batch script may call, linked in every task's PATH.
@@ -331,6 +374,8 @@ impl Supervisor {
             exits_tx,
             step_hosts: Default::default(),
             job_tools: None,
+            allow_root_jobs: false,
+            step_ca_pem: None,
         };
         (s, rx)
     }
@@ -481,6 +526,41 @@ impl Supervisor {
     }
 
     /// Starts `order`'s task. An error is a reason the launch failed.
+    /// The script's file: `STATE_DIR/scripts` is searchable but not listable
+    /// (0711); the script is 0700 and owned by the job's user, created anew
+    /// (never through a link), and removed when the task ends.
+    fn write_script(&self, order: &LaunchOrder, ids: Option<(u32, u32)>) -> Result<PathBuf, String> {
+        use std::io::Write;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(SCRIPTS_DIR_MODE)
+            .create(&self.scripts_dir)
+            .map_err(|e| format!("cannot create the script dir: {e}"))?;
+        std::fs::set_permissions(&self.scripts_dir, std::fs::Permissions::from_mode(SCRIPTS_DIR_MODE))
+            .map_err(|e| format!("cannot set the script dir's mode: {e}"))?;
+        let path = self.script_path((order.job_id, order.attempt));
+        let _ = std::fs::remove_file(&path);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o700)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| format!("cannot write the batch script: {e}"))?;
+        f.write_all(order.script.as_bytes()).map_err(|e| format!("cannot write the batch script: {e}"))?;
+        if let Some((uid, gid)) = ids {
+            std::os::unix::fs::fchown(&f, Some(uid), Some(gid))
+                .map_err(|e| format!("cannot give the batch script to its user: {e}"))?;
+        }
+        Ok(path)
+    }
+
+    fn script_path(&self, key: Key) -> PathBuf {
+        // exit_report removes it by the same name.
+        self.scripts_dir.join(format!("job-{}-{}.sh", key.0, key.1))
+    }
+
     pub fn launch(&mut self, order: &LaunchOrder) -> Result<(), String> {
         let key = (order.job_id, order.attempt);
         if self.tasks.contains_key(&key) {
@@ -494,12 +574,32 @@ impl Supervisor {
             return Err(format!("working directory {workdir} does not exist on {}", self.node));
         }
         let as_root = nix::unistd::geteuid().is_root();
-        let ids = if as_root && order.user != "root" {
-            Some(
-                lookup_user(&order.user)
-                    .ok_or_else(|| format!("user {} does not exist on {}", order.user, self.node))?,
-            )
+        let ids = if as_root {
+            let ids = lookup_user(&order.user)
+                .ok_or_else(|| format!("user {} does not exist on {}", order.user, self.node))?;
+            if ids.0 == 0 {
+                if !self.allow_root_jobs {
+                    return Err(format!(
+                        "jobs as root (user {}, uid 0) are refused on {} (its agent runs without --allow-root-jobs)",
+                        order.user, self.node
+                    ));
+                }
+                None
+            } else {
+                Some(ids)
+            }
         } else {
+            // Not root: the agent can only run tasks as itself, so it runs only
+            // its own user's jobs rather than run others' as the wrong user.
+            let me = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name);
+            if me.as_deref() != Some(order.user.as_str()) {
+                return Err(format!(
+                    "the agent on {} does not run as root, so it runs jobs only for its own user ({}), not for {}",
+                    self.node,
+                    me.as_deref().unwrap_or("unknown"),
+                    order.user
+                ));
+            }
             None
         };
         // A batch job's nodes other than the first hold the allocation for
@@ -508,12 +608,7 @@ impl Supervisor {
         let argv: Vec<String> = if step_host {
             vec!["/bin/sh".into(), "-c".into(), crate::steps::HOLD_SCRIPT.into()]
         } else if !order.script.is_empty() {
-            std::fs::create_dir_all(&self.scripts_dir).map_err(|e| format!("cannot create the script dir: {e}"))?;
-            let path = self.scripts_dir.join(format!("job-{}-{}.sh", order.job_id, order.attempt));
-            std::fs::write(&path, &order.script).map_err(|e| format!("cannot write the batch script: {e}"))?;
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
-                .map_err(|e| format!("cannot make the batch script executable: {e}"))?;
+            let path = self.write_script(order, ids)?;
             let path = path.display().to_string();
             // Run through its interpreter rather than exec'ing the file just
             // written: a task forked meanwhile on another thread may still
@@ -543,14 +638,19 @@ impl Supervisor {
         };
         // A step host writes nothing: its steps' output goes back to srun.
         let (out_path, err_path) = if step_host { ("/dev/null".into(), None) } else { output_paths(order, &self.node) };
+        // Opened with the job user's file-system credentials, so `-o` can only
+        // name a file that user may write (never /etc/passwd, nor a path through
+        // a symlink into a directory the user cannot write).
         let open = |path: &std::path::Path| {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(!order.truncate_output)
-                .write(true)
-                .truncate(order.truncate_output && !step_host)
-                .open(path)
-                .map_err(|e| format!("cannot open output file {}: {e}", path.display()))
+            with_fs_ids(if step_host { None } else { ids }, || {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(!order.truncate_output)
+                    .write(true)
+                    .truncate(order.truncate_output && !step_host)
+                    .open(path)
+            })
+            .map_err(|e| format!("cannot open output file {}: {e}", path.display()))
         };
         let out = open(&out_path)?;
         let err = match &err_path {
@@ -565,11 +665,6 @@ impl Supervisor {
             }
         }
         if let Some((uid, gid)) = ids {
-            if !step_host {
-                for p in std::iter::once(&out_path).chain(err_path.as_ref()) {
-                    let _ = std::os::unix::fs::chown(p, Some(uid), Some(gid));
-                }
-            }
             cmd.uid(uid).gid(gid);
         }
         if let Some((dir, endpoints)) = &self.job_tools {
@@ -582,6 +677,7 @@ impl Supervisor {
         cmd.current_dir(&workdir)
             .envs(order.env.iter().filter(|(k, _)| self.job_tools.is_none() || *k != "PATH"))
             .envs(task_env(order, &self.node))
+            .envs(step_env(order, self.step_ca_pem.as_deref()))
             .stdin(std::process::Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -830,6 +926,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut s, _rx) = Supervisor::new("n1", dir.path(), STOP_GRACE_DEFAULT, 2, None);
         let work = dir.path().display().to_string();
+        if nix::unistd::geteuid().is_root() {
+            // Root's jobs need --allow-root-jobs.
+            let err = s.launch(&order(vec![], &work, "")).unwrap_err();
+            assert!(err.contains("jobs as root"), "{err}");
+        }
+        s.allow_root_jobs = true;
         let err = s.launch(&order(vec![5], &work, "")).unwrap_err();
         assert!(err.contains("GPU 5 does not exist"), "{err}");
         let err = s.launch(&order(vec![0], &work, "/proc/gangway-denied/out.log")).unwrap_err();
@@ -837,5 +939,50 @@ mod tests {
         let err = s.launch(&order(vec![], "/nonexistent/dir", "")).unwrap_err();
         assert!(err.contains("does not exist"), "{err}");
         assert!(s.running().is_empty(), "a failed launch left a task behind");
+    }
+
+    /// A hostile job's output paths: opened as the job's user, so neither a
+    /// root-owned file, nor a symlink into a root-only directory, nor `../` in
+    /// the job name reaches anything that user could not write anyway.
+    #[tokio::test]
+    async fn output_files_are_opened_as_the_jobs_user() {
+        use std::os::unix::fs::PermissionsExt;
+        if !nix::unistd::geteuid().is_root() {
+            // Only a root agent switches users; CI runs as root.
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, _rx) = Supervisor::new("n1", dir.path(), STOP_GRACE_DEFAULT, 2, None);
+        // A directory the user may write, and a root-only one with a file.
+        let open_dir = dir.path().join("work");
+        std::fs::create_dir(&open_dir).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let secret_dir = dir.path().join("root-only");
+        std::fs::create_dir(&secret_dir).unwrap();
+        std::fs::set_permissions(&secret_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let secret = secret_dir.join("passwd");
+        std::fs::write(&secret, "root:x:0:0\n").unwrap();
+        std::os::unix::fs::symlink(&secret, open_dir.join("link")).unwrap();
+        let work = open_dir.display().to_string();
+        let as_nobody = |output: &str, name: &str| LaunchOrder {
+            user: "nobody".into(),
+            name: name.into(),
+            ..order(vec![], &work, output)
+        };
+        for (output, name) in [
+            (secret.display().to_string(), "job"),
+            (open_dir.join("link").display().to_string(), "job"),
+            (format!("{}/%x.out", open_dir.display()), "../root-only/passwd"),
+        ] {
+            let err = s.launch(&as_nobody(&output, name)).unwrap_err();
+            assert!(err.contains("cannot open output file") && err.contains("ermission denied"), "{output}: {err}");
+        }
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root:x:0:0\n", "the root-only file was touched");
+        assert!(s.running().is_empty());
+        // A file of its own, in a directory it may write, opens as the user's.
+        s.launch(&as_nobody(&format!("{}/%j.out", open_dir.display()), "ok")).unwrap();
+        let meta = std::fs::metadata(open_dir.join("1.out")).unwrap();
+        assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), 65534, "created as nobody");
     }
 }

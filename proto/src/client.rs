@@ -12,9 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
+use crate::tls::{Expect, Security};
 use crate::IDENTITY_METADATA_KEY;
 
 /// Attempts of one call across all endpoints. With three replicas and the
@@ -41,6 +42,10 @@ pub enum ClientError {
     BadEndpoint(String, String),
     #[error("identity '{0}' cannot be sent as gRPC metadata (use printable ASCII)")]
     BadIdentity(String),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("the token cannot be sent as gRPC metadata (it must be printable ASCII)")]
+    BadToken,
 }
 
 /// A cluster client. Cheap to share by reference across tasks.
@@ -48,6 +53,13 @@ pub struct Client {
     endpoints: Vec<String>,
     channels: Vec<Channel>,
     identity: MetadataValue<tonic::metadata::Ascii>,
+    /// Whether the identity is sent as a claim (plaintext clusters only; a
+    /// secured cluster reads it from the certificate).
+    claims_identity: bool,
+    security: Security,
+    /// `Bearer TOKEN`, sent with every request when the client has a token.
+    bearer: Option<MetadataValue<tonic::metadata::Ascii>>,
+    step_credential: Option<MetadataValue<tonic::metadata::Ascii>>,
     /// The endpoint that answered last; calls start there.
     preferred: AtomicUsize,
 }
@@ -72,28 +84,63 @@ pub fn is_retryable(status: &Status) -> bool {
 }
 
 impl Client {
-    /// Builds a client; connections are made on first use.
-    pub fn new(endpoints: &[String], identity: &str) -> Result<Client, ClientError> {
+    /// Builds a client; connections are made on first use, over mutual TLS
+    /// unless `security` is `Insecure`. `identity` is what this client calls
+    /// itself: sent as a claim to an insecure cluster, only shown otherwise.
+    pub fn new(endpoints: &[String], identity: &str, security: &Security) -> Result<Client, ClientError> {
         let endpoints: Vec<String> = endpoints.iter().map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect();
         if endpoints.is_empty() {
             return Err(ClientError::NoEndpoints);
         }
         let mut channels = Vec::with_capacity(endpoints.len());
         for e in &endpoints {
-            let uri = if e.contains("://") { e.clone() } else { format!("http://{e}") };
-            let ep = Endpoint::from_shared(uri)
-                .map_err(|err| ClientError::BadEndpoint(e.clone(), err.to_string()))?
-                .connect_timeout(CONNECT_TIMEOUT)
-                .tcp_nodelay(true);
-            channels.push(ep.connect_lazy());
+            let ch = security.channel(e, Expect::Server, CONNECT_TIMEOUT).map_err(|err| {
+                if err.starts_with("address") {
+                    ClientError::BadEndpoint(e.clone(), err)
+                } else {
+                    ClientError::Tls(err)
+                }
+            })?;
+            channels.push(ch);
         }
         let identity = identity.parse().map_err(|_| ClientError::BadIdentity(identity.to_string()))?;
-        Ok(Client { endpoints, channels, identity, preferred: AtomicUsize::new(0) })
+        Ok(Client {
+            endpoints,
+            channels,
+            identity,
+            claims_identity: security.is_insecure(),
+            security: security.clone(),
+            bearer: None,
+            step_credential: None,
+            preferred: AtomicUsize::new(0),
+        })
     }
 
     /// The caller identity every request carries.
     pub fn identity(&self) -> &str {
         self.identity.to_str().unwrap_or_default()
+    }
+
+    /// Sends `token` (a JWT from `gangway token create` or a site's issuer)
+    /// with every request, for a client without a certificate of its own.
+    pub fn with_bearer(mut self, token: &str) -> Result<Client, ClientError> {
+        let v = format!("Bearer {}", token.trim()).parse().map_err(|_| ClientError::BadToken)?;
+        self.bearer = Some(v);
+        Ok(self)
+    }
+
+    /// Sends a job's step credential with every request: what srun inside a
+    /// job proves itself with (the controllers take it only to say where the
+    /// job's nodes are).
+    pub fn with_step_credential(mut self, credential: &str) -> Result<Client, ClientError> {
+        let v = credential.trim().parse().map_err(|_| ClientError::BadToken)?;
+        self.step_credential = Some(v);
+        Ok(self)
+    }
+
+    /// How this client connects (its certificates, when secured).
+    pub fn security(&self) -> &Security {
+        &self.security
     }
 
     pub fn endpoints(&self) -> &[String] {
@@ -102,8 +149,7 @@ impl Client {
 
     /// Wraps a message in a request that carries the caller identity.
     pub fn request<T>(&self, msg: T) -> Request<T> {
-        let mut req = Request::new(msg);
-        req.metadata_mut().insert(IDENTITY_METADATA_KEY, self.identity.clone());
+        let mut req = self.stream_request(msg);
         req.set_timeout(ATTEMPT_TIMEOUT);
         req
     }
@@ -111,7 +157,15 @@ impl Client {
     /// Like [`Client::request`] but without a deadline, for long-lived streams.
     pub fn stream_request<T>(&self, msg: T) -> Request<T> {
         let mut req = Request::new(msg);
-        req.metadata_mut().insert(IDENTITY_METADATA_KEY, self.identity.clone());
+        if self.claims_identity {
+            req.metadata_mut().insert(IDENTITY_METADATA_KEY, self.identity.clone());
+        }
+        if let Some(b) = &self.bearer {
+            req.metadata_mut().insert(crate::token::AUTHORIZATION_METADATA_KEY, b.clone());
+        }
+        if let Some(c) = &self.step_credential {
+            req.metadata_mut().insert(crate::step_cred::STEP_CREDENTIAL_METADATA_KEY, c.clone());
+        }
         req
     }
 

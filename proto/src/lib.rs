@@ -11,8 +11,13 @@ pub mod v1 {
 /// Encoded file descriptors of every service, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("gangway_descriptor");
 
-/// Metadata key that carries the caller identity on every request.
+/// Metadata key that carries the caller's claimed identity. Honoured only by
+/// clusters running with `--insecure`; a secured cluster takes identity from the
+/// caller's certificate.
 pub const IDENTITY_METADATA_KEY: &str = "gangway-identity";
+/// Metadata key with which a replica forwarding a request names its caller
+/// (`role:name`); believed only from a peer holding a server certificate.
+pub const FORWARDED_FOR_METADATA_KEY: &str = "gangway-forwarded-for";
 
 /// The host other nodes reach node `name` at, from the address it registered
 /// (`HOST[:PORT]`, HOST possibly empty): that host, else its name.
@@ -33,4 +38,8 @@ pub fn step_addr(name: &str, addr: &str) -> Option<String> {
 
 pub mod client;
 pub mod events;
+pub mod pki;
+pub mod step_cred;
 pub mod telemetry;
+pub mod tls;
+pub mod token;

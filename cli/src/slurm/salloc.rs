@@ -236,6 +236,21 @@ async fn allocation_env(client: &Client, job: &pb::Job) -> anyhow::Result<Vec<(S
     if let Some(c) = spec.cpus_per_task {
         env.push(("SLURM_CPUS_PER_TASK", c.to_string()));
     }
+    // On a secured cluster srun here needs the job's step credential and the
+    // CA to check the agents by.
+    if let Some(creds) = client.security().credentials() {
+        let cred = client
+            .call(|ch| {
+                let r = client.request(pb::StepCredentialRequest { job_id: job.id });
+                async move { JobServiceClient::new(ch).step_credential(r).await }
+            })
+            .await?
+            .into_inner();
+        env.push((gangway_proto::step_cred::STEP_CREDENTIAL_ENV, cred.credential));
+        let ca = std::fs::read_to_string(&creds.files().ca)
+            .with_context(|| format!("reading the CA certificate {}", creds.files().ca.display()))?;
+        env.push((gangway_proto::step_cred::STEP_CA_ENV, ca));
+    }
     Ok(env.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
 }
 

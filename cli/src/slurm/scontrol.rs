@@ -28,12 +28,21 @@ pub struct ScontrolArgs {
     words: Vec<String>,
 }
 
-pub async fn run(client: &Client, out: &Output, a: ScontrolArgs) -> anyhow::Result<()> {
+/// Whether the subcommand is answered here without a controller (and so
+/// without credentials: scripts call `show hostnames` inside jobs).
+pub fn is_local(a: &ScontrolArgs) -> bool {
+    let lower: Vec<String> = a.words.iter().take(2).map(|s| s.to_ascii_lowercase()).collect();
+    matches!(
+        (lower.first().map(String::as_str), lower.get(1).map(String::as_str)),
+        (Some("show"), Some("hostnames" | "hostname" | "hostlist" | "hostlistsorted"))
+    )
+}
+
+/// Runs a subcommand for which [`is_local`] holds.
+pub fn run_local(a: &ScontrolArgs) -> anyhow::Result<()> {
     let w: Vec<&str> = a.words.iter().map(String::as_str).collect();
-    let lower: Vec<String> = w.iter().map(|s| s.to_ascii_lowercase()).collect();
-    let verb = lower[0].as_str();
-    match (verb, lower.get(1).map(String::as_str)) {
-        ("show", Some("hostnames" | "hostname")) => {
+    match w.get(1).map(|s| s.to_ascii_lowercase()).as_deref() {
+        Some("hostnames" | "hostname") => {
             let list = match w.get(2) {
                 Some(l) => l.to_string(),
                 None => std::env::var("SLURM_JOB_NODELIST")
@@ -44,12 +53,23 @@ pub async fn run(client: &Client, out: &Output, a: ScontrolArgs) -> anyhow::Resu
             }
             Ok(())
         }
-        ("show", Some("hostlist" | "hostlistsorted")) => {
+        _ => {
             let list = w.get(2).context("show hostlist: give host names, comma-separated")?;
             let names = hostlist::expand(list).map_err(anyhow::Error::msg)?;
             println!("{}", hostlist::compress(&names));
             Ok(())
         }
+    }
+}
+
+pub async fn run(client: &Client, out: &Output, a: ScontrolArgs) -> anyhow::Result<()> {
+    if is_local(&a) {
+        return run_local(&a);
+    }
+    let w: Vec<&str> = a.words.iter().map(String::as_str).collect();
+    let lower: Vec<String> = w.iter().map(|s| s.to_ascii_lowercase()).collect();
+    let verb = lower[0].as_str();
+    match (verb, lower.get(1).map(String::as_str)) {
         ("show", Some("job" | "jobs" | "jobid")) => show_jobs(client, out, w.get(2).copied(), a.oneliner).await,
         ("show", Some("node" | "nodes")) => show_nodes(client, out, w.get(2).copied(), a.oneliner).await,
         ("show", Some("partition" | "partitions")) => show_partitions(client, out, w.get(2).copied()).await,

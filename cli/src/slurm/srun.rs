@@ -636,6 +636,11 @@ async fn start_remote(
             None => return Err(first),
         },
     };
+    let mut req = tonic::Request::new(req);
+    if let Ok(token) = std::env::var(gangway_proto::step_cred::STEP_CREDENTIAL_ENV) {
+        let v = token.parse().map_err(|_| anyhow::anyhow!("srun: the step credential is not printable ASCII"))?;
+        req.metadata_mut().insert(gangway_proto::step_cred::STEP_CREDENTIAL_METADATA_KEY, v);
+    }
     let resp = StepServiceClient::new(channel)
         .run(req)
         .await
@@ -643,11 +648,25 @@ async fn start_remote(
     Ok(resp.into_inner())
 }
 
+/// How srun reaches the agents: over TLS, checking each is the agent of the
+/// node it asked for, when the job's environment carries the cluster's CA
+/// (a secured cluster); plaintext otherwise.
+fn step_security() -> anyhow::Result<gangway_proto::tls::Security> {
+    use gangway_proto::tls::{Credentials, Security};
+    match std::env::var(gangway_proto::step_cred::STEP_CA_ENV) {
+        Ok(pem) if !pem.is_empty() => {
+            Ok(Security::Tls(Credentials::from_ca_pem(pem.as_bytes()).map_err(|e| anyhow::anyhow!("srun: {e}"))?))
+        }
+        _ => Ok(Security::Insecure),
+    }
+}
+
 async fn connect(node: &str, addr: &str) -> anyhow::Result<tonic::transport::Channel> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .with_context(|| format!("srun: {node}'s step address {addr} is not HOST:PORT"))?
-        .connect_timeout(STEP_CONNECT_TIMEOUT);
-    endpoint.connect().await.map_err(|e| anyhow::anyhow!("srun: cannot reach {node}'s agent at {addr}: {e}"))
+    let expect = gangway_proto::tls::Expect::Agent(node.to_string());
+    step_security()?
+        .connect(addr, expect, STEP_CONNECT_TIMEOUT)
+        .await
+        .map_err(|e| anyhow::anyhow!("srun: cannot reach {node}'s agent at {addr}: {e}"))
 }
 
 /// `node`'s step service as the controllers know it now (GANGWAY_ENDPOINTS
@@ -656,7 +675,19 @@ async fn current_step_addr(node: &str) -> Option<String> {
     use gangway_proto::v1::node_service_client::NodeServiceClient;
     let endpoints: Vec<String> = std::env::var("GANGWAY_ENDPOINTS").ok()?.split(',').map(str::to_string).collect();
     let identity = std::env::var("GANGWAY_IDENTITY").unwrap_or_else(|_| "dev:srun".into());
-    let client = gangway_proto::client::Client::new(&endpoints, &identity).ok()?;
+    // The job's step credential vouches for srun (its user may have no
+    // certificate here); otherwise whatever the user's CLI would use.
+    let step_credential = std::env::var(gangway_proto::step_cred::STEP_CREDENTIAL_ENV).ok();
+    let security = match &step_credential {
+        Some(_) => step_security().ok()?,
+        None => crate::tls::TlsArgs::from_env().for_client().ok()?,
+    };
+    let mut client = gangway_proto::client::Client::new(&endpoints, &identity, &security).ok()?;
+    if let Some(c) = &step_credential {
+        client = client.with_step_credential(c).ok()?;
+    } else if let Ok(t) = std::env::var("GANGWAY_TOKEN") {
+        client = client.with_bearer(&t).ok()?;
+    }
     let req = gangway_proto::v1::GetNodeRequest { name: node.to_string(), stale: true };
     let n = client
         .call(|ch| {

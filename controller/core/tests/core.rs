@@ -239,7 +239,7 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
             policy: preset_policy(*i),
             expected_version: None,
             force: false,
-            identity: "admin".into(),
+            identity: "server:1".into(),
             now_ms,
         },
         Op::RichSubmit(q, dep, array, hold, topo) => {

@@ -32,7 +32,7 @@ pub struct AdminApi {
     pub replica: Arc<Replica>,
 }
 
-fn replica_status(s: &RaftStatus, addr: &str) -> ReplicaStatus {
+fn replica_status(s: &RaftStatus, addr: &str, cert_not_after_unix: Option<i64>) -> ReplicaStatus {
     ReplicaStatus {
         id: s.id,
         addr: addr.to_string(),
@@ -45,6 +45,7 @@ fn replica_status(s: &RaftStatus, addr: &str) -> ReplicaStatus {
         snapshot_index: s.snapshot_index,
         voter: s.voters.contains(&s.id),
         error: String::new(),
+        cert_not_after_unix,
     }
 }
 
@@ -90,7 +91,7 @@ fn policy_to_proto(p: &ClusterPolicy) -> Result<Policy, Status> {
 #[tonic::async_trait]
 impl AdminService for AdminApi {
     async fn get_policy(&self, req: Request<GetPolicyRequest>) -> Result<Response<Policy>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
         if let Some(resp) =
             self.replica
@@ -106,7 +107,8 @@ impl AdminService for AdminApi {
     }
 
     async fn update_policy(&self, req: Request<UpdatePolicyRequest>) -> Result<Response<Policy>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_admin(&ctx, "change the policy")?;
         let msg = req.into_inner();
         if msg.json.len() > POLICY_JSON_BYTES_MAX {
             return Err(Status::invalid_argument(format!("json: must be at most {POLICY_JSON_BYTES_MAX} bytes")));
@@ -138,7 +140,7 @@ impl AdminService for AdminApi {
     }
 
     async fn fair_share(&self, req: Request<FairShareRequest>) -> Result<Response<FairShareResponse>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
         if let Some(resp) =
             self.replica
@@ -183,8 +185,9 @@ impl AdminService for AdminApi {
 
     async fn cluster_status(
         &self,
-        _req: Request<ClusterStatusRequest>,
+        req: Request<ClusterStatusRequest>,
     ) -> Result<Response<ClusterStatusResponse>, Status> {
+        self.replica.ctx(&req)?.require_known()?;
         let me = self.replica.node.status();
         let members: Vec<(u64, String)> = me.addrs.iter().map(|(id, a)| (*id, a.clone())).collect();
         let probes = members.iter().map(|(id, addr)| {
@@ -194,7 +197,7 @@ impl AdminService for AdminApi {
             let me = me.clone();
             async move {
                 if id == me.id {
-                    return replica_status(&me, &addr);
+                    return replica_status(&me, &addr, replica.cert_not_after());
                 }
                 let unreachable = |error: String| ReplicaStatus {
                     id,
@@ -232,12 +235,18 @@ impl AdminService for AdminApi {
         }))
     }
 
-    async fn get_replica_status(&self, _req: Request<ReplicaStatusRequest>) -> Result<Response<ReplicaStatus>, Status> {
-        Ok(Response::new(replica_status(&self.replica.node.status(), &self.replica.addr)))
+    async fn get_replica_status(&self, req: Request<ReplicaStatusRequest>) -> Result<Response<ReplicaStatus>, Status> {
+        self.replica.ctx(&req)?.require_known()?;
+        Ok(Response::new(replica_status(
+            &self.replica.node.status(),
+            &self.replica.addr,
+            self.replica.cert_not_after(),
+        )))
     }
 
     async fn add_learner(&self, req: Request<AddLearnerRequest>) -> Result<Response<MembershipResponse>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_admin(&ctx, "add replicas")?;
         let msg = req.into_inner();
         if msg.id == 0 {
             return Err(Status::invalid_argument("id: replica ids start at 1"));
@@ -256,7 +265,8 @@ impl AdminService for AdminApi {
     }
 
     async fn promote(&self, req: Request<PromoteRequest>) -> Result<Response<MembershipResponse>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_admin(&ctx, "promote replicas")?;
         let msg = req.into_inner();
         let status = self.replica.node.status();
         if self.replica.node.is_leader() && !status.learners.contains(&msg.id) {
@@ -271,7 +281,8 @@ impl AdminService for AdminApi {
     }
 
     async fn remove_member(&self, req: Request<RemoveMemberRequest>) -> Result<Response<MembershipResponse>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_admin(&ctx, "remove replicas")?;
         let msg = req.into_inner();
         let status = self.replica.node.status();
         if self.replica.node.is_leader() {
@@ -299,7 +310,8 @@ impl AdminService for AdminApi {
         &self,
         req: Request<TransferLeaderRequest>,
     ) -> Result<Response<TransferLeaderResponse>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_admin(&ctx, "move leadership")?;
         let msg = req.into_inner();
         let node = &self.replica.node;
         if !node.is_leader() {
@@ -357,15 +369,19 @@ impl AdminService for AdminApi {
         Err(Status::unavailable(format!("leadership did not move to replica {to}; retry when the cluster is quieter")))
     }
 
-    async fn snapshot(&self, _req: Request<SnapshotRequest>) -> Result<Response<SnapshotResponse>, Status> {
+    async fn snapshot(&self, req: Request<SnapshotRequest>) -> Result<Response<SnapshotResponse>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_admin(&ctx, "take snapshots")?;
         let index = self.replica.node.snapshot(SNAPSHOT_TIMEOUT).await.map_err(status_from_propose)?;
         Ok(Response::new(SnapshotResponse { index }))
     }
 
     async fn trigger_election(
         &self,
-        _req: Request<TriggerElectionRequest>,
+        req: Request<TriggerElectionRequest>,
     ) -> Result<Response<TriggerElectionResponse>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_admin(&ctx, "trigger elections")?;
         self.replica.node.trigger_election().await.map_err(status_from_propose)?;
         Ok(Response::new(TriggerElectionResponse {}))
     }

@@ -14,7 +14,7 @@ use gangway_proto::v1::*;
 use tonic::{Request, Response, Status};
 
 use super::convert::node_spec_from_proto;
-use super::{status_from_spec, unexpected, CallCtx, Routed};
+use super::{status_from_spec, unexpected, Routed};
 use crate::replica::Replica;
 
 pub struct AgentApi {
@@ -64,10 +64,12 @@ impl AgentService for AgentApi {
     type WatchNodeStream = PokeStream;
 
     async fn watch_node(&self, req: Request<WatchNodeRequest>) -> Result<Response<PokeStream>, Status> {
+        let ctx = self.replica.ctx(&req)?;
         let name = req.into_inner().name;
         if name.is_empty() {
             return Err(Status::invalid_argument("name: must not be empty"));
         }
+        ctx.require_agent_for(&name, "watch a node")?;
         let mut events = self.replica.node.state().subscribe();
         let replica = self.replica.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(POKE_BUFFER_MAX);
@@ -109,8 +111,9 @@ impl AgentService for AgentApi {
     }
 
     async fn register(&self, req: Request<RegisterRequest>) -> Result<Response<RegisterResponse>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
+        ctx.require_agent_for(&msg.name, "register")?;
         let spec = node_spec_from_proto(msg.clone()).map_err(status_from_spec)?;
         let name = spec.name.clone();
         let cmd = Command::RegisterNode { spec, now_ms: crate::now_ms() };
@@ -134,8 +137,9 @@ impl AgentService for AgentApi {
     }
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
+        ctx.require_agent_for(&msg.name, "heartbeat")?;
         if !self.replica.node.is_leader() {
             let leader = self.replica.node.remote_leader();
             return self
@@ -176,7 +180,8 @@ impl AgentService for AgentApi {
             let exited = job.task_exits.contains_key(&msg.name);
             desired.push(TaskRef { job_id: *job_id, attempt: job.attempt });
             if !exited && !running.contains(&(*job_id, job.attempt)) {
-                if let Some(order) = launch_order(&state, job, &msg.name, term) {
+                if let Some(mut order) = launch_order(&state, job, &msg.name, term) {
+                    order.step_credential = self.replica.step_credential(job)?;
                     launch.push(order);
                 }
             }
@@ -198,8 +203,9 @@ impl AgentService for AgentApi {
     }
 
     async fn report_task_exit(&self, req: Request<TaskExitReport>) -> Result<Response<TaskExitAck>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
+        ctx.require_agent_for(&msg.node, "report task exits")?;
         if msg.reason.len() > REASON_BYTES_MAX {
             return Err(Status::invalid_argument(format!("reason: at most {REASON_BYTES_MAX} bytes")));
         }
@@ -287,5 +293,6 @@ fn launch_order(state: &gangway_core::State, job: &gangway_core::Job, node: &str
         step_addrs,
         truncate_output: spec.truncate_output,
         warn_batch_shell: spec.warn_batch_shell,
+        step_credential: String::new(),
     })
 }

@@ -13,7 +13,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tonic::{Request, Response, Status};
 
 use super::convert::{job_to_proto, spec_from_proto, state_from_proto, state_to_proto};
-use super::{status_from_spec, unexpected, CallCtx, Routed};
+use super::{status_from_spec, unexpected, Routed};
 use crate::replica::Replica;
 
 /// Jobs in one List page unless the caller asks for fewer.
@@ -33,7 +33,7 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<JobEvent, Status>> + Send>>;
 #[tonic::async_trait]
 impl JobService for JobApi {
     async fn submit(&self, req: Request<SubmitRequest>) -> Result<Response<SubmitResponse>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
         if msg.idempotency_key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
             return Err(Status::invalid_argument(format!(
@@ -43,7 +43,8 @@ impl JobService for JobApi {
         let Some(pspec) = msg.spec.clone() else {
             return Err(Status::invalid_argument("spec: is required"));
         };
-        let spec = spec_from_proto(pspec, ctx.user()).map_err(status_from_spec)?;
+        let user = self.replica.job_user(&ctx, &pspec.user, "submit jobs")?;
+        let spec = spec_from_proto(pspec, &user).map_err(status_from_spec)?;
         let cmd = Command::SubmitJob {
             spec,
             identity: ctx.identity.clone(),
@@ -73,7 +74,8 @@ impl JobService for JobApi {
     }
 
     async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelResponse>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
+        ctx.require_user("cancel jobs")?;
         let msg = req.into_inner();
         let job_id = msg.job_id;
         let cmd = Command::CancelJob { job_id, identity: ctx.identity.clone(), now_ms: crate::now_ms() };
@@ -85,7 +87,8 @@ impl JobService for JobApi {
             Routed::Forwarded(resp) => Ok(resp),
             Routed::Local(applied) => match applied.outcome {
                 Outcome::Cancelled { .. } => {
-                    let job = self.replica.node.state().read().jobs.get(&job_id).map(job_to_proto);
+                    let viewer = self.replica.viewer(&ctx);
+                    let job = self.replica.node.state().read().jobs.get(&job_id).map(|j| viewer.job(j));
                     Ok(Response::new(CancelResponse { job }))
                 }
                 other => Err(unexpected(&other)),
@@ -94,7 +97,7 @@ impl JobService for JobApi {
     }
 
     async fn get(&self, req: Request<GetJobRequest>) -> Result<Response<Job>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
         let job_id = msg.job_id;
         if let Some(resp) = self
@@ -104,9 +107,10 @@ impl JobService for JobApi {
         {
             return Ok(resp);
         }
+        let viewer = self.replica.viewer(&ctx);
         let state = self.replica.node.state().read();
         match state.jobs.get(&job_id) {
-            Some(job) => Ok(Response::new(job_to_proto(job))),
+            Some(job) => Ok(Response::new(viewer.job(job))),
             None if job_id > 0 && job_id < state.next_job_id => {
                 Err(Status::not_found(format!("job {job_id} finished long ago and is no longer kept")))
             }
@@ -115,7 +119,7 @@ impl JobService for JobApi {
     }
 
     async fn list(&self, req: Request<ListJobsRequest>) -> Result<Response<ListJobsResponse>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
         if msg.limit > LIST_LIMIT_MAX {
             return Err(Status::invalid_argument(format!("limit: must be at most {LIST_LIMIT_MAX}")));
@@ -138,6 +142,7 @@ impl JobService for JobApi {
         {
             return Ok(resp);
         }
+        let viewer = self.replica.viewer(&ctx);
         let state = self.replica.node.state().read();
         let matches = |j: &&gangway_core::Job| {
             (states.is_empty() || states.contains(&j.state))
@@ -170,7 +175,7 @@ impl JobService for JobApi {
                 more = true;
                 return false;
             }
-            let mut pj = job_to_proto(j);
+            let mut pj = viewer.job(j);
             // The scheduler's reason replaces the stored one, except a requeue's
             // explanation, which says more.
             if let Some(r) = reasons.get(&j.id).filter(|_| j.state == gangway_core::JobState::Pending) {
@@ -205,7 +210,8 @@ impl JobService for JobApi {
     async fn update(&self, req: Request<UpdateJobRequest>) -> Result<Response<Job>, Status> {
         use gangway_core::command::JobChange;
         use update_job_request::Change;
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
+        ctx.require_user("change jobs")?;
         let msg = req.into_inner();
         let job_id = msg.job_id;
         let value = msg.value;
@@ -254,7 +260,7 @@ impl JobService for JobApi {
     }
 
     async fn explain(&self, req: Request<ExplainRequest>) -> Result<Response<Explanation>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
         let job_id = msg.job_id;
         if let Some(resp) = self
@@ -275,12 +281,13 @@ impl JobService for JobApi {
     }
 
     async fn test_submit(&self, req: Request<SubmitRequest>) -> Result<Response<Explanation>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
         let Some(pspec) = msg.spec else {
             return Err(Status::invalid_argument("spec: is required"));
         };
-        let spec = spec_from_proto(pspec, ctx.user()).map_err(status_from_spec)?;
+        let user = self.replica.job_user(&ctx, &pspec.user, "test submissions")?;
+        let spec = spec_from_proto(pspec, &user).map_err(status_from_spec)?;
         let shared = self.replica.node.state().clone();
         let now = crate::now_ms();
         let identity = ctx.identity.clone();
@@ -307,8 +314,9 @@ impl JobService for JobApi {
     }
 
     async fn checkpoint(&self, req: Request<CheckpointRequest>) -> Result<Response<CheckpointResponse>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
+        self.replica.require_owner(&ctx, msg.job_id, "record checkpoints")?;
         let cmd = Command::JobCheckpointed { job_id: msg.job_id, attempt: msg.attempt, now_ms: crate::now_ms() };
         let routed = self
             .replica
@@ -323,10 +331,48 @@ impl JobService for JobApi {
         }
     }
 
+    async fn step_credential(
+        &self,
+        req: Request<StepCredentialRequest>,
+    ) -> Result<Response<StepCredentialResponse>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        ctx.require_user("get step credentials")?;
+        let msg = req.into_inner();
+        let job_id = msg.job_id;
+        self.replica.require_owner(&ctx, job_id, "get its step credentials")?;
+        if let Some(resp) = self
+            .replica
+            .read_or_forward(
+                &ctx,
+                false,
+                msg,
+                |ch, r| async move { JobServiceClient::new(ch).step_credential(r).await },
+            )
+            .await?
+        {
+            return Ok(resp);
+        }
+        let job = self
+            .replica
+            .node
+            .state()
+            .read()
+            .jobs
+            .get(&job_id)
+            .cloned()
+            .ok_or_else(|| Status::not_found(format!("job {job_id} does not exist")))?;
+        if job.state != gangway_core::JobState::Running {
+            return Err(Status::failed_precondition(format!("job {job_id} is not running: it has no nodes for steps")));
+        }
+        let credential = self.replica.step_credential(&job)?;
+        Ok(Response::new(StepCredentialResponse { credential, attempt: job.attempt }))
+    }
+
     type WatchStream = WatchStream;
     type EventsStream = Pin<Box<dyn Stream<Item = Result<ClusterEvent, Status>> + Send>>;
 
     async fn events(&self, req: Request<EventsRequest>) -> Result<Response<Self::EventsStream>, Status> {
+        self.replica.ctx(&req)?.require_known()?;
         let from = req.into_inner().from_index;
         let shared = self.replica.node.state();
         // Subscribe before reading what is kept, so nothing falls in between.
@@ -392,6 +438,7 @@ impl JobService for JobApi {
     }
 
     async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
+        self.replica.ctx(&req)?.require_known()?;
         let filter = req.into_inner().job_id;
         let mut rx = self.replica.node.state().subscribe();
         let closed = self.replica.closed();

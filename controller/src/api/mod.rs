@@ -15,7 +15,9 @@ pub mod nodes;
 use std::future::Future;
 
 use gangway_core::{Refusal, RefusalKind, SpecError};
-use gangway_proto::IDENTITY_METADATA_KEY;
+use gangway_proto::tls::{PeerAuth, Principal, Role};
+use gangway_proto::token::{TokenVerifier, AUTHORIZATION_METADATA_KEY};
+use gangway_proto::{FORWARDED_FOR_METADATA_KEY, IDENTITY_METADATA_KEY};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
@@ -24,41 +26,359 @@ use crate::replica::Replica;
 
 /// Marks a request a replica forwarded to the leader.
 pub const FORWARDED_METADATA_KEY: &str = "gangway-forwarded";
-/// Identity used when a request carries none (dev clusters have no auth yet).
+/// Identity used when a request to an insecure cluster names none.
 pub const DEFAULT_IDENTITY: &str = "anonymous";
 /// Identities are short principal names such as `dev:alice`.
 const IDENTITY_BYTES_MAX: usize = 256;
+/// A step credential outlives its job's time limit by this much: the agents
+/// also refuse steps of an attempt that no longer runs on them, so the expiry
+/// only bounds a leaked credential, and an admin may raise a running job's
+/// limit by up to a day without its steps being refused.
+const STEP_CREDENTIAL_SLACK_S: u64 = 24 * 3600;
+
+/// Who is calling, as far as this replica can tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// A principal whose certificate the cluster's CA signed (or, for a
+    /// forwarded request, whom a replica holding a server certificate vouched for).
+    Verified(Principal),
+    /// An insecure cluster (`--insecure`): the caller's own claim, and every
+    /// check passes, as before the cluster had security. Never on a TLS listener.
+    Claimed(String),
+}
 
 /// Who is calling, and whether a replica already forwarded the call.
 #[derive(Debug, Clone)]
 pub struct CallCtx {
+    pub caller: Caller,
+    /// The caller as the core records it: `client:alice`, `agent:node-1`,
+    /// `server:2` (its user is the part after the last `:`), or the claim.
     pub identity: String,
     pub forwarded: bool,
 }
 
-impl CallCtx {
-    pub fn of<T>(req: &Request<T>) -> Result<CallCtx, Status> {
-        let md = req.metadata();
-        let identity = match md.get(IDENTITY_METADATA_KEY) {
-            None => DEFAULT_IDENTITY.to_string(),
-            Some(v) => {
-                let s = v.to_str().map_err(|_| {
-                    Status::invalid_argument(format!("{IDENTITY_METADATA_KEY}: must be printable ASCII"))
-                })?;
-                if s.is_empty() || s.len() > IDENTITY_BYTES_MAX {
-                    return Err(Status::invalid_argument(format!(
-                        "{IDENTITY_METADATA_KEY}: must be 1 to {IDENTITY_BYTES_MAX} bytes"
-                    )));
-                }
-                s.to_string()
-            }
+fn unauthenticated(why: &str) -> Status {
+    metrics::counter!("gangway_api_denied_total", "reason" => "unauthenticated").increment(1);
+    tracing::warn!(target: "gangway::audit", outcome = "unauthenticated", reason = %why);
+    Status::unauthenticated(format!(
+        "{why}: present a client certificate signed by the cluster's CA (gangway tls cert create --client NAME) \
+         or a bearer token (gangway token create)"
+    ))
+}
+
+/// Counts and logs a refusal for lack of permission (the audit trail of denials).
+pub fn denied(ctx: &CallCtx, what: &str, why: String) -> Status {
+    metrics::counter!("gangway_api_denied_total", "reason" => "permission").increment(1);
+    tracing::warn!(target: "gangway::audit", caller = %ctx.identity, action = what, outcome = "denied", reason = %why);
+    Status::permission_denied(format!("permission: {why}"))
+}
+
+impl Replica {
+    /// The caller of `req`: from its verified certificate (or a forwarding
+    /// replica's word), from a bearer token this cluster trusts, or on an
+    /// insecure listener from its claim.
+    pub fn ctx<T>(&self, req: &Request<T>) -> Result<CallCtx, Status> {
+        CallCtx::of(req, self.tokens.as_deref())
+    }
+}
+
+impl Replica {
+    /// A caller with no certificate and no token but a step credential of a
+    /// job attempt that still runs: its claims. `None` for every other caller
+    /// (who then goes through [`Replica::ctx`]). Only `NodeService.Get` takes
+    /// such callers, for the nodes their credential names.
+    pub fn step_caller<T>(&self, req: &Request<T>) -> Result<Option<gangway_proto::step_cred::StepClaims>, Status> {
+        use gangway_proto::step_cred::{verify_signed, STEP_CREDENTIAL_METADATA_KEY};
+        let (Some(creds), PeerAuth::Anonymous) = (self.security.credentials(), gangway_proto::tls::peer_of(req)) else {
+            return Ok(None);
         };
-        Ok(CallCtx { identity, forwarded: md.get(FORWARDED_METADATA_KEY).is_some() })
+        let md = req.metadata();
+        if md.get(AUTHORIZATION_METADATA_KEY).is_some() {
+            return Ok(None);
+        }
+        let Some(token) = md.get(STEP_CREDENTIAL_METADATA_KEY) else { return Ok(None) };
+        let token = token.to_str().map_err(|_| unauthenticated("the step credential is not printable ASCII"))?;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let claims = verify_signed(creds, token, now)
+            .map_err(|why| unauthenticated(&format!("the step credential is not valid: {why}")))?;
+        let live = self
+            .node
+            .state()
+            .read()
+            .jobs
+            .get(&claims.job_id)
+            .is_some_and(|j| j.attempt == claims.attempt && j.state == gangway_core::JobState::Running);
+        if !live {
+            return Err(unauthenticated(&format!(
+                "the step credential's job {} attempt {} no longer runs",
+                claims.job_id, claims.attempt
+            )));
+        }
+        Ok(Some(claims))
+    }
+}
+
+/// The user named by the request's bearer token, if it carries one.
+fn bearer(md: &tonic::metadata::MetadataMap, tokens: Option<&TokenVerifier>) -> Option<Result<Principal, Status>> {
+    let v = md.get(AUTHORIZATION_METADATA_KEY)?;
+    let Some(token) = v.to_str().ok().and_then(|s| s.strip_prefix("Bearer ")) else {
+        return Some(Err(unauthenticated("authorization: must be 'Bearer TOKEN'")));
+    };
+    let Some(tokens) = tokens else {
+        return Some(Err(unauthenticated("this cluster accepts no bearer tokens (no --token-public-key)")));
+    };
+    Some(tokens.verify(token.trim()).map_err(|why| {
+        tracing::warn!(target: "gangway::audit", outcome = "denied", reason = %why, "bearer token refused");
+        unauthenticated(&format!("bearer token refused: {why}"))
+    }))
+}
+
+impl CallCtx {
+    /// See [`Replica::ctx`].
+    pub fn of<T>(req: &Request<T>, tokens: Option<&TokenVerifier>) -> Result<CallCtx, Status> {
+        let md = req.metadata();
+        match gangway_proto::tls::peer_of(req) {
+            PeerAuth::Insecure => {
+                let identity = match md.get(IDENTITY_METADATA_KEY) {
+                    None => DEFAULT_IDENTITY.to_string(),
+                    Some(v) => {
+                        let s = v.to_str().map_err(|_| {
+                            Status::invalid_argument(format!("{IDENTITY_METADATA_KEY}: must be printable ASCII"))
+                        })?;
+                        if s.is_empty() || s.len() > IDENTITY_BYTES_MAX {
+                            return Err(Status::invalid_argument(format!(
+                                "{IDENTITY_METADATA_KEY}: must be 1 to {IDENTITY_BYTES_MAX} bytes"
+                            )));
+                        }
+                        s.to_string()
+                    }
+                };
+                Ok(CallCtx {
+                    caller: Caller::Claimed(identity.clone()),
+                    identity,
+                    forwarded: md.get(FORWARDED_METADATA_KEY).is_some(),
+                })
+            }
+            PeerAuth::Anonymous => match bearer(md, tokens) {
+                Some(Ok(p)) => Ok(CallCtx { identity: p.encode(), caller: Caller::Verified(p), forwarded: false }),
+                Some(Err(s)) => Err(s),
+                None => Err(unauthenticated("no client certificate and no bearer token")),
+            },
+            PeerAuth::Unusable(e) => Err(unauthenticated(&format!("the client certificate is not usable here ({e})"))),
+            PeerAuth::Verified(peer) => {
+                let forwarded_for = md.get(FORWARDED_FOR_METADATA_KEY);
+                let principal = match forwarded_for {
+                    None => peer,
+                    Some(_) if peer.role != Role::Server => {
+                        metrics::counter!("gangway_api_denied_total", "reason" => "permission").increment(1);
+                        return Err(Status::permission_denied(format!(
+                            "permission: {peer} may not forward requests for others (only controller replicas do)"
+                        )));
+                    }
+                    Some(v) => {
+                        let s = v.to_str().map_err(|_| {
+                            Status::invalid_argument(format!("{FORWARDED_FOR_METADATA_KEY}: must be printable ASCII"))
+                        })?;
+                        Principal::decode(s)
+                            .map_err(|e| Status::invalid_argument(format!("{FORWARDED_FOR_METADATA_KEY}: {e}")))?
+                    }
+                };
+                Ok(CallCtx {
+                    identity: principal.encode(),
+                    caller: Caller::Verified(principal),
+                    forwarded: forwarded_for.is_some(),
+                })
+            }
+        }
     }
 
-    /// The user name in the identity (`dev:alice` → `alice`).
+    /// The user name in the identity (`client:alice` → `alice`).
     pub fn user(&self) -> &str {
         self.identity.rsplit(':').next().unwrap_or(&self.identity)
+    }
+
+    fn role_is(&self, role: Role) -> bool {
+        match &self.caller {
+            Caller::Verified(p) => p.role == role,
+            Caller::Claimed(_) => true,
+        }
+    }
+
+    /// A user (client certificate): jobs, queues, their own changes. Returns the
+    /// user name jobs run as.
+    pub fn require_user(&self, what: &str) -> Result<String, Status> {
+        if self.role_is(Role::Client) {
+            return Ok(self.user().to_string());
+        }
+        Err(denied(self, what, format!("{} is not a user; {what} needs a client certificate", self.identity)))
+    }
+
+    /// A controller replica (Raft, internal duties).
+    pub fn require_server(&self, what: &str) -> Result<(), Status> {
+        if self.role_is(Role::Server) {
+            return Ok(());
+        }
+        Err(denied(self, what, format!("{} is not a controller replica; only servers may {what}", self.identity)))
+    }
+
+    /// The agent of `node` and nobody else (a node speaks only for itself).
+    pub fn require_agent_for(&self, node: &str, what: &str) -> Result<(), Status> {
+        match &self.caller {
+            Caller::Claimed(_) => Ok(()),
+            Caller::Verified(p) if p.role == Role::Agent && p.name == node => Ok(()),
+            Caller::Verified(p) if p.role == Role::Agent => Err(denied(
+                self,
+                what,
+                format!("the agent certificate of node {} cannot {what} for node {node}", p.name),
+            )),
+            Caller::Verified(_) => Err(denied(
+                self,
+                what,
+                format!("{} is not the agent of node {node}; only it may {what}", self.identity),
+            )),
+        }
+    }
+
+    /// Anyone the cluster knows (users, agents, servers): read-only views.
+    pub fn require_known(&self) -> Result<(), Status> {
+        Ok(())
+    }
+}
+
+impl Replica {
+    /// Admins: servers, the users the policy names, and the bootstrap admins.
+    pub fn is_admin(&self, ctx: &CallCtx) -> bool {
+        match &ctx.caller {
+            Caller::Claimed(_) => true,
+            Caller::Verified(p) => match p.role {
+                Role::Server => true,
+                Role::Agent => false,
+                Role::Client => {
+                    self.bootstrap_admins.iter().any(|a| a == &p.name)
+                        || self.node.state().read().is_admin(&ctx.identity)
+                }
+            },
+        }
+    }
+
+    /// The Unix user a job of `ctx` runs as: the authenticated user, never one
+    /// the request names (a request naming another is refused), and never root
+    /// unless this replica was started with `--allow-root-jobs`.
+    pub fn job_user(&self, ctx: &CallCtx, requested: &str, what: &str) -> Result<String, Status> {
+        let user = match &ctx.caller {
+            Caller::Claimed(_) if requested.is_empty() => ctx.user().to_string(),
+            Caller::Claimed(_) => requested.to_string(),
+            Caller::Verified(_) => {
+                let me = ctx.require_user(what)?;
+                if !requested.is_empty() && requested != me {
+                    return Err(denied(
+                        ctx,
+                        what,
+                        format!("user: jobs run as the authenticated user '{me}', not as '{requested}'"),
+                    ));
+                }
+                me
+            }
+        };
+        if user == "root" && !self.allow_root_jobs {
+            return Err(denied(
+                ctx,
+                what,
+                "user: jobs as root are refused on this cluster (controllers started with --allow-root-jobs permit them)"
+                    .into(),
+            ));
+        }
+        Ok(user)
+    }
+
+    /// How `ctx` sees jobs. Taken before the state lock (it may read the
+    /// policy), never while holding it.
+    pub fn viewer(&self, ctx: &CallCtx) -> Viewer {
+        let whole = match &ctx.caller {
+            Caller::Claimed(_) => true,
+            Caller::Verified(p) => p.role == Role::Server || (p.role == Role::Client && self.is_admin(ctx)),
+        };
+        Viewer { caller: ctx.caller.clone(), identity: ctx.identity.clone(), whole }
+    }
+
+    /// The owner of job `job_id` or an admin. A job that does not exist is
+    /// left to the command to refuse.
+    pub fn require_owner(&self, ctx: &CallCtx, job_id: u64, what: &str) -> Result<(), Status> {
+        let Caller::Verified(p) = &ctx.caller else { return Ok(()) };
+        let owner = {
+            let state = self.node.state().read();
+            match state.jobs.get(&job_id) {
+                None => return Ok(()),
+                Some(j) => p.role == Role::Client && (j.spec.user == p.name || j.submitted_by == ctx.identity),
+            }
+        };
+        if owner || self.is_admin(ctx) {
+            return Ok(());
+        }
+        Err(denied(
+            ctx,
+            what,
+            format!("{} does not own job {job_id}; only its owner and admins may {what}", ctx.identity),
+        ))
+    }
+
+    /// A step credential for `job`'s current attempt on its nodes, signed with
+    /// this replica's server key (empty on an insecure cluster, or for a job
+    /// that holds no nodes).
+    pub fn step_credential(&self, job: &gangway_core::Job) -> Result<String, Status> {
+        let Some(creds) = self.security.credentials() else { return Ok(String::new()) };
+        let Some(alloc) = job.allocation.as_ref() else { return Ok(String::new()) };
+        let start_s = job.start_time_ms.unwrap_or(job.submit_time_ms) / 1000;
+        let claims = gangway_proto::step_cred::StepClaims {
+            job_id: job.id,
+            attempt: job.attempt,
+            nodes: alloc.nodes.iter().map(|n| n.node.clone()).collect(),
+            expires_unix: start_s.saturating_add(job.spec.time_limit_s).saturating_add(STEP_CREDENTIAL_SLACK_S),
+        };
+        gangway_proto::step_cred::sign(creds, &claims)
+            .map_err(|e| Status::internal(format!("cannot sign the step credential: {e}")))
+    }
+
+    /// An admin (see [`Replica::is_admin`]); every admin action is logged.
+    pub fn require_admin(&self, ctx: &CallCtx, what: &str) -> Result<(), Status> {
+        if self.is_admin(ctx) {
+            tracing::info!(target: "gangway::audit", caller = %ctx.identity, action = what, outcome = "allowed");
+            return Ok(());
+        }
+        Err(denied(ctx, what, format!("{} is not an admin of this cluster; only admins may {what}", ctx.identity)))
+    }
+}
+
+/// What a caller may see of jobs: a job's script, command and environment
+/// (which sbatch fills with the submitter's whole environment) only for its
+/// owner, admins and the agents of its nodes.
+pub struct Viewer {
+    caller: Caller,
+    identity: String,
+    /// Sees every job whole (admins, servers, insecure clusters).
+    whole: bool,
+}
+
+impl Viewer {
+    pub fn job(&self, job: &gangway_core::Job) -> gangway_proto::v1::Job {
+        let mut pj = convert::job_to_proto(job);
+        let private = !self.whole
+            && match &self.caller {
+                Caller::Claimed(_) => false,
+                Caller::Verified(p) => match p.role {
+                    Role::Server => false,
+                    Role::Agent => !job.allocation.as_ref().is_some_and(|a| a.nodes.iter().any(|n| n.node == p.name)),
+                    Role::Client => job.spec.user != p.name && job.submitted_by != self.identity,
+                },
+            };
+        if private {
+            if let Some(spec) = pj.spec.as_mut() {
+                spec.env.clear();
+                spec.script.clear();
+                spec.command.clear();
+            }
+        }
+        pj
     }
 }
 
@@ -91,8 +411,18 @@ impl Replica {
         let mut req = Request::new(msg);
         let md = req.metadata_mut();
         md.insert(FORWARDED_METADATA_KEY, "1".parse().expect("static ascii"));
-        if let Ok(v) = ctx.identity.parse() {
-            md.insert(IDENTITY_METADATA_KEY, v);
+        match &ctx.caller {
+            Caller::Claimed(identity) => {
+                if let Ok(v) = identity.parse() {
+                    md.insert(IDENTITY_METADATA_KEY, v);
+                }
+            }
+            // The leader believes this only because our certificate says server.
+            Caller::Verified(p) => {
+                if let Ok(v) = p.encode().parse() {
+                    md.insert(FORWARDED_FOR_METADATA_KEY, v);
+                }
+            }
         }
         req.set_timeout(crate::replica::FORWARD_TIMEOUT);
         metrics::counter!("gangway_api_forwarded_total").increment(1);

@@ -65,7 +65,7 @@ enum Forward {
 #[tonic::async_trait]
 impl NodeService for NodeApi {
     async fn list(&self, req: Request<ListNodesRequest>) -> Result<Response<ListNodesResponse>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
         if let Some(resp) = self
             .replica
@@ -80,7 +80,20 @@ impl NodeService for NodeApi {
     }
 
     async fn get(&self, req: Request<GetNodeRequest>) -> Result<Response<Node>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        // srun inside a job asks where a node of its job's step service is now
+        // (after that node's agent restarted): its step credential suffices
+        // for the nodes it names, served from this replica's state.
+        if let Some(claims) = self.replica.step_caller(&req)? {
+            let name = req.into_inner().name;
+            if !claims.nodes.iter().any(|n| n == &name) {
+                return Err(Status::permission_denied(format!(
+                    "permission: the step credential of job {} does not name node {name}",
+                    claims.job_id
+                )));
+            }
+            return Ok(Response::new(self.node(&name)?));
+        }
+        let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
         let name = msg.name.clone();
         if let Some(resp) = self
@@ -94,14 +107,16 @@ impl NodeService for NodeApi {
     }
 
     async fn drain(&self, req: Request<DrainRequest>) -> Result<Response<Node>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_admin(&ctx, "drain nodes")?;
         let msg = req.into_inner();
         let reason = if msg.reason.is_empty() { format!("drained by {}", ctx.identity) } else { msg.reason.clone() };
         self.set_state(ctx, msg.name.clone(), NodeStateChange::Drain, reason, Forward::Drain(msg)).await
     }
 
     async fn resume(&self, req: Request<ResumeRequest>) -> Result<Response<Node>, Status> {
-        let ctx = CallCtx::of(&req)?;
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_admin(&ctx, "resume nodes")?;
         let msg = req.into_inner();
         self.set_state(ctx, msg.name.clone(), NodeStateChange::Resume, String::new(), Forward::Resume(msg)).await
     }

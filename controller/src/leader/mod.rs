@@ -27,7 +27,7 @@ pub fn spawn_leader_watch(replica: Arc<Replica>) -> JoinHandle<()> {
                     tracing::info!(id = replica.node.id, "became leader: starting leader duties");
                     let r = replica.clone();
                     duties = Some(tokio::spawn(async move {
-                        tokio::join!(liveness::run(r.clone()), scheduler::run(r));
+                        tokio::join!(liveness::run(r.clone()), scheduler::run(r.clone()), bootstrap_admins(r));
                     }));
                 }
                 (Some(handle), false) => {
@@ -40,4 +40,50 @@ pub fn spawn_leader_watch(replica: Arc<Replica>) -> JoinHandle<()> {
             tokio::time::sleep(LEADER_POLL_INTERVAL).await;
         }
     })
+}
+
+/// Attempts to commit the bootstrap admins; a new leader retries from scratch.
+const BOOTSTRAP_ATTEMPTS_MAX: usize = 20;
+const BOOTSTRAP_RETRY: Duration = Duration::from_millis(250);
+
+/// When the policy names no admin, the leader makes the bootstrap admins
+/// (`--bootstrap-admin`) admins, as a committed policy change by this server:
+/// a new cluster gets its first admin, and a cluster whose admins were all
+/// removed gets one back. With admins already named it does nothing.
+async fn bootstrap_admins(replica: Arc<Replica>) {
+    if replica.bootstrap_admins.is_empty() {
+        return;
+    }
+    for _ in 0..BOOTSTRAP_ATTEMPTS_MAX {
+        let (mut policy, version) = {
+            let state = replica.node.state().read();
+            if !state.policy.admins.is_empty() {
+                return;
+            }
+            (state.policy.clone(), state.policy.version)
+        };
+        policy.admins = replica.bootstrap_admins.clone();
+        let cmd = gangway_core::Command::UpdatePolicy {
+            policy,
+            expected_version: Some(version),
+            force: false,
+            identity: format!("server:{}", replica.node.id),
+            now_ms: crate::now_ms(),
+        };
+        match replica.proposer.propose(cmd).await {
+            Ok(applied) => match applied.outcome {
+                gangway_core::Outcome::Refused(r) if r.kind != gangway_core::RefusalKind::Stale => {
+                    tracing::error!(reason = %r.message, "the bootstrap admins were refused");
+                    return;
+                }
+                gangway_core::Outcome::Refused(_) => {}
+                _ => {
+                    tracing::info!(admins = ?replica.bootstrap_admins, "bootstrap admins committed");
+                    return;
+                }
+            },
+            Err(e) => tracing::debug!(error = ?e, "bootstrap admins not committed yet"),
+        }
+        tokio::time::sleep(BOOTSTRAP_RETRY).await;
+    }
 }

@@ -68,7 +68,12 @@ pub struct RaftNode {
 }
 
 impl RaftNode {
-    pub async fn start(id: u64, timing: Timing, stores: Stores) -> anyhow::Result<RaftNode> {
+    pub async fn start(
+        id: u64,
+        timing: Timing,
+        stores: Stores,
+        security: gangway_proto::tls::Security,
+    ) -> anyhow::Result<RaftNode> {
         let config = Config {
             cluster_name: "gangway".into(),
             heartbeat_interval: timing.heartbeat_interval_ms,
@@ -82,7 +87,8 @@ impl RaftNode {
         .validate()?;
         let state = stores.state_machine.shared();
         let committed_index = stores.log.committed_index();
-        let raft = Raft::new(id, Arc::new(config), network::Network, stores.log, stores.state_machine).await?;
+        let raft =
+            Raft::new(id, Arc::new(config), network::Network { security }, stores.log, stores.state_machine).await?;
         Ok(RaftNode { id, raft, state, committed_index, timing })
     }
 

@@ -16,7 +16,7 @@ use openraft::raft::{
 };
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::RAFT_MESSAGE_BYTES_MAX;
 
@@ -25,16 +25,18 @@ use super::RAFT_MESSAGE_BYTES_MAX;
 const UNREACHABLE_BACKOFF: Duration = Duration::from_millis(200);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
-#[derive(Default)]
-pub struct Network;
+pub struct Network {
+    pub security: gangway_proto::tls::Security,
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerClient {
-        let uri = format!("http://{}", node.addr);
-        let client = Endpoint::from_shared(uri.clone()).ok().map(|ep| {
-            let ch = ep.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true).connect_lazy();
+        // Peers must hold server certificates: a node or user certificate can
+        // never receive the log or a vote.
+        let expect = gangway_proto::tls::Expect::Server;
+        let client = self.security.channel(&node.addr, expect, CONNECT_TIMEOUT).ok().map(|ch| {
             RaftServiceClient::new(ch)
                 .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX)

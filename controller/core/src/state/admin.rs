@@ -50,6 +50,12 @@ impl State {
             return Applied::refused(RefusalKind::InvalidArgument, e.to_string());
         }
         let mut next = policy.clone();
+        // A policy that names no admins keeps the current ones: an import of a
+        // file without them must not lock every admin out (nothing is allowed
+        // to anyone when no admin is named).
+        if next.admins.is_empty() {
+            next.admins = self.policy.admins.clone();
+        }
         next.version = self.policy.version + 1;
         let previous = std::mem::replace(&mut self.policy, next);
         self.rebuild_use();

@@ -121,7 +121,8 @@ pub fn run_file(path: &std::path::Path) {
             policy,
             expected_version: None,
             force: false,
-            identity: "admin".into(),
+            // The scenario's author stands for the cluster (a server).
+            identity: "server:scenario".into(),
             now_ms: 0,
         });
         assert!(matches!(out, Outcome::PolicyUpdated { .. }), "{}: policy refused: {out:?}", run.name);
@@ -320,7 +321,7 @@ pub fn run_file(path: &std::path::Path) {
                 policy,
                 expected_version: None,
                 force,
-                identity: "admin".into(),
+                identity: "server:scenario".into(),
                 now_ms,
             });
             match (step.get("expect_error").and_then(Value::as_str), &out) {

@@ -1,0 +1,786 @@
+//! Transport security: mutual TLS on every Gangway connection, with the peer's
+//! role read from its certificate.
+//!
+//! Every certificate a Gangway cluster trusts is signed by the cluster's CA and
+//! names its holder in a URI subject alternative name,
+//! `spiffe://gangway/<role>/<name>`:
+//! - `server/<id>`: a controller replica (may call Raft and membership RPCs);
+//! - `agent/<node>`: the node agent of host `<node>` (may speak only for it);
+//! - `client/<name>`: a user or a service, `<name>` being its user name.
+//!
+//! Any CA can issue them (`gangway tls` does, and so can cert-manager or Vault,
+//! given the URI SAN). Clients check a server's certificate by its chain and its
+//! role, not by host name: replicas are dialled by address and all of them are
+//! `server`s. Certificates and the CA are read again when their files change, so
+//! rotating them needs no restart.
+//!
+//! `Security::Insecure` (the `--insecure` flag) is plaintext gRPC where callers
+//! name themselves; it exists for throwaway test clusters and says so loudly.
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tonic::transport::server::Connected;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// The URI SAN prefix that carries a certificate's role and name.
+pub const SAN_PREFIX: &str = "spiffe://gangway/";
+/// Principal names are user, node and replica names: short and path-safe.
+pub const PRINCIPAL_NAME_BYTES_MAX: usize = 128;
+/// How often a connection checks whether the certificate files changed. A stat
+/// per second per process is free; rotation shows up within a second.
+const RELOAD_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// A peer that has not finished its handshake by then is dropped: it would
+/// otherwise hold a socket and a handshake slot for as long as it likes.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshakes in progress at once per listener; more connections wait in the
+/// kernel's accept queue. Bounds the CPU and memory an unauthenticated flood
+/// can take (a handshake is a few kilobytes and one signature).
+pub const HANDSHAKES_IN_FLIGHT_MAX: usize = 256;
+/// Connections accepted but not yet taken by the gRPC server.
+const ACCEPTED_QUEUE_MAX: usize = 64;
+/// Largest certificate, key or CA file read: real ones are a few kilobytes.
+const PEM_FILE_BYTES_MAX: u64 = 1024 * 1024;
+/// The name sent as SNI; servers are verified by role, not by this name.
+const SNI_NAME: &str = "gangway";
+
+/// What a certificate allows its holder to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    Server,
+    Agent,
+    Client,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Server => "server",
+            Role::Agent => "agent",
+            Role::Client => "client",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "server" => Some(Role::Server),
+            "agent" => Some(Role::Agent),
+            "client" => Some(Role::Client),
+            _ => None,
+        }
+    }
+}
+
+/// A verified holder of a certificate: its role and name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Principal {
+    pub role: Role,
+    pub name: String,
+}
+
+impl Principal {
+    pub fn new(role: Role, name: &str) -> Result<Principal, String> {
+        check_principal_name(name)?;
+        Ok(Principal { role, name: name.to_string() })
+    }
+
+    /// `role:name`, the form forwarded between replicas and written in logs.
+    pub fn encode(&self) -> String {
+        format!("{}:{}", self.role.as_str(), self.name)
+    }
+
+    pub fn decode(s: &str) -> Result<Principal, String> {
+        let (role, name) = s.split_once(':').ok_or_else(|| format!("'{s}' is not role:name"))?;
+        let role = Role::parse(role).ok_or_else(|| format!("'{role}' is not a role (server, agent, client)"))?;
+        Principal::new(role, name)
+    }
+
+    pub fn san_uri(&self) -> String {
+        format!("{SAN_PREFIX}{}/{}", self.role.as_str(), self.name)
+    }
+}
+
+impl fmt::Display for Principal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.role.as_str(), self.name)
+    }
+}
+
+/// Names are 1 to 128 bytes of letters, digits, `.`, `_`, `-` and `@`, starting
+/// with a letter or digit: safe in a URI path, a file name and a log line.
+pub fn check_principal_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > PRINCIPAL_NAME_BYTES_MAX {
+        return Err(format!("name '{name}' must be 1 to {PRINCIPAL_NAME_BYTES_MAX} bytes"));
+    }
+    let first_ok = name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+    if !first_ok || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@')) {
+        return Err(format!(
+            "name '{name}' may hold only letters, digits, '.', '_', '-' and '@', starting with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+/// A certificate's Gangway principal (from its `spiffe://gangway/...` URI SAN)
+/// and its expiry (Unix seconds).
+pub fn principal_of(der: &[u8]) -> Result<(Principal, i64), String> {
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let (_, cert) = X509Certificate::from_der(der).map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    let not_after = cert.validity().not_after.timestamp();
+    let san =
+        cert.subject_alternative_name().map_err(|e| format!("subject alternative names: {e}"))?.ok_or_else(|| {
+            format!("the certificate has no subject alternative names (needs a {SAN_PREFIX}ROLE/NAME URI)")
+        })?;
+    let mut found = None;
+    for name in &san.value.general_names {
+        if let GeneralName::URI(uri) = name {
+            if let Some(rest) = uri.strip_prefix(SAN_PREFIX) {
+                if found.is_some() {
+                    return Err(format!("the certificate names more than one {SAN_PREFIX} principal"));
+                }
+                let (role, name) =
+                    rest.split_once('/').ok_or_else(|| format!("URI SAN '{uri}' is not {SAN_PREFIX}ROLE/NAME"))?;
+                let role = Role::parse(role).ok_or_else(|| format!("URI SAN '{uri}': unknown role '{role}'"))?;
+                found = Some(Principal::new(role, name)?);
+            }
+        }
+    }
+    let p = found.ok_or_else(|| format!("the certificate has no {SAN_PREFIX}ROLE/NAME URI SAN"))?;
+    Ok((p, not_after))
+}
+
+/// Where this process's CA, certificate and key live (PEM files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    /// This process's certificate and key; `None` for a client that only
+    /// verifies servers (srun inside a job, which proves itself otherwise).
+    pub cert: Option<(PathBuf, PathBuf)>,
+}
+
+impl TlsFiles {
+    /// The files `gangway tls` writes into `dir` for `stem` (`ca.pem`,
+    /// `STEM.pem`, `STEM-key.pem`).
+    pub fn in_dir(dir: &Path, stem: &str) -> TlsFiles {
+        TlsFiles {
+            ca: dir.join("ca.pem"),
+            cert: Some((dir.join(format!("{stem}.pem")), dir.join(format!("{stem}-key.pem")))),
+        }
+    }
+}
+
+/// What was read from the files at one time.
+struct Material {
+    roots: Arc<RootCertStore>,
+    client_verifier: Arc<dyn ClientCertVerifier>,
+    key: Option<Arc<CertifiedKey>>,
+    principal: Option<Principal>,
+    not_after: Option<i64>,
+    stamp: Vec<Option<(SystemTime, u64)>>,
+}
+
+fn stamp_of(files: &TlsFiles) -> Vec<Option<(SystemTime, u64)>> {
+    let mut paths = vec![files.ca.as_path()];
+    if let Some((c, k)) = &files.cert {
+        paths.push(c);
+        paths.push(k);
+    }
+    paths.into_iter().map(|p| std::fs::metadata(p).ok().and_then(|m| Some((m.modified().ok()?, m.len())))).collect()
+}
+
+fn read_pem(path: &Path, what: &str) -> Result<Vec<u8>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    if meta.len() > PEM_FILE_BYTES_MAX {
+        return Err(format!("{what} {}: larger than {PEM_FILE_BYTES_MAX} bytes", path.display()));
+    }
+    std::fs::read(path).map_err(|e| format!("{what} {}: {e}", path.display()))
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The CA certificates in `pem` and a verifier of client certificates they signed.
+fn trust(pem: &[u8], label: &str) -> Result<(Arc<RootCertStore>, Arc<dyn ClientCertVerifier>), String> {
+    let mut roots = RootCertStore::empty();
+    for c in rustls_pemfile::certs(&mut &pem[..]) {
+        let c = c.map_err(|e| format!("CA certificate {label}: {e}"))?;
+        roots.add(c).map_err(|e| format!("CA certificate {label}: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("CA certificate {label}: no certificate in it"));
+    }
+    let roots = Arc::new(roots);
+    let client_verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| format!("CA certificate {label}: {e}"))?;
+    Ok((roots, client_verifier))
+}
+
+fn load(files: &TlsFiles) -> Result<Material, String> {
+    let stamp = stamp_of(files);
+    let ca_pem = read_pem(&files.ca, "CA certificate")?;
+    let (roots, client_verifier) = trust(&ca_pem, &files.ca.display().to_string())?;
+    let (key, principal, not_after) = match &files.cert {
+        None => (None, None, None),
+        Some((cert_path, key_path)) => {
+            let cert_pem = read_pem(cert_path, "certificate")?;
+            let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut cert_pem.as_slice())
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("certificate {}: {e}", cert_path.display()))?;
+            let leaf = chain.first().ok_or_else(|| format!("certificate {}: no certificate", cert_path.display()))?;
+            let (principal, not_after) =
+                principal_of(leaf).map_err(|e| format!("certificate {}: {e}", cert_path.display()))?;
+            let key_pem = read_pem(key_path, "key")?;
+            let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut key_pem.as_slice())
+                .map_err(|e| format!("key {}: {e}", key_path.display()))?
+                .ok_or_else(|| format!("key {}: no private key in the file", key_path.display()))?;
+            let signer = provider()
+                .key_provider
+                .load_private_key(key)
+                .map_err(|e| format!("key {}: {e}", key_path.display()))?;
+            let ck = CertifiedKey::new(chain, signer);
+            ck.keys_match().map_err(|e| {
+                format!("key {} does not belong to certificate {}: {e}", key_path.display(), cert_path.display())
+            })?;
+            (Some(Arc::new(ck)), Some(principal), Some(not_after))
+        }
+    };
+    Ok(Material { roots, client_verifier, key, principal, not_after, stamp })
+}
+
+/// The CA, certificate and key of this process, read again when their files
+/// change (checked at most once a second). A change that does not load (a
+/// half-written file) keeps the previous material and logs why.
+pub struct Credentials {
+    files: TlsFiles,
+    current: RwLock<Arc<Material>>,
+    last_check: Mutex<Instant>,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials").field("files", &self.files).finish()
+    }
+}
+
+impl Credentials {
+    pub fn load(files: TlsFiles) -> Result<Arc<Credentials>, String> {
+        let m = load(&files)?;
+        Ok(Arc::new(Credentials { files, current: RwLock::new(Arc::new(m)), last_check: Mutex::new(Instant::now()) }))
+    }
+
+    /// Trust in the CA of `pem` alone, with no certificate of our own: srun in
+    /// a job, which checks agents and proves itself with a step credential.
+    pub fn from_ca_pem(pem: &[u8]) -> Result<Arc<Credentials>, String> {
+        if pem.len() as u64 > PEM_FILE_BYTES_MAX {
+            return Err(format!("CA certificate: larger than {PEM_FILE_BYTES_MAX} bytes"));
+        }
+        let files = TlsFiles { ca: PathBuf::new(), cert: None };
+        let (roots, client_verifier) = trust(pem, "(from the environment)")?;
+        let m =
+            Material { roots, client_verifier, key: None, principal: None, not_after: None, stamp: stamp_of(&files) };
+        Ok(Arc::new(Credentials { files, current: RwLock::new(Arc::new(m)), last_check: Mutex::new(Instant::now()) }))
+    }
+
+    fn material(&self) -> Arc<Material> {
+        let due = {
+            let mut last = self.last_check.lock().expect("tls check lock");
+            if last.elapsed() >= RELOAD_CHECK_INTERVAL {
+                *last = Instant::now();
+                true
+            } else {
+                false
+            }
+        };
+        let cur = self.current.read().expect("tls material lock").clone();
+        if !due || stamp_of(&self.files) == cur.stamp {
+            return cur;
+        }
+        match load(&self.files) {
+            Ok(m) => {
+                let m = Arc::new(m);
+                tracing::info!(principal = ?m.principal, not_after = ?m.not_after, "TLS certificates reloaded");
+                *self.current.write().expect("tls material lock") = m.clone();
+                m
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "TLS files changed but do not load; keeping the previous ones");
+                cur
+            }
+        }
+    }
+
+    /// The principal this process's certificate names.
+    pub fn principal(&self) -> Option<Principal> {
+        self.material().principal.clone()
+    }
+
+    /// When this process's certificate expires (Unix seconds).
+    pub fn not_after(&self) -> Option<i64> {
+        self.material().not_after
+    }
+
+    /// This process's certificate chain and signing key.
+    pub fn certified_key(&self) -> Option<Arc<CertifiedKey>> {
+        self.material().key.clone()
+    }
+
+    /// The CA certificates trusted now.
+    pub fn roots(&self) -> Arc<RootCertStore> {
+        self.material().roots.clone()
+    }
+
+    pub fn files(&self) -> &TlsFiles {
+        &self.files
+    }
+
+    /// A rustls server configuration that asks for (but does not require) a
+    /// client certificate signed by the CA.
+    pub fn server_config(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>, String> {
+        if self.files.cert.is_none() {
+            return Err("a TLS server needs a certificate and key".into());
+        }
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_client_cert_verifier(Arc::new(ReloadingClientVerifier(self.clone())))
+            .with_cert_resolver(Arc::new(ReloadingCert(self.clone())));
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Arc::new(cfg))
+    }
+
+    /// A rustls client configuration that accepts only a peer whose certificate
+    /// the CA signed and whose principal `expect` allows, presenting this
+    /// process's certificate (if it has one).
+    pub fn client_config(self: &Arc<Self>, expect: Expect) -> Result<Arc<rustls::ClientConfig>, String> {
+        let builder = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(RoleVerifier { creds: self.clone(), expect }));
+        let mut cfg = if self.files.cert.is_some() {
+            builder.with_client_cert_resolver(Arc::new(ReloadingCert(self.clone())))
+        } else {
+            builder.with_no_client_auth()
+        };
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Arc::new(cfg))
+    }
+}
+
+#[derive(Debug)]
+struct ReloadingCert(Arc<Credentials>);
+
+impl rustls::server::ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: rustls::server::ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.0.material().key.clone()
+    }
+}
+
+impl rustls::client::ResolvesClientCert for ReloadingCert {
+    fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        self.0.material().key.clone()
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+#[derive(Debug)]
+struct ReloadingClientVerifier(Arc<Credentials>);
+
+impl ClientCertVerifier for ReloadingClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        // A caller without a certificate still gets an answer (UNAUTHENTICATED,
+        // naming what is missing) instead of a bare handshake failure.
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.0.material().client_verifier.verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.material().client_verifier.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.material().client_verifier.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.material().client_verifier.supported_verify_schemes()
+    }
+}
+
+/// Which peer a client accepts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expect {
+    /// Any controller replica.
+    Server,
+    /// The agent of this node.
+    Agent(String),
+}
+
+#[derive(Debug)]
+struct RoleVerifier {
+    creds: Arc<Credentials>,
+    expect: Expect,
+}
+
+impl ServerCertVerifier for RoleVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let m = self.creds.material();
+        let parsed = ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &parsed,
+            &m.roots,
+            intermediates,
+            now,
+            provider().signature_verification_algorithms.all,
+        )?;
+        let (p, _) = principal_of(end_entity).map_err(rustls::Error::General)?;
+        let ok = match &self.expect {
+            Expect::Server => p.role == Role::Server,
+            Expect::Agent(node) => p.role == Role::Agent && &p.name == node,
+        };
+        if !ok {
+            return Err(rustls::Error::General(format!("the peer is {p}, not {:?}", self.expect)));
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &provider().signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &provider().signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        provider().signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// How this process talks to its peers.
+#[derive(Debug, Clone)]
+pub enum Security {
+    /// Mutual TLS with these credentials.
+    Tls(Arc<Credentials>),
+    /// Plaintext; callers name themselves. Only with `--insecure`.
+    Insecure,
+}
+
+impl Security {
+    pub fn is_insecure(&self) -> bool {
+        matches!(self, Security::Insecure)
+    }
+
+    pub fn credentials(&self) -> Option<&Arc<Credentials>> {
+        match self {
+            Security::Tls(c) => Some(c),
+            Security::Insecure => None,
+        }
+    }
+
+    /// A lazily connected channel to `addr` (`host:port`), over TLS when
+    /// secured, accepting only a peer that `expect` allows.
+    pub fn channel(&self, addr: &str, expect: Expect, connect_timeout: Duration) -> Result<Channel, String> {
+        let addr = addr.strip_prefix("http://").or_else(|| addr.strip_prefix("https://")).unwrap_or(addr);
+        let ep = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| format!("address '{addr}' is invalid: {e}"))?
+            .connect_timeout(connect_timeout)
+            .tcp_nodelay(true);
+        match self {
+            Security::Insecure => Ok(ep.connect_lazy()),
+            Security::Tls(creds) => {
+                let config = creds.client_config(expect)?;
+                Ok(ep.connect_with_connector_lazy(TlsConnector { config }))
+            }
+        }
+    }
+}
+
+impl Security {
+    /// Like [`Security::channel`], but connects now, so an unreachable or
+    /// refusing peer is an error here rather than at the first call.
+    pub async fn connect(&self, addr: &str, expect: Expect, connect_timeout: Duration) -> Result<Channel, String> {
+        let addr = addr.strip_prefix("http://").or_else(|| addr.strip_prefix("https://")).unwrap_or(addr);
+        let ep = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| format!("address '{addr}' is invalid: {e}"))?
+            .connect_timeout(connect_timeout)
+            .tcp_nodelay(true);
+        let r = match self {
+            Security::Insecure => ep.connect().await,
+            Security::Tls(creds) => {
+                ep.connect_with_connector(TlsConnector { config: creds.client_config(expect)? }).await
+            }
+        };
+        r.map_err(|e| {
+            let mut msg = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg = format!("{msg}: {s}");
+                src = s.source();
+            }
+            msg
+        })
+    }
+}
+
+/// Dials TCP and runs the TLS handshake; tonic speaks HTTP/2 over the result.
+#[derive(Clone)]
+struct TlsConnector {
+    config: Arc<rustls::ClientConfig>,
+}
+
+type ConnectFuture = Pin<Box<dyn Future<Output = io::Result<hyper_util::rt::TokioIo<ClientTls>>> + Send>>;
+type ClientTls = tokio_rustls::client::TlsStream<TcpStream>;
+
+impl tower_service::Service<Uri> for TlsConnector {
+    type Response = hyper_util::rt::TokioIo<ClientTls>;
+    type Error = io::Error;
+    type Future = ConnectFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let config = self.config.clone();
+        Box::pin(async move {
+            let host = uri.host().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no host"))?;
+            let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+            let port = uri.port_u16().unwrap_or(80);
+            let tcp = TcpStream::connect((host.as_str(), port)).await?;
+            tcp.set_nodelay(true)?;
+            let name = ServerName::try_from(SNI_NAME).expect("static name");
+            let tls =
+                tokio::time::timeout(HANDSHAKE_TIMEOUT, tokio_rustls::TlsConnector::from(config).connect(name, tcp))
+                    .await
+                    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
+            Ok(hyper_util::rt::TokioIo::new(tls))
+        })
+    }
+}
+
+/// Who is at the other end of an accepted connection, as the transport knows.
+#[derive(Debug, Clone)]
+pub enum PeerAuth {
+    /// Plaintext listener (`--insecure`): the caller's claims are all there is.
+    Insecure,
+    /// TLS without a client certificate.
+    Anonymous,
+    /// A certificate the CA signed, naming this principal.
+    Verified(Principal),
+    /// A certificate the CA signed that names no usable principal.
+    Unusable(String),
+}
+
+/// Connection facts handed to every request (`Request::extensions`).
+#[derive(Debug, Clone)]
+pub struct PeerInfo {
+    pub remote: Option<SocketAddr>,
+    pub auth: PeerAuth,
+}
+
+/// An accepted connection, plaintext or TLS.
+pub enum Conn {
+    Plain(TcpStream, PeerInfo),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>, PeerInfo),
+}
+
+impl Connected for Conn {
+    type ConnectInfo = PeerInfo;
+
+    fn connect_info(&self) -> PeerInfo {
+        match self {
+            Conn::Plain(_, p) | Conn::Tls(_, p) => p.clone(),
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s, _) => Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s, _) => Pin::new(s).poll_write(cx, buf),
+            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s, _) => Pin::new(s).poll_flush(cx),
+            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s, _) => Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s, _) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(s, _) => s.is_write_vectored(),
+            Conn::Tls(s, _) => s.is_write_vectored(),
+        }
+    }
+}
+
+/// Accepted (and, when secured, handshaken) connections for
+/// `Server::serve_with_incoming`. Handshakes run concurrently, each bounded by
+/// [`HANDSHAKE_TIMEOUT`], at most [`HANDSHAKES_IN_FLIGHT_MAX`] at once; a failed
+/// one is logged and dropped.
+pub fn incoming(
+    listener: TcpListener,
+    security: &Security,
+) -> Result<tokio_stream::wrappers::ReceiverStream<io::Result<Conn>>, String> {
+    let acceptor = match security {
+        Security::Insecure => None,
+        Security::Tls(c) => Some(tokio_rustls::TlsAcceptor::from(c.server_config()?)),
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE_MAX);
+    let slots = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_IN_FLIGHT_MAX));
+    tokio::spawn(async move {
+        loop {
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
+                _ = tx.closed() => return,
+            };
+            let (tcp, remote) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off, go on.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = tx.closed() => return,
+            };
+            let _ = tcp.set_nodelay(true);
+            let tx = tx.clone();
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let conn = match acceptor {
+                    None => Conn::Plain(tcp, PeerInfo { remote: Some(remote), auth: PeerAuth::Insecure }),
+                    Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => {
+                            let auth = match tls.get_ref().1.peer_certificates().and_then(|c| c.first()) {
+                                None => PeerAuth::Anonymous,
+                                Some(leaf) => match principal_of(leaf) {
+                                    Ok((p, _)) => PeerAuth::Verified(p),
+                                    Err(e) => PeerAuth::Unusable(e),
+                                },
+                            };
+                            Conn::Tls(Box::new(tls), PeerInfo { remote: Some(remote), auth })
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(%remote, error = %e, "TLS handshake failed");
+                            metrics::counter!("gangway_tls_handshake_failures_total").increment(1);
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%remote, "TLS handshake timed out");
+                            metrics::counter!("gangway_tls_handshake_failures_total").increment(1);
+                            return;
+                        }
+                    },
+                };
+                let _ = tx.send(Ok(conn)).await;
+            });
+        }
+    });
+    Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// The peer of a request, as the transport verified it. A request that did not
+/// come through [`incoming`] is anonymous: nothing vouches for it.
+pub fn peer_of<T>(req: &tonic::Request<T>) -> PeerAuth {
+    req.extensions().get::<PeerInfo>().map(|p| p.auth.clone()).unwrap_or(PeerAuth::Anonymous)
+}
