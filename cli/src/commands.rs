@@ -318,6 +318,11 @@ pub async fn agent(a: AgentArgs, identity: &str, tls: &crate::tls::TlsArgs) -> a
     let me = gangway_proto::tls::Principal::new(gangway_proto::tls::Role::Agent, &name)
         .map_err(|e| anyhow::anyhow!("name: {e}"))?;
     let security = tls.for_daemon(&me)?;
+    if nix::unistd::geteuid().is_root() {
+        // Whatever groups the agent was started with (sudo, a root shell)
+        // must not lend their access to the files it opens for jobs.
+        nix::unistd::setgroups(&[]).context("dropping the agent's supplementary groups")?;
+    }
     let config = gangway_node_agent::AgentConfig {
         controllers: a.controllers,
         name,

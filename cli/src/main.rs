@@ -144,6 +144,9 @@ enum Cmd {
     TaskShim {
         #[arg(long)]
         exit_file: std::path::PathBuf,
+        /// Become UID:GID:GROUPS before running the command.
+        #[arg(long)]
+        user: Option<String>,
         #[arg(last = true, required = true)]
         argv: Vec<String>,
     },
@@ -230,25 +233,34 @@ fn shim_argv() -> Vec<std::ffi::OsString> {
     argv
 }
 
-/// Client commands end quietly when their reader goes away (`squeue | head`), as
-/// Unix tools do; Rust's default would make the next print panic. Servers keep
-/// the default (a closed pipe is an error they handle).
-#[allow(unsafe_code)]
-fn die_on_closed_pipe() {
-    use nix::sys::signal::{signal, SigHandler, Signal};
-    // SAFETY: called at the start of main, before any other thread exists; the
-    // default disposition runs no code of ours.
-    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
+/// Client commands end quietly when their reader goes away (`squeue | head`),
+/// as Unix tools do. SIGPIPE itself stays ignored: a controller or agent that
+/// closes a connection (a refused certificate, a plaintext client at a TLS
+/// port) must be an error this command reports, not a silent death. A print to
+/// a closed stdout then panics in std; this hook turns exactly that into the
+/// exit status a tool killed by SIGPIPE has.
+fn quiet_on_closed_stdout() {
+    /// 128 + SIGPIPE, what a shell sees from a tool that died of it.
+    const EXIT_CLOSED_PIPE: i32 = 141;
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let p = info.payload();
+        let msg = p.downcast_ref::<String>().map(String::as_str).or_else(|| p.downcast_ref::<&str>().copied());
+        if msg.is_some_and(|m| m.contains("failed printing to stdout") && m.contains("Broken pipe")) {
+            std::process::exit(EXIT_CLOSED_PIPE);
+        }
+        default(info);
+    }));
 }
 
 fn main() {
     let cli = Cli::parse_from(shim_argv());
     if !matches!(cli.command, Cmd::Controller(_) | Cmd::Agent(_) | Cmd::Dev(_) | Cmd::Bench(_) | Cmd::TaskShim { .. }) {
-        die_on_closed_pipe();
+        quiet_on_closed_stdout();
     }
-    if let Cmd::TaskShim { exit_file, argv } = &cli.command {
+    if let Cmd::TaskShim { exit_file, user, argv } = &cli.command {
         // Before any runtime or logging: the shim is only a waiting parent.
-        std::process::exit(gangway_node_agent::shim::run(exit_file, argv));
+        std::process::exit(gangway_node_agent::shim::run(exit_file, user.as_deref(), argv));
     }
     if let Cmd::Srun(a) = cli.command {
         // Inside a job srun needs no controller: the job's environment says
@@ -256,7 +268,6 @@ fn main() {
         let code = if slurm::srun::inside_job() {
             slurm::srun::run(a)
         } else {
-            die_on_closed_pipe();
             let out = commands::Output { json: cli.json };
             tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime").block_on(async {
                 let (client, _) = make_client(&cli.endpoints, cli.identity.clone(), &cli.tls)?;

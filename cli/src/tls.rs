@@ -150,7 +150,9 @@ impl TlsArgs {
             let ca = match (&self.tls_ca, &self.tls_dir) {
                 (Some(ca), _) => Some(ca.clone()),
                 (None, Some(dir)) => Some(dir.join("ca.pem")),
-                (None, None) => [user_tls_dir(), Some(dev_tls_dir())]
+                // The dev cluster's directory may be in /tmp: only when it is
+                // this user's own and nobody else can write it.
+                (None, None) => [user_tls_dir(), Some(dev_tls_dir()).filter(|d| owned_private_dir(d))]
                     .into_iter()
                     .flatten()
                     .map(|d| d.join("ca.pem"))

@@ -41,7 +41,7 @@ fn pki() -> &'static Path {
         for n in 1..=3 {
             run(&["tls", "cert", "create", "--agent", &format!("e2e-node-{n}"), "--ca-dir", d]);
         }
-        for user in ["root", "mallory"] {
+        for user in ["root", "mallory", "nobody"] {
             run(&["tls", "cert", "create", "--client", user, "--ca-dir", d]);
         }
         tls
@@ -186,6 +186,7 @@ fn controllers_agents_and_cli_as_separate_processes() {
     let rank1 = std::fs::read_to_string(work.join(format!("slurm-{id}.1.out"))).unwrap();
     assert_eq!(rank0.trim(), "rank=0 nodes=e2e-node-[1-2]");
     assert_eq!(rank1.trim(), "rank=1 nodes=e2e-node-[1-2]");
+    ordinary_users_jobs_run_as_them(&endpoints, dir.path());
     // The queue and cluster status read as tables.
     let q = stdout(&cli(&endpoints, &["queue", "--all"], &work));
     assert!(q.starts_with("JOBID") && q.contains("COMPLETED"), "{q}");
@@ -259,6 +260,39 @@ fn controllers_agents_and_cli_as_separate_processes() {
     assert!(out.contains(&format!(": again on e2e-node-{other}")), "no step on the restarted node: {out}");
     policy_and_scheduler_options_through_the_cli(&endpoints, &work);
     sbatch_scripts_through_the_shim(&endpoints, &work, dir.path());
+}
+
+/// A job of an ordinary user (whose client certificate says `nobody`) runs as
+/// that user with its groups, from a 0700 script of its own, and its output
+/// file is the user's; it cannot make itself an admin.
+fn ordinary_users_jobs_run_as_them(endpoints: &str, dir: &Path) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let shared = dir.join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let nobody = |args: &[&str]| {
+        as_user(Command::new(GANGWAY).args(args), "nobody")
+            .env("GANGWAY_ENDPOINTS", endpoints)
+            .current_dir(&shared)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let o = nobody(&["submit", "--parsable", "--wrap", "id -un; id -G; ls -l $0 | cut -c1-10"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id = stdout(&o).trim().to_string();
+    eventually("nobody's job never completed", || {
+        stdout(&cli(endpoints, &["show", &id, "--json"], &shared)).contains("\"state\": \"COMPLETED\"")
+    });
+    let out_path = shared.join(format!("slurm-{id}.out"));
+    let out = std::fs::read_to_string(&out_path).unwrap();
+    assert_eq!(out.lines().collect::<Vec<_>>(), ["nobody", "65534", "-rwx------"], "{out}");
+    assert_eq!(std::fs::metadata(&out_path).unwrap().uid(), 65534, "the output file is the user's");
+    // An ordinary user cannot make itself an admin.
+    let o = nobody(&["admin", "set", "--admins", "nobody"]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && said.contains("permission denied"), "{said}");
 }
 
 /// A batch script with #SBATCH directives, submitted through the `sbatch`

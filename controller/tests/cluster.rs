@@ -1444,6 +1444,8 @@ mod security {
     enum Rpc {
         RaftVote,
         RaftAppend,
+        /// A well-formed vote request in the name of replica 3.
+        RaftVoteAsReplica3,
         AddLearner,
         TransferLeader,
         UpdatePolicy,
@@ -1466,9 +1468,10 @@ mod security {
         Events,
     }
 
-    const RPCS: [Rpc; 22] = [
+    const RPCS: [Rpc; 23] = [
         Rpc::RaftVote,
         Rpc::RaftAppend,
+        Rpc::RaftVoteAsReplica3,
         Rpc::AddLearner,
         Rpc::TransferLeader,
         Rpc::UpdatePolicy,
@@ -1495,7 +1498,7 @@ mod security {
     fn expected(rpc: Rpc, caller: Caller) -> Got {
         use Caller::*;
         // Raft knows only server certificates; tokens do not count there.
-        if caller == TokenAlice && matches!(rpc, Rpc::RaftVote | Rpc::RaftAppend) {
+        if caller == TokenAlice && matches!(rpc, Rpc::RaftVote | Rpc::RaftAppend | Rpc::RaftVoteAsReplica3) {
             return Got::Unauthenticated;
         }
         // Otherwise a token holder is the user it names.
@@ -1509,6 +1512,8 @@ mod security {
         let user = matches!(caller, Alice | Bob | Admin);
         match rpc {
             Rpc::RaftVote | Rpc::RaftAppend => allowed(caller == Server),
+            // The server caller holds replica 1's certificate: it speaks for 1 only.
+            Rpc::RaftVoteAsReplica3 => Got::Denied,
             Rpc::AddLearner | Rpc::TransferLeader | Rpc::UpdatePolicy | Rpc::Snapshot | Rpc::Drain => {
                 allowed(matches!(caller, Admin | Server))
             }
@@ -1578,6 +1583,10 @@ mod security {
         match rpc {
             Rpc::RaftVote => {
                 RaftServiceClient::new(ch).vote(req(pb::RaftPayload { data: vec![1, 2, 3] }, bearer)).await.map(drop)
+            }
+            Rpc::RaftVoteAsReplica3 => {
+                let data = gangway_controller::raft::service::encoded_vote_request(3, 1);
+                RaftServiceClient::new(ch).vote(req(pb::RaftPayload { data }, bearer)).await.map(drop)
             }
             Rpc::RaftAppend => RaftServiceClient::new(ch)
                 .append_entries(req(pb::RaftPayload { data: vec![9] }, bearer))

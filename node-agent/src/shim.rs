@@ -12,9 +12,84 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+/// The Unix identity a task runs as: `UID:GID:G1,G2,...` (the user's groups,
+/// as `initgroups` would set them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskUser {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+/// Supplementary groups a task may get (Linux's NGROUPS_MAX is 65536; real
+/// users have a few dozen).
+const GROUPS_MAX: usize = 65_536;
+
+impl TaskUser {
+    pub fn encode(&self) -> String {
+        let groups: Vec<String> = self.groups.iter().map(u32::to_string).collect();
+        format!("{}:{}:{}", self.uid, self.gid, groups.join(","))
+    }
+
+    pub fn parse(s: &str) -> Result<TaskUser, String> {
+        let mut f = s.splitn(3, ':');
+        let num = |v: Option<&str>, what: &str| -> Result<u32, String> {
+            v.and_then(|v| v.parse().ok()).ok_or_else(|| format!("user: bad {what} in '{s}'"))
+        };
+        let uid = num(f.next(), "uid")?;
+        let gid = num(f.next(), "gid")?;
+        let groups: Vec<u32> = match f.next().filter(|g| !g.is_empty()) {
+            None => Vec::new(),
+            Some(g) => g
+                .split(',')
+                .map(|x| x.parse().map_err(|_| format!("user: bad group in '{s}'")))
+                .collect::<Result<_, _>>()?,
+        };
+        if groups.len() > GROUPS_MAX {
+            return Err(format!("user: more than {GROUPS_MAX} groups"));
+        }
+        Ok(TaskUser { uid, gid, groups })
+    }
+
+    /// `name`'s identity through NSS, with its supplementary groups.
+    pub fn lookup(name: &str) -> Option<TaskUser> {
+        let user = nix::unistd::User::from_name(name).ok()??;
+        let cname = std::ffi::CString::new(name).ok()?;
+        let groups = nix::unistd::getgrouplist(&cname, user.gid).unwrap_or_else(|_| vec![user.gid]);
+        Some(TaskUser {
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+            groups: groups.into_iter().map(|g| g.as_raw()).take(GROUPS_MAX).collect(),
+        })
+    }
+
+    /// Becomes this user for good: groups, then gid, then uid (after which
+    /// none of them can be changed back).
+    fn become_it(&self) -> Result<(), String> {
+        use nix::unistd::{setgid, setgroups, setuid, Gid, Uid};
+        let groups: Vec<Gid> = self.groups.iter().map(|g| Gid::from_raw(*g)).collect();
+        setgroups(&groups).map_err(|e| format!("setgroups: {e}"))?;
+        setgid(Gid::from_raw(self.gid)).map_err(|e| format!("setgid {}: {e}", self.gid))?;
+        setuid(Uid::from_raw(self.uid)).map_err(|e| format!("setuid {}: {e}", self.uid))?;
+        if nix::unistd::geteuid().as_raw() != self.uid {
+            return Err("setuid did not take".into());
+        }
+        Ok(())
+    }
+}
+
 /// Runs `argv`, waits, records `exit N` or `signal S` in `exit_file`, and
-/// returns the exit code the shim itself should exit with.
-pub fn run(exit_file: &Path, argv: &[String]) -> i32 {
+/// returns the exit code the shim itself should exit with. With `user`, the
+/// shim (started as root) first becomes that user, supplementary groups
+/// included, so the command and everything it starts run as the user only.
+pub fn run(exit_file: &Path, user: Option<&str>, argv: &[String]) -> i32 {
+    if let Some(u) = user {
+        if let Err(e) = TaskUser::parse(u).and_then(|u| u.become_it()) {
+            eprintln!("task-shim: cannot become the job's user: {e}");
+            let _ = write_atomic(exit_file, "exit 126\n");
+            return 126;
+        }
+    }
     let ignored = Arc::new(AtomicBool::new(false));
     use signal_hook::consts::*;
     // Every signal meant for the command (stops, Slurm's --signal warnings)
@@ -60,5 +135,24 @@ pub fn read_exit(path: &Path) -> Option<(Option<i32>, Option<i32>)> {
         "exit" => Some((Some(n), None)),
         "signal" => Some((None, Some(n))),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod task_user_tests {
+    use super::*;
+
+    #[test]
+    fn task_users_round_trip_and_bad_ones_are_refused() {
+        let u = TaskUser { uid: 1000, gid: 100, groups: vec![100, 27, 44] };
+        assert_eq!(TaskUser::parse(&u.encode()).unwrap(), u);
+        let bare = TaskUser { uid: 5, gid: 6, groups: vec![] };
+        assert_eq!(TaskUser::parse(&bare.encode()).unwrap(), bare);
+        for bad in ["", "x:1:", "1:y:", "1:2:a,b", "1"] {
+            assert!(TaskUser::parse(bad).is_err(), "{bad}");
+        }
+        // NSS knows nobody, with its primary group among its groups.
+        let nobody = TaskUser::lookup("nobody").unwrap();
+        assert!(nobody.groups.contains(&nobody.gid));
     }
 }

@@ -627,7 +627,18 @@ impl Supervisor {
                     .map_err(|e| format!("cannot create the task records dir: {e}"))?;
                 let _ = std::fs::remove_file(self.exit_path(key));
                 let mut c = tokio::process::Command::new(shim);
-                c.arg("task-shim").arg("--exit-file").arg(self.exit_path(key)).arg("--").args(&argv);
+                c.arg("task-shim").arg("--exit-file").arg(self.exit_path(key));
+                // The shim becomes the user itself, supplementary groups
+                // included (std's uid()/gid() would drop them).
+                if let Some((uid, gid)) = ids {
+                    let user = crate::shim::TaskUser::lookup(&order.user)
+                        .filter(|u| u.uid == uid && u.gid == gid)
+                        .ok_or_else(|| {
+                            format!("user {} changed or vanished on {} during launch", order.user, self.node)
+                        })?;
+                    c.arg("--user").arg(user.encode());
+                }
+                c.arg("--").args(&argv);
                 c
             }
             None => {
@@ -664,7 +675,7 @@ impl Supervisor {
                 let _ = std::os::unix::fs::chown(&exit, Some(uid), Some(gid));
             }
         }
-        if let Some((uid, gid)) = ids {
+        if let (Some((uid, gid)), None) = (ids, &self.shim) {
             cmd.uid(uid).gid(gid);
         }
         if let Some((dir, endpoints)) = &self.job_tools {

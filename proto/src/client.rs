@@ -78,9 +78,39 @@ pub fn is_transport_failure(status: &Status) -> bool {
     }
 }
 
-/// Whether a failed call may be retried on another replica.
+/// Whether a failed call may be retried on another replica. A TLS refusal
+/// (a certificate the peer or we do not accept) is not: every replica would
+/// refuse it alike.
 pub fn is_retryable(status: &Status) -> bool {
-    is_transport_failure(status) || status.code() == Code::DeadlineExceeded
+    (is_transport_failure(status) || status.code() == Code::DeadlineExceeded) && tls_refusal(status).is_none()
+}
+
+/// The status's message with the errors that caused it ("transport error"
+/// alone says nothing about a refused certificate).
+pub fn describe(status: &Status) -> String {
+    let mut msg = status.message().to_string();
+    let mut src = std::error::Error::source(status);
+    let mut depth = 0;
+    // Error chains are short; the bound only guards against a cycle.
+    while let Some(s) = src.filter(|_| depth < 8) {
+        let part = s.to_string();
+        if !msg.contains(&part) {
+            msg = format!("{msg}: {part}");
+        }
+        src = s.source();
+        depth += 1;
+    }
+    msg
+}
+
+/// Why TLS refused the connection, when it did.
+pub fn tls_refusal(status: &Status) -> Option<String> {
+    let text = describe(status);
+    // Only explicit refusals: a handshake that times out (a partitioned
+    // replica) must still fail over to the next one.
+    const SIGNS: [&str; 4] =
+        ["invalid peer certificate", "received fatal alert", "UnknownIssuer", "CertificateExpired"];
+    SIGNS.iter().any(|s| text.contains(s)).then_some(text)
 }
 
 impl Client {
@@ -189,7 +219,16 @@ impl Client {
                 Err(status) if is_retryable(&status) => {
                     last = status;
                 }
-                Err(status) => return Err(status),
+                Err(status) => {
+                    if let Some(why) = tls_refusal(&status) {
+                        return Err(Status::unavailable(format!(
+                            "TLS refused the connection to {}: {why} (check the CA and this client's certificate: \
+                             gangway tls show FILE)",
+                            self.endpoints[i]
+                        )));
+                    }
+                    return Err(status);
+                }
             }
             if started.elapsed() >= CALL_DEADLINE {
                 break;
@@ -199,11 +238,18 @@ impl Client {
                 backoff = (backoff * 2).min(BACKOFF_CAP);
             }
         }
+        let last_text = describe(&last);
+        let hint = if self.claims_identity && ["h2 protocol error", "broken pipe"].iter().any(|s| last_text.contains(s))
+        {
+            " (the cluster may require TLS: drop --insecure)"
+        } else {
+            ""
+        };
         Err(Status::unavailable(format!(
-            "no controller answered ({} endpoints tried: {}); last error: {}",
+            "no controller answered ({} endpoints tried: {}); last error: {}{hint}",
             n,
             self.endpoints.join(", "),
-            last.message()
+            last_text
         )))
     }
 }

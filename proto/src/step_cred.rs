@@ -10,7 +10,9 @@
 //! job's attempt and this node, and it has not expired. Any replica may sign
 //! (leaders change): the agents check the signer's role, not which replica.
 //!
-//! Form: `v1.HEX(claims).SCHEME.HEX(signature).HEX(signer certificate)`.
+//! Form: `v1.HEX(claims).SCHEME.HEX(signature).HEX(signer certificate)[~HEX(intermediate)...]`.
+//! The signature covers a fixed context string and the claims, so no other
+//! signature made with a server key (a TLS handshake's) can pass for one.
 
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, UnixTime};
@@ -32,6 +34,10 @@ pub const STEP_CREDENTIAL_BYTES_MAX: usize = 16 * 1024;
 /// Nodes one credential may name (a job's nodes; matches the core's bound on
 /// nodes per job with room).
 const NODES_MAX: usize = 100_000;
+/// What every signature of a step credential covers first (domain separation).
+const CONTEXT: &[u8] = b"gangway step credential v1\n";
+/// Certificates in a credential's chain (the signer and its intermediates).
+const CHAIN_MAX: usize = 4;
 /// Schemes a replica may sign with, in order of preference.
 const SCHEMES: &[SignatureScheme] = &[
     SignatureScheme::ECDSA_NISTP256_SHA256,
@@ -96,15 +102,12 @@ pub fn sign(creds: &Credentials, claims: &StepClaims) -> Result<String, String> 
     let key = creds.certified_key().ok_or("this process has no certificate to sign with")?;
     let signer = key.key.choose_scheme(SCHEMES).ok_or("the server key's type cannot sign step credentials")?;
     let payload = claims.encode();
-    let sig = signer.sign(payload.as_bytes()).map_err(|e| e.to_string())?;
-    let cert = key.cert.first().ok_or("no certificate")?;
-    Ok(format!(
-        "v1.{}.{:04x}.{}.{}",
-        hex(payload.as_bytes()),
-        u16::from(signer.scheme()),
-        hex(&sig),
-        hex(cert.as_ref())
-    ))
+    let sig = signer.sign(&[CONTEXT, payload.as_bytes()].concat()).map_err(|e| e.to_string())?;
+    if key.cert.is_empty() || key.cert.len() > CHAIN_MAX {
+        return Err(format!("the server certificate chain must hold 1 to {CHAIN_MAX} certificates"));
+    }
+    let chain: Vec<String> = key.cert.iter().map(|c| hex(c.as_ref())).collect();
+    Ok(format!("v1.{}.{:04x}.{}.{}", hex(payload.as_bytes()), u16::from(signer.scheme()), hex(&sig), chain.join("~")))
 }
 
 /// Checks a credential for a step of `job_id`/`attempt` on `node` at `now`:
@@ -145,7 +148,13 @@ pub fn verify_signed(creds: &Credentials, token: &str, now_unix: u64) -> Result<
     }
     let payload = unhex(payload)?;
     let sig = unhex(sig)?;
-    let cert = CertificateDer::from(unhex(cert)?);
+    let chain: Vec<&str> = cert.split('~').collect();
+    if chain.len() > CHAIN_MAX {
+        return Err(format!("more than {CHAIN_MAX} certificates"));
+    }
+    let cert = CertificateDer::from(unhex(chain[0])?);
+    let intermediates: Vec<CertificateDer<'static>> =
+        chain[1..].iter().map(|c| unhex(c).map(CertificateDer::from)).collect::<Result<_, _>>()?;
     let scheme = SignatureScheme::from(u16::from_str_radix(scheme, 16).map_err(|_| "bad signature scheme")?);
     // The signer: a server certificate the CA signed, valid now.
     let parsed = ParsedCertificate::try_from(&cert).map_err(|e| format!("signer certificate: {e}"))?;
@@ -153,7 +162,7 @@ pub fn verify_signed(creds: &Credentials, token: &str, now_unix: u64) -> Result<
     rustls::client::verify_server_cert_signed_by_trust_anchor(
         &parsed,
         &creds.roots(),
-        &[],
+        &intermediates,
         UnixTime::since_unix_epoch(std::time::Duration::from_secs(now_unix)),
         provider.signature_verification_algorithms.all,
     )
@@ -170,7 +179,8 @@ pub fn verify_signed(creds: &Credentials, token: &str, now_unix: u64) -> Result<
         .map(|(_, algs)| *algs)
         .ok_or_else(|| format!("signature scheme {scheme:?} is not accepted"))?;
     let ee = webpki::EndEntityCert::try_from(&cert).map_err(|e| format!("signer certificate: {e}"))?;
-    if !algs.iter().any(|alg| ee.verify_signature(*alg, &payload, &sig).is_ok()) {
+    let signed = [CONTEXT, &payload[..]].concat();
+    if !algs.iter().any(|alg| ee.verify_signature(*alg, &signed, &sig).is_ok()) {
         return Err("the signature does not match".into());
     }
     let claims = StepClaims::decode(std::str::from_utf8(&payload).map_err(|_| "claims are not text")?)?;

@@ -47,12 +47,17 @@ pub const PRINCIPAL_NAME_BYTES_MAX: usize = 128;
 /// per second per process is free; rotation shows up within a second.
 const RELOAD_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// A peer that has not finished its handshake by then is dropped: it would
-/// otherwise hold a socket and a handshake slot for as long as it likes.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshakes in progress at once per listener; more connections wait in the
-/// kernel's accept queue. Bounds the CPU and memory an unauthenticated flood
-/// can take (a handshake is a few kilobytes and one signature).
+/// otherwise hold a socket and a handshake slot for as long as it likes. A
+/// handshake takes a millisecond or two on a LAN; 5 s covers a slow WAN.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Handshakes in progress at once per listener. Bounds the CPU and memory an
+/// unauthenticated flood can take (a handshake is a few kilobytes and one
+/// signature); connections beyond it are closed at once, never left waiting,
+/// so the listener keeps accepting.
 pub const HANDSHAKES_IN_FLIGHT_MAX: usize = 256;
+/// Handshakes in progress at once from one address, so one host cannot take
+/// every slot (a login node behind NAT opens a few at a time).
+pub const HANDSHAKES_PER_PEER_MAX: usize = 32;
 /// Connections accepted but not yet taken by the gRPC server.
 const ACCEPTED_QUEUE_MAX: usize = 64;
 /// Largest certificate, key or CA file read: real ones are a few kilobytes.
@@ -724,12 +729,9 @@ pub fn incoming(
     };
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE_MAX);
     let slots = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_IN_FLIGHT_MAX));
+    let per_peer = PeerSlots::default();
     tokio::spawn(async move {
         loop {
-            let permit = tokio::select! {
-                p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
-                _ = tx.closed() => return,
-            };
             let (tcp, remote) = tokio::select! {
                 r = listener.accept() => match r {
                     Ok(x) => x,
@@ -742,11 +744,17 @@ pub fn incoming(
                 },
                 _ = tx.closed() => return,
             };
+            // Shed, never stall: with every slot (or this address's share)
+            // taken, the newcomer is closed and accepting goes on.
+            let (Ok(permit), Some(peer_slot)) = (slots.clone().try_acquire_owned(), per_peer.take(remote.ip())) else {
+                metrics::counter!("gangway_tls_handshakes_shed_total").increment(1);
+                continue;
+            };
             let _ = tcp.set_nodelay(true);
             let tx = tx.clone();
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
-                let _permit = permit;
+                let _slots = (permit, peer_slot);
                 let conn = match acceptor {
                     None => Conn::Plain(tcp, PeerInfo { remote: Some(remote), auth: PeerAuth::Insecure }),
                     Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -779,8 +787,89 @@ pub fn incoming(
     Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
+/// Handshakes in progress per remote address.
+#[derive(Clone, Default)]
+struct PeerSlots(Arc<Mutex<std::collections::BTreeMap<std::net::IpAddr, usize>>>);
+
+/// One handshake of one address; given back when dropped.
+struct PeerSlot {
+    slots: PeerSlots,
+    ip: std::net::IpAddr,
+}
+
+impl PeerSlots {
+    fn take(&self, ip: std::net::IpAddr) -> Option<PeerSlot> {
+        let mut m = self.0.lock().expect("peer slots lock");
+        let n = m.entry(ip).or_insert(0);
+        if *n >= HANDSHAKES_PER_PEER_MAX {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot { slots: self.clone(), ip })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut m = self.slots.0.lock().expect("peer slots lock");
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
 /// The peer of a request, as the transport verified it. A request that did not
 /// come through [`incoming`] is anonymous: nothing vouches for it.
 pub fn peer_of<T>(req: &tonic::Request<T>) -> PeerAuth {
     req.extensions().get::<PeerInfo>().map(|p| p.auth.clone()).unwrap_or(PeerAuth::Anonymous)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pki;
+    use tokio::io::AsyncReadExt;
+    use tokio_stream::StreamExt;
+
+    /// Silent connections from one address take at most its share of the
+    /// handshake slots and are shed beyond it; the listener keeps accepting,
+    /// and a real client elsewhere gets through with its principal verified.
+    #[tokio::test]
+    async fn a_silent_flood_from_one_address_does_not_stop_the_listener() {
+        let dir = std::env::temp_dir().join(format!("gangway-tls-flood-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let ps = [Principal::new(Role::Server, "1").unwrap(), Principal::new(Role::Client, "alice").unwrap()];
+        pki::throwaway(&dir, &ps).unwrap();
+        let server = Security::Tls(Credentials::load(TlsFiles::in_dir(&dir, "server-1")).unwrap());
+        let alice = Credentials::load(TlsFiles::in_dir(&dir, "client-alice")).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut conns = incoming(listener, &server).unwrap();
+        let mut silent = Vec::new();
+        for _ in 0..HANDSHAKES_PER_PEER_MAX {
+            silent.push(TcpStream::connect(addr).await.unwrap());
+        }
+        // One more from the same address is closed at once.
+        let mut shed = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(2), shed.read(&mut buf)).await.expect("shed promptly");
+        assert!(matches!(n, Ok(0) | Err(_)), "the connection beyond the share stayed open");
+        // Another address still gets a full handshake.
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let tcp = sock.connect(addr).await.unwrap();
+        let config = alice.client_config(Expect::Server).unwrap();
+        let name = ServerName::try_from(SNI_NAME).unwrap();
+        let _tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await.unwrap();
+        let conn = tokio::time::timeout(Duration::from_secs(5), conns.next()).await.unwrap().unwrap().unwrap();
+        match conn.connect_info().auth {
+            PeerAuth::Verified(p) => assert_eq!(p, Principal::new(Role::Client, "alice").unwrap()),
+            other => panic!("expected alice, got {other:?}"),
+        }
+        drop(silent);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -50,6 +50,15 @@ struct Claims {
     jti: String,
 }
 
+/// What the controllers read from a verified token (exp, nbf, iss and aud are
+/// checked by the validation itself, `aud` as one string or a list).
+#[derive(Debug, Deserialize)]
+struct Verified {
+    sub: String,
+    #[serde(default)]
+    jti: String,
+}
+
 fn now_s() -> u64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -221,8 +230,18 @@ impl TokenVerifier {
             let set: jsonwebtoken::jwk::JwkSet =
                 serde_json::from_slice(&text).map_err(|e| format!("JWKS {}: {e}", p.display()))?;
             for jwk in &set.keys {
+                // An issuer's set also holds encryption keys: not ours to use.
+                if matches!(jwk.common.public_key_use, Some(jsonwebtoken::jwk::PublicKeyUse::Encryption)) {
+                    continue;
+                }
                 let alg = match (&jwk.common.key_algorithm, &jwk.algorithm) {
-                    (Some(a), _) => alg_from_name(&format!("{a:?}"))?,
+                    (Some(a), _) => match alg_from_name(&format!("{a:?}")) {
+                        Ok(a) => a,
+                        Err(e) => {
+                            tracing::warn!(kid = ?jwk.common.key_id, error = %e, "JWKS: skipping a key");
+                            continue;
+                        }
+                    },
                     (None, jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_)) => Algorithm::ES256,
                     (None, jsonwebtoken::jwk::AlgorithmParameters::OctetKeyPair(_)) => Algorithm::EdDSA,
                     (None, jsonwebtoken::jwk::AlgorithmParameters::RSA(_)) => Algorithm::RS256,
@@ -282,8 +301,9 @@ impl TokenVerifier {
             v.set_issuer(&[&self.issuer]);
             v.set_audience(&[&self.audience]);
             v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+            v.validate_nbf = true;
             v.leeway = LEEWAY_S;
-            match jsonwebtoken::decode::<Claims>(token, &k.key, &v) {
+            match jsonwebtoken::decode::<Verified>(token, &k.key, &v) {
                 Ok(data) => {
                     let c = data.claims;
                     if !c.jti.is_empty() && self.revoked.lock().expect("revoked lock").contains(&c.jti) {
@@ -373,6 +393,14 @@ mod tests {
         };
         let expired = jsonwebtoken::encode(&Header::new(Algorithm::ES256), &old, &key).unwrap();
         assert!(v.verify(&expired).unwrap_err().contains("xpired"));
+        // OIDC issuers' forms: `aud` as a list, no `iat`; a future `nbf` is refused.
+        let oidc =
+            serde_json::json!({"sub": "alice", "iss": "gangway", "aud": ["other", "gangway"], "exp": now_s() + 600});
+        let oidc = jsonwebtoken::encode(&Header::new(Algorithm::ES256), &oidc, &key).unwrap();
+        assert_eq!(v.verify(&oidc).unwrap().name, "alice");
+        let early = serde_json::json!({"sub": "alice", "iss": "gangway", "aud": "gangway", "exp": now_s() + 600, "nbf": now_s() + 300});
+        let early = jsonwebtoken::encode(&Header::new(Algorithm::ES256), &early, &key).unwrap();
+        assert!(v.verify(&early).is_err());
         // Revoked by its id.
         let mut peek = Validation::new(Algorithm::ES256);
         peek.insecure_disable_signature_validation();

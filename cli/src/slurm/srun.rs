@@ -637,7 +637,9 @@ async fn start_remote(
         },
     };
     let mut req = tonic::Request::new(req);
-    if let Ok(token) = std::env::var(gangway_proto::step_cred::STEP_CREDENTIAL_ENV) {
+    // The credential travels only over TLS, to the agent of this node.
+    let secured = !step_security()?.is_insecure();
+    if let Some(token) = std::env::var(gangway_proto::step_cred::STEP_CREDENTIAL_ENV).ok().filter(|_| secured) {
         let v = token.parse().map_err(|_| anyhow::anyhow!("srun: the step credential is not printable ASCII"))?;
         req.metadata_mut().insert(gangway_proto::step_cred::STEP_CREDENTIAL_METADATA_KEY, v);
     }

@@ -339,7 +339,6 @@ impl JobService for JobApi {
         ctx.require_user("get step credentials")?;
         let msg = req.into_inner();
         let job_id = msg.job_id;
-        self.replica.require_owner(&ctx, job_id, "get its step credentials")?;
         if let Some(resp) = self
             .replica
             .read_or_forward(
@@ -361,6 +360,19 @@ impl JobService for JobApi {
             .get(&job_id)
             .cloned()
             .ok_or_else(|| Status::not_found(format!("job {job_id} does not exist")))?;
+        // Its owner only, checked on the very job the credential is made for:
+        // a credential runs commands as the job's user, which no admin may.
+        let owner = match &ctx.caller {
+            super::Caller::Verified(p) => super::owns(p, &ctx.identity, &job),
+            super::Caller::Claimed(_) => true,
+        };
+        if !owner {
+            return Err(super::denied(
+                &ctx,
+                "get step credentials",
+                format!("{} does not own job {job_id}; only its owner gets its step credentials", ctx.identity),
+            ));
+        }
         if job.state != gangway_core::JobState::Running {
             return Err(Status::failed_precondition(format!("job {job_id} is not running: it has no nodes for steps")));
         }

@@ -254,8 +254,11 @@ impl Replica {
                 Role::Server => true,
                 Role::Agent => false,
                 Role::Client => {
-                    self.bootstrap_admins.iter().any(|a| a == &p.name)
-                        || self.node.state().read().is_admin(&ctx.identity)
+                    let state = self.node.state().read();
+                    // The bootstrap admins only while the policy names none
+                    // (the leader then commits them into it).
+                    state.is_admin(&ctx.identity)
+                        || (state.policy.admins.is_empty() && self.bootstrap_admins.iter().any(|a| a == &p.name))
                 }
             },
         }
@@ -301,15 +304,18 @@ impl Replica {
         Viewer { caller: ctx.caller.clone(), identity: ctx.identity.clone(), whole }
     }
 
-    /// The owner of job `job_id` or an admin. A job that does not exist is
-    /// left to the command to refuse.
+    /// The owner of job `job_id` or an admin. A job that does not exist (yet,
+    /// on this replica) is refused as not found: a check must never pass for a
+    /// job id that someone else's job may take a moment later. Owners never
+    /// change and ids are never reused, so the check holds until the command
+    /// applies.
     pub fn require_owner(&self, ctx: &CallCtx, job_id: u64, what: &str) -> Result<(), Status> {
         let Caller::Verified(p) = &ctx.caller else { return Ok(()) };
         let owner = {
             let state = self.node.state().read();
             match state.jobs.get(&job_id) {
-                None => return Ok(()),
-                Some(j) => p.role == Role::Client && (j.spec.user == p.name || j.submitted_by == ctx.identity),
+                None => return Err(Status::not_found(format!("job {job_id} does not exist"))),
+                Some(j) => owns(p, &ctx.identity, j),
             }
         };
         if owner || self.is_admin(ctx) {
@@ -347,6 +353,11 @@ impl Replica {
         }
         Err(denied(ctx, what, format!("{} is not an admin of this cluster; only admins may {what}", ctx.identity)))
     }
+}
+
+/// Whether `p` owns `job`: a user whose jobs run as it, or who submitted it.
+pub fn owns(p: &Principal, identity: &str, job: &gangway_core::Job) -> bool {
+    p.role == Role::Client && (job.spec.user == p.name || job.submitted_by == identity)
 }
 
 /// What a caller may see of jobs: a job's script, command and environment

@@ -21,11 +21,11 @@ fn bad_payload(e: impl std::fmt::Display) -> Status {
 /// Only controller replicas (server certificates) take part in Raft: an agent
 /// or user certificate could otherwise vote, append entries or install a
 /// snapshot.
-fn require_server<T>(req: &Request<T>) -> Result<(), Status> {
+fn require_server<T>(req: &Request<T>) -> Result<Option<String>, Status> {
     use gangway_proto::tls::{PeerAuth, Role};
     match gangway_proto::tls::peer_of(req) {
-        PeerAuth::Insecure => Ok(()),
-        PeerAuth::Verified(p) if p.role == Role::Server => Ok(()),
+        PeerAuth::Insecure => Ok(None),
+        PeerAuth::Verified(p) if p.role == Role::Server => Ok(Some(p.name)),
         PeerAuth::Verified(p) => {
             metrics::counter!("gangway_api_denied_total", "reason" => "permission").increment(1);
             tracing::warn!(target: "gangway::audit", caller = %p, action = "raft", outcome = "denied");
@@ -38,25 +38,51 @@ fn require_server<T>(req: &Request<T>) -> Result<(), Status> {
     }
 }
 
+/// An encoded vote request from `candidate` at `term`, as a replica sends it:
+/// for tests that check who may send what (and tools probing a replica).
+pub fn encoded_vote_request(candidate: u64, term: u64) -> Vec<u8> {
+    encode(&openraft::raft::VoteRequest::new(openraft::Vote::new(term, candidate), None))
+}
+
+/// A replica's certificate speaks only for that replica: the sender a Raft
+/// message names must be the id in the certificate it came with.
+fn same_replica(cert: Option<String>, claimed: Option<u64>) -> Result<(), Status> {
+    let Some(cert) = cert else { return Ok(()) };
+    if claimed.map(|id| id.to_string()) == Some(cert.clone()) {
+        return Ok(());
+    }
+    metrics::counter!("gangway_api_denied_total", "reason" => "permission").increment(1);
+    tracing::warn!(target: "gangway::audit", caller = %cert, ?claimed, action = "raft", outcome = "denied");
+    Err(Status::permission_denied(format!(
+        "permission: server {cert}'s certificate cannot send Raft messages as replica {}",
+        claimed.map_or_else(|| "none".to_string(), |c| c.to_string())
+    )))
+}
+
 #[tonic::async_trait]
 impl RaftService for RaftRpc {
     async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        require_server(&req)?;
-        let rpc = decode(&req.into_inner().data).map_err(bad_payload)?;
+        let sender = require_server(&req)?;
+        let rpc: openraft::raft::AppendEntriesRequest<gangway_raft_store::TypeConfig> =
+            decode(&req.into_inner().data).map_err(bad_payload)?;
+        same_replica(sender, rpc.vote.leader_id().voted_for())?;
         let result = self.node.raft().append_entries(rpc).await;
         Ok(Response::new(RaftPayload { data: encode(&result) }))
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        require_server(&req)?;
-        let rpc = decode(&req.into_inner().data).map_err(bad_payload)?;
+        let sender = require_server(&req)?;
+        let rpc: openraft::raft::VoteRequest<u64> = decode(&req.into_inner().data).map_err(bad_payload)?;
+        same_replica(sender, rpc.vote.leader_id().voted_for())?;
         let result = self.node.raft().vote(rpc).await;
         Ok(Response::new(RaftPayload { data: encode(&result) }))
     }
 
     async fn install_snapshot(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        require_server(&req)?;
-        let rpc = decode(&req.into_inner().data).map_err(bad_payload)?;
+        let sender = require_server(&req)?;
+        let rpc: openraft::raft::InstallSnapshotRequest<gangway_raft_store::TypeConfig> =
+            decode(&req.into_inner().data).map_err(bad_payload)?;
+        same_replica(sender, rpc.vote.leader_id().voted_for())?;
         let result = self.node.raft().install_snapshot(rpc).await;
         Ok(Response::new(RaftPayload { data: encode(&result) }))
     }
