@@ -323,6 +323,9 @@ pub async fn agent(a: AgentArgs, identity: &str, tls: &crate::tls::TlsArgs) -> a
         // must not lend their access to the files it opens for jobs.
         nix::unistd::setgroups(&[]).context("dropping the agent's supplementary groups")?;
     }
+    // The agent's own files (state, fences, task records) are private; job
+    // files get their submitter's umask explicitly.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let config = gangway_node_agent::AgentConfig {
         controllers: a.controllers,
         name,
@@ -547,8 +550,19 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
     Ok((id, 1))
 }
 
+/// This process's umask, as Slurm hands it to jobs (`SLURM_UMASK`, octal):
+/// files the job creates get the modes they would get here.
+pub(crate) fn umask_env(spec: &mut pb::JobSpec) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let umask = status.lines().find_map(|l| l.strip_prefix("Umask:")).map(str::trim);
+    if let Some(u) = umask.filter(|u| u.len() <= 4 && u.chars().all(|c| c.is_digit(8))) {
+        spec.env.entry("SLURM_UMASK".to_string()).or_insert_with(|| u.to_string());
+    }
+}
+
 /// Submits `spec` and returns the job id, printing nothing.
-async fn send_submit_quiet(client: &Client, spec: pb::JobSpec, key: Option<String>) -> anyhow::Result<u64> {
+async fn send_submit_quiet(client: &Client, mut spec: pb::JobSpec, key: Option<String>) -> anyhow::Result<u64> {
+    umask_env(&mut spec);
     let key = key.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: key };
     Ok(client
@@ -783,10 +797,11 @@ pub(crate) fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Resul
 pub(crate) async fn send_submit(
     client: &Client,
     out: &Output,
-    spec: pb::JobSpec,
+    mut spec: pb::JobSpec,
     key: Option<String>,
     parsable: bool,
 ) -> anyhow::Result<(u64, u32)> {
+    umask_env(&mut spec);
     let key = key.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: key };
     let resp = client

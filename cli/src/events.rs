@@ -24,6 +24,10 @@ pub struct EventsArgs {
     /// Stop after this many events.
     #[arg(long)]
     count: Option<u64>,
+    /// The audit trail instead (admins): every call a replica refused and
+    /// every admin action it allowed, merged from all replicas.
+    #[arg(long, conflicts_with_all = ["from", "kinds", "job"])]
+    audit: bool,
 }
 
 const KINDS: &[&str] = &[
@@ -63,6 +67,9 @@ pub async fn run(client: &Client, out: &Output, a: EventsArgs) -> anyhow::Result
     if a.count == Some(0) {
         anyhow::bail!("--count: must be at least 1");
     }
+    if a.audit {
+        return audit(client, out, a.count).await;
+    }
     let mut left = a.count;
     gangway_proto::events::follow(client, a.from, |e| {
         if !a.kinds.is_empty() && !a.kinds.contains(&e.kind) {
@@ -91,5 +98,58 @@ pub async fn run(client: &Client, out: &Output, a: EventsArgs) -> anyhow::Result
         }
     })
     .await?;
+    Ok(())
+}
+
+/// Every replica's audit trail, merged as entries arrive (each replica keeps
+/// its own: a call is refused where it arrives). A replica that cannot be
+/// reached is said once on stderr; the others go on.
+async fn audit(client: &Client, out: &Output, count: Option<u64>) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    use gangway_proto::v1::admin_service_client::AdminServiceClient;
+    let mut streams = Vec::new();
+    for (ep, ch) in client.endpoints().iter().zip(client.channels()) {
+        let req = client.stream_request(pb::AuditRequest { from_seq: 0 });
+        match AdminServiceClient::new(ch.clone()).audit(req).await {
+            Ok(s) => streams.push(s.into_inner()),
+            Err(s) if s.code() == tonic::Code::PermissionDenied || s.code() == tonic::Code::Unauthenticated => {
+                return Err(s.into())
+            }
+            Err(s) => eprintln!("gangway: {ep}: {}", gangway_proto::client::describe(&s)),
+        }
+    }
+    if streams.is_empty() {
+        anyhow::bail!("no replica's audit trail could be read");
+    }
+    let mut merged = futures::stream::select_all(streams);
+    let mut left = count;
+    while let Some(e) = merged.next().await {
+        let e = e?;
+        if out.json {
+            println!(
+                "{}",
+                serde_json::json!({"replica": e.replica_id, "seq": e.seq, "time_ms": e.time_ms, "caller": e.caller,
+                    "action": e.action, "target": e.target, "outcome": e.outcome, "reason": e.reason})
+            );
+        } else {
+            let target = if e.target.is_empty() { String::new() } else { format!(" {}", e.target) };
+            println!(
+                "{} replica {} #{:<5} {:<15} {} {}{target}: {}",
+                crate::slurm::timestamp(e.time_ms),
+                e.replica_id,
+                e.seq,
+                e.outcome,
+                e.caller,
+                e.action,
+                e.reason
+            );
+        }
+        if let Some(n) = left.as_mut() {
+            *n -= 1;
+            if *n == 0 {
+                break;
+            }
+        }
+    }
     Ok(())
 }

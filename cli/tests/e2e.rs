@@ -288,11 +288,48 @@ fn ordinary_users_jobs_run_as_them(endpoints: &str, dir: &Path) {
     let out_path = shared.join(format!("slurm-{id}.out"));
     let out = std::fs::read_to_string(&out_path).unwrap();
     assert_eq!(out.lines().collect::<Vec<_>>(), ["nobody", "65534", "-rwx------"], "{out}");
-    assert_eq!(std::fs::metadata(&out_path).unwrap().uid(), 65534, "the output file is the user's");
+    let meta = std::fs::metadata(&out_path).unwrap();
+    assert_eq!(meta.uid(), 65534, "the output file is the user's");
+    // The submitter's umask (this test's 022), not the agent's 077.
+    assert_eq!(meta.mode() & 0o777, 0o644);
+    // The agent's state is reachable by name only (the job's user reads its
+    // own script and writes its exit file there), its files private; nobody's
+    // script is gone with its task.
+    for n in 1..=2 {
+        let state = dir.join(format!("agent-{n}"));
+        assert_eq!(std::fs::metadata(&state).unwrap().mode() & 0o777, 0o711, "{}", state.display());
+        let fences = std::fs::read_dir(&state).unwrap().flatten().filter(|e| e.path().is_file());
+        for f in fences {
+            assert_eq!(f.metadata().unwrap().mode() & 0o077, 0, "{} is readable by others", f.path().display());
+        }
+        let scripts = state.join("scripts");
+        if let Ok(m) = std::fs::metadata(&scripts) {
+            assert_eq!(m.mode() & 0o777, 0o711, "{}", scripts.display());
+            let left: Vec<_> = std::fs::read_dir(&scripts).unwrap().flatten().map(|e| e.file_name()).collect();
+            assert!(!left.iter().any(|f| f.to_string_lossy().starts_with(&format!("job-{id}-"))), "{left:?}");
+        }
+    }
     // An ordinary user cannot make itself an admin.
     let o = nobody(&["admin", "set", "--admins", "nobody"]);
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && said.contains("permission denied"), "{said}");
+    // The attempt is in the audit trail, which nobody may not read and root may.
+    let o = nobody(&["events", "--audit"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("permission denied"));
+    let mut trail = as_user(Command::new(GANGWAY).args(["events", "--audit", "--json"]), "root")
+        .env("GANGWAY_ENDPOINTS", endpoints)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = trail.kill();
+    let o = trail.wait_with_output().unwrap();
+    let lines = stdout(&o);
+    assert!(
+        lines.lines().any(|l| l.contains("\"caller\":\"client:nobody\"") && l.contains("\"outcome\":\"denied\"")),
+        "{lines}"
+    );
 }
 
 /// A batch script with #SBATCH directives, submitted through the `sbatch`

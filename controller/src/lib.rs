@@ -11,6 +11,7 @@
 //! `proto` (wire types and the client library), `cli` (the `gangway` binary).
 
 pub mod api;
+pub mod audit;
 pub mod config;
 pub mod leader;
 pub mod proposer;

@@ -56,6 +56,8 @@ pub struct Replica {
     pub allow_root_jobs: bool,
     /// Bearer tokens accepted (`--token-public-key`, `--token-jwks`).
     pub tokens: Option<Arc<gangway_proto::token::TokenVerifier>>,
+    /// What this replica refused, and the admin actions it allowed.
+    pub audit: Arc<crate::audit::AuditLog>,
     channels: Mutex<BTreeMap<String, Channel>>,
     /// Last heartbeat per node, in this replica's memory (meaningful on the leader).
     heartbeats: Mutex<BTreeMap<String, Instant>>,
@@ -186,6 +188,7 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
         bootstrap_admins: config.bootstrap_admins.clone(),
         allow_root_jobs: config.allow_root_jobs,
         tokens: config.tokens.clone(),
+        audit: Arc::new(crate::audit::AuditLog::default()),
         channels: Mutex::new(BTreeMap::new()),
         heartbeats: Mutex::new(BTreeMap::new()),
         pending_reasons: Mutex::new(Arc::new(BTreeMap::new())),
@@ -213,7 +216,7 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(
-            RaftServiceServer::new(RaftRpc { node: node.clone() })
+            RaftServiceServer::new(RaftRpc { node: node.clone(), audit: replica.audit.clone() })
                 .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX),
         )

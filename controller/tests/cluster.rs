@@ -1466,9 +1466,10 @@ mod security {
         HeartbeatNodeX,
         ReportExitOnNodeX,
         Events,
+        Audit,
     }
 
-    const RPCS: [Rpc; 23] = [
+    const RPCS: [Rpc; 24] = [
         Rpc::RaftVote,
         Rpc::RaftAppend,
         Rpc::RaftVoteAsReplica3,
@@ -1492,6 +1493,7 @@ mod security {
         Rpc::HeartbeatNodeX,
         Rpc::ReportExitOnNodeX,
         Rpc::Events,
+        Rpc::Audit,
     ];
 
     /// The rules: what each caller must get for each RPC.
@@ -1514,7 +1516,7 @@ mod security {
             Rpc::RaftVote | Rpc::RaftAppend => allowed(caller == Server),
             // The server caller holds replica 1's certificate: it speaks for 1 only.
             Rpc::RaftVoteAsReplica3 => Got::Denied,
-            Rpc::AddLearner | Rpc::TransferLeader | Rpc::UpdatePolicy | Rpc::Snapshot | Rpc::Drain => {
+            Rpc::AddLearner | Rpc::TransferLeader | Rpc::UpdatePolicy | Rpc::Snapshot | Rpc::Drain | Rpc::Audit => {
                 allowed(matches!(caller, Admin | Server))
             }
             Rpc::ClusterStatus
@@ -1679,6 +1681,16 @@ mod security {
                 ))
                 .await
                 .map(drop),
+            Rpc::Audit => {
+                let mut s = AdminServiceClient::new(ch)
+                    .audit(req(pb::AuditRequest { from_seq: 0 }, bearer))
+                    .await?
+                    .into_inner();
+                match tokio::time::timeout(Duration::from_secs(1), s.message()).await {
+                    Ok(Err(e)) => Err(e),
+                    _ => Ok(()),
+                }
+            }
             Rpc::Events => {
                 let mut s = JobServiceClient::new(ch)
                     .events(req(pb::EventsRequest { from_index: 1 }, bearer))
@@ -1907,9 +1919,29 @@ mod security {
         println!("{}", table.join("\n"));
         println!("security matrix: {cells} cells, {} wrong", wrong.len());
         assert!(wrong.is_empty(), "{} of {cells} cells wrong:\n{}", wrong.len(), wrong.join("\n"));
+        // The new leader's audit trail names who was refused what, and the
+        // admin actions it allowed; only admins read it.
+        let new_leader = c.leader().await;
+        let admin_ch = pki.security(Caller::Admin).channel(&c.addrs[&new_leader], Expect::Server, WAIT).unwrap();
+        let mut trail =
+            AdminServiceClient::new(admin_ch).audit(pb::AuditRequest { from_seq: 0 }).await.unwrap().into_inner();
+        let mut seen = Vec::new();
+        while let Ok(Some(e)) =
+            tokio::time::timeout(Duration::from_millis(500), trail.message()).await.unwrap_or(Ok(None))
+        {
+            seen.push(e);
+        }
+        let has = |caller: &str, outcome: &str, action: &str| {
+            seen.iter().any(|e| e.caller.starts_with(caller) && e.outcome == outcome && e.action.contains(action))
+        };
+        assert!(has("client:bob", "denied", "update_job"), "bob's hold of alice's job is not in the trail");
+        assert!(has("agent:node-y", "denied", "heartbeat"), "node-y heartbeating for node-x is not in the trail");
+        assert!(has("client:alice", "denied", "raft"), "alice's Raft call is not in the trail");
+        assert!(has("anonymous@127.0.0.1", "unauthenticated", "Submit"), "anonymous submits are not in it");
+        assert!(has("client:admin", "allowed", "change the policy"), "the admin's policy change is not in it");
+        assert!(seen.windows(2).all(|w| w[1].seq > w[0].seq), "the trail is out of order");
         // Nobody but alice and the admin managed to touch alice's job, and no
         // job of root or of another user was ever stored.
-        let new_leader = c.leader().await;
         let s = c.state(new_leader);
         assert!(s.jobs.values().all(|j| j.spec.user != "root" && j.spec.user != "mallory"));
         for (_, h) in std::mem::take(&mut c.handles) {

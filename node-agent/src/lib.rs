@@ -336,6 +336,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let _watch = AbortOnDrop(tokio::spawn(watch_node_loop(client.clone(), config.name.clone(), poke.clone())));
     let mut fences = fence::FenceStore::open(&config.state_dir)
         .map_err(|e| anyhow::anyhow!("state-dir: cannot use {}: {e}", config.state_dir.display()))?;
+    supervisor::reachable_not_listable(&config.state_dir)
+        .map_err(|e| anyhow::anyhow!("state-dir: {}: {e}", config.state_dir.display()))?;
     let (mut tasks, exits_rx) = supervisor::Supervisor::new(
         &config.name,
         &config.state_dir,

@@ -97,6 +97,9 @@ pub fn run(exit_file: &Path, user: Option<&str>, argv: &[String]) -> i32 {
     for sig in [SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM] {
         let _ = signal_hook::flag::register(sig, ignored.clone());
     }
+    // The submitter's umask (the agent runs with 077).
+    let umask = std::env::var("SLURM_UMASK").ok().and_then(|u| u32::from_str_radix(u.trim(), 8).ok());
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(umask.filter(|u| *u <= 0o777).unwrap_or(0o022)));
     let Some((program, args)) = argv.split_first() else {
         eprintln!("task-shim: nothing to run");
         return 127;

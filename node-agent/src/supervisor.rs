@@ -313,9 +313,16 @@ pub struct Supervisor {
     pub step_ca_pem: Option<String>,
 }
 
-/// The scripts directory: the agent's, searchable by job users (who read
-/// their own 0700 script by its name) but not listable.
+/// The agent's directories on a job's path (the state dir, its scripts and
+/// task records): searchable by job users, who reach their own 0700 script and
+/// 0600 exit file by name, but neither listable nor writable by them.
 const SCRIPTS_DIR_MODE: u32 = 0o711;
+
+/// Makes `dir` the agent's and [`SCRIPTS_DIR_MODE`].
+pub fn reachable_not_listable(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(SCRIPTS_DIR_MODE))
+}
 
 /// Runs `f` with this thread's file-system uid and gid set to `ids` (when
 /// given), so the kernel checks every path component as that user would; the
@@ -329,6 +336,33 @@ fn with_fs_ids<T>(ids: Option<(u32, u32)>, f: impl FnOnce() -> T) -> T {
     setfsuid(prev_uid);
     setfsgid(prev_gid);
     out
+}
+
+/// The umask the job's files get: the submitter's (`SLURM_UMASK`, octal),
+/// else the usual 022.
+pub fn job_umask(order: &LaunchOrder) -> u32 {
+    order
+        .env
+        .get("SLURM_UMASK")
+        .and_then(|u| u32::from_str_radix(u.trim(), 8).ok())
+        .filter(|u| *u <= 0o777)
+        .unwrap_or(0o022)
+}
+
+/// An output file: created with mode 0666 less `umask` (whatever the
+/// process umask), or an existing one opened for appending (or truncated).
+fn open_output(path: &std::path::Path, truncate: bool, umask: u32) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
+        Ok(f) => {
+            f.set_permissions(std::fs::Permissions::from_mode(0o666 & !umask))?;
+            Ok(f)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::OpenOptions::new().write(true).append(!truncate).truncate(truncate).open(path)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// What srun in the task needs to start steps on the job's other nodes: the
@@ -624,6 +658,7 @@ impl Supervisor {
         let mut cmd = match &self.shim {
             Some(shim) => {
                 std::fs::create_dir_all(&self.records_dir)
+                    .and_then(|()| reachable_not_listable(&self.records_dir))
                     .map_err(|e| format!("cannot create the task records dir: {e}"))?;
                 let _ = std::fs::remove_file(self.exit_path(key));
                 let mut c = tokio::process::Command::new(shim);
@@ -651,15 +686,12 @@ impl Supervisor {
         let (out_path, err_path) = if step_host { ("/dev/null".into(), None) } else { output_paths(order, &self.node) };
         // Opened with the job user's file-system credentials, so `-o` can only
         // name a file that user may write (never /etc/passwd, nor a path through
-        // a symlink into a directory the user cannot write).
+        // a symlink into a directory the user cannot write). A new file gets
+        // the submitter's umask (the agent's own is 077).
+        let umask = job_umask(order);
         let open = |path: &std::path::Path| {
             with_fs_ids(if step_host { None } else { ids }, || {
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(!order.truncate_output)
-                    .write(true)
-                    .truncate(order.truncate_output && !step_host)
-                    .open(path)
+                open_output(path, order.truncate_output && !step_host, umask)
             })
             .map_err(|e| format!("cannot open output file {}: {e}", path.display()))
         };

@@ -173,6 +173,12 @@ impl Client {
         &self.security
     }
 
+    /// One channel per endpoint, in the order given (for calls that must reach
+    /// every replica, such as their audit trails).
+    pub fn channels(&self) -> &[Channel] {
+        &self.channels
+    }
+
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
     }

@@ -369,6 +369,62 @@ impl AdminService for AdminApi {
         Err(Status::unavailable(format!("leadership did not move to replica {to}; retry when the cluster is quieter")))
     }
 
+    type AuditStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<AuditEntry, Status>> + Send>>;
+
+    async fn audit(&self, req: Request<AuditRequest>) -> Result<Response<Self::AuditStream>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_admin(&ctx, "read the audit trail")?;
+        let (backlog, mut rx) = self.replica.audit.follow(req.into_inner().from_seq);
+        let replica_id = self.replica.node.id;
+        let entry = move |e: crate::audit::AuditEvent| AuditEntry {
+            seq: e.seq,
+            time_ms: e.time_ms,
+            replica_id,
+            caller: e.caller,
+            action: e.action,
+            target: e.target,
+            outcome: e.outcome.to_string(),
+            reason: e.reason,
+        };
+        let (tx, out) = tokio::sync::mpsc::channel(crate::audit::AUDIT_STREAM_BUFFER);
+        let closed = self.replica.closed();
+        tokio::spawn(async move {
+            tokio::pin!(closed);
+            let mut last = 0;
+            for e in backlog {
+                last = e.seq;
+                if tx.send(Ok(entry(e))).await.is_err() {
+                    return;
+                }
+            }
+            loop {
+                let next = tokio::select! {
+                    n = rx.recv() => n,
+                    _ = &mut closed => return,
+                };
+                match next {
+                    Ok(e) if e.seq <= last => {}
+                    Ok(e) => {
+                        last = e.seq;
+                        if tx.send(Ok(entry(e))).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        let _ = tx
+                            .send(Err(Status::resource_exhausted(format!(
+                                "the audit stream fell {n} entries behind; resume with from_seq {last}"
+                            ))))
+                            .await;
+                        return;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(out))))
+    }
+
     async fn snapshot(&self, req: Request<SnapshotRequest>) -> Result<Response<SnapshotResponse>, Status> {
         let ctx = self.replica.ctx(&req)?;
         self.replica.require_admin(&ctx, "take snapshots")?;

@@ -55,21 +55,30 @@ pub struct CallCtx {
     /// `server:2` (its user is the part after the last `:`), or the claim.
     pub identity: String,
     pub forwarded: bool,
+    /// The replica's audit trail, where refusals of this call go.
+    pub audit: Option<std::sync::Arc<crate::audit::AuditLog>>,
+}
+
+impl CallCtx {
+    fn audit(&self, action: &str, outcome: &'static str, reason: &str) {
+        if let Some(a) = &self.audit {
+            a.record(&self.identity, action, "", outcome, reason);
+        }
+    }
 }
 
 fn unauthenticated(why: &str) -> Status {
     metrics::counter!("gangway_api_denied_total", "reason" => "unauthenticated").increment(1);
-    tracing::warn!(target: "gangway::audit", outcome = "unauthenticated", reason = %why);
     Status::unauthenticated(format!(
         "{why}: present a client certificate signed by the cluster's CA (gangway tls cert create --client NAME) \
          or a bearer token (gangway token create)"
     ))
 }
 
-/// Counts and logs a refusal for lack of permission (the audit trail of denials).
+/// Counts a refusal for lack of permission and puts it in the audit trail.
 pub fn denied(ctx: &CallCtx, what: &str, why: String) -> Status {
     metrics::counter!("gangway_api_denied_total", "reason" => "permission").increment(1);
-    tracing::warn!(target: "gangway::audit", caller = %ctx.identity, action = what, outcome = "denied", reason = %why);
+    ctx.audit(what, "denied", &why);
     Status::permission_denied(format!("permission: {why}"))
 }
 
@@ -78,7 +87,24 @@ impl Replica {
     /// replica's word), from a bearer token this cluster trusts, or on an
     /// insecure listener from its claim.
     pub fn ctx<T>(&self, req: &Request<T>) -> Result<CallCtx, Status> {
-        CallCtx::of(req, self.tokens.as_deref())
+        match CallCtx::of(req, self.tokens.as_deref()) {
+            Ok(mut ctx) => {
+                ctx.audit = Some(self.audit.clone());
+                Ok(ctx)
+            }
+            Err(s) => {
+                // The call, by its request message (`SubmitRequest` → `Submit`).
+                let name = std::any::type_name::<T>().rsplit("::").next().unwrap_or("call");
+                let method = name.strip_suffix("Request").unwrap_or(name).to_string();
+                let who = match req.extensions().get::<gangway_proto::tls::PeerInfo>().and_then(|p| p.remote) {
+                    Some(addr) => format!("anonymous@{}", addr.ip()),
+                    None => "anonymous".to_string(),
+                };
+                let outcome = if s.code() == tonic::Code::Unauthenticated { "unauthenticated" } else { "denied" };
+                self.audit.record(&who, &method, "", outcome, s.message());
+                Err(s)
+            }
+        }
     }
 }
 
@@ -127,10 +153,7 @@ fn bearer(md: &tonic::metadata::MetadataMap, tokens: Option<&TokenVerifier>) -> 
     let Some(tokens) = tokens else {
         return Some(Err(unauthenticated("this cluster accepts no bearer tokens (no --token-public-key)")));
     };
-    Some(tokens.verify(token.trim()).map_err(|why| {
-        tracing::warn!(target: "gangway::audit", outcome = "denied", reason = %why, "bearer token refused");
-        unauthenticated(&format!("bearer token refused: {why}"))
-    }))
+    Some(tokens.verify(token.trim()).map_err(|why| unauthenticated(&format!("bearer token refused: {why}"))))
 }
 
 impl CallCtx {
@@ -157,10 +180,13 @@ impl CallCtx {
                     caller: Caller::Claimed(identity.clone()),
                     identity,
                     forwarded: md.get(FORWARDED_METADATA_KEY).is_some(),
+                    audit: None,
                 })
             }
             PeerAuth::Anonymous => match bearer(md, tokens) {
-                Some(Ok(p)) => Ok(CallCtx { identity: p.encode(), caller: Caller::Verified(p), forwarded: false }),
+                Some(Ok(p)) => {
+                    Ok(CallCtx { identity: p.encode(), caller: Caller::Verified(p), forwarded: false, audit: None })
+                }
                 Some(Err(s)) => Err(s),
                 None => Err(unauthenticated("no client certificate and no bearer token")),
             },
@@ -187,6 +213,7 @@ impl CallCtx {
                     identity: principal.encode(),
                     caller: Caller::Verified(principal),
                     forwarded: forwarded_for.is_some(),
+                    audit: None,
                 })
             }
         }
@@ -348,7 +375,7 @@ impl Replica {
     /// An admin (see [`Replica::is_admin`]); every admin action is logged.
     pub fn require_admin(&self, ctx: &CallCtx, what: &str) -> Result<(), Status> {
         if self.is_admin(ctx) {
-            tracing::info!(target: "gangway::audit", caller = %ctx.identity, action = what, outcome = "allowed");
+            ctx.audit(what, "allowed", "admin");
             return Ok(());
         }
         Err(denied(ctx, what, format!("{} is not an admin of this cluster; only admins may {what}", ctx.identity)))
@@ -458,8 +485,19 @@ impl Replica {
         F: FnOnce(Channel, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
+        let name = cmd.name();
         match self.proposer.propose(cmd).await {
-            Ok(applied) => Ok(Routed::Local(applied)),
+            Ok(applied) => {
+                // Refusals the state machine makes for lack of permission
+                // (another user's job, an admin-only change) are audited too.
+                if let gangway_core::Outcome::Refused(r) = &applied.outcome {
+                    if r.kind == RefusalKind::PermissionDenied {
+                        metrics::counter!("gangway_api_denied_total", "reason" => "permission").increment(1);
+                        ctx.audit(name, "denied", &r.message);
+                    }
+                }
+                Ok(Routed::Local(applied))
+            }
             Err(ProposeError::NotLeader { leader_addr }) => {
                 Ok(Routed::Forwarded(self.forward(ctx, leader_addr, msg, call).await?))
             }

@@ -9,9 +9,11 @@ use gangway_raft_store::codec::{decode, encode};
 use tonic::{Request, Response, Status};
 
 use super::RaftNode;
+use crate::audit::AuditLog;
 
 pub struct RaftRpc {
     pub node: Arc<RaftNode>,
+    pub audit: Arc<crate::audit::AuditLog>,
 }
 
 fn bad_payload(e: impl std::fmt::Display) -> Status {
@@ -21,18 +23,19 @@ fn bad_payload(e: impl std::fmt::Display) -> Status {
 /// Only controller replicas (server certificates) take part in Raft: an agent
 /// or user certificate could otherwise vote, append entries or install a
 /// snapshot.
-fn require_server<T>(req: &Request<T>) -> Result<Option<String>, Status> {
+fn require_server<T>(req: &Request<T>, audit: &AuditLog) -> Result<Option<String>, Status> {
     use gangway_proto::tls::{PeerAuth, Role};
     match gangway_proto::tls::peer_of(req) {
         PeerAuth::Insecure => Ok(None),
         PeerAuth::Verified(p) if p.role == Role::Server => Ok(Some(p.name)),
         PeerAuth::Verified(p) => {
             metrics::counter!("gangway_api_denied_total", "reason" => "permission").increment(1);
-            tracing::warn!(target: "gangway::audit", caller = %p, action = "raft", outcome = "denied");
+            audit.record(&p.encode(), "raft", "", "denied", "not a controller replica");
             Err(Status::permission_denied(format!("permission: {p} is not a controller replica; Raft is for servers")))
         }
         PeerAuth::Anonymous | PeerAuth::Unusable(_) => {
             metrics::counter!("gangway_api_denied_total", "reason" => "unauthenticated").increment(1);
+            audit.record("anonymous", "raft", "", "unauthenticated", "no server certificate");
             Err(Status::unauthenticated("Raft needs a server certificate signed by the cluster's CA"))
         }
     }
@@ -46,13 +49,20 @@ pub fn encoded_vote_request(candidate: u64, term: u64) -> Vec<u8> {
 
 /// A replica's certificate speaks only for that replica: the sender a Raft
 /// message names must be the id in the certificate it came with.
-fn same_replica(cert: Option<String>, claimed: Option<u64>) -> Result<(), Status> {
+fn same_replica(cert: Option<String>, claimed: Option<u64>, audit: &AuditLog) -> Result<(), Status> {
     let Some(cert) = cert else { return Ok(()) };
     if claimed.map(|id| id.to_string()) == Some(cert.clone()) {
         return Ok(());
     }
     metrics::counter!("gangway_api_denied_total", "reason" => "permission").increment(1);
-    tracing::warn!(target: "gangway::audit", caller = %cert, ?claimed, action = "raft", outcome = "denied");
+    let target = claimed.map_or_else(|| "none".to_string(), |c| format!("replica {c}"));
+    audit.record(
+        &format!("server:{cert}"),
+        "raft as another replica",
+        &target,
+        "denied",
+        "sender id differs from the certificate's",
+    );
     Err(Status::permission_denied(format!(
         "permission: server {cert}'s certificate cannot send Raft messages as replica {}",
         claimed.map_or_else(|| "none".to_string(), |c| c.to_string())
@@ -62,27 +72,27 @@ fn same_replica(cert: Option<String>, claimed: Option<u64>) -> Result<(), Status
 #[tonic::async_trait]
 impl RaftService for RaftRpc {
     async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let sender = require_server(&req)?;
+        let sender = require_server(&req, &self.audit)?;
         let rpc: openraft::raft::AppendEntriesRequest<gangway_raft_store::TypeConfig> =
             decode(&req.into_inner().data).map_err(bad_payload)?;
-        same_replica(sender, rpc.vote.leader_id().voted_for())?;
+        same_replica(sender, rpc.vote.leader_id().voted_for(), &self.audit)?;
         let result = self.node.raft().append_entries(rpc).await;
         Ok(Response::new(RaftPayload { data: encode(&result) }))
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let sender = require_server(&req)?;
+        let sender = require_server(&req, &self.audit)?;
         let rpc: openraft::raft::VoteRequest<u64> = decode(&req.into_inner().data).map_err(bad_payload)?;
-        same_replica(sender, rpc.vote.leader_id().voted_for())?;
+        same_replica(sender, rpc.vote.leader_id().voted_for(), &self.audit)?;
         let result = self.node.raft().vote(rpc).await;
         Ok(Response::new(RaftPayload { data: encode(&result) }))
     }
 
     async fn install_snapshot(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let sender = require_server(&req)?;
+        let sender = require_server(&req, &self.audit)?;
         let rpc: openraft::raft::InstallSnapshotRequest<gangway_raft_store::TypeConfig> =
             decode(&req.into_inner().data).map_err(bad_payload)?;
-        same_replica(sender, rpc.vote.leader_id().voted_for())?;
+        same_replica(sender, rpc.vote.leader_id().voted_for(), &self.audit)?;
         let result = self.node.raft().install_snapshot(rpc).await;
         Ok(Response::new(RaftPayload { data: encode(&result) }))
     }
