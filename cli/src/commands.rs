@@ -98,6 +98,10 @@ pub struct ControllerArgs {
     /// Revoked token ids (`jti`), one per line; read again when it changes.
     #[arg(long)]
     token_revoked: Option<PathBuf>,
+    /// Users see only their own jobs (Slurm's PrivateData=jobs): others' read
+    /// as not found. Give every replica the same.
+    #[arg(long)]
+    private_jobs: bool,
 }
 
 pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow::Result<()> {
@@ -141,6 +145,7 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
             revoked: a.token_revoked,
         })
         .map_err(|e| anyhow::anyhow!("tokens: {e}"))?,
+        private_jobs: a.private_jobs,
     };
     let metrics = match &a.metrics_listen {
         Some(addr) => Some(

@@ -101,6 +101,7 @@ pub async fn run(a: DevArgs, identity: &str, tls: &crate::tls::TlsArgs) -> anyho
             bootstrap_admins: vec![crate::tls::login_name()],
             allow_root_jobs: nix::unistd::geteuid().is_root(),
             tokens: None,
+            private_jobs: false,
         };
         let h = gangway_controller::replica::start(config, listener).await?;
         if !metrics.is_empty() {

@@ -59,6 +59,9 @@ pub struct ReplicaConfig {
     pub bootstrap_admins: Vec<String>,
     /// Accept jobs that run as root (refused by default).
     pub allow_root_jobs: bool,
+    /// Users see only their own jobs (Slurm's `PrivateData=jobs`); others'
+    /// read as not found.
+    pub private_jobs: bool,
     /// Bearer tokens this replica accepts, if any.
     pub tokens: Option<std::sync::Arc<gangway_proto::token::TokenVerifier>>,
 }

@@ -54,6 +54,8 @@ pub struct Replica {
     pub bootstrap_admins: Vec<String>,
     /// Whether jobs may run as root (`--allow-root-jobs`).
     pub allow_root_jobs: bool,
+    /// Users see only their own jobs (`--private-jobs`).
+    pub private_jobs: bool,
     /// Bearer tokens accepted (`--token-public-key`, `--token-jwks`).
     pub tokens: Option<Arc<gangway_proto::token::TokenVerifier>>,
     /// What this replica refused, and the admin actions it allowed.
@@ -188,6 +190,7 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
         bootstrap_admins: config.bootstrap_admins.clone(),
         allow_root_jobs: config.allow_root_jobs,
         tokens: config.tokens.clone(),
+        private_jobs: config.private_jobs,
         audit: Arc::new(crate::audit::AuditLog::default()),
         channels: Mutex::new(BTreeMap::new()),
         heartbeats: Mutex::new(BTreeMap::new()),

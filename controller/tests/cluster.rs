@@ -91,6 +91,7 @@ impl TestCluster {
             bootstrap_admins: vec!["tester".into()],
             allow_root_jobs: true,
             tokens: None,
+            private_jobs: false,
         }
     }
 
@@ -1791,6 +1792,10 @@ mod security {
     }
 
     async fn start_secure(pki: &Pki) -> TestCluster {
+        start_secure_with(pki, false).await
+    }
+
+    async fn start_secure_with(pki: &Pki, private_jobs: bool) -> TestCluster {
         let mut c = TestCluster {
             dirs: BTreeMap::new(),
             addrs: BTreeMap::new(),
@@ -1811,6 +1816,7 @@ mod security {
             config.security = Security::Tls(creds);
             config.bootstrap_admins = vec!["admin".into()];
             config.allow_root_jobs = false;
+            config.private_jobs = private_jobs;
             let tokens = gangway_proto::token::TokenConfig {
                 public_keys: vec![pki.token_public_key.clone()],
                 ..Default::default()
@@ -1944,6 +1950,69 @@ mod security {
         // job of root or of another user was ever stored.
         let s = c.state(new_leader);
         assert!(s.jobs.values().all(|j| j.spec.user != "root" && j.spec.user != "mallory"));
+        for (_, h) in std::mem::take(&mut c.handles) {
+            h.shutdown().await;
+        }
+    }
+
+    /// `--private-jobs`: another user's job does not exist for bob, on any
+    /// replica; alice and the admin see it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn private_jobs_read_as_not_found_for_others() {
+        let pki = Pki::new();
+        let mut c = start_secure_with(&pki, true).await;
+        let leader = c.leader().await;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while c.state(leader).policy.admins.is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "no bootstrap admin");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let eps: Vec<String> = c.addrs.values().cloned().collect();
+        let client = |who| Client::new(&eps, "ignored", &pki.security(who)).unwrap();
+        let (alice, bob, admin) = (client(Caller::Alice), client(Caller::Bob), client(Caller::Admin));
+        let job = alice
+            .call(|ch| {
+                let r = alice.request(pb::SubmitRequest { spec: Some(spec("")), ..Default::default() });
+                async move { JobServiceClient::new(ch).submit(r).await }
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id;
+        async fn get(c: &Client, job_id: u64) -> Result<pb::Job, tonic::Status> {
+            c.call(|ch| {
+                let r = c.request(pb::GetJobRequest { job_id, stale: false });
+                async move { JobServiceClient::new(ch).get(r).await }
+            })
+            .await
+            .map(|r| r.into_inner())
+        }
+        async fn list(c: &Client) -> Vec<u64> {
+            c.call(|ch| {
+                let r = c.request(pb::ListJobsRequest::default());
+                async move { JobServiceClient::new(ch).list(r).await }
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .jobs
+            .iter()
+            .map(|j| j.id)
+            .collect()
+        }
+        assert_eq!(get(&bob, job).await.unwrap_err().code(), Code::NotFound);
+        assert!(!list(&bob).await.contains(&job));
+        let cancel = bob
+            .call(|ch| {
+                let r = bob.request(pb::CancelRequest { job_id: job });
+                async move { JobServiceClient::new(ch).cancel(r).await }
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(cancel.code(), Code::NotFound, "{cancel:?}");
+        assert_eq!(get(&alice, job).await.unwrap().id, job);
+        assert!(list(&alice).await.contains(&job) && list(&admin).await.contains(&job));
+        assert_eq!(get(&admin, job).await.unwrap().id, job);
         for (_, h) in std::mem::take(&mut c.handles) {
             h.shutdown().await;
         }

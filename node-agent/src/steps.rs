@@ -458,4 +458,49 @@ mod tests {
         assert!(!marker.exists(), "a step task outlived its srun");
         hold.kill().await.unwrap();
     }
+
+    /// A secured agent starts a step only for the holder of its job's
+    /// credential naming this node; nothing else gets that far.
+    #[tokio::test]
+    async fn a_secured_step_service_needs_the_jobs_credential() {
+        use gangway_proto::step_cred::{sign, StepClaims, STEP_CREDENTIAL_METADATA_KEY};
+        use gangway_proto::tls::{Credentials, Principal, Role, Security, TlsFiles};
+        use gangway_proto::v1::step_service_server::StepService;
+        let dir = tempfile::tempdir().unwrap();
+        let ps = [Principal::new(Role::Server, "1").unwrap(), Principal::new(Role::Agent, "n2").unwrap()];
+        gangway_proto::pki::throwaway(dir.path(), &ps).unwrap();
+        let server = Credentials::load(TlsFiles::in_dir(dir.path(), "server-1")).unwrap();
+        let agent = Credentials::load(TlsFiles::in_dir(dir.path(), "agent-n2")).unwrap();
+        let step = StepServer::new("n2", StepHosts::default(), Security::Tls(agent.clone()));
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        let call = |credential: Option<String>| {
+            let mut r = Request::new(request(7, &["true"], &[0]));
+            if let Some(c) = credential {
+                r.metadata_mut().insert(STEP_CREDENTIAL_METADATA_KEY, c.parse().unwrap());
+            }
+            step.run(r)
+        };
+        let code = |r: Result<Response<_>, Status>| r.err().map(|s| s.code());
+        assert_eq!(code(call(None).await), Some(tonic::Code::Unauthenticated));
+        let claims = |job_id, nodes: &[&str]| StepClaims {
+            job_id,
+            attempt: 1,
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            expires_unix: now + 600,
+        };
+        // Another job's, or one for other nodes: refused.
+        let other_job = sign(&server, &claims(8, &["n2"])).unwrap();
+        assert_eq!(code(call(Some(other_job)).await), Some(tonic::Code::PermissionDenied));
+        let other_node = sign(&server, &claims(7, &["n1"])).unwrap();
+        assert_eq!(code(call(Some(other_node)).await), Some(tonic::Code::PermissionDenied));
+        // Minted by the agent itself (not a server): refused.
+        let forged = sign(&agent, &claims(7, &["n2"])).unwrap();
+        assert_eq!(code(call(Some(forged)).await), Some(tonic::Code::PermissionDenied));
+        // The right one passes the check: what refuses this step (no command)
+        // comes after it.
+        let good = sign(&server, &claims(7, &["n1", "n2"])).unwrap();
+        let mut r = Request::new(request(7, &[], &[0]));
+        r.metadata_mut().insert(STEP_CREDENTIAL_METADATA_KEY, good.parse().unwrap());
+        assert_eq!(code(step.run(r).await), Some(tonic::Code::InvalidArgument));
+    }
 }

@@ -872,4 +872,36 @@ mod tests {
         drop(silent);
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// Rotating a certificate in place takes effect without a restart; a
+    /// half-written replacement keeps the previous one.
+    #[test]
+    fn certificates_are_read_again_when_their_files_change() {
+        let dir = std::env::temp_dir().join(format!("gangway-tls-reload-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        pki::throwaway(&dir, &[Principal::new(Role::Agent, "n1").unwrap()]).unwrap();
+        let files = TlsFiles::in_dir(&dir, "agent-n1");
+        let creds = Credentials::load(files.clone()).unwrap();
+        let first = creds.not_after().unwrap();
+        // A new certificate for the same node, valid for a different time.
+        let next = dir.join("next");
+        let req = pki::CertRequest {
+            principal: Principal::new(Role::Agent, "n1").unwrap(),
+            hosts: vec![],
+            days: 2,
+            backdate_days: 0,
+        };
+        let (cert, key) = pki::create_cert(&dir, &next, &req).unwrap();
+        let (old_cert, old_key) = files.cert.clone().unwrap();
+        std::thread::sleep(RELOAD_CHECK_INTERVAL);
+        std::fs::write(&old_cert, b"-----BEGIN CERTIFICATE-----\ngarbage").unwrap();
+        assert_eq!(creds.not_after(), Some(first), "a broken file replaced the working certificate");
+        std::fs::copy(&cert, &old_cert).unwrap();
+        std::fs::copy(&key, &old_key).unwrap();
+        std::thread::sleep(RELOAD_CHECK_INTERVAL);
+        let second = creds.not_after().unwrap();
+        assert!(second < first, "the rotated certificate was not picked up ({second} vs {first})");
+        assert_eq!(creds.principal(), Some(Principal::new(Role::Agent, "n1").unwrap()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -78,6 +78,7 @@ impl JobService for JobApi {
         ctx.require_user("cancel jobs")?;
         let msg = req.into_inner();
         let job_id = msg.job_id;
+        self.replica.require_visible(&ctx, job_id)?;
         let cmd = Command::CancelJob { job_id, identity: ctx.identity.clone(), now_ms: crate::now_ms() };
         let routed = self
             .replica
@@ -110,6 +111,7 @@ impl JobService for JobApi {
         let viewer = self.replica.viewer(&ctx);
         let state = self.replica.node.state().read();
         match state.jobs.get(&job_id) {
+            Some(job) if !viewer.visible(job) => Err(Status::not_found(format!("job {job_id} does not exist"))),
             Some(job) => Ok(Response::new(viewer.job(job))),
             None if job_id > 0 && job_id < state.next_job_id => {
                 Err(Status::not_found(format!("job {job_id} finished long ago and is no longer kept")))
@@ -145,7 +147,8 @@ impl JobService for JobApi {
         let viewer = self.replica.viewer(&ctx);
         let state = self.replica.node.state().read();
         let matches = |j: &&gangway_core::Job| {
-            (states.is_empty() || states.contains(&j.state))
+            viewer.visible(j)
+                && (states.is_empty() || states.contains(&j.state))
                 && (user.is_empty() || j.spec.user == user)
                 && (name.is_empty() || j.spec.name == name)
                 && (account.is_empty() || j.spec.account == account)
@@ -214,6 +217,7 @@ impl JobService for JobApi {
         ctx.require_user("change jobs")?;
         let msg = req.into_inner();
         let job_id = msg.job_id;
+        self.replica.require_visible(&ctx, job_id)?;
         let value = msg.value;
         let int = |what: &str, min: i64, max: i64| -> Result<i64, Status> {
             if value < min || value > max {
@@ -263,6 +267,7 @@ impl JobService for JobApi {
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
         let job_id = msg.job_id;
+        self.replica.require_visible(&ctx, job_id)?;
         if let Some(resp) = self
             .replica
             .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { JobServiceClient::new(ch).explain(r).await })
@@ -316,6 +321,7 @@ impl JobService for JobApi {
     async fn checkpoint(&self, req: Request<CheckpointRequest>) -> Result<Response<CheckpointResponse>, Status> {
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
+        self.replica.require_visible(&ctx, msg.job_id)?;
         self.replica.require_owner(&ctx, msg.job_id, "record checkpoints")?;
         let cmd = Command::JobCheckpointed { job_id: msg.job_id, attempt: msg.attempt, now_ms: crate::now_ms() };
         let routed = self
@@ -339,6 +345,7 @@ impl JobService for JobApi {
         ctx.require_user("get step credentials")?;
         let msg = req.into_inner();
         let job_id = msg.job_id;
+        self.replica.require_visible(&ctx, job_id)?;
         if let Some(resp) = self
             .replica
             .read_or_forward(
@@ -384,7 +391,9 @@ impl JobService for JobApi {
     type EventsStream = Pin<Box<dyn Stream<Item = Result<ClusterEvent, Status>> + Send>>;
 
     async fn events(&self, req: Request<EventsRequest>) -> Result<Response<Self::EventsStream>, Status> {
-        self.replica.ctx(&req)?.require_known()?;
+        let ctx = self.replica.ctx(&req)?;
+        ctx.require_known()?;
+        let shown = Shown::new(&self.replica, &ctx);
         let from = req.into_inner().from_index;
         let shared = self.replica.node.state();
         // Subscribe before reading what is kept, so nothing falls in between.
@@ -413,6 +422,9 @@ impl JobService for JobApi {
                 return;
             }
             for ev in backlog {
+                if !shown.event(&ev) {
+                    continue;
+                }
                 if tx.send(Ok(cluster_event(ev))).await.is_err() {
                     return;
                 }
@@ -429,6 +441,7 @@ impl JobService for JobApi {
                 };
                 match got {
                     Ok(ev) if from > 0 && ev.index() <= seen_through => continue,
+                    Ok(ev) if !shown.event(&ev) => continue,
                     Ok(ev) => {
                         if tx.send(Ok(cluster_event(ev))).await.is_err() {
                             return; // the client went away
@@ -450,7 +463,9 @@ impl JobService for JobApi {
     }
 
     async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
-        self.replica.ctx(&req)?.require_known()?;
+        let ctx = self.replica.ctx(&req)?;
+        ctx.require_known()?;
+        let shown = Shown::new(&self.replica, &ctx);
         let filter = req.into_inner().job_id;
         let mut rx = self.replica.node.state().subscribe();
         let closed = self.replica.closed();
@@ -467,7 +482,7 @@ impl JobService for JobApi {
                 match got {
                     Ok(gangway_core::Event::Node { .. }) => continue,
                     Ok(gangway_core::Event::Job(ev)) => {
-                        if filter != 0 && ev.job_id != filter {
+                        if filter != 0 && ev.job_id != filter || !shown.job(ev.job_id) {
                             continue;
                         }
                         let msg = JobEvent {
@@ -526,6 +541,34 @@ fn explanation_to_proto(e: gangway_core::sched::Explanation) -> Explanation {
         queue_position: e.queue_position,
         estimated_start_ms: e.estimated_start_ms,
         start_nodes: e.start_nodes,
+    }
+}
+
+/// Which events a stream's caller may see: with `--private-jobs`, a user's
+/// own jobs' only (a job no longer kept is not shown).
+struct Shown {
+    viewer: Option<super::Viewer>,
+    state: std::sync::Arc<gangway_raft_store::SharedState>,
+}
+
+impl Shown {
+    fn new(replica: &crate::replica::Replica, ctx: &super::CallCtx) -> Shown {
+        let viewer = replica.private_jobs.then(|| replica.viewer(ctx));
+        Shown { viewer, state: replica.node.state().clone() }
+    }
+
+    fn job(&self, job_id: u64) -> bool {
+        match &self.viewer {
+            None => true,
+            Some(v) => self.state.read().jobs.get(&job_id).is_some_and(|j| v.visible(j)),
+        }
+    }
+
+    fn event(&self, ev: &gangway_core::Event) -> bool {
+        match ev {
+            gangway_core::Event::Job(j) => self.job(j.job_id),
+            _ => true,
+        }
     }
 }
 

@@ -328,7 +328,22 @@ impl Replica {
             Caller::Claimed(_) => true,
             Caller::Verified(p) => p.role == Role::Server || (p.role == Role::Client && self.is_admin(ctx)),
         };
-        Viewer { caller: ctx.caller.clone(), identity: ctx.identity.clone(), whole }
+        Viewer { caller: ctx.caller.clone(), identity: ctx.identity.clone(), whole, private_jobs: self.private_jobs }
+    }
+
+    /// With `--private-jobs`, another user's job reads as not found (not
+    /// denied: its existence is private too). Jobs this replica does not
+    /// know are left to the call.
+    pub fn require_visible(&self, ctx: &CallCtx, job_id: u64) -> Result<(), Status> {
+        if !self.private_jobs {
+            return Ok(());
+        }
+        let viewer = self.viewer(ctx);
+        let hidden = self.node.state().read().jobs.get(&job_id).is_some_and(|j| !viewer.visible(j));
+        if hidden {
+            return Err(Status::not_found(format!("job {job_id} does not exist")));
+        }
+        Ok(())
     }
 
     /// The owner of job `job_id` or an admin. A job that does not exist (yet,
@@ -390,14 +405,32 @@ pub fn owns(p: &Principal, identity: &str, job: &gangway_core::Job) -> bool {
 /// What a caller may see of jobs: a job's script, command and environment
 /// (which sbatch fills with the submitter's whole environment) only for its
 /// owner, admins and the agents of its nodes.
+#[derive(Clone)]
 pub struct Viewer {
     caller: Caller,
     identity: String,
     /// Sees every job whole (admins, servers, insecure clusters).
     whole: bool,
+    /// Others' jobs are not shown at all (`--private-jobs`).
+    private_jobs: bool,
 }
 
 impl Viewer {
+    /// Whether the job is shown at all.
+    pub fn visible(&self, job: &gangway_core::Job) -> bool {
+        if !self.private_jobs || self.whole {
+            return true;
+        }
+        match &self.caller {
+            Caller::Claimed(_) => true,
+            Caller::Verified(p) => match p.role {
+                Role::Server => true,
+                Role::Agent => job.allocation.as_ref().is_some_and(|a| a.nodes.iter().any(|n| n.node == p.name)),
+                Role::Client => owns(p, &self.identity, job),
+            },
+        }
+    }
+
     pub fn job(&self, job: &gangway_core::Job) -> gangway_proto::v1::Job {
         let mut pj = convert::job_to_proto(job);
         let private = !self.whole
