@@ -1791,6 +1791,19 @@ mod security {
         }
     }
 
+    /// A job of the client's user with a script and a secret in its environment.
+    async fn submit_secret_job(client: &Client) -> u64 {
+        client
+            .call(|ch| {
+                let r = client.request(pb::SubmitRequest { spec: Some(spec("")), ..Default::default() });
+                async move { JobServiceClient::new(ch).submit(r).await }
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id
+    }
+
     async fn start_secure(pki: &Pki) -> TestCluster {
         start_secure_with(pki, false).await
     }
@@ -1881,15 +1894,7 @@ mod security {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         // Alice's job runs as alice, whatever she claims to be otherwise.
-        let job = alice
-            .call(|ch| {
-                let r = alice.request(pb::SubmitRequest { spec: Some(spec("")), ..Default::default() });
-                async move { JobServiceClient::new(ch).submit(r).await }
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .job_id;
+        let job = submit_secret_job(&alice).await;
         let stored = c.state(leader).jobs[&job].clone();
         assert_eq!((stored.spec.user.as_str(), stored.submitted_by.as_str()), ("alice", "client:alice"));
         // Bob sees the job but not its script, command or environment; alice sees all.
@@ -1970,15 +1975,7 @@ mod security {
         let eps: Vec<String> = c.addrs.values().cloned().collect();
         let client = |who| Client::new(&eps, "ignored", &pki.security(who)).unwrap();
         let (alice, bob, admin) = (client(Caller::Alice), client(Caller::Bob), client(Caller::Admin));
-        let job = alice
-            .call(|ch| {
-                let r = alice.request(pb::SubmitRequest { spec: Some(spec("")), ..Default::default() });
-                async move { JobServiceClient::new(ch).submit(r).await }
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .job_id;
+        let job = submit_secret_job(&alice).await;
         async fn get(c: &Client, job_id: u64) -> Result<pb::Job, tonic::Status> {
             c.call(|ch| {
                 let r = c.request(pb::GetJobRequest { job_id, stale: false });
