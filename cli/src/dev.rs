@@ -77,7 +77,7 @@ pub async fn run(a: DevArgs, identity: &str, tls: &crate::tls::TlsArgs) -> anyho
             metrics.push(l);
         }
     }
-    let pki = if tls.insecure { None } else { Some(DevPki::create(a.replicas, a.nodes)?) };
+    let pki = if tls.insecure { None } else { Some(DevPki::create(a.port, a.replicas, a.nodes)?) };
     let server_security = |id: u64| match &pki {
         Some(p) => p.security(&format!("server-{id}")),
         None => Ok(gangway_proto::tls::Security::Insecure),
@@ -222,16 +222,34 @@ struct DevPki {
 }
 
 impl DevPki {
-    fn create(replicas: u64, nodes: usize) -> anyhow::Result<DevPki> {
+    fn create(port: u16, replicas: u64, nodes: usize) -> anyhow::Result<DevPki> {
         use gangway_proto::tls::{Principal, Role};
         use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-        let dir = crate::tls::dev_tls_dir();
-        if let Ok(m) = std::fs::symlink_metadata(&dir) {
-            // A dev cluster that did not stop cleanly left it; anything else
-            // (someone else's, a link) is not ours to remove.
-            if !m.is_dir() || m.uid() != nix::unistd::getuid().as_raw() {
-                bail!("{} exists and is not this user's directory; remove it or use --insecure", dir.display());
+        let mine = |p: &std::path::Path| -> anyhow::Result<bool> {
+            match std::fs::symlink_metadata(p) {
+                Err(_) => Ok(false),
+                // Someone else's, or a link: not ours to use or remove.
+                Ok(m) if !m.is_dir() || m.uid() != nix::unistd::getuid().as_raw() || m.mode() & 0o077 != 0 => {
+                    bail!(
+                        "{} exists and is not this user's private directory; remove it or use --insecure",
+                        p.display()
+                    )
+                }
+                Ok(_) => Ok(true),
             }
+        };
+        let base = crate::tls::dev_tls_base();
+        if !mine(&base)? {
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&base)
+                .with_context(|| format!("creating {}", base.display()))?;
+        }
+        // One per first port: dev clusters on other ports keep theirs. One
+        // left on this port by a cluster that did not stop cleanly is stale
+        // (this cluster holds the port now).
+        let dir = crate::tls::dev_tls_dir(port);
+        if mine(&dir)? {
             std::fs::remove_dir_all(&dir).with_context(|| format!("removing the stale {}", dir.display()))?;
         }
         std::fs::DirBuilder::new().mode(0o700).create(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -259,5 +277,9 @@ impl DevPki {
 impl Drop for DevPki {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+        // The base goes too when no other dev cluster uses it.
+        if let Some(base) = self.dir.parent() {
+            let _ = std::fs::remove_dir(base);
+        }
     }
 }

@@ -147,6 +147,12 @@ enum Cmd {
         /// Become UID:GID:GROUPS before running the command.
         #[arg(long)]
         user: Option<String>,
+        /// Read the task's environment from this file (and remove it).
+        #[arg(long)]
+        env_file: Option<std::path::PathBuf>,
+        /// Enter this directory after becoming the user.
+        #[arg(long)]
+        workdir: Option<std::path::PathBuf>,
         #[arg(last = true, required = true)]
         argv: Vec<String>,
     },
@@ -202,7 +208,7 @@ fn make_client(
     claimed: Option<String>,
     tls: &tls::TlsArgs,
 ) -> anyhow::Result<(gangway_proto::client::Client, String)> {
-    let security = tls.for_client()?;
+    let security = tls.for_client(endpoints)?;
     let mut identity = client_identity(claimed, &security);
     let mut client = gangway_proto::client::Client::new(endpoints, &identity, &security)?;
     if let Some(t) = &tls.token {
@@ -258,9 +264,14 @@ fn main() {
     if !matches!(cli.command, Cmd::Controller(_) | Cmd::Agent(_) | Cmd::Dev(_) | Cmd::Bench(_) | Cmd::TaskShim { .. }) {
         quiet_on_closed_stdout();
     }
-    if let Cmd::TaskShim { exit_file, user, argv } = &cli.command {
+    if let Cmd::TaskShim { exit_file, user, env_file, workdir, argv } = &cli.command {
         // Before any runtime or logging: the shim is only a waiting parent.
-        std::process::exit(gangway_node_agent::shim::run(exit_file, user.as_deref(), argv));
+        let setup = gangway_node_agent::shim::TaskSetup {
+            user: user.clone(),
+            env_file: env_file.clone(),
+            workdir: workdir.clone(),
+        };
+        std::process::exit(gangway_node_agent::shim::run(exit_file, &setup, argv));
     }
     if let Cmd::Srun(a) = cli.command {
         // Inside a job srun needs no controller: the job's environment says

@@ -36,14 +36,28 @@ pub struct TlsArgs {
     pub token: Option<String>,
 }
 
-/// Where a dev cluster of this user keeps its throwaway CA and certificates
-/// while it runs, so the CLI finds them with no flags.
-pub fn dev_tls_dir() -> PathBuf {
+/// Where this user's dev clusters keep their throwaway CAs and certificates
+/// while they run (one directory per first port inside), so the CLI finds
+/// them with no flags.
+pub fn dev_tls_base() -> PathBuf {
     let uid = nix::unistd::getuid().as_raw();
     match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         Some(d) => PathBuf::from(d).join("gangway-dev-tls"),
         None => std::env::temp_dir().join(format!("gangway-dev-tls-{uid}")),
     }
+}
+
+/// The dev cluster whose first replica listens on `port`: its directory.
+pub fn dev_tls_dir(port: u16) -> PathBuf {
+    dev_tls_base().join(port.to_string())
+}
+
+/// The dev cluster's directory for these endpoints (by the first one's port),
+/// when it and its parent are this user's own and nobody else can write them.
+fn dev_dir_for(endpoints: &[String]) -> Option<PathBuf> {
+    let port: u16 = endpoints.first()?.trim().rsplit(':').next()?.parse().ok()?;
+    let dir = dev_tls_dir(port);
+    (owned_private_dir(&dev_tls_base()) && owned_private_dir(&dir)).then_some(dir)
 }
 
 /// The user's own TLS directory, used when nothing else is given.
@@ -145,14 +159,14 @@ impl TlsArgs {
     /// For a user command: explicit files, else `~/.config/gangway/tls`, else
     /// the running dev cluster's, else `--insecure`. With a token, only the
     /// CA is needed.
-    pub fn for_client(&self) -> anyhow::Result<Security> {
+    pub fn for_client(&self, endpoints: &[String]) -> anyhow::Result<Security> {
         if self.token.is_some() && self.tls_cert.is_none() {
             let ca = match (&self.tls_ca, &self.tls_dir) {
                 (Some(ca), _) => Some(ca.clone()),
                 (None, Some(dir)) => Some(dir.join("ca.pem")),
                 // The dev cluster's directory may be in /tmp: only when it is
                 // this user's own and nobody else can write it.
-                (None, None) => [user_tls_dir(), Some(dev_tls_dir()).filter(|d| owned_private_dir(d))]
+                (None, None) => [user_tls_dir(), dev_dir_for(endpoints)]
                     .into_iter()
                     .flatten()
                     .map(|d| d.join("ca.pem"))
@@ -171,17 +185,14 @@ impl TlsArgs {
         if let Some(files) = user_tls_dir().and_then(|d| files_in(&d, &stems)) {
             return self.secured(files);
         }
-        let dev = dev_tls_dir();
-        if owned_private_dir(&dev) {
-            if let Some(files) = files_in(&dev, &stems) {
-                return self.secured(files);
-            }
+        if let Some(files) = dev_dir_for(endpoints).and_then(|dev| files_in(&dev, &stems)) {
+            return self.secured(files);
         }
         bail!(
-            "tls: no client certificate found (looked in --tls-dir/GANGWAY_TLS_DIR, ~/.config/gangway/tls and the dev \
-             cluster's {}); ask an admin for one (`gangway tls cert create --client {}`), or use --insecure for an \
+            "tls: no client certificate found (looked in --tls-dir/GANGWAY_TLS_DIR, ~/.config/gangway/tls and a dev \
+             cluster's in {}); ask an admin for one (`gangway tls cert create --client {}`), or use --insecure for an \
              insecure cluster",
-            dev.display(),
+            dev_tls_base().display(),
             login_name()
         )
     }

@@ -32,22 +32,40 @@ pub struct AuditEvent {
     pub reason: String,
 }
 
+/// At most [`FIELD_BYTES_MAX`] bytes, with control characters (newlines,
+/// terminal escapes: the text may come from a request) written as escapes.
 fn bounded(s: &str) -> String {
-    if s.len() <= FIELD_BYTES_MAX {
-        return s.to_string();
-    }
-    let mut end = FIELD_BYTES_MAX;
+    let mut end = s.len().min(FIELD_BYTES_MAX);
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}…", &s[..end])
+    let mut out: String = s[..end]
+        .chars()
+        .flat_map(|c| {
+            let e: Vec<char> = if c.is_control() { c.escape_default().collect() } else { vec![c] };
+            e
+        })
+        .collect();
+    if end < s.len() {
+        out.push('…');
+    }
+    out
 }
 
 pub struct AuditLog {
     ring: Mutex<VecDeque<AuditEvent>>,
     seq: AtomicU64,
     tx: broadcast::Sender<AuditEvent>,
+    /// Per address: the current minute's start and its anonymous entries.
+    anonymous: Mutex<std::collections::BTreeMap<std::net::IpAddr, (std::time::Instant, u32)>>,
 }
+
+/// Anonymous refusals recorded per address and minute; the rest are counted
+/// and reported with the next one recorded, so a flood from one peer cannot
+/// push everything else out of the trail.
+pub const ANONYMOUS_PER_MINUTE_MAX: u32 = 20;
+/// Addresses tracked for that; past it the counts start over.
+const ANONYMOUS_PEERS_MAX: usize = 4_096;
 
 impl Default for AuditLog {
     fn default() -> Self {
@@ -55,6 +73,7 @@ impl Default for AuditLog {
             ring: Mutex::new(VecDeque::new()),
             seq: AtomicU64::new(0),
             tx: broadcast::Sender::new(AUDIT_STREAM_BUFFER),
+            anonymous: Mutex::new(Default::default()),
         }
     }
 }
@@ -92,6 +111,40 @@ impl AuditLog {
         let _ = self.tx.send(e);
     }
 
+    /// Records a refusal of a caller with no credentials from `ip`, at most
+    /// [`ANONYMOUS_PER_MINUTE_MAX`] a minute per address.
+    pub fn record_anonymous(&self, ip: Option<std::net::IpAddr>, action: &str, outcome: &'static str, reason: &str) {
+        let caller = ip.map_or_else(|| "anonymous".to_string(), |ip| format!("anonymous@{ip}"));
+        let Some(ip) = ip else {
+            return self.record(&caller, action, "", outcome, reason);
+        };
+        let suppressed = {
+            let mut m = self.anonymous.lock().expect("audit lock");
+            if m.len() >= ANONYMOUS_PEERS_MAX && !m.contains_key(&ip) {
+                m.clear();
+            }
+            let now = std::time::Instant::now();
+            let (start, n) = m.entry(ip).or_insert((now, 0));
+            if now.duration_since(*start) >= std::time::Duration::from_secs(60) {
+                let dropped = n.saturating_sub(ANONYMOUS_PER_MINUTE_MAX);
+                *start = now;
+                *n = 1;
+                Some(dropped)
+            } else {
+                *n += 1;
+                (*n <= ANONYMOUS_PER_MINUTE_MAX).then_some(0)
+            }
+        };
+        match suppressed {
+            None => metrics::counter!("gangway_audit_suppressed_total").increment(1),
+            Some(0) => self.record(&caller, action, "", outcome, reason),
+            Some(n) => {
+                let r = format!("{reason} ({n} more refusals from {ip} in the previous minute were not recorded)");
+                self.record(&caller, action, "", outcome, &r)
+            }
+        }
+    }
+
     /// The kept entries after `from_seq`, and a receiver for the ones to come.
     pub fn follow(&self, from_seq: u64) -> (Vec<AuditEvent>, broadcast::Receiver<AuditEvent>) {
         let ring = self.ring.lock().expect("audit lock");
@@ -119,5 +172,27 @@ mod tests {
         assert_eq!(next.seq, AUDIT_EVENTS_MAX as u64 + 6);
         assert!(next.caller.len() <= FIELD_BYTES_MAX + "…".len());
         assert_eq!(log.follow(next.seq - 1).0.len(), 1);
+    }
+}
+
+#[cfg(test)]
+mod flood_tests {
+    use super::*;
+
+    #[test]
+    fn one_peer_cannot_flood_the_trail_and_text_cannot_forge_lines() {
+        let log = AuditLog::default();
+        let ip: std::net::IpAddr = "10.0.0.9".parse().unwrap();
+        for _ in 0..1_000 {
+            log.record_anonymous(Some(ip), "Submit", "unauthenticated", "no certificate");
+        }
+        log.record_anonymous(Some("10.0.0.10".parse().unwrap()), "Submit", "unauthenticated", "x");
+        let (kept, _) = log.follow(0);
+        assert_eq!(kept.len(), ANONYMOUS_PER_MINUTE_MAX as usize + 1);
+        log.record("client:x\n2026 replica 1 allowed", "a\u{1b}]0;pwned\u{7}", "", "denied", "r\r\n");
+        let (kept, _) = log.follow(0);
+        let last = kept.last().unwrap();
+        assert!(!last.caller.contains('\n') && !last.action.contains('\u{1b}') && !last.reason.contains('\r'));
+        assert!(last.caller.contains("\\n"));
     }
 }

@@ -327,7 +327,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 .await
                 .map_err(|e| anyhow::anyhow!("metrics-listen: cannot bind {addr}: {e}"))?;
             tracing::info!(addr = %l.local_addr()?, "serving metrics");
-            let task = telemetry::serve(l, config.name.clone(), config.gpus.clone(), view.clone(), config.nvml.clone());
+            let tls = config.security.credentials().cloned();
+            let task =
+                telemetry::serve(l, config.name.clone(), config.gpus.clone(), view.clone(), config.nvml.clone(), tls);
             Some(AbortOnDrop(task))
         }
         None => None,

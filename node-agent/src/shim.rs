@@ -79,15 +79,35 @@ impl TaskUser {
 }
 
 /// Runs `argv`, waits, records `exit N` or `signal S` in `exit_file`, and
-/// returns the exit code the shim itself should exit with. With `user`, the
-/// shim (started as root) first becomes that user, supplementary groups
-/// included, so the command and everything it starts run as the user only.
-pub fn run(exit_file: &Path, user: Option<&str>, argv: &[String]) -> i32 {
-    if let Some(u) = user {
+/// returns the exit code the shim itself should exit with.
+///
+/// A root agent starts the shim as root with an empty environment (so
+/// nothing of the job's, such as `LD_PRELOAD`, reaches a root process) and
+/// hands it `setup`: the shim reads the task's environment from the agent's
+/// file, becomes the job's user (supplementary groups included), and only then
+/// enters the working directory and runs the command.
+pub fn run(exit_file: &Path, setup: &TaskSetup, argv: &[String]) -> i32 {
+    let refuse = |why: String| {
+        eprintln!("task-shim: {why}");
+        let _ = write_atomic(exit_file, "exit 126\n");
+        126
+    };
+    let env = match &setup.env_file {
+        Some(f) => match read_env_file(f) {
+            Ok(env) => Some(env),
+            Err(e) => return refuse(e),
+        },
+        None => None,
+    };
+    if let Some(u) = &setup.user {
         if let Err(e) = TaskUser::parse(u).and_then(|u| u.become_it()) {
-            eprintln!("task-shim: cannot become the job's user: {e}");
-            let _ = write_atomic(exit_file, "exit 126\n");
-            return 126;
+            return refuse(format!("cannot become the job's user: {e}"));
+        }
+    }
+    // Entered as the user: a directory the user cannot reach is refused.
+    if let Some(dir) = &setup.workdir {
+        if let Err(e) = std::env::set_current_dir(dir) {
+            return refuse(format!("cannot enter the working directory {}: {e}", dir.display()));
         }
     }
     let ignored = Arc::new(AtomicBool::new(false));
@@ -98,13 +118,22 @@ pub fn run(exit_file: &Path, user: Option<&str>, argv: &[String]) -> i32 {
         let _ = signal_hook::flag::register(sig, ignored.clone());
     }
     // The submitter's umask (the agent runs with 077).
-    let umask = std::env::var("SLURM_UMASK").ok().and_then(|u| u32::from_str_radix(u.trim(), 8).ok());
+    let umask_var = match &env {
+        Some(env) => env.iter().find(|(k, _)| k == "SLURM_UMASK").map(|(_, v)| v.clone()),
+        None => std::env::var("SLURM_UMASK").ok(),
+    };
+    let umask = umask_var.and_then(|u| u32::from_str_radix(u.trim(), 8).ok());
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(umask.filter(|u| *u <= 0o777).unwrap_or(0o022)));
     let Some((program, args)) = argv.split_first() else {
         eprintln!("task-shim: nothing to run");
         return 127;
     };
-    let status = match std::process::Command::new(program).args(args).status() {
+    let mut command = std::process::Command::new(program);
+    command.args(args);
+    if let Some(env) = env {
+        command.env_clear().envs(env);
+    }
+    let status = match command.status() {
         Ok(s) => s,
         Err(e) => {
             eprintln!("task-shim: cannot start {program}: {e}");
@@ -122,6 +151,65 @@ pub fn run(exit_file: &Path, user: Option<&str>, argv: &[String]) -> i32 {
     code
 }
 
+/// How the shim sets the task up (see [`run`]).
+#[derive(Debug, Clone, Default)]
+pub struct TaskSetup {
+    /// Become this user (`UID:GID:GROUPS`) before anything else runs.
+    pub user: Option<String>,
+    /// The task's environment, `KEY=VALUE` entries each ended by a NUL byte;
+    /// read (as root) and removed before the shim becomes the user.
+    pub env_file: Option<std::path::PathBuf>,
+    /// Entered after becoming the user.
+    pub workdir: Option<std::path::PathBuf>,
+}
+
+/// Largest environment file: the controller bounds a job's environment far
+/// below this; the agent adds a few kilobytes.
+const ENV_FILE_BYTES_MAX: u64 = 16 * 1024 * 1024;
+
+/// Writes a task's environment for the shim: a new file readable only by its
+/// owner (the root agent), never through a link.
+pub fn write_env_file(path: &Path, env: &[(String, String)]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)?;
+    let mut buf = Vec::new();
+    for (k, v) in env {
+        buf.extend_from_slice(k.as_bytes());
+        buf.push(b'=');
+        buf.extend_from_slice(v.as_bytes());
+        buf.push(0);
+    }
+    f.write_all(&buf)
+}
+
+/// Reads and removes the task's environment file.
+fn read_env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| format!("environment file {}: {e}", path.display()))?;
+    let mut buf = Vec::new();
+    f.take(ENV_FILE_BYTES_MAX + 1).read_to_end(&mut buf).map_err(|e| format!("environment file: {e}"))?;
+    let _ = std::fs::remove_file(path);
+    if buf.len() as u64 > ENV_FILE_BYTES_MAX {
+        return Err(format!("environment file: larger than {ENV_FILE_BYTES_MAX} bytes"));
+    }
+    Ok(buf
+        .split(|b| *b == 0)
+        .filter(|e| !e.is_empty())
+        .filter_map(|e| {
+            let s = String::from_utf8_lossy(e);
+            let (k, v) = s.split_once('=')?;
+            Some((k.to_string(), v.to_string()))
+        })
+        .collect())
+}
+
 /// Writes the exit file in place: the agent created it (owned by the job's
 /// user) because the shim, running as that user, may not create files in the
 /// agent's state directory.
@@ -131,7 +219,11 @@ fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
 
 /// Reads a shim's exit file: (exit code, signal).
 pub fn read_exit(path: &Path) -> Option<(Option<i32>, Option<i32>)> {
-    let text = std::fs::read_to_string(path).ok()?;
+    use std::io::Read;
+    // The file is the job's user's: read no more than an exit line needs.
+    const EXIT_FILE_BYTES_MAX: u64 = 64;
+    let mut text = String::new();
+    std::fs::File::open(path).ok()?.take(EXIT_FILE_BYTES_MAX).read_to_string(&mut text).ok()?;
     let (kind, n) = text.trim().split_once(' ')?;
     let n: i32 = n.parse().ok()?;
     match kind {

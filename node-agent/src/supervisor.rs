@@ -41,6 +41,8 @@ fn exit_report(
     let _ = std::fs::remove_file(exit_file);
     let _ = std::fs::remove_file(steps_path(record));
     let _ = std::fs::remove_file(record);
+    // A root shim that never started leaves its environment file behind.
+    let _ = std::fs::remove_file(record.with_extension("env"));
     // The batch script goes with its task (records and scripts are siblings
     // under the state dir).
     if let Some(state_dir) = record.parent().and_then(std::path::Path::parent) {
@@ -351,18 +353,37 @@ pub fn job_umask(order: &LaunchOrder) -> u32 {
 
 /// An output file: created with mode 0666 less `umask` (whatever the
 /// process umask), or an existing one opened for appending (or truncated).
+/// Only a regular file or a character device (`/dev/null`) will do: a FIFO
+/// would block the agent (opened without blocking, then refused).
 fn open_output(path: &std::path::Path, truncate: bool, umask: u32) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::PermissionsExt;
-    match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+    let f = match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
         Ok(f) => {
             f.set_permissions(std::fs::Permissions::from_mode(0o666 & !umask))?;
-            Ok(f)
+            return Ok(f);
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            std::fs::OpenOptions::new().write(true).append(!truncate).truncate(truncate).open(path)
+            std::fs::OpenOptions::new().write(true).custom_flags(nix::libc::O_NONBLOCK).open(path)?
         }
-        Err(e) => Err(e),
+        Err(e) => return Err(e),
+    };
+    let kind = f.metadata()?.file_type();
+    if !(kind.is_file() || kind.is_char_device()) {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
     }
+    // Blocking again, then append or truncate as asked.
+    use std::os::fd::AsRawFd;
+    let fd = f.as_raw_fd();
+    let flags = nix::fcntl::OFlag::from_bits_truncate(nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL)?);
+    let mut flags = flags - nix::fcntl::OFlag::O_NONBLOCK;
+    if !truncate {
+        flags |= nix::fcntl::OFlag::O_APPEND;
+    }
+    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(flags))?;
+    if truncate && kind.is_file() {
+        f.set_len(0)?;
+    }
+    Ok(f)
 }
 
 /// What srun in the task needs to start steps on the job's other nodes: the
@@ -422,6 +443,9 @@ impl Supervisor {
         let Some(exe) = self.shim.clone() else { return };
         let dir = state_dir.join("bin");
         let made = std::fs::create_dir_all(&dir).and_then(|()| {
+            // Every job's user runs these (the agent's umask is 077).
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
             for name in JOB_TOOLS {
                 let link = dir.join(name);
                 if std::fs::read_link(&link).ok().as_deref() != Some(exe.as_path()) {
@@ -444,6 +468,11 @@ impl Supervisor {
 
     fn record_path(&self, key: Key) -> PathBuf {
         self.records_dir.join(format!("{}-{}", key.0, key.1))
+    }
+
+    /// The task's environment for a root shim (removed by the shim once read).
+    fn env_path(&self, key: Key) -> PathBuf {
+        self.records_dir.join(format!("{}-{}.env", key.0, key.1))
     }
 
     fn exit_path(&self, key: Key) -> PathBuf {
@@ -673,7 +702,6 @@ impl Supervisor {
                         })?;
                     c.arg("--user").arg(user.encode());
                 }
-                c.arg("--").args(&argv);
                 c
             }
             None => {
@@ -707,25 +735,51 @@ impl Supervisor {
                 let _ = std::os::unix::fs::chown(&exit, Some(uid), Some(gid));
             }
         }
-        if let (Some((uid, gid)), None) = (ids, &self.shim) {
-            cmd.uid(uid).gid(gid);
-        }
+        // The task's environment, in the order it applies (later wins).
+        let mut env: Vec<(String, String)> = Vec::new();
         if let Some((dir, endpoints)) = &self.job_tools {
             let path = order.env.get("PATH").map_or("/usr/local/bin:/usr/bin:/bin", String::as_str);
-            cmd.env("PATH", format!("{path}:{}", dir.display()));
+            env.push(("PATH".into(), format!("{path}:{}", dir.display())));
             if !order.env.contains_key("GANGWAY_ENDPOINTS") {
-                cmd.env("GANGWAY_ENDPOINTS", endpoints);
+                env.push(("GANGWAY_ENDPOINTS".into(), endpoints.clone()));
             }
         }
-        cmd.current_dir(&workdir)
-            .envs(order.env.iter().filter(|(k, _)| self.job_tools.is_none() || *k != "PATH"))
-            .envs(task_env(order, &self.node))
-            .envs(step_env(order, self.step_ca_pem.as_deref()))
-            .stdin(std::process::Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .process_group(0)
-            .kill_on_drop(false);
+        env.extend(
+            order
+                .env
+                .iter()
+                .filter(|(k, _)| self.job_tools.is_none() || *k != "PATH")
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        env.extend(task_env(order, &self.node));
+        env.extend(step_env(order, self.step_ca_pem.as_deref()).into_iter().map(|(k, v)| (k.to_string(), v)));
+        match (ids, &self.shim) {
+            // A root shim gets an empty environment and the root directory:
+            // the task's environment and working directory take effect only
+            // once it is the user (nothing of the job's reaches a root process).
+            (Some(_), Some(_)) => {
+                let mut full: BTreeMap<String, String> = std::env::vars_os()
+                    .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+                    .collect();
+                full.extend(env);
+                let env_file = self.env_path(key);
+                let entries: Vec<(String, String)> = full.into_iter().collect();
+                crate::shim::write_env_file(&env_file, &entries)
+                    .map_err(|e| format!("cannot write the task's environment: {e}"))?;
+                cmd.env_clear().current_dir("/").arg("--env-file").arg(&env_file).arg("--workdir").arg(&workdir);
+            }
+            (Some((uid, gid)), None) => {
+                cmd.uid(uid).gid(gid).current_dir(&workdir).envs(env);
+            }
+            (None, _) => {
+                cmd.current_dir(&workdir).envs(env);
+            }
+        }
+        if self.shim.is_some() {
+            // The shim's own options end here; the rest is the command.
+            cmd.arg("--").args(&argv);
+        }
+        cmd.stdin(std::process::Stdio::null()).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
         let mut child = cmd.spawn().map_err(|e| format!("cannot start the task: {e}"))?;
         let stopping = Arc::new(AtomicBool::new(false));
         let pid = child.id().ok_or("the task exited before it could be tracked")?;
@@ -1022,6 +1076,11 @@ mod tests {
             assert!(err.contains("cannot open output file") && err.contains("ermission denied"), "{output}: {err}");
         }
         assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root:x:0:0\n", "the root-only file was touched");
+        // A FIFO (which would block the agent forever) is refused at once.
+        let fifo = open_dir.join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+        let err = s.launch(&as_nobody(&fifo.display().to_string(), "job")).unwrap_err();
+        assert!(err.contains("cannot open output file"), "{err}");
         assert!(s.running().is_empty());
         // A file of its own, in a directory it may write, opens as the user's.
         s.launch(&as_nobody(&format!("{}/%j.out", open_dir.display()), "ok")).unwrap();

@@ -23,9 +23,25 @@ pub struct View {
     pub health: Vec<GpuHealthReport>,
 }
 
-pub fn render(node: &str, gpus: &[GpuInventory], view: &View, nvml: Option<&NvmlProvider>) -> String {
+/// `cert_not_after`: when the agent's TLS certificate expires (Unix seconds).
+pub fn render(
+    node: &str,
+    gpus: &[GpuInventory],
+    view: &View,
+    nvml: Option<&NvmlProvider>,
+    cert_not_after: Option<i64>,
+) -> String {
     let mut g = Gauges::default();
     let n = [("node", node)];
+    if let Some(not_after) = cert_not_after {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        g.set(
+            "gangway_tls_cert_expiry_seconds",
+            "Seconds until this agent's TLS certificate expires (negative: expired).",
+            &n,
+            (not_after - now) as f64,
+        );
+    }
     g.set(
         "gangway_agent_registered",
         "1 when the node is registered with the leader.",
@@ -74,11 +90,12 @@ pub fn serve(
     gpus: Vec<GpuInventory>,
     view: Arc<Mutex<View>>,
     nvml: Option<Arc<NvmlProvider>>,
+    tls: Option<Arc<gangway_proto::tls::Credentials>>,
 ) -> tokio::task::JoinHandle<()> {
     telemetry::recorder();
     let render = Arc::new(move || {
         let v = view.lock().expect("view lock");
-        render(&node, &gpus, &v, nvml.as_deref())
+        render(&node, &gpus, &v, nvml.as_deref(), tls.as_ref().and_then(|c| c.not_after()))
     });
     tokio::spawn(telemetry::serve(listener, render))
 }

@@ -682,7 +682,7 @@ async fn current_step_addr(node: &str) -> Option<String> {
     let step_credential = std::env::var(gangway_proto::step_cred::STEP_CREDENTIAL_ENV).ok();
     let security = match &step_credential {
         Some(_) => step_security().ok()?,
-        None => crate::tls::TlsArgs::from_env().for_client().ok()?,
+        None => crate::tls::TlsArgs::from_env().for_client(&endpoints).ok()?,
     };
     let mut client = gangway_proto::client::Client::new(&endpoints, &identity, &security).ok()?;
     if let Some(c) = &step_credential {

@@ -113,7 +113,8 @@ impl JobService for JobApi {
         match state.jobs.get(&job_id) {
             Some(job) if !viewer.visible(job) => Err(Status::not_found(format!("job {job_id} does not exist"))),
             Some(job) => Ok(Response::new(viewer.job(job))),
-            None if job_id > 0 && job_id < state.next_job_id => {
+            // With private jobs, a job long gone and another user's read alike.
+            None if job_id > 0 && job_id < state.next_job_id && !self.replica.private_jobs => {
                 Err(Status::not_found(format!("job {job_id} finished long ago and is no longer kept")))
             }
             None => Err(Status::not_found(format!("job {job_id} does not exist"))),

@@ -96,12 +96,9 @@ impl Replica {
                 // The call, by its request message (`SubmitRequest` → `Submit`).
                 let name = std::any::type_name::<T>().rsplit("::").next().unwrap_or("call");
                 let method = name.strip_suffix("Request").unwrap_or(name).to_string();
-                let who = match req.extensions().get::<gangway_proto::tls::PeerInfo>().and_then(|p| p.remote) {
-                    Some(addr) => format!("anonymous@{}", addr.ip()),
-                    None => "anonymous".to_string(),
-                };
+                let ip = req.extensions().get::<gangway_proto::tls::PeerInfo>().and_then(|p| p.remote).map(|a| a.ip());
                 let outcome = if s.code() == tonic::Code::Unauthenticated { "unauthenticated" } else { "denied" };
-                self.audit.record(&who, &method, "", outcome, s.message());
+                self.audit.record_anonymous(ip, &method, outcome, s.message());
                 Err(s)
             }
         }

@@ -17,10 +17,16 @@ pub struct NodeApi {
 }
 
 impl NodeApi {
-    fn node(&self, name: &str) -> Result<Node, Status> {
+    fn node(&self, name: &str, see_jobs: bool) -> Result<Node, Status> {
         let state = self.replica.node.state().read();
         let node = state.nodes.get(name).ok_or_else(|| Status::not_found(format!("node {name} does not exist")))?;
-        Ok(node_to_proto(node, self.replica.heartbeat_age_ms(name)))
+        Ok(shown(node_to_proto(node, self.replica.heartbeat_age_ms(name)), see_jobs))
+    }
+
+    /// Whether `ctx` sees which jobs run where: with `--private-jobs`, only
+    /// admins and servers do.
+    fn sees_jobs(&self, ctx: &CallCtx) -> bool {
+        !self.replica.private_jobs || self.replica.is_admin(ctx)
     }
 
     async fn set_state(
@@ -50,11 +56,23 @@ impl NodeApi {
         match routed {
             Routed::Forwarded(resp) => Ok(resp),
             Routed::Local(applied) => match applied.outcome {
-                Outcome::NodeStateSet { .. } => Ok(Response::new(self.node(&name)?)),
+                Outcome::NodeStateSet { .. } => Ok(Response::new(self.node(&name, true)?)),
                 other => Err(unexpected(&other)),
             },
         }
     }
+}
+
+/// A node without its jobs (and which job holds each GPU) when the caller
+/// may not see them.
+fn shown(mut n: Node, see_jobs: bool) -> Node {
+    if !see_jobs {
+        n.jobs.clear();
+        for g in &mut n.gpus {
+            g.allocated_to = None;
+        }
+    }
+    n
 }
 
 enum Forward {
@@ -74,8 +92,13 @@ impl NodeService for NodeApi {
         {
             return Ok(resp);
         }
+        let see_jobs = self.sees_jobs(&ctx);
         let state = self.replica.node.state().read();
-        let nodes = state.nodes.values().map(|n| node_to_proto(n, self.replica.heartbeat_age_ms(&n.name))).collect();
+        let nodes = state
+            .nodes
+            .values()
+            .map(|n| shown(node_to_proto(n, self.replica.heartbeat_age_ms(&n.name)), see_jobs))
+            .collect();
         Ok(Response::new(ListNodesResponse { nodes }))
     }
 
@@ -91,7 +114,7 @@ impl NodeService for NodeApi {
                     claims.job_id
                 )));
             }
-            return Ok(Response::new(self.node(&name)?));
+            return Ok(Response::new(self.node(&name, !self.replica.private_jobs)?));
         }
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
@@ -103,7 +126,7 @@ impl NodeService for NodeApi {
         {
             return Ok(resp);
         }
-        Ok(Response::new(self.node(&name)?))
+        Ok(Response::new(self.node(&name, self.sees_jobs(&ctx))?))
     }
 
     async fn drain(&self, req: Request<DrainRequest>) -> Result<Response<Node>, Status> {

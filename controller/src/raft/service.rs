@@ -35,7 +35,8 @@ fn require_server<T>(req: &Request<T>, audit: &AuditLog) -> Result<Option<String
         }
         PeerAuth::Anonymous | PeerAuth::Unusable(_) => {
             metrics::counter!("gangway_api_denied_total", "reason" => "unauthenticated").increment(1);
-            audit.record("anonymous", "raft", "", "unauthenticated", "no server certificate");
+            let ip = req.extensions().get::<gangway_proto::tls::PeerInfo>().and_then(|p| p.remote).map(|a| a.ip());
+            audit.record_anonymous(ip, "raft", "unauthenticated", "no server certificate");
             Err(Status::unauthenticated("Raft needs a server certificate signed by the cluster's CA"))
         }
     }
