@@ -205,7 +205,8 @@ pub struct SetArgs {
     /// Refuse jobs from users without a policy entry.
     #[arg(long)]
     enforce_users: Option<bool>,
-    /// Admin identities or user names, comma-separated (empty list: everyone).
+    /// Admin identities or user names, comma-separated (an empty list keeps
+    /// the current admins: a cluster that has had an admin always has one).
     #[arg(long, value_delimiter = ',')]
     admins: Option<Vec<String>>,
 }

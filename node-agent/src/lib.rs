@@ -348,6 +348,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         config.shim.clone(),
     );
     tasks.allow_root_jobs = config.allow_root_jobs;
+    if !nix::unistd::geteuid().is_root() {
+        let me = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name);
+        tracing::warn!(
+            user = me.as_deref().unwrap_or("unknown"),
+            "this agent does not run as root: it runs only its own user's jobs and refuses the others'"
+        );
+    }
     if let Some(creds) = config.security.credentials() {
         // srun in a job checks the other nodes' agents against the cluster's CA.
         let ca = std::fs::read_to_string(&creds.files().ca)

@@ -299,8 +299,9 @@ pub struct ClusterPolicy {
     pub backfill_reservations: u32,
     /// Refuse jobs from users without a policy entry (otherwise they charge `root`).
     pub enforce_users: bool,
-    /// Identities allowed to change the policy and other users' jobs; empty:
-    /// everyone (a fresh or development cluster).
+    /// Identities allowed to change the policy and other users' jobs. Empty
+    /// means nobody (default deny): a new cluster gets its first admin from
+    /// the replicas' `--bootstrap-admin`, committed by the leader.
     pub admins: Vec<String>,
 }
 
