@@ -75,6 +75,10 @@ pub struct ControllerArgs {
     /// Serve Prometheus metrics at HOST:PORT, path /metrics (e.g. 0.0.0.0:9464).
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// Serve the metrics over TLS with this replica's certificate, only to
+    /// scrapers with a certificate of the cluster's CA (any role).
+    #[arg(long)]
+    metrics_tls: bool,
     /// A user who is an admin while the policy names none: the first admin of
     /// a new cluster (repeatable; give every replica the same list).
     #[arg(long = "bootstrap-admin")]
@@ -155,9 +159,14 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
     };
     let mut handle = gangway_controller::replica::start(config, listener).await?;
     tracing::info!(id = a.id, addr = %handle.local_addr, "controller serving");
+    let metrics_tls = match (handle.replica.security.credentials(), a.metrics_tls) {
+        (Some(c), true) => Some(c.server_config_for(b"http/1.1").map_err(|e| anyhow::anyhow!("metrics TLS: {e}"))?),
+        (None, true) => bail!("metrics-tls: needs the replica's certificate (not --insecure)"),
+        (_, false) => None,
+    };
     let _metrics = metrics.map(|l| {
-        tracing::info!(addr = ?l.local_addr().ok(), "serving metrics");
-        gangway_controller::telemetry::serve(handle.replica.clone(), l)
+        tracing::info!(addr = ?l.local_addr().ok(), tls = metrics_tls.is_some(), "serving metrics");
+        gangway_controller::telemetry::serve(handle.replica.clone(), l, metrics_tls)
     });
     tokio::select! {
         r = handle.wait() => r,
@@ -244,6 +253,10 @@ pub struct AgentArgs {
     /// Serve Prometheus metrics (node and per-GPU) at HOST:PORT, path /metrics.
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// Serve the metrics over TLS with this node's certificate, only to
+    /// scrapers with a certificate of the cluster's CA (any role).
+    #[arg(long)]
+    metrics_tls: bool,
     /// The address other nodes reach this one at (default: its node name):
     /// srun's steps and training rendezvous (MASTER_ADDR) use it.
     #[arg(long, default_value = "")]
@@ -350,6 +363,7 @@ pub async fn agent(a: AgentArgs, identity: &str, tls: &crate::tls::TlsArgs) -> a
         shim: Some(std::env::current_exe().context("finding the gangway binary for task-shim")?),
         kill_tasks_on_exit: false,
         metrics_listen: a.metrics_listen,
+        metrics_tls: a.metrics_tls,
         step_listen: (a.step_listen != "none").then_some(a.step_listen),
         health_check: a
             .health_check_program

@@ -105,7 +105,7 @@ pub async fn run(a: DevArgs, identity: &str, tls: &crate::tls::TlsArgs) -> anyho
         };
         let h = gangway_controller::replica::start(config, listener).await?;
         if !metrics.is_empty() {
-            metric_tasks.push(gangway_controller::telemetry::serve(h.replica.clone(), metrics.remove(0)));
+            metric_tasks.push(gangway_controller::telemetry::serve(h.replica.clone(), metrics.remove(0), None));
         }
         handles.push(h);
     }

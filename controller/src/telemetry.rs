@@ -152,9 +152,14 @@ pub fn render(replica: &Replica) -> String {
     g.finish()
 }
 
-/// Serves this replica's metrics on `listener` until the returned task is aborted.
-pub fn serve(replica: Arc<Replica>, listener: TcpListener) -> tokio::task::JoinHandle<()> {
+/// Serves this replica's metrics on `listener` until the returned task is
+/// aborted; with `tls`, over TLS to clients with a certificate of the CA.
+pub fn serve(
+    replica: Arc<Replica>,
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> tokio::task::JoinHandle<()> {
     describe();
     let render = Arc::new(move || render(&replica));
-    tokio::spawn(telemetry::serve(listener, render))
+    tokio::spawn(telemetry::serve(listener, render, tls))
 }

@@ -1151,7 +1151,7 @@ async fn metrics_pass_promtool_and_a_real_prometheus_scrapes_them() {
     for (id, h) in &c.handles {
         let l = bind("127.0.0.1:0").await;
         targets.insert(*id, l.local_addr().unwrap().to_string());
-        serving.push(gangway_controller::telemetry::serve(h.replica.clone(), l));
+        serving.push(gangway_controller::telemetry::serve(h.replica.clone(), l, None));
     }
     let agent_addr = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

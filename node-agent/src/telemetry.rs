@@ -91,11 +91,12 @@ pub fn serve(
     view: Arc<Mutex<View>>,
     nvml: Option<Arc<NvmlProvider>>,
     tls: Option<Arc<gangway_proto::tls::Credentials>>,
+    metrics_tls: Option<Arc<rustls::ServerConfig>>,
 ) -> tokio::task::JoinHandle<()> {
     telemetry::recorder();
     let render = Arc::new(move || {
         let v = view.lock().expect("view lock");
         render(&node, &gpus, &v, nvml.as_deref(), tls.as_ref().and_then(|c| c.not_after()))
     });
-    tokio::spawn(telemetry::serve(listener, render))
+    tokio::spawn(telemetry::serve(listener, render, metrics_tls))
 }

@@ -78,47 +78,80 @@ impl Gauges {
 }
 
 /// Serves `GET /metrics` with `render()`'s text until the task is dropped.
-pub async fn serve(listener: TcpListener, render: Arc<dyn Fn() -> String + Send + Sync>) {
+/// With `tls`, over TLS, and only to a client whose certificate the cluster's
+/// CA signed (any role: Prometheus gets a client certificate of its own).
+pub async fn serve(
+    listener: TcpListener,
+    render: Arc<dyn Fn() -> String + Send + Sync>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     loop {
-        let Ok((mut conn, _)) = listener.accept().await else { continue };
-        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let Ok((conn, _)) = listener.accept().await else { continue };
+        // Shed rather than queue: a scraper retries at its next interval.
+        let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
         let render = render.clone();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let mut buf = Vec::with_capacity(512);
-            let read = tokio::time::timeout(REQUEST_TIMEOUT, async {
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < REQUEST_BYTES_MAX {
-                    match conn.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return false,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            match acceptor {
+                None => answer(conn, render).await,
+                Some(acceptor) => {
+                    let Ok(Ok(tls)) = tokio::time::timeout(REQUEST_TIMEOUT, acceptor.accept(conn)).await else {
+                        return;
+                    };
+                    let known = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .is_some_and(|leaf| crate::tls::principal_of(leaf).is_ok());
+                    if known {
+                        answer(tls, render).await;
                     }
                 }
-                true
-            })
-            .await;
-            if !matches!(read, Ok(true)) {
-                return;
             }
-            let request = String::from_utf8_lossy(&buf);
-            let mut words = request.split_whitespace();
-            let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-            let path = path.split('?').next().unwrap_or("");
-            let (status, kind, body) = match (method, path) {
-                ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", render()),
-                ("GET", "/") => ("200 OK", "text/plain; charset=utf-8", "Gangway: metrics at /metrics\n".to_string()),
-                _ => ("404 Not Found", "text/plain; charset=utf-8", "not found: try /metrics\n".to_string()),
-            };
-            let head = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = conn.write_all(head.as_bytes()).await;
-            let _ = conn.write_all(body.as_bytes()).await;
-            let _ = conn.shutdown().await;
         });
     }
+}
+
+/// Reads one request and answers it.
+async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut conn: S,
+    render: Arc<dyn Fn() -> String + Send + Sync>,
+) {
+    let mut buf = Vec::with_capacity(512);
+    let read = tokio::time::timeout(REQUEST_TIMEOUT, async {
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < REQUEST_BYTES_MAX {
+            match conn.read(&mut chunk).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        true
+    })
+    .await;
+    if !matches!(read, Ok(true)) {
+        return;
+    }
+    let request = String::from_utf8_lossy(&buf);
+    let mut words = request.split_whitespace();
+    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    let (status, kind, body) = match (method, path) {
+        ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", render()),
+        ("GET", "/") => ("200 OK", "text/plain; charset=utf-8", "Gangway: metrics at /metrics\n".to_string()),
+        _ => ("404 Not Found", "text/plain; charset=utf-8", "not found: try /metrics\n".to_string()),
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = conn.write_all(head.as_bytes()).await;
+    let _ = conn.write_all(body.as_bytes()).await;
+    let _ = conn.shutdown().await;
 }
 
 #[cfg(test)]
@@ -134,5 +167,42 @@ mod tests {
         assert_eq!(text.matches("# TYPE gangway_jobs gauge").count(), 1, "{text}");
         assert!(text.contains("gangway_jobs{state=\"pending\"} 3\n"), "{text}");
         assert!(text.contains("gangway_jobs{state=\"run\\\"ning\"} 1\n"), "{text}");
+    }
+
+    /// With TLS, metrics go only to a scraper holding a certificate of the
+    /// cluster's CA.
+    #[tokio::test]
+    async fn tls_metrics_need_a_client_certificate() {
+        use crate::tls::{Credentials, Expect, Principal, Role, TlsFiles};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = std::env::temp_dir().join(format!("gangway-metrics-tls-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let ps = [Principal::new(Role::Server, "1").unwrap(), Principal::new(Role::Client, "prometheus").unwrap()];
+        crate::pki::throwaway(&dir, &ps).unwrap();
+        let server = Credentials::load(TlsFiles::in_dir(&dir, "server-1")).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let render: Arc<dyn Fn() -> String + Send + Sync> = Arc::new(|| "gangway_up 1\n".to_string());
+        let task = tokio::spawn(serve(listener, render, Some(server.server_config_for(b"http/1.1").unwrap())));
+        let scrape = |files: TlsFiles| async move {
+            let creds = Credentials::load(files).unwrap();
+            let mut cfg = (*creds.client_config(Expect::Server).unwrap()).clone();
+            cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let name = rustls::pki_types::ServerName::try_from("gangway").unwrap();
+            let Ok(mut tls) = tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await else {
+                return String::new();
+            };
+            let _ = tls.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+            let mut out = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut out)).await;
+            String::from_utf8_lossy(&out).into_owned()
+        };
+        let with_cert = scrape(TlsFiles::in_dir(&dir, "client-prometheus")).await;
+        assert!(with_cert.starts_with("HTTP/1.1 200 OK") && with_cert.contains("gangway_up 1"), "{with_cert}");
+        let without = scrape(TlsFiles { ca: dir.join("ca.pem"), cert: None }).await;
+        assert!(!without.contains("gangway_up"), "{without}");
+        task.abort();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

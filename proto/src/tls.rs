@@ -62,8 +62,10 @@ pub const HANDSHAKES_PER_PEER_MAX: usize = 32;
 const ACCEPTED_QUEUE_MAX: usize = 64;
 /// Largest certificate, key or CA file read: real ones are a few kilobytes.
 const PEM_FILE_BYTES_MAX: u64 = 1024 * 1024;
-/// The name sent as SNI; servers are verified by role, not by this name.
-const SNI_NAME: &str = "gangway";
+/// The name sent as SNI; servers are verified by role, not by this name
+/// (server and agent certificates from `gangway tls` carry it as a DNS name,
+/// for tools that check names).
+pub const SNI_NAME: &str = "gangway";
 
 /// What a certificate allows its holder to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -360,6 +362,12 @@ impl Credentials {
     /// A rustls server configuration that asks for (but does not require) a
     /// client certificate signed by the CA.
     pub fn server_config(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>, String> {
+        self.server_config_for(b"h2")
+    }
+
+    /// [`Credentials::server_config`] for another application protocol
+    /// (`http/1.1` for the metrics endpoint).
+    pub fn server_config_for(self: &Arc<Self>, alpn: &[u8]) -> Result<Arc<rustls::ServerConfig>, String> {
         if self.files.cert.is_none() {
             return Err("a TLS server needs a certificate and key".into());
         }
@@ -368,7 +376,7 @@ impl Credentials {
             .map_err(|e| e.to_string())?
             .with_client_cert_verifier(Arc::new(ReloadingClientVerifier(self.clone())))
             .with_cert_resolver(Arc::new(ReloadingCert(self.clone())));
-        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        cfg.alpn_protocols = vec![alpn.to_vec()];
         Ok(Arc::new(cfg))
     }
 
