@@ -142,8 +142,15 @@ enum Cmd {
     /// Internal: runs one job task for an agent and records its exit status.
     #[command(hide = true)]
     TaskShim {
+        /// Where to record how the command ended (not with --exec).
+        #[arg(long, required_unless_present = "exec")]
+        exit_file: Option<std::path::PathBuf>,
+        /// Become the command (after the setup) instead of waiting for it.
         #[arg(long)]
-        exit_file: std::path::PathBuf,
+        exec: bool,
+        /// Read the command's environment from standard input.
+        #[arg(long)]
+        env_stdin: bool,
         /// Become UID:GID:GROUPS before running the command.
         #[arg(long)]
         user: Option<String>,
@@ -264,14 +271,16 @@ fn main() {
     if !matches!(cli.command, Cmd::Controller(_) | Cmd::Agent(_) | Cmd::Dev(_) | Cmd::Bench(_) | Cmd::TaskShim { .. }) {
         quiet_on_closed_stdout();
     }
-    if let Cmd::TaskShim { exit_file, user, env_file, workdir, argv } = &cli.command {
+    if let Cmd::TaskShim { exit_file, exec, env_stdin, user, env_file, workdir, argv } = &cli.command {
         // Before any runtime or logging: the shim is only a waiting parent.
         let setup = gangway_node_agent::shim::TaskSetup {
+            exec: *exec,
+            env_stdin: *env_stdin,
             user: user.clone(),
             env_file: env_file.clone(),
             workdir: workdir.clone(),
         };
-        std::process::exit(gangway_node_agent::shim::run(exit_file, &setup, argv));
+        std::process::exit(gangway_node_agent::shim::run(exit_file.as_deref(), &setup, argv));
     }
     if let Cmd::Srun(a) = cli.command {
         // Inside a job srun needs no controller: the job's environment says

@@ -61,8 +61,28 @@ fn free_port() -> u16 {
 }
 
 fn spawn(args: &[&str], log: &Path) -> Child {
+    spawn_exe(Path::new(GANGWAY), args, log)
+}
+
+fn spawn_exe(exe: &Path, args: &[&str], log: &Path) -> Child {
     let log = std::fs::File::create(log).unwrap();
-    Command::new(GANGWAY).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().unwrap()
+    Command::new(exe).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().unwrap()
+}
+
+/// The `gangway` binary where every user can run it, as an installed one is
+/// (/usr/local/bin): agents link the Slurm commands in jobs' PATH to their own
+/// binary, and the build's is under a home directory others cannot enter.
+/// Removed with the returned directory.
+fn agent_bin() -> (tempfile::TempDir, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new().prefix("gangway-e2e-bin-").tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = dir.path().join("gangway");
+    if std::fs::hard_link(GANGWAY, &exe).is_err() {
+        std::fs::copy(GANGWAY, &exe).unwrap();
+    }
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (dir, exe)
 }
 
 /// `gangway agent` arguments for test node `n` (state under `dir`).
@@ -113,6 +133,7 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 
 #[test]
 fn controllers_agents_and_cli_as_separate_processes() {
+    let (_agent_bin, agent_exe) = agent_bin();
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
@@ -146,7 +167,7 @@ fn controllers_agents_and_cli_as_separate_processes() {
     for n in 1..=2 {
         let args = agent_args(&endpoints, n, dir.path());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        procs.0.push(spawn(&args, &dir.path().join(format!("a{n}.log"))));
+        procs.0.push(spawn_exe(&agent_exe, &args, &dir.path().join(format!("a{n}.log"))));
     }
     // Both nodes registered, seen through the CLI.
     eventually("agents never registered", || {
@@ -215,7 +236,7 @@ fn controllers_agents_and_cli_as_separate_processes() {
         // re-adopts stay in the old agent's session.
         let log = std::fs::File::create(dir.path().join(format!("a{n}-restarted.log"))).unwrap();
         let mut agent = Command::new("setsid");
-        agent.arg(GANGWAY).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        agent.arg(&agent_exe).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
         procs.0[2 + n] = agent.spawn().unwrap();
     };
     restart_agent(&mut procs, 1);
@@ -309,6 +330,23 @@ fn ordinary_users_jobs_run_as_them(endpoints: &str, dir: &Path) {
             assert!(!left.iter().any(|f| f.to_string_lossy().starts_with(&format!("job-{id}-"))), "{left:?}");
         }
     }
+    // Its srun steps run as it on both nodes too (on the other node started
+    // by that agent's shim), with its groups and the submitter's umask.
+    std::fs::write(
+        shared.join("steps.sh"),
+        "#!/bin/sh\n#SBATCH -N 2\nsrun -l sh -c 'echo \"$(id -un) $(id -G) $(umask)\"'\n",
+    )
+    .unwrap();
+    let o = nobody(&["sbatch", "--parsable", "steps.sh"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id = stdout(&o).trim().to_string();
+    eventually("nobody's steps never completed", || {
+        stdout(&cli(endpoints, &["show", &id, "--json"], &shared)).contains("\"state\": \"COMPLETED\"")
+    });
+    let out = std::fs::read_to_string(shared.join(format!("slurm-{id}.out"))).unwrap();
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["0: nobody 65534 0022", "1: nobody 65534 0022"], "{out}");
     // An ordinary user cannot make itself an admin.
     let o = nobody(&["admin", "set", "--admins", "nobody"]);
     let said = String::from_utf8_lossy(&o.stderr);

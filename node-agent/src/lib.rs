@@ -380,7 +380,16 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 .map_err(|e| anyhow::anyhow!("step-listen: cannot bind {addr}: {e}"))?;
             let port = l.local_addr()?.port();
             tracing::info!(addr = %l.local_addr()?, "serving steps");
-            (Some(AbortOnDrop(steps::serve(l, &config.name, tasks.step_hosts(), config.security.clone())?)), Some(port))
+            (
+                Some(AbortOnDrop(steps::serve(
+                    l,
+                    &config.name,
+                    tasks.step_hosts(),
+                    config.security.clone(),
+                    config.shim.clone(),
+                )?)),
+                Some(port),
+            )
         }
         None => (None, None),
     };

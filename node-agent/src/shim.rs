@@ -51,6 +51,12 @@ impl TaskUser {
         Ok(TaskUser { uid, gid, groups })
     }
 
+    /// The identity of the user with `uid` (and primary group `gid`).
+    pub fn lookup_ids(uid: u32, gid: u32) -> Option<TaskUser> {
+        let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok()??;
+        TaskUser::lookup(&user.name).filter(|u| u.uid == uid && u.gid == gid)
+    }
+
     /// `name`'s identity through NSS, with its supplementary groups.
     pub fn lookup(name: &str) -> Option<TaskUser> {
         let user = nix::unistd::User::from_name(name).ok()??;
@@ -86,18 +92,24 @@ impl TaskUser {
 /// hands it `setup`: the shim reads the task's environment from the agent's
 /// file, becomes the job's user (supplementary groups included), and only then
 /// enters the working directory and runs the command.
-pub fn run(exit_file: &Path, setup: &TaskSetup, argv: &[String]) -> i32 {
+pub fn run(exit_file: Option<&Path>, setup: &TaskSetup, argv: &[String]) -> i32 {
     let refuse = |why: String| {
         eprintln!("task-shim: {why}");
-        let _ = write_atomic(exit_file, "exit 126\n");
+        if let Some(f) = exit_file {
+            let _ = write_atomic(f, "exit 126\n");
+        }
         126
     };
-    let env = match &setup.env_file {
-        Some(f) => match read_env_file(f) {
+    let env = match (&setup.env_file, setup.env_stdin) {
+        (Some(f), _) => match read_env_file(f) {
             Ok(env) => Some(env),
             Err(e) => return refuse(e),
         },
-        None => None,
+        (None, true) => match read_env(std::io::stdin().lock()) {
+            Ok(env) => Some(env),
+            Err(e) => return refuse(e),
+        },
+        (None, false) => None,
     };
     if let Some(u) = &setup.user {
         if let Err(e) = TaskUser::parse(u).and_then(|u| u.become_it()) {
@@ -110,6 +122,12 @@ pub fn run(exit_file: &Path, setup: &TaskSetup, argv: &[String]) -> i32 {
             return refuse(format!("cannot enter the working directory {}: {e}", dir.display()));
         }
     }
+    if setup.exec {
+        return exec(env, argv);
+    }
+    let Some(exit_file) = exit_file else {
+        return refuse("an --exit-file is needed unless --exec".into());
+    };
     let ignored = Arc::new(AtomicBool::new(false));
     use signal_hook::consts::*;
     // Every signal meant for the command (stops, Slurm's --signal warnings)
@@ -117,13 +135,7 @@ pub fn run(exit_file: &Path, setup: &TaskSetup, argv: &[String]) -> i32 {
     for sig in [SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM] {
         let _ = signal_hook::flag::register(sig, ignored.clone());
     }
-    // The submitter's umask (the agent runs with 077).
-    let umask_var = match &env {
-        Some(env) => env.iter().find(|(k, _)| k == "SLURM_UMASK").map(|(_, v)| v.clone()),
-        None => std::env::var("SLURM_UMASK").ok(),
-    };
-    let umask = umask_var.and_then(|u| u32::from_str_radix(u.trim(), 8).ok());
-    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(umask.filter(|u| *u <= 0o777).unwrap_or(0o022)));
+    set_umask(env.as_deref());
     let Some((program, args)) = argv.split_first() else {
         eprintln!("task-shim: nothing to run");
         return 127;
@@ -151,9 +163,44 @@ pub fn run(exit_file: &Path, setup: &TaskSetup, argv: &[String]) -> i32 {
     code
 }
 
+/// Exec mode: the command replaces the shim (same pid, pipes, process
+/// group), now as the user, with the user's umask, and stdin from /dev/null.
+fn exec(env: Option<Vec<(String, String)>>, argv: &[String]) -> i32 {
+    use std::os::unix::process::CommandExt;
+    let Some((program, args)) = argv.split_first() else {
+        eprintln!("task-shim: nothing to run");
+        return 127;
+    };
+    set_umask(env.as_deref());
+    let mut command = std::process::Command::new(program);
+    command.args(args).stdin(std::process::Stdio::null());
+    if let Some(env) = env {
+        command.env_clear().envs(env);
+    }
+    let e = command.exec();
+    eprintln!("task-shim: cannot start {program}: {e}");
+    127
+}
+
+/// The submitter's umask (`SLURM_UMASK`; the agent itself runs with 077).
+fn set_umask(env: Option<&[(String, String)]>) {
+    let var = match env {
+        Some(env) => env.iter().find(|(k, _)| k == "SLURM_UMASK").map(|(_, v)| v.clone()),
+        None => std::env::var("SLURM_UMASK").ok(),
+    };
+    let umask = var.and_then(|u| u32::from_str_radix(u.trim(), 8).ok()).filter(|u| *u <= 0o777).unwrap_or(0o022);
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(umask));
+}
+
 /// How the shim sets the task up (see [`run`]).
 #[derive(Debug, Clone, Default)]
 pub struct TaskSetup {
+    /// Replace the shim with the command once set up (srun's step tasks: the
+    /// agent supervises them directly) instead of waiting for it.
+    pub exec: bool,
+    /// Read the task's environment from standard input (before becoming the
+    /// user; the command then gets /dev/null).
+    pub env_stdin: bool,
     /// Become this user (`UID:GID:GROUPS`) before anything else runs.
     pub user: Option<String>,
     /// The task's environment, `KEY=VALUE` entries each ended by a NUL byte;
@@ -179,6 +226,19 @@ pub fn write_env_file(path: &Path, env: &[(String, String)]) -> std::io::Result<
         .mode(0o600)
         .custom_flags(nix::libc::O_NOFOLLOW)
         .open(path)?;
+    f.write_all(&encode_env(env))
+}
+
+/// Reads and removes the task's environment file.
+fn read_env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
+    let f = std::fs::File::open(path).map_err(|e| format!("environment file {}: {e}", path.display()))?;
+    let env = read_env(f);
+    let _ = std::fs::remove_file(path);
+    env
+}
+
+/// `KEY=VALUE` entries each ended by a NUL byte, as [`encode_env`] writes them.
+pub fn encode_env(env: &[(String, String)]) -> Vec<u8> {
     let mut buf = Vec::new();
     for (k, v) in env {
         buf.extend_from_slice(k.as_bytes());
@@ -186,16 +246,13 @@ pub fn write_env_file(path: &Path, env: &[(String, String)]) -> std::io::Result<
         buf.extend_from_slice(v.as_bytes());
         buf.push(0);
     }
-    f.write_all(&buf)
+    buf
 }
 
-/// Reads and removes the task's environment file.
-fn read_env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
+fn read_env(from: impl std::io::Read) -> Result<Vec<(String, String)>, String> {
     use std::io::Read;
-    let f = std::fs::File::open(path).map_err(|e| format!("environment file {}: {e}", path.display()))?;
     let mut buf = Vec::new();
-    f.take(ENV_FILE_BYTES_MAX + 1).read_to_end(&mut buf).map_err(|e| format!("environment file: {e}"))?;
-    let _ = std::fs::remove_file(path);
+    from.take(ENV_FILE_BYTES_MAX + 1).read_to_end(&mut buf).map_err(|e| format!("environment: {e}"))?;
     if buf.len() as u64 > ENV_FILE_BYTES_MAX {
         return Err(format!("environment file: larger than {ENV_FILE_BYTES_MAX} bytes"));
     }

@@ -76,11 +76,19 @@ pub struct StepServer {
     /// With TLS, a step needs the job's step credential (signed by a
     /// controller replica); an insecure agent takes any step of a running job.
     security: gangway_proto::tls::Security,
+    /// The `gangway` binary: a root agent starts step tasks through its
+    /// shim, which becomes the user with the user's groups and umask.
+    shim: Option<std::path::PathBuf>,
 }
 
 impl StepServer {
-    pub fn new(node: &str, hosts: StepHosts, security: gangway_proto::tls::Security) -> StepServer {
-        StepServer { node: node.to_string(), hosts, security }
+    pub fn new(
+        node: &str,
+        hosts: StepHosts,
+        security: gangway_proto::tls::Security,
+        shim: Option<std::path::PathBuf>,
+    ) -> StepServer {
+        StepServer { node: node.to_string(), hosts, security, shim }
     }
 
     /// The caller must hold this job attempt's step credential naming this node.
@@ -178,27 +186,78 @@ impl StepService for StepServer {
         for (local, task) in r.tasks.iter().enumerate() {
             let gpus = if per_task > 0 { &host.gpus[local * per_task..(local + 1) * per_task] } else { &host.gpus[..] };
             let visible: Vec<String> = gpus.iter().map(u32::to_string).collect();
-            let mut cmd = tokio::process::Command::new(&r.argv[0]);
-            cmd.args(&r.argv[1..])
-                .env_clear()
-                .envs(&r.env)
-                .envs(&task.env)
-                .env("CUDA_VISIBLE_DEVICES", visible.join(","))
-                .env("SLURM_GPUS_ON_NODE", host.gpus.len().to_string())
-                .env("SLURM_JOB_GPUS", host.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
-                .env("SLURMD_NODENAME", &self.node)
-                .current_dir(&workdir)
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::piped())
+            // The task's environment, in the order it applies (later wins).
+            let mut env: Vec<(String, String)> =
+                r.env.iter().chain(&task.env).map(|(k, v)| (k.clone(), v.clone())).collect();
+            env.push(("CUDA_VISIBLE_DEVICES".into(), visible.join(",")));
+            env.push(("SLURM_GPUS_ON_NODE".into(), host.gpus.len().to_string()));
+            env.push(("SLURM_JOB_GPUS".into(), host.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")));
+            env.push(("SLURMD_NODENAME".into(), self.node.clone()));
+            // As root, through the shim: it reads the environment from its
+            // stdin, becomes the user (groups too), enters the directory and
+            // becomes the command; nothing of the job's reaches a root process.
+            let via_shim = match (&self.shim, host.ids) {
+                (Some(shim), Some((uid, gid))) => match crate::shim::TaskUser::lookup_ids(uid, gid) {
+                    Some(user) => Some((shim.clone(), user)),
+                    None => {
+                        let end = StepTaskEnd {
+                            rank: task.rank,
+                            exit_code: None,
+                            signal: None,
+                            error: format!("the job's user (uid {uid}) is unknown on {}", self.node),
+                        };
+                        let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
+                        continue;
+                    }
+                },
+                _ => None,
+            };
+            let mut cmd = match &via_shim {
+                Some((shim, user)) => {
+                    let mut c = tokio::process::Command::new(shim);
+                    c.arg("task-shim")
+                        .arg("--exec")
+                        .arg("--env-stdin")
+                        .arg("--user")
+                        .arg(user.encode())
+                        .arg("--workdir")
+                        .arg(&workdir)
+                        .arg("--")
+                        .args(&r.argv)
+                        .env_clear()
+                        .current_dir("/")
+                        .stdin(std::process::Stdio::piped());
+                    c
+                }
+                None => {
+                    let mut c = tokio::process::Command::new(&r.argv[0]);
+                    c.args(&r.argv[1..])
+                        .env_clear()
+                        .envs(env.clone())
+                        .current_dir(&workdir)
+                        .stdin(std::process::Stdio::null());
+                    if let Some((uid, gid)) = host.ids {
+                        c.uid(uid).gid(gid);
+                    }
+                    c
+                }
+            };
+            cmd.stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .process_group(0)
                 .kill_on_drop(true);
-            if let Some((uid, gid)) = host.ids {
-                cmd.uid(uid).gid(gid);
-            }
             let rank = task.rank;
             match cmd.spawn() {
-                Ok(child) => {
+                Ok(mut child) => {
+                    if let Some(mut stdin) = child.stdin.take() {
+                        use tokio::io::AsyncWriteExt;
+                        let bytes = crate::shim::encode_env(&env);
+                        // Bounded by the step's environment limits; the shim
+                        // reads it all before anything else.
+                        tokio::spawn(async move {
+                            let _ = stdin.write_all(&bytes).await;
+                        });
+                    }
                     if let Some(pid) = child.id() {
                         if let Some(dir) = &host.cgroup {
                             if let Err(e) = crate::cgroup::Cgroups::add(dir, pid) {
@@ -331,11 +390,12 @@ pub fn serve(
     node: &str,
     hosts: StepHosts,
     security: gangway_proto::tls::Security,
+    shim: Option<std::path::PathBuf>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     use gangway_proto::v1::step_service_server::StepServiceServer;
     let incoming =
         gangway_proto::tls::incoming(listener, &security).map_err(|e| anyhow::anyhow!("step service TLS: {e}"))?;
-    let server = StepServer::new(node, hosts, security);
+    let server = StepServer::new(node, hosts, security, shim);
     Ok(tokio::spawn(async move {
         if let Err(e) = tonic::transport::Server::builder()
             .add_service(StepServiceServer::new(server))
@@ -385,7 +445,7 @@ mod tests {
             workdir: dir.path().display().to_string(),
         };
         hosts.lock().unwrap().insert((7, 1), host);
-        let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure);
+        let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure, None);
 
         // Another attempt of a job that runs here, or a bad request: refused
         // at once, with the field named.
@@ -440,7 +500,7 @@ mod tests {
 
         // A step that arrives before its allocation here waits for it.
         let early = {
-            let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure);
+            let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure, None);
             tokio::spawn(async move { server.run(Request::new(request(9, &["true"], &[0]))).await.map(|_| ()) })
         };
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -471,7 +531,7 @@ mod tests {
         gangway_proto::pki::throwaway(dir.path(), &ps).unwrap();
         let server = Credentials::load(TlsFiles::in_dir(dir.path(), "server-1")).unwrap();
         let agent = Credentials::load(TlsFiles::in_dir(dir.path(), "agent-n2")).unwrap();
-        let step = StepServer::new("n2", StepHosts::default(), Security::Tls(agent.clone()));
+        let step = StepServer::new("n2", StepHosts::default(), Security::Tls(agent.clone()), None);
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
         let call = |credential: Option<String>| {
             let mut r = Request::new(request(7, &["true"], &[0]));
