@@ -76,9 +76,12 @@ pub struct ControllerArgs {
     #[arg(long)]
     metrics_listen: Option<String>,
     /// Serve the metrics over TLS with this replica's certificate, only to
-    /// scrapers with a certificate of the cluster's CA (any role).
+    /// the scrapers --metrics-client names.
     #[arg(long)]
     metrics_tls: bool,
+    /// A client certificate name allowed to scrape with --metrics-tls (repeatable).
+    #[arg(long = "metrics-client", default_value = "prometheus")]
+    metrics_clients: Vec<String>,
     /// A user who is an admin while the policy names none: the first admin of
     /// a new cluster (repeatable; give every replica the same list).
     #[arg(long = "bootstrap-admin")]
@@ -160,7 +163,10 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
     let mut handle = gangway_controller::replica::start(config, listener).await?;
     tracing::info!(id = a.id, addr = %handle.local_addr, "controller serving");
     let metrics_tls = match (handle.replica.security.credentials(), a.metrics_tls) {
-        (Some(c), true) => Some(c.server_config_for(b"http/1.1").map_err(|e| anyhow::anyhow!("metrics TLS: {e}"))?),
+        (Some(c), true) => Some(gangway_proto::telemetry::MetricsTls {
+            config: c.server_config_for(b"http/1.1").map_err(|e| anyhow::anyhow!("metrics TLS: {e}"))?,
+            scrapers: a.metrics_clients.clone(),
+        }),
         (None, true) => bail!("metrics-tls: needs the replica's certificate (not --insecure)"),
         (_, false) => None,
     };
@@ -253,10 +259,13 @@ pub struct AgentArgs {
     /// Serve Prometheus metrics (node and per-GPU) at HOST:PORT, path /metrics.
     #[arg(long)]
     metrics_listen: Option<String>,
-    /// Serve the metrics over TLS with this node's certificate, only to
-    /// scrapers with a certificate of the cluster's CA (any role).
+    /// Serve the metrics over TLS with this node's certificate, only to the
+    /// scrapers --metrics-client names.
     #[arg(long)]
     metrics_tls: bool,
+    /// A client certificate name allowed to scrape with --metrics-tls (repeatable).
+    #[arg(long = "metrics-client", default_value = "prometheus")]
+    metrics_clients: Vec<String>,
     /// The address other nodes reach this one at (default: its node name):
     /// srun's steps and training rendezvous (MASTER_ADDR) use it.
     #[arg(long, default_value = "")]
@@ -363,7 +372,7 @@ pub async fn agent(a: AgentArgs, identity: &str, tls: &crate::tls::TlsArgs) -> a
         shim: Some(std::env::current_exe().context("finding the gangway binary for task-shim")?),
         kill_tasks_on_exit: false,
         metrics_listen: a.metrics_listen,
-        metrics_tls: a.metrics_tls,
+        metrics_tls: a.metrics_tls.then_some(a.metrics_clients),
         step_listen: (a.step_listen != "none").then_some(a.step_listen),
         health_check: a
             .health_check_program

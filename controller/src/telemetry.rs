@@ -157,7 +157,7 @@ pub fn render(replica: &Replica) -> String {
 pub fn serve(
     replica: Arc<Replica>,
     listener: TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<telemetry::MetricsTls>,
 ) -> tokio::task::JoinHandle<()> {
     describe();
     let render = Arc::new(move || render(&replica));

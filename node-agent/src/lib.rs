@@ -74,8 +74,9 @@ pub struct AgentConfig {
     pub kill_tasks_on_exit: bool,
     /// Serve Prometheus metrics at this address (`GET /metrics`); None: off.
     pub metrics_listen: Option<String>,
-    /// Serve the metrics over TLS, to clients with a certificate of the CA.
-    pub metrics_tls: bool,
+    /// Serve the metrics over TLS, only to these scrapers' client
+    /// certificates (`None`: plain HTTP).
+    pub metrics_tls: Option<Vec<String>>,
     /// Serve the step service (srun's steps on this node) at this address;
     /// None: off (batch jobs then cannot start steps here). Other nodes reach
     /// it at `addr` (or the node's name when `addr` is empty) and its port.
@@ -185,7 +186,7 @@ impl AgentConfig {
             shim: None,
             kill_tasks_on_exit: true,
             metrics_listen: None,
-            metrics_tls: false,
+            metrics_tls: None,
             step_listen: Some("127.0.0.1:0".into()),
         }
     }
@@ -331,12 +332,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 .map_err(|e| anyhow::anyhow!("metrics-listen: cannot bind {addr}: {e}"))?;
             tracing::info!(addr = %l.local_addr()?, "serving metrics");
             let tls = config.security.credentials().cloned();
-            let metrics_tls = match (&tls, config.metrics_tls) {
-                (Some(c), true) => {
-                    Some(c.server_config_for(b"http/1.1").map_err(|e| anyhow::anyhow!("metrics TLS: {e}"))?)
-                }
-                (None, true) => anyhow::bail!("metrics-tls: needs the agent's certificate (not --insecure)"),
-                (_, false) => None,
+            let metrics_tls = match (&tls, &config.metrics_tls) {
+                (Some(c), Some(scrapers)) => Some(gangway_proto::telemetry::MetricsTls {
+                    config: c.server_config_for(b"http/1.1").map_err(|e| anyhow::anyhow!("metrics TLS: {e}"))?,
+                    scrapers: scrapers.clone(),
+                }),
+                (None, Some(_)) => anyhow::bail!("metrics-tls: needs the agent's certificate (not --insecure)"),
+                (_, None) => None,
             };
             let (name, gpus, nvml) = (config.name.clone(), config.gpus.clone(), config.nvml.clone());
             let task = telemetry::serve(l, name, gpus, view.clone(), nvml, tls, metrics_tls);

@@ -150,6 +150,20 @@ fn validate(r: &StepRequest) -> Result<(), Status> {
     }
     let env_bytes: usize = r.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
         + r.tasks.iter().flat_map(|t| t.env.iter()).map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    let bad_var = r
+        .env
+        .iter()
+        .chain(r.tasks.iter().flat_map(|t| t.env.iter()))
+        .find(|(k, v)| k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0'));
+    if let Some((k, _)) = bad_var {
+        return Err(Status::invalid_argument(format!(
+            "env: '{}' is not a variable name with a value (no '=' or NUL in names, no NUL in values)",
+            k.escape_debug()
+        )));
+    }
+    if !r.workdir.is_empty() && !r.workdir.starts_with('/') {
+        return Err(Status::invalid_argument("workdir: must be an absolute path"));
+    }
     if env_bytes > STEP_ENV_BYTES_MAX {
         return Err(Status::invalid_argument(format!("env: at most {STEP_ENV_BYTES_MAX} bytes of environment")));
     }
@@ -220,8 +234,8 @@ impl StepService for StepServer {
                         .arg("--env-stdin")
                         .arg("--user")
                         .arg(user.encode())
-                        .arg("--workdir")
-                        .arg(&workdir)
+                        // One word, so no directory name can pass for an option.
+                        .arg(format!("--workdir={workdir}"))
                         .arg("--")
                         .args(&r.argv)
                         .env_clear()
@@ -249,15 +263,7 @@ impl StepService for StepServer {
             let rank = task.rank;
             match cmd.spawn() {
                 Ok(mut child) => {
-                    if let Some(mut stdin) = child.stdin.take() {
-                        use tokio::io::AsyncWriteExt;
-                        let bytes = crate::shim::encode_env(&env);
-                        // Bounded by the step's environment limits; the shim
-                        // reads it all before anything else.
-                        tokio::spawn(async move {
-                            let _ = stdin.write_all(&bytes).await;
-                        });
-                    }
+                    let stdin = child.stdin.take();
                     if let Some(pid) = child.id() {
                         if let Some(dir) = &host.cgroup {
                             if let Err(e) = crate::cgroup::Cgroups::add(dir, pid) {
@@ -276,6 +282,16 @@ impl StepService for StepServer {
                                 tracing::warn!(file = %f.display(), error = %e, "cannot note a step task");
                             }
                         }
+                    }
+                    // Only now the environment: the shim waits for it before
+                    // anything else, so the task runs nothing before it is in
+                    // its cgroup and recorded with the step host.
+                    if let Some(mut stdin) = stdin {
+                        use tokio::io::AsyncWriteExt;
+                        let bytes = crate::shim::encode_env(&env);
+                        tokio::spawn(async move {
+                            let _ = stdin.write_all(&bytes).await;
+                        });
                     }
                     tokio::spawn(supervise(child, rank, tx.clone(), host.groups.clone()));
                 }

@@ -91,7 +91,7 @@ pub fn serve(
     view: Arc<Mutex<View>>,
     nvml: Option<Arc<NvmlProvider>>,
     tls: Option<Arc<gangway_proto::tls::Credentials>>,
-    metrics_tls: Option<Arc<rustls::ServerConfig>>,
+    metrics_tls: Option<telemetry::MetricsTls>,
 ) -> tokio::task::JoinHandle<()> {
     telemetry::recorder();
     let render = Arc::new(move || {

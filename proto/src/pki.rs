@@ -115,10 +115,13 @@ pub fn create_cert(ca_dir: &Path, out_dir: &Path, req: &CertRequest) -> Result<(
     params.distinguished_name.push(DnType::OrganizationalUnitName, p.role.as_str());
     let uri = p.san_uri().try_into().map_err(|e| format!("{}: {e}", p.san_uri()))?;
     params.subject_alt_names.push(SanType::URI(uri));
-    // Tools that check host names (Prometheus, grpcurl) can check any
-    // Gangway listener by the name Gangway's own clients send.
-    if p.role != Role::Client && !req.hosts.iter().any(|h| h == crate::tls::SNI_NAME) {
-        params.subject_alt_names.push(SanType::DnsName(crate::tls::SNI_NAME.try_into().map_err(err)?));
+    // Tools that check host names (Prometheus, grpcurl) can check a Gangway
+    // listener by its role: `server.gangway` or `agent.gangway`.
+    if p.role != Role::Client {
+        let name = format!("{}.{}", p.role.as_str(), crate::tls::SNI_NAME);
+        if !req.hosts.contains(&name) {
+            params.subject_alt_names.push(SanType::DnsName(name.try_into().map_err(err)?));
+        }
     }
     for h in &req.hosts {
         let san = match h.parse::<IpAddr>() {

@@ -22,8 +22,21 @@ const SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.
 const REQUEST_BYTES_MAX: usize = 8192;
 /// A client that sends nothing for this long is dropped.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// Scrapes served at once; more wait for a slot (Prometheus scrapes one at a time).
+/// Scrapes served at once; more are closed (Prometheus scrapes one at a time
+/// and retries at its next interval).
 const CONNECTIONS_MAX: usize = 16;
+/// Connections one address may hold at once, so one peer cannot take every slot.
+const CONNECTIONS_PER_PEER_MAX: usize = 4;
+/// A TLS handshake on a LAN takes milliseconds.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A metrics endpoint over TLS: the server configuration and the client
+/// certificates' names allowed to scrape (`client/NAME`).
+#[derive(Clone)]
+pub struct MetricsTls {
+    pub config: Arc<rustls::ServerConfig>,
+    pub scrapers: Vec<String>,
+}
 
 /// The process-wide recorder (installed on first use) whose handle renders
 /// every counter and histogram recorded through the `metrics` facade.
@@ -78,38 +91,52 @@ impl Gauges {
 }
 
 /// Serves `GET /metrics` with `render()`'s text until the task is dropped.
-/// With `tls`, over TLS, and only to a client whose certificate the cluster's
-/// CA signed (any role: Prometheus gets a client certificate of its own).
-pub async fn serve(
-    listener: TcpListener,
-    render: Arc<dyn Fn() -> String + Send + Sync>,
-    tls: Option<Arc<rustls::ServerConfig>>,
-) {
+/// With `tls`, over TLS, and only to the scrapers it names (client
+/// certificates of the cluster's CA): users and nodes get nothing.
+pub async fn serve(listener: TcpListener, render: Arc<dyn Fn() -> String + Send + Sync>, tls: Option<MetricsTls>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
-    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let per_peer: Arc<std::sync::Mutex<std::collections::BTreeMap<std::net::IpAddr, usize>>> = Default::default();
+    let tls = tls.map(|t| (tokio_rustls::TlsAcceptor::from(t.config), Arc::new(t.scrapers)));
     loop {
-        let Ok((conn, _)) = listener.accept().await else { continue };
+        let Ok((conn, peer)) = listener.accept().await else { continue };
         // Shed rather than queue: a scraper retries at its next interval.
         let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
+        let ip = peer.ip();
+        {
+            let mut m = per_peer.lock().expect("metrics peers lock");
+            let n = m.entry(ip).or_insert(0);
+            if *n >= CONNECTIONS_PER_PEER_MAX {
+                continue;
+            }
+            *n += 1;
+        }
         let render = render.clone();
-        let acceptor = acceptor.clone();
+        let tls = tls.clone();
+        let per_peer = per_peer.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            match acceptor {
+            match tls {
                 None => answer(conn, render).await,
-                Some(acceptor) => {
-                    let Ok(Ok(tls)) = tokio::time::timeout(REQUEST_TIMEOUT, acceptor.accept(conn)).await else {
-                        return;
-                    };
-                    let known = tls
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|c| c.first())
-                        .is_some_and(|leaf| crate::tls::principal_of(leaf).is_ok());
-                    if known {
-                        answer(tls, render).await;
+                Some((acceptor, scrapers)) => {
+                    if let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(conn)).await {
+                        let allowed = tls
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .and_then(|c| c.first())
+                            .and_then(|leaf| crate::tls::principal_of(leaf).ok())
+                            .is_some_and(|(p, _)| p.role == crate::tls::Role::Client && scrapers.contains(&p.name));
+                        if allowed {
+                            answer(tls, render).await;
+                        }
                     }
+                }
+            }
+            let mut m = per_peer.lock().expect("metrics peers lock");
+            if let Some(n) = m.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(&ip);
                 }
             }
         });
@@ -169,21 +196,26 @@ mod tests {
         assert!(text.contains("gangway_jobs{state=\"run\\\"ning\"} 1\n"), "{text}");
     }
 
-    /// With TLS, metrics go only to a scraper holding a certificate of the
-    /// cluster's CA.
+    /// With TLS, metrics go only to the named scrapers' certificates.
     #[tokio::test]
     async fn tls_metrics_need_a_client_certificate() {
         use crate::tls::{Credentials, Expect, Principal, Role, TlsFiles};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let dir = std::env::temp_dir().join(format!("gangway-metrics-tls-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let ps = [Principal::new(Role::Server, "1").unwrap(), Principal::new(Role::Client, "prometheus").unwrap()];
+        let ps = [
+            Principal::new(Role::Server, "1").unwrap(),
+            Principal::new(Role::Client, "prometheus").unwrap(),
+            Principal::new(Role::Client, "alice").unwrap(),
+        ];
         crate::pki::throwaway(&dir, &ps).unwrap();
         let server = Credentials::load(TlsFiles::in_dir(&dir, "server-1")).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let render: Arc<dyn Fn() -> String + Send + Sync> = Arc::new(|| "gangway_up 1\n".to_string());
-        let task = tokio::spawn(serve(listener, render, Some(server.server_config_for(b"http/1.1").unwrap())));
+        let tls =
+            MetricsTls { config: server.server_config_for(b"http/1.1").unwrap(), scrapers: vec!["prometheus".into()] };
+        let task = tokio::spawn(serve(listener, render, Some(tls)));
         let scrape = |files: TlsFiles| async move {
             let creds = Credentials::load(files).unwrap();
             let mut cfg = (*creds.client_config(Expect::Server).unwrap()).clone();
@@ -202,6 +234,9 @@ mod tests {
         assert!(with_cert.starts_with("HTTP/1.1 200 OK") && with_cert.contains("gangway_up 1"), "{with_cert}");
         let without = scrape(TlsFiles { ca: dir.join("ca.pem"), cert: None }).await;
         assert!(!without.contains("gangway_up"), "{without}");
+        // A user's certificate is the CA's too, but not a scraper's.
+        let user = scrape(TlsFiles::in_dir(&dir, "client-alice")).await;
+        assert!(!user.contains("gangway_up"), "{user}");
         task.abort();
         std::fs::remove_dir_all(&dir).unwrap();
     }

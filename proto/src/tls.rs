@@ -63,8 +63,8 @@ const ACCEPTED_QUEUE_MAX: usize = 64;
 /// Largest certificate, key or CA file read: real ones are a few kilobytes.
 const PEM_FILE_BYTES_MAX: u64 = 1024 * 1024;
 /// The name sent as SNI; servers are verified by role, not by this name
-/// (server and agent certificates from `gangway tls` carry it as a DNS name,
-/// for tools that check names).
+/// (server and agent certificates from `gangway tls` carry `server.gangway`
+/// or `agent.gangway` as a DNS name, for tools that check names).
 pub const SNI_NAME: &str = "gangway";
 
 /// What a certificate allows its holder to be.
@@ -377,6 +377,10 @@ impl Credentials {
             .with_client_cert_verifier(Arc::new(ReloadingClientVerifier(self.clone())))
             .with_cert_resolver(Arc::new(ReloadingCert(self.clone())));
         cfg.alpn_protocols = vec![alpn.to_vec()];
+        // No session resumption: a resumed session would carry a client
+        // certificate verified under the old CA past a rotation.
+        cfg.send_tls13_tickets = 0;
+        cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
         Ok(Arc::new(cfg))
     }
 
