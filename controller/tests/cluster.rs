@@ -2013,6 +2013,16 @@ mod security {
         assert_eq!(cancel.code(), Code::NotFound, "{cancel:?}");
         assert_eq!(get(&alice, job).await.unwrap().id, job);
         assert!(list(&alice).await.contains(&job) && list(&admin).await.contains(&job));
+        // A dependency on alice's job answers bob as one on a long-gone job.
+        let dep = pb::JobSpec { dependency: format!("afterok:{job}"), ..spec("") };
+        let refused = bob
+            .call(|ch| {
+                let r = bob.request(pb::SubmitRequest { spec: Some(dep.clone()), ..Default::default() });
+                async move { JobServiceClient::new(ch).submit(r).await }
+            })
+            .await
+            .unwrap_err();
+        assert!(refused.message().contains(&format!("job {job} was purged")), "{refused:?}");
         assert_eq!(get(&admin, job).await.unwrap().id, job);
         for (_, h) in std::mem::take(&mut c.handles) {
             h.shutdown().await;

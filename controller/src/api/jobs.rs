@@ -45,6 +45,7 @@ impl JobService for JobApi {
         };
         let user = self.replica.job_user(&ctx, &pspec.user, "submit jobs")?;
         let spec = spec_from_proto(pspec, &user).map_err(status_from_spec)?;
+        self.replica.hide_dependencies(&ctx, &spec)?;
         let cmd = Command::SubmitJob {
             spec,
             identity: ctx.identity.clone(),
@@ -294,6 +295,7 @@ impl JobService for JobApi {
         };
         let user = self.replica.job_user(&ctx, &pspec.user, "test submissions")?;
         let spec = spec_from_proto(pspec, &user).map_err(status_from_spec)?;
+        self.replica.hide_dependencies(&ctx, &spec)?;
         let shared = self.replica.node.state().clone();
         let now = crate::now_ms();
         let identity = ctx.identity.clone();
@@ -426,7 +428,9 @@ impl JobService for JobApi {
                 if !shown.event(&ev) {
                     continue;
                 }
-                if tx.send(Ok(cluster_event(ev))).await.is_err() {
+                let mut ev = cluster_event(ev);
+                ev.reason = shown.reason(ev.reason);
+                if tx.send(Ok(ev)).await.is_err() {
                     return;
                 }
             }
@@ -444,7 +448,9 @@ impl JobService for JobApi {
                     Ok(ev) if from > 0 && ev.index() <= seen_through => continue,
                     Ok(ev) if !shown.event(&ev) => continue,
                     Ok(ev) => {
-                        if tx.send(Ok(cluster_event(ev))).await.is_err() {
+                        let mut ev = cluster_event(ev);
+                        ev.reason = shown.reason(ev.reason);
+                        if tx.send(Ok(ev)).await.is_err() {
                             return; // the client went away
                         }
                     }
@@ -491,7 +497,7 @@ impl JobService for JobApi {
                             job_id: ev.job_id,
                             state: state_to_proto(ev.state) as i32,
                             attempt: ev.attempt,
-                            reason: ev.reason,
+                            reason: shown.reason(ev.reason),
                         };
                         if tx.send(Ok(msg)).await.is_err() {
                             return; // the client went away
@@ -562,6 +568,14 @@ impl Shown {
         match &self.viewer {
             None => true,
             Some(v) => self.state.read().jobs.get(&job_id).is_some_and(|j| v.visible(j)),
+        }
+    }
+
+    /// An event's reason as the caller may read it.
+    fn reason(&self, reason: String) -> String {
+        match &self.viewer {
+            Some(v) => v.reason(&reason),
+            None => reason,
         }
     }
 

@@ -343,6 +343,24 @@ impl Replica {
         Ok(())
     }
 
+    /// With `--private-jobs`, a dependency on another user's job answers as
+    /// one on a job long gone would: nothing tells whether it exists, is an
+    /// array or how it ended.
+    pub fn hide_dependencies(&self, ctx: &CallCtx, spec: &gangway_core::JobSpec) -> Result<(), Status> {
+        if !self.private_jobs || spec.dependencies.is_empty() {
+            return Ok(());
+        }
+        let viewer = self.viewer(ctx);
+        let state = self.node.state().read();
+        for d in &spec.dependencies {
+            if state.jobs.get(&d.job_id).is_some_and(|j| !viewer.visible(j)) {
+                let e = SpecError::new("dependency", format!("job {} was purged from the queue", d.job_id));
+                return Err(status_from_spec(e));
+            }
+        }
+        Ok(())
+    }
+
     /// The owner of job `job_id` or an admin. A job that does not exist (yet,
     /// on this replica) is refused as not found: a check must never pass for a
     /// job id that someone else's job may take a moment later. Owners never
@@ -413,6 +431,23 @@ pub struct Viewer {
 }
 
 impl Viewer {
+    /// A job's reason as this caller may read it: with `--private-jobs`, the
+    /// id of the job that preempted it is another user's business.
+    pub fn reason(&self, reason: &str) -> String {
+        if !self.private_jobs || self.whole || !reason.contains("preempted by job ") {
+            return reason.to_string();
+        }
+        let mut out = String::with_capacity(reason.len());
+        let mut rest = reason;
+        while let Some(i) = rest.find("preempted by job ") {
+            out.push_str(&rest[..i]);
+            out.push_str("preempted by another job");
+            rest = rest[i + "preempted by job ".len()..].trim_start_matches(|c: char| c.is_ascii_digit() || c == '_');
+        }
+        out.push_str(rest);
+        out
+    }
+
     /// Whether the job is shown at all.
     pub fn visible(&self, job: &gangway_core::Job) -> bool {
         if !self.private_jobs || self.whole {
@@ -430,6 +465,7 @@ impl Viewer {
 
     pub fn job(&self, job: &gangway_core::Job) -> gangway_proto::v1::Job {
         let mut pj = convert::job_to_proto(job);
+        pj.reason = self.reason(&pj.reason);
         let private = !self.whole
             && match &self.caller {
                 Caller::Claimed(_) => false,
@@ -590,5 +626,26 @@ pub fn unexpected(outcome: &gangway_core::Outcome) -> Status {
     match outcome {
         gangway_core::Outcome::Refused(r) => status_from_refusal(r),
         other => Status::internal(format!("unexpected outcome {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_viewers_do_not_learn_who_preempted_them() {
+        let bob = Principal::new(Role::Client, "bob").unwrap();
+        let viewer = |private_jobs, whole| Viewer {
+            caller: Caller::Verified(bob.clone()),
+            identity: bob.encode(),
+            whole,
+            private_jobs,
+        };
+        let r = "requeued: preempted by job 4242_7 (grace 30 s)";
+        assert_eq!(viewer(true, false).reason(r), "requeued: preempted by another job (grace 30 s)");
+        assert_eq!(viewer(false, false).reason(r), r);
+        assert_eq!(viewer(true, true).reason(r), r, "admins see everything");
+        assert_eq!(viewer(true, false).reason("held by user"), "held by user");
     }
 }
