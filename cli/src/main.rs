@@ -215,13 +215,27 @@ fn make_client(
     claimed: Option<String>,
     tls: &tls::TlsArgs,
 ) -> anyhow::Result<(gangway_proto::client::Client, String)> {
-    let security = tls.for_client(endpoints)?;
+    let (security, job_credential) = match tls.for_client(endpoints) {
+        Ok(s) => (s, None),
+        // Inside a job with no certificate or token of the user's own: the
+        // job's step credential acts as its user while the job runs.
+        Err(e) => match tls::job_credential() {
+            Some((security, credential)) => (security, Some(credential)),
+            None => return Err(e),
+        },
+    };
     let mut identity = client_identity(claimed, &security);
     let mut client = gangway_proto::client::Client::new(endpoints, &identity, &security)?;
     if let Some(t) = &tls.token {
         client = client.with_bearer(t)?;
         // Who the token names, for `--me` filters; the controllers check it.
         identity = gangway_proto::token::peek_subject(t).map(|u| format!("client:{u}")).unwrap_or_default();
+    } else if let Some(c) = job_credential {
+        client = client.with_step_credential(&c)?;
+        // The job's user is whoever this process runs as (USER may be the
+        // submitter's environment).
+        let me = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name);
+        identity = format!("client:{}", me.unwrap_or_else(tls::login_name));
     }
     Ok((client, identity))
 }

@@ -75,6 +75,15 @@ fn owned_private_dir(dir: &Path) -> bool {
     }
 }
 
+/// Inside a job of a secured cluster: the job's step credential and the CA
+/// (from the job's environment), which let its processes act as its user.
+pub fn job_credential() -> Option<(Security, String)> {
+    let credential = std::env::var(gangway_proto::step_cred::STEP_CREDENTIAL_ENV).ok().filter(|c| !c.is_empty())?;
+    let ca = std::env::var(gangway_proto::step_cred::STEP_CA_ENV).ok().filter(|c| !c.is_empty())?;
+    let creds = Credentials::from_ca_pem(ca.as_bytes()).ok()?;
+    Some((Security::Tls(creds), credential))
+}
+
 /// The login name of this process (USER, LOGNAME, else its uid's name).
 pub fn login_name() -> String {
     std::env::var("USER")

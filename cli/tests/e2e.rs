@@ -347,6 +347,16 @@ fn ordinary_users_jobs_run_as_them(endpoints: &str, dir: &Path) {
     let mut lines: Vec<&str> = out.lines().collect();
     lines.sort_unstable();
     assert_eq!(lines, ["0: nobody 65534 0022", "1: nobody 65534 0022"], "{out}");
+    // Inside its job, the Slurm commands act as it with the job's credential
+    // (it has no certificate of its own there).
+    let o = nobody(&["submit", "--parsable", "--wrap", "squeue -h -j $SLURM_JOB_ID -o '%i %u %T'"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id = stdout(&o).trim().to_string();
+    eventually("nobody's squeue job never completed", || {
+        stdout(&cli(endpoints, &["show", &id, "--json"], &shared)).contains("\"state\": \"COMPLETED\"")
+    });
+    let out = std::fs::read_to_string(shared.join(format!("slurm-{id}.out"))).unwrap();
+    assert_eq!(out.trim(), format!("{id} nobody RUNNING"));
     // An ordinary user cannot make itself an admin.
     let o = nobody(&["admin", "set", "--admins", "nobody"]);
     let said = String::from_utf8_lossy(&o.stderr);

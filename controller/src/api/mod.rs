@@ -86,8 +86,17 @@ impl Replica {
     /// The caller of `req`: from its verified certificate (or a forwarding
     /// replica's word), from a bearer token this cluster trusts, or on an
     /// insecure listener from its claim.
+    ///
+    /// A process of a running job with nothing else but its job's step
+    /// credential acts as the job's user (sbatch, squeue, scancel inside a
+    /// job, as with Slurm), for as long as that attempt runs.
     pub fn ctx<T>(&self, req: &Request<T>) -> Result<CallCtx, Status> {
-        match CallCtx::of(req, self.tokens.as_deref()) {
+        let of = match self.step_caller(req) {
+            Ok(Some(claims)) => self.job_ctx(&claims),
+            Ok(None) => CallCtx::of(req, self.tokens.as_deref()),
+            Err(s) => Err(s),
+        };
+        match of {
             Ok(mut ctx) => {
                 ctx.audit = Some(self.audit.clone());
                 Ok(ctx)
@@ -106,10 +115,19 @@ impl Replica {
 }
 
 impl Replica {
+    /// The caller a live step credential stands for: the job's user.
+    fn job_ctx(&self, claims: &gangway_proto::step_cred::StepClaims) -> Result<CallCtx, Status> {
+        let user = self.node.state().read().jobs.get(&claims.job_id).map(|j| j.spec.user.clone());
+        let user = user.ok_or_else(|| unauthenticated(&format!("job {} is gone", claims.job_id)))?;
+        let p = Principal::new(Role::Client, &user)
+            .map_err(|e| unauthenticated(&format!("job {}'s user cannot act through it: {e}", claims.job_id)))?;
+        Ok(CallCtx { identity: p.encode(), caller: Caller::Verified(p), forwarded: false, audit: None })
+    }
+
     /// A caller with no certificate and no token but a step credential of a
-    /// job attempt that still runs: its claims. `None` for every other caller
-    /// (who then goes through [`Replica::ctx`]). Only `NodeService.Get` takes
-    /// such callers, for the nodes their credential names.
+    /// job attempt that still runs: its claims. `None` for every other caller.
+    /// Such a caller acts as the job's user ([`Replica::ctx`]); `NodeService.Get`
+    /// answers it for the nodes its credential names without more checks.
     pub fn step_caller<T>(&self, req: &Request<T>) -> Result<Option<gangway_proto::step_cred::StepClaims>, Status> {
         use gangway_proto::step_cred::{verify_signed, STEP_CREDENTIAL_METADATA_KEY};
         let (Some(creds), PeerAuth::Anonymous) = (self.security.credentials(), gangway_proto::tls::peer_of(req)) else {
