@@ -215,10 +215,13 @@ fn make_client(
     claimed: Option<String>,
     tls: &tls::TlsArgs,
 ) -> anyhow::Result<(gangway_proto::client::Client, String)> {
+    let explicit = tls.tls_ca.is_some() || tls.tls_cert.is_some() || tls.tls_dir.is_some() || tls.token.is_some();
     let (security, job_credential) = match tls.for_client(endpoints) {
         Ok(s) => (s, None),
         // Inside a job with no certificate or token of the user's own: the
-        // job's step credential acts as its user while the job runs.
+        // job's step credential acts as its user while the job runs. (Given
+        // ones that do not work are an error, not a reason to fall back.)
+        Err(e) if explicit || tls.insecure => return Err(e),
         Err(e) => match tls::job_credential() {
             Some((security, credential)) => (security, Some(credential)),
             None => return Err(e),
@@ -232,9 +235,8 @@ fn make_client(
         identity = gangway_proto::token::peek_subject(t).map(|u| format!("client:{u}")).unwrap_or_default();
     } else if let Some(c) = job_credential {
         client = client.with_step_credential(&c)?;
-        // The job's user is whoever this process runs as (USER may be the
-        // submitter's environment).
-        let me = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name);
+        // The job's user (USER may be the submitter's environment).
+        let me = std::env::var("SLURM_JOB_USER").ok().filter(|u| !u.is_empty());
         identity = format!("client:{}", me.unwrap_or_else(tls::login_name));
     }
     Ok((client, identity))

@@ -1727,6 +1727,7 @@ mod security {
                 (Role::Client, "alice"),
                 (Role::Client, "bob"),
                 (Role::Client, "admin"),
+                (Role::Client, "nobody"),
             ] {
                 ps.push(Principal::new(role, name).unwrap());
             }
@@ -2024,6 +2025,131 @@ mod security {
             .unwrap_err();
         assert!(refused.message().contains(&format!("job {job} was purged")), "{refused:?}");
         assert_eq!(get(&admin, job).await.unwrap().id, job);
+        for (_, h) in std::mem::take(&mut c.handles) {
+            h.shutdown().await;
+        }
+    }
+
+    /// A running job's credential acts as its user for everyday calls, never
+    /// with admin rights (its user is an admin here), never for job changes or
+    /// new credentials, and not at all once the attempt ended.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_jobs_credential_is_its_users_everyday_rights_while_it_runs() {
+        let pki = Pki::new();
+        let mut c = start_secure(&pki).await;
+        let leader = c.leader().await;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while c.state(leader).policy.admins.is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "no bootstrap admin");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let eps: Vec<String> = c.addrs.values().cloned().collect();
+        let admin = Client::new(&eps, "x", &pki.security(Caller::Admin)).unwrap();
+        let nobody = Client::new(
+            &eps,
+            "x",
+            &Security::Tls(Credentials::load(TlsFiles::in_dir(&pki.main, "client-nobody")).unwrap()),
+        )
+        .unwrap();
+        // nobody is an admin too: its job still is not.
+        let policy = serde_json::json!({ "admins": ["admin", "nobody"] }).to_string();
+        admin
+            .call(|ch| {
+                let r = admin.request(pb::UpdatePolicyRequest { json: policy.clone(), ..Default::default() });
+                async move { AdminServiceClient::new(ch).update_policy(r).await }
+            })
+            .await
+            .unwrap();
+        // A secured agent for node-x runs nobody's job.
+        let state = tempfile::tempdir().unwrap();
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let agent_creds = Credentials::load(TlsFiles::in_dir(&pki.main, "agent-node-x")).unwrap();
+        let config = gangway_node_agent::AgentConfig {
+            security: Security::Tls(agent_creds),
+            ..gangway_node_agent::AgentConfig::simulated(eps.clone(), "node-x", state.path().to_path_buf())
+        };
+        let agent = tokio::spawn(gangway_node_agent::run(config, async {
+            let _ = stop_rx.await;
+        }));
+        let long =
+            pb::JobSpec { command: vec!["sleep".into(), "60".into()], workdir: "/tmp".into(), ..Default::default() };
+        let job = nobody
+            .call(|ch| {
+                let r = nobody.request(pb::SubmitRequest { spec: Some(long.clone()), ..Default::default() });
+                async move { JobServiceClient::new(ch).submit(r).await }
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while c.state(leader).jobs[&job].state != gangway_core::JobState::Running {
+            assert!(tokio::time::Instant::now() < deadline, "nobody's job never ran");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let credential = nobody
+            .call(|ch| {
+                let r = nobody.request(pb::StepCredentialRequest { job_id: job });
+                async move { JobServiceClient::new(ch).step_credential(r).await }
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .credential;
+        // The job's process: no certificate, only the credential; on a follower too.
+        let follower = *c.handles.keys().find(|id| **id != leader).unwrap();
+        for target in [leader, follower] {
+            let plain = Security::Tls(Credentials::load(TlsFiles { ca: pki.main.join("ca.pem"), cert: None }).unwrap());
+            let ch = plain.channel(&c.addrs[&target], Expect::Server, WAIT).unwrap();
+            let cred = Some(credential.as_str());
+            let code = |r: Result<(), tonic::Status>| r.err().map(|s| s.code());
+            let list = JobServiceClient::new(ch.clone()).list(req(pb::ListJobsRequest::default(), cred)).await;
+            assert!(list.is_ok(), "{list:?}");
+            let submit = JobServiceClient::new(ch.clone())
+                .submit(req(pb::SubmitRequest { spec: Some(spec("")), ..Default::default() }, cred))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(c.state(leader).jobs[&submit.job_id].spec.user, "nobody");
+            let hold = JobServiceClient::new(ch.clone())
+                .update(req(
+                    pb::UpdateJobRequest { job_id: job, change: pb::update_job_request::Change::Hold as i32, value: 0 },
+                    cred,
+                ))
+                .await
+                .map(drop);
+            assert_eq!(code(hold), Some(Code::PermissionDenied));
+            let again = JobServiceClient::new(ch.clone())
+                .step_credential(req(pb::StepCredentialRequest { job_id: job }, cred))
+                .await
+                .map(drop);
+            assert_eq!(code(again), Some(Code::PermissionDenied));
+            let policy = AdminServiceClient::new(ch.clone())
+                .update_policy(req(pb::UpdatePolicyRequest { json: "{}".into(), ..Default::default() }, cred))
+                .await
+                .map(drop);
+            assert_eq!(code(policy), Some(Code::PermissionDenied), "target {target}");
+            let drain = NodeServiceClient::new(ch.clone())
+                .drain(req(pb::DrainRequest { name: "node-x".into(), reason: String::new() }, cred))
+                .await
+                .map(drop);
+            assert_eq!(code(drain), Some(Code::PermissionDenied));
+        }
+        // Once the attempt ends, the credential opens nothing.
+        nobody
+            .call(|ch| {
+                let r = nobody.request(pb::CancelRequest { job_id: job });
+                async move { JobServiceClient::new(ch).cancel(r).await }
+            })
+            .await
+            .unwrap();
+        let plain = Security::Tls(Credentials::load(TlsFiles { ca: pki.main.join("ca.pem"), cert: None }).unwrap());
+        let ch = plain.channel(&c.addrs[&leader], Expect::Server, WAIT).unwrap();
+        let after =
+            JobServiceClient::new(ch).list(req(pb::ListJobsRequest::default(), Some(credential.as_str()))).await;
+        assert_eq!(after.err().map(|s| s.code()), Some(Code::Unauthenticated));
+        let _ = stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), agent).await;
         for (_, h) in std::mem::take(&mut c.handles) {
             h.shutdown().await;
         }

@@ -46,6 +46,9 @@ impl JobService for JobApi {
         let user = self.replica.job_user(&ctx, &pspec.user, "submit jobs")?;
         let spec = spec_from_proto(pspec, &user).map_err(status_from_spec)?;
         self.replica.hide_dependencies(&ctx, &spec)?;
+        if spec.nice < 0 {
+            ctx.require_not_job("raise a job's priority (negative nice)")?;
+        }
         let cmd = Command::SubmitJob {
             spec,
             identity: ctx.identity.clone(),
@@ -80,6 +83,10 @@ impl JobService for JobApi {
         let msg = req.into_inner();
         let job_id = msg.job_id;
         self.replica.require_visible(&ctx, job_id)?;
+        if ctx.via_job.is_some() {
+            // Its user's own jobs only (never an admin's reach).
+            self.replica.require_owner(&ctx, job_id, "cancel jobs")?;
+        }
         let cmd = Command::CancelJob { job_id, identity: ctx.identity.clone(), now_ms: crate::now_ms() };
         let routed = self
             .replica
@@ -217,6 +224,7 @@ impl JobService for JobApi {
         use update_job_request::Change;
         let ctx = self.replica.ctx(&req)?;
         ctx.require_user("change jobs")?;
+        ctx.require_not_job("change jobs")?;
         let msg = req.into_inner();
         let job_id = msg.job_id;
         self.replica.require_visible(&ctx, job_id)?;
@@ -296,6 +304,9 @@ impl JobService for JobApi {
         let user = self.replica.job_user(&ctx, &pspec.user, "test submissions")?;
         let spec = spec_from_proto(pspec, &user).map_err(status_from_spec)?;
         self.replica.hide_dependencies(&ctx, &spec)?;
+        if spec.nice < 0 {
+            ctx.require_not_job("raise a job's priority (negative nice)")?;
+        }
         let shared = self.replica.node.state().clone();
         let now = crate::now_ms();
         let identity = ctx.identity.clone();
@@ -346,6 +357,7 @@ impl JobService for JobApi {
     ) -> Result<Response<StepCredentialResponse>, Status> {
         let ctx = self.replica.ctx(&req)?;
         ctx.require_user("get step credentials")?;
+        ctx.require_not_job("get step credentials")?;
         let msg = req.into_inner();
         let job_id = msg.job_id;
         self.replica.require_visible(&ctx, job_id)?;

@@ -26,6 +26,8 @@ use crate::replica::Replica;
 
 /// Marks a request a replica forwarded to the leader.
 pub const FORWARDED_METADATA_KEY: &str = "gangway-forwarded";
+/// With forwarded-for: the caller acted through job JOB.ATTEMPT's credential.
+pub const FORWARDED_JOB_METADATA_KEY: &str = "gangway-forwarded-job";
 /// Identity used when a request to an insecure cluster names none.
 pub const DEFAULT_IDENTITY: &str = "anonymous";
 /// Identities are short principal names such as `dev:alice`.
@@ -57,12 +59,32 @@ pub struct CallCtx {
     pub forwarded: bool,
     /// The replica's audit trail, where refusals of this call go.
     pub audit: Option<std::sync::Arc<crate::audit::AuditLog>>,
+    /// The caller is a job's process acting through its step credential
+    /// (job id, attempt): its user's everyday rights only, never an admin's.
+    pub via_job: Option<(u64, u32)>,
 }
 
 impl CallCtx {
     fn audit(&self, action: &str, outcome: &'static str, reason: &str) {
         if let Some(a) = &self.audit {
-            a.record(&self.identity, action, "", outcome, reason);
+            let who = match self.via_job {
+                Some((job, attempt)) => format!("{} (job {job} attempt {attempt})", self.identity),
+                None => self.identity.clone(),
+            };
+            a.record(&who, action, "", outcome, reason);
+        }
+    }
+
+    /// Refused to a job's credential: what needs the user's own certificate
+    /// or token (job changes, step credentials, anything of an admin's).
+    pub fn require_not_job(&self, what: &str) -> Result<(), Status> {
+        match self.via_job {
+            None => Ok(()),
+            Some((job, _)) => Err(denied(
+                self,
+                what,
+                format!("job {job}'s credential cannot {what}; use your own certificate or token"),
+            )),
         }
     }
 }
@@ -121,7 +143,13 @@ impl Replica {
         let user = user.ok_or_else(|| unauthenticated(&format!("job {} is gone", claims.job_id)))?;
         let p = Principal::new(Role::Client, &user)
             .map_err(|e| unauthenticated(&format!("job {}'s user cannot act through it: {e}", claims.job_id)))?;
-        Ok(CallCtx { identity: p.encode(), caller: Caller::Verified(p), forwarded: false, audit: None })
+        Ok(CallCtx {
+            identity: p.encode(),
+            caller: Caller::Verified(p),
+            forwarded: false,
+            audit: None,
+            via_job: Some((claims.job_id, claims.attempt)),
+        })
     }
 
     /// A caller with no certificate and no token but a step credential of a
@@ -196,12 +224,17 @@ impl CallCtx {
                     identity,
                     forwarded: md.get(FORWARDED_METADATA_KEY).is_some(),
                     audit: None,
+                    via_job: None,
                 })
             }
             PeerAuth::Anonymous => match bearer(md, tokens) {
-                Some(Ok(p)) => {
-                    Ok(CallCtx { identity: p.encode(), caller: Caller::Verified(p), forwarded: false, audit: None })
-                }
+                Some(Ok(p)) => Ok(CallCtx {
+                    identity: p.encode(),
+                    caller: Caller::Verified(p),
+                    forwarded: false,
+                    audit: None,
+                    via_job: None,
+                }),
                 Some(Err(s)) => Err(s),
                 None => Err(unauthenticated("no client certificate and no bearer token")),
             },
@@ -224,11 +257,27 @@ impl CallCtx {
                             .map_err(|e| Status::invalid_argument(format!("{FORWARDED_FOR_METADATA_KEY}: {e}")))?
                     }
                 };
+                // The forwarding replica vouches that its caller was a job's
+                // process (a server's word, like forwarded-for).
+                let via_job = match (forwarded_for, md.get(FORWARDED_JOB_METADATA_KEY)) {
+                    (Some(_), Some(v)) => {
+                        let parsed = v
+                            .to_str()
+                            .ok()
+                            .and_then(|s| s.split_once('.'))
+                            .and_then(|(j, a)| Some((j.parse::<u64>().ok()?, a.parse::<u32>().ok()?)));
+                        Some(parsed.ok_or_else(|| {
+                            Status::invalid_argument(format!("{FORWARDED_JOB_METADATA_KEY}: must be JOB.ATTEMPT"))
+                        })?)
+                    }
+                    _ => None,
+                };
                 Ok(CallCtx {
                     identity: principal.encode(),
                     caller: Caller::Verified(principal),
                     forwarded: forwarded_for.is_some(),
                     audit: None,
+                    via_job,
                 })
             }
         }
@@ -290,6 +339,9 @@ impl CallCtx {
 impl Replica {
     /// Admins: servers, the users the policy names, and the bootstrap admins.
     pub fn is_admin(&self, ctx: &CallCtx) -> bool {
+        if ctx.via_job.is_some() {
+            return false;
+        }
         match &ctx.caller {
             Caller::Claimed(_) => true,
             Caller::Verified(p) => match p.role {
@@ -543,6 +595,12 @@ impl Replica {
             Caller::Verified(p) => {
                 if let Ok(v) = p.encode().parse() {
                     md.insert(FORWARDED_FOR_METADATA_KEY, v);
+                }
+                // A job's process stays one at the leader.
+                if let Some((job, attempt)) = ctx.via_job {
+                    if let Ok(v) = format!("{job}.{attempt}").parse() {
+                        md.insert(FORWARDED_JOB_METADATA_KEY, v);
+                    }
                 }
             }
         }
