@@ -1838,6 +1838,7 @@ mod security {
             config.tokens = gangway_proto::token::TokenVerifier::load(&tokens).unwrap();
             c.handles.insert(id, replica::start(config, l).await.unwrap());
         }
+        c.wait_bootstrap_admin().await;
         c
     }
 
@@ -1971,12 +1972,7 @@ mod security {
     async fn private_jobs_read_as_not_found_for_others() {
         let pki = Pki::new();
         let mut c = start_secure_with(&pki, true).await;
-        let leader = c.leader().await;
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while c.state(leader).policy.admins.is_empty() {
-            assert!(tokio::time::Instant::now() < deadline, "no bootstrap admin");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        c.leader().await;
         let eps: Vec<String> = c.addrs.values().cloned().collect();
         let client = |who| Client::new(&eps, "ignored", &pki.security(who)).unwrap();
         let (alice, bob, admin) = (client(Caller::Alice), client(Caller::Bob), client(Caller::Admin));
@@ -2038,11 +2034,6 @@ mod security {
         let pki = Pki::new();
         let mut c = start_secure(&pki).await;
         let leader = c.leader().await;
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while c.state(leader).policy.admins.is_empty() {
-            assert!(tokio::time::Instant::now() < deadline, "no bootstrap admin");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
         let eps: Vec<String> = c.addrs.values().cloned().collect();
         let admin = Client::new(&eps, "x", &pki.security(Caller::Admin)).unwrap();
         let nobody = Client::new(
