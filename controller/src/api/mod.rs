@@ -115,7 +115,7 @@ impl Replica {
     pub fn ctx<T>(&self, req: &Request<T>) -> Result<CallCtx, Status> {
         let of = match self.step_caller(req) {
             Ok(Some(claims)) => self.job_ctx(&claims),
-            Ok(None) => CallCtx::of(req, self.tokens.as_deref()),
+            Ok(None) => CallCtx::of(req, self.tokens.as_deref()).and_then(|ctx| self.still_running(ctx)),
             Err(s) => Err(s),
         };
         match of {
@@ -137,6 +137,24 @@ impl Replica {
 }
 
 impl Replica {
+    /// A job's process forwarded by a follower (which checked the credential
+    /// against its own, possibly lagging, state): the attempt must still run
+    /// here too.
+    fn still_running(&self, ctx: CallCtx) -> Result<CallCtx, Status> {
+        let Some((job, attempt)) = ctx.via_job else { return Ok(ctx) };
+        let live = self
+            .node
+            .state()
+            .read()
+            .jobs
+            .get(&job)
+            .is_some_and(|j| j.attempt == attempt && j.state == gangway_core::JobState::Running);
+        if !live {
+            return Err(unauthenticated(&format!("the step credential's job {job} attempt {attempt} no longer runs")));
+        }
+        Ok(ctx)
+    }
+
     /// The caller a live step credential stands for: the job's user.
     fn job_ctx(&self, claims: &gangway_proto::step_cred::StepClaims) -> Result<CallCtx, Status> {
         let user = self.node.state().read().jobs.get(&claims.job_id).map(|j| j.spec.user.clone());
