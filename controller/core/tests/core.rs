@@ -512,3 +512,49 @@ fn example_policy_is_valid() {
     assert!(policy.partitions["gpu"].default);
     assert_eq!(policy.lineage("vision"), vec!["vision", "research"]);
 }
+
+/// FNV-1a, to pin encodings in a line.
+fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Golden encodings of data format 4: a state holding a policy (admins,
+/// accounts, QOS), a node and a job, and a replicated policy command. bincode
+/// is positional, so a field added, removed or moved in any of these types
+/// changes the bytes: bump the format versions (with a migration) and then
+/// these values. (They were computed on the build before the security work
+/// and hold unchanged after it.)
+#[test]
+fn replicated_encodings_keep_their_bytes() {
+    let mut policy = preset_policy(3);
+    policy.admins = vec!["ops".into()];
+    let update = Command::UpdatePolicy {
+        policy,
+        expected_version: None,
+        force: false,
+        identity: "server:golden".into(),
+        now_ms: 2,
+    };
+    let mut s = State::default();
+    s.apply(1, &Command::RegisterNode { spec: node_spec(0, 8), now_ms: 1 });
+    s.apply(2, &update);
+    let submit = Command::SubmitJob {
+        spec: job_spec(1, 1, 1),
+        identity: "client:alice".into(),
+        idempotency_key: "k".into(),
+        now_ms: 3,
+    };
+    s.apply(3, &submit);
+    assert_eq!(s.policy.admins, vec!["ops".to_string()], "the policy did not apply");
+    assert_eq!(s.jobs.len(), 1, "the job was not submitted");
+    let snap = snapshot::encode(&s);
+    let cmd = bincode::serde::encode_to_vec(&update, bincode::config::standard()).unwrap();
+    let job = bincode::serde::encode_to_vec(&submit, bincode::config::standard()).unwrap();
+    let got = [(snap.len(), fnv64(&snap)), (cmd.len(), fnv64(&cmd)), (job.len(), fnv64(&job))];
+    println!("{got:?}");
+    assert_eq!(got, GOLDEN_ENCODINGS);
+}
+
+/// (bytes, FNV-1a) of the snapshot, the policy command and the submit above.
+const GOLDEN_ENCODINGS: [(usize, u64); 3] =
+    [(587, 12837966146749691398), (157, 1692682061728110456), (71, 3020520779667525184)];
