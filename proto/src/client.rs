@@ -88,8 +88,11 @@ pub fn is_retryable(status: &Status) -> bool {
 /// The status's message with the errors that caused it ("transport error"
 /// alone says nothing about a refused certificate).
 pub fn describe(status: &Status) -> String {
-    let mut msg = status.message().to_string();
-    let mut src = std::error::Error::source(status);
+    with_sources(status.message().to_string(), std::error::Error::source(status))
+}
+
+/// `msg` followed by the errors that caused it (each once).
+pub fn with_sources(mut msg: String, mut src: Option<&(dyn std::error::Error + 'static)>) -> String {
     let mut depth = 0;
     // Error chains are short; the bound only guards against a cycle.
     while let Some(s) = src.filter(|_| depth < 8) {

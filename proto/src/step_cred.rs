@@ -14,7 +14,6 @@
 //! The signature covers a fixed context string and the claims, so no other
 //! signature made with a server key (a TLS handshake's) can pass for one.
 
-use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::ParsedCertificate;
 use rustls::SignatureScheme;
@@ -93,10 +92,6 @@ fn unhex(s: &str) -> Result<Vec<u8>, String> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|e| e.to_string())).collect()
 }
 
-fn provider() -> CryptoProvider {
-    rustls::crypto::ring::default_provider()
-}
-
 /// Signs `claims` with this replica's server key.
 pub fn sign(creds: &Credentials, claims: &StepClaims) -> Result<String, String> {
     let key = creds.certified_key().ok_or("this process has no certificate to sign with")?;
@@ -158,7 +153,7 @@ pub fn verify_signed(creds: &Credentials, token: &str, now_unix: u64) -> Result<
     let scheme = SignatureScheme::from(u16::from_str_radix(scheme, 16).map_err(|_| "bad signature scheme")?);
     // The signer: a server certificate the CA signed, valid now.
     let parsed = ParsedCertificate::try_from(&cert).map_err(|e| format!("signer certificate: {e}"))?;
-    let provider = provider();
+    let provider = crate::tls::provider();
     rustls::client::verify_server_cert_signed_by_trust_anchor(
         &parsed,
         &creds.roots(),

@@ -219,8 +219,10 @@ fn read_pem(path: &Path, what: &str) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("{what} {}: {e}", path.display()))
 }
 
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+/// The one crypto provider (ring), built once: every handshake asks for it.
+pub(crate) fn provider() -> Arc<CryptoProvider> {
+    static PROVIDER: std::sync::OnceLock<Arc<CryptoProvider>> = std::sync::OnceLock::new();
+    PROVIDER.get_or_init(|| Arc::new(rustls::crypto::ring::default_provider())).clone()
 }
 
 /// The CA certificates in `pem` and a verifier of client certificates they signed.
@@ -563,11 +565,7 @@ impl Security {
     /// A lazily connected channel to `addr` (`host:port`), over TLS when
     /// secured, accepting only a peer that `expect` allows.
     pub fn channel(&self, addr: &str, expect: Expect, connect_timeout: Duration) -> Result<Channel, String> {
-        let addr = addr.strip_prefix("http://").or_else(|| addr.strip_prefix("https://")).unwrap_or(addr);
-        let ep = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("address '{addr}' is invalid: {e}"))?
-            .connect_timeout(connect_timeout)
-            .tcp_nodelay(true);
+        let ep = endpoint(addr, connect_timeout)?;
         match self {
             Security::Insecure => Ok(ep.connect_lazy()),
             Security::Tls(creds) => {
@@ -582,27 +580,25 @@ impl Security {
     /// Like [`Security::channel`], but connects now, so an unreachable or
     /// refusing peer is an error here rather than at the first call.
     pub async fn connect(&self, addr: &str, expect: Expect, connect_timeout: Duration) -> Result<Channel, String> {
-        let addr = addr.strip_prefix("http://").or_else(|| addr.strip_prefix("https://")).unwrap_or(addr);
-        let ep = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("address '{addr}' is invalid: {e}"))?
-            .connect_timeout(connect_timeout)
-            .tcp_nodelay(true);
+        let ep = endpoint(addr, connect_timeout)?;
         let r = match self {
             Security::Insecure => ep.connect().await,
             Security::Tls(creds) => {
                 ep.connect_with_connector(TlsConnector { config: creds.client_config(expect)? }).await
             }
         };
-        r.map_err(|e| {
-            let mut msg = e.to_string();
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                msg = format!("{msg}: {s}");
-                src = s.source();
-            }
-            msg
-        })
+        r.map_err(|e| crate::client::with_sources(e.to_string(), std::error::Error::source(&e)))
     }
+}
+
+/// The endpoint of `addr` (`host:port`, a scheme allowed): plain `http` URIs
+/// always, TLS being the connector's business.
+fn endpoint(addr: &str, connect_timeout: Duration) -> Result<Endpoint, String> {
+    let addr = addr.strip_prefix("http://").or_else(|| addr.strip_prefix("https://")).unwrap_or(addr);
+    Ok(Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| format!("address '{addr}' is invalid: {e}"))?
+        .connect_timeout(connect_timeout)
+        .tcp_nodelay(true))
 }
 
 /// Dials TCP and runs the TLS handshake; tonic speaks HTTP/2 over the result.
