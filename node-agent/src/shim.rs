@@ -274,8 +274,49 @@ fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
     std::fs::write(path, text)
 }
 
+/// How a task ended: (exit code, signal), one of them set.
+pub type ExitRecord = (Option<i32>, Option<i32>);
+
+/// Largest exit code a process can have (the wait status keeps 8 bits).
+pub const EXIT_CODE_MAX: i32 = 255;
+/// Largest signal number (the wait status keeps 7 bits; Linux's SIGRTMAX is 64).
+pub const SIGNAL_MAX: i32 = 127;
+
+/// A record as a real wait status could hold it, or None.
+fn plausible(r: ExitRecord) -> Option<ExitRecord> {
+    match r {
+        (Some(c), None) if (0..=EXIT_CODE_MAX).contains(&c) => Some(r),
+        (None, Some(s)) if (1..=SIGNAL_MAX).contains(&s) => Some(r),
+        _ => None,
+    }
+}
+
+/// What the agent reports for a task: the exit file is written by the task's
+/// own user (the shim runs as them), so it is believed only where the real wait
+/// status cannot tell, and only with values a wait status can hold.
+///
+/// - `status` is the wait status of the agent's own child (the shim, or the
+///   command itself without one). A shim killed by a signal ends so; a shim
+///   that exited with code `c` reports `c` unless its file says "signal S" with
+///   `c == 128 + S` (the shim exits so for a command killed by S).
+/// - Without a status (a task re-adopted after the agent restarted), the file
+///   is all there is.
+pub fn reconcile_exit(file: Option<ExitRecord>, status: Option<ExitRecord>) -> Option<ExitRecord> {
+    let file = file.and_then(plausible);
+    let Some(status) = status else { return file };
+    let status = match status {
+        (Some(c), _) => (Some(c.clamp(0, EXIT_CODE_MAX)), None),
+        (None, Some(s)) => (None, Some(s.clamp(1, SIGNAL_MAX))),
+        (None, None) => return file,
+    };
+    match (status, file) {
+        ((Some(c), None), Some((None, Some(s)))) if c == 128_i32.saturating_add(s) => file,
+        _ => Some(status),
+    }
+}
+
 /// Reads a shim's exit file: (exit code, signal).
-pub fn read_exit(path: &Path) -> Option<(Option<i32>, Option<i32>)> {
+pub fn read_exit(path: &Path) -> Option<ExitRecord> {
     use std::io::Read;
     // The file is the job's user's: read no more than an exit line needs.
     const EXIT_FILE_BYTES_MAX: u64 = 64;
@@ -306,5 +347,30 @@ mod task_user_tests {
         // NSS knows nobody, with its primary group among its groups.
         let nobody = TaskUser::lookup("nobody").unwrap();
         assert!(nobody.groups.contains(&nobody.gid));
+    }
+}
+
+#[cfg(test)]
+mod exit_tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_status_decides_and_the_exit_file_only_refines_it() {
+        // A command killed by SIGINT: the shim exits 130 and writes "signal 2".
+        assert_eq!(reconcile_exit(Some((None, Some(2))), Some((Some(130), None))), Some((None, Some(2))));
+        // A command that exited 130 itself.
+        assert_eq!(reconcile_exit(Some((Some(130), None)), Some((Some(130), None))), Some((Some(130), None)));
+        // A job that overwrote its exit file: the real status wins.
+        for forged in [(None, Some(i32::MAX)), (None, Some(5)), (Some(0), None), (Some(-7), None)] {
+            assert_eq!(reconcile_exit(Some(forged), Some((Some(1), None))), Some((Some(1), None)), "{forged:?}");
+        }
+        // A shim killed by a signal (the job killed it) ends so, whatever the file says.
+        assert_eq!(reconcile_exit(Some((Some(0), None)), Some((None, Some(9)))), Some((None, Some(9))));
+        // A re-adopted task has only its file, and only plausible values count.
+        assert_eq!(reconcile_exit(Some((None, Some(15))), None), Some((None, Some(15))));
+        assert_eq!(reconcile_exit(Some((None, Some(i32::MAX))), None), None);
+        assert_eq!(reconcile_exit(Some((Some(256), None)), None), None);
+        assert_eq!(reconcile_exit(Some((None, Some(0))), None), None);
+        assert_eq!(reconcile_exit(None, None), None);
     }
 }

@@ -26,9 +26,10 @@ const EXIT_QUEUE_MAX: usize = 4096;
 /// How often a re-adopted task (not our child) is checked for its end.
 const ADOPTED_POLL_INTERVAL: Duration = Duration::from_millis(250);
 
-/// How a task ended: the shim's exit file when there is one, else `status`
-/// (the wait status of our own child); neither means the task was lost. The
-/// task's record is removed.
+/// How a task ended: `status` (the wait status of our own child) decides,
+/// with the shim's exit file only telling "exit 130" from "killed by signal 2"
+/// where both agree; a re-adopted task (not our child) has only its exit file.
+/// Neither means the task was lost. The task's record is removed.
 fn exit_report(
     node: &str,
     key: Key,
@@ -37,7 +38,7 @@ fn exit_report(
     status: Option<(Option<i32>, Option<i32>)>,
     peak_mem_mb: Option<u64>,
 ) -> TaskExitReport {
-    let found = crate::shim::read_exit(exit_file).or(status);
+    let found = crate::shim::reconcile_exit(crate::shim::read_exit(exit_file), status);
     let _ = std::fs::remove_file(exit_file);
     let _ = std::fs::remove_file(steps_path(record));
     let _ = std::fs::remove_file(record);

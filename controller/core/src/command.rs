@@ -176,26 +176,20 @@ impl Command {
     pub fn approx_bytes(&self) -> usize {
         const FIXED: usize = 256;
         match self {
-            Command::SubmitJob { spec, .. } => {
-                FIXED
-                    + spec.script.len()
-                    + spec.command.iter().map(|a| a.len() + 2).sum::<usize>()
-                    + spec.env.iter().map(|(k, v)| k.len() + v.len() + 4).sum::<usize>()
-                    + spec.workdir.len()
-            }
-            Command::RegisterNode { spec, .. } => FIXED + spec.gpus.len() * 128 + spec.labels.len() * 64,
-            Command::ApplyPlan { placements, .. } => FIXED + placements.len() * 256,
-            Command::ApplySchedule { placements, preemptions, .. } => {
-                FIXED + placements.len() * 256 + preemptions.len() * 64
-            }
-            Command::UpdatePolicy { policy, .. } => {
-                FIXED
-                    + policy.accounts.len() * 128
-                    + policy.users.len() * 128
-                    + policy.partitions.len() * 512
-                    + policy.qos.len() * 256
-            }
-            Command::Batch(cmds) => cmds.iter().map(Command::approx_bytes).sum(),
+            Command::SubmitJob { spec, .. } => FIXED.saturating_add(spec.approx_bytes()),
+            Command::RegisterNode { spec, .. } => FIXED
+                .saturating_add(spec.gpus.len().saturating_mul(128))
+                .saturating_add(spec.labels.len().saturating_mul(64)),
+            Command::ApplyPlan { placements, .. } => FIXED.saturating_add(placements.len().saturating_mul(256)),
+            Command::ApplySchedule { placements, preemptions, .. } => FIXED
+                .saturating_add(placements.len().saturating_mul(256))
+                .saturating_add(preemptions.len().saturating_mul(64)),
+            Command::UpdatePolicy { policy, .. } => FIXED
+                .saturating_add(policy.accounts.len().saturating_mul(128))
+                .saturating_add(policy.users.len().saturating_mul(128))
+                .saturating_add(policy.partitions.len().saturating_mul(512))
+                .saturating_add(policy.qos.len().saturating_mul(256)),
+            Command::Batch(cmds) => cmds.iter().map(Command::approx_bytes).fold(0, usize::saturating_add),
             _ => FIXED,
         }
     }

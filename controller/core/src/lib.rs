@@ -14,6 +14,11 @@
 //! Related code: `raft-store` (drives `apply` from the Raft log),
 //! `controller/src/api` (turns protobuf into [`JobSpec`] and validates it).
 
+// Apply is total: no input may overflow arithmetic into a panic on every
+// replica (a committed entry is replayed forever). Outside tests, every
+// operation that can overflow is checked or saturating.
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation))]
+
 pub mod command;
 pub mod limits;
 pub mod model;
@@ -28,3 +33,23 @@ pub use command::{Command, NodeStateChange};
 pub use model::{Allocation, Gpu, GpuHealth, Job, JobId, JobState, Node, NodeAllocation, NodeState};
 pub use spec::{JobSpec, NodeSpec, SpecError};
 pub use state::{Applied, Event, JobEvent, NodeChange, Outcome, Refusal, RefusalKind, State};
+
+/// Counters the core keeps: adding one saturates, so no input can make a
+/// replica panic on overflow.
+pub(crate) trait Counter: Copy {
+    fn plus_one(self) -> Self;
+}
+
+macro_rules! counter {
+    ($($t:ty),*) => {$(impl Counter for $t {
+        fn plus_one(self) -> Self {
+            self.saturating_add(1)
+        }
+    })*};
+}
+counter!(u8, u16, u32, u64, usize);
+
+/// Adds one to a counter, saturating.
+pub(crate) fn incr<T: Counter>(n: &mut T) {
+    *n = n.plus_one();
+}

@@ -76,3 +76,25 @@ pub const NICE_MAX: i32 = 1_000_000;
 /// Buckets of historical usage kept per account for fair share: with buckets a
 /// quarter half-life wide this covers 16 half-lives (usage then weighs 1/65536).
 pub const USAGE_BUCKETS_MAX: usize = 64;
+/// Largest exit code a task can report: a wait status keeps 8 bits of it.
+pub const EXIT_CODE_MAX: i32 = 255;
+/// Largest signal a task can report: a wait status keeps 7 bits of it (Linux's
+/// SIGRTMAX is 64).
+pub const SIGNAL_MAX: i32 = 127;
+/// Bytes of a reason an agent or the leader attaches to an ending or a health
+/// change: a line or two of error text.
+pub const REASON_BYTES_MAX: usize = 4096;
+
+/// Checks a task's reported ending against what a wait status can hold.
+pub fn check_task_exit(exit_code: Option<i32>, signal: Option<i32>, reason: &str) -> Result<(), crate::SpecError> {
+    if let Some(c) = exit_code.filter(|c| !(0..=EXIT_CODE_MAX).contains(c)) {
+        return Err(crate::SpecError::new("exit_code", format!("must be 0..={EXIT_CODE_MAX}, got {c}")));
+    }
+    if let Some(s) = signal.filter(|s| !(1..=SIGNAL_MAX).contains(s)) {
+        return Err(crate::SpecError::new("signal", format!("must be 1..={SIGNAL_MAX}, got {s}")));
+    }
+    if reason.len() > REASON_BYTES_MAX {
+        return Err(crate::SpecError::new("reason", format!("must be at most {REASON_BYTES_MAX} bytes")));
+    }
+    Ok(())
+}

@@ -131,14 +131,14 @@ impl Job {
     pub fn gpus(&self) -> u64 {
         match &self.allocation {
             Some(a) => a.nodes.iter().map(|n| n.gpus.len() as u64).sum(),
-            None => u64::from(self.spec.nodes) * u64::from(self.spec.gpus_per_node),
+            None => u64::from(self.spec.nodes).saturating_mul(u64::from(self.spec.gpus_per_node)),
         }
     }
 
     pub fn cpus(&self) -> u64 {
         match &self.allocation {
             Some(a) => a.nodes.iter().map(|n| u64::from(n.cpus)).sum(),
-            None => u64::from(self.spec.nodes) * u64::from(self.spec.cpus_per_node()),
+            None => u64::from(self.spec.nodes).saturating_mul(u64::from(self.spec.cpus_per_node())),
         }
     }
 
@@ -240,7 +240,7 @@ impl Node {
                 .iter()
                 .enumerate()
                 .map(|(i, g)| Gpu {
-                    index: i as u32,
+                    index: u32::try_from(i).unwrap_or(u32::MAX),
                     uuid: g.uuid.clone(),
                     model: g.model.clone(),
                     mem_mb: g.mem_mb,

@@ -79,9 +79,9 @@ pub struct Use {
 
 impl Use {
     pub fn add(&mut self, other: Use) {
-        self.gpus += other.gpus;
-        self.cpus += other.cpus;
-        self.jobs += other.jobs;
+        self.gpus = self.gpus.saturating_add(other.gpus);
+        self.cpus = self.cpus.saturating_add(other.cpus);
+        self.jobs = self.jobs.saturating_add(other.jobs);
     }
 
     pub fn sub(&mut self, other: Use) {
@@ -96,9 +96,9 @@ impl Quota {
     /// `(what, limit)`, or None.
     pub fn exceeded_by(&self, current: Use, extra: Use) -> Option<(&'static str, u32)> {
         let checks = [
-            ("running GPUs", self.max_running_gpus, current.gpus + extra.gpus),
-            ("running CPUs", self.max_running_cpus, current.cpus + extra.cpus),
-            ("running jobs", self.max_running_jobs, current.jobs + extra.jobs),
+            ("running GPUs", self.max_running_gpus, current.gpus.saturating_add(extra.gpus)),
+            ("running CPUs", self.max_running_cpus, current.cpus.saturating_add(extra.cpus)),
+            ("running jobs", self.max_running_jobs, current.jobs.saturating_add(extra.jobs)),
         ];
         checks.into_iter().find_map(|(what, max, v)| max.filter(|&m| v > u64::from(m)).map(|m| (what, m)))
     }
@@ -156,8 +156,10 @@ impl Partition {
 pub fn pattern_matches(pattern: &str, name: &str) -> bool {
     if let Some(open) = pattern.find('[') {
         let Some(close_rel) = pattern[open..].find(']') else { return pattern == name };
-        let (prefix, ranges, suffix) =
-            (&pattern[..open], &pattern[open + 1..open + close_rel], &pattern[open + close_rel + 1..]);
+        // '[' and ']' are one byte each, so these split on character boundaries.
+        let (prefix, rest) = pattern.split_at(open);
+        let (ranges, suffix) = rest.split_at(close_rel);
+        let (ranges, suffix) = (&ranges[1..], &suffix[1..]);
         let Some(mid) = name.strip_prefix(prefix).and_then(|r| r.strip_suffix(suffix)) else { return false };
         if mid.is_empty() || !mid.chars().all(|c| c.is_ascii_digit()) {
             return false;
@@ -172,7 +174,9 @@ pub fn pattern_matches(pattern: &str, name: &str) -> bool {
         });
     }
     match pattern.split_once('*') {
-        Some((pre, post)) => name.len() >= pre.len() + post.len() && name.starts_with(pre) && name.ends_with(post),
+        Some((pre, post)) => {
+            name.len() >= pre.len().saturating_add(post.len()) && name.starts_with(pre) && name.ends_with(post)
+        }
         None => pattern == name,
     }
 }
@@ -444,9 +448,9 @@ impl ClusterPolicy {
         for name in self.accounts.keys() {
             // Walk to the root: a cycle or an over-deep tree never reaches it.
             let mut cur = name.as_str();
-            let mut depth = 0;
+            let mut depth = 0usize;
             while cur != ROOT_ACCOUNT {
-                depth += 1;
+                depth = depth.saturating_add(1);
                 if depth > ACCOUNT_DEPTH_MAX {
                     return Err(SpecError::new(
                         &format!("accounts.{name}.parent"),

@@ -6,6 +6,10 @@
 //! after every batch of events; a started job finishes after its run time (or at
 //! its requested time limit, if it would run longer).
 
+// Float-to-integer casts saturate in Rust (never panic); the report's
+// percentiles and SWF's decimal fields rely on that.
+#![allow(clippy::cast_possible_truncation)]
+
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::command::Command;
@@ -114,7 +118,7 @@ pub fn simulate_with_progress(
     let mut state = State::default();
     let mut index = 0u64;
     let mut apply = |state: &mut State, cmd: Command| {
-        index += 1;
+        crate::incr(&mut index);
         state.apply(index, &cmd)
     };
     let cpn = cfg.cpus_per_node.max(1);
@@ -151,7 +155,7 @@ pub fn simulate_with_progress(
     for (i, j) in trace.iter().enumerate() {
         let nodes = shape(j).0;
         if (j.procs == 0 && j.gpus == 0) || nodes > cfg.nodes || (gpn == 0 && j.gpus > 0) {
-            skipped += 1;
+            crate::incr(&mut skipped);
         } else {
             arrivals.push((j.submit_s, i));
         }
@@ -190,7 +194,7 @@ pub fn simulate_with_progress(
                     state: JobState::Completed,
                     exit_code: Some(0),
                     reason: String::new(),
-                    now_ms: t * 1000,
+                    now_ms: t.saturating_mul(1000),
                 };
                 let user = state.jobs[&job_id].spec.user.clone();
                 let ran = t.saturating_sub(state.jobs[&job_id].start_time_ms.unwrap_or(0) / 1000);
@@ -203,7 +207,7 @@ pub fn simulate_with_progress(
                 last_end = last_end.max(t);
             }
         }
-        if next >= reported + (arrivals.len() / PROGRESS_STEPS).max(1) {
+        if next >= reported.saturating_add((arrivals.len() / PROGRESS_STEPS).max(1)) {
             reported = next;
             progress(next, arrivals.len());
         }
@@ -219,28 +223,38 @@ pub fn simulate_with_progress(
                 time_limit_s: j.req_s.clamp(1, crate::limits::TIME_LIMIT_S_MAX),
                 ..JobSpec::default()
             };
-            let cmd =
-                Command::SubmitJob { spec, identity: "trace".into(), idempotency_key: String::new(), now_ms: t * 1000 };
+            let cmd = Command::SubmitJob {
+                spec,
+                identity: "trace".into(),
+                idempotency_key: String::new(),
+                now_ms: t.saturating_mul(1000),
+            };
             if let Outcome::Submitted { job_id, .. } = apply(&mut state, cmd).outcome {
                 job_of.insert(job_id, arrivals[next].1);
             }
-            next += 1;
+            crate::incr(&mut next);
         }
         // A machine with nothing free starts nothing: skip the pass.
-        let free_cpus: u64 = state.nodes.values().map(|n| u64::from(n.cpus - n.cpus_alloc)).sum();
+        let free_cpus: u64 =
+            state.nodes.values().map(|n| u64::from(n.cpus.saturating_sub(n.cpus_alloc))).fold(0, u64::saturating_add);
         if free_cpus == 0 {
             continue;
         }
         let predict = |job: &Job| -> u64 {
             match history.get(&job.spec.user) {
-                Some(h) if !h.is_empty() => (h.iter().sum::<u64>() / h.len() as u64).clamp(1, job.spec.time_limit_s),
+                Some(h) if !h.is_empty() => h
+                    .iter()
+                    .fold(0u64, |a, b| a.saturating_add(*b))
+                    .checked_div(h.len() as u64)
+                    .unwrap_or(0)
+                    .clamp(1, job.spec.time_limit_s),
                 _ => job.spec.time_limit_s,
             }
         };
         let opts = Options {
             policy,
             order: Order::Submit,
-            now_ms: t * 1000,
+            now_ms: t.saturating_mul(1000),
             estimate_s: if estimated { Some(&predict) } else { None },
         };
         let placements = plan(&state, &opts).placements;
@@ -248,15 +262,15 @@ pub fn simulate_with_progress(
             continue;
         }
         if let Outcome::PlanApplied { started: ids, .. } =
-            apply(&mut state, Command::ApplyPlan { placements, now_ms: t * 1000 }).outcome
+            apply(&mut state, Command::ApplyPlan { placements, now_ms: t.saturating_mul(1000) }).outcome
         {
             for id in ids {
                 let i = job_of[&id];
                 let j = &trace[i];
                 let run = j.run_s.min(j.req_s).max(1);
                 started.insert(i, t);
-                busy_cpu_s += (run * units(j)) as f64;
-                ends.entry(t + run).or_default().push((id, state.jobs[&id].attempt));
+                busy_cpu_s += run.saturating_mul(units(j)) as f64;
+                ends.entry(t.saturating_add(run)).or_default().push((id, state.jobs[&id].attempt));
             }
         }
     }
@@ -275,7 +289,7 @@ pub fn simulate_with_progress(
     let pct = |v: &[f64], q: f64| v.get(((v.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
     let n = waits.len().max(1) as f64;
     let makespan_s = last_end.saturating_sub(first_submit);
-    let capacity_units = if gpn > 0 { cfg.nodes * gpn } else { cfg.nodes * cpn };
+    let capacity_units = cfg.nodes.saturating_mul(if gpn > 0 { gpn } else { cpn });
     let capacity = f64::from(capacity_units) * makespan_s.max(1) as f64;
     SimReport {
         jobs: started.len(),
@@ -321,7 +335,7 @@ pub fn parse_swf(text: &str) -> (Vec<TraceJob>, Option<u32>) {
         jobs.push(TraceJob {
             submit_s: submit as u64,
             run_s: run as u64,
-            procs: procs as u32,
+            procs: u32::try_from(procs).unwrap_or(u32::MAX),
             req_s: req as u64,
             user,
             gpus: 0,
@@ -342,7 +356,7 @@ pub fn parse_gpu_trace(text: &str, gavel_step_ms: u64) -> Result<Vec<TraceJob>, 
         if line.is_empty() || line.starts_with("job_id") || line.starts_with('#') {
             continue;
         }
-        let bad = |what: &str| format!("line {}: {what}", n + 1);
+        let bad = |what: &str| format!("line {}: {what}", n.saturating_add(1));
         let (gpus, submit, run) = if line.contains('\t') {
             let f: Vec<&str> = line.split('\t').collect();
             if f.len() < 7 {
@@ -351,7 +365,7 @@ pub fn parse_gpu_trace(text: &str, gavel_step_ms: u64) -> Result<Vec<TraceJob>, 
             let steps: u64 = f[4].trim().parse().map_err(|_| bad("total steps is not a number"))?;
             let arrival: f64 = f[5].trim().parse().map_err(|_| bad("arrival time is not a number"))?;
             let gpus: u32 = f[6].trim().parse().map_err(|_| bad("GPUs is not a number"))?;
-            (gpus, arrival as u64, (steps * gavel_step_ms / 1000).max(1))
+            (gpus, arrival as u64, (steps.saturating_mul(gavel_step_ms) / 1000).max(1))
         } else {
             let f: Vec<&str> = line.split(',').collect();
             if f.len() < 6 {

@@ -24,7 +24,7 @@ pub enum SnapshotError {
 }
 
 pub fn encode(state: &State) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + state.jobs.len() * 256);
+    let mut out = Vec::with_capacity(state.jobs.len().saturating_mul(256).saturating_add(64));
     out.extend_from_slice(SNAPSHOT_MAGIC);
     out.extend_from_slice(&SNAPSHOT_FORMAT_VERSION.to_le_bytes());
     let body = bincode::serde::encode_to_vec(state, bincode::config::standard())
@@ -43,8 +43,9 @@ pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
     }
     let (state, used): (State, usize) = bincode::serde::decode_from_slice(&bytes[8..], bincode::config::standard())
         .map_err(|e| SnapshotError::Decode(e.to_string()))?;
-    if used != bytes.len() - 8 {
-        return Err(SnapshotError::Trailing(bytes.len() - 8 - used));
+    let body = bytes.len().saturating_sub(8);
+    if used != body {
+        return Err(SnapshotError::Trailing(body.saturating_sub(used)));
     }
     Ok(state)
 }

@@ -372,7 +372,7 @@ impl JobSpec {
             if self.command.len() > ARGS_MAX {
                 return Err(SpecError::new("command", format!("must have at most {ARGS_MAX} arguments")));
             }
-            let bytes: usize = self.command.iter().map(|a| a.len() + 1).sum();
+            let bytes = self.command.iter().map(|a| a.len().saturating_add(1)).fold(0, usize::saturating_add);
             if bytes > SCRIPT_BYTES_MAX {
                 return Err(SpecError::new("command", format!("must be at most {SCRIPT_BYTES_MAX} bytes in all")));
             }
@@ -470,7 +470,7 @@ impl JobSpec {
             parse_array(&self.array)?;
         }
         check_range("nice", self.nice, -NICE_MAX, NICE_MAX)?;
-        let cpus = u64::from(self.tasks_per_node) * u64::from(self.cpus_per_task);
+        let cpus = u64::from(self.tasks_per_node).saturating_mul(u64::from(self.cpus_per_task));
         if cpus > u64::from(CPUS_PER_TASK_MAX) * 4 {
             return Err(SpecError::new(
                 "cpus_per_task",
@@ -497,15 +497,50 @@ impl JobSpec {
         Ok(())
     }
 
-    /// A cheap upper estimate of the spec's size in memory and on the wire.
+    /// The estimate data format 4 used for array budgets: it leaves out several
+    /// fields. Kept because `apply` must decide old log entries as the build
+    /// that wrote them did; new budgets use [`JobSpec::size_bytes`].
     pub fn approx_bytes(&self) -> usize {
-        512 + self.script.len()
-            + self.command.iter().map(|a| a.len() + 24).sum::<usize>()
-            + self.env.iter().map(|(k, v)| k.len() + v.len() + 64).sum::<usize>()
-            + self.workdir.len()
-            + self.name.len()
-            + self.output.len()
-            + self.error.len()
+        let strings = [&self.script, &self.workdir, &self.name, &self.output, &self.error];
+        let list =
+            |v: &[String], each: usize| v.iter().map(|a| a.len().saturating_add(each)).fold(0, usize::saturating_add);
+        let env = self.env.iter().map(|(k, v)| k.len().saturating_add(v.len()).saturating_add(64));
+        strings.iter().map(|s| s.len()).chain([list(&self.command, 24)]).chain(env).fold(512, usize::saturating_add)
+    }
+
+    /// An upper estimate of the spec's size in memory, counting every field:
+    /// each string with its heap and header overhead, each list and map entry.
+    /// Budgets (array copies, pending bytes per user and per cluster) use it.
+    pub fn size_bytes(&self) -> usize {
+        /// A `String`'s header plus allocator rounding, roughly.
+        const STRING: usize = 32;
+        /// A map entry's share of a B-tree node, roughly.
+        const ENTRY: usize = 48;
+        let text = |s: &String| s.len().saturating_add(STRING);
+        let list = |v: &[String]| v.iter().map(text).fold(0, usize::saturating_add);
+        let strings = [
+            &self.name,
+            &self.user,
+            &self.script,
+            &self.workdir,
+            &self.partition,
+            &self.gpu_type,
+            &self.output,
+            &self.error,
+            &self.account,
+            &self.qos,
+            &self.topology.level,
+            &self.array,
+            &self.comment,
+        ];
+        let env = self.env.iter().map(|(k, v)| text(k).saturating_add(text(v)).saturating_add(ENTRY));
+        strings
+            .into_iter()
+            .map(text)
+            .chain([list(&self.command), list(&self.constraints), list(&self.nodelist), list(&self.exclude)])
+            .chain(env)
+            .chain([self.dependencies.len().saturating_mul(std::mem::size_of::<Dependency>())])
+            .fold(std::mem::size_of::<JobSpec>(), usize::saturating_add)
     }
 
     /// The most nodes the job can use (`nodes` unless a range was given).

@@ -558,3 +558,334 @@ fn replicated_encodings_keep_their_bytes() {
 /// (bytes, FNV-1a) of the snapshot, the policy command and the submit above.
 const GOLDEN_ENCODINGS: [(usize, u64); 3] =
     [(587, 12837966146749691398), (157, 1692682061728110456), (71, 3020520779667525184)];
+
+/// Numbers at and around every integer bound, plus small ones.
+fn extreme_u64() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(0u64),
+        Just(1),
+        Just(u64::MAX),
+        Just(u64::MAX - 1),
+        Just(i64::MAX as u64),
+        Just(u64::from(u32::MAX)),
+        Just(u64::from(u32::MAX) + 1),
+        0u64..8,
+        any::<u64>(),
+    ]
+}
+
+fn extreme_u32() -> impl Strategy<Value = u32> {
+    prop_oneof![Just(0u32), Just(1), Just(u32::MAX), Just(u32::MAX - 1), Just(i32::MAX as u32), 0u32..20, any::<u32>()]
+}
+
+fn extreme_i32() -> impl Strategy<Value = i32> {
+    prop_oneof![Just(i32::MIN), Just(-1), Just(0), Just(127), Just(255), Just(256), Just(i32::MAX), any::<i32>()]
+}
+
+/// Empty, ordinary, hostile and huge strings, and names that exist in the base state.
+fn extreme_string() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        Just("n0".to_string()),
+        Just("alice".to_string()),
+        Just("root".to_string()),
+        Just("../../etc/passwd".to_string()),
+        Just("a\0b".to_string()),
+        Just("ünï-çødé ✓".to_string()),
+        Just("0-4294967295%4294967295".to_string()),
+        Just("n[0-18446744073709551615]".to_string()),
+        Just("x".repeat(70_000)),
+        "[a-z0-9_:,%-]{0,12}",
+    ]
+}
+
+fn extreme_spec() -> impl Strategy<Value = JobSpec> {
+    (
+        (extreme_u32(), extreme_u32(), extreme_u32(), extreme_u64(), extreme_u32(), extreme_u64()),
+        (extreme_string(), extreme_string(), extreme_string(), extreme_string()),
+        (extreme_i32(), extreme_u64(), extreme_u32(), any::<u8>(), extreme_u32(), extreme_u64()),
+        (proptest::collection::vec(extreme_string(), 0..3), proptest::collection::vec((extreme_u64(), 0u8..4), 0..3)),
+        (any::<bool>(), any::<bool>(), any::<bool>(), extreme_u64()),
+    )
+        .prop_map(
+            |(
+                (n, tpn, cpt, mem, gpn, tl),
+                (user, array, account, name),
+                (nice, begin, nmax, sig, warn, mpc),
+                (list, deps),
+                (b1, b2, b3, wait),
+            )| {
+                JobSpec {
+                    name,
+                    user,
+                    command: vec!["true".into()],
+                    nodes: n,
+                    tasks_per_node: tpn,
+                    cpus_per_task: cpt,
+                    mem_per_node_mb: mem,
+                    gpus_per_node: gpn,
+                    time_limit_s: tl,
+                    array,
+                    account,
+                    nice,
+                    begin_ms: begin,
+                    nodes_max: nmax,
+                    warn_signal: sig,
+                    warn_before_s: warn,
+                    mem_per_cpu_mb: mpc,
+                    nodelist: list.clone(),
+                    exclude: list.clone(),
+                    constraints: list,
+                    dependencies: deps
+                        .into_iter()
+                        .map(|(job_id, k)| Dependency {
+                            kind: [
+                                DependencyKind::After,
+                                DependencyKind::AfterOk,
+                                DependencyKind::AfterAny,
+                                DependencyKind::AfterNotOk,
+                            ][usize::from(k)],
+                            job_id,
+                            array_index: None,
+                        })
+                        .collect(),
+                    exclusive: b1,
+                    hold: b2,
+                    batch: b3,
+                    topology: TopologyConstraint { level: "rack".into(), required: b1, wait_s: wait },
+                    ..JobSpec::default()
+                }
+            },
+        )
+}
+
+fn extreme_allocation() -> impl Strategy<Value = NodeAllocation> {
+    (extreme_string(), extreme_u32(), extreme_u64(), proptest::collection::vec(extreme_u32(), 0..4))
+        .prop_map(|(node, cpus, mem_mb, gpus)| NodeAllocation { node, cpus, mem_mb, gpus })
+}
+
+fn extreme_placement() -> impl Strategy<Value = Placement> {
+    (extreme_u64(), extreme_u32(), proptest::collection::vec(extreme_allocation(), 0..3))
+        .prop_map(|(job_id, attempt, nodes)| Placement { job_id, attempt, nodes })
+}
+
+fn extreme_command() -> impl Strategy<Value = Command> {
+    use gangway_core::command::Preemption;
+    use gangway_core::policy::PreemptMode;
+    let state = prop_oneof![
+        Just(JobState::Pending),
+        Just(JobState::Running),
+        Just(JobState::Completed),
+        Just(JobState::Failed),
+        Just(JobState::Cancelled),
+        Just(JobState::TimedOut),
+        Just(JobState::NodeFail)
+    ];
+    let change = prop_oneof![
+        any::<bool>().prop_map(|admin| JobChange::Hold { admin }),
+        Just(JobChange::Release),
+        proptest::option::of(extreme_u32()).prop_map(JobChange::SetPriority),
+        extreme_i32().prop_map(JobChange::SetNice),
+        any::<bool>().prop_map(|hold| JobChange::Requeue { hold }),
+        extreme_u64().prop_map(JobChange::SetTimeLimit),
+    ];
+    let node_change =
+        prop_oneof![Just(NodeStateChange::Drain), Just(NodeStateChange::Resume), Just(NodeStateChange::Down)];
+    let single = prop_oneof![
+        (extreme_spec(), extreme_string(), extreme_string(), extreme_u64()).prop_map(
+            |(spec, identity, idempotency_key, now_ms)| Command::SubmitJob { spec, identity, idempotency_key, now_ms }
+        ),
+        (extreme_u64(), extreme_string(), extreme_u64()).prop_map(|(job_id, identity, now_ms)| Command::CancelJob {
+            job_id,
+            identity,
+            now_ms
+        }),
+        (extreme_string(), extreme_u32(), extreme_u64(), 0usize..24, extreme_u32(), extreme_u64()).prop_map(
+            |(name, cpus, mem_mb, gpus, island, now_ms)| {
+                let gpus = (0..gpus)
+                    .map(|g| GpuSpec { uuid: format!("G{g}"), model: "h100".into(), mem_mb, nvlink_island: island })
+                    .collect();
+                Command::RegisterNode {
+                    spec: NodeSpec {
+                        name,
+                        addr: String::new(),
+                        cpus,
+                        mem_mb,
+                        gpus,
+                        topology: vec!["z".into()],
+                        labels: BTreeMap::new(),
+                    },
+                    now_ms,
+                }
+            }
+        ),
+        (extreme_string(), node_change, extreme_string(), extreme_u64())
+            .prop_map(|(name, change, reason, now_ms)| Command::SetNodeState { name, change, reason, now_ms }),
+        (proptest::collection::vec(extreme_placement(), 0..3), extreme_u64())
+            .prop_map(|(placements, now_ms)| Command::ApplyPlan { placements, now_ms }),
+        (extreme_u64(), extreme_u32(), state, proptest::option::of(extreme_i32()), extreme_string(), extreme_u64())
+            .prop_map(|(job_id, attempt, state, exit_code, reason, now_ms)| Command::JobFinished {
+                job_id,
+                attempt,
+                state,
+                exit_code,
+                reason,
+                now_ms
+            }),
+        (
+            extreme_u64(),
+            extreme_u32(),
+            extreme_string(),
+            proptest::option::of(extreme_i32()),
+            proptest::option::of(extreme_i32()),
+            any::<bool>(),
+            proptest::option::of(extreme_u64()),
+            extreme_u64()
+        )
+            .prop_map(|(job_id, attempt, node, exit_code, signal, lost, peak_mem_mb, now_ms)| {
+                Command::TaskExited {
+                    job_id,
+                    attempt,
+                    node,
+                    exit_code,
+                    signal,
+                    reason: String::new(),
+                    lost,
+                    peak_mem_mb,
+                    now_ms,
+                }
+            }),
+        (extreme_string(), extreme_u32(), any::<bool>(), extreme_u64()).prop_map(|(node, gpu, healthy, now_ms)| {
+            Command::SetGpuHealth { node, gpu, healthy, reason: "x".into(), now_ms }
+        }),
+        (any::<u8>(), proptest::option::of(extreme_u64()), any::<bool>(), extreme_u64()).prop_map(
+            |(i, expected_version, force, now_ms)| Command::UpdatePolicy {
+                policy: preset_policy(i),
+                expected_version,
+                force,
+                identity: "server:1".into(),
+                now_ms
+            }
+        ),
+        (extreme_u64(), change, extreme_string(), extreme_u64())
+            .prop_map(|(job_id, change, identity, now_ms)| Command::UpdateJob { job_id, change, identity, now_ms }),
+        (
+            proptest::collection::vec((extreme_u64(), extreme_u32(), any::<bool>(), extreme_u64()), 0..3),
+            proptest::collection::vec(extreme_placement(), 0..3),
+            extreme_u64()
+        )
+            .prop_map(|(victims, placements, now_ms)| Command::ApplySchedule {
+                preemptions: victims
+                    .into_iter()
+                    .map(|(job_id, attempt, cancel, for_job)| Preemption {
+                        job_id,
+                        attempt,
+                        mode: if cancel { PreemptMode::Cancel } else { PreemptMode::Requeue },
+                        for_job
+                    })
+                    .collect(),
+                placements,
+                now_ms,
+            }),
+        (extreme_u64(), extreme_u32(), extreme_u64()).prop_map(|(job_id, attempt, now_ms)| Command::JobCheckpointed {
+            job_id,
+            attempt,
+            now_ms
+        }),
+    ];
+    single.prop_recursive(1, 8, 4, |inner| proptest::collection::vec(inner, 0..4).prop_map(Command::Batch))
+}
+
+/// A small live cluster: three nodes, running and pending jobs, an array.
+fn base_state() -> State {
+    let mut s = State::default();
+    let mut i = 0;
+    let mut apply = |s: &mut State, cmd: Command| {
+        i += 1;
+        s.apply(i, &cmd)
+    };
+    for n in 0..3 {
+        apply(&mut s, Command::RegisterNode { spec: node_spec(n, 4), now_ms: 1_000 });
+    }
+    for k in 0..4 {
+        let mut spec = job_spec(1, 2, 2);
+        if k == 3 {
+            spec.array = "0-3".into();
+        }
+        apply(
+            &mut s,
+            Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 2_000 },
+        );
+    }
+    let opts = gangway_core::sched::Options {
+        policy: gangway_core::sched::Policy::Easy,
+        order: gangway_core::sched::Order::Priority,
+        now_ms: 3_000,
+        estimate_s: None,
+    };
+    let plan = gangway_core::sched::plan(&s, &opts);
+    apply(&mut s, Command::ApplyPlan { placements: plan.placements, now_ms: 3_000 });
+    assert!(!s.running.is_empty() && !s.pending.is_empty(), "the base state has running and pending jobs");
+    s
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+    /// Apply is total: commands with extreme values (integer bounds, empty,
+    /// hostile and huge strings, every enum, nonsense placements) are applied or
+    /// refused, never panic, keep every invariant, and a refusal changes nothing.
+    /// Extremes of TaskExited's signal were a poison pill: `128 + signal`
+    /// overflowed on every replica, at every replay.
+    #[test]
+    fn extreme_commands_are_refused_or_applied_never_panic(cmds in proptest::collection::vec(extreme_command(), 1..6)) {
+        let mut s = base_state();
+        for (k, cmd) in cmds.iter().enumerate() {
+            let before = s.clone();
+            let applied = s.apply(100 + k as u64, cmd);
+            if let Outcome::Refused(_) = applied.outcome {
+                let mut b = before;
+                b.clock_ms = s.clock_ms;
+                b.idempotency = s.idempotency.clone();
+                b.idempotency_expiry = s.idempotency_expiry.clone();
+                prop_assert_eq!(&b, &s, "a refused {} changed state", cmd.name());
+            }
+            if let Err(e) = s.check_invariants() {
+                return Err(TestCaseError::fail(format!("after {}: {e}", cmd.name())));
+            }
+            // The scheduler plans over whatever the commands left.
+            let opts = gangway_core::sched::Options {
+                policy: gangway_core::sched::Policy::Easy,
+                order: gangway_core::sched::Order::Priority,
+                now_ms: s.clock_ms,
+                estimate_s: None,
+            };
+            let _ = gangway_core::sched::plan(&s, &opts);
+        }
+        prop_assert_eq!(snapshot::decode(&snapshot::encode(&s)).unwrap(), s);
+    }
+}
+
+/// The poison pill, exactly: a task reports the largest signal.
+#[test]
+fn a_task_reporting_the_largest_signal_fails_its_job_without_a_panic() {
+    let mut s = base_state();
+    let id = *s.running.iter().next().unwrap();
+    let job = &s.jobs[&id];
+    let node = job.allocation.as_ref().unwrap().nodes[0].node.clone();
+    let cmd = Command::TaskExited {
+        job_id: id,
+        attempt: job.attempt,
+        node,
+        exit_code: None,
+        signal: Some(i32::MAX),
+        reason: String::new(),
+        lost: false,
+        peak_mem_mb: None,
+        now_ms: 5_000,
+    };
+    s.apply(1_000, &cmd);
+    assert_eq!(s.jobs[&id].state, JobState::Failed);
+    assert_eq!(s.jobs[&id].exit_code, Some(i32::MAX));
+    s.check_invariants().unwrap();
+}

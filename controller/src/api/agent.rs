@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use gangway_core::limits::{check_task_exit, REASON_BYTES_MAX};
 use gangway_core::{Command, NodeState, Outcome, RefusalKind};
 use gangway_proto::v1::agent_service_client::AgentServiceClient;
 use gangway_proto::v1::agent_service_server::AgentService;
@@ -37,7 +38,7 @@ impl AgentApi {
                         node: msg.name.clone(),
                         gpu: r.index,
                         healthy: r.healthy,
-                        reason: r.reason.chars().take(REASON_BYTES_MAX).collect(),
+                        reason: truncate_on_char(&r.reason, REASON_BYTES_MAX),
                         now_ms: crate::now_ms(),
                     })
                 })
@@ -206,9 +207,7 @@ impl AgentService for AgentApi {
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
         ctx.require_agent_for(&msg.node, "report task exits")?;
-        if msg.reason.len() > REASON_BYTES_MAX {
-            return Err(Status::invalid_argument(format!("reason: at most {REASON_BYTES_MAX} bytes")));
-        }
+        check_task_exit(msg.exit_code, msg.signal, &msg.reason).map_err(status_from_spec)?;
         let cmd = Command::TaskExited {
             job_id: msg.job_id,
             attempt: msg.attempt,
@@ -242,8 +241,6 @@ impl AgentService for AgentApi {
 
 /// Tasks one agent may report running (the core allows this many per node).
 const TASKS_PER_NODE_REPORTED_MAX: usize = 4096;
-/// Bytes of an exit reason: one line for `gangway show`.
-const REASON_BYTES_MAX: usize = 4096;
 /// Rendezvous ports are chosen per job from this range (PyTorch's default
 /// MASTER_PORT, 29500, starts it), the same on every node of the gang.
 const MASTER_PORT_BASE: u32 = 29_500;
@@ -295,4 +292,13 @@ fn launch_order(state: &gangway_core::State, job: &gangway_core::Job, node: &str
         warn_batch_shell: spec.warn_batch_shell,
         step_credential: String::new(),
     })
+}
+
+/// At most `max` bytes of `s`, cut on a character boundary.
+fn truncate_on_char(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end = end.saturating_sub(1);
+    }
+    s[..end].to_string()
 }

@@ -60,7 +60,7 @@ pub fn explain(state: &State, job_id: JobId, now_ms: u64) -> Option<Explanation>
         return Some(out);
     }
     let key = (prio.tier(job), factors.total);
-    out.queue_position = 1 + state
+    out.queue_position = state
         .pending
         .iter()
         .filter(|id| **id != job_id)
@@ -69,20 +69,23 @@ pub fn explain(state: &State, job_id: JobId, now_ms: u64) -> Option<Explanation>
             let k = (prio.tier(j), prio.factors(j).total);
             k.0 > key.0 || (k.0 == key.0 && (k.1 > key.1 || (k.1 == key.1 && **id < job_id)))
         })
-        .count() as u32;
+        .count()
+        .try_into()
+        .unwrap_or(u32::MAX)
+        .saturating_add(1);
     let view = View::new(state.nodes.values(), &state.policy);
     let mut statically_ok = 0u32;
     for i in 0..view.nodes.len() {
         if view.hardware_reject(i, job).is_none() {
-            statically_ok += 1;
+            crate::incr(&mut statically_ok);
         }
         match view.static_reject(i, job) {
-            Some(why) => *out.rejections.entry(why.to_string()).or_default() += 1,
+            Some(why) => crate::incr(out.rejections.entry(why.to_string()).or_default()),
             None => {
                 if view.fits_now(i, job) {
-                    out.eligible_nodes += 1;
+                    crate::incr(&mut out.eligible_nodes);
                 } else {
-                    *out.rejections.entry(view.busy_reason(job, &view.free[i]).to_string()).or_default() += 1;
+                    crate::incr(out.rejections.entry(view.busy_reason(job, &view.free[i]).to_string()).or_default());
                 }
             }
         }

@@ -297,7 +297,7 @@ impl<'s, 'o> Pass<'s, 'o> {
             Some(d) if d <= self.view.depth() => {
                 let mut per_domain: BTreeMap<usize, usize> = BTreeMap::new();
                 for i in ok {
-                    *per_domain.entry(self.view.domain_of(d, i)).or_default() += 1;
+                    crate::incr(per_domain.entry(self.view.domain_of(d, i)).or_default());
                 }
                 per_domain.values().any(|&c| c >= need)
             }
@@ -382,10 +382,10 @@ impl<'s, 'o> Pass<'s, 'o> {
             self.plan_use.entry(k).or_default().add(u);
         }
         if let Some(a) = job.array {
-            *self.array_running.entry(a.array_job_id).or_default() += 1;
+            crate::incr(self.array_running.entry(a.array_job_id).or_default());
         }
         self.running_names.insert((job.spec.user.as_str(), job.spec.name.as_str()));
-        self.plan.placements.push(Placement { job_id: job.id, attempt: job.attempt + 1, nodes });
+        self.plan.placements.push(Placement { job_id: job.id, attempt: job.attempt.saturating_add(1), nodes });
     }
 
     /// The earliest time `job` fits as running and planned jobs end, and where:
@@ -446,9 +446,9 @@ impl<'s, 'o> Pass<'s, 'o> {
                 let before = statics[i] && fits(&future[i]);
                 self.view.give(&mut future, i, cpus, mem, gpus);
                 if !before && statics[i] && fits(&future[i]) {
-                    fit_count += 1;
+                    crate::incr(&mut fit_count);
                 }
-                k += 1;
+                crate::incr(&mut k);
             }
             while next_take < takes.len() && takes[next_take].0 <= t {
                 let (_, i, cpus, mem, gpus) = takes[next_take];
@@ -458,21 +458,21 @@ impl<'s, 'o> Pass<'s, 'o> {
                 f.mem_mb = f.mem_mb.saturating_sub(mem);
                 f.gpus &= !gpus;
                 if before && !fits(&future[i]) {
-                    fit_count -= 1;
+                    fit_count = fit_count.saturating_sub(1);
                 }
-                next_take += 1;
+                crate::incr(&mut next_take);
             }
             if fit_count < s.nodes as usize {
                 continue;
             }
-            tries += 1;
+            crate::incr(&mut tries);
             if let Ok(members) = self.view.place(job, &future, None, depth) {
                 for m in &members {
                     let f = &future[m.node];
                     let h = Hold {
                         until_ms: t,
-                        spare_cpus: f.cpus - m.cpus,
-                        spare_mem_mb: f.mem_mb - m.mem_mb,
+                        spare_cpus: f.cpus.saturating_sub(m.cpus),
+                        spare_mem_mb: f.mem_mb.saturating_sub(m.mem_mb),
                         spare_gpus: (f.gpus & !m.gpus).count_ones(),
                     };
                     let slot = &mut self.holds[m.node];
@@ -518,7 +518,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
     for id in &state.running {
         let j = &state.jobs[id];
         if let Some(a) = j.array {
-            *array_running.entry(a.array_job_id).or_default() += 1;
+            crate::incr(array_running.entry(a.array_job_id).or_default());
         }
         running_names.insert((j.spec.user.as_str(), j.spec.name.as_str()));
     }
@@ -595,7 +595,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
         if free_cpus == 0 && reservations_tried >= reservations_max && !can_preempt {
             break;
         }
-        pass.plan.examined += 1;
+        crate::incr(&mut pass.plan.examined);
         if let Some(why) = pass.gate(job) {
             pass.plan.reasons.push((id, why));
             continue;
@@ -612,8 +612,8 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
         let est_s = pass.estimate_s(job);
         let spec = &job.spec;
         // Cheapest test first: the whole cluster has too little free.
-        let too_big = u64::from(spec.nodes) * u64::from(spec.cpus_per_node()) > pass.free_cpus
-            || u64::from(spec.nodes) * u64::from(spec.gpus_per_node) > pass.free_gpus;
+        let too_big = u64::from(spec.nodes).saturating_mul(u64::from(spec.cpus_per_node())) > pass.free_cpus
+            || u64::from(spec.nodes).saturating_mul(u64::from(spec.gpus_per_node)) > pass.free_gpus;
         let key = ShapeKey::of(job, depth);
         let mut fp = 0;
         let known = if too_big {
@@ -635,7 +635,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
             Err(Miss::Resources)
         } else {
             attempted = true;
-            pass.plan.place_attempts += 1;
+            crate::incr(&mut pass.plan.place_attempts);
             let end_ms = now.saturating_add(est_s.saturating_mul(1000));
             let holds = (reservations_tried > 0).then_some((pass.holds.as_slice(), end_ms));
             if spec.nodes_max() == 1 {
@@ -657,7 +657,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
                 let may_preempt = preempt_attempts < PREEMPT_ATTEMPTS_PER_PASS_MAX && pass.may_preempt(job);
                 if let (true, Some(prio)) = (may_preempt, &prio) {
                     // Every attempt counts, found or not: each may try many placements.
-                    preempt_attempts += 1;
+                    crate::incr(&mut preempt_attempts);
                     if let Some((victims, members)) = pass.preempt(job, depth, prio) {
                         let u = view::members_use(&members);
                         if !has_quotas || pass.quota(job, u).is_none() {
@@ -695,7 +695,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
                 // answers for the same shape).
                 let check = wants_slot || (attempted && !too_big && possible_checks < POSSIBLE_CHECKS_PER_PASS_MAX);
                 if check && !wants_slot {
-                    possible_checks += 1;
+                    crate::incr(&mut possible_checks);
                 }
                 if check && !pass.possible(job, hard_depth) {
                     if !too_big {
@@ -711,7 +711,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
                     break;
                 }
                 if reservations_tried < reservations_max && !known_fail {
-                    reservations_tried += 1;
+                    crate::incr(&mut reservations_tried);
                     if let Some(start) = pass.reserve(job, depth) {
                         pass.plan.reservations.push((id, start));
                     }

@@ -58,9 +58,9 @@ impl<'s> Pass<'s, '_> {
             .map(|v| {
                 let since = v.last_checkpoint_ms.or(v.start_time_ms).unwrap_or(now);
                 let secs = now.saturating_sub(since) / 1000;
-                let weight = if v.gpus() > 0 { v.gpus() * 1000 } else { v.cpus() };
+                let weight = if v.gpus() > 0 { v.gpus().saturating_mul(1000) } else { v.cpus() };
                 let lost = weight.saturating_mul(secs);
-                (lost, prio.factors(v).total, u64::MAX - v.start_time_ms.unwrap_or(0), v)
+                (lost, prio.factors(v).total, u64::MAX.saturating_sub(v.start_time_ms.unwrap_or(0)), v)
             })
             .collect();
         victims.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)).then(a.3.id.cmp(&b.3.id)));
@@ -85,7 +85,7 @@ impl<'s> Pass<'s, '_> {
                 if v.gpus() > *left {
                     continue;
                 }
-                *left -= v.gpus();
+                *left = left.saturating_sub(v.gpus());
             }
             self.give_job(&mut trial, v);
             chosen.push(v);
@@ -98,7 +98,7 @@ impl<'s> Pass<'s, '_> {
         // Drop victims the placement does not touch, newest additions first.
         let mut k = chosen.len();
         while k > 0 {
-            k -= 1;
+            k = k.saturating_sub(1);
             let mut without = self.free.clone();
             for (i, v) in chosen.iter().enumerate() {
                 if i != k {
@@ -119,10 +119,14 @@ impl<'s> Pass<'s, '_> {
         let p = &self.state.policy;
         let Some(max) = p.accounts.get(&job.spec.account).and_then(|a| a.quota.max_running_gpus) else { return false };
         let key = crate::state::UseKey::Account(job.spec.account.clone());
-        let used =
-            self.state.running_use.get(&key).map_or(0, |u| u.gpus) + self.plan_use.get(&key).map_or(0, |u| u.gpus);
-        let need = u64::from(job.spec.nodes) * u64::from(job.spec.gpus_per_node);
-        need > 0 && used + need <= u64::from(max)
+        let used = self
+            .state
+            .running_use
+            .get(&key)
+            .map_or(0, |u| u.gpus)
+            .saturating_add(self.plan_use.get(&key).map_or(0, |u| u.gpus));
+        let need = u64::from(job.spec.nodes).saturating_mul(u64::from(job.spec.gpus_per_node));
+        need > 0 && used.saturating_add(need) <= u64::from(max)
     }
 
     /// Returns a running job's resources to `free`.
@@ -143,8 +147,8 @@ impl<'s> Pass<'s, '_> {
             let mut free = std::mem::take(&mut self.free);
             self.give_job(&mut free, v);
             self.free = free;
-            self.free_cpus += v.cpus();
-            self.free_gpus += v.gpus();
+            self.free_cpus = self.free_cpus.saturating_add(v.cpus());
+            self.free_gpus = self.free_gpus.saturating_add(v.gpus());
             for na in v.allocation.iter().flat_map(|a| a.nodes.iter()) {
                 if let Some(&i) = self.node_index.get(na.node.as_str()) {
                     self.rebucket(i, before[i]);

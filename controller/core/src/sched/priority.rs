@@ -73,7 +73,8 @@ pub fn fair_share(state: &State, now_ms: u64) -> BTreeMap<String, Share> {
     let cluster = billing(total_usage.get(ROOT_ACCOUNT).copied().unwrap_or_default());
     let mut sibling_shares: BTreeMap<&str, u64> = BTreeMap::new();
     for a in policy.accounts.values() {
-        *sibling_shares.entry(parent_name(policy, &a.parent)).or_default() += u64::from(a.shares);
+        let s = sibling_shares.entry(parent_name(policy, &a.parent)).or_default();
+        *s = s.saturating_add(u64::from(a.shares));
     }
     let mut out = BTreeMap::new();
     let names = std::iter::once(ROOT_ACCOUNT).chain(policy.accounts.keys().map(String::as_str));

@@ -136,8 +136,8 @@ impl<'a> View<'a> {
             let mut ids = Vec::with_capacity(nodes.len());
             let mut id = 0u32;
             for i in 0..nodes.len() {
-                if i > 0 && prefix(nodes[i], d) != prefix(nodes[i - 1], d) {
-                    id += 1;
+                if i > 0 && prefix(nodes[i], d) != prefix(nodes[i.saturating_sub(1)], d) {
+                    crate::incr(&mut id);
                 }
                 ids.push(id);
             }
@@ -283,7 +283,7 @@ impl<'a> View<'a> {
         }
         let leftover = |m: &Member| {
             let f = &free[m.node];
-            ((f.gpus & !m.gpus).count_ones(), f.cpus - m.cpus)
+            ((f.gpus & !m.gpus).count_ones(), f.cpus.saturating_sub(m.cpus))
         };
         if need == 1 && want == 1 {
             // Best fit, then the fullest deepest domain (keeps empty racks whole).
@@ -331,7 +331,7 @@ impl<'a> View<'a> {
     }
 
     fn dom(&self, depth: usize, node: usize) -> usize {
-        self.domains[depth - 1][node] as usize
+        self.domains[depth.saturating_sub(1)][node] as usize
     }
 
     /// Candidates per domain at `depth` (None when the cluster has no levels).
@@ -339,10 +339,10 @@ impl<'a> View<'a> {
         if depth == 0 || depth > self.depth() {
             return None;
         }
-        let ids = &self.domains[depth - 1];
-        let mut counts = vec![0usize; ids.last().map_or(0, |&l| l as usize + 1)];
+        let ids = &self.domains[depth.saturating_sub(1)];
+        let mut counts = vec![0usize; ids.last().map_or(0, |&l| (l as usize).saturating_add(1))];
         for m in cand {
-            counts[ids[m.node] as usize] += 1;
+            crate::incr(&mut counts[ids[m.node] as usize]);
         }
         Some(counts)
     }
@@ -351,18 +351,18 @@ impl<'a> View<'a> {
     pub fn take(free: &mut [Free], members: &[Member]) {
         for m in members {
             let f = &mut free[m.node];
-            f.cpus -= m.cpus;
-            f.mem_mb -= m.mem_mb;
+            f.cpus = f.cpus.saturating_sub(m.cpus);
+            f.mem_mb = f.mem_mb.saturating_sub(m.mem_mb);
             f.gpus &= !m.gpus;
-            f.jobs += 1;
+            crate::incr(&mut f.jobs);
         }
     }
 
     /// Gives resources back to `free` (a job expected to end).
     pub fn give(&self, free: &mut [Free], node: usize, cpus: u32, mem_mb: u64, gpus: u32) {
         let f = &mut free[node];
-        f.cpus += cpus;
-        f.mem_mb += mem_mb;
+        f.cpus = f.cpus.saturating_add(cpus);
+        f.mem_mb = f.mem_mb.saturating_add(mem_mb);
         // A GPU quarantined meanwhile does not come back.
         let healthy: u32 =
             self.nodes[node].gpus.iter().filter(|g| g.health == GpuHealth::Healthy).fold(0, |m, g| m | (1 << g.index));
@@ -384,10 +384,11 @@ fn free_of(n: &Node) -> Free {
     } else {
         0
     };
+    let jobs = u32::try_from(n.jobs.len()).unwrap_or(u32::MAX);
     if n.state != NodeState::Up {
-        return Free { cpus: 0, mem_mb: 0, gpus: 0, jobs: n.jobs.len() as u32 };
+        return Free { cpus: 0, mem_mb: 0, gpus: 0, jobs };
     }
-    Free { cpus: n.cpus - n.cpus_alloc, mem_mb: n.mem_mb - n.mem_alloc_mb, gpus, jobs: n.jobs.len() as u32 }
+    Free { cpus: n.cpus.saturating_sub(n.cpus_alloc), mem_mb: n.mem_mb.saturating_sub(n.mem_alloc_mb), gpus, jobs }
 }
 
 /// Picks `n` GPUs from `avail`: the tightest single island that holds them all,
@@ -420,7 +421,7 @@ pub(crate) fn pick_gpus(avail: u32, n: u32, islands: &[u32]) -> Option<u32> {
     for m in by_size {
         let k = m.count_ones().min(left);
         out |= take(m, k);
-        left -= k;
+        left = left.saturating_sub(k);
         if left == 0 {
             break;
         }

@@ -56,7 +56,7 @@ impl State {
         if next.admins.is_empty() {
             next.admins = self.policy.admins.clone();
         }
-        next.version = self.policy.version + 1;
+        next.version = self.policy.version.saturating_add(1);
         let previous = std::mem::replace(&mut self.policy, next);
         self.rebuild_use();
         if !force {
@@ -197,16 +197,17 @@ impl State {
         let p = &self.policy;
         let Some(acc) = p.accounts.get(account) else { return false };
         let Some(own) = acc.quota.max_running_gpus else { return false };
-        if acc.borrow_gpus == 0 || used.gpus + extra > u64::from(own) + u64::from(acc.borrow_gpus) {
+        let wanted = used.gpus.saturating_add(extra);
+        if acc.borrow_gpus == 0 || wanted > u64::from(own).saturating_add(u64::from(acc.borrow_gpus)) {
             return false;
         }
         let (mut cohort_quota, mut cohort_used) = (u64::from(own), used.gpus);
         for s in p.siblings(account) {
             let Some(q) = p.accounts[s].quota.max_running_gpus else { return false };
-            cohort_quota += u64::from(q);
-            cohort_used += current(&UseKey::Account(s.to_string())).gpus;
+            cohort_quota = cohort_quota.saturating_add(u64::from(q));
+            cohort_used = cohort_used.saturating_add(current(&UseKey::Account(s.to_string())).gpus);
         }
-        cohort_used + extra <= cohort_quota
+        cohort_used.saturating_add(extra) <= cohort_quota
     }
 
     /// Adds an ending allocation's GPU- and CPU-time to its account's usage.
@@ -220,7 +221,7 @@ impl State {
             return;
         }
         // Buckets a quarter half-life wide: fine enough that decay is smooth.
-        let width_ms = (self.policy.fairshare_half_life_s * 1000 / 4).max(1);
+        let width_ms = (self.policy.fairshare_half_life_s.saturating_mul(1000) / 4).max(1);
         let buckets = self.usage.entry(job.spec.account.clone()).or_default();
         match buckets.back_mut() {
             Some(b) if now < b.start_ms.saturating_add(width_ms) => {
@@ -294,7 +295,7 @@ impl State {
                 self.jobs.get_mut(&job_id).expect("checked").priority_override = *p;
             }
             JobChange::SetNice(n) => {
-                if n.abs() > NICE_MAX {
+                if n.unsigned_abs() > NICE_MAX.unsigned_abs() {
                     return Applied::refused(RefusalKind::InvalidArgument, format!("nice: must be within ±{NICE_MAX}"));
                 }
                 if *n < 0 && !admin {
@@ -360,7 +361,8 @@ impl State {
             let why = format!("preempted by job {}", p.for_job);
             let requeue = p.mode == PreemptMode::Requeue && job.attempt < ATTEMPTS_MAX;
             events.push(if requeue {
-                self.jobs.get_mut(&p.job_id).expect("checked").preempted += 1;
+                let victim = self.jobs.get_mut(&p.job_id).expect("checked");
+                victim.preempted = victim.preempted.saturating_add(1);
                 self.requeue_job(index, p.job_id, format!("requeued: {why}"))
             } else {
                 self.finish_job(index, p.job_id, JobState::Cancelled, None, why)

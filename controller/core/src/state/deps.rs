@@ -30,7 +30,7 @@ impl State {
         }
         let count = target.array.map_or(1, |a| u64::from(a.count));
         let mut all = DepStatus::Satisfied;
-        for id in d.job_id..d.job_id + count {
+        for id in d.job_id..d.job_id.saturating_add(count) {
             let Some(el) = self.jobs.get(&id) else { continue };
             match status_of(d.kind, el.state, el.start_time_ms.is_some() || el.attempt > 0) {
                 DepStatus::Never => return DepStatus::Never,
@@ -147,7 +147,8 @@ impl State {
         let Some(a) = self.jobs.get(&head).and_then(|j| j.array).filter(|a| a.array_job_id == head) else {
             return false;
         };
-        (head + 1..head + u64::from(a.count)).any(|id| self.jobs.get(&id).is_some_and(|j| !j.state.is_finished()))
+        (head.saturating_add(1)..head.saturating_add(u64::from(a.count)))
+            .any(|id| self.jobs.get(&id).is_some_and(|j| !j.state.is_finished()))
     }
 
     /// Removes a finished job from the dependents index (as a waiter).

@@ -404,7 +404,7 @@ impl State {
             } else {
                 format!("{what} on {node} exited with code {}", exit_code.unwrap_or(-1))
             };
-            let code = exit_code.or(signal.map(|s| 128 + s));
+            let code = exit_code.or(signal.map(|s| 128_i32.saturating_add(s)));
             let event = self.finish_job(index, job_id, JobState::Failed, code, why);
             return Applied { outcome, events: vec![event] };
         }
@@ -510,7 +510,7 @@ impl State {
         // whole-array dependencies); each purge looks at each kept job once.
         let mut looks = self.finished.len();
         while self.finished.len() > FINISHED_JOBS_RETAINED_MAX && looks > 0 {
-            looks -= 1;
+            looks = looks.saturating_sub(1);
             let old = self.finished.pop_front().expect("non-empty");
             if self.array_unfinished(old) {
                 self.finished.push_back(old);
@@ -654,7 +654,7 @@ impl State {
         if job.state != JobState::Pending {
             return Err(format!("job {} is {}, not pending", p.job_id, job.state.as_str()));
         }
-        if p.attempt != job.attempt + 1 {
+        if p.attempt != job.attempt.saturating_add(1) {
             return Err(format!(
                 "stale plan: attempt {} but job {} is at attempt {}",
                 p.attempt, p.job_id, job.attempt
@@ -707,7 +707,9 @@ impl State {
             if na.cpus < spec.cpus_per_node() || na.mem_mb < spec.mem_per_node_mb {
                 return Err(format!("allocation on {} is smaller than the request", na.node));
             }
-            if node.cpus_alloc + na.cpus > node.cpus || node.mem_alloc_mb + na.mem_mb > node.mem_mb {
+            if node.cpus_alloc.saturating_add(na.cpus) > node.cpus
+                || node.mem_alloc_mb.saturating_add(na.mem_mb) > node.mem_mb
+            {
                 return Err(format!("node {} lacks free CPUs or memory", na.node));
             }
             if na.gpus.len() != spec.gpus_per_node as usize {
@@ -744,7 +746,7 @@ impl State {
         if level.is_empty() {
             return None;
         }
-        self.policy.topology_levels.iter().position(|l| l == level).map(|i| i + 1)
+        self.policy.topology_levels.iter().position(|l| l == level).map(|i| i.saturating_add(1))
     }
 
     fn apply_plan(&mut self, index: u64, placements: &[Placement]) -> Applied {
@@ -760,8 +762,8 @@ impl State {
             }
             for na in &p.nodes {
                 let node = self.nodes.get_mut(&na.node).expect("checked");
-                node.cpus_alloc += na.cpus;
-                node.mem_alloc_mb += na.mem_mb;
+                node.cpus_alloc = node.cpus_alloc.saturating_add(na.cpus);
+                node.mem_alloc_mb = node.mem_alloc_mb.saturating_add(na.mem_mb);
                 for &g in &na.gpus {
                     node.gpus[g as usize].allocated_to = Some(p.job_id);
                 }
@@ -866,8 +868,10 @@ impl State {
                     return Err(format!("job {id} allocation does not match its attempt or gang size"));
                 }
                 for na in &alloc.nodes {
-                    *cpus.entry(&na.node).or_default() += na.cpus;
-                    *mem.entry(&na.node).or_default() += na.mem_mb;
+                    let c = cpus.entry(&na.node).or_default();
+                    *c = c.saturating_add(na.cpus);
+                    let m = mem.entry(&na.node).or_default();
+                    *m = m.saturating_add(na.mem_mb);
                     node_jobs.entry(&na.node).or_default().insert(id);
                     for &g in &na.gpus {
                         if gpus.insert((&na.node, g), id).is_some() {
@@ -877,7 +881,8 @@ impl State {
                 }
             }
         }
-        if self.pending.len() + self.running.len() + self.finished.len() != self.jobs.len() {
+        if self.pending.len().saturating_add(self.running.len()).saturating_add(self.finished.len()) != self.jobs.len()
+        {
             return Err("job sets do not partition the jobs".into());
         }
         for id in self.pending.iter().chain(&self.running).chain(&self.finished) {

@@ -46,7 +46,7 @@ impl State {
                 format!("array: {count} copies of this job exceed {ARRAY_SPEC_BYTES_MAX} bytes; use fewer elements or a smaller script"),
             );
         }
-        if self.pending.len() + self.running.len() + count > ACTIVE_JOBS_MAX {
+        if self.pending.len().saturating_add(self.running.len()).saturating_add(count) > ACTIVE_JOBS_MAX {
             return Applied::refused(
                 RefusalKind::ResourceExhausted,
                 format!("the cluster holds {ACTIVE_JOBS_MAX} unfinished jobs, its limit; retry later"),
@@ -69,7 +69,7 @@ impl State {
         let mut events = Vec::with_capacity(count);
         for (k, deps) in per_element_deps.into_iter().enumerate() {
             let job_id = self.next_job_id;
-            self.next_job_id += 1;
+            self.next_job_id = self.next_job_id.saturating_add(1);
             let mut element_spec = spec.clone();
             element_spec.dependencies = deps.clone();
             let job = Job {
@@ -89,7 +89,7 @@ impl State {
                 array: array.as_ref().map(|a| ArrayElement {
                     array_job_id: first_id,
                     index: a.indexes[k],
-                    count: count as u32,
+                    count: u32::try_from(count).unwrap_or(u32::MAX),
                     throttle: a.throttle,
                 }),
                 deps_pending: deps,
@@ -230,7 +230,7 @@ impl State {
         for (key, max, who) in checks {
             let Some(max) = max else { continue };
             let now = self.active_jobs.get(&key).copied().unwrap_or(0);
-            if now + count > u64::from(max) {
+            if now.saturating_add(count) > u64::from(max) {
                 return Some(format!(
                     "max_submitted_jobs: {who} may have {max} unfinished jobs; it has {now} and this adds {count}"
                 ));
@@ -311,7 +311,7 @@ impl State {
     /// Array index → job id for the array whose first job is `array_job_id`.
     pub fn array_elements(&self, array_job_id: JobId) -> BTreeMap<u32, JobId> {
         let Some(head) = self.jobs.get(&array_job_id).and_then(|j| j.array) else { return BTreeMap::new() };
-        (array_job_id..array_job_id + u64::from(head.count))
+        (array_job_id..array_job_id.saturating_add(u64::from(head.count)))
             .filter_map(|id| {
                 let a = self.jobs.get(&id)?.array?;
                 (a.array_job_id == array_job_id).then_some((a.index, id))
@@ -346,7 +346,7 @@ impl State {
         for k in keys {
             let e = self.active_jobs.entry(k.clone()).or_default();
             if add {
-                *e += 1;
+                *e = e.saturating_add(1);
             } else {
                 *e = e.checked_sub(1).expect("active job accounting underflow");
                 if *e == 0 {
