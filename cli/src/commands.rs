@@ -112,6 +112,7 @@ pub struct ControllerArgs {
 }
 
 pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow::Result<()> {
+    crash_on_panic();
     let me = gangway_proto::tls::Principal::new(gangway_proto::tls::Role::Server, &a.id.to_string())
         .map_err(anyhow::Error::msg)?;
     let security = tls.for_daemon(&me)?;
@@ -182,6 +183,22 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
             Ok(())
         }
     }
+}
+
+/// Exit status of a replica that panicked (EX_SOFTWARE): distinct from a
+/// refused start (1), so logs and supervisors tell them apart.
+const PANIC_EXIT_CODE: i32 = 70;
+
+/// Crash-only replicas: a panic anywhere (a broken invariant) ends the process,
+/// after the panic is logged, so its supervisor restarts it from its durable
+/// store instead of leaving a half-working replica that still answers.
+fn crash_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        tracing::error!(panic = %info, "FATAL: the replica panicked; exiting so it is restarted");
+        std::process::exit(PANIC_EXIT_CODE);
+    }));
 }
 
 /// A certificate's expiry as days from now (`-` when the replica has none).

@@ -138,12 +138,17 @@ pub struct ReplicaHandle {
     shutdown_tx: Option<oneshot::Sender<()>>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     leader_watch: JoinHandle<()>,
+    fatal_watch: JoinHandle<()>,
+    /// Set when Raft stopped on a fatal error (the replica then says
+    /// NOT_SERVING and [`ReplicaHandle::wait`] returns the error).
+    fatal: tokio::sync::watch::Receiver<Option<String>>,
 }
 
 impl ReplicaHandle {
     pub async fn shutdown(mut self) {
         self.replica.closing.send_replace(true);
         self.leader_watch.abort();
+        self.fatal_watch.abort();
         if let Some(tx) = self.shutdown_tx.take() {
             let _ = tx.send(());
         }
@@ -153,9 +158,24 @@ impl ReplicaHandle {
         self.server.abort();
     }
 
-    /// Waits until the server stops (it runs until `shutdown`).
+    /// Waits until the server stops (it runs until `shutdown`), or until Raft
+    /// stopped on a fatal error: a replica that cannot apply or store entries
+    /// must not go on answering (its supervisor restarts it, or an operator
+    /// replaces its data), so that is returned as an error.
     pub async fn wait(&mut self) -> anyhow::Result<()> {
-        (&mut self.server).await.context("server task")?.context("gRPC server")
+        let mut fatal = self.fatal.clone();
+        tokio::select! {
+            r = &mut self.server => r.context("server task")?.context("gRPC server"),
+            why = fatal.wait_for(Option::is_some) => {
+                let why = why.map(|w| w.clone().unwrap_or_default()).unwrap_or_default();
+                anyhow::bail!("this replica stopped on a fatal error and must be restarted: {why}")
+            }
+        }
+    }
+
+    /// The fatal error Raft stopped on, if it did.
+    pub fn fatal_error(&self) -> Option<String> {
+        self.fatal.borrow().clone()
     }
 }
 
@@ -251,5 +271,23 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
         tracing::info!(id = config.id, peers = ?config.peers, "formed a new cluster");
     }
     let leader_watch = crate::leader::spawn_leader_watch(replica.clone());
-    Ok(ReplicaHandle { replica, local_addr, shutdown_tx: Some(shutdown_tx), server, leader_watch })
+    let (fatal_tx, fatal) = tokio::sync::watch::channel(None);
+    let fatal_watch = tokio::spawn({
+        let replica = replica.clone();
+        async move {
+            let why = replica.node.fatal().await;
+            tracing::error!(
+                error = %why,
+                "FATAL: Raft stopped on this replica; it answers NOT_SERVING and stops (its peers go on)"
+            );
+            health_reporter.set_not_serving::<JobServiceServer<JobApi>>().await;
+            health_reporter.set_not_serving::<NodeServiceServer<NodeApi>>().await;
+            health_reporter.set_not_serving::<AdminServiceServer<AdminApi>>().await;
+            health_reporter.set_not_serving::<AgentServiceServer<AgentApi>>().await;
+            health_reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+            replica.closing.send_replace(true);
+            fatal_tx.send_replace(Some(why));
+        }
+    });
+    Ok(ReplicaHandle { replica, local_addr, shutdown_tx: Some(shutdown_tx), server, leader_watch, fatal_watch, fatal })
 }

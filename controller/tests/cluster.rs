@@ -2146,3 +2146,185 @@ mod security {
         }
     }
 }
+
+// ------------------------------------------------- broken replicas get out of the way
+
+/// Flips bytes in the middle of every RocksDB data file (write-ahead log and
+/// tables) in `dir`; returns how many files it damaged.
+fn damage_store(dir: &std::path::Path) -> usize {
+    let mut damaged = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if !(name.ends_with(".log") || name.ends_with(".sst")) {
+            continue;
+        }
+        let mut bytes = std::fs::read(&path).unwrap();
+        if bytes.len() < 4096 {
+            continue;
+        }
+        let mid = bytes.len() / 2;
+        for b in &mut bytes[mid..mid + 256] {
+            *b ^= 0x5a;
+        }
+        std::fs::write(&path, bytes).unwrap();
+        damaged += 1;
+    }
+    damaged
+}
+
+async fn membership_call<R, F, Fut>(client: &Client, req: R, f: F) -> Result<pb::MembershipResponse, tonic::Status>
+where
+    R: Clone,
+    F: Fn(AdminServiceClient<tonic::transport::Channel>, tonic::Request<R>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<pb::MembershipResponse>, tonic::Status>>,
+{
+    client.call(|ch| f(AdminServiceClient::new(ch), client.request(req.clone()))).await.map(|r| r.into_inner())
+}
+
+/// Removes replica `id` from the cluster, starts it again on an empty data
+/// directory (same id and address) and adds it back: the runbook for a replica
+/// whose store was damaged or lost.
+async fn replace_with_empty(c: &mut TestCluster, id: u64, client: &Client) {
+    membership_call(client, pb::RemoveMemberRequest { id }, |mut a, r| async move { a.remove_member(r).await })
+        .await
+        .unwrap();
+    c.dirs.insert(id, tempfile::tempdir().unwrap());
+    let l = bind(&c.addrs[&id]).await;
+    c.handles.insert(id, replica::start(c.config(id, true), l).await.unwrap());
+    let addr = c.addrs[&id].clone();
+    membership_call(client, pb::AddLearnerRequest { id, addr }, |mut a, r| async move { a.add_learner(r).await })
+        .await
+        .unwrap();
+    let m =
+        membership_call(client, pb::PromoteRequest { id }, |mut a, r| async move { a.promote(r).await }).await.unwrap();
+    assert!(m.voters.contains(&id), "{m:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_damaged_store_is_refused_at_start_and_the_replica_rejoins_empty() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let client = c.client();
+    for i in 0..40 {
+        submit(&client, spec("true"), &format!("before-{i}")).await.unwrap();
+    }
+    c.converge().await;
+    let victim = *[1, 2, 3].iter().find(|id| **id != leader).unwrap();
+    c.stop(victim).await;
+    let dir = c.dirs[&victim].path().to_path_buf();
+    assert!(damage_store(&dir) > 0, "no RocksDB file to damage in {}", dir.display());
+    let l = bind(&c.addrs[&victim]).await;
+    let err = match replica::start(c.config(victim, false), l).await {
+        Ok(_) => panic!("a replica started on a damaged store"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("is damaged") && err.contains("gangway cluster remove"), "unclear refusal: {err}");
+    println!("refused as it should be: {err}");
+    // The other two go on.
+    let survivors: Vec<u64> = [1, 2, 3].into_iter().filter(|id| *id != victim).collect();
+    let client = c.client_for(&survivors);
+    for i in 0..10 {
+        submit(&client, spec("true"), &format!("during-{i}")).await.unwrap();
+    }
+    replace_with_empty(&mut c, victim, &client).await;
+    c.converge().await;
+    assert_eq!(c.state(victim).jobs.len(), 50);
+    assert!(snapshot::encode(&c.state(victim)) == snapshot::encode(&c.state(leader)), "replica states differ");
+    c.shutdown().await;
+}
+
+/// Mounts a tmpfs of `mib` MiB on `dir` (tests run as root, as CI does).
+fn mount_tmpfs(dir: &std::path::Path, mib: u64) {
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+        .arg(dir)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "cannot mount a tmpfs on {} (the disk-full test needs root)", dir.display());
+}
+
+fn remount_tmpfs(dir: &std::path::Path, mib: u64) {
+    let s =
+        std::process::Command::new("mount").args(["-o", &format!("remount,size={mib}m")]).arg(dir).status().unwrap();
+    assert!(s.success());
+}
+
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_whose_disk_fills_stops_and_recovers_once_space_is_freed() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let victim = *[1, 2, 3].iter().find(|id| **id != leader).unwrap();
+    // Move the victim onto a small tmpfs.
+    c.stop(victim).await;
+    let dir = c.dirs[&victim].path().to_path_buf();
+    let saved = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let e = e.unwrap();
+        std::fs::rename(e.path(), saved.path().join(e.file_name())).unwrap();
+    }
+    mount_tmpfs(&dir, 24);
+    let _unmount = Unmount(dir.clone());
+    for e in std::fs::read_dir(saved.path()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    c.restart(victim).await;
+    c.converge().await;
+    // Fill it: large scripts, acknowledged by the other two once it is full.
+    let client = c.client_for(&[leader]);
+    let big = format!("#!/bin/sh\n# {}\ntrue\n", "x".repeat(512 * 1024));
+    let mut acked = Vec::new();
+    let mut fatal = None;
+    for i in 0..400 {
+        let s = pb::JobSpec { script: big.clone(), workdir: "/tmp".into(), ..Default::default() };
+        acked.push(submit(&client, s, &format!("fill-{i}")).await.unwrap().job_id);
+        if let Some(why) = c.handles[&victim].fatal_error() {
+            fatal = Some(why);
+            break;
+        }
+    }
+    // Give the victim a moment to hit the wall if the loop ended first.
+    eventually("the full replica stops", || c.handles[&victim].fatal_error().is_some()).await;
+    let why = fatal.or_else(|| c.handles[&victim].fatal_error()).unwrap();
+    println!("the full replica stopped: {why}; {} submits acknowledged", acked.len());
+    // It says NOT_SERVING and its wait() ends with the error.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.addrs[&victim]))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    for service in ["", "gangway.v1.JobService"] {
+        let r =
+            health.check(tonic_health::pb::HealthCheckRequest { service: service.into() }).await.unwrap().into_inner();
+        assert_eq!(r.status, tonic_health::pb::health_check_response::ServingStatus::NotServing as i32, "{service}");
+    }
+    let mut h = c.handles.remove(&victim).unwrap();
+    let err = tokio::time::timeout(WAIT, h.wait()).await.expect("wait() returns on a fatal error").unwrap_err();
+    assert!(format!("{err:#}").contains("fatal"), "{err:#}");
+    h.shutdown().await;
+    // The others go on.
+    for i in 0..5 {
+        acked.push(submit(&client, spec("true"), &format!("after-{i}")).await.unwrap().job_id);
+    }
+    // Space freed: it restarts and catches up, and nothing acknowledged is lost.
+    remount_tmpfs(&dir, 512);
+    c.restart(victim).await;
+    c.converge().await;
+    let state = c.state(victim);
+    for id in &acked {
+        assert!(state.jobs.contains_key(id), "acknowledged job {id} is missing on the recovered replica");
+    }
+    assert!(snapshot::encode(&state) == snapshot::encode(&c.state(leader)), "replica states differ");
+    c.shutdown().await;
+}

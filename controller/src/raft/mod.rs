@@ -288,4 +288,21 @@ impl RaftNode {
     pub async fn shutdown(&self) {
         let _ = self.raft.shutdown().await;
     }
+
+    /// Resolves when Raft has stopped on a fatal error (a storage error, a
+    /// panic in the state machine), with its description; never on a normal
+    /// shutdown.
+    pub async fn fatal(&self) -> String {
+        let mut rx = self.raft.metrics();
+        loop {
+            if let Err(e) = &rx.borrow_and_update().running_state {
+                if !matches!(e, openraft::error::Fatal::Stopped) {
+                    return e.to_string();
+                }
+            }
+            if rx.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
 }
