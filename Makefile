@@ -5,7 +5,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/gangway/target
 CARGO ?= cargo
 BIN := $(CARGO_TARGET_DIR)/debug/gangway
 
-.PHONY: setup build dev test verify fix bench chaos chaos-long
+.PHONY: setup build dev test verify fix bench chaos chaos-long previous
 
 setup:
 	@bash deploy/setup-debian.sh
@@ -18,8 +18,24 @@ build: setup
 dev: build
 	bin/gangway dev
 
+# The previous data format's build (format 4: the last commit before formats
+# were named), which the rolling-upgrade test replaces replica by replica.
+# Built once from this repository's history into its own target directory.
+PREVIOUS_COMMIT := 0926aac5ad6e2b322c5b81b434e84277827a292f
+PREVIOUS_DIR := $(HOME)/.cache/gangway/previous
+export GANGWAY_PREVIOUS_BIN := $(PREVIOUS_DIR)/target/debug/gangway
+previous:
+	@if [ "$$(cat $(PREVIOUS_DIR)/built 2>/dev/null)" != "$(PREVIOUS_COMMIT)" ]; then \
+		echo "building the previous data format's gangway ($(PREVIOUS_COMMIT)) for the rolling-upgrade test"; \
+		git cat-file -e $(PREVIOUS_COMMIT)^{commit} || { echo "the history lacks $(PREVIOUS_COMMIT): clone without --depth"; exit 1; }; \
+		rm -rf $(PREVIOUS_DIR)/src && mkdir -p $(PREVIOUS_DIR)/src && \
+		git archive $(PREVIOUS_COMMIT) | tar -x -C $(PREVIOUS_DIR)/src && \
+		(cd $(PREVIOUS_DIR)/src && CARGO_TARGET_DIR=$(PREVIOUS_DIR)/target $(CARGO) build --bin gangway) && \
+		echo $(PREVIOUS_COMMIT) > $(PREVIOUS_DIR)/built; \
+	fi
+
 # The test suite: what CI runs.
-test: setup
+test: setup previous
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		$(CARGO) nextest run --workspace --no-fail-fast; \
 	else \
@@ -51,12 +67,12 @@ SCENARIO ?= all
 SEED ?= 1
 DURATION ?= 12
 CHAOS := $(CARGO_TARGET_DIR)/debug/gangway-chaos
-chaos: build
+chaos: build previous
 	$(CARGO) build -p gangway-chaos-tests --bin gangway-chaos
 	$(CHAOS) --scenario $(SCENARIO) --seed $(SEED) --duration $(DURATION)
 
 # The chaos matrix, longer: five seeds per scenario, 60 s of load each; the
 # results table goes to chaos-results.md.
-chaos-long: build
+chaos-long: build previous
 	$(CARGO) build -p gangway-chaos-tests --bin gangway-chaos
 	$(CHAOS) --scenario all --seed $(SEED) --runs 5 --duration 60 --results chaos-results.md

@@ -34,6 +34,8 @@ pub struct Proc {
     args: Vec<String>,
     log: PathBuf,
     child: Option<Child>,
+    /// Runs the previous data format's build (a rolling upgrade replaces it).
+    pub previous: bool,
 }
 
 impl Proc {
@@ -95,6 +97,8 @@ pub struct ChaosCluster {
     pub agents: Vec<Proc>,
     pub net: TestNet,
     exe: PathBuf,
+    /// The previous data format's build, for rolling upgrades.
+    previous_exe: Option<PathBuf>,
     pub dir: PathBuf,
     pub endpoints: Vec<String>,
     /// The cluster runs with mutual TLS: a throwaway CA in DIR/tls.
@@ -136,6 +140,19 @@ fn controller_tls_args(tls: &Path) -> Vec<String> {
     ]
 }
 
+/// The build of the previous data format (`make previous` builds it and sets
+/// `GANGWAY_PREVIOUS_BIN`), for the rolling-upgrade scenario.
+pub fn previous_exe() -> anyhow::Result<PathBuf> {
+    let p = std::env::var("GANGWAY_PREVIOUS_BIN").map(PathBuf::from).map_err(|_| {
+        anyhow::anyhow!(
+            "GANGWAY_PREVIOUS_BIN is not set: the rolling upgrade needs the previous format's build \
+             (`make previous` builds it; `make test` does so first)"
+        )
+    })?;
+    anyhow::ensure!(p.is_file(), "GANGWAY_PREVIOUS_BIN={} is not a file", p.display());
+    Ok(p)
+}
+
 /// The `gangway` binary next to this test binary (target/debug/gangway), or
 /// `GANGWAY_BIN`.
 pub fn gangway_exe() -> anyhow::Result<PathBuf> {
@@ -157,9 +174,11 @@ pub fn gangway_exe() -> anyhow::Result<PathBuf> {
 
 impl ChaosCluster {
     /// Starts `controllers` replicas and `agents` agents (4 simulated GPUs each),
-    /// each on its own host, logging under `dir`.
-    pub fn start(controllers: usize, agents: usize, dir: &Path) -> anyhow::Result<ChaosCluster> {
+    /// each on its own host, logging under `dir`. With `previous`, the
+    /// replicas run the previous data format's build.
+    pub fn start(controllers: usize, agents: usize, dir: &Path, previous: bool) -> anyhow::Result<ChaosCluster> {
         let exe = gangway_exe()?;
+        let previous_exe = if previous { Some(previous_exe()?) } else { None };
         let net = TestNet::create(controllers + agents)?;
         let endpoints: Vec<String> = (0..controllers).map(|h| format!("{}:{PORT}", net.hosts[h].ip)).collect();
         let peers: Vec<String> = endpoints.iter().enumerate().map(|(i, e)| format!("{}={e}", i + 1)).collect();
@@ -170,6 +189,7 @@ impl ChaosCluster {
             agents: Vec::new(),
             net,
             exe,
+            previous_exe,
             dir: dir.to_path_buf(),
             endpoints: endpoints.clone(),
             tls_dir,
@@ -193,8 +213,9 @@ impl ChaosCluster {
                 NODE_DOWN_TIMEOUT_MS.to_string(),
             ];
             args.extend(controller_tls_args(&c.tls_dir));
-            let mut p = Proc { host: h, retired: false, args, log: dir.join(format!("c{}.log", h + 1)), child: None };
-            p.spawn(&c.exe, &c.net)?;
+            let mut p =
+                Proc { host: h, retired: false, args, log: dir.join(format!("c{}.log", h + 1)), child: None, previous };
+            p.spawn(c.exe_of(&p), &c.net)?;
             c.controllers.push(p);
         }
         for a in 0..agents {
@@ -216,7 +237,14 @@ impl ChaosCluster {
                 c.tls_dir.display().to_string(),
                 "--allow-root-jobs".into(),
             ];
-            let mut p = Proc { host, retired: false, args, log: dir.join(format!("a{}.log", a + 1)), child: None };
+            let mut p = Proc {
+                host,
+                retired: false,
+                args,
+                log: dir.join(format!("a{}.log", a + 1)),
+                child: None,
+                previous: false,
+            };
             p.spawn(&c.exe, &c.net)?;
             c.agents.push(p);
         }
@@ -258,7 +286,8 @@ impl ChaosCluster {
             NODE_DOWN_TIMEOUT_MS.to_string(),
         ];
         args.extend(controller_tls_args(&self.tls_dir));
-        let mut p = Proc { host, retired: false, args, log: self.dir.join(format!("c{id}.log")), child: None };
+        let mut p =
+            Proc { host, retired: false, args, log: self.dir.join(format!("c{id}.log")), child: None, previous: false };
         p.spawn(&self.exe, &self.net)?;
         self.controllers.push(p);
         self.endpoints.push(endpoint.clone());
@@ -301,10 +330,36 @@ impl ChaosCluster {
     }
 
     pub fn restart_controller(&mut self, i: usize) -> anyhow::Result<()> {
-        let (exe, net) = (self.exe.clone(), &self.net);
+        let exe = self.exe_of(&self.controllers[i]).to_path_buf();
+        let net = &self.net;
         let p = &mut self.controllers[i];
         p.kill();
         p.spawn(&exe, net)
+    }
+
+    /// The binary a process runs: the previous format's build or this one.
+    fn exe_of(&self, p: &Proc) -> &Path {
+        match (&self.previous_exe, p.previous) {
+            (Some(old), true) => old,
+            _ => &self.exe,
+        }
+    }
+
+    /// A rolling upgrade's step: the replica stops (SIGTERM, as an operator's
+    /// `systemctl restart` does) and starts again on its data with this build.
+    pub async fn upgrade_controller(&mut self, i: usize) -> anyhow::Result<()> {
+        if let Some(pid) = self.controllers[i].pid() {
+            let _ = kill(pid, Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while let Some(c) = self.controllers[i].child.as_mut() {
+            if c.try_wait()?.is_some() || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.controllers[i].previous = false;
+        self.restart_controller(i)
     }
 
     /// The replica every reachable replica names as leader (index into `controllers`).

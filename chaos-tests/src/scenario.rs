@@ -56,6 +56,10 @@ pub enum Fault {
     /// An agent SIGKILLed, then restarted on its state: its tasks run on
     /// under their shims and are re-adopted (steps it started are ended).
     RestartAgent,
+    /// The next replica still on the previous data format's build is stopped
+    /// and started on its data with this build (a rolling upgrade's step);
+    /// with none left, a random replica is killed and restarted.
+    UpgradeNext,
 }
 
 pub struct Scenario {
@@ -64,6 +68,8 @@ pub struct Scenario {
     pub controllers: usize,
     pub agents: usize,
     pub faults: &'static [Fault],
+    /// The replicas start on the previous data format's build.
+    pub previous: bool,
 }
 
 impl Scenario {
@@ -87,6 +93,7 @@ pub const SCENARIOS: &[Scenario] = &[
             Fault::KillMajority,
             Fault::ReplaceMember,
         ],
+        previous: false,
     },
     Scenario {
         name: "partitions",
@@ -102,6 +109,7 @@ pub const SCENARIOS: &[Scenario] = &[
             Fault::RestartAll,
             Fault::PacketLoss,
         ],
+        previous: false,
     },
     Scenario {
         name: "five-replicas",
@@ -117,6 +125,16 @@ pub const SCENARIOS: &[Scenario] = &[
             Fault::PauseLeader,
             Fault::ReplaceMember,
         ],
+        previous: false,
+    },
+    Scenario {
+        name: "rolling-upgrade",
+        about: "3 replicas on the previous data format's build, replaced one at a time by this build under load \
+                (leaders killed too); the cluster then moves to the newest format",
+        controllers: 3,
+        agents: 2,
+        faults: &[Fault::UpgradeNext, Fault::UpgradeNext, Fault::KillLeader],
+        previous: true,
     },
 ];
 
@@ -281,6 +299,22 @@ async fn inject(c: &mut ChaosCluster, fault: Fault, rng: &mut Rng) -> anyhow::Re
             c.restart_agent(a, Duration::from_millis(1000)).await?;
             format!("agent {} killed and restarted", a + 1)
         }
+        Fault::UpgradeNext => match members.iter().copied().find(|&i| c.controllers[i].previous) {
+            Some(i) => {
+                c.upgrade_controller(i).await?;
+                // The next step waits for this replica to rejoin, as an
+                // operator's rolling restart checks health between steps.
+                c.leader(RECOVER).await?;
+                format!("replica {}{} upgraded", i + 1, if i == leader { " (leader)" } else { "" })
+            }
+            None => {
+                let i = pick(rng, &members);
+                c.controllers[i].kill();
+                pause(1500).await;
+                c.restart_controller(i)?;
+                format!("kill replica {}{} (all upgraded)", i + 1, if i == leader { " (leader)" } else { "" })
+            }
+        },
         Fault::RestartAll => {
             for &i in &members {
                 c.controllers[i].kill();
@@ -301,7 +335,7 @@ async fn inject(c: &mut ChaosCluster, fault: Fault, rng: &mut Rng) -> anyhow::Re
 pub async fn run(s: &Scenario, seed: u64, duration: Duration, dir: &Path) -> anyhow::Result<Report> {
     let records = dir.join("records");
     std::fs::create_dir_all(&records)?;
-    let mut c = ChaosCluster::start(s.controllers, s.agents, dir)?;
+    let mut c = ChaosCluster::start(s.controllers, s.agents, dir, s.previous)?;
     c.leader(RECOVER).await?;
     eventually("every agent registered", || async {
         c.nodes().await.is_ok_and(|n| n.iter().filter(|n| n.state == pb::NodeState::Up as i32).count() == s.agents)
@@ -326,6 +360,15 @@ pub async fn run(s: &Scenario, seed: u64, duration: Duration, dir: &Path) -> any
         tokio::time::sleep(Duration::from_millis(500 + rng.below(1000))).await;
         let fault = s.faults[rng.below(s.faults.len() as u64) as usize];
         faults.push(inject(&mut c, fault, &mut rng).await?);
+    }
+    // A rolling upgrade finishes: whatever still runs the previous build is
+    // upgraded now, while the load runs.
+    for i in c.members() {
+        if c.controllers[i].previous {
+            c.upgrade_controller(i).await?;
+            c.leader(RECOVER).await?;
+            faults.push(format!("replica {} upgraded", i + 1));
+        }
     }
     load.await?;
     c.net.heal()?;
@@ -363,6 +406,19 @@ pub async fn run(s: &Scenario, seed: u64, duration: Duration, dir: &Path) -> any
     })
     .await?;
     let recovered = healed.elapsed();
+    // After an upgrade, the leader moves the cluster to the newest format once
+    // every replica runs a build that reads it.
+    if s.previous {
+        let newest = gangway_core::format::FORMAT_NEWEST;
+        eventually("every replica at the newest data format", || async {
+            let mut formats = Vec::new();
+            for i in c.members() {
+                formats.push(c.replica_status(i).await.map(|s| s.data_format));
+            }
+            formats.iter().all(|f| *f == Some(newest))
+        })
+        .await?;
+    }
 
     let mut per_replica = Vec::new();
     for i in c.members() {

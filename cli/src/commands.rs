@@ -109,6 +109,12 @@ pub struct ControllerArgs {
     /// as not found. Give every replica the same.
     #[arg(long)]
     private_jobs: bool,
+    /// Seed this replica's empty data directory from a backup file (`gangway
+    /// cluster backup`), as a member of a new cluster of --peers: the way back
+    /// when a majority is lost for good. Restore every member from the same
+    /// file; once seeded, start the replica without this flag.
+    #[arg(long, value_name = "FILE")]
+    restore: Option<std::path::PathBuf>,
 }
 
 pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow::Result<()> {
@@ -154,6 +160,7 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
         })
         .map_err(|e| anyhow::anyhow!("tokens: {e}"))?,
         private_jobs: a.private_jobs,
+        restore: a.restore.clone(),
     };
     let metrics = match &a.metrics_listen {
         Some(addr) => Some(
@@ -1301,6 +1308,56 @@ pub enum ClusterCmd {
     TransferLeader { id: u64 },
     /// Build a snapshot on the answering replica now.
     Snapshot,
+    /// Write a consistent backup of the cluster's state to FILE (admins; the
+    /// file is created 0600 and never overwritten). Restore with
+    /// `gangway controller --restore FILE`.
+    Backup { file: std::path::PathBuf },
+}
+
+/// The most a backup may be: far above any state a replica holds in memory
+/// (a million jobs take ~1-2 GiB), so a confused server cannot fill the disk.
+const BACKUP_BYTES_MAX: u64 = 64 * 1024 * 1024 * 1024;
+
+/// Streams a backup from a replica into a new file, then checks it whole.
+async fn backup(client: &Client, file: &std::path::Path) -> anyhow::Result<(u64, u64)> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut stream = client
+        .call(|ch| {
+            let r = client.request(pb::BackupRequest {});
+            async move { AdminServiceClient::new(ch).backup(r).await }
+        })
+        .await?
+        .into_inner();
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)
+        .with_context(|| format!("backup: creating {} (an existing file is never overwritten)", file.display()))?;
+    let (mut index, mut total, mut written) = (0u64, 0u64, 0u64);
+    let result: anyhow::Result<()> = async {
+        while let Some(chunk) = stream.message().await? {
+            if written == 0 {
+                (index, total) = (chunk.index, chunk.total_bytes);
+                anyhow::ensure!(total <= BACKUP_BYTES_MAX, "backup: the replica announced {total} bytes");
+            }
+            written = written.saturating_add(chunk.data.len() as u64);
+            anyhow::ensure!(written <= total, "backup: the replica sent more than the {total} bytes it announced");
+            out.write_all(&chunk.data)?;
+        }
+        anyhow::ensure!(written == total && total > 0, "backup: got {written} of {total} bytes");
+        out.sync_all()?;
+        let bytes = std::fs::read(file)?;
+        gangway_raft_store::backup::Backup::from_bytes(&bytes).map_err(|e| anyhow::anyhow!("backup: {e}"))?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(file);
+        return Err(e);
+    }
+    Ok((index, total))
 }
 
 fn opt(v: Option<u64>) -> String {
@@ -1338,13 +1395,16 @@ pub async fn cluster(client: &Client, out: &Output, cmd: ClusterCmd) -> anyhow::
                         json!({"id": r.id, "addr": r.addr, "role": r.role, "term": r.term, "leader_id": r.leader_id,
                         "voter": r.voter, "last_log_index": r.last_log_index, "commit_index": r.commit_index,
                         "applied_index": r.applied_index, "snapshot_index": r.snapshot_index,
-                        "cert_not_after_unix": r.cert_not_after_unix, "error": r.error})
+                        "cert_not_after_unix": r.cert_not_after_unix, "error": r.error,
+                        "newest_data_format": r.newest_data_format, "data_format": r.data_format})
                     })
                     .collect();
-                out.print_json(&json!({"leader_id": s.leader_id, "term": s.term, "replicas": replicas}));
+                out.print_json(
+                    &json!({"leader_id": s.leader_id, "term": s.term, "data_format": s.data_format, "replicas": replicas}),
+                );
                 return Ok(());
             }
-            println!("leader: {}   term: {}", opt(s.leader_id), s.term);
+            println!("leader: {}   term: {}   format: {}", opt(s.leader_id), s.term, s.data_format);
             let rows: Vec<Vec<String>> = s
                 .replicas
                 .iter()
@@ -1360,12 +1420,22 @@ pub async fn cluster(client: &Client, out: &Output, cmd: ClusterCmd) -> anyhow::
                         opt(r.applied_index),
                         opt(r.snapshot_index),
                         cert_expiry(r.cert_not_after_unix),
+                        // The newest format the replica's build reads (4: a
+                        // build from before formats were reported).
+                        match (r.role.as_str(), r.newest_data_format) {
+                            ("unreachable", _) => "-".to_string(),
+                            (_, 0) => "4".to_string(),
+                            (_, n) => n.to_string(),
+                        },
                         r.error.clone(),
                     ]
                 })
                 .collect();
             print_table(
-                &["ID", "ADDR", "ROLE", "MEMBER", "TERM", "LAST_LOG", "COMMIT", "APPLIED", "SNAPSHOT", "CERT", "ERROR"],
+                &[
+                    "ID", "ADDR", "ROLE", "MEMBER", "TERM", "LAST_LOG", "COMMIT", "APPLIED", "SNAPSHOT", "CERT",
+                    "READS", "ERROR",
+                ],
                 &rows,
             );
         }
@@ -1378,6 +1448,14 @@ pub async fn cluster(client: &Client, out: &Output, cmd: ClusterCmd) -> anyhow::
                 out.print_json(&json!({"leader_id": r.leader_id, "term": r.term}));
             } else {
                 println!("leader is now replica {} (term {})", r.leader_id, r.term);
+            }
+        }
+        ClusterCmd::Backup { file } => {
+            let (index, bytes) = backup(client, &file).await?;
+            if out.json {
+                out.print_json(&json!({"index": index, "bytes": bytes, "file": file}));
+            } else {
+                println!("backup of log index {index} ({bytes} bytes) written to {}", file.display());
             }
         }
         ClusterCmd::Snapshot => {

@@ -102,6 +102,7 @@ pub async fn run(a: DevArgs, identity: &str, tls: &crate::tls::TlsArgs) -> anyho
             allow_root_jobs: nix::unistd::geteuid().is_root(),
             tokens: None,
             private_jobs: false,
+            restore: None,
         };
         let h = gangway_controller::replica::start(config, listener).await?;
         if !metrics.is_empty() {

@@ -64,6 +64,10 @@ pub struct ReplicaConfig {
     pub private_jobs: bool,
     /// Bearer tokens this replica accepts, if any.
     pub tokens: Option<std::sync::Arc<gangway_proto::token::TokenVerifier>>,
+    /// Seed an empty data directory from this backup file, as a member of a
+    /// new cluster of `peers` (disaster recovery; every member is restored from
+    /// the same file). Refused when the directory already holds a store.
+    pub restore: Option<PathBuf>,
 }
 
 /// Parses `1=host:port,2=host:port,...` into an id → address map.

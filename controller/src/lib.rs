@@ -16,6 +16,7 @@ pub mod config;
 pub mod leader;
 pub mod proposer;
 pub mod raft;
+pub mod ratelimit;
 pub mod replica;
 pub mod telemetry;
 

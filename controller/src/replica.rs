@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use gangway_proto::limits::{AGENT_MESSAGE_BYTES_MAX, API_REQUEST_BYTES_MAX, API_RESPONSE_BYTES_MAX};
 use gangway_proto::v1::admin_service_server::AdminServiceServer;
 use gangway_proto::v1::agent_service_server::AgentServiceServer;
 use gangway_proto::v1::job_service_server::JobServiceServer;
@@ -29,9 +30,10 @@ use crate::raft::{RaftNode, RAFT_MESSAGE_BYTES_MAX};
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A forwarded call waits a little longer than the leader's own write timeout.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(12);
-/// Largest API request: a 1 MiB script plus its spec, with room to spare. Larger
-/// requests are refused by the transport with RESOURCE_EXHAUSTED.
-const API_MESSAGE_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// Scheduling analyses (explain, test-submit) one replica runs at once: each is
+/// a full pass (~70 ms at 100,000 pending jobs) and test-submit copies the
+/// state, so a few at a time keep the replica's CPU and memory for its log.
+pub const ANALYSES_MAX: usize = 2;
 /// Opening the store retries while a previous instance in this process (a test
 /// restarting a replica) still holds RocksDB's lock: 50 × 100 ms.
 const STORE_OPEN_ATTEMPTS_MAX: usize = 50;
@@ -60,6 +62,11 @@ pub struct Replica {
     pub tokens: Option<Arc<gangway_proto::token::TokenVerifier>>,
     /// What this replica refused, and the admin actions it allowed.
     pub audit: Arc<crate::audit::AuditLog>,
+    /// Per-identity write rate limits (see `ratelimit`).
+    pub writes: crate::ratelimit::WriteLimiter,
+    /// Explain and test-submit run whole scheduling passes (and test-submit
+    /// copies the state): at most ANALYSES_MAX at once on this replica.
+    analyses: tokio::sync::Semaphore,
     channels: Mutex<BTreeMap<String, Channel>>,
     /// Last heartbeat per node, in this replica's memory (meaningful on the leader).
     heartbeats: Mutex<BTreeMap<String, Instant>>,
@@ -71,6 +78,15 @@ pub struct Replica {
 }
 
 impl Replica {
+    /// One of the ANALYSES_MAX permits, or RESOURCE_EXHAUSTED (retry shortly).
+    pub fn analysis_permit(&self, what: &str) -> Result<tokio::sync::SemaphorePermit<'_>, tonic::Status> {
+        self.analyses.try_acquire().map_err(|_| {
+            tonic::Status::resource_exhausted(format!(
+                "{what}: this replica is already running {ANALYSES_MAX} scheduling analyses; retry in a second"
+            ))
+        })
+    }
+
     /// Resolves once the replica is shutting down.
     pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut rx = self.closing.subscribe();
@@ -179,6 +195,27 @@ impl ReplicaHandle {
     }
 }
 
+/// Writes a backup's state into the (empty) data directory as a member of a
+/// new cluster of the configured peers.
+fn seed_from_backup(config: &ReplicaConfig, file: &std::path::Path) -> anyhow::Result<()> {
+    let bytes = std::fs::read(file).with_context(|| format!("restore: reading {}", file.display()))?;
+    let backup = gangway_raft_store::backup::Backup::from_bytes(&bytes)
+        .map_err(|e| anyhow::anyhow!("restore: {}: {e}", file.display()))?;
+    if !config.peers.contains_key(&config.id) {
+        anyhow::bail!("restore: --peers must include this replica's own id {}", config.id);
+    }
+    gangway_raft_store::backup::restore(&config.data_dir, &backup, &config.peers)
+        .map_err(|e| anyhow::anyhow!("restore: {e}; once seeded, start the replica without --restore"))?;
+    tracing::warn!(
+        file = %file.display(),
+        index = backup.index,
+        taken_by = backup.taken_by,
+        peers = ?config.peers,
+        "restored from a backup: this replica starts a new cluster with the backup's state"
+    );
+    Ok(())
+}
+
 fn open_store(dir: &std::path::Path) -> anyhow::Result<gangway_raft_store::Stores> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating data dir {}", dir.display()))?;
     let mut last = None;
@@ -199,6 +236,9 @@ fn open_store(dir: &std::path::Path) -> anyhow::Result<gangway_raft_store::Store
 pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Result<ReplicaHandle> {
     crate::telemetry::describe();
     let local_addr = listener.local_addr()?;
+    if let Some(file) = &config.restore {
+        seed_from_backup(&config, file)?;
+    }
     let stores = open_store(&config.data_dir)?;
     let node = Arc::new(RaftNode::start(config.id, config.timing.clone(), stores, config.security.clone()).await?);
     let replica = Arc::new(Replica {
@@ -212,6 +252,8 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
         tokens: config.tokens.clone(),
         private_jobs: config.private_jobs,
         audit: Arc::new(crate::audit::AuditLog::default()),
+        writes: crate::ratelimit::WriteLimiter::default(),
+        analyses: tokio::sync::Semaphore::new(ANALYSES_MAX),
         channels: Mutex::new(BTreeMap::new()),
         heartbeats: Mutex::new(BTreeMap::new()),
         pending_reasons: Mutex::new(Arc::new(BTreeMap::new())),
@@ -244,11 +286,25 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
                 .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX),
         )
         .add_service(
-            JobServiceServer::new(JobApi { replica: replica.clone() }).max_decoding_message_size(API_MESSAGE_BYTES_MAX),
+            JobServiceServer::new(JobApi { replica: replica.clone() })
+                .max_decoding_message_size(API_REQUEST_BYTES_MAX)
+                .max_encoding_message_size(API_RESPONSE_BYTES_MAX),
         )
-        .add_service(NodeServiceServer::new(NodeApi { replica: replica.clone() }))
-        .add_service(AdminServiceServer::new(AdminApi { replica: replica.clone() }))
-        .add_service(AgentServiceServer::new(AgentApi { replica: replica.clone() }));
+        .add_service(
+            NodeServiceServer::new(NodeApi { replica: replica.clone() })
+                .max_decoding_message_size(API_REQUEST_BYTES_MAX)
+                .max_encoding_message_size(API_RESPONSE_BYTES_MAX),
+        )
+        .add_service(
+            AdminServiceServer::new(AdminApi { replica: replica.clone() })
+                .max_decoding_message_size(API_REQUEST_BYTES_MAX)
+                .max_encoding_message_size(API_RESPONSE_BYTES_MAX),
+        )
+        .add_service(
+            AgentServiceServer::new(AgentApi { replica: replica.clone() })
+                .max_decoding_message_size(AGENT_MESSAGE_BYTES_MAX)
+                .max_encoding_message_size(AGENT_MESSAGE_BYTES_MAX),
+        );
     // Our own listener (bound by the caller) bypasses the builder's TCP options:
     // set TCP_NODELAY here, or Nagle plus delayed ACKs add tens of milliseconds to
     // every Raft round trip and response.

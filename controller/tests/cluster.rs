@@ -24,6 +24,8 @@ struct TestCluster {
     addrs: BTreeMap<u64, String>,
     handles: BTreeMap<u64, ReplicaHandle>,
     timing: BTreeMap<u64, Timing>,
+    /// Every replica is seeded from this backup file at its first start.
+    restore: Option<std::path::PathBuf>,
 }
 
 fn fast_timing() -> Timing {
@@ -47,11 +49,16 @@ impl TestCluster {
     }
 
     async fn start_with(n: u64, timing: impl Fn(u64) -> Timing) -> TestCluster {
+        Self::start_full(n, timing, None).await
+    }
+
+    async fn start_full(n: u64, timing: impl Fn(u64) -> Timing, restore: Option<std::path::PathBuf>) -> TestCluster {
         let mut c = TestCluster {
             dirs: BTreeMap::new(),
             addrs: BTreeMap::new(),
             handles: BTreeMap::new(),
             timing: BTreeMap::new(),
+            restore,
         };
         let mut listeners = BTreeMap::new();
         for id in 1..=n {
@@ -62,7 +69,9 @@ impl TestCluster {
             listeners.insert(id, l);
         }
         for (id, l) in listeners {
-            let h = replica::start(c.config(id, false), l).await.unwrap();
+            let mut config = c.config(id, false);
+            config.restore = c.restore.clone();
+            let h = replica::start(config, l).await.unwrap();
             c.handles.insert(id, h);
         }
         c.wait_bootstrap_admin().await;
@@ -92,6 +101,7 @@ impl TestCluster {
             allow_root_jobs: true,
             tokens: None,
             private_jobs: false,
+            restore: None,
         }
     }
 
@@ -1468,9 +1478,10 @@ mod security {
         ReportExitOnNodeX,
         Events,
         Audit,
+        Backup,
     }
 
-    const RPCS: [Rpc; 24] = [
+    const RPCS: [Rpc; 25] = [
         Rpc::RaftVote,
         Rpc::RaftAppend,
         Rpc::RaftVoteAsReplica3,
@@ -1495,6 +1506,7 @@ mod security {
         Rpc::ReportExitOnNodeX,
         Rpc::Events,
         Rpc::Audit,
+        Rpc::Backup,
     ];
 
     /// The rules: what each caller must get for each RPC.
@@ -1517,9 +1529,13 @@ mod security {
             Rpc::RaftVote | Rpc::RaftAppend => allowed(caller == Server),
             // The server caller holds replica 1's certificate: it speaks for 1 only.
             Rpc::RaftVoteAsReplica3 => Got::Denied,
-            Rpc::AddLearner | Rpc::TransferLeader | Rpc::UpdatePolicy | Rpc::Snapshot | Rpc::Drain | Rpc::Audit => {
-                allowed(matches!(caller, Admin | Server))
-            }
+            Rpc::AddLearner
+            | Rpc::TransferLeader
+            | Rpc::UpdatePolicy
+            | Rpc::Snapshot
+            | Rpc::Drain
+            | Rpc::Audit
+            | Rpc::Backup => allowed(matches!(caller, Admin | Server)),
             Rpc::ClusterStatus
             | Rpc::GetPolicy
             | Rpc::ListNodes
@@ -1692,6 +1708,10 @@ mod security {
                     _ => Ok(()),
                 }
             }
+            Rpc::Backup => {
+                let mut s = AdminServiceClient::new(ch).backup(req(pb::BackupRequest {}, bearer)).await?.into_inner();
+                s.message().await.map(drop)
+            }
             Rpc::Events => {
                 let mut s = JobServiceClient::new(ch)
                     .events(req(pb::EventsRequest { from_index: 1 }, bearer))
@@ -1815,6 +1835,7 @@ mod security {
             addrs: BTreeMap::new(),
             handles: BTreeMap::new(),
             timing: BTreeMap::new(),
+            restore: None,
         };
         let mut listeners = BTreeMap::new();
         for id in 1..=3u64 {
@@ -2327,4 +2348,106 @@ async fn a_replica_whose_disk_fills_stops_and_recovers_once_space_is_freed() {
     }
     assert!(snapshot::encode(&state) == snapshot::encode(&c.state(leader)), "replica states differ");
     c.shutdown().await;
+}
+
+/// Takes a backup through the API from replica `id` into `file`.
+async fn take_backup(c: &TestCluster, id: u64, file: &std::path::Path) -> u64 {
+    let client = c.client_for(&[id]);
+    let mut stream = client
+        .call(|ch| {
+            let r = client.request(pb::BackupRequest {});
+            async move { AdminServiceClient::new(ch).backup(r).await }
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let (mut bytes, mut index, mut total) = (Vec::new(), 0, 0);
+    while let Some(chunk) = stream.message().await.unwrap() {
+        if bytes.is_empty() {
+            (index, total) = (chunk.index, chunk.total_bytes);
+        }
+        bytes.extend_from_slice(&chunk.data);
+    }
+    assert_eq!(bytes.len() as u64, total);
+    gangway_raft_store::backup::Backup::from_bytes(&bytes).unwrap();
+    std::fs::write(file, &bytes).unwrap();
+    index
+}
+
+/// Disaster recovery: two of three replicas' data directories are destroyed
+/// for good; a new cluster restored from a backup holds every job
+/// acknowledged before the backup, elects a leader and takes new work, and a
+/// replica added later receives the restored state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_that_lost_its_majority_is_restored_from_a_backup() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let client = c.client();
+    let mut before = Vec::new();
+    for i in 0..30 {
+        before.push(submit(&client, spec("true"), &format!("b{i}")).await.unwrap().job_id);
+    }
+    let cancelled = before[3];
+    client
+        .call(|ch| {
+            let r = client.request(pb::CancelRequest { job_id: cancelled });
+            async move { JobServiceClient::new(ch).cancel(r).await }
+        })
+        .await
+        .unwrap();
+    c.converge().await;
+    let follower = *[1, 2, 3].iter().find(|id| **id != leader).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gangway.backup");
+    let index = take_backup(&c, follower, &file).await;
+    assert!(index > 0);
+    let at_backup = c.state(follower);
+    // Work after the backup is lost with the majority.
+    for i in 0..5 {
+        submit(&client, spec("true"), &format!("after-{i}")).await.unwrap();
+    }
+    for id in [1, 2, 3] {
+        c.stop(id).await;
+    }
+    drop(c); // the data directories go: the majority is lost for good
+             // A new cluster, every member restored from the same file.
+    let mut r = TestCluster::start_full(3, |_| fast_timing(), Some(file.clone())).await;
+    let new_leader = r.leader().await;
+    r.converge().await;
+    let restored = r.state(new_leader);
+    for id in &before {
+        assert!(restored.jobs.contains_key(id), "acknowledged job {id} is missing after the restore");
+    }
+    assert_eq!(restored.jobs.len(), at_backup.jobs.len());
+    assert_eq!(restored.jobs[&cancelled].state, gangway_core::JobState::Cancelled);
+    assert_eq!(restored.next_job_id, at_backup.next_job_id);
+    assert_eq!(restored.policy, at_backup.policy);
+    // It takes new work, numbering jobs on from the backup.
+    let client = r.client();
+    let next = submit(&client, spec("true"), "new").await.unwrap().job_id;
+    assert_eq!(next, at_backup.next_job_id);
+    // A restored store refuses a second restore.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut again = r.config(1, false);
+    again.restore = Some(file.clone());
+    let err = match replica::start(again, l).await {
+        Ok(_) => panic!("a second restore over a store started"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("without --restore"), "{err}");
+    // A replica added later gets the restored state from the leader.
+    r.start_joiner(4).await;
+    let addr = r.addrs[&4].clone();
+    membership_call(
+        &client,
+        pb::AddLearnerRequest { id: 4, addr },
+        |mut a, req| async move { a.add_learner(req).await },
+    )
+    .await
+    .unwrap();
+    r.converge().await;
+    let joined = r.state(4);
+    assert!(before.iter().all(|id| joined.jobs.contains_key(id)), "the joiner lacks restored jobs");
+    assert!(snapshot::encode(&joined) == snapshot::encode(&r.state(new_leader)), "replica states differ");
+    r.shutdown().await;
 }

@@ -27,7 +27,6 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use gangway_proto::client::Client;
-use gangway_proto::v1::agent_service_client::AgentServiceClient;
 use gangway_proto::v1::{GpuInventory, HeartbeatRequest, RegisterRequest, TaskExitReport, TaskRef};
 
 /// Pause after a failed register or heartbeat round (the client already retried
@@ -133,7 +132,7 @@ async fn watch_node_loop(client: std::sync::Arc<Client>, node: String, poke: std
         let stream = client
             .call(|ch| {
                 let r = client.stream_request(req.clone());
-                async move { AgentServiceClient::new(ch).watch_node(r).await }
+                async move { gangway_proto::limits::agent_client(ch).watch_node(r).await }
             })
             .await;
         if let Ok(stream) = stream {
@@ -416,7 +415,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 let call = client.call(|ch| {
                     let mut r = client.request(req.clone());
                     r.set_timeout(per_try);
-                    async move { AgentServiceClient::new(ch).register(r).await }
+                    async move { gangway_proto::limits::agent_client(ch).register(r).await }
                 });
                 let resp = fence_clock.await_fenced(call, &mut tasks, &mut exits).await?.into_inner();
                 let ms = resp.heartbeat_interval_ms.clamp(HEARTBEAT_INTERVAL_MIN_MS, HEARTBEAT_INTERVAL_MAX_MS);
@@ -434,7 +433,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 let call = client.call(|ch| {
                     let mut r = client.request(report.clone());
                     r.set_timeout(per_try);
-                    async move { AgentServiceClient::new(ch).report_task_exit(r).await }
+                    async move { gangway_proto::limits::agent_client(ch).report_task_exit(r).await }
                 });
                 if let Err(e) = fence_clock.await_fenced(call, &mut tasks, &mut exits).await {
                     exits.pending.push_front(report);
@@ -451,7 +450,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             let call = client.call(|ch| {
                 let mut r = client.request(req.clone());
                 r.set_timeout(per_try);
-                async move { AgentServiceClient::new(ch).heartbeat(r).await }
+                async move { gangway_proto::limits::agent_client(ch).heartbeat(r).await }
             });
             let resp = fence_clock.await_fenced(call, &mut tasks, &mut exits).await?.into_inner();
             if !resp.known {

@@ -38,6 +38,7 @@ pub fn step_addr(name: &str, addr: &str) -> Option<String> {
 
 pub mod client;
 pub mod events;
+pub mod limits;
 pub mod pki;
 pub mod step_cred;
 pub mod telemetry;

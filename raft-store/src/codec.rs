@@ -7,8 +7,15 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     bincode::serde::encode_to_vec(value, bincode::config::standard()).expect("encoding into memory cannot fail")
 }
 
+/// The most a decode may allocate: a length prefix claiming more (a damaged
+/// entry, or a hostile Raft message) is an error, not an attempt to allocate
+/// it. Above the largest message Raft carries (512 MiB: a snapshot) with
+/// room for the snapshot record around it.
+pub const DECODE_BYTES_MAX: usize = 1024 * 1024 * 1024;
+
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::DecodeError> {
-    let (value, _) = bincode::serde::decode_from_slice(bytes, bincode::config::standard())?;
+    let config = bincode::config::standard().with_limit::<DECODE_BYTES_MAX>();
+    let (value, _) = bincode::serde::decode_from_slice(bytes, config)?;
     Ok(value)
 }
 
@@ -19,4 +26,21 @@ pub(crate) fn index_key(index: u64) -> [u8; 8] {
 
 pub(crate) fn key_index(key: &[u8]) -> u64 {
     u64::from_be_bytes(key[..8].try_into().expect("log keys are 8 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A length prefix claiming more than the limit is refused without an
+    /// attempt to allocate it.
+    #[test]
+    fn a_huge_length_prefix_is_refused() {
+        // bincode's varint: 0xfd then a u64 — a Vec<u8> of 2^40 bytes.
+        let mut bytes = vec![0xfd];
+        bytes.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        assert!(decode::<Vec<u8>>(&bytes).is_err());
+        let ok = encode(&vec![7u8; 16]);
+        assert_eq!(decode::<Vec<u8>>(&ok).unwrap(), vec![7u8; 16]);
+    }
 }

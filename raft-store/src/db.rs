@@ -25,19 +25,23 @@ pub enum StoreError {
          it copies the state from the others"
     )]
     Corrupt { path: String, reason: String },
+    #[error("cannot restore into {path}: {reason}")]
+    Restore { path: String, reason: String },
     #[error(
-        "the data in {path} was written in format {found}; this build reads format {DATA_FORMAT_VERSION}. \
-         Start from an empty data directory (or run the build that wrote it)"
+        "the data in {path} was written in format {found}; this build reads formats {FORMAT_OLDEST}..={FORMAT_NEWEST}. \
+         Run a build that reads it (docs/operations.md: upgrades), or start from an empty data directory"
     )]
     Format { path: String, found: u32 },
 }
 
-/// The encoding of log entries and snapshots this build writes. Bump it when a
-/// replicated type's encoding changes in a way old entries cannot decode; a store
-/// written in another format is refused at open with a clear error instead of
-/// failing later on the first old entry.
-pub const DATA_FORMAT_VERSION: u32 = 4;
-/// Meta key holding the store's data format (a little-endian u32).
+use gangway_core::format::{readable, FORMAT_BASE, FORMAT_NEWEST, FORMAT_OLDEST};
+
+/// Meta key holding the store's data format (a little-endian u32): the newest
+/// format anything in the store may be written in. A new store starts at
+/// [`FORMAT_BASE`], as every log does; it rises with the cluster's format (see
+/// `gangway_core::format`). A store stamped with a format this build does not
+/// read is refused at open with a clear error instead of failing later on the
+/// first entry it cannot decode.
 const FORMAT_KEY: &[u8] = b"data_format";
 
 /// The two halves openraft needs, over one shared database.
@@ -70,17 +74,26 @@ pub fn open(dir: &Path) -> Result<Stores, StoreError> {
             _ => StoreError::Open { path, source },
         }
     })?;
-    check_format(&db, dir)?;
+    let stamped = check_format(&db, dir)?;
     verify(&db).map_err(|reason| StoreError::Corrupt { path: dir.display().to_string(), reason })?;
     let db = Arc::new(db);
-    let state_machine = StateMachineStore::load(db.clone())
+    let state_machine = StateMachineStore::load(db.clone(), stamped)
         .map_err(|reason| StoreError::Snapshot { path: dir.display().to_string(), reason })?;
     Ok(Stores { log: LogStore::new(db), state_machine })
 }
 
-/// Refuses a store written in another data format; stamps a new, empty store.
-/// Stores from before the stamp existed (format 1) hold entries but no stamp.
-fn check_format(db: &DB, dir: &Path) -> Result<(), StoreError> {
+/// Stamps the store with `format` (synced).
+pub(crate) fn write_format(db: &DB, format: u32) -> Result<(), rocksdb::Error> {
+    let meta = db.cf_handle(CF_META).expect("column family created at open");
+    let mut opts = rocksdb::WriteOptions::default();
+    opts.set_sync(true);
+    db.put_cf_opt(meta, FORMAT_KEY, format.to_le_bytes(), &opts)
+}
+
+/// Refuses a store written in a format this build does not read; stamps a
+/// new, empty store. Stores from before the stamp existed (format 1) hold
+/// entries but no stamp. Returns the store's format.
+fn check_format(db: &DB, dir: &Path) -> Result<u32, StoreError> {
     let open_err = |source| StoreError::Open { path: dir.display().to_string(), source };
     let meta = db.cf_handle(CF_META).expect("column family created at open");
     let found = match db.get_cf(meta, FORMAT_KEY).map_err(open_err)? {
@@ -93,15 +106,15 @@ fn check_format(db: &DB, dir: &Path) -> Result<(), StoreError> {
             if has_log || has_meta {
                 1
             } else {
-                db.put_cf(meta, FORMAT_KEY, DATA_FORMAT_VERSION.to_le_bytes()).map_err(open_err)?;
-                DATA_FORMAT_VERSION
+                write_format(db, FORMAT_BASE).map_err(open_err)?;
+                FORMAT_BASE
             }
         }
     };
-    if found != DATA_FORMAT_VERSION {
+    if !readable(found) {
         return Err(StoreError::Format { path: dir.display().to_string(), found });
     }
-    Ok(())
+    Ok(found)
 }
 
 /// Reads every key and value of every column family with checksums verified,

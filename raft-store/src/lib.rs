@@ -17,6 +17,7 @@
 //!
 //! Related code: `controller/src/raft` (network and the Raft instance).
 
+pub mod backup;
 pub mod codec;
 mod db;
 mod log_store;
@@ -38,7 +39,7 @@ pub type Response = Option<gangway_core::Applied>;
 openraft::declare_raft_types!(
     /// Gangway's openraft type configuration.
     pub TypeConfig:
-        D = gangway_core::Command,
+        D = gangway_core::format::Payload,
         R = Response,
         NodeId = NodeId,
         Node = openraft::BasicNode,

@@ -26,8 +26,8 @@ const GROUP_COMMIT_QUEUE_MAX: usize = 8192;
 const GROUP_COMMIT_BATCH_MAX: usize = 4096;
 
 const KEY_VOTE: &[u8] = b"vote";
-const KEY_COMMITTED: &[u8] = b"committed";
-const KEY_PURGED: &[u8] = b"last_purged";
+pub(crate) const KEY_COMMITTED: &[u8] = b"committed";
+pub(crate) const KEY_PURGED: &[u8] = b"last_purged";
 
 type Result<T> = std::result::Result<T, StorageError<NodeId>>;
 

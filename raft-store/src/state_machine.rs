@@ -31,20 +31,23 @@ pub const WATCH_EVENTS_BUFFER_MAX: usize = 16_384;
 /// 100 bytes each; older ones are dropped first.
 pub const RECENT_EVENTS_MAX: usize = 100_000;
 
-const KEY_CURRENT: &[u8] = b"current";
+pub(crate) const KEY_CURRENT: &[u8] = b"current";
 
 type Result<T> = std::result::Result<T, StorageError<NodeId>>;
 
 #[derive(Serialize, Deserialize)]
-struct StoredSnapshot {
-    meta: SnapshotMeta<NodeId, BasicNode>,
-    data: Vec<u8>,
+pub(crate) struct StoredSnapshot {
+    pub(crate) meta: SnapshotMeta<NodeId, BasicNode>,
+    pub(crate) data: Vec<u8>,
 }
 
 /// The applied state, shared between the state machine (writer) and the API
 /// (readers).
 pub struct SharedState {
     state: RwLock<State>,
+    /// The log index the state reflects: written with the state, under its
+    /// write lock, so a reader holding the read lock sees both agree.
+    applied: std::sync::atomic::AtomicU64,
     events: broadcast::Sender<Event>,
     /// The last RECENT_EVENTS_MAX events applied here, oldest first, and the
     /// log index through which events are not known here (a snapshot loaded or
@@ -56,6 +59,18 @@ impl SharedState {
     /// A read view of the applied state. Hold it briefly: apply waits for it.
     pub fn read(&self) -> RwLockReadGuard<'_, State> {
         self.state.read().expect("state lock poisoned: a replica thread panicked")
+    }
+
+    /// The state as a snapshot (in the cluster's data format) and the log index
+    /// it reflects, read together: a consistent backup.
+    pub fn snapshot_with_index(&self) -> (u64, Vec<u8>) {
+        let state = self.read();
+        let index = self.applied.load(std::sync::atomic::Ordering::Acquire);
+        (index, snapshot::encode(&state))
+    }
+
+    fn set_applied(&self, index: u64) {
+        self.applied.store(index, std::sync::atomic::Ordering::Release);
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
@@ -88,15 +103,18 @@ pub struct StateMachineStore {
     db: Arc<DB>,
     /// Makes snapshot ids unique within this process's life.
     snapshot_seq: u64,
+    /// The data format the store is stamped with.
+    stamped_format: u32,
 }
 
 impl StateMachineStore {
     /// Loads the latest snapshot from `db`, or starts empty.
-    pub(crate) fn load(db: Arc<DB>) -> std::result::Result<StateMachineStore, String> {
+    pub(crate) fn load(db: Arc<DB>, stamped_format: u32) -> std::result::Result<StateMachineStore, String> {
         let (events, _) = broadcast::channel(WATCH_EVENTS_BUFFER_MAX);
         let mut sm = StateMachineStore {
             shared: Arc::new(SharedState {
                 state: RwLock::new(State::default()),
+                applied: std::sync::atomic::AtomicU64::new(0),
                 events,
                 recent: Mutex::new((VecDeque::new(), 0)),
             }),
@@ -104,6 +122,7 @@ impl StateMachineStore {
             last_membership: StoredMembership::default(),
             db,
             snapshot_seq: 0,
+            stamped_format,
         };
         let cf = sm.db.cf_handle(CF_SNAPSHOT).expect("column family created at open");
         if let Some(raw) = sm.db.get_cf(cf, KEY_CURRENT).map_err(|e| e.to_string())? {
@@ -111,6 +130,7 @@ impl StateMachineStore {
             let state = snapshot::decode(&stored.data).map_err(|e| e.to_string())?;
             state.check_invariants().map_err(|e| format!("snapshot breaks an invariant: {e}"))?;
             *sm.shared.state.write().expect("fresh lock") = state;
+            sm.shared.set_applied(stored.meta.last_log_id.map_or(0, |l| l.index));
             sm.last_applied = stored.meta.last_log_id;
             sm.last_membership = stored.meta.last_membership;
             sm.shared.forget_events_through(sm.last_applied.map_or(0, |l| l.index));
@@ -120,6 +140,26 @@ impl StateMachineStore {
 
     pub fn shared(&self) -> Arc<SharedState> {
         self.shared.clone()
+    }
+
+    pub(crate) fn db(&self) -> Arc<DB> {
+        self.db.clone()
+    }
+
+    /// Raises the store's format stamp when the cluster's data format rose
+    /// (so an older build refuses the store instead of misreading it). Until
+    /// then an older build can still open it: a rolling upgrade can be rolled
+    /// back until the cluster's format moves.
+    fn stamp_format(&mut self) -> Result<()> {
+        let format = self.shared.read().format;
+        if format <= self.stamped_format {
+            return Ok(());
+        }
+        crate::db::write_format(&self.db, format)
+            .map_err(|e| StorageIOError::write_state_machine(AnyError::error(e.to_string())))?;
+        tracing::info!(format, "the cluster moved to a newer data format; the store is stamped with it");
+        self.stamped_format = format;
+        Ok(())
     }
 
     fn store_snapshot(&self, stored: &StoredSnapshot) -> Result<()> {
@@ -173,10 +213,25 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         {
             let mut state = self.shared.state.write().expect("state lock poisoned");
             for entry in entries {
+                if let EntryPayload::Normal(gangway_core::format::Payload { format, command: None }) = &entry.payload {
+                    // Never guess at bytes from the future: stop here (Raft
+                    // turns this into a fatal error; the replica says why and exits).
+                    let why = format!(
+                        "log entry {} is in data format {format}, newer than this build reads ({}..={}): \
+                         run the newer build on this replica",
+                        entry.log_id.index,
+                        gangway_core::format::FORMAT_OLDEST,
+                        gangway_core::format::FORMAT_NEWEST
+                    );
+                    tracing::error!("{why}");
+                    return Err(StorageIOError::apply(entry.log_id, AnyError::error(why)).into());
+                }
                 self.last_applied = Some(entry.log_id);
+                self.shared.set_applied(entry.log_id.index);
                 match entry.payload {
                     EntryPayload::Blank => replies.push(None),
-                    EntryPayload::Normal(cmd) => {
+                    EntryPayload::Normal(payload) => {
+                        let cmd = payload.command.expect("unreadable entries stop above");
                         let applied = state.apply(entry.log_id.index, &cmd);
                         metrics::counter!("gangway_commands_applied_total", "command" => cmd.name()).increment(1);
                         state.events_of(entry.log_id.index, &applied, &mut events);
@@ -189,6 +244,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 }
             }
         }
+        self.stamp_format()?;
         if !events.is_empty() {
             let mut recent = self.shared.recent.lock().expect("events lock");
             for ev in &events {
@@ -237,10 +293,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .check_invariants()
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), AnyError::error(e)))?;
         self.store_snapshot(&StoredSnapshot { meta: meta.clone(), data })?;
-        *self.shared.state.write().expect("state lock poisoned") = state;
+        {
+            let mut guard = self.shared.state.write().expect("state lock poisoned");
+            *guard = state;
+            self.shared.set_applied(meta.last_log_id.map_or(0, |l| l.index));
+        }
         self.last_applied = meta.last_log_id;
         self.last_membership = meta.last_membership.clone();
         self.shared.forget_events_through(self.last_applied.map_or(0, |l| l.index));
+        self.stamp_format()?;
         Ok(())
     }
 

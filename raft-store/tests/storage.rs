@@ -54,3 +54,103 @@ fn stores_in_another_data_format_are_refused() {
     };
     assert!(err.contains("format 1") && err.contains("empty data directory"), "{err}");
 }
+
+/// Copies the checked-in format-4 fixture store into a fresh directory.
+fn format4_fixture() -> tempfile::TempDir {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format4");
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    dir
+}
+
+/// Opens a store (waiting for a closed one's lock) and replays its log after
+/// the snapshot, as Raft does at start.
+async fn open_and_replay(dir: &std::path::Path) -> (gangway_raft_store::Stores, gangway_core::State) {
+    use openraft::storage::{RaftLogStorage, RaftStateMachine};
+    use openraft::RaftLogReader;
+    // A closed store's background threads release its lock shortly after.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut stores = loop {
+        match open(dir) {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "the store does not open: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+    };
+    let (applied, _) = stores.state_machine.applied_state().await.unwrap();
+    let from = applied.map_or(0, |l| l.index + 1);
+    let mut reader = stores.log.get_log_reader().await;
+    let entries = reader.try_get_log_entries(from..).await.unwrap();
+    stores.state_machine.apply(entries).await.unwrap();
+    let state = stores.state_machine.shared().read().clone();
+    (stores, state)
+}
+
+/// The store written by the last build of data format 4 (a one-replica
+/// cluster: a policy import, two agents, ten jobs — completed, running,
+/// failed, cancelled, held, an array waiting on a dependency — a drained node;
+/// a snapshot at index 6 and log entries after it) opens in this build, reads
+/// the same, and migrates in place to format 5.
+#[tokio::test]
+async fn a_format4_store_opens_replays_and_migrates_to_format5() {
+    use gangway_core::format::Payload;
+    use gangway_core::{Command, JobState, NodeState};
+    use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+    let dir = format4_fixture();
+    let (mut stores, s) = open_and_replay(dir.path()).await;
+    assert_eq!(s.format, 4);
+    assert_eq!(s.jobs.len(), 10, "{:?}", s.jobs.keys().collect::<Vec<_>>());
+    assert_eq!(s.policy.admins, vec!["fixture".to_string()]);
+    assert!(s.policy.partitions.contains_key("gpu"));
+    assert_eq!(s.jobs[&1].state, JobState::Completed);
+    assert_eq!(s.jobs[&2].state, JobState::Running);
+    assert_eq!(s.jobs[&2].allocation.as_ref().unwrap().nodes[0].node, "dev-node-1");
+    assert_eq!(s.jobs[&2].allocation.as_ref().unwrap().nodes[0].gpus.len(), 2);
+    assert_eq!(s.jobs[&3].spec.exclude, vec!["node-b".to_string()]);
+    assert_eq!(s.jobs[&3].spec.comment, "fixture array");
+    assert!((3..=6).all(|id| s.jobs[&id].array.is_some() && s.jobs[&id].state == JobState::Pending));
+    assert_eq!(s.jobs[&7].held.as_deref(), Some("JobHeldUser"));
+    assert_eq!(s.jobs[&8].state, JobState::Cancelled);
+    assert_eq!((s.jobs[&9].state, s.jobs[&9].exit_code), (JobState::Failed, Some(3)));
+    assert_eq!(s.jobs[&10].state, JobState::Completed);
+    assert_eq!(s.nodes["node-a"].state, NodeState::Drain);
+    assert_eq!(s.nodes["node-a"].state_reason, "fixture drain");
+    s.check_invariants().unwrap();
+    // The cluster moves to format 5: the next entry, the store's stamp and
+    // snapshots are format 5 from then on.
+    let next = openraft::Entry::<gangway_raft_store::TypeConfig> {
+        log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), 1_000),
+        payload: openraft::EntryPayload::Normal(Payload::new(Command::SetDataFormat { format: 5, now_ms: 1 }, 4)),
+    };
+    stores.state_machine.apply([next]).await.unwrap();
+    let snap = stores.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    assert_eq!(&snap.snapshot.get_ref()[4..8], &5u32.to_le_bytes(), "the snapshot is not format 5");
+    let migrated = stores.state_machine.shared().read().clone();
+    assert_eq!(migrated.format, 5);
+    drop(stores);
+    // Reopened, it reads format 5 and holds the same state.
+    let (_stores, again) = open_and_replay(dir.path()).await;
+    assert_eq!(again, migrated);
+}
+
+/// An entry of a format this build does not read stops the state machine
+/// with an error naming the formats, instead of being misread.
+#[tokio::test]
+async fn an_entry_from_a_newer_format_stops_apply_with_a_clear_error() {
+    use gangway_core::format::Payload;
+    use openraft::storage::RaftStateMachine;
+    let dir = tempfile::tempdir().unwrap();
+    let mut stores = open(dir.path()).unwrap();
+    let entry = openraft::Entry::<gangway_raft_store::TypeConfig> {
+        log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), 1),
+        payload: openraft::EntryPayload::Normal(Payload { format: 9, command: None }),
+    };
+    let err = stores.state_machine.apply([entry]).await.unwrap_err().to_string();
+    assert!(err.contains("data format 9") && err.contains("newer build"), "{err}");
+    assert_eq!(stores.state_machine.shared().read().format, 4, "nothing was applied");
+}

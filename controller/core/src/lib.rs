@@ -20,6 +20,8 @@
 #![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation))]
 
 pub mod command;
+pub mod compat;
+pub mod format;
 pub mod limits;
 pub mod model;
 pub mod policy;

@@ -98,3 +98,100 @@ pub fn check_task_exit(exit_code: Option<i32>, signal: Option<i32>, reason: &str
     }
     Ok(())
 }
+
+/// Bytes of one job's spec as [`crate::spec::JobSpec::size_bytes`] counts them:
+/// a 1 MiB script with a generous environment. A spec travels whole in a
+/// launch order, so it stays far below what an agent accepts in one message
+/// (`gangway_proto::limits::AGENT_MESSAGE_BYTES_MAX`, 16 MiB). Since format 5.
+pub const JOB_SPEC_BYTES_MAX: usize = 2 * 1024 * 1024;
+/// Unfinished jobs one user may have, whatever the policy's quotas say: a
+/// runaway submit loop must not fill the cluster's queue (ACTIVE_JOBS_MAX) by
+/// itself. Since format 5.
+pub const USER_UNFINISHED_JOBS_MAX: u64 = 200_000;
+/// Bytes of spec one user's unfinished jobs may hold on every replica: ~500
+/// jobs with 1 MiB scripts, or 100,000 with ordinary ones. Since format 5.
+pub const USER_UNFINISHED_BYTES_MAX: u64 = 512 * 1024 * 1024;
+/// Bytes of spec all unfinished jobs may hold: the replicated state must fit in
+/// each replica's memory (and a snapshot in one transfer) with room to spare.
+/// Since format 5.
+pub const CLUSTER_UNFINISHED_BYTES_MAX: u64 = 4 * 1024 * 1024 * 1024;
+
+/// The budget that `count` more jobs of `spec_bytes` each would exceed for a
+/// user who has `user_jobs` unfinished jobs holding `user_bytes`, in a cluster
+/// whose unfinished jobs hold `all_bytes`: the message (naming the budget and
+/// what to do), or None.
+pub fn budget_exceeded(
+    user: &str,
+    user_jobs: u64,
+    user_bytes: u64,
+    all_bytes: u64,
+    spec_bytes: usize,
+    count: usize,
+) -> Option<String> {
+    if user_jobs.saturating_add(count as u64) > USER_UNFINISHED_JOBS_MAX {
+        return Some(format!(
+            "budget: user {user} has {user_jobs} unfinished jobs and may have {USER_UNFINISHED_JOBS_MAX}; \
+             retry when some have finished"
+        ));
+    }
+    let adding = (spec_bytes as u64).saturating_mul(count as u64);
+    if user_bytes.saturating_add(adding) > USER_UNFINISHED_BYTES_MAX {
+        return Some(format!(
+            "budget: user {user}'s unfinished jobs hold {user_bytes} bytes of scripts and environment; these add \
+             {adding}, over the {USER_UNFINISHED_BYTES_MAX} a user may hold; retry when some have finished"
+        ));
+    }
+    if all_bytes.saturating_add(adding) > CLUSTER_UNFINISHED_BYTES_MAX {
+        return Some(format!(
+            "budget: the cluster's unfinished jobs hold {all_bytes} bytes of scripts and environment; these add \
+             {adding}, over its {CLUSTER_UNFINISHED_BYTES_MAX}; retry later"
+        ));
+    }
+    None
+}
+
+/// Checks one spec's size against [`JOB_SPEC_BYTES_MAX`].
+pub fn check_spec_size(spec: &crate::JobSpec) -> Result<(), crate::SpecError> {
+    let bytes = spec.size_bytes();
+    if bytes > JOB_SPEC_BYTES_MAX {
+        return Err(crate::SpecError::new(
+            "spec",
+            format!(
+                "the job's script, command, environment and lists come to {bytes} bytes; at most {JOB_SPEC_BYTES_MAX}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each budget holds at its limit and refuses one past it.
+    #[test]
+    fn budgets_refuse_one_past_each_limit() {
+        let ok = |jobs, mine, all, bytes, count| budget_exceeded("u", jobs, mine, all, bytes, count);
+        assert_eq!(ok(USER_UNFINISHED_JOBS_MAX - 1, 0, 0, 1, 1), None);
+        assert!(ok(USER_UNFINISHED_JOBS_MAX, 0, 0, 1, 1).unwrap().contains("unfinished jobs and may have"));
+        assert_eq!(ok(0, USER_UNFINISHED_BYTES_MAX - 10, 0, 10, 1), None);
+        assert!(ok(0, USER_UNFINISHED_BYTES_MAX - 10, 0, 11, 1).unwrap().contains("a user may hold"));
+        assert!(ok(0, USER_UNFINISHED_BYTES_MAX - 10, 0, 6, 2).unwrap().contains("a user may hold"));
+        assert_eq!(ok(0, 0, CLUSTER_UNFINISHED_BYTES_MAX - 10, 10, 1), None);
+        assert!(ok(0, 0, CLUSTER_UNFINISHED_BYTES_MAX - 10, 11, 1).unwrap().contains("over its"));
+        // Saturating: absurd sizes are refused, not wrapped into a pass.
+        assert!(ok(0, 0, 0, usize::MAX, usize::MAX).is_some());
+    }
+
+    #[test]
+    fn exit_codes_and_signals_stop_at_what_a_wait_status_holds() {
+        assert!(check_task_exit(Some(EXIT_CODE_MAX), None, "").is_ok());
+        assert!(check_task_exit(Some(EXIT_CODE_MAX + 1), None, "").is_err());
+        assert!(check_task_exit(Some(-1), None, "").is_err());
+        assert!(check_task_exit(None, Some(SIGNAL_MAX), "").is_ok());
+        assert!(check_task_exit(None, Some(SIGNAL_MAX + 1), "").is_err());
+        assert!(check_task_exit(None, Some(0), "").is_err());
+        assert!(check_task_exit(None, None, &"r".repeat(REASON_BYTES_MAX)).is_ok());
+        assert!(check_task_exit(None, None, &"r".repeat(REASON_BYTES_MAX + 1)).is_err());
+    }
+}

@@ -1,52 +1,81 @@
-//! Snapshot encoding of [`State`]: a magic tag, a format version, then the state in
-//! bincode. The encoding is deterministic (BTreeMaps, fixed field order), so two
+//! Snapshot encoding of [`State`]: a magic tag, the data format, then the state.
+//! The encoding is deterministic (BTreeMaps, fixed field order), so two
 //! replicas with the same state produce byte-identical snapshots.
 //!
-//! Bump [`SNAPSHOT_FORMAT_VERSION`] when the encoding of `State` changes, and keep
-//! a decoder for every version still found on disk.
+//! A snapshot is written in the cluster's data format (`State::format`), so
+//! a replica still on an older build can install one during a rolling upgrade:
+//!
+//! - format 4: `GWSN` | 4 (u32 LE) | bincode of format 4's state;
+//! - format 5: `GWSN` | 5 (u32 LE) | CRC-32C of the body (u32 LE) | bincode of the state.
 
+use crate::compat::v4;
+use crate::format::{crc32c, from_bytes, to_bytes, FORMAT_NEWEST, FORMAT_OLDEST};
 use crate::state::State;
 
 /// Marks a Gangway snapshot, so a foreign or truncated blob is refused clearly.
 pub const SNAPSHOT_MAGIC: &[u8; 4] = b"GWSN";
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     #[error("not a Gangway snapshot (bad magic)")]
     BadMagic,
-    #[error("snapshot format version {found} is not supported (this build reads version {SNAPSHOT_FORMAT_VERSION})")]
+    #[error(
+        "snapshot format version {found} is not supported (this build reads versions {FORMAT_OLDEST}..={FORMAT_NEWEST})"
+    )]
     UnsupportedVersion { found: u32 },
+    #[error("snapshot is damaged: its checksum is {found:08x}, its body sums to {computed:08x}")]
+    Checksum { found: u32, computed: u32 },
     #[error("snapshot body does not decode: {0}")]
     Decode(String),
-    #[error("snapshot has {0} trailing bytes")]
-    Trailing(usize),
 }
 
 pub fn encode(state: &State) -> Vec<u8> {
     let mut out = Vec::with_capacity(state.jobs.len().saturating_mul(256).saturating_add(64));
     out.extend_from_slice(SNAPSHOT_MAGIC);
-    out.extend_from_slice(&SNAPSHOT_FORMAT_VERSION.to_le_bytes());
-    let body = bincode::serde::encode_to_vec(state, bincode::config::standard())
-        .expect("encoding a State into memory cannot fail");
-    out.extend_from_slice(&body);
+    match state.format {
+        4 => {
+            out.extend_from_slice(&4u32.to_le_bytes());
+            out.extend_from_slice(&to_bytes(&v4::StateRef::from(state)));
+        }
+        _ => {
+            let body = to_bytes(state);
+            out.extend_from_slice(&FORMAT_NEWEST.to_le_bytes());
+            out.extend_from_slice(&crc32c(&body).to_le_bytes());
+            out.extend_from_slice(&body);
+        }
+    }
     out
 }
 
 pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
-    if bytes.len() < 8 || &bytes[..4] != SNAPSHOT_MAGIC {
+    let (Some(magic), Some(version)) = (bytes.get(..4), bytes.get(4..8)) else { return Err(SnapshotError::BadMagic) };
+    if magic != SNAPSHOT_MAGIC {
         return Err(SnapshotError::BadMagic);
     }
-    let version = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
-    if version != SNAPSHOT_FORMAT_VERSION {
-        return Err(SnapshotError::UnsupportedVersion { found: version });
-    }
-    let (state, used): (State, usize) = bincode::serde::decode_from_slice(&bytes[8..], bincode::config::standard())
-        .map_err(|e| SnapshotError::Decode(e.to_string()))?;
-    let body = bytes.len().saturating_sub(8);
-    if used != body {
-        return Err(SnapshotError::Trailing(body.saturating_sub(used)));
-    }
+    let version = u32::from_le_bytes(version.try_into().expect("4 bytes"));
+    let decode_err = |e: crate::format::FormatError| SnapshotError::Decode(e.to_string());
+    let mut state: State = match version {
+        4 => from_bytes::<v4::State>(&bytes[8..]).map_err(decode_err)?.into(),
+        5 => {
+            let Some(sum) = bytes.get(8..12) else { return Err(SnapshotError::Decode("no checksum".into())) };
+            let found = u32::from_le_bytes(sum.try_into().expect("4 bytes"));
+            let body = &bytes[12..];
+            let computed = crc32c(body);
+            if found != computed {
+                return Err(SnapshotError::Checksum { found, computed });
+            }
+            let state: State = from_bytes(body).map_err(decode_err)?;
+            if state.format != 5 {
+                return Err(SnapshotError::Decode(format!(
+                    "a format-5 snapshot holds a state of format {}",
+                    state.format
+                )));
+            }
+            state
+        }
+        found => return Err(SnapshotError::UnsupportedVersion { found }),
+    };
+    state.rebuild_derived();
     Ok(state)
 }
 
@@ -55,16 +84,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn roundtrip_and_refusals() {
-        let state = State::default();
-        let bytes = encode(&state);
-        assert_eq!(decode(&bytes).unwrap(), state);
+    fn roundtrip_in_every_format_and_refusals() {
+        for format in FORMAT_OLDEST..=FORMAT_NEWEST {
+            let state = State { format, ..State::default() };
+            let bytes = encode(&state);
+            assert_eq!(u32::from_le_bytes(bytes[4..8].try_into().unwrap()), format);
+            assert_eq!(decode(&bytes).unwrap(), state, "format {format}");
+        }
+        let bytes = encode(&State { format: 5, ..State::default() });
         assert!(matches!(decode(b"nope"), Err(SnapshotError::BadMagic)));
         let mut future = bytes.clone();
         future[4] = 99;
         assert!(matches!(decode(&future), Err(SnapshotError::UnsupportedVersion { found: 99 })));
         let mut trailing = bytes.clone();
         trailing.push(0);
-        assert!(matches!(decode(&trailing), Err(SnapshotError::Trailing(1))));
+        assert!(matches!(decode(&trailing), Err(SnapshotError::Checksum { .. })));
+        let mut flipped = bytes.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        assert!(matches!(decode(&flipped), Err(SnapshotError::Checksum { .. })));
+        let mut v4 = encode(&State::default());
+        v4.push(0);
+        assert!(matches!(decode(&v4), Err(SnapshotError::Decode(_))));
     }
 }

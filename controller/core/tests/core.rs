@@ -551,13 +551,187 @@ fn replicated_encodings_keep_their_bytes() {
     let cmd = bincode::serde::encode_to_vec(&update, bincode::config::standard()).unwrap();
     let job = bincode::serde::encode_to_vec(&submit, bincode::config::standard()).unwrap();
     let got = [(snap.len(), fnv64(&snap)), (cmd.len(), fnv64(&cmd)), (job.len(), fnv64(&job))];
-    println!("{got:?}");
-    assert_eq!(got, GOLDEN_ENCODINGS);
+    assert_eq!(got, GOLDEN_FORMAT4, "format 4's bytes changed");
 }
 
-/// (bytes, FNV-1a) of the snapshot, the policy command and the submit above.
-const GOLDEN_ENCODINGS: [(usize, u64); 3] =
+/// (bytes, FNV-1a) of the snapshot, the policy command and the submit above,
+/// computed on the build before the security work (format 4, which this
+/// build still writes until the cluster moves to format 5).
+const GOLDEN_FORMAT4: [(usize, u64); 3] =
     [(587, 12837966146749691398), (157, 1692682061728110456), (71, 3020520779667525184)];
+
+/// A job spec with every field set to something other than its default.
+fn full_spec() -> JobSpec {
+    JobSpec {
+        name: "train".into(),
+        user: "alice".into(),
+        command: vec!["python".into(), "train.py".into()],
+        script: "#!/bin/sh\nsrun python train.py\n".into(),
+        workdir: "/home/alice".into(),
+        partition: "gpu".into(),
+        nodes: 2,
+        tasks_per_node: 8,
+        cpus_per_task: 4,
+        mem_per_node_mb: 65_536,
+        gpus_per_node: 8,
+        gpu_type: "h100".into(),
+        time_limit_s: 3_600,
+        env: BTreeMap::from([("WANDB_MODE".into(), "offline".into())]),
+        requeue: true,
+        output: "%x-%j.out".into(),
+        error: "%x-%j.err".into(),
+        warn_signal: 10,
+        warn_before_s: 120,
+        warn_batch_shell: true,
+        account: "ml".into(),
+        qos: "high".into(),
+        nodes_max: 4,
+        mem_per_cpu_mb: 2_048,
+        constraints: vec!["ib".into()],
+        exclusive: true,
+        topology: TopologyConstraint { level: "rack".into(), required: true, wait_s: 60 },
+        dependencies: vec![Dependency { kind: DependencyKind::AfterOk, job_id: 3, array_index: Some(1) }],
+        singleton: true,
+        kill_on_invalid_dep: true,
+        array: "0-3%2".into(),
+        nice: 5,
+        hold: true,
+        begin_ms: 1_700_000_000_000,
+        comment: "golden".into(),
+        batch: true,
+        truncate_output: true,
+        nodelist: vec!["n1".into()],
+        exclude: vec!["n9".into()],
+    }
+}
+
+/// One command of every variant, every field set.
+fn every_command() -> Vec<Command> {
+    use gangway_core::command::Preemption;
+    use gangway_core::policy::PreemptMode;
+    let alloc = NodeAllocation { node: "n0".into(), cpus: 4, mem_mb: 1024, gpus: vec![0, 1] };
+    let placement = Placement { job_id: 1, attempt: 1, nodes: vec![alloc] };
+    vec![
+        Command::SubmitJob { spec: full_spec(), identity: "alice".into(), idempotency_key: "k1".into(), now_ms: 1 },
+        Command::CancelJob { job_id: 1, identity: "alice".into(), now_ms: 2 },
+        Command::RegisterNode { spec: node_spec(0, 2), now_ms: 3 },
+        Command::SetNodeState { name: "n0".into(), change: NodeStateChange::Drain, reason: "fix".into(), now_ms: 4 },
+        Command::ApplyPlan { placements: vec![placement.clone()], now_ms: 5 },
+        Command::JobFinished {
+            job_id: 1,
+            attempt: 1,
+            state: JobState::TimedOut,
+            exit_code: Some(143),
+            reason: "time".into(),
+            now_ms: 6,
+        },
+        Command::Batch(vec![Command::CancelJob { job_id: 2, identity: "bob".into(), now_ms: 7 }]),
+        Command::TaskExited {
+            job_id: 1,
+            attempt: 1,
+            node: "n0".into(),
+            exit_code: None,
+            signal: Some(9),
+            reason: "oom".into(),
+            lost: true,
+            peak_mem_mb: Some(512),
+            now_ms: 8,
+        },
+        Command::SetGpuHealth { node: "n0".into(), gpu: 1, healthy: false, reason: "xid 79".into(), now_ms: 9 },
+        Command::UpdatePolicy {
+            policy: preset_policy(3),
+            expected_version: Some(1),
+            force: true,
+            identity: "ops".into(),
+            now_ms: 10,
+        },
+        Command::UpdateJob { job_id: 1, change: JobChange::SetNice(-5), identity: "ops".into(), now_ms: 11 },
+        Command::ApplySchedule {
+            preemptions: vec![Preemption { job_id: 2, attempt: 1, mode: PreemptMode::Cancel, for_job: 1 }],
+            placements: vec![placement],
+            now_ms: 12,
+        },
+        Command::JobCheckpointed { job_id: 1, attempt: 1, now_ms: 13 },
+        Command::SetDataFormat { format: 5, now_ms: 14 },
+    ]
+}
+
+/// A small state that uses most of the model: nodes, a policy, running,
+/// pending and finished jobs.
+fn golden_state(format: u32) -> State {
+    let mut s = base_state();
+    s.apply(
+        50,
+        &Command::UpdatePolicy {
+            policy: preset_policy(1),
+            expected_version: None,
+            force: true,
+            identity: "server:1".into(),
+            now_ms: 4_000,
+        },
+    );
+    s.apply(
+        51,
+        &Command::CancelJob { job_id: *s.pending.iter().next().unwrap(), identity: "alice".into(), now_ms: 4_001 },
+    );
+    if format > 4 {
+        let applied = s.apply(52, &Command::SetDataFormat { format, now_ms: 4_002 });
+        assert!(matches!(applied.outcome, Outcome::DataFormatSet { .. }), "{:?}", applied.outcome);
+    }
+    s
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Every replicated encoding, by name: each command variant as a log entry in
+/// every format that can carry it, the job spec, and the snapshot in each
+/// format. The golden file pins these bytes: bincode is positional, so a field
+/// added, moved or retyped anywhere below changes them. When that is meant,
+/// bump `format::FORMAT_NEWEST`, freeze the old types in `compat/`, and bless
+/// the new bytes with `GANGWAY_BLESS=1 cargo test -p gangway-core --test core golden`.
+#[test]
+fn golden_encodings_pin_every_replicated_format() {
+    use gangway_core::format::{to_bytes, Payload, FORMAT_NEWEST, FORMAT_OLDEST};
+    let mut got = Vec::new();
+    got.push(format!("jobspec {}", hex(&to_bytes(&full_spec()))));
+    for cmd in every_command() {
+        for format in FORMAT_OLDEST..=FORMAT_NEWEST {
+            if cmd.since_format() > format {
+                continue;
+            }
+            let payload = Payload::new(cmd.clone(), format);
+            let bytes = to_bytes(&payload);
+            // Every entry decodes back to itself.
+            assert_eq!(gangway_core::format::from_bytes::<Payload>(&bytes).unwrap(), payload, "{}", cmd.name());
+            got.push(format!("entry-v{format} {} {}", cmd.name(), hex(&bytes)));
+        }
+    }
+    for format in FORMAT_OLDEST..=FORMAT_NEWEST {
+        let state = golden_state(format);
+        let bytes = snapshot::encode(&state);
+        assert_eq!(snapshot::decode(&bytes).unwrap(), state, "snapshot v{format}");
+        got.push(format!("snapshot-v{format} {}", hex(&bytes)));
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/encodings.txt");
+    let got = got.join("\n") + "\n";
+    if std::env::var_os("GANGWAY_BLESS").is_some() {
+        std::fs::write(&path, &got).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
+    for (g, w) in got.lines().zip(want.lines()) {
+        let name = |l: &str| l.rsplit_once(' ').map_or(String::new(), |(n, _)| n.to_string());
+        assert_eq!(name(g), name(w), "the golden file lists other encodings: re-bless it (see above)");
+        assert!(
+            g == w,
+            "the encoding of `{}` changed. bincode is positional: bump format::FORMAT_NEWEST, freeze the \
+             old types in compat/, then re-bless (GANGWAY_BLESS=1)",
+            name(g)
+        );
+    }
+    assert_eq!(got.lines().count(), want.lines().count(), "the golden file lists other encodings: re-bless it");
+}
 
 /// Numbers at and around every integer bound, plus small ones.
 fn extreme_u64() -> impl Strategy<Value = u64> {
@@ -888,4 +1062,69 @@ fn a_task_reporting_the_largest_signal_fails_its_job_without_a_panic() {
     assert_eq!(s.jobs[&id].state, JobState::Failed);
     assert_eq!(s.jobs[&id].exit_code, Some(i32::MAX));
     s.check_invariants().unwrap();
+}
+
+fn submit_cmd(spec: JobSpec) -> Command {
+    Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 10 }
+}
+
+/// A spec padded (with environment values, each within its own limit) to
+/// exactly `bytes` as `JobSpec::size_bytes` counts.
+fn spec_of_size(bytes: usize) -> JobSpec {
+    use gangway_core::limits::ENV_VALUE_BYTES_MAX;
+    let mut spec = job_spec(1, 0, 1);
+    let mut k = 0;
+    while spec.size_bytes() + ENV_VALUE_BYTES_MAX + 200 < bytes {
+        spec.env.insert(format!("PAD{k:03}"), "x".repeat(ENV_VALUE_BYTES_MAX));
+        k += 1;
+    }
+    let short = bytes - spec.size_bytes();
+    spec.env.insert("PADEND".into(), String::new());
+    let overhead = spec.size_bytes() - (bytes - short);
+    spec.env.insert("PADEND".into(), "y".repeat(short - overhead));
+    assert_eq!(spec.size_bytes(), bytes);
+    spec.validate().unwrap();
+    spec
+}
+
+/// From format 5 a spec over JOB_SPEC_BYTES_MAX is refused in apply (format
+/// 4's rules, which had no such limit, still decide format-4 entries), and a
+/// user's unfinished jobs stop at USER_UNFINISHED_JOBS_MAX.
+#[test]
+fn budgets_hold_at_their_limits_from_format_5_on() {
+    use gangway_core::limits::{JOB_SPEC_BYTES_MAX, USER_UNFINISHED_JOBS_MAX};
+    let mut s4 = State::default();
+    let mut s5 = State::default();
+    s5.apply(1, &Command::SetDataFormat { format: 5, now_ms: 1 });
+    assert_eq!(s5.format, 5);
+    let at = spec_of_size(JOB_SPEC_BYTES_MAX);
+    let past = spec_of_size(JOB_SPEC_BYTES_MAX + 1);
+    assert!(matches!(s5.apply(2, &submit_cmd(at)).outcome, Outcome::Submitted { .. }));
+    match s5.apply(3, &submit_cmd(past.clone())).outcome {
+        Outcome::Refused(r) => assert!(r.message.contains("spec") && r.message.contains("at most"), "{r:?}"),
+        other => panic!("an oversized spec was {other:?}"),
+    }
+    assert!(matches!(s4.apply(2, &submit_cmd(past)).outcome, Outcome::Submitted { .. }), "format 4 changed");
+    // Jobs: arrays up to the budget, then one more is refused.
+    let mut user_jobs = 1; // the spec at the limit above
+    let mut index = 10;
+    while user_jobs + 10_000 <= USER_UNFINISHED_JOBS_MAX {
+        let mut spec = job_spec(1, 0, 1);
+        spec.array = "0-9999".into();
+        index += 1;
+        let out = s5.apply(index, &submit_cmd(spec)).outcome;
+        assert!(matches!(out, Outcome::Submitted { .. }), "{out:?}");
+        user_jobs += 10_000;
+    }
+    let mut rest = job_spec(1, 0, 1);
+    rest.array = format!("0-{}", USER_UNFINISHED_JOBS_MAX - user_jobs - 1);
+    assert!(matches!(s5.apply(index + 1, &submit_cmd(rest)).outcome, Outcome::Submitted { .. }));
+    match s5.apply(index + 2, &submit_cmd(job_spec(1, 0, 1))).outcome {
+        Outcome::Refused(r) => {
+            assert_eq!(r.kind, RefusalKind::ResourceExhausted);
+            assert!(r.message.contains("budget"), "{r:?}");
+        }
+        other => panic!("the job past the budget was {other:?}"),
+    }
+    s5.check_invariants().unwrap();
 }

@@ -32,10 +32,13 @@ pub struct AdminApi {
     pub replica: Arc<Replica>,
 }
 
-fn replica_status(s: &RaftStatus, addr: &str, cert_not_after_unix: Option<i64>) -> ReplicaStatus {
+/// Bytes per backup chunk: well under every message limit.
+const BACKUP_CHUNK_BYTES: usize = 1024 * 1024;
+
+fn replica_status(replica: &Replica) -> ReplicaStatus {
+    let s = replica.node.status();
     ReplicaStatus {
         id: s.id,
-        addr: addr.to_string(),
         role: s.role.to_string(),
         term: s.term,
         leader_id: s.leader_id,
@@ -45,7 +48,10 @@ fn replica_status(s: &RaftStatus, addr: &str, cert_not_after_unix: Option<i64>) 
         snapshot_index: s.snapshot_index,
         voter: s.voters.contains(&s.id),
         error: String::new(),
-        cert_not_after_unix,
+        cert_not_after_unix: replica.cert_not_after(),
+        newest_data_format: gangway_core::format::FORMAT_NEWEST,
+        data_format: replica.node.state().read().format,
+        addr: replica.addr.clone(),
     }
 }
 
@@ -197,32 +203,16 @@ impl AdminService for AdminApi {
             let me = me.clone();
             async move {
                 if id == me.id {
-                    return replica_status(&me, &addr, replica.cert_not_after());
+                    return replica_status(&replica);
                 }
-                let unreachable = |error: String| ReplicaStatus {
+                probe_replica(&replica, &addr).await.unwrap_or_else(|error| ReplicaStatus {
                     id,
                     addr: addr.clone(),
                     role: "unreachable".into(),
                     error,
                     voter: me.voters.contains(&id),
                     ..Default::default()
-                };
-                let channel = match replica.channel_to(&addr) {
-                    Ok(c) => c,
-                    Err(e) => return unreachable(e.message().to_string()),
-                };
-                let mut req = Request::new(ReplicaStatusRequest {});
-                req.set_timeout(STATUS_PROBE_TIMEOUT);
-                match tokio::time::timeout(
-                    STATUS_PROBE_TIMEOUT,
-                    AdminServiceClient::new(channel).get_replica_status(req),
-                )
-                .await
-                {
-                    Ok(Ok(r)) => r.into_inner(),
-                    Ok(Err(s)) => unreachable(s.message().to_string()),
-                    Err(_) => unreachable("timed out".into()),
-                }
+                })
             }
         });
         let replicas = futures::future::join_all(probes).await;
@@ -232,16 +222,13 @@ impl AdminService for AdminApi {
             leader_id: best.and_then(|r| r.leader_id),
             term: best.map(|r| r.term).unwrap_or(me.term),
             replicas,
+            data_format: self.replica.node.state().read().format,
         }))
     }
 
     async fn get_replica_status(&self, req: Request<ReplicaStatusRequest>) -> Result<Response<ReplicaStatus>, Status> {
         self.replica.ctx(&req)?.require_known()?;
-        Ok(Response::new(replica_status(
-            &self.replica.node.status(),
-            &self.replica.addr,
-            self.replica.cert_not_after(),
-        )))
+        Ok(Response::new(replica_status(&self.replica)))
     }
 
     async fn add_learner(&self, req: Request<AddLearnerRequest>) -> Result<Response<MembershipResponse>, Status> {
@@ -370,6 +357,38 @@ impl AdminService for AdminApi {
     }
 
     type AuditStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<AuditEntry, Status>> + Send>>;
+    type BackupStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<BackupChunk, Status>> + Send>>;
+
+    async fn backup(&self, req: Request<BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_admin(&ctx, "take a backup")?;
+        let shared = self.replica.node.state().clone();
+        let taken_by = self.replica.node.id;
+        // Encoding a large state takes a while: off the async workers.
+        let file = tokio::task::spawn_blocking(move || {
+            let (index, snapshot) = shared.snapshot_with_index();
+            let backup = gangway_raft_store::backup::Backup { index, taken_by, taken_at_ms: crate::now_ms(), snapshot };
+            (index, backup.to_bytes())
+        })
+        .await
+        .map_err(|_| Status::internal("backup: encoding the state failed"))?;
+        let (index, bytes) = file;
+        tracing::info!(index, bytes = bytes.len(), caller = %ctx.identity, "backup taken");
+        let total_bytes = bytes.len() as u64;
+        let chunks: Vec<Result<BackupChunk, Status>> = bytes
+            .chunks(BACKUP_CHUNK_BYTES)
+            .enumerate()
+            .map(|(i, c)| {
+                let first = i == 0;
+                Ok(BackupChunk {
+                    data: c.to_vec(),
+                    index: if first { index } else { 0 },
+                    total_bytes: if first { total_bytes } else { 0 },
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
+    }
 
     async fn audit(&self, req: Request<AuditRequest>) -> Result<Response<Self::AuditStream>, Status> {
         let ctx = self.replica.ctx(&req)?;
@@ -440,5 +459,17 @@ impl AdminService for AdminApi {
         self.replica.require_admin(&ctx, "trigger elections")?;
         self.replica.node.trigger_election().await.map_err(status_from_propose)?;
         Ok(Response::new(TriggerElectionResponse {}))
+    }
+}
+
+/// Another replica's own status, asked over gRPC (bounded by STATUS_PROBE_TIMEOUT).
+pub(crate) async fn probe_replica(replica: &Replica, addr: &str) -> Result<ReplicaStatus, String> {
+    let channel = replica.channel_to(addr).map_err(|e| e.message().to_string())?;
+    let mut req = Request::new(ReplicaStatusRequest {});
+    req.set_timeout(STATUS_PROBE_TIMEOUT);
+    match tokio::time::timeout(STATUS_PROBE_TIMEOUT, AdminServiceClient::new(channel).get_replica_status(req)).await {
+        Ok(Ok(r)) => Ok(r.into_inner()),
+        Ok(Err(s)) => Err(s.message().to_string()),
+        Err(_) => Err("timed out".into()),
     }
 }

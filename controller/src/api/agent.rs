@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use gangway_core::limits::{check_task_exit, REASON_BYTES_MAX};
 use gangway_core::{Command, NodeState, Outcome, RefusalKind};
-use gangway_proto::v1::agent_service_client::AgentServiceClient;
+use gangway_proto::limits::LAUNCH_ORDERS_BYTES_MAX;
 use gangway_proto::v1::agent_service_server::AgentService;
 use gangway_proto::v1::*;
 use tonic::{Request, Response, Status};
@@ -120,7 +120,9 @@ impl AgentService for AgentApi {
         let cmd = Command::RegisterNode { spec, now_ms: crate::now_ms() };
         let routed = self
             .replica
-            .write_or_forward(&ctx, cmd, msg, |ch, r| async move { AgentServiceClient::new(ch).register(r).await })
+            .write_or_forward(&ctx, cmd, msg, |ch, r| async move {
+                gangway_proto::limits::agent_client(ch).register(r).await
+            })
             .await?;
         match routed {
             Routed::Forwarded(resp) => Ok(resp),
@@ -145,7 +147,9 @@ impl AgentService for AgentApi {
             let leader = self.replica.node.remote_leader();
             return self
                 .replica
-                .forward(&ctx, leader, msg, |ch, r| async move { AgentServiceClient::new(ch).heartbeat(r).await })
+                .forward(&ctx, leader, msg, |ch, r| async move {
+                    gangway_proto::limits::agent_client(ch).heartbeat(r).await
+                })
                 .await;
         }
         if msg.running.len() > TASKS_PER_NODE_REPORTED_MAX {
@@ -174,6 +178,7 @@ impl AgentService for AgentApi {
         let running: BTreeSet<(u64, u32)> = msg.running.iter().map(|t| (t.job_id, t.attempt)).collect();
         let mut desired = Vec::new();
         let mut launch = Vec::new();
+        let mut launch_bytes = 0usize;
         for job_id in &node.jobs {
             let Some(job) = state.jobs.get(job_id) else { continue };
             // A task that already ended here stays desired (the gang still
@@ -183,6 +188,13 @@ impl AgentService for AgentApi {
             if !exited && !running.contains(&(*job_id, job.attempt)) {
                 if let Some(mut order) = launch_order(&state, job, &msg.name, term) {
                     order.step_credential = self.replica.step_credential(job)?;
+                    // The answer must fit the agent's message limit: orders
+                    // past the budget go out with the next heartbeat.
+                    let bytes = prost::Message::encoded_len(&order);
+                    if !launch.is_empty() && launch_bytes.saturating_add(bytes) > LAUNCH_ORDERS_BYTES_MAX {
+                        continue;
+                    }
+                    launch_bytes = launch_bytes.saturating_add(bytes);
                     launch.push(order);
                 }
             }
@@ -219,12 +231,12 @@ impl AgentService for AgentApi {
             peak_mem_mb: msg.peak_mem_mb,
             now_ms: crate::now_ms(),
         };
-        let routed =
-            self.replica
-                .write_or_forward(&ctx, cmd, msg, |ch, r| async move {
-                    AgentServiceClient::new(ch).report_task_exit(r).await
-                })
-                .await?;
+        let routed = self
+            .replica
+            .write_or_forward(&ctx, cmd, msg, |ch, r| async move {
+                gangway_proto::limits::agent_client(ch).report_task_exit(r).await
+            })
+            .await?;
         match routed {
             Routed::Forwarded(resp) => Ok(resp),
             // A stale report (job cancelled, or already recorded) needs no retry.

@@ -70,6 +70,7 @@ pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, Sp
         hold: p.hold,
     };
     spec.validate()?;
+    gangway_core::limits::check_spec_size(&spec)?;
     Ok(spec)
 }
 

@@ -182,12 +182,20 @@ impl JobService for JobApi {
         let active_only = !states.is_empty() && states.iter().all(|s| !s.is_finished());
         let mut jobs = Vec::with_capacity(limit.min(1024));
         let mut more = false;
+        let mut bytes = 0usize;
         let mut push = |j: &gangway_core::Job| {
             if jobs.len() == limit {
                 more = true;
                 return false;
             }
             let mut pj = viewer.job(j);
+            // Paged by size too: the answer stays under every client's limit.
+            let len = prost::Message::encoded_len(&pj);
+            if !jobs.is_empty() && bytes.saturating_add(len) > gangway_proto::limits::LIST_RESPONSE_BYTES_MAX {
+                more = true;
+                return false;
+            }
+            bytes = bytes.saturating_add(len);
             // The scheduler's reason replaces the stored one, except a requeue's
             // explanation, which says more.
             if let Some(r) = reasons.get(&j.id).filter(|_| j.state == gangway_core::JobState::Pending) {
@@ -285,7 +293,8 @@ impl JobService for JobApi {
         {
             return Ok(resp);
         }
-        // A full scheduling pass: off the async workers.
+        // A full scheduling pass: off the async workers, a few at a time.
+        let _permit = self.replica.analysis_permit("explain")?;
         let shared = self.replica.node.state().clone();
         let now = crate::now_ms();
         let e = tokio::task::spawn_blocking(move || gangway_core::sched::explain(&shared.read(), job_id, now))
@@ -307,18 +316,21 @@ impl JobService for JobApi {
         if spec.nice < 0 {
             ctx.require_not_job("raise a job's priority (negative nice)")?;
         }
+        let _permit = self.replica.analysis_permit("test-only")?;
         let shared = self.replica.node.state().clone();
         let now = crate::now_ms();
         let identity = ctx.identity.clone();
         // On a copy of this replica's state: apply the submission as the log
-        // would, then explain it. Off the async workers; bounded by the state's size.
+        // would, then explain it. Off the async workers; bounded by the state's
+        // size (checked before copying) and by the analysis permits.
         let answer = tokio::task::spawn_blocking(move || {
-            let mut state = shared.read().clone();
-            if state.jobs.len() > TEST_SUBMIT_JOBS_MAX {
+            let jobs = shared.read().jobs.len();
+            if jobs > TEST_SUBMIT_JOBS_MAX {
                 return Err(Status::resource_exhausted(format!(
                     "test-only: the cluster holds more than {TEST_SUBMIT_JOBS_MAX} jobs; too many to simulate a submission"
                 )));
             }
+            let mut state = shared.read().clone();
             let cmd = Command::SubmitJob { spec, identity, idempotency_key: String::new(), now_ms: now };
             match state.apply(u64::MAX / 2, &cmd).outcome {
                 Outcome::Submitted { job_id, .. } => gangway_core::sched::explain(&state, job_id, now)

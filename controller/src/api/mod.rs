@@ -491,6 +491,34 @@ impl Replica {
     }
 
     /// An admin (see [`Replica::is_admin`]); every admin action is logged.
+    /// Refuses a write over its caller's rate (RESOURCE_EXHAUSTED, with when
+    /// to retry). Users only, where the call arrived (not again when forwarded).
+    fn limit_writes(&self, ctx: &CallCtx, what: &str) -> Result<(), Status> {
+        let user = matches!(&ctx.caller, Caller::Verified(p) if p.role == Role::Client);
+        if ctx.forwarded || !user || self.is_admin(ctx) {
+            return Ok(());
+        }
+        match self.writes.check(&ctx.identity, std::time::Instant::now()) {
+            Ok(()) => Ok(()),
+            Err(wait) => {
+                metrics::counter!("gangway_api_denied_total", "reason" => "rate").increment(1);
+                let mut s = Status::resource_exhausted(format!(
+                    "rate: {} may make {} writes per second (bursts of {}); retry in {} ms",
+                    ctx.identity,
+                    crate::ratelimit::WRITES_PER_S,
+                    crate::ratelimit::WRITES_BURST,
+                    wait.as_millis().max(1)
+                ));
+                // The standard hint clients and proxies read.
+                if let Ok(v) = format!("{}", wait.as_millis().max(1)).parse() {
+                    s.metadata_mut().insert("retry-after-ms", v);
+                }
+                ctx.audit(what, "denied", "over the write rate");
+                Err(s)
+            }
+        }
+    }
+
     pub fn require_admin(&self, ctx: &CallCtx, what: &str) -> Result<(), Status> {
         if self.is_admin(ctx) {
             ctx.audit(what, "allowed", "admin");
@@ -646,6 +674,7 @@ impl Replica {
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
         let name = cmd.name();
+        self.limit_writes(ctx, name)?;
         match self.proposer.propose(cmd).await {
             Ok(applied) => {
                 // Refusals the state machine makes for lack of permission

@@ -137,9 +137,11 @@ impl RaftNode {
         }
     }
 
-    /// Replicates `cmd` and returns what applying it did. Leader only.
+    /// Replicates `cmd` and returns what applying it did. Leader only. It is
+    /// written in the cluster's data format, which every member reads.
     pub async fn propose(&self, cmd: Command, timeout: Duration) -> Result<Applied, ProposeError> {
-        let fut = self.raft.client_write(cmd);
+        let format = self.state.read().format;
+        let fut = self.raft.client_write(gangway_core::format::Payload::new(cmd, format));
         match tokio::time::timeout(timeout, fut).await {
             Err(_) => Err(ProposeError::Unavailable(
                 "the write was not committed in time (no quorum?); its outcome is unknown, retry with the same idempotency key".into(),

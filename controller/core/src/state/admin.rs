@@ -123,6 +123,7 @@ impl State {
     pub(super) fn rebuild_use(&mut self) {
         self.running_use.clear();
         self.active_jobs.clear();
+        self.unfinished_bytes.clear();
         let active: Vec<JobId> = self.pending.iter().chain(self.running.iter()).copied().collect();
         for id in active {
             self.count_active(id, true);

@@ -103,6 +103,9 @@ pub enum Outcome {
     CheckpointRecorded {
         job_id: JobId,
     },
+    DataFormatSet {
+        format: u32,
+    },
 }
 
 /// Whose use a counter tracks, for quotas.
@@ -239,10 +242,19 @@ pub struct State {
     /// Job id → pending jobs whose dependencies wait on it (whole-array
     /// dependencies are filed under the array's job id).
     pub dependents: BTreeMap<JobId, BTreeSet<JobId>>,
+    /// The cluster's data format (see `format`): what entries and snapshots
+    /// are written in, and which rules `apply` follows. Only
+    /// `Command::SetDataFormat` changes it. Since format 5.
+    pub format: u32,
     /// Jobs that started or finished during the current apply; their dependents
     /// are settled before apply returns. Always empty between applies.
     #[serde(skip)]
-    dep_triggers: BTreeSet<JobId>,
+    pub(crate) dep_triggers: BTreeSet<JobId>,
+    /// Bytes of spec (`JobSpec::size_bytes`) of each user's unfinished jobs,
+    /// and of all of them (key ""), for the budgets. Derived from the jobs:
+    /// kept up to date by `count_active`, rebuilt after a snapshot is decoded.
+    #[serde(skip)]
+    pub(crate) unfinished_bytes: BTreeMap<String, u64>,
 }
 
 impl Default for State {
@@ -262,7 +274,9 @@ impl Default for State {
             running_use: BTreeMap::new(),
             active_jobs: BTreeMap::new(),
             dependents: BTreeMap::new(),
+            format: crate::format::FORMAT_BASE,
             dep_triggers: BTreeSet::new(),
+            unfinished_bytes: BTreeMap::new(),
         }
     }
 }
@@ -325,7 +339,22 @@ impl State {
                 self.apply_schedule(index, preemptions, placements)
             }
             Command::JobCheckpointed { job_id, attempt, .. } => self.apply_job_checkpointed(*job_id, *attempt),
+            Command::SetDataFormat { format, .. } => self.apply_set_data_format(*format),
         }
+    }
+
+    fn apply_set_data_format(&mut self, format: u32) -> Applied {
+        if format <= self.format {
+            return Applied::refused(
+                RefusalKind::Stale,
+                format!("format: the cluster is at data format {} already", self.format),
+            );
+        }
+        if !crate::format::readable(format) {
+            return Applied::refused(RefusalKind::InvalidArgument, format!("format: {format} is not a known format"));
+        }
+        self.format = format;
+        Applied { outcome: Outcome::DataFormatSet { format }, events: Vec::new() }
     }
 
     fn apply_set_gpu_health(&mut self, index: u64, node: &str, gpu: u32, healthy: bool, reason: &str) -> Applied {
@@ -363,6 +392,13 @@ impl State {
         lost: bool,
     ) -> Applied {
         let (exit_code, signal) = (exit.exit_code, exit.signal);
+        // Checked at the API edge; from format 5 also here, so a report no
+        // wait status could hold never enters the state.
+        if self.format >= 5 {
+            if let Err(e) = crate::limits::check_task_exit(exit_code, signal, reason) {
+                return Applied::refused(RefusalKind::InvalidArgument, e.to_string());
+            }
+        }
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
         };
@@ -829,7 +865,29 @@ impl State {
     }
 
     /// Verifies every invariant of the state. Returns the first violation found.
+    /// The derived indexes a snapshot does not carry, computed from the jobs.
+    fn unfinished_bytes_of_jobs(&self) -> BTreeMap<String, u64> {
+        let mut out: BTreeMap<String, u64> = BTreeMap::new();
+        for id in self.pending.iter().chain(&self.running) {
+            let Some(job) = self.jobs.get(id) else { continue };
+            let bytes = job.spec.size_bytes() as u64;
+            for who in [job.spec.user.clone(), String::new()] {
+                let e = out.entry(who).or_default();
+                *e = e.saturating_add(bytes);
+            }
+        }
+        out
+    }
+
+    /// Rebuilds what a snapshot does not carry (after decoding one).
+    pub fn rebuild_derived(&mut self) {
+        self.unfinished_bytes = self.unfinished_bytes_of_jobs();
+    }
+
     pub fn check_invariants(&self) -> Result<(), String> {
+        if self.unfinished_bytes != self.unfinished_bytes_of_jobs() {
+            return Err("the unfinished-bytes budget index differs from the jobs".into());
+        }
         let mut cpus: BTreeMap<&str, u32> = BTreeMap::new();
         let mut mem: BTreeMap<&str, u64> = BTreeMap::new();
         let mut gpus: BTreeMap<(&str, u32), JobId> = BTreeMap::new();

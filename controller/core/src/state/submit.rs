@@ -27,6 +27,13 @@ impl State {
                 );
             }
         }
+        // The spec as submitted, as the API edge checked it (defaults filled
+        // in below add a few names, never enough to matter).
+        if self.format >= 5 {
+            if let Err(e) = crate::limits::check_spec_size(spec) {
+                return Applied::refused(RefusalKind::InvalidArgument, e.to_string());
+            }
+        }
         let spec = match self.resolve_spec(spec, identity) {
             Ok(s) => s,
             Err(e) => return Applied::refused(RefusalKind::InvalidArgument, e.to_string()),
@@ -40,7 +47,10 @@ impl State {
             }
         };
         let count = array.as_ref().map_or(1, |a| a.indexes.len());
-        if count > 1 && spec.approx_bytes().saturating_mul(count) > ARRAY_SPEC_BYTES_MAX {
+        // Format 4 estimated a spec leaving fields out (one submit with a long
+        // --exclude could copy gigabytes); format 5 counts every field.
+        let spec_bytes = if self.format >= 5 { spec.size_bytes() } else { spec.approx_bytes() };
+        if count > 1 && spec_bytes.saturating_mul(count) > ARRAY_SPEC_BYTES_MAX {
             return Applied::refused(
                 RefusalKind::InvalidArgument,
                 format!("array: {count} copies of this job exceed {ARRAY_SPEC_BYTES_MAX} bytes; use fewer elements or a smaller script"),
@@ -54,6 +64,11 @@ impl State {
         }
         if let Some(why) = self.submit_limit_exceeded(&spec, count as u64) {
             return Applied::refused(RefusalKind::ResourceExhausted, why);
+        }
+        if self.format >= 5 {
+            if let Some(why) = self.budget_exceeded(&spec.user, spec_bytes, count) {
+                return Applied::refused(RefusalKind::ResourceExhausted, why);
+            }
         }
         let first_id = self.next_job_id;
         // Resolve every element's dependencies before creating any job.
@@ -339,9 +354,31 @@ impl State {
         self.policy.admins.iter().any(|a| a == identity || a == user)
     }
 
+    /// The budget (see `limits`) that `count` more jobs of `spec_bytes` each
+    /// for `user` would exceed, or None.
+    fn budget_exceeded(&self, user: &str, spec_bytes: usize, count: usize) -> Option<String> {
+        let jobs = self.active_jobs.get(&UseKey::User(user.to_string())).copied().unwrap_or(0);
+        let mine = self.unfinished_bytes.get(user).copied().unwrap_or(0);
+        let all = self.unfinished_bytes.get("").copied().unwrap_or(0);
+        crate::limits::budget_exceeded(user, jobs, mine, all, spec_bytes, count)
+    }
+
     /// Counts a job in (or out of) the unfinished-job counters of its account
     /// tree, user and QOS-user.
     pub(super) fn count_active(&mut self, job_id: JobId, add: bool) {
+        let job = &self.jobs[&job_id];
+        let bytes = job.spec.size_bytes() as u64;
+        for who in [job.spec.user.clone(), String::new()] {
+            let e = self.unfinished_bytes.entry(who.clone()).or_default();
+            if add {
+                *e = e.saturating_add(bytes);
+            } else {
+                *e = e.checked_sub(bytes).expect("unfinished bytes accounting underflow");
+                if *e == 0 {
+                    self.unfinished_bytes.remove(&who);
+                }
+            }
+        }
         let keys = self.use_keys(job_id);
         for k in keys {
             let e = self.active_jobs.entry(k.clone()).or_default();

@@ -1,0 +1,177 @@
+//! Data formats: how replicated and persisted values are encoded, and how a
+//! cluster moves from one format to the next without stopping.
+//!
+//! bincode is positional, so any change to a replicated type changes its
+//! bytes. Every encoding therefore names its format:
+//!
+//! - a log entry is a [`Payload`]: in format 4 the bare command (as the builds
+//!   before formats were named wrote it), from format 5 on an envelope
+//!   `(format, bytes)` in a variant index format 4 never used, so a format-4
+//!   build refuses it instead of misreading it;
+//! - a snapshot starts with a magic tag and its format (see [`crate::snapshot`]);
+//! - the state records the cluster's format ([`crate::State::format`]).
+//!
+//! **Rolling upgrades.** A build reads every format from [`FORMAT_OLDEST`] to
+//! [`FORMAT_NEWEST`] but writes the cluster's format, which only a committed
+//! [`Command::SetDataFormat`] changes. The leader proposes it once every
+//! member reports a build that reads the new format (etcd's cluster version).
+//! Until then, old and new builds replicate and apply the same bytes with the
+//! same meaning: `apply` keeps a format's semantics (`State::format` gates new
+//! rules), so a mixed cluster never diverges.
+//!
+//! **Changing a format.** Bump [`FORMAT_NEWEST`], freeze the previous
+//! format's types in `compat::vN` with conversions, keep decoding it, and
+//! re-bless the golden encodings (`controller/core/tests/golden/`), which fail
+//! the tests whenever the bytes of a format change.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::command::Command;
+use crate::compat::v4;
+
+/// The format every log starts in: a new cluster's first entries are written
+/// in it until its leader moves the cluster to the newest format.
+pub const FORMAT_BASE: u32 = 4;
+/// The oldest format this build reads (log entries, snapshots, stores).
+pub const FORMAT_OLDEST: u32 = 4;
+/// The newest format this build reads and, once every replica can, writes.
+pub const FORMAT_NEWEST: u32 = 5;
+
+/// Whether this build reads `format`.
+pub fn readable(format: u32) -> bool {
+    (FORMAT_OLDEST..=FORMAT_NEWEST).contains(&format)
+}
+
+/// A Raft log entry's payload: a command and the format it is (to be) encoded in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Payload {
+    pub format: u32,
+    /// None: the entry is in a format newer than this build reads. Applying it
+    /// is impossible; the replica must stop and say so.
+    pub command: Option<Command>,
+}
+
+impl Payload {
+    /// `command` to be written in `cluster_format`, or in the format that
+    /// introduced the command when that is newer (only [`Command::SetDataFormat`]).
+    pub fn new(command: Command, cluster_format: u32) -> Payload {
+        Payload { format: cluster_format.max(command.since_format()), command: Some(command) }
+    }
+}
+
+impl Command {
+    /// The first data format that can carry this command.
+    pub fn since_format(&self) -> u32 {
+        match self {
+            Command::SetDataFormat { .. } => 5,
+            Command::Batch(cmds) => cmds.iter().map(Command::since_format).max().unwrap_or(FORMAT_BASE),
+            _ => FORMAT_BASE,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("data format {0} is not one this build reads ({FORMAT_OLDEST}..={FORMAT_NEWEST}): run a newer build")]
+    Unreadable(u32),
+    #[error("{0}")]
+    Decode(String),
+}
+
+/// Encodes a value with the standard bincode configuration.
+pub fn to_bytes<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    bincode::serde::encode_to_vec(value, bincode::config::standard()).expect("encoding into memory cannot fail")
+}
+
+/// Decodes a whole buffer (trailing bytes are an error).
+pub fn from_bytes<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, FormatError> {
+    let (value, used) = bincode::serde::decode_from_slice(bytes, bincode::config::standard())
+        .map_err(|e| FormatError::Decode(e.to_string()))?;
+    if used != bytes.len() {
+        return Err(FormatError::Decode(format!("{} trailing bytes", bytes.len().saturating_sub(used))));
+    }
+    Ok(value)
+}
+
+impl Serialize for Payload {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::Error;
+        let Some(command) = &self.command else {
+            return Err(S::Error::custom(format!("an entry of unreadable format {} cannot be written", self.format)));
+        };
+        match self.format {
+            4 => v4::Wire::from_command(command).map_err(S::Error::custom)?.serialize(serializer),
+            5 => v4::Wire::Envelope { format: 5, body: to_bytes(command) }.serialize(serializer),
+            f => Err(S::Error::custom(format!("this build does not write data format {f}"))),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Payload {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match v4::Wire::deserialize(deserializer)? {
+            v4::Wire::Envelope { format: 5, body } => {
+                let command = from_bytes(&body).map_err(D::Error::custom)?;
+                Ok(Payload { format: 5, command: Some(command) })
+            }
+            v4::Wire::Envelope { format, .. } if format > FORMAT_NEWEST => Ok(Payload { format, command: None }),
+            v4::Wire::Envelope { format, .. } => {
+                Err(D::Error::custom(format!("an envelope cannot carry data format {format}")))
+            }
+            bare => Ok(Payload { format: 4, command: bare.into_command() }),
+        }
+    }
+}
+
+/// CRC-32C (Castagnoli) of `bytes`: snapshots carry it, so a damaged one is
+/// refused rather than applied.
+pub fn crc32c(bytes: &[u8]) -> u32 {
+    // Evaluated at compile time: an overflow here fails the build, never a replica.
+    #[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
+    const TABLE: [u32; 256] = {
+        let mut table = [0u32; 256];
+        let mut i = 0;
+        while i < 256 {
+            let mut c = i as u32;
+            let mut k = 0;
+            while k < 8 {
+                c = if c & 1 == 1 { (c >> 1) ^ 0x82F6_3B78 } else { c >> 1 };
+                k += 1;
+            }
+            table[i] = c;
+            i += 1;
+        }
+        table
+    };
+    !bytes.iter().fold(!0u32, |crc, &b| TABLE[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32c_matches_the_standard_check_value() {
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+        assert_eq!(crc32c(b""), 0);
+    }
+
+    #[test]
+    fn payloads_round_trip_in_every_format_and_newer_ones_are_recognised() {
+        let cmd = Command::CancelJob { job_id: 7, identity: "alice".into(), now_ms: 9 };
+        for format in FORMAT_OLDEST..=FORMAT_NEWEST {
+            let p = Payload::new(cmd.clone(), format);
+            let bytes = to_bytes(&p);
+            assert_eq!(from_bytes::<Payload>(&bytes).unwrap(), p, "format {format}");
+        }
+        // Format 4 is the bare command, byte for byte.
+        assert_eq!(to_bytes(&Payload::new(cmd.clone(), 4)), to_bytes(&cmd));
+        // A command newer than the cluster's format is written in its own.
+        let set = Command::SetDataFormat { format: 5, now_ms: 1 };
+        assert_eq!(Payload::new(set, 4).format, 5);
+        // An envelope from a future format decodes as unreadable, not garbage.
+        let future = to_bytes(&v4::Wire::Envelope { format: 9, body: vec![1, 2, 3] });
+        assert_eq!(from_bytes::<Payload>(&future).unwrap(), Payload { format: 9, command: None });
+    }
+}

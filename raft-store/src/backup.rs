@@ -1,0 +1,112 @@
+//! Backups: a consistent copy of one replica's applied state, and the seed of
+//! a new cluster when a majority is lost for good (etcd's snapshot restore).
+//!
+//! A backup file is `GWBK` | version (u32 LE) | CRC-32C of the rest (u32 LE) |
+//! bincode of [`Backup`]. The state inside is a snapshot in the cluster's data
+//! format at the time, with the log index it reflects.
+//!
+//! Restoring writes a new store whose snapshot is the backup's state at its
+//! index, its log empty and purged through that index, and its membership the
+//! new cluster's replicas. Every replica of the new cluster is restored from
+//! the same file (as with etcd), so all start from the same state and elect a
+//! leader; replicas added later receive the state as a snapshot.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use gangway_core::format::crc32c;
+use openraft::{BasicNode, CommittedLeaderId, LogId, Membership, SnapshotMeta, StoredMembership};
+use serde::{Deserialize, Serialize};
+
+use crate::codec::{decode, encode};
+use crate::db::{StoreError, CF_META, CF_SNAPSHOT};
+use crate::NodeId;
+
+const BACKUP_MAGIC: &[u8; 4] = b"GWBK";
+/// The backup file's layout version (its state has its own data format).
+pub const BACKUP_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backup {
+    /// The log index the state reflects (every entry through it applied).
+    pub index: u64,
+    /// The replica that took it, and when (Unix ms).
+    pub taken_by: NodeId,
+    pub taken_at_ms: u64,
+    /// The state, as a snapshot (`gangway_core::snapshot`).
+    pub snapshot: Vec<u8>,
+}
+
+impl Backup {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let body = encode(self);
+        let mut out = Vec::with_capacity(body.len().saturating_add(12));
+        out.extend_from_slice(BACKUP_MAGIC);
+        out.extend_from_slice(&BACKUP_VERSION.to_le_bytes());
+        out.extend_from_slice(&crc32c(&body).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// Decodes and checks a backup file, including that its state decodes.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Backup, String> {
+        if bytes.get(..4) != Some(BACKUP_MAGIC.as_slice()) {
+            return Err("not a Gangway backup (bad magic)".into());
+        }
+        let word = |at: usize| bytes.get(at..at + 4).map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")));
+        let version = word(4).ok_or("the backup is truncated")?;
+        if version != BACKUP_VERSION {
+            return Err(format!("backup version {version} is not supported (this build reads {BACKUP_VERSION})"));
+        }
+        let sum = word(8).ok_or("the backup is truncated")?;
+        let body = &bytes[12..];
+        if crc32c(body) != sum {
+            return Err("the backup is damaged (checksum mismatch)".into());
+        }
+        let backup: Backup = decode(body).map_err(|e| format!("the backup does not decode: {e}"))?;
+        let state = gangway_core::snapshot::decode(&backup.snapshot).map_err(|e| format!("the backup's state: {e}"))?;
+        state.check_invariants().map_err(|e| format!("the backup's state breaks an invariant: {e}"))?;
+        Ok(backup)
+    }
+}
+
+/// Seeds an empty data directory `dir` with `backup`'s state, as a member of
+/// a new cluster of `members` (id → address). Refuses a directory that holds
+/// a store: a restore never overwrites data.
+pub fn restore(dir: &Path, backup: &Backup, members: &BTreeMap<NodeId, String>) -> Result<(), StoreError> {
+    let path = dir.display().to_string();
+    let refuse = |reason: String| StoreError::Restore { path: path.clone(), reason };
+    if dir.join("CURRENT").exists() {
+        return Err(refuse("it already holds a store; restore into an empty data directory".into()));
+    }
+    if members.is_empty() {
+        return Err(refuse("the new cluster needs at least one member (--peers)".into()));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| refuse(e.to_string()))?;
+    let stores = crate::open(dir)?;
+    let db = stores.state_machine.db();
+    // Term 0 from no leader: the new cluster's first leader (term 1) follows it.
+    let log_id = LogId::new(CommittedLeaderId::new(0, 0), backup.index);
+    let voters: BTreeSet<NodeId> = members.keys().copied().collect();
+    let nodes: BTreeMap<NodeId, BasicNode> = members.iter().map(|(id, a)| (*id, BasicNode::new(a))).collect();
+    let membership = Membership::new(vec![voters], nodes);
+    let meta = SnapshotMeta {
+        last_log_id: Some(log_id),
+        last_membership: StoredMembership::new(Some(log_id), membership),
+        snapshot_id: format!("restored-{}", backup.index),
+    };
+    let stored = crate::state_machine::StoredSnapshot { meta, data: backup.snapshot.clone() };
+    let mut opts = rocksdb::WriteOptions::default();
+    opts.set_sync(true);
+    let put = |cf: &str, key: &[u8], value: Vec<u8>| {
+        let handle = db.cf_handle(cf).expect("column family created at open");
+        db.put_cf_opt(handle, key, value, &opts).map_err(|e| refuse(e.to_string()))
+    };
+    put(CF_SNAPSHOT, crate::state_machine::KEY_CURRENT, encode(&stored))?;
+    put(CF_META, crate::log_store::KEY_PURGED, encode(&log_id))?;
+    put(CF_META, crate::log_store::KEY_COMMITTED, encode(&Some(log_id)))?;
+    let state = gangway_core::snapshot::decode(&backup.snapshot).map_err(|e| refuse(e.to_string()))?;
+    crate::db::write_format(&db, state.format.max(gangway_core::format::FORMAT_BASE))
+        .map_err(|e| refuse(e.to_string()))?;
+    Ok(())
+}
