@@ -68,7 +68,7 @@ pub fn begin_ms(s: &str, now_ms: u64) -> Result<u64, String> {
             _ => Err(bad()),
         };
     }
-    crate::slurm::sacct::parse_time("--begin", &t.replace('t', "T"), now_ms).map_err(|_| bad())
+    parse_time("--begin", &t.replace('t', "T"), now_ms).map_err(|_| bad())
 }
 
 /// Memory sizes: a number of MiB, or with a K/M/G/T suffix (`512M`, `64G`).
@@ -214,6 +214,45 @@ pub fn duration(secs: u64) -> String {
     } else {
         format!("{m}:{s:02}")
     }
+}
+
+/// Epoch ms for sacct's time options: `YYYY-MM-DD[THH:MM[:SS]]` (UTC), `now`,
+/// `now-N{seconds,minutes,hours,days}`.
+pub fn parse_time(option: &str, s: &str, now: u64) -> Result<u64, String> {
+    let bad = || format!("{option}: '{s}' is not a time (YYYY-MM-DD[THH:MM[:SS]], now, now-2hours)");
+    if let Some(rest) = s.strip_prefix("now") {
+        if rest.is_empty() {
+            return Ok(now);
+        }
+        let rest = rest.strip_prefix('-').ok_or_else(bad)?;
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        let unit = match &rest[digits.len()..] {
+            "" | "s" | "second" | "seconds" => 1,
+            "m" | "minute" | "minutes" => 60,
+            "h" | "hour" | "hours" => 3600,
+            "d" | "day" | "days" => 86_400,
+            _ => return Err(bad()),
+        };
+        return Ok(now.saturating_sub(n.saturating_mul(unit).saturating_mul(1000)));
+    }
+    let (date, time) = s.split_once('T').unwrap_or((s, "00:00:00"));
+    let d: Vec<i64> = date.split('-').map(|p| p.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
+    let t: Vec<i64> = time.split(':').map(|p| p.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
+    let ([y, mo, day], [h, mi, sec @ ..]) = (d.as_slice(), t.as_slice()) else { return Err(bad()) };
+    let sec = sec.first().copied().unwrap_or(0);
+    if !(1..=12).contains(mo) || !(1..=31).contains(day) || *h > 23 || *mi > 59 || sec > 59 || *y < 1970 {
+        return Err(bad());
+    }
+    // Days since 1970-01-01 (Howard Hinnant's days_from_civil).
+    let y2 = if *mo <= 2 { y - 1 } else { *y };
+    let era = y2.div_euclid(400);
+    let yoe = y2.rem_euclid(400);
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Ok(((days * 86_400 + h * 3600 + mi * 60 + sec) * 1000) as u64)
 }
 
 #[cfg(test)]

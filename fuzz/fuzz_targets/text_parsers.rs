@@ -1,0 +1,32 @@
+//! Every parser of user-typed text: Slurm's hostlists, time, memory, GPU,
+//! node-range, topology and signal options, sacct's times, job arrays and
+//! dependencies, node-name patterns. None panics or allocates without bound.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+// The CLI's parsers, compiled here from their own files (the CLI is a binary).
+#[allow(dead_code)]
+#[path = "../../cli/src/parse.rs"]
+mod parse;
+#[allow(dead_code)]
+#[path = "../../cli/src/slurm/hostlist.rs"]
+mod hostlist;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(s) = std::str::from_utf8(data) else { return };
+    let _ = hostlist::expand(s);
+    let _ = parse::time_limit_s(s);
+    let _ = parse::begin_ms(s, 1_800_000_000_000);
+    let _ = parse::mem_mb(s);
+    let _ = parse::gpus(s);
+    let _ = parse::node_range(s);
+    let _ = parse::topology(s);
+    let _ = parse::switches(s);
+    let _ = parse::warn_signal(s);
+    let _ = parse::parse_time("-S", s, 1_800_000_000_000);
+    let _ = gangway_core::spec::parse_array(s);
+    let _ = gangway_core::spec::parse_dependencies(s);
+    let _ = gangway_core::policy::pattern_matches(s, "gpu042");
+    let _ = gangway_core::policy::pattern_matches("gpu[001-128]", s);
+});
