@@ -1,11 +1,12 @@
 # Gangway: the two commands a newcomer needs are `make dev` and `make test`.
 # Builds share one target directory outside the clone so repeated runs (and CI
 # on the same machine) stay warm; RocksDB's C++ takes ~15 minutes cold.
+SHELL := /bin/bash
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/gangway/target
 CARGO ?= cargo
 BIN := $(CARGO_TARGET_DIR)/debug/gangway
 
-.PHONY: setup build dev test verify fix bench chaos chaos-long previous
+.PHONY: setup build dev test verify fix bench chaos chaos-long previous fuzz fuzz-smoke
 
 setup:
 	@bash deploy/setup-debian.sh
@@ -34,8 +35,30 @@ previous:
 		echo $(PREVIOUS_COMMIT) > $(PREVIOUS_DIR)/built; \
 	fi
 
+# Fuzzing with libFuzzer (cargo-fuzz, nightly): every target for FUZZ_SECONDS
+# each, from the checked-in seeds plus what earlier runs found (kept outside
+# the clone). A crash stops the run and leaves its input in fuzz/artifacts/.
+FUZZ_TARGETS := entry_apply snapshot_decode spec_validate text_parsers
+FUZZ_SECONDS ?= 300
+FUZZ_SEED ?= 0
+FUZZ_CACHE := $(HOME)/.cache/gangway
+fuzz:
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	@rustup run nightly rustc --version >/dev/null || { echo "fuzzing needs the nightly toolchain (rustup toolchain install nightly)"; exit 1; }
+	@cd fuzz && for t in $(FUZZ_TARGETS); do \
+		mkdir -p $(FUZZ_CACHE)/fuzz-corpus/$$t && \
+		CARGO_TARGET_DIR=$(FUZZ_CACHE)/fuzz-target cargo +nightly fuzz run $$t $(FUZZ_CACHE)/fuzz-corpus/$$t corpus/$$t -- \
+			-max_total_time=$(FUZZ_SECONDS) -seed=$(FUZZ_SEED) -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+			-print_final_stats=1 2>&1 | grep -E 'stat::number_of_executed_units|Done|ERROR|SUMMARY|panicked' ; \
+		test $${PIPESTATUS[0]} -eq 0 || exit 1; \
+	done
+
+# A short, seeded run of every fuzz target: part of `make test`.
+fuzz-smoke:
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10 FUZZ_SEED=1
+
 # The test suite: what CI runs.
-test: setup previous
+test: setup previous fuzz-smoke
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		$(CARGO) nextest run --workspace --no-fail-fast; \
 	else \

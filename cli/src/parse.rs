@@ -1,5 +1,9 @@
 //! Parsing of the Slurm-style values users type: time limits, memory sizes, GPU
 //! requests. Errors name the option and show a valid example.
+//!
+//! Whatever a user types must end in a value or an error, never a panic: the
+//! arithmetic here is checked (and the fuzz target `text_parsers` tries it).
+#![deny(clippy::arithmetic_side_effects)]
 
 /// Slurm's `--time` formats: `MINUTES`, `MINUTES:SECONDS`, `HOURS:MINUTES:SECONDS`,
 /// `DAYS-HOURS`, `DAYS-HOURS:MINUTES`, `DAYS-HOURS:MINUTES:SECONDS`.
@@ -11,16 +15,20 @@ pub fn time_limit_s(s: &str) -> Result<u64, String> {
         None => (0, s),
     };
     let parts: Vec<&str> = rest.split(':').collect();
-    let secs = match (s.contains('-'), parts.as_slice()) {
-        (false, [m]) => num(m)? * 60,
-        (false, [m, sec]) => num(m)? * 60 + num(sec)?,
-        (false, [h, m, sec]) => num(h)? * 3600 + num(m)? * 60 + num(sec)?,
-        (true, [h]) => num(h)? * 3600,
-        (true, [h, m]) => num(h)? * 3600 + num(m)? * 60,
-        (true, [h, m, sec]) => num(h)? * 3600 + num(m)? * 60 + num(sec)?,
+    // (hours, minutes, seconds)
+    let (h, m, sec) = match (s.contains('-'), parts.as_slice()) {
+        (false, [m]) => (0, num(m)?, 0),
+        (false, [m, sec]) => (0, num(m)?, num(sec)?),
+        (false, [h, m, sec]) | (true, [h, m, sec]) => (num(h)?, num(m)?, num(sec)?),
+        (true, [h]) => (num(h)?, 0, 0),
+        (true, [h, m]) => (num(h)?, num(m)?, 0),
         _ => return Err(bad()),
     };
-    Ok(days * 86400 + secs)
+    // Checked: a number this large is a typo, not a time limit.
+    [(days, 86_400), (h, 3_600), (m, 60), (sec, 1)]
+        .into_iter()
+        .try_fold(0u64, |total, (n, unit)| n.checked_mul(unit).and_then(|v| total.checked_add(v)))
+        .ok_or_else(bad)
 }
 
 /// Slurm's `--begin` times, in UTC: `now`, `now+N[seconds|minutes|hours|days|weeks]`
@@ -30,19 +38,19 @@ pub fn begin_ms(s: &str, now_ms: u64) -> Result<u64, String> {
     let bad =
         || format!("--begin: '{s}' is not a time (examples: now+1hour, 16:00, 2026-12-24T08:00, midnight, tomorrow)");
     let t = s.trim().to_ascii_lowercase();
-    let day_ms = 86_400_000;
-    let today = now_ms - now_ms % day_ms;
+    let day_ms: u64 = 86_400_000;
+    let today = now_ms.saturating_sub(now_ms.checked_rem(day_ms).unwrap_or(0));
     let next_at = |secs_of_day: u64| {
-        let at = today + secs_of_day * 1000;
+        let at = today.saturating_add(secs_of_day.saturating_mul(1000));
         if at <= now_ms {
-            at + day_ms
+            at.saturating_add(day_ms)
         } else {
             at
         }
     };
     match t.as_str() {
         "now" => return Ok(now_ms),
-        "midnight" | "tomorrow" => return Ok(today + day_ms),
+        "midnight" | "tomorrow" => return Ok(today.saturating_add(day_ms)),
         "noon" => return Ok(next_at(12 * 3600)),
         "teatime" => return Ok(next_at(16 * 3600)),
         _ => {}
@@ -58,12 +66,19 @@ pub fn begin_ms(s: &str, now_ms: u64) -> Result<u64, String> {
             "w" | "week" | "weeks" => 7 * 86_400,
             _ => return Err(bad()),
         };
-        return n.checked_mul(unit * 1000).and_then(|d| now_ms.checked_add(d)).ok_or_else(bad);
+        return n
+            .checked_mul(unit)
+            .and_then(|n| n.checked_mul(1000))
+            .and_then(|d| now_ms.checked_add(d))
+            .ok_or_else(bad);
     }
     if !t.contains('-') {
         let parts: Vec<u64> = t.split(':').map(|p| p.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
         return match parts.as_slice() {
+            // Bounded by the guards: no overflow.
+            #[allow(clippy::arithmetic_side_effects)]
             [h, m] if *h < 24 && *m < 60 => Ok(next_at(h * 3600 + m * 60)),
+            #[allow(clippy::arithmetic_side_effects)]
             [h, m, sec] if *h < 24 && *m < 60 && *sec < 60 => Ok(next_at(h * 3600 + m * 60 + sec)),
             _ => Err(bad()),
         };
@@ -75,15 +90,19 @@ pub fn begin_ms(s: &str, now_ms: u64) -> Result<u64, String> {
 pub fn mem_mb(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let bad = || format!("--mem: '{s}' is not a memory size (examples: 4096, 512M, 64G)");
-    let (digits, mult) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 0),
-        Some('M' | 'm') => (&t[..t.len() - 1], 1),
-        Some('G' | 'g') => (&t[..t.len() - 1], 1024),
-        Some('T' | 't') => (&t[..t.len() - 1], 1024 * 1024),
+    let (digits, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        // The suffixes are ASCII: cutting one byte stays on a character boundary.
+        Some(c @ ('K' | 'M' | 'G' | 'T')) => (
+            &t[..t.len().saturating_sub(1)],
+            [('K', 0), ('M', 1), ('G', 1024)].iter().find(|(k, _)| *k == c).map_or(1024 * 1024, |(_, m)| *m),
+        ),
         _ => (t, 1),
     };
     let n: u64 = digits.parse().map_err(|_| bad())?;
-    Ok(if mult == 0 { n.div_ceil(1024) } else { n * mult })
+    if mult == 0 {
+        return Ok(n.div_ceil(1024));
+    }
+    n.checked_mul(mult).ok_or_else(bad)
 }
 
 /// GPU requests: `N` or `TYPE:N` (`8`, `h100:8`).
@@ -133,14 +152,15 @@ pub fn gpu_request(
     }
     if let Some(g) = total {
         let (t, n) = gpus(g).map_err(|e| e.replace("--gpus-per-node", "--gpus"))?;
-        if n % nodes != 0 {
+        if nodes <= 0 || n.checked_rem(nodes) != Some(0) {
             return Err(format!("--gpus: {n} GPUs do not spread evenly over {nodes} nodes; use --gpus-per-node"));
         }
-        return Ok((t, Some(n / nodes)));
+        return Ok((t, n.checked_div(nodes)));
     }
     if let Some(g) = per_task {
         let (t, n) = gpus(g).map_err(|e| e.replace("--gpus-per-node", "--gpus-per-task"))?;
-        return Ok((t, Some(n * tasks_per_node)));
+        let per_node = n.checked_mul(tasks_per_node).ok_or_else(|| format!("--gpus-per-task: {n} is too many"))?;
+        return Ok((t, Some(per_node)));
     }
     if let Some(g) = gres {
         let bad = || format!("--gres: '{g}' must be gpu:COUNT or gpu:TYPE:COUNT");
@@ -241,9 +261,19 @@ pub fn parse_time(option: &str, s: &str, now: u64) -> Result<u64, String> {
     let t: Vec<i64> = time.split(':').map(|p| p.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
     let ([y, mo, day], [h, mi, sec @ ..]) = (d.as_slice(), t.as_slice()) else { return Err(bad()) };
     let sec = sec.first().copied().unwrap_or(0);
-    if !(1..=12).contains(mo) || !(1..=31).contains(day) || *h > 23 || *mi > 59 || sec > 59 || *y < 1970 {
+    if !(1..=12).contains(mo) || !(1..=31).contains(day) || !(0..=23).contains(h) || !(0..=59).contains(mi) {
         return Err(bad());
     }
+    if !(0..=59).contains(&sec) || !(1970..=9999).contains(y) {
+        return Err(bad());
+    }
+    days_from_civil(*y, *mo, *day, *h, *mi, sec).map(|ms| ms as u64).ok_or_else(bad)
+}
+
+/// Unix ms of a UTC date and time already range-checked (years 1970..=9999).
+#[allow(clippy::arithmetic_side_effects)] // bounded by the checks above: no overflow
+fn days_from_civil(y: i64, mo: i64, day: i64, h: i64, mi: i64, sec: i64) -> Option<i64> {
+    let (y, mo, day, h, mi) = (&y, &mo, &day, h, mi);
     // Days since 1970-01-01 (Howard Hinnant's days_from_civil).
     let y2 = if *mo <= 2 { y - 1 } else { *y };
     let era = y2.div_euclid(400);
@@ -252,7 +282,7 @@ pub fn parse_time(option: &str, s: &str, now: u64) -> Result<u64, String> {
     let doy = (153 * mp + 2) / 5 + day - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     let days = era * 146_097 + doe - 719_468;
-    Ok(((days * 86_400 + h * 3600 + mi * 60 + sec) * 1000) as u64)
+    Some((days * 86_400 + h * 3600 + mi * 60 + sec) * 1000)
 }
 
 #[cfg(test)]
@@ -277,6 +307,22 @@ mod begin_tests {
 
 #[cfg(test)]
 mod tests {
+
+    /// What the fuzz target `text_parsers` found: multi-byte text before a
+    /// suffix, and numbers that overflow, are errors rather than panics.
+    #[test]
+    fn odd_and_huge_input_is_an_error_not_a_panic() {
+        assert!(mem_mb("Γ").is_err());
+        assert!(mem_mb("ΓG").is_err());
+        assert!(mem_mb("99999999999999999T").is_err());
+        assert!(time_limit_s("99999999999999999:00:00").is_err());
+        assert!(time_limit_s("999999999999999-00").is_err());
+        assert!(parse_time("-S", "99999999999999-01-01", 0).is_err());
+        assert!(gpu_request(None, Some("8"), None, None, 0, 1).is_err());
+        assert_eq!(mem_mb("64g").unwrap(), 65_536);
+        assert_eq!(time_limit_s("1-00:00:01").unwrap(), 86_401);
+    }
+
     use super::*;
 
     #[test]

@@ -7,15 +7,11 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     bincode::serde::encode_to_vec(value, bincode::config::standard()).expect("encoding into memory cannot fail")
 }
 
-/// The most a decode may allocate: a length prefix claiming more (a damaged
-/// entry, or a hostile Raft message) is an error, not an attempt to allocate
-/// it. Above the largest message Raft carries (512 MiB: a snapshot) with
-/// room for the snapshot record around it.
-pub const DECODE_BYTES_MAX: usize = 1024 * 1024 * 1024;
-
-pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::DecodeError> {
-    let config = bincode::config::standard().with_limit::<DECODE_BYTES_MAX>();
-    let (value, _) = bincode::serde::decode_from_slice(bytes, config)?;
+/// Decodes what `encode` wrote. A length prefix claiming far more than the
+/// input holds (a damaged entry, or a hostile Raft message) is an error, not an
+/// allocation of whatever it says (see `gangway_core::format::from_bytes_prefix`).
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, gangway_core::format::FormatError> {
+    let (value, _) = gangway_core::format::from_bytes_prefix(bytes)?;
     Ok(value)
 }
 

@@ -83,10 +83,33 @@ pub fn to_bytes<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     bincode::serde::encode_to_vec(value, bincode::config::standard()).expect("encoding into memory cannot fail")
 }
 
-/// Decodes a whole buffer (trailing bytes are an error).
+/// How much more memory a decoded value may claim than its encoding is long:
+/// in-memory strings, vectors and maps are larger than their bytes, but not by
+/// more than this. A length prefix claiming more (damage, or a hostile peer)
+/// is an error instead of an allocation of whatever it says.
+pub const DECODE_EXPANSION_MAX: usize = 16;
+
+/// Decodes a value from the start of `bytes`, returning it and the bytes
+/// used; allocations are bounded by [`DECODE_EXPANSION_MAX`] × the input.
+pub fn from_bytes_prefix<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize), FormatError> {
+    macro_rules! within {
+        ($($limit:expr),*) => {{
+            let wanted = bytes.len().saturating_mul(DECODE_EXPANSION_MAX);
+            $(if wanted <= $limit {
+                let config = bincode::config::standard().with_limit::<{ $limit }>();
+                return bincode::serde::decode_from_slice(bytes, config).map_err(|e| FormatError::Decode(e.to_string()));
+            })*
+            let config = bincode::config::standard().with_limit::<{ 1 << 40 }>();
+            bincode::serde::decode_from_slice(bytes, config).map_err(|e| FormatError::Decode(e.to_string()))
+        }};
+    }
+    within!(1 << 16, 1 << 20, 1 << 24, 1 << 28, 1 << 32, 1 << 36)
+}
+
+/// Decodes a whole buffer (trailing bytes are an error), allocations bounded
+/// as [`from_bytes_prefix`] bounds them.
 pub fn from_bytes<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, FormatError> {
-    let (value, used) = bincode::serde::decode_from_slice(bytes, bincode::config::standard())
-        .map_err(|e| FormatError::Decode(e.to_string()))?;
+    let (value, used) = from_bytes_prefix(bytes)?;
     if used != bytes.len() {
         return Err(FormatError::Decode(format!("{} trailing bytes", bytes.len().saturating_sub(used))));
     }

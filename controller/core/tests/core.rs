@@ -1128,3 +1128,26 @@ fn budgets_hold_at_their_limits_from_format_5_on() {
     }
     s5.check_invariants().unwrap();
 }
+
+/// Decoding bounds what a length prefix may claim (16× the input); a large,
+/// realistic state still decodes well within it.
+#[test]
+fn a_large_realistic_snapshot_decodes_within_the_allocation_bound() {
+    let mut s = State::default();
+    s.apply(1, &Command::SetDataFormat { format: 5, now_ms: 1 });
+    for n in 0..20 {
+        s.apply(2, &Command::RegisterNode { spec: node_spec(n, 8), now_ms: 2 });
+    }
+    let mut spec = job_spec(1, 1, 1);
+    spec.script = "#!/bin/bash\n".to_string() + &"srun python train.py --lr 3e-4\n".repeat(60);
+    spec.env = (0..60).map(|i| (format!("VAR_{i}"), format!("value-{i}"))).collect();
+    for i in 0..20 {
+        let mut spec = spec.clone();
+        spec.array = "0-999".into();
+        spec.name = format!("sweep-{i}");
+        assert!(matches!(s.apply(3 + i, &submit_cmd(spec)).outcome, Outcome::Submitted { .. }));
+    }
+    let bytes = snapshot::encode(&s);
+    assert!(bytes.len() > 10_000_000, "{}", bytes.len());
+    assert_eq!(snapshot::decode(&bytes).unwrap(), s);
+}
