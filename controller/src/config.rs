@@ -24,6 +24,9 @@ pub struct Timing {
     pub node_down_timeout_ms: u64,
     /// How often agents are asked to heartbeat.
     pub agent_heartbeat_interval_ms: u64,
+    /// Writes per second one user may sustain, and in a burst (see `ratelimit`).
+    pub user_writes_per_s: f64,
+    pub user_write_burst: f64,
 }
 
 impl Default for Timing {
@@ -36,6 +39,8 @@ impl Default for Timing {
             logs_kept_after_snapshot: 2_000,
             node_down_timeout_ms: 30_000,
             agent_heartbeat_interval_ms: 1_000,
+            user_writes_per_s: crate::ratelimit::WRITES_PER_S,
+            user_write_burst: crate::ratelimit::WRITES_BURST,
         }
     }
 }

@@ -24,25 +24,42 @@ struct Bucket {
     at: Instant,
 }
 
-/// The pure part: refill, then take one token or say how long until one is there.
-fn take(bucket: &mut Bucket, now: Instant) -> Result<(), Duration> {
+/// The pure part: refill at `rate` up to `burst`, then take one token or say
+/// how long until one is there.
+fn take(bucket: &mut Bucket, now: Instant, rate: f64, burst: f64) -> Result<(), Duration> {
     let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
-    bucket.tokens = (bucket.tokens + elapsed * WRITES_PER_S).min(WRITES_BURST);
+    bucket.tokens = (bucket.tokens + elapsed * rate).min(burst);
     bucket.at = now;
     if bucket.tokens >= 1.0 {
         bucket.tokens -= 1.0;
         Ok(())
     } else {
-        Err(Duration::from_secs_f64((1.0 - bucket.tokens) / WRITES_PER_S))
+        Err(Duration::from_secs_f64(((1.0 - bucket.tokens) / rate).min(60.0)))
     }
 }
 
-#[derive(Default)]
 pub struct WriteLimiter {
     buckets: std::sync::Mutex<BTreeMap<String, Bucket>>,
+    rate: f64,
+    burst: f64,
+}
+
+impl Default for WriteLimiter {
+    fn default() -> Self {
+        WriteLimiter::new(WRITES_PER_S, WRITES_BURST)
+    }
 }
 
 impl WriteLimiter {
+    /// `rate` writes per second, bursts of `burst` (both at least 1).
+    pub fn new(rate: f64, burst: f64) -> WriteLimiter {
+        WriteLimiter { buckets: Default::default(), rate: rate.max(1.0), burst: burst.max(1.0) }
+    }
+
+    pub fn rate(&self) -> (f64, f64) {
+        (self.rate, self.burst)
+    }
+
     /// Takes one write for `identity`, or returns how long to wait before retrying.
     pub fn check(&self, identity: &str, now: Instant) -> Result<(), Duration> {
         let mut buckets = self.buckets.lock().expect("rate limiter lock");
@@ -51,8 +68,8 @@ impl WriteLimiter {
                 buckets.remove(&oldest);
             }
         }
-        let bucket = buckets.entry(identity.to_string()).or_insert(Bucket { tokens: WRITES_BURST, at: now });
-        take(bucket, now)
+        let bucket = buckets.entry(identity.to_string()).or_insert(Bucket { tokens: self.burst, at: now });
+        take(bucket, now, self.rate, self.burst)
     }
 }
 

@@ -252,7 +252,7 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
         tokens: config.tokens.clone(),
         private_jobs: config.private_jobs,
         audit: Arc::new(crate::audit::AuditLog::default()),
-        writes: crate::ratelimit::WriteLimiter::default(),
+        writes: crate::ratelimit::WriteLimiter::new(config.timing.user_writes_per_s, config.timing.user_write_burst),
         analyses: tokio::sync::Semaphore::new(ANALYSES_MAX),
         channels: Mutex::new(BTreeMap::new()),
         heartbeats: Mutex::new(BTreeMap::new()),

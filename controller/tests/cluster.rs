@@ -1830,6 +1830,10 @@ mod security {
     }
 
     async fn start_secure_with(pki: &Pki, private_jobs: bool) -> TestCluster {
+        start_secure_timed(pki, private_jobs, fast_timing()).await
+    }
+
+    async fn start_secure_timed(pki: &Pki, private_jobs: bool, timing: Timing) -> TestCluster {
         let mut c = TestCluster {
             dirs: BTreeMap::new(),
             addrs: BTreeMap::new(),
@@ -1842,7 +1846,7 @@ mod security {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             c.addrs.insert(id, l.local_addr().unwrap().to_string());
             c.dirs.insert(id, tempfile::tempdir().unwrap());
-            c.timing.insert(id, fast_timing());
+            c.timing.insert(id, timing.clone());
             listeners.insert(id, l);
         }
         for (id, l) in listeners {
@@ -1989,6 +1993,76 @@ mod security {
 
     /// `--private-jobs`: another user's job does not exist for bob, on any
     /// replica; alice and the admin see it.
+    /// Limits through the real API, one past each: a user's writes over their
+    /// rate are refused with a retry hint while others go on; admins are not
+    /// limited; a list whose jobs exceed the response budget is paged by bytes
+    /// and every page stays under every client's receive limit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn write_rates_and_response_sizes_hold_at_their_limits() {
+        let pki = Pki::new();
+        let timing = Timing { user_writes_per_s: 1.0, user_write_burst: 5.0, ..fast_timing() };
+        let mut c = start_secure_timed(&pki, false, timing).await;
+        c.leader().await;
+        let eps: Vec<String> = c.addrs.values().cloned().collect();
+        let client = |who| Client::new(&eps, "ignored", &pki.security(who)).unwrap();
+        let (alice, bob, admin) = (client(Caller::Alice), client(Caller::Bob), client(Caller::Admin));
+        async fn cancel(c: &Client, job_id: u64) -> Result<(), tonic::Status> {
+            c.call(|ch| {
+                let r = c.request(pb::CancelRequest { job_id });
+                async move { JobServiceClient::new(ch).cancel(r).await }
+            })
+            .await
+            .map(drop)
+        }
+        // The burst (5) passes (as NOT_FOUND: no such job); the sixth is over.
+        for _ in 0..5 {
+            assert_eq!(cancel(&alice, 999_999).await.unwrap_err().code(), Code::NotFound);
+        }
+        let over = cancel(&alice, 999_999).await.unwrap_err();
+        assert_eq!(over.code(), Code::ResourceExhausted, "{over:?}");
+        assert!(over.message().contains("rate:") && over.message().contains("retry in"), "{over:?}");
+        let hint: u64 = over.metadata().get("retry-after-ms").unwrap().to_str().unwrap().parse().unwrap();
+        assert!((1..=1_000).contains(&hint), "{hint}");
+        // Another user has their own bucket; an admin is not limited.
+        assert_eq!(cancel(&bob, 999_999).await.unwrap_err().code(), Code::NotFound);
+        for _ in 0..10 {
+            assert_eq!(cancel(&admin, 999_999).await.unwrap_err().code(), Code::NotFound);
+        }
+        // After the hint, alice may write again.
+        tokio::time::sleep(Duration::from_millis(hint + 50)).await;
+        assert_eq!(cancel(&alice, 999_999).await.unwrap_err().code(), Code::NotFound);
+
+        // Lists page by bytes: twelve jobs of ~1 MiB scripts are more than one
+        // response may carry (LIST_RESPONSE_BYTES_MAX).
+        let script = format!("#!/bin/sh\n# {}\ntrue\n", "x".repeat(1_000_000));
+        for _ in 0..12 {
+            let spec = pb::JobSpec { script: script.clone(), hold: true, workdir: "/tmp".into(), ..Default::default() };
+            submit(&admin, spec, "").await.unwrap();
+        }
+        let (mut after_id, mut seen, mut pages) = (0, 0, 0);
+        loop {
+            let r = admin
+                .call(|ch| {
+                    let r = admin.request(pb::ListJobsRequest { after_id, limit: 1_000, ..Default::default() });
+                    async move { JobServiceClient::new(ch).list(r).await }
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let bytes = prost::Message::encoded_len(&r);
+            assert!(bytes <= gangway_proto::limits::API_RESPONSE_BYTES_MAX, "a page of {bytes} bytes");
+            seen += r.jobs.len();
+            pages += 1;
+            if r.next_after_id == 0 {
+                break;
+            }
+            after_id = r.next_after_id;
+        }
+        assert_eq!(seen, 12);
+        assert!(pages >= 4, "12 MiB of jobs came in {pages} pages");
+        c.shutdown().await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn private_jobs_read_as_not_found_for_others() {
         let pki = Pki::new();

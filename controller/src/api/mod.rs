@@ -502,11 +502,10 @@ impl Replica {
             Ok(()) => Ok(()),
             Err(wait) => {
                 metrics::counter!("gangway_api_denied_total", "reason" => "rate").increment(1);
+                let (rate, burst) = self.writes.rate();
                 let mut s = Status::resource_exhausted(format!(
-                    "rate: {} may make {} writes per second (bursts of {}); retry in {} ms",
+                    "rate: {} may make {rate} writes per second (bursts of {burst}); retry in {} ms",
                     ctx.identity,
-                    crate::ratelimit::WRITES_PER_S,
-                    crate::ratelimit::WRITES_BURST,
                     wait.as_millis().max(1)
                 ));
                 // The standard hint clients and proxies read.
