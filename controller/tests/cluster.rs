@@ -2001,7 +2001,7 @@ mod security {
     async fn write_rates_and_response_sizes_hold_at_their_limits() {
         let pki = Pki::new();
         let timing = Timing { user_writes_per_s: 1.0, user_write_burst: 5.0, ..fast_timing() };
-        let mut c = start_secure_timed(&pki, false, timing).await;
+        let c = start_secure_timed(&pki, false, timing).await;
         c.leader().await;
         let eps: Vec<String> = c.addrs.values().cloned().collect();
         let client = |who| Client::new(&eps, "ignored", &pki.security(who)).unwrap();

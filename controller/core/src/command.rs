@@ -74,7 +74,7 @@ pub enum Command {
     },
     /// Several commands proposed together as one log entry (one fsync, one
     /// replication round), applied in order. Never nested.
-    Batch(Vec<Command>),
+    Batch(#[serde(deserialize_with = "batch_items")] Vec<Command>),
     /// One node's task of a job attempt ended (reported by that node's agent).
     /// The job completes when every node's task succeeded and fails at the first
     /// task that did not.
@@ -238,4 +238,34 @@ impl Command {
             Command::SetDataFormat { .. } => "set_data_format",
         }
     }
+}
+
+/// Batches nested deeper than this do not decode. Real entries nest one level
+/// (a batch of commands; `apply` refuses a batch inside a batch); without a
+/// bound, a crafted entry of nested batches would overflow the stack of every
+/// replica that decodes it (the fuzz target `entry_apply` found this).
+pub const BATCH_DECODE_DEPTH_MAX: u32 = 8;
+
+std::thread_local! {
+    static BATCH_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Decodes a batch's commands, refusing nesting past BATCH_DECODE_DEPTH_MAX.
+pub(crate) fn batch_items<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Command>, D::Error> {
+    struct Level;
+    impl Drop for Level {
+        fn drop(&mut self) {
+            BATCH_DEPTH.with(|n| n.set(n.get().saturating_sub(1)));
+        }
+    }
+    let depth = BATCH_DEPTH.with(|n| {
+        let depth = n.get().saturating_add(1);
+        n.set(depth);
+        depth
+    });
+    let _level = Level;
+    if depth > BATCH_DECODE_DEPTH_MAX {
+        return Err(serde::de::Error::custom(format!("batches nest deeper than {BATCH_DECODE_DEPTH_MAX}")));
+    }
+    Vec::<Command>::deserialize(d)
 }

@@ -174,6 +174,25 @@ pub fn crc32c(bytes: &[u8]) -> u32 {
 mod tests {
     use super::*;
 
+    /// A crafted entry of deeply nested batches is a decode error, not a
+    /// stack overflow (found by the fuzz target `entry_apply`).
+    #[test]
+    fn deeply_nested_batches_do_not_decode() {
+        let mut cmd = Command::CancelJob { job_id: 1, identity: "a".into(), now_ms: 1 };
+        for _ in 0..crate::command::BATCH_DECODE_DEPTH_MAX {
+            cmd = Command::Batch(vec![cmd]);
+        }
+        let ok = to_bytes(&cmd);
+        assert_eq!(from_bytes::<Command>(&ok).unwrap(), cmd);
+        let deeper = to_bytes(&Command::Batch(vec![cmd]));
+        assert!(from_bytes::<Command>(&deeper).unwrap_err().to_string().contains("nest"));
+        // Bytes for a million levels: refused quickly, no stack overflow.
+        let mut bomb = [6u8, 1].repeat(1_000_000);
+        bomb.extend_from_slice(&to_bytes(&Command::CancelJob { job_id: 1, identity: "a".into(), now_ms: 1 }));
+        assert!(from_bytes::<Command>(&bomb).is_err());
+        assert!(from_bytes::<Payload>(&bomb).is_err());
+    }
+
     #[test]
     fn crc32c_matches_the_standard_check_value() {
         assert_eq!(crc32c(b"123456789"), 0xE306_9283);

@@ -27,7 +27,7 @@ macro_rules! frozen_commands {
         #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
         pub enum Wire {
             $($a { $($af: $at),* },)*
-            Batch(Vec<Command>),
+            Batch(#[serde(deserialize_with = "crate::command::batch_items")] Vec<Command>),
             $($b { $($bf: $bt),* },)*
             Envelope { format: u32, body: Vec<u8> },
         }
