@@ -1329,12 +1329,22 @@ async fn backup(client: &Client, file: &std::path::Path) -> anyhow::Result<(u64,
         })
         .await?
         .into_inner();
+    if file.exists() {
+        bail!("backup: {} exists; an existing file is never overwritten", file.display());
+    }
+    // Written beside the file, checked, synced, then linked into place: an
+    // interrupted backup never leaves a partial file under the real name.
+    let partial = file.with_file_name(format!(
+        "{}.partial",
+        file.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "backup".into())
+    ));
+    let _ = std::fs::remove_file(&partial);
     let mut out = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(file)
-        .with_context(|| format!("backup: creating {} (an existing file is never overwritten)", file.display()))?;
+        .open(&partial)
+        .with_context(|| format!("backup: creating {}", partial.display()))?;
     let (mut index, mut total, mut written) = (0u64, 0u64, 0u64);
     let result: anyhow::Result<()> = async {
         while let Some(chunk) = stream.message().await? {
@@ -1348,15 +1358,19 @@ async fn backup(client: &Client, file: &std::path::Path) -> anyhow::Result<(u64,
         }
         anyhow::ensure!(written == total && total > 0, "backup: got {written} of {total} bytes");
         out.sync_all()?;
-        let bytes = std::fs::read(file)?;
+        let bytes = std::fs::read(&partial)?;
         gangway_raft_store::backup::Backup::from_bytes(&bytes).map_err(|e| anyhow::anyhow!("backup: {e}"))?;
+        // A hard link never replaces an existing file.
+        std::fs::hard_link(&partial, file)
+            .with_context(|| format!("backup: {} (an existing file is never overwritten)", file.display()))?;
+        if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
         Ok(())
     }
     .await;
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(file);
-        return Err(e);
-    }
+    let _ = std::fs::remove_file(&partial);
+    result?;
     Ok((index, total))
 }
 

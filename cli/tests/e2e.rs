@@ -214,6 +214,19 @@ fn controllers_agents_and_cli_as_separate_processes() {
     let st = stdout(&cli(&endpoints, &["cluster", "status"], &work));
     assert!(st.matches("leader").count() >= 2, "{st}");
     assert_eq!(st.matches("follower").count(), 2, "{st}");
+    assert!(st.contains("format: 5"), "the cluster did not move to the newest data format: {st}");
+    // A backup through the CLI: 0600, checked whole, never over an existing file.
+    let backup = work.join("cluster.gwbk");
+    let o = cli(&endpoints, &["cluster", "backup", backup.to_str().unwrap()], &work);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout(&o).contains("backup of log index"), "{}", stdout(&o));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&backup).unwrap().permissions().mode() & 0o777, 0o600);
+    gangway_raft_store::backup::Backup::from_bytes(&std::fs::read(&backup).unwrap()).unwrap();
+    let again = cli(&endpoints, &["cluster", "backup", backup.to_str().unwrap()], &work);
+    assert!(!again.status.success(), "a backup replaced an existing file");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("never overwritten"));
+    assert!(!work.join("cluster.gwbk.partial").exists());
 
     // SIGKILL an agent while its task runs: the task keeps running under its
     // shim, the restarted agent re-adopts it, and the job completes as attempt 1

@@ -2494,12 +2494,12 @@ async fn a_cluster_that_lost_its_majority_is_restored_from_a_backup() {
     }
     assert_eq!(restored.jobs.len(), at_backup.jobs.len());
     assert_eq!(restored.jobs[&cancelled].state, gangway_core::JobState::Cancelled);
-    assert_eq!(restored.next_job_id, at_backup.next_job_id);
+    assert_eq!(restored.next_job_id, at_backup.next_job_id + gangway_raft_store::backup::RESTORE_JOB_ID_GAP);
     assert_eq!(restored.policy, at_backup.policy);
-    // It takes new work, numbering jobs on from the backup.
+    // It takes new work, numbering jobs past any the lost cluster issued.
     let client = r.client();
     let next = submit(&client, spec("true"), "new").await.unwrap().job_id;
-    assert_eq!(next, at_backup.next_job_id);
+    assert_eq!(next, at_backup.next_job_id + gangway_raft_store::backup::RESTORE_JOB_ID_GAP);
     // A restored store refuses a second restore.
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut again = r.config(1, false);

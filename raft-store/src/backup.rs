@@ -25,6 +25,10 @@ use crate::NodeId;
 const BACKUP_MAGIC: &[u8; 4] = b"GWBK";
 /// The backup file's layout version (its state has its own data format).
 pub const BACKUP_VERSION: u32 = 1;
+/// A restored cluster numbers new jobs from the backup's next id plus this:
+/// ids the lost cluster issued after the backup are never reused (agents fence
+/// launches by job id and attempt, and users and scripts remember ids).
+pub const RESTORE_JOB_ID_GAP: u64 = 1_000_000;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Backup {
@@ -82,8 +86,19 @@ pub fn restore(dir: &Path, backup: &Backup, members: &BTreeMap<NodeId, String>) 
     if members.is_empty() {
         return Err(refuse("the new cluster needs at least one member (--peers)".into()));
     }
-    std::fs::create_dir_all(dir).map_err(|e| refuse(e.to_string()))?;
-    let stores = crate::open(dir)?;
+    // The state, with job ids moved past any the lost cluster may have issued.
+    let mut state = gangway_core::snapshot::decode(&backup.snapshot).map_err(|e| refuse(e.to_string()))?;
+    state.next_job_id = state.next_job_id.saturating_add(RESTORE_JOB_ID_GAP);
+    let snapshot = gangway_core::snapshot::encode(&state);
+    // Seeded beside the data directory, then renamed into place: a restore
+    // that fails half-way leaves no store behind that would start empty.
+    let name = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "data".into());
+    let staging = dir.with_file_name(format!("{name}.restoring"));
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(|e| refuse(format!("removing {}: {e}", staging.display())))?;
+    }
+    std::fs::create_dir_all(&staging).map_err(|e| refuse(e.to_string()))?;
+    let stores = crate::open(&staging)?;
     let db = stores.state_machine.db();
     // Term 0 from no leader: the new cluster's first leader (term 1) follows it.
     let log_id = LogId::new(CommittedLeaderId::new(0, 0), backup.index);
@@ -95,18 +110,21 @@ pub fn restore(dir: &Path, backup: &Backup, members: &BTreeMap<NodeId, String>) 
         last_membership: StoredMembership::new(Some(log_id), membership),
         snapshot_id: format!("restored-{}", backup.index),
     };
-    let stored = crate::state_machine::StoredSnapshot { meta, data: backup.snapshot.clone() };
+    let stored = crate::state_machine::StoredSnapshot { meta, data: snapshot };
+    // One synced batch: the store holds all of the restore or none of it.
+    let cf = |name: &str| db.cf_handle(name).expect("column family created at open");
+    let mut batch = rocksdb::WriteBatch::default();
+    batch.put_cf(cf(CF_SNAPSHOT), crate::state_machine::KEY_CURRENT, encode(&stored));
+    batch.put_cf(cf(CF_META), crate::log_store::KEY_PURGED, encode(&log_id));
+    batch.put_cf(cf(CF_META), crate::log_store::KEY_COMMITTED, encode(&Some(log_id)));
+    let format = state.format.max(gangway_core::format::FORMAT_BASE);
+    batch.put_cf(cf(CF_META), crate::db::FORMAT_KEY, format.to_le_bytes());
     let mut opts = rocksdb::WriteOptions::default();
     opts.set_sync(true);
-    let put = |cf: &str, key: &[u8], value: Vec<u8>| {
-        let handle = db.cf_handle(cf).expect("column family created at open");
-        db.put_cf_opt(handle, key, value, &opts).map_err(|e| refuse(e.to_string()))
-    };
-    put(CF_SNAPSHOT, crate::state_machine::KEY_CURRENT, encode(&stored))?;
-    put(CF_META, crate::log_store::KEY_PURGED, encode(&log_id))?;
-    put(CF_META, crate::log_store::KEY_COMMITTED, encode(&Some(log_id)))?;
-    let state = gangway_core::snapshot::decode(&backup.snapshot).map_err(|e| refuse(e.to_string()))?;
-    crate::db::write_format(&db, state.format.max(gangway_core::format::FORMAT_BASE))
-        .map_err(|e| refuse(e.to_string()))?;
+    db.write_opt(batch, &opts).map_err(|e| refuse(e.to_string()))?;
+    drop(db);
+    drop(stores);
+    // An empty data directory is replaced; one with anything in it is not.
+    std::fs::rename(&staging, dir).map_err(|e| refuse(format!("moving the seeded store into place: {e}")))?;
     Ok(())
 }

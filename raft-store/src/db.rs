@@ -42,7 +42,7 @@ use gangway_core::format::{readable, FORMAT_BASE, FORMAT_NEWEST, FORMAT_OLDEST};
 /// `gangway_core::format`). A store stamped with a format this build does not
 /// read is refused at open with a clear error instead of failing later on the
 /// first entry it cannot decode.
-const FORMAT_KEY: &[u8] = b"data_format";
+pub(crate) const FORMAT_KEY: &[u8] = b"data_format";
 
 /// The two halves openraft needs, over one shared database.
 pub struct Stores {

@@ -64,8 +64,11 @@ impl SharedState {
     /// The state as a snapshot (in the cluster's data format) and the log index
     /// it reflects, read together: a consistent backup.
     pub fn snapshot_with_index(&self) -> (u64, Vec<u8>) {
-        let state = self.read();
-        let index = self.applied.load(std::sync::atomic::Ordering::Acquire);
+        // Copied under the lock, encoded after it: apply waits for the copy only.
+        let (index, state) = {
+            let state = self.read();
+            (self.applied.load(std::sync::atomic::Ordering::Acquire), state.clone())
+        };
         (index, snapshot::encode(&state))
     }
 
@@ -213,7 +216,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         {
             let mut state = self.shared.state.write().expect("state lock poisoned");
             for entry in entries {
-                if let EntryPayload::Normal(gangway_core::format::Payload { format, command: None }) = &entry.payload {
+                if let EntryPayload::Normal(gangway_core::format::Payload { format, command: None, .. }) =
+                    &entry.payload
+                {
                     // Never guess at bytes from the future: stop here (Raft
                     // turns this into a fatal error; the replica says why and exits).
                     let why = format!(

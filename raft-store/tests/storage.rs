@@ -148,7 +148,7 @@ async fn an_entry_from_a_newer_format_stops_apply_with_a_clear_error() {
     let mut stores = open(dir.path()).unwrap();
     let entry = openraft::Entry::<gangway_raft_store::TypeConfig> {
         log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), 1),
-        payload: openraft::EntryPayload::Normal(Payload { format: 9, command: None }),
+        payload: openraft::EntryPayload::Normal(Payload { format: 9, command: None, unread: vec![7] }),
     };
     let err = stores.state_machine.apply([entry]).await.unwrap_err().to_string();
     assert!(err.contains("data format 9") && err.contains("newer build"), "{err}");

@@ -183,7 +183,8 @@ impl Command {
     pub fn approx_bytes(&self) -> usize {
         const FIXED: usize = 256;
         match self {
-            Command::SubmitJob { spec, .. } => FIXED.saturating_add(spec.approx_bytes()),
+            // Every field counted: a batch's estimate must bound its encoding.
+            Command::SubmitJob { spec, .. } => FIXED.saturating_add(spec.size_bytes()),
             Command::RegisterNode { spec, .. } => FIXED
                 .saturating_add(spec.gpus.len().saturating_mul(128))
                 .saturating_add(spec.labels.len().saturating_mul(64)),

@@ -49,13 +49,16 @@ pub struct Payload {
     /// None: the entry is in a format newer than this build reads. Applying it
     /// is impossible; the replica must stop and say so.
     pub command: Option<Command>,
+    /// An unreadable entry's bytes, kept so the entry is stored (and sent on)
+    /// exactly as received until the replica stops at it.
+    pub unread: Vec<u8>,
 }
 
 impl Payload {
     /// `command` to be written in `cluster_format`, or in the format that
     /// introduced the command when that is newer (only [`Command::SetDataFormat`]).
     pub fn new(command: Command, cluster_format: u32) -> Payload {
-        Payload { format: cluster_format.max(command.since_format()), command: Some(command) }
+        Payload { format: cluster_format.max(command.since_format()), command: Some(command), unread: Vec::new() }
     }
 }
 
@@ -63,7 +66,9 @@ impl Command {
     /// The first data format that can carry this command.
     pub fn since_format(&self) -> u32 {
         match self {
-            Command::SetDataFormat { .. } => 5,
+            // Written in the format it moves to: a build that cannot read
+            // that format stops at this entry instead of applying it.
+            Command::SetDataFormat { format, .. } => (*format).max(5),
             Command::Batch(cmds) => cmds.iter().map(Command::since_format).max().unwrap_or(FORMAT_BASE),
             _ => FORMAT_BASE,
         }
@@ -120,7 +125,7 @@ impl Serialize for Payload {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::Error;
         let Some(command) = &self.command else {
-            return Err(S::Error::custom(format!("an entry of unreadable format {} cannot be written", self.format)));
+            return v4::Wire::Envelope { format: self.format, body: self.unread.clone() }.serialize(serializer);
         };
         match self.format {
             4 => v4::Wire::from_command(command).map_err(S::Error::custom)?.serialize(serializer),
@@ -136,13 +141,15 @@ impl<'de> Deserialize<'de> for Payload {
         match v4::Wire::deserialize(deserializer)? {
             v4::Wire::Envelope { format: 5, body } => {
                 let command = from_bytes(&body).map_err(D::Error::custom)?;
-                Ok(Payload { format: 5, command: Some(command) })
+                Ok(Payload { format: 5, command: Some(command), unread: Vec::new() })
             }
-            v4::Wire::Envelope { format, .. } if format > FORMAT_NEWEST => Ok(Payload { format, command: None }),
+            v4::Wire::Envelope { format, body } if format > FORMAT_NEWEST => {
+                Ok(Payload { format, command: None, unread: body })
+            }
             v4::Wire::Envelope { format, .. } => {
                 Err(D::Error::custom(format!("an envelope cannot carry data format {format}")))
             }
-            bare => Ok(Payload { format: 4, command: bare.into_command() }),
+            bare => Ok(Payload { format: 4, command: bare.into_command(), unread: Vec::new() }),
         }
     }
 }
@@ -214,6 +221,9 @@ mod tests {
         assert_eq!(Payload::new(set, 4).format, 5);
         // An envelope from a future format decodes as unreadable, not garbage.
         let future = to_bytes(&v4::Wire::Envelope { format: 9, body: vec![1, 2, 3] });
-        assert_eq!(from_bytes::<Payload>(&future).unwrap(), Payload { format: 9, command: None });
+        let unreadable = from_bytes::<Payload>(&future).unwrap();
+        assert_eq!(unreadable, Payload { format: 9, command: None, unread: vec![1, 2, 3] });
+        // Stored and sent on byte for byte.
+        assert_eq!(to_bytes(&unreadable), future);
     }
 }

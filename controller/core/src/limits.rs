@@ -150,6 +150,12 @@ pub fn budget_exceeded(
     None
 }
 
+/// Bytes of spec the retained finished jobs may hold (besides their count,
+/// FINISHED_JOBS_RETAINED_MAX): without it, jobs submitted and cancelled at the
+/// write rate would each leave up to 2 MiB behind, 200 GiB at the count limit.
+/// The oldest finished jobs go first. Since format 5.
+pub const FINISHED_BYTES_RETAINED_MAX: u64 = 2 * 1024 * 1024 * 1024;
+
 /// Checks one spec's size against [`JOB_SPEC_BYTES_MAX`].
 pub fn check_spec_size(spec: &crate::JobSpec) -> Result<(), crate::SpecError> {
     let bytes = spec.size_bytes();

@@ -516,6 +516,11 @@ impl JobSpec {
         const STRING: usize = 32;
         /// A map entry's share of a B-tree node, roughly.
         const ENTRY: usize = 48;
+        /// The fixed-size part of a spec and of one dependency. Constants, not
+        /// `size_of`: this decides replicated outcomes (budgets), which must not
+        /// change with a struct's layout from one build to the next.
+        const FIXED: usize = 1024;
+        const DEPENDENCY: usize = 32;
         let text = |s: &String| s.len().saturating_add(STRING);
         let list = |v: &[String]| v.iter().map(text).fold(0, usize::saturating_add);
         let strings = [
@@ -539,8 +544,8 @@ impl JobSpec {
             .map(text)
             .chain([list(&self.command), list(&self.constraints), list(&self.nodelist), list(&self.exclude)])
             .chain(env)
-            .chain([self.dependencies.len().saturating_mul(std::mem::size_of::<Dependency>())])
-            .fold(std::mem::size_of::<JobSpec>(), usize::saturating_add)
+            .chain([self.dependencies.len().saturating_mul(DEPENDENCY)])
+            .fold(FIXED, usize::saturating_add)
     }
 
     /// The most nodes the job can use (`nodes` unless a range was given).

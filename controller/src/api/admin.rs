@@ -32,6 +32,9 @@ pub struct AdminApi {
     pub replica: Arc<Replica>,
 }
 
+/// How long adding a replica waits for it to answer (it may be starting).
+const JOINER_PROBE_WAIT: Duration = Duration::from_secs(10);
+
 /// Bytes per backup chunk: well under every message limit.
 const BACKUP_CHUNK_BYTES: usize = 1024 * 1024;
 
@@ -240,6 +243,30 @@ impl AdminService for AdminApi {
         }
         if !msg.addr.contains(':') {
             return Err(Status::invalid_argument("addr: must be HOST:PORT"));
+        }
+        // A build that cannot read the cluster's data format would stop at
+        // the first entry it is sent: refuse it here, with the reason.
+        // (A replica started a moment ago may not listen yet: ask again for a while.)
+        let cluster_format = self.replica.node.state().read().format;
+        let deadline = tokio::time::Instant::now() + JOINER_PROBE_WAIT;
+        let newest = loop {
+            match probe_replica(&self.replica, &msg.addr).await {
+                Ok(s) => break s.newest_data_format.max(gangway_core::format::FORMAT_BASE),
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(Status::failed_precondition(format!(
+                        "addr: cannot reach replica {} at {} to check its build ({e}); start it with --join first",
+                        msg.id, msg.addr
+                    )))
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        if newest < cluster_format {
+            return Err(Status::failed_precondition(format!(
+                "replica {}: its build reads data formats up to {newest}, the cluster is at {cluster_format}; \
+                 run a newer build on it",
+                msg.id
+            )));
         }
         let change = self.replica.node.add_learner(msg.id, msg.addr.clone());
         self.membership_change(

@@ -9,7 +9,13 @@ use std::time::Duration;
 
 use gangway_core::limits::{check_task_exit, REASON_BYTES_MAX};
 use gangway_core::{Command, NodeState, Outcome, RefusalKind};
-use gangway_proto::limits::LAUNCH_ORDERS_BYTES_MAX;
+use gangway_proto::limits::{AGENT_MESSAGE_BYTES_MAX, API_REQUEST_BYTES_MAX, LAUNCH_ORDERS_BYTES_MAX};
+
+// A spec the API accepts always reaches its agent: one launch order (a spec
+// and its environment) fits the order budget, which fits an agent message.
+const _: () = assert!(gangway_core::limits::JOB_SPEC_BYTES_MAX * 2 <= LAUNCH_ORDERS_BYTES_MAX);
+const _: () = assert!(LAUNCH_ORDERS_BYTES_MAX * 2 <= AGENT_MESSAGE_BYTES_MAX);
+const _: () = assert!(gangway_core::limits::JOB_SPEC_BYTES_MAX * 2 <= API_REQUEST_BYTES_MAX);
 use gangway_proto::v1::agent_service_server::AgentService;
 use gangway_proto::v1::*;
 use tonic::{Request, Response, Status};

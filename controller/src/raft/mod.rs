@@ -25,8 +25,16 @@ use crate::config::Timing;
 /// (1 MiB script) commands that fits in one message.
 pub const RAFT_MESSAGE_BYTES_MAX: usize = 512 * 1024 * 1024;
 /// Entries per AppendEntries message: large batches make replication cheap under
-/// load; 256 × the largest command still fits in one message.
-const MAX_PAYLOAD_ENTRIES: u64 = 256;
+/// load. One entry is a proposer batch of at most BATCH_BYTES_MAX plus the one
+/// command that crossed it (a spec of at most JOB_SPEC_BYTES_MAX, with room),
+/// and this many of the largest still fit in one message: a follower catching
+/// up is never sent a message the transport refuses (it would be resent forever).
+const MAX_PAYLOAD_ENTRIES: u64 = 64;
+const _: () = assert!(
+    (MAX_PAYLOAD_ENTRIES as usize)
+        * (gangway_core::command::BATCH_BYTES_MAX + 2 * gangway_core::limits::JOB_SPEC_BYTES_MAX)
+        <= RAFT_MESSAGE_BYTES_MAX
+);
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ProposeError {

@@ -255,6 +255,10 @@ pub struct State {
     /// kept up to date by `count_active`, rebuilt after a snapshot is decoded.
     #[serde(skip)]
     pub(crate) unfinished_bytes: BTreeMap<String, u64>,
+    /// Bytes of spec the retained finished jobs hold. Derived like
+    /// `unfinished_bytes`.
+    #[serde(skip)]
+    pub(crate) finished_bytes: u64,
 }
 
 impl Default for State {
@@ -277,6 +281,7 @@ impl Default for State {
             format: crate::format::FORMAT_BASE,
             dep_triggers: BTreeSet::new(),
             unfinished_bytes: BTreeMap::new(),
+            finished_bytes: 0,
         }
     }
 }
@@ -350,9 +355,9 @@ impl State {
                 format!("format: the cluster is at data format {} already", self.format),
             );
         }
-        if !crate::format::readable(format) {
-            return Applied::refused(RefusalKind::InvalidArgument, format!("format: {format} is not a known format"));
-        }
+        // (Whether this build reads `format` is not asked here: the entry was
+        // written in that format, so a build that decoded it reads it; an
+        // answer that depended on the build would diverge.)
         self.format = format;
         Applied { outcome: Outcome::DataFormatSet { format }, events: Vec::new() }
     }
@@ -542,17 +547,24 @@ impl State {
         self.forget_dependencies(job_id);
         self.dep_triggers.insert(job_id);
         self.finished.push_back(job_id);
+        self.finished_bytes = self.finished_bytes.saturating_add(self.jobs[&job_id].spec.size_bytes() as u64);
         // The first job of an array with unfinished elements is kept (it files
         // whole-array dependencies); each purge looks at each kept job once.
         let mut looks = self.finished.len();
-        while self.finished.len() > FINISHED_JOBS_RETAINED_MAX && looks > 0 {
+        let over = |s: &State| {
+            s.finished.len() > FINISHED_JOBS_RETAINED_MAX
+                || (s.format >= 5 && s.finished_bytes > crate::limits::FINISHED_BYTES_RETAINED_MAX)
+        };
+        while over(self) && looks > 0 {
             looks = looks.saturating_sub(1);
             let old = self.finished.pop_front().expect("non-empty");
             if self.array_unfinished(old) {
                 self.finished.push_back(old);
                 continue;
             }
-            self.jobs.remove(&old);
+            if let Some(gone) = self.jobs.remove(&old) {
+                self.finished_bytes = self.finished_bytes.saturating_sub(gone.spec.size_bytes() as u64);
+            }
             self.dependents.remove(&old);
         }
         JobEvent { index, job_id, state, attempt, reason }
@@ -879,14 +891,25 @@ impl State {
         out
     }
 
+    fn finished_bytes_of_jobs(&self) -> u64 {
+        self.finished
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .fold(0u64, |n, j| n.saturating_add(j.spec.size_bytes() as u64))
+    }
+
     /// Rebuilds what a snapshot does not carry (after decoding one).
     pub fn rebuild_derived(&mut self) {
         self.unfinished_bytes = self.unfinished_bytes_of_jobs();
+        self.finished_bytes = self.finished_bytes_of_jobs();
     }
 
     pub fn check_invariants(&self) -> Result<(), String> {
         if self.unfinished_bytes != self.unfinished_bytes_of_jobs() {
             return Err("the unfinished-bytes budget index differs from the jobs".into());
+        }
+        if self.finished_bytes != self.finished_bytes_of_jobs() {
+            return Err("the finished-bytes index differs from the jobs".into());
         }
         let mut cpus: BTreeMap<&str, u32> = BTreeMap::new();
         let mut mem: BTreeMap<&str, u64> = BTreeMap::new();
