@@ -79,7 +79,7 @@ pub fn open(dir: &Path) -> Result<Stores, StoreError> {
     let db = Arc::new(db);
     let state_machine = StateMachineStore::load(db.clone(), stamped)
         .map_err(|reason| StoreError::Snapshot { path: dir.display().to_string(), reason })?;
-    Ok(Stores { log: LogStore::new(db), state_machine })
+    Ok(Stores { log: LogStore::new(db, stamped), state_machine })
 }
 
 /// Stamps the store with `format` (synced).

@@ -38,17 +38,24 @@ pub struct LogStore {
     committer: mpsc::SyncSender<LogFlushed<TypeConfig>>,
     /// The highest committed index openraft reported (for status reporting; 0 = none).
     committed_index: Arc<AtomicU64>,
+    /// The data format the store is stamped with (see `db.rs`).
+    stamped: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl LogStore {
-    pub(crate) fn new(db: Arc<DB>) -> LogStore {
+    pub(crate) fn new(db: Arc<DB>, stamped: u32) -> LogStore {
         let (tx, rx) = mpsc::sync_channel(GROUP_COMMIT_QUEUE_MAX);
         let committer_db = db.clone();
         std::thread::Builder::new()
             .name("gangway-group-commit".into())
             .spawn(move || group_commit_loop(&committer_db, &rx))
             .expect("spawning the group-commit thread");
-        LogStore { db, committer: tx, committed_index: Arc::new(AtomicU64::new(0)) }
+        LogStore {
+            db,
+            committer: tx,
+            committed_index: Arc::new(AtomicU64::new(0)),
+            stamped: Arc::new(std::sync::atomic::AtomicU32::new(stamped)),
+        }
     }
 
     /// A live view of the committed index, for status reporting.
@@ -179,8 +186,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut batch = WriteBatch::default();
         let cf = self.cf(CF_LOG);
+        let mut newest = 0;
         for entry in entries {
+            if let openraft::EntryPayload::Normal(p) = &entry.payload {
+                newest = newest.max(p.format);
+            }
             batch.put_cf(cf, index_key(entry.log_id.index), encode(&entry));
+        }
+        // An entry in a newer format raises the store's stamp in the same
+        // batch: from the moment the store holds such an entry, an older build
+        // refuses the store at open instead of failing on the entry.
+        if newest > self.stamped.load(Ordering::Acquire) {
+            batch.put_cf(self.cf(crate::db::CF_META), crate::db::FORMAT_KEY, newest.to_le_bytes());
+            self.stamped.fetch_max(newest, Ordering::AcqRel);
         }
         let mut opts = WriteOptions::default();
         opts.set_sync(false);

@@ -154,3 +154,33 @@ async fn an_entry_from_a_newer_format_stops_apply_with_a_clear_error() {
     assert!(err.contains("data format 9") && err.contains("newer build"), "{err}");
     assert_eq!(stores.state_machine.shared().read().format, 4, "nothing was applied");
 }
+
+/// The store's format stamp rises with the first entry of a newer format in
+/// the same write as the entry, so from then on a build that reads only the
+/// older format refuses the store at open (and a rollback before it opens).
+#[tokio::test]
+async fn an_entry_of_a_newer_format_stamps_the_store_as_it_is_written() {
+    use gangway_core::format::Payload;
+    use gangway_core::Command;
+    use openraft::storage::RaftLogStorageExt;
+    let dir = tempfile::tempdir().unwrap();
+    let stamp = |dir: &std::path::Path| {
+        let db =
+            rocksdb::DB::open_cf_for_read_only(&rocksdb::Options::default(), dir, ["log", "meta", "snapshot"], false)
+                .unwrap();
+        let raw = db.get_cf(db.cf_handle("meta").unwrap(), b"data_format").unwrap().unwrap();
+        u32::from_le_bytes(raw[..4].try_into().unwrap())
+    };
+    let mut stores = open(dir.path()).unwrap();
+    let entry = |index, format| openraft::Entry::<gangway_raft_store::TypeConfig> {
+        log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+        payload: openraft::EntryPayload::Normal(Payload::new(
+            Command::CancelJob { job_id: 1, identity: "a".into(), now_ms: 1 },
+            format,
+        )),
+    };
+    stores.log.blocking_append([entry(1, 4)]).await.unwrap();
+    assert_eq!(stamp(dir.path()), 4);
+    stores.log.blocking_append([entry(2, 5)]).await.unwrap();
+    assert_eq!(stamp(dir.path()), 5);
+}
