@@ -38,7 +38,7 @@ previous:
 # Fuzzing with libFuzzer (cargo-fuzz, nightly): every target for FUZZ_SECONDS
 # each, from the checked-in seeds plus what earlier runs found (kept outside
 # the clone). A crash stops the run and leaves its input in fuzz/artifacts/.
-FUZZ_TARGETS := entry_apply snapshot_decode spec_validate text_parsers
+FUZZ_TARGETS := entry_apply snapshot_decode spec_validate text_parsers proto_spec
 FUZZ_SECONDS ?= 300
 FUZZ_SEED ?= 0
 FUZZ_CACHE := $(HOME)/.cache/gangway

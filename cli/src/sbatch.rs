@@ -10,6 +10,11 @@
 //! it has no effect here, or refused with a message that names the option, the
 //! line and what to do instead; an unknown one gets the closest known name.
 
+mod directives;
+#[cfg(test)]
+use directives::words;
+pub use directives::{directives, Origin, WORDS_MAX};
+
 use std::path::PathBuf;
 
 use anyhow::bail;
@@ -17,14 +22,9 @@ use clap::{CommandFactory, Parser};
 
 use crate::commands::SubmitArgs;
 
-/// Lines scanned for directives: sbatch stops at the first command, and a
-/// file with this many leading comment lines is not a batch script.
-const DIRECTIVE_LINES_MAX: usize = 10_000;
 /// Bytes of a batch script read from disk (the controller's own cap is lower
 /// and gives the precise error; this one stops reading a huge wrong file).
 const SCRIPT_FILE_BYTES_MAX: u64 = 16 << 20;
-/// Words on one directive line, and in all: far above any real script.
-const WORDS_MAX: usize = 4096;
 /// Environment variables `--export=ALL` may carry (the controller's limit).
 const EXPORT_VARS_MAX: usize = 1024;
 
@@ -275,127 +275,6 @@ const OTHERS: &[Other] = &[
     refused("container-writable", None, false, PYXIS),
     refused("container-readonly", None, false, PYXIS),
 ];
-
-/// Where some words came from, for messages: a directive line or the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
-    Line(usize),
-    CommandLine,
-}
-
-impl std::fmt::Display for Origin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Origin::Line(n) => write!(f, "line {n}"),
-            Origin::CommandLine => write!(f, "command line"),
-        }
-    }
-}
-
-/// Splits a directive into words as the shell would for simple quoting:
-/// whitespace separates, '...' and "..." quote (backslash escapes in double
-/// quotes and outside quotes), and an unquoted `#` starting a word begins a comment.
-pub fn words(text: &str) -> Result<Vec<String>, String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut in_word = false;
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            c if c.is_whitespace() => {
-                if in_word {
-                    out.push(std::mem::take(&mut cur));
-                    in_word = false;
-                }
-            }
-            '#' if !in_word => break,
-            '\'' => {
-                in_word = true;
-                loop {
-                    match chars.next() {
-                        Some('\'') => break,
-                        Some(c) => cur.push(c),
-                        None => return Err("unterminated ' quote".into()),
-                    }
-                }
-            }
-            '"' => {
-                in_word = true;
-                loop {
-                    match chars.next() {
-                        Some('"') => break,
-                        Some('\\') => match chars.next() {
-                            Some(c @ ('"' | '\\' | '$' | '`')) => cur.push(c),
-                            Some(c) => {
-                                cur.push('\\');
-                                cur.push(c);
-                            }
-                            None => return Err("unterminated \" quote".into()),
-                        },
-                        Some(c) => cur.push(c),
-                        None => return Err("unterminated \" quote".into()),
-                    }
-                }
-            }
-            '\\' => {
-                in_word = true;
-                if let Some(c) = chars.next() {
-                    cur.push(c);
-                }
-            }
-            c => {
-                in_word = true;
-                cur.push(c);
-            }
-        }
-        if out.len() > WORDS_MAX {
-            return Err(format!("more than {WORDS_MAX} words"));
-        }
-    }
-    if in_word {
-        out.push(cur);
-    }
-    Ok(out)
-}
-
-/// The `#SBATCH` directives of a script, with their line numbers: from the
-/// lines after `#!` up to the first command. Later `#SBATCH` lines (in a
-/// heredoc, say) are not directives.
-pub fn directives(script: &str) -> Result<Vec<(Origin, Vec<String>)>, String> {
-    let mut out = Vec::new();
-    for (i, line) in script.lines().enumerate().take(DIRECTIVE_LINES_MAX) {
-        let n = i + 1;
-        if i == 0 && line.starts_with("#!") {
-            continue;
-        }
-        let t = line.trim();
-        if t.is_empty() {
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("#SBATCH") {
-            if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
-                continue; // e.g. `#SBATCHED`: a comment
-            }
-            let w = words(rest).map_err(|e| format!("line {n}: {e}"))?;
-            if matches!(w.first().map(String::as_str), Some("hetjob" | "packjob")) {
-                return Err(format!(
-                    "line {n}: heterogeneous jobs (#SBATCH {}) are not supported yet; submit each component \
-                     as its own job and chain them with --dependency",
-                    w[0]
-                ));
-            }
-            if !w.is_empty() {
-                out.push((Origin::Line(n), w));
-            }
-            continue;
-        }
-        if t.starts_with('#') {
-            continue;
-        }
-        break;
-    }
-    Ok(out)
-}
 
 /// The options clap applies for [`SbatchOpts`]: long names (with aliases),
 /// short name, and whether a value must follow (as the next word if not attached).

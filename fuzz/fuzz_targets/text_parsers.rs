@@ -1,4 +1,4 @@
-//! Every parser of user-typed text: Slurm's hostlists, time, memory, GPU,
+//! Every parser of user-typed text: sbatch's directive lines, Slurm's hostlists, time, memory, GPU,
 //! node-range, topology and signal options, sacct's times, job arrays and
 //! dependencies, node-name patterns. None panics or allocates without bound.
 #![no_main]
@@ -12,9 +12,17 @@ mod parse;
 #[allow(dead_code)]
 #[path = "../../cli/src/slurm/hostlist.rs"]
 mod hostlist;
+#[allow(dead_code)]
+#[path = "../../cli/src/sbatch/directives.rs"]
+mod sbatch;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(s) = std::str::from_utf8(data) else { return };
+    // A batch script's #SBATCH directives, split into words as sbatch does.
+    if let Ok(lines) = sbatch::directives(s) {
+        assert!(lines.iter().all(|(_, w)| !w.is_empty() && w.len() <= sbatch::WORDS_MAX));
+    }
+    let _ = sbatch::words(s);
     if let Ok(names) = hostlist::expand(s) {
         // Compressing what expanded never fails either (at the sizes it is
         // used for: one job's nodes, at most NODES_PER_JOB_MAX).

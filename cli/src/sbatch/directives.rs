@@ -1,0 +1,130 @@
+//! Reading `#SBATCH` directives out of a batch script and splitting them into
+//! words: pure text handling, kept apart from the option parsing so the fuzz
+//! target `text_parsers` can run it on its own.
+
+/// Lines scanned for directives: sbatch stops at the first command, and a
+/// file with this many leading comment lines is not a batch script.
+pub const DIRECTIVE_LINES_MAX: usize = 10_000;
+/// Words on one directive line, and in all: far above any real script.
+pub const WORDS_MAX: usize = 4096;
+
+/// Where some words came from, for messages: a directive line or the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Line(usize),
+    CommandLine,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Line(n) => write!(f, "line {n}"),
+            Origin::CommandLine => write!(f, "command line"),
+        }
+    }
+}
+
+/// Splits a directive into words as the shell would for simple quoting:
+/// whitespace separates, '...' and "..." quote (backslash escapes in double
+/// quotes and outside quotes), and an unquoted `#` starting a word begins a comment.
+pub fn words(text: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            c if c.is_whitespace() => {
+                if in_word {
+                    out.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            '#' if !in_word => break,
+            '\'' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(c) => cur.push(c),
+                        None => return Err("unterminated ' quote".into()),
+                    }
+                }
+            }
+            '"' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => match chars.next() {
+                            Some(c @ ('"' | '\\' | '$' | '`')) => cur.push(c),
+                            Some(c) => {
+                                cur.push('\\');
+                                cur.push(c);
+                            }
+                            None => return Err("unterminated \" quote".into()),
+                        },
+                        Some(c) => cur.push(c),
+                        None => return Err("unterminated \" quote".into()),
+                    }
+                }
+            }
+            '\\' => {
+                in_word = true;
+                if let Some(c) = chars.next() {
+                    cur.push(c);
+                }
+            }
+            c => {
+                in_word = true;
+                cur.push(c);
+            }
+        }
+        if out.len() > WORDS_MAX {
+            return Err(format!("more than {WORDS_MAX} words"));
+        }
+    }
+    if in_word {
+        out.push(cur);
+    }
+    Ok(out)
+}
+
+/// The `#SBATCH` directives of a script, with their line numbers: from the
+/// lines after `#!` up to the first command. Later `#SBATCH` lines (in a
+/// heredoc, say) are not directives.
+pub fn directives(script: &str) -> Result<Vec<(Origin, Vec<String>)>, String> {
+    let mut out = Vec::new();
+    for (i, line) in script.lines().enumerate().take(DIRECTIVE_LINES_MAX) {
+        let n = i + 1;
+        if i == 0 && line.starts_with("#!") {
+            continue;
+        }
+        let t = line.trim();
+        if t.is_empty() {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("#SBATCH") {
+            if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
+                continue; // e.g. `#SBATCHED`: a comment
+            }
+            let w = words(rest).map_err(|e| format!("line {n}: {e}"))?;
+            if matches!(w.first().map(String::as_str), Some("hetjob" | "packjob")) {
+                return Err(format!(
+                    "line {n}: heterogeneous jobs (#SBATCH {}) are not supported yet; submit each component \
+                     as its own job and chain them with --dependency",
+                    w[0]
+                ));
+            }
+            if !w.is_empty() {
+                out.push((Origin::Line(n), w));
+            }
+            continue;
+        }
+        if t.starts_with('#') {
+            continue;
+        }
+        break;
+    }
+    Ok(out)
+}
