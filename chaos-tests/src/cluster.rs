@@ -12,7 +12,6 @@ use anyhow::{bail, Context};
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
 use gangway_proto::v1::admin_service_client::AdminServiceClient;
-use gangway_proto::v1::node_service_client::NodeServiceClient;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
@@ -407,13 +406,6 @@ impl ChaosCluster {
 
     /// Nodes as the cluster sees them (linearizable read).
     pub async fn nodes(&self) -> anyhow::Result<Vec<pb::Node>> {
-        let client = self.client()?;
-        let r = client
-            .call(|ch| {
-                let req = client.request(pb::ListNodesRequest { stale: false });
-                async move { NodeServiceClient::new(ch).list(req).await }
-            })
-            .await?;
-        Ok(r.into_inner().nodes)
+        Ok(self.client()?.list_nodes(false).await?)
     }
 }

@@ -534,14 +534,7 @@ async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> any
     // Wait until every node is registered.
     let deadline = Instant::now() + CLUSTER_WAIT;
     loop {
-        let n = client
-            .call(|ch| {
-                let r = client.request(pb::ListNodesRequest { stale: false });
-                async move { gangway_proto::v1::node_service_client::NodeServiceClient::new(ch).list(r).await }
-            })
-            .await
-            .map(|r| r.into_inner().nodes.len())
-            .unwrap_or(0);
+        let n = client.list_nodes(false).await.map(|n| n.len()).unwrap_or(0);
         if n == nodes {
             break;
         }

@@ -1213,14 +1213,7 @@ pub(crate) fn node_json(n: &pb::Node) -> Value {
 }
 
 pub async fn nodes(client: &Client, out: &Output, stale: bool) -> anyhow::Result<()> {
-    let req = pb::ListNodesRequest { stale };
-    let resp = client
-        .call(|ch| {
-            let r = client.request(req);
-            async move { NodeServiceClient::new(ch).list(r).await }
-        })
-        .await?
-        .into_inner();
+    let resp = pb::ListNodesResponse { nodes: client.list_nodes(stale).await?, ..Default::default() };
     if out.json {
         out.print_json(&Value::Array(resp.nodes.iter().map(node_json).collect()));
         return Ok(());

@@ -2525,3 +2525,46 @@ async fn a_cluster_that_lost_its_majority_is_restored_from_a_backup() {
     assert!(snapshot::encode(&joined) == snapshot::encode(&r.state(new_leader)), "replica states differ");
     r.shutdown().await;
 }
+
+/// Node lists are paged by size as job lists are: nodes carrying many long
+/// labels come in several pages, each under every client's receive limit, and
+/// the client follows them to the whole list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn node_lists_are_paged_under_the_response_limit() {
+    let c = TestCluster::start(3).await;
+    c.leader().await;
+    let client = c.client();
+    let labels: std::collections::HashMap<String, String> =
+        (0..64).map(|i| (format!("label{i:02}"), format!("{i:02}{}", "v".repeat(250)))).collect();
+    for n in 0..240 {
+        let req = pb::RegisterRequest {
+            name: format!("big-{n:03}"),
+            cpus: 8,
+            mem_mb: 1024,
+            labels: labels.clone(),
+            ..Default::default()
+        };
+        client
+            .call(|ch| {
+                let r = client.request(req.clone());
+                async move { AgentServiceClient::new(ch).register(r).await }
+            })
+            .await
+            .unwrap();
+    }
+    let first = client
+        .call(|ch| {
+            let r = client.request(pb::ListNodesRequest { stale: false, after_name: String::new() });
+            async move { NodeServiceClient::new(ch).list(r).await }
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(prost::Message::encoded_len(&first) <= gangway_proto::limits::API_RESPONSE_BYTES_MAX);
+    assert!(!first.next_after_name.is_empty() && first.nodes.len() < 240, "{} nodes in one page", first.nodes.len());
+    let all = client.list_nodes(false).await.unwrap();
+    assert_eq!(all.len(), 240);
+    let names: BTreeSet<&str> = all.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names.len(), 240, "a node came twice");
+    c.shutdown().await;
+}

@@ -116,7 +116,35 @@ pub fn tls_refusal(status: &Status) -> Option<String> {
     SIGNS.iter().any(|s| text.contains(s)).then_some(text)
 }
 
+/// Pages one listing may take: each page holds at least one item, and a
+/// cluster has at most 20,000 nodes (a page holds hundreds).
+const LIST_PAGES_MAX: usize = 20_000;
+
 impl Client {
+    /// Every node, following the pages the server cuts by size.
+    pub async fn list_nodes(&self, stale: bool) -> Result<Vec<crate::v1::Node>, Status> {
+        use crate::v1::node_service_client::NodeServiceClient;
+        let mut all = Vec::new();
+        let mut after_name = String::new();
+        // A page holds at least one node: the loop ends within NODES_MAX pages.
+        for _ in 0..LIST_PAGES_MAX {
+            let req = crate::v1::ListNodesRequest { stale, after_name: after_name.clone() };
+            let page = self
+                .call(|ch| {
+                    let r = self.request(req.clone());
+                    async move { NodeServiceClient::new(ch).list(r).await }
+                })
+                .await?
+                .into_inner();
+            all.extend(page.nodes);
+            if page.next_after_name.is_empty() {
+                return Ok(all);
+            }
+            after_name = page.next_after_name;
+        }
+        Err(Status::out_of_range(format!("the node list did not end within {LIST_PAGES_MAX} pages")))
+    }
+
     /// Builds a client; connections are made on first use, over mutual TLS
     /// unless `security` is `Insecure`. `identity` is what this client calls
     /// itself: sent as a claim to an insecure cluster, only shown otherwise.

@@ -7,7 +7,6 @@ use clap::Args;
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
 use gangway_proto::v1::job_service_client::JobServiceClient;
-use gangway_proto::v1::node_service_client::NodeServiceClient;
 use pb::update_job_request::Change;
 
 use super::{duration, hostlist, job_cpus, job_elapsed_s, job_nodelist, job_nodes, timestamp, JobSel};
@@ -307,13 +306,7 @@ async fn show_jobs(client: &Client, out: &Output, id: Option<&str>, oneliner: bo
 }
 
 async fn show_nodes(client: &Client, out: &Output, name: Option<&str>, oneliner: bool) -> anyhow::Result<()> {
-    let resp = client
-        .call(|ch| {
-            let r = client.request(pb::ListNodesRequest { stale: false });
-            async move { NodeServiceClient::new(ch).list(r).await }
-        })
-        .await?
-        .into_inner();
+    let resp = pb::ListNodesResponse { nodes: client.list_nodes(false).await?, ..Default::default() };
     let nodes: Vec<&pb::Node> = match name {
         None => resp.nodes.iter().collect(),
         Some(list) => {

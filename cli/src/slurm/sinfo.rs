@@ -6,7 +6,6 @@ use clap::Args;
 use gangway_core::policy::{ClusterPolicy, DEFAULT_PARTITION};
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
-use gangway_proto::v1::node_service_client::NodeServiceClient;
 
 use super::format::{self, Item};
 use super::hostlist;
@@ -230,14 +229,7 @@ pub async fn run(client: &Client, out: &Output, a: SinfoArgs) -> anyhow::Result<
         }
     }
     let policy = crate::policy::fetch_policy(client, false).await?.0;
-    let resp = client
-        .call(|ch| {
-            let r = client.request(pb::ListNodesRequest { stale: false });
-            async move { NodeServiceClient::new(ch).list(r).await }
-        })
-        .await?
-        .into_inner();
-    let mut nodes = resp.nodes;
+    let mut nodes = client.list_nodes(false).await?;
     nodes.sort_by(|x, y| x.name.cmp(&y.name));
     let parts = partitions(&policy);
     for p in &a.partitions {

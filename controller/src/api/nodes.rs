@@ -85,6 +85,7 @@ impl NodeService for NodeApi {
     async fn list(&self, req: Request<ListNodesRequest>) -> Result<Response<ListNodesResponse>, Status> {
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
+        let after_name = msg.after_name.clone();
         if let Some(resp) = self
             .replica
             .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { NodeServiceClient::new(ch).list(r).await })
@@ -94,12 +95,26 @@ impl NodeService for NodeApi {
         }
         let see_jobs = self.sees_jobs(&ctx);
         let state = self.replica.node.state().read();
-        let nodes = state
-            .nodes
-            .values()
-            .map(|n| shown(node_to_proto(n, self.replica.heartbeat_age_ms(&n.name)), see_jobs))
-            .collect();
-        Ok(Response::new(ListNodesResponse { nodes }))
+        // Paged by size, in name order: the answer stays under every client's
+        // receive limit however many nodes the cluster has.
+        let (mut nodes, mut bytes, mut next_after_name) = (Vec::new(), 0usize, String::new());
+        let from = std::ops::Bound::Excluded(after_name.clone());
+        let range = if after_name.is_empty() {
+            state.nodes.range::<String, _>(..)
+        } else {
+            state.nodes.range::<String, _>((from, std::ops::Bound::Unbounded))
+        };
+        for n in range.map(|(_, n)| n) {
+            let pn = shown(node_to_proto(n, self.replica.heartbeat_age_ms(&n.name)), see_jobs);
+            let len = prost::Message::encoded_len(&pn);
+            if !nodes.is_empty() && bytes.saturating_add(len) > gangway_proto::limits::LIST_RESPONSE_BYTES_MAX {
+                next_after_name = nodes.last().map(|p: &Node| p.name.clone()).unwrap_or_default();
+                break;
+            }
+            bytes = bytes.saturating_add(len);
+            nodes.push(pn);
+        }
+        Ok(Response::new(ListNodesResponse { nodes, next_after_name }))
     }
 
     async fn get(&self, req: Request<GetNodeRequest>) -> Result<Response<Node>, Status> {
