@@ -1,8 +1,9 @@
 //! Per-identity write rate limits: a token bucket per caller, so one user's
 //! runaway submit loop cannot crowd everyone else out of the log. Writes only
 //! (reads are cheap and answered locally); admins, replicas and agents are not
-//! limited (the cluster's own traffic and its operators). Each replica limits
-//! the calls that reach it first; a forwarded call was limited where it arrived.
+//! limited (the cluster's own traffic and its operators). The leader counts
+//! every write, its own callers' and those followers forward, so a user's rate
+//! holds for the whole cluster; a new leader starts with full buckets.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

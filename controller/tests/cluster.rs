@@ -2002,10 +2002,13 @@ mod security {
         let pki = Pki::new();
         let timing = Timing { user_writes_per_s: 1.0, user_write_burst: 5.0, ..fast_timing() };
         let c = start_secure_timed(&pki, false, timing).await;
-        c.leader().await;
+        let leader = c.leader().await;
         let eps: Vec<String> = c.addrs.values().cloned().collect();
         let client = |who| Client::new(&eps, "ignored", &pki.security(who)).unwrap();
         let (alice, bob, admin) = (client(Caller::Alice), client(Caller::Bob), client(Caller::Admin));
+        let follower = *c.addrs.keys().find(|id| **id != leader).unwrap();
+        let via = |id: u64| Client::new(&[c.addrs[&id].clone()], "ignored", &pki.security(Caller::Alice)).unwrap();
+        let (alice_at_follower, alice_at_leader) = (via(follower), via(leader));
         async fn cancel(c: &Client, job_id: u64) -> Result<(), tonic::Status> {
             c.call(|ch| {
                 let r = c.request(pb::CancelRequest { job_id });
@@ -2014,11 +2017,13 @@ mod security {
             .await
             .map(drop)
         }
-        // The burst (5) passes (as NOT_FOUND: no such job); the sixth is over.
-        for _ in 0..5 {
-            assert_eq!(cancel(&alice, 999_999).await.unwrap_err().code(), Code::NotFound);
+        // The burst (5) passes (as NOT_FOUND: no such job), whichever replica
+        // the writes reach (the leader counts them all); the sixth is over.
+        for i in 0..5 {
+            let at = if i % 2 == 0 { &alice_at_follower } else { &alice_at_leader };
+            assert_eq!(cancel(at, 999_999).await.unwrap_err().code(), Code::NotFound);
         }
-        let over = cancel(&alice, 999_999).await.unwrap_err();
+        let over = cancel(&alice_at_follower, 999_999).await.unwrap_err();
         assert_eq!(over.code(), Code::ResourceExhausted, "{over:?}");
         assert!(over.message().contains("rate:") && over.message().contains("retry in"), "{over:?}");
         let hint: u64 = over.metadata().get("retry-after-ms").unwrap().to_str().unwrap().parse().unwrap();

@@ -492,10 +492,12 @@ impl Replica {
 
     /// An admin (see [`Replica::is_admin`]); every admin action is logged.
     /// Refuses a write over its caller's rate (RESOURCE_EXHAUSTED, with when
-    /// to retry). Users only, where the call arrived (not again when forwarded).
+    /// to retry). Users only. Counted on the leader, where every write ends up
+    /// (a follower forwards it with the caller's identity), so the rate holds
+    /// for the cluster, not per replica.
     fn limit_writes(&self, ctx: &CallCtx, what: &str) -> Result<(), Status> {
         let user = matches!(&ctx.caller, Caller::Verified(p) if p.role == Role::Client);
-        if ctx.forwarded || !user || self.is_admin(ctx) {
+        if !user || !self.node.is_leader() || self.is_admin(ctx) {
             return Ok(());
         }
         match self.writes.check(&ctx.identity, std::time::Instant::now()) {
