@@ -1213,13 +1213,12 @@ pub(crate) fn node_json(n: &pb::Node) -> Value {
 }
 
 pub async fn nodes(client: &Client, out: &Output, stale: bool) -> anyhow::Result<()> {
-    let resp = pb::ListNodesResponse { nodes: client.list_nodes(stale).await?, ..Default::default() };
+    let nodes = client.list_nodes(stale).await?;
     if out.json {
-        out.print_json(&Value::Array(resp.nodes.iter().map(node_json).collect()));
+        out.print_json(&Value::Array(nodes.iter().map(node_json).collect()));
         return Ok(());
     }
-    let rows: Vec<Vec<String>> = resp
-        .nodes
+    let rows: Vec<Vec<String>> = nodes
         .iter()
         .map(|n| {
             let free = n.gpus.iter().filter(|g| g.healthy && g.allocated_to.is_none()).count();

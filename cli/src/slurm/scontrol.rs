@@ -306,12 +306,12 @@ async fn show_jobs(client: &Client, out: &Output, id: Option<&str>, oneliner: bo
 }
 
 async fn show_nodes(client: &Client, out: &Output, name: Option<&str>, oneliner: bool) -> anyhow::Result<()> {
-    let resp = pb::ListNodesResponse { nodes: client.list_nodes(false).await?, ..Default::default() };
+    let nodes = client.list_nodes(false).await?;
     let nodes: Vec<&pb::Node> = match name {
-        None => resp.nodes.iter().collect(),
+        None => nodes.iter().collect(),
         Some(list) => {
             let names = hostlist::expand(list).map_err(anyhow::Error::msg)?;
-            let found: Vec<&pb::Node> = resp.nodes.iter().filter(|n| names.contains(&n.name)).collect();
+            let found: Vec<&pb::Node> = nodes.iter().filter(|n| names.contains(&n.name)).collect();
             if found.is_empty() {
                 bail!("node {list}: Invalid node name specified");
             }

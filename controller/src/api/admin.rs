@@ -402,18 +402,17 @@ impl AdminService for AdminApi {
         let (index, bytes) = file;
         tracing::info!(index, bytes = bytes.len(), caller = %ctx.identity, "backup taken");
         let total_bytes = bytes.len() as u64;
-        let chunks: Vec<Result<BackupChunk, Status>> = bytes
-            .chunks(BACKUP_CHUNK_BYTES)
-            .enumerate()
-            .map(|(i, c)| {
-                let first = i == 0;
-                Ok(BackupChunk {
-                    data: c.to_vec(),
-                    index: if first { index } else { 0 },
-                    total_bytes: if first { total_bytes } else { 0 },
-                })
+        // Chunks are cut as the stream is read: one copy of the file, not two.
+        let chunks = (0..bytes.len().div_ceil(BACKUP_CHUNK_BYTES)).map(move |i| {
+            let start = i.saturating_mul(BACKUP_CHUNK_BYTES);
+            let end = start.saturating_add(BACKUP_CHUNK_BYTES).min(bytes.len());
+            let first = i == 0;
+            Ok(BackupChunk {
+                data: bytes[start..end].to_vec(),
+                index: if first { index } else { 0 },
+                total_bytes: if first { total_bytes } else { 0 },
             })
-            .collect();
+        });
         Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
     }
 
