@@ -52,8 +52,18 @@ pub enum AdminCmd {
     /// QOS levels: priority, limits, preemption.
     #[command(subcommand)]
     Qos(ObjCmd<QosArgs>),
-    /// Cluster-wide settings: topology levels, priority weights, fair share, backfill, admins.
+    /// Cluster-wide settings: topology levels, priority weights, fair share,
+    /// backfill, admins, operators, the user map, root jobs, private jobs.
     Set(SetArgs),
+    /// Account coordinators (they manage their account's jobs, and the
+    /// sub-accounts and members below it): list them, or set one account's.
+    Coordinators {
+        /// The account (all accounts' when omitted).
+        account: Option<String>,
+        /// Identities or user names, comma-separated; empty removes them all.
+        #[arg(long, value_delimiter = ',')]
+        set: Option<Vec<String>>,
+    },
     /// Fair share per account: shares, decayed usage, factor (like `sshare`).
     Shares {
         #[arg(long)]
@@ -209,6 +219,23 @@ pub struct SetArgs {
     /// the current admins: a cluster that has had an admin always has one).
     #[arg(long, value_delimiter = ',')]
     admins: Option<Vec<String>>,
+    /// Operator identities or user names, comma-separated (drain and resume
+    /// nodes, change anyone's jobs; not the policy). Empty: none.
+    #[arg(long, value_delimiter = ',')]
+    operators: Option<Vec<String>>,
+    /// Identities whose jobs run as another Unix user, NAME=USER,
+    /// comma-separated (replaces the map; empty clears it).
+    #[arg(long, value_delimiter = ',')]
+    user_map: Option<Vec<String>>,
+    /// Domains stripped from identities (alice@DOMAIN runs as alice), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    user_domains: Option<Vec<String>>,
+    /// Allow jobs as root (agents must allow them too).
+    #[arg(long)]
+    allow_root_jobs: Option<bool>,
+    /// Users see only their own jobs (coordinators: their accounts'), like Slurm's PrivateData=jobs.
+    #[arg(long)]
+    private_jobs: Option<bool>,
 }
 
 /// The policy as the cluster has it now, and its version.
@@ -267,6 +294,18 @@ fn to_toml(policy: &ClusterPolicy) -> anyhow::Result<String> {
         "# Gangway cluster policy (version {}). Edit and load with `gangway admin import FILE`.\n{body}",
         policy.version
     ))
+}
+
+/// `NAME=USER` pairs (empty items skipped) as a user map.
+fn parse_user_map(items: &[String]) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    items
+        .iter()
+        .filter(|x| !x.is_empty())
+        .map(|x| match x.split_once('=') {
+            Some((name, user)) if !name.is_empty() && !user.is_empty() => Ok((name.to_string(), user.to_string())),
+            _ => bail!("--user-map: '{x}' must be NAME=USER"),
+        })
+        .collect()
 }
 
 fn quota_apply(q: &mut Quota, a: &QuotaArgs) -> anyhow::Result<()> {
@@ -515,10 +554,54 @@ pub async fn run(client: &Client, out: &Output, cmd: AdminCmd) -> anyhow::Result
                 if let Some(ad) = &a.admins {
                     p.admins = ad.iter().filter(|x| !x.is_empty()).cloned().collect();
                 }
+                if let Some(o) = &a.operators {
+                    p.operators = o.iter().filter(|x| !x.is_empty()).cloned().collect();
+                }
+                if let Some(m) = &a.user_map {
+                    p.user_map = parse_user_map(m)?;
+                }
+                if let Some(d) = &a.user_domains {
+                    p.user_domains = d.iter().filter(|x| !x.is_empty()).cloned().collect();
+                }
+                if let Some(r) = a.allow_root_jobs {
+                    p.allow_root_jobs = r;
+                }
+                if let Some(pj) = a.private_jobs {
+                    p.private_jobs = pj;
+                }
                 Ok(())
             })
             .await?;
             println!("policy updated (version {v})");
+            Ok(())
+        }
+        AdminCmd::Coordinators { account, set } => {
+            let Some(names) = set else {
+                let (policy, _) = fetch_policy(client, false).await?;
+                let rows: Vec<_> =
+                    policy.coordinators.iter().filter(|(a, _)| account.as_ref().is_none_or(|x| x == *a)).collect();
+                if out.json {
+                    println!("{}", serde_json::to_string_pretty(&rows)?);
+                } else {
+                    println!("{:<24} COORDINATORS", "ACCOUNT");
+                    for (a, names) in rows {
+                        println!("{a:<24} {}", names.join(","));
+                    }
+                }
+                return Ok(());
+            };
+            let Some(account) = account else { bail!("coordinators: --set needs the account") };
+            let names: Vec<String> = names.iter().filter(|x| !x.is_empty()).cloned().collect();
+            let v = edit(client, false, |p| {
+                if names.is_empty() {
+                    p.coordinators.remove(&account);
+                } else {
+                    p.coordinators.insert(account.clone(), names.clone());
+                }
+                Ok(())
+            })
+            .await?;
+            println!("coordinators of {account} set (policy version {v})");
             Ok(())
         }
         AdminCmd::Shares { stale } => {

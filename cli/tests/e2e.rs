@@ -214,7 +214,8 @@ fn controllers_agents_and_cli_as_separate_processes() {
     let st = stdout(&cli(&endpoints, &["cluster", "status"], &work));
     assert!(st.matches("leader").count() >= 2, "{st}");
     assert_eq!(st.matches("follower").count(), 2, "{st}");
-    assert!(st.contains("format: 5"), "the cluster did not move to the newest data format: {st}");
+    let newest = format!("format: {}", gangway_core::format::FORMAT_NEWEST);
+    assert!(st.contains(&newest), "the cluster did not move to the newest data format: {st}");
     // A backup through the CLI: 0600, checked whole, never over an existing file.
     let backup = work.join("cluster.gwbk");
     let o = cli(&endpoints, &["cluster", "backup", backup.to_str().unwrap()], &work);
@@ -718,8 +719,10 @@ fn policy_and_scheduler_options_through_the_cli(endpoints: &str, work: &Path) {
         assert_eq!(err.lines().count(), 1, "{err}");
         err
     };
+    // The dev cluster runs as root here: the file (the whole policy) says so.
     let policy = r#"
 topology_levels = ["rack"]
+allow_root_jobs = true
 
 [partitions.gpu]
 nodes = ["e2e-node-[1-2]"]

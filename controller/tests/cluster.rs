@@ -87,6 +87,17 @@ impl TestCluster {
         }
     }
 
+    /// The cluster moved to this build's newest data format (and the leader
+    /// carried the replicas' switches into the policy with it).
+    async fn wait_newest_format(&self) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let newest = gangway_core::format::FORMAT_NEWEST;
+        while !self.handles.values().any(|h| h.replica.node.state().read().format == newest) {
+            assert!(tokio::time::Instant::now() < deadline, "the cluster never moved to data format {newest}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     fn config(&self, id: u64, join: bool) -> ReplicaConfig {
         ReplicaConfig {
             id,
@@ -989,6 +1000,7 @@ async fn explain(client: &Client, job_id: u64) -> pb::Explanation {
 async fn policy_dependencies_arrays_and_preemption_on_a_real_agent() {
     let c = TestCluster::start(3).await;
     c.leader().await;
+    c.wait_newest_format().await;
     let (d1, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let agent = TestAgent::start(&c, "gw-node-1", "2xh100-80gb", d1.path());
     let client = c.client();
@@ -998,7 +1010,8 @@ async fn policy_dependencies_arrays_and_preemption_on_a_real_agent() {
             "high": { "priority": 100, "preempt": ["low"] }
         },
         "accounts": { "ml": { "shares": 2 } },
-        "users": { "root": { "accounts": ["ml"] } }
+        "users": { "root": { "accounts": ["ml"] } },
+        "allow_root_jobs": true
     });
     async fn put(client: &Client, json: String, expected: Option<u64>) -> Result<pb::Policy, tonic::Status> {
         let req = pb::UpdatePolicyRequest { json, expected_version: expected, force: false };
@@ -1010,12 +1023,16 @@ async fn policy_dependencies_arrays_and_preemption_on_a_real_agent() {
             .await
             .map(|r| r.into_inner())
     }
-    // Version 1 is the bootstrap admin's; this edit is based on it.
-    let v2 = put(&client, policy.to_string(), Some(1)).await.unwrap();
-    assert_eq!(v2.version, 2);
+    // Version 1 is the bootstrap admin's, version 2 the move to format 6
+    // (which carried --allow-root-jobs into the policy); this edit is based on it.
+    let v1 = c.handles.values().next().unwrap().replica.node.state().read().policy.version;
+    assert_eq!(v1, 2, "the bootstrap admin, then the carried switches");
+    let v2 = put(&client, policy.to_string(), Some(v1)).await.unwrap();
+    assert_eq!(v2.version, v1 + 1);
     // The imported policy names no admins: the current ones stay.
     assert!(v2.json.contains("\"admins\":[\"tester\"]"), "{}", v2.json);
-    let stale = put(&client, policy.to_string(), Some(1)).await.unwrap_err();
+    assert!(v2.json.contains("\"allow_root_jobs\":true"), "{}", v2.json);
+    let stale = put(&client, policy.to_string(), Some(v1)).await.unwrap_err();
     assert_eq!(stale.code(), Code::Aborted, "{stale:?}");
     let bad = put(&client, r#"{"qos": {"high": {"preempt": ["nope"]}}}"#.into(), None).await.unwrap_err();
     assert_eq!(bad.code(), Code::InvalidArgument);
@@ -1434,9 +1451,15 @@ mod security {
         /// No certificate, a step credential (signed by a replica) of a job
         /// that does not run: it opens nothing.
         StaleStep,
+        /// oscar, an operator in the policy.
+        Operator,
+        /// carol, coordinator of account `ml` (alice's).
+        Coordinator,
+        /// `alice@corp.example`, whom the policy's user map makes alice.
+        MappedAlice,
     }
 
-    const CALLERS: [Caller; 12] = [
+    const CALLERS: [Caller; 15] = [
         Caller::NoCert,
         Caller::ForeignCa,
         Caller::Expired,
@@ -1449,6 +1472,9 @@ mod security {
         Caller::TokenAlice,
         Caller::ForgedToken,
         Caller::StaleStep,
+        Caller::Operator,
+        Caller::Coordinator,
+        Caller::MappedAlice,
     ];
 
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1516,26 +1542,27 @@ mod security {
         if caller == TokenAlice && matches!(rpc, Rpc::RaftVote | Rpc::RaftAppend | Rpc::RaftVoteAsReplica3) {
             return Got::Unauthenticated;
         }
-        // Otherwise a token holder is the user it names.
-        let caller = if caller == TokenAlice { Alice } else { caller };
+        // Otherwise a token holder is the user it names, and a mapped
+        // identity the user it maps to.
+        let caller = if matches!(caller, TokenAlice | MappedAlice) { Alice } else { caller };
         match caller {
             NoCert | ForgedToken | StaleStep => return Got::Unauthenticated,
             ForeignCa | Expired => return Got::NoHandshake,
             _ => {}
         }
         let allowed = |ok: bool| if ok { Got::Allowed } else { Got::Denied };
-        let user = matches!(caller, Alice | Bob | Admin);
+        let user = matches!(caller, Alice | Bob | Admin | Operator | Coordinator);
         match rpc {
             Rpc::RaftVote | Rpc::RaftAppend => allowed(caller == Server),
             // The server caller holds replica 1's certificate: it speaks for 1 only.
             Rpc::RaftVoteAsReplica3 => Got::Denied,
-            Rpc::AddLearner
-            | Rpc::TransferLeader
-            | Rpc::UpdatePolicy
-            | Rpc::Snapshot
-            | Rpc::Drain
-            | Rpc::Audit
-            | Rpc::Backup => allowed(matches!(caller, Admin | Server)),
+            Rpc::AddLearner | Rpc::TransferLeader | Rpc::Snapshot | Rpc::Audit | Rpc::Backup => {
+                allowed(matches!(caller, Admin | Server))
+            }
+            // Coordinators edit their accounts' part of the policy (the state
+            // machine checks which part); operators drain nodes.
+            Rpc::UpdatePolicy => allowed(matches!(caller, Admin | Server | Coordinator)),
+            Rpc::Drain => allowed(matches!(caller, Admin | Server | Operator)),
             Rpc::ClusterStatus
             | Rpc::GetPolicy
             | Rpc::ListNodes
@@ -1547,7 +1574,7 @@ mod security {
             // Nobody runs jobs as root here, nor as someone else.
             Rpc::SubmitAsRoot => Got::Denied,
             Rpc::SubmitAsOther => Got::Denied,
-            Rpc::HoldAlicesJob => allowed(matches!(caller, Alice | Admin)),
+            Rpc::HoldAlicesJob => allowed(matches!(caller, Alice | Admin | Operator | Coordinator)),
             Rpc::RegisterNodeX | Rpc::HeartbeatNodeX | Rpc::ReportExitOnNodeX => allowed(caller == AgentX),
         }
     }
@@ -1748,6 +1775,9 @@ mod security {
                 (Role::Client, "bob"),
                 (Role::Client, "admin"),
                 (Role::Client, "nobody"),
+                (Role::Client, "oscar"),
+                (Role::Client, "carol"),
+                (Role::Client, "alice@corp.example"),
             ] {
                 ps.push(Principal::new(role, name).unwrap());
             }
@@ -1807,6 +1837,9 @@ mod security {
                 Caller::AgentX => TlsFiles::in_dir(&self.main, "agent-node-x"),
                 Caller::AgentY => TlsFiles::in_dir(&self.main, "agent-node-y"),
                 Caller::Server => TlsFiles::in_dir(&self.main, "server-1"),
+                Caller::Operator => TlsFiles::in_dir(&self.main, "client-oscar"),
+                Caller::Coordinator => TlsFiles::in_dir(&self.main, "client-carol"),
+                Caller::MappedAlice => TlsFiles::in_dir(&self.main, "client-alice@corp.example"),
             };
             Security::Tls(Credentials::load(files).unwrap())
         }
@@ -1823,6 +1856,54 @@ mod security {
             .unwrap()
             .into_inner()
             .job_id
+    }
+
+    /// The policy of the roles tests: accounts `ml` (alice's; carol
+    /// coordinates it) and `infra` (bob's), operator oscar,
+    /// `alice@corp.example` mapped to alice, admin kept.
+    fn roles_policy() -> serde_json::Value {
+        serde_json::json!({
+            "admins": ["admin"],
+            "accounts": { "ml": {}, "infra": {} },
+            "users": { "alice": { "accounts": ["ml"] }, "bob": { "accounts": ["infra"] } },
+            "operators": ["oscar"],
+            "coordinators": { "ml": ["carol"] },
+            "user_map": { "alice@corp.example": "alice" }
+        })
+    }
+
+    async fn set_policy(client: &Client, policy: serde_json::Value) -> Result<pb::Policy, tonic::Status> {
+        let json = policy.to_string();
+        client
+            .call(|ch| {
+                let r = client.request(pb::UpdatePolicyRequest { json: json.clone(), ..Default::default() });
+                async move { AdminServiceClient::new(ch).update_policy(r).await }
+            })
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    async fn get(c: &Client, job_id: u64) -> Result<pb::Job, tonic::Status> {
+        c.call(|ch| {
+            let r = c.request(pb::GetJobRequest { job_id, stale: false });
+            async move { JobServiceClient::new(ch).get(r).await }
+        })
+        .await
+        .map(|r| r.into_inner())
+    }
+
+    /// The ids of the jobs `c` is shown.
+    async fn list(c: &Client) -> Vec<u64> {
+        let jobs = c
+            .call(|ch| {
+                let r = c.request(pb::ListJobsRequest::default());
+                async move { JobServiceClient::new(ch).list(r).await }
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .jobs;
+        jobs.iter().map(|j| j.id).collect()
     }
 
     async fn start_secure(pki: &Pki) -> TestCluster {
@@ -1913,13 +1994,17 @@ mod security {
         let leader = c.leader().await;
         let eps: Vec<String> = c.addrs.values().cloned().collect();
         let alice = Client::new(&eps, "ignored", &pki.security(Caller::Alice)).unwrap();
-        let bob = Client::new(&eps, "ignored", &pki.security(Caller::Bob)).unwrap();
         // The bootstrap admin was committed by the leader.
         let deadline = tokio::time::Instant::now() + WAIT;
         while c.state(leader).policy.admins != vec!["admin".to_string()] {
             assert!(tokio::time::Instant::now() < deadline, "the bootstrap admin was never committed");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // The roles: oscar operates, carol coordinates alice's account, and
+        // alice's corporate identity runs as alice.
+        c.wait_newest_format().await;
+        let admin = Client::new(&eps, "ignored", &pki.security(Caller::Admin)).unwrap();
+        set_policy(&admin, roles_policy()).await.unwrap();
         // Alice's job runs as alice, whatever she claims to be otherwise.
         let job = submit_secret_job(&alice).await;
         let stored = c.state(leader).jobs[&job].clone();
@@ -1936,10 +2021,19 @@ mod security {
                 .into_inner();
             job.spec.unwrap()
         }
-        let bob_spec = get_job(&bob, job).await;
-        assert!(bob_spec.env.is_empty() && bob_spec.script.is_empty() && bob_spec.command.is_empty(), "{bob_spec:?}");
-        let alice_spec = get_job(&alice, job).await;
-        assert_eq!(alice_spec.env.get("SECRET_TOKEN").map(String::as_str), Some("hunter2"));
+        // Operators and coordinators see it, without its secrets; alice's
+        // mapped identity sees them (it is alice).
+        for who in [Caller::Bob, Caller::Operator, Caller::Coordinator] {
+            let client = Client::new(&eps, "ignored", &pki.security(who)).unwrap();
+            let spec = get_job(&client, job).await;
+            assert!(spec.env.is_empty() && spec.script.is_empty() && spec.command.is_empty(), "{who:?}: {spec:?}");
+        }
+        for who in [Caller::Alice, Caller::MappedAlice] {
+            let client = Client::new(&eps, "ignored", &pki.security(who)).unwrap();
+            let spec = get_job(&client, job).await;
+            assert_eq!(spec.env.get("SECRET_TOKEN").map(String::as_str), Some("hunter2"), "{who:?}");
+        }
+        assert_eq!(stored.spec.account, "ml", "alice's job charges the account carol coordinates");
 
         let mut table = vec![format!(
             "{:<8} {:<8} {:<18} {}",
@@ -2077,27 +2171,6 @@ mod security {
         let client = |who| Client::new(&eps, "ignored", &pki.security(who)).unwrap();
         let (alice, bob, admin) = (client(Caller::Alice), client(Caller::Bob), client(Caller::Admin));
         let job = submit_secret_job(&alice).await;
-        async fn get(c: &Client, job_id: u64) -> Result<pb::Job, tonic::Status> {
-            c.call(|ch| {
-                let r = c.request(pb::GetJobRequest { job_id, stale: false });
-                async move { JobServiceClient::new(ch).get(r).await }
-            })
-            .await
-            .map(|r| r.into_inner())
-        }
-        async fn list(c: &Client) -> Vec<u64> {
-            c.call(|ch| {
-                let r = c.request(pb::ListJobsRequest::default());
-                async move { JobServiceClient::new(ch).list(r).await }
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .jobs
-            .iter()
-            .map(|j| j.id)
-            .collect()
-        }
         assert_eq!(get(&bob, job).await.unwrap_err().code(), Code::NotFound);
         assert!(!list(&bob).await.contains(&job));
         let cancel = bob
@@ -2121,6 +2194,91 @@ mod security {
             .unwrap_err();
         assert!(refused.message().contains(&format!("job {job} was purged")), "{refused:?}");
         assert_eq!(get(&admin, job).await.unwrap().id, job);
+        for (_, h) in std::mem::take(&mut c.handles) {
+            h.shutdown().await;
+        }
+    }
+
+    /// The roles and the private-jobs switch come from the replicated policy
+    /// (no replica flag): a coordinator sees and manages the jobs of their
+    /// account and edits only below it, an operator sees every job and drains
+    /// nodes (audited), a user sees only their own, and a mapped identity
+    /// submits and sees as the user it maps to. The switch turned off shows
+    /// everything again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn roles_and_private_jobs_come_from_the_replicated_policy() {
+        let pki = Pki::new();
+        let mut c = start_secure(&pki).await;
+        c.leader().await;
+        c.wait_newest_format().await;
+        let eps: Vec<String> = c.addrs.values().cloned().collect();
+        let client = |who| Client::new(&eps, "ignored", &pki.security(who)).unwrap();
+        let (alice, bob, admin) = (client(Caller::Alice), client(Caller::Bob), client(Caller::Admin));
+        let (oscar, carol, mapped) =
+            (client(Caller::Operator), client(Caller::Coordinator), client(Caller::MappedAlice));
+        let mut policy = roles_policy();
+        policy["private_jobs"] = serde_json::json!(true);
+        set_policy(&admin, policy.clone()).await.unwrap();
+        async fn cancel(c: &Client, job_id: u64) -> Result<(), tonic::Status> {
+            c.call(|ch| {
+                let r = c.request(pb::CancelRequest { job_id });
+                async move { JobServiceClient::new(ch).cancel(r).await }
+            })
+            .await
+            .map(drop)
+        }
+        let a = submit_secret_job(&alice).await;
+        let b = submit_secret_job(&bob).await;
+        // The mapped identity's job runs as alice, in her account.
+        let m = submit_secret_job(&mapped).await;
+        let leader = c.leader().await;
+        let stored = c.state(leader).jobs[&m].clone();
+        assert_eq!((stored.spec.user.as_str(), stored.spec.account.as_str()), ("alice", "ml"));
+        assert_eq!(stored.submitted_by, "client:alice@corp.example");
+        // Who sees what.
+        assert_eq!(list(&bob).await, vec![b]);
+        assert_eq!(get(&bob, a).await.unwrap_err().code(), Code::NotFound);
+        assert_eq!(list(&alice).await, vec![a, m]);
+        assert_eq!(list(&mapped).await, vec![a, m], "the mapped identity is alice");
+        assert_eq!(list(&carol).await, vec![a, m], "carol coordinates ml, not infra");
+        assert_eq!(get(&carol, b).await.unwrap_err().code(), Code::NotFound);
+        assert_eq!(list(&oscar).await, vec![a, b, m]);
+        let seen = get(&oscar, b).await.unwrap().spec.unwrap();
+        assert!(seen.env.is_empty() && seen.script.is_empty(), "operators do not read others' secrets: {seen:?}");
+        // Carol cancels alice's job, not bob's (hidden from her).
+        cancel(&carol, a).await.unwrap();
+        assert_eq!(cancel(&carol, b).await.unwrap_err().code(), Code::NotFound);
+        assert_eq!(get(&alice, a).await.unwrap().state, pb::JobState::Cancelled as i32);
+        // Carol edits below ml, and nothing else.
+        let mut sub = c.state(leader).policy.clone();
+        sub.accounts
+            .insert("ml-vision".into(), gangway_core::policy::Account { parent: "ml".into(), ..Default::default() });
+        set_policy(&carol, serde_json::to_value(&sub).unwrap()).await.unwrap();
+        let mut grab = c.state(leader).policy.clone();
+        grab.private_jobs = false;
+        let refused = set_policy(&carol, serde_json::to_value(&grab).unwrap()).await.unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+        assert!(refused.message().contains("private_jobs"), "{}", refused.message());
+        assert!(c.state(leader).policy.private_jobs, "a refused edit changed nothing");
+        // Oscar drains (audited as an operator); bob cannot.
+        async fn drain(cl: &Client) -> Result<(), tonic::Status> {
+            cl.call(|ch| {
+                let r = cl.request(pb::DrainRequest { name: "no-such-node".into(), reason: String::new() });
+                async move { NodeServiceClient::new(ch).drain(r).await }
+            })
+            .await
+            .map(drop)
+        }
+        assert_eq!(drain(&oscar).await.unwrap_err().code(), Code::NotFound);
+        assert_eq!(drain(&bob).await.unwrap_err().code(), Code::PermissionDenied);
+        assert_eq!(set_policy(&oscar, policy.clone()).await.unwrap_err().code(), Code::PermissionDenied);
+        // The switch off: bob sees alice's jobs again (not their secrets).
+        let mut open = c.state(leader).policy.clone();
+        open.private_jobs = false;
+        set_policy(&admin, serde_json::to_value(&open).unwrap()).await.unwrap();
+        assert!(list(&bob).await.contains(&m));
+        let spec = get(&bob, m).await.unwrap().spec.unwrap();
+        assert!(spec.env.is_empty() && spec.script.is_empty(), "{spec:?}");
         for (_, h) in std::mem::take(&mut c.handles) {
             h.shutdown().await;
         }

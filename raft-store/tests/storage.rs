@@ -55,9 +55,9 @@ fn stores_in_another_data_format_are_refused() {
     assert!(err.contains("format 1") && err.contains("empty data directory"), "{err}");
 }
 
-/// Copies the checked-in format-4 fixture store into a fresh directory.
-fn format4_fixture() -> tempfile::TempDir {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format4");
+/// Copies a checked-in fixture store (`format4`, `format5`) into a fresh directory.
+fn fixture(name: &str) -> tempfile::TempDir {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
     let dir = tempfile::tempdir().unwrap();
     for e in std::fs::read_dir(&src).unwrap() {
         let e = e.unwrap();
@@ -101,7 +101,7 @@ async fn a_format4_store_opens_replays_and_migrates_to_format5() {
     use gangway_core::format::Payload;
     use gangway_core::{Command, JobState, NodeState};
     use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
-    let dir = format4_fixture();
+    let dir = fixture("format4");
     let (mut stores, s) = open_and_replay(dir.path()).await;
     assert_eq!(s.format, 4);
     assert_eq!(s.jobs.len(), 10, "{:?}", s.jobs.keys().collect::<Vec<_>>());
@@ -134,6 +134,73 @@ async fn a_format4_store_opens_replays_and_migrates_to_format5() {
     assert_eq!(migrated.format, 5);
     drop(stores);
     // Reopened, it reads format 5 and holds the same state.
+    let (_stores, again) = open_and_replay(dir.path()).await;
+    assert_eq!(again, migrated);
+}
+
+/// The store written by the last build of data format 5 (a one-replica dev
+/// cluster: a policy import, two agents, ten jobs — completed, running,
+/// failed, held, waiting to begin, an array waiting on a dependency with one
+/// element cancelled — a drained node; a snapshot at index 20 and log entries
+/// after it) opens in this build, reads the same, and migrates in place to
+/// format 6, after which the policy takes roles and job switches.
+#[tokio::test]
+async fn a_format5_store_opens_replays_and_migrates_to_format6() {
+    use gangway_core::format::Payload;
+    use gangway_core::{Command, JobState, NodeState, Outcome};
+    use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+    let dir = fixture("format5");
+    let (mut stores, s) = open_and_replay(dir.path()).await;
+    assert_eq!(s.format, 5);
+    assert_eq!(s.jobs.len(), 10, "{:?}", s.jobs.keys().collect::<Vec<_>>());
+    assert_eq!(s.policy.admins, vec!["root".to_string()]);
+    assert_eq!(s.policy.accounts["ml"].shares, 2);
+    assert!(s.policy.partitions["gpu"].default);
+    assert_eq!(s.policy.qos["high"].priority, 10);
+    assert!(s.policy.operators.is_empty() && !s.policy.private_jobs, "format 5 has no roles");
+    assert_eq!(s.jobs[&1].state, JobState::Completed);
+    assert_eq!(s.jobs[&2].state, JobState::Running);
+    assert_eq!(s.jobs[&2].allocation.as_ref().unwrap().nodes[0].gpus.len(), 2);
+    assert_eq!((s.jobs[&3].state, s.jobs[&3].exit_code), (JobState::Failed, Some(3)));
+    assert_eq!(s.jobs[&4].held.as_deref(), Some("JobHeldUser"));
+    assert!(s.jobs[&5].spec.begin_ms > 0);
+    assert_eq!(s.jobs[&6].spec.comment, "fixture array");
+    assert!((6..=8).all(|id| s.jobs[&id].array.is_some()));
+    assert_eq!(s.jobs[&7].state, JobState::Cancelled);
+    assert_eq!(s.jobs[&10].spec.name, "after-snap");
+    assert_eq!(s.jobs[&10].state, JobState::Completed);
+    assert_eq!(s.nodes["dev-node-2"].state, NodeState::Drain);
+    assert_eq!(s.nodes["dev-node-2"].state_reason, "fixture drain");
+    s.check_invariants().unwrap();
+    // The cluster moves to format 6; the policy then takes format 6's fields.
+    let mut roles = s.policy.clone();
+    roles.operators = vec!["oscar".into()];
+    roles.private_jobs = true;
+    let entries = [
+        Command::SetDataFormat { format: 6, now_ms: 1 },
+        Command::UpdatePolicy {
+            policy: roles,
+            expected_version: None,
+            force: false,
+            identity: "server:1".into(),
+            now_ms: 2,
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, cmd)| openraft::Entry::<gangway_raft_store::TypeConfig> {
+        log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), 1_000 + i as u64),
+        payload: openraft::EntryPayload::Normal(Payload::new(cmd, 6)),
+    });
+    let replies = stores.state_machine.apply(entries).await.unwrap();
+    let outcome = replies[1].as_ref().map(|a| a.outcome.clone());
+    assert!(matches!(outcome, Some(Outcome::PolicyUpdated { .. })), "{outcome:?}");
+    let snap = stores.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    assert_eq!(&snap.snapshot.get_ref()[4..8], &6u32.to_le_bytes(), "the snapshot is not format 6");
+    let migrated = stores.state_machine.shared().read().clone();
+    assert_eq!(migrated.format, 6);
+    assert!(migrated.policy.private_jobs && migrated.policy.operators == vec!["oscar".to_string()]);
+    drop(stores);
     let (_stores, again) = open_and_replay(dir.path()).await;
     assert_eq!(again, migrated);
 }

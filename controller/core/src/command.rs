@@ -194,6 +194,9 @@ impl Command {
                 .saturating_add(preemptions.len().saturating_mul(64)),
             Command::UpdatePolicy { policy, .. } => FIXED
                 .saturating_add(policy.accounts.len().saturating_mul(128))
+                .saturating_add(policy.coordinators.len().saturating_mul(128))
+                .saturating_add(policy.user_map.len().saturating_mul(128))
+                .saturating_add(policy.operators.len().saturating_mul(64))
                 .saturating_add(policy.users.len().saturating_mul(128))
                 .saturating_add(policy.partitions.len().saturating_mul(512))
                 .saturating_add(policy.qos.len().saturating_mul(256)),
@@ -252,7 +255,12 @@ std::thread_local! {
 }
 
 /// Decodes a batch's commands, refusing nesting past BATCH_DECODE_DEPTH_MAX.
-pub(crate) fn batch_items<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Command>, D::Error> {
+/// (Generic: frozen formats' batches hold their own command types.)
+pub(crate) fn batch_items<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
     struct Level;
     impl Drop for Level {
         fn drop(&mut self) {
@@ -268,5 +276,5 @@ pub(crate) fn batch_items<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<
     if depth > BATCH_DECODE_DEPTH_MAX {
         return Err(serde::de::Error::custom(format!("batches nest deeper than {BATCH_DECODE_DEPTH_MAX}")));
     }
-    Vec::<Command>::deserialize(d)
+    Vec::<T>::deserialize(d)
 }

@@ -27,7 +27,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::command::Command;
-use crate::compat::v4;
+use crate::compat::{v4, v5};
 
 /// The format every log starts in: a new cluster's first entries are written
 /// in it until its leader moves the cluster to the newest format.
@@ -35,7 +35,7 @@ pub const FORMAT_BASE: u32 = 4;
 /// The oldest format this build reads (log entries, snapshots, stores).
 pub const FORMAT_OLDEST: u32 = 4;
 /// The newest format this build reads and, once every replica can, writes.
-pub const FORMAT_NEWEST: u32 = 5;
+pub const FORMAT_NEWEST: u32 = 6;
 
 /// Whether this build reads `format`.
 pub fn readable(format: u32) -> bool {
@@ -70,7 +70,32 @@ impl Command {
             // that format stops at this entry instead of applying it.
             Command::SetDataFormat { format, .. } => (*format).max(5),
             Command::Batch(cmds) => cmds.iter().map(Command::since_format).max().unwrap_or(FORMAT_BASE),
+            // Roles, the user map and the job switches came with format 6.
+            Command::UpdatePolicy { policy, .. } => policy.needs_format(),
             _ => FORMAT_BASE,
+        }
+    }
+}
+
+impl Command {
+    /// Whether this command may be proposed while the cluster is at
+    /// `cluster_format`: every command in it (a batch's in order) must be
+    /// carried by the format in effect when it applies. Only
+    /// [`Command::SetDataFormat`] may be newer: it moves the format. A
+    /// command written in a newer format would stop the replicas that cannot
+    /// read it, so the leader refuses it instead. Returns the format in
+    /// effect after the command.
+    pub fn writable_in(&self, cluster_format: u32) -> Result<u32, String> {
+        match self {
+            Command::SetDataFormat { format, .. } => Ok(cluster_format.max(*format)),
+            Command::Batch(cmds) => cmds.iter().try_fold(cluster_format, |f, c| c.writable_in(f)),
+            c if c.since_format() > cluster_format => Err(format!(
+                "{} needs data format {}; this cluster is on format {cluster_format} until every replica runs a \
+                 build that reads it",
+                c.name(),
+                c.since_format()
+            )),
+            _ => Ok(cluster_format),
         }
     }
 }
@@ -129,7 +154,11 @@ impl Serialize for Payload {
         };
         match self.format {
             4 => v4::Wire::from_command(command).map_err(S::Error::custom)?.serialize(serializer),
-            5 => v4::Wire::Envelope { format: 5, body: to_bytes(command) }.serialize(serializer),
+            5 => {
+                let body = to_bytes(&v5::Wire::from_command(command).map_err(S::Error::custom)?);
+                v4::Wire::Envelope { format: 5, body }.serialize(serializer)
+            }
+            6 => v4::Wire::Envelope { format: 6, body: to_bytes(command) }.serialize(serializer),
             f => Err(S::Error::custom(format!("this build does not write data format {f}"))),
         }
     }
@@ -140,8 +169,13 @@ impl<'de> Deserialize<'de> for Payload {
         use serde::de::Error;
         match v4::Wire::deserialize(deserializer)? {
             v4::Wire::Envelope { format: 5, body } => {
-                let command = from_bytes(&body).map_err(D::Error::custom)?;
+                let wire: v5::Wire = from_bytes(&body).map_err(D::Error::custom)?;
+                let command = wire.into_command().ok_or_else(|| D::Error::custom("an envelope inside a batch"))?;
                 Ok(Payload { format: 5, command: Some(command), unread: Vec::new() })
+            }
+            v4::Wire::Envelope { format: 6, body } => {
+                let command = from_bytes(&body).map_err(D::Error::custom)?;
+                Ok(Payload { format: 6, command: Some(command), unread: Vec::new() })
             }
             v4::Wire::Envelope { format, body } if format > FORMAT_NEWEST => {
                 Ok(Payload { format, command: None, unread: body })
@@ -149,7 +183,10 @@ impl<'de> Deserialize<'de> for Payload {
             v4::Wire::Envelope { format, .. } => {
                 Err(D::Error::custom(format!("an envelope cannot carry data format {format}")))
             }
-            bare => Ok(Payload { format: 4, command: bare.into_command(), unread: Vec::new() }),
+            bare => {
+                let command = bare.into_command().ok_or_else(|| D::Error::custom("an envelope inside a batch"))?;
+                Ok(Payload { format: 4, command: Some(command), unread: Vec::new() })
+            }
         }
     }
 }
@@ -198,6 +235,24 @@ mod tests {
         bomb.extend_from_slice(&to_bytes(&Command::CancelJob { job_id: 1, identity: "a".into(), now_ms: 1 }));
         assert!(from_bytes::<Command>(&bomb).is_err());
         assert!(from_bytes::<Payload>(&bomb).is_err());
+    }
+
+    #[test]
+    fn commands_of_a_newer_format_are_writable_only_after_the_move() {
+        let roles = crate::policy::ClusterPolicy { private_jobs: true, ..Default::default() };
+        let update = Command::UpdatePolicy {
+            policy: roles,
+            expected_version: None,
+            force: false,
+            identity: "a".into(),
+            now_ms: 1,
+        };
+        assert!(update.writable_in(5).unwrap_err().contains("needs data format 6"));
+        assert_eq!(update.writable_in(6), Ok(6));
+        let moved = Command::Batch(vec![Command::SetDataFormat { format: 6, now_ms: 1 }, update.clone()]);
+        assert_eq!(moved.writable_in(5), Ok(6));
+        let early = Command::Batch(vec![update, Command::SetDataFormat { format: 6, now_ms: 1 }]);
+        assert!(early.writable_in(5).is_err());
     }
 
     #[test]

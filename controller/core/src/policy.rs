@@ -51,6 +51,18 @@ pub const HALF_LIFE_S_MAX: u64 = 365 * 24 * 3600;
 pub const ADMINS_MAX: usize = 256;
 /// A priority weight: keeps weighted sums far from u64 overflow.
 pub const PRIORITY_WEIGHT_MAX: u32 = 1_000_000;
+/// Operator identities: like admins, a short list of people and automation.
+pub const OPERATORS_MAX: usize = 256;
+/// Coordinators of one account (Slurm sites name a few per project).
+pub const ACCOUNT_COORDINATORS_MAX: usize = 64;
+/// Entries in the identity-to-user map: one per person or service whose
+/// certificate or token names them otherwise than their Unix account.
+pub const USER_MAP_MAX: usize = 100_000;
+/// Domains stripped from identities (`alice@corp.example` runs as `alice`).
+pub const USER_DOMAINS_MAX: usize = 16;
+/// The first data format that carries the roles, the user map and the
+/// cluster-wide job switches below (see [`ClusterPolicy::needs_format`]).
+pub const ROLES_FORMAT: u32 = 6;
 
 /// Running/submitted limits on one account, user or QOS. `None` is unlimited.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -307,6 +319,27 @@ pub struct ClusterPolicy {
     /// means nobody (default deny): a new cluster gets its first admin from
     /// the replicas' `--bootstrap-admin`, committed by the leader.
     pub admins: Vec<String>,
+    // ---- From data format 6 (ROLES_FORMAT); empty in older clusters. ----
+    /// Identities that run the machines and the queue, not the policy: drain
+    /// and resume nodes, and change any job (cancel, hold and release,
+    /// requeue, priority, time limits), as admins do. They see every job, but
+    /// not other users' scripts and environments.
+    pub operators: Vec<String>,
+    /// Account coordinators (Slurm's), by account: they manage the jobs of
+    /// their account and the accounts below it, the limits of those below,
+    /// and which users belong to them.
+    pub coordinators: BTreeMap<String, Vec<String>>,
+    /// Identity (a certificate's or token's name) to the Unix user its jobs
+    /// run as, where the two differ. Unlisted names run as themselves.
+    pub user_map: BTreeMap<String, String>,
+    /// Domains stripped from unmapped identities: with `corp.example` listed,
+    /// `alice@corp.example` runs as `alice`.
+    pub user_domains: Vec<String>,
+    /// Jobs may run as root (uid 0). Agents must allow it too.
+    pub allow_root_jobs: bool,
+    /// Users see only their own jobs (coordinators: their accounts'), as
+    /// Slurm's `PrivateData=jobs`; others' read as not found.
+    pub private_jobs: bool,
 }
 
 impl Default for ClusterPolicy {
@@ -323,6 +356,12 @@ impl Default for ClusterPolicy {
             backfill_reservations: 1,
             enforce_users: false,
             admins: Vec::new(),
+            operators: Vec::new(),
+            coordinators: BTreeMap::new(),
+            user_map: BTreeMap::new(),
+            user_domains: Vec::new(),
+            allow_root_jobs: false,
+            private_jobs: false,
         }
     }
 }
@@ -335,6 +374,121 @@ fn check_ident(field: &str, value: &str) -> Result<(), SpecError> {
         return Err(SpecError::new(field, format!("'{value}' must be 1-256 of letters, digits, '-', '_' or '.'")));
     }
     Ok(())
+}
+
+/// An identity or name in a role list: 1-256 bytes, no spaces or controls.
+fn check_role_name(field: &str, name: &str) -> Result<(), SpecError> {
+    if name.is_empty() || name.len() > crate::limits::NAME_BYTES_MAX || name.chars().any(|c| c.is_control() || c == ' ')
+    {
+        return Err(SpecError::new(
+            field,
+            format!("'{name}' must be an identity or user name (1-256 bytes, no spaces)"),
+        ));
+    }
+    Ok(())
+}
+
+/// The name in an identity: `client:alice` → `alice` (names hold no `:`).
+pub fn identity_name(identity: &str) -> &str {
+    identity.rsplit(':').next().unwrap_or(identity)
+}
+
+/// Whether a coordinator of the accounts `mine` may turn `old` into `new`.
+/// In reach: accounts strictly below one of theirs (added, removed, edited,
+/// their coordinators too, as long as they stay below), and users'
+/// memberships in their accounts and those below. Everything else must be
+/// as it was; the first difference out of reach is named. (Admins apply
+/// `new` whole; the state machine fills in the version and empty admins
+/// before calling this.)
+pub fn coordinator_change(old: &ClusterPolicy, new: &ClusterPolicy, mine: &[&str]) -> Result<(), SpecError> {
+    let below = |p: &ClusterPolicy, a: &str| mine.iter().any(|m| a != *m && p.is_under(a, m));
+    let member_scope = |p: &ClusterPolicy, a: &str| mine.iter().any(|m| p.is_under(a, m));
+    let out = |field: String| {
+        Err(SpecError::new(
+            &field,
+            "out of a coordinator's reach (their accounts' sub-accounts and members); ask an admin",
+        ))
+    };
+    let keys = |a: &BTreeMap<String, Account>, b: &BTreeMap<String, Account>| -> BTreeSet<String> {
+        a.keys().chain(b.keys()).cloned().collect()
+    };
+    for name in keys(&old.accounts, &new.accounts) {
+        let (o, n) = (old.accounts.get(&name), new.accounts.get(&name));
+        if o == n {
+            continue;
+        }
+        let was_ok = o.is_none() || below(old, &name);
+        let is_ok = n.is_none() || below(new, &name);
+        if !(was_ok && is_ok) {
+            return out(format!("accounts.{name}"));
+        }
+    }
+    for name in old.coordinators.keys().chain(new.coordinators.keys()) {
+        if old.coordinators.get(name) != new.coordinators.get(name) && !(below(old, name) || below(new, name)) {
+            return out(format!("coordinators.{name}"));
+        }
+    }
+    let users: BTreeSet<&String> = old.users.keys().chain(new.users.keys()).collect();
+    for name in users {
+        let (o, n) = (old.users.get(name), new.users.get(name));
+        if o == n {
+            continue;
+        }
+        let field = format!("users.{name}");
+        let quota = |u: Option<&User>| u.map(|u| u.quota.clone()).unwrap_or_default();
+        if quota(o) != quota(n) {
+            return out(format!("{field}.quota"));
+        }
+        // Memberships outside their accounts stay, in order; the default
+        // (first) account changes only between accounts in reach.
+        let outside = |p: &ClusterPolicy, u: Option<&User>| -> Vec<String> {
+            u.map(|u| u.accounts.iter().filter(|a| !member_scope(p, a)).cloned().collect()).unwrap_or_default()
+        };
+        if outside(old, o) != outside(new, n) {
+            return out(format!("{field}.accounts"));
+        }
+        let first = |u: Option<&User>| u.and_then(|u| u.accounts.first().cloned());
+        let (f_old, f_new) = (first(o), first(n));
+        let first_ok = f_old == f_new
+            || (f_old.as_deref().is_none_or(|a| member_scope(old, a))
+                && f_new.as_deref().is_none_or(|a| member_scope(new, a)));
+        if !first_ok {
+            return out(format!("{field}.accounts"));
+        }
+    }
+    // Everything else whole: compare with the in-reach parts taken from `old`.
+    let mut rest = new.clone();
+    rest.accounts = old.accounts.clone();
+    rest.coordinators = old.coordinators.clone();
+    rest.users = old.users.clone();
+    rest.version = old.version;
+    if rest != *old {
+        let field = first_difference(old, &rest);
+        return out(field.to_string());
+    }
+    Ok(())
+}
+
+/// The name of the first top-level field in which `a` and `b` differ.
+fn first_difference(a: &ClusterPolicy, b: &ClusterPolicy) -> &'static str {
+    let checks: [(&str, bool); 15] = [
+        ("topology_levels", a.topology_levels == b.topology_levels),
+        ("partitions", a.partitions == b.partitions),
+        ("qos", a.qos == b.qos),
+        ("priority", a.priority == b.priority),
+        ("fairshare_half_life_s", a.fairshare_half_life_s == b.fairshare_half_life_s),
+        ("backfill_reservations", a.backfill_reservations == b.backfill_reservations),
+        ("enforce_users", a.enforce_users == b.enforce_users),
+        ("admins", a.admins == b.admins),
+        ("operators", a.operators == b.operators),
+        ("user_map", a.user_map == b.user_map),
+        ("user_domains", a.user_domains == b.user_domains),
+        ("allow_root_jobs", a.allow_root_jobs == b.allow_root_jobs),
+        ("private_jobs", a.private_jobs == b.private_jobs),
+        ("accounts", a.accounts == b.accounts),
+        ("users", a.users == b.users),
+    ];
+    checks.iter().find(|(_, same)| !same).map_or("policy", |(f, _)| f)
 }
 
 fn check_quota(field: &str, q: &Quota) -> Result<(), SpecError> {
@@ -523,6 +677,7 @@ impl ClusterPolicy {
                 ));
             }
         }
+        self.validate_roles()?;
         if self.backfill_reservations > BACKFILL_RESERVATIONS_MAX {
             return Err(SpecError::new(
                 "backfill_reservations",
@@ -530,6 +685,103 @@ impl ClusterPolicy {
             ));
         }
         Ok(())
+    }
+
+    /// The roles, the user map and the job switches (data format 6).
+    fn validate_roles(&self) -> Result<(), SpecError> {
+        if self.operators.len() > OPERATORS_MAX {
+            return Err(SpecError::new("operators", format!("at most {OPERATORS_MAX}")));
+        }
+        for o in &self.operators {
+            check_role_name("operators", o)?;
+        }
+        for (account, names) in &self.coordinators {
+            let field = format!("coordinators.{account}");
+            if !self.accounts.contains_key(account) {
+                return Err(SpecError::new(
+                    &field,
+                    format!("account '{account}' does not exist (root has admins, not coordinators)"),
+                ));
+            }
+            if names.len() > ACCOUNT_COORDINATORS_MAX {
+                return Err(SpecError::new(&field, format!("at most {ACCOUNT_COORDINATORS_MAX} coordinators")));
+            }
+            for n in names {
+                check_role_name(&field, n)?;
+            }
+        }
+        if self.user_map.len() > USER_MAP_MAX {
+            return Err(SpecError::new("user_map", format!("at most {USER_MAP_MAX} entries")));
+        }
+        for (name, user) in &self.user_map {
+            check_role_name("user_map", name)?;
+            check_ident(&format!("user_map.{name}"), user)?;
+            if user.starts_with('-') {
+                return Err(SpecError::new(&format!("user_map.{name}"), "a user name cannot start with '-'"));
+            }
+        }
+        if self.user_domains.len() > USER_DOMAINS_MAX {
+            return Err(SpecError::new("user_domains", format!("at most {USER_DOMAINS_MAX}")));
+        }
+        for d in &self.user_domains {
+            check_ident("user_domains", d)?;
+        }
+        Ok(())
+    }
+
+    /// The oldest data format that can hold this policy: the roles, the user
+    /// map and the job switches need [`ROLES_FORMAT`].
+    pub fn needs_format(&self) -> u32 {
+        let roles = !self.operators.is_empty()
+            || !self.coordinators.is_empty()
+            || !self.user_map.is_empty()
+            || !self.user_domains.is_empty()
+            || self.allow_root_jobs
+            || self.private_jobs;
+        if roles {
+            ROLES_FORMAT
+        } else {
+            crate::format::FORMAT_BASE
+        }
+    }
+
+    /// The Unix user the jobs of `name` (a certificate's or token's name) run
+    /// as: its entry in `user_map`, else the name without a listed domain,
+    /// else the name itself.
+    pub fn unix_user<'a>(&'a self, name: &'a str) -> &'a str {
+        if let Some(user) = self.user_map.get(name) {
+            return user;
+        }
+        match name.rsplit_once('@') {
+            Some((user, domain)) if !user.is_empty() && self.user_domains.iter().any(|d| d == domain) => user,
+            _ => name,
+        }
+    }
+
+    /// Whether `list` names the person behind `identity`: by identity, by
+    /// name, or by the Unix user it runs as. Agents are never people.
+    pub fn lists(&self, list: &[String], identity: &str) -> bool {
+        if identity.starts_with("agent:") {
+            return false;
+        }
+        let name = identity_name(identity);
+        let user = self.unix_user(name);
+        list.iter().any(|a| a == identity || a == name || a == user)
+    }
+
+    /// Whether `identity` is an operator (admins are checked on their own).
+    pub fn is_operator(&self, identity: &str) -> bool {
+        self.lists(&self.operators, identity)
+    }
+
+    /// The accounts `identity` coordinates (each with everything below it).
+    pub fn coordinated(&self, identity: &str) -> Vec<&str> {
+        self.coordinators.iter().filter(|(_, names)| self.lists(names, identity)).map(|(a, _)| a.as_str()).collect()
+    }
+
+    /// Whether `identity` coordinates `account` or an account above it.
+    pub fn coordinates(&self, identity: &str, account: &str) -> bool {
+        self.coordinators.iter().any(|(a, names)| self.is_under(account, a) && self.lists(names, identity))
     }
 
     pub fn account_exists(&self, name: &str) -> bool {

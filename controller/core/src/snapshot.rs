@@ -6,9 +6,10 @@
 //! a replica still on an older build can install one during a rolling upgrade:
 //!
 //! - format 4: `GWSN` | 4 (u32 LE) | bincode of format 4's state;
-//! - format 5: `GWSN` | 5 (u32 LE) | CRC-32C of the body (u32 LE) | bincode of the state.
+//! - format 5: `GWSN` | 5 (u32 LE) | CRC-32C of the body (u32 LE) | bincode of format 5's state;
+//! - format 6: the same with 6 and today's state.
 
-use crate::compat::v4;
+use crate::compat::{v4, v5};
 use crate::format::{crc32c, from_bytes, to_bytes, FORMAT_NEWEST, FORMAT_OLDEST};
 use crate::state::State;
 
@@ -32,18 +33,18 @@ pub enum SnapshotError {
 pub fn encode(state: &State) -> Vec<u8> {
     let mut out = Vec::with_capacity(state.jobs.len().saturating_mul(256).saturating_add(64));
     out.extend_from_slice(SNAPSHOT_MAGIC);
-    match state.format {
+    let body = match state.format {
         4 => {
             out.extend_from_slice(&4u32.to_le_bytes());
             out.extend_from_slice(&to_bytes(&v4::StateRef::from(state)));
+            return out;
         }
-        _ => {
-            let body = to_bytes(state);
-            out.extend_from_slice(&FORMAT_NEWEST.to_le_bytes());
-            out.extend_from_slice(&crc32c(&body).to_le_bytes());
-            out.extend_from_slice(&body);
-        }
-    }
+        5 => to_bytes(&v5::StateRef::from(state)),
+        _ => to_bytes(state),
+    };
+    out.extend_from_slice(&state.format.min(FORMAT_NEWEST).to_le_bytes());
+    out.extend_from_slice(&crc32c(&body).to_le_bytes());
+    out.extend_from_slice(&body);
     out
 }
 
@@ -54,27 +55,31 @@ pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
     }
     let version = u32::from_le_bytes(version.try_into().expect("4 bytes"));
     let decode_err = |e: crate::format::FormatError| SnapshotError::Decode(e.to_string());
+    if version == 4 {
+        let mut state: State = from_bytes::<v4::State>(&bytes[8..]).map_err(decode_err)?.into();
+        state.rebuild_derived();
+        return Ok(state);
+    }
+    if !(5..=FORMAT_NEWEST).contains(&version) {
+        return Err(SnapshotError::UnsupportedVersion { found: version });
+    }
+    let Some(sum) = bytes.get(8..12) else { return Err(SnapshotError::Decode("no checksum".into())) };
+    let found = u32::from_le_bytes(sum.try_into().expect("4 bytes"));
+    let body = &bytes[12..];
+    let computed = crc32c(body);
+    if found != computed {
+        return Err(SnapshotError::Checksum { found, computed });
+    }
     let mut state: State = match version {
-        4 => from_bytes::<v4::State>(&bytes[8..]).map_err(decode_err)?.into(),
-        5 => {
-            let Some(sum) = bytes.get(8..12) else { return Err(SnapshotError::Decode("no checksum".into())) };
-            let found = u32::from_le_bytes(sum.try_into().expect("4 bytes"));
-            let body = &bytes[12..];
-            let computed = crc32c(body);
-            if found != computed {
-                return Err(SnapshotError::Checksum { found, computed });
-            }
-            let state: State = from_bytes(body).map_err(decode_err)?;
-            if state.format != 5 {
-                return Err(SnapshotError::Decode(format!(
-                    "a format-5 snapshot holds a state of format {}",
-                    state.format
-                )));
-            }
-            state
-        }
-        found => return Err(SnapshotError::UnsupportedVersion { found }),
+        5 => from_bytes::<v5::State>(body).map_err(decode_err)?.into(),
+        _ => from_bytes(body).map_err(decode_err)?,
     };
+    if state.format != version {
+        return Err(SnapshotError::Decode(format!(
+            "a format-{version} snapshot holds a state of format {}",
+            state.format
+        )));
+    }
     state.rebuild_derived();
     Ok(state)
 }
@@ -91,7 +96,7 @@ mod tests {
             assert_eq!(u32::from_le_bytes(bytes[4..8].try_into().unwrap()), format);
             assert_eq!(decode(&bytes).unwrap(), state, "format {format}");
         }
-        let bytes = encode(&State { format: 5, ..State::default() });
+        let bytes = encode(&State { format: FORMAT_NEWEST, ..State::default() });
         assert!(matches!(decode(b"nope"), Err(SnapshotError::BadMagic)));
         let mut future = bytes.clone();
         future[4] = 99;

@@ -510,6 +510,11 @@ fn example_policy_is_valid() {
     policy.validate().unwrap();
     assert_eq!(policy.topology_levels, vec!["zone", "block", "rack"]);
     assert!(policy.partitions["gpu"].default);
+    assert_eq!(policy.operators, vec!["oncall"]);
+    assert_eq!(policy.coordinators["research"], vec!["carol"]);
+    assert_eq!(policy.unix_user("ci-bot"), "builder");
+    assert_eq!(policy.unix_user("alice@corp.example"), "alice");
+    assert!(!policy.enforce_users && !policy.allow_root_jobs);
     assert_eq!(policy.lineage("vision"), vec!["vision", "research"]);
 }
 
@@ -548,8 +553,9 @@ fn replicated_encodings_keep_their_bytes() {
     assert_eq!(s.policy.admins, vec!["ops".to_string()], "the policy did not apply");
     assert_eq!(s.jobs.len(), 1, "the job was not submitted");
     let snap = snapshot::encode(&s);
-    let cmd = bincode::serde::encode_to_vec(&update, bincode::config::standard()).unwrap();
-    let job = bincode::serde::encode_to_vec(&submit, bincode::config::standard()).unwrap();
+    // Format 4's entries are the bare commands as that format had them.
+    let v4 = |c: &Command| gangway_core::format::to_bytes(&gangway_core::format::Payload::new(c.clone(), 4));
+    let (cmd, job) = (v4(&update), v4(&submit));
     let got = [(snap.len(), fnv64(&snap)), (cmd.len(), fnv64(&cmd)), (job.len(), fnv64(&job))];
     assert_eq!(got, GOLDEN_FORMAT4, "format 4's bytes changed");
 }
@@ -653,7 +659,28 @@ fn every_command() -> Vec<Command> {
         },
         Command::JobCheckpointed { job_id: 1, attempt: 1, now_ms: 13 },
         Command::SetDataFormat { format: 5, now_ms: 14 },
+        Command::SetDataFormat { format: 6, now_ms: 15 },
+        Command::UpdatePolicy {
+            policy: roles_policy(),
+            expected_version: None,
+            force: false,
+            identity: "ops".into(),
+            now_ms: 16,
+        },
     ]
+}
+
+/// A policy with every field of format 6 (roles, user map, job switches) set.
+fn roles_policy() -> gangway_core::policy::ClusterPolicy {
+    let mut p = preset_policy(3);
+    p.admins = vec!["ops".into()];
+    p.operators = vec!["oscar".into()];
+    p.coordinators = BTreeMap::from([("ml".into(), vec!["carol".into()])]);
+    p.user_map = BTreeMap::from([("alice@corp.example".into(), "alice".into())]);
+    p.user_domains = vec!["lab.example".into()];
+    p.allow_root_jobs = true;
+    p.private_jobs = true;
+    p
 }
 
 /// A small state that uses most of the model: nodes, a policy, running,
@@ -677,6 +704,17 @@ fn golden_state(format: u32) -> State {
     if format > 4 {
         let applied = s.apply(52, &Command::SetDataFormat { format, now_ms: 4_002 });
         assert!(matches!(applied.outcome, Outcome::DataFormatSet { .. }), "{:?}", applied.outcome);
+    }
+    if format >= gangway_core::policy::ROLES_FORMAT {
+        let update = Command::UpdatePolicy {
+            policy: roles_policy(),
+            expected_version: None,
+            force: true,
+            identity: "server:1".into(),
+            now_ms: 4_003,
+        };
+        let applied = s.apply(53, &update);
+        assert!(matches!(applied.outcome, Outcome::PolicyUpdated { .. }), "{:?}", applied.outcome);
     }
     s
 }
@@ -1150,4 +1188,247 @@ fn a_large_realistic_snapshot_decodes_within_the_allocation_bound() {
     let bytes = snapshot::encode(&s);
     assert!(bytes.len() > 10_000_000, "{}", bytes.len());
     assert_eq!(snapshot::decode(&bytes).unwrap(), s);
+}
+
+/// A format-6 state with accounts `ml` > `ml-vision` > `ml-vision-3d` and
+/// `infra`, operator oscar, coordinator carol of `ml`, and one pending job
+/// each in `ml-vision` (alice's) and `infra` (bob's).
+fn roles_state() -> (State, JobId, JobId) {
+    use gangway_core::policy::*;
+    let mut s = State::default();
+    assert!(matches!(
+        s.apply(1, &Command::SetDataFormat { format: 6, now_ms: 1 }).outcome,
+        Outcome::DataFormatSet { .. }
+    ));
+    let mut p =
+        ClusterPolicy { admins: vec!["ada".into()], operators: vec!["oscar".into()], ..ClusterPolicy::default() };
+    p.accounts.insert("ml".into(), Account::default());
+    p.accounts.insert("ml-vision".into(), Account { parent: "ml".into(), ..Account::default() });
+    p.accounts.insert("ml-vision-3d".into(), Account { parent: "ml-vision".into(), ..Account::default() });
+    p.accounts.insert("infra".into(), Account::default());
+    p.users.insert("alice".into(), User { accounts: vec!["ml-vision".into()], ..User::default() });
+    p.users.insert("bob".into(), User { accounts: vec!["infra".into()], ..User::default() });
+    p.coordinators.insert("ml".into(), vec!["carol".into()]);
+    p.user_map.insert("alice@corp.example".into(), "alice".into());
+    p.user_domains.push("lab.example".into());
+    let update = Command::UpdatePolicy {
+        policy: p,
+        expected_version: None,
+        force: false,
+        identity: "server:1".into(),
+        now_ms: 2,
+    };
+    assert!(matches!(s.apply(2, &update).outcome, Outcome::PolicyUpdated { .. }));
+    let mut ids = Vec::new();
+    for (i, user) in ["alice", "bob"].into_iter().enumerate() {
+        let spec = JobSpec { user: user.into(), command: vec!["true".into()], ..JobSpec::default() };
+        let cmd =
+            Command::SubmitJob { spec, identity: format!("client:{user}"), idempotency_key: String::new(), now_ms: 3 };
+        match s.apply(3 + i as u64, &cmd).outcome {
+            Outcome::Submitted { job_id, .. } => ids.push(job_id),
+            other => panic!("{other:?}"),
+        }
+    }
+    (s, ids[0], ids[1])
+}
+
+fn refused_kind(applied: &Applied) -> Option<gangway_core::state::RefusalKind> {
+    match &applied.outcome {
+        Outcome::Refused(r) => Some(r.kind),
+        _ => None,
+    }
+}
+
+/// Operators change any job but not the policy; coordinators change the jobs
+/// of their accounts and below, not others'; the user map and domains make
+/// an identity the owner of its Unix user's jobs.
+#[test]
+fn operators_coordinators_and_mapped_users_reach_what_the_policy_gives_them() {
+    use gangway_core::state::RefusalKind;
+    let (s, alice_job, bob_job) = roles_state();
+    let hold = |s: &mut State, job: JobId, who: &str, admin: bool| {
+        s.apply(
+            100,
+            &Command::UpdateJob { job_id: job, change: JobChange::Hold { admin }, identity: who.into(), now_ms: 10 },
+        )
+    };
+    // Operator: admin holds and priorities on anyone's jobs.
+    let mut t = s.clone();
+    assert_eq!(refused_kind(&hold(&mut t, bob_job, "client:oscar", true)), None);
+    let prio = Command::UpdateJob {
+        job_id: alice_job,
+        change: JobChange::SetPriority(Some(9)),
+        identity: "client:oscar".into(),
+        now_ms: 10,
+    };
+    assert_eq!(refused_kind(&t.apply(101, &prio)), None);
+    let policy = Command::UpdatePolicy {
+        policy: t.policy.clone(),
+        expected_version: None,
+        force: false,
+        identity: "client:oscar".into(),
+        now_ms: 10,
+    };
+    assert_eq!(refused_kind(&t.apply(102, &policy)), Some(RefusalKind::PermissionDenied));
+    // Coordinator of ml: alice's job (ml-vision) yes, bob's (infra) no; no admin holds.
+    let mut t = s.clone();
+    assert_eq!(refused_kind(&hold(&mut t, alice_job, "client:carol", false)), None);
+    assert_eq!(refused_kind(&hold(&mut t, bob_job, "client:carol", false)), Some(RefusalKind::PermissionDenied));
+    let mut t = s.clone();
+    assert_eq!(refused_kind(&hold(&mut t, alice_job, "client:carol", true)), Some(RefusalKind::PermissionDenied));
+    // Not an agent named like a coordinator, nor a user of another name.
+    let mut t = s.clone();
+    assert_eq!(refused_kind(&hold(&mut t, alice_job, "agent:carol", false)), Some(RefusalKind::PermissionDenied));
+    assert_eq!(refused_kind(&hold(&mut t, alice_job, "client:bob", false)), Some(RefusalKind::PermissionDenied));
+    // The mapped identity and the domain-stripped one own alice's job.
+    for who in ["client:alice@corp.example", "client:alice@lab.example"] {
+        let mut t = s.clone();
+        assert_eq!(refused_kind(&hold(&mut t, alice_job, who, false)), None, "{who}");
+    }
+    let mut t = s.clone();
+    assert_eq!(
+        refused_kind(&hold(&mut t, alice_job, "client:alice@evil.example", false)),
+        Some(RefusalKind::PermissionDenied)
+    );
+    t.check_invariants().unwrap();
+}
+
+/// A coordinator's policy edits reach only below their accounts: sub-accounts
+/// (added, changed, removed) and memberships; everything else is refused,
+/// naming the field, and changes nothing.
+#[test]
+fn coordinators_edit_only_below_their_accounts() {
+    use gangway_core::policy::*;
+    use gangway_core::state::RefusalKind;
+    let (s, _, _) = roles_state();
+    let try_edit = |edit: &dyn Fn(&mut ClusterPolicy)| {
+        let mut t = s.clone();
+        let mut p = t.policy.clone();
+        edit(&mut p);
+        let cmd = Command::UpdatePolicy {
+            policy: p,
+            expected_version: None,
+            force: false,
+            identity: "client:carol".into(),
+            now_ms: 10,
+        };
+        let applied = t.apply(100, &cmd);
+        if refused_kind(&applied).is_some() {
+            t.clock_ms = s.clock_ms;
+            assert_eq!(t, s, "a refused edit changed the state");
+        }
+        (refused_kind(&applied), format!("{:?}", applied.outcome), t)
+    };
+    type Edit = Box<dyn Fn(&mut ClusterPolicy)>;
+    let allowed: Vec<(&str, Edit)> = vec![
+        ("quota below", Box::new(|p| p.accounts.get_mut("ml-vision").unwrap().quota.max_running_gpus = Some(8))),
+        (
+            "new sub-account",
+            Box::new(|p| {
+                p.accounts.insert("ml-nlp".into(), Account { parent: "ml".into(), ..Account::default() });
+            }),
+        ),
+        (
+            "remove a leaf below",
+            Box::new(|p| {
+                p.accounts.remove("ml-vision-3d");
+            }),
+        ),
+        (
+            "member of ml",
+            Box::new(|p| {
+                p.users.insert("dave".into(), User { accounts: vec!["ml".into()], ..User::default() });
+            }),
+        ),
+        ("alice also in ml", Box::new(|p| p.users.get_mut("alice").unwrap().accounts.push("ml".into()))),
+        (
+            "delegate a coordinator",
+            Box::new(|p| {
+                p.coordinators.insert("ml-vision".into(), vec!["vic".into()]);
+            }),
+        ),
+    ];
+    for (what, edit) in &allowed {
+        let (kind, outcome, _) = try_edit(edit.as_ref());
+        assert_eq!(kind, None, "{what}: {outcome}");
+    }
+    let refused: Vec<(&str, &str, Edit)> = vec![
+        ("own account's quota", "accounts.ml", Box::new(|p| p.accounts.get_mut("ml").unwrap().shares = 5)),
+        ("another tree", "accounts.infra", Box::new(|p| p.accounts.get_mut("infra").unwrap().shares = 5)),
+        (
+            "move in from outside",
+            "accounts.infra",
+            Box::new(|p| p.accounts.get_mut("infra").unwrap().parent = "ml".into()),
+        ),
+        (
+            "move out",
+            "accounts.ml-vision",
+            Box::new(|p| p.accounts.get_mut("ml-vision").unwrap().parent = String::new()),
+        ),
+        ("bob's other account", "users.bob.accounts", Box::new(|p| p.users.get_mut("bob").unwrap().accounts.clear())),
+        (
+            "a user's quota",
+            "users.alice.quota",
+            Box::new(|p| p.users.get_mut("alice").unwrap().quota.max_running_jobs = Some(1)),
+        ),
+        ("become admin", "admins", Box::new(|p| p.admins.push("carol".into()))),
+        ("become operator", "operators", Box::new(|p| p.operators.push("carol".into()))),
+        (
+            "map to root",
+            "user_map",
+            Box::new(|p| {
+                p.user_map.insert("carol".into(), "root".into());
+            }),
+        ),
+        ("root jobs", "allow_root_jobs", Box::new(|p| p.allow_root_jobs = true)),
+        (
+            "coordinate infra",
+            "coordinators.infra",
+            Box::new(|p| {
+                p.coordinators.insert("infra".into(), vec!["carol".into()]);
+            }),
+        ),
+        ("own coordinators", "coordinators.ml", Box::new(|p| p.coordinators.get_mut("ml").unwrap().push("eve".into()))),
+    ];
+    for (what, field, edit) in &refused {
+        let (kind, outcome, _) = try_edit(edit.as_ref());
+        assert_eq!(kind, Some(RefusalKind::PermissionDenied), "{what}: {outcome}");
+        assert!(outcome.contains(field), "{what}: {outcome} should name {field}");
+    }
+}
+
+/// The roles, the user map and the job switches need data format 6: a
+/// cluster still on 5 refuses them (a format-5 build could not read them),
+/// and format 5's encoding cannot carry them.
+#[test]
+fn roles_wait_for_data_format_6() {
+    use gangway_core::compat::v5;
+    use gangway_core::state::RefusalKind;
+    let mut s = State::default();
+    s.apply(1, &Command::SetDataFormat { format: 5, now_ms: 1 });
+    let update = Command::UpdatePolicy {
+        policy: roles_policy(),
+        expected_version: None,
+        force: true,
+        identity: "server:1".into(),
+        now_ms: 2,
+    };
+    let before = s.clone();
+    let applied = s.apply(2, &update);
+    assert_eq!(refused_kind(&applied), Some(RefusalKind::FailedPrecondition), "{:?}", applied.outcome);
+    assert_eq!(s.policy, before.policy);
+    assert_eq!(update.since_format(), 6);
+    assert!(v5::Wire::from_command(&update).unwrap_err().contains("format 6"));
+    // Everything else still converts, both ways, batches included.
+    let plain = Command::Batch(vec![Command::UpdatePolicy {
+        policy: preset_policy(3),
+        expected_version: None,
+        force: true,
+        identity: "server:1".into(),
+        now_ms: 3,
+    }]);
+    assert_eq!(v5::Wire::from_command(&plain).unwrap().into_command().unwrap(), plain);
+    s.apply(3, &Command::SetDataFormat { format: 6, now_ms: 3 });
+    assert_eq!(refused_kind(&s.apply(4, &update)), None);
+    assert!(s.policy.private_jobs && s.policy.allow_root_jobs);
 }

@@ -117,7 +117,7 @@ impl AdminService for AdminApi {
 
     async fn update_policy(&self, req: Request<UpdatePolicyRequest>) -> Result<Response<Policy>, Status> {
         let ctx = self.replica.ctx(&req)?;
-        self.replica.require_admin(&ctx, "change the policy")?;
+        self.replica.require_admin_or_coordinator(&ctx, "change the policy")?;
         let msg = req.into_inner();
         if msg.json.len() > POLICY_JSON_BYTES_MAX {
             return Err(Status::invalid_argument(format!("json: must be at most {POLICY_JSON_BYTES_MAX} bytes")));
@@ -125,6 +125,14 @@ impl AdminService for AdminApi {
         let policy: ClusterPolicy = serde_json::from_str(&msg.json)
             .map_err(|e| Status::invalid_argument(format!("json: not a policy document: {e}")))?;
         policy.validate().map_err(super::status_from_spec)?;
+        let (needs, format) = (policy.needs_format(), self.replica.node.state().read().format);
+        if needs > format {
+            return Err(Status::failed_precondition(format!(
+                "operators, coordinators, user_map, user_domains, allow_root_jobs and private_jobs need data format \
+                 {needs}; this cluster is on format {format} until every replica runs a build that reads {needs} \
+                 (see `gangway cluster status`)"
+            )));
+        }
         let cmd = Command::UpdatePolicy {
             policy,
             expected_version: msg.expected_version,

@@ -122,7 +122,7 @@ impl JobService for JobApi {
             Some(job) if !viewer.visible(job) => Err(Status::not_found(format!("job {job_id} does not exist"))),
             Some(job) => Ok(Response::new(viewer.job(job))),
             // With private jobs, a job long gone and another user's read alike.
-            None if job_id > 0 && job_id < state.next_job_id && !self.replica.private_jobs => {
+            None if job_id > 0 && job_id < state.next_job_id && !viewer.private_jobs => {
                 Err(Status::not_found(format!("job {job_id} finished long ago and is no longer kept")))
             }
             None => Err(Status::not_found(format!("job {job_id} does not exist"))),
@@ -385,20 +385,22 @@ impl JobService for JobApi {
         {
             return Ok(resp);
         }
-        let job = self
-            .replica
-            .node
-            .state()
-            .read()
-            .jobs
-            .get(&job_id)
-            .cloned()
-            .ok_or_else(|| Status::not_found(format!("job {job_id} does not exist")))?;
         // Its owner only, checked on the very job the credential is made for:
         // a credential runs commands as the job's user, which no admin may.
-        let owner = match &ctx.caller {
-            super::Caller::Verified(p) => super::owns(p, &ctx.identity, &job),
-            super::Caller::Claimed(_) => true,
+        let (job, owner) = {
+            let state = self.replica.node.state().read();
+            let job = state
+                .jobs
+                .get(&job_id)
+                .cloned()
+                .ok_or_else(|| Status::not_found(format!("job {job_id} does not exist")))?;
+            let owner = match &ctx.caller {
+                super::Caller::Verified(p) => {
+                    p.role == gangway_proto::tls::Role::Client && state.owns(&job, &ctx.identity)
+                }
+                super::Caller::Claimed(_) => true,
+            };
+            (job, owner)
         };
         if !owner {
             return Err(super::denied(
@@ -584,7 +586,7 @@ struct Shown {
 
 impl Shown {
     fn new(replica: &crate::replica::Replica, ctx: &super::CallCtx) -> Shown {
-        let viewer = replica.private_jobs.then(|| replica.viewer(ctx));
+        let viewer = Some(replica.viewer(ctx)).filter(|v| v.private_jobs);
         Shown { viewer, state: replica.node.state().clone() }
     }
 

@@ -12,6 +12,7 @@ pub mod convert;
 pub mod jobs;
 pub mod nodes;
 
+use std::collections::BTreeSet;
 use std::future::Future;
 
 use gangway_core::{Refusal, RefusalKind, SpecError};
@@ -376,15 +377,49 @@ impl Replica {
         }
     }
 
-    /// The Unix user a job of `ctx` runs as: the authenticated user, never one
-    /// the request names (a request naming another is refused), and never root
-    /// unless this replica was started with `--allow-root-jobs`.
+    /// Operators (and admins): the machines and everyone's jobs, not the policy.
+    pub fn is_operator(&self, ctx: &CallCtx) -> bool {
+        if self.is_admin(ctx) {
+            return true;
+        }
+        match &ctx.caller {
+            Caller::Verified(p) if p.role == Role::Client && ctx.via_job.is_none() => {
+                self.node.state().read().policy.is_operator(&ctx.identity)
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether users see only their own jobs: the replicated policy's
+    /// `private_jobs`, or this replica's `--private-jobs` (which can only
+    /// make it stricter). Never call while holding the state lock.
+    pub fn private_jobs(&self) -> bool {
+        self.private_jobs || self.node.state().read().policy.private_jobs
+    }
+
+    /// Whether jobs may run as root: from data format 6 the replicated
+    /// policy's `allow_root_jobs` decides (the leader that moved the cluster
+    /// to format 6 carried its `--allow-root-jobs` into it); before, this
+    /// replica's flag.
+    fn root_jobs_allowed(&self) -> bool {
+        let state = self.node.state().read();
+        if state.format >= gangway_core::policy::ROLES_FORMAT {
+            state.policy.allow_root_jobs
+        } else {
+            self.allow_root_jobs
+        }
+    }
+
+    /// The Unix user a job of `ctx` runs as: the authenticated user (through
+    /// the policy's user map), never one the request names (a request naming
+    /// another is refused), and never root unless the policy allows it.
     pub fn job_user(&self, ctx: &CallCtx, requested: &str, what: &str) -> Result<String, Status> {
         let user = match &ctx.caller {
             Caller::Claimed(_) if requested.is_empty() => ctx.user().to_string(),
             Caller::Claimed(_) => requested.to_string(),
             Caller::Verified(_) => {
-                let me = ctx.require_user(what)?;
+                let name = ctx.require_user(what)?;
+                let me = self.node.state().read().policy.unix_user(&name).to_string();
                 if !requested.is_empty() && requested != me {
                     return Err(denied(
                         ctx,
@@ -395,35 +430,66 @@ impl Replica {
                 me
             }
         };
-        if user == "root" && !self.allow_root_jobs {
+        if user == "root" && !self.root_jobs_allowed() {
             return Err(denied(
                 ctx,
                 what,
-                "user: jobs as root are refused on this cluster (controllers started with --allow-root-jobs permit them)"
+                "user: jobs as root are refused on this cluster (an admin may set allow_root_jobs in the policy)"
                     .into(),
             ));
         }
         Ok(user)
     }
 
-    /// How `ctx` sees jobs. Taken before the state lock (it may read the
+    /// How `ctx` sees jobs. Taken before the state lock (it reads the
     /// policy), never while holding it.
     pub fn viewer(&self, ctx: &CallCtx) -> Viewer {
-        let whole = match &ctx.caller {
-            Caller::Claimed(_) => true,
-            Caller::Verified(p) => p.role == Role::Server || (p.role == Role::Client && self.is_admin(ctx)),
-        };
-        Viewer { caller: ctx.caller.clone(), identity: ctx.identity.clone(), whole, private_jobs: self.private_jobs }
+        let state = self.node.state().read();
+        let policy = &state.policy;
+        let private_jobs = self.private_jobs || policy.private_jobs;
+        let (mut whole, mut sees_all, mut user, mut accounts) = (false, false, String::new(), BTreeSet::new());
+        match &ctx.caller {
+            Caller::Claimed(_) => whole = true,
+            Caller::Verified(p) => match p.role {
+                Role::Server => whole = true,
+                Role::Agent => {}
+                Role::Client => {
+                    user = policy.unix_user(&p.name).to_string();
+                    if ctx.via_job.is_none() {
+                        whole = state.is_admin(&ctx.identity)
+                            || (policy.admins.is_empty() && self.bootstrap_admins.iter().any(|a| a == &p.name));
+                        sees_all = policy.is_operator(&ctx.identity);
+                        let mine = policy.coordinated(&ctx.identity);
+                        if !mine.is_empty() {
+                            accounts = std::iter::once(gangway_core::policy::ROOT_ACCOUNT)
+                                .chain(policy.accounts.keys().map(String::as_str))
+                                .filter(|a| mine.iter().any(|m| policy.is_under(a, m)))
+                                .map(str::to_string)
+                                .collect();
+                        }
+                    }
+                }
+            },
+        }
+        Viewer {
+            caller: ctx.caller.clone(),
+            identity: ctx.identity.clone(),
+            user,
+            whole,
+            sees_all,
+            accounts,
+            private_jobs,
+        }
     }
 
-    /// With `--private-jobs`, another user's job reads as not found (not
+    /// With private jobs, another user's job reads as not found (not
     /// denied: its existence is private too). Jobs this replica does not
     /// know are left to the call.
     pub fn require_visible(&self, ctx: &CallCtx, job_id: u64) -> Result<(), Status> {
-        if !self.private_jobs {
+        let viewer = self.viewer(ctx);
+        if !viewer.private_jobs {
             return Ok(());
         }
-        let viewer = self.viewer(ctx);
         let hidden = self.node.state().read().jobs.get(&job_id).is_some_and(|j| !viewer.visible(j));
         if hidden {
             return Err(Status::not_found(format!("job {job_id} does not exist")));
@@ -435,10 +501,13 @@ impl Replica {
     /// one on a job long gone would: nothing tells whether it exists, is an
     /// array or how it ended.
     pub fn hide_dependencies(&self, ctx: &CallCtx, spec: &gangway_core::JobSpec) -> Result<(), Status> {
-        if !self.private_jobs || spec.dependencies.is_empty() {
+        if spec.dependencies.is_empty() {
             return Ok(());
         }
         let viewer = self.viewer(ctx);
+        if !viewer.private_jobs {
+            return Ok(());
+        }
         let state = self.node.state().read();
         for d in &spec.dependencies {
             if state.jobs.get(&d.job_id).is_some_and(|j| !viewer.visible(j)) {
@@ -460,7 +529,7 @@ impl Replica {
             let state = self.node.state().read();
             match state.jobs.get(&job_id) {
                 None => return Err(Status::not_found(format!("job {job_id} does not exist"))),
-                Some(j) => owns(p, &ctx.identity, j),
+                Some(j) => p.role == Role::Client && state.owns(j, &ctx.identity),
             }
         };
         if owner || self.is_admin(ctx) {
@@ -529,31 +598,72 @@ impl Replica {
         }
         Err(denied(ctx, what, format!("{} is not an admin of this cluster; only admins may {what}", ctx.identity)))
     }
-}
 
-/// Whether `p` owns `job`: a user whose jobs run as it, or who submitted it.
-pub fn owns(p: &Principal, identity: &str, job: &gangway_core::Job) -> bool {
-    p.role == Role::Client && (job.spec.user == p.name || job.submitted_by == identity)
+    /// An operator or admin (see [`Replica::is_operator`]); logged like admin actions.
+    pub fn require_operator(&self, ctx: &CallCtx, what: &str) -> Result<(), Status> {
+        if self.is_admin(ctx) {
+            ctx.audit(what, "allowed", "admin");
+            return Ok(());
+        }
+        if self.is_operator(ctx) {
+            ctx.audit(what, "allowed", "operator");
+            return Ok(());
+        }
+        Err(denied(
+            ctx,
+            what,
+            format!("{} is not an operator or admin of this cluster; only they may {what}", ctx.identity),
+        ))
+    }
+
+    /// An admin, or a coordinator of some account (whose policy changes the
+    /// state machine then limits to their accounts, see
+    /// `gangway_core::policy::coordinator_change`).
+    pub fn require_admin_or_coordinator(&self, ctx: &CallCtx, what: &str) -> Result<(), Status> {
+        if self.is_admin(ctx) {
+            ctx.audit(what, "allowed", "admin");
+            return Ok(());
+        }
+        let coordinator = matches!(&ctx.caller, Caller::Verified(p) if p.role == Role::Client)
+            && ctx.via_job.is_none()
+            && !self.node.state().read().policy.coordinated(&ctx.identity).is_empty();
+        if coordinator {
+            ctx.audit(what, "allowed", "coordinator");
+            return Ok(());
+        }
+        Err(denied(
+            ctx,
+            what,
+            format!("{} is not an admin or account coordinator of this cluster; only they may {what}", ctx.identity),
+        ))
+    }
 }
 
 /// What a caller may see of jobs: a job's script, command and environment
 /// (which sbatch fills with the submitter's whole environment) only for its
-/// owner, admins and the agents of its nodes.
+/// owner, admins and the agents of its nodes; with private jobs, others'
+/// jobs not at all, except to operators and (for their accounts) coordinators.
 #[derive(Clone)]
 pub struct Viewer {
     caller: Caller,
     identity: String,
+    /// The Unix user a client's jobs run as (after the policy's user map).
+    user: String,
     /// Sees every job whole (admins, servers, insecure clusters).
     whole: bool,
-    /// Others' jobs are not shown at all (`--private-jobs`).
-    private_jobs: bool,
+    /// Sees every job, without others' scripts and environments (operators).
+    sees_all: bool,
+    /// Accounts whose jobs this coordinator sees (theirs and those below).
+    accounts: BTreeSet<String>,
+    /// Others' jobs are not shown at all (the policy's or the replica's `private_jobs`).
+    pub private_jobs: bool,
 }
 
 impl Viewer {
-    /// A job's reason as this caller may read it: with `--private-jobs`, the
+    /// A job's reason as this caller may read it: with private jobs, the
     /// id of the job that preempted it is another user's business.
     pub fn reason(&self, reason: &str) -> String {
-        if !self.private_jobs || self.whole || !reason.contains("preempted by job ") {
+        if !self.private_jobs || self.whole || self.sees_all || !reason.contains("preempted by job ") {
             return reason.to_string();
         }
         let mut out = String::with_capacity(reason.len());
@@ -567,9 +677,14 @@ impl Viewer {
         out
     }
 
+    /// Whether this client owns the job: it runs as their user, or they submitted it.
+    fn owns(&self, p: &Principal, job: &gangway_core::Job) -> bool {
+        p.role == Role::Client && (job.spec.user == self.user || job.submitted_by == self.identity)
+    }
+
     /// Whether the job is shown at all.
     pub fn visible(&self, job: &gangway_core::Job) -> bool {
-        if !self.private_jobs || self.whole {
+        if !self.private_jobs || self.whole || self.sees_all {
             return true;
         }
         match &self.caller {
@@ -577,7 +692,7 @@ impl Viewer {
             Caller::Verified(p) => match p.role {
                 Role::Server => true,
                 Role::Agent => job.allocation.as_ref().is_some_and(|a| a.nodes.iter().any(|n| n.node == p.name)),
-                Role::Client => owns(p, &self.identity, job),
+                Role::Client => self.owns(p, job) || self.accounts.contains(&job.spec.account),
             },
         }
     }
@@ -591,7 +706,7 @@ impl Viewer {
                 Caller::Verified(p) => match p.role {
                     Role::Server => false,
                     Role::Agent => !job.allocation.as_ref().is_some_and(|a| a.nodes.iter().any(|n| n.node == p.name)),
-                    Role::Client => job.spec.user != p.name && job.submitted_by != self.identity,
+                    Role::Client => !self.owns(p, job),
                 },
             };
         if private {
@@ -765,7 +880,10 @@ mod tests {
         let viewer = |private_jobs, whole| Viewer {
             caller: Caller::Verified(bob.clone()),
             identity: bob.encode(),
+            user: "bob".into(),
             whole,
+            sees_all: false,
+            accounts: BTreeSet::new(),
             private_jobs,
         };
         let r = "requeued: preempted by job 4242_7 (grace 30 s)";

@@ -23,10 +23,10 @@ impl NodeApi {
         Ok(shown(node_to_proto(node, self.replica.heartbeat_age_ms(name)), see_jobs))
     }
 
-    /// Whether `ctx` sees which jobs run where: with `--private-jobs`, only
-    /// admins and servers do.
+    /// Whether `ctx` sees which jobs run where: with private jobs, only
+    /// operators, admins and servers do.
     fn sees_jobs(&self, ctx: &CallCtx) -> bool {
-        !self.replica.private_jobs || self.replica.is_admin(ctx)
+        !self.replica.private_jobs() || self.replica.is_operator(ctx)
     }
 
     async fn set_state(
@@ -129,7 +129,8 @@ impl NodeService for NodeApi {
                     claims.job_id
                 )));
             }
-            return Ok(Response::new(self.node(&name, !self.replica.private_jobs)?));
+            let see_jobs = !self.replica.private_jobs();
+            return Ok(Response::new(self.node(&name, see_jobs)?));
         }
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
@@ -146,7 +147,7 @@ impl NodeService for NodeApi {
 
     async fn drain(&self, req: Request<DrainRequest>) -> Result<Response<Node>, Status> {
         let ctx = self.replica.ctx(&req)?;
-        self.replica.require_admin(&ctx, "drain nodes")?;
+        self.replica.require_operator(&ctx, "drain nodes")?;
         let msg = req.into_inner();
         let reason = if msg.reason.is_empty() { format!("drained by {}", ctx.identity) } else { msg.reason.clone() };
         self.set_state(ctx, msg.name.clone(), NodeStateChange::Drain, reason, Forward::Drain(msg)).await
@@ -154,7 +155,7 @@ impl NodeService for NodeApi {
 
     async fn resume(&self, req: Request<ResumeRequest>) -> Result<Response<Node>, Status> {
         let ctx = self.replica.ctx(&req)?;
-        self.replica.require_admin(&ctx, "resume nodes")?;
+        self.replica.require_operator(&ctx, "resume nodes")?;
         let msg = req.into_inner();
         self.set_state(ctx, msg.name.clone(), NodeStateChange::Resume, String::new(), Forward::Resume(msg)).await
     }

@@ -9,6 +9,8 @@ pub mod scheduler;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gangway_core::policy::ROLES_FORMAT;
+use gangway_core::{Command, Outcome};
 use tokio::task::JoinHandle;
 
 use crate::replica::Replica;
@@ -82,21 +84,107 @@ async fn upgrade_data_format(replica: Arc<Replica>) {
             }
         }
         if ready {
-            let cmd = gangway_core::Command::SetDataFormat { format: FORMAT_NEWEST, now_ms: crate::now_ms() };
-            match replica.proposer.propose(cmd).await {
-                Ok(a) if matches!(a.outcome, gangway_core::Outcome::DataFormatSet { .. }) => {
-                    tracing::info!(
-                        format = FORMAT_NEWEST,
-                        "every replica reads the newest data format: the cluster moved to it"
-                    );
-                    return;
+            let set = Command::SetDataFormat { format: FORMAT_NEWEST, now_ms: crate::now_ms() };
+            // The switches move into the policy in the same entry as the
+            // format, so no request meets the cluster between the two rules.
+            let cmd = match carried_switches(&replica) {
+                Some(update) => Command::Batch(vec![set, update]),
+                None => set,
+            };
+            // Proposed on its own, not through the batching proposer: batches do not nest.
+            match replica.node.propose(cmd, FORMAT_WRITE_TIMEOUT).await {
+                Ok(a) => {
+                    let (moved, seeded) = match &a.outcome {
+                        Outcome::Batch(parts) => (
+                            parts.first().is_some_and(|p| matches!(p.outcome, Outcome::DataFormatSet { .. })),
+                            parts.get(1).is_some_and(|p| matches!(p.outcome, Outcome::PolicyUpdated { .. })),
+                        ),
+                        Outcome::DataFormatSet { .. } => (true, true),
+                        _ => (false, false),
+                    };
+                    if moved {
+                        tracing::info!(
+                            format = FORMAT_NEWEST,
+                            "every replica reads the newest data format: the cluster moved to it"
+                        );
+                        if !seeded {
+                            // A policy edit raced the move: carry the switches on their own.
+                            carry_switches(&replica).await;
+                        }
+                        return;
+                    }
+                    tracing::debug!(outcome = ?a.outcome, "the data format change was not applied");
                 }
-                Ok(a) => tracing::debug!(outcome = ?a.outcome, "the data format change was not applied"),
                 Err(e) => tracing::debug!(error = %e, "the data format change was not committed"),
             }
         }
         tokio::time::sleep(FORMAT_CHECK_INTERVAL).await;
     }
+}
+
+/// How long the leader waits for its data format change to commit.
+const FORMAT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Before data format 6, whether jobs may run as root and whether users see
+/// only their own jobs were each replica's flags (`--allow-root-jobs`,
+/// `--private-jobs`); from format 6 the replicated policy decides. The leader
+/// that moves the cluster to format 6 carries its own flags into the policy
+/// (set, never cleared), so an upgrade keeps the cluster's behaviour. None
+/// when there is nothing to carry (or the cluster is past the move).
+fn carried_switches(replica: &Replica) -> Option<Command> {
+    let state = replica.node.state().read();
+    if state.format >= ROLES_FORMAT || !(replica.allow_root_jobs || replica.private_jobs) {
+        return None;
+    }
+    let mut policy = state.policy.clone();
+    policy.allow_root_jobs |= replica.allow_root_jobs;
+    policy.private_jobs |= replica.private_jobs;
+    if policy == state.policy {
+        return None;
+    }
+    Some(Command::UpdatePolicy {
+        policy,
+        expected_version: Some(state.policy.version),
+        // Only two switches change: never refuse them for quotas set with --force.
+        force: true,
+        identity: format!("server:{}", replica.node.id),
+        now_ms: crate::now_ms(),
+    })
+}
+
+/// Carries the switches (see [`carried_switches`]) after the move, retrying
+/// edits that raced it.
+async fn carry_switches(replica: &Replica) {
+    for _ in 0..BOOTSTRAP_ATTEMPTS_MAX {
+        let update = {
+            let state = replica.node.state().read();
+            let mut policy = state.policy.clone();
+            policy.allow_root_jobs |= replica.allow_root_jobs;
+            policy.private_jobs |= replica.private_jobs;
+            if policy == state.policy {
+                return;
+            }
+            Command::UpdatePolicy {
+                policy,
+                expected_version: Some(state.policy.version),
+                force: true,
+                identity: format!("server:{}", replica.node.id),
+                now_ms: crate::now_ms(),
+            }
+        };
+        match replica.proposer.propose(update).await {
+            Ok(a) if matches!(a.outcome, Outcome::PolicyUpdated { .. }) => {
+                tracing::info!("the replica's --allow-root-jobs/--private-jobs were carried into the policy");
+                return;
+            }
+            Ok(a) => tracing::debug!(outcome = ?a.outcome, "carrying the switches into the policy was refused"),
+            Err(e) => tracing::debug!(error = %e, "carrying the switches into the policy was not committed"),
+        }
+        tokio::time::sleep(BOOTSTRAP_RETRY).await;
+    }
+    tracing::warn!(
+        "could not carry --allow-root-jobs/--private-jobs into the policy; set them with `gangway admin set`"
+    );
 }
 
 /// Attempts to commit the bootstrap admins; a new leader retries from scratch.

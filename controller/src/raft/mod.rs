@@ -149,6 +149,13 @@ impl RaftNode {
     /// written in the cluster's data format, which every member reads.
     pub async fn propose(&self, cmd: Command, timeout: Duration) -> Result<Applied, ProposeError> {
         let format = self.state.read().format;
+        // Never write an entry some replicas cannot read (the API refuses
+        // such requests first; this holds for every caller).
+        if let Err(e) = cmd.writable_in(format) {
+            if self.is_leader() {
+                return Err(ProposeError::Refused(e));
+            }
+        }
         let fut = self.raft.client_write(gangway_core::format::Payload::new(cmd, format));
         match tokio::time::timeout(timeout, fut).await {
             Err(_) => Err(ProposeError::Unavailable(

@@ -4,3 +4,139 @@
 //! cluster can hold it any more.
 
 pub mod v4;
+pub mod v5;
+
+/// Declares a frozen format's command enum, variant for variant as `Command`
+/// had them in that format (a variant's position is its encoding), with the
+/// conversions to and from today's:
+///
+/// - `before_batch`, then `Batch` (a tuple variant holding the format's own
+///   commands), then `before_policy`, then `UpdatePolicy` (holding the
+///   format's own policy type), then `after_policy`;
+/// - `extra`: variants past the format's commands that are not commands
+///   (format 4's envelope); they never convert to a command.
+///
+/// Fields of every other variant are today's types: a type that changes gets
+/// its own frozen copy and a variant of its own here, as the policy did.
+macro_rules! frozen_commands {
+    (
+        format: $format:literal,
+        policy: $policy:ty,
+        before_batch: [$($a:ident { $($af:ident : $at:ty),* $(,)? }),* $(,)?],
+        before_policy: [$($b:ident { $($bf:ident : $bt:ty),* $(,)? }),* $(,)?],
+        after_policy: [$($c:ident { $($cf:ident : $ct:ty),* $(,)? }),* $(,)?],
+        extra: [$($x:ident { $($xf:ident : $xt:ty),* $(,)? }),* $(,)?] $(,)?
+    ) => {
+        #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+        pub enum Wire {
+            $($a { $($af: $at),* },)*
+            Batch(#[serde(deserialize_with = "crate::command::batch_items")] Vec<Wire>),
+            $($b { $($bf: $bt),* },)*
+            UpdatePolicy {
+                policy: $policy,
+                expected_version: Option<u64>,
+                force: bool,
+                identity: String,
+                now_ms: u64,
+            },
+            $($c { $($cf: $ct),* },)*
+            $($x { $($xf: $xt),* },)*
+        }
+
+        impl Wire {
+            /// `c` as this format writes it, or why it cannot be.
+            pub fn from_command(c: &crate::command::Command) -> Result<Wire, String> {
+                use crate::command::Command;
+                Ok(match c.clone() {
+                    $(Command::$a { $($af),* } => Wire::$a { $($af),* },)*
+                    $(Command::$b { $($bf),* } => Wire::$b { $($bf),* },)*
+                    $(Command::$c { $($cf),* } => Wire::$c { $($cf),* },)*
+                    Command::UpdatePolicy { policy, expected_version, force, identity, now_ms } => Wire::UpdatePolicy {
+                        policy: <$policy>::try_from(policy)?,
+                        expected_version,
+                        force,
+                        identity,
+                        now_ms,
+                    },
+                    Command::Batch(cmds) => {
+                        Wire::Batch(cmds.iter().map(Wire::from_command).collect::<Result<Vec<_>, String>>()?)
+                    }
+                    #[allow(unreachable_patterns)]
+                    other => {
+                        return Err(format!("{} cannot be written in data format {}", other.name(), $format))
+                    }
+                })
+            }
+
+            /// The command this entry holds; None for what is not a command
+            /// (`extra` variants, also inside a batch).
+            pub fn into_command(self) -> Option<crate::command::Command> {
+                use crate::command::Command;
+                Some(match self {
+                    $(Wire::$a { $($af),* } => Command::$a { $($af),* },)*
+                    $(Wire::$b { $($bf),* } => Command::$b { $($bf),* },)*
+                    $(Wire::$c { $($cf),* } => Command::$c { $($cf),* },)*
+                    Wire::UpdatePolicy { policy, expected_version, force, identity, now_ms } => {
+                        Command::UpdatePolicy { policy: policy.into(), expected_version, force, identity, now_ms }
+                    }
+                    Wire::Batch(ws) => Command::Batch(ws.into_iter().map(Wire::into_command).collect::<Option<Vec<_>>>()?),
+                    $(Wire::$x { .. } => return None,)*
+                })
+            }
+        }
+    };
+}
+
+/// Declares a frozen format's state: today's fields in the format's order,
+/// with the policy in the format's own type. `stored_format`: the state
+/// carried its format as its last field (from format 5; the snapshot's
+/// header says the same, and the decoded state takes the header's).
+macro_rules! frozen_state {
+    (
+        format: $format:literal,
+        policy: $policy:ty,
+        before_policy: [$($f:ident : $t:ty),* $(,)?],
+        after_policy: [$($g:ident : $u:ty),* $(,)?]
+        $(, stored_format: $sf:ident)? $(,)?
+    ) => {
+        /// The state as this format encodes it (for decoding).
+        #[derive(serde::Deserialize)]
+        pub struct State {
+            $($f: $t,)*
+            policy: $policy,
+            $($g: $u,)*
+            $(#[allow(dead_code)] $sf: u32,)?
+        }
+
+        /// The state as this format encodes it, borrowed from today's (the
+        /// policy converted: fields of later formats are always empty in a
+        /// state of this format, as `apply` refuses to set them there).
+        #[derive(serde::Serialize)]
+        pub struct StateRef<'a> {
+            $($f: &'a $t,)*
+            policy: $policy,
+            $($g: &'a $u,)*
+            $($sf: &'a u32,)?
+        }
+
+        impl<'a> From<&'a crate::State> for StateRef<'a> {
+            fn from(s: &'a crate::State) -> Self {
+                StateRef { $($f: &s.$f,)* policy: <$policy>::from(&s.policy), $($g: &s.$g,)* $($sf: &s.$sf,)? }
+            }
+        }
+
+        impl From<State> for crate::State {
+            fn from(s: State) -> Self {
+                crate::State {
+                    $($f: s.$f,)*
+                    policy: s.policy.into(),
+                    $($g: s.$g,)*
+                    format: $format,
+                    ..crate::State::default()
+                }
+            }
+        }
+    };
+}
+
+pub(crate) use {frozen_commands, frozen_state};

@@ -13,7 +13,7 @@ use super::{Applied, Outcome, RefusalKind, State, UseKey};
 use crate::command::{JobChange, Placement, Preemption};
 use crate::limits::*;
 use crate::model::{Allocation, Job, JobId, JobState};
-use crate::policy::{ClusterPolicy, PreemptMode, Quota, Use};
+use crate::policy::{ClusterPolicy, PreemptMode, Quota, Use, ROLES_FORMAT};
 
 /// Usage charged to an account in one time bucket (for decayed fair share).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,10 +32,27 @@ impl State {
         force: bool,
         identity: &str,
     ) -> Applied {
-        if !self.is_admin(identity) {
+        let admin = self.is_admin(identity);
+        let coordinated: Vec<String> = if admin || self.format < ROLES_FORMAT {
+            Vec::new()
+        } else {
+            self.policy.coordinated(identity).into_iter().map(str::to_string).collect()
+        };
+        if !admin && coordinated.is_empty() {
             return Applied::refused(
                 RefusalKind::PermissionDenied,
                 format!("permission: {identity} is not an admin of this cluster"),
+            );
+        }
+        let needs = policy.needs_format();
+        if needs > self.format {
+            return Applied::refused(
+                RefusalKind::FailedPrecondition,
+                format!(
+                    "operators, coordinators, user_map, user_domains, allow_root_jobs and private_jobs need data \
+                     format {needs}; this cluster is on format {} until every replica runs a build that reads {needs}",
+                    self.format
+                ),
             );
         }
         if let Some(v) = expected_version {
@@ -55,6 +72,12 @@ impl State {
         // to anyone when no admin is named).
         if next.admins.is_empty() {
             next.admins = self.policy.admins.clone();
+        }
+        if !admin {
+            let mine: Vec<&str> = coordinated.iter().map(String::as_str).collect();
+            if let Err(e) = crate::policy::coordinator_change(&self.policy, &next, &mine) {
+                return Applied::refused(RefusalKind::PermissionDenied, format!("permission: {e}"));
+            }
         }
         next.version = self.policy.version.saturating_add(1);
         let previous = std::mem::replace(&mut self.policy, next);
@@ -243,7 +266,8 @@ impl State {
         change: &JobChange,
         identity: &str,
     ) -> Applied {
-        let admin = self.is_admin(identity);
+        // Operators hold the admin's powers over jobs.
+        let admin = self.is_operator(identity);
         let job = match self.changeable_job(job_id, identity, "change") {
             Ok(job) => job,
             Err(refused) => return refused,
@@ -262,7 +286,10 @@ impl State {
                     return not_pending();
                 }
                 if *as_admin && !admin {
-                    return Applied::refused(RefusalKind::PermissionDenied, "permission: admin holds need an admin");
+                    return Applied::refused(
+                        RefusalKind::PermissionDenied,
+                        "permission: admin holds need an operator or admin",
+                    );
                 }
                 if job.held.as_deref() == Some("JobHeldAdmin") && !*as_admin {
                     return Applied::refused(
@@ -282,7 +309,7 @@ impl State {
                 if job.held.as_deref() == Some("JobHeldAdmin") && !admin {
                     return Applied::refused(
                         RefusalKind::PermissionDenied,
-                        "permission: an admin hold can only be released by an admin",
+                        "permission: an admin hold can only be released by an operator or admin",
                     );
                 }
                 let job = self.jobs.get_mut(&job_id).expect("checked");
@@ -291,7 +318,10 @@ impl State {
             }
             JobChange::SetPriority(p) => {
                 if !admin {
-                    return Applied::refused(RefusalKind::PermissionDenied, "permission: only admins set priorities");
+                    return Applied::refused(
+                        RefusalKind::PermissionDenied,
+                        "permission: only operators and admins set priorities",
+                    );
                 }
                 self.jobs.get_mut(&job_id).expect("checked").priority_override = *p;
             }
@@ -302,7 +332,7 @@ impl State {
                 if *n < 0 && !admin {
                     return Applied::refused(
                         RefusalKind::InvalidArgument,
-                        "nice: only admins may set a negative value",
+                        "nice: only operators and admins may set a negative value",
                     );
                 }
                 self.jobs.get_mut(&job_id).expect("checked").spec.nice = *n;
@@ -336,7 +366,7 @@ impl State {
                 if *t > job.spec.time_limit_s && !admin {
                     return Applied::refused(
                         RefusalKind::PermissionDenied,
-                        "permission: only admins may raise a time limit",
+                        "permission: only operators and admins may raise a time limit",
                     );
                 }
                 self.jobs.get_mut(&job_id).expect("checked").spec.time_limit_s = *t;

@@ -502,7 +502,7 @@ impl State {
             return Err(Applied::refused(
                 RefusalKind::PermissionDenied,
                 format!(
-                    "permission: job {job_id} belongs to {}; only its owner or an admin may {verb} it",
+                    "permission: job {job_id} belongs to {}; only its owner, its account's coordinators, operators and admins may {verb} it",
                     job.spec.user
                 ),
             ));

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use super::{Applied, JobEvent, Outcome, RefusalKind, State, UseKey};
 use crate::limits::*;
 use crate::model::{ArrayElement, Job, JobId, JobState};
-use crate::policy::DEFAULT_QOS;
+use crate::policy::{DEFAULT_QOS, ROLES_FORMAT};
 use crate::spec::{parse_array, Dependency, DependencyKind, JobSpec, SpecError};
 
 impl State {
@@ -220,8 +220,8 @@ impl State {
                 ),
             ));
         }
-        if s.nice < 0 && !self.is_admin(identity) {
-            return Err(SpecError::new("nice", "only admins may set a negative nice value"));
+        if s.nice < 0 && !self.is_operator(identity) {
+            return Err(SpecError::new("nice", "only operators and admins may set a negative nice value"));
         }
         if s.dependencies.iter().any(|d| d.kind == DependencyKind::AfterCorr) && s.array.is_empty() {
             return Err(SpecError::new("dependency", "aftercorr needs the job to be an array (--array)"));
@@ -334,12 +334,20 @@ impl State {
             .collect()
     }
 
-    /// Whether `identity` (`dev:alice` or `alice`) is an admin: listed in the
-    /// policy by identity or user name, or any caller while none is listed.
-    /// Whether `identity` may change `job`: its owner or an admin.
+    /// Whether `identity` may change `job`: its owner, an operator or admin,
+    /// or a coordinator of the job's account (or one above it).
     pub fn may_change(&self, job: &Job, identity: &str) -> bool {
-        let user = identity.rsplit(':').next().unwrap_or(identity);
-        job.spec.user == user || job.submitted_by == identity || self.is_admin(identity)
+        self.owns(job, identity) || self.is_operator(identity) || self.policy.coordinates(identity, &job.spec.account)
+    }
+
+    /// Whether `identity` owns `job`: the user the job runs as (after the
+    /// policy's user map), or who submitted it.
+    pub fn owns(&self, job: &Job, identity: &str) -> bool {
+        let user = self.policy.unix_user(crate::policy::identity_name(identity));
+        // Before format 6 the rule had no agent exception: kept, so old and
+        // new builds apply old entries alike.
+        let person = self.format < ROLES_FORMAT || !identity.starts_with("agent:");
+        job.submitted_by == identity || (person && job.spec.user == user)
     }
 
     /// Admins are the identities and users the policy names, and the controller
@@ -350,8 +358,16 @@ impl State {
         if identity.starts_with("server:") {
             return true;
         }
-        let user = identity.rsplit(':').next().unwrap_or(identity);
-        self.policy.admins.iter().any(|a| a == identity || a == user)
+        if self.format < ROLES_FORMAT {
+            let name = crate::policy::identity_name(identity);
+            return self.policy.admins.iter().any(|a| a == identity || a == name);
+        }
+        self.policy.lists(&self.policy.admins, identity)
+    }
+
+    /// Operators, and admins (who may do all an operator may).
+    pub fn is_operator(&self, identity: &str) -> bool {
+        self.is_admin(identity) || self.policy.is_operator(identity)
     }
 
     /// The budget (see `limits`) that `count` more jobs of `spec_bytes` each
