@@ -86,7 +86,10 @@ pub struct ControllerArgs {
     /// a new cluster (repeatable; give every replica the same list).
     #[arg(long = "bootstrap-admin")]
     bootstrap_admins: Vec<String>,
-    /// Accept jobs that run as root (refused by default; give every replica the same).
+    /// Accept jobs that run as root: seeds the policy's allow_root_jobs when
+    /// this replica moves the cluster to data format 6 (a new cluster, or an
+    /// upgrade); after that the policy decides (`gangway admin set
+    /// --allow-root-jobs`). Give every replica the same.
     #[arg(long)]
     allow_root_jobs: bool,
     /// Accept bearer tokens signed by this public key (PEM: EC P-256 for
@@ -106,7 +109,9 @@ pub struct ControllerArgs {
     #[arg(long)]
     token_revoked: Option<PathBuf>,
     /// Users see only their own jobs (Slurm's PrivateData=jobs): others' read
-    /// as not found. Give every replica the same.
+    /// as not found. Always on at this replica, and seeds the policy's
+    /// private_jobs when this replica moves the cluster to data format 6
+    /// (then `gangway admin set --private-jobs` rules the whole cluster).
     #[arg(long)]
     private_jobs: bool,
     /// Seed this replica's empty data directory from a backup file (`gangway

@@ -756,6 +756,18 @@ priority = 100
     assert!(err.contains("accounts.bad.parent"), "{err}");
     assert!(ok(&["admin", "account", "set", "ml", "--max-gpus", "8"]).contains("updated"));
     assert!(ok(&["admin", "account", "list"]).contains("max_running_gpus = 8"));
+    // Roles and the user map (data format 6), and a clear error for a bad map entry.
+    assert!(ok(&["admin", "set", "--operators", "oncall", "--user-domains", "corp.example"]).contains("updated"));
+    assert!(ok(&["admin", "coordinators", "ml", "--set", "carol,dave"]).contains("coordinators of ml set"));
+    let coords = ok(&["admin", "coordinators"]);
+    assert!(coords.contains("ml") && coords.contains("carol,dave"), "{coords}");
+    let err = fails(&["admin", "set", "--user-map", "ci-bot"]);
+    assert!(err.contains("--user-map") && err.contains("NAME=USER"), "{err}");
+    let err = fails(&["admin", "coordinators", "nope", "--set", "carol"]);
+    assert!(err.contains("coordinators.nope"), "{err}");
+    let exported = ok(&["admin", "export"]);
+    assert!(exported.contains("operators = [\"oncall\"]") && exported.contains("[coordinators]"), "{exported}");
+    assert!(exported.contains("allow_root_jobs = true"), "{exported}");
     let err = fails(&["submit", "-p", "debug", "-t", "2-00:00:00", "--", "true"]);
     assert!(err.contains("time_limit_s") && err.contains("debug"), "{err}");
     let err = fails(&["submit", "-A", "nope", "--", "true"]);
