@@ -1872,6 +1872,18 @@ mod security {
         })
     }
 
+    /// A policy document with `private_jobs` set.
+    trait TapPrivate {
+        fn tap_private(self, on: bool) -> serde_json::Value;
+    }
+
+    impl TapPrivate for serde_json::Value {
+        fn tap_private(mut self, on: bool) -> serde_json::Value {
+            self["private_jobs"] = serde_json::json!(on);
+            self
+        }
+    }
+
     async fn set_policy(client: &Client, policy: serde_json::Value) -> Result<pb::Policy, tonic::Status> {
         let json = policy.to_string();
         client
@@ -2279,6 +2291,26 @@ mod security {
         assert!(list(&bob).await.contains(&m));
         let spec = get(&bob, m).await.unwrap().spec.unwrap();
         assert!(spec.env.is_empty() && spec.script.is_empty(), "{spec:?}");
+        // A stream bob opened while jobs were public follows the policy as
+        // it changes: once they are private again, alice's new job is not in it.
+        let alices_last = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+        let (bob2, last, sink) = (client(Caller::Bob), alices_last.clone(), seen.clone());
+        let follow = tokio::spawn(async move {
+            gangway_proto::events::follow(&bob2, 0, |ev| {
+                sink.lock().unwrap().push(ev.job_id);
+                ev.job_id <= last.load(std::sync::atomic::Ordering::SeqCst)
+            })
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        set_policy(&admin, serde_json::to_value(&c.state(leader).policy).unwrap().tap_private(true)).await.unwrap();
+        let x = submit_secret_job(&alice).await;
+        alices_last.store(x, std::sync::atomic::Ordering::SeqCst);
+        let y = submit_secret_job(&bob).await;
+        tokio::time::timeout(WAIT, follow).await.expect("bob's stream never showed his job").unwrap().unwrap();
+        let seen = seen.lock().unwrap().clone();
+        assert!(seen.contains(&y) && !seen.contains(&x), "bob's stream: {seen:?} (alice's {x}, bob's {y})");
         for (_, h) in std::mem::take(&mut c.handles) {
             h.shutdown().await;
         }
@@ -2345,6 +2377,11 @@ mod security {
             .unwrap()
             .into_inner()
             .credential;
+        // The certificate `nobody` now runs as daemon; the job's process,
+        // already Unix user nobody, is not mapped a second time.
+        c.wait_newest_format().await;
+        let mapped = serde_json::json!({ "admins": ["admin", "nobody"], "user_map": { "nobody": "daemon" } });
+        set_policy(&admin, mapped).await.unwrap();
         // The job's process: no certificate, only the credential; on a follower too.
         let follower = *c.handles.keys().find(|id| **id != leader).unwrap();
         for target in [leader, follower] {
@@ -2359,7 +2396,7 @@ mod security {
                 .await
                 .unwrap()
                 .into_inner();
-            assert_eq!(c.state(leader).jobs[&submit.job_id].spec.user, "nobody");
+            assert_eq!(c.state(leader).jobs[&submit.job_id].spec.user, "nobody", "not mapped again");
             let hold = JobServiceClient::new(ch.clone())
                 .update(req(
                     pb::UpdateJobRequest { job_id: job, change: pb::update_job_request::Change::Hold as i32, value: 0 },

@@ -194,7 +194,9 @@ impl Command {
                 .saturating_add(preemptions.len().saturating_mul(64)),
             Command::UpdatePolicy { policy, .. } => FIXED
                 .saturating_add(policy.accounts.len().saturating_mul(128))
-                .saturating_add(policy.coordinators.len().saturating_mul(128))
+                .saturating_add(
+                    policy.coordinators.values().map(Vec::len).fold(0, usize::saturating_add).saturating_mul(256),
+                )
                 .saturating_add(policy.user_map.len().saturating_mul(128))
                 .saturating_add(policy.operators.len().saturating_mul(64))
                 .saturating_add(policy.users.len().saturating_mul(128))

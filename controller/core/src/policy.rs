@@ -388,6 +388,28 @@ fn check_role_name(field: &str, name: &str) -> Result<(), SpecError> {
     Ok(())
 }
 
+/// A name certificates and tokens can carry (as `gangway_proto::tls` checks
+/// them): 1 to 128 bytes of letters, digits, `.`, `_`, `-` and `@`, starting
+/// with a letter or digit. Other keys could never match a caller.
+fn check_identity_name(field: &str, name: &str) -> Result<(), SpecError> {
+    /// As `gangway_proto::tls::PRINCIPAL_NAME_BYTES_MAX`.
+    const IDENTITY_NAME_BYTES_MAX: usize = 128;
+    let ok = !name.is_empty()
+        && name.len() <= IDENTITY_NAME_BYTES_MAX
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@'));
+    if !ok {
+        return Err(SpecError::new(
+            field,
+            format!(
+                "'{name}' must be a certificate or token name: 1-{IDENTITY_NAME_BYTES_MAX} letters, digits, '.', \
+                 '_', '-' or '@', starting with a letter or digit"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The name in an identity: `client:alice` → `alice` (names hold no `:`).
 pub fn identity_name(identity: &str) -> &str {
     identity.rsplit(':').next().unwrap_or(identity)
@@ -396,35 +418,52 @@ pub fn identity_name(identity: &str) -> &str {
 /// Whether a coordinator of the accounts `mine` may turn `old` into `new`.
 /// In reach: accounts strictly below one of theirs (added, removed, edited,
 /// their coordinators too, as long as they stay below), and users'
-/// memberships in their accounts and those below. Everything else must be
-/// as it was; the first difference out of reach is named. (Admins apply
+/// memberships in their accounts and those below: a user they touch keeps
+/// at least one account, whose first (the default) is in reach unless it was
+/// already the first; users' entries are never removed. Everything else must
+/// be as it was; the first difference out of reach is named. (Admins apply
 /// `new` whole; the state machine fills in the version and empty admins
-/// before calling this.)
+/// before calling this, and checks what needs the jobs: see
+/// `State::apply_update_policy`.)
 pub fn coordinator_change(old: &ClusterPolicy, new: &ClusterPolicy, mine: &[&str]) -> Result<(), SpecError> {
-    let below = |p: &ClusterPolicy, a: &str| mine.iter().any(|m| a != *m && p.is_under(a, m));
-    let member_scope = |p: &ClusterPolicy, a: &str| mine.iter().any(|m| p.is_under(a, m));
+    // The accounts in reach, walked once per policy: (members, strictly below).
+    let reach = |p: &ClusterPolicy| -> (BTreeSet<String>, BTreeSet<String>) {
+        let mut members = BTreeSet::new();
+        let mut below = BTreeSet::new();
+        for a in p.accounts.keys() {
+            let lineage = p.lineage(a);
+            if mine.iter().any(|m| lineage.contains(m)) {
+                members.insert(a.clone());
+                if !mine.contains(&a.as_str()) {
+                    below.insert(a.clone());
+                }
+            }
+        }
+        (members, below)
+    };
+    let ((old_members, old_below), (new_members, new_below)) = (reach(old), reach(new));
     let out = |field: String| {
         Err(SpecError::new(
             &field,
             "out of a coordinator's reach (their accounts' sub-accounts and members); ask an admin",
         ))
     };
-    let keys = |a: &BTreeMap<String, Account>, b: &BTreeMap<String, Account>| -> BTreeSet<String> {
-        a.keys().chain(b.keys()).cloned().collect()
-    };
-    for name in keys(&old.accounts, &new.accounts) {
-        let (o, n) = (old.accounts.get(&name), new.accounts.get(&name));
+    let names: BTreeSet<&String> = old.accounts.keys().chain(new.accounts.keys()).collect();
+    for name in names {
+        let (o, n) = (old.accounts.get(name), new.accounts.get(name));
         if o == n {
             continue;
         }
-        let was_ok = o.is_none() || below(old, &name);
-        let is_ok = n.is_none() || below(new, &name);
+        let was_ok = o.is_none() || old_below.contains(name);
+        let is_ok = n.is_none() || new_below.contains(name);
         if !(was_ok && is_ok) {
             return out(format!("accounts.{name}"));
         }
     }
     for name in old.coordinators.keys().chain(new.coordinators.keys()) {
-        if old.coordinators.get(name) != new.coordinators.get(name) && !(below(old, name) || below(new, name)) {
+        if old.coordinators.get(name) != new.coordinators.get(name)
+            && !(old_below.contains(name) || new_below.contains(name))
+        {
             return out(format!("coordinators.{name}"));
         }
     }
@@ -435,24 +474,28 @@ pub fn coordinator_change(old: &ClusterPolicy, new: &ClusterPolicy, mine: &[&str
             continue;
         }
         let field = format!("users.{name}");
-        let quota = |u: Option<&User>| u.map(|u| u.quota.clone()).unwrap_or_default();
-        if quota(o) != quota(n) {
+        // Removing a user (or all their accounts) would let their jobs
+        // charge `root` or any account: an admin's call.
+        let Some(n) = n.filter(|n| !n.accounts.is_empty()) else {
+            return Err(SpecError::new(
+                &format!("{field}.accounts"),
+                "a coordinator may remove a user from their accounts, but the user keeps at least one account \
+                 (an admin removes users)",
+            ));
+        };
+        if o.map(|u| &u.quota) != Some(&n.quota) && !(o.is_none() && n.quota.is_empty()) {
             return out(format!("{field}.quota"));
         }
         // Memberships outside their accounts stay, in order; the default
-        // (first) account changes only between accounts in reach.
-        let outside = |p: &ClusterPolicy, u: Option<&User>| -> Vec<String> {
-            u.map(|u| u.accounts.iter().filter(|a| !member_scope(p, a)).cloned().collect()).unwrap_or_default()
+        // (first) account changes only to an account in reach.
+        let outside = |u: &User, members: &BTreeSet<String>| -> Vec<String> {
+            u.accounts.iter().filter(|a| !members.contains(*a)).cloned().collect()
         };
-        if outside(old, o) != outside(new, n) {
+        if o.map(|o| outside(o, &old_members)).unwrap_or_default() != outside(n, &new_members) {
             return out(format!("{field}.accounts"));
         }
-        let first = |u: Option<&User>| u.and_then(|u| u.accounts.first().cloned());
-        let (f_old, f_new) = (first(o), first(n));
-        let first_ok = f_old == f_new
-            || (f_old.as_deref().is_none_or(|a| member_scope(old, a))
-                && f_new.as_deref().is_none_or(|a| member_scope(new, a)));
-        if !first_ok {
+        let (f_old, f_new) = (o.and_then(|u| u.accounts.first()), n.accounts.first());
+        if f_old != f_new && !f_new.is_some_and(|a| new_members.contains(a)) {
             return out(format!("{field}.accounts"));
         }
     }
@@ -697,6 +740,9 @@ impl ClusterPolicy {
         }
         for (account, names) in &self.coordinators {
             let field = format!("coordinators.{account}");
+            if names.is_empty() {
+                return Err(SpecError::new(&field, "name at least one coordinator (or leave the account out)"));
+            }
             if !self.accounts.contains_key(account) {
                 return Err(SpecError::new(
                     &field,
@@ -714,7 +760,7 @@ impl ClusterPolicy {
             return Err(SpecError::new("user_map", format!("at most {USER_MAP_MAX} entries")));
         }
         for (name, user) in &self.user_map {
-            check_role_name("user_map", name)?;
+            check_identity_name("user_map", name)?;
             check_ident(&format!("user_map.{name}"), user)?;
             if user.starts_with('-') {
                 return Err(SpecError::new(&format!("user_map.{name}"), "a user name cannot start with '-'"));
@@ -753,7 +799,9 @@ impl ClusterPolicy {
             return user;
         }
         match name.rsplit_once('@') {
-            Some((user, domain)) if !user.is_empty() && self.user_domains.iter().any(|d| d == domain) => user,
+            Some((user, domain)) if check_ident("", user).is_ok() && self.user_domains.iter().any(|d| d == domain) => {
+                user
+            }
             _ => name,
         }
     }

@@ -70,15 +70,18 @@ pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
     if found != computed {
         return Err(SnapshotError::Checksum { found, computed });
     }
-    let mut state: State = match version {
-        5 => from_bytes::<v5::State>(body).map_err(decode_err)?.into(),
-        _ => from_bytes(body).map_err(decode_err)?,
+    let (stored, mut state): (u32, State) = match version {
+        5 => {
+            let v5: v5::State = from_bytes(body).map_err(decode_err)?;
+            (v5.stored_format(), v5.into())
+        }
+        _ => {
+            let state: State = from_bytes(body).map_err(decode_err)?;
+            (state.format, state)
+        }
     };
-    if state.format != version {
-        return Err(SnapshotError::Decode(format!(
-            "a format-{version} snapshot holds a state of format {}",
-            state.format
-        )));
+    if stored != version {
+        return Err(SnapshotError::Decode(format!("a format-{version} snapshot holds a state of format {stored}")));
     }
     state.rebuild_derived();
     Ok(state)

@@ -1389,12 +1389,68 @@ fn coordinators_edit_only_below_their_accounts() {
             }),
         ),
         ("own coordinators", "coordinators.ml", Box::new(|p| p.coordinators.get_mut("ml").unwrap().push("eve".into()))),
+        // Out of every account: alice would charge root, free of ml's limits.
+        ("alice to root", "users.alice.accounts", Box::new(|p| p.users.get_mut("alice").unwrap().accounts.clear())),
+        (
+            "remove alice",
+            "users.alice.accounts",
+            Box::new(|p| {
+                p.users.remove("alice");
+            }),
+        ),
+        // A sub-account a job still names: its use would leave ml's quotas.
+        (
+            "remove a used account",
+            "accounts.ml-vision",
+            Box::new(|p| {
+                p.accounts.remove("ml-vision-3d");
+                p.accounts.remove("ml-vision");
+                p.users.get_mut("alice").unwrap().accounts = vec!["ml".into()];
+            }),
+        ),
     ];
     for (what, field, edit) in &refused {
         let (kind, outcome, _) = try_edit(edit.as_ref());
         assert_eq!(kind, Some(RefusalKind::PermissionDenied), "{what}: {outcome}");
         assert!(outcome.contains(field), "{what}: {outcome} should name {field}");
     }
+    // Coordinators cannot force, even for an edit in reach.
+    let mut t = s.clone();
+    let mut p = t.policy.clone();
+    p.accounts.get_mut("ml-vision").unwrap().shares = 3;
+    let forced = Command::UpdatePolicy {
+        policy: p,
+        expected_version: None,
+        force: true,
+        identity: "client:carol".into(),
+        now_ms: 10,
+    };
+    assert_eq!(refused_kind(&t.apply(100, &forced)), Some(RefusalKind::PermissionDenied));
+    // A retired account's name, still on bob's job, cannot be taken over.
+    let mut t = s.clone();
+    let mut p = t.policy.clone();
+    p.accounts.remove("infra");
+    p.users.get_mut("bob").unwrap().accounts = vec!["ml".into()];
+    let retire = Command::UpdatePolicy {
+        policy: p,
+        expected_version: None,
+        force: true,
+        identity: "client:ada".into(),
+        now_ms: 10,
+    };
+    assert_eq!(refused_kind(&t.apply(100, &retire)), None);
+    let mut p = t.policy.clone();
+    p.accounts.insert("infra".into(), Account { parent: "ml".into(), ..Account::default() });
+    let take = Command::UpdatePolicy {
+        policy: p,
+        expected_version: None,
+        force: false,
+        identity: "client:carol".into(),
+        now_ms: 11,
+    };
+    let applied = t.apply(101, &take);
+    assert_eq!(refused_kind(&applied), Some(RefusalKind::PermissionDenied), "{:?}", applied.outcome);
+    assert!(format!("{:?}", applied.outcome).contains("accounts.infra"), "{:?}", applied.outcome);
 }
 
 /// The roles, the user map and the job switches need data format 6: a

@@ -12,7 +12,7 @@ use gangway_proto::v1::*;
 use tokio::sync::broadcast::error::RecvError;
 use tonic::{Request, Response, Status};
 
-use super::convert::{job_to_proto, spec_from_proto, state_from_proto, state_to_proto};
+use super::convert::{spec_from_proto, state_from_proto, state_to_proto};
 use super::{status_from_spec, unexpected, Routed};
 use crate::replica::Replica;
 
@@ -271,10 +271,13 @@ impl JobService for JobApi {
             Routed::Forwarded(resp) => Ok(resp),
             Routed::Local(applied) => match applied.outcome {
                 Outcome::JobUpdated { .. } => {
+                    // As the caller may see it: operators and coordinators
+                    // change others' jobs without reading their secrets.
+                    let viewer = self.replica.viewer(&ctx);
                     let state = self.replica.node.state().read();
                     let job =
                         state.jobs.get(&job_id).ok_or_else(|| Status::not_found(format!("job {job_id} is gone")))?;
-                    Ok(Response::new(job_to_proto(job)))
+                    Ok(Response::new(viewer.job(job)))
                 }
                 other => Err(unexpected(&other)),
             },
@@ -394,12 +397,7 @@ impl JobService for JobApi {
                 .get(&job_id)
                 .cloned()
                 .ok_or_else(|| Status::not_found(format!("job {job_id} does not exist")))?;
-            let owner = match &ctx.caller {
-                super::Caller::Verified(p) => {
-                    p.role == gangway_proto::tls::Role::Client && state.owns(&job, &ctx.identity)
-                }
-                super::Caller::Claimed(_) => true,
-            };
+            let owner = super::caller_owns(&state, &ctx, &job);
             (job, owner)
         };
         if !owner {
@@ -577,32 +575,43 @@ fn explanation_to_proto(e: gangway_core::sched::Explanation) -> Explanation {
     }
 }
 
-/// Which events a stream's caller may see: with `--private-jobs`, a user's
-/// own jobs' only (a job no longer kept is not shown).
+/// Which events a stream's caller may see: with private jobs, a user's own
+/// jobs' only (a job no longer kept is not shown). Streams live long and the
+/// policy (roles, the private switch, the user map) changes at run time, so
+/// the caller's view is computed again whenever the policy's version moves.
 struct Shown {
-    viewer: Option<super::Viewer>,
-    state: std::sync::Arc<gangway_raft_store::SharedState>,
+    replica: Arc<Replica>,
+    ctx: super::CallCtx,
+    /// (policy version, the view it gave).
+    viewer: std::sync::Mutex<(u64, super::Viewer)>,
 }
 
 impl Shown {
-    fn new(replica: &crate::replica::Replica, ctx: &super::CallCtx) -> Shown {
-        let viewer = Some(replica.viewer(ctx)).filter(|v| v.private_jobs);
-        Shown { viewer, state: replica.node.state().clone() }
+    fn new(replica: &Arc<Replica>, ctx: &super::CallCtx) -> Shown {
+        let version = replica.node.state().read().policy.version;
+        let viewer = std::sync::Mutex::new((version, replica.viewer(ctx)));
+        Shown { replica: replica.clone(), ctx: ctx.clone(), viewer }
+    }
+
+    /// Runs `f` with the caller's view under the current policy.
+    fn with<R>(&self, f: impl FnOnce(&super::Viewer) -> R) -> R {
+        let version = self.replica.node.state().read().policy.version;
+        let mut cached = self.viewer.lock().unwrap_or_else(|e| e.into_inner());
+        if cached.0 != version {
+            *cached = (version, self.replica.viewer(&self.ctx));
+        }
+        f(&cached.1)
     }
 
     fn job(&self, job_id: u64) -> bool {
-        match &self.viewer {
-            None => true,
-            Some(v) => self.state.read().jobs.get(&job_id).is_some_and(|j| v.visible(j)),
-        }
+        self.with(|v| {
+            !v.private_jobs || self.replica.node.state().read().jobs.get(&job_id).is_some_and(|j| v.visible(j))
+        })
     }
 
     /// An event's reason as the caller may read it.
     fn reason(&self, reason: String) -> String {
-        match &self.viewer {
-            Some(v) => v.reason(&reason),
-            None => reason,
-        }
+        self.with(|v| v.reason(&reason))
     }
 
     fn event(&self, ev: &gangway_core::Event) -> bool {

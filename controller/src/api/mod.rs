@@ -419,7 +419,11 @@ impl Replica {
             Caller::Claimed(_) => requested.to_string(),
             Caller::Verified(_) => {
                 let name = ctx.require_user(what)?;
-                let me = self.node.state().read().policy.unix_user(&name).to_string();
+                // A job's process already acts as its Unix user: no second mapping.
+                let me = match ctx.via_job {
+                    Some(_) => name,
+                    None => self.node.state().read().policy.unix_user(&name).to_string(),
+                };
                 if !requested.is_empty() && requested != me {
                     return Err(denied(
                         ctx,
@@ -454,7 +458,10 @@ impl Replica {
                 Role::Server => whole = true,
                 Role::Agent => {}
                 Role::Client => {
-                    user = policy.unix_user(&p.name).to_string();
+                    user = match ctx.via_job {
+                        Some(_) => p.name.clone(),
+                        None => policy.unix_user(&p.name).to_string(),
+                    };
                     if ctx.via_job.is_none() {
                         whole = state.is_admin(&ctx.identity)
                             || (policy.admins.is_empty() && self.bootstrap_admins.iter().any(|a| a == &p.name));
@@ -524,12 +531,12 @@ impl Replica {
     /// change and ids are never reused, so the check holds until the command
     /// applies.
     pub fn require_owner(&self, ctx: &CallCtx, job_id: u64, what: &str) -> Result<(), Status> {
-        let Caller::Verified(p) = &ctx.caller else { return Ok(()) };
+        let Caller::Verified(_) = &ctx.caller else { return Ok(()) };
         let owner = {
             let state = self.node.state().read();
             match state.jobs.get(&job_id) {
                 None => return Err(Status::not_found(format!("job {job_id} does not exist"))),
-                Some(j) => p.role == Role::Client && state.owns(j, &ctx.identity),
+                Some(j) => caller_owns(&state, ctx, j),
             }
         };
         if owner || self.is_admin(ctx) {
@@ -628,7 +635,7 @@ impl Replica {
             && ctx.via_job.is_none()
             && !self.node.state().read().policy.coordinated(&ctx.identity).is_empty();
         if coordinator {
-            ctx.audit(what, "allowed", "coordinator");
+            ctx.audit(what, "allowed", "coordinator (the state machine then checks the edit is in reach)");
             return Ok(());
         }
         Err(denied(
@@ -636,6 +643,21 @@ impl Replica {
             what,
             format!("{} is not an admin or account coordinator of this cluster; only they may {what}", ctx.identity),
         ))
+    }
+}
+
+/// Whether the caller owns `job`: a client whose jobs run as its user, or
+/// who submitted it. A job's process acts as its Unix user already (its
+/// identity names that user, not a certificate's holder), so the policy's
+/// user map is not applied to it a second time.
+pub fn caller_owns(state: &gangway_core::State, ctx: &CallCtx, job: &gangway_core::Job) -> bool {
+    let Caller::Verified(p) = &ctx.caller else { return true };
+    if p.role != Role::Client {
+        return false;
+    }
+    match ctx.via_job {
+        Some(_) => job.spec.user == p.name || job.submitted_by == ctx.identity,
+        None => state.owns(job, &ctx.identity),
     }
 }
 

@@ -29,12 +29,13 @@ pub fn spawn_leader_watch(replica: Arc<Replica>) -> JoinHandle<()> {
                     tracing::info!(id = replica.node.id, "became leader: starting leader duties");
                     let r = replica.clone();
                     duties = Some(tokio::spawn(async move {
-                        tokio::join!(
-                            liveness::run(r.clone()),
-                            scheduler::run(r.clone()),
-                            bootstrap_admins(r.clone()),
-                            upgrade_data_format(r)
-                        );
+                        tokio::join!(liveness::run(r.clone()), scheduler::run(r.clone()), async {
+                            // In order: the format move reads the policy the
+                            // bootstrap wrote (its switches are a
+                            // compare-and-set on it).
+                            bootstrap_admins(r.clone()).await;
+                            upgrade_data_format(r).await;
+                        });
                     }));
                 }
                 (Some(handle), false) => {

@@ -105,8 +105,17 @@ macro_rules! frozen_state {
             $($f: $t,)*
             policy: $policy,
             $($g: $u,)*
-            $(#[allow(dead_code)] $sf: u32,)?
+            $($sf: u32,)?
         }
+
+        $(
+            impl State {
+                /// The format the state says it is in (its header must agree).
+                pub fn stored_format(&self) -> u32 {
+                    self.$sf
+                }
+            }
+        )?
 
         /// The state as this format encodes it, borrowed from today's (the
         /// policy converted: fields of later formats are always empty in a

@@ -74,9 +74,18 @@ impl State {
             next.admins = self.policy.admins.clone();
         }
         if !admin {
+            if force {
+                return Applied::refused(
+                    RefusalKind::PermissionDenied,
+                    "permission: force: only admins may force a policy change",
+                );
+            }
             let mine: Vec<&str> = coordinated.iter().map(String::as_str).collect();
             if let Err(e) = crate::policy::coordinator_change(&self.policy, &next, &mine) {
                 return Applied::refused(RefusalKind::PermissionDenied, format!("permission: {e}"));
+            }
+            if let Some(why) = self.account_names_in_use(&self.policy, &next) {
+                return Applied::refused(RefusalKind::PermissionDenied, format!("permission: {why}"));
             }
         }
         next.version = self.policy.version.saturating_add(1);
@@ -93,6 +102,26 @@ impl State {
             }
         }
         Applied { outcome: Outcome::PolicyUpdated { version: self.policy.version }, events: Vec::new() }
+    }
+
+    /// For a coordinator's edit: an account it adds or removes that a kept
+    /// job names. Removing one would take its running jobs out of the quotas
+    /// above it; adding one of a retired name would hand its jobs to the
+    /// coordinator. (Admins may: they see the whole cluster.)
+    fn account_names_in_use(&self, old: &ClusterPolicy, new: &ClusterPolicy) -> Option<String> {
+        let changed: std::collections::BTreeSet<&String> =
+            old.accounts.keys().filter(|a| !new.accounts.contains_key(*a)).collect::<std::collections::BTreeSet<_>>();
+        let added: std::collections::BTreeSet<&String> =
+            new.accounts.keys().filter(|a| !old.accounts.contains_key(*a)).collect();
+        if changed.is_empty() && added.is_empty() {
+            return None;
+        }
+        self.jobs.values().find(|j| changed.contains(&j.spec.account) || added.contains(&j.spec.account)).map(|j| {
+            format!(
+                "accounts.{}: job {} still names this account; only an admin may add or remove it",
+                j.spec.account, j.id
+            )
+        })
     }
 
     /// An object the new policy removed although pending jobs still need it
