@@ -31,8 +31,8 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A forwarded call waits a little longer than the leader's own write timeout.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(12);
 /// Scheduling analyses (explain, test-submit) one replica runs at once: each is
-/// a full pass (~70 ms at 100,000 pending jobs) and test-submit copies the
-/// state, so a few at a time keep the replica's CPU and memory for its log.
+/// a full pass (~70 ms at 100,000 pending jobs) under the state's read lock,
+/// so a few at a time keep the replica's CPU and its writes for its log.
 pub const ANALYSES_MAX: usize = 2;
 /// Opening the store retries while a previous instance in this process (a test
 /// restarting a replica) still holds RocksDB's lock: 50 × 100 ms.
@@ -64,8 +64,8 @@ pub struct Replica {
     pub audit: Arc<crate::audit::AuditLog>,
     /// Per-identity write rate limits (see `ratelimit`).
     pub writes: crate::ratelimit::WriteLimiter,
-    /// Explain and test-submit run whole scheduling passes (and test-submit
-    /// copies the state): at most ANALYSES_MAX at once on this replica.
+    /// Explain and test-submit run whole scheduling passes: at most
+    /// ANALYSES_MAX at once on this replica.
     analyses: tokio::sync::Semaphore,
     channels: Mutex<BTreeMap<String, Channel>>,
     /// Last heartbeat per node, in this replica's memory (meaningful on the leader).

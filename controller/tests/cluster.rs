@@ -1408,6 +1408,43 @@ async fn events_stream_and_resume_across_a_replica_failure() {
     c.shutdown().await;
 }
 
+/// Scheduling analyses (explain, test-submit) run at most ANALYSES_MAX at
+/// once per replica: one past it is RESOURCE_EXHAUSTED with a retry hint, and
+/// a freed permit lets the next one run. A test submission submits nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scheduling_analyses_are_limited_per_replica() {
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let client = c.client_for(&[leader]);
+    let work = tempfile::tempdir().unwrap();
+    let job = submit(&client, script_spec("true", work.path()), "analysed").await.unwrap().job_id;
+    let explain_once = |client: &Client| {
+        let req = client.request(pb::ExplainRequest { job_id: job, ..Default::default() });
+        let ch = client.channels()[0].clone();
+        async move { JobServiceClient::new(ch).explain(req).await.map(drop) }
+    };
+    let test_once = |client: &Client| {
+        let req =
+            client.request(pb::SubmitRequest { spec: Some(script_spec("true", work.path())), ..Default::default() });
+        let ch = client.channels()[0].clone();
+        async move { JobServiceClient::new(ch).test_submit(req).await.map(drop) }
+    };
+    let replica = &c.handles[&leader].replica;
+    let held: Vec<_> =
+        (0..gangway_controller::replica::ANALYSES_MAX).map(|_| replica.analysis_permit("held").unwrap()).collect();
+    for r in [explain_once(&client).await, test_once(&client).await] {
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("retry"), "{}", e.message());
+    }
+    drop(held);
+    explain_once(&client).await.unwrap();
+    test_once(&client).await.unwrap();
+    let jobs = c.state(leader).jobs.len();
+    assert_eq!(jobs, 1, "a test submission submitted something");
+    c.shutdown().await;
+}
+
 // ---------------------------------------------------------------- security
 
 /// The security matrix: every kind of RPC × every kind of caller, against the

@@ -1488,3 +1488,63 @@ fn roles_wait_for_data_format_6() {
     assert_eq!(refused_kind(&s.apply(4, &update)), None);
     assert!(s.policy.private_jobs && s.policy.allow_root_jobs);
 }
+
+/// A test submission explained without a copy of the state (the would-be job
+/// planned as if pending) reads exactly as submitting it to a copy and
+/// explaining that: for plain jobs, gangs, held jobs, arrays, dependencies
+/// still waiting and already met, on an idle and a busy cluster.
+#[test]
+fn test_submissions_explain_without_a_copy_as_a_real_submission_would() {
+    let mut states = vec![base_state(), golden_state(6)];
+    // A busy cluster: everything placed that fits, and a queue behind it.
+    let mut busy = base_state();
+    for k in 0..6 {
+        let spec = job_spec(1 + k % 2, 4, 2);
+        busy.apply(
+            200 + u64::from(k),
+            &Command::SubmitJob { spec, identity: "bob".into(), idempotency_key: String::new(), now_ms: 5_000 },
+        );
+    }
+    let plan =
+        gangway_core::sched::plan(&busy, &gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, 5_000));
+    busy.apply(300, &Command::ApplyPlan { placements: plan.placements, now_ms: 5_000 });
+    states.push(busy);
+    for state in states {
+        let running = *state.running.iter().next().expect("a running job");
+        let finished = state.finished.back().copied();
+        let mut specs = vec![job_spec(1, 1, 1), job_spec(2, 4, 2), job_spec(1, 0, 64), job_spec(9, 1, 1)];
+        specs.push(JobSpec { hold: true, ..job_spec(1, 1, 1) });
+        specs.push(JobSpec { array: "0-3".into(), ..job_spec(1, 2, 1) });
+        specs.push(JobSpec { nice: 500, ..job_spec(1, 1, 1) });
+        let dep = |kind, job_id| Dependency { kind, job_id, array_index: None };
+        specs.push(JobSpec { dependencies: vec![dep(DependencyKind::AfterOk, running)], ..job_spec(1, 1, 1) });
+        specs.push(JobSpec { dependencies: vec![dep(DependencyKind::After, running)], ..job_spec(1, 1, 1) });
+        if let Some(f) = finished {
+            specs.push(JobSpec { dependencies: vec![dep(DependencyKind::AfterAny, f)], ..job_spec(1, 1, 1) });
+        }
+        let now = state.clock_ms;
+        for spec in specs {
+            let mut copy = state.clone();
+            let cmd = Command::SubmitJob {
+                spec: spec.clone(),
+                identity: "alice".into(),
+                idempotency_key: String::new(),
+                now_ms: now,
+            };
+            let Outcome::Submitted { job_id, .. } = copy.apply(u64::MAX / 2, &cmd).outcome else {
+                panic!("{spec:?} refused")
+            };
+            let want = gangway_core::sched::explain(&copy, job_id, now).unwrap();
+            let mut jobs = state.prepare_submission(u64::MAX / 2, &spec, "alice").unwrap();
+            let job = &mut jobs[0];
+            assert_eq!(job.id, job_id);
+            state.settle_hypothetical(job);
+            let got = gangway_core::sched::explain_submission(&state, job, now);
+            assert_eq!(got, want, "{spec:?}");
+        }
+        // Refusals are the ones the log would give.
+        let bad = JobSpec { partition: "nope".into(), ..job_spec(1, 1, 1) };
+        let refused = state.prepare_submission(1, &bad, "alice").unwrap_err();
+        assert!(matches!(refused.outcome, Outcome::Refused(_)), "{:?}", refused.outcome);
+    }
+}

@@ -323,23 +323,24 @@ impl JobService for JobApi {
         let shared = self.replica.node.state().clone();
         let now = crate::now_ms();
         let identity = ctx.identity.clone();
-        // On a copy of this replica's state: apply the submission as the log
-        // would, then explain it. Off the async workers; bounded by the state's
-        // size (checked before copying) and by the analysis permits.
+        // Every check a submission meets in the log, then one scheduling pass
+        // with the would-be job as if pending: no copy of the state, one pass
+        // under its read lock like an explain (and the leader's own passes).
+        // Off the async workers; bounded by the analysis permits.
         let answer = tokio::task::spawn_blocking(move || {
-            let jobs = shared.read().jobs.len();
-            if jobs > TEST_SUBMIT_JOBS_MAX {
-                return Err(Status::resource_exhausted(format!(
-                    "test-only: the cluster holds more than {TEST_SUBMIT_JOBS_MAX} jobs; too many to simulate a submission"
-                )));
-            }
-            let mut state = shared.read().clone();
-            let cmd = Command::SubmitJob { spec, identity, idempotency_key: String::new(), now_ms: now };
-            match state.apply(u64::MAX / 2, &cmd).outcome {
-                Outcome::Submitted { job_id, .. } => gangway_core::sched::explain(&state, job_id, now)
-                    .ok_or_else(|| Status::internal("test-only: the job vanished after submission")),
-                Outcome::Refused(r) => Err(super::status_from_refusal(&r)),
-                other => Err(unexpected(&other)),
+            let state = shared.read();
+            match state.prepare_submission(u64::MAX / 2, &spec, &identity) {
+                Ok(mut jobs) => match jobs.first_mut() {
+                    Some(job) => {
+                        state.settle_hypothetical(job);
+                        Ok(gangway_core::sched::explain_submission(&state, job, now))
+                    }
+                    None => Err(Status::internal("test-only: the submission makes no job")),
+                },
+                Err(applied) => match applied.outcome {
+                    Outcome::Refused(r) => Err(super::status_from_refusal(&r)),
+                    other => Err(unexpected(&other)),
+                },
             }
         })
         .await
@@ -545,10 +546,6 @@ impl JobService for JobApi {
 
 /// Events queued for one watcher's gRPC stream before back-pressure applies.
 const WATCH_STREAM_BUFFER_MAX: usize = 256;
-
-/// Jobs in the state a test-only submission may copy: a copy of a larger state
-/// costs more memory and time than a dry run is worth.
-const TEST_SUBMIT_JOBS_MAX: usize = 200_000;
 
 fn explanation_to_proto(e: gangway_core::sched::Explanation) -> Explanation {
     let f = e.factors;

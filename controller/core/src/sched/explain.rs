@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 use super::view::View;
-use super::{plan, Options, Order, Policy, Prioritizer};
-use crate::model::{JobId, JobState};
+use super::{Options, Order, Policy, Prioritizer};
+use crate::model::{Job, JobId, JobState};
 use crate::state::State;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +37,18 @@ pub struct Explanation {
 /// Explains `job_id` at `now_ms`; None if the job does not exist.
 pub fn explain(state: &State, job_id: JobId, now_ms: u64) -> Option<Explanation> {
     let job = state.jobs.get(&job_id)?;
+    Some(explain_job(state, job, false, now_ms))
+}
+
+/// Explains `job` as it would be if submitted now: a job not in the state
+/// (see [`State::prepare_submission`]), planned as if pending, without a
+/// copy of the state.
+pub fn explain_submission(state: &State, job: &Job, now_ms: u64) -> Explanation {
+    explain_job(state, job, true, now_ms)
+}
+
+fn explain_job(state: &State, job: &Job, hypothetical: bool, now_ms: u64) -> Explanation {
+    let job_id = job.id;
     let prio = Prioritizer::new(state, now_ms);
     let factors = prio.factors(job);
     let mut out = Explanation {
@@ -57,7 +69,7 @@ pub fn explain(state: &State, job_id: JobId, now_ms: u64) -> Option<Explanation>
             s if job.reason.is_empty() => format!("{} (ran on {})", s.as_str(), job.ran_on.join(",")),
             s => format!("{}: {}", s.as_str(), job.reason),
         };
-        return Some(out);
+        return out;
     }
     let key = (prio.tier(job), factors.total);
     out.queue_position = state
@@ -90,7 +102,8 @@ pub fn explain(state: &State, job_id: JobId, now_ms: u64) -> Option<Explanation>
             }
         }
     }
-    let p = plan(state, &Options { policy: Policy::Easy, order: Order::Priority, now_ms, estimate_s: None });
+    let opts = Options { policy: Policy::Easy, order: Order::Priority, now_ms, estimate_s: None };
+    let p = super::plan_with(state, &opts, hypothetical.then_some(job));
     let reason = p.reasons.iter().find(|(id, _)| *id == job_id).map(|(_, r)| *r);
     let starting = p.placements.iter().any(|pl| pl.job_id == job_id);
     let need = job.spec.nodes;
@@ -175,5 +188,5 @@ pub fn explain(state: &State, job_id: JobId, now_ms: u64) -> Option<Explanation>
     };
     out.reason = reason.to_string();
     out.detail = detail;
-    Some(out)
+    out
 }

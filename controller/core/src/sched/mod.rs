@@ -34,7 +34,7 @@ mod preempt;
 mod priority;
 mod view;
 
-pub use explain::{explain, Explanation};
+pub use explain::{explain, explain_submission, Explanation};
 pub use priority::{fair_share, Factors, Prioritizer, Share, GPU_USAGE_WEIGHT};
 use view::{Free, Hold, Member, Miss, View};
 
@@ -204,6 +204,9 @@ pub(crate) fn required_depth(state: &State, job: &Job, now_ms: u64) -> Option<us
 
 struct Pass<'s, 'o> {
     state: &'s State,
+    /// A job planned as if pending though not in the state (a test
+    /// submission, see [`plan_with`]).
+    extra: Option<&'s Job>,
     opts: &'o Options<'o>,
     view: View<'s>,
     free: Vec<Free>,
@@ -404,7 +407,9 @@ impl<'s, 'o> Pass<'s, 'o> {
             }
         }
         for p in &self.plan.placements {
-            let j = &self.state.jobs[&p.job_id];
+            let Some(j) = self.extra.filter(|e| e.id == p.job_id).or_else(|| self.state.jobs.get(&p.job_id)) else {
+                continue;
+            };
             let end = now.saturating_add(self.estimate_s(j).saturating_mul(1000));
             for na in &p.nodes {
                 if let Some(&i) = self.node_index.get(na.node.as_str()) {
@@ -509,6 +514,13 @@ fn pending_jobs(state: &State) -> Vec<&Job> {
 
 /// Computes one pass's plan.
 pub fn plan(state: &State, opts: &Options) -> Plan {
+    plan_with(state, opts, None)
+}
+
+/// Computes one pass's plan as if `extra`, a job not in the state (with an
+/// id the state has not used), were pending too: a submission's outcome
+/// without applying it to a copy of the state.
+pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -> Plan {
     let now = opts.now_ms;
     let view = View::new(state.nodes.values(), &state.policy);
     let free = view.free.clone();
@@ -525,6 +537,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
     let holds = vec![None; view.nodes.len()];
     let mut pass = Pass {
         state,
+        extra,
         opts,
         view,
         free,
@@ -562,6 +575,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
         (Some(prio), Order::Priority) => {
             let mut keyed: Vec<(u32, f64, &Job)> = pending_jobs(state)
                 .into_iter()
+                .chain(extra)
                 .map(|j| {
                     let (t, p) = prio.key(j);
                     (t, p, j)
@@ -571,7 +585,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
             Box::new(keyed.into_iter().map(|k| k.2))
         }
         // Submit order is walked lazily: FIFO often stops at the first job.
-        _ => Box::new(state.pending.iter().take(PENDING_EXAMINED_PER_PASS_MAX).map(|id| &state.jobs[id])),
+        _ => Box::new(state.pending.iter().take(PENDING_EXAMINED_PER_PASS_MAX).map(|id| &state.jobs[id]).chain(extra)),
     };
     let reservations_max =
         if opts.policy == Policy::Easy { state.policy.backfill_reservations.max(1) as usize } else { 0 };

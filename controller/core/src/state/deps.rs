@@ -72,6 +72,13 @@ impl State {
 
     /// Drops a pending job's met dependencies; cancels it, or holds it, if one
     /// can never be met (a held job forgets that dependency: releasing it runs it).
+    /// A would-be job's dependencies as `apply` would leave them right after
+    /// the submission: those already satisfied dropped (never-met ones were
+    /// refused by `prepare_submission`).
+    pub fn settle_hypothetical(&self, job: &mut crate::model::Job) {
+        job.deps_pending.retain(|d| self.dependency_status(d) != DepStatus::Satisfied);
+    }
+
     fn settle_one(
         &mut self,
         index: u64,

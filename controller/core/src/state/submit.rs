@@ -27,23 +27,57 @@ impl State {
                 );
             }
         }
+        let jobs = match self.prepare_submission(index, spec, identity) {
+            Ok(jobs) => jobs,
+            Err(refused) => return refused,
+        };
+        let first_id = self.next_job_id;
+        let mut events = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let job_id = job.id;
+            self.next_job_id = self.next_job_id.saturating_add(1);
+            for d in &job.deps_pending {
+                self.dependents.entry(d.job_id).or_default().insert(job_id);
+            }
+            self.jobs.insert(job_id, job);
+            self.pending.insert(job_id);
+            self.count_active(job_id, true);
+            events.push(JobEvent { index, job_id, state: JobState::Pending, attempt: 0, reason: String::new() });
+        }
+        // Dependencies already met (a job that already started, say) settle now.
+        let ids: Vec<JobId> = (first_id..self.next_job_id).collect();
+        events.extend(self.settle_new(index, &ids));
+        if !key.is_empty() {
+            self.idempotency.insert((identity.to_string(), key.to_string()), first_id);
+            let expires = self.clock_ms.saturating_add(IDEMPOTENCY_TTL_MS);
+            self.idempotency_expiry.insert((expires, identity.to_string(), key.to_string()));
+        }
+        Applied { outcome: Outcome::Submitted { job_id: first_id, duplicate: false }, events }
+    }
+
+    /// The jobs a submission would create (one, or one per array element),
+    /// with the ids they would get, or the refusal: every check `apply` makes
+    /// on a submission, without changing anything. `apply` inserts them;
+    /// `gangway submit --test-only` explains the first without a copy of the
+    /// state.
+    pub fn prepare_submission(&self, index: u64, spec: &JobSpec, identity: &str) -> Result<Vec<Job>, Applied> {
         // The spec as submitted, as the API edge checked it (defaults filled
         // in below add a few names, never enough to matter).
         if self.format >= 5 {
             if let Err(e) = crate::limits::check_spec_size(spec) {
-                return Applied::refused(RefusalKind::InvalidArgument, e.to_string());
+                return Err(Applied::refused(RefusalKind::InvalidArgument, e.to_string()));
             }
         }
         let spec = match self.resolve_spec(spec, identity) {
             Ok(s) => s,
-            Err(e) => return Applied::refused(RefusalKind::InvalidArgument, e.to_string()),
+            Err(e) => return Err(Applied::refused(RefusalKind::InvalidArgument, e.to_string())),
         };
         let array = if spec.array.is_empty() {
             None
         } else {
             match parse_array(&spec.array) {
                 Ok(a) => Some(a),
-                Err(e) => return Applied::refused(RefusalKind::InvalidArgument, e.to_string()),
+                Err(e) => return Err(Applied::refused(RefusalKind::InvalidArgument, e.to_string())),
             }
         };
         let count = array.as_ref().map_or(1, |a| a.indexes.len());
@@ -51,23 +85,23 @@ impl State {
         // --exclude could copy gigabytes); format 5 counts every field.
         let spec_bytes = if self.format >= 5 { spec.size_bytes() } else { spec.approx_bytes() };
         if count > 1 && spec_bytes.saturating_mul(count) > ARRAY_SPEC_BYTES_MAX {
-            return Applied::refused(
+            return Err(Applied::refused(
                 RefusalKind::InvalidArgument,
                 format!("array: {count} copies of this job exceed {ARRAY_SPEC_BYTES_MAX} bytes; use fewer elements or a smaller script"),
-            );
+            ));
         }
         if self.pending.len().saturating_add(self.running.len()).saturating_add(count) > ACTIVE_JOBS_MAX {
-            return Applied::refused(
+            return Err(Applied::refused(
                 RefusalKind::ResourceExhausted,
                 format!("the cluster holds {ACTIVE_JOBS_MAX} unfinished jobs, its limit; retry later"),
-            );
+            ));
         }
         if let Some(why) = self.submit_limit_exceeded(&spec, count as u64) {
-            return Applied::refused(RefusalKind::ResourceExhausted, why);
+            return Err(Applied::refused(RefusalKind::ResourceExhausted, why));
         }
         if self.format >= 5 {
             if let Some(why) = self.budget_exceeded(&spec.user, spec_bytes, count) {
-                return Applied::refused(RefusalKind::ResourceExhausted, why);
+                return Err(Applied::refused(RefusalKind::ResourceExhausted, why));
             }
         }
         let first_id = self.next_job_id;
@@ -78,13 +112,12 @@ impl State {
             let my_index = array.as_ref().map(|a| a.indexes[k]);
             match self.resolve_dependencies(&spec.dependencies, my_index, &mut elements) {
                 Ok(d) => per_element_deps.push(d),
-                Err(e) => return Applied::refused(RefusalKind::InvalidArgument, e.to_string()),
+                Err(e) => return Err(Applied::refused(RefusalKind::InvalidArgument, e.to_string())),
             }
         }
-        let mut events = Vec::with_capacity(count);
+        let mut jobs = Vec::with_capacity(count);
         for (k, deps) in per_element_deps.into_iter().enumerate() {
-            let job_id = self.next_job_id;
-            self.next_job_id = self.next_job_id.saturating_add(1);
+            let job_id = first_id.saturating_add(k as u64);
             let mut element_spec = spec.clone();
             element_spec.dependencies = deps.clone();
             let job = Job {
@@ -114,23 +147,9 @@ impl State {
                 preempted: 0,
                 spec: element_spec,
             };
-            for d in &job.deps_pending {
-                self.dependents.entry(d.job_id).or_default().insert(job_id);
-            }
-            self.jobs.insert(job_id, job);
-            self.pending.insert(job_id);
-            self.count_active(job_id, true);
-            events.push(JobEvent { index, job_id, state: JobState::Pending, attempt: 0, reason: String::new() });
+            jobs.push(job);
         }
-        // Dependencies already met (a job that already started, say) settle now.
-        let ids: Vec<JobId> = (first_id..self.next_job_id).collect();
-        events.extend(self.settle_new(index, &ids));
-        if !key.is_empty() {
-            self.idempotency.insert((identity.to_string(), key.to_string()), first_id);
-            let expires = self.clock_ms.saturating_add(IDEMPOTENCY_TTL_MS);
-            self.idempotency_expiry.insert((expires, identity.to_string(), key.to_string()));
-        }
-        Applied { outcome: Outcome::Submitted { job_id: first_id, duplicate: false }, events }
+        Ok(jobs)
     }
 
     /// Validates a submission and fills in what the policy decides: partition,
