@@ -582,9 +582,9 @@ pub async fn submit(client: &Client, out: &Output, a: SubmitArgs) -> anyhow::Res
     // submitted held, given its priority, then released (unless -H).
     let policy = policy::fetch_policy(client, false).await?.0;
     let me = client.identity();
-    let user = me.rsplit(':').next().unwrap_or(me);
-    if !policy.admins.iter().any(|a| a == me || a == user) {
-        bail!("--priority: only admins may set a job's priority ({user} is not one)");
+    if !(policy.lists(&policy.admins, me) || policy.is_operator(me)) {
+        let user = gangway_core::policy::identity_name(me);
+        bail!("--priority: only operators and admins may set a job's priority ({user} is neither)");
     }
     spec.hold = true;
     let id = send_submit_quiet(client, spec, key).await?;

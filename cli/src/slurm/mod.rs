@@ -122,7 +122,7 @@ pub fn now_ms() -> u64 {
 
 /// The user part of a caller identity (`dev:alice` → `alice`).
 pub fn identity_user(identity: &str) -> String {
-    identity.rsplit(':').next().unwrap_or(identity).to_string()
+    gangway_core::policy::identity_name(identity).to_string()
 }
 
 /// A job selector as Slurm's commands take them: `12` (a job, or a whole

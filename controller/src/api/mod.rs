@@ -304,7 +304,7 @@ impl CallCtx {
 
     /// The user name in the identity (`client:alice` → `alice`).
     pub fn user(&self) -> &str {
-        self.identity.rsplit(':').next().unwrap_or(&self.identity)
+        gangway_core::policy::identity_name(&self.identity)
     }
 
     fn role_is(&self, role: Role) -> bool {

@@ -106,9 +106,68 @@ fn ids(v: Option<&Value>) -> Option<Vec<u64>> {
     v.and_then(Value::as_array).map(|a| a.iter().map(|x| x.as_integer().expect("job id") as u64).collect())
 }
 
+/// Keys a scenario may use, by where they sit: a misspelt expectation must
+/// fail the run, not silently check nothing.
+const TOP_KEYS: &[&str] = &["policy", "node", "step"];
+const NODE_KEYS: &[&str] = &["names", "gpus", "island_size", "topology", "labels", "cpus", "mem_mb"];
+const STEP_KEYS: &[&str] = &[
+    "at_s",
+    "submit",
+    "expect_error",
+    "expect_id",
+    "schedule",
+    "order",
+    "started",
+    "preempted",
+    "nodes",
+    "gpus",
+    "reasons",
+    "reservations",
+    "finish",
+    "state",
+    "update",
+    "identity",
+    "cancel",
+    "hold",
+    "admin_hold",
+    "release",
+    "requeue",
+    "policy",
+    "force",
+    "drain",
+    "resume",
+    "gpu_fault",
+    "gpu_ok",
+    "checkpoint",
+    "states",
+];
+const UPDATE_KEYS: &[&str] = &["job", "priority", "nice", "time_limit_s"];
+
+/// Panics naming the first key of `v` (a table) not in `allowed`.
+fn known_keys(file: &std::path::Path, at: &str, v: &Value, allowed: &[&str]) {
+    for key in v.as_table().into_iter().flat_map(|t| t.keys()) {
+        assert!(
+            allowed.contains(&key.as_str()),
+            "{}: {at}: unknown key `{key}` (known: {})",
+            file.display(),
+            allowed.join(", ")
+        );
+    }
+}
+
 pub fn run_file(path: &std::path::Path) {
     let text = std::fs::read_to_string(path).unwrap();
     let doc: Value = toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    known_keys(path, "the file", &doc, TOP_KEYS);
+    for n in doc.get("node").and_then(Value::as_array).into_iter().flatten() {
+        known_keys(path, "[[node]]", n, NODE_KEYS);
+    }
+    for (i, step) in doc.get("step").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        known_keys(path, &format!("step {}", i + 1), step, STEP_KEYS);
+        if let Some(u) = step.get("update") {
+            known_keys(path, &format!("step {} update", i + 1), u, UPDATE_KEYS);
+        }
+    }
     let mut run = Run {
         name: path.file_name().unwrap().to_string_lossy().into_owned(),
         state: State::default(),
