@@ -673,7 +673,7 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     let before = tool("sacct", &["-X", "-a", "-n", "-P", "-o", "JobID"]).lines().count();
     let o = shim("sbatch", "dev:mallory").args(["--priority", "9", "--wrap", "true"]).output().unwrap();
     let said = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && said.contains("--priority: only admins"), "{said}");
+    assert!(!o.status.success() && said.contains("--priority: only operators and admins"), "{said}");
     assert_eq!(tool("sacct", &["-X", "-a", "-n", "-P", "-o", "JobID"]).lines().count(), before);
 
     // --begin keeps a job pending (BeginTime) until then; --comment is kept.

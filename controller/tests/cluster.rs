@@ -449,6 +449,20 @@ async fn membership_changes_and_leader_transfer() {
     }
     let now = c.leader().await;
     assert_ne!(now, leader, "leadership did not move");
+    // A transfer whose call is dropped while the leader's heartbeats are
+    // paused (its deadline passes during the lease wait) leaves them on.
+    let other = *[1, 2, 3, 4].iter().find(|id| **id != now).unwrap();
+    let ch = c.client_for(&[now]).channels()[0].clone();
+    let mut cut = tonic::Request::new(pb::TransferLeaderRequest { to: other });
+    cut.set_timeout(Duration::from_millis(300));
+    let cancelled = AdminServiceClient::new(ch).transfer_leader(cut).await.unwrap_err();
+    assert!(matches!(cancelled.code(), Code::Cancelled | Code::DeadlineExceeded), "{cancelled:?}");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !c.handles[&now].replica.node.heartbeats_on() {
+        assert!(tokio::time::Instant::now() < deadline, "a dropped transfer left the leader's heartbeats off");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let now = c.leader().await;
     // Removing the leader is refused; removing a follower works.
     let err = admin!(remove_member, pb::RemoveMemberRequest { id: now }).unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);

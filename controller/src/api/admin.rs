@@ -363,7 +363,9 @@ impl AdminService for AdminApi {
             }
             // 2. Stop heartbeats so the followers' leader lease runs out, then ask
             //    the target to stand for election; it wins with its full log.
-            node.set_heartbeats(false);
+            //    The pause ends when `paused` drops, whatever happens: an
+            //    error below or a cancelled call never leaves them off.
+            let paused = node.pause_heartbeats();
             tokio::time::sleep(lease + Duration::from_millis(50)).await;
             let channel = self.replica.channel_to(&target_addr)?;
             let asked =
@@ -374,7 +376,7 @@ impl AdminService for AdminApi {
                         s.leader_id == Some(to) || s.leader_id.is_some_and(|l| l != status.id && s.term > status.term)
                     })
                     .await;
-            node.set_heartbeats(true);
+            drop(paused);
             let now = node.status();
             if won && now.leader_id == Some(to) {
                 return Ok(Response::new(TransferLeaderResponse { leader_id: to, term: now.term }));

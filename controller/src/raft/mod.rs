@@ -73,6 +73,23 @@ pub struct RaftNode {
     state: Arc<SharedState>,
     committed_index: Arc<AtomicU64>,
     pub timing: Timing,
+    /// Whether this replica sends heartbeats as leader (off only while a
+    /// leadership transfer lets its lease run out; see [`HeartbeatPause`]).
+    heartbeats: std::sync::atomic::AtomicBool,
+}
+
+/// Heartbeats paused for as long as this lives (a leadership transfer lets
+/// the followers' lease run out): however the transfer ends (an answer, an
+/// error, a cancelled call dropping it mid-way), they resume.
+#[must_use = "heartbeats resume when the pause is dropped"]
+pub struct HeartbeatPause<'a> {
+    node: &'a RaftNode,
+}
+
+impl Drop for HeartbeatPause<'_> {
+    fn drop(&mut self) {
+        self.node.set_heartbeats(true);
+    }
 }
 
 impl RaftNode {
@@ -97,7 +114,8 @@ impl RaftNode {
         let committed_index = stores.log.committed_index();
         let raft =
             Raft::new(id, Arc::new(config), network::Network { security }, stores.log, stores.state_machine).await?;
-        Ok(RaftNode { id, raft, state, committed_index, timing })
+        let heartbeats = std::sync::atomic::AtomicBool::new(true);
+        Ok(RaftNode { id, raft, state, committed_index, timing, heartbeats })
     }
 
     pub fn state(&self) -> &Arc<SharedState> {
@@ -283,8 +301,20 @@ impl RaftNode {
         Ok(r.log_id.index)
     }
 
-    pub fn set_heartbeats(&self, enabled: bool) {
+    fn set_heartbeats(&self, enabled: bool) {
+        self.heartbeats.store(enabled, std::sync::atomic::Ordering::SeqCst);
         self.raft.runtime_config().heartbeat(enabled);
+    }
+
+    /// Stops heartbeats until the returned guard is dropped.
+    pub fn pause_heartbeats(&self) -> HeartbeatPause<'_> {
+        self.set_heartbeats(false);
+        HeartbeatPause { node: self }
+    }
+
+    /// Whether heartbeats are on (they are, except during a transfer).
+    pub fn heartbeats_on(&self) -> bool {
+        self.heartbeats.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub async fn trigger_election(&self) -> Result<(), ProposeError> {
