@@ -63,7 +63,7 @@ pub fn render(replica: &Replica) -> String {
         "gangway_raft_leader",
         "1 when this replica is the leader.",
         &[],
-        if st.role == "leader" { 1.0 } else { 0.0 },
+        if st.role == crate::raft::RaftRole::Leader { 1.0 } else { 0.0 },
     );
     g.set(
         "gangway_raft_leader_id",

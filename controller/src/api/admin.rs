@@ -42,7 +42,7 @@ fn replica_status(replica: &Replica) -> ReplicaStatus {
     let s = replica.node.status();
     ReplicaStatus {
         id: s.id,
-        role: s.role.to_string(),
+        role: s.role.as_str().to_string(),
         term: s.term,
         leader_id: s.leader_id,
         last_log_index: s.last_log_index,
@@ -381,7 +381,7 @@ impl AdminService for AdminApi {
             if won && now.leader_id == Some(to) {
                 return Ok(Response::new(TransferLeaderResponse { leader_id: to, term: now.term }));
             }
-            if now.leader_id != Some(status.id) && now.role != "leader" {
+            if now.leader_id != Some(status.id) && now.role != crate::raft::RaftRole::Leader {
                 // Someone else won; the caller can transfer again from there.
                 if let Some(l) = now.leader_id {
                     return Err(Status::aborted(format!(

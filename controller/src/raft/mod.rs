@@ -49,11 +49,34 @@ pub enum ProposeError {
     Refused(String),
 }
 
+/// A replica's part in Raft right now (openraft's server state, in Gangway's words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaftRole {
+    Leader,
+    Follower,
+    Candidate,
+    Learner,
+    Shutdown,
+}
+
+impl RaftRole {
+    /// As `gangway cluster status` and `ReplicaStatus.role` show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RaftRole::Leader => "leader",
+            RaftRole::Follower => "follower",
+            RaftRole::Candidate => "candidate",
+            RaftRole::Learner => "learner",
+            RaftRole::Shutdown => "shutdown",
+        }
+    }
+}
+
 /// A replica's view of itself, for status reporting.
 #[derive(Debug, Clone)]
 pub struct RaftStatus {
     pub id: u64,
-    pub role: &'static str,
+    pub role: RaftRole,
     pub term: u64,
     pub leader_id: Option<u64>,
     pub last_log_index: Option<u64>,
@@ -233,11 +256,11 @@ impl RaftNode {
         let learners: BTreeSet<u64> = membership.learner_ids().collect();
         let addrs = membership.nodes().map(|(id, n)| (*id, n.addr.clone())).collect();
         let role = match m.state {
-            ServerState::Leader => "leader",
-            ServerState::Follower => "follower",
-            ServerState::Candidate => "candidate",
-            ServerState::Learner => "learner",
-            ServerState::Shutdown => "shutdown",
+            ServerState::Leader => RaftRole::Leader,
+            ServerState::Follower => RaftRole::Follower,
+            ServerState::Candidate => RaftRole::Candidate,
+            ServerState::Learner => RaftRole::Learner,
+            ServerState::Shutdown => RaftRole::Shutdown,
         };
         let committed = self.committed_index.load(Ordering::Relaxed);
         RaftStatus {
