@@ -3,8 +3,9 @@
 //! offline (wait time, bounded slowdown, utilization).
 //!
 //! Each trace job becomes a submission at its submit time; the scheduler plans
-//! after every batch of events; a started job finishes after its run time (or at
-//! its requested time limit, if it would run longer).
+//! after every batch of events and the plan is applied as the leader applies
+//! it (one `ApplySchedule`, preemptions included); a started job finishes after
+//! its run time (or at its requested time limit, if it would run longer).
 
 // Float-to-integer casts saturate in Rust (never panic); the report's
 // percentiles and SWF's decimal fields rely on that.
@@ -257,13 +258,18 @@ pub fn simulate_with_progress(
             now_ms: t.saturating_mul(1000),
             estimate_s: if estimated { Some(&predict) } else { None },
         };
-        let placements = plan(&state, &opts).placements;
-        if placements.is_empty() {
+        // The leader's path: the whole plan, preemptions included, as one
+        // ApplySchedule entry.
+        let p = plan(&state, &opts);
+        if p.placements.is_empty() && p.preemptions.is_empty() {
             continue;
         }
-        if let Outcome::PlanApplied { started: ids, .. } =
-            apply(&mut state, Command::ApplyPlan { placements, now_ms: t.saturating_mul(1000) }).outcome
-        {
+        let cmd = Command::ApplySchedule {
+            preemptions: p.preemptions,
+            placements: p.placements,
+            now_ms: t.saturating_mul(1000),
+        };
+        if let Outcome::ScheduleApplied { started: ids, .. } = apply(&mut state, cmd).outcome {
             for id in ids {
                 let i = job_of[&id];
                 let j = &trace[i];
