@@ -2550,9 +2550,9 @@ async fn replace_with_empty(c: &mut TestCluster, id: u64, client: &Client) {
     assert!(m.voters.contains(&id), "{m:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_damaged_store_is_refused_at_start_and_the_replica_rejoins_empty() {
-    let mut c = TestCluster::start(3).await;
+/// Three replicas holding 40 submitted jobs, all applied, and a follower.
+async fn cluster_of_40_jobs_and_a_follower() -> (TestCluster, u64, u64) {
+    let c = TestCluster::start(3).await;
     let leader = c.leader().await;
     let client = c.client();
     for i in 0..40 {
@@ -2560,6 +2560,18 @@ async fn a_damaged_store_is_refused_at_start_and_the_replica_rejoins_empty() {
     }
     c.converge().await;
     let victim = *[1, 2, 3].iter().find(|id| **id != leader).unwrap();
+    (c, leader, victim)
+}
+
+/// `victim` holds the 50 jobs and exactly the leader's state.
+fn assert_same_50_jobs(c: &TestCluster, victim: u64, leader: u64) {
+    assert_eq!(c.state(victim).jobs.len(), 50);
+    assert!(snapshot::encode(&c.state(victim)) == snapshot::encode(&c.state(leader)), "replica states differ");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_damaged_store_is_refused_at_start_and_the_replica_rejoins_empty() {
+    let (mut c, leader, victim) = cluster_of_40_jobs_and_a_follower().await;
     c.stop(victim).await;
     let dir = c.dirs[&victim].path().to_path_buf();
     assert!(damage_store(&dir) > 0, "no RocksDB file to damage in {}", dir.display());
@@ -2578,8 +2590,7 @@ async fn a_damaged_store_is_refused_at_start_and_the_replica_rejoins_empty() {
     }
     replace_with_empty(&mut c, victim, &client).await;
     c.converge().await;
-    assert_eq!(c.state(victim).jobs.len(), 50);
-    assert!(snapshot::encode(&c.state(victim)) == snapshot::encode(&c.state(leader)), "replica states differ");
+    assert_same_50_jobs(&c, victim, leader);
     c.shutdown().await;
 }
 
@@ -2590,14 +2601,8 @@ async fn a_damaged_store_is_refused_at_start_and_the_replica_rejoins_empty() {
 /// with the same state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follower_whose_log_came_back_shorter_rejoins_without_stopping_anyone() {
-    let mut c = TestCluster::start(3).await;
-    let leader = c.leader().await;
+    let (mut c, _, victim) = cluster_of_40_jobs_and_a_follower().await;
     let client = c.client();
-    for i in 0..40 {
-        submit(&client, spec("true"), &format!("before-{i}")).await.unwrap();
-    }
-    c.converge().await;
-    let victim = *[1, 2, 3].iter().find(|id| **id != leader).unwrap();
     let applied_before = c.handles[&victim].replica.node.status().applied_index;
     c.stop(victim).await;
     let dir = c.dirs[&victim].path().to_path_buf();
@@ -2607,8 +2612,12 @@ async fn a_follower_whose_log_came_back_shorter_rejoins_without_stopping_anyone(
         .filter(|p| p.extension().is_some_and(|e| e == "log"))
         .max_by_key(|p| std::fs::metadata(p).unwrap().len())
         .expect("a WAL file");
-    let len = std::fs::metadata(&wal).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&wal).unwrap().set_len(len - len / 4).unwrap();
+    // Cut after the last whole record before the final quarter: the log is
+    // clean, just shorter (as a disk that lost its write cache leaves it).
+    let bytes = std::fs::read(&wal).unwrap();
+    let keep = wal_record_ends(&bytes).into_iter().rfind(|end| *end <= bytes.len() * 3 / 4);
+    let keep = keep.filter(|k| *k > 0).expect("no whole WAL record in the first three quarters");
+    std::fs::OpenOptions::new().write(true).open(&wal).unwrap().set_len(keep as u64).unwrap();
     c.restart(victim).await;
     for i in 0..10 {
         submit(&client, spec("true"), &format!("after-{i}")).await.unwrap();
@@ -2618,10 +2627,36 @@ async fn a_follower_whose_log_came_back_shorter_rejoins_without_stopping_anyone(
         assert!(h.fatal_error().is_none(), "replica {id} stopped: {:?}", h.fatal_error());
     }
     let leader = c.leader().await;
-    assert_eq!(c.state(victim).jobs.len(), 50);
-    assert!(snapshot::encode(&c.state(victim)) == snapshot::encode(&c.state(leader)), "replica states differ");
+    assert_same_50_jobs(&c, victim, leader);
     assert!(c.handles[&victim].replica.node.status().applied_index > applied_before);
     c.shutdown().await;
+}
+
+/// Where each whole logical record of a RocksDB WAL ends (its format: 32 KiB
+/// blocks of records with a 7-byte header, checksum, length and type: 1 full,
+/// 2 first, 3 middle, 4 last fragment; a block's last < 7 bytes are padding).
+fn wal_record_ends(bytes: &[u8]) -> Vec<usize> {
+    const BLOCK: usize = 32 * 1024;
+    const HEADER: usize = 7;
+    let mut ends = Vec::new();
+    let mut pos = 0;
+    while pos + HEADER <= bytes.len() {
+        if BLOCK - pos % BLOCK < HEADER {
+            pos += BLOCK - pos % BLOCK;
+            continue;
+        }
+        let len = usize::from(u16::from_le_bytes([bytes[pos + 4], bytes[pos + 5]]));
+        let kind = bytes[pos + 6];
+        let next = pos + HEADER + len;
+        if kind == 0 || next > bytes.len() {
+            break;
+        }
+        if kind == 1 || kind == 4 {
+            ends.push(next);
+        }
+        pos = next;
+    }
+    ends
 }
 
 /// Mounts a tmpfs of `mib` MiB on `dir` (tests run as root, as CI does).
