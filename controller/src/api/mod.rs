@@ -366,15 +366,17 @@ impl Replica {
             Caller::Verified(p) => match p.role {
                 Role::Server => true,
                 Role::Agent => false,
-                Role::Client => {
-                    let state = self.node.state().read();
-                    // The bootstrap admins only while the policy names none
-                    // (the leader then commits them into it).
-                    state.is_admin(&ctx.identity)
-                        || (state.policy.admins.is_empty() && self.bootstrap_admins.iter().any(|a| a == &p.name))
-                }
+                Role::Client => self.client_is_admin(&self.node.state().read(), p, &ctx.identity),
             },
         }
+    }
+
+    /// Whether client `p` is an admin in `state`: named in the policy, or a
+    /// bootstrap admin while the policy names none (the leader then commits
+    /// them into it).
+    fn client_is_admin(&self, state: &gangway_core::State, p: &Principal, identity: &str) -> bool {
+        state.is_admin(identity)
+            || (state.policy.admins.is_empty() && self.bootstrap_admins.iter().any(|a| a == &p.name))
     }
 
     /// Operators (and admins): the machines and everyone's jobs, not the policy.
@@ -463,8 +465,7 @@ impl Replica {
                         None => policy.unix_user(&p.name).to_string(),
                     };
                     if ctx.via_job.is_none() {
-                        whole = state.is_admin(&ctx.identity)
-                            || (policy.admins.is_empty() && self.bootstrap_admins.iter().any(|a| a == &p.name));
+                        whole = self.client_is_admin(&state, p, &ctx.identity);
                         sees_all = policy.is_operator(&ctx.identity);
                         let mine = policy.coordinated(&ctx.identity);
                         if !mine.is_empty() {

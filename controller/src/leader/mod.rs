@@ -134,9 +134,16 @@ const FORMAT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// when there is nothing to carry (or the cluster is past the move).
 fn carried_switches(replica: &Replica) -> Option<Command> {
     let state = replica.node.state().read();
-    if state.format >= ROLES_FORMAT || !(replica.allow_root_jobs || replica.private_jobs) {
+    if state.format >= ROLES_FORMAT {
         return None;
     }
+    switches_update(replica, &state)
+}
+
+/// The policy with this replica's switches set in it, as an update by this
+/// server (compare-and-set on the current version), or None when it already
+/// has them.
+fn switches_update(replica: &Replica, state: &gangway_core::State) -> Option<Command> {
     let mut policy = state.policy.clone();
     policy.allow_root_jobs |= replica.allow_root_jobs;
     policy.private_jobs |= replica.private_jobs;
@@ -157,22 +164,7 @@ fn carried_switches(replica: &Replica) -> Option<Command> {
 /// edits that raced it.
 async fn carry_switches(replica: &Replica) {
     for _ in 0..BOOTSTRAP_ATTEMPTS_MAX {
-        let update = {
-            let state = replica.node.state().read();
-            let mut policy = state.policy.clone();
-            policy.allow_root_jobs |= replica.allow_root_jobs;
-            policy.private_jobs |= replica.private_jobs;
-            if policy == state.policy {
-                return;
-            }
-            Command::UpdatePolicy {
-                policy,
-                expected_version: Some(state.policy.version),
-                force: true,
-                identity: format!("server:{}", replica.node.id),
-                now_ms: crate::now_ms(),
-            }
-        };
+        let Some(update) = switches_update(replica, &replica.node.state().read()) else { return };
         match replica.proposer.propose(update).await {
             Ok(a) if matches!(a.outcome, Outcome::PolicyUpdated { .. }) => {
                 tracing::info!("the replica's --allow-root-jobs/--private-jobs were carried into the policy");
