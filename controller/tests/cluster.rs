@@ -2495,8 +2495,12 @@ mod security {
 
 // ------------------------------------------------- broken replicas get out of the way
 
-/// Flips bytes in the middle of every RocksDB data file (write-ahead log and
-/// tables) in `dir`; returns how many files it damaged.
+/// Damages every RocksDB data file (write-ahead log and tables) in `dir`
+/// early on, where damage is never a torn tail that recovery may drop; returns
+/// how many files it damaged. In a WAL it flips bytes inside one record's
+/// payload, which its checksum covers: damage that hit a record's length in
+/// the WAL's last block would read as a write torn by a crash, and RocksDB
+/// drops such a tail silently (the shorter-log test covers that case).
 fn damage_store(dir: &std::path::Path) -> usize {
     let mut damaged = 0;
     for entry in std::fs::read_dir(dir).unwrap() {
@@ -2509,11 +2513,17 @@ fn damage_store(dir: &std::path::Path) -> usize {
         if bytes.len() < 4096 {
             continue;
         }
-        // Early in the file: damage followed by intact records is never a torn
-        // tail that recovery may drop (the middle could fall in the last
-        // record of a short WAL, which tail-tolerant recovery drops instead).
-        let at = bytes.len() / 8;
-        for b in &mut bytes[at..at + 256] {
+        let range = if name.ends_with(".log") {
+            let Some(f) =
+                wal_fragments(&bytes).into_iter().find(|f| f.start >= bytes.len() / 8 && f.payload().len() >= 16)
+            else {
+                panic!("no WAL record to damage in {}", path.display())
+            };
+            f.payload().start + 4..f.payload().start + 12
+        } else {
+            bytes.len() / 8..bytes.len() / 8 + 256
+        };
+        for b in &mut bytes[range] {
             *b ^= 0x5a;
         }
         std::fs::write(&path, bytes).unwrap();
@@ -2632,31 +2642,48 @@ async fn a_follower_whose_log_came_back_shorter_rejoins_without_stopping_anyone(
     c.shutdown().await;
 }
 
-/// Where each whole logical record of a RocksDB WAL ends (its format: 32 KiB
-/// blocks of records with a 7-byte header, checksum, length and type: 1 full,
-/// 2 first, 3 middle, 4 last fragment; a block's last < 7 bytes are padding).
-fn wal_record_ends(bytes: &[u8]) -> Vec<usize> {
-    const BLOCK: usize = 32 * 1024;
+/// One physical record of a RocksDB WAL (its format: 32 KiB blocks of
+/// records with a 7-byte header, checksum, length and type: 1 full, 2 first,
+/// 3 middle, 4 last fragment; a block's last < 7 bytes are padding).
+struct WalFragment {
+    start: usize,
+    end: usize,
+    kind: u8,
+}
+
+impl WalFragment {
     const HEADER: usize = 7;
-    let mut ends = Vec::new();
+
+    fn payload(&self) -> std::ops::Range<usize> {
+        self.start + Self::HEADER..self.end
+    }
+}
+
+/// The WAL's physical records, in order, up to the first that is not whole.
+fn wal_fragments(bytes: &[u8]) -> Vec<WalFragment> {
+    const BLOCK: usize = 32 * 1024;
+    let mut fragments = Vec::new();
     let mut pos = 0;
-    while pos + HEADER <= bytes.len() {
-        if BLOCK - pos % BLOCK < HEADER {
+    while pos + WalFragment::HEADER <= bytes.len() {
+        if BLOCK - pos % BLOCK < WalFragment::HEADER {
             pos += BLOCK - pos % BLOCK;
             continue;
         }
         let len = usize::from(u16::from_le_bytes([bytes[pos + 4], bytes[pos + 5]]));
         let kind = bytes[pos + 6];
-        let next = pos + HEADER + len;
-        if kind == 0 || next > bytes.len() {
+        let end = pos + WalFragment::HEADER + len;
+        if kind == 0 || end > bytes.len() {
             break;
         }
-        if kind == 1 || kind == 4 {
-            ends.push(next);
-        }
-        pos = next;
+        fragments.push(WalFragment { start: pos, end, kind });
+        pos = end;
     }
-    ends
+    fragments
+}
+
+/// Where each whole logical record of a RocksDB WAL ends.
+fn wal_record_ends(bytes: &[u8]) -> Vec<usize> {
+    wal_fragments(bytes).into_iter().filter(|f| f.kind == 1 || f.kind == 4).map(|f| f.end).collect()
 }
 
 /// Mounts a tmpfs of `mib` MiB on `dir` (tests run as root, as CI does).
