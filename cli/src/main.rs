@@ -157,6 +157,10 @@ enum Cmd {
         /// Read the task's environment from this file (and remove it).
         #[arg(long)]
         env_file: Option<std::path::PathBuf>,
+        /// The agent's lease file: stop the task when it runs out (the agent
+        /// is gone and may be declared down).
+        #[arg(long)]
+        lease: Option<std::path::PathBuf>,
         /// Enter this directory after becoming the user.
         #[arg(long)]
         workdir: Option<std::path::PathBuf>,
@@ -287,7 +291,7 @@ fn main() {
     if !matches!(cli.command, Cmd::Controller(_) | Cmd::Agent(_) | Cmd::Dev(_) | Cmd::Bench(_) | Cmd::TaskShim { .. }) {
         quiet_on_closed_stdout();
     }
-    if let Cmd::TaskShim { exit_file, exec, env_stdin, user, env_file, workdir, argv } = &cli.command {
+    if let Cmd::TaskShim { exit_file, exec, env_stdin, user, env_file, lease, workdir, argv } = &cli.command {
         // Before any runtime or logging: the shim is only a waiting parent.
         let setup = gangway_node_agent::shim::TaskSetup {
             exec: *exec,
@@ -295,6 +299,7 @@ fn main() {
             user: user.clone(),
             env_file: env_file.clone(),
             workdir: workdir.clone(),
+            lease: lease.clone(),
         };
         std::process::exit(gangway_node_agent::shim::run(exit_file.as_deref(), &setup, argv));
     }

@@ -293,6 +293,27 @@ fn controllers_agents_and_cli_as_separate_processes() {
     });
     let out = std::fs::read_to_string(work.join(format!("slurm-{id}.out"))).unwrap();
     assert!(out.contains(&format!(": again on e2e-node-{other}")), "no step on the restarted node: {out}");
+    // An agent that dies and stays dead: its task's shim obeys the agent's
+    // lease and stops the task on its own within half the node-down timeout
+    // (plus the grace), before the leader declares the node down and could
+    // start the job elsewhere.
+    let o = cli(
+        &endpoints,
+        &["submit", "--parsable", "-w", "e2e-node-2", "--", "sh", "-c", "echo $$ > leased.pid; exec sleep 300"],
+        &work,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    eventually("the leased task never started", || work.join("leased.pid").exists());
+    let leased: i32 = std::fs::read_to_string(work.join("leased.pid")).unwrap().trim().parse().unwrap();
+    let agent = &mut procs.0[2 + 2];
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{leased}/stat"))
+            .map_or(true, |s| s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
+    };
+    eventually("a task outlived its dead agent's lease", gone);
+    restart_agent(&mut procs, 2);
     policy_and_scheduler_options_through_the_cli(&endpoints, &work);
     sbatch_scripts_through_the_shim(&endpoints, &work, dir.path());
 }

@@ -23,15 +23,7 @@ pub mod telemetry;
 pub use config::{ReplicaConfig, Timing};
 pub use replica::{Replica, ReplicaHandle};
 
-/// `H:MM:SS` (or `D-HH:MM:SS`) for messages about durations.
-pub fn format_duration_s(secs: u64) -> String {
-    let (d, h, m, s) = (secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
-    if d > 0 {
-        format!("{d}-{h:02}:{m:02}:{s:02}")
-    } else {
-        format!("{h}:{m:02}:{s:02}")
-    }
-}
+pub use gangway_core::duties::format_duration_s;
 
 /// Milliseconds since the Unix epoch: the time a leader stamps into commands.
 pub fn now_ms() -> u64 {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use gangway_proto::limits::{AGENT_MESSAGE_BYTES_MAX, API_REQUEST_BYTES_MAX, API_RESPONSE_BYTES_MAX};
@@ -69,7 +69,7 @@ pub struct Replica {
     analyses: tokio::sync::Semaphore,
     channels: Mutex<BTreeMap<String, Channel>>,
     /// Last heartbeat per node, in this replica's memory (meaningful on the leader).
-    heartbeats: Mutex<BTreeMap<String, Instant>>,
+    pub heartbeats: crate::leader::Heartbeats,
     /// The last scheduling pass's pending reasons (on the leader), for `List`.
     pending_reasons: Mutex<Arc<BTreeMap<u64, &'static str>>>,
     /// Set when the replica shuts down: open streams end, so clients reconnect
@@ -127,23 +127,12 @@ impl Replica {
         self.security.credentials().and_then(|c| c.not_after())
     }
 
-    pub fn record_heartbeat(&self, node: &str) {
-        let mut hb = self.heartbeats.lock().expect("heartbeats lock");
-        if hb.len() >= HEARTBEATS_MAX && !hb.contains_key(node) {
-            return;
-        }
-        hb.insert(node.to_string(), Instant::now());
-    }
-
-    pub fn last_heartbeat(&self, node: &str) -> Option<Instant> {
-        self.heartbeats.lock().expect("heartbeats lock").get(node).copied()
-    }
-
+    /// How long ago the leader last heard from `node` (None on a follower).
     pub fn heartbeat_age_ms(&self, node: &str) -> Option<u64> {
         if !self.node.is_leader() {
             return None;
         }
-        self.last_heartbeat(node).map(|t| t.elapsed().as_millis() as u64)
+        self.heartbeats.age_ms(node)
     }
 }
 
@@ -255,7 +244,7 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
         writes: crate::ratelimit::WriteLimiter::new(config.timing.user_writes_per_s, config.timing.user_write_burst),
         analyses: tokio::sync::Semaphore::new(ANALYSES_MAX),
         channels: Mutex::new(BTreeMap::new()),
-        heartbeats: Mutex::new(BTreeMap::new()),
+        heartbeats: crate::leader::Heartbeats::new(HEARTBEATS_MAX),
         pending_reasons: Mutex::new(Arc::new(BTreeMap::new())),
         closing: tokio::sync::watch::Sender::new(false),
     });

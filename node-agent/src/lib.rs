@@ -16,6 +16,7 @@ pub mod fence;
 pub mod health;
 pub mod inventory;
 pub mod launch;
+pub mod lease;
 pub mod nvml;
 pub mod shim;
 pub mod steps;
@@ -26,6 +27,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use gangway_core::agent::{Action, AgentCore, Answer, Exit};
 use gangway_proto::client::Client;
 use gangway_proto::v1::{GpuInventory, HeartbeatRequest, RegisterRequest, TaskExitReport, TaskRef};
 
@@ -207,98 +209,147 @@ impl AgentConfig {
     }
 }
 
-/// Exit reports kept for delivery while the controllers are unreachable; beyond
-/// this the oldest are dropped (the leader then learns of them as lost tasks).
-const PENDING_EXITS_MAX: usize = 10_000;
-
-/// Task exits waiting to be reported to the leader, oldest first.
-struct Exits {
-    rx: tokio::sync::mpsc::Receiver<TaskExitReport>,
-    pending: std::collections::VecDeque<TaskExitReport>,
-}
-
-impl Exits {
-    /// Takes one exit from the supervisor. A task the node stopped on its own
-    /// (cut off) is reported lost, to be requeued, unless it had ended cleanly.
-    fn take(&mut self, mut report: TaskExitReport, tasks: &mut supervisor::Supervisor) {
-        let stopped_here = tasks.forget((report.job_id, report.attempt));
-        let clean = report.exit_code == Some(0) && report.signal.is_none();
-        if stopped_here && !clean {
-            report.lost = true;
-            report.reason = "stopped by its node: cut off from every controller".into();
-        }
-        if self.pending.len() >= PENDING_EXITS_MAX {
-            self.pending.pop_front();
-        }
-        self.pending.push_back(report);
-    }
-
-    /// Takes every exit already received, so that a task that has ended is
-    /// never taken for a running one.
-    fn drain(&mut self, tasks: &mut supervisor::Supervisor) {
-        while let Ok(report) = self.rx.try_recv() {
-            self.take(report, tasks);
-        }
-    }
-}
-
 /// How often the self-fence is checked, also while a call to the controllers
 /// hangs: its deadlines are honoured to within this.
 const SELF_FENCE_TICK: Duration = Duration::from_millis(100);
 
-/// One call attempt's deadline is this share of the node-down timeout (within
-/// the bounds below), so an agent whose controller went silent tries the next
-/// one long before the leader could declare its node down.
-const CALL_TIMEOUT_SHARE: u32 = 4;
-const CALL_TIMEOUT_MIN: Duration = Duration::from_millis(500);
-const CALL_TIMEOUT_MAX: Duration = Duration::from_secs(10);
-
-/// The agent's half of fencing. The leader declares a node down (and starts its
-/// jobs elsewhere) after `down_timeout` without a heartbeat; an agent that has
-/// not reached a leader for half of it stops its tasks, and kills them by three
-/// quarters of it. Contact is timed from when a heartbeat was sent, and the
-/// deadlines are checked on a clock of their own, also while a call hangs in a
-/// lossy network, so the node's tasks are gone before the leader can act.
-struct SelfFence {
-    /// The leader's node-down timeout (from registration).
-    down_timeout: Duration,
-    /// When the last heartbeat a leader answered was sent.
-    last_contact: Instant,
+/// The agent's decisions (`gangway_core::agent::AgentCore`) with the I/O they
+/// need: the supervisor that runs tasks, the fence store on disk, the exits
+/// the supervisor reports, and the agent's monotonic clock.
+struct Shell {
+    core: AgentCore,
+    tasks: supervisor::Supervisor,
+    fences: fence::FenceStore,
+    exits: tokio::sync::mpsc::Receiver<TaskExitReport>,
+    node: String,
+    /// The lease last written (see `lease.rs`).
+    lease: Option<(u64, u64)>,
 }
 
-impl SelfFence {
-    fn call_timeout(&self) -> Duration {
-        (self.down_timeout / CALL_TIMEOUT_SHARE).clamp(CALL_TIMEOUT_MIN, CALL_TIMEOUT_MAX)
+impl Shell {
+    /// Milliseconds on the system's monotonic clock (the shims read the
+    /// lease on the same clock).
+    fn now_ms() -> u64 {
+        lease::now_ms().unwrap_or(0)
     }
 
-    fn check(&self, tasks: &mut supervisor::Supervisor, exits: &mut Exits) {
-        exits.drain(tasks);
-        if self.last_contact.elapsed() >= self.down_timeout / 2 {
-            let grace = tasks.stop_grace().min(self.down_timeout / 4);
-            for key in tasks.running() {
-                if tasks.stop_lost(key, grace) {
-                    tracing::warn!(job = key.0, attempt = key.1, "cut off from every controller: stopping the task");
-                }
+    /// Writes the lease when contact moved it; before any launch, so a new
+    /// task's shim never reads a lease that ran out before it started.
+    fn renew_lease(&mut self) {
+        let lease = self.core.lease();
+        if self.lease == Some(lease) {
+            return;
+        }
+        let path = self.tasks.lease_path();
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir).and_then(|()| supervisor::reachable_not_listable(dir));
+        }
+        match lease::write(&path, lease::Lease { stop_at_ms: lease.0, kill_at_ms: lease.1 }) {
+            Ok(()) => self.lease = Some(lease),
+            Err(e) => tracing::error!(error = %e, path = %path.display(), "cannot renew the agent's lease"),
+        }
+    }
+
+    /// Takes one exit from the supervisor.
+    fn take(&mut self, report: TaskExitReport) {
+        self.tasks.forget((report.job_id, report.attempt));
+        self.core.task_exited(exit_from_report(report));
+    }
+
+    /// Takes every exit already received, so that a task that has ended is
+    /// never taken for a running one.
+    fn drain(&mut self) {
+        while let Ok(report) = self.exits.try_recv() {
+            self.take(report);
+        }
+    }
+
+    /// The self-fence (see `AgentCore::tick`) and the kill deadlines.
+    fn check(&mut self) {
+        self.drain();
+        let actions = self.core.tick(Self::now_ms());
+        for a in &actions {
+            if let Action::Stop { task, .. } = a {
+                tracing::warn!(job = task.0, attempt = task.1, "cut off from every controller: stopping the task");
             }
         }
-        tasks.enforce_kills();
+        self.perform(actions, &[]);
+        self.tasks.enforce_kills();
+    }
+
+    /// Carries out the core's actions, in order; `orders` holds the launch
+    /// orders the actions name.
+    fn perform(&mut self, actions: Vec<Action>, orders: &[gangway_proto::v1::LaunchOrder]) {
+        let mut unrecorded: Option<String> = None;
+        for action in actions {
+            match action {
+                Action::PersistFences => {
+                    if let Err(e) = self.fences.save(self.core.fences()) {
+                        tracing::error!(error = %e, "cannot record the launch fences: launching nothing");
+                        unrecorded = Some(format!("cannot record the launch fence: {e}"));
+                    }
+                }
+                Action::Launch(key) => {
+                    let outcome = match (&unrecorded, orders.iter().find(|o| (o.job_id, o.attempt) == key)) {
+                        (Some(why), _) => Err(why.clone()),
+                        (None, None) => Err("no launch order for the task".to_string()),
+                        (None, Some(order)) => self.tasks.launch(order),
+                    };
+                    if let Err(reason) = outcome {
+                        tracing::warn!(job = key.0, attempt = key.1, %reason, "launch failed");
+                        self.core.launch_failed(key, reason);
+                    }
+                }
+                Action::Stop { task, grace_ms } => self.tasks.stop(task, Duration::from_millis(grace_ms)),
+            }
+        }
     }
 
     /// Awaits a call to the controllers, checking the fence every tick while
     /// it is outstanding (the call bounds itself: `Client::call`'s deadline).
-    async fn await_fenced<F: Future>(
-        &self,
-        call: F,
-        tasks: &mut supervisor::Supervisor,
-        exits: &mut Exits,
-    ) -> F::Output {
+    async fn await_fenced<F: Future>(&mut self, call: F) -> F::Output {
         tokio::pin!(call);
         loop {
             tokio::select! {
                 out = &mut call => return out,
-                _ = tokio::time::sleep(SELF_FENCE_TICK) => self.check(tasks, exits),
+                _ = tokio::time::sleep(SELF_FENCE_TICK) => self.check(),
             }
         }
+    }
+
+    fn report(&self, exit: &Exit) -> TaskExitReport {
+        TaskExitReport {
+            node: self.node.clone(),
+            job_id: exit.task.0,
+            attempt: exit.task.1,
+            exit_code: exit.exit_code,
+            signal: exit.signal,
+            reason: exit.reason.clone(),
+            lost: exit.lost,
+            peak_mem_mb: exit.peak_mem_mb,
+        }
+    }
+}
+
+fn exit_from_report(r: TaskExitReport) -> Exit {
+    Exit {
+        task: (r.job_id, r.attempt),
+        exit_code: r.exit_code,
+        signal: r.signal,
+        reason: r.reason,
+        lost: r.lost,
+        peak_mem_mb: r.peak_mem_mb,
+    }
+}
+
+fn answer_from(resp: &gangway_proto::v1::HeartbeatResponse) -> Answer {
+    Answer {
+        known: resp.known,
+        term: resp.term,
+        index: resp.index,
+        desired: resp.desired.iter().map(|t| (t.job_id, t.attempt)).collect(),
+        launch: resp.launch.iter().map(|o| ((o.job_id, o.attempt), o.gpus.clone())).collect(),
+        stops: resp.stops.iter().map(|s| ((s.job_id, s.attempt), s.grace_s)).collect(),
     }
 }
 
@@ -347,7 +398,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     };
     let poke = std::sync::Arc::new(tokio::sync::Notify::new());
     let _watch = AbortOnDrop(tokio::spawn(watch_node_loop(client.clone(), config.name.clone(), poke.clone())));
-    let mut fences = fence::FenceStore::open(&config.state_dir)
+    let (fence_store, fences) = fence::FenceStore::open(&config.state_dir)
         .map_err(|e| anyhow::anyhow!("state-dir: cannot use {}: {e}", config.state_dir.display()))?;
     supervisor::reachable_not_listable(&config.state_dir)
         .map_err(|e| anyhow::anyhow!("state-dir: {}: {e}", config.state_dir.display()))?;
@@ -394,7 +445,18 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         }
         None => (None, None),
     };
-    let mut exits = Exits { rx: exits_rx, pending: std::collections::VecDeque::new() };
+    let stop_grace_ms = u64::try_from(config.stop_grace.as_millis()).unwrap_or(u64::MAX);
+    let mut shell = Shell {
+        core: AgentCore::new(fences, stop_grace_ms, Shell::now_ms()),
+        tasks,
+        fences: fence_store,
+        exits: exits_rx,
+        node: config.name.clone(),
+        lease: None,
+    };
+    for (key, gpus) in shell.tasks.running() {
+        shell.core.adopt(key, gpus);
+    }
     let mut gpu_health = health::GpuHealthMonitor::new(
         config.gpus.len(),
         config.gpu_fault_file.clone(),
@@ -402,121 +464,80 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         config.gpu_hold_down,
     );
     tokio::pin!(shutdown);
-    let mut registered = false;
     let mut interval = Duration::from_secs(1);
     let mut last_health: Vec<gangway_proto::v1::GpuHealthReport> = Vec::new();
-    let mut fence_clock = SelfFence { down_timeout: Duration::from_secs(10), last_contact: Instant::now() };
     loop {
-        let per_try = fence_clock.call_timeout();
+        let per_try = Duration::from_millis(shell.core.call_timeout_ms());
         let round: Result<(), tonic::Status> = async {
-            if !registered {
+            if !shell.core.registered() {
                 let req = config.register_request(step_port);
-                let sent = Instant::now();
+                let sent = Shell::now_ms();
                 let call = client.call(|ch| {
                     let mut r = client.request(req.clone());
                     r.set_timeout(per_try);
                     async move { gangway_proto::limits::agent_client(ch).register(r).await }
                 });
-                let resp = fence_clock.await_fenced(call, &mut tasks, &mut exits).await?.into_inner();
+                let resp = shell.await_fenced(call).await?.into_inner();
                 let ms = resp.heartbeat_interval_ms.clamp(HEARTBEAT_INTERVAL_MIN_MS, HEARTBEAT_INTERVAL_MAX_MS);
                 interval = Duration::from_millis(ms);
-                if resp.node_down_timeout_ms > 0 {
-                    fence_clock.down_timeout = Duration::from_millis(resp.node_down_timeout_ms);
-                }
-                fence_clock.last_contact = sent;
+                shell.core.registered_at(sent, resp.node_down_timeout_ms);
+                shell.renew_lease();
                 tracing::info!(node = %config.name, "registered");
-                registered = true;
                 return Ok(());
             }
             // Report ended tasks first, so the leader does not relaunch them.
-            while let Some(report) = exits.pending.pop_front() {
+            while let Some(exit) = shell.core.next_report() {
+                let report = shell.report(exit);
                 let call = client.call(|ch| {
                     let mut r = client.request(report.clone());
                     r.set_timeout(per_try);
                     async move { gangway_proto::limits::agent_client(ch).report_task_exit(r).await }
                 });
-                if let Err(e) = fence_clock.await_fenced(call, &mut tasks, &mut exits).await {
-                    exits.pending.push_front(report);
-                    return Err(e);
-                }
+                shell.await_fenced(call).await?;
+                shell.core.report_delivered();
             }
+            shell.drain();
             let running: Vec<TaskRef> =
-                tasks.running().into_iter().map(|(job_id, attempt)| TaskRef { job_id, attempt }).collect();
-            let req = HeartbeatRequest { name: config.name.clone(), running, gpu_health: gpu_health.poll() };
+                shell.core.running().into_iter().map(|(job_id, attempt)| TaskRef { job_id, attempt }).collect();
+            let req = HeartbeatRequest {
+                name: config.name.clone(),
+                running,
+                gpu_health: gpu_health.poll(),
+                seen_index: shell.core.seen_index(),
+            };
             last_health.clone_from(&req.gpu_health);
-            // Contact counts from when the heartbeat left, never from when the
-            // answer came back: the leader heard it no earlier than that.
-            let sent = Instant::now();
+            // Contact counts from when the heartbeat left (see AgentCore).
+            let sent = Shell::now_ms();
             let call = client.call(|ch| {
                 let mut r = client.request(req.clone());
                 r.set_timeout(per_try);
                 async move { gangway_proto::limits::agent_client(ch).heartbeat(r).await }
             });
-            let resp = fence_clock.await_fenced(call, &mut tasks, &mut exits).await?.into_inner();
+            let resp = shell.await_fenced(call).await?.into_inner();
+            let max_term = shell.core.fences().max_term;
+            let actions = shell.core.answered(sent, &answer_from(&resp));
             if !resp.known {
                 tracing::warn!(node = %config.name, "controller does not know this node (or marked it down): registering again");
-                registered = false;
-                return Ok(());
+            } else if resp.term < max_term {
+                tracing::warn!(term = resp.term, max = max_term, "ignoring orders from a stale leader");
             }
-            // An answer from a leader older than one already obeyed is stale.
-            if !fences.accept_term(resp.term).unwrap_or(false) {
-                tracing::warn!(term = resp.term, max = fences.max_term, "ignoring orders from a stale leader");
-                return Ok(());
-            }
-            let desired: std::collections::BTreeSet<(u64, u32)> =
-                resp.desired.iter().map(|t| (t.job_id, t.attempt)).collect();
-            fence_clock.last_contact = sent;
-            for key in tasks.running() {
-                if !desired.contains(&key) {
-                    let grace = resp
-                        .stops
-                        .iter()
-                        .find(|s| (s.job_id, s.attempt) == key)
-                        .map_or(tasks.stop_grace(), |s| Duration::from_secs(u64::from(s.grace_s)));
-                    tasks.stop(key, grace);
-                }
-            }
-            for order in &resp.launch {
-                // A preempted task may still hold these GPUs during its grace:
-                // the new task starts once it is gone (the order comes again).
-                if tasks.gpus_in_use(&order.gpus) {
-                    tracing::debug!(job = order.job_id, "GPUs still held by a stopping task; launching later");
-                    continue;
-                }
-                // A refused fence means this attempt already ran here and its task
-                // is gone (it died with a previous agent process): lost, not failed.
-                let (outcome, lost) = match fences.admit(order.job_id, order.attempt) {
-                    Err(reason) => (Err(format!("task lost: {reason}")), true),
-                    Ok(()) => (tasks.launch(order), false),
-                };
-                if let Err(reason) = outcome {
-                    tracing::warn!(job = order.job_id, attempt = order.attempt, %reason, "launch failed");
-                    exits.pending.push_back(TaskExitReport {
-                        node: config.name.clone(),
-                        job_id: order.job_id,
-                        attempt: order.attempt,
-                        exit_code: None,
-                        signal: None,
-                        reason,
-                        lost,
-                        peak_mem_mb: None,
-                    });
-                }
-            }
+            shell.renew_lease();
+            shell.perform(actions, &resp.launch);
             Ok(())
         }
         .await;
-        fence_clock.check(&mut tasks, &mut exits);
+        shell.check();
         {
             let mut v = view.lock().expect("view lock");
-            v.registered = registered;
-            v.last_contact = Some(fence_clock.last_contact);
-            v.tasks_running = tasks.running().len();
-            v.gpu_jobs = tasks.gpu_jobs();
+            v.registered = shell.core.registered();
+            let since_contact = Shell::now_ms().saturating_sub(shell.core.last_contact_ms());
+            v.last_contact = Instant::now().checked_sub(Duration::from_millis(since_contact));
+            v.tasks_running = shell.core.running().len();
+            v.gpu_jobs = shell.core.gpu_jobs();
             v.health = last_health.clone();
         }
         let pause = match round {
-            Ok(()) if registered && exits.pending.is_empty() => interval,
+            Ok(()) if shell.core.registered() && shell.core.reports_pending() == 0 => interval,
             Ok(()) => Duration::ZERO,
             Err(status) => {
                 tracing::warn!(node = %config.name, error = %status.message(), "controllers unreachable; retrying");
@@ -529,17 +550,17 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             tokio::select! {
                 _ = &mut shutdown => {
                     if config.kill_tasks_on_exit {
-                        tasks.kill_all();
+                        shell.tasks.kill_all();
                     }
                     return Ok(());
                 }
                 _ = tokio::time::sleep_until(wake) => break,
-                _ = poke.notified(), if registered => break,
-                Some(report) = exits.rx.recv() => {
-                    exits.take(report, &mut tasks);
+                _ = poke.notified(), if shell.core.registered() => break,
+                Some(report) = shell.exits.recv() => {
+                    shell.take(report);
                     break;
                 }
-                _ = tokio::time::sleep(SELF_FENCE_TICK) => fence_clock.check(&mut tasks, &mut exits),
+                _ = tokio::time::sleep(SELF_FENCE_TICK) => shell.check(),
             }
         }
     }

@@ -145,12 +145,20 @@ pub fn run(exit_file: Option<&Path>, setup: &TaskSetup, argv: &[String]) -> i32 
     if let Some(env) = env {
         command.env_clear().envs(env);
     }
-    let status = match command.status() {
-        Ok(s) => s,
+    let mut child = match command.spawn() {
+        Ok(c) => c,
         Err(e) => {
             eprintln!("task-shim: cannot start {program}: {e}");
             let _ = write_atomic(exit_file, "exit 127\n");
             return 127;
+        }
+    };
+    let status = match wait_under_lease(&mut child, setup.lease.as_deref(), exit_file) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("task-shim: lost the command: {e}");
+            let _ = write_atomic(exit_file, "exit 1\n");
+            return 1;
         }
     };
     use std::os::unix::process::ExitStatusExt;
@@ -161,6 +169,39 @@ pub fn run(exit_file: Option<&Path>, setup: &TaskSetup, argv: &[String]) -> i32 
     };
     let _ = write_atomic(exit_file, &record);
     code
+}
+
+/// How often the shim checks its command and the agent's lease.
+const LEASE_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Waits for the command; with a lease, stops the process group (SIGTERM)
+/// once the lease's stop time passes and kills it (SIGKILL, the shim
+/// included, after recording the kill) once its kill time passes.
+fn wait_under_lease(
+    child: &mut std::process::Child,
+    lease: Option<&Path>,
+    exit_file: &Path,
+) -> std::io::Result<std::process::ExitStatus> {
+    let Some(lease) = lease else { return child.wait() };
+    let group = nix::unistd::getpgrp();
+    let mut stopped = false;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if let (Some(l), Some(now)) = (crate::lease::read(lease), crate::lease::now_ms()) {
+            if now >= l.kill_at_ms {
+                eprintln!("task-shim: the agent's lease ran out: killing the task");
+                let _ = write_atomic(exit_file, "signal 9\n");
+                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+            } else if now >= l.stop_at_ms && !stopped {
+                eprintln!("task-shim: the agent has been away too long: stopping the task");
+                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGTERM);
+                stopped = true;
+            }
+        }
+        std::thread::sleep(LEASE_POLL);
+    }
 }
 
 /// Exec mode: the command replaces the shim (same pid, pipes, process
@@ -208,6 +249,12 @@ pub struct TaskSetup {
     pub env_file: Option<std::path::PathBuf>,
     /// Entered after becoming the user.
     pub workdir: Option<std::path::PathBuf>,
+    /// The agent's lease (see [`crate::lease`]): when it runs out, the agent
+    /// has been cut off or gone for half the node-down timeout, and the shim
+    /// stops the task itself (killing it by three quarters), as the agent's
+    /// own fence would have: a task outliving a crashed agent must not run on
+    /// while the leader starts its job elsewhere.
+    pub lease: Option<std::path::PathBuf>,
 }
 
 /// Largest environment file: the controller bounds a job's environment far

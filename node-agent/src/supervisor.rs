@@ -278,9 +278,6 @@ struct Task {
     /// When SIGTERM was sent, SIGKILL follows at this instant.
     kill_at: Option<Instant>,
     killed: bool,
-    /// Stopped by the node itself (cut off from the controllers), not by an
-    /// order or its own end: reported as lost so the job is requeued.
-    lost: bool,
     /// Sends the warning signal before the time limit; aborted when the task ends.
     warn_timer: Option<tokio::task::JoinHandle<()>>,
     /// The task's cgroup on cgroup v2 hosts.
@@ -532,7 +529,6 @@ impl Supervisor {
                         kill_at: None,
                         stopping: stopping.clone(),
                         killed: false,
-                        lost: false,
                         warn_timer: None,
                         cgroup: None,
                         gpus,
@@ -564,29 +560,20 @@ impl Supervisor {
         let _ = self.exits_tx.try_send(report);
     }
 
-    pub fn running(&self) -> Vec<Key> {
-        self.tasks.keys().copied().collect()
+    /// Running tasks and the GPUs each holds (for the agent's core, after
+    /// re-adoption).
+    pub fn running(&self) -> Vec<(Key, Vec<u32>)> {
+        self.tasks.iter().map(|(k, t)| (*k, t.gpus.clone())).collect()
     }
 
-    /// The task ended (its exit was received): forget it. Returns whether the
-    /// node itself stopped it (see [`Supervisor::stop_lost`]).
-    pub fn forget(&mut self, key: Key) -> bool {
+    /// The task ended (its exit was received): forget it.
+    pub fn forget(&mut self, key: Key) {
         self.step_hosts.lock().expect("step hosts lock").remove(&key);
-        let Some(t) = self.tasks.remove(&key) else { return false };
-        if let Some(timer) = t.warn_timer {
-            timer.abort();
+        if let Some(t) = self.tasks.remove(&key) {
+            if let Some(timer) = t.warn_timer {
+                timer.abort();
+            }
         }
-        t.lost
-    }
-
-    /// Stops a task on the node's own initiative; returns true the first time.
-    pub fn stop_lost(&mut self, key: Key, grace: Duration) -> bool {
-        let first = self.tasks.get(&key).is_some_and(|t| t.kill_at.is_none());
-        if let Some(t) = self.tasks.get_mut(&key) {
-            t.lost = true;
-        }
-        self.stop(key, grace);
-        first
     }
 
     /// Starts `order`'s task. An error is a reason the launch failed.
@@ -618,6 +605,11 @@ impl Supervisor {
                 .map_err(|e| format!("cannot give the batch script to its user: {e}"))?;
         }
         Ok(path)
+    }
+
+    /// The agent's lease file, which every task's shim obeys (see `lease.rs`).
+    pub fn lease_path(&self) -> PathBuf {
+        self.records_dir.join("lease")
     }
 
     fn script_path(&self, key: Key) -> PathBuf {
@@ -692,7 +684,7 @@ impl Supervisor {
                     .map_err(|e| format!("cannot create the task records dir: {e}"))?;
                 let _ = std::fs::remove_file(self.exit_path(key));
                 let mut c = tokio::process::Command::new(shim);
-                c.arg("task-shim").arg("--exit-file").arg(self.exit_path(key));
+                c.arg("task-shim").arg("--exit-file").arg(self.exit_path(key)).arg("--lease").arg(self.lease_path());
                 // The shim becomes the user itself, supplementary groups
                 // included (std's uid()/gid() would drop them).
                 if let Some((uid, gid)) = ids {
@@ -832,7 +824,6 @@ impl Supervisor {
                 kill_at: None,
                 stopping: stopping.clone(),
                 killed: false,
-                lost: false,
                 warn_timer,
                 cgroup: cgroup.clone(),
                 gpus: order.gpus.clone(),
@@ -893,28 +884,24 @@ impl Supervisor {
     }
 
     /// Asks a task to stop: SIGTERM to its whole process group now, SIGKILL
-    /// after `grace` (see [`Supervisor::enforce_kills`]).
+    /// after `grace` (see [`Supervisor::enforce_kills`]). A task already
+    /// stopping keeps the earlier of its two kill deadlines.
     pub fn stop(&mut self, key: Key, grace: Duration) {
         if let Some(t) = self.tasks.get_mut(&key) {
-            if t.kill_at.is_none() {
-                tracing::info!(job = key.0, attempt = key.1, "stopping task");
-                t.stopping.store(true, Ordering::SeqCst);
-                for g in task_groups(t.pgid, &t.steps) {
-                    let _ = killpg(g, Signal::SIGTERM);
+            let kill_at = Instant::now() + grace;
+            match t.kill_at {
+                None => {
+                    tracing::info!(job = key.0, attempt = key.1, "stopping task");
+                    t.stopping.store(true, Ordering::SeqCst);
+                    for g in task_groups(t.pgid, &t.steps) {
+                        let _ = killpg(g, Signal::SIGTERM);
+                    }
+                    t.kill_at = Some(kill_at);
                 }
-                t.kill_at = Some(Instant::now() + grace);
+                Some(at) if kill_at < at => t.kill_at = Some(kill_at),
+                Some(_) => {}
             }
         }
-    }
-
-    /// Whether a task still running here holds any of `gpus`.
-    /// GPU index → the job whose task holds it.
-    pub fn gpu_jobs(&self) -> std::collections::BTreeMap<u32, u64> {
-        self.tasks.iter().flat_map(|((job, _), t)| t.gpus.iter().map(move |g| (*g, *job))).collect()
-    }
-
-    pub fn gpus_in_use(&self, gpus: &[u32]) -> bool {
-        self.tasks.values().any(|t| t.gpus.iter().any(|g| gpus.contains(g)))
     }
 
     /// The configured grace period between SIGTERM and SIGKILL.

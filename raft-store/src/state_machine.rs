@@ -61,6 +61,12 @@ impl SharedState {
         self.state.read().expect("state lock poisoned: a replica thread panicked")
     }
 
+    /// A read view of the applied state and the log index it reflects.
+    pub fn read_with_index(&self) -> (u64, RwLockReadGuard<'_, State>) {
+        let state = self.read();
+        (self.applied.load(std::sync::atomic::Ordering::Acquire), state)
+    }
+
     /// The state as a snapshot (in the cluster's data format) and the log index
     /// it reflects, read together: a consistent backup.
     pub fn snapshot_with_index(&self) -> (u64, Vec<u8>) {

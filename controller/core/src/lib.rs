@@ -19,8 +19,10 @@
 // operation that can overflow is checked or saturating.
 #![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation))]
 
+pub mod agent;
 pub mod command;
 pub mod compat;
+pub mod duties;
 pub mod format;
 pub mod limits;
 pub mod model;

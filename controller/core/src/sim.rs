@@ -257,6 +257,7 @@ pub fn simulate_with_progress(
             order: Order::Submit,
             now_ms: t.saturating_mul(1000),
             estimate_s: if estimated { Some(&predict) } else { None },
+            stopping: None,
         };
         // The leader's path: the whole plan, preemptions included, as one
         // ApplySchedule entry.

@@ -1112,6 +1112,7 @@ fn base_state() -> State {
         order: gangway_core::sched::Order::Priority,
         now_ms: 3_000,
         estimate_s: None,
+        stopping: None,
     };
     let plan = gangway_core::sched::plan(&s, &opts);
     apply(&mut s, Command::ApplyPlan { placements: plan.placements, now_ms: 3_000 });
@@ -1149,6 +1150,7 @@ proptest! {
                 order: gangway_core::sched::Order::Priority,
                 now_ms: s.clock_ms,
                 estimate_s: None,
+                stopping: None,
             };
             let _ = gangway_core::sched::plan(&s, &opts);
         }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use gangway_core::duties::node_orders;
 use gangway_core::limits::{check_task_exit, REASON_BYTES_MAX};
 use gangway_core::{Command, NodeState, Outcome, RefusalKind};
 use gangway_proto::limits::{AGENT_MESSAGE_BYTES_MAX, API_REQUEST_BYTES_MAX, LAUNCH_ORDERS_BYTES_MAX};
@@ -134,7 +135,7 @@ impl AgentService for AgentApi {
             Routed::Forwarded(resp) => Ok(resp),
             Routed::Local(applied) => match applied.outcome {
                 Outcome::NodeRegistered { .. } => {
-                    self.replica.record_heartbeat(&name);
+                    self.replica.heartbeats.record(&name, None);
                     Ok(Response::new(RegisterResponse {
                         heartbeat_interval_ms: self.replica.timing.agent_heartbeat_interval_ms,
                         node_down_timeout_ms: self.replica.timing.node_down_timeout_ms,
@@ -176,49 +177,36 @@ impl AgentService for AgentApi {
         }
         self.commit_gpu_health(&msg).await?;
         let term = self.replica.node.status().term;
-        let state = self.replica.node.state().read();
-        let Some(node) = state.nodes.get(&msg.name).filter(|n| n.state != NodeState::Down) else {
+        let (index, state) = self.replica.node.state().read_with_index();
+        if state.nodes.get(&msg.name).is_none_or(|n| n.state == NodeState::Down) {
             return Ok(Response::new(HeartbeatResponse { known: false, term, ..Default::default() }));
-        };
-        self.replica.record_heartbeat(&msg.name);
+        }
         let running: BTreeSet<(u64, u32)> = msg.running.iter().map(|t| (t.job_id, t.attempt)).collect();
-        let mut desired = Vec::new();
+        self.replica.heartbeats.record(&msg.name, Some((msg.seen_index, running.iter().map(|t| t.0).collect())));
+        let orders = node_orders(&state, &msg.name, &running);
         let mut launch = Vec::new();
         let mut launch_bytes = 0usize;
-        for job_id in &node.jobs {
+        for (job_id, _) in &orders.launch {
             let Some(job) = state.jobs.get(job_id) else { continue };
-            // A task that already ended here stays desired (the gang still
-            // runs elsewhere) but is never launched again.
-            let exited = job.task_exits.contains_key(&msg.name);
-            desired.push(TaskRef { job_id: *job_id, attempt: job.attempt });
-            if !exited && !running.contains(&(*job_id, job.attempt)) {
-                if let Some(mut order) = launch_order(&state, job, &msg.name, term) {
-                    order.step_credential = self.replica.step_credential(job)?;
-                    // The answer must fit the agent's message limit: orders
-                    // past the budget go out with the next heartbeat.
-                    let bytes = prost::Message::encoded_len(&order);
-                    if !launch.is_empty() && launch_bytes.saturating_add(bytes) > LAUNCH_ORDERS_BYTES_MAX {
-                        continue;
-                    }
-                    launch_bytes = launch_bytes.saturating_add(bytes);
-                    launch.push(order);
-                }
-            }
-        }
-        // Tasks the agent still runs but should stop: a preempted job's gets the
-        // grace of its QOS (warning signal first, kill after).
-        let mut stops = Vec::new();
-        for t in &msg.running {
-            if desired.iter().any(|d| d.job_id == t.job_id && d.attempt == t.attempt) {
+            let Some(mut order) = launch_order(&state, job, &msg.name, term) else { continue };
+            order.step_credential = self.replica.step_credential(job)?;
+            // The answer must fit the agent's message limit: orders past the
+            // budget go out with the next heartbeat.
+            let bytes = prost::Message::encoded_len(&order);
+            if !launch.is_empty() && launch_bytes.saturating_add(bytes) > LAUNCH_ORDERS_BYTES_MAX {
                 continue;
             }
-            let Some(job) = state.jobs.get(&t.job_id) else { continue };
-            if job.reason.contains("preempted by job") {
-                let grace_s = state.policy.qos_of(&job.spec.qos).preempt_grace_s;
-                stops.push(TaskStop { job_id: t.job_id, attempt: t.attempt, grace_s, reason: job.reason.clone() });
-            }
+            launch_bytes = launch_bytes.saturating_add(bytes);
+            launch.push(order);
         }
-        Ok(Response::new(HeartbeatResponse { known: true, desired, launch, term, stops }))
+        let desired =
+            orders.desired.iter().map(|(job_id, attempt)| TaskRef { job_id: *job_id, attempt: *attempt }).collect();
+        let stops = orders
+            .stops
+            .into_iter()
+            .map(|s| TaskStop { job_id: s.task.0, attempt: s.task.1, grace_s: s.grace_s, reason: s.reason })
+            .collect();
+        Ok(Response::new(HeartbeatResponse { known: true, desired, launch, term, stops, index }))
     }
 
     async fn report_task_exit(&self, req: Request<TaskExitReport>) -> Result<Response<TaskExitAck>, Status> {

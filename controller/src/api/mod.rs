@@ -686,15 +686,16 @@ impl Viewer {
     /// A job's reason as this caller may read it: with private jobs, the
     /// id of the job that preempted it is another user's business.
     pub fn reason(&self, reason: &str) -> String {
-        if !self.private_jobs || self.whole || self.sees_all || !reason.contains("preempted by job ") {
+        use gangway_core::duties::PREEMPTED_BY;
+        if !self.private_jobs || self.whole || self.sees_all || !reason.contains(PREEMPTED_BY) {
             return reason.to_string();
         }
         let mut out = String::with_capacity(reason.len());
         let mut rest = reason;
-        while let Some(i) = rest.find("preempted by job ") {
+        while let Some(i) = rest.find(PREEMPTED_BY) {
             out.push_str(&rest[..i]);
             out.push_str("preempted by another job");
-            rest = rest[i + "preempted by job ".len()..].trim_start_matches(|c: char| c.is_ascii_digit() || c == '_');
+            rest = rest[i + PREEMPTED_BY.len()..].trim_start_matches(|c: char| c.is_ascii_digit() || c == '_');
         }
         out.push_str(rest);
         out

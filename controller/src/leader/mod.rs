@@ -1,10 +1,12 @@
 //! Leader duties: started when this replica becomes leader, stopped the moment it
-//! is not: node liveness and the scheduling loop.
+//! is not: the leader's tick (scheduling, time limits, node liveness; decided by
+//! the core's `duties::leader_tick`), the bootstrap admins and the data format move.
 //!
-//! Related code: `liveness.rs`, `scheduler.rs`.
+//! Related code: `duties.rs`, `gangway_core::duties`.
 
-pub mod liveness;
-pub mod scheduler;
+pub mod duties;
+
+pub use duties::Heartbeats;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +31,7 @@ pub fn spawn_leader_watch(replica: Arc<Replica>) -> JoinHandle<()> {
                     tracing::info!(id = replica.node.id, "became leader: starting leader duties");
                     let r = replica.clone();
                     duties = Some(tokio::spawn(async move {
-                        tokio::join!(liveness::run(r.clone()), scheduler::run(r.clone()), async {
+                        tokio::join!(duties::run(r.clone()), async {
                             // In order: the format move reads the policy the
                             // bootstrap wrote (its switches are a
                             // compare-and-set on it).

@@ -102,7 +102,7 @@ fn explain_job(state: &State, job: &Job, hypothetical: bool, now_ms: u64) -> Exp
             }
         }
     }
-    let opts = Options { policy: Policy::Easy, order: Order::Priority, now_ms, estimate_s: None };
+    let opts = Options { policy: Policy::Easy, order: Order::Priority, now_ms, estimate_s: None, stopping: None };
     let p = super::plan_with(state, &opts, hypothetical.then_some(job));
     let reason = p.reasons.iter().find(|(id, _)| *id == job_id).map(|(_, r)| *r);
     let starting = p.placements.iter().any(|pl| pl.job_id == job_id);

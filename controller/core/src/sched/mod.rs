@@ -83,16 +83,23 @@ pub enum Order {
 /// Expected run time of a job, in seconds (default: its time limit).
 pub type Estimator<'a> = &'a dyn Fn(&Job) -> u64;
 
+/// The pending reason of a job whose previous attempt is still stopping.
+pub const REASON_COMPLETING: &str = "Completing";
+
 pub struct Options<'a> {
     pub policy: Policy,
     pub order: Order,
     pub now_ms: u64,
     pub estimate_s: Option<Estimator<'a>>,
+    /// Requeued jobs whose previous attempt still has tasks running somewhere
+    /// (see `duties::stopping_jobs`): they wait, so no job ever runs two
+    /// attempts at once (Slurm keeps such a job COMPLETING).
+    pub stopping: Option<&'a BTreeSet<JobId>>,
 }
 
 impl Options<'_> {
     pub fn new(policy: Policy, now_ms: u64) -> Options<'static> {
-        Options { policy, order: Order::Priority, now_ms, estimate_s: None }
+        Options { policy, order: Order::Priority, now_ms, estimate_s: None, stopping: None }
     }
 }
 
@@ -116,7 +123,7 @@ pub fn schedule(state: &State) -> Vec<Placement> {
 
 /// Computes a plan under `policy`, in submit order.
 pub fn schedule_with(state: &State, policy: Policy, now_ms: u64) -> Vec<Placement> {
-    plan(state, &Options { policy, order: Order::Submit, now_ms, estimate_s: None }).placements
+    plan(state, &Options { policy, order: Order::Submit, now_ms, estimate_s: None, stopping: None }).placements
 }
 
 /// The request shape a placement outcome depends on (besides the job's end).
@@ -610,6 +617,10 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
             break;
         }
         crate::incr(&mut pass.plan.examined);
+        if opts.stopping.is_some_and(|s| s.contains(&id)) {
+            pass.plan.reasons.push((id, REASON_COMPLETING));
+            continue;
+        }
         if let Some(why) = pass.gate(job) {
             pass.plan.reasons.push((id, why));
             continue;

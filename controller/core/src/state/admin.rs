@@ -418,7 +418,7 @@ impl State {
                 // Already gone (finished, requeued): its space is free anyway.
                 continue;
             }
-            let why = format!("preempted by job {}", p.for_job);
+            let why = format!("{}{}", crate::duties::PREEMPTED_BY, p.for_job);
             let requeue = p.mode == PreemptMode::Requeue && job.attempt < ATTEMPTS_MAX;
             events.push(if requeue {
                 let victim = self.jobs.get_mut(&p.job_id).expect("checked");

@@ -242,8 +242,8 @@ pub fn run_file(path: &std::path::Path) {
             } else {
                 Order::Priority
             };
-            let p1 = plan(&run.state, &Options { policy, order, now_ms, estimate_s: None });
-            let p2 = plan(&run.state, &Options { policy, order, now_ms, estimate_s: None });
+            let p1 = plan(&run.state, &Options { policy, order, now_ms, estimate_s: None, stopping: None });
+            let p2 = plan(&run.state, &Options { policy, order, now_ms, estimate_s: None, stopping: None });
             assert_eq!(p1, p2, "{}: the same inputs must give the same plan", run.name);
             let started: Vec<u64> = p1.placements.iter().map(|p| p.job_id).collect();
             let preempted: Vec<u64> = p1.preemptions.iter().map(|p| p.job_id).collect();

@@ -1,0 +1,422 @@
+//! The node agent's decisions, as a state machine with no I/O: [`AgentCore`]
+//! takes what happened (a leader's answer, a task's exit, the passing of time)
+//! and returns what to do ([`Action`]s). The agent's async loop
+//! (`node-agent/src/lib.rs`) carries events in and performs the actions (it
+//! persists fences, starts and signals processes); the whole-cluster
+//! simulation (`sim/`) drives the same machine in virtual time.
+//!
+//! What it decides:
+//! - **Fences.** An answer from a leader older than one already obeyed is
+//!   ignored; an attempt at or below one already launched here is never
+//!   launched again (it is reported lost), also across agent restarts (the
+//!   fences are persisted before a launch).
+//! - **Self-fence.** An agent that has not reached a leader for half the
+//!   node-down timeout stops its tasks (killed by three quarters of it), so they
+//!   are gone before the leader can declare the node down and start them
+//!   elsewhere. Contact is timed from when a heartbeat was *sent*.
+//! - **Reconcile.** Tasks the leader no longer wants stop (a preempted job's
+//!   with its QOS grace); ordered tasks start, unless a stopping task still
+//!   holds their GPUs (the order comes again).
+//! - **Exits** are reported oldest first, bounded; a task the node stopped on
+//!   its own is reported lost (to be requeued) unless it had ended cleanly.
+//!
+//! Times are milliseconds on the agent's own monotonic clock.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use crate::duties::TaskKey;
+use crate::model::JobId;
+
+/// Exit reports kept for delivery while the controllers are unreachable; beyond
+/// this the oldest are dropped (the leader then learns of them as lost tasks).
+pub const PENDING_EXITS_MAX: usize = 10_000;
+/// Jobs whose launch fence is remembered. Beyond it the oldest (lowest) job
+/// ids are forgotten: job ids only grow, and orders for such old jobs come only
+/// from long-deposed leaders.
+pub const FENCES_MAX: usize = 100_000;
+/// One call attempt's deadline is this share of the node-down timeout (within
+/// the bounds below), so an agent whose controller went silent tries the next
+/// one long before the leader could declare its node down.
+const CALL_TIMEOUT_SHARE: u64 = 4;
+const CALL_TIMEOUT_MIN_MS: u64 = 500;
+const CALL_TIMEOUT_MAX_MS: u64 = 10_000;
+/// Node-down timeout assumed until a controller says otherwise at registration.
+pub const DOWN_TIMEOUT_DEFAULT_MS: u64 = 10_000;
+
+/// What the agent persists so that a restart never launches an attempt twice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fences {
+    /// Highest leader term whose orders this agent followed.
+    pub max_term: u64,
+    /// Job id → the highest attempt launched here.
+    pub attempts: BTreeMap<JobId, u32>,
+}
+
+/// One task's exit, as reported to the leader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exit {
+    pub task: TaskKey,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub reason: String,
+    /// The node lost the task (cut off, agent restarted): requeue per policy.
+    pub lost: bool,
+    pub peak_mem_mb: Option<u64>,
+}
+
+impl Exit {
+    fn clean(&self) -> bool {
+        self.exit_code == Some(0) && self.signal.is_none()
+    }
+}
+
+/// A leader's answer to a heartbeat, reduced to what the decisions need.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Answer {
+    pub known: bool,
+    pub term: u64,
+    /// The log index of the state the orders come from.
+    pub index: u64,
+    pub desired: Vec<TaskKey>,
+    /// Tasks to start and the GPUs each gets here.
+    pub launch: Vec<(TaskKey, Vec<u32>)>,
+    /// Tasks to stop with a grace of their own (seconds).
+    pub stops: Vec<(TaskKey, u32)>,
+}
+
+/// What the agent's shell does, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Write [`AgentCore::fences`] to disk (synced) before what follows; if
+    /// that fails, the launches that follow must not happen (report each with
+    /// [`AgentCore::launch_failed`]).
+    PersistFences,
+    /// Start the ordered task (its order is in the answer).
+    Launch(TaskKey),
+    /// Signal the task now and kill it after `grace_ms`.
+    Stop { task: TaskKey, grace_ms: u64 },
+}
+
+/// The agent's decisions and the little state they need.
+#[derive(Debug, Clone)]
+pub struct AgentCore {
+    fences: Fences,
+    /// Tasks running here (launched or adopted, their exit not yet taken).
+    tasks: BTreeMap<TaskKey, Task>,
+    pending: VecDeque<Exit>,
+    registered: bool,
+    down_timeout_ms: u64,
+    /// When the last heartbeat a leader answered was sent.
+    last_contact_ms: u64,
+    stop_grace_ms: u64,
+    /// The highest index of orders acted on (sent with each heartbeat).
+    seen_index: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Task {
+    gpus: Vec<u32>,
+    /// Asked to stop (its kill deadline runs).
+    stopping: bool,
+    /// Stopped by the node on its own (cut off from every controller).
+    lost: bool,
+}
+
+impl AgentCore {
+    /// A starting agent with the fences it persisted; `now_ms` counts as
+    /// contact (an agent that starts has not been cut off yet).
+    pub fn new(fences: Fences, stop_grace_ms: u64, now_ms: u64) -> AgentCore {
+        AgentCore {
+            fences,
+            tasks: BTreeMap::new(),
+            pending: VecDeque::new(),
+            registered: false,
+            down_timeout_ms: DOWN_TIMEOUT_DEFAULT_MS,
+            last_contact_ms: now_ms,
+            stop_grace_ms,
+            seen_index: 0,
+        }
+    }
+
+    /// The highest log index of orders this agent has acted on: the running
+    /// tasks it reports reflect every order up to it.
+    pub fn seen_index(&self) -> u64 {
+        self.seen_index
+    }
+
+    pub fn fences(&self) -> &Fences {
+        &self.fences
+    }
+
+    pub fn registered(&self) -> bool {
+        self.registered
+    }
+
+    /// When the last heartbeat a leader answered was sent.
+    pub fn last_contact_ms(&self) -> u64 {
+        self.last_contact_ms
+    }
+
+    pub fn stop_grace_ms(&self) -> u64 {
+        self.stop_grace_ms
+    }
+
+    /// The self-fence's deadlines as of now, for the tasks' shims (see
+    /// `node-agent/src/lease.rs`): stop at `.0`, kill by `.1`. A task that
+    /// outlives this agent obeys them, as the agent would have.
+    pub fn lease(&self) -> (u64, u64) {
+        let stop_at = self.last_contact_ms.saturating_add(self.down_timeout_ms / 2);
+        (stop_at, stop_at.saturating_add(self.fence_grace_ms()))
+    }
+
+    /// The grace of a task the self-fence stops.
+    fn fence_grace_ms(&self) -> u64 {
+        self.stop_grace_ms.min(self.down_timeout_ms / 4)
+    }
+
+    /// The deadline of one call to the controllers.
+    pub fn call_timeout_ms(&self) -> u64 {
+        (self.down_timeout_ms / CALL_TIMEOUT_SHARE).clamp(CALL_TIMEOUT_MIN_MS, CALL_TIMEOUT_MAX_MS)
+    }
+
+    /// Tasks running here, for the heartbeat.
+    pub fn running(&self) -> Vec<TaskKey> {
+        self.tasks.keys().copied().collect()
+    }
+
+    /// GPU index → the job whose task holds it.
+    pub fn gpu_jobs(&self) -> BTreeMap<u32, JobId> {
+        self.tasks.iter().flat_map(|((job, _), t)| t.gpus.iter().map(move |g| (*g, *job))).collect()
+    }
+
+    /// A task found running at start (it outlived the previous agent process).
+    pub fn adopt(&mut self, task: TaskKey, gpus: Vec<u32>) {
+        self.tasks.insert(task, Task { gpus, ..Task::default() });
+    }
+
+    /// A controller accepted the registration sent at `sent_ms`.
+    pub fn registered_at(&mut self, sent_ms: u64, down_timeout_ms: u64) {
+        if down_timeout_ms > 0 {
+            self.down_timeout_ms = down_timeout_ms;
+        }
+        self.last_contact_ms = self.last_contact_ms.max(sent_ms);
+        self.registered = true;
+    }
+
+    /// The oldest exit waiting to be reported.
+    pub fn next_report(&self) -> Option<&Exit> {
+        self.pending.front()
+    }
+
+    /// The oldest exit was delivered.
+    pub fn report_delivered(&mut self) {
+        self.pending.pop_front();
+    }
+
+    pub fn reports_pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn queue_report(&mut self, exit: Exit) {
+        if self.pending.len() >= PENDING_EXITS_MAX {
+            self.pending.pop_front();
+        }
+        self.pending.push_back(exit);
+    }
+
+    /// A task ended (its process exited, or it was found gone). A task the
+    /// node stopped on its own is reported lost, to be requeued, unless it
+    /// had ended cleanly. An exit for a task not tracked here (a launch that
+    /// failed, already reported) is still reported.
+    pub fn task_exited(&mut self, mut exit: Exit) {
+        let stopped_here = self.tasks.remove(&exit.task).is_some_and(|t| t.lost);
+        if stopped_here && !exit.clean() {
+            exit.lost = true;
+            exit.reason = "stopped by its node: cut off from every controller".into();
+        }
+        self.queue_report(exit);
+    }
+
+    /// A launch the core decided could not be carried out.
+    pub fn launch_failed(&mut self, task: TaskKey, reason: String) {
+        self.tasks.remove(&task);
+        self.queue_report(Exit { task, exit_code: None, signal: None, reason, lost: false, peak_mem_mb: None });
+    }
+
+    /// A leader's answer to the heartbeat sent at `sent_ms`.
+    pub fn answered(&mut self, sent_ms: u64, answer: &Answer) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if !answer.known {
+            // The controller does not know this node (or marked it down).
+            self.registered = false;
+            return actions;
+        }
+        // An answer from a leader older than one already obeyed is stale.
+        if answer.term < self.fences.max_term {
+            return actions;
+        }
+        let mut persist = answer.term > self.fences.max_term;
+        self.fences.max_term = answer.term;
+        // Contact counts from when the heartbeat left, never from when the
+        // answer came back: the leader heard it no earlier than that.
+        self.last_contact_ms = self.last_contact_ms.max(sent_ms);
+        let desired: BTreeSet<TaskKey> = answer.desired.iter().copied().collect();
+        for (task, t) in &mut self.tasks {
+            if desired.contains(task) || t.stopping {
+                continue;
+            }
+            let grace_ms = answer
+                .stops
+                .iter()
+                .find(|(k, _)| k == task)
+                .map_or(self.stop_grace_ms, |(_, grace_s)| u64::from(*grace_s).saturating_mul(1000));
+            t.stopping = true;
+            actions.push(Action::Stop { task: *task, grace_ms });
+        }
+        let mut launches = Vec::new();
+        for (task, gpus) in &answer.launch {
+            if self.tasks.contains_key(task) || !desired.contains(task) {
+                continue;
+            }
+            // A preempted task may still hold these GPUs during its grace:
+            // the new task starts once it is gone (the order comes again).
+            if self.tasks.values().any(|t| t.gpus.iter().any(|g| gpus.contains(g))) {
+                continue;
+            }
+            // A refused fence means this attempt already ran here and its task
+            // is gone (it died with a previous agent process): lost, not failed.
+            let (job, attempt) = *task;
+            if let Some(&seen) = self.fences.attempts.get(&job) {
+                if seen >= attempt {
+                    let reason = format!(
+                        "task lost: refused launch of job {job} attempt {attempt}: attempt {seen} was already \
+                         launched on this node"
+                    );
+                    self.queue_report(Exit {
+                        task: *task,
+                        exit_code: None,
+                        signal: None,
+                        reason,
+                        lost: true,
+                        peak_mem_mb: None,
+                    });
+                    continue;
+                }
+            }
+            self.fences.attempts.insert(job, attempt);
+            while self.fences.attempts.len() > FENCES_MAX {
+                self.fences.attempts.pop_first();
+            }
+            persist = true;
+            self.tasks.insert(*task, Task { gpus: gpus.clone(), ..Task::default() });
+            launches.push(Action::Launch(*task));
+        }
+        if persist {
+            actions.push(Action::PersistFences);
+        }
+        actions.extend(launches);
+        self.seen_index = self.seen_index.max(answer.index);
+        actions
+    }
+
+    /// The passing of time: the self-fence. Returns the tasks to stop.
+    pub fn tick(&mut self, now_ms: u64) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if now_ms.saturating_sub(self.last_contact_ms) < self.down_timeout_ms / 2 {
+            return actions;
+        }
+        let grace_ms = self.fence_grace_ms();
+        for (task, t) in &mut self.tasks {
+            let first = !t.lost;
+            t.lost = true;
+            // A task already stopping for an order is stopped again with the
+            // (possibly shorter) fence grace.
+            if first {
+                t.stopping = true;
+                actions.push(Action::Stop { task: *task, grace_ms });
+            }
+        }
+        actions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(term: u64, desired: &[TaskKey], launch: &[(TaskKey, &[u32])]) -> Answer {
+        Answer {
+            known: true,
+            term,
+            index: 0,
+            desired: desired.to_vec(),
+            launch: launch.iter().map(|(k, g)| (*k, g.to_vec())).collect(),
+            stops: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_attempt_launches_once_and_stale_terms_are_ignored() {
+        let mut a = AgentCore::new(Fences::default(), 5_000, 0);
+        a.registered_at(0, 10_000);
+        let acts = a.answered(100, &answer(3, &[(7, 1)], &[((7, 1), &[0])]));
+        assert_eq!(acts, vec![Action::PersistFences, Action::Launch((7, 1))]);
+        // The task ends; the same order again (a lagging leader) is refused as lost.
+        a.task_exited(Exit {
+            task: (7, 1),
+            exit_code: Some(1),
+            signal: None,
+            reason: String::new(),
+            lost: false,
+            peak_mem_mb: None,
+        });
+        let acts = a.answered(200, &answer(3, &[(7, 1)], &[((7, 1), &[0])]));
+        assert!(acts.is_empty(), "{acts:?}");
+        a.report_delivered();
+        assert!(a.next_report().is_some_and(|e| e.lost && e.task == (7, 1)));
+        // A restart keeps the fence.
+        let mut b = AgentCore::new(a.fences().clone(), 5_000, 300);
+        assert!(b.answered(400, &answer(3, &[(7, 1)], &[((7, 1), &[0])])).is_empty());
+        // An older term changes nothing, not even contact.
+        assert!(b.answered(500, &answer(2, &[], &[((8, 1), &[1])])).is_empty());
+        assert_eq!(b.last_contact_ms(), 400);
+    }
+
+    #[test]
+    fn cut_off_agents_stop_their_tasks_before_the_leader_gives_up_on_them() {
+        let mut a = AgentCore::new(Fences::default(), 30_000, 0);
+        a.registered_at(0, 10_000);
+        a.answered(1_000, &answer(1, &[(1, 0)], &[((1, 0), &[0, 1])]));
+        assert!(a.tick(5_999).is_empty());
+        assert_eq!(a.tick(6_000), vec![Action::Stop { task: (1, 0), grace_ms: 2_500 }]);
+        assert!(a.tick(7_000).is_empty(), "stopped once");
+        // Its unclean end is reported lost; a clean one would not be.
+        a.task_exited(Exit {
+            task: (1, 0),
+            exit_code: None,
+            signal: Some(15),
+            reason: String::new(),
+            lost: false,
+            peak_mem_mb: None,
+        });
+        assert!(a.next_report().is_some_and(|e| e.lost));
+    }
+
+    #[test]
+    fn gpus_of_a_stopping_task_delay_the_next_launch() {
+        let mut a = AgentCore::new(Fences::default(), 5_000, 0);
+        a.answered(0, &answer(1, &[(1, 0)], &[((1, 0), &[0])]));
+        let mut ans = answer(1, &[(2, 0)], &[((2, 0), &[0])]);
+        ans.stops = vec![((1, 0), 30)];
+        assert_eq!(a.answered(10, &ans), vec![Action::Stop { task: (1, 0), grace_ms: 30_000 }]);
+        a.task_exited(Exit {
+            task: (1, 0),
+            exit_code: None,
+            signal: Some(15),
+            reason: String::new(),
+            lost: false,
+            peak_mem_mb: None,
+        });
+        assert_eq!(a.answered(20, &ans), vec![Action::PersistFences, Action::Launch((2, 0))]);
+    }
+}

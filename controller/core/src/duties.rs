@@ -1,0 +1,278 @@
+//! The leader's decisions, as pure functions of the replicated state and what
+//! the leader heard (openraft's Engine → Commands, raft-rs's Ready): which
+//! commands its periodic work proposes ([`leader_tick`]) and what a node's
+//! agent is told to run and stop ([`node_orders`]).
+//!
+//! The async shells in `controller/src/leader` and `controller/src/api/agent.rs`
+//! carry inputs in and the results out; the whole-cluster simulation
+//! (`sim/`, `gangway-sim`) drives the very same functions in virtual time.
+//!
+//! ```text
+//!   State + Heard + now ──leader_tick──► Tick { commands (schedule, time limits, node down), reasons }
+//!                 (Heard: when each node was last heard from, and what it runs)
+//!   State + node + running + term ──node_orders──► NodeOrders { desired, launch, stops }
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::command::{Command, NodeStateChange};
+use crate::model::{Job, JobId, JobState, NodeState};
+use crate::sched;
+use crate::state::State;
+
+/// Jobs ended for their time limit per tick (bounds one tick's log entries).
+pub const TIMEOUTS_PER_TICK_MAX: usize = 256;
+/// Nodes marked Down per tick: bounds the work (and log entries) of one tick if
+/// a whole rack goes silent at once; the rest follow on the next ticks.
+pub const DOWN_PER_TICK_MAX: usize = 256;
+
+/// What the leader heard from the nodes, in its own monotonic milliseconds
+/// (never the wall clock the commands carry: a clock step must not make every
+/// node look silent).
+pub struct Heard<'a> {
+    /// Monotonic now.
+    pub now: u64,
+    /// When this replica became leader: a new leader counts every node as heard
+    /// from at that moment, so a controller failover never marks healthy nodes
+    /// down (their agents reconnect and heartbeat well within the timeout).
+    pub leader_since: u64,
+    /// A node silent for longer than this is Down.
+    pub down_timeout_ms: u64,
+    /// The last heartbeat from a node, if any since this replica started.
+    pub last: &'a dyn Fn(&str) -> Option<u64>,
+    /// The log index the state reflects.
+    pub index: u64,
+    /// A node's latest task report (the heartbeat with the highest
+    /// `seen_index`): that index, when it came, and whether it listed a task
+    /// of the job. None: no report yet.
+    pub runs: &'a dyn Fn(&str, JobId) -> Option<TaskReport>,
+}
+
+/// What one heartbeat said about one job (see [`Heard::runs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskReport {
+    /// The highest index of orders the agent had acted on (0: an agent from
+    /// before the field).
+    pub seen_index: u64,
+    /// When the leader received it (monotonic ms).
+    pub at: u64,
+    /// It listed a task of the job as running.
+    pub listed: bool,
+}
+
+/// What the leader remembers between ticks (in memory; a new leader starts
+/// with none): when it first saw each requeued job waiting for its previous
+/// attempt's tasks to end.
+#[derive(Debug, Default)]
+pub struct LeaderMemory {
+    /// Job → (log index, monotonic ms) when first seen stopping.
+    stopping_since: BTreeMap<JobId, (u64, u64)>,
+}
+
+/// One tick's decisions.
+#[derive(Debug, Default)]
+pub struct Tick {
+    /// To propose, in order: at most one `ApplySchedule`, then time-limit
+    /// ends, then nodes going Down.
+    pub commands: Vec<Command>,
+    /// Why examined pending jobs did not start (for listings).
+    pub reasons: Vec<(JobId, &'static str)>,
+}
+
+/// The leader's periodic work at wall time `now_ms`: a scheduling pass, jobs
+/// past their time limit, and (with `heard`) nodes silent for too long.
+pub fn leader_tick(
+    state: &State,
+    now_ms: u64,
+    heard: Option<&Heard<'_>>,
+    memory: &mut LeaderMemory,
+    policy: sched::Policy,
+) -> Tick {
+    let stopping = heard.map(|h| stopping_jobs(state, h, memory)).unwrap_or_default();
+    let mut opts = sched::Options::new(policy, now_ms);
+    opts.stopping = Some(&stopping);
+    let mut plan = sched::plan(state, &opts);
+    let mut commands = Vec::new();
+    if !plan.placements.is_empty() || !plan.preemptions.is_empty() {
+        commands.push(Command::ApplySchedule {
+            preemptions: std::mem::take(&mut plan.preemptions),
+            placements: std::mem::take(&mut plan.placements),
+            now_ms,
+        });
+    }
+    commands.extend(time_limit_ends(state, now_ms));
+    if let Some(heard) = heard {
+        commands.extend(silent_nodes(state, heard, now_ms));
+    }
+    Tick { commands, reasons: plan.reasons }
+}
+
+/// Requeued jobs not to start yet: a task of their previous attempt may still
+/// run (stopping within its grace, or on a node not heard from since). A job
+/// must never run two attempts at once: both would write the same
+/// checkpoints and outputs (Slurm keeps such a job COMPLETING until every
+/// node reports its end). Each node the previous attempt ran on must have
+/// sent a report that reflects the requeue (its agent acted on orders from
+/// a state that has the job requeued) and that does not list the job. A node
+/// that is Down has fenced itself, so its tasks no longer count. Bounded by
+/// the pending jobs and their nodes.
+pub fn stopping_jobs(state: &State, heard: &Heard<'_>, memory: &mut LeaderMemory) -> BTreeSet<JobId> {
+    let mut stopping = BTreeSet::new();
+    let mut since_of = BTreeMap::new();
+    for id in &state.pending {
+        let Some(job) = state.jobs.get(id) else { continue };
+        if job.ran_on.is_empty() {
+            continue;
+        }
+        // The index and time this leader first saw the job requeued: both
+        // are at or after the requeue.
+        let (since_index, since_ms) = memory.stopping_since.get(id).copied().unwrap_or((heard.index, heard.now));
+        let ended_everywhere = job.ran_on.iter().all(|node| {
+            if state.nodes.get(node).is_none_or(|n| n.state == NodeState::Down) {
+                return true;
+            }
+            match (heard.runs)(node, *id) {
+                // An agent from before `seen_index`: a report received after
+                // the leader saw the requeue (its task may have been stopped
+                // by an answer already sent, so this is weaker).
+                Some(r) if r.seen_index == 0 => !r.listed && r.at > since_ms,
+                Some(r) => !r.listed && r.seen_index >= since_index,
+                None => false,
+            }
+        });
+        if !ended_everywhere {
+            stopping.insert(*id);
+            since_of.insert(*id, (since_index, since_ms));
+        }
+    }
+    memory.stopping_since = since_of;
+    stopping
+}
+
+/// Running jobs whose time limit has passed at `now_ms`, ended as TIMEOUT.
+pub fn time_limit_ends(state: &State, now_ms: u64) -> Vec<Command> {
+    state
+        .running
+        .iter()
+        .filter_map(|id| state.jobs.get(id))
+        .filter(|j| {
+            j.start_time_ms.is_some_and(|s| s.saturating_add(j.spec.time_limit_s.saturating_mul(1000)) <= now_ms)
+        })
+        .take(TIMEOUTS_PER_TICK_MAX)
+        .map(|j| Command::JobFinished {
+            job_id: j.id,
+            attempt: j.attempt,
+            state: JobState::TimedOut,
+            exit_code: None,
+            reason: format!("time limit of {} reached", format_duration_s(j.spec.time_limit_s)),
+            now_ms,
+        })
+        .collect()
+}
+
+/// Nodes not Down that the leader has not heard from for longer than the
+/// timeout, marked Down.
+pub fn silent_nodes(state: &State, heard: &Heard<'_>, now_ms: u64) -> Vec<Command> {
+    state
+        .nodes
+        .values()
+        .filter(|n| n.state != NodeState::Down)
+        .filter_map(|n| {
+            let at = (heard.last)(&n.name).map_or(heard.leader_since, |t| t.max(heard.leader_since));
+            let silent_ms = heard.now.saturating_sub(at);
+            (silent_ms > heard.down_timeout_ms).then(|| Command::SetNodeState {
+                name: n.name.clone(),
+                change: NodeStateChange::Down,
+                reason: format!("no heartbeat for {}.{}s", silent_ms / 1000, silent_ms % 1000 / 100),
+                now_ms,
+            })
+        })
+        .take(DOWN_PER_TICK_MAX)
+        .collect()
+}
+
+/// A task of one job attempt on one node.
+pub type TaskKey = (JobId, u32);
+
+/// What one node's agent is told (see [`node_orders`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeOrders {
+    /// False when the node is unknown or Down: the agent registers again.
+    pub known: bool,
+    /// Every task that should run here (including ones already ended here
+    /// while their gang runs on elsewhere).
+    pub desired: Vec<TaskKey>,
+    /// Tasks to start: desired, not running and not ended here.
+    pub launch: Vec<TaskKey>,
+    /// Running tasks to stop with a grace other than the agent's own.
+    pub stops: Vec<Stop>,
+}
+
+/// A task to stop with its own grace (a preempted job's QOS grace).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stop {
+    pub task: TaskKey,
+    pub cause: StopCause,
+    /// Seconds between the warning signal and the kill.
+    pub grace_s: u32,
+    pub reason: String,
+}
+
+/// Why a task is stopped with a grace of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopCause {
+    Preempted,
+}
+
+/// What `node` should run, given the tasks its agent reports running. Tasks
+/// the agent runs that are not desired are stopped by the agent itself; those
+/// of a preempted job get the grace of its QOS.
+pub fn node_orders(state: &State, node: &str, running: &BTreeSet<TaskKey>) -> NodeOrders {
+    let Some(n) = state.nodes.get(node).filter(|n| n.state != NodeState::Down) else {
+        return NodeOrders::default();
+    };
+    let mut orders = NodeOrders { known: true, ..NodeOrders::default() };
+    for job_id in &n.jobs {
+        let Some(job) = state.jobs.get(job_id) else { continue };
+        let key = (*job_id, job.attempt);
+        orders.desired.push(key);
+        // A task that already ended here stays desired (the gang still runs
+        // elsewhere) but is never launched again.
+        if !job.task_exits.contains_key(node) && !running.contains(&key) && job.allocation.is_some() {
+            orders.launch.push(key);
+        }
+    }
+    let desired: BTreeSet<TaskKey> = orders.desired.iter().copied().collect();
+    for key in running.iter().filter(|k| !desired.contains(k)) {
+        let Some(job) = state.jobs.get(&key.0) else { continue };
+        if stopped_by_preemption(job) {
+            orders.stops.push(Stop {
+                task: *key,
+                cause: StopCause::Preempted,
+                grace_s: state.policy.qos_of(&job.spec.qos).preempt_grace_s,
+                reason: job.reason.clone(),
+            });
+        }
+    }
+    orders
+}
+
+/// Whether the job's last attempt was stopped to make room for another job.
+/// The state records this only in the job's reason (see
+/// `State::apply_schedule`), so this is the one place that reads it.
+pub fn stopped_by_preemption(job: &Job) -> bool {
+    job.reason.contains(PREEMPTED_BY)
+}
+
+/// The words `State::apply_schedule` puts in a preempted job's reason.
+pub const PREEMPTED_BY: &str = "preempted by job ";
+
+/// `H:MM:SS` (or `D-HH:MM:SS`) for messages about durations.
+pub fn format_duration_s(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    if d > 0 {
+        format!("{d}-{h:02}:{m:02}:{s:02}")
+    } else {
+        format!("{h}:{m:02}:{s:02}")
+    }
+}

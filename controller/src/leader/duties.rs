@@ -1,0 +1,187 @@
+//! The leader's periodic work as a thin shell around the core's pure
+//! `duties::leader_tick`: each tick reads the state (on a blocking thread,
+//! under the read lock), and proposes what the tick decided: the scheduling
+//! plan as one `ApplySchedule`, jobs past their time limit, and nodes silent
+//! for longer than the node-down timeout. Agents learn of started and ended
+//! jobs from their next heartbeat (see `api/agent.rs`).
+//!
+//! A pass takes tens of milliseconds with a long queue (about 1 s for a
+//! million pending jobs), so passes are spaced to keep applies flowing, and
+//! the pass's pending reasons are kept for `List` to show without another pass.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gangway_core::duties::{leader_tick, Heard, LeaderMemory, TaskReport};
+use gangway_core::{Command, JobId, Outcome};
+
+use crate::replica::Replica;
+
+/// The leader ticks when a job is submitted or ends, and at least this often
+/// (time limits, silent nodes, nodes coming back).
+const TICK: Duration = Duration::from_millis(200);
+/// Shortest gap between ticks: under a stream of submissions, one pass covers
+/// everything that arrived meanwhile instead of one pass per submission.
+const TICK_MIN_INTERVAL: Duration = Duration::from_millis(5);
+/// Idle time between ticks, as a multiple of the last tick's duration: the
+/// scheduler holds the state's read lock at most a third of the time, so
+/// applies (which need the write lock) keep flowing under a huge queue.
+const PASS_SPACING_FACTOR: u32 = 2;
+
+/// The leader's memory of node heartbeats, in monotonic milliseconds since the
+/// replica started (never the wall clock: a clock step must not make every
+/// node look silent). Only transitions to Down are committed.
+pub struct Heartbeats {
+    epoch: Instant,
+    last: Mutex<BTreeMap<String, Heartbeat>>,
+    /// Nodes remembered at most (the core's NODES_MAX).
+    max: usize,
+}
+
+#[derive(Default)]
+struct Heartbeat {
+    /// When the node was last heard from (a heartbeat or a registration).
+    at: u64,
+    /// Its latest task report (the highest `seen_index`; see
+    /// `gangway_core::duties::Heard::runs`).
+    report: Option<Report>,
+}
+
+struct Report {
+    seen_index: u64,
+    at: u64,
+    jobs: BTreeSet<JobId>,
+}
+
+impl Heartbeats {
+    pub fn new(max: usize) -> Heartbeats {
+        Heartbeats { epoch: Instant::now(), last: Mutex::new(BTreeMap::new()), max }
+    }
+
+    /// Monotonic milliseconds since the replica started.
+    pub fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The node was heard from; `running` is its heartbeat's `seen_index`
+    /// and the jobs of the tasks it reported (None for a registration, which
+    /// reports none). A report older than one kept (a late heartbeat) is
+    /// ignored.
+    pub fn record(&self, node: &str, running: Option<(u64, BTreeSet<JobId>)>) {
+        let now = self.now_ms();
+        let mut last = self.last.lock().expect("heartbeats lock");
+        if last.len() >= self.max && !last.contains_key(node) {
+            return;
+        }
+        let hb = last.entry(node.to_string()).or_default();
+        hb.at = now;
+        if let Some((seen_index, jobs)) = running {
+            if hb.report.as_ref().is_none_or(|r| seen_index >= r.seen_index) {
+                hb.report = Some(Report { seen_index, at: now, jobs });
+            }
+        }
+    }
+
+    pub fn last_ms(&self, node: &str) -> Option<u64> {
+        self.last.lock().expect("heartbeats lock").get(node).map(|h| h.at)
+    }
+
+    /// See `gangway_core::duties::Heard::runs`.
+    pub fn runs(&self, node: &str, job: JobId) -> Option<TaskReport> {
+        let last = self.last.lock().expect("heartbeats lock");
+        let r = last.get(node)?.report.as_ref()?;
+        Some(TaskReport { seen_index: r.seen_index, at: r.at, listed: r.jobs.contains(&job) })
+    }
+
+    pub fn age_ms(&self, node: &str) -> Option<u64> {
+        self.last_ms(node).map(|t| self.now_ms().saturating_sub(t))
+    }
+}
+
+pub async fn run(replica: Arc<Replica>) {
+    let leader_since = replica.heartbeats.now_ms();
+    let mut events = replica.node.state().subscribe();
+    let mut last_pass = Duration::ZERO;
+    let memory = Arc::new(Mutex::new(LeaderMemory::default()));
+    loop {
+        tokio::time::sleep(TICK_MIN_INTERVAL.max(last_pass * PASS_SPACING_FACTOR)).await;
+        // Wait for a change (or the tick); a lagged receiver just means "tick now".
+        tokio::select! {
+            _ = tokio::time::sleep(TICK) => {}
+            _ = events.recv() => {}
+        }
+        while events.try_recv().is_ok() {}
+        let now = crate::now_ms();
+        let r = replica.clone();
+        let memory = memory.clone();
+        let started = Instant::now();
+        let tick = tokio::task::spawn_blocking(move || {
+            let last = |node: &str| r.heartbeats.last_ms(node);
+            let runs = |node: &str, job: JobId| r.heartbeats.runs(node, job);
+            let (index, state) = r.node.state().read_with_index();
+            let heard = Heard {
+                index,
+                now: r.heartbeats.now_ms(),
+                leader_since,
+                down_timeout_ms: r.timing.node_down_timeout_ms,
+                last: &last,
+                runs: &runs,
+            };
+            let mut memory = memory.lock().expect("leader memory lock");
+            leader_tick(&state, now, Some(&heard), &mut memory, gangway_core::sched::Policy::Easy)
+        })
+        .await;
+        last_pass = started.elapsed();
+        metrics::histogram!("gangway_schedule_pass_seconds").record(last_pass.as_secs_f64());
+        let Ok(mut tick) = tick else {
+            tracing::error!("a leader tick panicked");
+            continue;
+        };
+        replica.set_pending_reasons(std::mem::take(&mut tick.reasons));
+        for cmd in tick.commands {
+            if !propose(&replica, cmd, now).await {
+                break;
+            }
+        }
+    }
+}
+
+/// Proposes one of the tick's commands; false when it could not be committed
+/// (the rest wait for the next tick).
+async fn propose(replica: &Replica, cmd: Command, now: u64) -> bool {
+    match &cmd {
+        Command::SetNodeState { name, reason, .. } => tracing::warn!(node = %name, %reason, "marking node down"),
+        Command::ApplySchedule { placements, .. } if !placements.is_empty() => {
+            tracing::debug!(planned = placements.len(), "committing a plan")
+        }
+        _ => {}
+    }
+    let what = cmd.name();
+    let applied = match replica.proposer.propose(cmd).await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(command = what, error = %e, "could not commit the leader's decision");
+            return false;
+        }
+    };
+    match applied.outcome {
+        Outcome::ScheduleApplied { started, rejected, preempted } => {
+            metrics::counter!("gangway_jobs_started_total").increment(started.len() as u64);
+            let state = replica.node.state().read();
+            for id in &started {
+                if let Some(j) = state.jobs.get(id) {
+                    let wait_ms = now.saturating_sub(j.submit_time_ms);
+                    metrics::histogram!("gangway_job_queue_wait_seconds").record(wait_ms as f64 / 1000.0);
+                }
+            }
+            metrics::counter!("gangway_jobs_preempted_total").increment(preempted.len() as u64);
+            if !rejected.is_empty() {
+                tracing::debug!(rejected = rejected.len(), "part of a plan was stale");
+            }
+        }
+        Outcome::NodeStateSet { .. } => metrics::counter!("gangway_nodes_marked_down_total").increment(1),
+        _ => {}
+    }
+    true
+}
