@@ -6,7 +6,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/gangway/target
 CARGO ?= cargo
 BIN := $(CARGO_TARGET_DIR)/debug/gangway
 
-.PHONY: setup build dev test verify fix bench chaos chaos-long previous fuzz fuzz-smoke
+.PHONY: setup build dev test verify fix bench chaos chaos-long previous fuzz fuzz-smoke sim
 
 setup:
 	@bash deploy/setup-debian.sh
@@ -65,6 +65,14 @@ test: setup previous fuzz-smoke
 	else \
 		$(CARGO) test --workspace --no-fail-fast; \
 	fi
+
+# The deterministic whole-cluster simulation over many seeds (CI runs 200 in
+# `make test`); a failing seed prints how to replay it with its trace.
+SEEDS ?= 10000
+SEED_FIRST ?= 1
+sim:
+	$(CARGO) run --quiet -p gangway-sim -- --seeds $(SEEDS) --first $(SEED_FIRST)
+	$(CARGO) run --quiet -p gangway-sim -- --seeds $$(( $(SEEDS) / 10 )) --first $(SEED_FIRST) --shim
 
 # Read-only checks: formatting, lints, tests.
 verify: setup

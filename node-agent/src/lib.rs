@@ -234,19 +234,27 @@ impl Shell {
     }
 
     /// Writes the lease when contact moved it; before any launch, so a new
-    /// task's shim never reads a lease that ran out before it started.
-    fn renew_lease(&mut self) {
+    /// task's shim never reads a lease that ran out before it started. An
+    /// error means launches must not happen (their shims would stop them).
+    fn renew_lease(&mut self) -> Result<(), String> {
         let lease = self.core.lease();
         if self.lease == Some(lease) {
-            return;
+            return Ok(());
         }
         let path = self.tasks.lease_path();
-        if let Some(dir) = path.parent() {
-            let _ = std::fs::create_dir_all(dir).and_then(|()| supervisor::reachable_not_listable(dir));
-        }
-        match lease::write(&path, lease::Lease { stop_at_ms: lease.0, kill_at_ms: lease.1 }) {
-            Ok(()) => self.lease = Some(lease),
-            Err(e) => tracing::error!(error = %e, path = %path.display(), "cannot renew the agent's lease"),
+        let written = path
+            .parent()
+            .map_or(Ok(()), |dir| std::fs::create_dir_all(dir).and_then(|()| supervisor::reachable_not_listable(dir)))
+            .and_then(|()| lease::write(&path, lease::Lease { stop_at_ms: lease.0, kill_at_ms: lease.1 }));
+        match written {
+            Ok(()) => {
+                self.lease = Some(lease);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, path = %path.display(), "cannot renew the agent's lease: launching nothing");
+                Err(format!("cannot renew the agent's lease {}: {e}", path.display()))
+            }
         }
     }
 
@@ -280,7 +288,8 @@ impl Shell {
     /// Carries out the core's actions, in order; `orders` holds the launch
     /// orders the actions name.
     fn perform(&mut self, actions: Vec<Action>, orders: &[gangway_proto::v1::LaunchOrder]) {
-        let mut unrecorded: Option<String> = None;
+        // The node's fault, not the job's: such launches are reported lost.
+        let mut unrecorded: Option<String> = self.renew_lease().err();
         for action in actions {
             match action {
                 Action::PersistFences => {
@@ -291,13 +300,13 @@ impl Shell {
                 }
                 Action::Launch(key) => {
                     let outcome = match (&unrecorded, orders.iter().find(|o| (o.job_id, o.attempt) == key)) {
-                        (Some(why), _) => Err(why.clone()),
-                        (None, None) => Err("no launch order for the task".to_string()),
-                        (None, Some(order)) => self.tasks.launch(order),
+                        (Some(why), _) => Err((why.clone(), true)),
+                        (None, None) => Err(("no launch order for the task".to_string(), false)),
+                        (None, Some(order)) => self.tasks.launch(order).map_err(|why| (why, false)),
                     };
-                    if let Err(reason) = outcome {
+                    if let Err((reason, lost)) = outcome {
                         tracing::warn!(job = key.0, attempt = key.1, %reason, "launch failed");
-                        self.core.launch_failed(key, reason);
+                        self.core.launch_failed(key, reason, lost);
                     }
                 }
                 Action::Stop { task, grace_ms } => self.tasks.stop(task, Duration::from_millis(grace_ms)),
@@ -481,20 +490,22 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 let ms = resp.heartbeat_interval_ms.clamp(HEARTBEAT_INTERVAL_MIN_MS, HEARTBEAT_INTERVAL_MAX_MS);
                 interval = Duration::from_millis(ms);
                 shell.core.registered_at(sent, resp.node_down_timeout_ms);
-                shell.renew_lease();
+                let _ = shell.renew_lease();
                 tracing::info!(node = %config.name, "registered");
                 return Ok(());
             }
             // Report ended tasks first, so the leader does not relaunch them.
-            while let Some(exit) = shell.core.next_report() {
-                let report = shell.report(exit);
+            while let Some(exit) = shell.core.take_report() {
+                let report = shell.report(&exit);
                 let call = client.call(|ch| {
                     let mut r = client.request(report.clone());
                     r.set_timeout(per_try);
                     async move { gangway_proto::limits::agent_client(ch).report_task_exit(r).await }
                 });
-                shell.await_fenced(call).await?;
-                shell.core.report_delivered();
+                if let Err(e) = shell.await_fenced(call).await {
+                    shell.core.report_failed(exit);
+                    return Err(e);
+                }
             }
             shell.drain();
             let running: Vec<TaskRef> =
@@ -521,7 +532,6 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             } else if resp.term < max_term {
                 tracing::warn!(term = resp.term, max = max_term, "ignoring orders from a stale leader");
             }
-            shell.renew_lease();
             shell.perform(actions, &resp.launch);
             Ok(())
         }

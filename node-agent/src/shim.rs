@@ -185,11 +185,17 @@ fn wait_under_lease(
     let Some(lease) = lease else { return child.wait() };
     let group = nix::unistd::getpgrp();
     let mut stopped = false;
+    // The last lease read: a file that cannot be read (being replaced, or
+    // gone) does not lift deadlines already known.
+    let mut known: Option<crate::lease::Lease> = None;
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(status);
         }
-        if let (Some(l), Some(now)) = (crate::lease::read(lease), crate::lease::now_ms()) {
+        if let Some(l) = crate::lease::read(lease) {
+            known = Some(l);
+        }
+        if let (Some(l), Some(now)) = (known, crate::lease::now_ms()) {
             if now >= l.kill_at_ms {
                 eprintln!("task-shim: the agent's lease ran out: killing the task");
                 let _ = write_atomic(exit_file, "signal 9\n");

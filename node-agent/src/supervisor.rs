@@ -84,6 +84,16 @@ fn step_host_line(h: &crate::steps::StepHost) -> String {
     format!("step-host {uid} {gid} {gpus} {}", h.workdir)
 }
 
+/// A task record as read back: the task, its shim's pid, its step host (a
+/// batch job's), and its GPUs (records from before they were written: None).
+type TaskRecord = (Key, i32, Option<crate::steps::StepHost>, Option<Vec<u32>>);
+
+/// A task record's `gpus 0,1` line (empty after `gpus `: none).
+fn parse_gpus_line(line: &str) -> Option<Vec<u32>> {
+    let list = line.strip_prefix("gpus ").or_else(|| (line == "gpus").then_some(""))?;
+    list.split(',').filter(|g| !g.is_empty()).map(|g| g.parse().ok()).collect()
+}
+
 fn parse_step_host(line: &str, pid: i32) -> Option<crate::steps::StepHost> {
     let rest = line.strip_prefix("step-host ")?;
     let mut f = rest.splitn(4, ' ');
@@ -483,7 +493,7 @@ impl Supervisor {
     /// vanished without one are reported lost (and requeued).
     pub fn adopt_all(&mut self) {
         let Ok(entries) = std::fs::read_dir(&self.records_dir) else { return };
-        let mut records: Vec<(Key, i32, Option<crate::steps::StepHost>)> = Vec::new();
+        let mut records: Vec<TaskRecord> = Vec::new();
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let Some((j, a)) = name.split_once('-') else { continue };
@@ -491,16 +501,19 @@ impl Supervisor {
             let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
             let mut lines = text.lines();
             if let Some(Ok(pid)) = lines.next().map(|l| l.trim().parse::<i32>()) {
-                records.push(((j, a), pid, lines.next().and_then(|l| parse_step_host(l, pid))));
+                let rest: Vec<&str> = lines.collect();
+                let host = rest.iter().find_map(|l| parse_step_host(l, pid));
+                let gpus = rest.iter().find_map(|l| parse_gpus_line(l));
+                records.push(((j, a), pid, host, gpus));
             }
         }
-        for (key, pid, step_host) in records {
+        for (key, pid, step_host, record_gpus) in records {
             let is_shim = std::fs::read(format!("/proc/{pid}/cmdline"))
                 .map(|c| String::from_utf8_lossy(&c).contains("task-shim"))
                 .unwrap_or(false);
             if is_shim {
                 tracing::info!(job = key.0, attempt = key.1, pid, "re-adopted a running task");
-                let gpus = step_host.as_ref().map(|h| h.gpus.clone()).unwrap_or_default();
+                let gpus = record_gpus.or_else(|| step_host.as_ref().map(|h| h.gpus.clone())).unwrap_or_default();
                 let steps = step_host.as_ref().map(|h| h.groups.clone()).unwrap_or_default();
                 let orphans = orphaned_steps(&self.record_path(key), key);
                 if !orphans.is_empty() {
@@ -845,6 +858,9 @@ impl Supervisor {
         if self.shim.is_some() {
             // The record lets a restarted agent find and re-adopt this task.
             let mut record = pid.to_string();
+            // The GPUs, so a restarted agent knows what the task still holds.
+            let gpus: Vec<String> = order.gpus.iter().map(u32::to_string).collect();
+            record.push_str(&format!("\ngpus {}", gpus.join(",")));
             if let Some(host) = self.step_hosts.lock().expect("step hosts lock").get(&key) {
                 record.push('\n');
                 record.push_str(&step_host_line(host));
@@ -946,6 +962,14 @@ impl Supervisor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn task_records_keep_their_gpus() {
+        assert_eq!(parse_gpus_line("gpus 0,3"), Some(vec![0, 3]));
+        assert_eq!(parse_gpus_line("gpus "), Some(vec![]));
+        assert_eq!(parse_gpus_line("gpus x"), None);
+        assert_eq!(parse_gpus_line("step-host - - 1 /tmp"), None);
+    }
 
     fn order(gpus: Vec<u32>, workdir: &str, output: &str) -> LaunchOrder {
         LaunchOrder {

@@ -35,7 +35,9 @@ use std::fmt::Write as _;
 
 use gangway_core::agent::{Action, AgentCore, Answer, Exit, Fences};
 use gangway_core::command::Command;
-use gangway_core::duties::{leader_tick, node_orders, Heard, LeaderMemory, TaskKey, TaskReport};
+use gangway_core::duties::{
+    leader_tick, may_answer, node_orders, silence_ms, Heard, LeaderMemory, TaskKey, TaskReport,
+};
 use gangway_core::model::{JobId, JobState, NodeState};
 use gangway_core::spec::{GpuSpec, JobSpec, NodeSpec};
 use gangway_core::state::{Outcome, State};
@@ -52,6 +54,9 @@ pub enum Bug {
     NoCompletingWait,
     /// Task shims ignore the agent's lease: a task outlives a crashed agent.
     NoShimLease,
+    /// The leader answers heartbeats from nodes silent past the timeout
+    /// (which it may already be declaring down) with orders.
+    AnswerSilentNodes,
 }
 
 impl Bug {
@@ -61,6 +66,7 @@ impl Bug {
             "forget-fences" => Bug::ForgetFences,
             "no-completing-wait" => Bug::NoCompletingWait,
             "no-shim-lease" => Bug::NoShimLease,
+            "answer-silent-nodes" => Bug::AnswerSilentNodes,
             _ => return None,
         })
     }
@@ -271,6 +277,8 @@ struct Agent {
     /// Exits of tasks that ended while the agent was down (their shims wrote
     /// them down; the next agent reports them).
     orphan_exits: Vec<Exit>,
+    /// The exit report being sent (out of the core's queue meanwhile).
+    in_flight: Option<Exit>,
     /// The lease file: (stop at, kill by), written at each contact.
     lease: (u64, u64),
     /// When the node was last crashed or cut off (the end of that fault).
@@ -339,6 +347,7 @@ impl World {
                 healthy: vec![true; cfg.gpus_per_node as usize],
                 cut_until: 0,
                 orphan_exits: Vec::new(),
+                in_flight: None,
                 lease: (u64::MAX, u64::MAX),
                 fault_end_ms: 0,
                 crashed: false,
@@ -553,6 +562,10 @@ impl World {
             Ev::CallTimeout { node, call } => {
                 if self.agents[node].waiting.is_some_and(|w| w.0 == call) {
                     self.agents[node].waiting = None;
+                    let a = &mut self.agents[node];
+                    if let (Some(exit), Some(core)) = (a.in_flight.take(), a.core.as_mut()) {
+                        core.report_failed(exit);
+                    }
                     let life = self.agents[node].life;
                     self.at(RETRY_PAUSE_MS, Ev::AgentRound { node, life });
                 }
@@ -595,6 +608,7 @@ impl World {
                     let a = &mut self.agents[node];
                     a.crashed = true;
                     a.core = None;
+                    a.in_flight = None;
                     a.life += 1;
                     a.waiting = None;
                     if !self.cfg.shim {
@@ -779,7 +793,9 @@ impl World {
                 self.propose(cmd, ReplyTo::Agent { node, call, resp: Resp::Registered });
             }
             Req::Heartbeat { running, healthy, seen_index } => {
-                let Some(n) = self.state.nodes.get(&name).filter(|n| n.state != NodeState::Down) else {
+                let silence = silence_ms(self.now, self.leader.since, self.leader.heard.get(&name).copied());
+                let answerable = may_answer(silence, DOWN_TIMEOUT_MS) || self.cfg.bug == Some(Bug::AnswerSilentNodes);
+                let Some(n) = self.state.nodes.get(&name).filter(|n| n.state != NodeState::Down && answerable) else {
                     let resp = Resp::Answer(Answer { known: false, term: self.leader.term, ..Answer::default() });
                     self.send(node, Ev::ToAgent { node, call, resp });
                     return;
@@ -846,15 +862,16 @@ impl World {
     // ------------------------------------------------------------ the agents
 
     fn agent_round(&mut self, node: usize) {
-        let a = &self.agents[node];
+        let a = &mut self.agents[node];
         if a.crashed || a.waiting.is_some() {
             return;
         }
-        let Some(core) = &a.core else { return };
+        let Some(core) = &mut a.core else { return };
         let req = if !core.registered() {
             Req::Register
-        } else if let Some(exit) = core.next_report() {
-            Req::Exit(exit.clone())
+        } else if let Some(exit) = core.take_report() {
+            a.in_flight = Some(exit.clone());
+            Req::Exit(exit)
         } else {
             let healthy = a.healthy.clone();
             Req::Heartbeat { running: core.running().into_iter().collect(), healthy, seen_index: core.seen_index() }
@@ -881,18 +898,21 @@ impl World {
         self.agents[node].waiting = None;
         let life = self.agents[node].life;
         self.trace(|| format!("{node} answered {call}: {resp:?}"));
+        let unsent = self.agents[node].in_flight.take();
         let Some(core) = self.agents[node].core.as_mut() else { return };
         let next = match resp {
-            Resp::Unavailable => RETRY_PAUSE_MS,
+            Resp::Unavailable => {
+                if let Some(exit) = unsent {
+                    core.report_failed(exit);
+                }
+                RETRY_PAUSE_MS
+            }
             Resp::Registered => {
                 core.registered_at(sent, DOWN_TIMEOUT_MS);
                 self.agents[node].lease = core.lease();
                 0
             }
-            Resp::ExitAck => {
-                core.report_delivered();
-                0
-            }
+            Resp::ExitAck => 0,
             Resp::Answer(answer) => {
                 let actions = core.answered(sent, &answer);
                 let again = !core.registered() || core.reports_pending() > 0;
@@ -1131,7 +1151,10 @@ mod tests {
         // Requeued jobs started while their previous attempt was still
         // stopping (before `duties::stopping_jobs`), and tasks outlived a
         // crashed agent (before the shim's lease): the seeds that showed it.
-        for (bug, shim, seeds) in [(Bug::NoCompletingWait, false, [2, 3, 4]), (Bug::NoShimLease, true, [15, 29, 30])] {
+        // (Orders to a node being declared down, found once in 10,000 seeds
+        // before `duties::may_answer`, are too rare to pin to a seed as the
+        // simulation changes: scenario 23 checks that rule.)
+        for (bug, shim, seeds) in [(Bug::NoCompletingWait, false, [2, 3, 4]), (Bug::NoShimLease, true, [29, 30, 50])] {
             for seed in seeds {
                 assert!(!run_seed(seed, &broken(bug, shim), false).violations.is_empty(), "{bug:?} seed {seed}");
                 let fixed = Config { shim, ..Config::default() };

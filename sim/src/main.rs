@@ -14,7 +14,7 @@ use gangway_sim::{run_seed, Bug, Config};
 fn usage() -> ExitCode {
     eprintln!(
         "usage: gangway-sim [--seed N | --seeds COUNT [--first N]] [--trace] [--shim] [--nodes N] [--jobs N] \
-         [--bug no-self-fence|forget-fences|no-completing-wait|no-shim-lease]"
+         [--bug no-self-fence|forget-fences|no-completing-wait|no-shim-lease|answer-silent-nodes]"
     );
     ExitCode::from(2)
 }

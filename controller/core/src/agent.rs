@@ -203,14 +203,19 @@ impl AgentCore {
         self.registered = true;
     }
 
-    /// The oldest exit waiting to be reported.
-    pub fn next_report(&self) -> Option<&Exit> {
-        self.pending.front()
+    /// Takes the oldest exit waiting to be reported, to send it; give it
+    /// back with [`AgentCore::report_failed`] if the call fails. (Out of the
+    /// queue while in flight, so exits arriving meanwhile never push it out.)
+    pub fn take_report(&mut self) -> Option<Exit> {
+        self.pending.pop_front()
     }
 
-    /// The oldest exit was delivered.
-    pub fn report_delivered(&mut self) {
-        self.pending.pop_front();
+    /// A report could not be delivered: it goes first again.
+    pub fn report_failed(&mut self, exit: Exit) {
+        if self.pending.len() >= PENDING_EXITS_MAX {
+            self.pending.pop_back();
+        }
+        self.pending.push_front(exit);
     }
 
     pub fn reports_pending(&self) -> usize {
@@ -237,10 +242,12 @@ impl AgentCore {
         self.queue_report(exit);
     }
 
-    /// A launch the core decided could not be carried out.
-    pub fn launch_failed(&mut self, task: TaskKey, reason: String) {
+    /// A launch the core decided could not be carried out. `lost`: the node,
+    /// not the job, is at fault (its fences or lease could not be written),
+    /// so the job is requeued rather than failed.
+    pub fn launch_failed(&mut self, task: TaskKey, reason: String, lost: bool) {
         self.tasks.remove(&task);
-        self.queue_report(Exit { task, exit_code: None, signal: None, reason, lost: false, peak_mem_mb: None });
+        self.queue_report(Exit { task, exit_code: None, signal: None, reason, lost, peak_mem_mb: None });
     }
 
     /// A leader's answer to the heartbeat sent at `sent_ms`.
@@ -251,8 +258,12 @@ impl AgentCore {
             self.registered = false;
             return actions;
         }
-        // An answer from a leader older than one already obeyed is stale.
-        if answer.term < self.fences.max_term {
+        // An answer from a leader older than one already obeyed is stale, and
+        // so is one computed from a state older than orders already acted on
+        // (a new leader still applying the log): it could restart an attempt
+        // that state has not yet seen requeued. (0: a leader from before the
+        // index was sent.)
+        if answer.term < self.fences.max_term || (answer.index != 0 && answer.index < self.seen_index) {
             return actions;
         }
         let mut persist = answer.term > self.fences.max_term;
@@ -372,14 +383,23 @@ mod tests {
         });
         let acts = a.answered(200, &answer(3, &[(7, 1)], &[((7, 1), &[0])]));
         assert!(acts.is_empty(), "{acts:?}");
-        a.report_delivered();
-        assert!(a.next_report().is_some_and(|e| e.lost && e.task == (7, 1)));
+        let first = a.take_report().unwrap();
+        assert!(!first.lost, "the task's own exit");
+        assert!(a.take_report().is_some_and(|e| e.lost && e.task == (7, 1)));
         // A restart keeps the fence.
         let mut b = AgentCore::new(a.fences().clone(), 5_000, 300);
         assert!(b.answered(400, &answer(3, &[(7, 1)], &[((7, 1), &[0])])).is_empty());
-        // An older term changes nothing, not even contact.
+        // An older term changes nothing, not even contact; nor does an answer
+        // from a state older than one already acted on.
         assert!(b.answered(500, &answer(2, &[], &[((8, 1), &[1])])).is_empty());
         assert_eq!(b.last_contact_ms(), 400);
+        let mut newer = answer(3, &[(8, 1)], &[((8, 1), &[1])]);
+        newer.index = 50;
+        assert_eq!(b.answered(600, &newer).len(), 2);
+        let mut older = answer(3, &[(9, 1)], &[((9, 1), &[2])]);
+        older.index = 49;
+        assert!(b.answered(700, &older).is_empty());
+        assert_eq!((b.seen_index(), b.last_contact_ms()), (50, 600));
     }
 
     #[test]
@@ -399,7 +419,7 @@ mod tests {
             lost: false,
             peak_mem_mb: None,
         });
-        assert!(a.next_report().is_some_and(|e| e.lost));
+        assert!(a.take_report().is_some_and(|e| e.lost));
     }
 
     #[test]

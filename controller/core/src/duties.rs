@@ -61,12 +61,25 @@ pub struct TaskReport {
 }
 
 /// What the leader remembers between ticks (in memory; a new leader starts
-/// with none): when it first saw each requeued job waiting for its previous
-/// attempt's tasks to end.
+/// with none): for each requeued job, when it first saw it requeued and
+/// whether its previous attempt has since been seen ended everywhere.
 #[derive(Debug, Default)]
 pub struct LeaderMemory {
-    /// Job → (log index, monotonic ms) when first seen stopping.
-    stopping_since: BTreeMap<JobId, (u64, u64)>,
+    requeued: BTreeMap<JobId, Requeued>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Requeued {
+    /// The job's attempt then (a new placement makes it another).
+    attempt: u32,
+    /// The log index and monotonic ms when first seen: both at or after the
+    /// requeue.
+    since_index: u64,
+    since_ms: u64,
+    /// Every node's task of that attempt was seen ended: the job may start,
+    /// and stays free to until it does (a job released once must not go back
+    /// to waiting while it waits for resources).
+    released: bool,
 }
 
 /// One tick's decisions.
@@ -118,34 +131,38 @@ pub fn leader_tick(
 /// the pending jobs and their nodes.
 pub fn stopping_jobs(state: &State, heard: &Heard<'_>, memory: &mut LeaderMemory) -> BTreeSet<JobId> {
     let mut stopping = BTreeSet::new();
-    let mut since_of = BTreeMap::new();
+    let mut kept = BTreeMap::new();
     for id in &state.pending {
         let Some(job) = state.jobs.get(id) else { continue };
         if job.ran_on.is_empty() {
             continue;
         }
-        // The index and time this leader first saw the job requeued: both
-        // are at or after the requeue.
-        let (since_index, since_ms) = memory.stopping_since.get(id).copied().unwrap_or((heard.index, heard.now));
-        let ended_everywhere = job.ran_on.iter().all(|node| {
-            if state.nodes.get(node).is_none_or(|n| n.state == NodeState::Down) {
-                return true;
-            }
-            match (heard.runs)(node, *id) {
-                // An agent from before `seen_index`: a report received after
-                // the leader saw the requeue (its task may have been stopped
-                // by an answer already sent, so this is weaker).
-                Some(r) if r.seen_index == 0 => !r.listed && r.at > since_ms,
-                Some(r) => !r.listed && r.seen_index >= since_index,
-                None => false,
-            }
+        let mut r = memory.requeued.get(id).copied().filter(|r| r.attempt == job.attempt).unwrap_or(Requeued {
+            attempt: job.attempt,
+            since_index: heard.index,
+            since_ms: heard.now,
+            released: false,
         });
-        if !ended_everywhere {
+        r.released = r.released
+            || job.ran_on.iter().all(|node| {
+                if state.nodes.get(node).is_none_or(|n| n.state == NodeState::Down) {
+                    return true;
+                }
+                match (heard.runs)(node, *id) {
+                    // An agent from before `seen_index`: a report received
+                    // after the leader saw the requeue (weaker: a heartbeat
+                    // can arrive late).
+                    Some(t) if t.seen_index == 0 => !t.listed && t.at > r.since_ms,
+                    Some(t) => !t.listed && t.seen_index >= r.since_index,
+                    None => false,
+                }
+            });
+        if !r.released {
             stopping.insert(*id);
-            since_of.insert(*id, (since_index, since_ms));
         }
+        kept.insert(*id, r);
     }
-    memory.stopping_since = since_of;
+    memory.requeued = kept;
     stopping
 }
 
@@ -178,8 +195,7 @@ pub fn silent_nodes(state: &State, heard: &Heard<'_>, now_ms: u64) -> Vec<Comman
         .values()
         .filter(|n| n.state != NodeState::Down)
         .filter_map(|n| {
-            let at = (heard.last)(&n.name).map_or(heard.leader_since, |t| t.max(heard.leader_since));
-            let silent_ms = heard.now.saturating_sub(at);
+            let silent_ms = silence_ms(heard.now, heard.leader_since, (heard.last)(&n.name));
             (silent_ms > heard.down_timeout_ms).then(|| Command::SetNodeState {
                 name: n.name.clone(),
                 change: NodeStateChange::Down,
@@ -189,6 +205,22 @@ pub fn silent_nodes(state: &State, heard: &Heard<'_>, now_ms: u64) -> Vec<Comman
         })
         .take(DOWN_PER_TICK_MAX)
         .collect()
+}
+
+/// How long a node has been silent at `now`, as the leader counts it: from
+/// its last heartbeat, or from when this leader took over if later.
+pub fn silence_ms(now: u64, leader_since: u64, last: Option<u64>) -> u64 {
+    now.saturating_sub(last.map_or(leader_since, |t| t.max(leader_since)))
+}
+
+/// Whether a heartbeat from a node silent for `silence_ms` may be answered
+/// with orders. Past the node-down timeout it may not: the leader may already
+/// have decided the node is Down (the command in flight), and orders now
+/// would renew the agent's self-fence and start tasks that the Down then
+/// requeues elsewhere while they run. The agent is told to register again
+/// instead (`NodeOrders::default()`, not known), which grants no contact.
+pub fn may_answer(silence_ms: u64, down_timeout_ms: u64) -> bool {
+    silence_ms <= down_timeout_ms
 }
 
 /// A task of one job attempt on one node.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use gangway_core::duties::node_orders;
+use gangway_core::duties::{may_answer, node_orders};
 use gangway_core::limits::{check_task_exit, REASON_BYTES_MAX};
 use gangway_core::{Command, NodeState, Outcome, RefusalKind};
 use gangway_proto::limits::{AGENT_MESSAGE_BYTES_MAX, API_REQUEST_BYTES_MAX, LAUNCH_ORDERS_BYTES_MAX};
@@ -178,8 +178,21 @@ impl AgentService for AgentApi {
         self.commit_gpu_health(&msg).await?;
         let term = self.replica.node.status().term;
         let (index, state) = self.replica.node.state().read_with_index();
-        if state.nodes.get(&msg.name).is_none_or(|n| n.state == NodeState::Down) {
+        // A node silent past the timeout may already be on its way Down:
+        // no orders (see `duties::may_answer`).
+        let timeout = self.replica.timing.node_down_timeout_ms;
+        if state.nodes.get(&msg.name).is_none_or(|n| n.state == NodeState::Down)
+            || !may_answer(self.replica.heartbeats.silence_ms(&msg.name), timeout)
+        {
             return Ok(Response::new(HeartbeatResponse { known: false, term, ..Default::default() }));
+        }
+        // The agent has acted on orders from a state this replica has not
+        // applied yet (it just became leader): its report and its orders wait.
+        if msg.seen_index > index {
+            return Err(Status::unavailable(format!(
+                "this leader has applied the log to index {index}, behind the orders the agent acted on ({}); retry",
+                msg.seen_index
+            )));
         }
         let running: BTreeSet<(u64, u32)> = msg.running.iter().map(|t| (t.job_id, t.attempt)).collect();
         self.replica.heartbeats.record(&msg.name, Some((msg.seen_index, running.iter().map(|t| t.0).collect())));

@@ -34,6 +34,8 @@ const PASS_SPACING_FACTOR: u32 = 2;
 /// node look silent). Only transitions to Down are committed.
 pub struct Heartbeats {
     epoch: Instant,
+    /// When this replica last became leader (monotonic ms).
+    leader_since: std::sync::atomic::AtomicU64,
     last: Mutex<BTreeMap<String, Heartbeat>>,
     /// Nodes remembered at most (the core's NODES_MAX).
     max: usize,
@@ -56,7 +58,12 @@ struct Report {
 
 impl Heartbeats {
     pub fn new(max: usize) -> Heartbeats {
-        Heartbeats { epoch: Instant::now(), last: Mutex::new(BTreeMap::new()), max }
+        Heartbeats {
+            epoch: Instant::now(),
+            leader_since: std::sync::atomic::AtomicU64::new(0),
+            last: Mutex::new(BTreeMap::new()),
+            max,
+        }
     }
 
     /// Monotonic milliseconds since the replica started.
@@ -76,10 +83,14 @@ impl Heartbeats {
         }
         let hb = last.entry(node.to_string()).or_default();
         hb.at = now;
-        if let Some((seen_index, jobs)) = running {
-            if hb.report.as_ref().is_none_or(|r| seen_index >= r.seen_index) {
-                hb.report = Some(Report { seen_index, at: now, jobs });
+        match running {
+            Some((seen_index, jobs)) => {
+                if hb.report.as_ref().is_none_or(|r| seen_index >= r.seen_index) {
+                    hb.report = Some(Report { seen_index, at: now, jobs });
+                }
             }
+            // A registration: a new agent, whose `seen_index` starts again.
+            None => hb.report = None,
         }
     }
 
@@ -94,6 +105,12 @@ impl Heartbeats {
         Some(TaskReport { seen_index: r.seen_index, at: r.at, listed: r.jobs.contains(&job) })
     }
 
+    /// How long `node` has been silent, as this leader counts it.
+    pub fn silence_ms(&self, node: &str) -> u64 {
+        let since = self.leader_since.load(std::sync::atomic::Ordering::Acquire);
+        gangway_core::duties::silence_ms(self.now_ms(), since, self.last_ms(node))
+    }
+
     pub fn age_ms(&self, node: &str) -> Option<u64> {
         self.last_ms(node).map(|t| self.now_ms().saturating_sub(t))
     }
@@ -101,6 +118,7 @@ impl Heartbeats {
 
 pub async fn run(replica: Arc<Replica>) {
     let leader_since = replica.heartbeats.now_ms();
+    replica.heartbeats.leader_since.store(leader_since, std::sync::atomic::Ordering::Release);
     let mut events = replica.node.state().subscribe();
     let mut last_pass = Duration::ZERO;
     let memory = Arc::new(Mutex::new(LeaderMemory::default()));

@@ -10,11 +10,19 @@
 //! [[node]]                 # names = "n[1-4]", cpus, mem_mb, gpus = "8xh100", topology, labels
 //! [[step]]                 # one of: submit / schedule / finish / hold / release / requeue / policy /
 //!                          #   drain / resume / gpu_fault / gpu_ok / checkpoint (plus at_s, states)
+//!                          #   or the leader's duties, with the core's own functions:
+//!                          #   heartbeat = "n1" (running = [[job, attempt]], seen_index; expect launch,
+//!                          #   desired, stops = { job = grace_s }, known), tick = true (leader_tick over
+//!                          #   what the heartbeats said; expect started, reasons, down, timed_out),
+//!                          #   new_leader = true (a leader that has heard nothing yet)
 //! ```
 
 use std::collections::BTreeMap;
 
+use std::collections::BTreeSet;
+
 use gangway_core::command::{Command, JobChange, NodeStateChange};
+use gangway_core::duties::{leader_tick, may_answer, node_orders, silence_ms, Heard, LeaderMemory, TaskReport};
 use gangway_core::policy::{pattern_matches, ClusterPolicy};
 use gangway_core::sched::{plan, Options, Order, Policy};
 use gangway_core::spec::{parse_dependencies, GpuSpec, JobSpec, NodeSpec};
@@ -26,7 +34,21 @@ struct Run {
     state: State,
     index: u64,
     now_ms: u64,
+    leader: Leader,
 }
+
+/// The leader's memory, as `controller/src/leader` keeps it.
+#[derive(Default)]
+struct Leader {
+    since_ms: u64,
+    heard: BTreeMap<String, u64>,
+    /// Node → (seen index, received at, jobs listed).
+    reports: BTreeMap<String, (u64, u64, BTreeSet<u64>)>,
+    memory: LeaderMemory,
+}
+
+/// The node-down timeout of the scenarios (the controller's default).
+const DOWN_TIMEOUT_MS: u64 = 30_000;
 
 impl Run {
     fn apply(&mut self, cmd: Command) -> Outcome {
@@ -140,6 +162,17 @@ const STEP_KEYS: &[&str] = &[
     "gpu_ok",
     "checkpoint",
     "states",
+    "heartbeat",
+    "running",
+    "seen_index",
+    "launch",
+    "desired",
+    "stops",
+    "known",
+    "tick",
+    "down",
+    "timed_out",
+    "new_leader",
 ];
 const UPDATE_KEYS: &[&str] = &["job", "priority", "nice", "time_limit_s"];
 
@@ -173,6 +206,7 @@ pub fn run_file(path: &std::path::Path) {
         state: State::default(),
         index: 0,
         now_ms: 0,
+        leader: Leader::default(),
     };
     if let Some(p) = doc.get("policy") {
         let policy: ClusterPolicy = p.clone().try_into().unwrap_or_else(|e| panic!("{}: policy: {e}", run.name));
@@ -407,10 +441,17 @@ pub fn run_file(path: &std::path::Path) {
             let job_id = job.as_integer().unwrap() as u64;
             let attempt = run.state.jobs[&job_id].attempt;
             run.apply(Command::JobCheckpointed { job_id, attempt, now_ms });
+        } else if let Some(node) = step.get("heartbeat") {
+            heartbeat(&mut run, i, step, node.as_str().expect("heartbeat = NODE"));
+        } else if step.get("tick").is_some() {
+            tick(&mut run, i, step);
+        } else if step.get("new_leader").is_some() {
+            run.leader = Leader { since_ms: now_ms, ..Leader::default() };
         } else if step.get("at_s").is_none() {
             run.fail(
                 i,
-                "a step needs submit, schedule, finish, hold, release, requeue, policy, drain, resume, gpu_fault, gpu_ok or checkpoint"
+                "a step needs submit, schedule, finish, hold, release, requeue, policy, drain, resume, gpu_fault, \
+                 gpu_ok, checkpoint, heartbeat, tick or new_leader"
                     .into(),
             );
         }
@@ -421,5 +462,118 @@ pub fn run_file(path: &std::path::Path) {
                 run.fail(i, format!("job {job} is {got}, expected {}", want.as_str().unwrap()));
             }
         }
+    }
+}
+
+fn sorted(mut v: Vec<u64>) -> Vec<u64> {
+    v.sort_unstable();
+    v
+}
+
+/// A heartbeat from `node` reaches the leader: recorded as the controller
+/// records it, answered with `duties::node_orders`.
+fn heartbeat(run: &mut Run, i: usize, step: &Value, node: &str) {
+    let running: BTreeSet<(u64, u32)> = step
+        .get("running")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            let t = t.as_array().expect("running = [[job, attempt]]");
+            (t[0].as_integer().unwrap() as u64, t[1].as_integer().unwrap() as u32)
+        })
+        .collect();
+    let seen = step.get("seen_index").and_then(Value::as_integer).map_or(run.index, |s| s as u64);
+    let silence = silence_ms(run.now_ms, run.leader.since_ms, run.leader.heard.get(node).copied());
+    let orders = if may_answer(silence, DOWN_TIMEOUT_MS) {
+        node_orders(&run.state, node, &running)
+    } else {
+        gangway_core::duties::NodeOrders::default()
+    };
+    if orders.known {
+        let l = &mut run.leader;
+        l.heard.insert(node.to_string(), run.now_ms);
+        if l.reports.get(node).is_none_or(|r| seen >= r.0) {
+            l.reports.insert(node.to_string(), (seen, run.now_ms, running.iter().map(|t| t.0).collect()));
+        }
+    }
+    if let Some(want) = step.get("known").and_then(Value::as_bool) {
+        if orders.known != want {
+            run.fail(i, format!("known = {}, expected {want}", orders.known));
+        }
+    }
+    if let Some(want) = ids(step.get("launch")) {
+        let got = sorted(orders.launch.iter().map(|t| t.0).collect());
+        if got != sorted(want.clone()) {
+            run.fail(i, format!("launch {got:?}, expected {want:?}"));
+        }
+    }
+    if let Some(want) = ids(step.get("desired")) {
+        let got = sorted(orders.desired.iter().map(|t| t.0).collect());
+        if got != sorted(want.clone()) {
+            run.fail(i, format!("desired {got:?}, expected {want:?}"));
+        }
+    }
+    if step.get("stops").is_some() {
+        let want: BTreeMap<u64, u32> =
+            int_map(step.get("stops")).into_iter().map(|(k, v)| (k, v.as_integer().unwrap() as u32)).collect();
+        let got: BTreeMap<u64, u32> = orders.stops.iter().map(|s| (s.task.0, s.grace_s)).collect();
+        if got != want {
+            run.fail(i, format!("stops {got:?}, expected {want:?}"));
+        }
+    }
+}
+
+/// The leader's tick over what it heard: `duties::leader_tick`, whose
+/// commands are applied as the leader proposes them.
+fn tick(run: &mut Run, i: usize, step: &Value) {
+    let l = &mut run.leader;
+    let last = |n: &str| l.heard.get(n).copied();
+    let runs = |n: &str, job: u64| {
+        l.reports.get(n).map(|(seen_index, at, jobs)| TaskReport {
+            seen_index: *seen_index,
+            at: *at,
+            listed: jobs.contains(&job),
+        })
+    };
+    let heard = Heard {
+        now: run.now_ms,
+        leader_since: l.since_ms,
+        down_timeout_ms: DOWN_TIMEOUT_MS,
+        index: run.index,
+        last: &last,
+        runs: &runs,
+    };
+    let t = leader_tick(&run.state, run.now_ms, Some(&heard), &mut l.memory, Policy::Easy);
+    let (mut started, mut down, mut timed_out) = (Vec::new(), Vec::new(), Vec::new());
+    for cmd in &t.commands {
+        match cmd {
+            Command::ApplySchedule { placements, .. } => started.extend(placements.iter().map(|p| p.job_id)),
+            Command::SetNodeState { name, .. } => down.push(name.clone()),
+            Command::JobFinished { job_id, .. } => timed_out.push(*job_id),
+            _ => {}
+        }
+    }
+    for (job, want) in int_map(step.get("reasons")) {
+        let got = t.reasons.iter().find(|(id, _)| *id == job).map(|(_, r)| *r).unwrap_or("(none)");
+        if got != want.as_str().unwrap() {
+            run.fail(i, format!("job {job} reason {got}, expected {}", want.as_str().unwrap()));
+        }
+    }
+    for (key, got) in [("started", sorted(started)), ("timed_out", sorted(timed_out))] {
+        if let Some(want) = ids(step.get(key)) {
+            if got != sorted(want.clone()) {
+                run.fail(i, format!("{key} {got:?}, expected {want:?}; reasons {:?}", t.reasons));
+            }
+        }
+    }
+    if let Some(want) = step.get("down").and_then(Value::as_array) {
+        let want: Vec<&str> = want.iter().map(|v| v.as_str().unwrap()).collect();
+        if down != want {
+            run.fail(i, format!("down {down:?}, expected {want:?}"));
+        }
+    }
+    for cmd in t.commands {
+        run.apply(cmd);
     }
 }
