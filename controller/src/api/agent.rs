@@ -182,7 +182,7 @@ impl AgentService for AgentApi {
         // no orders (see `duties::may_answer`).
         let timeout = self.replica.timing.node_down_timeout_ms;
         if state.nodes.get(&msg.name).is_none_or(|n| n.state == NodeState::Down)
-            || !may_answer(self.replica.heartbeats.silence_ms(&msg.name), timeout)
+            || !may_answer(self.replica.heartbeats.silence_ms(&msg.name, term), timeout)
         {
             return Ok(Response::new(HeartbeatResponse { known: false, term, ..Default::default() }));
         }

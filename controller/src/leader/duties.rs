@@ -34,8 +34,9 @@ const PASS_SPACING_FACTOR: u32 = 2;
 /// node look silent). Only transitions to Down are committed.
 pub struct Heartbeats {
     epoch: Instant,
-    /// When this replica last became leader (monotonic ms).
-    leader_since: std::sync::atomic::AtomicU64,
+    /// The term in which this replica's leader duties last started, and when
+    /// (monotonic ms).
+    leading: Mutex<Option<(u64, u64)>>,
     last: Mutex<BTreeMap<String, Heartbeat>>,
     /// Nodes remembered at most (the core's NODES_MAX).
     max: usize,
@@ -58,12 +59,7 @@ struct Report {
 
 impl Heartbeats {
     pub fn new(max: usize) -> Heartbeats {
-        Heartbeats {
-            epoch: Instant::now(),
-            leader_since: std::sync::atomic::AtomicU64::new(0),
-            last: Mutex::new(BTreeMap::new()),
-            max,
-        }
+        Heartbeats { epoch: Instant::now(), leading: Mutex::new(None), last: Mutex::new(BTreeMap::new()), max }
     }
 
     /// Monotonic milliseconds since the replica started.
@@ -105,10 +101,14 @@ impl Heartbeats {
         Some(TaskReport { seen_index: r.seen_index, at: r.at, listed: r.jobs.contains(&job) })
     }
 
-    /// How long `node` has been silent, as this leader counts it.
-    pub fn silence_ms(&self, node: &str) -> u64 {
-        let since = self.leader_since.load(std::sync::atomic::Ordering::Acquire);
-        gangway_core::duties::silence_ms(self.now_ms(), since, self.last_ms(node))
+    /// How long `node` has been silent, as the leader of `term` counts it.
+    /// 0 until this replica's duties of that term have started: until then no
+    /// tick can be declaring the node down.
+    pub fn silence_ms(&self, node: &str, term: u64) -> u64 {
+        match *self.leading.lock().expect("leading lock") {
+            Some((t, since)) if t == term => gangway_core::duties::silence_ms(self.now_ms(), since, self.last_ms(node)),
+            _ => 0,
+        }
     }
 
     pub fn age_ms(&self, node: &str) -> Option<u64> {
@@ -118,7 +118,7 @@ impl Heartbeats {
 
 pub async fn run(replica: Arc<Replica>) {
     let leader_since = replica.heartbeats.now_ms();
-    replica.heartbeats.leader_since.store(leader_since, std::sync::atomic::Ordering::Release);
+    *replica.heartbeats.leading.lock().expect("leading lock") = Some((replica.node.status().term, leader_since));
     let mut events = replica.node.state().subscribe();
     let mut last_pass = Duration::ZERO;
     let memory = Arc::new(Mutex::new(LeaderMemory::default()));
