@@ -36,8 +36,9 @@ use std::fmt::Write as _;
 use gangway_core::agent::{Action, AgentCore, Answer, Exit, Fences};
 use gangway_core::command::Command;
 use gangway_core::duties::{
-    leader_tick, may_answer, node_orders, silence_ms, Heard, LeaderMemory, TaskKey, TaskReport,
+    leader_tick, may_answer, node_orders, silence_ms, Heard, HeardBook, LeaderMemory, TaskKey, TaskReport,
 };
+use gangway_core::limits::NODES_MAX;
 use gangway_core::model::{JobId, JobState, NodeState};
 use gangway_core::spec::{GpuSpec, JobSpec, NodeSpec};
 use gangway_core::state::{Outcome, State};
@@ -290,23 +291,14 @@ struct Leader {
     up: bool,
     term: u64,
     since: u64,
-    heard: BTreeMap<String, u64>,
-    /// Each node's latest task report: (seen index, received at, jobs listed).
-    reports: BTreeMap<String, (u64, u64, BTreeSet<JobId>)>,
+    heard: HeardBook,
     memory: LeaderMemory,
 }
 
 impl Leader {
     /// A new leader: nothing heard yet, nothing remembered.
     fn new(term: u64, since: u64) -> Leader {
-        Leader {
-            up: true,
-            term,
-            since,
-            heard: BTreeMap::new(),
-            reports: BTreeMap::new(),
-            memory: LeaderMemory::default(),
-        }
+        Leader { up: true, term, since, heard: HeardBook::default(), memory: LeaderMemory::default() }
     }
 }
 
@@ -737,18 +729,14 @@ impl World {
         if !self.leader.up {
             return;
         }
-        let Leader { heard, reports, memory, since, .. } = &mut self.leader;
-        let last = |n: &str| heard.get(n).copied();
+        let Leader { heard, memory, since, .. } = &mut self.leader;
+        let last = |n: &str| heard.last(n);
         let claim_ended = self.cfg.bug == Some(Bug::NoCompletingWait);
         let runs = |n: &str, job: JobId| {
             if claim_ended {
                 return Some(TaskReport { seen_index: u64::MAX, at: u64::MAX, listed: false });
             }
-            reports.get(n).map(|(seen_index, at, jobs)| TaskReport {
-                seen_index: *seen_index,
-                at: *at,
-                listed: jobs.contains(&job),
-            })
+            heard.runs(n, job)
         };
         let heard = Heard {
             now: self.now,
@@ -788,12 +776,12 @@ impl World {
                     topology: Vec::new(),
                     labels: BTreeMap::new(),
                 };
-                self.leader.heard.insert(name, self.now);
+                self.leader.heard.record(&name, self.now, None, NODES_MAX);
                 let cmd = Command::RegisterNode { spec, now_ms: self.now };
                 self.propose(cmd, ReplyTo::Agent { node, call, resp: Resp::Registered });
             }
             Req::Heartbeat { running, healthy, seen_index } => {
-                let silence = silence_ms(self.now, self.leader.since, self.leader.heard.get(&name).copied());
+                let silence = silence_ms(self.now, self.leader.since, self.leader.heard.last(&name));
                 let answerable = may_answer(silence, DOWN_TIMEOUT_MS) || self.cfg.bug == Some(Bug::AnswerSilentNodes);
                 let Some(n) = self.state.nodes.get(&name).filter(|n| n.state != NodeState::Down && answerable) else {
                     let resp = Resp::Answer(Answer { known: false, term: self.leader.term, ..Answer::default() });
@@ -817,11 +805,8 @@ impl World {
                 for cmd in changes {
                     self.propose(cmd, ReplyTo::Nobody);
                 }
-                self.leader.heard.insert(name.clone(), self.now);
                 let jobs = running.iter().map(|t| t.0).collect();
-                if self.leader.reports.get(&name).is_none_or(|r| seen_index >= r.0) {
-                    self.leader.reports.insert(name.clone(), (seen_index, self.now, jobs));
-                }
+                self.leader.heard.record(&name, self.now, Some((seen_index, jobs)), NODES_MAX);
                 let orders = node_orders(&self.state, &name, &running);
                 let launch = orders
                     .launch
@@ -1010,14 +995,7 @@ impl World {
         let p = a.processes.remove(&task).expect("checked");
         let life = a.life;
         let idle = a.waiting.is_none();
-        let exit = Exit {
-            task,
-            exit_code: p.exit_code,
-            signal: p.signal,
-            reason: String::new(),
-            lost: false,
-            peak_mem_mb: None,
-        };
+        let exit = Exit::ended(task, p.exit_code, p.signal);
         let Some(core) = a.core.as_mut() else {
             a.orphan_exits.push(exit);
             return;

@@ -65,6 +65,16 @@ pub struct Exit {
 }
 
 impl Exit {
+    /// A task that ran and ended with `exit_code` or by `signal`.
+    pub fn ended(task: TaskKey, exit_code: Option<i32>, signal: Option<i32>) -> Exit {
+        Exit { task, exit_code, signal, reason: String::new(), lost: false, peak_mem_mb: None }
+    }
+
+    /// A task that never ran here, and why (`lost`: the node's fault).
+    pub fn not_run(task: TaskKey, reason: String, lost: bool) -> Exit {
+        Exit { task, exit_code: None, signal: None, reason, lost, peak_mem_mb: None }
+    }
+
     fn clean(&self) -> bool {
         self.exit_code == Some(0) && self.signal.is_none()
     }
@@ -247,7 +257,7 @@ impl AgentCore {
     /// so the job is requeued rather than failed.
     pub fn launch_failed(&mut self, task: TaskKey, reason: String, lost: bool) {
         self.tasks.remove(&task);
-        self.queue_report(Exit { task, exit_code: None, signal: None, reason, lost, peak_mem_mb: None });
+        self.queue_report(Exit::not_run(task, reason, lost));
     }
 
     /// A leader's answer to the heartbeat sent at `sent_ms`.
@@ -303,14 +313,7 @@ impl AgentCore {
                         "task lost: refused launch of job {job} attempt {attempt}: attempt {seen} was already \
                          launched on this node"
                     );
-                    self.queue_report(Exit {
-                        task: *task,
-                        exit_code: None,
-                        signal: None,
-                        reason,
-                        lost: true,
-                        peak_mem_mb: None,
-                    });
+                    self.queue_report(Exit::not_run(*task, reason, true));
                     continue;
                 }
             }
@@ -373,14 +376,7 @@ mod tests {
         let acts = a.answered(100, &answer(3, &[(7, 1)], &[((7, 1), &[0])]));
         assert_eq!(acts, vec![Action::PersistFences, Action::Launch((7, 1))]);
         // The task ends; the same order again (a lagging leader) is refused as lost.
-        a.task_exited(Exit {
-            task: (7, 1),
-            exit_code: Some(1),
-            signal: None,
-            reason: String::new(),
-            lost: false,
-            peak_mem_mb: None,
-        });
+        a.task_exited(Exit::ended((7, 1), Some(1), None));
         let acts = a.answered(200, &answer(3, &[(7, 1)], &[((7, 1), &[0])]));
         assert!(acts.is_empty(), "{acts:?}");
         let first = a.take_report().unwrap();
@@ -411,14 +407,7 @@ mod tests {
         assert_eq!(a.tick(6_000), vec![Action::Stop { task: (1, 0), grace_ms: 2_500 }]);
         assert!(a.tick(7_000).is_empty(), "stopped once");
         // Its unclean end is reported lost; a clean one would not be.
-        a.task_exited(Exit {
-            task: (1, 0),
-            exit_code: None,
-            signal: Some(15),
-            reason: String::new(),
-            lost: false,
-            peak_mem_mb: None,
-        });
+        a.task_exited(Exit::ended((1, 0), None, Some(15)));
         assert!(a.take_report().is_some_and(|e| e.lost));
     }
 
@@ -429,14 +418,7 @@ mod tests {
         let mut ans = answer(1, &[(2, 0)], &[((2, 0), &[0])]);
         ans.stops = vec![((1, 0), 30)];
         assert_eq!(a.answered(10, &ans), vec![Action::Stop { task: (1, 0), grace_ms: 30_000 }]);
-        a.task_exited(Exit {
-            task: (1, 0),
-            exit_code: None,
-            signal: Some(15),
-            reason: String::new(),
-            lost: false,
-            peak_mem_mb: None,
-        });
+        a.task_exited(Exit::ended((1, 0), None, Some(15)));
         assert_eq!(a.answered(20, &ans), vec![Action::PersistFences, Action::Launch((2, 0))]);
     }
 }

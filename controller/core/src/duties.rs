@@ -48,6 +48,64 @@ pub struct Heard<'a> {
     pub runs: &'a dyn Fn(&str, JobId) -> Option<TaskReport>,
 }
 
+/// The leader's memory of what each node said (the controller keeps one
+/// behind a lock, the simulation and the scenarios one each): when each node
+/// was last heard from, and its latest task report. Times are the leader's
+/// monotonic milliseconds.
+#[derive(Debug, Clone, Default)]
+pub struct HeardBook {
+    nodes: BTreeMap<String, NodeHeard>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct NodeHeard {
+    /// A heartbeat or a registration.
+    at: u64,
+    report: Option<Report>,
+}
+
+#[derive(Debug, Clone)]
+struct Report {
+    seen_index: u64,
+    at: u64,
+    jobs: BTreeSet<JobId>,
+}
+
+impl HeardBook {
+    /// `node` was heard from at `now`; `running` is its heartbeat's
+    /// `seen_index` and the jobs of the tasks it reported (None for a
+    /// registration: a new agent, whose `seen_index` starts again, so its
+    /// report is cleared). A report older than the one kept (a late
+    /// heartbeat) is ignored. Beyond `nodes_max` nodes, new ones are not
+    /// remembered.
+    pub fn record(&mut self, node: &str, now: u64, running: Option<(u64, BTreeSet<JobId>)>, nodes_max: usize) {
+        if self.nodes.len() >= nodes_max && !self.nodes.contains_key(node) {
+            return;
+        }
+        let n = self.nodes.entry(node.to_string()).or_default();
+        n.at = now;
+        match running {
+            Some((seen_index, jobs)) => {
+                if n.report.as_ref().is_none_or(|r| seen_index >= r.seen_index) {
+                    n.report = Some(Report { seen_index, at: now, jobs });
+                }
+            }
+            None => n.report = None,
+        }
+    }
+
+    /// When `node` was last heard from (see [`Heard::last`]).
+    pub fn last(&self, node: &str) -> Option<u64> {
+        self.nodes.get(node).map(|n| n.at)
+    }
+
+    /// What `node`'s latest report said of `job` (see [`Heard::runs`]).
+    pub fn runs(&self, node: &str, job: JobId) -> Option<TaskReport> {
+        let r = self.nodes.get(node)?.report.as_ref()?;
+        Some(TaskReport { seen_index: r.seen_index, at: r.at, listed: r.jobs.contains(&job) })
+    }
+}
+
 /// What one heartbeat said about one job (see [`Heard::runs`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaskReport {

@@ -9,11 +9,11 @@
 //! million pending jobs), so passes are spaced to keep applies flowing, and
 //! the pass's pending reasons are kept for `List` to show without another pass.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gangway_core::duties::{leader_tick, Heard, LeaderMemory, TaskReport};
+use gangway_core::duties::{leader_tick, Heard, HeardBook, LeaderMemory, TaskReport};
 use gangway_core::{Command, JobId, Outcome};
 
 use crate::replica::Replica;
@@ -37,29 +37,14 @@ pub struct Heartbeats {
     /// The term in which this replica's leader duties last started, and when
     /// (monotonic ms).
     leading: Mutex<Option<(u64, u64)>>,
-    last: Mutex<BTreeMap<String, Heartbeat>>,
+    book: Mutex<HeardBook>,
     /// Nodes remembered at most (the core's NODES_MAX).
     max: usize,
 }
 
-#[derive(Default)]
-struct Heartbeat {
-    /// When the node was last heard from (a heartbeat or a registration).
-    at: u64,
-    /// Its latest task report (the highest `seen_index`; see
-    /// `gangway_core::duties::Heard::runs`).
-    report: Option<Report>,
-}
-
-struct Report {
-    seen_index: u64,
-    at: u64,
-    jobs: BTreeSet<JobId>,
-}
-
 impl Heartbeats {
     pub fn new(max: usize) -> Heartbeats {
-        Heartbeats { epoch: Instant::now(), leading: Mutex::new(None), last: Mutex::new(BTreeMap::new()), max }
+        Heartbeats { epoch: Instant::now(), leading: Mutex::new(None), book: Mutex::new(HeardBook::default()), max }
     }
 
     /// Monotonic milliseconds since the replica started.
@@ -67,38 +52,19 @@ impl Heartbeats {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// The node was heard from; `running` is its heartbeat's `seen_index`
-    /// and the jobs of the tasks it reported (None for a registration, which
-    /// reports none). A report older than one kept (a late heartbeat) is
-    /// ignored.
+    /// See `HeardBook::record`.
     pub fn record(&self, node: &str, running: Option<(u64, BTreeSet<JobId>)>) {
         let now = self.now_ms();
-        let mut last = self.last.lock().expect("heartbeats lock");
-        if last.len() >= self.max && !last.contains_key(node) {
-            return;
-        }
-        let hb = last.entry(node.to_string()).or_default();
-        hb.at = now;
-        match running {
-            Some((seen_index, jobs)) => {
-                if hb.report.as_ref().is_none_or(|r| seen_index >= r.seen_index) {
-                    hb.report = Some(Report { seen_index, at: now, jobs });
-                }
-            }
-            // A registration: a new agent, whose `seen_index` starts again.
-            None => hb.report = None,
-        }
+        self.book.lock().expect("heartbeats lock").record(node, now, running, self.max);
     }
 
     pub fn last_ms(&self, node: &str) -> Option<u64> {
-        self.last.lock().expect("heartbeats lock").get(node).map(|h| h.at)
+        self.book.lock().expect("heartbeats lock").last(node)
     }
 
     /// See `gangway_core::duties::Heard::runs`.
     pub fn runs(&self, node: &str, job: JobId) -> Option<TaskReport> {
-        let last = self.last.lock().expect("heartbeats lock");
-        let r = last.get(node)?.report.as_ref()?;
-        Some(TaskReport { seen_index: r.seen_index, at: r.at, listed: r.jobs.contains(&job) })
+        self.book.lock().expect("heartbeats lock").runs(node, job)
     }
 
     /// How long `node` has been silent, as the leader of `term` counts it.

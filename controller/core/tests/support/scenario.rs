@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 
 use gangway_core::command::{Command, JobChange, NodeStateChange};
-use gangway_core::duties::{leader_tick, may_answer, node_orders, silence_ms, Heard, LeaderMemory, TaskReport};
+use gangway_core::duties::{leader_tick, may_answer, node_orders, silence_ms, Heard, HeardBook, LeaderMemory};
 use gangway_core::policy::{pattern_matches, ClusterPolicy};
 use gangway_core::sched::{plan, Options, Order, Policy};
 use gangway_core::spec::{parse_dependencies, GpuSpec, JobSpec, NodeSpec};
@@ -41,9 +41,7 @@ struct Run {
 #[derive(Default)]
 struct Leader {
     since_ms: u64,
-    heard: BTreeMap<String, u64>,
-    /// Node → (seen index, received at, jobs listed).
-    reports: BTreeMap<String, (u64, u64, BTreeSet<u64>)>,
+    heard: HeardBook,
     memory: LeaderMemory,
 }
 
@@ -484,18 +482,15 @@ fn heartbeat(run: &mut Run, i: usize, step: &Value, node: &str) {
         })
         .collect();
     let seen = step.get("seen_index").and_then(Value::as_integer).map_or(run.index, |s| s as u64);
-    let silence = silence_ms(run.now_ms, run.leader.since_ms, run.leader.heard.get(node).copied());
+    let silence = silence_ms(run.now_ms, run.leader.since_ms, run.leader.heard.last(node));
     let orders = if may_answer(silence, DOWN_TIMEOUT_MS) {
         node_orders(&run.state, node, &running)
     } else {
         gangway_core::duties::NodeOrders::default()
     };
     if orders.known {
-        let l = &mut run.leader;
-        l.heard.insert(node.to_string(), run.now_ms);
-        if l.reports.get(node).is_none_or(|r| seen >= r.0) {
-            l.reports.insert(node.to_string(), (seen, run.now_ms, running.iter().map(|t| t.0).collect()));
-        }
+        let jobs = running.iter().map(|t| t.0).collect();
+        run.leader.heard.record(node, run.now_ms, Some((seen, jobs)), gangway_core::limits::NODES_MAX);
     }
     if let Some(want) = step.get("known").and_then(Value::as_bool) {
         if orders.known != want {
@@ -528,14 +523,8 @@ fn heartbeat(run: &mut Run, i: usize, step: &Value, node: &str) {
 /// commands are applied as the leader proposes them.
 fn tick(run: &mut Run, i: usize, step: &Value) {
     let l = &mut run.leader;
-    let last = |n: &str| l.heard.get(n).copied();
-    let runs = |n: &str, job: u64| {
-        l.reports.get(n).map(|(seen_index, at, jobs)| TaskReport {
-            seen_index: *seen_index,
-            at: *at,
-            listed: jobs.contains(&job),
-        })
-    };
+    let last = |n: &str| l.heard.last(n);
+    let runs = |n: &str, job: u64| l.heard.runs(n, job);
     let heard = Heard {
         now: run.now_ms,
         leader_since: l.since_ms,
