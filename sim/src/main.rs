@@ -14,7 +14,7 @@ use gangway_sim::{run_seed, Bug, Config};
 fn usage() -> ExitCode {
     eprintln!(
         "usage: gangway-sim [--seed N | --seeds COUNT [--first N]] [--trace] [--shim] [--nodes N] [--jobs N] \
-         [--bug no-self-fence|forget-fences|no-completing-wait|no-shim-lease|answer-silent-nodes]"
+         [--bug no-self-fence|forget-fences|no-completing-wait|no-shim-lease|answer-silent-nodes|evict-first]"
     );
     ExitCode::from(2)
 }
@@ -84,11 +84,12 @@ fn main() -> ExitCode {
             }
         } else if count == 1 {
             println!(
-                "seed {seed}: ok: {} jobs completed, {} ended otherwise, {} launches, {} nodes marked down, {} \
-                 elections, {} log entries, {} events, {:.0} s simulated",
+                "seed {seed}: ok: {} jobs completed, {} ended otherwise, {} launches, {} preempted, {} nodes marked \
+                 down, {} elections, {} log entries, {} events, {:.0} s simulated",
                 r.jobs_completed,
                 r.jobs_failed,
                 r.launches,
+                r.preempted,
                 r.nodes_marked_down,
                 r.elections,
                 r.entries,

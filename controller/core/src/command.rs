@@ -57,8 +57,10 @@ pub enum Command {
         reason: String,
         now_ms: u64,
     },
-    /// A scheduling plan, re-checked whole gang by whole gang against the state it
-    /// is applied to (plans are optimistic).
+    /// A plan without preemptions, as builds before `ApplySchedule` wrote it.
+    /// No build proposes it any more (the leader writes every plan as an
+    /// `ApplySchedule`); it stays so logs that hold it replay, and applies as
+    /// an `ApplySchedule` with no victims would.
     ApplyPlan {
         placements: Vec<Placement>,
         now_ms: u64,

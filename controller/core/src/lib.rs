@@ -23,6 +23,7 @@ pub mod agent;
 pub mod command;
 pub mod compat;
 pub mod duties;
+pub mod fit;
 pub mod format;
 pub mod limits;
 pub mod model;

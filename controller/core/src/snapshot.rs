@@ -7,7 +7,8 @@
 //!
 //! - format 4: `GWSN` | 4 (u32 LE) | bincode of format 4's state;
 //! - format 5: `GWSN` | 5 (u32 LE) | CRC-32C of the body (u32 LE) | bincode of format 5's state;
-//! - format 6: the same with 6 and today's state.
+//! - format 6: the same with 6 and today's state;
+//! - format 7: the same with 7 (a rule of apply changed, not the state).
 
 use crate::compat::{v4, v5};
 use crate::format::{crc32c, from_bytes, to_bytes, FORMAT_NEWEST, FORMAT_OLDEST};

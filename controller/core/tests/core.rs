@@ -171,6 +171,8 @@ enum Op {
     /// Hold / release / requeue / nice / priority on a job.
     Update(u64, u8),
     Checkpoint(u64),
+    /// The cluster moves to a data format (refused unless newer).
+    Format(u32),
 }
 
 /// Preset policies for property tests: all valid, so updates apply unless a
@@ -218,6 +220,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(q, d, a, h, t)| Op::RichSubmit(q, d, a, h, t)),
         (0u64..30, 0u8..6).prop_map(|(j, k)| Op::Update(j, k)),
         (0u64..30).prop_map(Op::Checkpoint),
+        (5u32..=gangway_core::format::FORMAT_NEWEST).prop_map(Op::Format),
     ]
 }
 
@@ -241,9 +244,11 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
             Command::SubmitJob { spec: job_spec(0, 1, 1), identity: "x".into(), idempotency_key: String::new(), now_ms }
         }
         Op::Cancel(j) => Command::CancelJob { job_id: *j, identity: "dev:alice".into(), now_ms },
-        Op::Plan(j, skew) => {
-            Command::ApplyPlan { placements: first_fit(state, *j, *skew).into_iter().collect(), now_ms }
-        }
+        Op::Plan(j, skew) => Command::ApplySchedule {
+            preemptions: vec![],
+            placements: first_fit(state, *j, *skew).into_iter().collect(),
+            now_ms,
+        },
         Op::Finish(j, ok) => Command::JobFinished {
             job_id: *j,
             attempt: state.jobs.get(j).map(|j| j.attempt).unwrap_or(1),
@@ -344,6 +349,7 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
         Op::GpuHealth(n, g, healthy) => {
             Command::SetGpuHealth { node: format!("n{n}"), gpu: *g, healthy: *healthy, reason: "xid 79".into(), now_ms }
         }
+        Op::Format(format) => Command::SetDataFormat { format: *format, now_ms },
     }
 }
 
@@ -368,8 +374,16 @@ proptest! {
                 b.idempotency_expiry = a.idempotency_expiry.clone();
                 prop_assert_eq!(&b, &a, "a refused {} changed state", cmd.name());
             }
-            if let (Op::Schedule, Outcome::ScheduleApplied { rejected, .. }) = (op, &applied.outcome) {
+            if let (Op::Schedule, Outcome::ScheduleApplied { rejected, preempted, started }) = (op, &applied.outcome) {
                 prop_assert!(rejected.is_empty(), "the scheduler planned gangs apply refused: {rejected:?}");
+                // A victim is evicted only for a placement that started.
+                if let (Command::ApplySchedule { preemptions, .. }, true) =
+                    (&cmd, before.format >= gangway_core::format::PLAN_APPLY_FORMAT)
+                {
+                    for v in preemptions.iter().filter(|v| preempted.contains(&v.job_id)) {
+                        prop_assert!(started.contains(&v.for_job), "job {} evicted for job {}, which did not start", v.job_id, v.for_job);
+                    }
+                }
             }
             // Quotas are never exceeded (policies here are never forced).
             for (name, acct) in &a.policy.accounts {
@@ -437,9 +451,10 @@ fn gang_is_placed_whole_or_not_at_all() {
         4,
         &Command::SetNodeState { name: "n1".into(), change: NodeStateChange::Drain, reason: String::new(), now_ms: 3 },
     );
-    let out = s.apply(5, &Command::ApplyPlan { placements: vec![plan.clone()], now_ms: 4 }).outcome;
+    let out =
+        s.apply(5, &Command::ApplySchedule { preemptions: vec![], placements: vec![plan.clone()], now_ms: 4 }).outcome;
     assert!(
-        matches!(out, Outcome::PlanApplied { ref started, ref rejected } if started.is_empty() && rejected.len() == 1),
+        matches!(out, Outcome::ScheduleApplied { ref started, ref rejected, .. } if started.is_empty() && rejected.len() == 1),
         "{out:?}"
     );
     assert_eq!(s.nodes["n0"].gpus_free(), 4, "no GPU of the refused gang may stay allocated");
@@ -447,8 +462,8 @@ fn gang_is_placed_whole_or_not_at_all() {
         6,
         &Command::SetNodeState { name: "n1".into(), change: NodeStateChange::Resume, reason: String::new(), now_ms: 5 },
     );
-    let out = s.apply(7, &Command::ApplyPlan { placements: vec![plan], now_ms: 6 }).outcome;
-    assert_eq!(out, Outcome::PlanApplied { started: vec![1], rejected: vec![] });
+    let out = s.apply(7, &Command::ApplySchedule { preemptions: vec![], placements: vec![plan], now_ms: 6 }).outcome;
+    assert_eq!(out, Outcome::ScheduleApplied { preempted: vec![], started: vec![1], rejected: vec![] });
     s.check_invariants().unwrap();
     // Node n0 goes down: the gang is requeued whole (Slurm's default) and frees n1 too.
     s.apply(
@@ -467,7 +482,7 @@ fn gang_is_placed_whole_or_not_at_all() {
     );
     let plan = first_fit(&s, 2, 0).unwrap();
     assert_eq!(plan.nodes[0].node, "n1");
-    s.apply(10, &Command::ApplyPlan { placements: vec![plan], now_ms: 9 });
+    s.apply(10, &Command::ApplySchedule { preemptions: vec![], placements: vec![plan], now_ms: 9 });
     s.apply(
         11,
         &Command::SetNodeState { name: "n1".into(), change: NodeStateChange::Down, reason: "lost".into(), now_ms: 10 },
@@ -478,6 +493,129 @@ fn gang_is_placed_whole_or_not_at_all() {
 
 /// Slurm's batch semantics: a batch job ends with its script on the first
 /// node; the other nodes' step hosts do not decide it unless they fail.
+/// A plan whose placement apply refuses evicts nobody (Nomad's plan apply):
+/// the scheduler planned to cancel job 1 to start job 2, job 2 was cancelled
+/// before the plan committed, and job 1 keeps running. Format 6 applied the
+/// old rule (victims first) and cancelled job 1 for nothing; a replica
+/// replaying such a log must still do that.
+#[test]
+fn a_stale_plan_evicts_nobody_for_a_placement_apply_refuses() {
+    use gangway_core::policy::{ClusterPolicy, PreemptMode, Qos};
+    let run = |format: u32| {
+        let mut s = State::default();
+        let mut index = 0;
+        let mut apply = |s: &mut State, cmd: Command| {
+            index += 1;
+            s.apply(index, &cmd)
+        };
+        apply(&mut s, Command::SetDataFormat { format, now_ms: 1 });
+        let mut policy = ClusterPolicy::default();
+        policy.qos.insert("low".into(), Qos { preempt_mode: PreemptMode::Cancel, ..Qos::default() });
+        policy.qos.insert("high".into(), Qos { priority: 10, preempt: vec!["low".into()], ..Qos::default() });
+        let update = Command::UpdatePolicy {
+            policy,
+            expected_version: None,
+            force: true,
+            identity: "server:1".into(),
+            now_ms: 2,
+        };
+        assert!(matches!(apply(&mut s, update).outcome, Outcome::PolicyUpdated { .. }));
+        apply(&mut s, Command::RegisterNode { spec: node_spec(0, 8), now_ms: 3 });
+        let submit = |qos: &str| {
+            let mut spec = job_spec(1, 8, 1);
+            spec.qos = qos.into();
+            Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 4 }
+        };
+        apply(&mut s, submit("low"));
+        let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, 5);
+        let first = gangway_core::sched::plan(&s, &opts);
+        apply(&mut s, Command::ApplySchedule { preemptions: vec![], placements: first.placements, now_ms: 5 });
+        assert_eq!(s.jobs[&1].state, JobState::Running);
+        apply(&mut s, submit("high"));
+        let stale = gangway_core::sched::plan(&s, &opts);
+        assert_eq!(stale.preemptions.len(), 1, "the plan evicts job 1 for job 2: {stale:?}");
+        apply(&mut s, Command::CancelJob { job_id: 2, identity: "alice".into(), now_ms: 6 });
+        let cmd = Command::ApplySchedule { preemptions: stale.preemptions, placements: stale.placements, now_ms: 7 };
+        let applied = apply(&mut s, cmd);
+        s.check_invariants().unwrap();
+        (s, applied.outcome)
+    };
+    let (s, outcome) = run(gangway_core::format::PLAN_APPLY_FORMAT);
+    let Outcome::ScheduleApplied { preempted, started, rejected } = outcome else { panic!("{outcome:?}") };
+    assert!(preempted.is_empty() && started.is_empty(), "{preempted:?} {started:?}");
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert!(rejected[0].1.contains("not pending"), "{rejected:?}");
+    assert_eq!(s.jobs[&1].state, JobState::Running, "job 1 was evicted for nothing");
+
+    let (s, outcome) = run(6);
+    let Outcome::ScheduleApplied { preempted, .. } = outcome else { panic!("{outcome:?}") };
+    assert_eq!(preempted, vec![1], "format 6 keeps its rule: victims first");
+    assert_eq!(s.jobs[&1].state, JobState::Cancelled);
+}
+
+/// A victim and its preemptor share a node: the placement is accepted only
+/// as if the victim's CPUs, memory, GPUs and quota use were free, and both
+/// happen in one apply; the same placement without the victim is refused.
+#[test]
+fn a_preemptor_is_checked_as_if_its_victims_had_stopped() {
+    use gangway_core::policy::{Account, ClusterPolicy, Qos, Quota, User};
+    let mut s = State::default();
+    s.apply(1, &Command::SetDataFormat { format: gangway_core::format::FORMAT_NEWEST, now_ms: 1 });
+    let mut policy = ClusterPolicy::default();
+    policy.qos.insert("low".into(), Qos::default());
+    policy.qos.insert("high".into(), Qos { priority: 10, preempt: vec!["low".into()], ..Qos::default() });
+    policy.users.insert("alice".into(), User { accounts: vec!["ml".into()], ..User::default() });
+    policy.accounts.insert("ml".into(), Account::default());
+    let update = Command::UpdatePolicy {
+        policy: policy.clone(),
+        expected_version: None,
+        force: true,
+        identity: "server:1".into(),
+        now_ms: 2,
+    };
+    assert!(matches!(s.apply(2, &update).outcome, Outcome::PolicyUpdated { .. }));
+    s.apply(3, &Command::RegisterNode { spec: node_spec(0, 8), now_ms: 3 });
+    for (i, qos) in ["low", "high"].into_iter().enumerate() {
+        let mut spec = job_spec(1, 8, 1);
+        (spec.qos, spec.account) = (qos.into(), "ml".into());
+        s.apply(
+            4 + i as u64,
+            &Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 4 },
+        );
+        let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, 6);
+        let p = gangway_core::sched::plan(&s, &opts);
+        let cmd = Command::ApplySchedule { preemptions: p.preemptions, placements: p.placements, now_ms: 6 };
+        let out = s.apply(6 + i as u64, &cmd).outcome;
+        s.check_invariants().unwrap();
+        let want_started = vec![i as u64 + 1];
+        let Outcome::ScheduleApplied { preempted, started, rejected } = out else { panic!("{out:?}") };
+        assert!(rejected.is_empty(), "{rejected:?}");
+        assert_eq!(started, want_started);
+        assert_eq!(preempted, if i == 0 { vec![] } else { vec![1] });
+    }
+    // The account's quota fills up with job 2 running: only its release makes room.
+    policy.accounts.insert(
+        "ml".into(),
+        Account { quota: Quota { max_running_gpus: Some(8), ..Quota::default() }, ..Account::default() },
+    );
+    let update =
+        Command::UpdatePolicy { policy, expected_version: None, force: true, identity: "server:1".into(), now_ms: 8 };
+    assert!(matches!(s.apply(8, &update).outcome, Outcome::PolicyUpdated { .. }));
+    // Without its victim, the same placement is refused: GPUs taken.
+    let mut spec = job_spec(1, 8, 1);
+    (spec.qos, spec.account) = ("high".into(), "ml".into());
+    s.apply(9, &Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 9 });
+    let placement = gangway_core::command::Placement {
+        job_id: 3,
+        attempt: 1,
+        nodes: s.jobs[&2].allocation.as_ref().unwrap().nodes.clone(),
+    };
+    let err = s.check_placement(&placement).unwrap_err();
+    assert!(err.contains("lacks free CPUs") || err.contains("not free") || err.contains("AssocGrpLimit"), "{err}");
+    let freed = std::collections::BTreeSet::from([2]);
+    s.check_placement_freeing(&placement, &freed).unwrap();
+}
+
 #[test]
 fn batch_jobs_end_with_their_first_node() {
     let exit = |s: &mut State, index: u64, job_id: JobId, node: &str, code: Option<i32>, signal: Option<i32>| {
@@ -507,7 +645,7 @@ fn batch_jobs_end_with_their_first_node() {
         let Outcome::Submitted { job_id, .. } = s.apply(index, &cmd).outcome else { panic!("submit refused") };
         let plan = first_fit(s, job_id, 0).unwrap();
         index += 1;
-        s.apply(index, &Command::ApplyPlan { placements: vec![plan], now_ms: index });
+        s.apply(index, &Command::ApplySchedule { preemptions: vec![], placements: vec![plan], now_ms: index });
         assert_eq!(s.jobs[&job_id].state, JobState::Running);
         let nodes: Vec<String> =
             s.jobs[&job_id].allocation.as_ref().unwrap().nodes.iter().map(|n| n.node.clone()).collect();
@@ -745,6 +883,7 @@ fn every_command() -> Vec<Command> {
             identity: "ops".into(),
             now_ms: 16,
         },
+        Command::SetDataFormat { format: 7, now_ms: 17 },
     ]
 }
 
@@ -1115,7 +1254,7 @@ fn base_state() -> State {
         stopping: None,
     };
     let plan = gangway_core::sched::plan(&s, &opts);
-    apply(&mut s, Command::ApplyPlan { placements: plan.placements, now_ms: 3_000 });
+    apply(&mut s, Command::ApplySchedule { preemptions: vec![], placements: plan.placements, now_ms: 3_000 });
     assert!(!s.running.is_empty() && !s.pending.is_empty(), "the base state has running and pending jobs");
     s
 }
@@ -1587,7 +1726,7 @@ fn test_submissions_explain_without_a_copy_as_a_real_submission_would() {
     }
     let plan =
         gangway_core::sched::plan(&busy, &gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, 5_000));
-    busy.apply(300, &Command::ApplyPlan { placements: plan.placements, now_ms: 5_000 });
+    busy.apply(300, &Command::ApplySchedule { preemptions: vec![], placements: plan.placements, now_ms: 5_000 });
     states.push(busy);
     for state in states {
         let running = *state.running.iter().next().expect("a running job");

@@ -44,7 +44,7 @@ pub const PENDING_EXAMINED_PER_PASS_MAX: usize = ACTIVE_JOBS_MAX;
 /// cache most jobs never need one; this bounds a pass over a queue of all
 /// different shapes.
 pub const PLACE_ATTEMPTS_PER_PASS_MAX: usize = 20_000;
-/// Gangs placed per plan: keeps one ApplyPlan entry small.
+/// Gangs placed per plan: keeps one ApplySchedule entry small.
 pub const PLACEMENTS_PER_PLAN_MAX: usize = 512;
 /// Preemptors tried per pass (each tries up to VICTIM_CANDIDATES_MAX trial
 /// placements).
@@ -114,16 +114,6 @@ pub struct Plan {
     pub reservations: Vec<(JobId, u64)>,
     pub examined: usize,
     pub place_attempts: usize,
-}
-
-/// Computes a plan: gangs to start now, each placed whole (first fit, submit order).
-pub fn schedule(state: &State) -> Vec<Placement> {
-    schedule_with(state, Policy::FirstFit, state.clock_ms)
-}
-
-/// Computes a plan under `policy`, in submit order.
-pub fn schedule_with(state: &State, policy: Policy, now_ms: u64) -> Vec<Placement> {
-    plan(state, &Options { policy, order: Order::Submit, now_ms, estimate_s: None, stopping: None }).placements
 }
 
 /// The request shape a placement outcome depends on (besides the job's end).

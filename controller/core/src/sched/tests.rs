@@ -30,6 +30,16 @@ fn submit(s: &mut State, nodes: u32, gpus: u32) {
     s.apply(1, &Command::SubmitJob { spec, identity: "u".into(), idempotency_key: String::new(), now_ms: 1 });
 }
 
+/// The placements of a pass under `policy` in submit order.
+fn schedule_with(s: &State, policy: Policy, now_ms: u64) -> Vec<crate::command::Placement> {
+    plan(s, &Options { order: Order::Submit, ..Options::new(policy, now_ms) }).placements
+}
+
+/// The placements of a first-fit pass in submit order.
+fn first_fit(s: &State) -> Vec<crate::command::Placement> {
+    schedule_with(s, Policy::FirstFit, s.clock_ms)
+}
+
 #[test]
 fn gangs_fit_whole_and_skip_what_does_not_fit() {
     let mut s = State::default();
@@ -38,11 +48,11 @@ fn gangs_fit_whole_and_skip_what_does_not_fit() {
     submit(&mut s, 2, 8); // job 1: both nodes whole
     submit(&mut s, 3, 1); // job 2: 3 nodes, never fits
     submit(&mut s, 1, 2); // job 3: waits for job 1
-    let plan = schedule(&s);
+    let plan = first_fit(&s);
     assert_eq!(plan.iter().map(|p| p.job_id).collect::<Vec<_>>(), vec![1]);
-    let out = s.apply(2, &Command::ApplyPlan { placements: plan, now_ms: 2 }).outcome;
-    assert!(matches!(out, Outcome::PlanApplied { ref started, .. } if started == &vec![1]));
-    assert!(schedule(&s).is_empty(), "nothing else fits while job 1 holds every GPU");
+    let out = s.apply(2, &Command::ApplySchedule { preemptions: vec![], placements: plan, now_ms: 2 }).outcome;
+    assert!(matches!(out, Outcome::ScheduleApplied { ref started, .. } if started == &vec![1]));
+    assert!(first_fit(&s).is_empty(), "nothing else fits while job 1 holds every GPU");
     s.check_invariants().unwrap();
 }
 
@@ -65,7 +75,7 @@ fn easy_backfills_only_what_cannot_delay_the_reserved_job() {
     };
     submit_t(&mut s, 1, 100); // job 1: runs on one node until t=100
     let plan = schedule_with(&s, Policy::Easy, 0);
-    s.apply(2, &Command::ApplyPlan { placements: plan, now_ms: 0 });
+    s.apply(2, &Command::ApplySchedule { preemptions: vec![], placements: plan, now_ms: 0 });
     submit_t(&mut s, 2, 100); // job 2: needs both nodes: reserved at t=100
     submit_t(&mut s, 1, 500); // job 3: would hold the free node past t=100
     submit_t(&mut s, 1, 50); // job 4: ends by t=50, before the reservation
@@ -83,7 +93,7 @@ fn gpus_come_from_one_nvlink_island_when_possible() {
     s.apply(1, &Command::RegisterNode { spec: node("a", 8), now_ms: 1 });
     submit(&mut s, 1, 3);
     submit(&mut s, 1, 4);
-    let plan = schedule(&s);
+    let plan = first_fit(&s);
     assert_eq!(plan[0].nodes[0].gpus, vec![0, 1, 2]);
     assert_eq!(plan[1].nodes[0].gpus, vec![4, 5, 6, 7], "the second job gets the untouched island");
 }

@@ -15,9 +15,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::fit::{gpu_is_type, mismatch};
 use crate::model::{GpuHealth, Job, Node, NodeState};
 use crate::policy::ClusterPolicy;
-use crate::state::node_has_feature;
 
 /// What a node has left, as the plan being built uses it up.
 #[derive(Debug, Clone, Copy, Default)]
@@ -104,7 +104,7 @@ pub(crate) fn members_use(members: &[Member]) -> crate::policy::Use {
 pub(crate) fn type_mask(node: &Node, gpu_type: &str) -> u32 {
     let mut m = 0;
     for g in &node.gpus {
-        if gpu_type.is_empty() || g.model.starts_with(gpu_type) {
+        if gpu_is_type(g, gpu_type) {
             m |= 1 << g.index;
         }
     }
@@ -179,37 +179,9 @@ impl<'a> View<'a> {
     /// Why node `i` could never hold a member of `job`, even when up and idle:
     /// partition, features, hardware.
     pub fn hardware_reject(&self, i: usize, job: &Job) -> Option<&'static str> {
-        let n = self.nodes[i];
-        let s = &job.spec;
-        if !self.policy.partitions.is_empty() {
-            match self.part_index.get(s.partition.as_str()) {
-                Some(&p) if self.part_mask[i] & (1 << p) != 0 => {}
-                _ => return Some("not in the job's partition"),
-            }
-        }
-        if !s.constraints.iter().all(|c| node_has_feature(n, c)) {
-            return Some("lacks a required feature");
-        }
-        if !s.nodelist.is_empty() && !s.nodelist.contains(&n.name) {
-            return Some("not in the job's node list");
-        }
-        if s.exclude.contains(&n.name) {
-            return Some("excluded by the job");
-        }
-        if n.cpus < s.cpus_per_node() {
-            return Some("too few CPUs");
-        }
-        if n.mem_mb < s.mem_per_node_mb {
-            return Some("too little memory");
-        }
-        if s.gpus_per_node > 0 {
-            let healthy: u32 =
-                n.gpus.iter().filter(|g| g.health == GpuHealth::Healthy).fold(0, |m, g| m | (1 << g.index));
-            if (type_mask(n, &s.gpu_type) & healthy).count_ones() < s.gpus_per_node {
-                return Some(if s.gpu_type.is_empty() { "too few GPUs" } else { "too few GPUs of the type" });
-            }
-        }
-        None
+        let in_partition = self.policy.partitions.is_empty()
+            || self.part_index.get(job.spec.partition.as_str()).is_some_and(|&p| self.part_mask[i] & (1 << p) != 0);
+        mismatch(&job.spec, self.nodes[i], in_partition).map(crate::fit::Mismatch::as_str)
     }
 
     /// What one member of `job` takes on node `i` if it fits in `f` now.

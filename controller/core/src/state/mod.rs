@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, NodeStateChange, Placement};
+use crate::format::PLAN_APPLY_FORMAT;
 use crate::limits::*;
 use crate::model::*;
 use crate::policy::{ClusterPolicy, Use};
@@ -288,14 +289,7 @@ impl Default for State {
 
 /// Whether a node offers a feature: `name` matches a label key, `key=value` a
 /// label's value.
-/// Whether `node` has `feature`: a label (`ib`), a label's value (`arch=zen4`),
-/// or any of several alternatives (`a100|h100`, Slurm's OR).
-pub fn node_has_feature(node: &Node, feature: &str) -> bool {
-    feature.split('|').map(str::trim).filter(|f| !f.is_empty()).any(|f| match f.split_once('=') {
-        Some((k, v)) => node.labels.get(k).is_some_and(|x| x == v),
-        None => node.labels.contains_key(f),
-    })
-}
+pub use crate::fit::node_has_feature;
 
 impl State {
     /// Applies one command at Raft log `index`.
@@ -698,6 +692,15 @@ impl State {
 
     /// Checks one gang placement against the current state without changing it.
     pub fn check_placement(&self, p: &Placement) -> Result<(), String> {
+        self.check_placement_freeing(p, &BTreeSet::new())
+    }
+
+    /// As [`State::check_placement`], as if the running jobs in `freed` (the
+    /// placement's preemption victims) had already stopped: their CPUs,
+    /// memory, GPUs and quota use count as free. Apply evicts victims only
+    /// once this accepts the placement they make room for (Nomad's plan
+    /// apply), so a stale plan never evicts for nothing.
+    pub fn check_placement_freeing(&self, p: &Placement, freed: &BTreeSet<JobId>) -> Result<(), String> {
         let job = self.jobs.get(&p.job_id).ok_or_else(|| format!("job {} does not exist", p.job_id))?;
         if job.state != JobState::Pending {
             return Err(format!("job {} is {}, not pending", p.job_id, job.state.as_str()));
@@ -718,7 +721,25 @@ impl State {
         if p.nodes.len() < spec.nodes as usize || p.nodes.len() > spec.nodes_max() as usize {
             return Err(format!("gang of {}-{} nodes placed on {}", spec.nodes, spec.nodes_max(), p.nodes.len()));
         }
-        let partition = self.policy.partitions.get(&spec.partition);
+        let partitions = &self.policy.partitions;
+        let partition = partitions.get(&spec.partition);
+        let in_partition = |node: &str| {
+            if self.format >= PLAN_APPLY_FORMAT {
+                // As the scheduler's view decides it: with partitions defined, a
+                // job whose partition is gone fits nowhere.
+                partitions.is_empty() || partition.is_some_and(|part| part.contains(node))
+            } else {
+                partition.is_none_or(|part| part.contains(node))
+            }
+        };
+        // What the victims hold on each node.
+        let mut released: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
+        for na in
+            freed.iter().filter_map(|id| self.jobs.get(id)).filter_map(|j| j.allocation.as_ref()).flat_map(|a| &a.nodes)
+        {
+            let r = released.entry(na.node.as_str()).or_default();
+            *r = (r.0.saturating_add(na.cpus), r.1.saturating_add(na.mem_mb));
+        }
         let mut domain: Option<&[String]> = None;
         let level = self.topology_depth(&spec.topology.level);
         let mut seen = BTreeSet::new();
@@ -730,14 +751,8 @@ impl State {
             if node.state != NodeState::Up {
                 return Err(format!("node {} is {}", na.node, node.state.as_str()));
             }
-            if partition.is_some_and(|part| !part.contains(&na.node)) {
-                return Err(format!("node {} is not in partition {}", na.node, spec.partition));
-            }
-            if let Some(missing) = spec.constraints.iter().find(|c| !node_has_feature(node, c)) {
-                return Err(format!("node {} lacks feature {missing}", na.node));
-            }
-            if (!spec.nodelist.is_empty() && !spec.nodelist.contains(&na.node)) || spec.exclude.contains(&na.node) {
-                return Err(format!("node {} is excluded by the job's node list", na.node));
+            if let Some(m) = crate::fit::mismatch(spec, node, in_partition(&na.node)) {
+                return Err(format!("node {}: {}", na.node, m.as_str()));
             }
             if let (Some(depth), true) = (level, spec.topology.required) {
                 let path = &node.topology[..depth.min(node.topology.len())];
@@ -749,14 +764,16 @@ impl State {
                     _ => {}
                 }
             }
-            if spec.exclusive && (!node.jobs.is_empty() || na.cpus != node.cpus) {
+            let others = node.jobs.iter().filter(|j| !freed.contains(j)).count();
+            if spec.exclusive && (others > 0 || na.cpus != node.cpus) {
                 return Err(format!("node {} is not whole for an exclusive job", na.node));
             }
             if na.cpus < spec.cpus_per_node() || na.mem_mb < spec.mem_per_node_mb {
                 return Err(format!("allocation on {} is smaller than the request", na.node));
             }
-            if node.cpus_alloc.saturating_add(na.cpus) > node.cpus
-                || node.mem_alloc_mb.saturating_add(na.mem_mb) > node.mem_mb
+            let (cpus_released, mem_released) = released.get(na.node.as_str()).copied().unwrap_or_default();
+            if node.cpus_alloc.saturating_sub(cpus_released).saturating_add(na.cpus) > node.cpus
+                || node.mem_alloc_mb.saturating_sub(mem_released).saturating_add(na.mem_mb) > node.mem_mb
             {
                 return Err(format!("node {} lacks free CPUs or memory", na.node));
             }
@@ -769,10 +786,11 @@ impl State {
                 if !gpus_seen.insert(g) {
                     return Err(format!("GPU {g} on {} appears twice", na.node));
                 }
-                if gpu.allocated_to.is_some() || gpu.health != GpuHealth::Healthy {
+                let taken = gpu.allocated_to.is_some_and(|holder| !freed.contains(&holder));
+                if taken || gpu.health != GpuHealth::Healthy {
                     return Err(format!("GPU {g} on {} is not free", na.node));
                 }
-                if !spec.gpu_type.is_empty() && !gpu.model.starts_with(&spec.gpu_type) {
+                if !crate::fit::gpu_is_type(gpu, &spec.gpu_type) {
                     return Err(format!("GPU {g} on {} is {}, not {}", na.node, gpu.model, spec.gpu_type));
                 }
             }
@@ -782,7 +800,8 @@ impl State {
             cpus: p.nodes.iter().map(|n| u64::from(n.cpus)).sum(),
             jobs: 1,
         };
-        if let Some(why) = self.quota_exceeded(job, extra) {
+        let victims: Vec<&Job> = freed.iter().filter_map(|id| self.jobs.get(id)).collect();
+        if let Some(why) = self.quota_exceeded_releasing(job, extra, &victims) {
             return Err(why);
         }
         Ok(())

@@ -199,9 +199,12 @@ pub fn run_file(path: &std::path::Path) {
             known_keys(path, &format!("step {} update", i + 1), u, UPDATE_KEYS);
         }
     }
+    // The newest format: scenarios judge the current rules of apply.
+    let mut state = State::default();
+    state.format = gangway_core::format::FORMAT_NEWEST;
     let mut run = Run {
         name: path.file_name().unwrap().to_string_lossy().into_owned(),
-        state: State::default(),
+        state,
         index: 0,
         now_ms: 0,
         leader: Leader::default(),
