@@ -199,7 +199,7 @@ pub async fn run(a: DevArgs, identity: &str, tls: &crate::tls::TlsArgs) -> anyho
         root.display()
     );
     println!("Ctrl-C stops the cluster.");
-    crate::commands::shutdown_signal().await;
+    crate::daemons::shutdown_signal().await;
     println!("stopping...");
     let _ = stop_tx.send(());
     for agent in agents {

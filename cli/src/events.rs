@@ -5,7 +5,7 @@ use clap::Args;
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
 
-use crate::commands::Output;
+use crate::output::Output;
 
 #[derive(Args, Debug)]
 pub struct EventsArgs {

@@ -9,7 +9,7 @@ use gangway_proto::v1::job_service_client::JobServiceClient;
 use pb::update_job_request::Change;
 use serde_json::json;
 
-use crate::commands::Output;
+use crate::output::Output;
 use crate::parse;
 
 /// Applies one change to one job, printing nothing.
@@ -68,7 +68,7 @@ pub async fn change_jobs(client: &Client, out: &Output, ids: &[u64], change: Cha
             Err(s) => {
                 results.push(json!({"job_id": job_id, "ok": false, "error": s.message()}));
                 if !out.json {
-                    eprintln!("job {job_id}: {}", crate::commands::one_line(&anyhow::Error::new(s.clone())));
+                    eprintln!("job {job_id}: {}", crate::output::one_line(&anyhow::Error::new(s.clone())));
                 }
                 failed = Some(anyhow::Error::new(s));
             }

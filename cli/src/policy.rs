@@ -17,7 +17,7 @@ use gangway_proto::v1 as pb;
 use gangway_proto::v1::admin_service_client::AdminServiceClient;
 use serde_json::json;
 
-use crate::commands::Output;
+use crate::output::Output;
 use crate::parse;
 
 /// Read-modify-write attempts when other admins edit at the same time.

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use anyhow::bail;
 use clap::{CommandFactory, Parser};
 
-use crate::commands::SubmitArgs;
+use crate::jobspec::SubmitArgs;
 
 /// Bytes of a batch script read from disk (the controller's own cap is lower
 /// and gives the precise error; this one stops reading a huge wrong file).
@@ -38,37 +38,12 @@ const EXPORT_VARS_MAX: usize = 1024;
     disable_version_flag = true
 )]
 pub struct SbatchOpts {
-    #[arg(short = 'J', long = "job-name")]
-    job_name: Option<String>,
-    /// N or MIN-MAX.
-    #[arg(short = 'N', long)]
-    nodes: Option<String>,
-    #[arg(short = 'n', long)]
-    ntasks: Option<i64>,
-    #[arg(long = "ntasks-per-node", alias = "tasks-per-node")]
-    ntasks_per_node: Option<i64>,
-    #[arg(short = 'c', long = "cpus-per-task")]
-    cpus_per_task: Option<i64>,
-    #[arg(long = "cpus-per-gpu")]
-    cpus_per_gpu: Option<i64>,
-    /// Exactly these nodes (a hostlist); their number is the node count.
-    #[arg(short = 'w', long)]
-    nodelist: Option<String>,
-    /// Never these nodes (a hostlist).
-    #[arg(short = 'x', long)]
-    exclude: Option<String>,
+    #[command(flatten)]
+    res: crate::jobspec::ResourceArgs,
     /// The shortest time limit the job accepts: parsed, not used (the job
     /// runs with its full --time).
     #[arg(long = "time-min")]
     time_min: Option<String>,
-    /// Per node: MiB or with a unit (64G); 0 = all of each node's memory.
-    #[arg(long)]
-    mem: Option<String>,
-    #[arg(long = "mem-per-cpu")]
-    mem_per_cpu: Option<String>,
-    /// Per GPU: MiB or with a unit (80G).
-    #[arg(long = "mem-per-gpu")]
-    mem_per_gpu: Option<String>,
     /// Not before: now+1hour, 16:00, 2026-12-24T08:00, midnight, tomorrow (UTC).
     #[arg(short = 'b', long)]
     begin: Option<String>,
@@ -78,31 +53,6 @@ pub struct SbatchOpts {
     /// Admins: the job's priority, replacing the computed one.
     #[arg(long)]
     priority: Option<u32>,
-    /// [TYPE:]N for the whole job.
-    #[arg(short = 'G', long)]
-    gpus: Option<String>,
-    #[arg(long = "gpus-per-node")]
-    gpus_per_node: Option<String>,
-    #[arg(long = "gpus-per-task")]
-    gpus_per_task: Option<String>,
-    /// gpu[:TYPE]:N per node.
-    #[arg(long)]
-    gres: Option<String>,
-    /// MINUTES, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-    #[arg(short = 't', long)]
-    time: Option<String>,
-    #[arg(short = 'p', long)]
-    partition: Option<String>,
-    #[arg(short = 'A', long)]
-    account: Option<String>,
-    #[arg(short = 'q', long)]
-    qos: Option<String>,
-    /// Features joined with & (all of them) or | (any one of them).
-    #[arg(short = 'C', long)]
-    constraint: Option<String>,
-    /// Whole nodes (`--exclusive`; `=user` and `=mcs` are not supported).
-    #[arg(long, num_args = 0..=1, default_missing_value = "node", require_equals = true)]
-    exclusive: Option<String>,
     /// %j job id, %x name, %A array job, %a array index, %N node, %u user, %t rank.
     #[arg(short = 'o', long)]
     output: Option<String>,
@@ -555,11 +505,8 @@ pub fn to_submit_args(
     environment: impl Iterator<Item = (String, String)>,
     notices: &mut Vec<String>,
 ) -> Result<SubmitArgs, String> {
-    let exclusive = match o.exclusive.as_deref() {
-        None => false,
-        Some("node" | "") => true,
-        Some(other) => return Err(format!("--exclusive={other}: only whole-node --exclusive is supported")),
-    };
+    let exclusive = o.res.exclusive().map_err(|e| e.to_string())?;
+    o.res.constraints().map_err(|e| e.to_string())?;
     if let Some(mode) = o.open_mode.as_deref() {
         if !matches!(mode, "append" | "truncate") {
             return Err(format!("--open-mode: '{mode}' must be append or truncate"));
@@ -568,7 +515,7 @@ pub fn to_submit_args(
     let open_mode = o.open_mode.clone();
     if let Some(t) = o.time_min.as_deref() {
         let min = crate::parse::time_limit_s(t).map_err(|e| e.replace("--time", "--time-min"))?;
-        let limit = o.time.as_deref().map(crate::parse::time_limit_s).transpose()?;
+        let limit = o.res.time.as_deref().map(crate::parse::time_limit_s).transpose()?;
         if limit.is_some_and(|l| min > l) {
             return Err(format!("--time-min: {t} is longer than --time"));
         }
@@ -576,34 +523,15 @@ pub fn to_submit_args(
             "--time-min={t} is not used: the job runs with its full --time (Gangway does not shorten limits to backfill)"
         ));
     }
-    let mem = match o.mem.as_deref() {
-        // Slurm's "all of each node's memory": Gangway reserves none and sets
-        // no limit, so the job may use all of it; other jobs may share the node.
-        Some(m) if m.trim_end_matches(['K', 'M', 'G', 'T', 'k', 'm', 'g', 't']) == "0" => {
-            if !exclusive {
-                notices.push(
-                    "--mem=0: no memory is reserved and none is limited, so the job may use all of each node's \
-                     memory; add --exclusive to keep other jobs off its nodes"
-                        .into(),
-                );
-            }
-            None
-        }
-        m => m.map(str::to_string),
-    };
-    let constraint = o
-        .constraint
-        .map(|c| {
-            if c.contains('[') || c.contains('*') || (c.contains('|') && c.contains('&')) {
-                Err(format!(
-                    "--constraint: '{c}': features joined with & (all) or with | (any one) are supported, \
-                     not both in one constraint, [..] groups or counts"
-                ))
-            } else {
-                Ok(c)
-            }
-        })
-        .transpose()?;
+    // Slurm's "all of each node's memory": Gangway reserves none and sets no
+    // limit (`jobspec::job_spec`), so the job may use all of it.
+    if crate::jobspec::no_memory_reserved(o.res.mem.as_deref()) && !exclusive {
+        notices.push(
+            "--mem=0: no memory is reserved and none is limited, so the job may use all of each node's memory; add \
+             --exclusive to keep other jobs off its nodes"
+                .into(),
+        );
+    }
     let nice =
         o.nice.map(|n| n.parse::<i32>().map_err(|_| format!("--nice: '{n}' is not a whole number"))).transpose()?;
     let env = export_env(o.export.as_deref(), environment)?.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -614,28 +542,10 @@ pub fn to_submit_args(
         (None, None) => return Err("script: give a batch script (a file, or - for standard input) or --wrap".into()),
     };
     Ok(SubmitArgs {
-        name: o.job_name,
-        nodes: o.nodes,
-        ntasks: o.ntasks,
-        tasks_per_node: o.ntasks_per_node,
-        cpus_per_task: o.cpus_per_task,
-        cpus_per_gpu: o.cpus_per_gpu,
-        nodelist: o.nodelist,
-        exclude: o.exclude,
-        mem,
-        gpus_per_node: o.gpus_per_node,
-        gpus: o.gpus,
-        gpus_per_task: o.gpus_per_task,
-        gres: o.gres,
-        mem_per_cpu: o.mem_per_cpu,
-        mem_per_gpu: o.mem_per_gpu,
+        res: o.res,
         begin: o.begin,
         comment: o.comment,
         priority: o.priority,
-        account: o.account,
-        qos: o.qos,
-        constraint,
-        exclusive,
         topology: None,
         switches: o.switches,
         dependency: o.dependency,
@@ -643,8 +553,6 @@ pub fn to_submit_args(
         nice,
         hold: o.hold,
         kill_on_invalid_dep: o.kill_on_invalid_dep,
-        time: o.time,
-        partition: o.partition,
         chdir: o.chdir,
         wrap: o.wrap,
         env,
@@ -700,7 +608,7 @@ fn read_script(name: Option<&str>, wrap: bool) -> anyhow::Result<Option<(PathBuf
 /// `gangway sbatch ARGS...`: parse, then submit (or with --test-only, print).
 pub async fn run(
     client: &gangway_proto::client::Client,
-    out: &crate::commands::Output,
+    out: &crate::output::Output,
     argv: &[String],
 ) -> anyhow::Result<()> {
     let (cmdline, words, notices) = match parse_command_line(argv) {
@@ -724,9 +632,9 @@ pub async fn run(
         eprintln!("sbatch: note: {n}");
     }
     if test_only {
-        return crate::commands::test_submit(client, out, args).await;
+        return crate::submit::test_submit(client, out, args).await;
     }
-    let (id, count) = crate::commands::submit(client, out, args).await?;
+    let (id, count) = crate::submit::submit(client, out, args).await?;
     if wait {
         let code = wait_for(client, id, count).await?;
         if code != 0 {
@@ -821,7 +729,7 @@ mod tests {
             Err(m) => return format!("error: {m}\n"),
         };
         let mut out: String = notices.iter().map(|n| format!("note: {n}\n")).collect();
-        match crate::commands::job_spec(args, Some("rack")) {
+        match crate::jobspec::job_spec(args, Some("rack")) {
             Ok(spec) => out.push_str(&render_spec(&spec)),
             Err(e) => out.push_str(&format!("error: {e:#}\n")),
         }

@@ -11,7 +11,7 @@ use gangway_proto::v1 as pb;
 
 use super::format::{self, Item};
 use super::{elapsed, identity_user, job_cpus, job_elapsed_s, job_nodelist, job_nodes, timestamp, JobSel};
-use crate::commands::Output;
+use crate::output::Output;
 
 const DEFAULT_FIELDS: &str = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode";
 const BRIEF_FIELDS: &str = "JobID,State,ExitCode";

@@ -12,7 +12,7 @@ use gangway_proto::v1 as pb;
 use gangway_proto::v1::job_service_client::JobServiceClient;
 use gangway_proto::v1::node_service_client::NodeServiceClient;
 
-use crate::commands::Output;
+use crate::output::Output;
 
 /// Polls of the job's state while waiting for the allocation (every
 /// WAIT_POLL): far above any wait worth holding a terminal for.
@@ -21,42 +21,8 @@ const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 #[derive(Args, Debug, Default)]
 pub struct SallocArgs {
-    #[arg(short = 'N', long)]
-    nodes: Option<String>,
-    #[arg(short = 'n', long)]
-    ntasks: Option<i64>,
-    #[arg(long = "ntasks-per-node", alias = "tasks-per-node")]
-    ntasks_per_node: Option<i64>,
-    #[arg(short = 'c', long = "cpus-per-task")]
-    cpus_per_task: Option<i64>,
-    #[arg(short = 'G', long)]
-    gpus: Option<String>,
-    #[arg(long = "gpus-per-node")]
-    gpus_per_node: Option<String>,
-    #[arg(long = "gpus-per-task")]
-    gpus_per_task: Option<String>,
-    #[arg(long)]
-    gres: Option<String>,
-    #[arg(long)]
-    mem: Option<String>,
-    #[arg(short = 't', long)]
-    time: Option<String>,
-    #[arg(short = 'p', long)]
-    partition: Option<String>,
-    #[arg(short = 'A', long)]
-    account: Option<String>,
-    #[arg(short = 'q', long)]
-    qos: Option<String>,
-    #[arg(short = 'J', long = "job-name")]
-    job_name: Option<String>,
-    #[arg(short = 'C', long)]
-    constraint: Option<String>,
-    #[arg(short = 'w', long)]
-    nodelist: Option<String>,
-    #[arg(short = 'x', long)]
-    exclude: Option<String>,
-    #[arg(long)]
-    exclusive: bool,
+    #[command(flatten)]
+    res: crate::jobspec::ResourceArgs,
     /// The command to run in the allocation (default: $SHELL).
     #[arg(trailing_var_arg = true)]
     command: Vec<String>,
@@ -68,28 +34,24 @@ pub async fn run(client: &Client, out: &Output, a: SallocArgs) -> anyhow::Result
     } else {
         a.command.clone()
     };
-    let args = crate::commands::SubmitArgs {
-        name: a.job_name.clone().or_else(|| Some("interactive".into())),
-        nodes: a.nodes.clone(),
-        ntasks: a.ntasks,
-        tasks_per_node: a.ntasks_per_node,
-        cpus_per_task: a.cpus_per_task,
-        gpus: a.gpus.clone(),
-        gpus_per_node: a.gpus_per_node.clone(),
-        gpus_per_task: a.gpus_per_task.clone(),
-        gres: a.gres.clone(),
-        mem: a.mem.clone(),
-        time: a.time.clone(),
-        partition: a.partition.clone(),
-        account: a.account.clone(),
-        qos: a.qos.clone(),
-        constraint: a.constraint.clone(),
-        nodelist: a.nodelist.clone(),
-        exclude: a.exclude.clone(),
-        exclusive: a.exclusive,
-        ..Default::default()
-    };
-    allocate_and_run(client, out, args, &command, Who::Salloc).await
+    allocate_and_run(client, out, submit_args(&a), &command, Who::Salloc).await
+}
+
+/// What salloc submits: the resources asked for, named `interactive` unless
+/// named otherwise.
+pub fn submit_args(a: &SallocArgs) -> crate::jobspec::SubmitArgs {
+    let mut res = a.res.clone();
+    res.job_name = res.job_name.or_else(|| Some("interactive".into()));
+    crate::jobspec::SubmitArgs { res, ..Default::default() }
+}
+
+/// `args` as an allocation: every node, the first too, only holds it for steps.
+pub fn allocation(mut args: crate::jobspec::SubmitArgs) -> crate::jobspec::SubmitArgs {
+    args.wrap = Some(gangway_node_agent::steps::HOLD_SCRIPT.into());
+    args.command = Vec::new();
+    args.batch = true;
+    args.output = Some("/dev/null".into());
+    args
 }
 
 /// Who asks for the allocation: their messages differ.
@@ -106,16 +68,11 @@ pub enum Who {
 pub async fn allocate_and_run(
     client: &Client,
     out: &Output,
-    mut args: crate::commands::SubmitArgs,
+    args: crate::jobspec::SubmitArgs,
     command: &[String],
     who: Who,
 ) -> anyhow::Result<i32> {
-    // Every node, the first too, only holds the allocation for steps.
-    args.wrap = Some(gangway_node_agent::steps::HOLD_SCRIPT.into());
-    args.command = Vec::new();
-    args.batch = true;
-    args.output = Some("/dev/null".into());
-    let spec = crate::commands::job_spec(args, None)?;
+    let spec = crate::jobspec::job_spec(allocation(args), None)?;
     let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: uuid::Uuid::new_v4().to_string() };
     let id = client
         .call(|ch| {
@@ -215,7 +172,7 @@ async fn allocation_env(client: &Client, job: &pb::Job) -> anyhow::Result<Vec<(S
     }
     let spec = super::spec(job);
     let list = super::hostlist::compress(&nodes);
-    let here = crate::commands::hostname();
+    let here = crate::daemons::hostname();
     let tpn = spec.tasks_per_node.unwrap_or(1).max(1);
     let mut env = vec![
         ("SLURM_JOB_ID", job.id.to_string()),

@@ -8,7 +8,7 @@ use gangway_proto::v1 as pb;
 use gangway_proto::v1::job_service_client::JobServiceClient;
 
 use super::{identity_user, JobSel};
-use crate::commands::Output;
+use crate::output::Output;
 
 #[derive(Args, Debug, Default)]
 pub struct ScancelArgs {

@@ -10,7 +10,7 @@ use gangway_proto::v1::job_service_client::JobServiceClient;
 use pb::update_job_request::Change;
 
 use super::{duration, hostlist, job_cpus, job_elapsed_s, job_nodelist, job_nodes, timestamp, JobSel};
-use crate::commands::Output;
+use crate::output::Output;
 
 #[derive(Args, Debug, Default)]
 pub struct ScontrolArgs {
@@ -293,7 +293,7 @@ async fn show_jobs(client: &Client, out: &Output, id: Option<&str>, oneliner: bo
         }
     };
     if out.json {
-        let v: Vec<serde_json::Value> = jobs.iter().map(|j| crate::commands::job_json(j)).collect();
+        let v: Vec<serde_json::Value> = jobs.iter().map(|j| crate::output::job_json(j)).collect();
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "jobs": v }))?);
         return Ok(());
     }

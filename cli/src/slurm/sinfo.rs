@@ -9,7 +9,7 @@ use gangway_proto::v1 as pb;
 
 use super::format::{self, Item};
 use super::hostlist;
-use crate::commands::Output;
+use crate::output::Output;
 
 const DEFAULT_FORMAT: &str = "%9P %.5a %.10l %.6D %.6t %N";
 const LONG_FORMAT: &str = "%9P %.5a %.10l %.6D %.11T %N";

@@ -6,7 +6,7 @@ use gangway_proto::v1 as pb;
 
 use super::format;
 use super::{duration, identity_user, job_cpus, job_elapsed_s, job_gres, job_nodelist, job_nodes, timestamp, JobSel};
-use crate::commands::Output;
+use crate::output::Output;
 
 /// squeue's default and `-l` formats.
 const DEFAULT_FORMAT: &str = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R";
@@ -258,7 +258,7 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: SqueueArgs) -
         })
         .collect();
     if out.json {
-        let v: Vec<serde_json::Value> = jobs.iter().map(crate::commands::job_json).collect();
+        let v: Vec<serde_json::Value> = jobs.iter().map(crate::output::job_json).collect();
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "jobs": v }))?);
         return Ok(());
     }

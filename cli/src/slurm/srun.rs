@@ -29,22 +29,11 @@ const TASKS_PER_NODE_MAX: u32 = 1024;
 pub struct SrunArgs {
     #[arg(long, action = clap::ArgAction::Help)]
     help: Option<bool>,
-    /// Tasks in the step (default: one per node, or --ntasks-per-node per node).
-    #[arg(short = 'n', long = "ntasks")]
-    ntasks: Option<u32>,
-    #[arg(long = "ntasks-per-node", alias = "tasks-per-node")]
-    ntasks_per_node: Option<u32>,
-    /// Nodes of the allocation the step uses (the first N, or those of -w).
-    #[arg(short = 'N', long = "nodes")]
-    nodes: Option<String>,
-    /// These nodes only (a hostlist).
-    #[arg(short = 'w', long = "nodelist")]
-    nodelist: Option<String>,
-    #[arg(short = 'c', long = "cpus-per-task")]
-    cpus_per_task: Option<u32>,
-    /// GPUs per task: this node's GPUs are split among its tasks in order.
-    #[arg(long = "gpus-per-task")]
-    gpus_per_task: Option<u32>,
+    /// What the step uses (-N, -n, --ntasks-per-node, -w, -c, --gpus-per-task
+    /// shape it inside a job) and, outside a job, what the job srun submits
+    /// and waits for asks for: the same options as submit, sbatch and salloc.
+    #[command(flatten)]
+    res: crate::jobspec::ResourceArgs,
     /// Run in this job's allocation (only the current job is supported).
     #[arg(long)]
     jobid: Option<String>,
@@ -75,28 +64,6 @@ pub struct SrunArgs {
     /// (torchrun, NCCL's env:// init) work, MPI needs mpirun.
     #[arg(long)]
     mpi: Option<String>,
-    /// Outside a job: the partition, time limit, account, QOS, name, GPUs,
-    /// memory and features of the job srun submits and waits for.
-    #[arg(short = 'p', long)]
-    partition: Option<String>,
-    #[arg(short = 't', long)]
-    time: Option<String>,
-    #[arg(short = 'A', long)]
-    account: Option<String>,
-    #[arg(short = 'q', long)]
-    qos: Option<String>,
-    #[arg(short = 'J', long = "job-name")]
-    job_name: Option<String>,
-    #[arg(short = 'G', long)]
-    gpus: Option<String>,
-    #[arg(long = "gpus-per-node")]
-    gpus_per_node: Option<String>,
-    #[arg(long)]
-    gres: Option<String>,
-    #[arg(long)]
-    mem: Option<String>,
-    #[arg(short = 'C', long)]
-    constraint: Option<String>,
     /// A terminal for the task: not supported (srun runs batch-style here).
     #[arg(long)]
     pty: bool,
@@ -111,6 +78,42 @@ pub struct SrunArgs {
     /// The command and its arguments (options after the command are its own).
     #[arg(trailing_var_arg = true, required = true)]
     command: Vec<String>,
+}
+
+/// A step's shape inside a job: the shared resource options read as a step
+/// of the allocation (counts, not a request to the scheduler).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepShape {
+    pub nodes: Option<String>,
+    pub nodelist: Option<String>,
+    pub ntasks: Option<u32>,
+    pub ntasks_per_node: Option<u32>,
+    pub cpus_per_task: Option<u32>,
+    pub gpus_per_task: Option<u32>,
+}
+
+impl StepShape {
+    pub fn of(r: &crate::jobspec::ResourceArgs) -> Result<StepShape, String> {
+        let count = |v: Option<i64>, opt: &str| {
+            v.map(|n| u32::try_from(n).map_err(|_| format!("{opt}: must be a count from 0 to {}, got {n}", u32::MAX)))
+                .transpose()
+        };
+        let gpus_per_task = match r.gpus_per_task.as_deref() {
+            None => None,
+            Some(g) => {
+                let (_, n) = crate::parse::gpus(g).map_err(|e| e.replace("--gpus-per-node", "--gpus-per-task"))?;
+                count(Some(n), "--gpus-per-task")?
+            }
+        };
+        Ok(StepShape {
+            nodes: r.nodes.clone(),
+            nodelist: r.nodelist.clone(),
+            ntasks: count(r.ntasks, "--ntasks")?,
+            ntasks_per_node: count(r.ntasks_per_node, "--ntasks-per-node")?,
+            cpus_per_task: count(r.cpus_per_task, "--cpus-per-task")?,
+            gpus_per_task,
+        })
+    }
 }
 
 /// This node's part of a step: which tasks run here and with what ids.
@@ -136,7 +139,7 @@ impl Share {
 }
 
 /// Works out the step's layout from the allocation and the options.
-pub fn plan(alloc: &[String], me: &str, alloc_tasks_per_node: u32, a: &SrunArgs) -> Result<Share, String> {
+pub fn plan(alloc: &[String], me: &str, alloc_tasks_per_node: u32, a: &StepShape) -> Result<Share, String> {
     let mut nodes: Vec<String> = match &a.nodelist {
         Some(list) => {
             let want = hostlist::expand(list)?;
@@ -202,30 +205,24 @@ pub fn inside_job() -> bool {
     std::env::var_os("SLURM_JOB_ID").is_some()
 }
 
-/// srun outside a job: allocates the nodes (as salloc does), runs the same
-/// srun here inside that allocation, so the step's tasks start on the nodes
-/// through their agents and their output streams back to this terminal (no
-/// shared file system needed), gives the nodes back, and exits with the
-/// step's exit code. Ctrl-C while waiting cancels the request; during the
-/// step it ends the tasks.
-pub async fn submit_and_wait(
-    client: &gangway_proto::client::Client,
-    out: &crate::commands::Output,
-    a: SrunArgs,
-) -> anyhow::Result<i32> {
-    if a.pty {
-        bail!("--pty: interactive terminals are not supported yet; srun runs the command batch-style and streams its output");
-    }
-    let exe = std::env::current_exe().context("srun: cannot find the gangway binary")?;
+/// What srun outside a job submits, and the srun it runs inside the job
+/// (`exe`: this binary): the job takes the resource options as submit would;
+/// the inner srun gets the task options that shape the step.
+pub fn outside_job(
+    a: &SrunArgs,
+    exe: &str,
+    environment: impl Iterator<Item = (String, String)>,
+) -> anyhow::Result<(crate::jobspec::SubmitArgs, Vec<String>)> {
     // Inside the job: the same srun with the task options, fanning out per node.
-    let mut inner: Vec<String> = vec![exe.display().to_string(), "srun".into()];
-    if let Some(k) = a.ntasks_per_node {
+    let shape = StepShape::of(&a.res).map_err(anyhow::Error::msg)?;
+    let mut inner: Vec<String> = vec![exe.to_string(), "srun".into()];
+    if let Some(k) = shape.ntasks_per_node {
         inner.push(format!("--ntasks-per-node={k}"));
     }
-    if let Some(c) = a.cpus_per_task {
+    if let Some(c) = shape.cpus_per_task {
         inner.push(format!("--cpus-per-task={c}"));
     }
-    if let Some(g) = a.gpus_per_task {
+    if let Some(g) = shape.gpus_per_task {
         inner.push(format!("--gpus-per-task={g}"));
     }
     if let Some(k) = a.kill_on_bad_exit {
@@ -239,48 +236,57 @@ pub async fn submit_and_wait(
     }
     inner.push("--".into());
     inner.extend(a.command.iter().cloned());
-    let nodes: u32 = match &a.nodes {
+    let nodes: u32 = match &shape.nodes {
         Some(n) => crate::parse::node_range(n).map_err(anyhow::Error::msg)?.0,
         None => 1,
     };
-    let per_node = match (a.ntasks, a.ntasks_per_node) {
+    let per_node = match (shape.ntasks, shape.ntasks_per_node) {
         (Some(n), None) if n % nodes != 0 => {
             bail!("--ntasks: {n} tasks do not spread evenly over {nodes} nodes here; give --ntasks-per-node")
         }
         (Some(n), None) => Some(i64::from(n / nodes)),
         (_, k) => k.map(i64::from),
     };
-    if a.ntasks.is_some() && a.ntasks_per_node.is_none() {
+    if shape.ntasks.is_some() && shape.ntasks_per_node.is_none() {
         inner.insert(2, format!("--ntasks-per-node={}", per_node.unwrap_or(1)));
     }
-    let args = crate::commands::SubmitArgs {
-        name: a.job_name.clone().or_else(|| a.command.first().map(|c| c.rsplit('/').next().unwrap_or(c).to_string())),
-        nodes: a.nodes.clone(),
-        tasks_per_node: per_node,
-        cpus_per_task: a.cpus_per_task.map(i64::from),
-        gpus: a.gpus.clone(),
-        gpus_per_node: a.gpus_per_node.clone(),
-        // The job's GPUs: what was asked per node or in all, else per task
-        // (the srun inside splits them among the tasks either way).
-        gpus_per_task: a
-            .gpus_per_task
-            .filter(|_| a.gpus.is_none() && a.gpus_per_node.is_none() && a.gres.is_none())
-            .map(|g| g.to_string()),
-        gres: a.gres.clone(),
-        mem: a.mem.clone(),
-        constraint: a.constraint.clone(),
-        nodelist: a.nodelist.clone(),
-        partition: a.partition.clone(),
-        time: a.time.clone(),
-        account: a.account.clone(),
-        qos: a.qos.clone(),
-        env: crate::sbatch::export_env(None, std::env::vars())
+    let mut res = a.res.clone();
+    res.job_name = res.job_name.or_else(|| a.command.first().map(|c| c.rsplit('/').next().unwrap_or(c).to_string()));
+    res.ntasks = None;
+    res.ntasks_per_node = per_node;
+    // The job's GPUs: what was asked per node or in all, else per task (the
+    // srun inside splits them among the tasks either way).
+    if res.gpus.is_some() || res.gpus_per_node.is_some() || res.gres.is_some() {
+        res.gpus_per_task = None;
+    }
+    let args = crate::jobspec::SubmitArgs {
+        res,
+        env: crate::sbatch::export_env(None, environment)
             .map_err(anyhow::Error::msg)?
             .into_iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect(),
         ..Default::default()
     };
+    Ok((args, inner))
+}
+
+/// srun outside a job: allocates the nodes (as salloc does), runs the same
+/// srun here inside that allocation, so the step's tasks start on the nodes
+/// through their agents and their output streams back to this terminal (no
+/// shared file system needed), gives the nodes back, and exits with the
+/// step's exit code. Ctrl-C while waiting cancels the request; during the
+/// step it ends the tasks.
+pub async fn submit_and_wait(
+    client: &gangway_proto::client::Client,
+    out: &crate::output::Output,
+    a: SrunArgs,
+) -> anyhow::Result<i32> {
+    if a.pty {
+        bail!("--pty: interactive terminals are not supported yet; srun runs the command batch-style and streams its output");
+    }
+    let exe = std::env::current_exe().context("srun: cannot find the gangway binary")?;
+    let (args, inner) = outside_job(&a, &exe.display().to_string(), std::env::vars())?;
     super::salloc::allocate_and_run(client, out, args, &inner, super::salloc::Who::Srun).await
 }
 
@@ -305,7 +311,8 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
     let alloc = hostlist::expand(&env_or("SLURM_JOB_NODELIST")?).map_err(anyhow::Error::msg)?;
     let me = env_or("SLURMD_NODENAME")?;
     let tpn: u32 = std::env::var("SLURM_NTASKS_PER_NODE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-    let share = plan(&alloc, &me, tpn, &a).map_err(|e| anyhow::anyhow!("srun: {e}"))?;
+    let shape = StepShape::of(&a.res).map_err(|e| anyhow::anyhow!("srun: {e}"))?;
+    let share = plan(&alloc, &me, tpn, &shape).map_err(|e| anyhow::anyhow!("srun: {e}"))?;
     // A batch job (sbatch) runs its script on the first node only: srun starts
     // the whole step from here, the other nodes' tasks through their agents.
     // Otherwise every node runs the script and starts its own share.
@@ -317,6 +324,7 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
     };
     let step = Step {
         args: a,
+        shape,
         share,
         me,
         job,
@@ -357,6 +365,7 @@ enum Ev {
 /// One srun invocation inside a job.
 struct Step {
     args: SrunArgs,
+    shape: StepShape,
     share: Share,
     me: String,
     job: String,
@@ -394,7 +403,7 @@ impl Step {
         set("WORLD_SIZE", ntasks);
         set("LOCAL_WORLD_SIZE", share.per_node[node_index].to_string());
         set("NODE_RANK", node_index.to_string());
-        if let Some(c) = self.args.cpus_per_task {
+        if let Some(c) = self.shape.cpus_per_task {
             set("SLURM_CPUS_PER_TASK", c.to_string());
         }
         v
@@ -545,7 +554,7 @@ impl Step {
             cmd.env_clear().envs(base.iter().cloned());
         }
         cmd.envs(&vars);
-        if let Some(g) = a.gpus_per_task {
+        if let Some(g) = self.shape.gpus_per_task {
             let gpus: Vec<String> = std::env::var("CUDA_VISIBLE_DEVICES")
                 .ok()
                 .map(|v| v.split(',').filter(|g| !g.is_empty()).map(str::to_string).collect())
@@ -615,7 +624,7 @@ impl Step {
             env,
             tasks,
             workdir: std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),
-            gpus_per_task: a.gpus_per_task.unwrap_or(0),
+            gpus_per_task: self.shape.gpus_per_task.unwrap_or(0),
         })
     }
 }
@@ -777,25 +786,29 @@ mod tests {
         Cli::try_parse_from(std::iter::once("srun").chain(argv.iter().copied())).unwrap().a
     }
 
+    fn shape(argv: &[&str]) -> StepShape {
+        StepShape::of(&args(argv).res).unwrap()
+    }
+
     #[test]
     fn steps_spread_over_the_allocation_as_slurm_does() {
         let alloc: Vec<String> = ["n1", "n2", "n3"].iter().map(|s| s.to_string()).collect();
         // One task per node by default; this node's rank follows the node order.
-        let s = plan(&alloc, "n2", 1, &args(&["torchrun", "--nproc-per-node=8", "train.py"])).unwrap();
+        let s = plan(&alloc, "n2", 1, &shape(&["torchrun", "--nproc-per-node=8", "train.py"])).unwrap();
         assert_eq!((s.per_node.clone(), s.here, s.first_rank(1), s.ntasks()), (vec![1, 1, 1], Some(1), 1, 3));
         // Block distribution of 8 tasks over 3 nodes: 3, 3, 2.
-        let s = plan(&alloc, "n3", 1, &args(&["-n", "8", "python", "x.py"])).unwrap();
+        let s = plan(&alloc, "n3", 1, &shape(&["-n", "8", "python", "x.py"])).unwrap();
         assert_eq!((s.per_node.clone(), s.first_rank(2)), (vec![3, 3, 2], 6));
         // A helper step on one named node: the others are not in it.
-        let s = plan(&alloc, "n1", 1, &args(&["-N1", "-n1", "-w", "n3", "hostname"])).unwrap();
+        let s = plan(&alloc, "n1", 1, &shape(&["-N1", "-n1", "-w", "n3", "hostname"])).unwrap();
         assert_eq!((s.nodes.clone(), s.here), (vec!["n3".to_string()], None));
-        let s = plan(&alloc, "n1", 4, &args(&["--nodes=1", "--ntasks=1", "nvidia-smi"])).unwrap();
+        let s = plan(&alloc, "n1", 4, &shape(&["--nodes=1", "--ntasks=1", "nvidia-smi"])).unwrap();
         assert_eq!((s.per_node.clone(), s.here), (vec![1], Some(0)));
         // The allocation's tasks per node when nothing is said.
-        assert_eq!(plan(&alloc, "n1", 4, &args(&["bash", "-c", "x"])).unwrap().per_node, vec![4, 4, 4]);
-        assert!(plan(&alloc, "n1", 1, &args(&["-w", "n9", "x"])).unwrap_err().contains("n9"));
+        assert_eq!(plan(&alloc, "n1", 4, &shape(&["bash", "-c", "x"])).unwrap().per_node, vec![4, 4, 4]);
+        assert!(plan(&alloc, "n1", 1, &shape(&["-w", "n9", "x"])).unwrap_err().contains("n9"));
         // Options after the command are the command's own.
         assert_eq!(args(&["-l", "torchrun", "--nnodes", "2", "-x"]).command, ["torchrun", "--nnodes", "2", "-x"]);
-        assert!(plan(&alloc, "n1", 1, &args(&["-N", "4", "x"])).unwrap_err().contains("--nodes"));
+        assert!(plan(&alloc, "n1", 1, &shape(&["-N", "4", "x"])).unwrap_err().contains("--nodes"));
     }
 }

@@ -1,0 +1,493 @@
+//! The job spec a submission sends: the options of `submit` (and, through
+//! them, of `sbatch`, `salloc` and `srun`) and how they become a
+//! `pb::JobSpec`, with no network (the controller validates it again).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use gangway_proto::v1 as pb;
+
+use crate::parse;
+
+/// What a job asks for: declared once and flattened into `submit`, `sbatch`,
+/// `salloc` and `srun` (which outside a job submits one), so the four take
+/// the same options with the same meaning and cannot drift apart.
+#[derive(Args, Debug, Default, Clone)]
+pub struct ResourceArgs {
+    /// Job name.
+    #[arg(short = 'J', long = "job-name", alias = "name")]
+    pub job_name: Option<String>,
+    /// Nodes: N, or a range MIN-MAX (the whole gang starts together).
+    #[arg(short = 'N', long, allow_hyphen_values = true)]
+    pub nodes: Option<String>,
+    /// Tasks in all: spread evenly over the nodes (with no -N, all on one node).
+    #[arg(short = 'n', long = "ntasks", allow_negative_numbers = true)]
+    pub ntasks: Option<i64>,
+    /// Tasks on each node.
+    #[arg(long = "ntasks-per-node", alias = "tasks-per-node", allow_negative_numbers = true)]
+    pub ntasks_per_node: Option<i64>,
+    #[arg(short = 'c', long = "cpus-per-task", allow_negative_numbers = true)]
+    pub cpus_per_task: Option<i64>,
+    /// CPUs per allocated GPU: each node gets this times its GPUs, split
+    /// among its tasks (instead of --cpus-per-task).
+    #[arg(long = "cpus-per-gpu", allow_negative_numbers = true)]
+    pub cpus_per_gpu: Option<i64>,
+    /// Memory per node: MiB, or with a unit (512M, 64G); 0 = none reserved
+    /// and none limited (the job may use all of each node's memory).
+    #[arg(long)]
+    pub mem: Option<String>,
+    /// Memory per allocated CPU: MiB or with a unit (4G).
+    #[arg(long = "mem-per-cpu")]
+    pub mem_per_cpu: Option<String>,
+    /// Memory per allocated GPU: MiB or with a unit (80G); per node it is this
+    /// times the node's GPUs.
+    #[arg(long = "mem-per-gpu")]
+    pub mem_per_gpu: Option<String>,
+    /// GPUs for the whole job: [TYPE:]COUNT, spread evenly over its nodes.
+    #[arg(short = 'G', long = "gpus", allow_hyphen_values = true)]
+    pub gpus: Option<String>,
+    /// GPUs per node: COUNT or TYPE:COUNT (h100:8).
+    #[arg(long = "gpus-per-node", allow_hyphen_values = true)]
+    pub gpus_per_node: Option<String>,
+    /// GPUs per task: [TYPE:]COUNT (times --ntasks-per-node per node).
+    #[arg(long = "gpus-per-task", allow_hyphen_values = true)]
+    pub gpus_per_task: Option<String>,
+    /// Generic resources, Slurm style: gpu[:TYPE]:COUNT per node.
+    #[arg(long)]
+    pub gres: Option<String>,
+    /// Run on exactly these nodes (a hostlist: n[1-4],gpu7); with no --nodes,
+    /// the job takes as many nodes as listed.
+    #[arg(short = 'w', long)]
+    pub nodelist: Option<String>,
+    /// Never run on these nodes (a hostlist).
+    #[arg(short = 'x', long)]
+    pub exclude: Option<String>,
+    /// Node features joined with & (all of them) or | (any one of them), e.g.
+    /// "ib&arch=zen4".
+    #[arg(short = 'C', long)]
+    pub constraint: Option<String>,
+    /// Whole nodes, shared with no other job (Slurm's `--exclusive=user` and
+    /// `=mcs` are not supported).
+    #[arg(long, num_args = 0..=1, default_missing_value = "node", require_equals = true)]
+    pub exclusive: Option<String>,
+    /// Time limit: MINUTES, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+    #[arg(short = 't', long)]
+    pub time: Option<String>,
+    #[arg(short = 'p', long)]
+    pub partition: Option<String>,
+    /// Account to charge (default: your default account).
+    #[arg(short = 'A', long)]
+    pub account: Option<String>,
+    /// Quality of service.
+    #[arg(short = 'q', long)]
+    pub qos: Option<String>,
+}
+
+impl ResourceArgs {
+    /// `--exclusive`: whether the job wants whole nodes.
+    pub fn exclusive(&self) -> anyhow::Result<bool> {
+        match self.exclusive.as_deref() {
+            None => Ok(false),
+            Some("node" | "") => Ok(true),
+            Some(other) => bail!("--exclusive={other}: only whole-node --exclusive is supported"),
+        }
+    }
+
+    /// `--constraint` as the features the job needs: `&` joins features that
+    /// must all be present, `|` alternatives of which one must be.
+    pub fn constraints(&self) -> anyhow::Result<Vec<String>> {
+        let Some(c) = self.constraint.as_deref() else { return Ok(Vec::new()) };
+        if c.contains('[') || c.contains('*') || (c.contains('|') && c.contains('&')) {
+            bail!(
+                "--constraint: '{c}': features joined with & (all) or with | (any one) are supported, not both in \
+                 one constraint, [..] groups or counts"
+            );
+        }
+        Ok(c.split('&').map(|f| f.trim().to_string()).filter(|f| !f.is_empty()).collect())
+    }
+}
+
+#[derive(Args, Default)]
+pub struct SubmitArgs {
+    #[command(flatten)]
+    pub res: ResourceArgs,
+    /// Not before this time (UTC): now+1hour, 16:00, 2026-12-24T08:00, midnight.
+    #[arg(long, short = 'b')]
+    pub begin: Option<String>,
+    /// Free text kept with the job (shown by show/squeue %k/sacct).
+    #[arg(long)]
+    pub comment: Option<String>,
+    /// Admins: the job's priority, replacing the computed one.
+    #[arg(long)]
+    pub priority: Option<u32>,
+    /// Slurm's batch semantics (what sbatch does): the command runs on the
+    /// first node only and `srun` inside it starts steps on the others.
+    /// Without it the command runs once on every node.
+    #[arg(long)]
+    pub batch: bool,
+    /// append (default: a requeued job's earlier output is kept) or truncate
+    /// the output files when the job starts.
+    #[arg(long = "open-mode")]
+    pub open_mode: Option<String>,
+    /// Keep the gang within one domain of a topology level: LEVEL[:required] or
+    /// LEVEL:preferred[@WAIT] (e.g. rack:required, block:preferred@10:00).
+    #[arg(long)]
+    pub topology: Option<String>,
+    /// Slurm's --switches=1[@WAIT]: within one leaf domain (the lowest topology level),
+    /// preferred for WAIT (default: required).
+    #[arg(long)]
+    pub switches: Option<String>,
+    /// Dependencies: afterok:ID[:ID..],afterany:ID,...,singleton.
+    #[arg(short = 'd', long)]
+    pub dependency: Option<String>,
+    /// A job array: indexes like 0-99, 1,3,5-7 or 0-99:2, with an optional %LIMIT.
+    #[arg(short = 'a', long)]
+    pub array: Option<String>,
+    /// Lower the priority by N (admins may raise it with a negative N).
+    #[arg(long, allow_hyphen_values = true)]
+    pub nice: Option<i32>,
+    /// Submit held; start it with `gangway release`.
+    #[arg(short = 'H', long)]
+    pub hold: bool,
+    /// What to do when a dependency can never be met: yes = cancel (default), no = keep it held.
+    #[arg(long = "kill-on-invalid-dep")]
+    pub kill_on_invalid_dep: Option<String>,
+    /// Working directory (default: the current one).
+    #[arg(short = 'D', long)]
+    pub chdir: Option<String>,
+    /// Run this shell command line as the job.
+    #[arg(long)]
+    pub wrap: Option<String>,
+    /// Environment for the job, KEY=VALUE (repeatable).
+    #[arg(long = "env")]
+    pub env: Vec<String>,
+    /// Deduplication key (default: a fresh one per invocation, so the client's own
+    /// retries never create a second job).
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Print only the job id.
+    #[arg(long)]
+    pub parsable: bool,
+    /// stdout file pattern (%j job id, %x name, %N node, %u user, %t rank, %A %a).
+    #[arg(short = 'o', long)]
+    pub output: Option<String>,
+    /// stderr file pattern (default: with stdout).
+    #[arg(short = 'e', long)]
+    pub error: Option<String>,
+    /// Warning signal before the time limit: [B:]SIG[@SECONDS], e.g. USR1@120.
+    #[arg(long)]
+    pub signal: Option<String>,
+    /// Requeue the job if a node it runs on fails (the default).
+    #[arg(long, overrides_with = "no_requeue")]
+    pub requeue: bool,
+    /// End the job NODE_FAIL instead of requeueing it when a node fails.
+    #[arg(long)]
+    pub no_requeue: bool,
+    /// A batch script to run.
+    pub script: Option<PathBuf>,
+    /// The script's text when the caller has read it already (sbatch).
+    #[arg(skip)]
+    pub script_text: Option<String>,
+    /// A command to run, after `--`.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+/// Whether `--mem` asks for Slurm's "all of each node's memory" (`0`, with
+/// or without a unit): Gangway then reserves none and sets no limit.
+pub fn no_memory_reserved(mem: Option<&str>) -> bool {
+    mem.is_some_and(|m| m.trim_end_matches(['K', 'M', 'G', 'T', 'k', 'm', 'g', 't']) == "0")
+}
+
+/// This process's umask, as Slurm hands it to jobs (`SLURM_UMASK`, octal):
+/// files the job creates get the modes they would get here.
+pub fn umask_env(spec: &mut pb::JobSpec) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let umask = status.lines().find_map(|l| l.strip_prefix("Umask:")).map(str::trim);
+    if let Some(u) = umask.filter(|u| u.len() <= 4 && u.chars().all(|c| c.is_digit(8))) {
+        spec.env.entry("SLURM_UMASK".to_string()).or_insert_with(|| u.to_string());
+    }
+}
+
+/// Builds the job spec from submit options (no network: `leaf_level` is the
+/// policy's lowest topology level, needed only for `--switches`).
+pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::JobSpec> {
+    let (command, script) = match (&a.wrap, &a.script) {
+        (None, None) if !a.command.is_empty() => (a.command.clone(), String::new()),
+        (Some(w), None) if a.command.is_empty() => (Vec::new(), format!("#!/bin/sh\n{w}\n")),
+        (None, Some(path)) => {
+            let text = match &a.script_text {
+                Some(t) => t.clone(),
+                None => {
+                    std::fs::read_to_string(path).with_context(|| format!("script: cannot read {}", path.display()))?
+                }
+            };
+            // After a script, the command is the script's arguments.
+            (a.command.clone(), text)
+        }
+        (None, None) => {
+            bail!("command: nothing to run; give a command after `--`, --wrap \"...\", or a script file")
+        }
+        _ => bail!("command: give only one of a command after `--`, --wrap, or a script file"),
+    };
+    let (nodes, nodes_max) = match a.res.nodes.as_deref() {
+        Some(n) => {
+            let (lo, hi) = parse::node_range(n).map_err(anyhow::Error::msg)?;
+            (Some(i64::from(lo)), hi)
+        }
+        None => (None, 0),
+    };
+    let names = |opt: &str, list: &Option<String>| -> anyhow::Result<Vec<String>> {
+        let Some(list) = list else { return Ok(Vec::new()) };
+        crate::slurm::hostlist::expand(list).map_err(|e| anyhow::anyhow!("--{opt}: {e}"))
+    };
+    let nodelist = names("nodelist", &a.res.nodelist)?;
+    let exclude = names("exclude", &a.res.exclude)?;
+    // A node list without --nodes: as many nodes as it names.
+    let nodes = match nodes {
+        None if !nodelist.is_empty() => Some(nodelist.len() as i64),
+        n => n,
+    };
+    let node_count = nodes.unwrap_or(1).max(1);
+    let tasks_per_node = match (a.res.ntasks, a.res.ntasks_per_node) {
+        (Some(n), _) if n < 1 => bail!("--ntasks: must be at least 1, got {n}"),
+        (Some(n), Some(k)) if n != k.saturating_mul(node_count) => {
+            bail!(
+                "--ntasks: {n} tasks, but --ntasks-per-node={k} on {node_count} nodes makes {}",
+                k.saturating_mul(node_count)
+            )
+        }
+        (Some(n), _) if n % node_count != 0 => {
+            bail!("--ntasks: {n} tasks do not spread evenly over {node_count} nodes; use --ntasks-per-node")
+        }
+        (Some(n), _) => Some(n / node_count),
+        (None, k) => k,
+    };
+    let tasks = tasks_per_node.unwrap_or(1).max(1);
+    let (gpu_type, gpus) = parse::gpu_request(
+        a.res.gpus_per_node.as_deref(),
+        a.res.gpus.as_deref(),
+        a.res.gpus_per_task.as_deref(),
+        a.res.gres.as_deref(),
+        node_count,
+        tasks,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let warn = a.signal.as_deref().map(parse::warn_signal).transpose().map_err(anyhow::Error::msg)?.unwrap_or((0, 0));
+    let workdir = match a.chdir {
+        Some(d) => d,
+        None => std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),
+    };
+    let topology = match (&a.topology, &a.switches) {
+        (Some(_), Some(_)) => bail!("topology: give --topology or --switches, not both"),
+        (Some(t), None) => Some(parse::topology(t).map_err(anyhow::Error::msg)?),
+        (None, Some(sw)) => {
+            let (required, wait_s) = parse::switches(sw).map_err(anyhow::Error::msg)?;
+            let level = leaf_level.context("switches: the cluster's topology levels are unknown")?;
+            Some(pb::TopologyConstraint { level: level.to_string(), required, wait_s })
+        }
+        (None, None) => None,
+    };
+    let kill_on_invalid_dep = match a.kill_on_invalid_dep.as_deref() {
+        None => None,
+        Some("yes" | "true" | "1") => Some(true),
+        Some("no" | "false" | "0") => Some(false),
+        Some(other) => bail!("kill-on-invalid-dep: '{other}' must be yes or no"),
+    };
+    let (constraints, exclusive) = (a.res.constraints()?, a.res.exclusive()?);
+    let spec = pb::JobSpec {
+        name: a.res.job_name.unwrap_or_else(|| default_job_name(&command, a.script.as_ref(), a.wrap.is_some())),
+        user: String::new(),
+        command,
+        script,
+        workdir,
+        partition: a.res.partition.unwrap_or_default(),
+        nodes,
+        tasks_per_node,
+        cpus_per_task: match (a.res.cpus_per_task, a.res.cpus_per_gpu) {
+            (Some(_), Some(_)) => bail!("--cpus-per-gpu: give --cpus-per-task or --cpus-per-gpu, not both"),
+            (None, Some(c)) if c < 1 => bail!("--cpus-per-gpu: must be at least 1, got {c}"),
+            (None, Some(c)) => match gpus.unwrap_or(0) {
+                0 => bail!("--cpus-per-gpu: the job asks for no GPUs (add --gpus-per-node, --gpus or --gres)"),
+                // Each node's CPUs, split among its tasks (rounded up).
+                g => Some((c * g + tasks - 1) / tasks),
+            },
+            (c, None) => c,
+        },
+        mem_per_node_mb: match (&a.res.mem, &a.res.mem_per_gpu) {
+            (Some(_), Some(_)) => bail!("--mem-per-gpu: give --mem (per node) or --mem-per-gpu, not both"),
+            (None, Some(_)) if a.res.mem_per_cpu.is_some() => {
+                bail!("--mem-per-gpu: give --mem-per-cpu or --mem-per-gpu, not both")
+            }
+            (None, Some(per_gpu)) => {
+                let per_gpu =
+                    parse::mem_mb(per_gpu).map_err(|e| anyhow::anyhow!(e.replace("--mem", "--mem-per-gpu")))?;
+                match gpus.unwrap_or(0) {
+                    0 => bail!("--mem-per-gpu: the job asks for no GPUs (add --gpus-per-node, --gpus or --gres)"),
+                    g => Some(per_gpu as i64 * g),
+                }
+            }
+            (m, None) if no_memory_reserved(m.as_deref()) => None,
+            (m, None) => m.as_deref().map(parse::mem_mb).transpose().map_err(anyhow::Error::msg)?.map(|m| m as i64),
+        },
+        gpus_per_node: gpus,
+        gpu_type,
+        time_limit_s: a
+            .res
+            .time
+            .as_deref()
+            .map(parse::time_limit_s)
+            .transpose()
+            .map_err(anyhow::Error::msg)?
+            .map(|t| t as i64),
+        env: parse::parse_labels(&a.env).context("env")?.into_iter().collect(),
+        requeue: (a.requeue || a.no_requeue).then_some(!a.no_requeue),
+        output: a.output.unwrap_or_default(),
+        error: a.error.unwrap_or_default(),
+        warn_signal: warn.0,
+        warn_before_s: warn.1,
+        warn_batch_shell: a.signal.as_deref().is_some_and(|s| s.starts_with("B:")),
+        account: a.res.account.unwrap_or_default(),
+        qos: a.res.qos.unwrap_or_default(),
+        nodes_max,
+        mem_per_cpu_mb: a
+            .res
+            .mem_per_cpu
+            .as_deref()
+            .map(parse::mem_mb)
+            .transpose()
+            .map_err(anyhow::Error::msg)?
+            .unwrap_or(0),
+        constraints,
+        exclusive,
+        topology,
+        dependency: a.dependency.unwrap_or_default(),
+        array: a.array.unwrap_or_default(),
+        nice: a.nice.unwrap_or(0),
+        hold: a.hold,
+        kill_on_invalid_dep,
+        begin_time_ms: match &a.begin {
+            Some(b) => parse::begin_ms(b, crate::slurm::now_ms()).map_err(anyhow::Error::msg)?,
+            None => 0,
+        },
+        comment: a.comment.clone().unwrap_or_default(),
+        batch: a.batch,
+        nodelist,
+        exclude,
+        truncate_output: match a.open_mode.as_deref() {
+            None | Some("append") => false,
+            Some("truncate") => true,
+            Some(other) => bail!("--open-mode: '{other}' must be append or truncate"),
+        },
+    };
+    Ok(spec)
+}
+
+fn default_job_name(command: &[String], script: Option<&PathBuf>, wrap: bool) -> String {
+    if wrap {
+        return "wrap".into();
+    }
+    if let Some(p) = script {
+        return p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "script".into());
+    }
+    command.first().map(|c| c.rsplit('/').next().unwrap_or(c).to_string()).unwrap_or_else(|| "job".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    /// One command line through clap, for any of the commands' option sets.
+    #[derive(Parser)]
+    #[command(disable_help_flag = true)]
+    struct Cmd<T: clap::Args> {
+        #[command(flatten)]
+        args: T,
+    }
+
+    fn parse<T: clap::Args>(argv: &[&str]) -> T {
+        Cmd::<T>::try_parse_from(std::iter::once("x").chain(argv.iter().copied())).unwrap().args
+    }
+
+    /// What a job asks the scheduler for (not its command, name or output).
+    fn request(s: &pb::JobSpec) -> String {
+        format!(
+            "nodes {:?}-{} tasks/node {:?} cpus/task {:?} mem {:?} mem/cpu {} gpus {:?} {} time {:?} partition {} \
+             account {} qos {} features {:?} exclusive {} nodelist {:?} exclude {:?}",
+            s.nodes,
+            s.nodes_max,
+            s.tasks_per_node,
+            s.cpus_per_task,
+            s.mem_per_node_mb,
+            s.mem_per_cpu_mb,
+            s.gpus_per_node,
+            s.gpu_type,
+            s.time_limit_s,
+            s.partition,
+            s.account,
+            s.qos,
+            s.constraints,
+            s.exclusive,
+            s.nodelist,
+            s.exclude,
+        )
+    }
+
+    /// The four commands that ask for resources take the same options with
+    /// the same meaning: the same options give the same request, whichever
+    /// of submit, sbatch, salloc and srun (outside a job) sends it.
+    #[test]
+    fn submit_sbatch_salloc_and_srun_ask_for_the_same_resources() {
+        let cases: &[&[&str]] = &[
+            &["-N", "2-4", "--ntasks-per-node=2", "-c", "4", "--gpus-per-node=h100:4", "--exclusive"],
+            &["-N2", "-n", "8", "--mem=64G", "-t", "1:00:00", "-p", "gpu", "-A", "ml", "-q", "high"],
+            &["--nodes=1", "-G", "2", "--mem-per-cpu=2G", "-C", "ib&arch=zen4", "-x", "n[7-9]"],
+            &["-w", "n[1-2]", "--gres=gpu:a100:1", "--cpus-per-gpu=8", "--mem=0"],
+            &["-N", "1", "--gpus-per-task=1", "--ntasks-per-node=4", "--mem-per-gpu=40G", "--exclusive=node"],
+        ];
+        for opts in cases {
+            let with = |tail: &[&'static str]| opts.iter().chain(tail).copied().collect::<Vec<&'static str>>();
+            let submit = job_spec(parse::<SubmitArgs>(&with(&["--", "train.sh"])), None).unwrap();
+            let salloc = crate::slurm::salloc::submit_args(&parse(&with(&["bash"])));
+            let salloc = job_spec(crate::slurm::salloc::allocation(salloc), None).unwrap();
+            let srun_args = parse::<crate::slurm::srun::SrunArgs>(&with(&["python", "train.py"]));
+            let (srun, _) = crate::slurm::srun::outside_job(&srun_args, "gangway", std::iter::empty()).unwrap();
+            let srun = job_spec(crate::slurm::salloc::allocation(srun), None).unwrap();
+            let sbatch = crate::sbatch::SbatchOpts::try_parse_from(std::iter::once("sbatch").chain(with(&[]))).unwrap();
+            let script = Some((PathBuf::from("job.sh"), "#!/bin/sh\ntrue\n".to_string()));
+            let sbatch = crate::sbatch::to_submit_args(sbatch, script, std::iter::empty(), &mut Vec::new()).unwrap();
+            let sbatch = job_spec(sbatch, None).unwrap();
+            let want = request(&submit);
+            for (name, got) in [("sbatch", &sbatch), ("salloc", &salloc), ("srun", &srun)] {
+                assert_eq!(request(got), want, "{name} {opts:?}");
+            }
+        }
+    }
+
+    /// The same bad option is refused alike, naming the option.
+    #[test]
+    fn a_bad_resource_option_is_refused_alike_by_every_command() {
+        for (opts, names) in [
+            (&["--exclusive=user"][..], "--exclusive"),
+            (&["-C", "a|b&c"][..], "--constraint"),
+            (&["-N", "2", "-n", "6", "--ntasks-per-node=2"][..], "--ntasks"),
+        ] {
+            let with = |tail: &[&'static str]| opts.iter().chain(tail).copied().collect::<Vec<&'static str>>();
+            let submit = job_spec(parse::<SubmitArgs>(&with(&["--", "x"])), None).unwrap_err().to_string();
+            let salloc = crate::slurm::salloc::submit_args(&parse(&with(&["bash"])));
+            let salloc = job_spec(crate::slurm::salloc::allocation(salloc), None).unwrap_err().to_string();
+            let sbatch = crate::sbatch::SbatchOpts::try_parse_from(std::iter::once("sbatch").chain(with(&[]))).unwrap();
+            let script = Some((PathBuf::from("job.sh"), "#!/bin/sh\ntrue\n".to_string()));
+            let sbatch = match crate::sbatch::to_submit_args(sbatch, script, std::iter::empty(), &mut Vec::new()) {
+                Err(e) => e,
+                Ok(args) => job_spec(args, None).unwrap_err().to_string(),
+            };
+            for (cmd, e) in [("submit", submit), ("salloc", salloc), ("sbatch", sbatch)] {
+                assert!(e.contains(names), "{cmd} {opts:?}: {e}");
+            }
+        }
+    }
+}
