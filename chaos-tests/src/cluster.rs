@@ -374,7 +374,7 @@ impl ChaosCluster {
                     votes.push(s);
                 }
             }
-            if let Some(l) = votes.iter().find(|s| s.role == "leader") {
+            if let Some(l) = votes.iter().find(|s| s.replica_role() == Some(gangway_proto::ReplicaRole::Leader)) {
                 let agreed = votes.iter().all(|s| s.leader_id == Some(l.id));
                 if agreed && votes.len() * 2 > self.members().len() {
                     return Ok(l.id as usize - 1);

@@ -19,6 +19,7 @@ use gangway_proto::tls::Security;
 use gangway_proto::v1 as pb;
 use gangway_proto::v1::admin_service_client::AdminServiceClient;
 use gangway_proto::v1::job_service_client::JobServiceClient;
+use gangway_proto::ReplicaRole;
 use tokio::sync::Mutex;
 
 /// Concurrent clients one run may use (each is a task with its own connection).
@@ -212,7 +213,7 @@ impl LocalCluster {
             if let Ok(s) = s {
                 let s = s.into_inner();
                 if let Some(l) = s.leader_id {
-                    if s.replicas.iter().any(|r| r.id == l && r.role == "leader") {
+                    if s.replicas.iter().any(|r| r.id == l && r.replica_role() == Some(ReplicaRole::Leader)) {
                         return Ok(l);
                     }
                 }
@@ -234,9 +235,16 @@ impl LocalCluster {
                 .await
             {
                 let s = s.into_inner();
-                let commit = s.replicas.iter().filter(|r| r.role == "leader").filter_map(|r| r.commit_index).max();
+                let commit = s
+                    .replicas
+                    .iter()
+                    .filter(|r| r.replica_role() == Some(ReplicaRole::Leader))
+                    .filter_map(|r| r.commit_index)
+                    .max();
                 if let Some(c) = commit {
-                    if s.replicas.iter().all(|r| r.role != "unreachable" && r.applied_index.unwrap_or(0) >= c) {
+                    if s.replicas.iter().all(|r| {
+                        r.replica_role() != Some(ReplicaRole::Unreachable) && r.applied_index.unwrap_or(0) >= c
+                    }) {
                         return Ok(());
                     }
                 }

@@ -474,8 +474,8 @@ pub async fn cluster(client: &Client, out: &Output, cmd: ClusterCmd) -> anyhow::
                         cert_expiry(r.cert_not_after_unix),
                         // The newest format the replica's build reads (4: a
                         // build from before formats were reported).
-                        match (r.role.as_str(), r.newest_data_format) {
-                            ("unreachable", _) => "-".to_string(),
+                        match (r.replica_role(), r.newest_data_format) {
+                            (Some(gangway_proto::ReplicaRole::Unreachable), _) => "-".to_string(),
                             (_, 0) => "4".to_string(),
                             (_, n) => n.to_string(),
                         },

@@ -19,6 +19,55 @@ pub const IDENTITY_METADATA_KEY: &str = "gangway-identity";
 /// (`role:name`); believed only from a peer holding a server certificate.
 pub const FORWARDED_FOR_METADATA_KEY: &str = "gangway-forwarded-for";
 
+/// A replica's part in the cluster as `ReplicaStatus.role` carries it
+/// (Raft's server state, or that it could not be asked): written and read
+/// through this type, never as bare text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaRole {
+    Leader,
+    Follower,
+    Candidate,
+    Learner,
+    Shutdown,
+    /// The replica did not answer a status probe.
+    Unreachable,
+}
+
+impl ReplicaRole {
+    pub const ALL: [ReplicaRole; 6] = [
+        ReplicaRole::Leader,
+        ReplicaRole::Follower,
+        ReplicaRole::Candidate,
+        ReplicaRole::Learner,
+        ReplicaRole::Shutdown,
+        ReplicaRole::Unreachable,
+    ];
+
+    /// As `gangway cluster status` shows it and the wire carries it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaRole::Leader => "leader",
+            ReplicaRole::Follower => "follower",
+            ReplicaRole::Candidate => "candidate",
+            ReplicaRole::Learner => "learner",
+            ReplicaRole::Shutdown => "shutdown",
+            ReplicaRole::Unreachable => "unreachable",
+        }
+    }
+
+    /// The role a status names (None: a build with a role this one does not know).
+    pub fn parse(text: &str) -> Option<ReplicaRole> {
+        ReplicaRole::ALL.into_iter().find(|r| r.as_str() == text)
+    }
+}
+
+impl v1::ReplicaStatus {
+    /// The replica's role, parsed (None: unknown to this build).
+    pub fn replica_role(&self) -> Option<ReplicaRole> {
+        ReplicaRole::parse(&self.role)
+    }
+}
+
 /// The host other nodes reach node `name` at, from the address it registered
 /// (`HOST[:PORT]`, HOST possibly empty): that host, else its name.
 pub fn node_host<'a>(name: &'a str, addr: &'a str) -> &'a str {
@@ -44,3 +93,16 @@ pub mod step_cred;
 pub mod telemetry;
 pub mod tls;
 pub mod token;
+
+#[cfg(test)]
+mod tests {
+    use super::ReplicaRole;
+
+    #[test]
+    fn replica_roles_read_back_as_written() {
+        for role in ReplicaRole::ALL {
+            assert_eq!(ReplicaRole::parse(role.as_str()), Some(role));
+        }
+        assert_eq!(ReplicaRole::parse("Leader"), None, "roles are lower case on the wire");
+    }
+}

@@ -114,7 +114,7 @@ async fn a_format4_store_opens_replays_and_migrates_to_format5() {
     assert_eq!(s.jobs[&3].spec.exclude, vec!["node-b".to_string()]);
     assert_eq!(s.jobs[&3].spec.comment, "fixture array");
     assert!((3..=6).all(|id| s.jobs[&id].array.is_some() && s.jobs[&id].state == JobState::Pending));
-    assert_eq!(s.jobs[&7].held.as_deref(), Some("JobHeldUser"));
+    assert_eq!(s.jobs[&7].held, Some(gangway_core::model::HoldKind::User));
     assert_eq!(s.jobs[&8].state, JobState::Cancelled);
     assert_eq!((s.jobs[&9].state, s.jobs[&9].exit_code), (JobState::Failed, Some(3)));
     assert_eq!(s.jobs[&10].state, JobState::Completed);
@@ -162,7 +162,7 @@ async fn a_format5_store_opens_replays_and_migrates_to_format6() {
     assert_eq!(s.jobs[&2].state, JobState::Running);
     assert_eq!(s.jobs[&2].allocation.as_ref().unwrap().nodes[0].gpus.len(), 2);
     assert_eq!((s.jobs[&3].state, s.jobs[&3].exit_code), (JobState::Failed, Some(3)));
-    assert_eq!(s.jobs[&4].held.as_deref(), Some("JobHeldUser"));
+    assert_eq!(s.jobs[&4].held, Some(gangway_core::model::HoldKind::User));
     assert!(s.jobs[&5].spec.begin_ms > 0);
     assert_eq!(s.jobs[&6].spec.comment, "fixture array");
     assert!((6..=8).all(|id| s.jobs[&id].array.is_some()));

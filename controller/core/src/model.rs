@@ -101,9 +101,10 @@ pub struct Job {
     /// Dependencies not yet satisfied (resolved to job ids at submit); the job
     /// is eligible when this is empty.
     pub deps_pending: Vec<Dependency>,
-    /// Why the job is held (`JobHeldUser`, `JobHeldAdmin`,
-    /// `DependencyNeverSatisfied`); None: not held.
-    pub held: Option<String>,
+    /// Why the job is held; None: not held. Encoded as its Slurm reason
+    /// text, as before the type existed (see [`HoldKind`]).
+    #[serde(with = "hold_as_text")]
+    pub held: Option<HoldKind>,
     /// Admin-set priority that replaces the computed one (Slurm's
     /// `scontrol update priority=`).
     pub priority_override: Option<u32>,
@@ -264,5 +265,75 @@ impl Node {
 
     pub fn gpus_free(&self) -> usize {
         self.gpus.iter().filter(|g| g.allocated_to.is_none() && g.health == GpuHealth::Healthy).count()
+    }
+}
+
+/// Why a job is held, kept from starting until released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum HoldKind {
+    /// Held by its user (`hold`, `--hold`, `requeue --hold`): they may release it.
+    User,
+    /// Held by an operator or admin: only they may release it.
+    Admin,
+    /// A dependency can never be met and the job asked to be kept
+    /// (`--kill-on-invalid-dep=no`): held until someone releases or cancels it.
+    DependencyNeverSatisfied,
+}
+
+impl HoldKind {
+    /// Slurm's reason code, as `squeue` shows it and the state stores it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldKind::User => "JobHeldUser",
+            HoldKind::Admin => "JobHeldAdmin",
+            HoldKind::DependencyNeverSatisfied => "DependencyNeverSatisfied",
+        }
+    }
+
+    /// The hold a stored reason code names. Only these three were ever
+    /// written; anything else (damage that still decodes) reads as an admin
+    /// hold, the one that keeps the job waiting until an admin looks.
+    pub fn parse(text: &str) -> HoldKind {
+        match text {
+            "JobHeldUser" => HoldKind::User,
+            "DependencyNeverSatisfied" => HoldKind::DependencyNeverSatisfied,
+            _ => HoldKind::Admin,
+        }
+    }
+}
+
+/// `Option<HoldKind>` encoded as `Option<String>` (its reason code), so the
+/// replicated bytes are those of the formats that stored the text.
+mod hold_as_text {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::HoldKind;
+
+    pub fn serialize<S: Serializer>(hold: &Option<HoldKind>, s: S) -> Result<S::Ok, S::Error> {
+        hold.map(HoldKind::as_str).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<HoldKind>, D::Error> {
+        Ok(Option::<String>::deserialize(d)?.map(|t| HoldKind::parse(&t)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hold is stored as its reason code: each kind reads back as itself,
+    /// and text no build wrote reads as the hold only an admin releases.
+    #[test]
+    fn hold_kinds_keep_their_stored_text() {
+        for kind in [HoldKind::User, HoldKind::Admin, HoldKind::DependencyNeverSatisfied] {
+            assert_eq!(HoldKind::parse(kind.as_str()), kind);
+            let bytes = crate::format::to_bytes(&Some(kind.as_str()));
+            #[derive(Serialize, Deserialize)]
+            struct Held(#[serde(with = "hold_as_text")] Option<HoldKind>);
+            assert_eq!(crate::format::to_bytes(&Held(Some(kind))), bytes, "{kind:?} encodes as its text");
+            assert_eq!(crate::format::from_bytes::<Held>(&bytes).unwrap().0, Some(kind));
+        }
+        assert_eq!(HoldKind::parse("JobHeldSomethingElse"), HoldKind::Admin);
     }
 }

@@ -410,9 +410,45 @@ fn check_identity_name(field: &str, name: &str) -> Result<(), SpecError> {
     Ok(())
 }
 
-/// The name in an identity: `client:alice` → `alice` (names hold no `:`).
+/// A caller's identity as commands carry it, parsed once: `KIND:NAME`
+/// (`client:alice`, `agent:node7`, `server:1`, `dev:alice` from an insecure
+/// cluster) or a bare name. The API edge sets it from what it verified (a
+/// certificate, a token, a step credential); the core only reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity<'a> {
+    pub kind: IdentityKind,
+    /// The name after the kind (`alice`); names hold no `:`.
+    pub name: &'a str,
+}
+
+/// What kind of caller an identity names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentityKind {
+    /// A controller replica (`server:ID`): only a server certificate yields it.
+    Server,
+    /// A node agent (`agent:NODE`): never a person.
+    Agent,
+    /// A person or tool with a client certificate or token (`client:NAME`).
+    Client,
+    /// Anything else: `dev:NAME` on an insecure cluster, or a bare name.
+    Other,
+}
+
+impl<'a> Identity<'a> {
+    pub fn parse(text: &'a str) -> Identity<'a> {
+        let kind = match text.split_once(':').map(|(k, _)| k) {
+            Some("server") => IdentityKind::Server,
+            Some("agent") => IdentityKind::Agent,
+            Some("client") => IdentityKind::Client,
+            _ => IdentityKind::Other,
+        };
+        Identity { kind, name: text.rsplit(':').next().unwrap_or(text) }
+    }
+}
+
+/// The name in an identity: `client:alice` → `alice`.
 pub fn identity_name(identity: &str) -> &str {
-    identity.rsplit(':').next().unwrap_or(identity)
+    Identity::parse(identity).name
 }
 
 /// Whether a coordinator of the accounts `mine` may turn `old` into `new`.
@@ -809,10 +845,11 @@ impl ClusterPolicy {
     /// Whether `list` names the person behind `identity`: by identity, by
     /// name, or by the Unix user it runs as. Agents are never people.
     pub fn lists(&self, list: &[String], identity: &str) -> bool {
-        if identity.starts_with("agent:") {
+        let who = Identity::parse(identity);
+        if who.kind == IdentityKind::Agent {
             return false;
         }
-        let name = identity_name(identity);
+        let name = who.name;
         let user = self.unix_user(name);
         list.iter().any(|a| a == identity || a == name || a == user)
     }
@@ -986,5 +1023,27 @@ mod tests {
         assert_eq!(p.resolve_account("bob", "").unwrap_err().field, "user");
         p.qos.insert("high".into(), Qos { preempt: vec!["low".into()], ..Qos::default() });
         assert_eq!(p.validate().unwrap_err().field, "qos.high.preempt");
+    }
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::*;
+
+    #[test]
+    fn identities_parse_into_a_kind_and_a_name() {
+        let cases = [
+            ("client:alice", IdentityKind::Client, "alice"),
+            ("agent:gpu-07", IdentityKind::Agent, "gpu-07"),
+            ("server:2", IdentityKind::Server, "2"),
+            ("dev:bob", IdentityKind::Other, "bob"),
+            ("carol", IdentityKind::Other, "carol"),
+            // Not a kind, only a prefix of one: a person.
+            ("agents:x", IdentityKind::Other, "x"),
+            ("", IdentityKind::Other, ""),
+        ];
+        for (text, kind, name) in cases {
+            assert_eq!(Identity::parse(text), Identity { kind, name }, "{text}");
+        }
     }
 }

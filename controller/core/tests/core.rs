@@ -89,6 +89,42 @@ fn openraft_types_stay_in_the_raft_layers() {
     assert!(sources.iter().any(|(p, t)| allowed(p) && t.contains(&needle)), "the check found no openraft use at all");
 }
 
+/// Protobuf meets the core's types in one file (rust-analyzer's tidy tests):
+/// `controller/src/api/convert.rs` builds wire messages from the model and
+/// specs from wire messages, and maps their enums. Anywhere else in the
+/// controller, building one of those messages or specs, mapping a wire
+/// state, or a `From` between the two is a second conversion that can drift.
+#[test]
+fn protobuf_meets_core_types_only_in_convert_rs() {
+    let sources = workspace_sources();
+    let convert = "controller/src/api/convert.rs";
+    // Spelt in parts, so this file does not name what it looks for.
+    let needles: Vec<String> = [
+        ["pb::Job", " {"],
+        ["pb::JobSpec", " {"],
+        ["pb::Node", " {"],
+        ["pb::Allocation", " {"],
+        ["pb::JobState", "::"],
+        ["pb::NodeState", "::"],
+        ["JobSpec", " {"],
+        ["NodeSpec", " {"],
+        ["impl From<", "pb::"],
+        ["impl TryFrom<", "pb::"],
+    ]
+    .iter()
+    .map(|p| p.concat())
+    .collect();
+    let mut strays = Vec::new();
+    for (path, text) in sources.iter().filter(|(p, _)| p.starts_with("controller/src/") && p != convert) {
+        for n in needles.iter().filter(|n| text.contains(n.as_str())) {
+            strays.push(format!("{path}: `{n}`"));
+        }
+    }
+    assert!(strays.is_empty(), "protobuf and core types converted outside {convert}: {strays:?}");
+    let (_, text) = sources.iter().find(|(p, _)| p == convert).expect("convert.rs exists");
+    assert!(needles.iter().filter(|n| text.contains(n.as_str())).count() >= 6, "the check no longer finds the conversions");
+}
+
 fn node_spec(i: usize, gpus: usize) -> NodeSpec {
     NodeSpec {
         name: format!("n{i}"),

@@ -219,7 +219,7 @@ impl AdminService for AdminApi {
                 probe_replica(&replica, &addr).await.unwrap_or_else(|error| ReplicaStatus {
                     id,
                     addr: addr.clone(),
-                    role: "unreachable".into(),
+                    role: gangway_proto::ReplicaRole::Unreachable.as_str().into(),
                     error,
                     voter: me.voters.contains(&id),
                     ..Default::default()
@@ -228,7 +228,10 @@ impl AdminService for AdminApi {
         });
         let replicas = futures::future::join_all(probes).await;
         // The freshest view of the leader: the highest term any replica reports.
-        let best = replicas.iter().filter(|r| r.role != "unreachable").max_by_key(|r| r.term);
+        let best = replicas
+            .iter()
+            .filter(|r| r.replica_role() != Some(gangway_proto::ReplicaRole::Unreachable))
+            .max_by_key(|r| r.term);
         Ok(Response::new(ClusterStatusResponse {
             leader_id: best.and_then(|r| r.leader_id),
             term: best.map(|r| r.term).unwrap_or(me.term),

@@ -187,7 +187,7 @@ pub fn job_to_proto(j: &Job) -> pb::Job {
         array_job_id: j.array.map(|a| a.array_job_id),
         array_index: j.array.map(|a| a.index),
         pending_dependencies: j.deps_pending.iter().map(format_dependency).collect(),
-        held: j.held.clone().unwrap_or_default(),
+        held: j.held.map(|h| h.as_str().to_string()).unwrap_or_default(),
         priority_override: j.priority_override,
         preempted: j.preempted,
         last_checkpoint_ms: j.last_checkpoint_ms,

@@ -50,27 +50,7 @@ pub enum ProposeError {
 }
 
 /// A replica's part in Raft right now (openraft's server state, in Gangway's words).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RaftRole {
-    Leader,
-    Follower,
-    Candidate,
-    Learner,
-    Shutdown,
-}
-
-impl RaftRole {
-    /// As `gangway cluster status` and `ReplicaStatus.role` show it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RaftRole::Leader => "leader",
-            RaftRole::Follower => "follower",
-            RaftRole::Candidate => "candidate",
-            RaftRole::Learner => "learner",
-            RaftRole::Shutdown => "shutdown",
-        }
-    }
-}
+pub use gangway_proto::ReplicaRole as RaftRole;
 
 /// A replica's view of itself, for status reporting.
 #[derive(Debug, Clone)]

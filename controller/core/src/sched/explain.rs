@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use super::view::View;
 use super::{Options, Order, Policy, Prioritizer};
-use crate::model::{Job, JobId, JobState};
+use crate::model::{HoldKind, Job, JobId, JobState};
 use crate::state::State;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -137,10 +137,10 @@ fn explain_job(state: &State, job: &Job, hypothetical: bool, now_ms: u64) -> Exp
                     format!("waiting for {}", deps.join(","))
                 },
             ),
-            Some(r @ ("JobHeldUser" | "JobHeldAdmin" | "DependencyNeverSatisfied")) => {
-                let by = match r {
-                    "JobHeldUser" => "held by its user".to_string(),
-                    "JobHeldAdmin" => "held by an admin".to_string(),
+            Some(r) if job.held.is_some_and(|h| h.as_str() == r) => {
+                let by = match job.held {
+                    Some(HoldKind::User) => "held by its user".to_string(),
+                    Some(HoldKind::Admin) => "held by an admin".to_string(),
                     _ => format!("held: {}", job.reason),
                 };
                 (r, format!("{by}; `gangway release {}` lets it run", job.id))

@@ -250,12 +250,8 @@ impl<'s, 'o> Pass<'s, 'o> {
 
     /// The first gate that keeps `job` from starting now, as a reason.
     fn gate(&self, job: &Job) -> Option<&'static str> {
-        if let Some(h) = &job.held {
-            return Some(match h.as_str() {
-                "JobHeldAdmin" => "JobHeldAdmin",
-                "DependencyNeverSatisfied" => "DependencyNeverSatisfied",
-                _ => "JobHeldUser",
-            });
+        if let Some(h) = job.held {
+            return Some(h.as_str());
         }
         if job.spec.begin_ms > self.opts.now_ms {
             return Some("BeginTime");

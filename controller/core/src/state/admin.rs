@@ -13,7 +13,7 @@ use super::{Applied, JobEvent, Outcome, RefusalKind, State, UseKey};
 use crate::command::{JobChange, Placement, Preemption};
 use crate::format::PLAN_APPLY_FORMAT;
 use crate::limits::*;
-use crate::model::{Allocation, Job, JobId, JobState};
+use crate::model::{Allocation, HoldKind, Job, JobId, JobState};
 use crate::policy::{ClusterPolicy, PreemptMode, Quota, Use, ROLES_FORMAT};
 
 /// Usage charged to an account in one time bucket (for decayed fair share).
@@ -349,22 +349,22 @@ impl State {
                         "permission: admin holds need an operator or admin",
                     );
                 }
-                if job.held.as_deref() == Some("JobHeldAdmin") && !*as_admin {
+                if job.held == Some(HoldKind::Admin) && !*as_admin {
                     return Applied::refused(
                         RefusalKind::FailedPrecondition,
                         format!("job {job_id} is already held by an admin"),
                     );
                 }
-                let why = if *as_admin { "JobHeldAdmin" } else { "JobHeldUser" };
+                let hold = if *as_admin { HoldKind::Admin } else { HoldKind::User };
                 let job = self.jobs.get_mut(&job_id).expect("checked");
-                job.held = Some(why.to_string());
-                job.reason = why.to_string();
+                job.held = Some(hold);
+                job.reason = hold.as_str().to_string();
             }
             JobChange::Release => {
                 if job.held.is_none() {
                     return Applied::refused(RefusalKind::FailedPrecondition, format!("job {job_id} is not held"));
                 }
-                if job.held.as_deref() == Some("JobHeldAdmin") && !admin {
+                if job.held == Some(HoldKind::Admin) && !admin {
                     return Applied::refused(
                         RefusalKind::PermissionDenied,
                         "permission: an admin hold can only be released by an operator or admin",
@@ -411,7 +411,7 @@ impl State {
                 events.push(self.requeue_job(index, job_id, format!("requeued by {identity}")));
                 if *hold {
                     let job = self.jobs.get_mut(&job_id).expect("checked");
-                    job.held = Some("JobHeldUser".to_string());
+                    job.held = Some(HoldKind::User);
                 }
             }
             JobChange::SetTimeLimit(t) => {

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use super::submit::DepStatus;
 use super::{JobEvent, State};
-use crate::model::{JobId, JobState};
+use crate::model::{HoldKind, JobId, JobState};
 use crate::spec::{Dependency, DependencyKind};
 
 impl State {
@@ -135,7 +135,7 @@ impl State {
             Some(self.finish_job(index, job_id, JobState::Cancelled, None, why))
         } else {
             let job = self.jobs.get_mut(&job_id).expect("checked above");
-            job.held = Some("DependencyNeverSatisfied".to_string());
+            job.held = Some(HoldKind::DependencyNeverSatisfied);
             job.reason = why;
             None
         }

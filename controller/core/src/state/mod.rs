@@ -711,8 +711,8 @@ impl State {
                 p.attempt, p.job_id, job.attempt
             ));
         }
-        if let Some(why) = &job.held {
-            return Err(format!("job {} is held ({why})", p.job_id));
+        if let Some(hold) = job.held {
+            return Err(format!("job {} is held ({})", p.job_id, hold.as_str()));
         }
         if !job.deps_pending.is_empty() {
             return Err(format!("job {} waits for its dependencies", p.job_id));

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use super::{Applied, JobEvent, Outcome, RefusalKind, State, UseKey};
 use crate::limits::*;
 use crate::model::{ArrayElement, Job, JobId, JobState};
-use crate::policy::{DEFAULT_QOS, ROLES_FORMAT};
+use crate::policy::{Identity, IdentityKind, DEFAULT_QOS, ROLES_FORMAT};
 use crate::spec::{parse_array, Dependency, DependencyKind, JobSpec, SpecError};
 
 impl State {
@@ -141,7 +141,7 @@ impl State {
                     throttle: a.throttle,
                 }),
                 deps_pending: deps,
-                held: spec.hold.then(|| "JobHeldUser".to_string()),
+                held: spec.hold.then_some(crate::model::HoldKind::User),
                 priority_override: None,
                 last_checkpoint_ms: None,
                 preempted: 0,
@@ -362,10 +362,11 @@ impl State {
     /// Whether `identity` owns `job`: the user the job runs as (after the
     /// policy's user map), or who submitted it.
     pub fn owns(&self, job: &Job, identity: &str) -> bool {
-        let user = self.policy.unix_user(crate::policy::identity_name(identity));
+        let who = Identity::parse(identity);
+        let user = self.policy.unix_user(who.name);
         // Before format 6 the rule had no agent exception: kept, so old and
         // new builds apply old entries alike.
-        let person = self.format < ROLES_FORMAT || !identity.starts_with("agent:");
+        let person = self.format < ROLES_FORMAT || who.kind != IdentityKind::Agent;
         job.submitted_by == identity || (person && job.spec.user == user)
     }
 
@@ -374,12 +375,12 @@ impl State {
     /// yields). An empty list means no user is an admin: nothing is allowed by
     /// default; the first admin comes from the replicas' bootstrap.
     pub fn is_admin(&self, identity: &str) -> bool {
-        if identity.starts_with("server:") {
+        let who = Identity::parse(identity);
+        if who.kind == IdentityKind::Server {
             return true;
         }
         if self.format < ROLES_FORMAT {
-            let name = crate::policy::identity_name(identity);
-            return self.policy.admins.iter().any(|a| a == identity || a == name);
+            return self.policy.admins.iter().any(|a| a == identity || a == who.name);
         }
         self.policy.lists(&self.policy.admins, identity)
     }
