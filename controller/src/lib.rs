@@ -13,15 +13,18 @@
 pub mod api;
 pub mod audit;
 pub mod config;
+pub mod heartbeats;
 pub mod leader;
 pub mod proposer;
 pub mod raft;
 pub mod ratelimit;
 pub mod replica;
+pub mod shared;
 pub mod telemetry;
 
 pub use config::{ReplicaConfig, Timing};
-pub use replica::{Replica, ReplicaHandle};
+pub use replica::ReplicaHandle;
+pub use shared::Replica;
 
 pub use gangway_core::duties::format_duration_s;
 

@@ -14,7 +14,7 @@ use gangway_core::{Applied, Command, Outcome};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::raft::{ProposeError, RaftNode};
-use crate::replica::WRITE_TIMEOUT;
+use crate::shared::WRITE_TIMEOUT;
 
 /// Writes waiting to be batched. Beyond this, callers wait to enqueue
 /// (back-pressure) instead of the replica buffering without bound.

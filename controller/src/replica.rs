@@ -1,10 +1,10 @@
-//! One controller replica: opens its store, starts Raft, serves the gRPC API (plus
-//! health and reflection) on one port, forms the cluster on first start, and runs
-//! leader duties while it leads.
+//! One controller replica, wired: opens its store, starts Raft, serves the gRPC
+//! API (plus health and reflection) on one port, forms the cluster on first
+//! start, and runs leader duties while it leads. Nothing imports this module
+//! but the crate root; what the parts share is `shared.rs`.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -17,124 +17,17 @@ use gangway_proto::v1::raft_service_server::RaftServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tonic::transport::{Channel, Server};
-use tonic::Status;
+use tonic::transport::Server;
 
 use crate::api::{admin::AdminApi, agent::AgentApi, jobs::JobApi, nodes::NodeApi};
-use crate::config::{ReplicaConfig, Timing};
+use crate::config::ReplicaConfig;
 use crate::raft::service::RaftRpc;
 use crate::raft::{RaftNode, RAFT_MESSAGE_BYTES_MAX};
+use crate::shared::Replica;
 
-/// A write waits this long for its commit before answering UNAVAILABLE (outcome
-/// unknown; a retry with the same idempotency key is safe).
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// A forwarded call waits a little longer than the leader's own write timeout.
-pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(12);
-/// Scheduling analyses (explain, test-submit) one replica runs at once: each is
-/// a full pass (~70 ms at 100,000 pending jobs) under the state's read lock,
-/// so a few at a time keep the replica's CPU and its writes for its log.
-pub const ANALYSES_MAX: usize = 2;
 /// Opening the store retries while a previous instance in this process (a test
 /// restarting a replica) still holds RocksDB's lock: 50 × 100 ms.
 const STORE_OPEN_ATTEMPTS_MAX: usize = 50;
-/// Peers, agents' leaders and forwarding targets this replica keeps channels to.
-/// Clusters have 3–5 replicas; the bound only guards against address churn.
-const CHANNELS_MAX: usize = 64;
-/// Nodes whose heartbeat times the leader keeps in memory (matches the core's NODES_MAX).
-const HEARTBEATS_MAX: usize = gangway_core::limits::NODES_MAX;
-
-pub struct Replica {
-    pub node: Arc<RaftNode>,
-    /// Batches API writes into Raft entries.
-    pub proposer: crate::proposer::Proposer,
-    /// The advertised address of this replica.
-    pub addr: String,
-    pub timing: Timing,
-    /// How this replica talks to its peers and checks its callers.
-    pub security: gangway_proto::tls::Security,
-    /// Users that are admins even when the policy names none (`--bootstrap-admin`).
-    pub bootstrap_admins: Vec<String>,
-    /// Whether jobs may run as root (`--allow-root-jobs`).
-    pub allow_root_jobs: bool,
-    /// Users see only their own jobs (`--private-jobs`).
-    pub private_jobs: bool,
-    /// Bearer tokens accepted (`--token-public-key`, `--token-jwks`).
-    pub tokens: Option<Arc<gangway_proto::token::TokenVerifier>>,
-    /// What this replica refused, and the admin actions it allowed.
-    pub audit: Arc<crate::audit::AuditLog>,
-    /// Per-identity write rate limits (see `ratelimit`).
-    pub writes: crate::ratelimit::WriteLimiter,
-    /// Explain and test-submit run whole scheduling passes: at most
-    /// ANALYSES_MAX at once on this replica.
-    analyses: tokio::sync::Semaphore,
-    channels: Mutex<BTreeMap<String, Channel>>,
-    /// Last heartbeat per node, in this replica's memory (meaningful on the leader).
-    pub heartbeats: crate::leader::Heartbeats,
-    /// The last scheduling pass's pending reasons (on the leader), for `List`.
-    pending_reasons: Mutex<Arc<BTreeMap<u64, &'static str>>>,
-    /// Set when the replica shuts down: open streams end, so clients reconnect
-    /// elsewhere instead of waiting on a replica that is going away.
-    closing: tokio::sync::watch::Sender<bool>,
-}
-
-impl Replica {
-    /// One of the ANALYSES_MAX permits, or RESOURCE_EXHAUSTED (retry shortly).
-    pub fn analysis_permit(&self, what: &str) -> Result<tokio::sync::SemaphorePermit<'_>, tonic::Status> {
-        self.analyses.try_acquire().map_err(|_| {
-            tonic::Status::resource_exhausted(format!(
-                "{what}: this replica is already running {ANALYSES_MAX} scheduling analyses; retry in a second"
-            ))
-        })
-    }
-
-    /// Resolves once the replica is shutting down.
-    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut rx = self.closing.subscribe();
-        async move {
-            let _ = rx.wait_for(|closing| *closing).await;
-        }
-    }
-
-    /// Keeps the last scheduling pass's reasons.
-    pub fn set_pending_reasons(&self, reasons: Vec<(u64, &'static str)>) {
-        *self.pending_reasons.lock().expect("reasons lock") = Arc::new(reasons.into_iter().collect());
-    }
-
-    /// The last scheduling pass's reasons (empty on a replica that does not lead).
-    pub fn pending_reasons(&self) -> Arc<BTreeMap<u64, &'static str>> {
-        self.pending_reasons.lock().expect("reasons lock").clone()
-    }
-
-    /// A (lazily connected) channel to another replica's API.
-    pub fn channel_to(&self, addr: &str) -> Result<Channel, Status> {
-        let mut channels = self.channels.lock().expect("channels lock");
-        if let Some(ch) = channels.get(addr) {
-            return Ok(ch.clone());
-        }
-        let ch = self
-            .security
-            .channel(addr, gangway_proto::tls::Expect::Server, Duration::from_secs(1))
-            .map_err(|e| Status::internal(format!("replica address {addr}: {e}")))?;
-        if channels.len() >= CHANNELS_MAX {
-            channels.clear();
-        }
-        channels.insert(addr.to_string(), ch.clone());
-        Ok(ch)
-    }
-
-    /// When this replica's own certificate expires (Unix seconds).
-    pub fn cert_not_after(&self) -> Option<i64> {
-        self.security.credentials().and_then(|c| c.not_after())
-    }
-
-    /// How long ago the leader last heard from `node` (None on a follower).
-    pub fn heartbeat_age_ms(&self, node: &str) -> Option<u64> {
-        if !self.node.is_leader() {
-            return None;
-        }
-        self.heartbeats.age_ms(node)
-    }
-}
 
 /// A running replica; `shutdown` stops it and releases its data dir.
 pub struct ReplicaHandle {
@@ -151,7 +44,7 @@ pub struct ReplicaHandle {
 
 impl ReplicaHandle {
     pub async fn shutdown(mut self) {
-        self.replica.closing.send_replace(true);
+        self.replica.close();
         self.leader_watch.abort();
         self.fatal_watch.abort();
         if let Some(tx) = self.shutdown_tx.take() {
@@ -230,24 +123,7 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
     }
     let stores = open_store(&config.data_dir)?;
     let node = Arc::new(RaftNode::start(config.id, config.timing.clone(), stores, config.security.clone()).await?);
-    let replica = Arc::new(Replica {
-        node: node.clone(),
-        proposer: crate::proposer::Proposer::start(node.clone()),
-        addr: config.advertise_addr.clone(),
-        timing: config.timing.clone(),
-        security: config.security.clone(),
-        bootstrap_admins: config.bootstrap_admins.clone(),
-        allow_root_jobs: config.allow_root_jobs,
-        tokens: config.tokens.clone(),
-        private_jobs: config.private_jobs,
-        audit: Arc::new(crate::audit::AuditLog::default()),
-        writes: crate::ratelimit::WriteLimiter::new(config.timing.user_writes_per_s, config.timing.user_write_burst),
-        analyses: tokio::sync::Semaphore::new(ANALYSES_MAX),
-        channels: Mutex::new(BTreeMap::new()),
-        heartbeats: crate::leader::Heartbeats::new(HEARTBEATS_MAX),
-        pending_reasons: Mutex::new(Arc::new(BTreeMap::new())),
-        closing: tokio::sync::watch::Sender::new(false),
-    });
+    let replica = Arc::new(Replica::new(node.clone(), &config));
 
     let (mut health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<JobServiceServer<JobApi>>().await;
@@ -330,7 +206,7 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
             health_reporter.set_not_serving::<AdminServiceServer<AdminApi>>().await;
             health_reporter.set_not_serving::<AgentServiceServer<AgentApi>>().await;
             health_reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
-            replica.closing.send_replace(true);
+            replica.close();
             fatal_tx.send_replace(Some(why));
         }
     });

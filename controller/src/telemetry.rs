@@ -12,7 +12,7 @@ use gangway_core::{GpuHealth, JobState, NodeState};
 use gangway_proto::telemetry::{self, Gauges};
 use tokio::net::TcpListener;
 
-use crate::replica::Replica;
+use crate::shared::Replica;
 
 /// Installs the recorder and describes the facade's metrics (HELP lines);
 /// counters start at zero so they exist (and `rate()` works) before they move.

@@ -1445,7 +1445,7 @@ async fn scheduling_analyses_are_limited_per_replica() {
     };
     let replica = &c.handles[&leader].replica;
     let held: Vec<_> =
-        (0..gangway_controller::replica::ANALYSES_MAX).map(|_| replica.analysis_permit("held").unwrap()).collect();
+        (0..gangway_controller::shared::ANALYSES_MAX).map(|_| replica.analysis_permit("held").unwrap()).collect();
     for r in [explain_once(&client).await, test_once(&client).await] {
         let e = r.unwrap_err();
         assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");

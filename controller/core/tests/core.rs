@@ -122,7 +122,30 @@ fn protobuf_meets_core_types_only_in_convert_rs() {
     }
     assert!(strays.is_empty(), "protobuf and core types converted outside {convert}: {strays:?}");
     let (_, text) = sources.iter().find(|(p, _)| p == convert).expect("convert.rs exists");
-    assert!(needles.iter().filter(|n| text.contains(n.as_str())).count() >= 6, "the check no longer finds the conversions");
+    assert!(
+        needles.iter().filter(|n| text.contains(n.as_str())).count() >= 6,
+        "the check no longer finds the conversions"
+    );
+}
+
+/// The controller's modules do not talk through a hub: `replica.rs` wires a
+/// replica together and nothing in the crate imports it, and `shared.rs`
+/// (what handlers, duties and telemetry share) imports none of them.
+#[test]
+fn the_controller_has_no_hub_module() {
+    let sources = workspace_sources();
+    let wiring = ["crate::", "replica::"].concat();
+    let importers: Vec<&str> = sources
+        .iter()
+        .filter(|(p, t)| p.starts_with("controller/src/") && t.contains(&wiring))
+        .map(|(p, _)| p.as_str())
+        .collect();
+    assert!(importers.is_empty(), "modules importing the replica's wiring: {importers:?}");
+    let (_, shared) = sources.iter().find(|(p, _)| p == "controller/src/shared.rs").expect("shared.rs exists");
+    for module in ["api", "leader", "telemetry", "replica"] {
+        let path = ["crate::", module, "::"].concat();
+        assert!(!shared.contains(&path), "shared.rs imports `{module}`");
+    }
 }
 
 fn node_spec(i: usize, gpus: usize) -> NodeSpec {

@@ -10,19 +10,12 @@ use tonic::{Request, Response, Status};
 
 use super::{status_from_propose, unexpected, CallCtx, Routed};
 use crate::raft::{ProposeError, RaftStatus};
-use crate::replica::Replica;
+use crate::shared::Replica;
 use gangway_core::policy::ClusterPolicy;
 use gangway_core::{Command, Outcome};
 
 /// How long ClusterStatus waits for each replica before calling it unreachable.
 const STATUS_PROBE_TIMEOUT: Duration = Duration::from_millis(1500);
-/// A leader transfer waits this long for the target to catch up with the log.
-const TRANSFER_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(5);
-/// ...and this long for the target to win its election.
-const TRANSFER_ELECTION_TIMEOUT: Duration = Duration::from_secs(3);
-/// Attempts at a transfer: a write arriving mid-transfer refreshes the followers'
-/// leader lease and can make one attempt fail.
-const TRANSFER_ATTEMPTS_MAX: usize = 3;
 /// Waiting for a requested snapshot to be built and stored.
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Waiting for a membership change to commit (a new learner first catches up).
@@ -346,54 +339,20 @@ impl AdminService for AdminApi {
                 .forward(&ctx, leader, msg, |ch, r| async move { AdminServiceClient::new(ch).transfer_leader(r).await })
                 .await;
         }
-        let status = node.status();
         let to = msg.to;
-        if to == status.id {
-            return Ok(Response::new(TransferLeaderResponse { leader_id: to, term: status.term }));
+        let target_addr = node.status().addrs.get(&to).cloned().unwrap_or_default();
+        let replica = &self.replica;
+        let ask = || async {
+            let Ok(channel) = replica.channel_to(&target_addr) else { return false };
+            AdminServiceClient::new(channel).trigger_election(Request::new(TriggerElectionRequest {})).await.is_ok()
+        };
+        use crate::raft::transfer::{transfer_leadership, TransferError};
+        match transfer_leadership(node, to, ask).await {
+            Ok(moved) => Ok(Response::new(TransferLeaderResponse { leader_id: moved.leader_id, term: moved.term })),
+            Err(e @ TransferError::NotVoter(_)) => Err(Status::invalid_argument(e.to_string())),
+            Err(e @ TransferError::OtherWon { .. }) => Err(Status::aborted(e.to_string())),
+            Err(e) => Err(Status::unavailable(e.to_string())),
         }
-        if !status.voters.contains(&to) {
-            return Err(Status::invalid_argument(format!("to: replica {to} is not a voter")));
-        }
-        let target_addr = status.addrs.get(&to).cloned().unwrap_or_default();
-        let lease = Duration::from_millis(node.timing.election_timeout_max_ms);
-        for _ in 0..TRANSFER_ATTEMPTS_MAX {
-            // 1. The target must hold the whole log, or it cannot win.
-            let caught_up = node
-                .wait_for(TRANSFER_CATCH_UP_TIMEOUT, |s| s.matched.get(&to).copied().flatten() >= s.last_log_index)
-                .await;
-            if !caught_up {
-                return Err(Status::unavailable(format!("replica {to} did not catch up with the log in time")));
-            }
-            // 2. Stop heartbeats so the followers' leader lease runs out, then ask
-            //    the target to stand for election; it wins with its full log.
-            //    The pause ends when `paused` drops, whatever happens: an
-            //    error below or a cancelled call never leaves them off.
-            let paused = node.pause_heartbeats();
-            tokio::time::sleep(lease + Duration::from_millis(50)).await;
-            let channel = self.replica.channel_to(&target_addr)?;
-            let asked =
-                AdminServiceClient::new(channel).trigger_election(Request::new(TriggerElectionRequest {})).await;
-            let won = asked.is_ok()
-                && node
-                    .wait_for(TRANSFER_ELECTION_TIMEOUT, |s| {
-                        s.leader_id == Some(to) || s.leader_id.is_some_and(|l| l != status.id && s.term > status.term)
-                    })
-                    .await;
-            drop(paused);
-            let now = node.status();
-            if won && now.leader_id == Some(to) {
-                return Ok(Response::new(TransferLeaderResponse { leader_id: to, term: now.term }));
-            }
-            if now.leader_id != Some(status.id) && now.role != crate::raft::RaftRole::Leader {
-                // Someone else won; the caller can transfer again from there.
-                if let Some(l) = now.leader_id {
-                    return Err(Status::aborted(format!(
-                        "replica {l} won the election instead of {to}; run the transfer again"
-                    )));
-                }
-            }
-        }
-        Err(Status::unavailable(format!("leadership did not move to replica {to}; retry when the cluster is quieter")))
     }
 
     type AuditStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<AuditEntry, Status>> + Send>>;

@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status};
 
 use super::convert::node_spec_from_proto;
 use super::{status_from_spec, unexpected, Routed};
-use crate::replica::Replica;
+use crate::shared::Replica;
 
 pub struct AgentApi {
     pub replica: Arc<Replica>,

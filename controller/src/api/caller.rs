@@ -13,7 +13,7 @@ use gangway_proto::{FORWARDED_FOR_METADATA_KEY, IDENTITY_METADATA_KEY};
 use tonic::{Request, Status};
 
 use super::{convert, status_from_spec};
-use crate::replica::Replica;
+use crate::shared::Replica;
 
 /// Marks a request a replica forwarded to the leader.
 pub const FORWARDED_METADATA_KEY: &str = "gangway-forwarded";

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 
 use super::convert::{spec_from_proto, state_from_proto, state_to_proto};
 use super::{status_from_spec, unexpected, Routed};
-use crate::replica::Replica;
+use crate::shared::Replica;
 
 /// Jobs in one List page unless the caller asks for fewer.
 const LIST_LIMIT_DEFAULT: u32 = 1000;

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 
 use super::convert::node_to_proto;
 use super::{unexpected, CallCtx, Routed};
-use crate::replica::Replica;
+use crate::shared::Replica;
 
 pub struct NodeApi {
     pub replica: Arc<Replica>,

@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 
 use super::{status_from_propose, CallCtx, Caller, FORWARDED_JOB_METADATA_KEY, FORWARDED_METADATA_KEY};
 use crate::raft::ProposeError;
-use crate::replica::Replica;
+use crate::shared::Replica;
 
 /// Where a call was served.
 pub enum Routed<T, R> {
@@ -63,7 +63,7 @@ impl Replica {
                 }
             }
         }
-        req.set_timeout(crate::replica::FORWARD_TIMEOUT);
+        req.set_timeout(crate::shared::FORWARD_TIMEOUT);
         metrics::counter!("gangway_api_forwarded_total").increment(1);
         call(channel, req).await.map_err(|s| {
             if gangway_proto::client::is_transport_failure(&s) && s.code() != tonic::Code::Unavailable {
@@ -123,7 +123,7 @@ impl Replica {
         if stale {
             return Ok(None);
         }
-        match self.node.ensure_linearizable(crate::replica::WRITE_TIMEOUT).await {
+        match self.node.ensure_linearizable(crate::shared::WRITE_TIMEOUT).await {
             Ok(()) => Ok(None),
             Err(ProposeError::NotLeader { leader_addr }) => Ok(Some(self.forward(ctx, leader_addr, msg, call).await?)),
             Err(e) => Err(status_from_propose(e)),

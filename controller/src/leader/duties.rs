@@ -9,14 +9,13 @@
 //! million pending jobs), so passes are spaced to keep applies flowing, and
 //! the pass's pending reasons are kept for `List` to show without another pass.
 
-use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gangway_core::duties::{leader_tick, Heard, HeardBook, LeaderMemory, TaskReport};
+use gangway_core::duties::{leader_tick, Heard, LeaderMemory};
 use gangway_core::{Command, JobId, Outcome};
 
-use crate::replica::Replica;
+use crate::shared::Replica;
 
 /// The leader ticks when a job is submitted or ends, and at least this often
 /// (time limits, silent nodes, nodes coming back).
@@ -29,62 +28,9 @@ const TICK_MIN_INTERVAL: Duration = Duration::from_millis(5);
 /// applies (which need the write lock) keep flowing under a huge queue.
 const PASS_SPACING_FACTOR: u32 = 2;
 
-/// The leader's memory of node heartbeats, in monotonic milliseconds since the
-/// replica started (never the wall clock: a clock step must not make every
-/// node look silent). Only transitions to Down are committed.
-pub struct Heartbeats {
-    epoch: Instant,
-    /// The term in which this replica's leader duties last started, and when
-    /// (monotonic ms).
-    leading: Mutex<Option<(u64, u64)>>,
-    book: Mutex<HeardBook>,
-    /// Nodes remembered at most (the core's NODES_MAX).
-    max: usize,
-}
-
-impl Heartbeats {
-    pub fn new(max: usize) -> Heartbeats {
-        Heartbeats { epoch: Instant::now(), leading: Mutex::new(None), book: Mutex::new(HeardBook::default()), max }
-    }
-
-    /// Monotonic milliseconds since the replica started.
-    pub fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// See `HeardBook::record`.
-    pub fn record(&self, node: &str, running: Option<(u64, BTreeSet<JobId>)>) {
-        let now = self.now_ms();
-        self.book.lock().expect("heartbeats lock").record(node, now, running, self.max);
-    }
-
-    pub fn last_ms(&self, node: &str) -> Option<u64> {
-        self.book.lock().expect("heartbeats lock").last(node)
-    }
-
-    /// See `gangway_core::duties::Heard::runs`.
-    pub fn runs(&self, node: &str, job: JobId) -> Option<TaskReport> {
-        self.book.lock().expect("heartbeats lock").runs(node, job)
-    }
-
-    /// How long `node` has been silent, as the leader of `term` counts it.
-    /// 0 until this replica's duties of that term have started: until then no
-    /// tick can be declaring the node down.
-    pub fn silence_ms(&self, node: &str, term: u64) -> u64 {
-        match *self.leading.lock().expect("leading lock") {
-            Some((t, since)) if t == term => gangway_core::duties::silence_ms(self.now_ms(), since, self.last_ms(node)),
-            _ => 0,
-        }
-    }
-
-    pub fn age_ms(&self, node: &str) -> Option<u64> {
-        self.last_ms(node).map(|t| self.now_ms().saturating_sub(t))
-    }
-}
-
 pub async fn run(replica: Arc<Replica>) {
     let leader_since = replica.heartbeats.now_ms();
-    *replica.heartbeats.leading.lock().expect("leading lock") = Some((replica.node.status().term, leader_since));
+    replica.heartbeats.started_leading(replica.node.status().term, leader_since);
     let mut events = replica.node.state().subscribe();
     let mut last_pass = Duration::ZERO;
     let memory = Arc::new(Mutex::new(LeaderMemory::default()));

@@ -6,8 +6,6 @@
 
 pub mod duties;
 
-pub use duties::Heartbeats;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +13,7 @@ use gangway_core::policy::ROLES_FORMAT;
 use gangway_core::{Command, Outcome};
 use tokio::task::JoinHandle;
 
-use crate::replica::Replica;
+use crate::shared::Replica;
 
 /// How often the replica checks whether it leads. Duties start at most this late
 /// after an election (a new leader's grace period starts then too).

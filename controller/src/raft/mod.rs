@@ -2,10 +2,12 @@
 //! With `raft-store`, this is the only place that names openraft types: the rest
 //! of the controller sees [`RaftNode`], [`ProposeError`] and plain values.
 //!
-//! Related code: `network.rs` (outgoing Raft RPCs), `service.rs` (incoming).
+//! Related code: `network.rs` (outgoing Raft RPCs), `service.rs` (incoming),
+//! `transfer.rs` (moving leadership to another voter).
 
 pub mod network;
 pub mod service;
+pub mod transfer;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
