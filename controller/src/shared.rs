@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gangway_core::sched::Pending;
 use tonic::transport::Channel;
 use tonic::Status;
 
@@ -57,7 +58,7 @@ pub struct Replica {
     /// Last heartbeat per node, in this replica's memory (meaningful on the leader).
     pub heartbeats: crate::heartbeats::Heartbeats,
     /// The last scheduling pass's pending reasons (on the leader), for `List`.
-    pending_reasons: Mutex<Arc<BTreeMap<u64, &'static str>>>,
+    pending_reasons: Mutex<Arc<BTreeMap<u64, Pending>>>,
     /// Set when the replica shuts down: open streams end, so clients reconnect
     /// elsewhere instead of waiting on a replica that is going away.
     closing: tokio::sync::watch::Sender<bool>,
@@ -111,12 +112,12 @@ impl Replica {
     }
 
     /// Keeps the last scheduling pass's reasons.
-    pub fn set_pending_reasons(&self, reasons: Vec<(u64, &'static str)>) {
+    pub fn set_pending_reasons(&self, reasons: Vec<(u64, Pending)>) {
         *self.pending_reasons.lock().expect("reasons lock") = Arc::new(reasons.into_iter().collect());
     }
 
     /// The last scheduling pass's reasons (empty on a replica that does not lead).
-    pub fn pending_reasons(&self) -> Arc<BTreeMap<u64, &'static str>> {
+    pub fn pending_reasons(&self) -> Arc<BTreeMap<u64, Pending>> {
         self.pending_reasons.lock().expect("reasons lock").clone()
     }
 

@@ -98,7 +98,7 @@ pub fn render(replica: &Replica) -> String {
     }
     let mut pending_by_reason: std::collections::BTreeMap<&str, u64> = Default::default();
     for id in &state.pending {
-        *pending_by_reason.entry(reasons.get(id).copied().unwrap_or("None")).or_default() += 1;
+        *pending_by_reason.entry(reasons.get(id).map_or("None", |r| r.as_str())).or_default() += 1;
     }
     for (reason, n) in pending_by_reason {
         g.set(

@@ -147,7 +147,7 @@ pub struct Tick {
     /// ends, then nodes going Down.
     pub commands: Vec<Command>,
     /// Why examined pending jobs did not start (for listings).
-    pub reasons: Vec<(JobId, &'static str)>,
+    pub reasons: Vec<(JobId, crate::sched::Pending)>,
 }
 
 /// The leader's periodic work at wall time `now_ms`: a scheduling pass, jobs

@@ -167,7 +167,7 @@ impl JobService for JobApi {
         // none (a follower serving a stale read) runs a pass itself when the
         // queue is short enough for that to be cheap.
         let cached = if explain { self.replica.pending_reasons() } else { Default::default() };
-        let reasons: std::sync::Arc<std::collections::BTreeMap<u64, &'static str>> = if explain
+        let reasons: std::sync::Arc<std::collections::BTreeMap<u64, gangway_core::sched::Pending>> = if explain
             && cached.is_empty()
             && !state.pending.is_empty()
             && state.pending.len() <= EXPLAIN_INLINE_PENDING_MAX
@@ -200,7 +200,7 @@ impl JobService for JobApi {
             // explanation, which says more.
             if let Some(r) = reasons.get(&j.id).filter(|_| j.state == gangway_core::JobState::Pending) {
                 if !pj.reason.starts_with("requeued") {
-                    pj.reason = (*r).to_string();
+                    pj.reason = r.as_str().to_string();
                 }
             }
             jobs.push(pj);

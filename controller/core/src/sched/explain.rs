@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use super::view::View;
-use super::{Options, Order, Policy, Prioritizer};
+use super::{Options, Order, Pending, Policy, Prioritizer};
 use crate::model::{HoldKind, Job, JobId, JobState};
 use crate::state::State;
 
@@ -112,7 +112,7 @@ fn explain_job(state: &State, job: &Job, hypothetical: bool, now_ms: u64) -> Exp
         out.start_nodes = pl.nodes.iter().map(|n| n.node.clone()).collect();
     } else if let Some((_, t)) = p.reservations.iter().find(|(id, _)| *id == job_id) {
         out.estimated_start_ms = Some(*t);
-    } else if job.spec.begin_ms > now_ms && reason == Some("BeginTime") {
+    } else if job.spec.begin_ms > now_ms && reason == Some(Pending::BeginTime) {
         out.estimated_start_ms = Some(job.spec.begin_ms);
     }
     let (reason, detail) = if starting {
@@ -127,7 +127,7 @@ fn explain_job(state: &State, job: &Job, hypothetical: bool, now_ms: u64) -> Exp
         )
     } else {
         match reason {
-            Some("Dependency") => (
+            Some(Pending::Dependency) => (
                 "Dependency",
                 if job.deps_pending.is_empty() {
                     "singleton: another job with the same name and user is running".to_string()
@@ -137,29 +137,29 @@ fn explain_job(state: &State, job: &Job, hypothetical: bool, now_ms: u64) -> Exp
                     format!("waiting for {}", deps.join(","))
                 },
             ),
-            Some(r) if job.held.is_some_and(|h| h.as_str() == r) => {
-                let by = match job.held {
-                    Some(HoldKind::User) => "held by its user".to_string(),
-                    Some(HoldKind::Admin) => "held by an admin".to_string(),
-                    _ => format!("held: {}", job.reason),
+            Some(r @ Pending::Held(hold)) => {
+                let by = match hold {
+                    HoldKind::User => "held by its user".to_string(),
+                    HoldKind::Admin => "held by an admin".to_string(),
+                    HoldKind::DependencyNeverSatisfied => format!("held: {}", job.reason),
                 };
-                (r, format!("{by}; `gangway release {}` lets it run", job.id))
+                (r.as_str(), format!("{by}; `gangway release {}` lets it run", job.id))
             }
-            Some("BeginTime") => (
+            Some(Pending::BeginTime) => (
                 "BeginTime",
                 format!(
                     "asked not to start before {} ms since the epoch (--begin); it is eligible then",
                     job.spec.begin_ms
                 ),
             ),
-            Some("JobArrayTaskLimit") => {
+            Some(Pending::ArrayTaskLimit) => {
                 ("JobArrayTaskLimit", "the array's throttle (%N) is reached; elements start as others end".into())
             }
-            Some(r @ ("AssocGrpLimit" | "AssocMaxLimit" | "QOSMaxPerUser")) => {
+            Some(r @ (Pending::AssocGrpLimit | Pending::AssocMaxLimit | Pending::QosMaxPerUser)) => {
                 let extra = crate::policy::Use { gpus: job.gpus(), cpus: job.cpus(), jobs: 1 };
-                (r, state.quota_exceeded(job, extra).unwrap_or_else(|| "a quota is reached".into()))
+                (r.as_str(), state.quota_exceeded(job, extra).unwrap_or_else(|| "a quota is reached".into()))
             }
-            Some("Topology") => (
+            Some(Pending::Topology) => (
                 "Topology",
                 format!(
                     "enough nodes are free, but not within one {} (required{})",
@@ -167,7 +167,7 @@ fn explain_job(state: &State, job: &Job, hypothetical: bool, now_ms: u64) -> Exp
                     if job.spec.topology.required { "" } else { " until its wait ends" }
                 ),
             ),
-            Some("Resources") => {
+            Some(Pending::Resources) => {
                 let start = p.reservations.iter().find(|(id, _)| *id == job_id).map(|(_, t)| *t);
                 (
                     "Resources",

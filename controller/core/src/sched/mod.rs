@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::command::{Placement, Preemption};
 use crate::limits::ACTIVE_JOBS_MAX;
-use crate::model::{Job, JobId, NodeAllocation};
+use crate::model::{HoldKind, Job, JobId, NodeAllocation};
 use crate::policy::Use;
 use crate::state::{State, UseKey};
 
@@ -83,8 +83,55 @@ pub enum Order {
 /// Expected run time of a job, in seconds (default: its time limit).
 pub type Estimator<'a> = &'a dyn Fn(&Job) -> u64;
 
-/// The pending reason of a job whose previous attempt is still stopping.
-pub const REASON_COMPLETING: &str = "Completing";
+/// Why a job a pass examined did not start, by the stage that stopped it
+/// (gate → limits → feasible → place → preempt → reserve); `as_str` is
+/// Slurm's reason code, as `squeue` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Pending {
+    /// Gate: its previous attempt is still stopping somewhere.
+    Completing,
+    /// Gate: held, and by whom.
+    Held(HoldKind),
+    /// Gate: asked not to start yet (`--begin`).
+    BeginTime,
+    /// Gate: dependencies not met, or a singleton's namesake is running.
+    Dependency,
+    /// Gate: its array's throttle (`%N`) is reached.
+    ArrayTaskLimit,
+    /// Limits: its account tree's running quota.
+    AssocGrpLimit,
+    /// Limits: its user's running quota.
+    AssocMaxLimit,
+    /// Limits: its QOS's per-user quota.
+    QosMaxPerUser,
+    /// Feasible: no set of nodes could ever hold it (partition, features, sizes).
+    BadConstraints,
+    /// Place: enough nodes are free, but not within one required domain.
+    Topology,
+    /// Place: too little is free now (a top job: it may hold a reservation).
+    Resources,
+    /// Place: jobs ahead of it hold the reservations.
+    Priority,
+}
+
+impl Pending {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pending::Completing => "Completing",
+            Pending::Held(h) => h.as_str(),
+            Pending::BeginTime => "BeginTime",
+            Pending::Dependency => "Dependency",
+            Pending::ArrayTaskLimit => "JobArrayTaskLimit",
+            Pending::AssocGrpLimit => "AssocGrpLimit",
+            Pending::AssocMaxLimit => "AssocMaxLimit",
+            Pending::QosMaxPerUser => "QOSMaxPerUser",
+            Pending::BadConstraints => "BadConstraints",
+            Pending::Topology => "Topology",
+            Pending::Resources => "Resources",
+            Pending::Priority => "Priority",
+        }
+    }
+}
 
 pub struct Options<'a> {
     pub policy: Policy,
@@ -108,8 +155,8 @@ impl Options<'_> {
 pub struct Plan {
     pub placements: Vec<Placement>,
     pub preemptions: Vec<Preemption>,
-    /// Why examined jobs did not start (Slurm-style reason codes).
-    pub reasons: Vec<(JobId, &'static str)>,
+    /// Why examined jobs did not start.
+    pub reasons: Vec<(JobId, Pending)>,
     /// Reservations made: (job, expected start ms).
     pub reservations: Vec<(JobId, u64)>,
     pub examined: usize,
@@ -248,46 +295,51 @@ impl<'s, 'o> Pass<'s, 'o> {
         end.max(self.opts.now_ms)
     }
 
-    /// The first gate that keeps `job` from starting now, as a reason.
-    fn gate(&self, job: &Job) -> Option<&'static str> {
+    /// Stage 1, gate: what keeps `job` from starting whatever is free.
+    fn gate(&self, job: &Job) -> Option<Pending> {
+        if self.opts.stopping.is_some_and(|s| s.contains(&job.id)) {
+            return Some(Pending::Completing);
+        }
         if let Some(h) = job.held {
-            return Some(h.as_str());
+            return Some(Pending::Held(h));
         }
         if job.spec.begin_ms > self.opts.now_ms {
-            return Some("BeginTime");
+            return Some(Pending::BeginTime);
         }
         if !job.deps_pending.is_empty() {
-            return Some("Dependency");
+            return Some(Pending::Dependency);
         }
         if job.spec.singleton && self.running_names.contains(&(job.spec.user.as_str(), job.spec.name.as_str())) {
-            return Some("Dependency");
+            return Some(Pending::Dependency);
         }
         if let Some(a) = job.array {
             if a.throttle > 0 && self.array_running.get(&a.array_job_id).copied().unwrap_or(0) >= a.throttle {
-                return Some("JobArrayTaskLimit");
+                return Some(Pending::ArrayTaskLimit);
             }
         }
         None
     }
 
-    /// The quota a placement would exceed (state use + this plan's).
-    fn quota(&self, job: &Job, extra: Use) -> Option<&'static str> {
+    /// Stage 2, limits: the quota a placement of `extra` would exceed (state
+    /// use + this plan's).
+    fn quota(&self, job: &Job, extra: Use) -> Option<Pending> {
         self.state.quota_exceeded_with(job, extra, &self.plan_use).map(|why| {
             if why.starts_with("AssocGrp") {
-                "AssocGrpLimit"
+                Pending::AssocGrpLimit
             } else if why.starts_with("AssocMax") {
-                "AssocMaxLimit"
+                Pending::AssocMaxLimit
             } else {
-                "QOSMaxPerUser"
+                Pending::QosMaxPerUser
             }
         })
     }
 
-    /// Whether enough nodes could ever hold `job` (ignoring what is in use),
-    /// within one domain of `depth` when that is required.
-    fn possible(&self, job: &Job, depth: Option<usize>) -> bool {
+    /// Stage 3, feasible: whether enough nodes could ever hold `job`
+    /// (ignoring what is in use; down and drained nodes count, they come
+    /// back), within one domain of `depth` when that is required. The rules
+    /// for one node are `crate::fit`, which `apply` shares.
+    fn feasible(&self, job: &Job, depth: Option<usize>) -> bool {
         let need = job.spec.nodes as usize;
-        // Down and drained nodes count: they come back.
         let ok = (0..self.view.nodes.len()).filter(|&i| self.view.hardware_reject(i, job).is_none());
         match depth {
             Some(d) if d <= self.view.depth() => {
@@ -513,6 +565,14 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
 /// Computes one pass's plan as if `extra`, a job not in the state (with an
 /// id the state has not used), were pending too: a submission's outcome
 /// without applying it to a copy of the state.
+///
+/// Each pending job, in queue order, goes through the stages until one stops
+/// it, which gives its [`Pending`] reason: 1 gate (completing, held, begin
+/// time, dependencies, array throttle), 2 limits (quotas), 4 place (on what
+/// is free now), 5 preempt (evict victims for it), 3 feasible (could any
+/// nodes ever hold it: asked only once placing and preempting failed, since
+/// it looks at every node), 6 reserve (the top jobs' earliest starts, which
+/// later jobs backfill around).
 pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -> Plan {
     let now = opts.now_ms;
     let view = View::new(state.nodes.values(), &state.policy);
@@ -603,15 +663,13 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
             break;
         }
         crate::incr(&mut pass.plan.examined);
-        if opts.stopping.is_some_and(|s| s.contains(&id)) {
-            pass.plan.reasons.push((id, REASON_COMPLETING));
-            continue;
-        }
+        // Stage 1, gate.
         if let Some(why) = pass.gate(job) {
             pass.plan.reasons.push((id, why));
             continue;
         }
-        // Limits before resources (as Slurm reports them): the smallest the job can be.
+        // Stage 2, limits before resources (as Slurm reports them): the
+        // smallest the job can be.
         if has_quotas {
             let min = Use { gpus: job.gpus(), cpus: job.cpus(), jobs: 1 };
             if let Some(why) = pass.quota(job, min) {
@@ -639,6 +697,7 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
         };
         // A job too big for what is free still gets its reservation if it is a top job.
         let known_fail = known.is_some() && !(too_big && reservations_tried < reservations_max);
+        // Stage 4, place (a shape that failed this pass is not tried again).
         let mut attempted = false;
         let attempt = if let Some(miss) = known {
             Err(miss)
@@ -665,6 +724,7 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
                 pass.record(job, members, now.saturating_add(est_s.saturating_mul(1000)));
             }
             Err(miss) => {
+                // Stage 5, preempt: running victims whose space lets it start.
                 let may_preempt = preempt_attempts < PREEMPT_ATTEMPTS_PER_PASS_MAX && pass.may_preempt(job);
                 if let (true, Some(prio)) = (may_preempt, &prio) {
                     // Every attempt counts, found or not: each may try many placements.
@@ -687,15 +747,15 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
                 }
                 let none_reserved = reservations_tried == 0;
                 let reason = move |reserved: bool| match miss {
-                    Miss::Impossible => "BadConstraints",
-                    Miss::Topology => "Topology",
-                    Miss::Resources if reserved || none_reserved => "Resources",
-                    Miss::Resources => "Priority",
+                    Miss::Impossible => Pending::BadConstraints,
+                    Miss::Topology => Pending::Topology,
+                    Miss::Resources if reserved || none_reserved => Pending::Resources,
+                    Miss::Resources => Pending::Priority,
                 };
                 // A top job no node set could ever hold (partition, features,
                 // sizes) neither blocks FIFO nor takes a reservation slot.
                 if miss == Miss::Impossible {
-                    pass.plan.reasons.push((id, "BadConstraints"));
+                    pass.plan.reasons.push((id, Pending::BadConstraints));
                     continue;
                 }
                 let wants_slot = opts.policy == Policy::Fifo || (reservations_tried < reservations_max && !known_fail);
@@ -708,19 +768,21 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
                 if check && !wants_slot {
                     crate::incr(&mut possible_checks);
                 }
-                if check && !pass.possible(job, hard_depth) {
+                if check && !pass.feasible(job, hard_depth) {
                     if !too_big {
                         if let Some(e) = failed.get_mut(&fp).and_then(|v| v.iter_mut().find(|(k, _, _)| *k == key)) {
                             *e = (key, 0, Miss::Impossible);
                         }
                     }
-                    pass.plan.reasons.push((id, "BadConstraints"));
+                    pass.plan.reasons.push((id, Pending::BadConstraints));
                     continue;
                 }
                 if opts.policy == Policy::Fifo {
                     pass.plan.reasons.push((id, reason(true)));
                     break;
                 }
+                // Stage 6, reserve: a top job gets the earliest start that
+                // will hold it; later jobs may only backfill around it.
                 if reservations_tried < reservations_max && !known_fail {
                     crate::incr(&mut reservations_tried);
                     if let Some(start) = pass.reserve(job, depth) {

@@ -326,7 +326,7 @@ pub fn run_file(path: &std::path::Path) {
                 }
             }
             for (job, want) in int_map(step.get("reasons")) {
-                let got = p1.reasons.iter().find(|(id, _)| *id == job).map(|(_, r)| *r).unwrap_or("(none)");
+                let got = p1.reasons.iter().find(|(id, _)| *id == job).map(|(_, r)| r.as_str()).unwrap_or("(none)");
                 if got != want.as_str().unwrap() {
                     run.fail(i, format!("job {job} reason {got}, expected {}", want.as_str().unwrap()));
                 }
@@ -547,7 +547,7 @@ fn tick(run: &mut Run, i: usize, step: &Value) {
         }
     }
     for (job, want) in int_map(step.get("reasons")) {
-        let got = t.reasons.iter().find(|(id, _)| *id == job).map(|(_, r)| *r).unwrap_or("(none)");
+        let got = t.reasons.iter().find(|(id, _)| *id == job).map(|(_, r)| r.as_str()).unwrap_or("(none)");
         if got != want.as_str().unwrap() {
             run.fail(i, format!("job {job} reason {got}, expected {}", want.as_str().unwrap()));
         }
