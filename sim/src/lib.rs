@@ -845,23 +845,7 @@ impl World {
                 let jobs = running.iter().map(|t| t.0).collect();
                 self.leader.heard.record(&name, self.now, Some((seen_index, jobs)), NODES_MAX);
                 let orders = node_orders(&self.state, &name, &running);
-                let launch = orders
-                    .launch
-                    .iter()
-                    .filter_map(|key| {
-                        let job = self.state.jobs.get(&key.0)?;
-                        let mine = job.allocation.as_ref()?.nodes.iter().find(|a| a.node == name)?;
-                        Some((*key, mine.gpus.clone()))
-                    })
-                    .collect();
-                let answer = Answer {
-                    known: true,
-                    term: self.leader.term,
-                    index: self.index,
-                    desired: orders.desired,
-                    launch,
-                    stops: orders.stops.iter().map(|s| (s.task, s.grace_s)).collect(),
-                };
+                let answer = orders.answer(&self.state, &name, self.leader.term, self.index);
                 self.send(node, Ev::ToAgent { node, call, resp: Resp::Answer(answer) });
             }
             Req::Exit(e) => {

@@ -314,6 +314,31 @@ pub enum StopCause {
     Preempted,
 }
 
+impl NodeOrders {
+    /// These orders as the agent's core reads them, from a leader of `term`
+    /// whose state is at log `index`: each launch with the GPUs its job holds
+    /// on `node`.
+    pub fn answer(&self, state: &State, node: &str, term: u64, index: u64) -> crate::agent::Answer {
+        let launch = self
+            .launch
+            .iter()
+            .filter_map(|key| {
+                let job = state.jobs.get(&key.0)?;
+                let mine = job.allocation.as_ref()?.nodes.iter().find(|a| a.node == node)?;
+                Some((*key, mine.gpus.clone()))
+            })
+            .collect();
+        crate::agent::Answer {
+            known: self.known,
+            term,
+            index,
+            desired: self.desired.clone(),
+            launch,
+            stops: self.stops.iter().map(|s| (s.task, s.grace_s)).collect(),
+        }
+    }
+}
+
 /// What `node` should run, given the tasks its agent reports running. Tasks
 /// the agent runs that are not desired are stopped by the agent itself; those
 /// of a preempted job get the grace of its QOS.

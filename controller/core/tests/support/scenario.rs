@@ -14,13 +14,17 @@
 //!                          #   heartbeat = "n1" (running = [[job, attempt]], seen_index; expect launch,
 //!                          #   desired, stops = { job = grace_s }, known), tick = true (leader_tick over
 //!                          #   what the heartbeats said; expect started, reasons, down, timed_out),
-//!                          #   new_leader = true (a leader that has heard nothing yet)
+//!                          #   new_leader = true (a leader of the next term that has heard nothing yet),
+//!                          #   agent = "n1" (the node's `AgentCore`: one heartbeat round, or
+//!                          #   restart / exit = [job, attempt, code] / agent_tick; expect actions,
+//!                          #   term = an older leader's answer)
 //! ```
 
 use std::collections::BTreeMap;
 
 use std::collections::BTreeSet;
 
+use gangway_core::agent::{Action, AgentCore, Exit, Fences};
 use gangway_core::command::{Command, JobChange, NodeStateChange};
 use gangway_core::duties::{leader_tick, may_answer, node_orders, silence_ms, Heard, HeardBook, LeaderMemory};
 use gangway_core::policy::{pattern_matches, ClusterPolicy};
@@ -35,6 +39,11 @@ struct Run {
     index: u64,
     now_ms: u64,
     leader: Leader,
+    /// The leader's term (a new leader takes the next).
+    term: u64,
+    /// Node agents, as `node-agent` runs them: their core and what they
+    /// last persisted (a restart starts from it).
+    agents: BTreeMap<String, (AgentCore, Fences)>,
 }
 
 /// The leader's memory, as `controller/src/leader` keeps it.
@@ -47,6 +56,8 @@ struct Leader {
 
 /// The node-down timeout of the scenarios (the controller's default).
 const DOWN_TIMEOUT_MS: u64 = 30_000;
+/// The grace an agent gives a task it stops on its own (the agent's default).
+const AGENT_STOP_GRACE_MS: u64 = 10_000;
 
 impl Run {
     fn apply(&mut self, cmd: Command) -> Outcome {
@@ -171,6 +182,12 @@ const STEP_KEYS: &[&str] = &[
     "down",
     "timed_out",
     "new_leader",
+    "agent",
+    "actions",
+    "term",
+    "exit",
+    "agent_tick",
+    "restart",
 ];
 const UPDATE_KEYS: &[&str] = &["job", "priority", "nice", "time_limit_s"];
 
@@ -208,6 +225,8 @@ pub fn run_file(path: &std::path::Path) {
         index: 0,
         now_ms: 0,
         leader: Leader::default(),
+        term: 1,
+        agents: BTreeMap::new(),
     };
     if let Some(p) = doc.get("policy") {
         let policy: ClusterPolicy = p.clone().try_into().unwrap_or_else(|e| panic!("{}: policy: {e}", run.name));
@@ -442,17 +461,20 @@ pub fn run_file(path: &std::path::Path) {
             let job_id = job.as_integer().unwrap() as u64;
             let attempt = run.state.jobs[&job_id].attempt;
             run.apply(Command::JobCheckpointed { job_id, attempt, now_ms });
+        } else if let Some(node) = step.get("agent") {
+            agent(&mut run, i, step, node.as_str().expect("agent = NODE"));
         } else if let Some(node) = step.get("heartbeat") {
             heartbeat(&mut run, i, step, node.as_str().expect("heartbeat = NODE"));
         } else if step.get("tick").is_some() {
             tick(&mut run, i, step);
         } else if step.get("new_leader").is_some() {
             run.leader = Leader { since_ms: now_ms, ..Leader::default() };
+            run.term += 1;
         } else if step.get("at_s").is_none() {
             run.fail(
                 i,
                 "a step needs submit, schedule, finish, hold, release, requeue, policy, drain, resume, gpu_fault, \
-                 gpu_ok, checkpoint, heartbeat, tick or new_leader"
+                 gpu_ok, checkpoint, heartbeat, agent, tick or new_leader"
                     .into(),
             );
         }
@@ -519,6 +541,99 @@ fn heartbeat(run: &mut Run, i: usize, step: &Value, node: &str) {
         if got != want {
             run.fail(i, format!("stops {got:?}, expected {want:?}"));
         }
+    }
+}
+
+/// Node `node`'s agent, with the production `AgentCore`: `restart` (it
+/// starts again from what it persisted), `exit = [job, attempt, code]` (a
+/// task ends; the report reaches the leader and is applied), `agent_tick`
+/// (time passes: the self-fence), or by default one heartbeat round (what it
+/// runs and has seen go to the leader, which answers with `node_orders` as a
+/// leader of `term`, default the current one). `actions` lists what the
+/// agent does, in order: `persist`, `launch JOB.ATTEMPT`, `stop JOB.ATTEMPT
+/// GRACE_MS`.
+fn agent(run: &mut Run, i: usize, step: &Value, node: &str) {
+    let now = run.now_ms;
+    let (core, persisted) = run.agents.entry(node.to_string()).or_insert_with(|| {
+        let mut core = AgentCore::new(Fences::default(), AGENT_STOP_GRACE_MS, now);
+        core.registered_at(now, DOWN_TIMEOUT_MS);
+        (core, Fences::default())
+    });
+    let actions = if step.get("restart").is_some() {
+        *core = AgentCore::new(persisted.clone(), AGENT_STOP_GRACE_MS, now);
+        core.registered_at(now, DOWN_TIMEOUT_MS);
+        Vec::new()
+    } else if let Some(exit) = step.get("exit").and_then(Value::as_array) {
+        let n = |k: usize| exit[k].as_integer().expect("exit = [job, attempt, code]");
+        let task = (n(0) as u64, n(1) as u32);
+        core.task_exited(Exit::ended(task, Some(n(2) as i32), None));
+        deliver_reports(run, node);
+        return check_actions(run, i, step, Vec::new());
+    } else if step.get("agent_tick").is_some() {
+        core.tick(now)
+    } else {
+        let running: BTreeSet<(u64, u32)> = core.running().into_iter().collect();
+        let seen = core.seen_index();
+        let silence = silence_ms(now, run.leader.since_ms, run.leader.heard.last(node));
+        let orders = if may_answer(silence, DOWN_TIMEOUT_MS) {
+            node_orders(&run.state, node, &running)
+        } else {
+            gangway_core::duties::NodeOrders::default()
+        };
+        if orders.known {
+            let jobs = running.iter().map(|t| t.0).collect();
+            run.leader.heard.record(node, now, Some((seen, jobs)), gangway_core::limits::NODES_MAX);
+        }
+        let term = step.get("term").and_then(Value::as_integer).map_or(run.term, |t| t as u64);
+        let answer = orders.answer(&run.state, node, term, run.index);
+        let (core, _) = run.agents.get_mut(node).expect("agent");
+        let actions = core.answered(now, &answer);
+        deliver_reports(run, node);
+        actions
+    };
+    let (core, persisted) = run.agents.get_mut(node).expect("agent");
+    if actions.contains(&Action::PersistFences) {
+        *persisted = core.fences().clone();
+    }
+    check_actions(run, i, step, actions)
+}
+
+/// The agent's exit reports reach the leader and are applied.
+fn deliver_reports(run: &mut Run, node: &str) {
+    let (core, _) = run.agents.get_mut(node).expect("agent");
+    let mut reports = Vec::new();
+    while let Some(e) = core.take_report() {
+        reports.push(e);
+    }
+    for e in reports {
+        run.apply(Command::TaskExited {
+            job_id: e.task.0,
+            attempt: e.task.1,
+            node: node.to_string(),
+            exit_code: e.exit_code,
+            signal: e.signal,
+            reason: e.reason,
+            lost: e.lost,
+            peak_mem_mb: None,
+            now_ms: run.now_ms,
+        });
+    }
+}
+
+/// Compares what an agent did with the step's `actions`.
+fn check_actions(run: &Run, i: usize, step: &Value, actions: Vec<Action>) {
+    let Some(want) = step.get("actions").and_then(Value::as_array) else { return };
+    let want: Vec<&str> = want.iter().map(|a| a.as_str().expect("actions = [\"...\"]")).collect();
+    let got: Vec<String> = actions
+        .iter()
+        .map(|a| match a {
+            Action::PersistFences => "persist".to_string(),
+            Action::Launch((j, a)) => format!("launch {j}.{a}"),
+            Action::Stop { task: (j, a), grace_ms } => format!("stop {j}.{a} {grace_ms}"),
+        })
+        .collect();
+    if got != want {
+        run.fail(i, format!("agent actions {got:?}, expected {want:?}"));
     }
 }
 
