@@ -33,8 +33,9 @@ pub struct ResourceArgs {
     /// among its tasks (instead of --cpus-per-task).
     #[arg(long = "cpus-per-gpu", allow_negative_numbers = true)]
     pub cpus_per_gpu: Option<i64>,
-    /// Memory per node: MiB, or with a unit (512M, 64G); 0 = none reserved
-    /// and none limited (the job may use all of each node's memory).
+    /// Memory per node: MiB, or with a unit (512M, 64G); 0 (Slurm's "all of
+    /// it") asks for none per node: no limit, unless a partition default per
+    /// CPU or GPU applies.
     #[arg(long)]
     pub mem: Option<String>,
     /// Memory per allocated CPU: MiB or with a unit (4G).
@@ -195,9 +196,50 @@ pub struct SubmitArgs {
 }
 
 /// Whether `--mem` asks for Slurm's "all of each node's memory" (`0`, with
-/// or without a unit): Gangway then reserves none and sets no limit.
+/// or without one unit): Gangway then asks for no memory per node (a
+/// partition's default per CPU or GPU still applies).
 pub fn no_memory_reserved(mem: Option<&str>) -> bool {
-    mem.is_some_and(|m| m.trim_end_matches(['K', 'M', 'G', 'T', 'k', 'm', 'g', 't']) == "0")
+    mem.is_some_and(|m| m.strip_suffix(['K', 'M', 'G', 'T', 'k', 'm', 'g', 't']).unwrap_or(m) == "0")
+}
+
+/// The nodes a job takes and the tasks on each, from the node count asked
+/// (`-N`'s minimum, or the node list's length), `-n` and `--ntasks-per-node`,
+/// as Slurm reads them, for a model that runs the same number of tasks on
+/// every node: `-n` alone is spread evenly over the nodes (one node when
+/// none is asked); with `--ntasks-per-node` and no node count, it takes as
+/// many nodes as `-n` fills at that many each; with both, `-n` must spread
+/// evenly with at most `--ntasks-per-node` on each.
+pub fn task_layout(
+    nodes: Option<i64>,
+    ntasks: Option<i64>,
+    per_node: Option<i64>,
+) -> anyhow::Result<(Option<i64>, Option<i64>)> {
+    let Some(n) = ntasks else { return Ok((nodes, per_node)) };
+    if n < 1 {
+        bail!("--ntasks: must be at least 1, got {n}");
+    }
+    match (nodes, per_node) {
+        (_, Some(k)) if k < 1 => bail!("--ntasks-per-node: must be at least 1, got {k}"),
+        (None, Some(k)) if n % k != 0 => bail!(
+            "--ntasks: {n} tasks at --ntasks-per-node={k} do not fill whole nodes (Gangway runs the same number of \
+             tasks on every node); give -N, or a multiple of {k}"
+        ),
+        (None, Some(k)) => Ok((Some(n / k), Some(k))),
+        (Some(count), k) => {
+            let count = count.max(1);
+            if n % count != 0 {
+                bail!("--ntasks: {n} tasks do not spread evenly over {count} nodes; use --ntasks-per-node");
+            }
+            if let Some(k) = k.filter(|&k| n / count > k) {
+                bail!(
+                    "--ntasks: {n} tasks over {count} nodes is {} per node, more than --ntasks-per-node={k}",
+                    n / count
+                );
+            }
+            Ok((Some(count), Some(n / count)))
+        }
+        (None, None) => Ok((None, Some(n))),
+    }
 }
 
 /// This process's umask, as Slurm hands it to jobs (`SLURM_UMASK`, octal):
@@ -249,21 +291,8 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
         None if !nodelist.is_empty() => Some(nodelist.len() as i64),
         n => n,
     };
+    let (nodes, tasks_per_node) = task_layout(nodes, a.res.ntasks, a.res.ntasks_per_node)?;
     let node_count = nodes.unwrap_or(1).max(1);
-    let tasks_per_node = match (a.res.ntasks, a.res.ntasks_per_node) {
-        (Some(n), _) if n < 1 => bail!("--ntasks: must be at least 1, got {n}"),
-        (Some(n), Some(k)) if n != k.saturating_mul(node_count) => {
-            bail!(
-                "--ntasks: {n} tasks, but --ntasks-per-node={k} on {node_count} nodes makes {}",
-                k.saturating_mul(node_count)
-            )
-        }
-        (Some(n), _) if n % node_count != 0 => {
-            bail!("--ntasks: {n} tasks do not spread evenly over {node_count} nodes; use --ntasks-per-node")
-        }
-        (Some(n), _) => Some(n / node_count),
-        (None, k) => k,
-    };
     let tasks = tasks_per_node.unwrap_or(1).max(1);
     let (gpu_type, gpus) = parse::gpu_request(
         a.res.gpus_per_node.as_deref(),
@@ -311,7 +340,10 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
             (None, Some(c)) => match gpus.unwrap_or(0) {
                 0 => bail!("--cpus-per-gpu: the job asks for no GPUs (add --gpus-per-node, --gpus or --gres)"),
                 // Each node's CPUs, split among its tasks (rounded up).
-                g => Some((c * g + tasks - 1) / tasks),
+                g => {
+                    let per_node = c.checked_mul(g).and_then(|x| x.checked_add(tasks - 1));
+                    Some(per_node.context("--cpus-per-gpu: too large")? / tasks)
+                }
             },
             (c, None) => c,
         },
@@ -325,7 +357,12 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
                     parse::mem_mb(per_gpu).map_err(|e| anyhow::anyhow!(e.replace("--mem", "--mem-per-gpu")))?;
                 match gpus.unwrap_or(0) {
                     0 => bail!("--mem-per-gpu: the job asks for no GPUs (add --gpus-per-node, --gpus or --gres)"),
-                    g => Some(per_gpu as i64 * g),
+                    g => Some(
+                        i64::try_from(per_gpu)
+                            .ok()
+                            .and_then(|m| m.checked_mul(g))
+                            .context("--mem-per-gpu: too large")?,
+                    ),
                 }
             }
             (m, None) if no_memory_reserved(m.as_deref()) => None,
@@ -447,6 +484,8 @@ mod tests {
             &["--nodes=1", "-G", "2", "--mem-per-cpu=2G", "-C", "ib&arch=zen4", "-x", "n[7-9]"],
             &["-w", "n[1-2]", "--gres=gpu:a100:1", "--cpus-per-gpu=8", "--mem=0"],
             &["-N", "1", "--gpus-per-task=1", "--ntasks-per-node=4", "--mem-per-gpu=40G", "--exclusive=node"],
+            &["-n", "8", "--ntasks-per-node=4", "-G", "8"],
+            &["-N", "2", "-n", "6", "--ntasks-per-node=4"],
         ];
         for opts in cases {
             let with = |tail: &[&'static str]| opts.iter().chain(tail).copied().collect::<Vec<&'static str>>();
@@ -474,6 +513,8 @@ mod tests {
             (&["--exclusive=user"][..], "--exclusive"),
             (&["-C", "a|b&c"][..], "--constraint"),
             (&["-N", "2", "-n", "6", "--ntasks-per-node=2"][..], "--ntasks"),
+            (&["-n", "7", "--ntasks-per-node=4"][..], "--ntasks"),
+            (&["--cpus-per-gpu=9223372036854775807", "-G", "2"][..], "--cpus-per-gpu"),
         ] {
             let with = |tail: &[&'static str]| opts.iter().chain(tail).copied().collect::<Vec<&'static str>>();
             let submit = job_spec(parse::<SubmitArgs>(&with(&["--", "x"])), None).unwrap_err().to_string();
@@ -485,9 +526,31 @@ mod tests {
                 Err(e) => e,
                 Ok(args) => job_spec(args, None).unwrap_err().to_string(),
             };
-            for (cmd, e) in [("submit", submit), ("salloc", salloc), ("sbatch", sbatch)] {
+            let srun_args = parse::<crate::slurm::srun::SrunArgs>(&with(&["python"]));
+            let srun = match crate::slurm::srun::outside_job(&srun_args, "gangway", std::iter::empty()) {
+                Err(e) => e.to_string(),
+                Ok((args, _)) => job_spec(crate::slurm::salloc::allocation(args), None).unwrap_err().to_string(),
+            };
+            for (cmd, e) in [("submit", submit), ("salloc", salloc), ("sbatch", sbatch), ("srun", srun)] {
                 assert!(e.contains(names), "{cmd} {opts:?}: {e}");
             }
         }
+    }
+
+    /// `-n` with `--ntasks-per-node` as Slurm reads them, for one task count
+    /// on every node.
+    #[test]
+    fn tasks_and_tasks_per_node_lay_out_as_slurm_reads_them() {
+        let ok = |nodes, n, k| task_layout(nodes, n, k).unwrap();
+        assert_eq!(ok(None, Some(8), Some(4)), (Some(2), Some(4)), "as many nodes as -n fills");
+        assert_eq!(ok(Some(2), Some(6), Some(4)), (Some(2), Some(3)), "--ntasks-per-node is the most per node");
+        assert_eq!(ok(Some(2), Some(6), None), (Some(2), Some(3)));
+        assert_eq!(ok(None, Some(6), None), (None, Some(6)), "one node when none is asked");
+        assert_eq!(ok(Some(3), None, Some(2)), (Some(3), Some(2)));
+        for (nodes, n, k) in [(None, Some(7), Some(4)), (Some(2), Some(6), Some(2)), (Some(4), Some(6), None)] {
+            assert!(task_layout(nodes, n, k).unwrap_err().to_string().starts_with("--ntasks"), "{nodes:?} {n:?} {k:?}");
+        }
+        assert!(task_layout(None, Some(0), None).is_err());
+        assert!(task_layout(None, Some(4), Some(0)).unwrap_err().to_string().contains("--ntasks-per-node"));
     }
 }

@@ -527,8 +527,9 @@ pub fn to_submit_args(
     // limit (`jobspec::job_spec`), so the job may use all of it.
     if crate::jobspec::no_memory_reserved(o.res.mem.as_deref()) && !exclusive {
         notices.push(
-            "--mem=0: no memory is reserved and none is limited, so the job may use all of each node's memory; add \
-             --exclusive to keep other jobs off its nodes"
+            "--mem=0: no memory is asked for per node, so none is reserved or limited (unless the partition sets a \
+             default per CPU or GPU) and the job may use all of each node's memory; add --exclusive to keep other \
+             jobs off its nodes"
                 .into(),
         );
     }

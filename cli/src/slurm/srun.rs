@@ -86,6 +86,8 @@ pub struct SrunArgs {
 pub struct StepShape {
     pub nodes: Option<String>,
     pub nodelist: Option<String>,
+    /// Nodes of the allocation the step leaves out (a hostlist).
+    pub exclude: Option<String>,
     pub ntasks: Option<u32>,
     pub ntasks_per_node: Option<u32>,
     pub cpus_per_task: Option<u32>,
@@ -108,12 +110,37 @@ impl StepShape {
         Ok(StepShape {
             nodes: r.nodes.clone(),
             nodelist: r.nodelist.clone(),
+            exclude: r.exclude.clone(),
             ntasks: count(r.ntasks, "--ntasks")?,
             ntasks_per_node: count(r.ntasks_per_node, "--ntasks-per-node")?,
             cpus_per_task: count(r.cpus_per_task, "--cpus-per-task")?,
             gpus_per_task,
         })
     }
+}
+
+/// The resource options given that shape a job, not a step: inside a job
+/// srun does not apply them.
+fn job_only_options(r: &crate::jobspec::ResourceArgs) -> Vec<&'static str> {
+    [
+        (r.partition.is_some(), "-p"),
+        (r.time.is_some(), "-t"),
+        (r.account.is_some(), "-A"),
+        (r.qos.is_some(), "-q"),
+        (r.gpus.is_some(), "-G"),
+        (r.gpus_per_node.is_some(), "--gpus-per-node"),
+        (r.gres.is_some(), "--gres"),
+        (r.mem.is_some(), "--mem"),
+        (r.mem_per_cpu.is_some(), "--mem-per-cpu"),
+        (r.mem_per_gpu.is_some(), "--mem-per-gpu"),
+        (r.cpus_per_gpu.is_some(), "--cpus-per-gpu"),
+        (r.constraint.is_some(), "-C"),
+        (r.exclusive.is_some(), "--exclusive"),
+    ]
+    .into_iter()
+    .filter(|(given, _)| *given)
+    .map(|(_, name)| name)
+    .collect()
 }
 
 /// This node's part of a step: which tasks run here and with what ids.
@@ -155,6 +182,10 @@ pub fn plan(alloc: &[String], me: &str, alloc_tasks_per_node: u32, a: &StepShape
         }
         None => alloc.to_vec(),
     };
+    if let Some(list) = &a.exclude {
+        let leave = hostlist::expand(list).map_err(|e| format!("--exclude: {e}"))?;
+        nodes.retain(|n| !leave.contains(n));
+    }
     if let Some(n) = &a.nodes {
         let (lo, _) = crate::parse::node_range(n)?;
         let count = lo as usize;
@@ -215,8 +246,19 @@ pub fn outside_job(
 ) -> anyhow::Result<(crate::jobspec::SubmitArgs, Vec<String>)> {
     // Inside the job: the same srun with the task options, fanning out per node.
     let shape = StepShape::of(&a.res).map_err(anyhow::Error::msg)?;
+    // The job's nodes and tasks per node, by the rule submit, sbatch and
+    // salloc use.
+    let listed = match &a.res.nodelist {
+        Some(list) => Some(hostlist::expand(list).map_err(|e| anyhow::anyhow!("--nodelist: {e}"))?.len() as i64),
+        None => None,
+    };
+    let asked = match &shape.nodes {
+        Some(n) => Some(i64::from(crate::parse::node_range(n).map_err(anyhow::Error::msg)?.0)),
+        None => listed,
+    };
+    let (nodes, per_node) = crate::jobspec::task_layout(asked, a.res.ntasks, a.res.ntasks_per_node)?;
     let mut inner: Vec<String> = vec![exe.to_string(), "srun".into()];
-    if let Some(k) = shape.ntasks_per_node {
+    if let Some(k) = per_node {
         inner.push(format!("--ntasks-per-node={k}"));
     }
     if let Some(c) = shape.cpus_per_task {
@@ -236,22 +278,11 @@ pub fn outside_job(
     }
     inner.push("--".into());
     inner.extend(a.command.iter().cloned());
-    let nodes: u32 = match &shape.nodes {
-        Some(n) => crate::parse::node_range(n).map_err(anyhow::Error::msg)?.0,
-        None => 1,
-    };
-    let per_node = match (shape.ntasks, shape.ntasks_per_node) {
-        (Some(n), None) if n % nodes != 0 => {
-            bail!("--ntasks: {n} tasks do not spread evenly over {nodes} nodes here; give --ntasks-per-node")
-        }
-        (Some(n), None) => Some(i64::from(n / nodes)),
-        (_, k) => k.map(i64::from),
-    };
-    if shape.ntasks.is_some() && shape.ntasks_per_node.is_none() {
-        inner.insert(2, format!("--ntasks-per-node={}", per_node.unwrap_or(1)));
-    }
     let mut res = a.res.clone();
     res.job_name = res.job_name.or_else(|| a.command.first().map(|c| c.rsplit('/').next().unwrap_or(c).to_string()));
+    if res.nodes.is_none() && res.nodelist.is_none() {
+        res.nodes = nodes.map(|n| n.to_string());
+    }
     res.ntasks = None;
     res.ntasks_per_node = per_node;
     // The job's GPUs: what was asked per node or in all, else per task (the
@@ -312,6 +343,13 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
     let me = env_or("SLURMD_NODENAME")?;
     let tpn: u32 = std::env::var("SLURM_NTASKS_PER_NODE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     let shape = StepShape::of(&a.res).map_err(|e| anyhow::anyhow!("srun: {e}"))?;
+    let ignored = job_only_options(&a.res);
+    if !ignored.is_empty() {
+        eprintln!(
+            "srun: {} ask for the job srun submits outside a job; inside one, steps share its allocation (ignored)",
+            ignored.join(", ")
+        );
+    }
     let share = plan(&alloc, &me, tpn, &shape).map_err(|e| anyhow::anyhow!("srun: {e}"))?;
     // A batch job (sbatch) runs its script on the first node only: srun starts
     // the whole step from here, the other nodes' tasks through their agents.
@@ -560,10 +598,14 @@ impl Step {
                 .map(|v| v.split(',').filter(|g| !g.is_empty()).map(str::to_string).collect())
                 .unwrap_or_default();
             let local = self.share.per_node[ni];
-            if (g * local) as usize > gpus.len() {
+            // In u64: a huge --gpus-per-task is refused, never an overflow.
+            let (g64, local64, l64) = (u64::from(g), u64::from(local), u64::from(l));
+            if g64 * local64 > gpus.len() as u64 {
                 bail!("--gpus-per-task: {local} tasks x {g} GPUs, but this node has {} for the job", gpus.len());
             }
-            cmd.env("CUDA_VISIBLE_DEVICES", gpus[(l * g) as usize..((l + 1) * g) as usize].join(","));
+            // l < local, so (l + 1) * g <= local * g <= the GPUs listed.
+            let (from, to) = ((l64 * g64) as usize, ((l64 + 1) * g64) as usize);
+            cmd.env("CUDA_VISIBLE_DEVICES", gpus[from..to].join(","));
         }
         if a.label {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -810,5 +852,10 @@ mod tests {
         // Options after the command are the command's own.
         assert_eq!(args(&["-l", "torchrun", "--nnodes", "2", "-x"]).command, ["torchrun", "--nnodes", "2", "-x"]);
         assert!(plan(&alloc, "n1", 1, &shape(&["-N", "4", "x"])).unwrap_err().contains("--nodes"));
+        // -x leaves nodes out of the step.
+        let s = plan(&alloc, "n1", 1, &shape(&["-x", "n2", "hostname"])).unwrap();
+        assert_eq!(s.nodes, vec!["n1".to_string(), "n3".to_string()]);
+        // Options that shape a job, not a step, are named as ignored inside one.
+        assert_eq!(job_only_options(&args(&["--mem=4G", "-p", "gpu", "-n", "2", "x"]).res), vec!["-p", "--mem"]);
     }
 }

@@ -291,13 +291,14 @@ impl HoldKind {
     }
 
     /// The hold a stored reason code names. Only these three were ever
-    /// written; anything else (damage that still decodes) reads as an admin
-    /// hold, the one that keeps the job waiting until an admin looks.
+    /// written; any other text reads as a user hold, as the builds that
+    /// stored text treated it (a user hold to the scheduler, releasable by
+    /// its owner), so every build applies the same log alike.
     pub fn parse(text: &str) -> HoldKind {
         match text {
-            "JobHeldUser" => HoldKind::User,
+            "JobHeldAdmin" => HoldKind::Admin,
             "DependencyNeverSatisfied" => HoldKind::DependencyNeverSatisfied,
-            _ => HoldKind::Admin,
+            _ => HoldKind::User,
         }
     }
 }
@@ -323,7 +324,7 @@ mod tests {
     use super::*;
 
     /// A hold is stored as its reason code: each kind reads back as itself,
-    /// and text no build wrote reads as the hold only an admin releases.
+    /// and text no build wrote reads as the old builds treated it.
     #[test]
     fn hold_kinds_keep_their_stored_text() {
         for kind in [HoldKind::User, HoldKind::Admin, HoldKind::DependencyNeverSatisfied] {
@@ -334,6 +335,6 @@ mod tests {
             assert_eq!(crate::format::to_bytes(&Held(Some(kind))), bytes, "{kind:?} encodes as its text");
             assert_eq!(crate::format::from_bytes::<Held>(&bytes).unwrap().0, Some(kind));
         }
-        assert_eq!(HoldKind::parse("JobHeldSomethingElse"), HoldKind::Admin);
+        assert_eq!(HoldKind::parse("JobHeldSomethingElse"), HoldKind::User);
     }
 }

@@ -550,8 +550,6 @@ fn gang_is_placed_whole_or_not_at_all() {
     s.check_invariants().unwrap();
 }
 
-/// Slurm's batch semantics: a batch job ends with its script on the first
-/// node; the other nodes' step hosts do not decide it unless they fail.
 /// A plan whose placement apply refuses evicts nobody (Nomad's plan apply):
 /// the scheduler planned to cancel job 1 to start job 2, job 2 was cancelled
 /// before the plan committed, and job 1 keeps running. Format 6 applied the
@@ -610,6 +608,66 @@ fn a_stale_plan_evicts_nobody_for_a_placement_apply_refuses() {
     let Outcome::ScheduleApplied { preempted, .. } = outcome else { panic!("{outcome:?}") };
     assert_eq!(preempted, vec![1], "format 6 keeps its rule: victims first");
     assert_eq!(s.jobs[&1].state, JobState::Cancelled);
+}
+
+/// A plan naming a victim twice (the same entry, or a stale attempt beside
+/// the running one) evicts it once and never panics: apply is total, and a
+/// hostile or buggy entry must not stop every replica. A placement that fits
+/// without its victims (space freed since the plan) evicts nobody.
+#[test]
+fn a_victim_named_twice_is_evicted_once() {
+    use gangway_core::command::Preemption;
+    use gangway_core::policy::{ClusterPolicy, PreemptMode, Qos};
+    for mode in [PreemptMode::Requeue, PreemptMode::Cancel] {
+        for stale_first in [false, true] {
+            let mut s = State::default();
+            s.apply(1, &Command::SetDataFormat { format: gangway_core::format::FORMAT_NEWEST, now_ms: 1 });
+            let mut policy = ClusterPolicy::default();
+            policy.qos.insert("low".into(), Qos { preempt_mode: mode, ..Qos::default() });
+            policy.qos.insert("high".into(), Qos { priority: 10, preempt: vec!["low".into()], ..Qos::default() });
+            let update = Command::UpdatePolicy {
+                policy,
+                expected_version: None,
+                force: true,
+                identity: "server:1".into(),
+                now_ms: 2,
+            };
+            s.apply(2, &update);
+            s.apply(3, &Command::RegisterNode { spec: node_spec(0, 8), now_ms: 3 });
+            let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, 5);
+            let mut index = 3;
+            for qos in ["low", "high"] {
+                let mut spec = job_spec(1, 8, 1);
+                spec.qos = qos.into();
+                index += 1;
+                s.apply(
+                    index,
+                    &Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 4 },
+                );
+                let p = gangway_core::sched::plan(&s, &opts);
+                if qos == "low" {
+                    index += 1;
+                    s.apply(
+                        index,
+                        &Command::ApplySchedule { preemptions: vec![], placements: p.placements, now_ms: 5 },
+                    );
+                    continue;
+                }
+                let v = p.preemptions[0].clone();
+                let stale = Preemption { attempt: v.attempt.wrapping_sub(1), ..v.clone() };
+                let victims = if stale_first { vec![stale, v.clone(), v] } else { vec![v.clone(), v] };
+                index += 1;
+                let cmd = Command::ApplySchedule { preemptions: victims, placements: p.placements, now_ms: 6 };
+                let out = s.apply(index, &cmd).outcome;
+                s.check_invariants().unwrap();
+                assert_eq!(
+                    out,
+                    Outcome::ScheduleApplied { preempted: vec![1], started: vec![2], rejected: vec![] },
+                    "{mode:?} stale first {stale_first}"
+                );
+            }
+        }
+    }
 }
 
 /// A victim and its preemptor share a node: the placement is accepted only
@@ -675,6 +733,8 @@ fn a_preemptor_is_checked_as_if_its_victims_had_stopped() {
     s.check_placement_freeing(&placement, &freed).unwrap();
 }
 
+/// Slurm's batch semantics: a batch job ends with its script on the first
+/// node; the other nodes' step hosts do not decide it unless they fail.
 #[test]
 fn batch_jobs_end_with_their_first_node() {
     let exit = |s: &mut State, index: u64, job_id: JobId, node: &str, code: Option<i32>, signal: Option<i32>| {
@@ -1327,8 +1387,15 @@ proptest! {
     /// Extremes of TaskExited's signal were a poison pill: `128 + signal`
     /// overflowed on every replica, at every replay.
     #[test]
-    fn extreme_commands_are_refused_or_applied_never_panic(cmds in proptest::collection::vec(extreme_command(), 1..6)) {
+    fn extreme_commands_are_refused_or_applied_never_panic(
+        cmds in proptest::collection::vec(extreme_command(), 1..6),
+        format in gangway_core::format::FORMAT_BASE..=gangway_core::format::FORMAT_NEWEST,
+    ) {
         let mut s = base_state();
+        // Every format's rules of apply: each must be total.
+        if format > gangway_core::format::FORMAT_BASE {
+            s.apply(99, &Command::SetDataFormat { format, now_ms: 1 });
+        }
         for (k, cmd) in cmds.iter().enumerate() {
             let before = s.clone();
             let applied = s.apply(100 + k as u64, cmd);

@@ -340,11 +340,20 @@ impl AdminService for AdminApi {
                 .await;
         }
         let to = msg.to;
-        let target_addr = node.status().addrs.get(&to).cloned().unwrap_or_default();
-        let replica = &self.replica;
-        let ask = || async {
-            let Ok(channel) = replica.channel_to(&target_addr) else { return false };
-            AdminServiceClient::new(channel).trigger_election(Request::new(TriggerElectionRequest {})).await.is_ok()
+        // The channel first: a bad address is an error now, not a pause of
+        // heartbeats with no candidate asked to stand.
+        let status = node.status();
+        let channel = match status.addrs.get(&to) {
+            Some(addr) if to != status.id => Some(self.replica.channel_to(addr)?),
+            _ => None,
+        };
+        let ask = || {
+            let channel = channel.clone();
+            async move {
+                let Some(channel) = channel else { return false };
+                let mut client = AdminServiceClient::new(channel);
+                client.trigger_election(Request::new(TriggerElectionRequest {})).await.is_ok()
+            }
         };
         use crate::raft::transfer::{transfer_leadership, TransferError};
         match transfer_leadership(node, to, ask).await {

@@ -437,7 +437,9 @@ impl State {
     /// Nomad applies a plan: each placement is checked as if its own victims
     /// (the preemptions `for_job` it) had stopped, and only when it is
     /// accepted are they evicted and it started; a refused placement evicts
-    /// nobody, and a preemption for no placement evicts nobody. Placements
+    /// nobody, a placement that fits without its victims evicts nobody, a
+    /// preemption for no placement evicts nobody, and a victim named twice
+    /// is evicted once. Placements
     /// apply in the plan's order, each against the state the ones before it
     /// left, as the scheduler planned them. Before that format, every victim
     /// was evicted first and the placements checked after.
@@ -455,22 +457,30 @@ impl State {
         let mut rejected = Vec::new();
         let mut events = Vec::new();
         for p in placements {
-            let victims: Vec<&Preemption> = preemptions.iter().filter(|v| v.for_job == p.job_id).collect();
-            // Victims already gone (finished, requeued) freed their space anyway.
-            let live: BTreeSet<JobId> = victims
-                .iter()
-                .filter(|v| {
-                    self.jobs.get(&v.job_id).is_some_and(|j| j.state == JobState::Running && j.attempt == v.attempt)
-                })
-                .map(|v| v.job_id)
-                .collect();
-            if let Err(why) = self.check_placement_freeing(p, &live) {
+            // Each victim once, by the first entry that names its running
+            // attempt; victims already gone (finished, requeued) freed their
+            // space anyway.
+            let mut victims: BTreeMap<JobId, &Preemption> = BTreeMap::new();
+            for v in preemptions.iter().filter(|v| v.for_job == p.job_id) {
+                let live =
+                    self.jobs.get(&v.job_id).is_some_and(|j| j.state == JobState::Running && j.attempt == v.attempt);
+                if live {
+                    victims.entry(v.job_id).or_insert(v);
+                }
+            }
+            // A placement that fits without its victims (space freed since
+            // the plan) evicts nobody.
+            let freed: BTreeSet<JobId> =
+                if self.check_placement(p).is_ok() { BTreeSet::new() } else { victims.keys().copied().collect() };
+            if let Err(why) = self.check_placement_freeing(p, &freed) {
                 rejected.push((p.job_id, why));
                 continue;
             }
-            for v in victims.iter().filter(|v| live.contains(&v.job_id)) {
-                events.push(self.evict(index, v));
-                preempted.push(v.job_id);
+            for (id, v) in victims.iter().filter(|(id, _)| freed.contains(id)) {
+                if let Some(e) = self.evict(index, v) {
+                    events.push(e);
+                    preempted.push(*id);
+                }
             }
             let plan = self.apply_plan(index, std::slice::from_ref(p));
             events.extend(plan.events);
@@ -501,8 +511,10 @@ impl State {
                 // Already gone (finished, requeued): its space is free anyway.
                 continue;
             }
-            events.push(self.evict(index, p));
-            preempted.push(p.job_id);
+            if let Some(e) = self.evict(index, p) {
+                events.push(e);
+                preempted.push(p.job_id);
+            }
         }
         let plan = self.apply_plan(index, placements);
         events.extend(plan.events);
@@ -511,17 +523,17 @@ impl State {
     }
 
     /// Stops one running preemption victim: requeued (its QOS's mode, while
-    /// it has attempts left) or cancelled.
-    fn evict(&mut self, index: u64, p: &Preemption) -> JobEvent {
+    /// it has attempts left) or cancelled. None when the attempt the entry
+    /// names is not running (total: an entry may name anything).
+    fn evict(&mut self, index: u64, p: &Preemption) -> Option<JobEvent> {
+        let victim = self.jobs.get_mut(&p.job_id).filter(|j| j.state == JobState::Running && j.attempt == p.attempt)?;
         let why = format!("{}{}", crate::duties::PREEMPTED_BY, p.for_job);
-        let attempt = self.jobs.get(&p.job_id).map_or(0, |j| j.attempt);
-        if p.mode == PreemptMode::Requeue && attempt < ATTEMPTS_MAX {
-            let victim = self.jobs.get_mut(&p.job_id).expect("checked");
+        Some(if p.mode == PreemptMode::Requeue && victim.attempt < ATTEMPTS_MAX {
             victim.preempted = victim.preempted.saturating_add(1);
             self.requeue_job(index, p.job_id, format!("requeued: {why}"))
         } else {
             self.finish_job(index, p.job_id, JobState::Cancelled, None, why)
-        }
+        })
     }
 
     pub(super) fn apply_job_checkpointed(&mut self, job_id: JobId, attempt: u32) -> Applied {

@@ -287,8 +287,7 @@ impl Default for State {
     }
 }
 
-/// Whether a node offers a feature: `name` matches a label key, `key=value` a
-/// label's value.
+/// Whether a node has a feature (see `crate::fit`).
 pub use crate::fit::node_has_feature;
 
 impl State {
