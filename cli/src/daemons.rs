@@ -342,7 +342,7 @@ pub async fn agent(a: AgentArgs, identity: &str, tls: &crate::tls::TlsArgs) -> a
         mem_mb: a.mem_mb.unwrap_or_else(gangway_node_agent::inventory::host_mem_mb),
         gpus,
         topology: a.topology.map(|t| t.split('/').map(str::to_string).collect()).unwrap_or_default(),
-        labels: crate::parse::parse_labels(&a.labels)?,
+        labels: crate::parse::parse_labels(&a.labels).map_err(|e| anyhow::anyhow!("labels: {e}"))?,
         identity: identity.to_string(),
         security,
         allow_root_jobs: a.allow_root_jobs,

@@ -378,7 +378,7 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
             .transpose()
             .map_err(anyhow::Error::msg)?
             .map(|t| t as i64),
-        env: parse::parse_labels(&a.env).context("env")?.into_iter().collect(),
+        env: parse::parse_labels(&a.env).map_err(|e| anyhow::anyhow!("env: {e}"))?.into_iter().collect(),
         requeue: (a.requeue || a.no_requeue).then_some(!a.no_requeue),
         output: a.output.unwrap_or_default(),
         error: a.error.unwrap_or_default(),

@@ -374,14 +374,14 @@ mod tests {
 }
 
 /// `KEY=VALUE` items (labels, environment variables) as a map.
-pub fn parse_labels(items: &[String]) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+pub fn parse_labels(items: &[String]) -> Result<std::collections::BTreeMap<String, String>, String> {
     items
         .iter()
         .filter(|s| !s.is_empty())
         .map(|s| {
             s.split_once('=')
                 .map(|(k, v)| (k.to_string(), v.to_string()))
-                .ok_or_else(|| anyhow::anyhow!("labels: '{s}' must be KEY=VALUE"))
+                .ok_or_else(|| format!("'{s}' must be KEY=VALUE"))
         })
         .collect()
 }
