@@ -34,7 +34,7 @@ const BENCH_JOBS_CLIENTS: usize = 16;
 /// Failover runs at most.
 const FAILOVER_RUNS_MAX: usize = 100;
 /// Waiting for a cluster to elect a leader or for a restarted replica to catch up.
-const CLUSTER_WAIT: Duration = Duration::from_secs(30);
+pub(crate) const CLUSTER_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
@@ -70,6 +70,10 @@ pub enum BenchCmd {
     },
     /// The scheduler alone: one pass over 100k / 1M pending jobs on 10,000 × 8 GPUs.
     Sched(crate::bench_sched::SchedArgs),
+    /// A fleet of simulated agents (real gRPC, tasks as timers) against a
+    /// 3-replica cluster: heartbeat latency, leader CPU and memory, Raft
+    /// rate, submit→start latency, false node failures, node-down detection.
+    Fleet(crate::bench_fleet::FleetArgs),
     /// Leader SIGKILL → first successful submit, repeated.
     Failover {
         #[arg(long, default_value_t = 10)]
@@ -87,16 +91,17 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Failover { runs, data_dir } => bench_failover(runs, data_dir).await,
         BenchCmd::Jobs { jobs, nodes, data_dir } => bench_jobs(jobs, nodes, data_dir).await,
         BenchCmd::Sched(a) => crate::bench_sched::run(a),
+        BenchCmd::Fleet(a) => crate::bench_fleet::run(a).await,
     }
 }
 
 /// A cluster of real controller processes on loopback.
-struct LocalCluster {
+pub(crate) struct LocalCluster {
     exe: PathBuf,
     root: PathBuf,
     _tmp: Option<tempfile::TempDir>,
     addrs: BTreeMap<u64, String>,
-    children: BTreeMap<u64, Child>,
+    pub(crate) children: BTreeMap<u64, Child>,
     /// With mutual TLS: the certificates' directory (replicas get --tls-dir).
     tls_dir: Option<PathBuf>,
     /// How the benchmark's clients connect.
@@ -122,7 +127,7 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 impl LocalCluster {
-    fn start(replicas: u64, data_dir: Option<PathBuf>) -> anyhow::Result<LocalCluster> {
+    pub(crate) fn start(replicas: u64, data_dir: Option<PathBuf>) -> anyhow::Result<LocalCluster> {
         Self::start_with(replicas, data_dir, false)
     }
 
@@ -192,16 +197,16 @@ impl LocalCluster {
         }
     }
 
-    fn endpoints(&self) -> Vec<String> {
+    pub(crate) fn endpoints(&self) -> Vec<String> {
         self.addrs.values().cloned().collect()
     }
 
-    fn root(&self) -> &Path {
+    pub(crate) fn root(&self) -> &Path {
         &self.root
     }
 
     /// The leader's id once every live replica agrees there is one.
-    async fn wait_leader(&self, client: &Client) -> anyhow::Result<u64> {
+    pub(crate) async fn wait_leader(&self, client: &Client) -> anyhow::Result<u64> {
         let deadline = Instant::now() + CLUSTER_WAIT;
         while Instant::now() < deadline {
             let s = client
@@ -224,7 +229,7 @@ impl LocalCluster {
     }
 
     /// Waits until every replica answers and has applied the leader's commit index.
-    async fn wait_converged(&self, client: &Client) -> anyhow::Result<()> {
+    pub(crate) async fn wait_converged(&self, client: &Client) -> anyhow::Result<()> {
         let deadline = Instant::now() + CLUSTER_WAIT;
         while Instant::now() < deadline {
             if let Ok(s) = client
@@ -264,7 +269,7 @@ impl Drop for LocalCluster {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }

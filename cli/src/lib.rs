@@ -10,6 +10,7 @@
 //! `simulate`, `tls`.
 
 mod bench;
+mod bench_fleet;
 mod bench_sched;
 mod commands;
 mod daemons;

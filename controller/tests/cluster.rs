@@ -2732,13 +2732,45 @@ async fn a_replica_whose_disk_fills_stops_and_recovers_once_space_is_freed() {
     }
     c.restart(victim).await;
     c.converge().await;
+    // The restarted victim may have won an election meanwhile: leadership
+    // moves back to a replica with room, so the writes that fill the victim
+    // are replicated to it, not written by it.
+    let others: Vec<u64> = [1, 2, 3].into_iter().filter(|id| *id != victim).collect();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let now = c.leader().await;
+        if now != victim {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "leadership never left the victim");
+        let admin = c.client_for(&[victim]);
+        let _ = admin
+            .call(|ch| {
+                let r = admin.request(pb::TransferLeaderRequest { to: others[0] });
+                async move { AdminServiceClient::new(ch).transfer_leader(r).await }
+            })
+            .await;
+    }
     // Fill it: large scripts, acknowledged by the other two once it is full.
-    let client = c.client_for(&[leader]);
-    let big = format!("#!/bin/sh\n# {}\ntrue\n", "x".repeat(512 * 1024));
+    let client = c.client_for(&others);
+    // Incompressible scripts: RocksDB compresses what it flushes, and a
+    // repeated byte would shrink to nothing and never fill the disk.
+    let big = |seed: u64| {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let noise: String = (0..512 * 1024)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                char::from(b'a' + (x % 26) as u8)
+            })
+            .collect();
+        format!("#!/bin/sh\n# {noise}\ntrue\n")
+    };
     let mut acked = Vec::new();
     let mut fatal = None;
     for i in 0..400 {
-        let s = pb::JobSpec { script: big.clone(), workdir: "/tmp".into(), ..Default::default() };
+        let s = pb::JobSpec { script: big(i), workdir: "/tmp".into(), ..Default::default() };
         acked.push(submit(&client, s, &format!("fill-{i}")).await.unwrap().job_id);
         if let Some(why) = c.handles[&victim].fatal_error() {
             fatal = Some(why);
@@ -2746,7 +2778,18 @@ async fn a_replica_whose_disk_fills_stops_and_recovers_once_space_is_freed() {
         }
     }
     // Give the victim a moment to hit the wall if the loop ended first.
-    eventually("the full replica stops", || c.handles[&victim].fatal_error().is_some()).await;
+    let leader = c.leader().await;
+    let (ls, vs) = (c.handles[&leader].replica.node.status(), c.handles[&victim].replica.node.status());
+    let what = format!(
+        "the full replica {victim} stops ({} submits acknowledged; leader {leader} at log {:?}, matched for the \
+         victim {:?}; the victim at term {} applied {:?})",
+        acked.len(),
+        ls.last_log_index,
+        ls.matched.get(&victim),
+        vs.term,
+        vs.applied_index
+    );
+    eventually(&what, || c.handles[&victim].fatal_error().is_some()).await;
     let why = fatal.or_else(|| c.handles[&victim].fatal_error()).unwrap();
     println!("the full replica stopped: {why}; {} submits acknowledged", acked.len());
     // It says NOT_SERVING and its wait() ends with the error.

@@ -308,6 +308,11 @@ impl AgentCore {
             // is gone (it died with a previous agent process): lost, not failed.
             let (job, attempt) = *task;
             if let Some(&seen) = self.fences.attempts.get(&job) {
+                // Its exit is waiting to be reported: the leader has not heard
+                // yet, nothing was lost.
+                if seen == attempt && self.pending.iter().any(|e| e.task == *task) {
+                    continue;
+                }
                 if seen >= attempt {
                     let reason = format!(
                         "task lost: refused launch of job {job} attempt {attempt}: attempt {seen} was already \
@@ -369,18 +374,39 @@ mod tests {
         }
     }
 
+    /// A task that ended here and whose exit waits to be reported is ordered
+    /// again by a leader that has not heard yet: no second, "lost" report.
+    #[test]
+    fn an_order_for_an_ended_task_not_yet_reported_is_no_loss() {
+        let mut a = AgentCore::new(Fences::default(), 5_000, 0);
+        a.registered_at(0, 10_000);
+        a.answered(100, &answer(3, &[(7, 1)], &[((7, 1), &[0])]));
+        a.task_exited(Exit::ended((7, 1), Some(0), None));
+        assert_eq!(a.answered(200, &answer(3, &[(7, 1)], &[((7, 1), &[0])])), vec![]);
+        assert_eq!(a.reports_pending(), 1, "only the exit itself");
+        let report = a.take_report().unwrap();
+        assert!(!report.lost && report.exit_code == Some(0), "{report:?}");
+        // Once reported, an order for it again means it was lost.
+        a.answered(300, &answer(3, &[(7, 1)], &[((7, 1), &[0])]));
+        assert!(a.take_report().is_some_and(|e| e.lost));
+    }
+
     #[test]
     fn an_attempt_launches_once_and_stale_terms_are_ignored() {
         let mut a = AgentCore::new(Fences::default(), 5_000, 0);
         a.registered_at(0, 10_000);
         let acts = a.answered(100, &answer(3, &[(7, 1)], &[((7, 1), &[0])]));
         assert_eq!(acts, vec![Action::PersistFences, Action::Launch((7, 1))]);
-        // The task ends; the same order again (a lagging leader) is refused as lost.
+        // The task ends; the same order again (a lagging leader) is refused:
+        // its exit, not yet reported, is all the leader needs.
         a.task_exited(Exit::ended((7, 1), Some(1), None));
         let acts = a.answered(200, &answer(3, &[(7, 1)], &[((7, 1), &[0])]));
         assert!(acts.is_empty(), "{acts:?}");
         let first = a.take_report().unwrap();
         assert!(!first.lost, "the task's own exit");
+        assert!(a.take_report().is_none());
+        // Ordered again once reported: the attempt ran here and is gone, lost.
+        assert!(a.answered(250, &answer(3, &[(7, 1)], &[((7, 1), &[0])])).is_empty());
         assert!(a.take_report().is_some_and(|e| e.lost && e.task == (7, 1)));
         // A restart keeps the fence.
         let mut b = AgentCore::new(a.fences().clone(), 5_000, 300);

@@ -1,0 +1,554 @@
+//! `gangway bench fleet`: thousands of simulated node agents against a real
+//! 3-replica cluster on loopback. Each simulated agent speaks the real agent
+//! protocol over real gRPC (register, heartbeat with what it runs and what it
+//! has seen, task exit reports) and decides with the production
+//! `AgentCore`; its tasks are timers, not processes. A steady stream of jobs
+//! (1-GPU jobs and 2-node gangs) keeps the scheduler busy.
+//!
+//! It reports heartbeat round-trip percentiles, the leader's CPU and resident
+//! memory, Raft entries per second, submit→start latency, placements per
+//! second, nodes wrongly declared down (must be 0), and how long a node that
+//! really stops takes to be declared down.
+//!
+//! The simulated agents share a few connections (`--connections`): a real
+//! agent has its own, and the kernel's limits on one host make tens of
+//! thousands of them a measurement of the host, not of Gangway. The cluster
+//! runs `--insecure` (agents claim their identity): issuing 10,000 agent
+//! certificates would measure the PKI.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use gangway_core::agent::{Action, AgentCore, Answer, Exit, Fences};
+use gangway_proto::client::Client;
+use gangway_proto::tls::Security;
+use gangway_proto::v1 as pb;
+use gangway_proto::v1::admin_service_client::AdminServiceClient;
+use gangway_proto::v1::job_service_client::JobServiceClient;
+use tonic::Request;
+
+use crate::bench::{percentile, LocalCluster};
+
+/// Simulated nodes one run may start (the core's node limit).
+const FLEET_NODES_MAX: usize = gangway_core::limits::NODES_MAX;
+/// Connections the simulated agents may share.
+const FLEET_CONNECTIONS_MAX: usize = 1024;
+/// Longest measurement.
+const FLEET_SECONDS_MAX: u64 = 3600;
+/// Jobs per second the submitter may be asked for.
+const FLEET_JOBS_PER_S_MAX: u64 = 10_000;
+/// Nodes stopped on purpose to time node-down detection.
+const FLEET_STOPPED_NODES: usize = 5;
+/// How long the whole fleet may take to register.
+const REGISTER_WAIT: Duration = Duration::from_secs(300);
+/// Registrations retried per agent before the run fails.
+const REGISTER_ATTEMPTS_MAX: usize = 600;
+/// Heartbeat round trips kept for percentiles (the rest only counted).
+const RTT_SAMPLES_MAX: usize = 2_000_000;
+/// Exit reports one agent sends per round at most (the rest wait).
+const REPORTS_PER_ROUND_MAX: usize = 64;
+/// Grace an agent gives a task it stops (the agent's default).
+const STOP_GRACE_MS: u64 = 10_000;
+/// One call's deadline.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Share of submitted jobs that are 2-node gangs of whole nodes, per thousand.
+const GANGS_PER_MILLE: u64 = 100;
+
+#[derive(Args, Debug)]
+pub struct FleetArgs {
+    /// Simulated nodes (agents).
+    #[arg(long, default_value_t = 1000)]
+    nodes: usize,
+    #[arg(long, default_value_t = 8)]
+    gpus_per_node: u32,
+    /// Seconds measured once every node has registered.
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// Jobs submitted per second (1-GPU jobs and a tenth 2-node gangs).
+    #[arg(long, default_value_t = 50)]
+    jobs_per_s: u64,
+    /// Longest run time of a job, seconds (each runs 1..this, by its id).
+    #[arg(long, default_value_t = 20)]
+    run_s: u64,
+    /// gRPC connections the simulated agents share.
+    #[arg(long, default_value_t = 64)]
+    connections: usize,
+    /// Keep the cluster's data here instead of a temp dir.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+/// What the agents measure together.
+#[derive(Default)]
+struct Shared {
+    rtts_us: std::sync::Mutex<Vec<u32>>,
+    heartbeats: AtomicU64,
+    errors: AtomicU64,
+    /// Answers saying the node is unknown or down (it registers again).
+    unknown: AtomicU64,
+    launches: AtomicU64,
+    exits: AtomicU64,
+    registered: AtomicU64,
+    /// Set: the agent stops heartbeating (a node that really died).
+    stop: Vec<AtomicBool>,
+    /// The whole run ends.
+    done: AtomicBool,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn node_name(i: usize) -> String {
+    format!("fleet{i:05}")
+}
+
+/// A request carrying `identity`: the cluster is insecure, agents claim who they are.
+fn claimed<T>(msg: T, identity: &tonic::metadata::MetadataValue<tonic::metadata::Ascii>) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.metadata_mut().insert(gangway_proto::IDENTITY_METADATA_KEY, identity.clone());
+    r.set_timeout(CALL_TIMEOUT);
+    r
+}
+
+fn register_request(i: usize, gpus: u32) -> pb::RegisterRequest {
+    let name = node_name(i);
+    pb::RegisterRequest {
+        gpus: (0..gpus)
+            .map(|g| pb::GpuInventory {
+                uuid: format!("GPU-{name}-{g}"),
+                model: "h100-80gb".into(),
+                mem_mb: 81_920,
+                nvlink_island: 0,
+            })
+            .collect(),
+        name,
+        addr: String::new(),
+        cpus: 64,
+        mem_mb: 512 * 1024,
+        topology: vec![format!("rack{}", i / 32)],
+        labels: Default::default(),
+    }
+}
+
+/// How long job `id`'s tasks run: 1..=run_s seconds, fixed by the id so
+/// every node of a gang agrees.
+fn run_time(id: u64, run_s: u64) -> Duration {
+    Duration::from_secs(1 + id.wrapping_mul(0x9E37_79B9_7F4A_7C15) % run_s.max(1))
+}
+
+/// One simulated node: registers, then heartbeats every interval until the
+/// run ends (or it is told to stop, as a dead node would).
+async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, run_s: u64) -> anyhow::Result<()> {
+    let name = node_name(i);
+    let identity: tonic::metadata::MetadataValue<_> = format!("agent:{name}").parse()?;
+    let register = || {
+        let (client, identity) = (client.clone(), identity.clone());
+        let req = register_request(i, gpus);
+        async move {
+            client
+                .call(|ch| {
+                    let r = claimed(req.clone(), &identity);
+                    async move { gangway_proto::limits::agent_client(ch).register(r).await }
+                })
+                .await
+        }
+    };
+    let mut interval = Duration::from_secs(1);
+    let mut core: Option<AgentCore> = None;
+    let mut tasks: BTreeMap<(u64, u32), Instant> = BTreeMap::new();
+    // Spread the fleet's heartbeats over the interval, as real agents started
+    // at different times are.
+    tokio::time::sleep(Duration::from_millis((i as u64 * 7919) % 1000)).await;
+    while !shared.done.load(Ordering::Relaxed) {
+        if shared.stop[i].load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        if core.is_none() {
+            let sent = now_ms();
+            let mut attempts = 0;
+            let resp = loop {
+                match register().await {
+                    Ok(r) => break r.into_inner(),
+                    Err(e) if attempts < REGISTER_ATTEMPTS_MAX => {
+                        attempts += 1;
+                        shared.errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(node = %name, error = %e, "register failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err(e) => bail!("{name}: register: {e}"),
+                }
+            };
+            interval = Duration::from_millis(resp.heartbeat_interval_ms.max(100));
+            let mut c = AgentCore::new(Fences::default(), STOP_GRACE_MS, sent);
+            c.registered_at(sent, resp.node_down_timeout_ms);
+            // Tasks it ran are gone with the node's "restart".
+            tasks.clear();
+            core = Some(c);
+            shared.registered.fetch_add(1, Ordering::Relaxed);
+        }
+        let c = core.as_mut().expect("registered");
+        // Tasks whose time is up end well.
+        let now = Instant::now();
+        let ended: Vec<(u64, u32)> = tasks.iter().filter(|(_, end)| **end <= now).map(|(k, _)| *k).collect();
+        for t in ended {
+            tasks.remove(&t);
+            c.task_exited(Exit::ended(t, Some(0), None));
+        }
+        // Exits go before the heartbeat, as the real agent sends them.
+        for _ in 0..REPORTS_PER_ROUND_MAX {
+            let Some(e) = c.take_report() else { break };
+            let req = pb::TaskExitReport {
+                node: name.clone(),
+                job_id: e.task.0,
+                attempt: e.task.1,
+                exit_code: e.exit_code,
+                signal: e.signal,
+                reason: e.reason.clone(),
+                lost: e.lost,
+                peak_mem_mb: None,
+            };
+            let sent = client
+                .call(|ch| {
+                    let r = claimed(req.clone(), &identity);
+                    async move { gangway_proto::limits::agent_client(ch).report_task_exit(r).await }
+                })
+                .await;
+            if sent.is_err() {
+                shared.errors.fetch_add(1, Ordering::Relaxed);
+                c.report_failed(e);
+                break;
+            }
+            shared.exits.fetch_add(1, Ordering::Relaxed);
+        }
+        let running: Vec<pb::TaskRef> =
+            c.running().into_iter().map(|(job_id, attempt)| pb::TaskRef { job_id, attempt }).collect();
+        let req = pb::HeartbeatRequest {
+            name: name.clone(),
+            running,
+            gpu_health: (0..gpus)
+                .map(|g| pb::GpuHealthReport { index: g, healthy: true, reason: String::new() })
+                .collect(),
+            seen_index: c.seen_index(),
+        };
+        let sent = now_ms();
+        let t0 = Instant::now();
+        let resp = client
+            .call(|ch| {
+                let r = claimed(req.clone(), &identity);
+                async move { gangway_proto::limits::agent_client(ch).heartbeat(r).await }
+            })
+            .await;
+        let rtt = t0.elapsed();
+        shared.heartbeats.fetch_add(1, Ordering::Relaxed);
+        match resp {
+            Ok(r) => {
+                {
+                    let mut rtts = shared.rtts_us.lock().expect("rtts");
+                    if rtts.len() < RTT_SAMPLES_MAX {
+                        rtts.push(u32::try_from(rtt.as_micros()).unwrap_or(u32::MAX));
+                    }
+                }
+                let r = r.into_inner();
+                if !r.known {
+                    shared.unknown.fetch_add(1, Ordering::Relaxed);
+                    core = None;
+                    continue;
+                }
+                let answer = Answer {
+                    known: r.known,
+                    term: r.term,
+                    index: r.index,
+                    desired: r.desired.iter().map(|t| (t.job_id, t.attempt)).collect(),
+                    launch: r.launch.iter().map(|o| ((o.job_id, o.attempt), o.gpus.clone())).collect(),
+                    stops: r.stops.iter().map(|s| ((s.job_id, s.attempt), s.grace_s)).collect(),
+                };
+                for action in c.answered(sent, &answer) {
+                    match action {
+                        Action::PersistFences => {}
+                        Action::Launch(t) => {
+                            shared.launches.fetch_add(1, Ordering::Relaxed);
+                            tasks.insert(t, Instant::now() + run_time(t.0, run_s));
+                        }
+                        // A stopped timer ends at once, as a task killed by SIGTERM.
+                        Action::Stop { task, .. } => {
+                            tasks.remove(&task);
+                            c.task_exited(Exit::ended(task, None, Some(15)));
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                shared.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(node = %name, error = %e, "heartbeat failed");
+            }
+        }
+        for action in c.tick(now_ms()) {
+            if let Action::Stop { task, .. } = action {
+                tasks.remove(&task);
+                c.task_exited(Exit::ended(task, None, Some(15)));
+            }
+        }
+        tokio::time::sleep(interval.saturating_sub(t0.elapsed())).await;
+    }
+    Ok(())
+}
+
+/// Submits `per_s` jobs a second until the run ends.
+async fn submitter(client: Arc<Client>, shared: Arc<Shared>, per_s: u64, gpus: u32) -> u64 {
+    let mut submitted = 0u64;
+    let started = Instant::now();
+    while !shared.done.load(Ordering::Relaxed) {
+        let due = (started.elapsed().as_secs_f64() * per_s as f64) as u64;
+        if submitted >= due {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
+        let gang = submitted.wrapping_mul(0x9E37_79B9) % 1000 < GANGS_PER_MILLE;
+        let spec = pb::JobSpec {
+            name: "fleet".into(),
+            command: vec!["true".into()],
+            nodes: Some(if gang { 2 } else { 1 }),
+            gpus_per_node: Some(if gang { i64::from(gpus) } else { 1 }),
+            time_limit_s: Some(3600),
+            ..Default::default()
+        };
+        let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: format!("fleet-{submitted}") };
+        let ok = client
+            .call(|ch| {
+                let r = client.request(req.clone());
+                async move { JobServiceClient::new(ch).submit(r).await }
+            })
+            .await;
+        if ok.is_err() {
+            shared.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        submitted += 1;
+    }
+    submitted
+}
+
+/// A process's CPU time (user + system) and resident memory, from /proc.
+fn proc_usage(pid: u32) -> Option<(Duration, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces) start after ") ".
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
+    let hz = u64::try_from(hz).ok().filter(|h| *h > 0)?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kb: u64 =
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches(" kB").trim().parse().ok()?;
+    Some((Duration::from_millis(ticks * 1000 / hz), rss_kb * 1024))
+}
+
+async fn cluster_status(client: &Client) -> anyhow::Result<pb::ClusterStatusResponse> {
+    Ok(client
+        .call(|ch| {
+            let r = client.request(pb::ClusterStatusRequest {});
+            async move { AdminServiceClient::new(ch).cluster_status(r).await }
+        })
+        .await?
+        .into_inner())
+}
+
+/// Every job, paged.
+async fn all_jobs(client: &Client) -> anyhow::Result<Vec<pb::Job>> {
+    let mut jobs = Vec::new();
+    let mut after_id = 0u64;
+    for _ in 0..100_000 {
+        let req = pb::ListJobsRequest { after_id, limit: 10_000, ..Default::default() };
+        let page = client
+            .call(|ch| {
+                let r = client.request(req.clone());
+                async move { JobServiceClient::new(ch).list(r).await }
+            })
+            .await?
+            .into_inner();
+        jobs.extend(page.jobs);
+        if page.next_after_id == 0 {
+            return Ok(jobs);
+        }
+        after_id = page.next_after_id;
+    }
+    bail!("the job list did not end")
+}
+
+pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
+    if a.nodes == 0 || a.nodes > FLEET_NODES_MAX {
+        bail!("--nodes: between 1 and {FLEET_NODES_MAX}");
+    }
+    if a.connections == 0 || a.connections > FLEET_CONNECTIONS_MAX {
+        bail!("--connections: between 1 and {FLEET_CONNECTIONS_MAX}");
+    }
+    if a.seconds == 0 || a.seconds > FLEET_SECONDS_MAX {
+        bail!("--seconds: between 1 and {FLEET_SECONDS_MAX}");
+    }
+    if a.jobs_per_s > FLEET_JOBS_PER_S_MAX {
+        bail!("--jobs-per-s: at most {FLEET_JOBS_PER_S_MAX}");
+    }
+    if a.gpus_per_node == 0 || a.gpus_per_node > gangway_core::limits::GPUS_PER_NODE_MAX {
+        bail!("--gpus-per-node: between 1 and {}", gangway_core::limits::GPUS_PER_NODE_MAX);
+    }
+    let cluster = LocalCluster::start(3, a.data_dir.clone())?;
+    let endpoints = cluster.endpoints();
+    let admin = Client::new(&endpoints, "bench", &Security::Insecure)?;
+    let leader = cluster.wait_leader(&admin).await?;
+    eprintln!("fleet: 3 replicas up (leader {leader}); starting {} agents", a.nodes);
+    let clients: Vec<Arc<Client>> = (0..a.connections)
+        .map(|k| Client::new(&endpoints, &format!("agent:pool{k}"), &Security::Insecure).map(Arc::new))
+        .collect::<Result<_, _>>()?;
+    let shared = Arc::new(Shared { stop: (0..a.nodes).map(|_| AtomicBool::new(false)).collect(), ..Shared::default() });
+    let mut agents = Vec::with_capacity(a.nodes);
+    for i in 0..a.nodes {
+        let (client, shared) = (clients[i % clients.len()].clone(), shared.clone());
+        agents.push(tokio::spawn(agent(i, client, shared, a.gpus_per_node, a.run_s)));
+    }
+    let reg_started = Instant::now();
+    let mut said = Instant::now();
+    while (shared.registered.load(Ordering::Relaxed) as usize) < a.nodes {
+        let (registered, errors) = (shared.registered.load(Ordering::Relaxed), shared.errors.load(Ordering::Relaxed));
+        if reg_started.elapsed() > REGISTER_WAIT {
+            shared.done.store(true, Ordering::Relaxed);
+            bail!(
+                "only {registered} of {} agents registered in {} s ({errors} failed calls; logs in {})",
+                a.nodes,
+                REGISTER_WAIT.as_secs(),
+                cluster.root().display()
+            );
+        }
+        if said.elapsed() > Duration::from_secs(10) {
+            eprintln!("fleet: {registered} of {} registered, {errors} failed calls", a.nodes);
+            said = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let registered_in = reg_started.elapsed();
+    eprintln!(
+        "fleet: {} agents registered in {:.1} s; measuring {} s",
+        a.nodes,
+        registered_in.as_secs_f64(),
+        a.seconds
+    );
+    // The measurement window.
+    let leader_pid = cluster.children.get(&leader).map(|c| c.id()).context("the leader's process")?;
+    let follower_pid = cluster.children.iter().find(|(id, _)| **id != leader).map(|(_, c)| c.id());
+    let cpu0 = proc_usage(leader_pid);
+    let fcpu0 = follower_pid.and_then(proc_usage);
+    let commit0 = cluster_status(&admin).await?.replicas.iter().filter_map(|r| r.commit_index).max().unwrap_or(0);
+    {
+        shared.rtts_us.lock().expect("rtts").clear();
+    }
+    let (hb0, err0, unknown0) = (
+        shared.heartbeats.load(Ordering::Relaxed),
+        shared.errors.load(Ordering::Relaxed),
+        shared.unknown.load(Ordering::Relaxed),
+    );
+    let window_started_ms = now_ms();
+    let t0 = Instant::now();
+    let submit = tokio::spawn(submitter(
+        Arc::new(Client::new(&endpoints, "bench", &Security::Insecure)?),
+        shared.clone(),
+        a.jobs_per_s,
+        a.gpus_per_node,
+    ));
+    // Halfway, a few nodes stop for good: how long until they are Down?
+    tokio::time::sleep(Duration::from_secs(a.seconds / 2)).await;
+    let stopped: Vec<usize> =
+        (0..FLEET_STOPPED_NODES.min(a.nodes)).map(|k| k * a.nodes / FLEET_STOPPED_NODES).collect();
+    for &i in &stopped {
+        shared.stop[i].store(true, Ordering::Relaxed);
+    }
+    let stop_at = Instant::now();
+    let mut detected: Option<Duration> = None;
+    while t0.elapsed() < Duration::from_secs(a.seconds)
+        || (detected.is_none() && stop_at.elapsed() < Duration::from_secs(120))
+    {
+        if detected.is_none() {
+            let nodes = admin.list_nodes(false).await.unwrap_or_default();
+            let down = nodes.iter().filter(|n| n.state == pb::NodeState::Down as i32).map(|n| n.name.clone());
+            let down: std::collections::BTreeSet<String> = down.collect();
+            if stopped.iter().all(|i| down.contains(&node_name(*i))) {
+                detected = Some(stop_at.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let window = t0.elapsed();
+    shared.done.store(true, Ordering::Relaxed);
+    let cpu1 = proc_usage(leader_pid);
+    let fcpu1 = follower_pid.and_then(proc_usage);
+    let commit1 = cluster_status(&admin).await?.replicas.iter().filter_map(|r| r.commit_index).max().unwrap_or(0);
+    let submitted = submit.await.unwrap_or(0);
+    for h in agents {
+        if let Ok(Err(e)) = h.await {
+            eprintln!("fleet: an agent failed: {e:#}");
+        }
+    }
+    // Nodes that were never stopped but are Down: false node failures.
+    let nodes = admin.list_nodes(false).await?;
+    let false_down = nodes
+        .iter()
+        .filter(|n| n.state == pb::NodeState::Down as i32 && !stopped.iter().any(|i| node_name(*i) == n.name))
+        .count();
+    let jobs = all_jobs(&admin).await?;
+    let mut waits: Vec<Duration> = jobs
+        .iter()
+        .filter(|j| j.submit_time_ms >= window_started_ms)
+        .filter_map(|j| j.start_time_ms.map(|s| Duration::from_millis(s.saturating_sub(j.submit_time_ms))))
+        .collect();
+    waits.sort_unstable();
+    let started_in_window = jobs.iter().filter(|j| j.start_time_ms.is_some_and(|s| s >= window_started_ms)).count();
+    let mut rtts: Vec<Duration> =
+        shared.rtts_us.lock().expect("rtts").iter().map(|us| Duration::from_micros(u64::from(*us))).collect();
+    rtts.sort_unstable();
+    let secs = window.as_secs_f64();
+    let cpu = |a: Option<(Duration, u64)>, b: Option<(Duration, u64)>| match (a, b) {
+        (Some(a), Some(b)) => format!("{:.2} cores, {} MiB resident", (b.0 - a.0).as_secs_f64() / secs, b.1 >> 20),
+        _ => "unknown".into(),
+    };
+    let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1000.0);
+    println!("## gangway bench fleet: {} nodes × {} GPUs, {:.0} s", a.nodes, a.gpus_per_node, secs);
+    println!();
+    println!("| measure | value |");
+    println!("|---|---|");
+    println!("| agents registered in | {:.1} s |", registered_in.as_secs_f64());
+    println!(
+        "| heartbeats | {:.0}/s, round trip p50 {} p99 {} max {} |",
+        (shared.heartbeats.load(Ordering::Relaxed) - hb0) as f64 / secs,
+        ms(percentile(&rtts, 0.5)),
+        ms(percentile(&rtts, 0.99)),
+        ms(rtts.last().copied().unwrap_or_default())
+    );
+    println!("| failed calls | {} |", shared.errors.load(Ordering::Relaxed) - err0);
+    println!("| answers \"unknown node\" (re-registrations) | {} |", shared.unknown.load(Ordering::Relaxed) - unknown0);
+    println!("| leader | {} |", cpu(cpu0, cpu1));
+    println!("| a follower | {} |", cpu(fcpu0, fcpu1));
+    println!("| Raft entries committed | {:.0}/s |", commit1.saturating_sub(commit0) as f64 / secs);
+    println!("| jobs submitted | {submitted} ({:.0}/s) |", submitted as f64 / secs);
+    println!("| jobs started | {started_in_window} ({:.0}/s) |", started_in_window as f64 / secs);
+    println!(
+        "| submit → start | p50 {} p99 {} (of {} started) |",
+        ms(percentile(&waits, 0.5)),
+        ms(percentile(&waits, 0.99)),
+        waits.len()
+    );
+    println!(
+        "| task launches / exits reported | {} / {} |",
+        shared.launches.load(Ordering::Relaxed),
+        shared.exits.load(Ordering::Relaxed)
+    );
+    println!("| nodes wrongly declared down | {false_down} |");
+    println!(
+        "| a stopped node declared down after | {} (timeout 30 s) |",
+        detected.map_or("not within 120 s".to_string(), |d| format!("{:.1} s", d.as_secs_f64()))
+    );
+    Ok(())
+}
