@@ -269,6 +269,32 @@ impl Drop for LocalCluster {
     }
 }
 
+/// Pages of a job list read at most: 10,000 jobs each, past any job count
+/// the core keeps.
+const JOB_PAGES_MAX: usize = 100_000;
+
+/// Every job, paged.
+pub(crate) async fn all_jobs(client: &Client) -> anyhow::Result<Vec<pb::Job>> {
+    let mut jobs = Vec::new();
+    let mut after_id = 0u64;
+    for _ in 0..JOB_PAGES_MAX {
+        let req = pb::ListJobsRequest { after_id, limit: 10_000, ..Default::default() };
+        let page = client
+            .call(|ch| {
+                let r = client.request(req.clone());
+                async move { JobServiceClient::new(ch).list(r).await }
+            })
+            .await?
+            .into_inner();
+        jobs.extend(page.jobs);
+        if page.next_after_id == 0 {
+            return Ok(jobs);
+        }
+        after_id = page.next_after_id;
+    }
+    bail!("the job list did not end")
+}
+
 pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -482,23 +508,7 @@ async fn bench_failover(runs: usize, data_dir: Option<PathBuf>) -> anyhow::Resul
     );
     // Every acknowledged submit must be in the final state.
     let acked_ids: BTreeSet<u64> = acked.lock().await.iter().map(|(_, id)| *id).collect();
-    let mut present = BTreeSet::new();
-    let mut after_id = 0;
-    loop {
-        let req = pb::ListJobsRequest { limit: 10_000, after_id, ..Default::default() };
-        let page = client
-            .call(|ch| {
-                let r = client.request(req.clone());
-                async move { JobServiceClient::new(ch).list(r).await }
-            })
-            .await?
-            .into_inner();
-        present.extend(page.jobs.iter().map(|j| j.id));
-        if page.next_after_id == 0 {
-            break;
-        }
-        after_id = page.next_after_id;
-    }
+    let present: BTreeSet<u64> = all_jobs(&client).await?.iter().map(|j| j.id).collect();
     let missing = acked_ids.difference(&present).count();
     println!("acknowledged submits: {}; missing after all failovers: {missing}", acked_ids.len());
     if missing > 0 {

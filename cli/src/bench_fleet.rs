@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use gangway_core::agent::{Action, AgentCore, Answer, Exit, Fences};
+use gangway_core::agent::{Action, AgentCore, Exit, Fences};
 use gangway_proto::client::Client;
 use gangway_proto::tls::Security;
 use gangway_proto::v1 as pb;
@@ -32,7 +32,7 @@ use gangway_proto::v1::admin_service_client::AdminServiceClient;
 use gangway_proto::v1::job_service_client::JobServiceClient;
 use tonic::Request;
 
-use crate::bench::{percentile, LocalCluster};
+use crate::bench::{all_jobs, percentile, LocalCluster};
 
 /// Simulated nodes one run may start (the core's node limit).
 const FLEET_NODES_MAX: usize = gangway_core::limits::NODES_MAX;
@@ -261,14 +261,7 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
                     core = None;
                     continue;
                 }
-                let answer = Answer {
-                    known: r.known,
-                    term: r.term,
-                    index: r.index,
-                    desired: r.desired.iter().map(|t| (t.job_id, t.attempt)).collect(),
-                    launch: r.launch.iter().map(|o| ((o.job_id, o.attempt), o.gpus.clone())).collect(),
-                    stops: r.stops.iter().map(|s| ((s.job_id, s.attempt), s.grace_s)).collect(),
-                };
+                let answer = gangway_node_agent::answer_from(&r);
                 for action in c.answered(sent, &answer) {
                     match action {
                         Action::PersistFences => {}
@@ -357,28 +350,6 @@ async fn cluster_status(client: &Client) -> anyhow::Result<pb::ClusterStatusResp
         })
         .await?
         .into_inner())
-}
-
-/// Every job, paged.
-async fn all_jobs(client: &Client) -> anyhow::Result<Vec<pb::Job>> {
-    let mut jobs = Vec::new();
-    let mut after_id = 0u64;
-    for _ in 0..100_000 {
-        let req = pb::ListJobsRequest { after_id, limit: 10_000, ..Default::default() };
-        let page = client
-            .call(|ch| {
-                let r = client.request(req.clone());
-                async move { JobServiceClient::new(ch).list(r).await }
-            })
-            .await?
-            .into_inner();
-        jobs.extend(page.jobs);
-        if page.next_after_id == 0 {
-            return Ok(jobs);
-        }
-        after_id = page.next_after_id;
-    }
-    bail!("the job list did not end")
 }
 
 pub async fn run(a: FleetArgs) -> anyhow::Result<()> {

@@ -351,7 +351,8 @@ fn exit_from_report(r: TaskExitReport) -> Exit {
     }
 }
 
-fn answer_from(resp: &gangway_proto::v1::HeartbeatResponse) -> Answer {
+/// A leader's heartbeat answer as the agent's core reads it.
+pub fn answer_from(resp: &gangway_proto::v1::HeartbeatResponse) -> Answer {
     Answer {
         known: resp.known,
         term: resp.term,

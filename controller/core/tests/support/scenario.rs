@@ -26,7 +26,9 @@ use std::collections::BTreeSet;
 
 use gangway_core::agent::{Action, AgentCore, Exit, Fences};
 use gangway_core::command::{Command, JobChange, NodeStateChange};
-use gangway_core::duties::{leader_tick, may_answer, node_orders, silence_ms, Heard, HeardBook, LeaderMemory};
+use gangway_core::duties::{
+    leader_tick, may_answer, node_orders, silence_ms, Heard, HeardBook, LeaderMemory, NodeOrders,
+};
 use gangway_core::policy::{pattern_matches, ClusterPolicy};
 use gangway_core::sched::{plan, Options, Order, Policy};
 use gangway_core::spec::{parse_dependencies, GpuSpec, JobSpec, NodeSpec};
@@ -493,6 +495,23 @@ fn sorted(mut v: Vec<u64>) -> Vec<u64> {
     v
 }
 
+/// The leader hears a heartbeat from `node` (running `running`, having seen
+/// `seen`): recorded as the controller records it, answered with
+/// `duties::node_orders` unless the node is silent past the timeout.
+fn leader_hears(run: &mut Run, node: &str, running: &BTreeSet<(u64, u32)>, seen: u64) -> NodeOrders {
+    let silence = silence_ms(run.now_ms, run.leader.since_ms, run.leader.heard.last(node));
+    let orders = if may_answer(silence, DOWN_TIMEOUT_MS) {
+        node_orders(&run.state, node, running)
+    } else {
+        NodeOrders::default()
+    };
+    if orders.known {
+        let jobs = running.iter().map(|t| t.0).collect();
+        run.leader.heard.record(node, run.now_ms, Some((seen, jobs)), gangway_core::limits::NODES_MAX);
+    }
+    orders
+}
+
 /// A heartbeat from `node` reaches the leader: recorded as the controller
 /// records it, answered with `duties::node_orders`.
 fn heartbeat(run: &mut Run, i: usize, step: &Value, node: &str) {
@@ -507,16 +526,7 @@ fn heartbeat(run: &mut Run, i: usize, step: &Value, node: &str) {
         })
         .collect();
     let seen = step.get("seen_index").and_then(Value::as_integer).map_or(run.index, |s| s as u64);
-    let silence = silence_ms(run.now_ms, run.leader.since_ms, run.leader.heard.last(node));
-    let orders = if may_answer(silence, DOWN_TIMEOUT_MS) {
-        node_orders(&run.state, node, &running)
-    } else {
-        gangway_core::duties::NodeOrders::default()
-    };
-    if orders.known {
-        let jobs = running.iter().map(|t| t.0).collect();
-        run.leader.heard.record(node, run.now_ms, Some((seen, jobs)), gangway_core::limits::NODES_MAX);
-    }
+    let orders = leader_hears(run, node, &running, seen);
     if let Some(want) = step.get("known").and_then(Value::as_bool) {
         if orders.known != want {
             run.fail(i, format!("known = {}, expected {want}", orders.known));
@@ -574,16 +584,7 @@ fn agent(run: &mut Run, i: usize, step: &Value, node: &str) {
     } else {
         let running: BTreeSet<(u64, u32)> = core.running().into_iter().collect();
         let seen = core.seen_index();
-        let silence = silence_ms(now, run.leader.since_ms, run.leader.heard.last(node));
-        let orders = if may_answer(silence, DOWN_TIMEOUT_MS) {
-            node_orders(&run.state, node, &running)
-        } else {
-            gangway_core::duties::NodeOrders::default()
-        };
-        if orders.known {
-            let jobs = running.iter().map(|t| t.0).collect();
-            run.leader.heard.record(node, now, Some((seen, jobs)), gangway_core::limits::NODES_MAX);
-        }
+        let orders = leader_hears(run, node, &running, seen);
         let term = step.get("term").and_then(Value::as_integer).map_or(run.term, |t| t as u64);
         let answer = orders.answer(&run.state, node, term, run.index);
         let (core, _) = run.agents.get_mut(node).expect("agent");
