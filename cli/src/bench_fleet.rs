@@ -94,6 +94,8 @@ struct Shared {
     launches: AtomicU64,
     exits: AtomicU64,
     registered: AtomicU64,
+    /// Pokes received on the agents' WatchNode streams.
+    pokes: AtomicU64,
     /// Set: the agent stops heartbeating (a node that really died).
     stop: Vec<AtomicBool>,
     /// The whole run ends.
@@ -142,11 +144,51 @@ fn run_time(id: u64, run_s: u64) -> Duration {
     Duration::from_secs(1 + id.wrapping_mul(0x9E37_79B9_7F4A_7C15) % run_s.max(1))
 }
 
-/// One simulated node: registers, then heartbeats every interval until the
-/// run ends (or it is told to stop, as a dead node would).
+/// Stops a simulated agent's watch when the agent ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The agent's WatchNode stream, as the real agent keeps one: each change
+/// that concerns the node wakes its heartbeat early.
+async fn watch(i: usize, client: Arc<Client>, shared: Arc<Shared>, poke: Arc<tokio::sync::Notify>) {
+    let name = node_name(i);
+    let Ok(identity) = format!("agent:{name}").parse::<tonic::metadata::MetadataValue<_>>() else { return };
+    while !shared.done.load(Ordering::Relaxed) && !shared.stop[i].load(Ordering::Relaxed) {
+        let req = pb::WatchNodeRequest { name: name.clone() };
+        let stream = client
+            .call(|ch| {
+                let mut r = Request::new(req.clone());
+                r.metadata_mut().insert(gangway_proto::IDENTITY_METADATA_KEY, identity.clone());
+                async move { gangway_proto::limits::agent_client(ch).watch_node(r).await }
+            })
+            .await;
+        if let Ok(stream) = stream {
+            let mut stream = stream.into_inner();
+            while let Ok(Some(_)) = stream.message().await {
+                if shared.done.load(Ordering::Relaxed) || shared.stop[i].load(Ordering::Relaxed) {
+                    return;
+                }
+                shared.pokes.fetch_add(1, Ordering::Relaxed);
+                poke.notify_one();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// One simulated node: registers, then heartbeats every interval (or at
+/// once when its watch is poked) until the run ends (or it is told to stop,
+/// as a dead node would).
 async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, run_s: u64) -> anyhow::Result<()> {
     let name = node_name(i);
     let identity: tonic::metadata::MetadataValue<_> = format!("agent:{name}").parse()?;
+    let poke = Arc::new(tokio::sync::Notify::new());
+    let _watch = AbortOnDrop(tokio::spawn(watch(i, client.clone(), shared.clone(), poke.clone())));
     let register = || {
         let (client, identity) = (client.clone(), identity.clone());
         let req = register_request(i, gpus);
@@ -159,7 +201,6 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
                 .await
         }
     };
-    let mut interval = Duration::from_secs(1);
     let mut core: Option<AgentCore> = None;
     let mut tasks: BTreeMap<(u64, u32), Instant> = BTreeMap::new();
     // Spread the fleet's heartbeats over the interval, as real agents started
@@ -185,9 +226,8 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
                     Err(e) => bail!("{name}: register: {e}"),
                 }
             };
-            interval = Duration::from_millis(resp.heartbeat_interval_ms.max(100));
             let mut c = AgentCore::new(Fences::default(), STOP_GRACE_MS, sent);
-            c.registered_at(sent, resp.node_down_timeout_ms);
+            c.registered_at(sent, resp.node_down_timeout_ms, resp.heartbeat_interval_ms);
             // Tasks it ran are gone with the node's "restart".
             tasks.clear();
             core = Some(c);
@@ -288,7 +328,11 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
                 c.task_exited(Exit::ended(task, None, Some(15)));
             }
         }
-        tokio::time::sleep(interval.saturating_sub(t0.elapsed())).await;
+        let interval = Duration::from_millis(c.heartbeat_interval_ms());
+        tokio::select! {
+            _ = tokio::time::sleep(interval.saturating_sub(t0.elapsed())) => {}
+            _ = poke.notified() => {}
+        }
     }
     Ok(())
 }
@@ -417,6 +461,7 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
     {
         shared.rtts_us.lock().expect("rtts").clear();
     }
+    let pokes0 = shared.pokes.load(Ordering::Relaxed);
     let (hb0, err0, unknown0) = (
         shared.heartbeats.load(Ordering::Relaxed),
         shared.errors.load(Ordering::Relaxed),
@@ -499,6 +544,7 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
         ms(rtts.last().copied().unwrap_or_default())
     );
     println!("| failed calls | {} |", shared.errors.load(Ordering::Relaxed) - err0);
+    println!("| pokes on WatchNode streams | {:.0}/s |", (shared.pokes.load(Ordering::Relaxed) - pokes0) as f64 / secs);
     println!("| answers \"unknown node\" (re-registrations) | {} |", shared.unknown.load(Ordering::Relaxed) - unknown0);
     println!("| leader | {} |", cpu(cpu0, cpu1));
     println!("| a follower | {} |", cpu(fcpu0, fcpu1));

@@ -21,6 +21,7 @@ pub mod ratelimit;
 pub mod replica;
 pub mod shared;
 pub mod telemetry;
+pub mod watch;
 
 pub use config::{ReplicaConfig, Timing};
 pub use replica::ReplicaHandle;

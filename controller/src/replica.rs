@@ -192,6 +192,8 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
         tracing::info!(id = config.id, peers = ?config.peers, "formed a new cluster");
     }
     let leader_watch = crate::leader::spawn_leader_watch(replica.clone());
+    // Ends when the replica closes.
+    crate::watch::spawn_poker(node.state().clone(), replica.watches.clone(), replica.closed());
     let (fatal_tx, fatal) = tokio::sync::watch::channel(None);
     let fatal_watch = tokio::spawn({
         let replica = replica.clone();

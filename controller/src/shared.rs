@@ -57,6 +57,8 @@ pub struct Replica {
     channels: Mutex<BTreeMap<String, Channel>>,
     /// Last heartbeat per node, in this replica's memory (meaningful on the leader).
     pub heartbeats: crate::heartbeats::Heartbeats,
+    /// The agents' `WatchNode` streams, woken by `watch::spawn_poker`.
+    pub watches: Arc<crate::watch::NodeWatches>,
     /// The last scheduling pass's pending reasons (on the leader), for `List`.
     pending_reasons: Mutex<Arc<BTreeMap<u64, Pending>>>,
     /// Set when the replica shuts down: open streams end, so clients reconnect
@@ -84,6 +86,7 @@ impl Replica {
             analyses: tokio::sync::Semaphore::new(ANALYSES_MAX),
             channels: Mutex::new(BTreeMap::new()),
             heartbeats: crate::heartbeats::Heartbeats::new(HEARTBEATS_MAX),
+            watches: Arc::default(),
             pending_reasons: Mutex::new(Arc::new(BTreeMap::new())),
             closing: tokio::sync::watch::Sender::new(false),
         }

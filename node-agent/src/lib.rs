@@ -34,9 +34,6 @@ use gangway_proto::v1::{GpuInventory, HeartbeatRequest, RegisterRequest, TaskExi
 /// Pause after a failed register or heartbeat round (the client already retried
 /// every replica); short so that the node is back quickly after an outage.
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
-/// Bounds the heartbeat interval a controller can ask for.
-const HEARTBEAT_INTERVAL_MIN_MS: u64 = 100;
-const HEARTBEAT_INTERVAL_MAX_MS: u64 = 60_000;
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -360,6 +357,7 @@ pub fn answer_from(resp: &gangway_proto::v1::HeartbeatResponse) -> Answer {
         desired: resp.desired.iter().map(|t| (t.job_id, t.attempt)).collect(),
         launch: resp.launch.iter().map(|o| ((o.job_id, o.attempt), o.gpus.clone())).collect(),
         stops: resp.stops.iter().map(|s| ((s.job_id, s.attempt), s.grace_s)).collect(),
+        heartbeat_interval_ms: resp.heartbeat_interval_ms,
     }
 }
 
@@ -474,7 +472,6 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         config.gpu_hold_down,
     );
     tokio::pin!(shutdown);
-    let mut interval = Duration::from_secs(1);
     let mut last_health: Vec<gangway_proto::v1::GpuHealthReport> = Vec::new();
     loop {
         let per_try = Duration::from_millis(shell.core.call_timeout_ms());
@@ -488,9 +485,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                     async move { gangway_proto::limits::agent_client(ch).register(r).await }
                 });
                 let resp = shell.await_fenced(call).await?.into_inner();
-                let ms = resp.heartbeat_interval_ms.clamp(HEARTBEAT_INTERVAL_MIN_MS, HEARTBEAT_INTERVAL_MAX_MS);
-                interval = Duration::from_millis(ms);
-                shell.core.registered_at(sent, resp.node_down_timeout_ms);
+                shell.core.registered_at(sent, resp.node_down_timeout_ms, resp.heartbeat_interval_ms);
                 let _ = shell.renew_lease();
                 tracing::info!(node = %config.name, "registered");
                 return Ok(());
@@ -548,7 +543,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             v.health = last_health.clone();
         }
         let pause = match round {
-            Ok(()) if shell.core.registered() && shell.core.reports_pending() == 0 => interval,
+            Ok(()) if shell.core.registered() && shell.core.reports_pending() == 0 => {
+                Duration::from_millis(shell.core.heartbeat_interval_ms())
+            }
             Ok(()) => Duration::ZERO,
             Err(status) => {
                 tracing::warn!(node = %config.name, error = %status.message(), "controllers unreachable; retrying");

@@ -36,7 +36,8 @@ use std::fmt::Write as _;
 use gangway_core::agent::{Action, AgentCore, Answer, Exit, Fences};
 use gangway_core::command::Command;
 use gangway_core::duties::{
-    leader_tick, may_answer, node_orders, silence_ms, Heard, HeardBook, LeaderMemory, TaskKey, TaskReport,
+    heartbeat_interval_ms, leader_tick, may_answer, node_orders, silence_ms, Heard, HeardBook, LeaderMemory, TaskKey,
+    TaskReport,
 };
 use gangway_core::limits::NODES_MAX;
 use gangway_core::model::{JobId, JobState, NodeState};
@@ -845,7 +846,8 @@ impl World {
                 let jobs = running.iter().map(|t| t.0).collect();
                 self.leader.heard.record(&name, self.now, Some((seen_index, jobs)), NODES_MAX);
                 let orders = node_orders(&self.state, &name, &running);
-                let answer = orders.answer(&self.state, &name, self.leader.term, self.index);
+                let interval = heartbeat_interval_ms(self.state.nodes.len(), HEARTBEAT_MS, DOWN_TIMEOUT_MS);
+                let answer = orders.answer(&self.state, &name, self.leader.term, self.index, interval);
                 self.send(node, Ev::ToAgent { node, call, resp: Resp::Answer(answer) });
             }
             Req::Exit(e) => {
@@ -914,7 +916,11 @@ impl World {
                 RETRY_PAUSE_MS
             }
             Resp::Registered => {
-                core.registered_at(sent, DOWN_TIMEOUT_MS);
+                core.registered_at(
+                    sent,
+                    DOWN_TIMEOUT_MS,
+                    heartbeat_interval_ms(self.state.nodes.len(), HEARTBEAT_MS, DOWN_TIMEOUT_MS),
+                );
                 self.agents[node].lease = core.lease();
                 0
             }
@@ -922,6 +928,7 @@ impl World {
             Resp::Answer(answer) => {
                 let actions = core.answered(sent, &answer);
                 let again = !core.registered() || core.reports_pending() > 0;
+                let interval = core.heartbeat_interval_ms();
                 let lease = core.lease();
                 self.agents[node].lease = lease;
                 for (key, gpus) in &answer.launch {
@@ -931,7 +938,7 @@ impl World {
                 if again {
                     0
                 } else {
-                    HEARTBEAT_MS
+                    interval
                 }
             }
         };

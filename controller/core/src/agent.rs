@@ -42,6 +42,21 @@ const CALL_TIMEOUT_MIN_MS: u64 = 500;
 const CALL_TIMEOUT_MAX_MS: u64 = 10_000;
 /// Node-down timeout assumed until a controller says otherwise at registration.
 pub const DOWN_TIMEOUT_DEFAULT_MS: u64 = 10_000;
+/// Heartbeats an agent sends within its self-fence window (half the
+/// node-down timeout) at least, so losing one or two never fences a healthy
+/// node: the longest interval a leader may ask for is that window over this.
+pub const HEARTBEATS_PER_FENCE_WINDOW_MIN: u64 = 3;
+/// The shortest heartbeat interval an agent obeys (a leader asking for less
+/// would have its own fleet flood it).
+pub const HEARTBEAT_INTERVAL_MIN_MS: u64 = 100;
+/// The interval before any leader has named one.
+pub const HEARTBEAT_INTERVAL_DEFAULT_MS: u64 = 1_000;
+
+/// The longest heartbeat interval that keeps [`HEARTBEATS_PER_FENCE_WINDOW_MIN`]
+/// heartbeats inside the self-fence window of `down_timeout_ms`.
+pub fn heartbeat_interval_cap_ms(down_timeout_ms: u64) -> u64 {
+    (down_timeout_ms / 2 / HEARTBEATS_PER_FENCE_WINDOW_MIN).max(HEARTBEAT_INTERVAL_MIN_MS)
+}
 
 /// What the agent persists so that a restart never launches an attempt twice.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -92,6 +107,9 @@ pub struct Answer {
     pub launch: Vec<(TaskKey, Vec<u32>)>,
     /// Tasks to stop with a grace of their own (seconds).
     pub stops: Vec<(TaskKey, u32)>,
+    /// The heartbeat interval the leader asks for now (0: not named; it
+    /// stretches as the fleet grows, see `duties::heartbeat_interval_ms`).
+    pub heartbeat_interval_ms: u64,
 }
 
 /// What the agent's shell does, in order.
@@ -121,6 +139,9 @@ pub struct AgentCore {
     stop_grace_ms: u64,
     /// The highest index of orders acted on (sent with each heartbeat).
     seen_index: u64,
+    /// How long to wait between heartbeats, as the leader last asked
+    /// (bounded by the self-fence window).
+    interval_ms: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -145,6 +166,21 @@ impl AgentCore {
             last_contact_ms: now_ms,
             stop_grace_ms,
             seen_index: 0,
+            interval_ms: HEARTBEAT_INTERVAL_DEFAULT_MS,
+        }
+    }
+
+    /// How long the shell waits between heartbeats: what the leader asked
+    /// for, never so long that fewer than [`HEARTBEATS_PER_FENCE_WINDOW_MIN`]
+    /// fit in the self-fence window.
+    pub fn heartbeat_interval_ms(&self) -> u64 {
+        self.interval_ms
+    }
+
+    fn told_interval(&mut self, ms: u64) {
+        if ms > 0 {
+            let cap = heartbeat_interval_cap_ms(self.down_timeout_ms);
+            self.interval_ms = ms.clamp(HEARTBEAT_INTERVAL_MIN_MS.min(cap), cap);
         }
     }
 
@@ -204,11 +240,13 @@ impl AgentCore {
         self.tasks.insert(task, Task { gpus, ..Task::default() });
     }
 
-    /// A controller accepted the registration sent at `sent_ms`.
-    pub fn registered_at(&mut self, sent_ms: u64, down_timeout_ms: u64) {
+    /// A controller accepted the registration sent at `sent_ms`, naming its
+    /// node-down timeout and the heartbeat interval (0: not named).
+    pub fn registered_at(&mut self, sent_ms: u64, down_timeout_ms: u64, interval_ms: u64) {
         if down_timeout_ms > 0 {
             self.down_timeout_ms = down_timeout_ms;
         }
+        self.told_interval(interval_ms);
         self.last_contact_ms = self.last_contact_ms.max(sent_ms);
         self.registered = true;
     }
@@ -278,6 +316,7 @@ impl AgentCore {
         }
         let mut persist = answer.term > self.fences.max_term;
         self.fences.max_term = answer.term;
+        self.told_interval(answer.heartbeat_interval_ms);
         // Contact counts from when the heartbeat left, never from when the
         // answer came back: the leader heard it no earlier than that.
         self.last_contact_ms = self.last_contact_ms.max(sent_ms);
@@ -371,6 +410,42 @@ mod tests {
             desired: desired.to_vec(),
             launch: launch.iter().map(|(k, g)| (*k, g.to_vec())).collect(),
             stops: Vec::new(),
+            heartbeat_interval_ms: 0,
+        }
+    }
+
+    /// The leader stretches the interval as its fleet grows; the agent obeys
+    /// within the bounds that keep its self-fence from firing between two
+    /// heartbeats, and a stale leader's interval is ignored like its orders.
+    #[test]
+    fn the_heartbeat_interval_follows_the_leader_within_the_fence_window() {
+        let mut a = AgentCore::new(Fences::default(), 5_000, 0);
+        assert_eq!(a.heartbeat_interval_ms(), HEARTBEAT_INTERVAL_DEFAULT_MS);
+        a.registered_at(0, 30_000, 2_000);
+        assert_eq!(a.heartbeat_interval_ms(), 2_000);
+        let mut ans = answer(3, &[], &[]);
+        ans.heartbeat_interval_ms = 4_000;
+        a.answered(100, &ans);
+        assert_eq!(a.heartbeat_interval_ms(), 4_000);
+        // Longer than a third of the fence window (15 s): capped.
+        ans.heartbeat_interval_ms = 60_000;
+        a.answered(200, &ans);
+        assert_eq!(a.heartbeat_interval_ms(), 5_000);
+        ans.heartbeat_interval_ms = 1;
+        a.answered(300, &ans);
+        assert_eq!(a.heartbeat_interval_ms(), HEARTBEAT_INTERVAL_MIN_MS);
+        // Not named: unchanged. From an older term: ignored.
+        ans.heartbeat_interval_ms = 0;
+        a.answered(400, &ans);
+        assert_eq!(a.heartbeat_interval_ms(), HEARTBEAT_INTERVAL_MIN_MS);
+        let mut stale = answer(2, &[], &[]);
+        stale.heartbeat_interval_ms = 3_000;
+        a.answered(500, &stale);
+        assert_eq!(a.heartbeat_interval_ms(), HEARTBEAT_INTERVAL_MIN_MS);
+        // Every interval it obeys leaves that many heartbeats in the window.
+        for timeout in [1_000, 10_000, 30_000, 300_000] {
+            let cap = heartbeat_interval_cap_ms(timeout);
+            assert!(cap * HEARTBEATS_PER_FENCE_WINDOW_MIN <= (timeout / 2).max(HEARTBEAT_INTERVAL_MIN_MS * 3));
         }
     }
 
@@ -379,7 +454,7 @@ mod tests {
     #[test]
     fn an_order_for_an_ended_task_not_yet_reported_is_no_loss() {
         let mut a = AgentCore::new(Fences::default(), 5_000, 0);
-        a.registered_at(0, 10_000);
+        a.registered_at(0, 10_000, 0);
         a.answered(100, &answer(3, &[(7, 1)], &[((7, 1), &[0])]));
         a.task_exited(Exit::ended((7, 1), Some(0), None));
         assert_eq!(a.answered(200, &answer(3, &[(7, 1)], &[((7, 1), &[0])])), vec![]);
@@ -394,7 +469,7 @@ mod tests {
     #[test]
     fn an_attempt_launches_once_and_stale_terms_are_ignored() {
         let mut a = AgentCore::new(Fences::default(), 5_000, 0);
-        a.registered_at(0, 10_000);
+        a.registered_at(0, 10_000, 0);
         let acts = a.answered(100, &answer(3, &[(7, 1)], &[((7, 1), &[0])]));
         assert_eq!(acts, vec![Action::PersistFences, Action::Launch((7, 1))]);
         // The task ends; the same order again (a lagging leader) is refused:
@@ -427,7 +502,7 @@ mod tests {
     #[test]
     fn cut_off_agents_stop_their_tasks_before_the_leader_gives_up_on_them() {
         let mut a = AgentCore::new(Fences::default(), 30_000, 0);
-        a.registered_at(0, 10_000);
+        a.registered_at(0, 10_000, 0);
         a.answered(1_000, &answer(1, &[(1, 0)], &[((1, 0), &[0, 1])]));
         assert!(a.tick(5_999).is_empty());
         assert_eq!(a.tick(6_000), vec![Action::Stop { task: (1, 0), grace_ms: 2_500 }]);

@@ -1893,3 +1893,80 @@ fn test_submissions_explain_without_a_copy_as_a_real_submission_would() {
         assert!(matches!(refused.outcome, Outcome::Refused(_)), "{:?}", refused.outcome);
     }
 }
+
+/// The leader's fleet sends at most FLEET_HEARTBEATS_PER_S_MAX heartbeats a
+/// second: the interval stretches with the fleet, but never past what keeps
+/// an agent's self-fence from firing between heartbeats.
+#[test]
+fn the_heartbeat_interval_stretches_with_the_fleet_within_the_fence_window() {
+    use gangway_core::agent::{heartbeat_interval_cap_ms, HEARTBEATS_PER_FENCE_WINDOW_MIN};
+    use gangway_core::duties::{heartbeat_interval_ms, FLEET_HEARTBEATS_PER_S_MAX};
+    assert_eq!(heartbeat_interval_ms(3, 1_000, 30_000), 1_000);
+    assert_eq!(heartbeat_interval_ms(2_000, 1_000, 30_000), 1_000);
+    assert_eq!(heartbeat_interval_ms(5_000, 1_000, 30_000), 2_500);
+    assert_eq!(heartbeat_interval_ms(10_000, 1_000, 30_000), 5_000);
+    // Past the fence window's cap the rate cap gives way: the node-down
+    // timeout, and the fence, are what the operator set.
+    assert_eq!(heartbeat_interval_ms(100_000, 1_000, 30_000), 5_000);
+    for nodes in [0usize, 1, 999, 2_001, 7_777, 10_000, 65_536] {
+        for (base, timeout) in [(1_000, 30_000), (500, 10_000), (2_000, 300_000)] {
+            let ms = heartbeat_interval_ms(nodes, base, timeout);
+            assert!(ms <= heartbeat_interval_cap_ms(timeout), "{nodes} {base} {timeout}: {ms}");
+            assert!(ms * HEARTBEATS_PER_FENCE_WINDOW_MIN <= timeout / 2, "{nodes} {base} {timeout}: {ms}");
+            let cap_reached = ms == heartbeat_interval_cap_ms(timeout);
+            assert!(
+                cap_reached || nodes as u64 * 1000 / ms <= FLEET_HEARTBEATS_PER_S_MAX,
+                "{nodes} nodes every {ms} ms is over the fleet's rate"
+            );
+        }
+    }
+}
+
+/// A job's start wakes its nodes' agents, and so does its end, although the
+/// ended job no longer holds its allocation; a submission wakes nobody, and a
+/// book resynced from the state knows the running jobs' nodes.
+#[test]
+fn pokes_wake_only_the_nodes_a_change_concerns() {
+    use gangway_core::duties::PokeBook;
+    let mut s = State::default();
+    let mut book = PokeBook::default();
+    let mut index = 0;
+    let mut apply = |s: &mut State, book: &mut PokeBook, cmd: Command| {
+        index += 1;
+        let applied = s.apply(index, &cmd);
+        let mut events = Vec::new();
+        s.events_of(index, &applied, &mut events);
+        let mut woken: Vec<String> = events.iter().flat_map(|e| book.nodes_to_poke(e, s)).collect();
+        woken.sort();
+        woken.dedup();
+        (applied.outcome, woken)
+    };
+    for i in 0..4 {
+        let (_, woken) = apply(&mut s, &mut book, Command::RegisterNode { spec: node_spec(i, 4), now_ms: 1 });
+        assert_eq!(woken, vec![format!("n{i}")]);
+    }
+    let submit =
+        Command::SubmitJob { spec: job_spec(2, 4, 1), identity: "a".into(), idempotency_key: String::new(), now_ms: 5 };
+    let (Outcome::Submitted { job_id, .. }, woken) = apply(&mut s, &mut book, submit) else { panic!("refused") };
+    assert!(woken.is_empty(), "a submission wakes nobody: {woken:?}");
+    let plan = first_fit(&s, job_id, 0).unwrap();
+    let nodes: Vec<String> = plan.nodes.iter().map(|n| n.node.clone()).collect();
+    let (_, woken) =
+        apply(&mut s, &mut book, Command::ApplySchedule { preemptions: vec![], placements: vec![plan], now_ms: 6 });
+    assert_eq!(woken, nodes, "the gang's nodes launch");
+    let mut fresh = PokeBook::default();
+    assert_eq!(fresh.resync(&s), 1);
+    let (_, woken) = apply(&mut s, &mut book, Command::CancelJob { job_id, identity: "alice".into(), now_ms: 7 });
+    assert_eq!(s.jobs[&job_id].state, JobState::Cancelled);
+    assert_eq!(woken, nodes, "the cancelled gang's nodes stop it");
+    assert!(book.is_empty(), "an ended job is forgotten");
+    // The resynced book knew the job too.
+    let ev = gangway_core::Event::Job(gangway_core::state::JobEvent {
+        index: 7,
+        job_id,
+        state: JobState::Cancelled,
+        attempt: s.jobs[&job_id].attempt,
+        reason: String::new(),
+    });
+    assert_eq!(fresh.nodes_to_poke(&ev, &s), nodes);
+}

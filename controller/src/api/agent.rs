@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use gangway_core::duties::{may_answer, node_orders};
+use gangway_core::duties::{heartbeat_interval_ms, may_answer, node_orders};
 use gangway_core::limits::{check_task_exit, REASON_BYTES_MAX};
 use gangway_core::{Command, NodeState, Outcome, RefusalKind};
 use gangway_proto::limits::{AGENT_MESSAGE_BYTES_MAX, API_REQUEST_BYTES_MAX, LAUNCH_ORDERS_BYTES_MAX};
@@ -30,6 +30,13 @@ pub struct AgentApi {
 }
 
 impl AgentApi {
+    /// The interval this leader asks of a fleet of `nodes` (see
+    /// `duties::heartbeat_interval_ms`).
+    fn heartbeat_interval_ms(&self, nodes: usize) -> u64 {
+        let t = &self.replica.timing;
+        heartbeat_interval_ms(nodes, t.agent_heartbeat_interval_ms, t.node_down_timeout_ms)
+    }
+
     /// Commits the GPU health changes an agent reports (level-triggered: the
     /// report is the whole current health; only differences are proposed).
     async fn commit_gpu_health(&self, msg: &HeartbeatRequest) -> Result<(), Status> {
@@ -78,42 +85,28 @@ impl AgentService for AgentApi {
             return Err(Status::invalid_argument("name: must not be empty"));
         }
         ctx.require_agent_for(&name, "watch a node")?;
-        let mut events = self.replica.node.state().subscribe();
-        let replica = self.replica.clone();
+        let mut changes = self.replica.watches.subscribe(&name)?;
+        let watches = self.replica.watches.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(POKE_BUFFER_MAX);
         let closed = self.replica.closed();
         tokio::spawn(async move {
             tokio::pin!(closed);
             loop {
-                let got = tokio::select! {
-                    got = events.recv() => got,
+                tokio::select! {
+                    changed = changes.changed() => if changed.is_err() { break },
                     // The agent reconnects to another replica.
-                    _ = &mut closed => return,
-                };
-                let relevant = match got {
-                    Ok(gangway_core::Event::Node { node, .. }) => node == name,
-                    Ok(gangway_core::Event::Job(ev)) => match ev.state {
-                        gangway_core::JobState::Running => {
-                            replica.node.state().read().jobs.get(&ev.job_id).is_some_and(|j| {
-                                j.allocation.as_ref().is_some_and(|a| a.nodes.iter().any(|n| n.node == name))
-                            })
-                        }
-                        // A new submission changes nothing on nodes; a requeue does.
-                        gangway_core::JobState::Pending => ev.attempt > 0,
-                        _ => true,
-                    },
-                    // Missed events: poke anyway, the agent reconciles everything.
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                };
-                if !relevant {
-                    continue;
+                    _ = &mut closed => break,
+                    // The agent went away.
+                    _ = tx.closed() => break,
                 }
-                match tx.try_send(Ok(NodeChanged { index: replica.node.status().applied_index.unwrap_or(0) })) {
-                    Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => return,
-                    _ => tokio::time::sleep(POKE_MIN_INTERVAL).await,
+                let index = *changes.borrow_and_update();
+                if let Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) = tx.try_send(Ok(NodeChanged { index })) {
+                    break;
                 }
+                tokio::time::sleep(POKE_MIN_INTERVAL).await;
             }
+            drop(changes);
+            watches.unsubscribed(&name);
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
@@ -136,8 +129,9 @@ impl AgentService for AgentApi {
             Routed::Local(applied) => match applied.outcome {
                 Outcome::NodeRegistered { .. } => {
                     self.replica.heartbeats.record(&name, None);
+                    let nodes = self.replica.node.state().read().nodes.len();
                     Ok(Response::new(RegisterResponse {
-                        heartbeat_interval_ms: self.replica.timing.agent_heartbeat_interval_ms,
+                        heartbeat_interval_ms: self.heartbeat_interval_ms(nodes),
                         node_down_timeout_ms: self.replica.timing.node_down_timeout_ms,
                     }))
                 }
@@ -219,7 +213,8 @@ impl AgentService for AgentApi {
             .into_iter()
             .map(|s| TaskStop { job_id: s.task.0, attempt: s.task.1, grace_s: s.grace_s, reason: s.reason })
             .collect();
-        Ok(Response::new(HeartbeatResponse { known: true, desired, launch, term, stops, index }))
+        let heartbeat_interval_ms = self.heartbeat_interval_ms(state.nodes.len());
+        Ok(Response::new(HeartbeatResponse { known: true, desired, launch, term, stops, index, heartbeat_interval_ms }))
     }
 
     async fn report_task_exit(&self, req: Request<TaskExitReport>) -> Result<Response<TaskExitAck>, Status> {

@@ -566,12 +566,12 @@ fn agent(run: &mut Run, i: usize, step: &Value, node: &str) {
     let now = run.now_ms;
     let (core, persisted) = run.agents.entry(node.to_string()).or_insert_with(|| {
         let mut core = AgentCore::new(Fences::default(), AGENT_STOP_GRACE_MS, now);
-        core.registered_at(now, DOWN_TIMEOUT_MS);
+        core.registered_at(now, DOWN_TIMEOUT_MS, 0);
         (core, Fences::default())
     });
     let actions = if step.get("restart").is_some() {
         *core = AgentCore::new(persisted.clone(), AGENT_STOP_GRACE_MS, now);
-        core.registered_at(now, DOWN_TIMEOUT_MS);
+        core.registered_at(now, DOWN_TIMEOUT_MS, 0);
         Vec::new()
     } else if let Some(exit) = step.get("exit").and_then(Value::as_array) {
         let n = |k: usize| exit[k].as_integer().expect("exit = [job, attempt, code]");
@@ -586,7 +586,7 @@ fn agent(run: &mut Run, i: usize, step: &Value, node: &str) {
         let seen = core.seen_index();
         let orders = leader_hears(run, node, &running, seen);
         let term = step.get("term").and_then(Value::as_integer).map_or(run.term, |t| t as u64);
-        let answer = orders.answer(&run.state, node, term, run.index);
+        let answer = orders.answer(&run.state, node, term, run.index, 0);
         let (core, _) = run.agents.get_mut(node).expect("agent");
         let actions = core.answered(now, &answer);
         deliver_reports(run, node);

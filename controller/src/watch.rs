@@ -1,0 +1,128 @@
+//! Node watches: the agents' `WatchNode` streams and the one task per replica
+//! that wakes them. The task reads the replica's applied events and asks the
+//! core's `duties::PokeBook` which nodes each concerns; only those nodes'
+//! streams are poked. (One broadcast subscriber per agent, each reading every
+//! event, cost the replica a wakeup per event per agent: with thousands of
+//! agents every job that ended woke the whole fleet.)
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use gangway_core::duties::PokeBook;
+use gangway_raft_store::SharedState;
+use tokio::sync::{broadcast, watch};
+use tonic::Status;
+
+/// Nodes one replica keeps watch channels for (the core's node limit): a
+/// claimed name past it is refused, so a caller inventing names cannot grow
+/// the map without bound.
+const WATCHED_NODES_MAX: usize = gangway_core::limits::NODES_MAX;
+/// Events read before the state is locked once to look them all up: bounds
+/// the lock's hold time while a burst of events is drained together.
+const EVENTS_PER_LOOKUP_MAX: usize = 1024;
+
+/// One watch channel per watched node, holding the log index of the latest
+/// change that concerns it. A `watch` channel keeps only the newest value,
+/// so a burst of changes costs a watching agent one wakeup.
+#[derive(Default)]
+pub struct NodeWatches {
+    nodes: Mutex<BTreeMap<String, watch::Sender<u64>>>,
+}
+
+impl NodeWatches {
+    /// A receiver woken on every change concerning `node`.
+    pub fn subscribe(&self, node: &str) -> Result<watch::Receiver<u64>, Status> {
+        let mut nodes = self.nodes.lock().expect("node watches lock");
+        if let Some(tx) = nodes.get(node) {
+            return Ok(tx.subscribe());
+        }
+        if nodes.len() >= WATCHED_NODES_MAX {
+            // Channels nobody listens to any more make room first.
+            nodes.retain(|_, tx| tx.receiver_count() > 0);
+            if nodes.len() >= WATCHED_NODES_MAX {
+                return Err(Status::resource_exhausted(format!(
+                    "name: this replica already watches {WATCHED_NODES_MAX} nodes, the cluster's limit"
+                )));
+            }
+        }
+        let (tx, rx) = watch::channel(0);
+        nodes.insert(node.to_string(), tx);
+        Ok(rx)
+    }
+
+    /// A watch of `node` ended: its channel goes once nobody listens.
+    pub fn unsubscribed(&self, node: &str) {
+        let mut nodes = self.nodes.lock().expect("node watches lock");
+        if nodes.get(node).is_some_and(|tx| tx.receiver_count() == 0) {
+            nodes.remove(node);
+        }
+    }
+
+    fn poke(&self, node: &str, index: u64) {
+        if let Some(tx) = self.nodes.lock().expect("node watches lock").get(node) {
+            tx.send_replace(index);
+        }
+    }
+
+    /// Nodes with a channel (watched now, or until their last stream ends).
+    pub fn len(&self) -> usize {
+        self.nodes.lock().expect("node watches lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Wakes the `watches` of the nodes each change applied to `shared`
+/// concerns, until `closed` completes (the replica closes).
+pub fn spawn_poker(
+    shared: Arc<SharedState>,
+    watches: Arc<NodeWatches>,
+    closed: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        // Subscribed before the resync: a change applied in between is both
+        // in the state read and among the events.
+        let mut events = shared.subscribe();
+        let mut book = PokeBook::default();
+        book.resync(&shared.read());
+        tokio::pin!(closed);
+        let mut batch = Vec::with_capacity(EVENTS_PER_LOOKUP_MAX);
+        loop {
+            let first = tokio::select! {
+                got = events.recv() => got,
+                _ = &mut closed => return,
+            };
+            match first {
+                Ok(ev) => batch.push(ev),
+                // Missed events: relearn the running jobs' nodes. Their agents
+                // learn what they missed at their next heartbeat; waking the
+                // whole fleet at once would flood a leader that is already
+                // behind.
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::debug!(missed, "node pokes missed events; relearning running jobs");
+                    book.resync(&shared.read());
+                    continue;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+            while batch.len() < EVENTS_PER_LOOKUP_MAX {
+                match events.try_recv() {
+                    Ok(ev) => batch.push(ev),
+                    Err(_) => break,
+                }
+            }
+            let pokes: Vec<(String, u64)> = {
+                let state = shared.read();
+                batch
+                    .drain(..)
+                    .flat_map(|ev| book.nodes_to_poke(&ev, &state).into_iter().map(move |n| (n, ev.index())))
+                    .collect()
+            };
+            for (node, index) in pokes {
+                watches.poke(&node, index);
+            }
+        }
+    })
+}
