@@ -190,7 +190,7 @@ impl LocalCluster {
     }
 
     /// SIGKILL: no chance to flush or say goodbye.
-    fn kill(&mut self, id: u64) {
+    pub(crate) fn kill(&mut self, id: u64) {
         if let Some(mut c) = self.children.remove(&id) {
             let _ = c.kill();
             let _ = c.wait();

@@ -58,6 +58,8 @@ const STOP_GRACE_MS: u64 = 10_000;
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Share of submitted jobs that are 2-node gangs of whole nodes, per thousand.
 const GANGS_PER_MILLE: u64 = 100;
+/// How long the failover phase waits for the fleet to follow a new leader.
+const FAILOVER_WAIT: Duration = Duration::from_secs(120);
 
 #[derive(Args, Debug)]
 pub struct FleetArgs {
@@ -81,6 +83,10 @@ pub struct FleetArgs {
     /// Keep the cluster's data here instead of a temp dir.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// After the measurement, kill the leader (SIGKILL) and time how long
+    /// the fleet takes to follow its successor.
+    #[arg(long)]
+    failover: bool,
 }
 
 /// What the agents measure together.
@@ -96,10 +102,47 @@ struct Shared {
     registered: AtomicU64,
     /// Pokes received on the agents' WatchNode streams.
     pokes: AtomicU64,
+    /// The term of the leader that last answered each agent.
+    answered_term: Vec<AtomicU64>,
+    /// The term of the leader killed in the failover phase (0: none yet).
+    killed_term: AtomicU64,
+    /// Wall ms of the first launch a later leader ordered (0: none yet).
+    first_launch_after_kill_ms: AtomicU64,
+    /// Each job's attempts running somewhere now, with their task counts.
+    running_attempts: std::sync::Mutex<BTreeMap<u64, BTreeMap<u32, u32>>>,
+    /// Launches of a job while another attempt of it still ran: a job
+    /// started twice (must be 0).
+    overlaps: AtomicU64,
     /// Set: the agent stops heartbeating (a node that really died).
     stop: Vec<AtomicBool>,
     /// The whole run ends.
     done: AtomicBool,
+}
+
+impl Shared {
+    fn task_started(&self, (job, attempt): (u64, u32)) {
+        let mut running = self.running_attempts.lock().expect("attempts");
+        let attempts = running.entry(job).or_default();
+        if attempts.iter().any(|(a, n)| *a != attempt && *n > 0) {
+            self.overlaps.fetch_add(1, Ordering::Relaxed);
+        }
+        *attempts.entry(attempt).or_default() += 1;
+    }
+
+    fn task_gone(&self, (job, attempt): (u64, u32)) {
+        let mut running = self.running_attempts.lock().expect("attempts");
+        if let Some(attempts) = running.get_mut(&job) {
+            if let Some(n) = attempts.get_mut(&attempt) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    attempts.remove(&attempt);
+                }
+            }
+            if attempts.is_empty() {
+                running.remove(&job);
+            }
+        }
+    }
 }
 
 fn now_ms() -> u64 {
@@ -208,6 +251,10 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
     tokio::time::sleep(Duration::from_millis((i as u64 * 7919) % 1000)).await;
     while !shared.done.load(Ordering::Relaxed) {
         if shared.stop[i].load(Ordering::Relaxed) {
+            // The node died, and its tasks with it.
+            for t in std::mem::take(&mut tasks).into_keys() {
+                shared.task_gone(t);
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         }
@@ -229,7 +276,9 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
             let mut c = AgentCore::new(Fences::default(), STOP_GRACE_MS, sent);
             c.registered_at(sent, resp.node_down_timeout_ms, resp.heartbeat_interval_ms);
             // Tasks it ran are gone with the node's "restart".
-            tasks.clear();
+            for t in std::mem::take(&mut tasks).into_keys() {
+                shared.task_gone(t);
+            }
             core = Some(c);
             shared.registered.fetch_add(1, Ordering::Relaxed);
         }
@@ -239,6 +288,7 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
         let ended: Vec<(u64, u32)> = tasks.iter().filter(|(_, end)| **end <= now).map(|(k, _)| *k).collect();
         for t in ended {
             tasks.remove(&t);
+            shared.task_gone(t);
             c.task_exited(Exit::ended(t, Some(0), None));
         }
         // Exits go before the heartbeat, as the real agent sends them.
@@ -301,17 +351,30 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
                     core = None;
                     continue;
                 }
+                shared.answered_term[i].fetch_max(r.term, Ordering::Relaxed);
+                let killed = shared.killed_term.load(Ordering::Relaxed);
                 let answer = gangway_node_agent::answer_from(&r);
                 for action in c.answered(sent, &answer) {
                     match action {
                         Action::PersistFences => {}
                         Action::Launch(t) => {
                             shared.launches.fetch_add(1, Ordering::Relaxed);
+                            shared.task_started(t);
+                            if killed != 0 && r.term > killed {
+                                let _ = shared.first_launch_after_kill_ms.compare_exchange(
+                                    0,
+                                    now_ms(),
+                                    Ordering::Relaxed,
+                                    Ordering::Relaxed,
+                                );
+                            }
                             tasks.insert(t, Instant::now() + run_time(t.0, run_s));
                         }
                         // A stopped timer ends at once, as a task killed by SIGTERM.
                         Action::Stop { task, .. } => {
-                            tasks.remove(&task);
+                            if tasks.remove(&task).is_some() {
+                                shared.task_gone(task);
+                            }
                             c.task_exited(Exit::ended(task, None, Some(15)));
                         }
                     }
@@ -324,7 +387,9 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
         }
         for action in c.tick(now_ms()) {
             if let Action::Stop { task, .. } = action {
-                tasks.remove(&task);
+                if tasks.remove(&task).is_some() {
+                    shared.task_gone(task);
+                }
                 c.task_exited(Exit::ended(task, None, Some(15)));
             }
         }
@@ -412,7 +477,7 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
     if a.gpus_per_node == 0 || a.gpus_per_node > gangway_core::limits::GPUS_PER_NODE_MAX {
         bail!("--gpus-per-node: between 1 and {}", gangway_core::limits::GPUS_PER_NODE_MAX);
     }
-    let cluster = LocalCluster::start(3, a.data_dir.clone())?;
+    let mut cluster = LocalCluster::start(3, a.data_dir.clone())?;
     let endpoints = cluster.endpoints();
     let admin = Client::new(&endpoints, "bench", &Security::Insecure)?;
     let leader = cluster.wait_leader(&admin).await?;
@@ -420,7 +485,11 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
     let clients: Vec<Arc<Client>> = (0..a.connections)
         .map(|k| Client::new(&endpoints, &format!("agent:pool{k}"), &Security::Insecure).map(Arc::new))
         .collect::<Result<_, _>>()?;
-    let shared = Arc::new(Shared { stop: (0..a.nodes).map(|_| AtomicBool::new(false)).collect(), ..Shared::default() });
+    let shared = Arc::new(Shared {
+        stop: (0..a.nodes).map(|_| AtomicBool::new(false)).collect(),
+        answered_term: (0..a.nodes).map(|_| AtomicU64::new(0)).collect(),
+        ..Shared::default()
+    });
     let mut agents = Vec::with_capacity(a.nodes);
     for i in 0..a.nodes {
         let (client, shared) = (clients[i % clients.len()].clone(), shared.clone());
@@ -498,10 +567,21 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let window = t0.elapsed();
-    shared.done.store(true, Ordering::Relaxed);
+    let (hb1, err1, pokes1, unknown1) = (
+        shared.heartbeats.load(Ordering::Relaxed),
+        shared.errors.load(Ordering::Relaxed),
+        shared.pokes.load(Ordering::Relaxed),
+        shared.unknown.load(Ordering::Relaxed),
+    );
+    let mut rtts: Vec<Duration> =
+        shared.rtts_us.lock().expect("rtts").drain(..).map(|us| Duration::from_micros(u64::from(us))).collect();
+    rtts.sort_unstable();
     let cpu1 = proc_usage(leader_pid);
     let fcpu1 = follower_pid.and_then(proc_usage);
     let commit1 = cluster_status(&admin).await?.replicas.iter().filter_map(|r| r.commit_index).max().unwrap_or(0);
+    let failover =
+        if a.failover { Some(failover(&mut cluster, &admin, &shared, leader, &stopped).await?) } else { None };
+    shared.done.store(true, Ordering::Relaxed);
     let submitted = submit.await.unwrap_or(0);
     for h in agents {
         if let Ok(Err(e)) = h.await {
@@ -522,9 +602,6 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
         .collect();
     waits.sort_unstable();
     let started_in_window = jobs.iter().filter(|j| j.start_time_ms.is_some_and(|s| s >= window_started_ms)).count();
-    let mut rtts: Vec<Duration> =
-        shared.rtts_us.lock().expect("rtts").iter().map(|us| Duration::from_micros(u64::from(*us))).collect();
-    rtts.sort_unstable();
     let secs = window.as_secs_f64();
     let cpu = |a: Option<(Duration, u64)>, b: Option<(Duration, u64)>| match (a, b) {
         (Some(a), Some(b)) => format!("{:.2} cores, {} MiB resident", (b.0 - a.0).as_secs_f64() / secs, b.1 >> 20),
@@ -538,14 +615,14 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
     println!("| agents registered in | {:.1} s |", registered_in.as_secs_f64());
     println!(
         "| heartbeats | {:.0}/s, round trip p50 {} p99 {} max {} |",
-        (shared.heartbeats.load(Ordering::Relaxed) - hb0) as f64 / secs,
+        (hb1 - hb0) as f64 / secs,
         ms(percentile(&rtts, 0.5)),
         ms(percentile(&rtts, 0.99)),
         ms(rtts.last().copied().unwrap_or_default())
     );
-    println!("| failed calls | {} |", shared.errors.load(Ordering::Relaxed) - err0);
-    println!("| pokes on WatchNode streams | {:.0}/s |", (shared.pokes.load(Ordering::Relaxed) - pokes0) as f64 / secs);
-    println!("| answers \"unknown node\" (re-registrations) | {} |", shared.unknown.load(Ordering::Relaxed) - unknown0);
+    println!("| failed calls | {} |", err1 - err0);
+    println!("| pokes on WatchNode streams | {:.0}/s |", (pokes1 - pokes0) as f64 / secs);
+    println!("| answers \"unknown node\" (re-registrations) | {} |", unknown1 - unknown0);
     println!("| leader | {} |", cpu(cpu0, cpu1));
     println!("| a follower | {} |", cpu(fcpu0, fcpu1));
     println!("| Raft entries committed | {:.0}/s |", commit1.saturating_sub(commit0) as f64 / secs);
@@ -567,5 +644,78 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
         "| a stopped node declared down after | {} (timeout 30 s) |",
         detected.map_or("not within 120 s".to_string(), |d| format!("{:.1} s", d.as_secs_f64()))
     );
+    println!("| a job launched while another attempt of it ran | {} |", shared.overlaps.load(Ordering::Relaxed));
+    if let Some(f) = failover {
+        let secs = |d: Option<Duration>| {
+            d.map_or(format!("not within {} s", FAILOVER_WAIT.as_secs()), |d| format!("{:.2} s", d.as_secs_f64()))
+        };
+        println!("| failover: a new leader elected after | {} |", secs(f.elected));
+        println!("| failover: every live agent answered by it after | {} |", secs(f.fleet_moved));
+        println!("| failover: its first launch after | {} |", secs(f.first_launch));
+        println!(
+            "| failover: failed calls / re-registrations | {} / {} |",
+            shared.errors.load(Ordering::Relaxed) - err1,
+            shared.unknown.load(Ordering::Relaxed) - unknown1
+        );
+        let mut during: Vec<Duration> =
+            shared.rtts_us.lock().expect("rtts").iter().map(|us| Duration::from_micros(u64::from(*us))).collect();
+        during.sort_unstable();
+        println!(
+            "| failover: heartbeat round trip from the kill on | p50 {} p99 {} max {} |",
+            ms(percentile(&during, 0.5)),
+            ms(percentile(&during, 0.99)),
+            ms(during.last().copied().unwrap_or_default())
+        );
+    }
     Ok(())
+}
+
+/// What the failover phase measured, from the moment the leader was killed.
+struct Failover {
+    elected: Option<Duration>,
+    fleet_moved: Option<Duration>,
+    first_launch: Option<Duration>,
+}
+
+/// Kills the leader and waits until a new one is elected, every live agent
+/// has been answered by it, and it has ordered a launch.
+async fn failover(
+    cluster: &mut LocalCluster,
+    admin: &Client,
+    shared: &Shared,
+    leader: u64,
+    stopped: &[usize],
+) -> anyhow::Result<Failover> {
+    let status = cluster_status(admin).await?;
+    let term = status.replicas.iter().find(|r| r.id == leader).map_or(0, |r| r.term).max(1);
+    shared.killed_term.store(term, Ordering::Relaxed);
+    eprintln!("fleet: killing the leader (replica {leader}, term {term})");
+    let killed_ms = now_ms();
+    let kill_at = Instant::now();
+    cluster.kill(leader);
+    let live: Vec<usize> = (0..shared.stop.len()).filter(|i| !stopped.contains(i)).collect();
+    let (mut elected, mut fleet_moved) = (None, None);
+    while kill_at.elapsed() < FAILOVER_WAIT {
+        if elected.is_none() {
+            if let Ok(s) = cluster_status(admin).await {
+                let new = s.replicas.iter().any(|r| {
+                    r.id != leader && r.term > term && r.replica_role() == Some(gangway_proto::ReplicaRole::Leader)
+                });
+                if new {
+                    elected = Some(kill_at.elapsed());
+                }
+            }
+        }
+        if fleet_moved.is_none() && live.iter().all(|i| shared.answered_term[*i].load(Ordering::Relaxed) > term) {
+            fleet_moved = Some(kill_at.elapsed());
+        }
+        if elected.is_some() && fleet_moved.is_some() && shared.first_launch_after_kill_ms.load(Ordering::Relaxed) != 0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first = shared.first_launch_after_kill_ms.load(Ordering::Relaxed);
+    let first_launch = (first != 0).then(|| Duration::from_millis(first.saturating_sub(killed_ms)));
+    Ok(Failover { elected, fleet_moved, first_launch })
 }

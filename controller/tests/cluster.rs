@@ -247,6 +247,12 @@ async fn submit_via_follower_replicates_and_dedupes() {
         .unwrap()
         .into_inner();
     assert_eq!(job.state, pb::JobState::Pending as i32);
+    // A client that knows both replicas, follower first: the follower's
+    // forwarded answer names the leader, and the next call starts there.
+    let both = c.client_for(&[follower, leader]);
+    assert_eq!(both.preferred_endpoint(), c.addrs[&follower]);
+    submit(&both, spec("true"), "key-3").await.unwrap();
+    assert_eq!(both.preferred_endpoint(), c.addrs[&leader], "the forwarded answer named the leader");
     c.shutdown().await;
 }
 

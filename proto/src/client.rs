@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
-use tonic::{Code, Request, Status};
+use tonic::{Code, Request, Response, Status};
 
 use crate::tls::{Expect, Security};
 use crate::IDENTITY_METADATA_KEY;
@@ -177,6 +177,23 @@ impl Client {
         })
     }
 
+    /// Which of this client's endpoints is `addr` (as a replica advertises
+    /// it: `host:port`, perhaps with a scheme).
+    fn endpoint_index(&self, addr: &str) -> Option<usize> {
+        let bare = |s: &str| {
+            let s = s.trim();
+            let s = s.strip_prefix("http://").or_else(|| s.strip_prefix("https://")).unwrap_or(s);
+            s.trim_end_matches('/').to_ascii_lowercase()
+        };
+        let want = bare(addr);
+        self.endpoints.iter().position(|e| bare(e) == want)
+    }
+
+    /// The endpoint the next call starts with.
+    pub fn preferred_endpoint(&self) -> &str {
+        &self.endpoints[self.preferred.load(Ordering::Relaxed) % self.endpoints.len()]
+    }
+
     /// The caller identity every request carries.
     pub fn identity(&self) -> &str {
         self.identity.to_str().unwrap_or_default()
@@ -236,11 +253,13 @@ impl Client {
         req
     }
 
-    /// Runs `op` against a replica, failing over to the others on retryable errors.
-    pub async fn call<T, F, Fut>(&self, op: F) -> Result<T, Status>
+    /// Runs `op` against a replica, failing over to the others on retryable
+    /// errors. A replica that forwarded the call names the leader
+    /// ([`crate::LEADER_METADATA_KEY`]): the next calls start there.
+    pub async fn call<T, F, Fut>(&self, op: F) -> Result<Response<T>, Status>
     where
         F: Fn(Channel) -> Fut,
-        Fut: Future<Output = Result<T, Status>>,
+        Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let started = Instant::now();
         let n = self.channels.len();
@@ -250,7 +269,9 @@ impl Client {
             let i = (self.preferred.load(Ordering::Relaxed) + attempt) % n;
             match op(self.channels[i].clone()).await {
                 Ok(v) => {
-                    self.preferred.store(i, Ordering::Relaxed);
+                    let leader = v.metadata().get(crate::LEADER_METADATA_KEY).and_then(|l| l.to_str().ok());
+                    let next = leader.and_then(|l| self.endpoint_index(l)).unwrap_or(i);
+                    self.preferred.store(next, Ordering::Relaxed);
                     return Ok(v);
                 }
                 Err(status) if is_retryable(&status) => {

@@ -18,6 +18,10 @@ pub const IDENTITY_METADATA_KEY: &str = "gangway-identity";
 /// Metadata key with which a replica forwarding a request names its caller
 /// (`role:name`); believed only from a peer holding a server certificate.
 pub const FORWARDED_FOR_METADATA_KEY: &str = "gangway-forwarded-for";
+/// Response metadata with which a replica that forwarded a call to the
+/// leader names the leader's address: the client sends its next calls there,
+/// so a fleet of agents does not keep paying a follower's hop per heartbeat.
+pub const LEADER_METADATA_KEY: &str = "gangway-leader";
 
 /// A replica's part in the cluster as `ReplicaStatus.role` carries it
 /// (Raft's server state, or that it could not be asked): written and read

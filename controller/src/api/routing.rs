@@ -65,13 +65,18 @@ impl Replica {
         }
         req.set_timeout(crate::shared::FORWARD_TIMEOUT);
         metrics::counter!("gangway_api_forwarded_total").increment(1);
-        call(channel, req).await.map_err(|s| {
+        let mut resp = call(channel, req).await.map_err(|s| {
             if gangway_proto::client::is_transport_failure(&s) && s.code() != tonic::Code::Unavailable {
                 Status::unavailable(format!("the leader at {addr} did not answer ({}); retry", s.message()))
             } else {
                 s
             }
-        })
+        })?;
+        // The caller goes to the leader directly next time.
+        if let Ok(v) = addr.parse() {
+            resp.metadata_mut().insert(gangway_proto::LEADER_METADATA_KEY, v);
+        }
+        Ok(resp)
     }
 
     /// Proposes `cmd` here if leader, otherwise forwards `msg` with `call`.
