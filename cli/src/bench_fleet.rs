@@ -58,6 +58,8 @@ const STOP_GRACE_MS: u64 = 10_000;
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Share of submitted jobs that are 2-node gangs of whole nodes, per thousand.
 const GANGS_PER_MILLE: u64 = 100;
+/// One in this many of the big gang's nodes checks its task environment.
+const GANG_ENV_SAMPLE: u32 = 64;
 /// How long the failover phase waits for the fleet to follow a new leader.
 const FAILOVER_WAIT: Duration = Duration::from_secs(120);
 
@@ -83,6 +85,11 @@ pub struct FleetArgs {
     /// Keep the cluster's data here instead of a temp dir.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// At the start of the measurement, submit one gang of this many whole
+    /// nodes (0: none) and time its placement and its launch on every node;
+    /// each node checks the job's hostlist in its task environment.
+    #[arg(long, default_value_t = 0)]
+    gang_nodes: u32,
     /// After the measurement, kill the leader (SIGKILL) and time how long
     /// the fleet takes to follow its successor.
     #[arg(long)]
@@ -113,6 +120,16 @@ struct Shared {
     /// Launches of a job while another attempt of it still ran: a job
     /// started twice (must be 0).
     overlaps: AtomicU64,
+    /// The big gang's job id (0: none) and size.
+    gang_job: AtomicU64,
+    gang_nodes: AtomicU64,
+    /// Its tasks launched, and when the last of them was (wall ms).
+    gang_launched: AtomicU64,
+    gang_all_launched_ms: AtomicU64,
+    /// Its launches whose task environment named every node of the gang,
+    /// and those whose did not.
+    gang_env_ok: AtomicU64,
+    gang_env_bad: AtomicU64,
     /// Set: the agent stops heartbeating (a node that really died).
     stop: Vec<AtomicBool>,
     /// The whole run ends.
@@ -120,6 +137,31 @@ struct Shared {
 }
 
 impl Shared {
+    /// A launch of the big gang's task on `node`: on every
+    /// GANG_ENV_SAMPLE-th rank the order is completed as a real agent does
+    /// and its environment must name the whole gang. (Every agent expanding
+    /// the hostlist would make the benchmark's one host do a whole fleet's
+    /// work.)
+    fn gang_launch(&self, order: Option<&pb::LaunchOrder>, node: &str) {
+        let want = self.gang_nodes.load(Ordering::Relaxed) as usize;
+        if self.gang_launched.fetch_add(1, Ordering::Relaxed) + 1 == want as u64 {
+            self.gang_all_launched_ms.store(now_ms(), Ordering::Relaxed);
+        }
+        if order.is_some_and(|o| o.node_rank % GANG_ENV_SAMPLE != 0) {
+            return;
+        }
+        let mut order = order.cloned();
+        let env = match order.as_mut().map(gangway_node_agent::launch::complete_order) {
+            Some(Ok(())) => order.as_ref().map(|o| gangway_node_agent::launch::task_env(o, node)).unwrap_or_default(),
+            _ => Default::default(),
+        };
+        let named = env.get("SLURM_JOB_NODELIST").and_then(|l| crate::slurm::hostlist::expand(l).ok());
+        let ok = named.is_some_and(|n| n.len() == want && n.iter().any(|x| x == node))
+            && env.get("SLURM_JOB_NUM_NODES").is_some_and(|n| *n == want.to_string());
+        let counter = if ok { &self.gang_env_ok } else { &self.gang_env_bad };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn task_started(&self, (job, attempt): (u64, u32)) {
         let mut running = self.running_attempts.lock().expect("attempts");
         let attempts = running.entry(job).or_default();
@@ -360,6 +402,9 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
                         Action::Launch(t) => {
                             shared.launches.fetch_add(1, Ordering::Relaxed);
                             shared.task_started(t);
+                            if t.0 == shared.gang_job.load(Ordering::Relaxed) {
+                                shared.gang_launch(r.launch.iter().find(|o| (o.job_id, o.attempt) == t), &name);
+                            }
                             if killed != 0 && r.term > killed {
                                 let _ = shared.first_launch_after_kill_ms.compare_exchange(
                                     0,
@@ -474,6 +519,9 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
     if a.jobs_per_s > FLEET_JOBS_PER_S_MAX {
         bail!("--jobs-per-s: at most {FLEET_JOBS_PER_S_MAX}");
     }
+    if a.gang_nodes as usize > a.nodes {
+        bail!("--gang-nodes: at most --nodes ({})", a.nodes);
+    }
     if a.gpus_per_node == 0 || a.gpus_per_node > gangway_core::limits::GPUS_PER_NODE_MAX {
         bail!("--gpus-per-node: between 1 and {}", gangway_core::limits::GPUS_PER_NODE_MAX);
     }
@@ -538,6 +586,8 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
     );
     let window_started_ms = now_ms();
     let t0 = Instant::now();
+    let gang =
+        if a.gang_nodes > 0 { Some(submit_gang(&admin, &shared, a.gang_nodes, a.gpus_per_node).await?) } else { None };
     let submit = tokio::spawn(submitter(
         Arc::new(Client::new(&endpoints, "bench", &Security::Insecure)?),
         shared.clone(),
@@ -645,6 +695,33 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
         detected.map_or("not within 120 s".to_string(), |d| format!("{:.1} s", d.as_secs_f64()))
     );
     println!("| a job launched while another attempt of it ran | {} |", shared.overlaps.load(Ordering::Relaxed));
+    if let Some((job_id, submitted_ms)) = gang {
+        let job = admin
+            .call(|ch| {
+                let r = admin.request(pb::GetJobRequest { job_id, stale: false });
+                async move { JobServiceClient::new(ch).get(r).await }
+            })
+            .await?
+            .into_inner();
+        let after = |t: u64| format!("{:.2} s", t.saturating_sub(submitted_ms) as f64 / 1000.0);
+        println!(
+            "| a {}-node gang placed after | {} |",
+            a.gang_nodes,
+            job.start_time_ms.map_or("not placed".into(), after)
+        );
+        let all = shared.gang_all_launched_ms.load(Ordering::Relaxed);
+        println!(
+            "| its task launched on every node after | {} ({} of {} launched) |",
+            if all == 0 { "not yet".to_string() } else { after(all) },
+            shared.gang_launched.load(Ordering::Relaxed),
+            a.gang_nodes
+        );
+        println!(
+            "| its nodes (1 in {GANG_ENV_SAMPLE}) whose SLURM_JOB_NODELIST named the whole gang | {} (wrong: {}) |",
+            shared.gang_env_ok.load(Ordering::Relaxed),
+            shared.gang_env_bad.load(Ordering::Relaxed)
+        );
+    }
     if let Some(f) = failover {
         let secs = |d: Option<Duration>| {
             d.map_or(format!("not within {} s", FAILOVER_WAIT.as_secs()), |d| format!("{:.2} s", d.as_secs_f64()))
@@ -668,6 +745,34 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Submits one gang of `nodes` whole nodes; returns its job id and when it
+/// was submitted (wall ms).
+async fn submit_gang(admin: &Client, shared: &Shared, nodes: u32, gpus: u32) -> anyhow::Result<(u64, u64)> {
+    let spec = pb::JobSpec {
+        name: "fleet-gang".into(),
+        command: vec!["true".into()],
+        nodes: Some(i64::from(nodes)),
+        gpus_per_node: Some(i64::from(gpus)),
+        time_limit_s: Some(3600),
+        ..Default::default()
+    };
+    let submitted_ms = now_ms();
+    shared.gang_nodes.store(u64::from(nodes), Ordering::Relaxed);
+    let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: "fleet-gang".into() };
+    let job_id = admin
+        .call(|ch| {
+            let r = admin.request(req.clone());
+            async move { JobServiceClient::new(ch).submit(r).await }
+        })
+        .await
+        .context("submitting the big gang")?
+        .into_inner()
+        .job_id;
+    shared.gang_job.store(job_id, Ordering::Relaxed);
+    eprintln!("fleet: submitted a {nodes}-node gang (job {job_id})");
+    Ok((job_id, submitted_ms))
 }
 
 /// What the failover phase measured, from the moment the leader was killed.

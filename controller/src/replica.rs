@@ -166,7 +166,7 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
                 .max_encoding_message_size(API_RESPONSE_BYTES_MAX),
         )
         .add_service(
-            AgentServiceServer::new(AgentApi { replica: replica.clone() })
+            AgentServiceServer::new(AgentApi { replica: replica.clone(), templates: Default::default() })
                 .max_decoding_message_size(AGENT_MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(AGENT_MESSAGE_BYTES_MAX),
         );

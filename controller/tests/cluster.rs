@@ -2988,3 +2988,90 @@ async fn node_lists_are_paged_under_the_response_limit() {
     assert_eq!(names.len(), 240, "a node came twice");
     c.shutdown().await;
 }
+
+/// A gang of more than 1,024 nodes on a real cluster: once the cluster is on
+/// data format 8 it is placed whole, and each node's launch order names the
+/// gang as one hostlist with the node's own rank and resources; the agent's
+/// completion of the order expands it to every node. A small gang's order
+/// still names its nodes one by one (what agents before format 8 read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gang_of_more_than_1024_nodes_launches_from_one_hostlist() {
+    let c = TestCluster::start(3).await;
+    c.leader().await;
+    c.wait_newest_format().await;
+    let client = c.client();
+    const GANG: u32 = 1_100;
+    let name = |n: u32| format!("g{n:04}");
+    let mut registering = Vec::new();
+    for chunk in (0..GANG + 4).collect::<Vec<u32>>().chunks(64) {
+        registering.clear();
+        for &n in chunk {
+            let req = pb::RegisterRequest { name: name(n), cpus: 8, mem_mb: 1024, ..Default::default() };
+            let client = &client;
+            registering.push(async move {
+                client
+                    .call(|ch| {
+                        let r = client.request(req.clone());
+                        async move { AgentServiceClient::new(ch).register(r).await }
+                    })
+                    .await
+            });
+        }
+        for r in futures::future::join_all(registering.drain(..)).await {
+            r.unwrap();
+        }
+    }
+    let gang = submit(&client, pb::JobSpec { nodes: Some(i64::from(GANG)), ..spec("true") }, "gang").await.unwrap();
+    let pair = submit(&client, pb::JobSpec { nodes: Some(2), ..spec("true") }, "pair").await.unwrap();
+    wait_state(&client, gang.job_id, pb::JobState::Running).await;
+    wait_state(&client, pair.job_id, pb::JobState::Running).await;
+    let alloc = |job_id: u64| {
+        let s = c.state(c.handles.keys().copied().next().unwrap());
+        s.jobs[&job_id].allocation.as_ref().unwrap().nodes.iter().map(|n| n.node.clone()).collect::<Vec<_>>()
+    };
+    let gang_nodes = alloc(gang.job_id);
+    assert_eq!(gang_nodes.len(), GANG as usize);
+    let heartbeat = |node: String| {
+        let client = &client;
+        async move {
+            let req = pb::HeartbeatRequest { name: node, ..Default::default() };
+            client
+                .call(|ch| {
+                    let r = client.request(req.clone());
+                    async move { AgentServiceClient::new(ch).heartbeat(r).await }
+                })
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    let mut ranks = BTreeSet::new();
+    for node in [&gang_nodes[0], &gang_nodes[GANG as usize / 2], &gang_nodes[GANG as usize - 1]] {
+        let answer = heartbeat(node.clone()).await;
+        let mut order = answer.launch.into_iter().find(|o| o.job_id == gang.job_id).expect("a launch order");
+        assert!(order.nodes.is_empty(), "a big gang's nodes travel as a hostlist");
+        assert!(order.nodelist.len() < 64, "{} bytes of hostlist", order.nodelist.len());
+        assert!(order.step_addrs.is_empty(), "no node has a step address");
+        assert_eq!(gang_nodes[order.node_rank as usize], *node, "the rank is the node's place in the allocation");
+        ranks.insert(order.node_rank);
+        gangway_node_agent::launch::complete_order(&mut order).unwrap();
+        let named: BTreeSet<&String> = order.nodes.iter().collect();
+        assert_eq!(named, gang_nodes.iter().collect::<BTreeSet<_>>(), "the hostlist names the whole gang");
+        assert_eq!(order.step_addrs.len(), GANG as usize);
+        let env = gangway_node_agent::launch::task_env(&order, node);
+        assert_eq!(env["SLURM_JOB_NUM_NODES"], GANG.to_string());
+        assert_eq!(env["SLURM_JOB_NODELIST"], order.nodelist);
+    }
+    assert_eq!(ranks.len(), 3);
+    let pair_nodes = alloc(pair.job_id);
+    let answer = heartbeat(pair_nodes[1].clone()).await;
+    let order = answer.launch.into_iter().find(|o| o.job_id == pair.job_id).expect("a launch order");
+    assert_eq!(order.nodes, pair_nodes, "a small gang names its nodes");
+    assert!(order.nodelist.is_empty());
+    // A hostlist an agent must not act on: more nodes than a job may have.
+    let mut bad = pb::LaunchOrder { nodelist: "x[0-99999]".into(), ..order };
+    bad.nodes.clear();
+    let e = gangway_node_agent::launch::complete_order(&mut bad).unwrap_err();
+    assert!(e.contains("nodelist") && e.contains("more than a job may have"), "{e}");
+    c.shutdown().await;
+}

@@ -6,46 +6,30 @@ use std::path::{Path, PathBuf};
 
 use gangway_proto::v1::LaunchOrder;
 
-/// Compresses host names into Slurm's hostlist form: `n1,n2,n3,x` → `n[1-3],x`.
-pub fn compress_hostlist(names: &[String]) -> String {
-    // Split each name into a prefix and a numeric suffix (kept with its width).
-    let mut groups: Vec<(String, Vec<(u64, usize)>)> = Vec::new();
-    let mut out: Vec<String> = Vec::new();
-    for name in names {
-        let digits = name.chars().rev().take_while(|c| c.is_ascii_digit()).count();
-        if digits == 0 || digits > 18 {
-            out.push(name.clone());
-            continue;
+pub use gangway_proto::hostlist::compress as compress_hostlist;
+
+/// Fills in what a big gang's order sends compactly: its nodes from the
+/// hostlist (`nodelist`), and one empty step address per node where none
+/// were sent. Refuses a hostlist that does not expand or names more nodes
+/// than a job may have.
+pub fn complete_order(order: &mut LaunchOrder) -> Result<(), String> {
+    if order.nodes.is_empty() && !order.nodelist.is_empty() {
+        let nodes = gangway_proto::hostlist::expand(&order.nodelist)
+            .map_err(|e| format!("job {}: nodelist: {e}", order.job_id))?;
+        let max = gangway_core::limits::NODES_PER_JOB_MAX as usize;
+        if nodes.len() > max {
+            return Err(format!(
+                "job {}: nodelist: {} nodes, more than a job may have ({max})",
+                order.job_id,
+                nodes.len()
+            ));
         }
-        let (prefix, num) = name.split_at(name.len() - digits);
-        let n: u64 = num.parse().expect("digits");
-        match groups.iter_mut().find(|(p, _)| p == prefix) {
-            Some((_, nums)) => nums.push((n, digits)),
-            None => groups.push((prefix.to_string(), vec![(n, digits)])),
-        }
+        order.nodes = nodes;
     }
-    for (prefix, mut nums) in groups {
-        nums.sort_unstable();
-        nums.dedup();
-        if nums.len() == 1 {
-            out.push(format!("{prefix}{:0w$}", nums[0].0, w = nums[0].1));
-            continue;
-        }
-        let mut ranges = Vec::new();
-        let mut i = 0;
-        while i < nums.len() {
-            let (start, w) = nums[i];
-            let mut j = i;
-            while j + 1 < nums.len() && nums[j + 1].0 == nums[j].0 + 1 && nums[j + 1].1 == w {
-                j += 1;
-            }
-            let end = nums[j].0;
-            ranges.push(if start == end { format!("{start:0w$}") } else { format!("{start:0w$}-{end:0w$}") });
-            i = j + 1;
-        }
-        out.push(format!("{prefix}[{}]", ranges.join(",")));
+    if order.step_addrs.is_empty() {
+        order.step_addrs = vec![String::new(); order.nodes.len()];
     }
-    out.join(",")
+    Ok(())
 }
 
 /// The variables a task sees, on top of the job's own `env`.

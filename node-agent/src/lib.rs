@@ -520,7 +520,16 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 r.set_timeout(per_try);
                 async move { gangway_proto::limits::agent_client(ch).heartbeat(r).await }
             });
-            let resp = shell.await_fenced(call).await?.into_inner();
+            let mut resp = shell.await_fenced(call).await?.into_inner();
+            // A big gang's order names its nodes as a hostlist: expanded here,
+            // and an order that cannot be is not acted on (nor launched).
+            resp.launch.retain_mut(|order| match launch::complete_order(order) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::error!(error = %e, "ignoring a launch order");
+                    false
+                }
+            });
             let max_term = shell.core.fences().max_term;
             let actions = shell.core.answered(sent, &answer_from(&resp));
             if !resp.known {

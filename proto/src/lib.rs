@@ -91,6 +91,7 @@ pub fn step_addr(name: &str, addr: &str) -> Option<String> {
 
 pub mod client;
 pub mod events;
+pub mod hostlist;
 pub mod limits;
 pub mod pki;
 pub mod step_cred;

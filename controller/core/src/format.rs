@@ -35,13 +35,19 @@ pub const FORMAT_BASE: u32 = 4;
 /// The oldest format this build reads (log entries, snapshots, stores).
 pub const FORMAT_OLDEST: u32 = 4;
 /// The newest format this build reads and, once every replica can, writes.
-pub const FORMAT_NEWEST: u32 = 7;
+pub const FORMAT_NEWEST: u32 = 8;
 
 /// Format 7 changed no encoding, only a rule of `apply`: a plan's preemption
 /// victims are evicted only together with the placement they make room for,
 /// once that placement is accepted (see `State::apply_schedule`). A cluster
 /// with builds that apply the old rule stays on format 6.
 pub const PLAN_APPLY_FORMAT: u32 = 7;
+
+/// Format 8 changed no encoding, only a limit `apply` checks: a job may span
+/// up to [`crate::limits::NODES_PER_JOB_MAX`] nodes (the cluster's node
+/// limit) instead of [`crate::limits::NODES_PER_JOB_MAX_BEFORE_FORMAT_8`]. A
+/// build that refuses such a job must not apply a log that accepts it.
+pub const BIG_GANGS_FORMAT: u32 = 8;
 
 /// Whether this build reads `format`.
 pub fn readable(format: u32) -> bool {
@@ -164,8 +170,8 @@ impl Serialize for Payload {
                 let body = to_bytes(&v5::Wire::from_command(command).map_err(S::Error::custom)?);
                 v4::Wire::Envelope { format: 5, body }.serialize(serializer)
             }
-            // Format 7 changed a rule of apply, not the command's encoding.
-            format @ (6 | 7) => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
+            // Formats 7 and 8 changed rules of apply, not the command's encoding.
+            format @ (6..=8) => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
             f => Err(S::Error::custom(format!("this build does not write data format {f}"))),
         }
     }
@@ -180,7 +186,7 @@ impl<'de> Deserialize<'de> for Payload {
                 let command = wire.into_command().ok_or_else(|| D::Error::custom("an envelope inside a batch"))?;
                 Ok(Payload { format: 5, command: Some(command), unread: Vec::new() })
             }
-            v4::Wire::Envelope { format: format @ (6 | 7), body } => {
+            v4::Wire::Envelope { format: format @ (6..=8), body } => {
                 let command = from_bytes(&body).map_err(D::Error::custom)?;
                 Ok(Payload { format, command: Some(command), unread: Vec::new() })
             }

@@ -1,8 +1,14 @@
 //! Every limit the core enforces, in one place, each with the reason for its size.
 
-/// Nodes in one gang. Large enough for a 1,024-node (8,192-GPU) training run, small
-/// enough that one placement fits comfortably in a single Raft entry.
-pub const NODES_PER_JOB_MAX: u32 = 1024;
+/// Nodes in one gang: the whole fleet (frontier training runs take 2,048
+/// eight-GPU nodes, HPC sites 9,000+). A placement of this many nodes is
+/// under 1 MiB in one Raft entry, and its launch order (every node's name)
+/// well under the agent's order budget.
+pub const NODES_PER_JOB_MAX: u32 = 20_000;
+const _: () = assert!(NODES_PER_JOB_MAX as usize == NODES_MAX, "a gang may span the whole fleet");
+/// Nodes in one gang while the cluster is on a data format before 8 (see
+/// `format::BIG_GANGS_FORMAT`): what builds before it accept.
+pub const NODES_PER_JOB_MAX_BEFORE_FORMAT_8: u32 = 1024;
 /// GPUs on one node. The densest servers today carry 16 accelerators.
 pub const GPUS_PER_NODE_MAX: u32 = 16;
 /// Tasks on one node: one per hardware thread on the largest hosts.

@@ -357,6 +357,28 @@ pub fn check_gpu_type(field: &str, value: &str) -> Result<(), SpecError> {
 }
 
 impl JobSpec {
+    /// [`JobSpec::validate`] as a cluster on data `format` applies it: before
+    /// format 8 a job spans at most 1,024 nodes.
+    pub fn validate_in(&self, format: u32) -> Result<(), SpecError> {
+        self.validate()?;
+        if format < crate::format::BIG_GANGS_FORMAT {
+            let max = crate::limits::NODES_PER_JOB_MAX_BEFORE_FORMAT_8;
+            for (field, n) in [("nodes", self.nodes), ("nodes_max", self.nodes_max)] {
+                if n > max {
+                    return Err(SpecError::new(
+                        field,
+                        format!(
+                            "must be at most {max} until every replica runs a build that reads data format {} \
+                             (the cluster then moves to it by itself)",
+                            crate::format::BIG_GANGS_FORMAT
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Checks every field against its rule and the limits in [`crate::limits`].
     pub fn validate(&self) -> Result<(), SpecError> {
         check_name("name", &self.name, false)?;

@@ -1970,3 +1970,56 @@ fn pokes_wake_only_the_nodes_a_change_concerns() {
     });
     assert_eq!(fresh.nodes_to_poke(&ev, &s), nodes);
 }
+
+/// A gang may span the fleet from data format 8 on: before it, a build that
+/// refuses more than 1,024 nodes may still be applying the same log, so the
+/// cluster refuses such a job (naming the field and the format) and changes
+/// nothing. On format 8 a 4,096-node gang is placed whole.
+#[test]
+fn a_gang_as_big_as_the_fleet_waits_for_format_8_then_is_placed_whole() {
+    use gangway_core::format::BIG_GANGS_FORMAT;
+    use gangway_core::limits::{NODES_PER_JOB_MAX, NODES_PER_JOB_MAX_BEFORE_FORMAT_8};
+    let mut s = State::default();
+    s.apply(1, &Command::SetDataFormat { format: BIG_GANGS_FORMAT - 1, now_ms: 1 });
+    let mut index = 1;
+    for i in 0..4_200 {
+        index += 1;
+        s.apply(index, &Command::RegisterNode { spec: node_spec(i, 8), now_ms: index });
+    }
+    let gang = 4_096;
+    let submit = |index: u64| Command::SubmitJob {
+        spec: job_spec(gang, 8, 1),
+        identity: "alice".into(),
+        idempotency_key: String::new(),
+        now_ms: index,
+    };
+    let before = s.clone();
+    index += 1;
+    let refused = s.apply(index, &submit(index));
+    let Outcome::Refused(r) = &refused.outcome else { panic!("accepted before format 8: {:?}", refused.outcome) };
+    assert!(r.message.contains("nodes") && r.message.contains("format 8"), "{}", r.message);
+    assert!(r.message.contains(&NODES_PER_JOB_MAX_BEFORE_FORMAT_8.to_string()), "{}", r.message);
+    assert_eq!(s.jobs, before.jobs, "a refusal changes nothing");
+    index += 1;
+    s.apply(index, &Command::SetDataFormat { format: BIG_GANGS_FORMAT, now_ms: index });
+    index += 1;
+    let Outcome::Submitted { job_id, .. } = s.apply(index, &submit(index)).outcome else {
+        panic!("refused on format 8")
+    };
+    let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, index);
+    let plan = gangway_core::sched::plan(&s, &opts);
+    assert_eq!(plan.placements.len(), 1, "{:?}", plan.reasons);
+    assert_eq!(plan.placements[0].nodes.len(), gang as usize);
+    index += 1;
+    s.apply(index, &Command::ApplySchedule { preemptions: vec![], placements: plan.placements, now_ms: index });
+    assert_eq!(s.jobs[&job_id].state, JobState::Running);
+    let alloc = s.jobs[&job_id].allocation.as_ref().unwrap();
+    let nodes: std::collections::BTreeSet<&str> = alloc.nodes.iter().map(|n| n.node.as_str()).collect();
+    assert_eq!(nodes.len(), gang as usize, "every node once");
+    s.check_invariants().unwrap();
+    // The fleet-wide limit itself is the cluster's node limit.
+    assert_eq!(NODES_PER_JOB_MAX as usize, gangway_core::limits::NODES_MAX);
+    let mut too_big = job_spec(NODES_PER_JOB_MAX + 1, 1, 1);
+    too_big.user = "alice".into();
+    assert_eq!(too_big.validate().unwrap_err().field, "nodes");
+}

@@ -27,6 +27,8 @@ use crate::shared::Replica;
 
 pub struct AgentApi {
     pub replica: Arc<Replica>,
+    /// Big gangs' launch orders, built once per attempt.
+    pub templates: LaunchTemplates,
 }
 
 impl AgentApi {
@@ -195,8 +197,7 @@ impl AgentService for AgentApi {
         let mut launch_bytes = 0usize;
         for (job_id, _) in &orders.launch {
             let Some(job) = state.jobs.get(job_id) else { continue };
-            let Some(mut order) = launch_order(&state, job, &msg.name, term) else { continue };
-            order.step_credential = self.replica.step_credential(job)?;
+            let Some(order) = self.launch_order(&state, job, &msg.name, term)? else { continue };
             // The answer must fit the agent's message limit: orders past the
             // budget go out with the next heartbeat.
             let bytes = prost::Message::encoded_len(&order);
@@ -260,52 +261,136 @@ const TASKS_PER_NODE_REPORTED_MAX: usize = 4096;
 const MASTER_PORT_BASE: u32 = 29_500;
 const MASTER_PORT_SPAN: u64 = 10_000;
 
-/// The order that starts `node`'s task of `job`'s current attempt.
-fn launch_order(state: &gangway_core::State, job: &gangway_core::Job, node: &str, term: u64) -> Option<LaunchOrder> {
-    let alloc = job.allocation.as_ref()?;
-    let rank = alloc.nodes.iter().position(|n| n.node == node)?;
-    let mine = &alloc.nodes[rank];
-    let first = &alloc.nodes[0].node;
-    let addr = |node: &str| state.nodes.get(node).map_or("", |n| n.addr.as_str());
-    let master_addr = gangway_proto::node_host(first, addr(first)).to_string();
-    let step_addrs =
-        alloc.nodes.iter().map(|n| gangway_proto::step_addr(&n.node, addr(&n.node)).unwrap_or_default()).collect();
-    let spec = &job.spec;
-    Some(LaunchOrder {
-        job_id: job.id,
-        attempt: job.attempt,
-        term,
-        name: spec.name.clone(),
-        user: spec.user.clone(),
-        command: spec.command.clone(),
-        script: spec.script.clone(),
-        workdir: spec.workdir.clone(),
-        env: spec.env.clone().into_iter().collect(),
-        gpus: mine.gpus.clone(),
-        nodes: alloc.nodes.iter().map(|n| n.node.clone()).collect(),
-        node_rank: rank as u32,
-        tasks_per_node: spec.tasks_per_node,
-        cpus_per_task: spec.cpus_per_task,
-        time_limit_s: spec.time_limit_s,
-        master_addr,
-        master_port: MASTER_PORT_BASE + (job.id % MASTER_PORT_SPAN) as u32,
-        mem_per_node_mb: spec.mem_per_node_mb,
-        output: spec.output.clone(),
-        error: spec.error.clone(),
-        warn_signal: spec.warn_signal.into(),
-        warn_before_s: spec.warn_before_s,
-        array_job_id: job.array.map(|a| a.array_job_id),
-        array_index: job.array.map(|a| a.index),
-        array_count: job.array.map_or(0, |a| a.count),
-        account: spec.account.clone(),
-        partition: spec.partition.clone(),
-        qos: spec.qos.clone(),
-        batch: spec.batch,
-        step_addrs,
-        truncate_output: spec.truncate_output,
-        warn_batch_shell: spec.warn_batch_shell,
-        step_credential: String::new(),
-    })
+/// Gangs at least this big get their launch order built once per attempt and
+/// copied for each node: built per node, it walks every node of the gang, so
+/// launching a gang would cost the leader its size squared.
+const LAUNCH_TEMPLATE_NODES_MIN: usize = 32;
+/// Launch templates kept: one per big gang launching at about the same time,
+/// far more than start at once; a full cache first drops the templates of
+/// attempts no longer running.
+const LAUNCH_TEMPLATES_MAX: usize = 256;
+/// Gangs of more nodes than this send them as one hostlist
+/// (`LaunchOrder.nodelist`); smaller ones name each node, as agents from
+/// before data format 8 (which never ran bigger gangs) expect.
+const LAUNCH_NODES_INLINE_MAX: usize = gangway_core::limits::NODES_PER_JOB_MAX_BEFORE_FORMAT_8 as usize;
+
+/// The launch orders of big gangs' attempts, built once: everything but the
+/// node's rank, GPUs and the term.
+#[derive(Default)]
+pub struct LaunchTemplates {
+    orders: std::sync::Mutex<std::collections::BTreeMap<(u64, u32), Arc<LaunchOrder>>>,
+}
+
+impl LaunchTemplates {
+    fn get(&self, key: (u64, u32)) -> Option<Arc<LaunchOrder>> {
+        self.orders.lock().expect("launch templates lock").get(&key).cloned()
+    }
+
+    fn keep(&self, state: &gangway_core::State, key: (u64, u32), order: Arc<LaunchOrder>) {
+        let mut orders = self.orders.lock().expect("launch templates lock");
+        if orders.len() >= LAUNCH_TEMPLATES_MAX {
+            let running = |(job, attempt): &(u64, u32)| {
+                state.jobs.get(job).is_some_and(|j| j.attempt == *attempt && j.allocation.is_some())
+            };
+            orders.retain(|k, _| running(k));
+            while orders.len() >= LAUNCH_TEMPLATES_MAX {
+                orders.pop_first();
+            }
+        }
+        orders.insert(key, order);
+    }
+}
+
+impl AgentApi {
+    /// The order that starts `node`'s task of `job`'s current attempt.
+    fn launch_order(
+        &self,
+        state: &gangway_core::State,
+        job: &gangway_core::Job,
+        node: &str,
+        term: u64,
+    ) -> Result<Option<LaunchOrder>, Status> {
+        let Some(alloc) = job.allocation.as_ref() else { return Ok(None) };
+        let Some(rank) = alloc.nodes.iter().position(|n| n.node == node) else { return Ok(None) };
+        let key = (job.id, job.attempt);
+        let mut order = if alloc.nodes.len() < LAUNCH_TEMPLATE_NODES_MIN {
+            self.launch_template(state, job, alloc)?
+        } else if let Some(template) = self.templates.get(key) {
+            LaunchOrder::clone(&template)
+        } else {
+            let template = Arc::new(self.launch_template(state, job, alloc)?);
+            self.templates.keep(state, key, template.clone());
+            LaunchOrder::clone(&template)
+        };
+        order.node_rank = rank as u32;
+        order.gpus = alloc.nodes[rank].gpus.clone();
+        order.term = term;
+        Ok(Some(order))
+    }
+
+    /// `job`'s launch order without what differs per node (rank, GPUs) or
+    /// per answer (term).
+    fn launch_template(
+        &self,
+        state: &gangway_core::State,
+        job: &gangway_core::Job,
+        alloc: &gangway_core::Allocation,
+    ) -> Result<LaunchOrder, Status> {
+        let first = &alloc.nodes[0].node;
+        let addr = |node: &str| state.nodes.get(node).map_or("", |n| n.addr.as_str());
+        let master_addr = gangway_proto::node_host(first, addr(first)).to_string();
+        let names: Vec<String> = alloc.nodes.iter().map(|n| n.node.clone()).collect();
+        // A big gang: one hostlist, and step addresses in its expansion's order.
+        let (nodes, nodelist) = if names.len() > LAUNCH_NODES_INLINE_MAX {
+            let list = gangway_proto::hostlist::compress(&names);
+            let expanded = gangway_proto::hostlist::expand(&list)
+                .map_err(|e| Status::internal(format!("job {}: its hostlist does not expand: {e}", job.id)))?;
+            (expanded, list)
+        } else {
+            (names, String::new())
+        };
+        let step_addrs: Vec<String> =
+            nodes.iter().map(|n| gangway_proto::step_addr(n, addr(n)).unwrap_or_default()).collect();
+        let step_addrs =
+            if !nodelist.is_empty() && step_addrs.iter().all(String::is_empty) { Vec::new() } else { step_addrs };
+        let spec = &job.spec;
+        Ok(LaunchOrder {
+            job_id: job.id,
+            attempt: job.attempt,
+            term: 0,
+            name: spec.name.clone(),
+            user: spec.user.clone(),
+            command: spec.command.clone(),
+            script: spec.script.clone(),
+            workdir: spec.workdir.clone(),
+            env: spec.env.clone().into_iter().collect(),
+            gpus: Vec::new(),
+            nodes: if nodelist.is_empty() { nodes } else { Vec::new() },
+            node_rank: 0,
+            tasks_per_node: spec.tasks_per_node,
+            cpus_per_task: spec.cpus_per_task,
+            time_limit_s: spec.time_limit_s,
+            master_addr,
+            master_port: MASTER_PORT_BASE + (job.id % MASTER_PORT_SPAN) as u32,
+            mem_per_node_mb: spec.mem_per_node_mb,
+            output: spec.output.clone(),
+            error: spec.error.clone(),
+            warn_signal: spec.warn_signal.into(),
+            warn_before_s: spec.warn_before_s,
+            array_job_id: job.array.map(|a| a.array_job_id),
+            array_index: job.array.map(|a| a.index),
+            array_count: job.array.map_or(0, |a| a.count),
+            account: spec.account.clone(),
+            partition: spec.partition.clone(),
+            qos: spec.qos.clone(),
+            batch: spec.batch,
+            step_addrs,
+            truncate_output: spec.truncate_output,
+            warn_batch_shell: spec.warn_batch_shell,
+            step_credential: self.replica.step_credential(job)?,
+            nodelist,
+        })
+    }
 }
 
 /// At most `max` bytes of `s`, cut on a character boundary.

@@ -155,7 +155,7 @@ impl State {
     /// Validates a submission and fills in what the policy decides: partition,
     /// account, QOS, time limit and memory.
     pub fn resolve_spec(&self, spec: &JobSpec, identity: &str) -> Result<JobSpec, SpecError> {
-        spec.validate()?;
+        spec.validate_in(self.format)?;
         let policy = &self.policy;
         let mut s = spec.clone();
         let (part_name, part) = policy.resolve_partition(&spec.partition)?;

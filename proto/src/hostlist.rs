@@ -1,0 +1,131 @@
+//! Slurm hostlists: `gpu[001-003,7],login1` ⇄ the names one per entry. The
+//! leader sends a big gang's nodes in this form (`LaunchOrder.nodelist`),
+//! agents put it in `SLURM_JOB_NODELIST`, and the Slurm commands read it.
+
+/// Compresses host names into Slurm's hostlist form: `n1,n2,n3,x` → `n[1-3],x`.
+pub fn compress(names: &[String]) -> String {
+    // Split each name into a prefix and a numeric suffix (kept with its width).
+    let mut groups: Vec<(String, Vec<(u64, usize)>)> = Vec::new();
+    // Prefix → its group, so a list of many prefixes stays O(n log n).
+    let mut index: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    let mut out: Vec<String> = Vec::new();
+    for name in names {
+        let digits = name.chars().rev().take_while(|c| c.is_ascii_digit()).count();
+        if digits == 0 || digits > 18 {
+            out.push(name.clone());
+            continue;
+        }
+        let (prefix, num) = name.split_at(name.len() - digits);
+        let n: u64 = num.parse().expect("digits");
+        match index.get(prefix) {
+            Some(&g) => groups[g].1.push((n, digits)),
+            None => {
+                index.insert(prefix, groups.len());
+                groups.push((prefix.to_string(), vec![(n, digits)]));
+            }
+        }
+    }
+    for (prefix, mut nums) in groups {
+        nums.sort_unstable();
+        nums.dedup();
+        if nums.len() == 1 {
+            out.push(format!("{prefix}{:0w$}", nums[0].0, w = nums[0].1));
+            continue;
+        }
+        let mut ranges = Vec::new();
+        let mut i = 0;
+        while i < nums.len() {
+            let (start, w) = nums[i];
+            let mut j = i;
+            while j + 1 < nums.len() && nums[j + 1].0 == nums[j].0 + 1 && nums[j + 1].1 == w {
+                j += 1;
+            }
+            let end = nums[j].0;
+            ranges.push(if start == end { format!("{start:0w$}") } else { format!("{start:0w$}-{end:0w$}") });
+            i = j + 1;
+        }
+        out.push(format!("{prefix}[{}]", ranges.join(",")));
+    }
+    out.join(",")
+}
+
+/// Names one hostlist may expand to: bounded so a typo like `n[1-999999999]`
+/// fails instead of filling memory.
+pub const EXPAND_MAX: usize = 1_000_000;
+
+/// Expands a hostlist: comma-separated entries, each with any number of
+/// `[a-b,c]` groups (zero padding kept).
+pub fn expand(list: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for entry in split_top(list)? {
+        if entry.is_empty() {
+            continue;
+        }
+        expand_entry(&entry, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// Splits at commas outside brackets.
+fn split_top(list: &str) -> Result<Vec<String>, String> {
+    let mut parts = vec![String::new()];
+    let mut depth = 0usize;
+    for c in list.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.checked_sub(1).ok_or_else(|| format!("hostlist '{list}': unbalanced ]"))?,
+            ',' if depth == 0 => {
+                parts.push(String::new());
+                continue;
+            }
+            _ => {}
+        }
+        parts.last_mut().expect("one part").push(c);
+    }
+    if depth != 0 {
+        return Err(format!("hostlist '{list}': unbalanced ["));
+    }
+    Ok(parts.into_iter().map(|p| p.trim().to_string()).collect())
+}
+
+fn expand_entry(entry: &str, out: &mut Vec<String>) -> Result<(), String> {
+    let Some(open) = entry.find('[') else {
+        if out.len() >= EXPAND_MAX {
+            return Err(format!("hostlist: more than {EXPAND_MAX} names"));
+        }
+        out.push(entry.to_string());
+        return Ok(());
+    };
+    let close = open + entry[open..].find(']').ok_or_else(|| format!("hostlist '{entry}': unbalanced ["))?;
+    let (prefix, body, rest) = (&entry[..open], &entry[open + 1..close], &entry[close + 1..]);
+    let bad = || format!("hostlist '{entry}': '[{body}]' must hold numbers and ranges like 1-4,7");
+    for part in body.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (lo, hi): (u64, u64) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+        if hi < lo || (hi - lo) as usize >= EXPAND_MAX {
+            return Err(bad());
+        }
+        let width = a.trim().len();
+        for n in lo..=hi {
+            expand_entry(&format!("{prefix}{n:0width$}{rest}"), out)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostlists_expand_and_compress() {
+        assert_eq!(expand("gpu[001-003,7],login1").unwrap(), ["gpu001", "gpu002", "gpu003", "gpu7", "login1"]);
+        assert_eq!(expand("r[1-2]n[1-2]").unwrap(), ["r1n1", "r1n2", "r2n1", "r2n2"]);
+        assert_eq!(expand("a,,b").unwrap(), ["a", "b"]);
+        assert!(expand("n[1-").is_err());
+        assert!(expand("n[3-1]").is_err());
+        assert!(expand("n[0-99999999]").is_err());
+        let names: Vec<String> = expand("node[1-4,6]").unwrap();
+        assert_eq!(compress(&names), "node[1-4,6]");
+    }
+}
