@@ -86,11 +86,18 @@ fix:
 	$(CARGO) clippy --workspace --all-targets --fix --allow-dirty --allow-staged
 
 # Benchmarks print numbers; they are never pass/fail.
-bench: build
-	bin/gangway bench submit --clients 1,16,64 --seconds 5
-	bin/gangway bench jobs --jobs 500 --nodes 4
-	bin/gangway bench failover --runs 10
-	bin/gangway bench sched --pending 100000,1000000
+# Benchmarks run the release profile (a second build, ~20 minutes cold; CI
+# and `make test` never build it). Each starts and stops its own cluster.
+RELEASE_BIN := $(CARGO_TARGET_DIR)/release/gangway
+bench: setup
+	$(CARGO) build --release --bin gangway
+	$(RELEASE_BIN) bench submit --clients 1,16,64 --seconds 5
+	$(RELEASE_BIN) bench jobs --jobs 500 --nodes 4
+	$(RELEASE_BIN) bench failover --runs 10
+	$(RELEASE_BIN) bench sched --pending 100000,1000000
+	$(RELEASE_BIN) bench fleet --nodes 1000 --seconds 30
+	$(RELEASE_BIN) bench fleet --nodes 10000 --seconds 60 --connections 128 --gang-nodes 4096 --failover
+	$(RELEASE_BIN) bench fleet --nodes 10000 --seconds 60 --connections 128 --preload-running 100000 --preload-pending 100000
 
 # Chaos scenarios on real multi-host clusters (network namespaces; needs root).
 # `make chaos` runs every scenario once; SCENARIO, SEED and DURATION (seconds of

@@ -58,6 +58,15 @@ const STOP_GRACE_MS: u64 = 10_000;
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Share of submitted jobs that are 2-node gangs of whole nodes, per thousand.
 const GANGS_PER_MILLE: u64 = 100;
+/// The name of the preloaded jobs that run until the benchmark ends.
+const LONG_JOB_NAME: &str = "fleet-long";
+/// Jobs one run may preload (running or pending): the core's active-job
+/// limit bounds the rest.
+const PRELOAD_JOBS_MAX: u64 = 500_000;
+/// Submissions in flight while preloading.
+const PRELOAD_CONCURRENCY: usize = 64;
+/// How long the preloaded jobs may take to start.
+const PRELOAD_WAIT: Duration = Duration::from_secs(600);
 /// One in this many of the big gang's nodes checks its task environment.
 const GANG_ENV_SAMPLE: u32 = 64;
 /// How long the failover phase waits for the fleet to follow a new leader.
@@ -90,6 +99,14 @@ pub struct FleetArgs {
     /// each node checks the job's hostlist in its task environment.
     #[arg(long, default_value_t = 0)]
     gang_nodes: u32,
+    /// Before the measurement, start this many long-running one-CPU jobs
+    /// (they run until the benchmark ends) and wait until they all run.
+    #[arg(long, default_value_t = 0)]
+    preload_running: u64,
+    /// Before the measurement, queue this many jobs that wait on a
+    /// dependency (on one of the long-running jobs): pending all along.
+    #[arg(long, default_value_t = 0)]
+    preload_pending: u64,
     /// After the measurement, kill the leader (SIGKILL) and time how long
     /// the fleet takes to follow its successor.
     #[arg(long)]
@@ -120,6 +137,8 @@ struct Shared {
     /// Launches of a job while another attempt of it still ran: a job
     /// started twice (must be 0).
     overlaps: AtomicU64,
+    /// Preloaded long jobs launched.
+    long_launched: AtomicU64,
     /// The big gang's job id (0: none) and size.
     gang_job: AtomicU64,
     gang_nodes: AtomicU64,
@@ -413,7 +432,13 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
                                     Ordering::Relaxed,
                                 );
                             }
-                            tasks.insert(t, Instant::now() + run_time(t.0, run_s));
+                            let long = r.launch.iter().any(|o| o.job_id == t.0 && o.name == LONG_JOB_NAME);
+                            if long {
+                                shared.long_launched.fetch_add(1, Ordering::Relaxed);
+                            }
+                            let runs =
+                                if long { Duration::from_secs(FLEET_SECONDS_MAX * 4) } else { run_time(t.0, run_s) };
+                            tasks.insert(t, Instant::now() + runs);
                         }
                         // A stopped timer ends at once, as a task killed by SIGTERM.
                         Action::Stop { task, .. } => {
@@ -481,6 +506,90 @@ async fn submitter(client: Arc<Client>, shared: Arc<Shared>, per_s: u64, gpus: u
     submitted
 }
 
+/// Submits `count` jobs like `spec` (keys `prefix-N`), PRELOAD_CONCURRENCY
+/// at a time; returns the first job's id.
+async fn preload(clients: &[Arc<Client>], spec: pb::JobSpec, count: u64, prefix: &str) -> anyhow::Result<u64> {
+    let next = Arc::new(AtomicU64::new(0));
+    let first = Arc::new(AtomicU64::new(u64::MAX));
+    let mut workers = Vec::new();
+    for k in 0..PRELOAD_CONCURRENCY {
+        let (client, spec, next, first) =
+            (clients[k % clients.len()].clone(), spec.clone(), next.clone(), first.clone());
+        let prefix = prefix.to_string();
+        workers.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= count {
+                    return Ok::<(), tonic::Status>(());
+                }
+                let req = pb::SubmitRequest { spec: Some(spec.clone()), idempotency_key: format!("{prefix}-{n}") };
+                let id = client
+                    .call(|ch| {
+                        let r = client.request(req.clone());
+                        async move { JobServiceClient::new(ch).submit(r).await }
+                    })
+                    .await?
+                    .into_inner()
+                    .job_id;
+                first.fetch_min(id, Ordering::Relaxed);
+            }
+        }));
+    }
+    for w in workers {
+        w.await.context("a preloading task")?.context("preloading")?;
+    }
+    Ok(first.load(Ordering::Relaxed))
+}
+
+/// Fills the cluster before the measurement: `running` long one-CPU jobs,
+/// waited for until they all run, and `pending` jobs that wait on one of
+/// them.
+async fn preload_cluster(shared: &Shared, endpoints: &[String], running: u64, pending: u64) -> anyhow::Result<()> {
+    let clients: Vec<Arc<Client>> =
+        (0..8).map(|_| Client::new(endpoints, "bench", &Security::Insecure).map(Arc::new)).collect::<Result<_, _>>()?;
+    let started = Instant::now();
+    let long = pb::JobSpec {
+        name: LONG_JOB_NAME.into(),
+        command: vec!["true".into()],
+        time_limit_s: Some(24 * 3600),
+        ..Default::default()
+    };
+    let first = if running > 0 { preload(&clients, long.clone(), running, "fleet-long").await? } else { 0 };
+    eprintln!("fleet: {running} long jobs submitted in {:.1} s", started.elapsed().as_secs_f64());
+    if pending > 0 {
+        let anchor = if running > 0 { first } else { preload(&clients, long, 1, "fleet-anchor").await? };
+        let waiting = pb::JobSpec {
+            name: "fleet-waiting".into(),
+            command: vec!["true".into()],
+            dependency: format!("afterok:{anchor}"),
+            ..Default::default()
+        };
+        let t = Instant::now();
+        preload(&clients, waiting, pending, "fleet-waiting").await?;
+        eprintln!("fleet: {pending} waiting jobs submitted in {:.1} s", t.elapsed().as_secs_f64());
+    }
+    let t = Instant::now();
+    let mut said = Instant::now();
+    loop {
+        let run_now = shared.long_launched.load(Ordering::Relaxed);
+        if run_now >= running {
+            eprintln!(
+                "fleet: {run_now} long jobs running on their agents, {pending} waiting, {:.1} s after the preload began",
+                started.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        }
+        if t.elapsed() > PRELOAD_WAIT {
+            bail!("only {run_now} of {running} preloaded jobs started within {} s", PRELOAD_WAIT.as_secs());
+        }
+        if said.elapsed() > Duration::from_secs(10) {
+            eprintln!("fleet: {run_now} of {running} long jobs running");
+            said = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// A process's CPU time (user + system) and resident memory, from /proc.
 fn proc_usage(pid: u32) -> Option<(Duration, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -518,6 +627,9 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
     }
     if a.jobs_per_s > FLEET_JOBS_PER_S_MAX {
         bail!("--jobs-per-s: at most {FLEET_JOBS_PER_S_MAX}");
+    }
+    if a.preload_running + a.preload_pending > PRELOAD_JOBS_MAX {
+        bail!("--preload-running and --preload-pending: at most {PRELOAD_JOBS_MAX} jobs in all");
     }
     if a.gang_nodes as usize > a.nodes {
         bail!("--gang-nodes: at most --nodes ({})", a.nodes);
@@ -563,6 +675,9 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let registered_in = reg_started.elapsed();
+    if a.preload_running > 0 || a.preload_pending > 0 {
+        preload_cluster(&shared, &endpoints, a.preload_running, a.preload_pending).await?;
+    }
     eprintln!(
         "fleet: {} agents registered in {:.1} s; measuring {} s",
         a.nodes,

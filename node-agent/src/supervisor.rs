@@ -48,6 +48,7 @@ fn exit_report(
     // under the state dir).
     if let Some(state_dir) = record.parent().and_then(std::path::Path::parent) {
         let _ = std::fs::remove_file(state_dir.join("scripts").join(format!("job-{}-{}.sh", key.0, key.1)));
+        let _ = std::fs::remove_file(state_dir.join("scripts").join(format!("job-{}-{}.stepaddrs", key.0, key.1)));
     }
     let (exit_code, signal) = found.unwrap_or((None, None));
     TaskExitReport {
@@ -327,6 +328,11 @@ pub struct Supervisor {
 /// task records): searchable by job users, who reach their own 0700 script and
 /// 0600 exit file by name, but neither listable nor writable by them.
 const SCRIPTS_DIR_MODE: u32 = 0o711;
+/// Longest `GANGWAY_STEP_ADDRS` passed in the environment. Linux refuses to
+/// exec with one environment string over 128 KiB (MAX_ARG_STRLEN): a batch
+/// gang of a few thousand nodes gets its step addresses in a file
+/// (`GANGWAY_STEP_ADDRS_FILE`, srun reads either) instead.
+const STEP_ADDRS_ENV_BYTES_MAX: usize = 64 * 1024;
 
 /// Makes `dir` the agent's and [`SCRIPTS_DIR_MODE`].
 pub fn reachable_not_listable(dir: &std::path::Path) -> std::io::Result<()> {
@@ -594,6 +600,22 @@ impl Supervisor {
     /// (0711); the script is 0700 and owned by the job's user, created anew
     /// (never through a link), and removed when the task ends.
     fn write_script(&self, order: &LaunchOrder, ids: Option<(u32, u32)>) -> Result<PathBuf, String> {
+        let path = self.script_path((order.job_id, order.attempt));
+        self.write_user_file(&path, order.script.as_bytes(), 0o700, ids, "the batch script")?;
+        Ok(path)
+    }
+
+    /// Writes a file of the task's under `STATE_DIR/scripts` (see
+    /// `write_script`): created anew with `mode`, never through a link, owned
+    /// by the job's user.
+    fn write_user_file(
+        &self,
+        path: &std::path::Path,
+        bytes: &[u8],
+        mode: u32,
+        ids: Option<(u32, u32)>,
+        what: &str,
+    ) -> Result<(), String> {
         use std::io::Write;
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
         std::fs::DirBuilder::new()
@@ -603,21 +625,25 @@ impl Supervisor {
             .map_err(|e| format!("cannot create the script dir: {e}"))?;
         std::fs::set_permissions(&self.scripts_dir, std::fs::Permissions::from_mode(SCRIPTS_DIR_MODE))
             .map_err(|e| format!("cannot set the script dir's mode: {e}"))?;
-        let path = self.script_path((order.job_id, order.attempt));
-        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(path);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o700)
+            .mode(mode)
             .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(|e| format!("cannot write the batch script: {e}"))?;
-        f.write_all(order.script.as_bytes()).map_err(|e| format!("cannot write the batch script: {e}"))?;
+            .open(path)
+            .map_err(|e| format!("cannot write {what}: {e}"))?;
+        f.write_all(bytes).map_err(|e| format!("cannot write {what}: {e}"))?;
         if let Some((uid, gid)) = ids {
             std::os::unix::fs::fchown(&f, Some(uid), Some(gid))
-                .map_err(|e| format!("cannot give the batch script to its user: {e}"))?;
+                .map_err(|e| format!("cannot give {what} to its user: {e}"))?;
         }
-        Ok(path)
+        Ok(())
+    }
+
+    fn step_addrs_path(&self, key: Key) -> PathBuf {
+        // exit_report removes it by the same name.
+        self.scripts_dir.join(format!("job-{}-{}.stepaddrs", key.0, key.1))
     }
 
     /// The agent's lease file, which every task's shim obeys (see `lease.rs`).
@@ -758,6 +784,12 @@ impl Supervisor {
                 .map(|(k, v)| (k.clone(), v.clone())),
         );
         env.extend(task_env(order, &self.node));
+        if let Some(i) = env.iter().position(|(k, v)| k == "GANGWAY_STEP_ADDRS" && v.len() > STEP_ADDRS_ENV_BYTES_MAX) {
+            let (_, addrs) = env.remove(i);
+            let path = self.step_addrs_path(key);
+            self.write_user_file(&path, addrs.as_bytes(), 0o600, ids, "the step addresses")?;
+            env.push(("GANGWAY_STEP_ADDRS_FILE".into(), path.display().to_string()));
+        }
         env.extend(step_env(order, self.step_ca_pem.as_deref()).into_iter().map(|(k, v)| (k.to_string(), v)));
         match (ids, &self.shim) {
             // A root shim gets an empty environment and the root directory:
@@ -1048,6 +1080,42 @@ mod tests {
         let err = s.launch(&order(vec![], "/nonexistent/dir", "")).unwrap_err();
         assert!(err.contains("does not exist"), "{err}");
         assert!(s.running().is_empty(), "a failed launch left a task behind");
+    }
+
+    /// A batch gang of 6,000 nodes: its step addresses are longer than one
+    /// environment string may be (the exec would fail with E2BIG), so the
+    /// script gets them in a file of its own, which goes with the task.
+    #[tokio::test]
+    async fn a_big_gangs_step_addresses_reach_its_script_in_a_file() {
+        if !nix::unistd::geteuid().is_root() {
+            // The job runs as root here, which only a root agent may start; CI runs as root.
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, mut exits) = Supervisor::new("node-00000", dir.path(), STOP_GRACE_DEFAULT, 2, None);
+        s.allow_root_jobs = true;
+        let nodes: Vec<String> = (0..6_000).map(|i| format!("node-{i:05}")).collect();
+        let step_addrs: Vec<String> = (0..6_000).map(|i| format!("10.1.{}.{}:7011", i / 250, i % 250)).collect();
+        let out = dir.path().join("out.txt");
+        let batch = LaunchOrder {
+            batch: true,
+            command: vec![],
+            script: "#!/bin/sh\necho \"env=${#GANGWAY_STEP_ADDRS} file=$GANGWAY_STEP_ADDRS_FILE\"\nhead -c 27 \"$GANGWAY_STEP_ADDRS_FILE\"; echo\nwc -c < \"$GANGWAY_STEP_ADDRS_FILE\"\n".into(),
+            nodes: nodes.clone(),
+            step_addrs: step_addrs.clone(),
+            ..order(vec![], &dir.path().display().to_string(), &out.display().to_string())
+        };
+        s.launch(&batch).expect("the task starts");
+        let report = tokio::time::timeout(Duration::from_secs(20), exits.recv()).await.unwrap().unwrap();
+        assert_eq!(report.exit_code, Some(0), "{report:?}");
+        let text = std::fs::read_to_string(&out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("env=0 file=/"), "{text}");
+        assert_eq!(lines[1], "node-00000=10.1.0.0:7011,no", "{text}");
+        let want: usize = nodes.iter().zip(&step_addrs).map(|(n, a)| n.len() + 1 + a.len() + 1).sum::<usize>() - 1;
+        assert_eq!(lines[2].trim(), want.to_string(), "{text}");
+        let file = lines[0].trim_start_matches("env=0 file=");
+        assert!(!std::path::Path::new(file).exists(), "the file outlived its task");
     }
 
     /// A hostile job's output paths: opened as the job's user, so neither a

@@ -354,7 +354,12 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
     // A batch job (sbatch) runs its script on the first node only: srun starts
     // the whole step from here, the other nodes' tasks through their agents.
     // Otherwise every node runs the script and starts its own share.
-    let step_addrs = std::env::var("GANGWAY_STEP_ADDRS").ok().map(|v| parse_step_addrs(&v));
+    let step_addrs = match (std::env::var("GANGWAY_STEP_ADDRS"), std::env::var("GANGWAY_STEP_ADDRS_FILE")) {
+        (Ok(v), _) => Some(parse_step_addrs(&v)),
+        // A big gang's addresses, too long for one environment variable.
+        (Err(_), Ok(file)) => Some(parse_step_addrs(&read_step_addrs_file(&file)?)),
+        _ => None,
+    };
     let targets: Vec<usize> = match (&step_addrs, share.here) {
         (Some(_), _) => (0..share.nodes.len()).collect(),
         (None, Some(here)) => vec![here],
@@ -371,6 +376,22 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("srun: tokio runtime")?;
     rt.block_on(step.execute(&targets))
+}
+
+/// Longest step-address file srun reads: every node of the largest gang
+/// with a long name and address.
+const STEP_ADDRS_FILE_BYTES_MAX: u64 = 16 * 1024 * 1024;
+
+fn read_step_addrs_file(file: &str) -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(file)
+        .and_then(|f| f.take(STEP_ADDRS_FILE_BYTES_MAX + 1).read_to_string(&mut text))
+        .with_context(|| format!("srun: GANGWAY_STEP_ADDRS_FILE {file}"))?;
+    if text.len() as u64 > STEP_ADDRS_FILE_BYTES_MAX {
+        bail!("srun: GANGWAY_STEP_ADDRS_FILE {file}: more than {STEP_ADDRS_FILE_BYTES_MAX} bytes");
+    }
+    Ok(text)
 }
 
 /// `node=HOST:PORT,...` (the agent's GANGWAY_STEP_ADDRS) as a map.
