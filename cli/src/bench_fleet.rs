@@ -63,6 +63,8 @@ const LONG_JOB_NAME: &str = "fleet-long";
 /// Jobs one run may preload (running or pending): the core's active-job
 /// limit bounds the rest.
 const PRELOAD_JOBS_MAX: u64 = 500_000;
+/// The user the preloaded jobs belong to.
+const PRELOAD_USER: &str = "preload";
 /// Submissions in flight while preloading.
 const PRELOAD_CONCURRENCY: usize = 64;
 /// How long the preloaded jobs may take to start.
@@ -498,8 +500,10 @@ async fn submitter(client: Arc<Client>, shared: Arc<Shared>, per_s: u64, gpus: u
                 async move { JobServiceClient::new(ch).submit(r).await }
             })
             .await;
-        if ok.is_err() {
-            shared.errors.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = ok {
+            if shared.errors.fetch_add(1, Ordering::Relaxed) == 0 || submitted == 0 {
+                eprintln!("fleet: a submit failed: {}", e.message());
+            }
         }
         submitted += 1;
     }
@@ -545,8 +549,11 @@ async fn preload(clients: &[Arc<Client>], spec: pb::JobSpec, count: u64, prefix:
 /// waited for until they all run, and `pending` jobs that wait on one of
 /// them.
 async fn preload_cluster(shared: &Shared, endpoints: &[String], running: u64, pending: u64) -> anyhow::Result<()> {
-    let clients: Vec<Arc<Client>> =
-        (0..8).map(|_| Client::new(endpoints, "bench", &Security::Insecure).map(Arc::new)).collect::<Result<_, _>>()?;
+    // Submitted as a user of their own: one user's unfinished jobs are
+    // bounded, and the stream measured next is another user's.
+    let clients: Vec<Arc<Client>> = (0..8)
+        .map(|_| Client::new(endpoints, PRELOAD_USER, &Security::Insecure).map(Arc::new))
+        .collect::<Result<_, _>>()?;
     let started = Instant::now();
     let long = pb::JobSpec {
         name: LONG_JOB_NAME.into(),
