@@ -389,6 +389,7 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
                 .map(|g| pb::GpuHealthReport { index: g, healthy: true, reason: String::new() })
                 .collect(),
             seen_index: c.seen_index(),
+            reads_nodelist: true,
         };
         let sent = now_ms();
         let t0 = Instant::now();

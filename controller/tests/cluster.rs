@@ -3031,10 +3031,10 @@ async fn a_gang_of_more_than_1024_nodes_launches_from_one_hostlist() {
     };
     let gang_nodes = alloc(gang.job_id);
     assert_eq!(gang_nodes.len(), GANG as usize);
-    let heartbeat = |node: String| {
+    let heartbeat = |node: String, reads_nodelist: bool| {
         let client = &client;
         async move {
-            let req = pb::HeartbeatRequest { name: node, ..Default::default() };
+            let req = pb::HeartbeatRequest { name: node, reads_nodelist, ..Default::default() };
             client
                 .call(|ch| {
                     let r = client.request(req.clone());
@@ -3047,7 +3047,7 @@ async fn a_gang_of_more_than_1024_nodes_launches_from_one_hostlist() {
     };
     let mut ranks = BTreeSet::new();
     for node in [&gang_nodes[0], &gang_nodes[GANG as usize / 2], &gang_nodes[GANG as usize - 1]] {
-        let answer = heartbeat(node.clone()).await;
+        let answer = heartbeat(node.clone(), true).await;
         let mut order = answer.launch.into_iter().find(|o| o.job_id == gang.job_id).expect("a launch order");
         assert!(order.nodes.is_empty(), "a big gang's nodes travel as a hostlist");
         assert!(order.nodelist.len() < 64, "{} bytes of hostlist", order.nodelist.len());
@@ -3063,8 +3063,14 @@ async fn a_gang_of_more_than_1024_nodes_launches_from_one_hostlist() {
         assert_eq!(env["SLURM_JOB_NODELIST"], order.nodelist);
     }
     assert_eq!(ranks.len(), 3);
+    // An agent that predates hostlist orders gets every node named.
+    let answer = heartbeat(gang_nodes[7].clone(), false).await;
+    let order = answer.launch.into_iter().find(|o| o.job_id == gang.job_id).expect("a launch order");
+    assert!(order.nodelist.is_empty());
+    assert_eq!(order.nodes.iter().collect::<BTreeSet<_>>(), gang_nodes.iter().collect::<BTreeSet<_>>());
+    assert_eq!(order.step_addrs.len(), GANG as usize);
     let pair_nodes = alloc(pair.job_id);
-    let answer = heartbeat(pair_nodes[1].clone()).await;
+    let answer = heartbeat(pair_nodes[1].clone(), true).await;
     let order = answer.launch.into_iter().find(|o| o.job_id == pair.job_id).expect("a launch order");
     assert_eq!(order.nodes, pair_nodes, "a small gang names its nodes");
     assert!(order.nodelist.is_empty());

@@ -511,13 +511,15 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 running,
                 gpu_health: gpu_health.poll(),
                 seen_index: shell.core.seen_index(),
+                reads_nodelist: true,
             };
             last_health.clone_from(&req.gpu_health);
             // Contact counts from when the heartbeat left (see AgentCore).
             let sent = Shell::now_ms();
+            let per_heartbeat = Duration::from_millis(shell.core.heartbeat_call_timeout_ms());
             let call = client.call(|ch| {
                 let mut r = client.request(req.clone());
-                r.set_timeout(per_try);
+                r.set_timeout(per_heartbeat);
                 async move { gangway_proto::limits::agent_client(ch).heartbeat(r).await }
             });
             let mut resp = shell.await_fenced(call).await?.into_inner();

@@ -818,7 +818,12 @@ impl Supervisor {
             cmd.arg("--").args(&argv);
         }
         cmd.stdin(std::process::Stdio::null()).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
-        let mut child = cmd.spawn().map_err(|e| format!("cannot start the task: {e}"))?;
+        let mut child = cmd.spawn().map_err(|e| {
+            // Nothing reports this task's exit: its files go now.
+            let _ = std::fs::remove_file(self.script_path(key));
+            let _ = std::fs::remove_file(self.step_addrs_path(key));
+            format!("cannot start the task: {e}")
+        })?;
         let stopping = Arc::new(AtomicBool::new(false));
         let pid = child.id().ok_or("the task exited before it could be tracked")?;
         let pgid = Pid::from_raw(pid as i32);

@@ -62,6 +62,9 @@ pub struct Client {
     step_credential: Option<MetadataValue<tonic::metadata::Ascii>>,
     /// The endpoint that answered last; calls start there.
     preferred: AtomicUsize,
+    /// The endpoint whose last attempt failed (usize::MAX: none): a leader
+    /// hint naming it is not followed until it answers again.
+    unreachable: AtomicUsize,
 }
 
 /// Whether a status means the call never got a real answer: the connection
@@ -174,6 +177,7 @@ impl Client {
             bearer: None,
             step_credential: None,
             preferred: AtomicUsize::new(0),
+            unreachable: AtomicUsize::new(usize::MAX),
         })
     }
 
@@ -265,16 +269,27 @@ impl Client {
         let n = self.channels.len();
         let mut backoff = BACKOFF_START;
         let mut last = Status::unavailable("no attempt made");
+        // Endpoints that failed during this call: a forwarded answer's leader
+        // hint naming one of them (unreachable from here, though a follower
+        // reaches it) is not followed.
+        let mut failed = vec![false; n];
         for attempt in 0..CALL_ATTEMPTS_MAX {
             let i = (self.preferred.load(Ordering::Relaxed) + attempt) % n;
             match op(self.channels[i].clone()).await {
                 Ok(v) => {
                     let leader = v.metadata().get(crate::LEADER_METADATA_KEY).and_then(|l| l.to_str().ok());
-                    let next = leader.and_then(|l| self.endpoint_index(l)).unwrap_or(i);
+                    let _ = self.unreachable.compare_exchange(i, usize::MAX, Ordering::Relaxed, Ordering::Relaxed);
+                    let unreachable = self.unreachable.load(Ordering::Relaxed);
+                    let next = leader
+                        .and_then(|l| self.endpoint_index(l))
+                        .filter(|j| !failed[*j] && *j != unreachable)
+                        .unwrap_or(i);
                     self.preferred.store(next, Ordering::Relaxed);
                     return Ok(v);
                 }
                 Err(status) if is_retryable(&status) => {
+                    failed[i] = true;
+                    self.unreachable.store(i, Ordering::Relaxed);
                     last = status;
                 }
                 Err(status) => {

@@ -57,11 +57,12 @@ pub const EXPAND_MAX: usize = 1_000_000;
 /// `[a-b,c]` groups (zero padding kept).
 pub fn expand(list: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
+    let mut bytes = 0usize;
     for entry in split_top(list)? {
         if entry.is_empty() {
             continue;
         }
-        expand_entry(&entry, &mut out)?;
+        expand_entry(&entry, &mut out, &mut bytes)?;
     }
     Ok(out)
 }
@@ -88,10 +89,27 @@ fn split_top(list: &str) -> Result<Vec<String>, String> {
     Ok(parts.into_iter().map(|p| p.trim().to_string()).collect())
 }
 
-fn expand_entry(entry: &str, out: &mut Vec<String>) -> Result<(), String> {
+/// Bracket groups in one entry (`r[1-2]n[1-4]` has two): real names have
+/// one or two; each group is a level of recursion.
+pub const GROUPS_PER_ENTRY_MAX: usize = 8;
+/// Bytes of names one hostlist may expand to.
+pub const EXPAND_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+fn expand_entry(entry: &str, out: &mut Vec<String>, bytes: &mut usize) -> Result<(), String> {
+    if entry.matches('[').count() > GROUPS_PER_ENTRY_MAX {
+        return Err(format!("hostlist: an entry may have at most {GROUPS_PER_ENTRY_MAX} [..] groups"));
+    }
+    expand_groups(entry, out, bytes)
+}
+
+fn expand_groups(entry: &str, out: &mut Vec<String>, bytes: &mut usize) -> Result<(), String> {
     let Some(open) = entry.find('[') else {
         if out.len() >= EXPAND_MAX {
             return Err(format!("hostlist: more than {EXPAND_MAX} names"));
+        }
+        *bytes = bytes.saturating_add(entry.len());
+        if *bytes > EXPAND_BYTES_MAX {
+            return Err(format!("hostlist: more than {EXPAND_BYTES_MAX} bytes of names"));
         }
         out.push(entry.to_string());
         return Ok(());
@@ -107,7 +125,7 @@ fn expand_entry(entry: &str, out: &mut Vec<String>) -> Result<(), String> {
         }
         let width = a.trim().len();
         for n in lo..=hi {
-            expand_entry(&format!("{prefix}{n:0width$}{rest}"), out)?;
+            expand_groups(&format!("{prefix}{n:0width$}{rest}"), out, bytes)?;
         }
     }
     Ok(())
@@ -125,6 +143,10 @@ mod tests {
         assert!(expand("n[1-").is_err());
         assert!(expand("n[3-1]").is_err());
         assert!(expand("n[0-99999999]").is_err());
+        // Hostile shapes fail with a reason, without deep recursion or a huge allocation.
+        assert!(expand(&format!("n{}", "[1]".repeat(40_000))).unwrap_err().contains("groups"));
+        let long = format!("{}[0-999999]", "x".repeat(1_000));
+        assert!(expand(&long).unwrap_err().contains("bytes"));
         let names: Vec<String> = expand("node[1-4,6]").unwrap();
         assert_eq!(compress(&names), "node[1-4,6]");
     }

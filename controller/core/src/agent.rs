@@ -49,6 +49,9 @@ pub const HEARTBEATS_PER_FENCE_WINDOW_MIN: u64 = 3;
 /// The shortest heartbeat interval an agent obeys (a leader asking for less
 /// would have its own fleet flood it).
 pub const HEARTBEAT_INTERVAL_MIN_MS: u64 = 100;
+/// The shortest deadline of one heartbeat call (see
+/// [`AgentCore::heartbeat_call_timeout_ms`]).
+pub const HEARTBEAT_CALL_TIMEOUT_MIN_MS: u64 = 2_000;
 /// The interval before any leader has named one.
 pub const HEARTBEAT_INTERVAL_DEFAULT_MS: u64 = 1_000;
 
@@ -223,6 +226,15 @@ impl AgentCore {
     /// The deadline of one call to the controllers.
     pub fn call_timeout_ms(&self) -> u64 {
         (self.down_timeout_ms / CALL_TIMEOUT_SHARE).clamp(CALL_TIMEOUT_MIN_MS, CALL_TIMEOUT_MAX_MS)
+    }
+
+    /// The deadline of one heartbeat call: no longer than an interval (an
+    /// answer slower than that is from a leader too busy or hung to count on;
+    /// the next replica is tried), so a long interval and a hung leader do
+    /// not together use up the self-fence window. Never under
+    /// HEARTBEAT_CALL_TIMEOUT_MIN_MS, for a busy leader's slow answers.
+    pub fn heartbeat_call_timeout_ms(&self) -> u64 {
+        self.call_timeout_ms().min(self.interval_ms.max(HEARTBEAT_CALL_TIMEOUT_MIN_MS))
     }
 
     /// Tasks running here, for the heartbeat.
@@ -442,10 +454,18 @@ mod tests {
         stale.heartbeat_interval_ms = 3_000;
         a.answered(500, &stale);
         assert_eq!(a.heartbeat_interval_ms(), HEARTBEAT_INTERVAL_MIN_MS);
-        // Every interval it obeys leaves that many heartbeats in the window.
+        // Every interval it obeys leaves that many heartbeats in the window,
+        // and a heartbeat sent at the longest interval to a hung leader gives
+        // up with a quarter of the window left to reach another replica.
         for timeout in [1_000, 10_000, 30_000, 300_000] {
             let cap = heartbeat_interval_cap_ms(timeout);
             assert!(cap * HEARTBEATS_PER_FENCE_WINDOW_MIN <= (timeout / 2).max(HEARTBEAT_INTERVAL_MIN_MS * 3));
+            if timeout >= 10_000 {
+                let mut b = AgentCore::new(Fences::default(), 5_000, 0);
+                b.registered_at(0, timeout, u64::MAX);
+                assert_eq!(b.heartbeat_interval_ms(), cap);
+                assert!(cap + b.heartbeat_call_timeout_ms() <= timeout / 2 * 3 / 4, "{timeout}");
+            }
         }
     }
 

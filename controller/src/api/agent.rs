@@ -87,6 +87,17 @@ impl AgentService for AgentApi {
             return Err(Status::invalid_argument("name: must not be empty"));
         }
         ctx.require_agent_for(&name, "watch a node")?;
+        if name.len() > gangway_core::limits::NAME_BYTES_MAX {
+            return Err(Status::invalid_argument(format!(
+                "name: at most {} bytes",
+                gangway_core::limits::NAME_BYTES_MAX
+            )));
+        }
+        // Only a registered node is watched: a claimed name cannot grow the
+        // watch map past the nodes the cluster has.
+        if !self.replica.node.state().read().nodes.contains_key(&name) {
+            return Err(Status::failed_precondition(format!("name: node {name} is not registered; register first")));
+        }
         let mut changes = self.replica.watches.subscribe(&name)?;
         let watches = self.replica.watches.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(POKE_BUFFER_MAX);
@@ -197,7 +208,10 @@ impl AgentService for AgentApi {
         let mut launch_bytes = 0usize;
         for (job_id, _) in &orders.launch {
             let Some(job) = state.jobs.get(job_id) else { continue };
-            let Some(order) = self.launch_order(&state, job, &msg.name, term)? else { continue };
+            let Some(mut order) = self.launch_order(&state, job, &msg.name, term)? else { continue };
+            if !msg.reads_nodelist && !order.nodelist.is_empty() {
+                name_every_node(&mut order)?;
+            }
             // The answer must fit the agent's message limit: orders past the
             // budget go out with the next heartbeat.
             let bytes = prost::Message::encoded_len(&order);
@@ -266,9 +280,16 @@ const MASTER_PORT_SPAN: u64 = 10_000;
 /// launching a gang would cost the leader its size squared.
 const LAUNCH_TEMPLATE_NODES_MIN: usize = 32;
 /// Launch templates kept: one per big gang launching at about the same time,
-/// far more than start at once; a full cache first drops the templates of
-/// attempts no longer running.
+/// far more than start at once. Each insert drops the templates of attempts
+/// no longer running, then the oldest past this count or byte budget.
 const LAUNCH_TEMPLATES_MAX: usize = 256;
+/// Bytes of launch templates kept (a template holds its job's script and
+/// environment, up to a few MiB).
+const LAUNCH_TEMPLATES_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// A template is for one attempt with one time limit (which an update may
+/// change while it runs).
+type TemplateKey = (u64, u32, u64);
 /// Gangs of more nodes than this send them as one hostlist
 /// (`LaunchOrder.nodelist`); smaller ones name each node, as agents from
 /// before data format 8 (which never ran bigger gangs) expect.
@@ -278,26 +299,28 @@ const LAUNCH_NODES_INLINE_MAX: usize = gangway_core::limits::NODES_PER_JOB_MAX_B
 /// node's rank, GPUs and the term.
 #[derive(Default)]
 pub struct LaunchTemplates {
-    orders: std::sync::Mutex<std::collections::BTreeMap<(u64, u32), Arc<LaunchOrder>>>,
+    /// Each template with its encoded size.
+    orders: std::sync::Mutex<std::collections::BTreeMap<TemplateKey, (Arc<LaunchOrder>, usize)>>,
 }
 
 impl LaunchTemplates {
-    fn get(&self, key: (u64, u32)) -> Option<Arc<LaunchOrder>> {
-        self.orders.lock().expect("launch templates lock").get(&key).cloned()
+    fn get(&self, key: TemplateKey) -> Option<Arc<LaunchOrder>> {
+        self.orders.lock().expect("launch templates lock").get(&key).map(|(o, _)| o.clone())
     }
 
-    fn keep(&self, state: &gangway_core::State, key: (u64, u32), order: Arc<LaunchOrder>) {
+    fn keep(&self, state: &gangway_core::State, key: TemplateKey, order: Arc<LaunchOrder>) {
+        let bytes = prost::Message::encoded_len(order.as_ref());
         let mut orders = self.orders.lock().expect("launch templates lock");
-        if orders.len() >= LAUNCH_TEMPLATES_MAX {
-            let running = |(job, attempt): &(u64, u32)| {
-                state.jobs.get(job).is_some_and(|j| j.attempt == *attempt && j.allocation.is_some())
-            };
-            orders.retain(|k, _| running(k));
-            while orders.len() >= LAUNCH_TEMPLATES_MAX {
-                orders.pop_first();
-            }
+        let running = |(job, attempt, _): &TemplateKey| {
+            state.jobs.get(job).is_some_and(|j| j.attempt == *attempt && j.allocation.is_some())
+        };
+        orders.retain(|k, _| running(k));
+        orders.insert(key, (order, bytes));
+        let mut total: usize = orders.values().map(|(_, b)| *b).sum();
+        while orders.len() > LAUNCH_TEMPLATES_MAX || (total > LAUNCH_TEMPLATES_BYTES_MAX && orders.len() > 1) {
+            let Some((_, (_, b))) = orders.pop_first() else { break };
+            total = total.saturating_sub(b);
         }
-        orders.insert(key, order);
     }
 }
 
@@ -312,7 +335,7 @@ impl AgentApi {
     ) -> Result<Option<LaunchOrder>, Status> {
         let Some(alloc) = job.allocation.as_ref() else { return Ok(None) };
         let Some(rank) = alloc.nodes.iter().position(|n| n.node == node) else { return Ok(None) };
-        let key = (job.id, job.attempt);
+        let key = (job.id, job.attempt, job.spec.time_limit_s);
         let mut order = if alloc.nodes.len() < LAUNCH_TEMPLATE_NODES_MIN {
             self.launch_template(state, job, alloc)?
         } else if let Some(template) = self.templates.get(key) {
@@ -391,6 +414,19 @@ impl AgentApi {
             nodelist,
         })
     }
+}
+
+/// A big gang's order as an agent that predates `LaunchOrder.nodelist`
+/// reads it: every node named, one (empty) step address each where none
+/// were sent.
+fn name_every_node(order: &mut LaunchOrder) -> Result<(), Status> {
+    order.nodes = gangway_proto::hostlist::expand(&order.nodelist)
+        .map_err(|e| Status::internal(format!("job {}: its hostlist does not expand: {e}", order.job_id)))?;
+    order.nodelist.clear();
+    if order.step_addrs.is_empty() {
+        order.step_addrs = vec![String::new(); order.nodes.len()];
+    }
+    Ok(())
 }
 
 /// At most `max` bytes of `s`, cut on a character boundary.
