@@ -651,7 +651,9 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
     let leader = cluster.wait_leader(&admin).await?;
     eprintln!("fleet: 3 replicas up (leader {leader}); starting {} agents", a.nodes);
     let clients: Vec<Arc<Client>> = (0..a.connections)
-        .map(|k| Client::new(&endpoints, &format!("agent:pool{k}"), &Security::Insecure).map(Arc::new))
+        .map(|k| {
+            Client::new(&endpoints, &format!("agent:pool{k}"), &Security::Insecure).map(|c| Arc::new(c.for_fleet()))
+        })
         .collect::<Result<_, _>>()?;
     let shared = Arc::new(Shared {
         stop: (0..a.nodes).map(|_| AtomicBool::new(false)).collect(),

@@ -377,7 +377,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             );
         }
     }
-    let client = std::sync::Arc::new(Client::new(&config.controllers, &config.identity, &config.security)?);
+    let client = std::sync::Arc::new(Client::new(&config.controllers, &config.identity, &config.security)?.for_fleet());
     let _health_check = config.health_check.clone().map(|(program, every)| {
         AbortOnDrop(tokio::spawn(health_check_loop(client.clone(), config.name.clone(), program, every)))
     });

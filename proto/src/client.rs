@@ -29,6 +29,11 @@ pub const CALL_DEADLINE: Duration = Duration::from_secs(15);
 /// short so a client notices a new leader within ~0.1 s of its election.
 const BACKOFF_START: Duration = Duration::from_millis(10);
 const BACKOFF_CAP: Duration = Duration::from_millis(100);
+/// A node agent's backoff cap: a fleet of thousands retrying every 100 ms
+/// through an election floods the replicas that are electing; an agent has
+/// its whole self-fence window (seconds) to get through. Each pause is
+/// jittered between half and all of it, so the fleet's retries spread out.
+pub const FLEET_BACKOFF_CAP: Duration = Duration::from_secs(1);
 /// How long connecting to one endpoint may take before trying the next.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// A single attempt's time limit (a write waits for a Raft commit).
@@ -65,6 +70,17 @@ pub struct Client {
     /// The endpoint whose last attempt failed (usize::MAX: none): a leader
     /// hint naming it is not followed until it answers again.
     unreachable: AtomicUsize,
+    /// The longest pause between rounds, and whether pauses are jittered.
+    backoff_cap: Duration,
+    jitter: bool,
+}
+
+/// Between half and all of `d`, from the clock's nanoseconds (no
+/// randomness source needed: agents on different hosts and moments differ).
+fn jittered(d: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.subsec_nanos());
+    let half = d / 2;
+    half + Duration::from_nanos(u64::from(nanos) % (half.as_nanos().max(1) as u64))
 }
 
 /// Whether a status means the call never got a real answer: the connection
@@ -178,7 +194,17 @@ impl Client {
             step_credential: None,
             preferred: AtomicUsize::new(0),
             unreachable: AtomicUsize::new(usize::MAX),
+            backoff_cap: BACKOFF_CAP,
+            jitter: false,
         })
+    }
+
+    /// A client of one of a fleet's agents: pauses between rounds of retries
+    /// grow to [`FLEET_BACKOFF_CAP`] and are jittered.
+    pub fn for_fleet(mut self) -> Client {
+        self.backoff_cap = FLEET_BACKOFF_CAP;
+        self.jitter = true;
+        self
     }
 
     /// Which of this client's endpoints is `addr` (as a replica advertises
@@ -307,8 +333,8 @@ impl Client {
                 break;
             }
             if (attempt + 1) % n == 0 {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_CAP);
+                tokio::time::sleep(if self.jitter { jittered(backoff) } else { backoff }).await;
+                backoff = (backoff * 2).min(self.backoff_cap);
             }
         }
         let last_text = describe(&last);
