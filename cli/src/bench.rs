@@ -308,7 +308,12 @@ fn bench_spec() -> pb::JobSpec {
 }
 
 async fn submit_once(client: &Client, key: String) -> Result<u64, tonic::Status> {
-    let req = pb::SubmitRequest { spec: Some(bench_spec()), idempotency_key: key };
+    submit_spec(client, bench_spec(), key).await
+}
+
+/// Submits `spec` with idempotency key `key`; returns the job's id.
+pub(crate) async fn submit_spec(client: &Client, spec: pb::JobSpec, key: String) -> Result<u64, tonic::Status> {
+    let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: key };
     client
         .call(|ch| {
             let r = client.request(req.clone());

@@ -32,7 +32,7 @@ use gangway_proto::v1::admin_service_client::AdminServiceClient;
 use gangway_proto::v1::job_service_client::JobServiceClient;
 use tonic::Request;
 
-use crate::bench::{all_jobs, percentile, LocalCluster};
+use crate::bench::{all_jobs, percentile, submit_spec, LocalCluster};
 
 /// Simulated nodes one run may start (the core's node limit).
 const FLEET_NODES_MAX: usize = gangway_core::limits::NODES_MAX;
@@ -494,14 +494,7 @@ async fn submitter(client: Arc<Client>, shared: Arc<Shared>, per_s: u64, gpus: u
             time_limit_s: Some(3600),
             ..Default::default()
         };
-        let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: format!("fleet-{submitted}") };
-        let ok = client
-            .call(|ch| {
-                let r = client.request(req.clone());
-                async move { JobServiceClient::new(ch).submit(r).await }
-            })
-            .await;
-        if let Err(e) = ok {
+        if let Err(e) = submit_spec(&client, spec, format!("fleet-{submitted}")).await {
             if shared.errors.fetch_add(1, Ordering::Relaxed) == 0 || submitted == 0 {
                 eprintln!("fleet: a submit failed: {}", e.message());
             }
@@ -527,15 +520,7 @@ async fn preload(clients: &[Arc<Client>], spec: pb::JobSpec, count: u64, prefix:
                 if n >= count {
                     return Ok::<(), tonic::Status>(());
                 }
-                let req = pb::SubmitRequest { spec: Some(spec.clone()), idempotency_key: format!("{prefix}-{n}") };
-                let id = client
-                    .call(|ch| {
-                        let r = client.request(req.clone());
-                        async move { JobServiceClient::new(ch).submit(r).await }
-                    })
-                    .await?
-                    .into_inner()
-                    .job_id;
+                let id = submit_spec(&client, spec.clone(), format!("{prefix}-{n}")).await?;
                 first.fetch_min(id, Ordering::Relaxed);
             }
         }));
@@ -885,16 +870,7 @@ async fn submit_gang(admin: &Client, shared: &Shared, nodes: u32, gpus: u32) -> 
     };
     let submitted_ms = now_ms();
     shared.gang_nodes.store(u64::from(nodes), Ordering::Relaxed);
-    let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: "fleet-gang".into() };
-    let job_id = admin
-        .call(|ch| {
-            let r = admin.request(req.clone());
-            async move { JobServiceClient::new(ch).submit(r).await }
-        })
-        .await
-        .context("submitting the big gang")?
-        .into_inner()
-        .job_id;
+    let job_id = submit_spec(admin, spec, "fleet-gang".into()).await.context("submitting the big gang")?;
     shared.gang_job.store(job_id, Ordering::Relaxed);
     eprintln!("fleet: submitted a {nodes}-node gang (job {job_id})");
     Ok((job_id, submitted_ms))

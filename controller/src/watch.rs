@@ -63,15 +63,6 @@ impl NodeWatches {
             tx.send_replace(index);
         }
     }
-
-    /// Nodes with a channel (watched now, or until their last stream ends).
-    pub fn len(&self) -> usize {
-        self.nodes.lock().expect("node watches lock").len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Wakes the `watches` of the nodes each change applied to `shared`

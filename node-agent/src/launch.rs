@@ -8,28 +8,10 @@ use gangway_proto::v1::LaunchOrder;
 
 pub use gangway_proto::hostlist::compress as compress_hostlist;
 
-/// Fills in what a big gang's order sends compactly: its nodes from the
-/// hostlist (`nodelist`), and one empty step address per node where none
-/// were sent. Refuses a hostlist that does not expand or names more nodes
-/// than a job may have.
+/// Fills in what a big gang's order sends compactly (see
+/// `gangway_proto::hostlist::name_every_node`), at most a job's node limit.
 pub fn complete_order(order: &mut LaunchOrder) -> Result<(), String> {
-    if order.nodes.is_empty() && !order.nodelist.is_empty() {
-        let nodes = gangway_proto::hostlist::expand(&order.nodelist)
-            .map_err(|e| format!("job {}: nodelist: {e}", order.job_id))?;
-        let max = gangway_core::limits::NODES_PER_JOB_MAX as usize;
-        if nodes.len() > max {
-            return Err(format!(
-                "job {}: nodelist: {} nodes, more than a job may have ({max})",
-                order.job_id,
-                nodes.len()
-            ));
-        }
-        order.nodes = nodes;
-    }
-    if order.step_addrs.is_empty() {
-        order.step_addrs = vec![String::new(); order.nodes.len()];
-    }
-    Ok(())
+    gangway_proto::hostlist::name_every_node(order, gangway_core::limits::NODES_PER_JOB_MAX as usize)
 }
 
 /// The variables a task sees, on top of the job's own `env`.

@@ -89,6 +89,28 @@ fn split_top(list: &str) -> Result<Vec<String>, String> {
     Ok(parts.into_iter().map(|p| p.trim().to_string()).collect())
 }
 
+/// Fills in what a big gang's launch order sends compactly: its nodes from
+/// the hostlist (`nodelist`, kept), and one empty step address per node
+/// where none were sent. Refuses a hostlist that does not expand or names
+/// more than `max` nodes.
+pub fn name_every_node(order: &mut crate::v1::LaunchOrder, max: usize) -> Result<(), String> {
+    if order.nodes.is_empty() && !order.nodelist.is_empty() {
+        let nodes = expand(&order.nodelist).map_err(|e| format!("job {}: nodelist: {e}", order.job_id))?;
+        if nodes.len() > max {
+            return Err(format!(
+                "job {}: nodelist: {} nodes, more than a job may have ({max})",
+                order.job_id,
+                nodes.len()
+            ));
+        }
+        order.nodes = nodes;
+    }
+    if order.step_addrs.is_empty() {
+        order.step_addrs = vec![String::new(); order.nodes.len()];
+    }
+    Ok(())
+}
+
 /// Bracket groups in one entry (`r[1-2]n[1-4]` has two): real names have
 /// one or two; each group is a level of recursion.
 pub const GROUPS_PER_ENTRY_MAX: usize = 8;

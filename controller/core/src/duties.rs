@@ -468,11 +468,7 @@ impl PokeBook {
         nodes
     }
 
-    /// Running jobs whose nodes it knows.
-    pub fn len(&self) -> usize {
-        self.running.len()
-    }
-
+    /// Whether it knows no running job's nodes.
     pub fn is_empty(&self) -> bool {
         self.running.is_empty()
     }

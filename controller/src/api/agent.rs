@@ -417,15 +417,11 @@ impl AgentApi {
 }
 
 /// A big gang's order as an agent that predates `LaunchOrder.nodelist`
-/// reads it: every node named, one (empty) step address each where none
-/// were sent.
+/// reads it: every node named (and no hostlist it would ignore).
 fn name_every_node(order: &mut LaunchOrder) -> Result<(), Status> {
-    order.nodes = gangway_proto::hostlist::expand(&order.nodelist)
-        .map_err(|e| Status::internal(format!("job {}: its hostlist does not expand: {e}", order.job_id)))?;
+    gangway_proto::hostlist::name_every_node(order, gangway_core::limits::NODES_PER_JOB_MAX as usize)
+        .map_err(|e| Status::internal(format!("a launch order for an old agent: {e}")))?;
     order.nodelist.clear();
-    if order.step_addrs.is_empty() {
-        order.step_addrs = vec![String::new(); order.nodes.len()];
-    }
     Ok(())
 }
 
