@@ -417,6 +417,14 @@ fn step_env(order: &LaunchOrder, ca_pem: Option<&str>) -> Vec<(&'static str, Str
 /// The Slurm commands a batch script may call, linked in every task's PATH.
 pub const JOB_TOOLS: &[&str] = &["srun", "scontrol", "squeue", "sbatch", "scancel", "sinfo", "sacct"];
 
+/// A task's PATH: the agent's job tools first, then the submitted PATH (or
+/// the system default). First, because a node may have Slurm's own commands
+/// installed too (a site moving over): a Gangway job's `srun` must be
+/// Gangway's, which alone can start its steps.
+pub fn job_path(submitted: Option<&str>, tools: &std::path::Path) -> String {
+    format!("{}:{}", tools.display(), submitted.unwrap_or("/usr/local/bin:/usr/bin:/bin"))
+}
+
 impl Supervisor {
     pub fn new(
         node: &str,
@@ -450,9 +458,9 @@ impl Supervisor {
     }
 
     /// Links the Slurm commands (`srun`, `scontrol`, ...) to the `gangway`
-    /// binary in STATE_DIR/bin and puts that directory at the end of every
-    /// task's PATH, with GANGWAY_ENDPOINTS naming `controllers`, so batch
-    /// scripts find them on a node where they were not installed.
+    /// binary in STATE_DIR/bin and puts that directory first in every task's
+    /// PATH ([`job_path`]), with GANGWAY_ENDPOINTS naming `controllers`, so
+    /// batch scripts find them on a node where they were not installed.
     pub fn provide_job_tools(&mut self, state_dir: &std::path::Path, controllers: &[String]) {
         let Some(exe) = self.shim.clone() else { return };
         let dir = state_dir.join("bin");
@@ -770,8 +778,7 @@ impl Supervisor {
         // The task's environment, in the order it applies (later wins).
         let mut env: Vec<(String, String)> = Vec::new();
         if let Some((dir, endpoints)) = &self.job_tools {
-            let path = order.env.get("PATH").map_or("/usr/local/bin:/usr/bin:/bin", String::as_str);
-            env.push(("PATH".into(), format!("{path}:{}", dir.display())));
+            env.push(("PATH".into(), job_path(order.env.get("PATH").map(String::as_str), dir)));
             if !order.env.contains_key("GANGWAY_ENDPOINTS") {
                 env.push(("GANGWAY_ENDPOINTS".into(), endpoints.clone()));
             }
@@ -999,6 +1006,13 @@ impl Supervisor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_jobs_slurm_commands_come_before_any_installed_slurm() {
+        let tools = std::path::Path::new("/var/lib/gangway/bin");
+        assert_eq!(job_path(Some("/usr/bin:/bin"), tools), "/var/lib/gangway/bin:/usr/bin:/bin");
+        assert_eq!(job_path(None, tools), "/var/lib/gangway/bin:/usr/local/bin:/usr/bin:/bin");
+    }
 
     #[test]
     fn task_records_keep_their_gpus() {
