@@ -52,6 +52,22 @@ fn describe_once() {
     describe_histogram!("gangway_job_queue_wait_seconds", Unit::Seconds, "Time jobs waited from submit to start.");
     describe_histogram!("gangway_proposal_batch_size", "Commands proposed together in one Raft entry batch.");
     describe_histogram!("gangway_raft_group_commit_batch", "Log entries written with one fsync.");
+    describe_histogram!("gangway_raft_wal_fsync_seconds", Unit::Seconds, "Duration of one Raft log fsync.");
+    describe_histogram!(
+        "gangway_raft_rpc_seconds",
+        Unit::Seconds,
+        "Round trip of a Raft RPC to a peer (for append: its write and fsync included), by rpc."
+    );
+    describe_histogram!(
+        "gangway_raft_append_handled_seconds",
+        Unit::Seconds,
+        "Time a follower took to append and sync the entries of one append RPC."
+    );
+    metrics::describe_gauge!(
+        "gangway_scheduler_state_clones",
+        "Times the leader cloned the whole state for its scheduler since it began leading (1: every pass since \
+         caught up by applying commands)."
+    );
 }
 
 /// The text a scrape of this replica returns.

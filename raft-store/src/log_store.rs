@@ -97,7 +97,9 @@ fn group_commit_loop(db: &DB, rx: &mpsc::Receiver<LogFlushed<TypeConfig>>) {
             }
         }
         metrics::histogram!("gangway_raft_group_commit_batch").record(batch.len() as f64);
+        let started = std::time::Instant::now();
         let result = db.flush_wal(true);
+        metrics::histogram!("gangway_raft_wal_fsync_seconds").record(started.elapsed().as_secs_f64());
         for cb in batch.drain(..) {
             let r = match &result {
                 Ok(()) => Ok(()),

@@ -4,12 +4,18 @@
 //! Restart = load the latest snapshot, then openraft re-applies the committed log
 //! after it. The in-memory state is shared with the API ([`SharedState`]) behind a
 //! read-write lock; job events go out on a broadcast channel for watchers.
+//!
+//! The leader's scheduler plans on its own copy of the state ([`StateCopy`]),
+//! brought up to date before each pass by applying the commands applied here
+//! since (Nomad's scheduler likewise works on a state snapshot). A pass over
+//! hundreds of thousands of jobs then holds no lock: apply is never held up by
+//! it, nor is every heartbeat queued behind a waiting apply.
 
 use std::collections::VecDeque;
 use std::io::Cursor;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
-use gangway_core::{snapshot, Event, State};
+use gangway_core::{snapshot, Command, Event, State};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     AnyError, BasicNode, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, SnapshotMeta, StorageError,
@@ -33,6 +39,49 @@ pub const RECENT_EVENTS_MAX: usize = 100_000;
 
 pub(crate) const KEY_CURRENT: &[u8] = b"current";
 
+/// Commands a [`StateCopy`] may fall behind by before it is taken anew
+/// instead. The leader refreshes its copy before every pass (at least once a
+/// second); a batch of exits or submits counts as one command, so this is
+/// minutes of a 10,000-node cluster's writes, and at most a few hundred MB
+/// held.
+pub const COPY_TAIL_COMMANDS_MAX: usize = 65_536;
+
+/// The commands applied since a copy of the state was taken.
+struct Tail {
+    commands: VecDeque<(u64, Command)>,
+    /// The log index the state reflects after them.
+    applied: u64,
+    /// Commands were dropped (the bound) or the state was replaced (a
+    /// snapshot installed): the copy must be taken anew.
+    broken: bool,
+}
+
+/// A private copy of the applied state, kept up to date by
+/// [`SharedState::refresh`]: read it for as long as needed without holding
+/// the state's lock.
+pub struct StateCopy {
+    state: State,
+    index: u64,
+    /// Times the whole state was cloned into it (1 when every refresh since
+    /// the first was by commands).
+    clones: u64,
+}
+
+impl StateCopy {
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// The log index the copy reflects.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    pub fn clones(&self) -> u64 {
+        self.clones
+    }
+}
+
 type Result<T> = std::result::Result<T, StorageError<NodeId>>;
 
 #[derive(Serialize, Deserialize)]
@@ -53,6 +102,10 @@ pub struct SharedState {
     /// log index through which events are not known here (a snapshot loaded or
     /// installed, or events dropped from the ring).
     recent: Mutex<(VecDeque<Event>, u64)>,
+    /// What a [`StateCopy`] has yet to apply; None when no copy is kept.
+    /// Written under the state's write lock, so a copy taken under the read
+    /// lock and the tail started with it always agree.
+    tail: Mutex<Option<Tail>>,
 }
 
 impl SharedState {
@@ -76,6 +129,73 @@ impl SharedState {
             (self.applied.load(std::sync::atomic::Ordering::Acquire), state.clone())
         };
         (index, snapshot::encode(&state))
+    }
+
+    /// A copy of the state, from which on every applied command is recorded
+    /// for [`SharedState::refresh`] (one copy at a time: taking another
+    /// restarts the record).
+    pub fn copy(&self) -> StateCopy {
+        let (index, state) = self.read_with_index();
+        *self.tail.lock().expect("tail lock") = Some(Tail { commands: VecDeque::new(), applied: index, broken: false });
+        StateCopy { state: state.clone(), index, clones: 1 }
+    }
+
+    /// Brings `copy` up to date: applies the commands applied here since, or
+    /// takes it anew when they were not all kept. The state lock is held only
+    /// to take a new copy.
+    pub fn refresh(&self, copy: &mut StateCopy) {
+        let taken = match self.tail.lock().expect("tail lock").as_mut() {
+            Some(t) if !t.broken => Some((std::mem::take(&mut t.commands), t.applied)),
+            _ => None,
+        };
+        match taken {
+            Some((commands, applied)) => {
+                for (index, cmd) in commands {
+                    // Never twice: the copy may already reflect it.
+                    if index > copy.index {
+                        copy.state.apply(index, &cmd);
+                        copy.index = index;
+                    }
+                }
+                copy.index = copy.index.max(applied);
+            }
+            None => {
+                let clones = copy.clones + 1;
+                *copy = self.copy();
+                copy.clones = clones;
+            }
+        }
+    }
+
+    /// Stops recording commands for a copy (the leader stepped down).
+    pub fn drop_copy(&self) {
+        *self.tail.lock().expect("tail lock") = None;
+    }
+
+    /// The state was replaced wholesale: a copy must be taken anew. Called
+    /// under the state's write lock.
+    fn break_copy(&self) {
+        if let Some(t) = self.tail.lock().expect("tail lock").as_mut() {
+            t.commands.clear();
+            t.broken = true;
+        }
+    }
+
+    /// Records commands just applied, and the index the state now reflects.
+    /// Called under the state's write lock.
+    fn record_for_copy(&self, commands: Vec<(u64, Command)>, applied: u64) {
+        let mut tail = self.tail.lock().expect("tail lock");
+        let Some(t) = tail.as_mut() else { return };
+        if t.broken {
+            return;
+        }
+        if t.commands.len() + commands.len() > COPY_TAIL_COMMANDS_MAX {
+            t.commands.clear();
+            t.broken = true;
+            return;
+        }
+        t.commands.extend(commands);
+        t.applied = applied;
     }
 
     fn set_applied(&self, index: u64) {
@@ -126,6 +246,7 @@ impl StateMachineStore {
                 applied: std::sync::atomic::AtomicU64::new(0),
                 events,
                 recent: Mutex::new((VecDeque::new(), 0)),
+                tail: Mutex::new(None),
             }),
             last_applied: None,
             last_membership: StoredMembership::default(),
@@ -221,6 +342,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut events = Vec::new();
         {
             let mut state = self.shared.state.write().expect("state lock poisoned");
+            let recording = self.shared.tail.lock().expect("tail lock").is_some();
+            let mut applied_commands = Vec::new();
             for entry in entries {
                 if let EntryPayload::Normal(gangway_core::format::Payload { format, command: None, .. }) =
                     &entry.payload
@@ -235,6 +358,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         gangway_core::format::FORMAT_NEWEST
                     );
                     tracing::error!("{why}");
+                    // What was applied before it was not recorded.
+                    self.shared.break_copy();
                     return Err(StorageIOError::apply(entry.log_id, AnyError::error(why)).into());
                 }
                 self.last_applied = Some(entry.log_id);
@@ -247,12 +372,18 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         metrics::counter!("gangway_commands_applied_total", "command" => cmd.name()).increment(1);
                         state.events_of(entry.log_id.index, &applied, &mut events);
                         replies.push(Some(applied));
+                        if recording {
+                            applied_commands.push((entry.log_id.index, cmd));
+                        }
                     }
                     EntryPayload::Membership(m) => {
                         self.last_membership = StoredMembership::new(Some(entry.log_id), m);
                         replies.push(None);
                     }
                 }
+            }
+            if recording {
+                self.shared.record_for_copy(applied_commands, self.last_applied.map_or(0, |l| l.index));
             }
         }
         self.stamp_format()?;
@@ -308,6 +439,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let mut guard = self.shared.state.write().expect("state lock poisoned");
             *guard = state;
             self.shared.set_applied(meta.last_log_id.map_or(0, |l| l.index));
+            self.shared.break_copy();
         }
         self.last_applied = meta.last_log_id;
         self.last_membership = meta.last_membership.clone();

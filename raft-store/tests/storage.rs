@@ -251,3 +251,64 @@ async fn an_entry_of_a_newer_format_stamps_the_store_as_it_is_written() {
     stores.log.blocking_append([entry(2, 5)]).await.unwrap();
     assert_eq!(stamp(dir.path()), 5);
 }
+
+/// The leader's scheduler plans on a copy of the state that follows every
+/// applied command without holding the state's lock: after any mix of
+/// applies it equals the state; past the bound on recorded commands, or once
+/// nobody keeps a copy, it is taken anew rather than left behind.
+#[tokio::test]
+async fn the_schedulers_copy_follows_every_applied_command() {
+    use gangway_core::format::Payload;
+    use gangway_core::spec::JobSpec;
+    use gangway_core::Command;
+    use openraft::storage::RaftStateMachine;
+    use openraft::{CommittedLeaderId, EntryPayload, LogId};
+    let dir = tempfile::tempdir().unwrap();
+    let mut stores = open(dir.path()).unwrap();
+    let shared = stores.state_machine.shared();
+    let format = shared.read().format;
+    let submit = |i: u64| Command::SubmitJob {
+        spec: JobSpec {
+            name: format!("j{i}"),
+            command: vec!["true".into()],
+            user: "alice".into(),
+            ..Default::default()
+        },
+        identity: "client:alice".into(),
+        idempotency_key: String::new(),
+        now_ms: i,
+    };
+    let normal = |index: u64, cmd| openraft::Entry::<TypeConfig> {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        payload: EntryPayload::Normal(Payload::new(cmd, format)),
+    };
+    let blank = |index: u64| openraft::Entry::<TypeConfig> {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        payload: EntryPayload::Blank,
+    };
+    stores.state_machine.apply((1..=3).map(|i| normal(i, submit(i)))).await.unwrap();
+    let mut copy = shared.copy();
+    assert_eq!((copy.index(), copy.state()), (3, &*shared.read()));
+    stores.state_machine.apply((4..=10).map(|i| normal(i, submit(i)))).await.unwrap();
+    stores.state_machine.apply([blank(11)]).await.unwrap();
+    assert_eq!(copy.state().jobs.len(), 3, "the copy is the caller's until it refreshes");
+    shared.refresh(&mut copy);
+    assert_eq!(copy.state().jobs.len(), 10);
+    assert_eq!((copy.index(), copy.state(), copy.clones()), (11, &*shared.read(), 1));
+    // More commands than are kept: the next refresh takes the state anew.
+    let over = gangway_raft_store::COPY_TAIL_COMMANDS_MAX as u64 + 1;
+    let mut next = 12;
+    while next < 12 + over {
+        let end = (next + 4096).min(12 + over);
+        stores.state_machine.apply((next..end).map(|i| normal(i, submit(i)))).await.unwrap();
+        next = end;
+    }
+    shared.refresh(&mut copy);
+    assert_eq!((copy.index(), copy.state(), copy.clones()), (next - 1, &*shared.read(), 2));
+    // Once nobody keeps a copy (the leader stepped down), nothing is recorded;
+    // a refresh takes the state anew instead of missing what was applied.
+    shared.drop_copy();
+    stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
+    shared.refresh(&mut copy);
+    assert_eq!((copy.index(), copy.state(), copy.clones()), (next, &*shared.read(), 3));
+}

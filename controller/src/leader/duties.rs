@@ -1,6 +1,8 @@
 //! The leader's periodic work as a thin shell around the core's pure
-//! `duties::leader_tick`: each tick reads the state (on a blocking thread,
-//! under the read lock), and proposes what the tick decided: the scheduling
+//! `duties::leader_tick`: each tick brings the leader's own copy of the state
+//! up to date (`SharedState::refresh`: the commands applied since) and passes
+//! over it on a blocking thread, holding no lock, then proposes what the tick
+//! decided: the scheduling
 //! plan as one `ApplySchedule`, jobs past their time limit, and nodes silent
 //! for longer than the node-down timeout. Agents learn of started and ended
 //! jobs from their next heartbeat (see `api/agent.rs`).
@@ -15,6 +17,8 @@ use std::time::{Duration, Instant};
 use gangway_core::duties::{leader_tick, Heard, LeaderMemory};
 use gangway_core::{Command, JobId, Outcome};
 
+use gangway_raft_store::StateCopy;
+
 use crate::shared::Replica;
 
 /// The leader ticks when a job is submitted or ends, and at least this often
@@ -24,9 +28,19 @@ const TICK: Duration = Duration::from_millis(200);
 /// everything that arrived meanwhile instead of one pass per submission.
 const TICK_MIN_INTERVAL: Duration = Duration::from_millis(5);
 /// Idle time between ticks, as a multiple of the last tick's duration: the
-/// scheduler holds the state's read lock at most a third of the time, so
-/// applies (which need the write lock) keep flowing under a huge queue.
+/// scheduler takes at most a third of a core under a huge queue, and the rest
+/// of the replica (heartbeats, apply, the API) keeps the others.
 const PASS_SPACING_FACTOR: u32 = 2;
+
+/// Ends the copy's record of applied commands when the duties end (this
+/// replica stopped leading): a follower keeps no copy.
+struct CopyRelease(Arc<Replica>);
+
+impl Drop for CopyRelease {
+    fn drop(&mut self) {
+        self.0.node.state().drop_copy();
+    }
+}
 
 pub async fn run(replica: Arc<Replica>) {
     let leader_since = replica.heartbeats.now_ms();
@@ -34,6 +48,9 @@ pub async fn run(replica: Arc<Replica>) {
     let mut events = replica.node.state().subscribe();
     let mut last_pass = Duration::ZERO;
     let memory = Arc::new(Mutex::new(LeaderMemory::default()));
+    // Taken on the first tick's blocking thread (a clone of the whole state).
+    let copy: Arc<Mutex<Option<StateCopy>>> = Arc::new(Mutex::new(None));
+    let _release = CopyRelease(replica.clone());
     loop {
         tokio::time::sleep(TICK_MIN_INTERVAL.max(last_pass * PASS_SPACING_FACTOR)).await;
         // Wait for a change (or the tick); a lagged receiver just means "tick now".
@@ -45,11 +62,21 @@ pub async fn run(replica: Arc<Replica>) {
         let now = crate::now_ms();
         let r = replica.clone();
         let memory = memory.clone();
+        let copy = copy.clone();
         let started = Instant::now();
         let tick = tokio::task::spawn_blocking(move || {
             let last = |node: &str| r.heartbeats.last_ms(node);
             let runs = |node: &str, job: JobId| r.heartbeats.runs(node, job);
-            let (index, state) = r.node.state().read_with_index();
+            let mut copy = copy.lock().expect("state copy lock");
+            let copy = match copy.as_mut() {
+                Some(c) => {
+                    r.node.state().refresh(c);
+                    c
+                }
+                None => copy.insert(r.node.state().copy()),
+            };
+            metrics::gauge!("gangway_scheduler_state_clones").set(copy.clones() as f64);
+            let (index, state) = (copy.index(), copy.state());
             let heard = Heard {
                 index,
                 now: r.heartbeats.now_ms(),
@@ -59,7 +86,7 @@ pub async fn run(replica: Arc<Replica>) {
                 runs: &runs,
             };
             let mut memory = memory.lock().expect("leader memory lock");
-            leader_tick(&state, now, Some(&heard), &mut memory, gangway_core::sched::Policy::Easy)
+            leader_tick(state, now, Some(&heard), &mut memory, gangway_core::sched::Policy::Easy)
         })
         .await;
         last_pass = started.elapsed();

@@ -78,11 +78,15 @@ impl PeerClient {
         };
         let mut request = tonic::Request::new(RaftPayload { data: encode(req) });
         request.set_timeout(option.hard_ttl());
+        let started = std::time::Instant::now();
         let response = match kind {
             "append" => client.append_entries(request).await,
             "vote" => client.vote(request).await,
             _ => client.install_snapshot(request).await,
         };
+        // The round trip to the peer, its own append and fsync included
+        // (etcd's peer round-trip time).
+        metrics::histogram!("gangway_raft_rpc_seconds", "rpc" => kind).record(started.elapsed().as_secs_f64());
         let payload = match response {
             Ok(r) => r.into_inner(),
             Err(status) if status.code() == tonic::Code::Unavailable => {

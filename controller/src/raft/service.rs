@@ -77,7 +77,10 @@ impl RaftService for RaftRpc {
         let rpc: openraft::raft::AppendEntriesRequest<gangway_raft_store::TypeConfig> =
             decode(&req.into_inner().data).map_err(bad_payload)?;
         same_replica(sender, rpc.vote.leader_id().voted_for(), &self.audit)?;
+        let started = std::time::Instant::now();
         let result = self.node.raft().append_entries(rpc).await;
+        // A follower's part of a replication round: its append and fsync.
+        metrics::histogram!("gangway_raft_append_handled_seconds").record(started.elapsed().as_secs_f64());
         Ok(Response::new(RaftPayload { data: encode(&result) }))
     }
 
