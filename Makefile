@@ -6,7 +6,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/gangway/target
 CARGO ?= cargo
 BIN := $(CARGO_TARGET_DIR)/debug/gangway
 
-.PHONY: setup build dev test verify fix bench chaos chaos-long previous fuzz fuzz-smoke sim
+.PHONY: setup build dev test verify fix bench bench-peers chaos chaos-long previous fuzz fuzz-smoke sim
 
 setup:
 	@bash deploy/setup-debian.sh
@@ -98,6 +98,19 @@ bench: setup
 	$(RELEASE_BIN) bench fleet --nodes 1000 --seconds 30
 	$(RELEASE_BIN) bench fleet --nodes 10000 --seconds 60 --connections 128 --gang-nodes 4096 --failover
 	$(RELEASE_BIN) bench fleet --nodes 10000 --seconds 60 --connections 128 --preload-running 100000 --preload-pending 100000
+
+# Slurm (slurmctld, 8 emulated slurmd nodes, munge) and a 3-member etcd,
+# installed from Debian's packages when missing (root), raced against Gangway
+# on this machine in one run: one Markdown table with the ratios, also left in
+# $(CARGO_TARGET_DIR)/bench-peers.md. Never part of `make test`.
+PEER_PACKAGES := slurmctld slurmd slurm-client munge etcd-server
+bench-peers: setup
+	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null && command -v etcd >/dev/null || { \
+		echo "installing the peers from Debian's packages: $(PEER_PACKAGES)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q $(PEER_PACKAGES) || { apt-get update -q && apt-get install -y -q $(PEER_PACKAGES); }; }
+	$(CARGO) build --release --bin gangway
+	$(RELEASE_BIN) bench peers --out $(CARGO_TARGET_DIR)/bench-peers.md
 
 # Chaos scenarios on real multi-host clusters (network namespaces; needs root).
 # `make chaos` runs every scenario once; SCENARIO, SEED and DURATION (seconds of

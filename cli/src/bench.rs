@@ -23,9 +23,9 @@ use gangway_proto::ReplicaRole;
 use tokio::sync::Mutex;
 
 /// Concurrent clients one run may use (each is a task with its own connection).
-const BENCH_CLIENTS_MAX: usize = 1024;
+pub(crate) const BENCH_CLIENTS_MAX: usize = 1024;
 /// Longest measurement per client count.
-const BENCH_SECONDS_MAX: u64 = 600;
+pub(crate) const BENCH_SECONDS_MAX: u64 = 600;
 /// Jobs one `bench jobs` run may submit, and agents it may start.
 const BENCH_JOBS_MAX: usize = 100_000;
 const BENCH_NODES_MAX: usize = 64;
@@ -74,6 +74,9 @@ pub enum BenchCmd {
     /// 3-replica cluster: heartbeat latency, leader CPU and memory, Raft
     /// rate, submit→start latency, false node failures, node-down detection.
     Fleet(crate::bench_fleet::FleetArgs),
+    /// Slurm, etcd and Gangway measured in one run on this machine; one
+    /// Markdown table with the ratios (`make bench-peers` installs the peers).
+    Peers(crate::bench_peers::PeersArgs),
     /// Leader SIGKILL → first successful submit, repeated.
     Failover {
         #[arg(long, default_value_t = 10)]
@@ -92,6 +95,7 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Jobs { jobs, nodes, data_dir } => bench_jobs(jobs, nodes, data_dir).await,
         BenchCmd::Sched(a) => crate::bench_sched::run(a),
         BenchCmd::Fleet(a) => crate::bench_fleet::run(a).await,
+        BenchCmd::Peers(a) => crate::bench_peers::run(a).await,
     }
 }
 
@@ -101,6 +105,8 @@ pub(crate) struct LocalCluster {
     root: PathBuf,
     _tmp: Option<tempfile::TempDir>,
     addrs: BTreeMap<u64, String>,
+    /// Each replica's Prometheus endpoint (plain HTTP on loopback).
+    metrics: BTreeMap<u64, String>,
     pub(crate) children: BTreeMap<u64, Child>,
     /// With mutual TLS: the certificates' directory (replicas get --tls-dir).
     tls_dir: Option<PathBuf>,
@@ -108,8 +114,9 @@ pub(crate) struct LocalCluster {
     security: Security,
 }
 
-/// Certificates for a bench cluster: replicas 1-5 and the client `bench`.
-fn bench_pki(root: &Path) -> anyhow::Result<(PathBuf, Security)> {
+/// Certificates for a bench cluster: replicas 1-5, the client `bench` and
+/// `extra`.
+fn bench_pki(root: &Path, extra: &[gangway_proto::tls::Principal]) -> anyhow::Result<(PathBuf, Security)> {
     use gangway_proto::tls::{Credentials, Principal, Role, TlsFiles};
     let dir = root.join("tls");
     let mut ps: Vec<Principal> = (1..=5)
@@ -117,21 +124,39 @@ fn bench_pki(root: &Path) -> anyhow::Result<(PathBuf, Security)> {
         .collect::<Result<_, _>>()
         .map_err(anyhow::Error::msg)?;
     ps.push(Principal::new(Role::Client, "bench").map_err(anyhow::Error::msg)?);
+    ps.extend_from_slice(extra);
     gangway_proto::pki::throwaway(&dir, &ps).map_err(anyhow::Error::msg)?;
     let creds = Credentials::load(TlsFiles::in_dir(&dir, "client-bench")).map_err(anyhow::Error::msg)?;
     Ok((dir, Security::Tls(creds)))
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// `n` distinct loopback ports free right now (all held until all are chosen).
+pub(crate) fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let held: Vec<std::net::TcpListener> =
+        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    held.iter().map(|l| Ok(l.local_addr()?.port())).collect()
 }
 
 impl LocalCluster {
     pub(crate) fn start(replicas: u64, data_dir: Option<PathBuf>) -> anyhow::Result<LocalCluster> {
-        Self::start_with(replicas, data_dir, false)
+        Self::start_with(replicas, data_dir, None)
     }
 
-    fn start_with(replicas: u64, data_dir: Option<PathBuf>, mtls: bool) -> anyhow::Result<LocalCluster> {
+    /// With mutual TLS; certificates for `extra` principals (agents, users)
+    /// are made beside the replicas' and the `bench` client's.
+    pub(crate) fn start_mtls(
+        replicas: u64,
+        data_dir: Option<PathBuf>,
+        extra: &[gangway_proto::tls::Principal],
+    ) -> anyhow::Result<LocalCluster> {
+        Self::start_with(replicas, data_dir, Some(extra))
+    }
+
+    fn start_with(
+        replicas: u64,
+        data_dir: Option<PathBuf>,
+        mtls: Option<&[gangway_proto::tls::Principal]>,
+    ) -> anyhow::Result<LocalCluster> {
         let (tmp, root) = match data_dir {
             Some(d) => (None, d),
             None => {
@@ -140,39 +165,43 @@ impl LocalCluster {
                 (Some(t), p)
             }
         };
-        let mut addrs = BTreeMap::new();
-        for id in 1..=replicas {
-            addrs.insert(id, format!("127.0.0.1:{}", free_port()?));
-        }
-        let (tls_dir, security) = if mtls {
-            let (d, s) = bench_pki(&root)?;
-            (Some(d), s)
-        } else {
-            (None, Security::Insecure)
+        std::fs::create_dir_all(&root)?;
+        let ports = free_ports(2 * replicas as usize)?;
+        let at = |p: &u16| format!("127.0.0.1:{p}");
+        let addrs: BTreeMap<u64, String> = (1..=replicas).zip(ports.iter().step_by(2).map(at)).collect();
+        let metrics: BTreeMap<u64, String> = (1..=replicas).zip(ports.iter().skip(1).step_by(2).map(at)).collect();
+        let (tls_dir, security) = match mtls {
+            Some(extra) => {
+                let (d, s) = bench_pki(&root, extra)?;
+                (Some(d), s)
+            }
+            None => (None, Security::Insecure),
         };
         let mut c = LocalCluster {
             exe: std::env::current_exe()?,
             root,
             _tmp: tmp,
             addrs,
+            metrics,
             children: BTreeMap::new(),
             tls_dir,
             security,
         };
         for id in 1..=replicas {
-            c.spawn(id)?;
+            c.respawn(id)?;
         }
         Ok(c)
     }
 
-    fn spawn(&mut self, id: u64) -> anyhow::Result<()> {
+    /// Starts replica `id` (again, after a kill: same address and data).
+    pub(crate) fn respawn(&mut self, id: u64) -> anyhow::Result<()> {
         let peers: Vec<String> = self.addrs.iter().map(|(i, a)| format!("{i}={a}")).collect();
         let dir = self.root.join(format!("replica-{id}"));
         std::fs::create_dir_all(&dir)?;
         let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("controller.log"))?;
         let mut cmd = Command::new(&self.exe);
         cmd.args(["controller", "--id", &id.to_string(), "--listen", &self.addrs[&id], "--peers", &peers.join(",")])
-            .args(["--bootstrap-admin", "bench", "--allow-root-jobs"]);
+            .args(["--bootstrap-admin", "bench", "--allow-root-jobs", "--metrics-listen", &self.metrics[&id]]);
         match &self.tls_dir {
             Some(d) => cmd.arg("--tls-dir").arg(d),
             None => cmd.arg("--insecure"),
@@ -203,6 +232,22 @@ impl LocalCluster {
 
     pub(crate) fn root(&self) -> &Path {
         &self.root
+    }
+
+    pub(crate) fn security(&self) -> &Security {
+        &self.security
+    }
+
+    pub(crate) fn tls_dir(&self) -> Option<&Path> {
+        self.tls_dir.as_deref()
+    }
+
+    /// Every replica's address, `leader`'s first (followers would forward:
+    /// one more hop).
+    pub(crate) fn endpoints_leader_first(&self, leader: u64) -> Vec<String> {
+        let mut eps = vec![self.addrs[&leader].clone()];
+        eps.extend(self.addrs.iter().filter(|(id, _)| **id != leader).map(|(_, a)| a.clone()));
+        eps
     }
 
     /// The leader's id once every live replica agrees there is one.
@@ -303,7 +348,184 @@ pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-fn bench_spec() -> pb::JobSpec {
+/// What a closed loop of clients measured: acknowledged operations, their
+/// rate over the run, latency percentiles, failed calls.
+pub(crate) struct Load {
+    pub ops: usize,
+    pub per_s: f64,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub errors: u64,
+}
+
+/// One client's operation: called with a sequence number, true when the
+/// system acknowledged it.
+pub(crate) type Op = Box<dyn FnMut(u64) -> futures::future::BoxFuture<'static, bool> + Send>;
+
+/// `clients` tasks, each calling its own `make_op(t)` back to back for
+/// `seconds`.
+pub(crate) async fn closed_loop(clients: usize, seconds: u64, make_op: impl Fn(usize) -> Op) -> anyhow::Result<Load> {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|t| {
+            let mut op = make_op(t);
+            tokio::spawn(async move {
+                let (mut lat, mut errors, mut i) = (Vec::new(), 0u64, 0u64);
+                while Instant::now() < deadline {
+                    let began = Instant::now();
+                    if op(i).await {
+                        lat.push(began.elapsed());
+                    } else {
+                        errors += 1;
+                    }
+                    i += 1;
+                }
+                (lat, errors)
+            })
+        })
+        .collect();
+    let (mut all, mut errors) = (Vec::new(), 0);
+    for t in tasks {
+        let (lat, e) = t.await?;
+        all.extend(lat);
+        errors += e;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    all.sort_unstable();
+    Ok(Load {
+        ops: all.len(),
+        per_s: all.len() as f64 / elapsed,
+        p50: percentile(&all, 0.5),
+        p99: percentile(&all, 0.99),
+        errors,
+    })
+}
+
+/// A submit loop for one client with its own connection; idempotency keys
+/// start with `prefix`.
+pub(crate) fn submit_op(endpoints: &[String], security: &Security, prefix: String) -> Op {
+    let client = Arc::new(Client::new(endpoints, "bench", security).expect("loopback endpoints parse"));
+    Box::new(move |i| {
+        let (client, key) = (client.clone(), format!("{prefix}-{i}"));
+        Box::pin(async move { submit_once(&client, key).await.is_ok() })
+    })
+}
+
+/// Leader kills against a replicated system while one client writes.
+pub(crate) trait Replicated {
+    /// The current leader's id, once the members agree on one.
+    fn leader(&mut self) -> futures::future::BoxFuture<'_, anyhow::Result<u64>>;
+    /// SIGKILLs member `id`: no chance to flush or say goodbye.
+    fn kill(&mut self, id: u64);
+    /// Restarts that member and waits until the system is whole again.
+    fn restore(&mut self, id: u64) -> futures::future::BoxFuture<'_, anyhow::Result<()>>;
+}
+
+/// When a write was issued and when it was acknowledged.
+pub(crate) type Acks = Mutex<Vec<(Instant, Instant)>>;
+
+/// For each kill: the time until the first write issued after the kill was
+/// acknowledged (a write in flight at the kill may still be acknowledged by
+/// the old leader; it says nothing about the failover), sorted.
+pub(crate) async fn failover_gaps(
+    sys: &mut dyn Replicated,
+    acks: &Acks,
+    runs: usize,
+    label: &str,
+) -> anyhow::Result<Vec<Duration>> {
+    let mut gaps = Vec::with_capacity(runs);
+    for run in 1..=runs {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let leader = sys.leader().await?;
+        let killed_at = Instant::now();
+        sys.kill(leader);
+        let deadline = killed_at + CLUSTER_WAIT;
+        let gap = loop {
+            let first = acks.lock().await.iter().rev().take_while(|(issued, _)| *issued > killed_at).last().copied();
+            if let Some((_, acked)) = first {
+                break acked.duration_since(killed_at);
+            }
+            if Instant::now() > deadline {
+                bail!("{label}: no write succeeded within {} s of killing the leader", CLUSTER_WAIT.as_secs());
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        println!(
+            "{label} run {run:>3}: killed leader {leader}; next acknowledged write after {:.0} ms",
+            gap.as_secs_f64() * 1000.0
+        );
+        gaps.push(gap);
+        sys.restore(leader).await?;
+    }
+    gaps.sort_unstable();
+    Ok(gaps)
+}
+
+/// A task that loops `op` and records when each acknowledged write was
+/// issued and acknowledged.
+pub(crate) fn spawn_writer(mut op: Op, acks: Arc<Acks>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut i = 0u64;
+        loop {
+            let issued = Instant::now();
+            if op(i).await {
+                acks.lock().await.push((issued, Instant::now()));
+            }
+            i += 1;
+        }
+    })
+}
+
+/// A Gangway cluster under leader kills.
+pub(crate) struct GangwayFailover<'a> {
+    pub cluster: &'a mut LocalCluster,
+    pub client: &'a Client,
+}
+
+impl Replicated for GangwayFailover<'_> {
+    fn leader(&mut self) -> futures::future::BoxFuture<'_, anyhow::Result<u64>> {
+        Box::pin(self.cluster.wait_leader(self.client))
+    }
+
+    fn kill(&mut self, id: u64) {
+        self.cluster.kill(id);
+    }
+
+    fn restore(&mut self, id: u64) -> futures::future::BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move {
+            self.cluster.respawn(id)?;
+            self.cluster.wait_converged(self.client).await
+        })
+    }
+}
+
+/// Submits back to back through `client`, recording each acknowledged job's
+/// id in `ids` and when it was acknowledged in `acks`.
+pub(crate) fn spawn_submitter(
+    client: Arc<Client>,
+    ids: Arc<Mutex<BTreeSet<u64>>>,
+    acks: Arc<Acks>,
+) -> tokio::task::JoinHandle<()> {
+    let op: Op = Box::new(move |i| {
+        let (client, ids) = (client.clone(), ids.clone());
+        Box::pin(async move {
+            match submit_once(&client, format!("failover-{i}")).await {
+                Ok(id) => ids.lock().await.insert(id),
+                Err(_) => false,
+            }
+        })
+    });
+    spawn_writer(op, acks)
+}
+
+/// Of the acknowledged job ids, how many the cluster no longer has.
+pub(crate) async fn lost_jobs(client: &Client, acked: &BTreeSet<u64>) -> anyhow::Result<usize> {
+    let present: BTreeSet<u64> = all_jobs(client).await?.iter().map(|j| j.id).collect();
+    Ok(acked.difference(&present).count())
+}
+
+pub(crate) fn bench_spec() -> pb::JobSpec {
     pb::JobSpec { name: "bench".into(), command: vec!["true".into()], workdir: "/tmp".into(), ..Default::default() }
 }
 
@@ -323,7 +545,99 @@ pub(crate) async fn submit_spec(client: &Client, spec: pb::JobSpec, key: String)
         .map(|r| r.into_inner().job_id)
 }
 
-fn machine_facts() -> String {
+/// A histogram's running totals as a replica exposes them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct SumCount {
+    pub sum: f64,
+    pub count: f64,
+}
+
+/// `name`'s `_sum` and `_count` in Prometheus text, added up over the series
+/// whose labels contain `labels` (empty: every series).
+pub(crate) fn sum_count(text: &str, name: &str, labels: &str) -> SumCount {
+    let (sum_name, count_name) = (format!("{name}_sum"), format!("{name}_count"));
+    let mut out = SumCount::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        let Ok(v) = value.parse::<f64>() else { continue };
+        let (metric, series_labels) = series.split_once('{').unwrap_or((series, ""));
+        if !series_labels.contains(labels) {
+            continue;
+        }
+        if metric == sum_name {
+            out.sum += v;
+        } else if metric == count_name {
+            out.count += v;
+        }
+    }
+    out
+}
+
+/// Bytes of one scrape read at most (a replica's page is tens of KB).
+const SCRAPE_BYTES_MAX: u64 = 16 << 20;
+
+/// One replica's metrics page ("" when it does not answer).
+async fn scrape(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n").await?;
+        let mut buf = Vec::new();
+        s.take(SCRAPE_BYTES_MAX).read_to_end(&mut buf).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&buf).into_owned())
+    };
+    match tokio::time::timeout(Duration::from_secs(5), fetch).await {
+        Ok(Ok(text)) => text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default(),
+        _ => String::new(),
+    }
+}
+
+/// Where a replicated write's time goes, as the replicas themselves record
+/// it: (what, histogram, labels, on the leader or summed over followers).
+const WRITE_BREAKDOWN: &[(&str, &str, &str, bool)] = &[
+    ("leader: proposed → committed and applied", "gangway_proposal_seconds", "", true),
+    ("leader: append RPC to a follower, round trip", "gangway_raft_rpc_seconds", "rpc=\"append\"", true),
+    ("leader: its own log fsync", "gangway_raft_wal_fsync_seconds", "", true),
+    ("follower: append handled (write, fsync, answer)", "gangway_raft_append_handled_seconds", "", false),
+    ("follower: its log fsync", "gangway_raft_wal_fsync_seconds", "", false),
+];
+
+impl LocalCluster {
+    /// Every live replica's metrics page.
+    pub(crate) async fn scrape_all(&self) -> BTreeMap<u64, String> {
+        let mut out = BTreeMap::new();
+        for (id, addr) in &self.metrics {
+            out.insert(*id, scrape(addr).await);
+        }
+        out
+    }
+}
+
+/// The breakdown between two scrapes: (what, mean ms, events) per row.
+pub(crate) fn write_breakdown(
+    before: &BTreeMap<u64, String>,
+    after: &BTreeMap<u64, String>,
+    leader: u64,
+) -> Vec<(&'static str, f64, f64)> {
+    WRITE_BREAKDOWN
+        .iter()
+        .map(|(what, name, labels, on_leader)| {
+            let mut d = SumCount::default();
+            for (id, text) in after {
+                if (*id == leader) != *on_leader {
+                    continue;
+                }
+                let (a, b) = (sum_count(text, name, labels), sum_count(&before[id], name, labels));
+                d.sum += a.sum - b.sum;
+                d.count += a.count - b.count;
+            }
+            let mean_ms = if d.count > 0.0 { d.sum / d.count * 1000.0 } else { 0.0 };
+            (*what, mean_ms, d.count)
+        })
+        .collect()
+}
+
+pub(crate) fn machine_facts() -> String {
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let mem_gb = gangway_node_agent::inventory::host_mem_mb() / 1024;
     let model = std::fs::read_to_string("/proc/cpuinfo")
@@ -363,55 +677,33 @@ async fn bench_submit(
     for transport in transports {
         let mtls = transport == "mtls";
         let dir = data_dir.as_ref().map(|d| d.join(transport));
-        let cluster = LocalCluster::start_with(replicas, dir, mtls)?;
+        let cluster =
+            if mtls { LocalCluster::start_mtls(replicas, dir, &[])? } else { LocalCluster::start(replicas, dir)? };
         let security = cluster.security.clone();
         let probe = Client::new(&cluster.endpoints(), "bench", &security)?;
         let leader = cluster.wait_leader(&probe).await?;
-        // Clients talk to the leader first (followers would forward: one more hop).
-        let mut eps = vec![cluster.addrs[&leader].clone()];
-        eps.extend(cluster.addrs.iter().filter(|(id, _)| **id != leader).map(|(_, a)| a.clone()));
+        let eps = cluster.endpoints_leader_first(leader);
+        let mut breakdowns = Vec::new();
         for &n in clients {
-            let deadline = Instant::now() + Duration::from_secs(seconds);
-            let mut tasks = Vec::new();
-            for t in 0..n {
-                let eps = eps.clone();
-                let security = security.clone();
-                tasks.push(tokio::spawn(async move {
-                    let client = Client::new(&eps, "bench", &security).expect("endpoints");
-                    let mut lat = Vec::new();
-                    let mut errors = 0u64;
-                    let mut i = 0u64;
-                    while Instant::now() < deadline {
-                        let started = Instant::now();
-                        match submit_once(&client, format!("b{n}-{t}-{i}")).await {
-                            Ok(_) => lat.push(started.elapsed()),
-                            Err(_) => errors += 1,
-                        }
-                        i += 1;
-                    }
-                    (lat, errors)
-                }));
-            }
-            let started = Instant::now();
-            let mut all = Vec::new();
-            let mut errors = 0;
-            for t in tasks {
-                let (lat, e) = t.await?;
-                all.extend(lat);
-                errors += e;
-            }
-            let elapsed = started.elapsed().as_secs_f64();
-            all.sort_unstable();
+            let before = cluster.scrape_all().await;
+            let l = closed_loop(n, seconds, |t| submit_op(&eps, &security, format!("b{n}-{t}"))).await?;
+            breakdowns.push((n, write_breakdown(&before, &cluster.scrape_all().await, leader)));
             println!(
                 "{:>9} {:>8} {:>10} {:>12.0} {:>10.2} {:>10.2} {:>10}",
                 transport,
                 n,
-                all.len(),
-                all.len() as f64 / elapsed,
-                percentile(&all, 0.5).as_secs_f64() * 1000.0,
-                percentile(&all, 0.99).as_secs_f64() * 1000.0,
-                errors
+                l.ops,
+                l.per_s,
+                l.p50.as_secs_f64() * 1000.0,
+                l.p99.as_secs_f64() * 1000.0,
+                l.errors
             );
+        }
+        for (n, rows) in breakdowns {
+            println!("  where the time went at {n} client(s), {transport} (means the replicas recorded):");
+            for (what, mean_ms, count) in rows {
+                println!("    {what:<50} {mean_ms:>8.3} ms  ({count:.0} times)");
+            }
         }
         connects.push((transport.clone(), new_connection_cost(&cluster.addrs[&leader], &security).await?));
     }
@@ -456,54 +748,13 @@ async fn bench_failover(runs: usize, data_dir: Option<PathBuf>) -> anyhow::Resul
         "bench failover: 3 controller processes; one client submitting continuously; leader SIGKILLed {runs} times"
     );
     println!("machine: {}", machine_facts());
-    // The submitter records the completion time of every acknowledged submit.
-    let acked: Arc<Mutex<Vec<(Instant, u64)>>> = Arc::new(Mutex::new(Vec::new()));
-    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let submitter = {
-        let client = client.clone();
-        let acked = acked.clone();
-        tokio::spawn(async move {
-            let mut i = 0u64;
-            loop {
-                tokio::select! {
-                    _ = &mut stop_rx => return,
-                    r = submit_once(&client, format!("failover-{i}")) => {
-                        if let Ok(id) = r {
-                            acked.lock().await.push((Instant::now(), id));
-                        }
-                        i += 1;
-                    }
-                }
-            }
-        })
-    };
-    let mut gaps = Vec::new();
-    for run in 1..=runs {
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        let leader = cluster.wait_leader(&client).await?;
-        let killed_at = Instant::now();
-        cluster.kill(leader);
-        let deadline = killed_at + CLUSTER_WAIT;
-        let gap = loop {
-            if let Some((t, _)) = acked.lock().await.iter().rev().take_while(|(t, _)| *t > killed_at).last() {
-                break t.duration_since(killed_at);
-            }
-            if Instant::now() > deadline {
-                bail!("no submit succeeded within {}s of killing the leader", CLUSTER_WAIT.as_secs());
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        };
-        println!(
-            "run {run:>3}: killed leader {leader}; first acknowledged submit after {:.0} ms",
-            gap.as_secs_f64() * 1000.0
-        );
-        gaps.push(gap);
-        cluster.spawn(leader)?;
-        cluster.wait_converged(&client).await?;
-    }
-    let _ = stop_tx.send(());
+    let (ids, acks) = (Arc::new(Mutex::new(BTreeSet::new())), Arc::new(Mutex::new(Vec::new())));
+    let submitter = spawn_submitter(client.clone(), ids.clone(), acks.clone());
+    let gaps =
+        failover_gaps(&mut GangwayFailover { cluster: &mut cluster, client: &client }, &acks, runs, "failover").await;
+    submitter.abort();
     let _ = submitter.await;
-    gaps.sort_unstable();
+    let gaps = gaps?;
     println!(
         "failover gap over {} runs: median {:.0} ms, p99 {:.0} ms, max {:.0} ms",
         gaps.len(),
@@ -512,10 +763,9 @@ async fn bench_failover(runs: usize, data_dir: Option<PathBuf>) -> anyhow::Resul
         gaps.last().copied().unwrap_or_default().as_secs_f64() * 1000.0
     );
     // Every acknowledged submit must be in the final state.
-    let acked_ids: BTreeSet<u64> = acked.lock().await.iter().map(|(_, id)| *id).collect();
-    let present: BTreeSet<u64> = all_jobs(&client).await?.iter().map(|j| j.id).collect();
-    let missing = acked_ids.difference(&present).count();
-    println!("acknowledged submits: {}; missing after all failovers: {missing}", acked_ids.len());
+    let acked = ids.lock().await.clone();
+    let missing = lost_jobs(&client, &acked).await?;
+    println!("acknowledged submits: {}; missing after all failovers: {missing}", acked.len());
     if missing > 0 {
         bail!("{missing} acknowledged submits were lost");
     }
@@ -627,4 +877,31 @@ async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> any
         let _ = a.await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histograms_totals_are_read_from_the_exposition_text_by_name_and_label() {
+        let text = "# HELP x\n# TYPE gangway_raft_rpc_seconds histogram\n\
+            gangway_raft_rpc_seconds_bucket{rpc=\"append\",le=\"0.001\"} 3\n\
+            gangway_raft_rpc_seconds_sum{rpc=\"append\"} 0.5\n\
+            gangway_raft_rpc_seconds_count{rpc=\"append\"} 10\n\
+            gangway_raft_rpc_seconds_sum{rpc=\"vote\"} 7\n\
+            gangway_raft_rpc_seconds_count{rpc=\"vote\"} 1\n\
+            gangway_raft_wal_fsync_seconds_sum 0.25\n\
+            gangway_raft_wal_fsync_seconds_count 4\n";
+        assert_eq!(sum_count(text, "gangway_raft_rpc_seconds", "rpc=\"append\""), SumCount { sum: 0.5, count: 10.0 });
+        assert_eq!(sum_count(text, "gangway_raft_rpc_seconds", ""), SumCount { sum: 7.5, count: 11.0 });
+        assert_eq!(sum_count(text, "gangway_raft_wal_fsync_seconds", ""), SumCount { sum: 0.25, count: 4.0 });
+        assert_eq!(sum_count(text, "gangway_raft_wal_fsync", ""), SumCount::default(), "names match whole");
+        let before = BTreeMap::from([(1, String::new()), (2, String::new())]);
+        let after = BTreeMap::from([(1, text.to_string()), (2, text.to_string())]);
+        let rows = write_breakdown(&before, &after, 1);
+        let fsync: Vec<_> = rows.iter().filter(|r| r.0.ends_with("log fsync")).collect();
+        assert_eq!(fsync.len(), 2);
+        assert!(fsync.iter().all(|r| (r.1 - 62.5).abs() < 1e-9 && r.2 == 4.0), "{rows:?}");
+    }
 }

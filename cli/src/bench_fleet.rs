@@ -130,6 +130,16 @@ struct Shared {
     pokes: AtomicU64,
     /// The term of the leader that last answered each agent.
     answered_term: Vec<AtomicU64>,
+    /// When each agent's watch was last poked (wall ms).
+    poked_ms: Vec<AtomicU64>,
+    /// Each agent's watch: streams opened, and whether one is open now.
+    watch_opened: Vec<AtomicU64>,
+    watch_open: Vec<AtomicBool>,
+    /// The big gang's launches later than a second, by whether the agent's
+    /// watch was poked after the gang was submitted.
+    gang_late_poked: AtomicU64,
+    gang_late_unpoked: AtomicU64,
+    gang_submitted_ms: AtomicU64,
     /// The term of the leader killed in the failover phase (0: none yet).
     killed_term: AtomicU64,
     /// Wall ms of the first launch a later leader ordered (0: none yet).
@@ -147,6 +157,8 @@ struct Shared {
     /// Its tasks launched, and when the last of them was (wall ms).
     gang_launched: AtomicU64,
     gang_all_launched_ms: AtomicU64,
+    /// When each of its tasks launched (wall ms).
+    gang_launch_ms: std::sync::Mutex<Vec<u64>>,
     /// Its launches whose task environment named every node of the gang,
     /// and those whose did not.
     gang_env_ok: AtomicU64,
@@ -168,6 +180,7 @@ impl Shared {
         if self.gang_launched.fetch_add(1, Ordering::Relaxed) + 1 == want as u64 {
             self.gang_all_launched_ms.store(now_ms(), Ordering::Relaxed);
         }
+        self.gang_launch_ms.lock().expect("gang launches").push(now_ms());
         if order.is_some_and(|o| o.node_rank % GANG_ENV_SAMPLE != 0) {
             return;
         }
@@ -274,16 +287,28 @@ async fn watch(i: usize, client: Arc<Client>, shared: Arc<Shared>, poke: Arc<tok
             })
             .await;
         if let Ok(stream) = stream {
+            shared.watch_opened[i].fetch_add(1, Ordering::Relaxed);
+            shared.watch_open[i].store(true, Ordering::Relaxed);
+            let _open = OnDrop(|| shared.watch_open[i].store(false, Ordering::Relaxed));
             let mut stream = stream.into_inner();
             while let Ok(Some(_)) = stream.message().await {
                 if shared.done.load(Ordering::Relaxed) || shared.stop[i].load(Ordering::Relaxed) {
                     return;
                 }
                 shared.pokes.fetch_add(1, Ordering::Relaxed);
+                shared.poked_ms[i].store(now_ms(), Ordering::Relaxed);
                 poke.notify_one();
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+struct OnDrop<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)()
     }
 }
 
@@ -425,6 +450,19 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
                             shared.launches.fetch_add(1, Ordering::Relaxed);
                             shared.task_started(t);
                             if t.0 == shared.gang_job.load(Ordering::Relaxed) {
+                                let submitted = shared.gang_submitted_ms.load(Ordering::Relaxed);
+                                if now_ms().saturating_sub(submitted) > 1000 {
+                                    if shared.poked_ms[i].load(Ordering::Relaxed) > submitted {
+                                        shared.gang_late_poked.fetch_add(1, Ordering::Relaxed);
+                                    } else {
+                                        shared.gang_late_unpoked.fetch_add(1, Ordering::Relaxed);
+                                        eprintln!(
+                                            "fleet: {name} launched the gang late, unpoked; watch open {} (opened {} times)",
+                                            shared.watch_open[i].load(Ordering::Relaxed),
+                                            shared.watch_opened[i].load(Ordering::Relaxed)
+                                        );
+                                    }
+                                }
                                 shared.gang_launch(r.launch.iter().find(|o| (o.job_id, o.attempt) == t), &name);
                             }
                             if killed != 0 && r.term > killed {
@@ -466,7 +504,13 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
                 c.task_exited(Exit::ended(task, None, Some(15)));
             }
         }
-        let interval = Duration::from_millis(c.heartbeat_interval_ms());
+        // As the real agent: an exit to report (a task this answer stopped,
+        // whose GPUs a deferred launch waits for) goes out at once, with the
+        // heartbeat that brings that launch again.
+        let interval = match c.reports_pending() {
+            0 => Duration::from_millis(c.heartbeat_interval_ms()),
+            _ => Duration::ZERO,
+        };
         tokio::select! {
             _ = tokio::time::sleep(interval.saturating_sub(t0.elapsed())) => {}
             _ = poke.notified() => {}
@@ -643,6 +687,9 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
     let shared = Arc::new(Shared {
         stop: (0..a.nodes).map(|_| AtomicBool::new(false)).collect(),
         answered_term: (0..a.nodes).map(|_| AtomicU64::new(0)).collect(),
+        poked_ms: (0..a.nodes).map(|_| AtomicU64::new(0)).collect(),
+        watch_opened: (0..a.nodes).map(|_| AtomicU64::new(0)).collect(),
+        watch_open: (0..a.nodes).map(|_| AtomicBool::new(false)).collect(),
         ..Shared::default()
     });
     let mut agents = Vec::with_capacity(a.nodes);
@@ -820,11 +867,21 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
             job.start_time_ms.map_or("not placed".into(), after)
         );
         let all = shared.gang_all_launched_ms.load(Ordering::Relaxed);
+        let mut launches = shared.gang_launch_ms.lock().expect("gang launches").clone();
+        launches.sort_unstable();
+        let pick = |p: f64| launches.get(((launches.len() as f64 - 1.0) * p).round() as usize).copied();
         println!(
-            "| its task launched on every node after | {} ({} of {} launched) |",
+            "| its task launched on every node after | {} ({} of {} launched; p50 {}, p99 {}) |",
             if all == 0 { "not yet".to_string() } else { after(all) },
             shared.gang_launched.load(Ordering::Relaxed),
-            a.gang_nodes
+            a.gang_nodes,
+            pick(0.5).map_or("-".into(), after),
+            pick(0.99).map_or("-".into(), after),
+        );
+        println!(
+            "| its launches later than 1 s: poked after the submit / never poked | {} / {} |",
+            shared.gang_late_poked.load(Ordering::Relaxed),
+            shared.gang_late_unpoked.load(Ordering::Relaxed)
         );
         println!(
             "| its nodes (1 in {GANG_ENV_SAMPLE}) whose SLURM_JOB_NODELIST named the whole gang | {} (wrong: {}) |",
@@ -869,6 +926,7 @@ async fn submit_gang(admin: &Client, shared: &Shared, nodes: u32, gpus: u32) -> 
         ..Default::default()
     };
     let submitted_ms = now_ms();
+    shared.gang_submitted_ms.store(submitted_ms, Ordering::Relaxed);
     shared.gang_nodes.store(u64::from(nodes), Ordering::Relaxed);
     let job_id = submit_spec(admin, spec, "fleet-gang".into()).await.context("submitting the big gang")?;
     shared.gang_job.store(job_id, Ordering::Relaxed);

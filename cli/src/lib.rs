@@ -11,6 +11,7 @@
 
 mod bench;
 mod bench_fleet;
+mod bench_peers;
 mod bench_sched;
 mod commands;
 mod daemons;
