@@ -511,7 +511,10 @@ pub(crate) fn spawn_submitter(
         let (client, ids) = (client.clone(), ids.clone());
         Box::pin(async move {
             match submit_once(&client, format!("failover-{i}")).await {
-                Ok(id) => ids.lock().await.insert(id),
+                Ok(id) => {
+                    ids.lock().await.insert(id);
+                    true
+                }
                 Err(_) => false,
             }
         })
@@ -596,7 +599,12 @@ async fn scrape(addr: &str) -> String {
 /// it: (what, histogram, labels, on the leader or summed over followers).
 const WRITE_BREAKDOWN: &[(&str, &str, &str, bool)] = &[
     ("leader: proposed → committed and applied", "gangway_proposal_seconds", "", true),
-    ("leader: append RPC to a follower, round trip", "gangway_raft_rpc_seconds", "rpc=\"append\"", true),
+    (
+        "leader: append RPC to a follower, round trip (heartbeats too)",
+        "gangway_raft_rpc_seconds",
+        "rpc=\"append\"",
+        true,
+    ),
     ("leader: its own log fsync", "gangway_raft_wal_fsync_seconds", "", true),
     ("follower: append handled (write, fsync, answer)", "gangway_raft_append_handled_seconds", "", false),
     ("follower: its log fsync", "gangway_raft_wal_fsync_seconds", "", false),

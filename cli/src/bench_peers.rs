@@ -375,6 +375,13 @@ fn version_of(program: &str, flag: &str) -> String {
 
 // ---------------------------------------------------------------------- Slurm
 
+fn require_root() -> anyhow::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("bench peers: Slurm's daemons run jobs as their users and must start as root");
+    }
+    Ok(())
+}
+
 /// munged, slurmctld and one slurmd per emulated node, as children.
 struct Slurm {
     conf: PathBuf,
@@ -384,9 +391,7 @@ struct Slurm {
 
 impl Slurm {
     fn start(root: &Path) -> anyhow::Result<Slurm> {
-        if !nix::unistd::geteuid().is_root() {
-            bail!("bench peers: Slurm's daemons run jobs as their users and must start as root");
-        }
+        require_root()?;
         let dir = root.join("slurm");
         let munge = dir.join("munge");
         let jobs = dir.join("jobs");
@@ -401,7 +406,10 @@ impl Slurm {
         std::fs::write(&key_file, &key)?;
         std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))?;
         let socket = munge.join("socket");
-        let mut children = Vec::new();
+        let conf = dir.join("slurm.conf");
+        // Every child goes into `s` as it starts: an error anywhere after
+        // stops what was started.
+        let mut s = Slurm { conf, jobs, children: Vec::new() };
         let mut munged = Command::new("munged");
         munged
             .args(["--foreground", "--force"])
@@ -410,11 +418,9 @@ impl Slurm {
             .arg(format!("--log-file={}", munge.join("munged.log").display()))
             .arg(format!("--pid-file={}", munge.join("munged.pid").display()))
             .arg(format!("--seed-file={}", munge.join("seed").display()));
-        children.push(spawn_logged(munged, &munge.join("munged.out"))?);
-        let conf = dir.join("slurm.conf");
+        s.children.push(spawn_logged(munged, &munge.join("munged.out"))?);
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")?.trim().to_string();
-        std::fs::write(&conf, slurm_conf(&dir, &host, &socket)?)?;
-        let mut s = Slurm { conf, jobs, children };
+        std::fs::write(&s.conf, slurm_conf(&dir, &host, &socket)?)?;
         wait_until(|| Ok(socket.exists()), "munged's socket")?;
         let mut ctld = Command::new("slurmctld");
         ctld.args(["-D", "-i", "-f"]).arg(&s.conf);
@@ -477,7 +483,7 @@ fn slurm_conf(dir: &Path, host: &str, munge_socket: &Path) -> anyhow::Result<Str
     Ok(s)
 }
 
-/// Polls `ready` every 100 ms for up to the phase wait.
+/// Polls `ready` every 100 ms for up to the cluster wait.
 fn wait_until(mut ready: impl FnMut() -> anyhow::Result<bool>, what: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + CLUSTER_WAIT;
     while Instant::now() < deadline {
@@ -542,6 +548,7 @@ const ETCD_STATUS: &str = "/etcdserverpb.Maintenance/Status";
 /// Three etcd members on loopback, as children.
 struct Etcd {
     exe: String,
+    timing: gangway_controller::config::Timing,
     dir: PathBuf,
     clients: Vec<String>,
     peers: Vec<String>,
@@ -552,7 +559,14 @@ impl Etcd {
     fn start(root: &Path) -> anyhow::Result<Etcd> {
         let dir = root.join("etcd");
         std::fs::create_dir_all(&dir)?;
-        let mut e = Etcd { exe: "etcd".into(), dir, clients: Vec::new(), peers: Vec::new(), children: Vec::new() };
+        let mut e = Etcd {
+            exe: "etcd".into(),
+            timing: Default::default(),
+            dir,
+            clients: Vec::new(),
+            peers: Vec::new(),
+            children: Vec::new(),
+        };
         let ports = free_ports(2 * MEMBERS as usize)?;
         for p in ports.chunks(2) {
             e.clients.push(format!("127.0.0.1:{}", p[0]));
@@ -575,7 +589,12 @@ impl Etcd {
             .args(["--listen-peer-urls", &self.peers[i], "--initial-advertise-peer-urls", &self.peers[i]])
             .args(["--listen-client-urls", &format!("http://{}", self.clients[i])])
             .args(["--advertise-client-urls", &format!("http://{}", self.clients[i])])
-            .args(["--initial-cluster", &cluster.join(","), "--initial-cluster-token", "bench"]);
+            .args(["--initial-cluster", &cluster.join(","), "--initial-cluster-token", "bench"])
+            // Gangway's Raft timing, so the failover row compares failovers,
+            // not defaults (etcd's are 100 ms and 1 s; it draws its election
+            // timeout from [t, 2t)).
+            .arg(format!("--heartbeat-interval={}", self.timing.heartbeat_interval_ms))
+            .arg(format!("--election-timeout={}", self.timing.election_timeout_min_ms));
         let log = self.dir.join(format!("e{i}.log"));
         self.children[i] = Some(spawn_logged(c, &log)?);
         Ok(())
@@ -761,6 +780,7 @@ impl GangwayBatch {
 
 pub async fn run(a: PeersArgs) -> anyhow::Result<()> {
     a.check()?;
+    require_root()?;
     let (_tmp, root) = match &a.data_dir {
         Some(d) => (None, d.clone()),
         None => {
@@ -909,8 +929,10 @@ pub async fn run(a: PeersArgs) -> anyhow::Result<()> {
         "{}\n{BATCH_NODES} emulated Slurm nodes and {BATCH_NODES} Gangway agents of {BATCH_NODE_CPUS} CPUs; \
          3 etcd members and 3 Gangway replicas; everything on loopback, one system at a time. \
          Slurm authenticates with munge, Gangway's command line with mutual TLS, etcd and the \
-         first Gangway write figure in plaintext. Slurm's backup controller needs a second host \
-         name and is not run here.\nmachine: {}; Slurm {slurm_version}; {etcd_version}\n",
+         first Gangway write figure in plaintext. etcd runs with Gangway's Raft timing (heartbeat \
+         50 ms, election timeout 250 ms). Gangway's agents run inside the benchmark's process \
+         and start tasks directly (no task shim); Slurm runs its defaults (no high-throughput \
+         tuning). Slurm's backup controller needs a second host name and is not run here.\nmachine: {}; Slurm {slurm_version}; {etcd_version}\n",
         render_table(&rows),
         machine_facts()
     );

@@ -365,6 +365,10 @@ pub fn main() {
             Cmd::Simulate(s) => simulate::run(s),
             Cmd::Shims(ShimsCmd::Install { prefix, force }) => install_shims(&prefix, force),
             Cmd::Scontrol(a) if slurm::scontrol::is_local(&a) => slurm::scontrol::run_local(&a),
+            Cmd::Sbatch { args } if sbatch::help(&args).is_some() => {
+                print!("{}", sbatch::help(&args).unwrap_or_default());
+                Ok(())
+            }
             cmd => {
                 let (client, identity) = make_client(&cli.endpoints, cli.identity.clone(), &cli.tls)?;
                 match cmd {

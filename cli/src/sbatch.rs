@@ -607,6 +607,15 @@ fn read_script(name: Option<&str>, wrap: bool) -> anyhow::Result<Option<(PathBuf
 }
 
 /// `gangway sbatch ARGS...`: parse, then submit (or with --test-only, print).
+/// `--help`'s text when the command line asks for it: printed before any
+/// controller or certificate is needed.
+pub fn help(argv: &[String]) -> Option<String> {
+    match parse_command_line(argv) {
+        Err(CommandLineError::Help(text)) => Some(text),
+        _ => None,
+    }
+}
+
 pub async fn run(
     client: &gangway_proto::client::Client,
     out: &crate::output::Output,
@@ -685,6 +694,14 @@ async fn wait_for(client: &gangway_proto::client::Client, id: u64, count: u32) -
 mod tests {
     use super::*;
     use gangway_proto::v1 as pb;
+
+    #[test]
+    fn help_needs_no_cluster() {
+        let text = help(&["--help".into()]).expect("--help is help");
+        assert!(text.contains("--wrap"), "{text}");
+        assert!(help(&["-N".into(), "2".into(), "-h".into()]).is_some());
+        assert_eq!(help(&["--wrap=true".into()]), None);
+    }
 
     /// The submitting environment the corpus sees.
     const ENV: &[(&str, &str)] =

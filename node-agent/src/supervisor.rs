@@ -422,7 +422,9 @@ pub const JOB_TOOLS: &[&str] = &["srun", "scontrol", "squeue", "sbatch", "scance
 /// installed too (a site moving over): a Gangway job's `srun` must be
 /// Gangway's, which alone can start its steps.
 pub fn job_path(submitted: Option<&str>, tools: &std::path::Path) -> String {
-    format!("{}:{}", tools.display(), submitted.unwrap_or("/usr/local/bin:/usr/bin:/bin"))
+    // An empty entry would mean the job's working directory.
+    let rest = submitted.unwrap_or("/usr/local/bin:/usr/bin:/bin").split(':').filter(|p| !p.is_empty());
+    std::iter::once(tools.display().to_string()).chain(rest.map(str::to_string)).collect::<Vec<_>>().join(":")
 }
 
 impl Supervisor {
@@ -465,8 +467,16 @@ impl Supervisor {
         let Some(exe) = self.shim.clone() else { return };
         let dir = state_dir.join("bin");
         let made = std::fs::create_dir_all(&dir).and_then(|()| {
+            // First in every job's PATH: it must be the agent's own, a real
+            // directory nobody else may write (a `bin` someone else made, or
+            // a link to theirs, would let them shadow every command of every
+            // user's jobs).
+            use std::os::unix::fs::{MetadataExt, PermissionsExt};
+            let meta = std::fs::symlink_metadata(&dir)?;
+            if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() {
+                return Err(std::io::Error::other("not a directory owned by the agent's user"));
+            }
             // Every job's user runs these (the agent's umask is 077).
-            use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
             for name in JOB_TOOLS {
                 let link = dir.join(name);
@@ -1012,6 +1022,8 @@ mod tests {
         let tools = std::path::Path::new("/var/lib/gangway/bin");
         assert_eq!(job_path(Some("/usr/bin:/bin"), tools), "/var/lib/gangway/bin:/usr/bin:/bin");
         assert_eq!(job_path(None, tools), "/var/lib/gangway/bin:/usr/local/bin:/usr/bin:/bin");
+        assert_eq!(job_path(Some(":/usr/bin::"), tools), "/var/lib/gangway/bin:/usr/bin", "no current directory");
+        assert_eq!(job_path(Some(""), tools), "/var/lib/gangway/bin");
     }
 
     #[test]

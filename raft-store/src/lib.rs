@@ -27,7 +27,7 @@ use std::io::Cursor;
 
 pub use db::{open, StoreError, Stores};
 pub use log_store::LogStore;
-pub use state_machine::{SharedState, StateCopy, StateMachineStore, COPY_TAIL_COMMANDS_MAX};
+pub use state_machine::{SharedState, StateCopy, StateMachineStore, COPY_TAIL_BYTES_MAX, COPY_TAIL_COMMANDS_MAX};
 
 /// A controller replica's id in the Raft group.
 pub type NodeId = u64;

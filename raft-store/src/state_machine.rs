@@ -42,18 +42,36 @@ pub(crate) const KEY_CURRENT: &[u8] = b"current";
 /// Commands a [`StateCopy`] may fall behind by before it is taken anew
 /// instead. The leader refreshes its copy before every pass (at least once a
 /// second); a batch of exits or submits counts as one command, so this is
-/// minutes of a 10,000-node cluster's writes, and at most a few hundred MB
-/// held.
+/// minutes of a 10,000-node cluster's writes.
 pub const COPY_TAIL_COMMANDS_MAX: usize = 65_536;
+/// And the bytes they may hold (a submit may carry a script of megabytes):
+/// past this the copy is taken anew rather than the record held.
+pub const COPY_TAIL_BYTES_MAX: usize = 256 << 20;
 
-/// The commands applied since a copy of the state was taken.
+/// The commands applied since a copy of the state was last brought up to date.
 struct Tail {
+    /// The copy this record is for: taking another copy starts another
+    /// record, and a copy never takes a record that is not its own.
+    generation: u64,
+    /// The log index the copy reflects before these commands.
+    from: u64,
     commands: VecDeque<(u64, Command)>,
+    /// Their approximate size.
+    bytes: usize,
     /// The log index the state reflects after them.
     applied: u64,
-    /// Commands were dropped (the bound) or the state was replaced (a
+    /// Commands were dropped (a bound) or the state was replaced (a
     /// snapshot installed): the copy must be taken anew.
     broken: bool,
+}
+
+impl Tail {
+    fn break_off(&mut self) {
+        // A new deque: clearing would keep the old one's memory.
+        self.commands = VecDeque::new();
+        self.bytes = 0;
+        self.broken = true;
+    }
 }
 
 /// A private copy of the applied state, kept up to date by
@@ -65,6 +83,8 @@ pub struct StateCopy {
     /// Times the whole state was cloned into it (1 when every refresh since
     /// the first was by commands).
     clones: u64,
+    /// Its record's generation (0: nothing is recorded for it).
+    generation: u64,
 }
 
 impl StateCopy {
@@ -106,6 +126,8 @@ pub struct SharedState {
     /// Written under the state's write lock, so a copy taken under the read
     /// lock and the tail started with it always agree.
     tail: Mutex<Option<Tail>>,
+    /// Copies taken so far (each record's generation).
+    copies: std::sync::atomic::AtomicU64,
 }
 
 impl SharedState {
@@ -132,52 +154,74 @@ impl SharedState {
     }
 
     /// A copy of the state, from which on every applied command is recorded
-    /// for [`SharedState::refresh`] (one copy at a time: taking another
-    /// restarts the record).
+    /// for [`SharedState::refresh`]. One record at a time: taking another
+    /// copy starts a new record, and the older copy is then taken anew at its
+    /// next refresh. The clone is made under the read lock: apply (and the
+    /// heartbeats behind it) wait for it once, when a replica starts leading.
     pub fn copy(&self) -> StateCopy {
         let (index, state) = self.read_with_index();
-        *self.tail.lock().expect("tail lock") = Some(Tail { commands: VecDeque::new(), applied: index, broken: false });
-        StateCopy { state: state.clone(), index, clones: 1 }
+        let generation = self.copies.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        *self.tail.lock().expect("tail lock") =
+            Some(Tail { generation, from: index, commands: VecDeque::new(), bytes: 0, applied: index, broken: false });
+        StateCopy { state: state.clone(), index, clones: 1, generation }
     }
 
     /// Brings `copy` up to date: applies the commands applied here since, or
-    /// takes it anew when they were not all kept. The state lock is held only
-    /// to take a new copy.
+    /// takes it anew when its record is broken, is another copy's, or does not
+    /// start where the copy is. The state lock is held only to take it anew.
     pub fn refresh(&self, copy: &mut StateCopy) {
-        let taken = match self.tail.lock().expect("tail lock").as_mut() {
-            Some(t) if !t.broken => Some((std::mem::take(&mut t.commands), t.applied)),
-            _ => None,
+        let (taken, recording) = {
+            let mut tail = self.tail.lock().expect("tail lock");
+            let recording = tail.is_some();
+            let taken = match tail.as_mut() {
+                Some(t) if t.generation == copy.generation && !t.broken && t.from == copy.index => {
+                    let commands = std::mem::take(&mut t.commands);
+                    t.bytes = 0;
+                    t.from = t.applied;
+                    Some((commands, t.applied))
+                }
+                _ => None,
+            };
+            (taken, recording)
         };
         match taken {
             Some((commands, applied)) => {
                 for (index, cmd) in commands {
-                    // Never twice: the copy may already reflect it.
-                    if index > copy.index {
-                        copy.state.apply(index, &cmd);
-                        copy.index = index;
-                    }
+                    copy.state.apply(index, &cmd);
                 }
-                copy.index = copy.index.max(applied);
+                copy.index = applied;
             }
             None => {
                 let clones = copy.clones + 1;
-                *copy = self.copy();
+                // The old copy goes before the new one is made.
+                copy.state = State::default();
+                if recording {
+                    *copy = self.copy();
+                } else {
+                    // Nobody keeps a record (this replica stopped leading):
+                    // a copy for this once, and none is started.
+                    let (index, state) = self.read_with_index();
+                    *copy = StateCopy { state: state.clone(), index, clones, generation: 0 };
+                }
                 copy.clones = clones;
             }
         }
     }
 
-    /// Stops recording commands for a copy (the leader stepped down).
-    pub fn drop_copy(&self) {
-        *self.tail.lock().expect("tail lock") = None;
+    /// Stops recording commands for `copy` (its keeper stopped leading); a
+    /// newer copy's record is left alone.
+    pub fn end_copy(&self, copy: &StateCopy) {
+        let mut tail = self.tail.lock().expect("tail lock");
+        if tail.as_ref().is_some_and(|t| t.generation == copy.generation) {
+            *tail = None;
+        }
     }
 
     /// The state was replaced wholesale: a copy must be taken anew. Called
     /// under the state's write lock.
     fn break_copy(&self) {
         if let Some(t) = self.tail.lock().expect("tail lock").as_mut() {
-            t.commands.clear();
-            t.broken = true;
+            t.break_off();
         }
     }
 
@@ -189,12 +233,13 @@ impl SharedState {
         if t.broken {
             return;
         }
-        if t.commands.len() + commands.len() > COPY_TAIL_COMMANDS_MAX {
-            t.commands.clear();
-            t.broken = true;
+        let bytes = t.bytes.saturating_add(commands.iter().map(|(_, c)| c.approx_bytes()).sum());
+        if t.commands.len() + commands.len() > COPY_TAIL_COMMANDS_MAX || bytes > COPY_TAIL_BYTES_MAX {
+            t.break_off();
             return;
         }
         t.commands.extend(commands);
+        t.bytes = bytes;
         t.applied = applied;
     }
 
@@ -247,6 +292,7 @@ impl StateMachineStore {
                 events,
                 recent: Mutex::new((VecDeque::new(), 0)),
                 tail: Mutex::new(None),
+                copies: std::sync::atomic::AtomicU64::new(0),
             }),
             last_applied: None,
             last_membership: StoredMembership::default(),

@@ -261,7 +261,7 @@ async fn the_schedulers_copy_follows_every_applied_command() {
     use gangway_core::format::Payload;
     use gangway_core::spec::JobSpec;
     use gangway_core::Command;
-    use openraft::storage::RaftStateMachine;
+    use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
     use openraft::{CommittedLeaderId, EntryPayload, LogId};
     let dir = tempfile::tempdir().unwrap();
     let mut stores = open(dir.path()).unwrap();
@@ -305,10 +305,29 @@ async fn the_schedulers_copy_follows_every_applied_command() {
     }
     shared.refresh(&mut copy);
     assert_eq!((copy.index(), copy.state(), copy.clones()), (next - 1, &*shared.read(), 2));
-    // Once nobody keeps a copy (the leader stepped down), nothing is recorded;
-    // a refresh takes the state anew instead of missing what was applied.
-    shared.drop_copy();
+    // A second copy starts its own record. The first never takes a record
+    // that is not its own (it would miss what the other copy already took):
+    // it is taken anew, and the two take turns that way without either
+    // missing a command.
+    let mut second = shared.copy();
     stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
     shared.refresh(&mut copy);
     assert_eq!((copy.index(), copy.state(), copy.clones()), (next, &*shared.read(), 3));
+    next += 1;
+    stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
+    shared.refresh(&mut second);
+    assert_eq!((second.index(), second.state(), second.clones()), (next, &*shared.read(), 2));
+    // A snapshot installed replaces the state wholesale: taken anew.
+    let snap = stores.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    stores.state_machine.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
+    shared.refresh(&mut second);
+    assert_eq!((second.index(), second.state(), second.clones()), (next, &*shared.read(), 3));
+    // Once its keeper ends the record (it stopped leading), nothing is
+    // recorded; a refresh takes the state anew instead of missing what was
+    // applied, and starts no record.
+    shared.end_copy(&second);
+    next += 1;
+    stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
+    shared.refresh(&mut second);
+    assert_eq!((second.index(), second.state(), second.clones()), (next, &*shared.read(), 4));
 }

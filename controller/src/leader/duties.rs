@@ -33,12 +33,32 @@ const TICK_MIN_INTERVAL: Duration = Duration::from_millis(5);
 const PASS_SPACING_FACTOR: u32 = 2;
 
 /// Ends the copy's record of applied commands when the duties end (this
-/// replica stopped leading): a follower keeps no copy.
-struct CopyRelease(Arc<Replica>);
+/// replica stopped leading): a follower keeps no copy. (A newer leadership's
+/// copy keeps its own record.)
+struct CopyRelease(Arc<Replica>, Arc<Mutex<Option<StateCopy>>>);
 
 impl Drop for CopyRelease {
     fn drop(&mut self) {
-        self.0.node.state().drop_copy();
+        let copy = self.1.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(c) = copy.as_ref() {
+            self.0.node.state().end_copy(c);
+        }
+    }
+}
+
+/// The guard of what a tick keeps between ticks. A tick that panicked may
+/// have left it half-changed: then it starts over from `fresh` (a copy taken
+/// anew, a memory that knows nothing), never from what the panic left.
+fn kept<T>(m: &Mutex<T>, fresh: impl FnOnce() -> T) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => {
+            tracing::error!("a leader tick panicked earlier: starting its state over");
+            m.clear_poison();
+            let mut g = poisoned.into_inner();
+            *g = fresh();
+            g
+        }
     }
 }
 
@@ -50,7 +70,7 @@ pub async fn run(replica: Arc<Replica>) {
     let memory = Arc::new(Mutex::new(LeaderMemory::default()));
     // Taken on the first tick's blocking thread (a clone of the whole state).
     let copy: Arc<Mutex<Option<StateCopy>>> = Arc::new(Mutex::new(None));
-    let _release = CopyRelease(replica.clone());
+    let _release = CopyRelease(replica.clone(), copy.clone());
     loop {
         tokio::time::sleep(TICK_MIN_INTERVAL.max(last_pass * PASS_SPACING_FACTOR)).await;
         // Wait for a change (or the tick); a lagged receiver just means "tick now".
@@ -67,7 +87,7 @@ pub async fn run(replica: Arc<Replica>) {
         let tick = tokio::task::spawn_blocking(move || {
             let last = |node: &str| r.heartbeats.last_ms(node);
             let runs = |node: &str, job: JobId| r.heartbeats.runs(node, job);
-            let mut copy = copy.lock().expect("state copy lock");
+            let mut copy = kept(&copy, || None);
             let copy = match copy.as_mut() {
                 Some(c) => {
                     r.node.state().refresh(c);
@@ -85,7 +105,7 @@ pub async fn run(replica: Arc<Replica>) {
                 last: &last,
                 runs: &runs,
             };
-            let mut memory = memory.lock().expect("leader memory lock");
+            let mut memory = kept(&memory, LeaderMemory::default);
             leader_tick(state, now, Some(&heard), &mut memory, gangway_core::sched::Policy::Easy)
         })
         .await;
