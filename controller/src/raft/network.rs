@@ -24,6 +24,31 @@ use super::RAFT_MESSAGE_BYTES_MAX;
 /// replica rejoins quickly; openraft calls this only after a failure.
 const UNREACHABLE_BACKOFF: Duration = Duration::from_millis(200);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Entry bytes one append RPC carries (at least one entry, whatever its
+/// size). openraft 0.9 gives an append RPC one heartbeat interval (50 ms) to
+/// cross, be written, synced and answered, and resends a batch that timed
+/// out whole: a follower that fell behind on big entries (64 half-megabyte
+/// scripts are 32 MB) would be sent the same batch forever and never catch
+/// up. Past this the rest goes in the next RPC (openraft's PartialSuccess).
+const APPEND_RPC_BYTES_MAX: usize = 2 << 20;
+/// What an entry other than a command weighs here (membership, blank).
+const ENTRY_BYTES_OTHER: usize = 256;
+
+/// How many of `entries`, from the first, one append RPC carries: as many as
+/// fit in `budget` bytes, and at least one.
+pub fn entries_within(entries: &[openraft::Entry<TypeConfig>], budget: usize) -> usize {
+    let mut bytes = 0usize;
+    for (i, e) in entries.iter().enumerate() {
+        bytes = bytes.saturating_add(match &e.payload {
+            openraft::EntryPayload::Normal(p) => p.command.as_ref().map_or(p.unread.len(), |c| c.approx_bytes()),
+            _ => ENTRY_BYTES_OTHER,
+        });
+        if bytes > budget {
+            return i.max(1);
+        }
+    }
+    entries.len()
+}
 
 pub struct Network {
     pub security: gangway_proto::tls::Security,
@@ -103,10 +128,19 @@ impl PeerClient {
 impl RaftNetwork<TypeConfig> for PeerClient {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
-        self.call("append", &rpc, &option).await
+        let keep = entries_within(&rpc.entries, APPEND_RPC_BYTES_MAX);
+        let cut = keep < rpc.entries.len();
+        rpc.entries.truncate(keep);
+        let last = rpc.entries.last().map(|e| e.log_id);
+        let answer = self.call("append", &rpc, &option).await?;
+        Ok(match answer {
+            // The follower has what was sent: the leader sends on from there.
+            AppendEntriesResponse::Success if cut => AppendEntriesResponse::PartialSuccess(last),
+            other => other,
+        })
     }
 
     async fn install_snapshot(
@@ -127,5 +161,38 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 
     fn backoff(&self) -> Backoff {
         Backoff::new(std::iter::repeat(UNREACHABLE_BACKOFF))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gangway_core::format::Payload;
+
+    fn entry(index: u64, script_bytes: usize) -> openraft::Entry<TypeConfig> {
+        use gangway_core::JobSpec as Spec;
+        let spec = Spec { script: "x".repeat(script_bytes), ..Default::default() };
+        let cmd = gangway_core::Command::SubmitJob {
+            spec,
+            identity: "client:a".into(),
+            idempotency_key: String::new(),
+            now_ms: 0,
+        };
+        openraft::Entry {
+            log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: openraft::EntryPayload::Normal(Payload::new(cmd, gangway_core::format::FORMAT_NEWEST)),
+        }
+    }
+
+    #[test]
+    fn an_append_rpc_carries_a_bounded_prefix_and_always_one_entry() {
+        let half_mb: Vec<_> = (1..=64).map(|i| entry(i, 512 * 1024)).collect();
+        let n = entries_within(&half_mb, APPEND_RPC_BYTES_MAX);
+        assert!((2..=4).contains(&n), "{n} half-megabyte entries in one RPC");
+        let huge = vec![entry(1, 4 << 20), entry(2, 10)];
+        assert_eq!(entries_within(&huge, APPEND_RPC_BYTES_MAX), 1, "one entry over the budget still goes");
+        let small: Vec<_> = (1..=64).map(|i| entry(i, 100)).collect();
+        assert_eq!(entries_within(&small, APPEND_RPC_BYTES_MAX), 64);
+        assert_eq!(entries_within(&[], APPEND_RPC_BYTES_MAX), 0);
     }
 }
