@@ -780,6 +780,53 @@ async fn bench_failover(runs: usize, data_dir: Option<PathBuf>) -> anyhow::Resul
     Ok(())
 }
 
+/// Agents run in this process against a bench cluster, stopped together.
+pub(crate) struct BenchAgents {
+    stop: tokio::sync::broadcast::Sender<()>,
+    tasks: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl BenchAgents {
+    /// Starts an agent for each of `configs` and waits until `client` sees
+    /// them all registered.
+    pub(crate) async fn start(
+        configs: Vec<gangway_node_agent::AgentConfig>,
+        client: &Client,
+    ) -> anyhow::Result<BenchAgents> {
+        let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
+        let want = configs.len();
+        let tasks = configs
+            .into_iter()
+            .map(|config| {
+                let mut stop_rx = stop.subscribe();
+                tokio::spawn(gangway_node_agent::run(config, async move {
+                    let _ = stop_rx.recv().await;
+                }))
+            })
+            .collect();
+        let agents = BenchAgents { stop, tasks };
+        let deadline = Instant::now() + CLUSTER_WAIT;
+        loop {
+            let n = client.list_nodes(false).await.map(|n| n.len()).unwrap_or(0);
+            if n >= want {
+                return Ok(agents);
+            }
+            if Instant::now() > deadline {
+                agents.stop().await;
+                bail!("only {n} of {want} agents registered within {} s", CLUSTER_WAIT.as_secs());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub(crate) async fn stop(self) {
+        let _ = self.stop.send(());
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
 /// Jobs in `states` (at most `limit` are counted).
 async fn count_jobs(client: &Client, states: &[pb::JobState], limit: u32) -> Result<usize, tonic::Status> {
     let req = pb::ListJobsRequest { states: states.iter().map(|s| *s as i32).collect(), limit, ..Default::default() };
@@ -802,33 +849,16 @@ async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> any
     let cluster = LocalCluster::start(3, data_dir)?;
     let client = Arc::new(Client::new(&cluster.endpoints(), "bench", &Security::Insecure)?);
     cluster.wait_leader(&client).await?;
-    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
-    let mut agents = Vec::new();
-    for i in 1..=nodes {
+    let configs = (1..=nodes).map(|i| {
         let name = format!("bench-node-{i}");
         let state_dir = cluster.root().join(format!("agent-{name}"));
-        let config = gangway_node_agent::AgentConfig {
+        gangway_node_agent::AgentConfig {
             identity: "bench".into(),
             gpu_fault_file: None,
             ..gangway_node_agent::AgentConfig::simulated(cluster.endpoints(), &name, state_dir)
-        };
-        let mut stop = stop_tx.subscribe();
-        agents.push(tokio::spawn(gangway_node_agent::run(config, async move {
-            let _ = stop.recv().await;
-        })));
-    }
-    // Wait until every node is registered.
-    let deadline = Instant::now() + CLUSTER_WAIT;
-    loop {
-        let n = client.list_nodes(false).await.map(|n| n.len()).unwrap_or(0);
-        if n == nodes {
-            break;
         }
-        if Instant::now() > deadline {
-            bail!("only {n} of {nodes} agents registered");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    });
+    let agents = BenchAgents::start(configs.collect(), &client).await?;
     let workdir = cluster.root().join("jobs");
     std::fs::create_dir_all(&workdir)?;
     let user = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name).unwrap_or_default();
@@ -880,10 +910,7 @@ async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> any
         done.as_secs_f64(),
         jobs as f64 / done.as_secs_f64()
     );
-    let _ = stop_tx.send(());
-    for a in agents {
-        let _ = a.await;
-    }
+    agents.stop().await;
     Ok(())
 }
 

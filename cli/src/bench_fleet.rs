@@ -154,10 +154,7 @@ struct Shared {
     /// The big gang's job id (0: none) and size.
     gang_job: AtomicU64,
     gang_nodes: AtomicU64,
-    /// Its tasks launched, and when the last of them was (wall ms).
-    gang_launched: AtomicU64,
-    gang_all_launched_ms: AtomicU64,
-    /// When each of its tasks launched (wall ms).
+    /// When each of its tasks launched (wall ms), in order.
     gang_launch_ms: std::sync::Mutex<Vec<u64>>,
     /// Its launches whose task environment named every node of the gang,
     /// and those whose did not.
@@ -177,9 +174,6 @@ impl Shared {
     /// work.)
     fn gang_launch(&self, order: Option<&pb::LaunchOrder>, node: &str) {
         let want = self.gang_nodes.load(Ordering::Relaxed) as usize;
-        if self.gang_launched.fetch_add(1, Ordering::Relaxed) + 1 == want as u64 {
-            self.gang_all_launched_ms.store(now_ms(), Ordering::Relaxed);
-        }
         self.gang_launch_ms.lock().expect("gang launches").push(now_ms());
         if order.is_some_and(|o| o.node_rank % GANG_ENV_SAMPLE != 0) {
             return;
@@ -866,14 +860,14 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
             a.gang_nodes,
             job.start_time_ms.map_or("not placed".into(), after)
         );
-        let all = shared.gang_all_launched_ms.load(Ordering::Relaxed);
         let mut launches = shared.gang_launch_ms.lock().expect("gang launches").clone();
         launches.sort_unstable();
         let pick = |p: f64| launches.get(((launches.len() as f64 - 1.0) * p).round() as usize).copied();
+        let all = launches.last().copied().filter(|_| launches.len() >= a.gang_nodes as usize);
         println!(
             "| its task launched on every node after | {} ({} of {} launched; p50 {}, p99 {}) |",
-            if all == 0 { "not yet".to_string() } else { after(all) },
-            shared.gang_launched.load(Ordering::Relaxed),
+            all.map_or("not yet".to_string(), after),
+            launches.len(),
             a.gang_nodes,
             pick(0.5).map_or("-".into(), after),
             pick(0.99).map_or("-".into(), after),

@@ -32,8 +32,8 @@ use gangway_proto::tls::{Principal, Role};
 use tokio::sync::Mutex;
 
 use crate::bench::{
-    closed_loop, failover_gaps, free_ports, machine_facts, percentile, spawn_writer, GangwayFailover, Load,
-    LocalCluster, Op, Replicated, CLUSTER_WAIT,
+    closed_loop, failover_gaps, free_ports, machine_facts, percentile, spawn_writer, BenchAgents, GangwayFailover,
+    Load, LocalCluster, Op, Replicated, CLUSTER_WAIT,
 };
 
 /// Members of each replicated system.
@@ -708,8 +708,7 @@ async fn submit_ops(cluster: &LocalCluster) -> anyhow::Result<impl Fn(usize) -> 
 /// The batch rows' Gangway: mutual TLS, agents of Slurm's node shape.
 struct GangwayBatch {
     cluster: LocalCluster,
-    stop: tokio::sync::broadcast::Sender<()>,
-    agents: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    agents: BenchAgents,
     jobs: PathBuf,
 }
 
@@ -725,34 +724,23 @@ impl GangwayBatch {
         let tls = cluster.tls_dir().context("an mTLS cluster has a TLS directory")?.to_path_buf();
         let client = Client::new(&cluster.endpoints(), "bench", cluster.security())?;
         cluster.wait_leader(&client).await?;
-        let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
-        let mut agents = Vec::new();
+        let mut configs = Vec::new();
         for (p, name) in extra[1..].iter().zip(&names) {
             let files = gangway_proto::tls::TlsFiles::in_dir(&tls, &gangway_proto::pki::stem(p));
             let creds = gangway_proto::tls::Credentials::load(files).map_err(anyhow::Error::msg)?;
             let state_dir = cluster.root().join(format!("agent-{name}"));
-            let config = gangway_node_agent::AgentConfig {
+            configs.push(gangway_node_agent::AgentConfig {
                 cpus: BATCH_NODE_CPUS,
                 mem_mb: 16_000,
                 security: gangway_proto::tls::Security::Tls(creds),
                 gpu_fault_file: None,
                 ..gangway_node_agent::AgentConfig::simulated(cluster.endpoints(), name, state_dir)
-            };
-            let mut stop_rx = stop.subscribe();
-            agents.push(tokio::spawn(gangway_node_agent::run(config, async move {
-                let _ = stop_rx.recv().await;
-            })));
+            });
         }
-        let deadline = Instant::now() + CLUSTER_WAIT;
-        while client.list_nodes(false).await.map(|n| n.len()).unwrap_or(0) < BATCH_NODES {
-            if Instant::now() > deadline {
-                bail!("Gangway's {BATCH_NODES} agents did not register within {} s", CLUSTER_WAIT.as_secs());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let agents = BenchAgents::start(configs, &client).await?;
         let jobs = cluster.root().join("jobs");
         std::fs::create_dir_all(&jobs)?;
-        Ok(GangwayBatch { cluster, stop, agents, jobs })
+        Ok(GangwayBatch { cluster, agents, jobs })
     }
 
     /// Gangway's own command `program` (`sbatch`, `squeue`): this binary, with
@@ -768,10 +756,7 @@ impl GangwayBatch {
     }
 
     async fn stop(self) {
-        let _ = self.stop.send(());
-        for a in self.agents {
-            let _ = a.await;
-        }
+        self.agents.stop().await;
         drop(self.cluster);
     }
 }
