@@ -47,7 +47,7 @@ pub async fn queue(client: &Client, out: &Output, a: QueueArgs) -> anyhow::Resul
     for s in &a.states {
         let st = gangway_core::JobState::parse(s).ok_or_else(|| {
             anyhow::anyhow!(
-                "state: '{s}' is not a job state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL)"
+                "state: '{s}' is not a job state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, DEADLINE)"
             )
         })?;
         states.push(st);

@@ -83,6 +83,22 @@ pub struct ResourceArgs {
     /// Quality of service.
     #[arg(short = 'q', long)]
     pub qos: Option<String>,
+    /// Cluster licenses held while the job runs: NAME[:COUNT],... (`scontrol
+    /// show lic` lists them).
+    #[arg(short = 'L', long)]
+    pub licenses: Option<String>,
+    /// Run in this advance reservation (`scontrol show res`).
+    #[arg(long)]
+    pub reservation: Option<String>,
+    /// The shortest time limit the job accepts (same forms as --time): it may
+    /// start with a limit down to this to end before a reservation or its
+    /// deadline.
+    #[arg(long = "time-min")]
+    pub time_min: Option<String>,
+    /// End by this time (same forms as --begin); a job that cannot any more
+    /// ends DEADLINE.
+    #[arg(long)]
+    pub deadline: Option<String>,
 }
 
 impl ResourceArgs {
@@ -416,6 +432,20 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
             None | Some("append") => false,
             Some("truncate") => true,
             Some(other) => bail!("--open-mode: '{other}' must be append or truncate"),
+        },
+        licenses: match a.res.licenses.as_deref() {
+            Some(l) => parse::licenses(l).map_err(anyhow::Error::msg)?.into_iter().collect(),
+            None => Default::default(),
+        },
+        reservation: a.res.reservation.clone().unwrap_or_default(),
+        time_min_s: match a.res.time_min.as_deref() {
+            Some(t) => parse::time_limit_s(t).map_err(|e| anyhow::anyhow!(e.replace("--time", "--time-min")))?,
+            None => 0,
+        },
+        deadline_ms: match &a.res.deadline {
+            Some(d) => parse::begin_ms(d, crate::slurm::now_ms())
+                .map_err(|e| anyhow::anyhow!(e.replace("--begin", "--deadline")))?,
+            None => 0,
         },
     };
     Ok(spec)

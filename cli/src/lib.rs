@@ -22,6 +22,7 @@ pub mod jobspec;
 mod output;
 pub mod parse;
 mod policy;
+mod reservations;
 mod sbatch;
 mod simulate;
 mod slurm;

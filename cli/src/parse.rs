@@ -86,6 +86,37 @@ pub fn begin_ms(s: &str, now_ms: u64) -> Result<u64, String> {
     parse_time("--begin", &t.replace('t', "T"), now_ms).map_err(|_| bad())
 }
 
+/// Slurm's `--licenses`: `NAME[:COUNT]` or `NAME[*COUNT]`, joined with `,`
+/// (COUNT defaults to 1; a name given twice adds up). Slurm's `|` (any one
+/// of) is refused.
+pub fn licenses(s: &str) -> Result<std::collections::HashMap<String, u32>, String> {
+    let mut out: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
+    if s.contains('|') {
+        return Err(format!("--licenses: '{s}': '|' (any one of) is not supported; list the licenses with ','"));
+    }
+    for item in s.split(',').map(str::trim) {
+        if item.is_empty() {
+            return Err(format!("--licenses: '{s}' has an empty entry (NAME[:COUNT],...)"));
+        }
+        let (name, count) = match item.split_once([':', '*']) {
+            Some((n, c)) => (
+                n,
+                c.parse::<u32>()
+                    .ok()
+                    .filter(|c| *c > 0)
+                    .ok_or_else(|| format!("--licenses: '{item}': the count must be a whole number of at least 1"))?,
+            ),
+            None => (item, 1),
+        };
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) {
+            return Err(format!("--licenses: '{item}': a license name is letters, digits, '-', '_' or '.'"));
+        }
+        let e = out.entry(name.to_string()).or_default();
+        *e = e.checked_add(count).ok_or_else(|| format!("--licenses: '{s}': too many of {name}"))?;
+    }
+    Ok(out)
+}
+
 /// Memory sizes: a number of MiB, or with a K/M/G/T suffix (`512M`, `64G`).
 pub fn mem_mb(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -370,6 +401,16 @@ mod tests {
         assert!(topology("rack:sometimes").is_err());
         assert_eq!(switches("1@5").unwrap(), (false, 300));
         assert!(switches("2").is_err());
+    }
+
+    #[test]
+    fn licenses_as_slurm_writes_them() {
+        let l = licenses("wandb:2,matlab,ansys*3,wandb").unwrap();
+        let l: std::collections::BTreeMap<_, _> = l.into_iter().collect();
+        assert_eq!(l, [("ansys".into(), 3), ("matlab".into(), 1), ("wandb".into(), 3)].into());
+        for bad in ["", "a,,b", "wandb:0", "wandb:x", "a|b", "x y", ":2", "w:4294967295,w:1"] {
+            assert!(licenses(bad).unwrap_err().starts_with("--licenses:"), "{bad}");
+        }
     }
 }
 

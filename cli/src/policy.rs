@@ -69,6 +69,12 @@ pub enum AdminCmd {
         #[arg(long)]
         stale: bool,
     },
+    /// Advance reservations: nodes set aside for users, accounts or maintenance.
+    #[command(subcommand)]
+    Reservation(crate::reservations::ReservationCmd),
+    /// Cluster licenses (Slurm's Licenses=): `license wandb 4` sets the
+    /// seats, `license wandb 0` removes it, `license` lists them with use.
+    License { name: Option<String>, count: Option<u32> },
 }
 
 #[derive(Subcommand)]
@@ -573,6 +579,24 @@ pub async fn run(client: &Client, out: &Output, cmd: AdminCmd) -> anyhow::Result
             })
             .await?;
             println!("policy updated (version {v})");
+            Ok(())
+        }
+        AdminCmd::Reservation(c) => crate::reservations::run(client, out, c).await,
+        AdminCmd::License { name, count: None } => {
+            crate::reservations::show_licenses(client, out, name.as_deref()).await
+        }
+        AdminCmd::License { name: None, count: Some(_) } => bail!("license: give the license's name before the count"),
+        AdminCmd::License { name: Some(name), count: Some(count) } => {
+            let v = edit(client, false, |p| {
+                if count == 0 {
+                    p.licenses.remove(&name);
+                } else {
+                    p.licenses.insert(name.clone(), count);
+                }
+                Ok(())
+            })
+            .await?;
+            println!("license {name}: {count} seats (policy version {v})");
             Ok(())
         }
         AdminCmd::Coordinators { account, set } => {

@@ -40,10 +40,6 @@ const EXPORT_VARS_MAX: usize = 1024;
 pub struct SbatchOpts {
     #[command(flatten)]
     res: crate::jobspec::ResourceArgs,
-    /// The shortest time limit the job accepts: parsed, not used (the job
-    /// runs with its full --time).
-    #[arg(long = "time-min")]
-    time_min: Option<String>,
     /// Not before: now+1hour, 16:00, 2026-12-24T08:00, midnight, tomorrow (UTC).
     #[arg(short = 'b', long)]
     begin: Option<String>,
@@ -175,10 +171,7 @@ const OTHERS: &[Other] = &[
     ignored("propagate", None, true, "resource limits are not propagated from the submit host"),
     ignored("get-user-env", None, false, "jobs get the submitting environment through --export (ALL by default)"),
     ignored("wckey", None, true, "workload characterization keys are not supported; use --account"),
-    refused("reservation", None, true, "advance reservations are not supported yet"),
-    refused("deadline", None, true, "deadlines are not supported yet"),
     refused("nodefile", Some('F'), true, "choosing nodes by name is not supported yet; use --constraint"),
-    refused("licenses", Some('L'), true, "licenses are not supported yet"),
     refused("clusters", Some('M'), true, "multi-cluster operation is not supported"),
     refused("distribution", Some('m'), true, "task distribution patterns are not supported yet"),
     refused("mincpus", None, true, "give --cpus-per-task"),
@@ -513,15 +506,12 @@ pub fn to_submit_args(
         }
     }
     let open_mode = o.open_mode.clone();
-    if let Some(t) = o.time_min.as_deref() {
+    if let Some(t) = o.res.time_min.as_deref() {
         let min = crate::parse::time_limit_s(t).map_err(|e| e.replace("--time", "--time-min"))?;
         let limit = o.res.time.as_deref().map(crate::parse::time_limit_s).transpose()?;
         if limit.is_some_and(|l| min > l) {
             return Err(format!("--time-min: {t} is longer than --time"));
         }
-        notices.push(format!(
-            "--time-min={t} is not used: the job runs with its full --time (Gangway does not shorten limits to backfill)"
-        ));
     }
     // Slurm's "all of each node's memory": Gangway reserves none and sets no
     // limit (`jobspec::job_spec`), so the job may use all of it.
@@ -707,10 +697,11 @@ mod tests {
     const ENV: &[(&str, &str)] =
         &[("HOME", "/home/alice"), ("PATH", "/usr/bin:/bin"), ("PWD", "/home/alice"), ("SLURM_JOB_ID", "77")];
 
-    /// A spec's non-default fields, one per line (env sorted, script summarized).
+    /// A spec's non-default fields, one per line (env and licenses sorted, script summarized).
     fn render_spec(spec: &pb::JobSpec) -> String {
         let mut s = spec.clone();
         let env: std::collections::BTreeMap<String, String> = s.env.drain().collect();
+        let licenses: std::collections::BTreeMap<String, u32> = s.licenses.drain().collect();
         s.script = format!("<{} lines>", spec.script.lines().count());
         if std::env::current_dir().is_ok_and(|d| d.display().to_string() == s.workdir) {
             s.workdir = "<submit dir>".into();
@@ -723,6 +714,9 @@ mod tests {
             .collect();
         for (k, v) in env {
             out.push_str(&format!("env {k}={v}\n"));
+        }
+        for (k, v) in licenses {
+            out.push_str(&format!("license {k}:{v}\n"));
         }
         out
     }

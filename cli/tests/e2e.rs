@@ -723,6 +723,79 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     );
     // Just ended, named: shown (as Slurm does until MinJobAge), cancelled.
     assert_eq!(tool("squeue", &["-h", "-j", &format!("{base}_2"), "-o", "%i %t"]).trim(), format!("{base}_2 CA"));
+    reservations_and_licenses_through_the_shims(endpoints, work, &shim);
+}
+
+/// Licenses and advance reservations through Slurm's commands: seats held by
+/// running jobs, a job beyond them waiting with the reason Licenses; a
+/// reservation created with scontrol, its node shown `resv`, a job in it
+/// run there, another job kept off the node until it is deleted.
+fn reservations_and_licenses_through_the_shims(endpoints: &str, work: &Path, shim: &dyn Fn(&str, &str) -> Command) {
+    let tool = |name: &str, args: &[&str]| {
+        let o = shim(name, "dev:root").args(args).output().unwrap();
+        assert!(o.status.success(), "{name} {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o)
+    };
+    let state_of = |id: &str| tool("sacct", &["-X", "-j", id, "-n", "-P", "-o", "State"]).trim().to_string();
+    let o = cli(endpoints, &["admin", "license", "wandb", "1"], work);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let holder = tool("sbatch", &["--parsable", "-L", "wandb", "--wrap", "sleep 60"]).trim().to_string();
+    let waiter = tool("sbatch", &["--parsable", "--licenses=wandb:1", "--wrap", "true"]).trim().to_string();
+    eventually("the license holder never started", || state_of(&holder) == "RUNNING");
+    eventually("the second job never waited for the license", || {
+        tool("squeue", &["-h", "-j", &waiter, "-o", "%t|%r"]).trim() == "PD|Licenses"
+    });
+    let lic = tool("scontrol", &["show", "lic"]);
+    assert!(lic.contains("LicenseName=wandb") && lic.contains("Total=1 Used=1 Free=0"), "{lic}");
+    let o = shim("sbatch", "dev:root").args(["-L", "comsol", "--wrap", "true"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("invalid license specification"), "{err}");
+    tool("scancel", &[&holder]);
+    eventually("the license never passed to the waiting job", || state_of(&waiter) == "COMPLETED");
+
+    // A reservation of one node for root, for ten minutes from now.
+    let made = tool(
+        "scontrol",
+        &[
+            "create",
+            "reservation",
+            "ReservationName=e2e",
+            "StartTime=now",
+            "Duration=10:00",
+            "Nodes=e2e-node-2",
+            "Users=root",
+        ],
+    );
+    assert!(made.contains("Reservation created: e2e"), "{made}");
+    let shown = tool("scontrol", &["show", "reservation", "e2e"]);
+    assert!(
+        shown.contains("ReservationName=e2e") && shown.contains("Nodes=e2e-node-2") && shown.contains("State=ACTIVE"),
+        "{shown}"
+    );
+    let o = shim("scontrol", "dev:mallory")
+        .args(["create", "reservation", "ReservationName=m", "Duration=5", "Nodes=e2e-node-1", "Users=mallory"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("operator or admin"), "{err}");
+    eventually("sinfo never showed the reserved node", || {
+        tool("sinfo", &["-N", "-h", "-o", "%N %t"]).lines().any(|l| l.trim() == "e2e-node-2 resv")
+    });
+    let inside = tool("sbatch", &["--parsable", "--reservation=e2e", "-t", "5", "--wrap", "echo in $SLURMD_NODENAME"])
+        .trim()
+        .to_string();
+    let outside = tool("sbatch", &["--parsable", "-w", "e2e-node-2", "-t", "60", "--wrap", "true"]).trim().to_string();
+    eventually("the reservation's job never completed", || state_of(&inside) == "COMPLETED");
+    let said = std::fs::read_to_string(work.join(format!("slurm-{inside}.out"))).unwrap();
+    assert_eq!(said.trim(), "in e2e-node-2");
+    let shown = stdout(&cli(endpoints, &["show", &outside, "--json"], work));
+    assert!(shown.contains("\"state\": \"PENDING\""), "a job ran on a reserved node: {shown}");
+    let o = shim("sbatch", "dev:mallory").args(["--reservation=e2e", "--wrap", "true"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("access denied to requested reservation"), "{err}");
+    tool("scontrol", &["delete", "reservation", "e2e"]);
+    assert!(tool("scontrol", &["show", "reservation"]).contains("No reservations in the system"));
+    eventually("the job never ran once the reservation was gone", || state_of(&outside) == "COMPLETED");
 }
 
 /// The admin commands (TOML import/export, object edits) and the scheduler's

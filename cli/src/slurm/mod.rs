@@ -36,6 +36,7 @@ pub fn state_code(s: i32) -> &'static str {
         pb::JobState::Cancelled => "CA",
         pb::JobState::Timeout => "TO",
         pb::JobState::NodeFail => "NF",
+        pb::JobState::Deadline => "DL",
         pb::JobState::Unspecified => "?",
     }
 }
@@ -50,11 +51,12 @@ pub fn state_name(s: i32) -> &'static str {
         pb::JobState::Cancelled => "CANCELLED",
         pb::JobState::Timeout => "TIMEOUT",
         pb::JobState::NodeFail => "NODE_FAIL",
+        pb::JobState::Deadline => "DEADLINE",
         pb::JobState::Unspecified => "UNKNOWN",
     }
 }
 
-const ALL_STATES: [pb::JobState; 7] = [
+const ALL_STATES: [pb::JobState; 8] = [
     pb::JobState::Pending,
     pb::JobState::Running,
     pb::JobState::Completed,
@@ -62,6 +64,7 @@ const ALL_STATES: [pb::JobState; 7] = [
     pb::JobState::Cancelled,
     pb::JobState::Timeout,
     pb::JobState::NodeFail,
+    pb::JobState::Deadline,
 ];
 
 /// Parses state filters as Slurm takes them: codes or names, any case; `all`.
@@ -78,7 +81,7 @@ pub fn parse_states(option: &str, items: &[String]) -> Result<Vec<i32>, String> 
             None => {
                 return Err(format!(
                     "{option}: '{item}' is not a job state (PD/PENDING, R/RUNNING, CD/COMPLETED, F/FAILED, \
-                     CA/CANCELLED, TO/TIMEOUT, NF/NODE_FAIL, all)"
+                     CA/CANCELLED, TO/TIMEOUT, NF/NODE_FAIL, DL/DEADLINE, all)"
                 ))
             }
         }
@@ -303,7 +306,8 @@ mod tests {
         assert!(JobSel::parse("", "12_2").unwrap().matches(&array_elem));
         assert!(!JobSel::parse("", "12_1").unwrap().matches(&array_elem));
         assert_eq!(parse_states("-t", &["pd".into(), "RUNNING".into()]).unwrap().len(), 2);
-        assert_eq!(parse_states("-t", &["all".into()]).unwrap().len(), 7);
+        assert_eq!(parse_states("-t", &["all".into()]).unwrap().len(), 8);
+        assert_eq!(parse_states("-t", &["DL".into()]).unwrap(), vec![pb::JobState::Deadline as i32]);
         assert!(parse_states("-t", &["sleeping".into()]).unwrap_err().contains("-t"));
         assert_eq!(identity_user("dev:alice"), "alice");
     }

@@ -1,6 +1,7 @@
-//! `scontrol`: `show hostnames|hostlist|job|node|partition`, `hold`, `release`,
-//! `requeue`, `requeuehold`, `update JobId=.. TimeLimit=.. Nice=.. Priority=..`
-//! and `update NodeName=.. State=DRAIN|RESUME Reason=..`, in Slurm's words.
+//! `scontrol`: `show hostnames|hostlist|job|node|partition|reservation|licenses`,
+//! `hold`, `release`, `requeue`, `requeuehold`, `update JobId=.. TimeLimit=..
+//! Nice=.. Priority=..`, `update NodeName=.. State=DRAIN|RESUME Reason=..`,
+//! `create|update|delete reservation`, in Slurm's words.
 
 use anyhow::{bail, Context};
 use clap::Args;
@@ -21,8 +22,11 @@ pub struct ScontrolArgs {
     #[arg(short = 'd', long)]
     details: bool,
     /// COMMAND [ARGS]: show hostnames [LIST] | show hostlist LIST | show job [ID] |
-    /// show node [NAME] | show partition [NAME] | hold ID | release ID | requeue ID |
-    /// update JobId=ID KEY=VALUE... | update NodeName=NAME State=DRAIN|RESUME Reason=...
+    /// show node [NAME] | show partition [NAME] | show reservation [NAME] | show licenses |
+    /// hold ID | release ID | requeue ID | update JobId=ID KEY=VALUE... |
+    /// update NodeName=NAME State=DRAIN|RESUME Reason=... |
+    /// create reservation ReservationName=N StartTime=T Duration=D Nodes=L Users=U Flags=F |
+    /// update ReservationName=N KEY=VALUE... | delete reservation NAME
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
     words: Vec<String>,
 }
@@ -72,10 +76,28 @@ pub async fn run(client: &Client, out: &Output, a: ScontrolArgs) -> anyhow::Resu
         ("show", Some("job" | "jobs" | "jobid")) => show_jobs(client, out, w.get(2).copied(), a.oneliner).await,
         ("show", Some("node" | "nodes")) => show_nodes(client, out, w.get(2).copied(), a.oneliner).await,
         ("show", Some("partition" | "partitions")) => show_partitions(client, out, w.get(2).copied()).await,
+        ("show", Some("reservation" | "reservations" | "res")) => {
+            let rs = crate::reservations::list(client, w.get(2).copied().unwrap_or(""), false).await?;
+            crate::reservations::print_reservations(out, &rs, super::now_ms())
+        }
+        ("show", Some("lic" | "license" | "licenses")) => {
+            crate::reservations::show_licenses(client, out, w.get(2).copied()).await
+        }
         ("show", other) => bail!(
-            "show: '{}' is not something scontrol shows here (hostnames, hostlist, job, node, partition)",
+            "show: '{}' is not something scontrol shows here (hostnames, hostlist, job, node, partition, \
+             reservation, licenses)",
             other.unwrap_or("")
         ),
+        ("create", Some("reservation" | "res")) => {
+            crate::reservations::scontrol_change(client, out, false, &w[2..]).await
+        }
+        ("update", _) if lower.iter().any(|x| x.starts_with("reservationname=") || x.starts_with("reservation=")) => {
+            crate::reservations::scontrol_change(client, out, true, &w[1..]).await
+        }
+        ("delete", Some("reservation" | "res")) => crate::reservations::scontrol_delete(client, &w[2..]).await,
+        ("delete", Some(x)) if x.starts_with("reservationname=") || x.starts_with("reservation=") => {
+            crate::reservations::scontrol_delete(client, &w[1..]).await
+        }
         ("hold" | "uhold" | "release" | "requeue" | "requeuehold", _) => {
             let change = match verb {
                 "hold" | "uhold" => Change::Hold,
@@ -88,7 +110,8 @@ pub async fn run(client: &Client, out: &Output, a: ScontrolArgs) -> anyhow::Resu
         }
         ("update", _) => update(client, out, &w[1..]).await,
         _ => bail!(
-            "command: '{}' is not an scontrol command Gangway has (show, hold, release, requeue, requeuehold, update)",
+            "command: '{}' is not an scontrol command Gangway has (show, hold, release, requeue, requeuehold, update, \
+             create reservation, delete reservation)",
             w[0]
         ),
     }
@@ -244,6 +267,14 @@ pub fn job_fields(j: &pb::Job, e: Option<&pb::Explanation>, now: u64) -> Vec<(St
         ("CPUs/Task".into(), s.cpus_per_task.unwrap_or(1).max(1).to_string()),
         ("TRES".into(), tres),
         ("Features".into(), if s.constraints.is_empty() { "(null)".into() } else { s.constraints.join("&") }),
+        ("Reservation".into(), none(&s.reservation)),
+        ("Licenses".into(), {
+            let mut l: Vec<String> = s.licenses.iter().map(|(n, c)| format!("{n}:{c}")).collect();
+            l.sort();
+            none(&l.join(","))
+        }),
+        ("TimeMin".into(), if s.time_min_s == 0 { "N/A".into() } else { duration(s.time_min_s) }),
+        ("Deadline".into(), if s.deadline_ms == 0 { "N/A".into() } else { timestamp(s.deadline_ms) }),
         ("Command".into(), if s.script.is_empty() { s.command.join(" ") } else { "(batch script)".into() }),
         ("WorkDir".into(), s.workdir.clone()),
         ("Comment".into(), none(&s.comment)),
@@ -267,7 +298,7 @@ pub fn job_fields(j: &pb::Job, e: Option<&pb::Explanation>, now: u64) -> Vec<(St
 }
 
 /// Slurm's layout: a few fields per line, indented; or all on one line.
-fn print_fields(f: &[(String, String)], oneliner: bool, per_line: usize) {
+pub(crate) fn print_fields(f: &[(String, String)], oneliner: bool, per_line: usize) {
     let cells: Vec<String> = f.iter().map(|(k, v)| format!("{k}={v}")).collect();
     if oneliner {
         println!("{}", cells.join(" "));

@@ -99,6 +99,8 @@ pub fn node_state(n: &pb::Node) -> &'static str {
         pb::NodeState::Down | pb::NodeState::Unspecified => "down",
         pb::NodeState::Drain if busy => "draining",
         pb::NodeState::Drain => "drained",
+        pb::NodeState::Up if !busy && n.maint => "maint",
+        pb::NodeState::Up if !busy && !n.reservation.is_empty() => "reserved",
         pb::NodeState::Up if !busy => "idle",
         pb::NodeState::Up if full => "allocated",
         pb::NodeState::Up => "mixed",
@@ -112,6 +114,8 @@ fn compact(state: &str) -> &'static str {
         "allocated" => "alloc",
         "mixed" => "mix",
         "idle" => "idle",
+        "maint" => "maint",
+        "reserved" => "resv",
         _ => "down",
     }
 }
@@ -186,7 +190,7 @@ fn aggregate(rows: &[&Row], key: &str) -> String {
             for r in rows {
                 match node_state(r.node) {
                     "allocated" | "mixed" => a += 1,
-                    "idle" => i += 1,
+                    "idle" | "reserved" | "maint" => i += 1,
                     _ => o += 1,
                 }
             }
@@ -222,10 +226,23 @@ pub async fn run(client: &Client, out: &Output, a: SinfoArgs) -> anyhow::Result<
     .map_err(anyhow::Error::msg)?;
     let only_nodes = a.nodes.as_deref().map(hostlist::expand).transpose().map_err(anyhow::Error::msg)?;
     for s in &a.states {
-        if !["idle", "mix", "mixed", "alloc", "allocated", "drain", "drained", "drng", "draining", "down"]
-            .contains(&s.to_ascii_lowercase().as_str())
-        {
-            anyhow::bail!("--states: '{s}' is not a node state (idle, mix, alloc, drain, drng, down)");
+        let known = [
+            "idle",
+            "mix",
+            "mixed",
+            "alloc",
+            "allocated",
+            "drain",
+            "drained",
+            "drng",
+            "draining",
+            "down",
+            "maint",
+            "resv",
+            "reserved",
+        ];
+        if !known.contains(&s.to_ascii_lowercase().as_str()) {
+            anyhow::bail!("--states: '{s}' is not a node state (idle, mix, alloc, drain, drng, down, maint, resv)");
         }
     }
     let policy = crate::policy::fetch_policy(client, false).await?.0;

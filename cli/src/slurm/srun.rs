@@ -136,6 +136,10 @@ fn job_only_options(r: &crate::jobspec::ResourceArgs) -> Vec<&'static str> {
         (r.cpus_per_gpu.is_some(), "--cpus-per-gpu"),
         (r.constraint.is_some(), "-C"),
         (r.exclusive.is_some(), "--exclusive"),
+        (r.licenses.is_some(), "-L"),
+        (r.reservation.is_some(), "--reservation"),
+        (r.time_min.is_some(), "--time-min"),
+        (r.deadline.is_some(), "--deadline"),
     ]
     .into_iter()
     .filter(|(given, _)| *given)

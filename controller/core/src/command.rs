@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{JobId, JobState, NodeAllocation};
 use crate::policy::{ClusterPolicy, PreemptMode};
+use crate::reservation::ReservationChange;
 use crate::spec::{JobSpec, NodeSpec};
 
 /// One gang placement in a plan: the whole allocation for the job's next attempt.
@@ -143,6 +144,13 @@ pub enum Command {
         format: u32,
         now_ms: u64,
     },
+    /// Creates, changes or deletes an advance reservation (admins and
+    /// operators). Since format 9.
+    ChangeReservation {
+        change: ReservationChange,
+        identity: String,
+        now_ms: u64,
+    },
 }
 
 /// One victim of a preemption.
@@ -203,8 +211,18 @@ impl Command {
                 .saturating_add(policy.operators.len().saturating_mul(64))
                 .saturating_add(policy.users.len().saturating_mul(128))
                 .saturating_add(policy.partitions.len().saturating_mul(512))
-                .saturating_add(policy.qos.len().saturating_mul(256)),
+                .saturating_add(policy.qos.len().saturating_mul(256))
+                .saturating_add(policy.licenses.len().saturating_mul(64)),
             Command::Batch(cmds) => cmds.iter().map(Command::approx_bytes).fold(0, usize::saturating_add),
+            Command::ChangeReservation {
+                change: ReservationChange::Create(r) | ReservationChange::Update(r), ..
+            } => FIXED.saturating_add(r.name.len()).saturating_add(r.partition.len()).saturating_add(
+                [&r.nodes, &r.users, &r.accounts]
+                    .into_iter()
+                    .flatten()
+                    .map(|n| n.len().saturating_add(16))
+                    .fold(0, usize::saturating_add),
+            ),
             _ => FIXED,
         }
     }
@@ -224,7 +242,8 @@ impl Command {
             | Command::UpdateJob { now_ms, .. }
             | Command::ApplySchedule { now_ms, .. }
             | Command::JobCheckpointed { now_ms, .. }
-            | Command::SetDataFormat { now_ms, .. } => *now_ms,
+            | Command::SetDataFormat { now_ms, .. }
+            | Command::ChangeReservation { now_ms, .. } => *now_ms,
         }
     }
 
@@ -244,6 +263,7 @@ impl Command {
             Command::ApplySchedule { .. } => "apply_schedule",
             Command::JobCheckpointed { .. } => "job_checkpointed",
             Command::SetDataFormat { .. } => "set_data_format",
+            Command::ChangeReservation { .. } => "change_reservation",
         }
     }
 }

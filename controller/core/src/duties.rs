@@ -172,6 +172,7 @@ pub fn leader_tick(
         });
     }
     commands.extend(time_limit_ends(state, now_ms));
+    commands.extend(deadline_ends(state, now_ms));
     if let Some(heard) = heard {
         commands.extend(silent_nodes(state, heard, now_ms));
     }
@@ -240,6 +241,29 @@ pub fn time_limit_ends(state: &State, now_ms: u64) -> Vec<Command> {
             state: JobState::TimedOut,
             exit_code: None,
             reason: format!("time limit of {} reached", format_duration_s(j.spec.time_limit_s)),
+            now_ms,
+        })
+        .collect()
+}
+
+/// Pending jobs that can no longer end by their `--deadline`, ended as
+/// DEADLINE (Slurm's): a walk over the unfinished jobs that have one.
+pub fn deadline_ends(state: &State, now_ms: u64) -> Vec<Command> {
+    if state.format < crate::format::SLURM_FEATURES_FORMAT {
+        return Vec::new();
+    }
+    state
+        .deadline_jobs
+        .iter()
+        .filter_map(|id| state.jobs.get(id))
+        .filter(|j| j.state == JobState::Pending && j.deadline_missed(now_ms))
+        .take(TIMEOUTS_PER_TICK_MAX)
+        .map(|j| Command::JobFinished {
+            job_id: j.id,
+            attempt: j.attempt,
+            state: JobState::Deadline,
+            exit_code: None,
+            reason: "it can no longer end by its deadline".into(),
             now_ms,
         })
         .collect()

@@ -27,7 +27,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::command::Command;
-use crate::compat::{v4, v5};
+use crate::compat::{v4, v5, v8};
 
 /// The format every log starts in: a new cluster's first entries are written
 /// in it until its leader moves the cluster to the newest format.
@@ -35,7 +35,7 @@ pub const FORMAT_BASE: u32 = 4;
 /// The oldest format this build reads (log entries, snapshots, stores).
 pub const FORMAT_OLDEST: u32 = 4;
 /// The newest format this build reads and, once every replica can, writes.
-pub const FORMAT_NEWEST: u32 = 8;
+pub const FORMAT_NEWEST: u32 = 9;
 
 /// Format 7 changed no encoding, only a rule of `apply`: a plan's preemption
 /// victims are evicted only together with the placement they make room for,
@@ -48,6 +48,12 @@ pub const PLAN_APPLY_FORMAT: u32 = 7;
 /// limit) instead of [`crate::limits::NODES_PER_JOB_MAX_BEFORE_FORMAT_8`]. A
 /// build that refuses such a job must not apply a log that accepts it.
 pub const BIG_GANGS_FORMAT: u32 = 8;
+
+/// Format 9 added the licenses, the reservation, `--time-min` and
+/// `--deadline` to the job spec, the licenses to the policy, the advance
+/// reservations to the state, and [`Command::ChangeReservation`]; formats 6
+/// to 8 are frozen in `compat::v8`.
+pub const SLURM_FEATURES_FORMAT: u32 = 9;
 
 /// Whether this build reads `format`.
 pub fn readable(format: u32) -> bool {
@@ -84,6 +90,9 @@ impl Command {
             Command::Batch(cmds) => cmds.iter().map(Command::since_format).max().unwrap_or(FORMAT_BASE),
             // Roles, the user map and the job switches came with format 6.
             Command::UpdatePolicy { policy, .. } => policy.needs_format(),
+            Command::SubmitJob { spec, .. } if spec.format_9_field().is_some() => SLURM_FEATURES_FORMAT,
+            Command::ChangeReservation { .. } => SLURM_FEATURES_FORMAT,
+            Command::JobFinished { state: crate::model::JobState::Deadline, .. } => SLURM_FEATURES_FORMAT,
             _ => FORMAT_BASE,
         }
     }
@@ -171,7 +180,11 @@ impl Serialize for Payload {
                 v4::Wire::Envelope { format: 5, body }.serialize(serializer)
             }
             // Formats 7 and 8 changed rules of apply, not the command's encoding.
-            format @ (6..=8) => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
+            format @ (6..=8) => {
+                let body = to_bytes(&v8::Wire::from_command(command).map_err(S::Error::custom)?);
+                v4::Wire::Envelope { format, body }.serialize(serializer)
+            }
+            format @ 9 => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
             f => Err(S::Error::custom(format!("this build does not write data format {f}"))),
         }
     }
@@ -187,6 +200,11 @@ impl<'de> Deserialize<'de> for Payload {
                 Ok(Payload { format: 5, command: Some(command), unread: Vec::new() })
             }
             v4::Wire::Envelope { format: format @ (6..=8), body } => {
+                let wire: v8::Wire = from_bytes(&body).map_err(D::Error::custom)?;
+                let command = wire.into_command().ok_or_else(|| D::Error::custom("an envelope inside a batch"))?;
+                Ok(Payload { format, command: Some(command), unread: Vec::new() })
+            }
+            v4::Wire::Envelope { format: format @ 9, body } => {
                 let command = from_bytes(&body).map_err(D::Error::custom)?;
                 Ok(Payload { format, command: Some(command), unread: Vec::new() })
             }
@@ -288,9 +306,9 @@ mod tests {
         let set = Command::SetDataFormat { format: 5, now_ms: 1 };
         assert_eq!(Payload::new(set, 4).format, 5);
         // An envelope from a future format decodes as unreadable, not garbage.
-        let future = to_bytes(&v4::Wire::Envelope { format: 9, body: vec![1, 2, 3] });
+        let future = to_bytes(&v4::Wire::Envelope { format: 99, body: vec![1, 2, 3] });
         let unreadable = from_bytes::<Payload>(&future).unwrap();
-        assert_eq!(unreadable, Payload { format: 9, command: None, unread: vec![1, 2, 3] });
+        assert_eq!(unreadable, Payload { format: 99, command: None, unread: vec![1, 2, 3] });
         // Stored and sent on byte for byte.
         assert_eq!(to_bytes(&unreadable), future);
     }

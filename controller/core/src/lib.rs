@@ -28,6 +28,7 @@ pub mod format;
 pub mod limits;
 pub mod model;
 pub mod policy;
+pub mod reservation;
 pub mod sched;
 pub mod sim;
 pub mod snapshot;

@@ -65,6 +65,27 @@ pub const CONSTRAINTS_MAX: usize = 32;
 /// Nodes one job may exclude by name (Slurm's --exclude): a rack or two of
 /// known-bad hosts, bounded so a spec stays small.
 pub const EXCLUDED_NODES_MAX: usize = 1024;
+/// Different licenses one job may hold: Slurm sites name a handful (a
+/// tracker, a solver, a compiler); this bounds a spec's map.
+pub const LICENSES_PER_JOB_MAX: usize = 16;
+/// Seats of one license a job may ask for, and a cluster may have: far above
+/// any real site's count, small enough that sums over 1,000,000 jobs stay in
+/// a u64.
+pub const LICENSE_COUNT_MAX: u32 = 1_000_000;
+/// Licenses a cluster may define (the policy's `licenses` table).
+pub const LICENSES_MAX: usize = 256;
+/// Advance reservations at once: one per maintenance window, team or event;
+/// each pass of the scheduler walks them all.
+pub const RESERVATIONS_MAX: usize = 256;
+/// Users or accounts one reservation may name.
+pub const RESERVATION_NAMES_MAX: usize = 256;
+/// Nodes one reservation may hold: a whole fleet (`Nodes=ALL` for maintenance).
+pub const RESERVATION_NODES_MAX: usize = NODES_MAX;
+/// Node entries over all reservations: the scheduler and apply look nodes
+/// up in an index of them; a few whole-fleet windows at most.
+pub const RESERVED_NODE_ENTRIES_MAX: usize = 4 * NODES_MAX;
+/// How far ahead a reservation may start, and how long it may last: a year.
+pub const RESERVATION_HORIZON_S: u64 = 366 * 24 * 3600;
 /// Jobs one job may depend on: pipelines name a handful; bounds the work of
 /// resolving a finish.
 pub const DEPENDENCIES_MAX: usize = 64;

@@ -19,11 +19,13 @@ pub enum JobState {
     Cancelled,
     TimedOut,
     NodeFail,
+    /// It could no longer end by its `--deadline` (Slurm's DEADLINE). Since format 9.
+    Deadline,
 }
 
 impl JobState {
     /// Every state, in lifecycle order.
-    pub const ALL: [JobState; 7] = [
+    pub const ALL: [JobState; 8] = [
         JobState::Pending,
         JobState::Running,
         JobState::Completed,
@@ -31,6 +33,7 @@ impl JobState {
         JobState::Cancelled,
         JobState::TimedOut,
         JobState::NodeFail,
+        JobState::Deadline,
     ];
 
     pub fn is_finished(self) -> bool {
@@ -46,6 +49,7 @@ impl JobState {
             JobState::Cancelled => "CANCELLED",
             JobState::TimedOut => "TIMEOUT",
             JobState::NodeFail => "NODE_FAIL",
+            JobState::Deadline => "DEADLINE",
         }
     }
 
@@ -113,6 +117,10 @@ pub struct Job {
     pub last_checkpoint_ms: Option<u64>,
     /// Times the job was preempted (requeued for another job).
     pub preempted: u32,
+    /// The time limit asked for, when this attempt started with a shorter
+    /// one (down to `--time-min`); a requeue gives it back. 0: not
+    /// shortened. Since format 9.
+    pub requested_limit_s: u64,
 }
 
 /// Membership of a job in an array: elements are consecutive job ids starting
@@ -140,6 +148,24 @@ impl Job {
         match &self.allocation {
             Some(a) => a.nodes.iter().map(|n| u64::from(n.cpus)).sum(),
             None => u64::from(self.spec.nodes).saturating_mul(u64::from(self.spec.cpus_per_node())),
+        }
+    }
+
+    /// Whether a pending job can no longer end by its deadline if it started
+    /// at `now_ms` (with its shortest acceptable limit).
+    pub fn deadline_missed(&self, now_ms: u64) -> bool {
+        let s = &self.spec;
+        s.deadline_ms > 0 && now_ms.saturating_add(self.min_limit_s().saturating_mul(1000)) > s.deadline_ms
+    }
+
+    /// The shortest time limit the job accepts (seconds): `--time-min`, or
+    /// its whole limit.
+    pub fn min_limit_s(&self) -> u64 {
+        let s = &self.spec;
+        if s.time_min_s > 0 {
+            s.time_min_s.min(s.time_limit_s)
+        } else {
+            s.time_limit_s
         }
     }
 
@@ -305,7 +331,7 @@ impl HoldKind {
 
 /// `Option<HoldKind>` encoded as `Option<String>` (its reason code), so the
 /// replicated bytes are those of the formats that stored the text.
-mod hold_as_text {
+pub(crate) mod hold_as_text {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     use super::HoldKind;

@@ -340,6 +340,11 @@ pub struct ClusterPolicy {
     /// Users see only their own jobs (coordinators: their accounts'), as
     /// Slurm's `PrivateData=jobs`; others' read as not found.
     pub private_jobs: bool,
+    // ---- From data format 9 (`format::SLURM_FEATURES_FORMAT`). ----
+    /// Cluster-wide counted resources (Slurm's `Licenses=wandb:4,matlab:2`):
+    /// name → seats. A job holds the seats it asks for (`--licenses`) while
+    /// it runs and starts only when they are free.
+    pub licenses: BTreeMap<String, u32>,
 }
 
 impl Default for ClusterPolicy {
@@ -362,11 +367,12 @@ impl Default for ClusterPolicy {
             user_domains: Vec::new(),
             allow_root_jobs: false,
             private_jobs: false,
+            licenses: BTreeMap::new(),
         }
     }
 }
 
-fn check_ident(field: &str, value: &str) -> Result<(), SpecError> {
+pub(crate) fn check_ident(field: &str, value: &str) -> Result<(), SpecError> {
     let ok = !value.is_empty()
         && value.len() <= crate::limits::NAME_BYTES_MAX
         && value.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
@@ -588,6 +594,18 @@ fn check_quota(field: &str, q: &Quota) -> Result<(), SpecError> {
 impl ClusterPolicy {
     /// Checks the whole policy: names, references, the tree, limits.
     pub fn validate(&self) -> Result<(), SpecError> {
+        if self.licenses.len() > crate::limits::LICENSES_MAX {
+            return Err(SpecError::new("licenses", format!("at most {}", crate::limits::LICENSES_MAX)));
+        }
+        for (name, &count) in &self.licenses {
+            check_ident("licenses", name)?;
+            if count == 0 || count > crate::limits::LICENSE_COUNT_MAX {
+                return Err(SpecError::new(
+                    "licenses",
+                    format!("{name}: the count must be 1 to {}", crate::limits::LICENSE_COUNT_MAX),
+                ));
+            }
+        }
         if self.partitions.len() > PARTITIONS_MAX {
             return Err(SpecError::new("partitions", format!("at most {PARTITIONS_MAX}")));
         }
@@ -812,7 +830,7 @@ impl ClusterPolicy {
     }
 
     /// The oldest data format that can hold this policy: the roles, the user
-    /// map and the job switches need [`ROLES_FORMAT`].
+    /// map and the job switches need [`ROLES_FORMAT`], licenses format 9.
     pub fn needs_format(&self) -> u32 {
         let roles = !self.operators.is_empty()
             || !self.coordinators.is_empty()
@@ -820,7 +838,9 @@ impl ClusterPolicy {
             || !self.user_domains.is_empty()
             || self.allow_root_jobs
             || self.private_jobs;
-        if roles {
+        if !self.licenses.is_empty() {
+            crate::format::SLURM_FEATURES_FORMAT
+        } else if roles {
             ROLES_FORMAT
         } else {
             crate::format::FORMAT_BASE

@@ -8,9 +8,10 @@
 //! - format 4: `GWSN` | 4 (u32 LE) | bincode of format 4's state;
 //! - format 5: `GWSN` | 5 (u32 LE) | CRC-32C of the body (u32 LE) | bincode of format 5's state;
 //! - format 6: the same with 6 and today's state;
-//! - format 7: the same with 7 (a rule of apply changed, not the state).
+//! - formats 7 and 8: the same with 7 or 8 (rules of apply changed, not the state);
+//! - format 9: the same with 9 and today's state (format 8's is `compat::v8`).
 
-use crate::compat::{v4, v5};
+use crate::compat::{v4, v5, v8};
 use crate::format::{crc32c, from_bytes, to_bytes, FORMAT_NEWEST, FORMAT_OLDEST};
 use crate::state::State;
 
@@ -41,6 +42,7 @@ pub fn encode(state: &State) -> Vec<u8> {
             return out;
         }
         5 => to_bytes(&v5::StateRef::from(state)),
+        6..=8 => to_bytes(&v8::StateRef::from(state)),
         _ => to_bytes(state),
     };
     out.extend_from_slice(&state.format.min(FORMAT_NEWEST).to_le_bytes());
@@ -75,6 +77,10 @@ pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
         5 => {
             let v5: v5::State = from_bytes(body).map_err(decode_err)?;
             (v5.stored_format(), v5.into())
+        }
+        6..=8 => {
+            let v8: v8::State = from_bytes(body).map_err(decode_err)?;
+            (v8.stored_format(), v8.into())
         }
         _ => {
             let state: State = from_bytes(body).map_err(decode_err)?;

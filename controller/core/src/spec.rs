@@ -104,6 +104,21 @@ pub struct JobSpec {
     pub nodelist: Vec<String>,
     /// Never these nodes (Slurm's --exclude).
     pub exclude: Vec<String>,
+    // ---- From data format 9 (`format::SLURM_FEATURES_FORMAT`); empty before. ----
+    /// Cluster-wide counted resources the job holds while it runs (Slurm's
+    /// `--licenses=wandb:1,matlab:2`): name → count.
+    pub licenses: BTreeMap<String, u32>,
+    /// The advance reservation the job runs in (Slurm's `--reservation`);
+    /// empty: none, and the job stays off every reservation's nodes while
+    /// that reservation holds them.
+    pub reservation: String,
+    /// The shortest time limit the job accepts (Slurm's `--time-min`, in
+    /// seconds; 0: only its full limit). The scheduler may start it with a
+    /// limit between the two to fit a hole before a reservation.
+    pub time_min_s: u64,
+    /// The job must end by this time (epoch ms; Slurm's `--deadline`); one
+    /// that cannot any more ends DEADLINE. 0: none.
+    pub deadline_ms: u64,
 }
 
 /// Required or preferred co-location of a gang within one domain of a topology
@@ -307,6 +322,10 @@ impl Default for JobSpec {
             truncate_output: false,
             nodelist: Vec::new(),
             exclude: Vec::new(),
+            licenses: BTreeMap::new(),
+            reservation: String::new(),
+            time_min_s: 0,
+            deadline_ms: 0,
         }
     }
 }
@@ -361,6 +380,18 @@ impl JobSpec {
     /// format 8 a job spans at most 1,024 nodes.
     pub fn validate_in(&self, format: u32) -> Result<(), SpecError> {
         self.validate()?;
+        if format < crate::format::SLURM_FEATURES_FORMAT {
+            if let Some(field) = self.format_9_field() {
+                return Err(SpecError::new(
+                    field,
+                    format!(
+                        "needs data format {}: every replica must run a build that reads it first (the cluster \
+                         then moves to it by itself)",
+                        crate::format::SLURM_FEATURES_FORMAT
+                    ),
+                ));
+            }
+        }
         if format < crate::format::BIG_GANGS_FORMAT {
             let max = crate::limits::NODES_PER_JOB_MAX_BEFORE_FORMAT_8;
             for (field, n) in [("nodes", self.nodes), ("nodes_max", self.nodes_max)] {
@@ -492,6 +523,18 @@ impl JobSpec {
             parse_array(&self.array)?;
         }
         check_range("nice", self.nice, -NICE_MAX, NICE_MAX)?;
+        if self.licenses.len() > LICENSES_PER_JOB_MAX {
+            return Err(SpecError::new("licenses", format!("at most {LICENSES_PER_JOB_MAX} different licenses")));
+        }
+        for (name, &count) in &self.licenses {
+            check_name("licenses", name, true)?;
+            check_range("licenses", count, 1, LICENSE_COUNT_MAX)?;
+        }
+        check_name("reservation", &self.reservation, false)?;
+        check_range("time_min_s", self.time_min_s, 0, TIME_LIMIT_S_MAX)?;
+        if self.time_min_s > 0 && self.time_limit_s > 0 && self.time_min_s > self.time_limit_s {
+            return Err(SpecError::new("time_min_s", "must not exceed the time limit"));
+        }
         let cpus = u64::from(self.tasks_per_node).saturating_mul(u64::from(self.cpus_per_task));
         if cpus > u64::from(CPUS_PER_TASK_MAX) * 4 {
             return Err(SpecError::new(
@@ -559,6 +602,7 @@ impl JobSpec {
             &self.topology.level,
             &self.array,
             &self.comment,
+            &self.reservation,
         ];
         let env = self.env.iter().map(|(k, v)| text(k).saturating_add(text(v)).saturating_add(ENTRY));
         strings
@@ -566,8 +610,21 @@ impl JobSpec {
             .map(text)
             .chain([list(&self.command), list(&self.constraints), list(&self.nodelist), list(&self.exclude)])
             .chain(env)
+            .chain(self.licenses.keys().map(|k| text(k).saturating_add(ENTRY)))
             .chain([self.dependencies.len().saturating_mul(DEPENDENCY)])
             .fold(FIXED, usize::saturating_add)
+    }
+
+    /// The first field set that data formats before 9 cannot carry.
+    pub fn format_9_field(&self) -> Option<&'static str> {
+        [
+            ("licenses", !self.licenses.is_empty()),
+            ("reservation", !self.reservation.is_empty()),
+            ("time_min_s", self.time_min_s != 0),
+            ("deadline_ms", self.deadline_ms != 0),
+        ]
+        .into_iter()
+        .find_map(|(f, set)| set.then_some(f))
     }
 
     /// The most nodes the job can use (`nodes` unless a range was given).

@@ -943,6 +943,37 @@ fn full_spec() -> JobSpec {
         truncate_output: true,
         nodelist: vec!["n1".into()],
         exclude: vec!["n9".into()],
+        // Format 9's fields: empty, so the spec encodes in every format.
+        licenses: BTreeMap::new(),
+        reservation: String::new(),
+        time_min_s: 0,
+        deadline_ms: 0,
+    }
+}
+
+/// [`full_spec`] with format 9's fields set too.
+fn full_spec_v9() -> JobSpec {
+    let mut spec = full_spec();
+    spec.licenses = BTreeMap::from([("wandb".into(), 2)]);
+    spec.reservation = "train".into();
+    spec.time_min_s = 600;
+    spec.deadline_ms = 1_700_000_900_000;
+    spec
+}
+
+/// A reservation request with every field set.
+fn full_reservation() -> gangway_core::reservation::ReservationRequest {
+    use gangway_core::reservation::{Repeat, ReservationFlags, ReservationRequest};
+    ReservationRequest {
+        name: "train".into(),
+        start_ms: 10_000,
+        end_ms: 20_000,
+        nodes: vec!["n0".into()],
+        gpus: 0,
+        partition: "gpu".into(),
+        users: vec!["alice".into()],
+        accounts: vec!["ml".into()],
+        flags: ReservationFlags { maint: true, ignore_jobs: true, repeat: Repeat::Weekly },
     }
 }
 
@@ -1003,7 +1034,41 @@ fn every_command() -> Vec<Command> {
             now_ms: 16,
         },
         Command::SetDataFormat { format: 7, now_ms: 17 },
+        Command::SetDataFormat { format: 9, now_ms: 18 },
+        Command::SubmitJob { spec: full_spec_v9(), identity: "alice".into(), idempotency_key: "k9".into(), now_ms: 19 },
+        Command::UpdatePolicy {
+            policy: licenses_policy(),
+            expected_version: None,
+            force: false,
+            identity: "ops".into(),
+            now_ms: 20,
+        },
+        Command::ChangeReservation {
+            change: gangway_core::reservation::ReservationChange::Create(full_reservation()),
+            identity: "ops".into(),
+            now_ms: 21,
+        },
+        Command::ChangeReservation {
+            change: gangway_core::reservation::ReservationChange::Delete { name: "train".into() },
+            identity: "ops".into(),
+            now_ms: 22,
+        },
+        Command::JobFinished {
+            job_id: 1,
+            attempt: 0,
+            state: JobState::Deadline,
+            exit_code: None,
+            reason: "deadline".into(),
+            now_ms: 23,
+        },
     ]
+}
+
+/// A policy with format 9's licenses too.
+fn licenses_policy() -> gangway_core::policy::ClusterPolicy {
+    let mut p = roles_policy();
+    p.licenses = BTreeMap::from([("wandb".into(), 4), ("matlab".into(), 1)]);
+    p
 }
 
 /// A policy with every field of format 6 (roles, user map, job switches) set.
@@ -1051,6 +1116,39 @@ fn golden_state(format: u32) -> State {
         };
         let applied = s.apply(53, &update);
         assert!(matches!(applied.outcome, Outcome::PolicyUpdated { .. }), "{:?}", applied.outcome);
+    }
+    if format >= gangway_core::format::SLURM_FEATURES_FORMAT {
+        let mut policy = licenses_policy();
+        policy.admins.push("server:1".into());
+        let update = Command::UpdatePolicy {
+            policy,
+            expected_version: None,
+            force: true,
+            identity: "server:1".into(),
+            now_ms: 4_004,
+        };
+        let applied = s.apply(54, &update);
+        assert!(matches!(applied.outcome, Outcome::PolicyUpdated { .. }), "{:?}", applied.outcome);
+        let mut r = full_reservation();
+        r.nodes = vec![s.nodes.keys().next().unwrap().clone()];
+        r.partition = String::new();
+        r.start_ms = 100_000;
+        r.end_ms = 200_000;
+        let create = Command::ChangeReservation {
+            change: gangway_core::reservation::ReservationChange::Create(r),
+            identity: "server:1".into(),
+            now_ms: 4_005,
+        };
+        let applied = s.apply(55, &create);
+        assert!(matches!(applied.outcome, Outcome::ReservationChanged { .. }), "{:?}", applied.outcome);
+        let mut spec = job_spec(1, 1, 1);
+        spec.licenses = BTreeMap::from([("wandb".into(), 1)]);
+        spec.time_min_s = 1;
+        spec.deadline_ms = 9_000_000;
+        let submit =
+            Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 4_006 };
+        let applied = s.apply(56, &submit);
+        assert!(matches!(applied.outcome, Outcome::Submitted { .. }), "{:?}", applied.outcome);
     }
     s
 }

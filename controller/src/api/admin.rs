@@ -12,6 +12,7 @@ use super::{status_from_propose, unexpected, CallCtx, Routed};
 use crate::raft::{ProposeError, RaftStatus};
 use crate::shared::Replica;
 use gangway_core::policy::ClusterPolicy;
+use gangway_core::reservation::{ReservationChange, ReservationFlags, ReservationRequest};
 use gangway_core::{Command, Outcome};
 
 /// How long ClusterStatus waits for each replica before calling it unreachable.
@@ -90,6 +91,46 @@ fn policy_to_proto(p: &ClusterPolicy) -> Result<Policy, Status> {
     Ok(Policy { json, version: p.version })
 }
 
+/// The reservations named `only` (empty: all), with the window in effect at `now_ms`.
+fn reservations_to_proto(state: &gangway_core::State, only: &str, now_ms: u64) -> ListReservationsResponse {
+    let reservations = state
+        .reservations
+        .values()
+        .filter(|r| only.is_empty() || r.name == only)
+        .map(|r| {
+            let (start_ms, end_ms) = r.window(now_ms).unwrap_or((r.start_ms, r.end_ms));
+            let nodes = r.nodes.iter().filter_map(|n| state.nodes.get(n));
+            let (gpus, cpus) =
+                nodes.fold((0u32, 0u32), |(g, c), n| (g.saturating_add(n.gpus.len() as u32), c.saturating_add(n.cpus)));
+            pb_reservation(r, start_ms, end_ms, r.active(now_ms), gpus, cpus)
+        })
+        .collect();
+    ListReservationsResponse { reservations }
+}
+
+fn pb_reservation(
+    r: &gangway_core::reservation::Reservation,
+    start_ms: u64,
+    end_ms: u64,
+    active: bool,
+    gpus: u32,
+    cpus: u32,
+) -> Reservation {
+    Reservation {
+        name: r.name.clone(),
+        start_ms,
+        end_ms,
+        nodes: r.nodes.clone(),
+        users: r.users.clone(),
+        accounts: r.accounts.clone(),
+        flags: r.flags.as_text(),
+        created_by: r.created_by.clone(),
+        active,
+        gpus,
+        cpus,
+    }
+}
+
 #[tonic::async_trait]
 impl AdminService for AdminApi {
     async fn get_policy(&self, req: Request<GetPolicyRequest>) -> Result<Response<Policy>, Status> {
@@ -121,9 +162,9 @@ impl AdminService for AdminApi {
         let (needs, format) = (policy.needs_format(), self.replica.node.state().read().format);
         if needs > format {
             return Err(Status::failed_precondition(format!(
-                "operators, coordinators, user_map, user_domains, allow_root_jobs and private_jobs need data format \
-                 {needs}; this cluster is on format {format} until every replica runs a build that reads {needs} \
-                 (see `gangway cluster status`)"
+                "this policy needs data format {needs} (operators, coordinators, user_map, user_domains, \
+                 allow_root_jobs and private_jobs need 6, licenses 9); this cluster is on format {format} until \
+                 every replica runs a build that reads {needs} (see `gangway cluster status`)"
             )));
         }
         let cmd = Command::UpdatePolicy {
@@ -191,6 +232,116 @@ impl AdminService for AdminApi {
             })
             .collect();
         Ok(Response::new(FairShareResponse { accounts }))
+    }
+
+    async fn list_reservations(
+        &self,
+        req: Request<ListReservationsRequest>,
+    ) -> Result<Response<ListReservationsResponse>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        ctx.require_known()?;
+        let msg = req.into_inner();
+        if let Some(resp) = self
+            .replica
+            .read_or_forward(&ctx, msg.stale, msg.clone(), |ch, r| async move {
+                AdminServiceClient::new(ch).list_reservations(r).await
+            })
+            .await?
+        {
+            return Ok(resp);
+        }
+        let state = self.replica.node.state().read();
+        if !msg.name.is_empty() && !state.reservations.contains_key(&msg.name) {
+            return Err(Status::not_found(format!("reservation {} does not exist", msg.name)));
+        }
+        Ok(Response::new(reservations_to_proto(&state, &msg.name, crate::now_ms())))
+    }
+
+    async fn change_reservation(
+        &self,
+        req: Request<ChangeReservationRequest>,
+    ) -> Result<Response<ListReservationsResponse>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_operator(&ctx, "manage reservations")?;
+        let msg = req.into_inner();
+        let spec = msg.spec.clone().unwrap_or_default();
+        let request = || -> Result<ReservationRequest, Status> {
+            Ok(ReservationRequest {
+                name: spec.name.clone(),
+                start_ms: spec.start_ms,
+                end_ms: spec.end_ms,
+                nodes: spec.nodes.clone(),
+                gpus: spec.gpus,
+                partition: spec.partition.clone(),
+                users: spec.users.clone(),
+                accounts: spec.accounts.clone(),
+                flags: ReservationFlags::parse(&spec.flags).map_err(super::status_from_spec)?,
+            })
+        };
+        let change = match msg.action.as_str() {
+            "create" => ReservationChange::Create(request()?),
+            "update" => ReservationChange::Update(request()?),
+            "delete" => {
+                gangway_core::reservation::check_name(&spec.name).map_err(super::status_from_spec)?;
+                ReservationChange::Delete { name: spec.name.clone() }
+            }
+            other => {
+                return Err(Status::invalid_argument(format!("action: '{other}' is not create, update or delete")))
+            }
+        };
+        if let ReservationChange::Create(r) | ReservationChange::Update(r) = &change {
+            let state = self.replica.node.state().read();
+            let existing = state.reservations.len().saturating_sub(usize::from(msg.action == "update"));
+            gangway_core::reservation::check_request(r, crate::now_ms(), existing).map_err(super::status_from_spec)?;
+        }
+        let format = self.replica.node.state().read().format;
+        if format < gangway_core::format::SLURM_FEATURES_FORMAT {
+            return Err(Status::failed_precondition(format!(
+                "reservations need data format {}; this cluster is on format {format} until every replica runs a \
+                 build that reads it (see `gangway cluster status`)",
+                gangway_core::format::SLURM_FEATURES_FORMAT
+            )));
+        }
+        let name = spec.name.clone();
+        let cmd = Command::ChangeReservation { change, identity: ctx.identity.clone(), now_ms: crate::now_ms() };
+        let routed =
+            self.replica
+                .write_or_forward(&ctx, cmd, msg, |ch, r| async move {
+                    AdminServiceClient::new(ch).change_reservation(r).await
+                })
+                .await?;
+        match routed {
+            Routed::Forwarded(resp) => Ok(resp),
+            Routed::Local(applied) => match applied.outcome {
+                Outcome::ReservationChanged { .. } => {
+                    let state = self.replica.node.state().read();
+                    let shown = if state.reservations.contains_key(&name) { name.as_str() } else { "\0none" };
+                    Ok(Response::new(reservations_to_proto(&state, shown, crate::now_ms())))
+                }
+                other => Err(unexpected(&other)),
+            },
+        }
+    }
+
+    async fn licenses(&self, req: Request<LicensesRequest>) -> Result<Response<LicensesResponse>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        ctx.require_known()?;
+        let msg = req.into_inner();
+        if let Some(resp) = self
+            .replica
+            .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { AdminServiceClient::new(ch).licenses(r).await })
+            .await?
+        {
+            return Ok(resp);
+        }
+        let state = self.replica.node.state().read();
+        let licenses = state
+            .policy
+            .licenses
+            .iter()
+            .map(|(name, &total)| License { name: name.clone(), total, used: state.licenses_in_use(name) })
+            .collect();
+        Ok(Response::new(LicensesResponse { licenses }))
     }
 
     async fn cluster_status(

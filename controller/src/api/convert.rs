@@ -68,6 +68,10 @@ pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, Sp
         array: p.array,
         nice: p.nice,
         hold: p.hold,
+        licenses: p.licenses.into_iter().collect(),
+        reservation: p.reservation,
+        time_min_s: p.time_min_s,
+        deadline_ms: p.deadline_ms,
     };
     spec.validate()?;
     gangway_core::limits::check_spec_size(&spec)?;
@@ -118,6 +122,10 @@ pub fn spec_to_proto(s: &JobSpec) -> pb::JobSpec {
         truncate_output: s.truncate_output,
         nodelist: s.nodelist.clone(),
         exclude: s.exclude.clone(),
+        licenses: s.licenses.clone().into_iter().collect(),
+        reservation: s.reservation.clone(),
+        time_min_s: s.time_min_s,
+        deadline_ms: s.deadline_ms,
     }
 }
 
@@ -144,6 +152,7 @@ pub fn state_to_proto(s: JobState) -> pb::JobState {
         JobState::Cancelled => pb::JobState::Cancelled,
         JobState::TimedOut => pb::JobState::Timeout,
         JobState::NodeFail => pb::JobState::NodeFail,
+        JobState::Deadline => pb::JobState::Deadline,
     }
 }
 
@@ -157,6 +166,7 @@ pub fn state_from_proto(s: pb::JobState) -> Option<JobState> {
         pb::JobState::Cancelled => JobState::Cancelled,
         pb::JobState::Timeout => JobState::TimedOut,
         pb::JobState::NodeFail => JobState::NodeFail,
+        pb::JobState::Deadline => JobState::Deadline,
     })
 }
 
@@ -196,7 +206,11 @@ pub fn job_to_proto(j: &Job) -> pb::Job {
     }
 }
 
-pub fn node_to_proto(n: &Node, last_heartbeat_age_ms: Option<u64>) -> pb::Node {
+pub fn node_to_proto(
+    n: &Node,
+    last_heartbeat_age_ms: Option<u64>,
+    reservation: Option<&gangway_core::reservation::Reservation>,
+) -> pb::Node {
     pb::Node {
         name: n.name.clone(),
         addr: n.addr.clone(),
@@ -228,6 +242,8 @@ pub fn node_to_proto(n: &Node, last_heartbeat_age_ms: Option<u64>) -> pb::Node {
         mem_alloc_mb: n.mem_alloc_mb,
         jobs: n.jobs.clone(),
         last_heartbeat_age_ms,
+        reservation: reservation.map(|r| r.name.clone()).unwrap_or_default(),
+        maint: reservation.is_some_and(|r| r.flags.maint),
     }
 }
 

@@ -45,6 +45,8 @@ impl JobService for JobApi {
         };
         let user = self.replica.job_user(&ctx, &pspec.user, "submit jobs")?;
         let spec = spec_from_proto(pspec, &user).map_err(status_from_spec)?;
+        // Fields a newer data format carries, named while the cluster is older.
+        spec.validate_in(self.replica.node.state().read().format).map_err(status_from_spec)?;
         self.replica.hide_dependencies(&ctx, &spec)?;
         if spec.nice < 0 {
             ctx.require_not_job("raise a job's priority (negative nice)")?;

@@ -20,7 +20,9 @@ impl NodeApi {
     fn node(&self, name: &str, see_jobs: bool) -> Result<Node, Status> {
         let state = self.replica.node.state().read();
         let node = state.nodes.get(name).ok_or_else(|| Status::not_found(format!("node {name} does not exist")))?;
-        Ok(shown(node_to_proto(node, self.replica.heartbeat_age_ms(name)), see_jobs))
+        let resv = state.active_reservations(crate::now_ms());
+        let r = resv.get(name).copied();
+        Ok(shown(node_to_proto(node, self.replica.heartbeat_age_ms(name), r), see_jobs))
     }
 
     /// Whether `ctx` sees which jobs run where: with private jobs, only
@@ -104,8 +106,10 @@ impl NodeService for NodeApi {
         } else {
             state.nodes.range::<String, _>((from, std::ops::Bound::Unbounded))
         };
+        let resv = state.active_reservations(crate::now_ms());
         for n in range.map(|(_, n)| n) {
-            let pn = shown(node_to_proto(n, self.replica.heartbeat_age_ms(&n.name)), see_jobs);
+            let r = resv.get(n.name.as_str()).copied();
+            let pn = shown(node_to_proto(n, self.replica.heartbeat_age_ms(&n.name), r), see_jobs);
             let len = prost::Message::encoded_len(&pn);
             if !nodes.is_empty() && bytes.saturating_add(len) > gangway_proto::limits::LIST_RESPONSE_BYTES_MAX {
                 next_after_name = nodes.last().map(|p: &Node| p.name.clone()).unwrap_or_default();

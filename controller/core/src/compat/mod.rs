@@ -5,6 +5,26 @@
 
 pub mod v4;
 pub mod v5;
+pub mod v8;
+
+/// A frozen type's conversion from and to today's type `T`. Every type is
+/// its own frozen form; a type a later format changed has a frozen copy with
+/// its own impl. Freezing is lossy for the fields a later format added: the
+/// leader never writes a command that sets them in an older format
+/// (`Command::writable_in`), and `apply` never sets them there.
+pub trait Frozen<T>: Sized {
+    fn freeze(today: T) -> Self;
+    fn thaw(self) -> T;
+}
+
+impl<T> Frozen<T> for T {
+    fn freeze(today: T) -> T {
+        today
+    }
+    fn thaw(self) -> T {
+        self
+    }
+}
 
 /// Declares a frozen format's command enum, variant for variant as `Command`
 /// had them in that format (a variant's position is its encoding), with the
@@ -16,8 +36,8 @@ pub mod v5;
 /// - `extra`: variants past the format's commands that are not commands
 ///   (format 4's envelope); they never convert to a command.
 ///
-/// Fields of every other variant are today's types: a type that changes gets
-/// its own frozen copy and a variant of its own here, as the policy did.
+/// Fields convert with [`Frozen`]: a field whose type a later format changed
+/// is declared with its frozen copy (format 8's job spec in `SubmitJob`).
 macro_rules! frozen_commands {
     (
         format: $format:literal,
@@ -47,10 +67,15 @@ macro_rules! frozen_commands {
             /// `c` as this format writes it, or why it cannot be.
             pub fn from_command(c: &crate::command::Command) -> Result<Wire, String> {
                 use crate::command::Command;
+                // Freezing drops what later formats added: never for a
+                // command this format cannot carry.
+                if c.since_format() > $format {
+                    return Err(format!("{} needs data format {}, not {}", c.name(), c.since_format(), $format));
+                }
                 Ok(match c.clone() {
-                    $(Command::$a { $($af),* } => Wire::$a { $($af),* },)*
-                    $(Command::$b { $($bf),* } => Wire::$b { $($bf),* },)*
-                    $(Command::$c { $($cf),* } => Wire::$c { $($cf),* },)*
+                    $(Command::$a { $($af),* } => Wire::$a { $($af: super::Frozen::freeze($af)),* },)*
+                    $(Command::$b { $($bf),* } => Wire::$b { $($bf: super::Frozen::freeze($bf)),* },)*
+                    $(Command::$c { $($cf),* } => Wire::$c { $($cf: super::Frozen::freeze($cf)),* },)*
                     Command::UpdatePolicy { policy, expected_version, force, identity, now_ms } => Wire::UpdatePolicy {
                         policy: <$policy>::try_from(policy)?,
                         expected_version,
@@ -73,9 +98,9 @@ macro_rules! frozen_commands {
             pub fn into_command(self) -> Option<crate::command::Command> {
                 use crate::command::Command;
                 Some(match self {
-                    $(Wire::$a { $($af),* } => Command::$a { $($af),* },)*
-                    $(Wire::$b { $($bf),* } => Command::$b { $($bf),* },)*
-                    $(Wire::$c { $($cf),* } => Command::$c { $($cf),* },)*
+                    $(Wire::$a { $($af),* } => Command::$a { $($af: super::Frozen::thaw($af)),* },)*
+                    $(Wire::$b { $($bf),* } => Command::$b { $($bf: super::Frozen::thaw($bf)),* },)*
+                    $(Wire::$c { $($cf),* } => Command::$c { $($cf: super::Frozen::thaw($cf)),* },)*
                     Wire::UpdatePolicy { policy, expected_version, force, identity, now_ms } => {
                         Command::UpdatePolicy { policy: policy.into(), expected_version, force, identity, now_ms }
                     }
@@ -88,14 +113,17 @@ macro_rules! frozen_commands {
 }
 
 /// Declares a frozen format's state: today's fields in the format's order,
-/// with the policy in the format's own type. `stored_format`: the state
-/// carried its format as its last field (from format 5; the snapshot's
-/// header says the same, and the decoded state takes the header's).
+/// with the policy in the format's own type. A field whose type a later
+/// format changed is declared with its frozen copy and, after `=>`, the
+/// wrapper that serializes today's value as that copy (`JobsRef`). Fields
+/// convert with [`Frozen`]. `stored_format`: the state carried its format as
+/// its last field (from format 5; the snapshot's header says the same, and
+/// the decoded state takes it).
 macro_rules! frozen_state {
     (
         format: $format:literal,
         policy: $policy:ty,
-        before_policy: [$($f:ident : $t:ty),* $(,)?],
+        before_policy: [$($f:ident : $t:ty $(=> $fr:ident)?),* $(,)?],
         after_policy: [$($g:ident : $u:ty),* $(,)?]
         $(, stored_format: $sf:ident)? $(,)?
     ) => {
@@ -122,7 +150,7 @@ macro_rules! frozen_state {
         /// state of this format, as `apply` refuses to set them there).
         #[derive(serde::Serialize)]
         pub struct StateRef<'a> {
-            $($f: &'a $t,)*
+            $($f: $crate::compat::frozen_ref_type!('a, $t $(, $fr)?),)*
             policy: $policy,
             $($g: &'a $u,)*
             $($sf: &'a u32,)?
@@ -130,17 +158,25 @@ macro_rules! frozen_state {
 
         impl<'a> From<&'a crate::State> for StateRef<'a> {
             fn from(s: &'a crate::State) -> Self {
-                StateRef { $($f: &s.$f,)* policy: <$policy>::from(&s.policy), $($g: &s.$g,)* $($sf: &s.$sf,)? }
+                StateRef {
+                    $($f: $crate::compat::frozen_ref_value!(&s.$f $(, $fr)?),)*
+                    policy: <$policy>::from(&s.policy),
+                    $($g: &s.$g,)*
+                    $($sf: &s.$sf,)?
+                }
             }
         }
 
         impl From<State> for crate::State {
             fn from(s: State) -> Self {
+                #[allow(unused_variables)]
+                let format: u32 = $format;
+                $(let format = s.$sf;)?
                 crate::State {
-                    $($f: s.$f,)*
+                    $($f: super::Frozen::thaw(s.$f),)*
                     policy: s.policy.into(),
-                    $($g: s.$g,)*
-                    format: $format,
+                    $($g: super::Frozen::thaw(s.$g),)*
+                    format,
                     ..crate::State::default()
                 }
             }
@@ -148,4 +184,21 @@ macro_rules! frozen_state {
     };
 }
 
-pub(crate) use {frozen_commands, frozen_state};
+/// A frozen state field's type in `StateRef`: a borrow of today's value, or
+/// the wrapper that serializes it as the frozen type.
+macro_rules! frozen_ref_type {
+    ($l:lifetime, $t:ty) => { &$l $t };
+    ($l:lifetime, $t:ty, $wrapper:ident) => { $wrapper<$l> };
+}
+
+/// A frozen state field's value in `StateRef` (see `frozen_ref_type`).
+macro_rules! frozen_ref_value {
+    ($v:expr) => {
+        $v
+    };
+    ($v:expr, $wrapper:ident) => {
+        $wrapper($v)
+    };
+}
+
+pub(crate) use {frozen_commands, frozen_ref_type, frozen_ref_value, frozen_state};

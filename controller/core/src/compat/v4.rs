@@ -5,11 +5,12 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::v5::ClusterPolicy;
+use super::v8::{Job, JobSpec, JobsRef};
 use super::{frozen_commands, frozen_state};
 use crate::command::{JobChange, NodeStateChange, Placement, Preemption};
-use crate::model::{Job, JobId, JobState, Node};
+use crate::model::{JobId, JobState, Node};
 use crate::policy::Use;
-use crate::spec::{JobSpec, NodeSpec};
+use crate::spec::NodeSpec;
 use crate::state::{UsageBucket, UseKey};
 
 // A format-4 log entry: a format-4 command (format 4's policy is format 5's),
@@ -61,7 +62,7 @@ frozen_state!(
     policy: ClusterPolicy,
     before_policy: [
         next_job_id: JobId,
-        jobs: BTreeMap<JobId, Job>,
+        jobs: BTreeMap<JobId, Job> => JobsRef,
         pending: BTreeSet<JobId>,
         running: BTreeSet<JobId>,
         finished: VecDeque<JobId>,

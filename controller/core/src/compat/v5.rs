@@ -9,11 +9,12 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use super::v8::{Job, JobSpec, JobsRef};
 use super::{frozen_commands, frozen_state};
 use crate::command::{JobChange, NodeStateChange, Placement, Preemption};
-use crate::model::{Job, JobId, JobState, Node};
+use crate::model::{JobId, JobState, Node};
 use crate::policy::{Account, Partition, PriorityWeights, Qos, Use, User};
-use crate::spec::{JobSpec, NodeSpec};
+use crate::spec::NodeSpec;
 use crate::state::{UsageBucket, UseKey};
 
 /// The policy of formats 4 and 5, field for field.
@@ -125,7 +126,7 @@ frozen_state!(
     policy: ClusterPolicy,
     before_policy: [
         next_job_id: JobId,
-        jobs: BTreeMap<JobId, Job>,
+        jobs: BTreeMap<JobId, Job> => JobsRef,
         pending: BTreeSet<JobId>,
         running: BTreeSet<JobId>,
         finished: VecDeque<JobId>,

@@ -85,7 +85,7 @@ fn explain_job(state: &State, job: &Job, hypothetical: bool, now_ms: u64) -> Exp
         .try_into()
         .unwrap_or(u32::MAX)
         .saturating_add(1);
-    let view = View::new(state.nodes.values(), &state.policy);
+    let view = View::of(state, now_ms);
     let mut statically_ok = 0u32;
     for i in 0..view.nodes.len() {
         if view.hardware_reject(i, job).is_none() {

@@ -112,6 +112,15 @@ pub enum Pending {
     Resources,
     /// Place: jobs ahead of it hold the reservations.
     Priority,
+    /// Limits: the licenses it asks for are in use.
+    Licenses,
+    /// Gate: its advance reservation has not started (or has too little
+    /// time left for the job).
+    Reservation,
+    /// Gate: its advance reservation is gone or does not admit it.
+    ReservationDeleted,
+    /// Gate: it can no longer end by its deadline (the leader ends it).
+    Deadline,
 }
 
 impl Pending {
@@ -129,6 +138,10 @@ impl Pending {
             Pending::Topology => "Topology",
             Pending::Resources => "Resources",
             Pending::Priority => "Priority",
+            Pending::Licenses => "Licenses",
+            Pending::Reservation => "Reservation",
+            Pending::ReservationDeleted => "ReservationDeleted",
+            Pending::Deadline => "DeadLine",
         }
     }
 }
@@ -181,6 +194,10 @@ struct ShapeKey<'a> {
     constraints: &'a [String],
     nodelist: &'a [String],
     exclude: &'a [String],
+    /// With advance reservations, where a job may go depends on its
+    /// reservation and (outside one) its shortest limit.
+    reservation: &'a str,
+    min_limit_s: u64,
 }
 
 /// FNV-1a: a cheap, deterministic fingerprint for the shape cache (equal
@@ -201,11 +218,13 @@ impl<'a> ShapeKey<'a> {
             u64::from(self.exclusive),
             self.depth.map_or(u64::MAX, |d| d as u64),
             u64::from(self.required),
+            self.min_limit_s,
         ] {
             h = fnv(h, &n.to_le_bytes());
         }
         h = fnv(fnv(h, self.partition.as_bytes()), &[0xff]);
         h = fnv(fnv(h, self.gpu_type.as_bytes()), &[0xff]);
+        h = fnv(fnv(h, self.reservation.as_bytes()), &[0xfb]);
         for c in self.constraints {
             h = fnv(fnv(h, c.as_bytes()), &[0xfe]);
         }
@@ -217,9 +236,11 @@ impl<'a> ShapeKey<'a> {
         h
     }
 
-    fn of(job: &'a Job, depth: Option<usize>) -> ShapeKey<'a> {
+    fn of(job: &'a Job, depth: Option<usize>, reservations: bool) -> ShapeKey<'a> {
         let s = &job.spec;
         ShapeKey {
+            reservation: &s.reservation,
+            min_limit_s: if reservations { job.min_limit_s() } else { 0 },
             partition: &s.partition,
             gpu_type: &s.gpu_type,
             constraints: &s.constraints,
@@ -262,6 +283,8 @@ struct Pass<'s, 'o> {
     running_names: BTreeSet<(&'s str, &'s str)>,
     /// Use added by this plan's placements, per quota key.
     plan_use: BTreeMap<UseKey, Use>,
+    /// License seats this plan's placements take.
+    plan_licenses: BTreeMap<&'s str, u64>,
     /// Nodes by free GPU count (index = free GPUs): single-node jobs take the
     /// best fit from the first bucket that holds a fitting node instead of
     /// scanning every node.
@@ -306,6 +329,22 @@ impl<'s, 'o> Pass<'s, 'o> {
         if job.spec.begin_ms > self.opts.now_ms {
             return Some(Pending::BeginTime);
         }
+        if job.spec.deadline_ms > 0 && job.deadline_missed(self.opts.now_ms) {
+            return Some(Pending::Deadline);
+        }
+        if !job.spec.reservation.is_empty() {
+            match self.state.reservation_gate(job, self.opts.now_ms) {
+                Some(crate::state::ReservationWait::Deleted) => return Some(Pending::ReservationDeleted),
+                Some(crate::state::ReservationWait::NotYet) => return Some(Pending::Reservation),
+                None => {}
+            }
+            // Too little of the reservation is left for the job's shortest limit.
+            let now = self.opts.now_ms;
+            let end = self.state.reservations.get(&job.spec.reservation).and_then(|r| r.window(now)).map_or(0, |w| w.1);
+            if now.saturating_add(job.min_limit_s().saturating_mul(1000)) > end {
+                return Some(Pending::Reservation);
+            }
+        }
         if !job.deps_pending.is_empty() {
             return Some(Pending::Dependency);
         }
@@ -331,6 +370,17 @@ impl<'s, 'o> Pass<'s, 'o> {
             } else {
                 Pending::QosMaxPerUser
             }
+        })
+    }
+
+    /// Stage 2, limits: whether the licenses `job` asks for are free (what
+    /// running jobs and this plan's placements hold).
+    fn licenses_free(&self, job: &Job) -> bool {
+        job.spec.licenses.iter().all(|(name, &want)| {
+            let total = u64::from(self.state.policy.licenses.get(name).copied().unwrap_or(0));
+            let used = self.state.licenses_used.get(name).copied().unwrap_or(0);
+            let used = used.saturating_add(self.plan_licenses.get(name.as_str()).copied().unwrap_or(0));
+            used.saturating_add(u64::from(want)) <= total
         })
     }
 
@@ -433,6 +483,10 @@ impl<'s, 'o> Pass<'s, 'o> {
             crate::incr(self.array_running.entry(a.array_job_id).or_default());
         }
         self.running_names.insert((job.spec.user.as_str(), job.spec.name.as_str()));
+        for (name, &n) in &job.spec.licenses {
+            let e = self.plan_licenses.entry(name.as_str()).or_default();
+            *e = e.saturating_add(u64::from(n));
+        }
         self.plan.placements.push(Placement { job_id: job.id, attempt: job.attempt.saturating_add(1), nodes });
     }
 
@@ -472,9 +526,21 @@ impl<'s, 'o> Pass<'s, 'o> {
                 events.push((*end, m.node, m.cpus, m.mem_mb, m.gpus));
             }
         }
+        // An advance reservation's end is a time its nodes may take the job.
+        for (i, resv) in self.view.node_resv.iter().enumerate() {
+            for w in resv.iter().filter_map(|r| r.window(now)) {
+                events.push((w.1, i, 0, 0, 0));
+            }
+        }
         events.sort_unstable_by_key(|e| (e.0, e.1));
         takes.sort_unstable_by_key(|e| (e.0, e.1));
-        let statics: Vec<bool> = (0..self.view.nodes.len()).map(|i| self.view.static_ok(i, job)).collect();
+        // Up and of the right kind; advance reservations are asked at each
+        // candidate start (a node reserved now may be free later).
+        let statics: Vec<bool> = (0..self.view.nodes.len())
+            .map(|i| {
+                self.view.nodes[i].state == crate::model::NodeState::Up && self.view.hardware_reject(i, job).is_none()
+            })
+            .collect();
         let s = &job.spec;
         let fits = |f: &Free| {
             f.cpus >= s.cpus_per_node() && f.mem_mb >= s.mem_per_node_mb && f.gpus.count_ones() >= s.gpus_per_node
@@ -516,7 +582,8 @@ impl<'s, 'o> Pass<'s, 'o> {
                 continue;
             }
             crate::incr(&mut tries);
-            if let Ok(members) = self.view.place(job, &future, None, depth) {
+            // Advance reservations are checked for a start at `t`.
+            if let Ok(members) = self.view.place(job, &future, None, depth, t) {
                 for m in &members {
                     let f = &future[m.node];
                     let h = Hold {
@@ -575,7 +642,7 @@ pub fn plan(state: &State, opts: &Options) -> Plan {
 /// later jobs backfill around).
 pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -> Plan {
     let now = opts.now_ms;
-    let view = View::new(state.nodes.values(), &state.policy);
+    let view = View::of(state, now);
     let free = view.free.clone();
     let node_index = view.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
     let mut array_running: BTreeMap<JobId, u32> = BTreeMap::new();
@@ -599,6 +666,7 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
         array_running,
         running_names,
         plan_use: BTreeMap::new(),
+        plan_licenses: BTreeMap::new(),
         free_cpus: 0,
         free_gpus: 0,
         reserved: Vec::new(),
@@ -647,6 +715,7 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
     let mut failed: BTreeMap<u64, Vec<(ShapeKey, u64, Miss)>> = BTreeMap::new();
     let mut preempt_attempts = 0;
     let mut possible_checks = 0;
+    let has_resv = !state.reservations.is_empty();
     let p = &state.policy;
     let has_quotas = p.accounts.values().any(|a| !a.quota.is_empty())
         || p.users.values().any(|u| !u.quota.is_empty())
@@ -668,6 +737,10 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
             pass.plan.reasons.push((id, why));
             continue;
         }
+        if !job.spec.licenses.is_empty() && !pass.licenses_free(job) {
+            pass.plan.reasons.push((id, Pending::Licenses));
+            continue;
+        }
         // Stage 2, limits before resources (as Slurm reports them): the
         // smallest the job can be.
         if has_quotas {
@@ -683,7 +756,7 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
         // Cheapest test first: the whole cluster has too little free.
         let too_big = u64::from(spec.nodes).saturating_mul(u64::from(spec.cpus_per_node())) > pass.free_cpus
             || u64::from(spec.nodes).saturating_mul(u64::from(spec.gpus_per_node)) > pass.free_gpus;
-        let key = ShapeKey::of(job, depth);
+        let key = ShapeKey::of(job, depth, has_resv);
         let mut fp = 0;
         let known = if too_big {
             Some(Miss::Resources)
@@ -711,7 +784,7 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
             if spec.nodes_max() == 1 {
                 pass.place_single(job, holds)
             } else {
-                pass.view.place(job, &pass.free, holds, depth)
+                pass.view.place(job, &pass.free, holds, depth, now)
             }
         };
         match attempt {

@@ -89,7 +89,7 @@ impl<'s> Pass<'s, '_> {
             }
             self.give_job(&mut trial, v);
             chosen.push(v);
-            if let Ok(m) = self.view.place(job, &trial, None, depth) {
+            if let Ok(m) = self.view.place(job, &trial, None, depth, self.opts.now_ms) {
                 placed = Some(m);
                 break;
             }
@@ -105,7 +105,7 @@ impl<'s> Pass<'s, '_> {
                     self.give_job(&mut without, v);
                 }
             }
-            if let Ok(m) = self.view.place(job, &without, None, depth) {
+            if let Ok(m) = self.view.place(job, &without, None, depth, self.opts.now_ms) {
                 chosen.remove(k);
                 members = m;
             }

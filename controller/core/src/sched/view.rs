@@ -18,6 +18,8 @@ use std::collections::BTreeMap;
 use crate::fit::{gpu_is_type, mismatch};
 use crate::model::{GpuHealth, Job, Node, NodeState};
 use crate::policy::ClusterPolicy;
+use crate::reservation::Reservation;
+use crate::state::State;
 
 /// What a node has left, as the plan being built uses it up.
 #[derive(Debug, Clone, Copy, Default)]
@@ -84,6 +86,10 @@ pub(crate) struct View<'a> {
     /// GPU NVLink island masks per node.
     islands: Vec<Vec<u32>>,
     pub policy: &'a ClusterPolicy,
+    /// The pass's time: advance reservations hold nodes by time.
+    pub now_ms: u64,
+    /// Per node: the advance reservations that hold it (usually none).
+    pub node_resv: Vec<Vec<&'a Reservation>>,
 }
 
 /// The bit mask of a list of GPU indexes.
@@ -112,6 +118,22 @@ pub(crate) fn type_mask(node: &Node, gpu_type: &str) -> u32 {
 }
 
 impl<'a> View<'a> {
+    /// The cluster of `state` at `now_ms`.
+    pub fn of(state: &'a State, now_ms: u64) -> View<'a> {
+        let mut view = View::new(state.nodes.values(), &state.policy);
+        view.now_ms = now_ms;
+        if !state.reservations.is_empty() {
+            let index: BTreeMap<&str, usize> =
+                view.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+            for r in state.reservations.values().filter(|r| r.window(now_ms).is_some()) {
+                for i in r.nodes.iter().filter_map(|n| index.get(n.as_str())) {
+                    view.node_resv[*i].push(r);
+                }
+            }
+        }
+        view
+    }
+
     pub fn new(nodes: impl Iterator<Item = &'a Node>, policy: &'a ClusterPolicy) -> View<'a> {
         let mut nodes: Vec<&Node> = nodes.collect();
         nodes.sort_by(|a, b| a.topology.cmp(&b.topology).then_with(|| a.name.cmp(&b.name)));
@@ -153,7 +175,8 @@ impl<'a> View<'a> {
                 by.into_values().collect()
             })
             .collect();
-        View { nodes, free, part_mask, part_index, domains, islands, policy }
+        let n = nodes.len();
+        View { nodes, free, part_mask, part_index, domains, islands, policy, now_ms: 0, node_resv: vec![Vec::new(); n] }
     }
 
     pub fn depth(&self) -> usize {
@@ -173,7 +196,36 @@ impl<'a> View<'a> {
         if n.state != NodeState::Up {
             return Some(if n.state == NodeState::Down { "node down" } else { "node drained" });
         }
-        self.hardware_reject(i, job)
+        if let Some(why) = self.hardware_reject(i, job) {
+            return Some(why);
+        }
+        self.reservation_reject(i, job, self.now_ms)
+    }
+
+    /// Why advance reservations keep node `i` from `job` if it started at
+    /// `at_ms` with its shortest limit: outside its reservations a job must
+    /// end before they start; in its own, it must end by its end.
+    pub fn reservation_reject(&self, i: usize, job: &Job, at_ms: u64) -> Option<&'static str> {
+        if self.node_resv[i].is_empty() {
+            return None;
+        }
+        let end = at_ms.saturating_add(job.min_limit_s().saturating_mul(1000));
+        (!self.reservations_allow(i, job, at_ms, end))
+            .then_some("reserved (an advance reservation holds it before the job would end)")
+    }
+
+    /// Whether node `i` may hold a member of `job` that runs over
+    /// `[from_ms, to_ms)` as far as advance reservations go (for start
+    /// estimates in the future).
+    pub fn reservations_allow(&self, i: usize, job: &Job, from_ms: u64, to_ms: u64) -> bool {
+        let own = job.spec.reservation.as_str();
+        self.node_resv[i].iter().all(|r| {
+            if r.name == own {
+                r.window(from_ms).is_some_and(|(s, e)| s <= from_ms && to_ms <= e)
+            } else {
+                !r.overlaps(from_ms, to_ms)
+            }
+        })
     }
 
     /// Why node `i` could never hold a member of `job`, even when up and idle:
@@ -181,7 +233,14 @@ impl<'a> View<'a> {
     pub fn hardware_reject(&self, i: usize, job: &Job) -> Option<&'static str> {
         let in_partition = self.policy.partitions.is_empty()
             || self.part_index.get(job.spec.partition.as_str()).is_some_and(|&p| self.part_mask[i] & (1 << p) != 0);
-        mismatch(&job.spec, self.nodes[i], in_partition).map(crate::fit::Mismatch::as_str)
+        if let Some(m) = mismatch(&job.spec, self.nodes[i], in_partition) {
+            return Some(m.as_str());
+        }
+        let own = &job.spec.reservation;
+        if !own.is_empty() && !self.node_resv[i].iter().any(|r| &r.name == own) {
+            return Some("not in the job's reservation");
+        }
+        None
     }
 
     /// What one member of `job` takes on node `i` if it fits in `f` now.
@@ -224,6 +283,7 @@ impl<'a> View<'a> {
         free: &[Free],
         holds: Option<(&[Option<Hold>], u64)>,
         required_depth: Option<usize>,
+        at_ms: u64,
     ) -> Result<Vec<Member>, Miss> {
         let s = &job.spec;
         let need = s.nodes as usize;
@@ -235,7 +295,10 @@ impl<'a> View<'a> {
             if f.cpus < s.cpus_per_node() || f.mem_mb < s.mem_per_node_mb || f.gpus.count_ones() < s.gpus_per_node {
                 continue;
             }
-            if !self.static_ok(i, job) {
+            if self.nodes[i].state != NodeState::Up
+                || self.hardware_reject(i, job).is_some()
+                || self.reservation_reject(i, job, at_ms).is_some()
+            {
                 continue;
             }
             let Some(m) = self.fit(i, job, f, type_mask(self.nodes[i], &s.gpu_type)) else { continue };

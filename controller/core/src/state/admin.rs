@@ -50,8 +50,9 @@ impl State {
             return Applied::refused(
                 RefusalKind::FailedPrecondition,
                 format!(
-                    "operators, coordinators, user_map, user_domains, allow_root_jobs and private_jobs need data \
-                     format {needs}; this cluster is on format {} until every replica runs a build that reads {needs}",
+                    "this policy needs data format {needs} (operators, coordinators, user_map, user_domains, \
+                     allow_root_jobs and private_jobs need 6, licenses 9); this cluster is on format {} until every \
+                     replica runs a build that reads {needs}",
                     self.format
                 ),
             );
@@ -175,6 +176,8 @@ impl State {
     /// Recomputes the quota counters from the jobs (after the account tree changed).
     pub(super) fn rebuild_use(&mut self) {
         self.running_use.clear();
+        self.licenses_used.clear();
+        self.deadline_jobs.clear();
         self.active_jobs.clear();
         self.unfinished_bytes.clear();
         let active: Vec<JobId> = self.pending.iter().chain(self.running.iter()).copied().collect();
@@ -189,6 +192,18 @@ impl State {
     /// Counts an allocation in (or out of) the running-use counters.
     pub(super) fn count_running(&mut self, job_id: JobId, alloc: &Allocation, add: bool) {
         let u = alloc_use(alloc);
+        let licenses = self.jobs.get(&job_id).map(|j| j.spec.licenses.clone()).unwrap_or_default();
+        for (name, n) in licenses {
+            let used = self.licenses_used.entry(name.clone()).or_default();
+            if add {
+                *used = used.saturating_add(u64::from(n));
+            } else {
+                *used = used.saturating_sub(u64::from(n));
+                if *used == 0 {
+                    self.licenses_used.remove(&name);
+                }
+            }
+        }
         for k in self.use_keys(job_id) {
             let e = self.running_use.entry(k.clone()).or_default();
             if add {
@@ -427,7 +442,10 @@ impl State {
                         "permission: only operators and admins may raise a time limit",
                     );
                 }
-                self.jobs.get_mut(&job_id).expect("checked").spec.time_limit_s = *t;
+                let job = self.jobs.get_mut(&job_id).expect("checked");
+                job.spec.time_limit_s = *t;
+                // An explicit limit replaces the one a shortened start kept.
+                job.requested_limit_s = 0;
             }
         }
         Applied { outcome: Outcome::JobUpdated { job_id }, events }

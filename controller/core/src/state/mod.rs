@@ -16,13 +16,16 @@ use crate::format::PLAN_APPLY_FORMAT;
 use crate::limits::*;
 use crate::model::*;
 use crate::policy::{ClusterPolicy, Use};
+use crate::reservation::Reservation;
 use crate::spec::NodeSpec;
 
 mod admin;
 mod deps;
+mod reservations;
 mod submit;
 
 pub use admin::{alloc_use, UsageBucket};
+pub use reservations::ReservationWait;
 pub use submit::DepStatus;
 
 /// Idempotency entries purged per applied command. Bounds the work of one apply;
@@ -106,6 +109,9 @@ pub enum Outcome {
     },
     DataFormatSet {
         format: u32,
+    },
+    ReservationChanged {
+        name: String,
     },
 }
 
@@ -247,6 +253,8 @@ pub struct State {
     /// are written in, and which rules `apply` follows. Only
     /// `Command::SetDataFormat` changes it. Since format 5.
     pub format: u32,
+    /// Advance reservations by name. Since format 9.
+    pub reservations: BTreeMap<String, Reservation>,
     /// Jobs that started or finished during the current apply; their dependents
     /// are settled before apply returns. Always empty between applies.
     #[serde(skip)]
@@ -260,6 +268,18 @@ pub struct State {
     /// `unfinished_bytes`.
     #[serde(skip)]
     pub(crate) finished_bytes: u64,
+    /// Seats of each license the running jobs hold. Derived from the jobs:
+    /// kept by `count_running`, rebuilt after a snapshot is decoded.
+    #[serde(skip)]
+    pub(crate) licenses_used: BTreeMap<String, u64>,
+    /// Unfinished jobs with a `--deadline`: the leader looks for missed
+    /// deadlines only when there are any. Derived like `unfinished_bytes`.
+    #[serde(skip)]
+    pub(crate) deadline_jobs: BTreeSet<JobId>,
+    /// Node → the reservations that hold it. Derived from the reservations:
+    /// rebuilt whenever they change and after a snapshot is decoded.
+    #[serde(skip)]
+    pub(crate) reserved_nodes: BTreeMap<String, Vec<String>>,
 }
 
 impl Default for State {
@@ -280,9 +300,13 @@ impl Default for State {
             active_jobs: BTreeMap::new(),
             dependents: BTreeMap::new(),
             format: crate::format::FORMAT_BASE,
+            reservations: BTreeMap::new(),
             dep_triggers: BTreeSet::new(),
             unfinished_bytes: BTreeMap::new(),
             finished_bytes: 0,
+            licenses_used: BTreeMap::new(),
+            deadline_jobs: BTreeSet::new(),
+            reserved_nodes: BTreeMap::new(),
         }
     }
 }
@@ -295,6 +319,7 @@ impl State {
     pub fn apply(&mut self, index: u64, cmd: &Command) -> Applied {
         self.clock_ms = self.clock_ms.max(cmd.now_ms());
         self.purge_idempotency();
+        self.purge_reservations();
         let mut applied = self.apply_one(index, cmd);
         applied.events.extend(self.settle_dependents(index));
         applied
@@ -338,6 +363,7 @@ impl State {
             }
             Command::JobCheckpointed { job_id, attempt, .. } => self.apply_job_checkpointed(*job_id, *attempt),
             Command::SetDataFormat { format, .. } => self.apply_set_data_format(*format),
+            Command::ChangeReservation { change, identity, .. } => self.apply_change_reservation(change, identity),
         }
     }
 
@@ -572,6 +598,10 @@ impl State {
         job.state = JobState::Pending;
         job.task_exits.clear();
         job.reason = reason.clone();
+        // The next attempt asks for its whole limit again.
+        if job.requested_limit_s > 0 {
+            job.spec.time_limit_s = std::mem::take(&mut job.requested_limit_s);
+        }
         let attempt = job.attempt;
         self.running.remove(&job_id);
         self.pending.insert(job_id);
@@ -803,6 +833,24 @@ impl State {
         if let Some(why) = self.quota_exceeded_releasing(job, extra, &victims) {
             return Err(why);
         }
+        if self.format >= crate::format::SLURM_FEATURES_FORMAT {
+            for (name, &want) in &spec.licenses {
+                let total = u64::from(self.policy.licenses.get(name).copied().unwrap_or(0));
+                let released: u64 =
+                    victims.iter().filter_map(|v| v.spec.licenses.get(name)).map(|&n| u64::from(n)).sum();
+                let used = self.licenses_used.get(name).copied().unwrap_or(0).saturating_sub(released);
+                if used.saturating_add(u64::from(want)) > total {
+                    return Err(format!(
+                        "license {name}: {want} wanted, {} of {total} free",
+                        total.saturating_sub(used)
+                    ));
+                }
+            }
+            if let Some(wait) = self.reservation_gate(job, self.clock_ms) {
+                return Err(format!("reservation {}: {}", spec.reservation, wait.as_str()));
+            }
+            self.start_limit_s(job, p.nodes.iter().map(|n| n.node.as_str()), self.clock_ms)?;
+        }
         Ok(())
     }
 
@@ -835,6 +883,13 @@ impl State {
                 }
                 node.jobs.push(p.job_id);
             }
+            // Shortened (down to --time-min) to end before a reservation or the deadline.
+            let limit_s = if self.format >= crate::format::SLURM_FEATURES_FORMAT {
+                let job = &self.jobs[&p.job_id];
+                self.start_limit_s(job, p.nodes.iter().map(|n| n.node.as_str()), self.clock_ms).ok()
+            } else {
+                None
+            };
             let alloc = Allocation { attempt: p.attempt, nodes: p.nodes.clone() };
             self.count_running(p.job_id, &alloc, true);
             self.dep_triggers.insert(p.job_id);
@@ -842,6 +897,10 @@ impl State {
             let job = self.jobs.get_mut(&p.job_id).expect("checked");
             job.state = JobState::Running;
             job.attempt = p.attempt;
+            if let Some(limit_s) = limit_s.filter(|l| *l != job.spec.time_limit_s) {
+                job.requested_limit_s = job.spec.time_limit_s;
+                job.spec.time_limit_s = limit_s;
+            }
             job.start_time_ms = Some(now);
             job.reason = String::new();
             job.task_exits.clear();
@@ -880,6 +939,20 @@ impl State {
         let Some(job) = self.jobs.get(&job_id) else {
             return Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
         };
+        if state == JobState::Deadline && self.format < crate::format::SLURM_FEATURES_FORMAT {
+            return Applied::refused(RefusalKind::InvalidArgument, "state: DEADLINE needs data format 9");
+        }
+        // A pending job ends DEADLINE once it can no longer end by its deadline.
+        if state == JobState::Deadline {
+            if job.state != JobState::Pending || job.attempt != attempt || !job.deadline_missed(self.clock_ms) {
+                return Applied::refused(
+                    RefusalKind::Stale,
+                    format!("job {job_id} is not a pending job past its deadline"),
+                );
+            }
+            let event = self.finish_job(index, job_id, state, exit_code, reason.to_string());
+            return Applied { outcome: Outcome::JobFinished { job_id }, events: vec![event] };
+        }
         if job.state != JobState::Running || job.attempt != attempt {
             return Applied::refused(
                 RefusalKind::Stale,
@@ -916,10 +989,30 @@ impl State {
             .fold(0u64, |n, j| n.saturating_add(j.spec.size_bytes() as u64))
     }
 
+    fn licenses_of_running_jobs(&self) -> BTreeMap<String, u64> {
+        let mut used: BTreeMap<String, u64> = BTreeMap::new();
+        for j in self.running.iter().filter_map(|id| self.jobs.get(id)) {
+            for (name, &n) in &j.spec.licenses {
+                let u = used.entry(name.clone()).or_default();
+                *u = u.saturating_add(u64::from(n));
+            }
+        }
+        used
+    }
+
     /// Rebuilds what a snapshot does not carry (after decoding one).
     pub fn rebuild_derived(&mut self) {
         self.unfinished_bytes = self.unfinished_bytes_of_jobs();
         self.finished_bytes = self.finished_bytes_of_jobs();
+        self.licenses_used = self.licenses_of_running_jobs();
+        self.deadline_jobs = self
+            .pending
+            .iter()
+            .chain(&self.running)
+            .filter(|id| self.jobs.get(id).is_some_and(|j| j.spec.deadline_ms > 0))
+            .copied()
+            .collect();
+        self.reserved_nodes = self.reserved_nodes_of_reservations();
     }
 
     pub fn check_invariants(&self) -> Result<(), String> {
@@ -1014,7 +1107,11 @@ impl State {
         }
         let mut recount = self.clone();
         recount.rebuild_use();
-        if recount.running_use != self.running_use || recount.active_jobs != self.active_jobs {
+        if recount.running_use != self.running_use
+            || recount.active_jobs != self.active_jobs
+            || recount.licenses_used != self.licenses_used
+            || recount.deadline_jobs != self.deadline_jobs
+        {
             return Err("quota use counters differ from the jobs".into());
         }
         for id in &self.pending {
@@ -1022,6 +1119,23 @@ impl State {
             for d in &job.deps_pending {
                 if !self.dependents.get(&d.job_id).is_some_and(|s| s.contains(id)) {
                     return Err(format!("pending job {id} waits on {} but is not filed as its dependent", d.job_id));
+                }
+            }
+        }
+        if self.reserved_nodes != self.reserved_nodes_of_reservations() {
+            return Err("the reserved-node index differs from the reservations".into());
+        }
+        if self.reservations.len() > RESERVATIONS_MAX {
+            return Err("more reservations than the limit".into());
+        }
+        let resv: Vec<&Reservation> = self.reservations.values().collect();
+        for (k, (name, r)) in self.reservations.iter().enumerate() {
+            if *name != r.name {
+                return Err(format!("reservation {name} is filed under another name"));
+            }
+            for other in &resv[k.saturating_add(1)..] {
+                if other.conflicts(r) && other.nodes.iter().any(|n| r.contains(n)) {
+                    return Err(format!("reservations {name} and {} hold a node at the same time", other.name));
                 }
             }
         }

@@ -145,6 +145,7 @@ impl State {
                 priority_override: None,
                 last_checkpoint_ms: None,
                 preempted: 0,
+                requested_limit_s: 0,
                 spec: element_spec,
             };
             jobs.push(job);
@@ -227,6 +228,51 @@ impl State {
                     format!("memory per node would exceed {MEM_PER_NODE_MB_MAX} MiB"),
                 ));
             }
+        }
+        // Slurm's wording for both: "Invalid license specification", "Requested reservation is invalid".
+        for (name, &want) in &s.licenses {
+            let Some(&total) = policy.licenses.get(name) else {
+                let known: Vec<&str> = policy.licenses.keys().map(String::as_str).collect();
+                return Err(SpecError::new(
+                    "licenses",
+                    format!(
+                        "invalid license specification: '{name}' is not a license of this cluster (licenses: {})",
+                        if known.is_empty() { "none defined".to_string() } else { known.join(", ") }
+                    ),
+                ));
+            };
+            if want > total {
+                return Err(SpecError::new(
+                    "licenses",
+                    format!("invalid license specification: {want} of {name} asked, the cluster has {total}"),
+                ));
+            }
+        }
+        if !s.reservation.is_empty() {
+            let Some(r) = self.reservations.get(&s.reservation) else {
+                return Err(SpecError::new(
+                    "reservation",
+                    format!("requested reservation is invalid: {} does not exist", s.reservation),
+                ));
+            };
+            if !r.admits(&s.user, &s.account, self.is_admin(identity)) {
+                return Err(SpecError::new(
+                    "reservation",
+                    format!(
+                        "access denied to requested reservation {} (user {}, account {})",
+                        r.name, s.user, s.account
+                    ),
+                ));
+            }
+        }
+        if s.time_min_s > s.time_limit_s {
+            return Err(SpecError::new("time_min_s", "must not exceed the time limit"));
+        }
+        if s.deadline_ms > 0 && s.deadline_ms <= self.clock_ms.max(s.begin_ms) {
+            return Err(SpecError::new(
+                "deadline_ms",
+                if s.deadline_ms <= self.clock_ms { "is in the past" } else { "must be after the begin time" },
+            ));
         }
         if !s.topology.level.is_empty() && self.topology_depth(&s.topology.level).is_none() {
             let levels = policy.topology_levels.join(", ");
@@ -404,6 +450,13 @@ impl State {
     pub(super) fn count_active(&mut self, job_id: JobId, add: bool) {
         let job = &self.jobs[&job_id];
         let bytes = job.spec.size_bytes() as u64;
+        if job.spec.deadline_ms > 0 {
+            if add {
+                self.deadline_jobs.insert(job_id);
+            } else {
+                self.deadline_jobs.remove(&job_id);
+            }
+        }
         for who in [job.spec.user.clone(), String::new()] {
             let e = self.unfinished_bytes.entry(who.clone()).or_default();
             if add {

@@ -17,7 +17,9 @@
 //!                          #   new_leader = true (a leader of the next term that has heard nothing yet),
 //!                          #   agent = "n1" (the node's `AgentCore`: one heartbeat round, or
 //!                          #   restart / exit = [job, attempt, code] / agent_tick; expect actions,
-//!                          #   term = an older leader's answer)
+//!                          #   term = an older leader's answer), reservation = { name, start_s, end_s,
+//!                          #   nodes | gpus, users, accounts, flags, update } / delete_reservation = NAME
+//!                          #   (plus limits = { job = seconds }, checked after any step)
 //! ```
 
 use std::collections::BTreeMap;
@@ -30,6 +32,7 @@ use gangway_core::duties::{
     leader_tick, may_answer, node_orders, silence_ms, Heard, HeardBook, LeaderMemory, NodeOrders,
 };
 use gangway_core::policy::{pattern_matches, ClusterPolicy};
+use gangway_core::reservation::{ReservationChange, ReservationFlags, ReservationRequest};
 use gangway_core::sched::{plan, Options, Order, Policy};
 use gangway_core::spec::{parse_dependencies, GpuSpec, JobSpec, NodeSpec};
 use gangway_core::{JobState, Outcome, State};
@@ -190,6 +193,9 @@ const STEP_KEYS: &[&str] = &[
     "exit",
     "agent_tick",
     "restart",
+    "reservation",
+    "delete_reservation",
+    "limits",
 ];
 const UPDATE_KEYS: &[&str] = &["job", "priority", "nice", "time_limit_s"];
 
@@ -467,6 +473,17 @@ pub fn run_file(path: &std::path::Path) {
             agent(&mut run, i, step, node.as_str().expect("agent = NODE"));
         } else if let Some(node) = step.get("heartbeat") {
             heartbeat(&mut run, i, step, node.as_str().expect("heartbeat = NODE"));
+        } else if let Some(r) = step.get("reservation") {
+            reservation(&mut run, i, step, r);
+        } else if let Some(name) = step.get("delete_reservation") {
+            let change = ReservationChange::Delete { name: name.as_str().expect("reservation name").to_string() };
+            let identity = step.get("identity").and_then(Value::as_str).unwrap_or("server:scenario").to_string();
+            let out = run.apply(Command::ChangeReservation { change, identity, now_ms });
+            match (step.get("expect_error").and_then(Value::as_str), &out) {
+                (Some(want), Outcome::Refused(r)) if r.message.contains(want) => {}
+                (None, Outcome::ReservationChanged { .. }) => {}
+                _ => run.fail(i, format!("unexpected outcome {out:?}")),
+            }
         } else if step.get("tick").is_some() {
             tick(&mut run, i, step);
         } else if step.get("new_leader").is_some() {
@@ -480,6 +497,13 @@ pub fn run_file(path: &std::path::Path) {
                     .into(),
             );
         }
+        // Job time limits (seconds), checked after any step.
+        for (job, want) in int_map(step.get("limits")) {
+            let got = run.state.jobs.get(&job).map(|j| j.spec.time_limit_s);
+            if got != want.as_integer().map(|w| w as u64) {
+                run.fail(i, format!("job {job} has time limit {got:?} s, expected {want}"));
+            }
+        }
         // Job states, checked after any step.
         for (job, want) in int_map(step.get("states")) {
             let got = run.state.jobs.get(&job).map(|j| j.state.as_str()).unwrap_or("(gone)");
@@ -487,6 +511,39 @@ pub fn run_file(path: &std::path::Path) {
                 run.fail(i, format!("job {job} is {got}, expected {}", want.as_str().unwrap()));
             }
         }
+    }
+}
+
+/// `reservation = { name, start_s, end_s, nodes = "n[1-2]" | gpus, users, accounts, flags, partition }`:
+/// created (or with `update = true`, replaced) by `identity` (default: a server).
+fn reservation(run: &mut Run, i: usize, step: &Value, r: &Value) {
+    let strs = |k: &str| -> Vec<String> {
+        r.get(k).and_then(Value::as_array).into_iter().flatten().map(|v| v.as_str().unwrap().to_string()).collect()
+    };
+    let secs = |k: &str| r.get(k).and_then(Value::as_integer).map_or(0, |v| v as u64 * 1000);
+    let request = ReservationRequest {
+        name: r.get("name").and_then(Value::as_str).unwrap_or("resv").to_string(),
+        start_ms: secs("start_s"),
+        end_ms: secs("end_s"),
+        nodes: r.get("nodes").and_then(Value::as_str).map(expand_names).unwrap_or_default(),
+        gpus: r.get("gpus").and_then(Value::as_integer).unwrap_or(0) as u32,
+        partition: r.get("partition").and_then(Value::as_str).unwrap_or("").to_string(),
+        users: strs("users"),
+        accounts: strs("accounts"),
+        flags: ReservationFlags::parse(r.get("flags").and_then(Value::as_str).unwrap_or(""))
+            .unwrap_or_else(|e| run.fail(i, e.to_string())),
+    };
+    let change = if r.get("update").and_then(Value::as_bool) == Some(true) {
+        ReservationChange::Update(request)
+    } else {
+        ReservationChange::Create(request)
+    };
+    let identity = step.get("identity").and_then(Value::as_str).unwrap_or("server:scenario").to_string();
+    let out = run.apply(Command::ChangeReservation { change, identity, now_ms: run.now_ms });
+    match (step.get("expect_error").and_then(Value::as_str), &out) {
+        (Some(want), Outcome::Refused(r)) if r.message.contains(want) => {}
+        (None, Outcome::ReservationChanged { .. }) => {}
+        _ => run.fail(i, format!("unexpected reservation outcome {out:?}")),
     }
 }
 
