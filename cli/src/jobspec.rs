@@ -129,7 +129,7 @@ impl ResourceArgs {
 pub struct SubmitArgs {
     #[command(flatten)]
     pub res: ResourceArgs,
-    /// Not before this time (UTC): now+1hour, 16:00, 2026-12-24T08:00, midnight.
+    /// Not before this time (local time): now+1hour, 16:00, 2026-12-24T08:00, midnight.
     #[arg(long, short = 'b')]
     pub begin: Option<String>,
     /// Free text kept with the job (shown by show/squeue %k/sacct).

@@ -31,26 +31,51 @@ pub fn time_limit_s(s: &str) -> Result<u64, String> {
         .ok_or_else(bad)
 }
 
-/// Slurm's `--begin` times, in UTC: `now`, `now+N[seconds|minutes|hours|days|weeks]`
+/// Slurm's `--begin` times, in local time: `now`, `now+N[seconds|minutes|hours|days|weeks]`
 /// (bare N: seconds), `HH:MM[:SS]` (today, or tomorrow once past),
 /// `YYYY-MM-DD[THH:MM[:SS]]`, `midnight`, `noon`, `teatime` (16:00), `tomorrow`.
 pub fn begin_ms(s: &str, now_ms: u64) -> Result<u64, String> {
+    begin_ms_in(s, now_ms, &local_offset_s)
+}
+
+/// The local time zone's offset from UTC, in seconds east, at `utc_ms`
+/// (`TZ`, else `/etc/localtime`): Slurm's commands read and print times in
+/// local time.
+pub fn local_offset_s(utc_ms: i64) -> i64 {
+    use chrono::{Offset, TimeZone};
+    chrono::Local.timestamp_millis_opt(utc_ms).single().map_or(0, |t| i64::from(t.offset().fix().local_minus_utc()))
+}
+
+/// A local wall-clock time (ms since the epoch, counted as if local time
+/// were UTC) as UTC ms, with `offset_s` the zone's offset at an instant.
+/// Twice, so a time near a daylight-saving change takes that day's offset.
+pub fn local_to_utc(local_ms: i64, offset_s: &dyn Fn(i64) -> i64) -> i64 {
+    let guess = local_ms.saturating_sub(offset_s(local_ms).saturating_mul(1000));
+    local_ms.saturating_sub(offset_s(guess).saturating_mul(1000))
+}
+
+/// [`begin_ms`] in the zone `offset_s` describes.
+fn begin_ms_in(s: &str, now_ms: u64, offset_s: &dyn Fn(i64) -> i64) -> Result<u64, String> {
     let bad =
         || format!("--begin: '{s}' is not a time (examples: now+1hour, 16:00, 2026-12-24T08:00, midnight, tomorrow)");
     let t = s.trim().to_ascii_lowercase();
-    let day_ms: u64 = 86_400_000;
-    let today = now_ms.saturating_sub(now_ms.checked_rem(day_ms).unwrap_or(0));
-    let next_at = |secs_of_day: u64| {
-        let at = today.saturating_add(secs_of_day.saturating_mul(1000));
+    let day_ms: i64 = 86_400_000;
+    let now = i64::try_from(now_ms).map_err(|_| bad())?;
+    // Local midnight today, on the local clock.
+    let local_now = now.saturating_add(offset_s(now).saturating_mul(1000));
+    let today = local_now.saturating_sub(local_now.rem_euclid(day_ms));
+    let utc = |local: i64| u64::try_from(local_to_utc(local, offset_s)).unwrap_or(0);
+    let next_at = |secs_of_day: i64| {
+        let at = utc(today.saturating_add(secs_of_day.saturating_mul(1000)));
         if at <= now_ms {
-            at.saturating_add(day_ms)
+            utc(today.saturating_add(day_ms).saturating_add(secs_of_day.saturating_mul(1000)))
         } else {
             at
         }
     };
     match t.as_str() {
         "now" => return Ok(now_ms),
-        "midnight" | "tomorrow" => return Ok(today.saturating_add(day_ms)),
+        "midnight" | "tomorrow" => return Ok(utc(today.saturating_add(day_ms))),
         "noon" => return Ok(next_at(12 * 3600)),
         "teatime" => return Ok(next_at(16 * 3600)),
         _ => {}
@@ -73,17 +98,19 @@ pub fn begin_ms(s: &str, now_ms: u64) -> Result<u64, String> {
             .ok_or_else(bad);
     }
     if !t.contains('-') {
-        let parts: Vec<u64> = t.split(':').map(|p| p.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
+        let parts: Vec<i64> = t.split(':').map(|p| p.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
         return match parts.as_slice() {
             // Bounded by the guards: no overflow.
             #[allow(clippy::arithmetic_side_effects)]
-            [h, m] if *h < 24 && *m < 60 => Ok(next_at(h * 3600 + m * 60)),
+            [h, m] if (0..24).contains(h) && (0..60).contains(m) => Ok(next_at(h * 3600 + m * 60)),
             #[allow(clippy::arithmetic_side_effects)]
-            [h, m, sec] if *h < 24 && *m < 60 && *sec < 60 => Ok(next_at(h * 3600 + m * 60 + sec)),
+            [h, m, sec] if (0..24).contains(h) && (0..60).contains(m) && (0..60).contains(sec) => {
+                Ok(next_at(h * 3600 + m * 60 + sec))
+            }
             _ => Err(bad()),
         };
     }
-    parse_time("--begin", &t.replace('t', "T"), now_ms).map_err(|_| bad())
+    parse_time_in("--begin", &t.replace('t', "T"), now_ms, offset_s).map_err(|_| bad())
 }
 
 /// Slurm's `--licenses`: `NAME[:COUNT]` or `NAME[*COUNT]`, joined with `,`
@@ -267,9 +294,14 @@ pub fn duration(secs: u64) -> String {
     }
 }
 
-/// Epoch ms for sacct's time options: `YYYY-MM-DD[THH:MM[:SS]]` (UTC), `now`,
+/// Epoch ms for sacct's time options: `YYYY-MM-DD[THH:MM[:SS]]` (local time), `now`,
 /// `now-N{seconds,minutes,hours,days}`.
 pub fn parse_time(option: &str, s: &str, now: u64) -> Result<u64, String> {
+    parse_time_in(option, s, now, &local_offset_s)
+}
+
+/// [`parse_time`] in the zone `offset_s` describes.
+fn parse_time_in(option: &str, s: &str, now: u64, offset_s: &dyn Fn(i64) -> i64) -> Result<u64, String> {
     let bad = || format!("{option}: '{s}' is not a time (YYYY-MM-DD[THH:MM[:SS]], now, now-2hours)");
     if let Some(rest) = s.strip_prefix("now") {
         if rest.is_empty() {
@@ -298,7 +330,8 @@ pub fn parse_time(option: &str, s: &str, now: u64) -> Result<u64, String> {
     if !(0..=59).contains(&sec) || !(1970..=9999).contains(y) {
         return Err(bad());
     }
-    days_from_civil(*y, *mo, *day, *h, *mi, sec).map(|ms| ms as u64).ok_or_else(bad)
+    let local = days_from_civil(*y, *mo, *day, *h, *mi, sec).ok_or_else(bad)?;
+    u64::try_from(local_to_utc(local, offset_s)).map_err(|_| bad())
 }
 
 /// Unix ms of a UTC date and time already range-checked (years 1970..=9999).
@@ -333,6 +366,24 @@ mod begin_tests {
         assert_eq!(begin_ms("tomorrow", now).unwrap(), begin_ms("midnight", now).unwrap());
         assert!(begin_ms("later", now).unwrap_err().contains("--begin"));
         assert!(begin_ms("25:00", now).is_err());
+    }
+
+    /// Local times, as Slurm reads them: in a zone two hours east of UTC,
+    /// 16:00 is 14:00 UTC and a date names local midnight.
+    #[test]
+    fn begin_times_are_local() {
+        let east = |_: i64| 7200;
+        let now = 1_796_084_311_000; // 2026-12-01T00:18:31 UTC, 02:18:31 local
+        let local_midnight = 1_796_084_311_000 - 1_111_000 - 7_200_000; // 2026-12-01T00:00 local
+        assert_eq!(begin_ms_in("16:00", now, &east).unwrap(), local_midnight + 16 * 3_600_000);
+        // 01:00 local has passed (it is 02:18 there): tomorrow's.
+        assert_eq!(begin_ms_in("01:00", now, &east).unwrap(), local_midnight + 86_400_000 + 3_600_000);
+        assert_eq!(begin_ms_in("midnight", now, &east).unwrap(), local_midnight + 86_400_000);
+        assert_eq!(begin_ms_in("2026-12-24T08:00", now, &east).unwrap(), 1_798_099_200_000 - 7_200_000);
+        assert_eq!(parse_time_in("-S", "2026-12-01", 0, &east).unwrap(), local_midnight);
+        // A zone west of UTC at the same instant: still 2026-11-30 there.
+        let west = |_: i64| -5 * 3600;
+        assert_eq!(begin_ms_in("midnight", now, &west).unwrap(), 1_796_083_200_000 + 5 * 3_600_000);
     }
 }
 

@@ -46,7 +46,7 @@ pub struct ReservationArgs {
     /// With --gpus: pick from this partition's nodes.
     #[arg(long)]
     partition: Option<String>,
-    /// When it starts: now, now+1hour, 16:00, 2026-12-24T08:00 (UTC).
+    /// When it starts: now, now+1hour, 16:00, 2026-12-24T08:00 (local time).
     /// Default: now (update: unchanged).
     #[arg(long)]
     start: Option<String>,

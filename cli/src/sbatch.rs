@@ -40,7 +40,7 @@ const EXPORT_VARS_MAX: usize = 1024;
 pub struct SbatchOpts {
     #[command(flatten)]
     res: crate::jobspec::ResourceArgs,
-    /// Not before: now+1hour, 16:00, 2026-12-24T08:00, midnight, tomorrow (UTC).
+    /// Not before: now+1hour, 16:00, 2026-12-24T08:00, midnight, tomorrow (local time).
     #[arg(short = 'b', long)]
     begin: Option<String>,
     /// Free text kept with the job.

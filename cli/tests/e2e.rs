@@ -661,6 +661,21 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     assert!(granted.contains("Granted job allocation") && granted.contains("Relinquishing"), "{granted}");
     let o = shim("salloc", "dev:root").args(["-N", "1", "sh", "-c", "exit 4"]).output().unwrap();
     assert_eq!(o.status.code(), Some(4), "{}", String::from_utf8_lossy(&o.stderr));
+    // The allocation ends with the command's exit code, as Slurm's does: 0
+    // COMPLETED, 4 FAILED with 4; not CANCELLED.
+    let granted = |o: &Output| -> String {
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        let at = err.find("Granted job allocation ").expect("granted") + "Granted job allocation ".len();
+        err[at..].split_whitespace().next().unwrap().to_string()
+    };
+    let failed = granted(&o);
+    let ok = shim("salloc", "dev:root").args(["-N", "2", "true"]).output().unwrap();
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let completed = granted(&ok);
+    for (id, want) in [(&completed, "COMPLETED|0:0"), (&failed, "FAILED|4:0")] {
+        let got = tool("sacct", &["-X", "-j", id, "-n", "-P", "-o", "State,ExitCode"]);
+        assert_eq!(got.trim(), want, "salloc job {id}");
+    }
 
     // srun from outside a job: a job of its own, output streamed, exit code kept.
     let said = tool("srun", &["-N", "2", "-l", "bash", "-c", "echo on $SLURMD_NODENAME"]);

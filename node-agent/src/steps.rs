@@ -32,6 +32,24 @@ use tonic::{Request, Response, Status};
 /// reaches the whole process group), so that only a stop ends it.
 pub const HOLD_SCRIPT: &str = "trap '' USR1 USR2 HUP INT ALRM QUIT; while :; do sleep 3600; done";
 
+/// What the first node of an interactive allocation (salloc, srun outside a
+/// job) runs: it holds the allocation as [`HOLD_SCRIPT`] does until the
+/// client, its command done, writes the command's exit code to
+/// [`release_path`] through a step, then exits with it, so the job ends
+/// COMPLETED (or FAILED) with that code, as Slurm's salloc jobs do. Only a
+/// file of the job's own user counts (`-O`): another user cannot end it.
+pub const RELEASE_HOLD_SCRIPT: &str = "trap '' USR1 USR2 HUP INT ALRM QUIT; \
+    f=/tmp/gangway-release-$SLURM_JOB_ID-$GANGWAY_ATTEMPT; \
+    while [ ! -O \"$f\" ]; do sleep 0.5; done; \
+    c=$(head -c 8 \"$f\"); rm -f \"$f\"; \
+    case $c in ''|*[!0-9]*) exit 1;; esac; exit $((c % 256))";
+
+/// Where [`RELEASE_HOLD_SCRIPT`] looks for the exit code of attempt
+/// `attempt` of job `job_id` (on the allocation's first node).
+pub fn release_path(job_id: u64, attempt: u32) -> String {
+    format!("/tmp/gangway-release-{job_id}-{attempt}")
+}
+
 /// Tasks one step may start on a node (srun's own limit per node).
 pub const STEP_TASKS_MAX: usize = 1024;
 /// Bytes of environment (names and values) one step request may carry: far

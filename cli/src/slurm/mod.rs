@@ -4,7 +4,7 @@
 //! `scontrol`, `sacct`. The binary answers to those names through links
 //! (`gangway shims install`); `sbatch` lives in `sbatch.rs`.
 //!
-//! Times print in UTC (`YYYY-MM-DDTHH:MM:SS`).
+//! Times print in local time (`YYYY-MM-DDTHH:MM:SS`; `TZ`, else /etc/localtime), as Slurm prints them.
 
 pub mod format;
 pub mod hostlist;
@@ -102,8 +102,16 @@ pub fn elapsed(secs: u64) -> String {
     }
 }
 
-/// `YYYY-MM-DDTHH:MM:SS` (UTC) for epoch milliseconds.
+/// `YYYY-MM-DDTHH:MM:SS` in local time (as Slurm prints times) for epoch
+/// milliseconds.
 pub fn timestamp(ms: u64) -> String {
+    let utc = i64::try_from(ms).unwrap_or(i64::MAX);
+    timestamp_in(ms, crate::parse::local_offset_s(utc))
+}
+
+/// [`timestamp`] for a zone `offset_s` seconds east of UTC.
+pub fn timestamp_in(ms: u64, offset_s: i64) -> String {
+    let ms = ms.saturating_add_signed(offset_s.saturating_mul(1000));
     let secs = ms / 1000;
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
@@ -284,6 +292,9 @@ mod tests {
 
     #[test]
     fn times_print_as_slurm_does() {
+        // In local time: two hours east of UTC, and five west (the day before).
+        assert_eq!(timestamp_in(1_796_084_311_000, 7200), "2026-12-01T02:18:31");
+        assert_eq!(timestamp_in(1_796_084_311_000, -5 * 3600), "2026-11-30T19:18:31");
         assert_eq!(duration(0), "0:00");
         assert_eq!(duration(65), "1:05");
         assert_eq!(duration(3 * 3600 + 5), "3:00:05");

@@ -3,7 +3,8 @@
 //! then runs a command here (default: the user's shell) with the job's
 //! variables, so that `srun` there starts steps on the allocated nodes
 //! through their agents and streams their output back to this terminal. When
-//! the command ends, the allocation is given back (the job is cancelled).
+//! the command ends, the allocation is given back: the job ends with the
+//! command's exit code (COMPLETED when 0), as Slurm's does.
 
 use anyhow::{bail, Context};
 use clap::Args;
@@ -45,9 +46,10 @@ pub fn submit_args(a: &SallocArgs) -> crate::jobspec::SubmitArgs {
     crate::jobspec::SubmitArgs { res, ..Default::default() }
 }
 
-/// `args` as an allocation: every node, the first too, only holds it for steps.
+/// `args` as an allocation: every node, the first too, only holds it for
+/// steps; the first ends it with the exit code the client gives back.
 pub fn allocation(mut args: crate::jobspec::SubmitArgs) -> crate::jobspec::SubmitArgs {
-    args.wrap = Some(gangway_node_agent::steps::HOLD_SCRIPT.into());
+    args.wrap = Some(gangway_node_agent::steps::RELEASE_HOLD_SCRIPT.into());
     args.command = Vec::new();
     args.batch = true;
     args.output = Some("/dev/null".into());
@@ -105,11 +107,12 @@ pub async fn allocate_and_run(
         Who::Srun if !out.json => eprintln!("srun: job {id} has been allocated resources"),
         Who::Srun => {}
     }
-    let code = match allocation_env(client, &job).await {
+    let env = allocation_env(client, &job).await;
+    let code = match &env {
         Ok(env) => {
             let status = tokio::process::Command::new(&command[0])
                 .args(&command[1..])
-                .envs(env)
+                .envs(env.iter().cloned())
                 .status()
                 .await
                 .with_context(|| format!("salloc: cannot run {}", command[0]));
@@ -118,13 +121,58 @@ pub async fn allocate_and_run(
                 s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
             })
         }
-        Err(e) => Err(e),
+        Err(e) => Err(anyhow::anyhow!("{e:#}")),
     };
     if who == Who::Salloc {
         eprintln!("salloc: Relinquishing job allocation {id}");
     }
-    cancel(client, id).await;
+    // The job ends with the command's exit code (COMPLETED when 0), as
+    // Slurm's salloc jobs do; a job that does not end so is cancelled.
+    let released = match (&code, &env) {
+        (Ok(c), Ok(env)) => release(client, &job, *c, env).await,
+        _ => false,
+    };
+    if !released {
+        cancel(client, id).await;
+    }
     code
+}
+
+/// Polls while the released allocation ends (its first node notices the
+/// exit code within a second).
+const RELEASE_POLLS_MAX: u32 = 75;
+
+/// Gives the allocation back with `code`: a step on the first node writes
+/// the code where its hold script waits for it. Whether the job ended.
+async fn release(client: &Client, job: &pb::Job, code: i32, env: &[(String, String)]) -> bool {
+    let Some(first) = job.allocation.first().map(|a| a.node.clone()) else { return false };
+    let Ok(exe) = std::env::current_exe() else { return false };
+    let path = gangway_node_agent::steps::release_path(job.id, job.attempt);
+    let write = format!("umask 077; printf %s {} > {path}", code.clamp(0, 255));
+    let step = tokio::process::Command::new(exe)
+        .args(["srun", "-N1", "-n1", "-w", &first, "/bin/sh", "-c", &write])
+        .envs(env.iter().cloned())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await;
+    if !step.is_ok_and(|s| s.success()) {
+        return false;
+    }
+    for _ in 0..RELEASE_POLLS_MAX {
+        let got = client
+            .call(|ch| {
+                let r = client.request(pb::GetJobRequest { job_id: job.id, stale: false });
+                async move { JobServiceClient::new(ch).get(r).await }
+            })
+            .await;
+        if got.is_ok_and(|j| j.into_inner().state > pb::JobState::Running as i32) {
+            return true;
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
+    false
 }
 
 fn name(who: Who) -> &'static str {
