@@ -57,8 +57,9 @@ pub struct ResourceArgs {
     /// Generic resources, Slurm style: gpu[:TYPE]:COUNT per node.
     #[arg(long)]
     pub gres: Option<String>,
-    /// Run on exactly these nodes (a hostlist: n[1-4],gpu7); with no --nodes,
-    /// the job takes as many nodes as listed.
+    /// Run on these nodes, all of them (a hostlist: n[1-4],gpu7); with no
+    /// --nodes the job takes as many nodes as listed, with more it gets
+    /// others added.
     #[arg(short = 'w', long)]
     pub nodelist: Option<String>,
     /// Never run on these nodes (a hostlist).

@@ -811,6 +811,12 @@ fn reservations_and_licenses_through_the_shims(endpoints: &str, work: &Path, shi
     tool("scontrol", &["delete", "reservation", "e2e"]);
     assert!(tool("scontrol", &["show", "reservation"]).contains("No reservations in the system"));
     eventually("the job never ran once the reservation was gone", || state_of(&outside) == "COMPLETED");
+    // -w shorter than -N: the listed node and another, as Slurm adds them.
+    let both = tool("sbatch", &["--parsable", "-N", "2", "-w", "e2e-node-2", "--wrap", "echo $SLURM_JOB_NODELIST"]);
+    let both = both.trim().to_string();
+    eventually("the -w/-N job never completed", || state_of(&both) == "COMPLETED");
+    let said = std::fs::read_to_string(work.join(format!("slurm-{both}.out"))).unwrap();
+    assert_eq!(said.trim(), "e2e-node-[1-2]");
 }
 
 /// The admin commands (TOML import/export, object edits) and the scheduler's

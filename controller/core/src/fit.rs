@@ -67,7 +67,9 @@ pub fn mismatch(spec: &JobSpec, node: &Node, in_partition: bool) -> Option<Misma
     if !spec.constraints.iter().all(|c| node_has_feature(node, c)) {
         return Some(Mismatch::LacksFeature);
     }
-    if !spec.nodelist.is_empty() && !spec.nodelist.contains(&node.name) {
+    // A list as long as the gang names all of it; a shorter one is completed
+    // with any other nodes (the placement must hold every listed node).
+    if !spec.nodelist.is_empty() && spec.nodelist.len() >= spec.nodes as usize && !spec.nodelist.contains(&node.name) {
         return Some(Mismatch::NotInNodeList);
     }
     if spec.exclude.contains(&node.name) {

@@ -99,8 +99,9 @@ pub struct JobSpec {
     /// Truncate the output files at each start (Slurm's --open-mode=truncate);
     /// otherwise append.
     pub truncate_output: bool,
-    /// Exactly these nodes (Slurm's --nodelist); empty: any. Its length is
-    /// the job's node count.
+    /// These nodes (Slurm's --nodelist): every one of them is in the job;
+    /// when the list is shorter than `nodes` (from data format 9), others
+    /// are added. Empty: any.
     pub nodelist: Vec<String>,
     /// Never these nodes (Slurm's --exclude).
     pub exclude: Vec<String>,
@@ -381,6 +382,18 @@ impl JobSpec {
     pub fn validate_in(&self, format: u32) -> Result<(), SpecError> {
         self.validate()?;
         if format < crate::format::SLURM_FEATURES_FORMAT {
+            if !self.nodelist.is_empty() && self.nodelist.len() != self.nodes as usize {
+                return Err(SpecError::new(
+                    "nodelist",
+                    format!(
+                        "names {} nodes but the job asks for {}: a shorter list needs data format {}; until every \
+                         replica runs a build that reads it, the job runs on exactly the listed nodes",
+                        self.nodelist.len(),
+                        self.nodes,
+                        crate::format::SLURM_FEATURES_FORMAT
+                    ),
+                ));
+            }
             if let Some(field) = self.format_9_field() {
                 return Err(SpecError::new(
                     field,
@@ -485,13 +498,16 @@ impl JobSpec {
         for c in &self.constraints {
             check_name("constraints", c, true)?;
         }
+        // Every listed node is in the job; a shorter list than --nodes gets
+        // nodes added, as Slurm adds them (from data format 9).
         if !self.nodelist.is_empty()
-            && (self.nodelist.len() != self.nodes as usize || (self.nodes_max != 0 && self.nodes_max != self.nodes))
+            && (self.nodelist.len() > self.nodes as usize || (self.nodes_max != 0 && self.nodes_max != self.nodes))
         {
             return Err(SpecError::new(
                 "nodelist",
                 format!(
-                    "names {} nodes but the job asks for {}: the job runs on exactly the listed nodes",
+                    "names {} nodes but the job asks for {}: the job runs on every listed node (give -N at least \
+                     as large as the list, and no range)",
                     self.nodelist.len(),
                     self.nodes
                 ),

@@ -320,6 +320,9 @@ impl<'a> View<'a> {
             let f = &free[m.node];
             ((f.gpus & !m.gpus).count_ones(), f.cpus.saturating_sub(m.cpus))
         };
+        if !s.nodelist.is_empty() && s.nodelist.len() < need {
+            return self.place_with_listed(job, cand, required_depth, &leftover);
+        }
         if need == 1 && want == 1 {
             // Best fit, then the fullest deepest domain (keeps empty racks whole).
             let counts = self.domain_counts(&cand, self.depth());
@@ -358,6 +361,41 @@ impl<'a> View<'a> {
         cand.truncate(want);
         cand.sort_by_key(|m| m.node);
         Ok(cand)
+    }
+
+    /// A gang that must hold every node of its (shorter) node list, and
+    /// more: the listed nodes, then the best-fitting others (within the
+    /// listed nodes' domain when a level is required), as Slurm completes a
+    /// `-w` list shorter than `-N`.
+    fn place_with_listed(
+        &self,
+        job: &Job,
+        cand: Vec<Member>,
+        required_depth: Option<usize>,
+        leftover: &dyn Fn(&Member) -> (u32, u32),
+    ) -> Result<Vec<Member>, Miss> {
+        let s = &job.spec;
+        let listed: std::collections::BTreeSet<&str> = s.nodelist.iter().map(String::as_str).collect();
+        let (mut members, mut rest): (Vec<Member>, Vec<Member>) =
+            cand.into_iter().partition(|m| listed.contains(self.nodes[m.node].name.as_str()));
+        if members.len() < listed.len() {
+            return Err(Miss::Resources);
+        }
+        if let Some(d) = required_depth.filter(|d| (1..=self.depth()).contains(d)) {
+            let dom = members.first().map(|m| self.dom(d, m.node));
+            if members.iter().any(|m| Some(self.dom(d, m.node)) != dom) {
+                return Err(Miss::Topology);
+            }
+            rest.retain(|m| Some(self.dom(d, m.node)) == dom);
+        }
+        let more = (s.nodes as usize).saturating_sub(members.len());
+        if rest.len() < more {
+            return Err(Miss::Resources);
+        }
+        rest.sort_by_key(|m| (leftover(m), m.node));
+        members.extend(rest.into_iter().take(more));
+        members.sort_by_key(|m| m.node);
+        Ok(members)
     }
 
     /// The domain id of node `i` at `depth` (1 = top level).

@@ -769,6 +769,14 @@ impl State {
             let r = released.entry(na.node.as_str()).or_default();
             *r = (r.0.saturating_add(na.cpus), r.1.saturating_add(na.mem_mb));
         }
+        // Every listed node is in the gang (a list shorter than the gang is
+        // completed with others).
+        if !spec.nodelist.is_empty() {
+            let placed: BTreeSet<&str> = p.nodes.iter().map(|na| na.node.as_str()).collect();
+            if let Some(n) = spec.nodelist.iter().find(|n| !placed.contains(n.as_str())) {
+                return Err(format!("node {n} is in the job's node list but not in the placement"));
+            }
+        }
         let mut domain: Option<&[String]> = None;
         let level = self.topology_depth(&spec.topology.level);
         let mut seen = BTreeSet::new();
