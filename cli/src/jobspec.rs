@@ -196,9 +196,10 @@ pub struct SubmitArgs {
     /// Warning signal before the time limit: [B:]SIG[@SECONDS], e.g. USR1@120.
     #[arg(long)]
     pub signal: Option<String>,
-    /// Requeue the job if a node it runs on fails (the default).
-    #[arg(long, overrides_with = "no_requeue")]
-    pub requeue: bool,
+    /// Requeue the job when a node fails (the default); `--requeue=expedite`:
+    /// then put it first in the queue, back on its other nodes plus a spare.
+    #[arg(long, overrides_with = "no_requeue", num_args = 0..=1, require_equals = true, default_missing_value = "yes")]
+    pub requeue: Option<String>,
     /// End the job NODE_FAIL instead of requeueing it when a node fails.
     #[arg(long)]
     pub no_requeue: bool,
@@ -396,7 +397,12 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
             .map_err(anyhow::Error::msg)?
             .map(|t| t as i64),
         env: parse::parse_labels(&a.env).map_err(|e| anyhow::anyhow!("env: {e}"))?.into_iter().collect(),
-        requeue: (a.requeue || a.no_requeue).then_some(!a.no_requeue),
+        requeue: (a.requeue.is_some() || a.no_requeue).then_some(!a.no_requeue),
+        requeue_expedite: match a.requeue.as_deref() {
+            None | Some("yes") => false,
+            Some("expedite") => true,
+            Some(other) => bail!("--requeue: '{other}' is not a requeue mode (give --requeue or --requeue=expedite)"),
+        },
         output: a.output.unwrap_or_default(),
         error: a.error.unwrap_or_default(),
         warn_signal: warn.0,

@@ -66,8 +66,10 @@ pub struct SbatchOpts {
     /// [B:]SIG[@SECONDS] before the time limit, e.g. B:USR1@120.
     #[arg(long)]
     signal: Option<String>,
-    #[arg(long, overrides_with = "no_requeue")]
-    requeue: bool,
+    /// Requeue when a node fails (the default); `=expedite`: first in the
+    /// queue, back on its other nodes plus a spare.
+    #[arg(long, overrides_with = "no_requeue", num_args = 0..=1, require_equals = true, default_missing_value = "yes")]
+    requeue: Option<String>,
     #[arg(long = "no-requeue", overrides_with = "requeue")]
     no_requeue: bool,
     #[arg(short = 'D', long)]

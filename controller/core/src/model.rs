@@ -121,6 +121,10 @@ pub struct Job {
     /// one (down to `--time-min`); a requeue gives it back. 0: not
     /// shortened. Since format 9.
     pub requested_limit_s: u64,
+    /// Requeued with `--requeue=expedite` because a node failed: the nodes
+    /// of its last attempt that did not fail. Its next attempt goes first
+    /// and prefers them; empty otherwise. Since format 9.
+    pub expedite_nodes: Vec<String>,
 }
 
 /// Membership of a job in an array: elements are consecutive job ids starting

@@ -120,6 +120,10 @@ pub struct JobSpec {
     /// The job must end by this time (epoch ms; Slurm's `--deadline`); one
     /// that cannot any more ends DEADLINE. 0: none.
     pub deadline_ms: u64,
+    /// Slurm's `--requeue=expedite`: requeued because a node failed, the
+    /// job goes to the head of the queue and back onto its other nodes plus
+    /// a spare.
+    pub requeue_expedite: bool,
 }
 
 /// Required or preferred co-location of a gang within one domain of a topology
@@ -327,6 +331,7 @@ impl Default for JobSpec {
             reservation: String::new(),
             time_min_s: 0,
             deadline_ms: 0,
+            requeue_expedite: false,
         }
     }
 }
@@ -638,6 +643,7 @@ impl JobSpec {
             ("reservation", !self.reservation.is_empty()),
             ("time_min_s", self.time_min_s != 0),
             ("deadline_ms", self.deadline_ms != 0),
+            ("requeue_expedite", self.requeue_expedite),
         ]
         .into_iter()
         .find_map(|(f, set)| set.then_some(f))

@@ -948,6 +948,7 @@ fn full_spec() -> JobSpec {
         reservation: String::new(),
         time_min_s: 0,
         deadline_ms: 0,
+        requeue_expedite: false,
     }
 }
 
@@ -958,6 +959,7 @@ fn full_spec_v9() -> JobSpec {
     spec.reservation = "train".into();
     spec.time_min_s = 600;
     spec.deadline_ms = 1_700_000_900_000;
+    spec.requeue_expedite = true;
     spec
 }
 

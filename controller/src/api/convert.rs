@@ -72,6 +72,7 @@ pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, Sp
         reservation: p.reservation,
         time_min_s: p.time_min_s,
         deadline_ms: p.deadline_ms,
+        requeue_expedite: p.requeue_expedite,
     };
     spec.validate()?;
     gangway_core::limits::check_spec_size(&spec)?;
@@ -126,6 +127,7 @@ pub fn spec_to_proto(s: &JobSpec) -> pb::JobSpec {
         reservation: s.reservation.clone(),
         time_min_s: s.time_min_s,
         deadline_ms: s.deadline_ms,
+        requeue_expedite: s.requeue_expedite,
     }
 }
 

@@ -135,6 +135,7 @@ impl Frozen<crate::model::Job> for Job {
     fn freeze(t: crate::model::Job) -> Self {
         let crate::model::Job {
             requested_limit_s: _,
+            expedite_nodes: _,
             id,
             spec,
             state,
@@ -224,6 +225,7 @@ impl Frozen<crate::model::Job> for Job {
             last_checkpoint_ms,
             preempted,
             requested_limit_s: 0,
+            expedite_nodes: Vec::new(),
         }
     }
 }

@@ -151,7 +151,12 @@ impl<'a> Prioritizer<'a> {
     }
 
     /// The partition tier (scheduled first, higher first).
+    /// The partition's priority tier; a job requeued with
+    /// `--requeue=expedite` after a node failure goes above every tier.
     pub fn tier(&self, job: &Job) -> u32 {
+        if !job.expedite_nodes.is_empty() {
+            return u32::MAX;
+        }
         self.policy.partitions.get(&job.spec.partition).map_or(1, |p| p.priority_tier)
     }
 

@@ -321,7 +321,15 @@ impl<'a> View<'a> {
             ((f.gpus & !m.gpus).count_ones(), f.cpus.saturating_sub(m.cpus))
         };
         if !s.nodelist.is_empty() && s.nodelist.len() < need {
-            return self.place_with_listed(job, cand, required_depth, &leftover);
+            let listed = s.nodelist.iter().map(String::as_str).collect();
+            return self.place_with_listed(job, cand, required_depth, &leftover, &listed, true);
+        }
+        if !job.expedite_nodes.is_empty() {
+            // Its previous nodes and spares; else wherever it fits.
+            let previous = job.expedite_nodes.iter().map(String::as_str).collect();
+            if let Ok(m) = self.place_with_listed(job, cand.clone(), required_depth, &leftover, &previous, false) {
+                return Ok(m);
+            }
         }
         if need == 1 && want == 1 {
             // Best fit, then the fullest deepest domain (keeps empty racks whole).
@@ -363,24 +371,27 @@ impl<'a> View<'a> {
         Ok(cand)
     }
 
-    /// A gang that must hold every node of its (shorter) node list, and
-    /// more: the listed nodes, then the best-fitting others (within the
-    /// listed nodes' domain when a level is required), as Slurm completes a
-    /// `-w` list shorter than `-N`.
+    /// A gang of the `listed` nodes first, then the best-fitting others
+    /// (within the listed nodes' domain when a level is required). With
+    /// `all`, every listed node must be in it, as Slurm completes a `-w`
+    /// list shorter than `-N`; without, they are preferred (an expedited
+    /// requeue's previous nodes: those still free, plus spares).
     fn place_with_listed(
         &self,
         job: &Job,
         cand: Vec<Member>,
         required_depth: Option<usize>,
         leftover: &dyn Fn(&Member) -> (u32, u32),
+        listed: &std::collections::BTreeSet<&str>,
+        all: bool,
     ) -> Result<Vec<Member>, Miss> {
         let s = &job.spec;
-        let listed: std::collections::BTreeSet<&str> = s.nodelist.iter().map(String::as_str).collect();
         let (mut members, mut rest): (Vec<Member>, Vec<Member>) =
             cand.into_iter().partition(|m| listed.contains(self.nodes[m.node].name.as_str()));
-        if members.len() < listed.len() {
+        if all && members.len() < listed.len() {
             return Err(Miss::Resources);
         }
+        members.truncate(s.nodes as usize);
         if let Some(d) = required_depth.filter(|d| (1..=self.depth()).contains(d)) {
             let dom = members.first().map(|m| self.dom(d, m.node));
             if members.iter().any(|m| Some(self.dom(d, m.node)) != dom) {

@@ -396,7 +396,9 @@ impl State {
             let why = format!("GPU {gpu} on {node} failed: {reason}");
             let job = &self.jobs[&job_id];
             events.push(if job.spec.requeue && job.attempt < ATTEMPTS_MAX {
-                self.requeue_job(index, job_id, format!("requeued: {why}"))
+                let event = self.requeue_job(index, job_id, format!("requeued: {why}"));
+                self.expedite(job_id, node);
+                event
             } else {
                 self.finish_job(index, job_id, JobState::Failed, None, why)
             });
@@ -440,7 +442,9 @@ impl State {
             let outcome = Outcome::TaskRecorded { job_id };
             let why = format!("task on {node} was lost ({reason})");
             let event = if job.spec.requeue && job.attempt < ATTEMPTS_MAX {
-                self.requeue_job(index, job_id, format!("requeued: {why}"))
+                let event = self.requeue_job(index, job_id, format!("requeued: {why}"));
+                self.expedite(job_id, node);
+                event
             } else {
                 self.finish_job(index, job_id, JobState::NodeFail, None, why)
             };
@@ -591,6 +595,17 @@ impl State {
 
     /// Puts a running job back in the queue, releasing its allocation; its next
     /// placement is a new attempt.
+    /// After a requeue because `failed` failed: a `--requeue=expedite` job
+    /// goes first, back onto its last attempt's other nodes (from format 9).
+    fn expedite(&mut self, job_id: JobId, failed: &str) {
+        if self.format < crate::format::SLURM_FEATURES_FORMAT {
+            return;
+        }
+        if let Some(job) = self.jobs.get_mut(&job_id).filter(|j| j.spec.requeue_expedite) {
+            job.expedite_nodes = job.ran_on.iter().filter(|n| *n != failed).cloned().collect();
+        }
+    }
+
     fn requeue_job(&mut self, index: u64, job_id: JobId, reason: String) -> JobEvent {
         let job = self.jobs.get_mut(&job_id).expect("requeue_job: job exists");
         assert_eq!(job.state, JobState::Running, "only running jobs are requeued");
@@ -598,6 +613,7 @@ impl State {
         job.state = JobState::Pending;
         job.task_exits.clear();
         job.reason = reason.clone();
+        job.expedite_nodes.clear();
         // The next attempt asks for its whole limit again.
         if job.requested_limit_s > 0 {
             job.spec.time_limit_s = std::mem::take(&mut job.requested_limit_s);
@@ -710,6 +726,7 @@ impl State {
                 let job = &self.jobs[&job_id];
                 if job.spec.requeue && job.attempt < ATTEMPTS_MAX {
                     events.push(self.requeue_job(index, job_id, format!("requeued: node {name} went down")));
+                    self.expedite(job_id, name);
                 } else {
                     let reason = format!("node {name} went down");
                     events.push(self.finish_job(index, job_id, JobState::NodeFail, None, reason));
@@ -905,6 +922,7 @@ impl State {
             let job = self.jobs.get_mut(&p.job_id).expect("checked");
             job.state = JobState::Running;
             job.attempt = p.attempt;
+            job.expedite_nodes.clear();
             if let Some(limit_s) = limit_s.filter(|l| *l != job.spec.time_limit_s) {
                 job.requested_limit_s = job.spec.time_limit_s;
                 job.spec.time_limit_s = limit_s;

@@ -146,6 +146,7 @@ impl State {
                 last_checkpoint_ms: None,
                 preempted: 0,
                 requested_limit_s: 0,
+                expedite_nodes: Vec::new(),
                 spec: element_spec,
             };
             jobs.push(job);
