@@ -528,10 +528,10 @@ mod tests {
             let with = |tail: &[&'static str]| opts.iter().chain(tail).copied().collect::<Vec<&'static str>>();
             let submit = job_spec(parse::<SubmitArgs>(&with(&["--", "train.sh"])), None).unwrap();
             let salloc = crate::slurm::salloc::submit_args(&parse(&with(&["bash"])));
-            let salloc = job_spec(crate::slurm::salloc::allocation(salloc), None).unwrap();
+            let salloc = job_spec(crate::slurm::salloc::allocation(salloc, "0123abcd"), None).unwrap();
             let srun_args = parse::<crate::slurm::srun::SrunArgs>(&with(&["python", "train.py"]));
             let (srun, _) = crate::slurm::srun::outside_job(&srun_args, "gangway", std::iter::empty()).unwrap();
-            let srun = job_spec(crate::slurm::salloc::allocation(srun), None).unwrap();
+            let srun = job_spec(crate::slurm::salloc::allocation(srun, "0123abcd"), None).unwrap();
             let sbatch = crate::sbatch::SbatchOpts::try_parse_from(std::iter::once("sbatch").chain(with(&[]))).unwrap();
             let script = Some((PathBuf::from("job.sh"), "#!/bin/sh\ntrue\n".to_string()));
             let sbatch = crate::sbatch::to_submit_args(sbatch, script, std::iter::empty(), &mut Vec::new()).unwrap();
@@ -556,7 +556,7 @@ mod tests {
             let with = |tail: &[&'static str]| opts.iter().chain(tail).copied().collect::<Vec<&'static str>>();
             let submit = job_spec(parse::<SubmitArgs>(&with(&["--", "x"])), None).unwrap_err().to_string();
             let salloc = crate::slurm::salloc::submit_args(&parse(&with(&["bash"])));
-            let salloc = job_spec(crate::slurm::salloc::allocation(salloc), None).unwrap_err().to_string();
+            let salloc = job_spec(crate::slurm::salloc::allocation(salloc, "0123abcd"), None).unwrap_err().to_string();
             let sbatch = crate::sbatch::SbatchOpts::try_parse_from(std::iter::once("sbatch").chain(with(&[]))).unwrap();
             let script = Some((PathBuf::from("job.sh"), "#!/bin/sh\ntrue\n".to_string()));
             let sbatch = match crate::sbatch::to_submit_args(sbatch, script, std::iter::empty(), &mut Vec::new()) {
@@ -566,7 +566,9 @@ mod tests {
             let srun_args = parse::<crate::slurm::srun::SrunArgs>(&with(&["python"]));
             let srun = match crate::slurm::srun::outside_job(&srun_args, "gangway", std::iter::empty()) {
                 Err(e) => e.to_string(),
-                Ok((args, _)) => job_spec(crate::slurm::salloc::allocation(args), None).unwrap_err().to_string(),
+                Ok((args, _)) => {
+                    job_spec(crate::slurm::salloc::allocation(args, "0123abcd"), None).unwrap_err().to_string()
+                }
             };
             for (cmd, e) in [("submit", submit), ("salloc", salloc), ("sbatch", sbatch), ("srun", srun)] {
                 assert!(e.contains(names), "{cmd} {opts:?}: {e}");

@@ -32,6 +32,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = parse::time_limit_s(s);
     let _ = parse::begin_ms(s, 1_800_000_000_000);
+    let _ = parse::licenses(s);
     let _ = parse::mem_mb(s);
     let _ = parse::gpus(s);
     let _ = parse::node_range(s);

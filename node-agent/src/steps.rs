@@ -34,20 +34,29 @@ pub const HOLD_SCRIPT: &str = "trap '' USR1 USR2 HUP INT ALRM QUIT; while :; do 
 
 /// What the first node of an interactive allocation (salloc, srun outside a
 /// job) runs: it holds the allocation as [`HOLD_SCRIPT`] does until the
-/// client, its command done, writes the command's exit code to
-/// [`release_path`] through a step, then exits with it, so the job ends
-/// COMPLETED (or FAILED) with that code, as Slurm's salloc jobs do. Only a
-/// file of the job's own user counts (`-O`): another user cannot end it.
-pub const RELEASE_HOLD_SCRIPT: &str = "trap '' USR1 USR2 HUP INT ALRM QUIT; \
-    f=/tmp/gangway-release-$SLURM_JOB_ID-$GANGWAY_ATTEMPT; \
-    while [ ! -O \"$f\" ]; do sleep 0.5; done; \
-    c=$(head -c 8 \"$f\"); rm -f \"$f\"; \
-    case $c in ''|*[!0-9]*) exit 1;; esac; exit $((c % 256))";
+/// client, its command done, puts the command's exit code in the release
+/// directory through a step, then exits with it, so the job ends COMPLETED
+/// (or FAILED) with that code, as Slurm's salloc jobs do. The directory's
+/// name carries `token`, a secret the client chose (the script is readable
+/// by its owner only); the script creates it 0700, so no other user can
+/// place, link or read anything there. If it exists already, the script
+/// only holds (the client then cancels the job).
+pub fn release_hold_script(token: &str) -> String {
+    let dir = release_dir(token);
+    format!(
+        "trap '' USR1 USR2 HUP INT ALRM QUIT; d={dir}; \
+         if ! mkdir -m 700 \"$d\" 2>/dev/null; then while :; do sleep 3600; done; fi; \
+         while [ ! -f \"$d/code\" ] || [ -L \"$d/code\" ]; do sleep 0.5; done; \
+         c=$(head -c 8 \"$d/code\"); rm -rf \"$d\"; \
+         case $c in ''|*[!0-9]*) exit 1;; esac; exit $((c % 256))"
+    )
+}
 
-/// Where [`RELEASE_HOLD_SCRIPT`] looks for the exit code of attempt
-/// `attempt` of job `job_id` (on the allocation's first node).
-pub fn release_path(job_id: u64, attempt: u32) -> String {
-    format!("/tmp/gangway-release-{job_id}-{attempt}")
+/// The release directory of [`release_hold_script`] for `token` (hex
+/// digits and dashes only: anything else is dropped).
+pub fn release_dir(token: &str) -> String {
+    let safe: String = token.chars().filter(|c| c.is_ascii_hexdigit() || *c == '-').take(64).collect();
+    format!("/tmp/gangway-release-{safe}")
 }
 
 /// Tasks one step may start on a node (srun's own limit per node).

@@ -47,9 +47,10 @@ pub fn submit_args(a: &SallocArgs) -> crate::jobspec::SubmitArgs {
 }
 
 /// `args` as an allocation: every node, the first too, only holds it for
-/// steps; the first ends it with the exit code the client gives back.
-pub fn allocation(mut args: crate::jobspec::SubmitArgs) -> crate::jobspec::SubmitArgs {
-    args.wrap = Some(gangway_node_agent::steps::RELEASE_HOLD_SCRIPT.into());
+/// steps; the first ends it with the exit code the client gives back
+/// through the release directory `token` names.
+pub fn allocation(mut args: crate::jobspec::SubmitArgs, token: &str) -> crate::jobspec::SubmitArgs {
+    args.wrap = Some(gangway_node_agent::steps::release_hold_script(token));
     args.command = Vec::new();
     args.batch = true;
     args.output = Some("/dev/null".into());
@@ -74,7 +75,8 @@ pub async fn allocate_and_run(
     command: &[String],
     who: Who,
 ) -> anyhow::Result<i32> {
-    let spec = crate::jobspec::job_spec(allocation(args), None)?;
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let spec = crate::jobspec::job_spec(allocation(args, &token), None)?;
     let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: uuid::Uuid::new_v4().to_string() };
     let id = client
         .call(|ch| {
@@ -129,7 +131,7 @@ pub async fn allocate_and_run(
     // The job ends with the command's exit code (COMPLETED when 0), as
     // Slurm's salloc jobs do; a job that does not end so is cancelled.
     let released = match (&code, &env) {
-        (Ok(c), Ok(env)) => release(client, &job, *c, env).await,
+        (Ok(c), Ok(env)) => release(client, &job, *c, env, &token).await,
         _ => false,
     };
     if !released {
@@ -141,23 +143,43 @@ pub async fn allocate_and_run(
 /// Polls while the released allocation ends (its first node notices the
 /// exit code within a second).
 const RELEASE_POLLS_MAX: u32 = 75;
+/// How long the release step may take (it starts one shell on a node the
+/// job holds); past it the allocation is cancelled instead.
+const RELEASE_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
-/// Gives the allocation back with `code`: a step on the first node writes
-/// the code where its hold script waits for it. Whether the job ended.
-async fn release(client: &Client, job: &pb::Job, code: i32, env: &[(String, String)]) -> bool {
+/// Gives the allocation back with `code`: a step on the first node puts the
+/// code in the release directory its hold script waits on (written aside,
+/// then renamed, so it is never read half-written). Whether the job ended.
+async fn release(client: &Client, job: &pb::Job, code: i32, env: &[(String, String)], token: &str) -> bool {
     let Some(first) = job.allocation.first().map(|a| a.node.clone()) else { return false };
     let Ok(exe) = std::env::current_exe() else { return false };
-    let path = gangway_node_agent::steps::release_path(job.id, job.attempt);
-    let write = format!("umask 077; printf %s {} > {path}", code.clamp(0, 255));
+    // Only while the attempt that was granted still runs.
+    let now = client
+        .call(|ch| {
+            let r = client.request(pb::GetJobRequest { job_id: job.id, stale: false });
+            async move { JobServiceClient::new(ch).get(r).await }
+        })
+        .await;
+    if !now.is_ok_and(|j| {
+        let j = j.into_inner();
+        j.state == pb::JobState::Running as i32 && j.attempt == job.attempt
+    }) {
+        return false;
+    }
+    let dir = gangway_node_agent::steps::release_dir(token);
+    let write = format!("printf %s {} > {dir}/code.new && mv {dir}/code.new {dir}/code", code.clamp(0, 255));
     let step = tokio::process::Command::new(exe)
         .args(["srun", "-N1", "-n1", "-w", &first, "/bin/sh", "-c", &write])
         .envs(env.iter().cloned())
+        // The step starts in this directory on the node: one that exists there.
+        .current_dir("/")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
-        .status()
-        .await;
-    if !step.is_ok_and(|s| s.success()) {
+        .kill_on_drop(true)
+        .status();
+    let step = tokio::time::timeout(RELEASE_STEP_TIMEOUT, step).await;
+    if !step.is_ok_and(|s| s.is_ok_and(|s| s.success())) {
         return false;
     }
     for _ in 0..RELEASE_POLLS_MAX {

@@ -49,10 +49,12 @@ pub const PLAN_APPLY_FORMAT: u32 = 7;
 /// build that refuses such a job must not apply a log that accepts it.
 pub const BIG_GANGS_FORMAT: u32 = 8;
 
-/// Format 9 added the licenses, the reservation, `--time-min` and
-/// `--deadline` to the job spec, the licenses to the policy, the advance
-/// reservations to the state, and [`Command::ChangeReservation`]; formats 6
-/// to 8 are frozen in `compat::v8`.
+/// Format 9 added the licenses, the reservation, `--time-min`, `--deadline`
+/// and `--requeue=expedite` to the job spec, the shortened limit and the
+/// expedited nodes to the job, the licenses to the policy, the advance
+/// reservations to the state, [`Command::ChangeReservation`] and the DEADLINE
+/// state, and a rule of apply: a node list shorter than the gang is completed
+/// with other nodes. Formats 6 to 8 are frozen in `compat::v8`.
 pub const SLURM_FEATURES_FORMAT: u32 = 9;
 
 /// Whether this build reads `format`.

@@ -122,9 +122,10 @@ pub struct Job {
     /// shortened. Since format 9.
     pub requested_limit_s: u64,
     /// Requeued with `--requeue=expedite` because a node failed: the nodes
-    /// of its last attempt that did not fail. Its next attempt goes first
-    /// and prefers them; empty otherwise. Since format 9.
-    pub expedite_nodes: Vec<String>,
+    /// of its last attempt that did not fail (none for a one-node job). Its
+    /// next attempt goes first and prefers them. None otherwise. Since
+    /// format 9.
+    pub expedite_nodes: Option<Vec<String>>,
 }
 
 /// Membership of a job in an array: elements are consecutive job ids starting

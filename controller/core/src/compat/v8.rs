@@ -225,7 +225,7 @@ impl Frozen<crate::model::Job> for Job {
             last_checkpoint_ms,
             preempted,
             requested_limit_s: 0,
-            expedite_nodes: Vec::new(),
+            expedite_nodes: None,
         }
     }
 }

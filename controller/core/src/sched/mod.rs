@@ -390,6 +390,22 @@ impl<'s, 'o> Pass<'s, 'o> {
     /// for one node are `crate::fit`, which `apply` shares.
     fn feasible(&self, job: &Job, depth: Option<usize>) -> bool {
         let need = job.spec.nodes as usize;
+        // A node list shorter than the gang: every listed node must exist
+        // and be of the right kind (the others only complete it).
+        let mut listed_domain = None;
+        for name in &job.spec.nodelist {
+            let Some(&i) = self.node_index.get(name.as_str()) else { return false };
+            if self.view.hardware_reject(i, job).is_some() {
+                return false;
+            }
+            if let Some(d) = depth.filter(|d| *d <= self.view.depth()) {
+                let dom = self.view.domain_of(d, i);
+                if listed_domain.is_some_and(|l| l != dom) {
+                    return false;
+                }
+                listed_domain = Some(dom);
+            }
+        }
         let ok = (0..self.view.nodes.len()).filter(|&i| self.view.hardware_reject(i, job).is_none());
         match depth {
             Some(d) if d <= self.view.depth() => {
@@ -397,7 +413,10 @@ impl<'s, 'o> Pass<'s, 'o> {
                 for i in ok {
                     crate::incr(per_domain.entry(self.view.domain_of(d, i)).or_default());
                 }
-                per_domain.values().any(|&c| c >= need)
+                match listed_domain {
+                    Some(l) => per_domain.get(&l).is_some_and(|&c| c >= need),
+                    None => per_domain.values().any(|&c| c >= need),
+                }
             }
             _ => ok.take(need).count() >= need,
         }

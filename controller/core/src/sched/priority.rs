@@ -151,19 +151,16 @@ impl<'a> Prioritizer<'a> {
     }
 
     /// The partition tier (scheduled first, higher first).
-    /// The partition's priority tier; a job requeued with
-    /// `--requeue=expedite` after a node failure goes above every tier.
     pub fn tier(&self, job: &Job) -> u32 {
-        if !job.expedite_nodes.is_empty() {
-            return u32::MAX;
-        }
         self.policy.partitions.get(&job.spec.partition).map_or(1, |p| p.priority_tier)
     }
 
-    /// The queue order key: (partition tier, priority).
+    /// The queue order key: (partition tier, priority). A job requeued with
+    /// `--requeue=expedite` after a node failure sorts above every tier (its
+    /// priority factors stay what they are).
     pub fn key(&self, job: &Job) -> (u32, f64) {
         let f = self.factors(job);
-        (f.tier, f.total)
+        (if job.expedite_nodes.is_some() { u32::MAX } else { f.tier }, f.total)
     }
 
     pub fn factors(&self, job: &Job) -> Factors {

@@ -324,9 +324,9 @@ impl<'a> View<'a> {
             let listed = s.nodelist.iter().map(String::as_str).collect();
             return self.place_with_listed(job, cand, required_depth, &leftover, &listed, true);
         }
-        if !job.expedite_nodes.is_empty() {
+        if let Some(previous) = job.expedite_nodes.as_ref().filter(|p| !p.is_empty()) {
             // Its previous nodes and spares; else wherever it fits.
-            let previous = job.expedite_nodes.iter().map(String::as_str).collect();
+            let previous = previous.iter().map(String::as_str).collect();
             if let Ok(m) = self.place_with_listed(job, cand.clone(), required_depth, &leftover, &previous, false) {
                 return Ok(m);
             }
@@ -388,10 +388,11 @@ impl<'a> View<'a> {
         let s = &job.spec;
         let (mut members, mut rest): (Vec<Member>, Vec<Member>) =
             cand.into_iter().partition(|m| listed.contains(self.nodes[m.node].name.as_str()));
-        if all && members.len() < listed.len() {
+        if (all && members.len() < listed.len()) || members.is_empty() {
             return Err(Miss::Resources);
         }
-        members.truncate(s.nodes as usize);
+        let want = s.nodes_max() as usize;
+        members.truncate(want);
         if let Some(d) = required_depth.filter(|d| (1..=self.depth()).contains(d)) {
             let dom = members.first().map(|m| self.dom(d, m.node));
             if members.iter().any(|m| Some(self.dom(d, m.node)) != dom) {
@@ -399,12 +400,13 @@ impl<'a> View<'a> {
             }
             rest.retain(|m| Some(self.dom(d, m.node)) == dom);
         }
-        let more = (s.nodes as usize).saturating_sub(members.len());
-        if rest.len() < more {
+        // At least enough for the gang's minimum, at most its maximum.
+        let need = (s.nodes as usize).saturating_sub(members.len());
+        if rest.len() < need {
             return Err(Miss::Resources);
         }
         rest.sort_by_key(|m| (leftover(m), m.node));
-        members.extend(rest.into_iter().take(more));
+        members.extend(rest.into_iter().take(want.saturating_sub(members.len())));
         members.sort_by_key(|m| m.node);
         Ok(members)
     }

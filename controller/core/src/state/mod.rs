@@ -602,7 +602,7 @@ impl State {
             return;
         }
         if let Some(job) = self.jobs.get_mut(&job_id).filter(|j| j.spec.requeue_expedite) {
-            job.expedite_nodes = job.ran_on.iter().filter(|n| *n != failed).cloned().collect();
+            job.expedite_nodes = Some(job.ran_on.iter().filter(|n| *n != failed).cloned().collect());
         }
     }
 
@@ -613,7 +613,7 @@ impl State {
         job.state = JobState::Pending;
         job.task_exits.clear();
         job.reason = reason.clone();
-        job.expedite_nodes.clear();
+        job.expedite_nodes = None;
         // The next attempt asks for its whole limit again.
         if job.requested_limit_s > 0 {
             job.spec.time_limit_s = std::mem::take(&mut job.requested_limit_s);
@@ -922,7 +922,7 @@ impl State {
             let job = self.jobs.get_mut(&p.job_id).expect("checked");
             job.state = JobState::Running;
             job.attempt = p.attempt;
-            job.expedite_nodes.clear();
+            job.expedite_nodes = None;
             if let Some(limit_s) = limit_s.filter(|l| *l != job.spec.time_limit_s) {
                 job.requested_limit_s = job.spec.time_limit_s;
                 job.spec.time_limit_s = limit_s;

@@ -146,7 +146,7 @@ impl State {
                 last_checkpoint_ms: None,
                 preempted: 0,
                 requested_limit_s: 0,
-                expedite_nodes: Vec::new(),
+                expedite_nodes: None,
                 spec: element_spec,
             };
             jobs.push(job);
