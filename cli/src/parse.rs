@@ -48,10 +48,21 @@ pub fn local_offset_s(utc_ms: i64) -> i64 {
 
 /// A local wall-clock time (ms since the epoch, counted as if local time
 /// were UTC) as UTC ms, with `offset_s` the zone's offset at an instant.
-/// Twice, so a time near a daylight-saving change takes that day's offset.
+/// Near a daylight-saving change both offsets are tried: a time that exists
+/// twice (clocks back) is its first instant; one that does not exist
+/// (clocks forward) moves forward, as Slurm moves it.
 pub fn local_to_utc(local_ms: i64, offset_s: &dyn Fn(i64) -> i64) -> i64 {
-    let guess = local_ms.saturating_sub(offset_s(local_ms).saturating_mul(1000));
-    local_ms.saturating_sub(offset_s(guess).saturating_mul(1000))
+    let at = |off: i64| local_ms.saturating_sub(off.saturating_mul(1000));
+    let first = at(offset_s(local_ms));
+    let second = at(offset_s(first));
+    let round_trips = |utc: i64| utc.saturating_add(offset_s(utc).saturating_mul(1000)) == local_ms;
+    match (round_trips(first), round_trips(second)) {
+        (true, true) => first.min(second),
+        (true, false) => first,
+        (false, true) => second,
+        // In the gap: the later reading, an hour on.
+        (false, false) => first.max(second),
+    }
 }
 
 /// [`begin_ms`] in the zone `offset_s` describes.
@@ -384,6 +395,20 @@ mod begin_tests {
         // A zone west of UTC at the same instant: still 2026-11-30 there.
         let west = |_: i64| -5 * 3600;
         assert_eq!(begin_ms_in("midnight", now, &west).unwrap(), 1_796_083_200_000 + 5 * 3_600_000);
+        // Clocks forward at 07:00 UTC (02:00 at -5 becomes 03:00 at -4): 02:30
+        // does not exist and moves forward to 03:30 (07:30 UTC); 01:30 and
+        // 03:30 are themselves.
+        let change = 1_796_083_200_000 + 7 * 3_600_000;
+        let spring = move |utc: i64| if utc < change { -5 * 3600 } else { -4 * 3600 };
+        let local = |h: i64, m: i64| 1_796_083_200_000 + h * 3_600_000 + m * 60_000;
+        assert_eq!(local_to_utc(local(2, 30), &spring), change + 30 * 60_000);
+        assert_eq!(local_to_utc(local(1, 30), &spring), local(1, 30) + 5 * 3_600_000);
+        assert_eq!(local_to_utc(local(3, 30), &spring), local(3, 30) + 4 * 3_600_000);
+        // Clocks back at 06:00 UTC (02:00 at -4 becomes 01:00 at -5): 01:30
+        // happens twice; the first is taken.
+        let back = 1_796_083_200_000 + 6 * 3_600_000;
+        let autumn = move |utc: i64| if utc < back { -4 * 3600 } else { -5 * 3600 };
+        assert_eq!(local_to_utc(local(1, 30), &autumn), local(1, 30) + 4 * 3_600_000);
     }
 }
 

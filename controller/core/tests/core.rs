@@ -232,6 +232,16 @@ enum Op {
     Checkpoint(u64),
     /// The cluster moves to a data format (refused unless newer).
     Format(u32),
+    /// Format 9: a reservation `r{first}` of `count` nodes from `n{first}`,
+    /// starting `start` ms from now for `len` ms, repeating daily or not,
+    /// for alice or only maintenance.
+    Reserve(usize, usize, u64, u64, bool, bool),
+    Unreserve(usize),
+    /// Format 9: a policy with licenses.
+    Licenses,
+    /// Format 9's job options: 0 licenses, 1 a reservation, 2 --time-min,
+    /// 3 --deadline, 4 a node list shorter than the gang, 5 expedite.
+    SlurmSubmit(u8, usize),
 }
 
 /// Preset policies for property tests: all valid, so updates apply unless a
@@ -280,6 +290,11 @@ fn op() -> impl Strategy<Value = Op> {
         (0u64..30, 0u8..6).prop_map(|(j, k)| Op::Update(j, k)),
         (0u64..30).prop_map(Op::Checkpoint),
         (5u32..=gangway_core::format::FORMAT_NEWEST).prop_map(Op::Format),
+        (0usize..6, 1usize..4, 0u64..400, 1u64..400, any::<bool>(), any::<bool>())
+            .prop_map(|(f, c, s, l, d, u)| Op::Reserve(f, c, s, l, d, u)),
+        (0usize..6).prop_map(Op::Unreserve),
+        Just(Op::Licenses),
+        (0u8..6, 0usize..6).prop_map(|(k, r)| Op::SlurmSubmit(k, r)),
     ]
 }
 
@@ -409,6 +424,53 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
             Command::SetGpuHealth { node: format!("n{n}"), gpu: *g, healthy: *healthy, reason: "xid 79".into(), now_ms }
         }
         Op::Format(format) => Command::SetDataFormat { format: *format, now_ms },
+        Op::Reserve(first, count, start, len, daily, users) => {
+            use gangway_core::reservation::*;
+            let request = ReservationRequest {
+                name: format!("r{first}"),
+                start_ms: now_ms + start,
+                end_ms: now_ms + start + len,
+                nodes: (*first..first + count).map(|i| format!("n{i}")).collect(),
+                users: if *users { vec!["alice".into()] } else { Vec::new() },
+                flags: ReservationFlags {
+                    maint: !users,
+                    ignore_jobs: *daily,
+                    repeat: if *daily { Repeat::Daily } else { Repeat::Once },
+                },
+                ..Default::default()
+            };
+            Command::ChangeReservation {
+                change: ReservationChange::Create(request),
+                identity: "server:1".into(),
+                now_ms,
+            }
+        }
+        Op::Unreserve(i) => Command::ChangeReservation {
+            change: gangway_core::reservation::ReservationChange::Delete { name: format!("r{i}") },
+            identity: "server:1".into(),
+            now_ms,
+        },
+        Op::Licenses => {
+            let mut policy = preset_policy(3);
+            policy.licenses = BTreeMap::from([("wandb".into(), 2)]);
+            Command::UpdatePolicy { policy, expected_version: None, force: false, identity: "server:1".into(), now_ms }
+        }
+        Op::SlurmSubmit(kind, r) => {
+            let mut spec = job_spec(1 + u32::from(*kind == 4 || *kind == 5), 1, 1);
+            spec.time_limit_s = 60;
+            match kind {
+                0 => spec.licenses = BTreeMap::from([("wandb".into(), 1 + (*r as u32 % 2))]),
+                1 => spec.reservation = format!("r{r}"),
+                2 => spec.time_min_s = 1 + *r as u64 * 10,
+                3 => spec.deadline_ms = now_ms + 30_000 + *r as u64 * 10_000,
+                4 => spec.nodelist = vec![format!("n{r}")],
+                _ => {
+                    spec.requeue_expedite = true;
+                    spec.requeue = true;
+                }
+            }
+            Command::SubmitJob { spec, identity: "dev:alice".into(), idempotency_key: String::new(), now_ms }
+        }
     }
 }
 

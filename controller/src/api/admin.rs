@@ -96,7 +96,7 @@ fn reservations_to_proto(state: &gangway_core::State, only: &str, now_ms: u64) -
     let reservations = state
         .reservations
         .values()
-        .filter(|r| only.is_empty() || r.name == only)
+        .filter(|r| (only.is_empty() || r.name == only) && r.window(now_ms).is_some())
         .map(|r| {
             let (start_ms, end_ms) = r.window(now_ms).unwrap_or((r.start_ms, r.end_ms));
             let nodes = r.nodes.iter().filter_map(|n| state.nodes.get(n));
@@ -251,7 +251,8 @@ impl AdminService for AdminApi {
             return Ok(resp);
         }
         let state = self.replica.node.state().read();
-        if !msg.name.is_empty() && !state.reservations.contains_key(&msg.name) {
+        let live = |name: &str| state.reservations.get(name).is_some_and(|r| r.window(crate::now_ms()).is_some());
+        if !msg.name.is_empty() && !live(&msg.name) {
             return Err(Status::not_found(format!("reservation {} does not exist", msg.name)));
         }
         Ok(Response::new(reservations_to_proto(&state, &msg.name, crate::now_ms())))

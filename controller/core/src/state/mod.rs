@@ -319,7 +319,6 @@ impl State {
     pub fn apply(&mut self, index: u64, cmd: &Command) -> Applied {
         self.clock_ms = self.clock_ms.max(cmd.now_ms());
         self.purge_idempotency();
-        self.purge_reservations();
         let mut applied = self.apply_one(index, cmd);
         applied.events.extend(self.settle_dependents(index));
         applied

@@ -23,7 +23,7 @@ impl State {
         }
         let name = match change {
             ReservationChange::Create(r) => {
-                if self.reservations.contains_key(&r.name) {
+                if self.reservations.get(&r.name).is_some_and(|old| old.window(self.clock_ms).is_some()) {
                     return Applied::refused(
                         RefusalKind::FailedPrecondition,
                         format!("name: reservation {} exists already", r.name),
@@ -38,7 +38,7 @@ impl State {
                 r.name.clone()
             }
             ReservationChange::Update(r) => {
-                let Some(old) = self.reservations.get(&r.name) else {
+                let Some(old) = self.reservations.get(&r.name).filter(|old| old.window(self.clock_ms).is_some()) else {
                     return Applied::refused(RefusalKind::NotFound, format!("reservation {} does not exist", r.name));
                 };
                 let created_by = old.created_by.clone();
@@ -72,6 +72,7 @@ impl State {
                 name.clone()
             }
         };
+        self.purge_reservations();
         self.reserved_nodes = self.reserved_nodes_of_reservations();
         Applied { outcome: Outcome::ReservationChanged { name }, events: Vec::new() }
     }
@@ -84,7 +85,11 @@ impl State {
         identity: &str,
         replacing: Option<&str>,
     ) -> Result<Reservation, Applied> {
-        let others = self.reservations.len().saturating_sub(usize::from(replacing.is_some()));
+        let others = self
+            .reservations
+            .values()
+            .filter(|o| Some(o.name.as_str()) != replacing && o.window(self.clock_ms).is_some())
+            .count();
         check_request(r, self.clock_ms, others)
             .map_err(|e| Applied::refused(RefusalKind::InvalidArgument, e.to_string()))?;
         let mut res = Reservation {
@@ -235,13 +240,13 @@ impl State {
         self.licenses_used.get(name).copied().unwrap_or(0)
     }
 
-    /// Drops reservations that have ended and do not repeat.
-    pub(super) fn purge_reservations(&mut self) {
+    /// Drops reservations that have ended and do not repeat. Only a
+    /// reservation command that takes effect does this (a refused command
+    /// changes nothing); until then an ended one holds nothing and admits
+    /// no job.
+    fn purge_reservations(&mut self) {
         let now = self.clock_ms;
-        if self.reservations.values().any(|r| r.window(now).is_none()) {
-            self.reservations.retain(|_, r| r.window(now).is_some());
-            self.reserved_nodes = self.reserved_nodes_of_reservations();
-        }
+        self.reservations.retain(|_, r| r.window(now).is_some());
     }
 
     /// Why `job` may not use its reservation at all now (it does not exist,
@@ -250,7 +255,9 @@ impl State {
         if job.spec.reservation.is_empty() {
             return None;
         }
-        let Some(r) = self.reservations.get(&job.spec.reservation) else { return Some(ReservationWait::Deleted) };
+        let Some(r) = self.reservations.get(&job.spec.reservation).filter(|r| r.window(now_ms).is_some()) else {
+            return Some(ReservationWait::Deleted);
+        };
         if !r.admits(&job.spec.user, &job.spec.account, self.is_admin(&job.submitted_by)) {
             return Some(ReservationWait::Deleted);
         }

@@ -250,7 +250,7 @@ impl State {
             }
         }
         if !s.reservation.is_empty() {
-            let Some(r) = self.reservations.get(&s.reservation) else {
+            let Some(r) = self.reservations.get(&s.reservation).filter(|r| r.window(self.clock_ms).is_some()) else {
                 return Err(SpecError::new(
                     "reservation",
                     format!("requested reservation is invalid: {} does not exist", s.reservation),
