@@ -758,7 +758,7 @@ fn reservations_and_licenses_through_the_shims(endpoints: &str, work: &Path, shi
     let waiter = tool("sbatch", &["--parsable", "--licenses=wandb:1", "--wrap", "true"]).trim().to_string();
     eventually("the license holder never started", || state_of(&holder) == "RUNNING");
     eventually("the second job never waited for the license", || {
-        tool("squeue", &["-h", "-j", &waiter, "-o", "%t|%r"]).trim() == "PD|Licenses"
+        tool("squeue", &["-h", "-j", &waiter, "-o", "%t|%r|%W"]).trim() == "PD|Licenses|wandb:1"
     });
     let lic = tool("scontrol", &["show", "lic"]);
     assert!(lic.contains("LicenseName=wandb") && lic.contains("Total=1 Used=1 Free=0"), "{lic}");
@@ -803,6 +803,10 @@ fn reservations_and_licenses_through_the_shims(endpoints: &str, work: &Path, shi
     eventually("the reservation's job never completed", || state_of(&inside) == "COMPLETED");
     let said = std::fs::read_to_string(work.join(format!("slurm-{inside}.out"))).unwrap();
     assert_eq!(said.trim(), "in e2e-node-2");
+    let row = tool("sacct", &["-X", "-j", &inside, "-n", "-P", "-o", "State,Reservation"]);
+    assert_eq!(row.trim(), "COMPLETED|e2e");
+    let listed = tool("squeue", &["-h", "-R", "e2e", "-t", "all", "-o", "%i %v"]);
+    assert_eq!(listed.trim(), format!("{inside} e2e"), "squeue -R lists the reservation's jobs");
     let shown = stdout(&cli(endpoints, &["show", &outside, "--json"], work));
     assert!(shown.contains("\"state\": \"PENDING\""), "a job ran on a reserved node: {shown}");
     let o = shim("sbatch", "dev:mallory").args(["--reservation=e2e", "--wrap", "true"]).output().unwrap();

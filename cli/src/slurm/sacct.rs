@@ -92,6 +92,7 @@ const FIELDS: &[&str] = &[
     "Reason",
     "Comment",
     "Eligible",
+    "Reservation",
 ];
 
 /// sacct's column widths (JobID and NodeList left-justified, the rest right).
@@ -159,6 +160,7 @@ pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
         "WorkDir" => s.workdir.clone(),
         "Restarts" => j.attempt.saturating_sub(1).to_string(),
         "Comment" => s.comment.clone(),
+        "Reservation" => s.reservation.clone(),
         "Eligible" => timestamp(s.begin_time_ms.max(j.submit_time_ms)),
         "Reason" if j.reason.is_empty() => "None".into(),
         "Reason" => j.reason.clone(),

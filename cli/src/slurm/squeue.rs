@@ -42,6 +42,9 @@ pub struct SqueueArgs {
     accounts: Vec<String>,
     #[arg(short = 'q', long = "qos", value_delimiter = ',')]
     qos: Vec<String>,
+    /// Only jobs in these advance reservations.
+    #[arg(short = 'R', long = "reservation", value_delimiter = ',')]
+    reservations: Vec<String>,
     /// No header line.
     #[arg(short = 'h', long = "noheader")]
     noheader: bool,
@@ -94,6 +97,8 @@ const FIELDS: &[(&str, &str)] = &[
     ("Nice", "NICE"),
     ("Comment", "COMMENT"),
     ("EligibleTime", "ELIGIBLE_TIME"),
+    ("Reservation", "RESERVATION"),
+    ("Licenses", "LICENSES"),
 ];
 
 fn code(c: char) -> Option<&'static str> {
@@ -127,6 +132,8 @@ fn code(c: char) -> Option<&'static str> {
         'E' => "Dependency",
         'y' => "Nice",
         'k' => "Comment",
+        'v' => "Reservation",
+        'W' => "Licenses",
         _ => return None,
     })
 }
@@ -202,6 +209,14 @@ pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
         "Comment" if spec.comment.is_empty() => "(null)".into(),
         "Comment" => spec.comment.clone(),
         "EligibleTime" => timestamp(spec.begin_time_ms.max(j.submit_time_ms)),
+        "Reservation" if spec.reservation.is_empty() => "(null)".into(),
+        "Reservation" => spec.reservation.clone(),
+        "Licenses" if spec.licenses.is_empty() => "(null)".into(),
+        "Licenses" => {
+            let mut l: Vec<String> = spec.licenses.iter().map(|(n, c)| format!("{n}:{c}")).collect();
+            l.sort();
+            l.join(",")
+        }
         _ => String::new(),
     }
 }
@@ -255,6 +270,7 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: SqueueArgs) -
                 && matches_any(&a.names, &s.name)
                 && matches_any(&a.accounts, &s.account)
                 && matches_any(&a.qos, &s.qos)
+                && matches_any(&a.reservations, &s.reservation)
         })
         .collect();
     if out.json {
