@@ -102,33 +102,22 @@ fn reservations_to_proto(state: &gangway_core::State, only: &str, now_ms: u64) -
             let nodes = r.nodes.iter().filter_map(|n| state.nodes.get(n));
             let (gpus, cpus) =
                 nodes.fold((0u32, 0u32), |(g, c), n| (g.saturating_add(n.gpus.len() as u32), c.saturating_add(n.cpus)));
-            pb_reservation(r, start_ms, end_ms, r.active(now_ms), gpus, cpus)
+            Reservation {
+                name: r.name.clone(),
+                start_ms,
+                end_ms,
+                nodes: r.nodes.clone(),
+                users: r.users.clone(),
+                accounts: r.accounts.clone(),
+                flags: r.flags.as_text(),
+                created_by: r.created_by.clone(),
+                active: r.active(now_ms),
+                gpus,
+                cpus,
+            }
         })
         .collect();
     ListReservationsResponse { reservations }
-}
-
-fn pb_reservation(
-    r: &gangway_core::reservation::Reservation,
-    start_ms: u64,
-    end_ms: u64,
-    active: bool,
-    gpus: u32,
-    cpus: u32,
-) -> Reservation {
-    Reservation {
-        name: r.name.clone(),
-        start_ms,
-        end_ms,
-        nodes: r.nodes.clone(),
-        users: r.users.clone(),
-        accounts: r.accounts.clone(),
-        flags: r.flags.as_text(),
-        created_by: r.created_by.clone(),
-        active,
-        gpus,
-        cpus,
-    }
 }
 
 #[tonic::async_trait]

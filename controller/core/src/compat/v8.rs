@@ -113,16 +113,19 @@ pub struct ClusterPolicy {
 
 /// Declares a frozen struct's conversions from and to today's: `$fields` are
 /// the frozen type's, each converted with [`Frozen`]; today's later fields
-/// take their defaults (a state or entry of the old format never sets them,
-/// as `apply` and the leader refuse to there).
+/// take their defaults, or the values `later` gives (a state or entry of the
+/// old format never sets them, as `apply` and the leader refuse to there).
 macro_rules! frozen_struct {
     ($frozen:ty => $today:path { $($f:ident),* $(,)? }) => {
+        frozen_struct!($frozen => $today { $($f),* } later { ..Default::default() });
+    };
+    ($frozen:ty => $today:path { $($f:ident),* $(,)? } later { $($later:tt)* }) => {
         impl Frozen<$today> for $frozen {
             fn freeze(t: $today) -> Self {
                 Self { $($f: Frozen::freeze(t.$f),)* }
             }
             fn thaw(self) -> $today {
-                $today { $($f: Frozen::thaw(self.$f),)* ..Default::default() }
+                $today { $($f: Frozen::thaw(self.$f),)* $($later)* }
             }
         }
     };
@@ -130,105 +133,7 @@ macro_rules! frozen_struct {
 
 frozen_struct!(JobSpec => crate::spec::JobSpec { name, user, command, script, workdir, partition, nodes, tasks_per_node, cpus_per_task, mem_per_node_mb, gpus_per_node, gpu_type, time_limit_s, env, requeue, output, error, warn_signal, warn_before_s, warn_batch_shell, account, qos, nodes_max, mem_per_cpu_mb, constraints, exclusive, topology, dependencies, singleton, kill_on_invalid_dep, array, nice, hold, begin_ms, comment, batch, truncate_output, nodelist, exclude });
 frozen_struct!(ClusterPolicy => crate::policy::ClusterPolicy { version, topology_levels, partitions, accounts, users, qos, priority, fairshare_half_life_s, backfill_reservations, enforce_users, admins, operators, coordinators, user_map, user_domains, allow_root_jobs, private_jobs });
-
-impl Frozen<crate::model::Job> for Job {
-    fn freeze(t: crate::model::Job) -> Self {
-        let crate::model::Job {
-            requested_limit_s: _,
-            expedite_nodes: _,
-            id,
-            spec,
-            state,
-            attempt,
-            submitted_by,
-            submit_time_ms,
-            start_time_ms,
-            end_time_ms,
-            allocation,
-            exit_code,
-            reason,
-            submit_index,
-            task_exits,
-            ran_on,
-            array,
-            deps_pending,
-            held,
-            priority_override,
-            last_checkpoint_ms,
-            preempted,
-        } = t;
-        Job {
-            id,
-            spec: Frozen::freeze(spec),
-            state,
-            attempt,
-            submitted_by,
-            submit_time_ms,
-            start_time_ms,
-            end_time_ms,
-            allocation,
-            exit_code,
-            reason,
-            submit_index,
-            task_exits,
-            ran_on,
-            array,
-            deps_pending,
-            held,
-            priority_override,
-            last_checkpoint_ms,
-            preempted,
-        }
-    }
-    fn thaw(self) -> crate::model::Job {
-        let Job {
-            id,
-            spec,
-            state,
-            attempt,
-            submitted_by,
-            submit_time_ms,
-            start_time_ms,
-            end_time_ms,
-            allocation,
-            exit_code,
-            reason,
-            submit_index,
-            task_exits,
-            ran_on,
-            array,
-            deps_pending,
-            held,
-            priority_override,
-            last_checkpoint_ms,
-            preempted,
-        } = self;
-        crate::model::Job {
-            id,
-            spec: Frozen::thaw(spec),
-            state,
-            attempt,
-            submitted_by,
-            submit_time_ms,
-            start_time_ms,
-            end_time_ms,
-            allocation,
-            exit_code,
-            reason,
-            submit_index,
-            task_exits,
-            ran_on,
-            array,
-            deps_pending,
-            held,
-            priority_override,
-            last_checkpoint_ms,
-            preempted,
-            requested_limit_s: 0,
-            expedite_nodes: None,
-        }
-    }
-}
+frozen_struct!(Job => crate::model::Job { id, spec, state, attempt, submitted_by, submit_time_ms, start_time_ms, end_time_ms, allocation, exit_code, reason, submit_index, task_exits, ran_on, array, deps_pending, held, priority_override, last_checkpoint_ms, preempted } later { requested_limit_s: 0, expedite_nodes: None });
 
 impl Frozen<BTreeMap<JobId, crate::model::Job>> for BTreeMap<JobId, Job> {
     fn freeze(t: BTreeMap<JobId, crate::model::Job>) -> Self {
