@@ -196,7 +196,9 @@ pub fn no_false_node_failures(jobs: &[pb::Job], nodes: &[pb::Node]) -> Vec<Strin
 pub fn resources_conserved(jobs: &[pb::Job], nodes: &[pb::Node]) -> Vec<String> {
     let mut cpus: BTreeMap<&str, u32> = BTreeMap::new();
     let mut gpus: BTreeMap<&str, usize> = BTreeMap::new();
-    for j in jobs.iter().filter(|j| j.state == pb::JobState::Running as i32) {
+    // Suspended jobs keep their allocation.
+    let holds = |s: i32| s == pb::JobState::Running as i32 || s == pb::JobState::Suspended as i32;
+    for j in jobs.iter().filter(|j| holds(j.state)) {
         for a in &j.allocation {
             *cpus.entry(a.node.as_str()).or_default() += a.cpus;
             *gpus.entry(a.node.as_str()).or_default() += a.gpus.len();
@@ -217,7 +219,10 @@ pub fn resources_conserved(jobs: &[pb::Job], nodes: &[pb::Node]) -> Vec<String> 
 }
 
 fn finished(state: i32) -> bool {
-    state >= pb::JobState::Completed as i32
+    !matches!(
+        pb::JobState::try_from(state),
+        Ok(pb::JobState::Pending | pb::JobState::Running | pb::JobState::Suspended | pb::JobState::Unspecified)
+    )
 }
 
 /// Checker 4, cancels: an acknowledged cancel leaves its job Cancelled, and no

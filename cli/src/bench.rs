@@ -894,7 +894,8 @@ async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> any
     let submitted = started.elapsed();
     let deadline = Instant::now() + Duration::from_secs(600);
     let (done, failed) = loop {
-        let active = count_jobs(&client, &[pb::JobState::Pending, pb::JobState::Running], 1).await?;
+        let active =
+            count_jobs(&client, &[pb::JobState::Pending, pb::JobState::Running, pb::JobState::Suspended], 1).await?;
         if active == 0 {
             let completed = count_jobs(&client, &[pb::JobState::Completed], 10_000).await?;
             break (started.elapsed(), jobs.saturating_sub(completed));

@@ -475,6 +475,8 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
                                 if long { Duration::from_secs(FLEET_SECONDS_MAX * 4) } else { run_time(t.0, run_s) };
                             tasks.insert(t, Instant::now() + runs);
                         }
+                        // The fleet's jobs are never suspended.
+                        Action::Suspend(_) | Action::Resume(_) => {}
                         // A stopped timer ends at once, as a task killed by SIGTERM.
                         Action::Stop { task, .. } => {
                             if tasks.remove(&task).is_some() {

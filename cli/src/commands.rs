@@ -43,25 +43,28 @@ pub struct QueueArgs {
 }
 
 pub async fn queue(client: &Client, out: &Output, a: QueueArgs) -> anyhow::Result<()> {
-    let mut states = Vec::new();
+    let (mut states, mut suspended) = (Vec::new(), false);
     for s in &a.states {
+        if s.eq_ignore_ascii_case("SUSPENDED") {
+            suspended = true;
+            continue;
+        }
         let st = gangway_core::JobState::parse(s).ok_or_else(|| {
             anyhow::anyhow!(
-                "state: '{s}' is not a job state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, DEADLINE)"
+                "state: '{s}' is not a job state (PENDING, RUNNING, SUSPENDED, COMPLETED, FAILED, CANCELLED, TIMEOUT, \
+                 NODE_FAIL, DEADLINE)"
             )
         })?;
         states.push(st);
     }
-    let states: Vec<i32> = if states.is_empty() && !a.all {
-        vec![pb::JobState::Pending as i32, pb::JobState::Running as i32]
+    let states: Vec<i32> = if states.is_empty() && !suspended && !a.all {
+        crate::slurm::LIVE_STATES.to_vec()
     } else {
-        states
-            .iter()
-            .map(|s| {
-                pb::JobState::from_str_name(&format!("JOB_STATE_{}", s.as_str())).unwrap_or(pb::JobState::Unspecified)
-                    as i32
-            })
-            .collect()
+        let named = states.iter().map(|s| {
+            pb::JobState::from_str_name(&format!("JOB_STATE_{}", s.as_str())).unwrap_or(pb::JobState::Unspecified)
+                as i32
+        });
+        named.chain(suspended.then_some(pb::JobState::Suspended as i32)).collect()
     };
     let req = pb::ListJobsRequest {
         states,

@@ -14,7 +14,7 @@ pub struct EventsArgs {
     #[arg(long, default_value_t = 0)]
     from: u64,
     /// Only these kinds (submitted, started, finished, preempted, requeued,
-    /// pending, node_registered, node_up, node_drain, node_down,
+    /// pending, suspended, resumed, node_registered, node_up, node_drain, node_down,
     /// gpu_quarantined, gpu_healthy).
     #[arg(long, value_delimiter = ',')]
     kinds: Vec<String>,
@@ -37,6 +37,8 @@ const KINDS: &[&str] = &[
     "preempted",
     "requeued",
     "pending",
+    "suspended",
+    "resumed",
     "node_registered",
     "node_up",
     "node_drain",

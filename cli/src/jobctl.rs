@@ -1,5 +1,5 @@
-//! Job control after submit: hold, release, requeue, update (priority, nice,
-//! time limit) and `why` (why a job is pending).
+//! Job control after submit: hold, release, requeue, suspend, resume, update
+//! (priority, nice, time limit) and `why` (why a job is pending).
 
 use anyhow::bail;
 use clap::Args;
@@ -59,6 +59,8 @@ pub async fn change_jobs(client: &Client, out: &Output, ids: &[u64], change: Cha
                         Change::ClearPriority => "priority back to computed",
                         Change::SetNice => "nice set",
                         Change::SetTimeLimit => "time limit set",
+                        Change::Suspend => "suspended",
+                        Change::Resume => "resumed",
                         Change::Unspecified => "unchanged",
                     };
                     println!("job {job_id}: {done}");
@@ -112,7 +114,7 @@ pub async fn update(client: &Client, out: &Output, a: UpdateArgs) -> anyhow::Res
         changes.push((Change::SetNice, n));
     }
     if let Some(t) = &a.time {
-        changes.push((Change::SetTimeLimit, parse::time_limit_s(t).map_err(anyhow::Error::msg)? as i64));
+        changes.push((Change::SetTimeLimit, parse::job_time_s("--time", t).map_err(anyhow::Error::msg)? as i64));
     }
     if changes.is_empty() {
         bail!("update: nothing to change; give --priority, --nice or --time");

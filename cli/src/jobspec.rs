@@ -105,10 +105,14 @@ pub struct ResourceArgs {
 impl ResourceArgs {
     /// `--exclusive`: whether the job wants whole nodes.
     pub fn exclusive(&self) -> anyhow::Result<bool> {
-        match self.exclusive.as_deref() {
-            None => Ok(false),
-            Some("node" | "") => Ok(true),
-            Some(other) => bail!("--exclusive={other}: only whole-node --exclusive is supported"),
+        let Some(v) = self.exclusive.as_deref() else { return Ok(false) };
+        match v.to_ascii_lowercase().as_str() {
+            // Slurm's bare flag, `=exclusive` and `=allocation` (`node`: Gangway's own spelling).
+            "" | "node" | "exclusive" | "allocation" => Ok(true),
+            "user" | "mcs" | "topo" | "oversubscribe" => {
+                bail!("--exclusive={v}: only whole-node --exclusive is supported")
+            }
+            _ => bail!("--exclusive: Invalid --exclusive specification: '{v}'"),
         }
     }
 
@@ -217,7 +221,25 @@ pub struct SubmitArgs {
 /// or without one unit): Gangway then asks for no memory per node (a
 /// partition's default per CPU or GPU still applies).
 pub fn no_memory_reserved(mem: Option<&str>) -> bool {
-    mem.is_some_and(|m| m.strip_suffix(['K', 'M', 'G', 'T', 'k', 'm', 'g', 't']).unwrap_or(m) == "0")
+    mem.is_some_and(|m| parse::mem_mb(m) == Ok(0))
+}
+
+/// Slurm's `--open-mode` (`arg_set_open_mode`): its first letter, in
+/// either case, `a` (append) or `t` (truncate). Returns whether to truncate.
+pub fn open_mode_truncates(mode: &str) -> Result<bool, String> {
+    match mode.chars().next().map(|c| c.to_ascii_lowercase()) {
+        Some('a') => Ok(false),
+        Some('t') => Ok(true),
+        _ => Err(format!("--open-mode: Invalid --open-mode specification: '{mode}' (append or truncate)")),
+    }
+}
+
+/// An output file name as Slurm takes it: `none` (any case) is /dev/null.
+fn output_path(o: Option<String>) -> String {
+    match o {
+        Some(p) if p.eq_ignore_ascii_case("none") => "/dev/null".into(),
+        p => p.unwrap_or_default(),
+    }
 }
 
 /// The nodes a job takes and the tasks on each, from the node count asked
@@ -321,10 +343,14 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
         tasks,
     )
     .map_err(anyhow::Error::msg)?;
-    let warn = a.signal.as_deref().map(parse::warn_signal).transpose().map_err(anyhow::Error::msg)?.unwrap_or((0, 0));
+    let warn =
+        a.signal.as_deref().map(parse::warn_signal).transpose().map_err(anyhow::Error::msg)?.unwrap_or((0, 0, false));
+    // A relative --chdir is under the submit directory, as Slurm makes it.
+    let cwd = std::env::current_dir().unwrap_or_default();
     let workdir = match a.chdir {
-        Some(d) => d,
-        None => std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),
+        Some(d) if std::path::Path::new(&d).is_absolute() => d,
+        Some(d) => cwd.join(d.trim_start_matches("./")).display().to_string(),
+        None => cwd.display().to_string(),
     };
     let topology = match (&a.topology, &a.switches) {
         (Some(_), Some(_)) => bail!("topology: give --topology or --switches, not both"),
@@ -338,9 +364,11 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
     };
     let kill_on_invalid_dep = match a.kill_on_invalid_dep.as_deref() {
         None => None,
-        Some("yes" | "true" | "1") => Some(true),
-        Some("no" | "false" | "0") => Some(false),
-        Some(other) => bail!("kill-on-invalid-dep: '{other}' must be yes or no"),
+        Some(v) if v.eq_ignore_ascii_case("yes") => Some(true),
+        Some(v) if v.eq_ignore_ascii_case("no") => Some(false),
+        Some(other) => {
+            bail!("--kill-on-invalid-dep: Invalid --kill-on-invalid-dep specification: '{other}' (yes or no)")
+        }
     };
     let (constraints, exclusive) = (a.res.constraints()?, a.res.exclusive()?);
     let spec = pb::JobSpec {
@@ -366,10 +394,15 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
             (c, None) => c,
         },
         mem_per_node_mb: match (&a.res.mem, &a.res.mem_per_gpu) {
-            (Some(_), Some(_)) => bail!("--mem-per-gpu: give --mem (per node) or --mem-per-gpu, not both"),
-            (None, Some(_)) if a.res.mem_per_cpu.is_some() => {
-                bail!("--mem-per-gpu: give --mem-per-cpu or --mem-per-gpu, not both")
+            _ if [a.res.mem.is_some(), a.res.mem_per_cpu.is_some(), a.res.mem_per_gpu.is_some()]
+                .iter()
+                .filter(|g| **g)
+                .count()
+                > 1 =>
+            {
+                bail!("--mem: --mem, --mem-per-cpu, and --mem-per-gpu are mutually exclusive")
             }
+            (Some(_), Some(_)) => bail!("--mem: --mem, --mem-per-cpu, and --mem-per-gpu are mutually exclusive"),
             (None, Some(per_gpu)) => {
                 let per_gpu =
                     parse::mem_mb(per_gpu).map_err(|e| anyhow::anyhow!(e.replace("--mem", "--mem-per-gpu")))?;
@@ -392,7 +425,7 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
             .res
             .time
             .as_deref()
-            .map(parse::time_limit_s)
+            .map(|t| parse::job_time_s("--time", t))
             .transpose()
             .map_err(anyhow::Error::msg)?
             .map(|t| t as i64),
@@ -400,14 +433,14 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
         requeue: (a.requeue.is_some() || a.no_requeue).then_some(!a.no_requeue),
         requeue_expedite: match a.requeue.as_deref() {
             None | Some("yes") => false,
-            Some("expedite") => true,
+            Some(e) if e.eq_ignore_ascii_case("expedite") => true,
             Some(other) => bail!("--requeue: '{other}' is not a requeue mode (give --requeue or --requeue=expedite)"),
         },
-        output: a.output.unwrap_or_default(),
-        error: a.error.unwrap_or_default(),
+        output: output_path(a.output),
+        error: output_path(a.error),
         warn_signal: warn.0,
         warn_before_s: warn.1,
-        warn_batch_shell: a.signal.as_deref().is_some_and(|s| s.starts_with("B:")),
+        warn_batch_shell: warn.2,
         account: a.res.account.unwrap_or_default(),
         qos: a.res.qos.unwrap_or_default(),
         nodes_max,
@@ -417,7 +450,7 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
             .as_deref()
             .map(parse::mem_mb)
             .transpose()
-            .map_err(anyhow::Error::msg)?
+            .map_err(|e| anyhow::anyhow!(e.replace("--mem", "--mem-per-cpu")))?
             .unwrap_or(0),
         constraints,
         exclusive,
@@ -436,9 +469,8 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
         nodelist,
         exclude,
         truncate_output: match a.open_mode.as_deref() {
-            None | Some("append") => false,
-            Some("truncate") => true,
-            Some(other) => bail!("--open-mode: '{other}' must be append or truncate"),
+            None => false,
+            Some(m) => open_mode_truncates(m).map_err(anyhow::Error::msg)?,
         },
         licenses: match a.res.licenses.as_deref() {
             Some(l) => parse::licenses(l).map_err(anyhow::Error::msg)?.into_iter().collect(),
@@ -446,7 +478,7 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
         },
         reservation: a.res.reservation.clone().unwrap_or_default(),
         time_min_s: match a.res.time_min.as_deref() {
-            Some(t) => parse::time_limit_s(t).map_err(|e| anyhow::anyhow!(e.replace("--time", "--time-min")))?,
+            Some(t) => parse::job_time_s("--time-min", t).map_err(anyhow::Error::msg)?,
             None => 0,
         },
         deadline_ms: match &a.res.deadline {

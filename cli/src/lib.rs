@@ -130,6 +130,17 @@ enum Cmd {
         #[arg(long)]
         hold: bool,
     },
+    /// Stop running jobs where they stand, keeping their nodes (operators
+    /// and admins); their time limits pause until `resume`.
+    Suspend {
+        #[arg(required = true)]
+        job_ids: Vec<u64>,
+    },
+    /// Continue suspended jobs.
+    Resume {
+        #[arg(required = true)]
+        job_ids: Vec<u64>,
+    },
     /// Change a job's priority, nice value or time limit.
     Update(jobctl::UpdateArgs),
     /// Job and node events as they happen, resumable from a log index (--from).
@@ -399,6 +410,14 @@ pub fn main() {
                     Cmd::Requeue { job_ids, hold } => {
                         use gangway_proto::v1::update_job_request::Change;
                         let c = if hold { Change::RequeueHold } else { Change::Requeue };
+                        jobctl::change_jobs(&client, &out, &job_ids, c, 0).await
+                    }
+                    Cmd::Suspend { job_ids } => {
+                        let c = gangway_proto::v1::update_job_request::Change::Suspend;
+                        jobctl::change_jobs(&client, &out, &job_ids, c, 0).await
+                    }
+                    Cmd::Resume { job_ids } => {
+                        let c = gangway_proto::v1::update_job_request::Change::Resume;
                         jobctl::change_jobs(&client, &out, &job_ids, c, 0).await
                     }
                     Cmd::Update(a) => jobctl::update(&client, &out, a).await,

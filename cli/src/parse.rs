@@ -6,11 +6,13 @@
 #![deny(clippy::arithmetic_side_effects)]
 
 /// Slurm's `--time` formats: `MINUTES`, `MINUTES:SECONDS`, `HOURS:MINUTES:SECONDS`,
-/// `DAYS-HOURS`, `DAYS-HOURS:MINUTES`, `DAYS-HOURS:MINUTES:SECONDS`.
+/// `DAYS-HOURS`, `DAYS-HOURS:MINUTES`, `DAYS-HOURS:MINUTES:SECONDS` (and
+/// `DAYS-`, days alone), to the second.
 pub fn time_limit_s(s: &str) -> Result<u64, String> {
     let bad = || format!("--time: '{s}' is not a time limit (examples: 30, 1:30:00, 2-00:00:00)");
     let num = |p: &str| p.trim().parse::<u64>().map_err(|_| bad());
     let (days, rest) = match s.split_once('-') {
+        Some((d, "")) => (num(d)?, "0"),
         Some((d, r)) => (num(d)?, r),
         None => (0, s),
     };
@@ -29,6 +31,28 @@ pub fn time_limit_s(s: &str) -> Result<u64, String> {
         .into_iter()
         .try_fold(0u64, |total, (n, unit)| n.checked_mul(unit).and_then(|v| total.checked_add(v)))
         .ok_or_else(bad)
+}
+
+/// The limit a job asking for no time limit gets: Gangway's longest (a
+/// partition or QOS maximum below it refuses the job, naming its maximum).
+pub const UNLIMITED_S: u64 = 365 * 24 * 3600;
+
+/// A job's `--time` or `--time-min` as Slurm reads it (`time_str2mins`):
+/// [`time_limit_s`]'s forms rounded up to whole minutes; `UNLIMITED`,
+/// `INFINITE` (any case), `-1` and a time of 0 mean no limit
+/// ([`UNLIMITED_S`]). The error is sbatch's, naming `option`.
+pub fn job_time_s(option: &str, s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("unlimited") || t.eq_ignore_ascii_case("infinite") || t == "-1" {
+        return Ok(UNLIMITED_S);
+    }
+    let secs = time_limit_s(t).map_err(|_| {
+        format!("{option}: Invalid {option} specification: '{s}' (examples: 30, 1:30:00, 2-00:00:00, UNLIMITED)")
+    })?;
+    if secs == 0 {
+        return Ok(UNLIMITED_S);
+    }
+    Ok(secs.div_ceil(60).saturating_mul(60))
 }
 
 /// Slurm's `--begin` times, in local time: `now`, `now+N[seconds|minutes|hours|days|weeks]`
@@ -65,89 +89,287 @@ pub fn local_to_utc(local_ms: i64, offset_s: &dyn Fn(i64) -> i64) -> i64 {
     }
 }
 
-/// [`begin_ms`] in the zone `offset_s` describes.
+/// [`begin_ms`] in the zone `offset_s` describes: Slurm's `parse_time`
+/// (looking forward), read piece by piece. Pieces may come in any order,
+/// separated by blanks, `-` or `T`: `today`, `tomorrow`, `midnight`, `noon`,
+/// `elevenses` (11:00), `fika` (15:00), `teatime` (16:00),
+/// `now[+|-COUNT[seconds|minutes|hours|days|weeks]]`, `HH:MM[:SS] [AM|PM]`,
+/// `YYYY-MM-DD`, `MMDD[YY]`, `MM/DD[/YY]`, `MM.DD[.YY]`; and `utsEPOCH`. A
+/// time without a date is the next one (today if its hour and minute are
+/// still ahead, else tomorrow); a date without a time is its midnight; a
+/// date without a year the next one.
 fn begin_ms_in(s: &str, now_ms: u64, offset_s: &dyn Fn(i64) -> i64) -> Result<u64, String> {
-    let bad =
-        || format!("--begin: '{s}' is not a time (examples: now+1hour, 16:00, 2026-12-24T08:00, midnight, tomorrow)");
-    let t = s.trim().to_ascii_lowercase();
-    let day_ms: i64 = 86_400_000;
-    let now = i64::try_from(now_ms).map_err(|_| bad())?;
-    // Local midnight today, on the local clock.
-    let local_now = now.saturating_add(offset_s(now).saturating_mul(1000));
-    let today = local_now.saturating_sub(local_now.rem_euclid(day_ms));
-    let utc = |local: i64| u64::try_from(local_to_utc(local, offset_s)).unwrap_or(0);
-    let next_at = |secs_of_day: i64| {
-        let at = utc(today.saturating_add(secs_of_day.saturating_mul(1000)));
-        if at <= now_ms {
-            utc(today.saturating_add(day_ms).saturating_add(secs_of_day.saturating_mul(1000)))
-        } else {
-            at
-        }
+    let bad = || {
+        format!(
+            "--begin: Invalid time specification: '{s}' (examples: now+1hour, 16:00, 4:00pm, 2026-12-24T08:00, \
+             12/24, tomorrow)"
+        )
     };
-    match t.as_str() {
-        "now" => return Ok(now_ms),
-        "midnight" | "tomorrow" => return Ok(utc(today.saturating_add(day_ms))),
-        "noon" => return Ok(next_at(12 * 3600)),
-        "teatime" => return Ok(next_at(16 * 3600)),
-        _ => {}
+    let b = s.as_bytes();
+    if b.len() >= 3 && b[..3].eq_ignore_ascii_case(b"uts") {
+        let uts: u64 = s[3..].parse().map_err(|_| bad())?;
+        return if uts < 1_000_000 { Err(bad()) } else { uts.checked_mul(1000).ok_or_else(bad) };
     }
-    if let Some(rest) = t.strip_prefix("now+") {
-        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        let n: u64 = digits.parse().map_err(|_| bad())?;
-        let unit: u64 = match &rest[digits.len()..] {
-            "" | "s" | "sec" | "secs" | "second" | "seconds" => 1,
-            "m" | "min" | "mins" | "minute" | "minutes" => 60,
-            "h" | "hour" | "hours" => 3600,
-            "d" | "day" | "days" => 86_400,
-            "w" | "week" | "weeks" => 7 * 86_400,
-            _ => return Err(bad()),
-        };
-        return n
-            .checked_mul(unit)
-            .and_then(|n| n.checked_mul(1000))
-            .and_then(|d| now_ms.checked_add(d))
-            .ok_or_else(bad);
-    }
-    if !t.contains('-') {
-        let parts: Vec<i64> = t.split(':').map(|p| p.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
-        return match parts.as_slice() {
-            // Bounded by the guards: no overflow.
-            #[allow(clippy::arithmetic_side_effects)]
-            [h, m] if (0..24).contains(h) && (0..60).contains(m) => Ok(next_at(h * 3600 + m * 60)),
-            #[allow(clippy::arithmetic_side_effects)]
-            [h, m, sec] if (0..24).contains(h) && (0..60).contains(m) && (0..60).contains(sec) => {
-                Ok(next_at(h * 3600 + m * 60 + sec))
+    let now = i64::try_from(now_ms).map_err(|_| bad())?;
+    let day_ms: i64 = 86_400_000;
+    let local_now = now.saturating_add(offset_s(now).saturating_mul(1000));
+    let today = civil(local_now);
+    let tomorrow = civil(local_now.saturating_add(day_ms));
+    // (year if given, month, day) and (hour, minute, second) as given so far.
+    let (mut date, mut time): (Option<Date>, Option<Clock>) = (None, None);
+    let at = |i: usize| b.get(i).copied().unwrap_or(0);
+    let word =
+        |i: usize, w: &str| b.get(i..i.saturating_add(w.len())).is_some_and(|x| x.eq_ignore_ascii_case(w.as_bytes()));
+    let mut pos = 0usize;
+    while pos < b.len() {
+        let c = b[pos];
+        if c == b' ' || c == b'\t' || c == b'-' || c == b'T' {
+            pos = pos.saturating_add(1);
+            continue;
+        }
+        let named = [
+            ("today", None),
+            ("tomorrow", None),
+            ("midnight", Some(0)),
+            ("noon", Some(12)),
+            ("elevenses", Some(11)),
+            ("fika", Some(15)),
+            ("teatime", Some(16)),
+        ];
+        if let Some((w, hour)) = named.iter().find(|(w, _)| word(pos, w)) {
+            match (*w, hour) {
+                ("today", _) => date = Some((Some(today.0), today.1, today.2)),
+                ("tomorrow", _) => date = Some((Some(tomorrow.0), tomorrow.1, tomorrow.2)),
+                (_, Some(h)) => time = Some((*h, 0, 0)),
+                _ => {}
             }
-            _ => Err(bad()),
-        };
+            pos = pos.saturating_add(w.len());
+            continue;
+        }
+        if word(pos, "now") {
+            pos = pos.saturating_add(3);
+            while matches!(at(pos), b' ' | b'\t') {
+                pos = pos.saturating_add(1);
+            }
+            let mut delta_s: i64 = 0;
+            if matches!(at(pos), b'+' | b'-') {
+                let sign: i64 = if at(pos) == b'-' { -1 } else { 1 };
+                let (n, next) = slurm_delta(b, pos.saturating_add(1)).ok_or_else(bad)?;
+                delta_s = n.checked_mul(sign).ok_or_else(bad)?;
+                pos = next;
+            } else if pos < b.len() {
+                // `now` ends the text or takes an offset, nothing else.
+                return Err(bad());
+            }
+            let later = civil(local_now.saturating_add(delta_s.saturating_mul(1000)));
+            date = Some((Some(later.0), later.1, later.2));
+            time = Some((later.3, later.4, later.5));
+            continue;
+        }
+        if !c.is_ascii_digit() {
+            return Err(bad());
+        }
+        if at(pos.saturating_add(1)) == b':' || at(pos.saturating_add(2)) == b':' {
+            let (t, next) = slurm_clock(b, pos).ok_or_else(bad)?;
+            time = Some(t);
+            pos = next;
+        } else {
+            let (d, next) = slurm_date(b, pos).ok_or_else(bad)?;
+            date = Some(d);
+            pos = next;
+        }
     }
-    parse_time_in("--begin", &t.replace('t', "T"), now_ms, offset_s).map_err(|_| bad())
+    let ((year, mo, day), (h, mi, sec)) = match (date, time) {
+        (None, None) => return Err(bad()),
+        (Some(d), None) => (d, (0, 0, 0)),
+        (None, Some(t)) => {
+            let ahead = t.0 > today.3 || (t.0 == today.3 && t.1 > today.4);
+            let day = if ahead { today } else { tomorrow };
+            ((Some(day.0), day.1, day.2), t)
+        }
+        (Some(d), Some(t)) => (d, t),
+    };
+    // A date without a year: this year's if still ahead, else next year's.
+    let year = year.unwrap_or_else(|| {
+        if (mo, day, h, mi) > (today.1, today.2, today.3, today.4) {
+            today.0
+        } else {
+            today.0.saturating_add(1)
+        }
+    });
+    if !(1970..=9999).contains(&year) {
+        return Err(bad());
+    }
+    let local = days_from_civil(year, mo, day, h, mi, sec).ok_or_else(bad)?;
+    u64::try_from(local_to_utc(local, offset_s)).map_err(|_| bad())
 }
 
-/// Slurm's `--licenses`: `NAME[:COUNT]` or `NAME[*COUNT]`, joined with `,`
-/// (COUNT defaults to 1; a name given twice adds up). Slurm's `|` (any one
-/// of) is refused.
+/// A date as `--begin` gives it: (year if given, month, day).
+type Date = (Option<i64>, i64, i64);
+/// A time of day: (hour, minute, second).
+type Clock = (i64, i64, i64);
+
+/// Local calendar fields of `local_ms` (ms since the epoch, counted as if
+/// local time were UTC): (year, month, day, hour, minute, second).
+#[allow(clippy::arithmetic_side_effects)] // Euclidean division of an i64 by constants: no overflow
+pub fn civil(local_ms: i64) -> (i64, i64, i64, i64, i64, i64) {
+    let secs = local_ms.div_euclid(1000);
+    let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d, sod / 3600, sod / 60 % 60, sod % 60)
+}
+
+/// The digits of `b` at `pos`, at least `min` and at most `max` of them:
+/// their value and the position after them.
+fn digits(b: &[u8], pos: usize, min: usize, max: usize) -> Option<(i64, usize)> {
+    let mut n: i64 = 0;
+    let mut i = pos;
+    while i < pos.saturating_add(max) && b.get(i).is_some_and(u8::is_ascii_digit) {
+        n = n.checked_mul(10)?.checked_add(i64::from(b[i].checked_sub(b'0')?))?;
+        i = i.saturating_add(1);
+    }
+    (i.saturating_sub(pos) >= min).then_some((n, i))
+}
+
+/// Slurm's `HH:MM[:SS] [AM|PM]` at `pos` (`_get_time`): ((hour, minute,
+/// second), the position after it).
+fn slurm_clock(b: &[u8], pos: usize) -> Option<(Clock, usize)> {
+    let (mut h, i) = digits(b, pos, 1, 2).filter(|(h, _)| *h <= 23)?;
+    let i = (b.get(i) == Some(&b':')).then_some(i.saturating_add(1))?;
+    let (m, mut i) = digits(b, i, 2, 2).filter(|(m, _)| *m <= 59)?;
+    let mut sec = 0;
+    if b.get(i) == Some(&b':') {
+        let (s, next) = digits(b, i.saturating_add(1), 2, 2).filter(|(s, _)| *s <= 59)?;
+        (sec, i) = (s, next);
+    }
+    let mut j = i;
+    while b.get(j).is_some_and(|c| *c == b' ' || *c == b'\t') {
+        j = j.saturating_add(1);
+    }
+    let suffix = |w: &[u8]| b.get(j..j.saturating_add(2)).is_some_and(|x| x.eq_ignore_ascii_case(w));
+    if suffix(b"pm") {
+        h = match h.saturating_add(12) {
+            24 => 12,
+            h if h > 23 => return None,
+            h => h,
+        };
+        i = j.saturating_add(2);
+    } else if suffix(b"am") {
+        h = match h {
+            12 => 0,
+            h if h > 11 => return None,
+            h => h,
+        };
+        i = j.saturating_add(2);
+    }
+    Some(((h, m, sec), i))
+}
+
+/// Slurm's dates at `pos` (`_get_date`): `YYYY-MM-DD`, or `MMDD[YY]`,
+/// `MM/DD[/YY]`, `MM.DD[.YY]` (YY: 20YY). ((year if given, month, day),
+/// the position after it).
+fn slurm_date(b: &[u8], pos: usize) -> Option<(Date, usize)> {
+    let sep = |i: usize| matches!(b.get(i), Some(b'.' | b'/'));
+    if b.get(pos.saturating_add(4)) == Some(&b'-') && b.get(pos.saturating_add(7)) == Some(&b'-') {
+        let (y, i) = digits(b, pos, 4, 4)?;
+        let (m, i) = digits(b, i.saturating_add(1), 2, 2).filter(|(m, _)| (1..=12).contains(m))?;
+        let (d, i) = digits(b, i.saturating_add(1), 1, 2).filter(|(d, _)| (1..=31).contains(d))?;
+        return Some(((Some(y), m, d), i));
+    }
+    let (m, mut i) = digits(b, pos, 1, 2).filter(|(m, _)| (1..=12).contains(m))?;
+    if sep(i) {
+        i = i.saturating_add(1);
+    }
+    let (d, mut i) = digits(b, i, 1, 2).filter(|(d, _)| (1..=31).contains(d))?;
+    if sep(i) {
+        i = i.saturating_add(1);
+    }
+    let year = match digits(b, i, 1, 2) {
+        Some((yy, next)) if next.saturating_sub(i) == 2 => {
+            i = next;
+            Some(yy.saturating_add(2000))
+        }
+        Some(_) => return None,
+        None => None,
+    };
+    Some(((year, m, d), i))
+}
+
+/// Slurm's offset after `now+` or `now-` (`_get_delta`): digits and then
+/// one unit name (seconds, minutes, hours, days, weeks, singular or plural,
+/// any case; none: seconds), blanks allowed between. (seconds, the position
+/// after it).
+fn slurm_delta(b: &[u8], pos: usize) -> Option<(i64, usize)> {
+    const UNITS: [(&str, i64); 10] = [
+        ("seconds", 1),
+        ("second", 1),
+        ("minutes", 60),
+        ("minute", 60),
+        ("hours", 3600),
+        ("hour", 3600),
+        ("days", 86_400),
+        ("day", 86_400),
+        ("weeks", 604_800),
+        ("week", 604_800),
+    ];
+    let (mut n, mut any, mut i) = (0i64, false, pos);
+    while let Some(&c) = b.get(i) {
+        if c == b' ' || c == b'\t' {
+            i = i.saturating_add(1);
+            continue;
+        }
+        let unit = UNITS
+            .iter()
+            .find(|(w, _)| b.get(i..i.saturating_add(w.len())).is_some_and(|x| x.eq_ignore_ascii_case(w.as_bytes())));
+        if let Some((w, mult)) = unit {
+            n = n.checked_mul(*mult)?;
+            i = i.saturating_add(w.len());
+            break;
+        }
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(i64::from(c.checked_sub(b'0')?))?;
+        any = true;
+        i = i.saturating_add(1);
+    }
+    any.then_some((n, i))
+}
+
+/// Slurm's `--licenses` (`_build_license_list`): `NAME[:COUNT]` or
+/// `NAME[=COUNT]`, separated by `,` or `;` (COUNT defaults to 1; an entry
+/// of 0 is dropped; a name given twice adds up). Slurm's `|` (any one of)
+/// is refused.
 pub fn licenses(s: &str) -> Result<std::collections::HashMap<String, u32>, String> {
     let mut out: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
     if s.contains('|') {
         return Err(format!("--licenses: '{s}': '|' (any one of) is not supported; list the licenses with ','"));
     }
-    for item in s.split(',').map(str::trim) {
+    for item in s.split([',', ';']).map(str::trim) {
         if item.is_empty() {
             return Err(format!("--licenses: '{s}' has an empty entry (NAME[:COUNT],...)"));
         }
-        let (name, count) = match item.split_once([':', '*']) {
-            Some((n, c)) => (
-                n,
-                c.parse::<u32>()
-                    .ok()
-                    .filter(|c| *c > 0)
-                    .ok_or_else(|| format!("--licenses: '{item}': the count must be a whole number of at least 1"))?,
-            ),
+        let (name, count) = match item.split_once([':', '=']) {
+            Some((n, c)) => {
+                (n, c.parse::<u32>().map_err(|_| format!("--licenses: '{item}': the count must be a whole number"))?)
+            }
             None => (item, 1),
         };
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) {
-            return Err(format!("--licenses: '{item}': a license name is letters, digits, '-', '_' or '.'"));
+        let name_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@');
+        if name.is_empty() || !name.chars().all(name_ok) {
+            return Err(format!("--licenses: '{item}': a license name is letters, digits, '-', '_', '.' or '@'"));
+        }
+        if count == 0 {
+            continue;
         }
         let e = out.entry(name.to_string()).or_default();
         *e = e.checked_add(count).ok_or_else(|| format!("--licenses: '{s}': too many of {name}"))?;
@@ -155,10 +377,17 @@ pub fn licenses(s: &str) -> Result<std::collections::HashMap<String, u32>, Strin
     Ok(out)
 }
 
-/// Memory sizes: a number of MiB, or with a K/M/G/T suffix (`512M`, `64G`).
+/// Memory sizes as Slurm reads them (`str_to_mbytes`): a number of MiB, or
+/// with a K/M/G/T suffix in either case, optionally followed by B (`512M`,
+/// `64G`, `32GB`, `4gb`; all binary units; K rounds up to a whole MiB).
 pub fn mem_mb(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let bad = || format!("--mem: '{s}' is not a memory size (examples: 4096, 512M, 64G)");
+    let bad = || format!("--mem: '{s}' is not a memory size (examples: 4096, 512M, 64G, 32GB)");
+    // One B after a unit letter: `32GB` is `32G`. (ASCII: one byte.)
+    let t = match t.strip_suffix(['B', 'b']) {
+        Some(u) if u.ends_with(['K', 'M', 'G', 'T', 'k', 'm', 'g', 't']) => u,
+        _ => t,
+    };
     let (digits, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
         // The suffixes are ASCII: cutting one byte stays on a character boundary.
         Some(c @ ('K' | 'M' | 'G' | 'T')) => (
@@ -174,9 +403,12 @@ pub fn mem_mb(s: &str) -> Result<u64, String> {
     n.checked_mul(mult).ok_or_else(bad)
 }
 
-/// GPU requests: `N` or `TYPE:N` (`8`, `h100:8`).
+/// GPU requests: `N` or `TYPE:N` (`8`, `h100:8`); one type per job.
 pub fn gpus(s: &str) -> Result<(String, i64), String> {
     let bad = || format!("--gpus-per-node: '{s}' must be COUNT or TYPE:COUNT, e.g. 8 or h100:8");
+    if s.contains(',') {
+        return Err(format!("--gpus-per-node: '{s}': a job asks for one GPU type (give TYPE:COUNT once)"));
+    }
     match s.rsplit_once(':') {
         Some((ty, n)) => Ok((ty.to_string(), n.parse().map_err(|_| bad())?)),
         None => Ok((String::new(), s.parse().map_err(|_| bad())?)),
@@ -232,12 +464,41 @@ pub fn gpu_request(
         return Ok((t, Some(per_node)));
     }
     if let Some(g) = gres {
-        let bad = || format!("--gres: '{g}' must be gpu:COUNT or gpu:TYPE:COUNT");
-        let rest = g.strip_prefix("gpu:").ok_or_else(bad)?;
-        let (t, n) = gpus(rest).map_err(|_| bad())?;
+        let (t, n) = gres_gpus(g)?;
         return Ok((t, Some(n)));
     }
     Ok((String::new(), None))
+}
+
+/// Slurm's `--gres` (per node): `NAME[:TYPE][:COUNT]` items joined with `,`,
+/// `gres/` before a name allowed, a missing count meaning 1. GPUs are the
+/// one generic resource here: (type, GPUs per node).
+pub fn gres_gpus(g: &str) -> Result<(String, i64), String> {
+    let mut found: Option<(String, i64)> = None;
+    for item in g.split(',').map(str::trim) {
+        let item = item.strip_prefix("gres/").unwrap_or(item);
+        let mut parts = item.splitn(3, ':');
+        let name = parts.next().unwrap_or_default();
+        if name != "gpu" {
+            return Err(format!(
+                "--gres: '{item}': GPUs (gpu[:TYPE][:COUNT]) are the only generic resource Gangway schedules; \
+                 ask for licenses with --licenses"
+            ));
+        }
+        let count = |c: &str| {
+            c.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| format!("--gres: '{item}': '{c}' is not a count"))
+        };
+        let got = match (parts.next(), parts.next()) {
+            (None, _) => (String::new(), 1),
+            (Some(c), None) if c.chars().all(|ch| ch.is_ascii_digit()) => (String::new(), count(c)?),
+            (Some(t), None) => (t.to_string(), 1),
+            (Some(t), Some(c)) => (t.to_string(), count(c)?),
+        };
+        if found.replace(got).is_some() {
+            return Err(format!("--gres: '{g}': give gpu once, as gpu[:TYPE][:COUNT] (one GPU type per job)"));
+        }
+    }
+    found.ok_or_else(|| format!("--gres: '{g}' names no generic resource"))
 }
 
 /// `--topology LEVEL[:required|:preferred[@WAIT]]` (default required).
@@ -271,26 +532,76 @@ pub fn switches(s: &str) -> Result<(bool, u64), String> {
     })
 }
 
-/// Slurm's `--signal=[B:]SIG[@SECONDS]`: a signal name (`USR1`, `SIGTERM`) or
-/// number, sent SECONDS (default 60) before the time limit.
-pub fn warn_signal(s: &str) -> Result<(u32, u32), String> {
-    let bad = |why: &str| format!("--signal: '{s}' {why} (example: USR1@120)");
-    let spec = s.strip_prefix("B:").or_else(|| s.strip_prefix("R:")).unwrap_or(s);
-    let (sig, secs) = match spec.split_once('@') {
-        Some((sig, secs)) => (sig, secs.parse::<u32>().map_err(|_| bad("has a bad number of seconds"))?),
-        None => (spec, 60),
+/// The signal names Slurm's `--signal` knows (`sig_name2num`), any case,
+/// with or without `SIG`.
+const SIGNAL_NAMES: &[(&str, u32)] = &[
+    ("HUP", 1),
+    ("INT", 2),
+    ("QUIT", 3),
+    ("ABRT", 6),
+    ("KILL", 9),
+    ("ALRM", 14),
+    ("TERM", 15),
+    ("CHLD", 17),
+    ("USR1", 10),
+    ("USR2", 12),
+    ("PIPE", 13),
+    ("URG", 23),
+    ("CONT", 18),
+    ("STOP", 19),
+    ("TSTP", 20),
+    ("TTIN", 21),
+    ("TTOU", 22),
+    ("XCPU", 24),
+];
+/// The highest signal number (Linux's SIGRTMAX).
+const SIGNAL_MAX: u32 = 64;
+
+/// Slurm's `--signal=[R|B|RB|BR][:]SIG[@SECONDS]` (`get_signal_opts`): a
+/// signal name of Slurm's (`USR1`, `sigterm`) or number, sent SECONDS
+/// (0 to 65535, default 60) before the time limit; `B` sends it to the
+/// batch shell only. Returns (signal, seconds, batch shell). `R` (before a
+/// reservation ends) is read and warns before the time limit, which ends a
+/// job in a reservation by the reservation's end.
+pub fn warn_signal(s: &str) -> Result<(u32, u32, bool), String> {
+    let bad = |why: &str| format!("--signal: Invalid --signal specification: '{s}' {why} (example: B:USR1@120)");
+    let mut rest = s;
+    let mut batch = false;
+    let flag = |r: &str, c: char| r.chars().next().is_some_and(|f| f.eq_ignore_ascii_case(&c));
+    if flag(rest, 'R') {
+        rest = &rest[1..];
+    }
+    if flag(rest, 'B') {
+        batch = true;
+        rest = &rest[1..];
+    }
+    if flag(rest, 'R') {
+        rest = &rest[1..];
+    }
+    let rest = rest.strip_prefix(':').unwrap_or(rest);
+    let (sig, secs) = match rest.split_once('@') {
+        Some((sig, secs)) => {
+            (sig, secs.parse::<u32>().ok().filter(|t| *t <= 65_535).ok_or_else(|| bad("has a bad number of seconds"))?)
+        }
+        None => (rest, 60),
     };
-    let num = match sig.parse::<u32>() {
+    let num = match sig.trim().parse::<u32>() {
         Ok(n) => n,
         Err(_) => {
-            let name = if sig.starts_with("SIG") { sig.to_string() } else { format!("SIG{sig}") };
-            name.parse::<nix::sys::signal::Signal>().map_err(|_| bad("names no signal"))? as u32
+            let t = sig.trim();
+            let name = match t.get(..3) {
+                Some(p) if p.eq_ignore_ascii_case("SIG") => &t[3..],
+                _ => t,
+            };
+            SIGNAL_NAMES.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| *v).ok_or_else(|| {
+                bad("names no signal of Slurm's (HUP INT QUIT ABRT KILL ALRM TERM CHLD USR1 USR2 ...)")
+            })?
         }
     };
-    if num == 0 || num > 31 {
+    if num == 0 || num > SIGNAL_MAX {
         return Err(bad("names no signal"));
     }
-    Ok((num, secs))
+    Ok((num, secs, batch))
 }
 
 /// Formats seconds the way squeue does: `D-HH:MM:SS` or `H:MM:SS` or `M:SS`.
@@ -379,6 +690,40 @@ mod begin_tests {
         assert!(begin_ms("25:00", now).is_err());
     }
 
+    /// Slurm's other forms (`parse_time`), in UTC here (the tests' TZ).
+    #[test]
+    fn begin_times_take_every_form_slurm_takes() {
+        let now = 1_796_084_311_000; // 2026-12-01T00:18:31 (a Tuesday)
+        let day = 86_400_000;
+        let midnight = now - 1_111_000;
+        let ok = |s: &str| begin_ms(s, now).unwrap_or_else(|e| panic!("{s}: {e}"));
+        assert_eq!(ok("today"), midnight, "today's midnight (already past: eligible at once)");
+        assert_eq!(ok("fika"), midnight + 15 * 3_600_000);
+        assert_eq!(ok("elevenses"), midnight + 11 * 3_600_000);
+        assert_eq!(ok("4:00pm"), midnight + 16 * 3_600_000);
+        assert_eq!(ok("10:30 AM"), midnight + 10 * 3_600_000 + 30 * 60_000);
+        assert_eq!(ok("12:00am"), ok("midnight"));
+        assert_eq!(ok("12:00pm"), ok("noon"));
+        assert_eq!(ok("tomorrow 16:00"), midnight + day + 16 * 3_600_000);
+        assert_eq!(ok("16:00 tomorrow"), ok("tomorrow 16:00"));
+        assert_eq!(ok("12/24"), 1_798_070_400_000, "2026-12-24T00:00");
+        assert_eq!(ok("12/24/26"), ok("12/24"));
+        assert_eq!(ok("122426"), ok("12/24"));
+        assert_eq!(ok("12.24.26"), ok("12/24"));
+        assert_eq!(ok("12/24-08:00"), 1_798_099_200_000);
+        assert_eq!(ok("2026-12-24 08:00"), 1_798_099_200_000);
+        assert_eq!(ok("11/30"), 1_827_532_800_000, "a day past this year: next year's");
+        assert_eq!(ok("now-1hour"), now - 3_600_000);
+        assert_eq!(ok("now + 2 days"), now + 2 * day);
+        assert_eq!(ok("NOW+1WEEK"), now + 7 * day);
+        assert_eq!(ok("uts1798099200"), 1_798_099_200_000);
+        // What Slurm refuses.
+        for bad in ["now+1h", "now+30m", "16:5", "2026-1-5", "13/01", "uts12", "4:00xm", "Teatime", "now+", "now 16:00"]
+        {
+            assert!(begin_ms(bad, now).unwrap_err().contains("Invalid time specification"), "{bad}");
+        }
+    }
+
     /// Local times, as Slurm reads them: in a zone two hours east of UTC,
     /// 16:00 is 14:00 UTC and a date names local midnight.
     #[test]
@@ -454,10 +799,15 @@ mod tests {
         assert_eq!(gpus("4").unwrap(), (String::new(), 4));
         assert!(gpus("h100:x").is_err());
         assert_eq!(duration(3725), "1:02:05");
-        assert_eq!(warn_signal("USR1@120").unwrap(), (10, 120));
-        assert_eq!(warn_signal("B:SIGTERM").unwrap(), (15, 60));
-        assert_eq!(warn_signal("12@5").unwrap(), (12, 5));
-        assert!(warn_signal("NOPE@5").is_err());
+        assert_eq!(warn_signal("USR1@120").unwrap(), (10, 120, false));
+        assert_eq!(warn_signal("B:SIGTERM").unwrap(), (15, 60, true));
+        assert_eq!(warn_signal("b:usr1@30").unwrap(), (10, 30, true));
+        assert_eq!(warn_signal("RB:USR2").unwrap(), (12, 60, true));
+        assert_eq!(warn_signal("BUSR1").unwrap(), (10, 60, true));
+        assert_eq!(warn_signal("12@5").unwrap(), (12, 5, false));
+        for bad in ["NOPE@5", "WINCH", "USR1@70000", "0", "65", "USR1@x"] {
+            assert!(warn_signal(bad).unwrap_err().starts_with("--signal"), "{bad}");
+        }
     }
 
     #[test]
@@ -470,6 +820,13 @@ mod tests {
         assert!(gpu_request(None, Some("3"), None, None, 2, 1).unwrap_err().contains("evenly"));
         assert_eq!(gpu_request(None, None, Some("1"), None, 1, 4).unwrap(), (String::new(), Some(4)));
         assert_eq!(gpu_request(None, None, None, Some("gpu:a100:4"), 1, 1).unwrap(), ("a100".into(), Some(4)));
+        assert_eq!(gres_gpus("gpu").unwrap(), (String::new(), 1));
+        assert_eq!(gres_gpus("gres/gpu:2").unwrap(), (String::new(), 2));
+        assert_eq!(gres_gpus("gpu:a100").unwrap(), ("a100".into(), 1));
+        for bad in ["gpu:2,shard:1", "shard:1", "gpu:a100:x", "gpu:1,gpu:2", "gpu:", ""] {
+            assert!(gres_gpus(bad).unwrap_err().starts_with("--gres:"), "{bad}");
+        }
+        assert!(gpus("a100:2,v100:1").unwrap_err().contains("one GPU type"));
         assert!(gpu_request(Some("1"), Some("1"), None, None, 1, 1).is_err());
         let t = topology("block:preferred@10:00").unwrap();
         assert_eq!((t.level.as_str(), t.required, t.wait_s), ("block", false, 600));
@@ -481,10 +838,10 @@ mod tests {
 
     #[test]
     fn licenses_as_slurm_writes_them() {
-        let l = licenses("wandb:2,matlab,ansys*3,wandb").unwrap();
+        let l = licenses("wandb:2,matlab;ansys=3,wandb,fluent:0").unwrap();
         let l: std::collections::BTreeMap<_, _> = l.into_iter().collect();
         assert_eq!(l, [("ansys".into(), 3), ("matlab".into(), 1), ("wandb".into(), 3)].into());
-        for bad in ["", "a,,b", "wandb:0", "wandb:x", "a|b", "x y", ":2", "w:4294967295,w:1"] {
+        for bad in ["", "a,,b", "ansys*3", "wandb:x", "a|b", "x y", ":2", "w:4294967295,w:1"] {
             assert!(licenses(bad).unwrap_err().starts_with("--licenses:"), "{bad}");
         }
     }

@@ -117,21 +117,59 @@ enum Treatment {
     Refused(&'static str),
 }
 
+/// sbatch's check of an option's value: the error without the option's name.
+type ValueCheck = fn(&str) -> Result<(), String>;
+
 /// A Slurm option Gangway does not apply: long name, short name, whether it
-/// takes a value, and its treatment.
+/// takes a value, its treatment, and the check sbatch makes of its value
+/// (an ignored option's bad value is still refused, as sbatch refuses it).
 struct Other {
     long: &'static str,
     short: Option<char>,
     takes_value: bool,
     treatment: Treatment,
+    check: Option<ValueCheck>,
 }
 
 const fn ignored(long: &'static str, short: Option<char>, takes_value: bool, note: &'static str) -> Other {
-    Other { long, short, takes_value, treatment: Treatment::Ignored(note) }
+    Other { long, short, takes_value, treatment: Treatment::Ignored(note), check: None }
 }
 
 const fn refused(long: &'static str, short: Option<char>, takes_value: bool, why: &'static str) -> Other {
-    Other { long, short, takes_value, treatment: Treatment::Refused(why) }
+    Other { long, short, takes_value, treatment: Treatment::Refused(why), check: None }
+}
+
+/// Slurm's `--mail-type` (`parse_mail_type`): a list with at least one of
+/// its words, any case.
+fn check_mail_type(v: &str) -> Result<(), String> {
+    const TYPES: &[&str] = &[
+        "NONE",
+        "BEGIN",
+        "END",
+        "FAIL",
+        "REQUEUE",
+        "ALL",
+        "INVALID_DEPEND",
+        "STAGE_OUT",
+        "TIME_LIMIT",
+        "TIME_LIMIT_90",
+        "TIME_LIMIT_80",
+        "TIME_LIMIT_50",
+        "ARRAY_TASKS",
+    ];
+    if v.split(',').any(|t| TYPES.iter().any(|k| k.eq_ignore_ascii_case(t.trim()))) {
+        Ok(())
+    } else {
+        Err(format!("Invalid --mail-type specification: '{v}'"))
+    }
+}
+
+/// Slurm's `--wait-all-nodes`: 0 or 1.
+fn check_wait_all_nodes(v: &str) -> Result<(), String> {
+    match v.trim() {
+        "0" | "1" => Ok(()),
+        _ => Err(format!("Invalid --wait-all-nodes specification: '{v}' (0 or 1)")),
+    }
 }
 
 pub(crate) const PYXIS: &str =
@@ -140,12 +178,15 @@ pub(crate) const PYXIS: &str =
 
 /// Every sbatch option Gangway knows but does not apply.
 const OTHERS: &[Other] = &[
-    ignored(
-        "mail-type",
-        None,
-        true,
-        "no mail is sent: Gangway has no mail delivery; follow jobs with `squeue`/`gangway queue`",
-    ),
+    Other {
+        check: Some(check_mail_type),
+        ..ignored(
+            "mail-type",
+            None,
+            true,
+            "no mail is sent: Gangway has no mail delivery; follow jobs with `squeue`/`gangway queue`",
+        )
+    },
     ignored(
         "mail-user",
         None,
@@ -159,12 +200,15 @@ const OTHERS: &[Other] = &[
         true,
         "every task sees all of its node's allocated GPUs (CUDA_VISIBLE_DEVICES); per-task GPU binding is not applied",
     ),
-    ignored(
-        "wait-all-nodes",
-        None,
-        true,
-        "a job always starts once all of its nodes are allocated and launched together",
-    ),
+    Other {
+        check: Some(check_wait_all_nodes),
+        ..ignored(
+            "wait-all-nodes",
+            None,
+            true,
+            "a job always starts once all of its nodes are allocated and launched together",
+        )
+    },
     ignored("overcommit", Some('O'), false, "tasks are not pinned to CPUs, so oversubscribing them needs no flag"),
     ignored("quiet", Some('Q'), false, ""),
     ignored("verbose", Some('v'), false, ""),
@@ -328,7 +372,7 @@ fn normalize(
             };
             let full = resolve_long(name, &all_longs, at)?;
             match OTHERS.iter().find(|o| o.long == full) {
-                Some(o) => Some((o, value.is_none())),
+                Some(o) => Some((o, value, value.is_none())),
                 None => {
                     out.push(match value {
                         Some(v) => format!("--{full}={v}"),
@@ -344,7 +388,7 @@ fn normalize(
         } else {
             let c = w.chars().nth(1).unwrap_or('-');
             match OTHERS.iter().find(|o| o.short == Some(c)) {
-                Some(o) => Some((o, w.len() == 2)),
+                Some(o) => Some((o, None, w.len() == 2)),
                 None => {
                     out.push(w.clone());
                     // `-N 2`: the value is the next word.
@@ -357,12 +401,18 @@ fn normalize(
                 }
             }
         };
-        if let Some((o, value_is_next)) = other {
+        if let Some((o, inline, value_is_next)) = other {
             match o.treatment {
                 Treatment::Refused(why) => return Err(format!("{at}: --{} is not supported: {why}", o.long)),
                 Treatment::Ignored(note) => {
-                    if o.takes_value && value_is_next {
+                    let value = if o.takes_value && value_is_next {
                         i += 1; // its value
+                        words.get(i - 1).map(String::as_str)
+                    } else {
+                        inline
+                    };
+                    if let (Some(check), Some(v)) = (o.check, value) {
+                        check(v).map_err(|e| format!("{at}: --{}: {e}", o.long))?;
                     }
                     if !note.is_empty() {
                         notices.push(format!("{at}: --{} has no effect: {note}", o.long));
@@ -415,22 +465,149 @@ pub fn parse_command_line(argv: &[String]) -> Result<(SbatchOpts, Vec<String>, V
     }
 }
 
-/// Applies a script's directives under the command line's options (already
-/// normalized `cmdline_words`): each directive line is checked on its own, for
-/// its line number, then all are parsed together, the command line last.
-pub fn parse_with_script(script: &str, cmdline_words: &[String], mut notices: Vec<String>) -> Result<Parsed, String> {
+/// The `SBATCH_*` environment variables sbatch reads as options (its
+/// `env_vars[]`): the variable, the option, and whether the option takes
+/// the variable's value (a flag ignores it; `--exclusive` and `--requeue`
+/// take it when there is one).
+const ENV_OPTIONS: &[(&str, &str, EnvValue)] = &[
+    ("SBATCH_ACCOUNT", "account", EnvValue::Always),
+    ("SBATCH_ARRAY_INX", "array", EnvValue::Always),
+    ("SBATCH_ACCTG_FREQ", "acctg-freq", EnvValue::Always),
+    ("SBATCH_CLUSTERS", "clusters", EnvValue::Always),
+    ("SLURM_CLUSTERS", "clusters", EnvValue::Always),
+    ("SBATCH_CONSTRAINT", "constraint", EnvValue::Always),
+    ("SBATCH_CORE_SPEC", "core-spec", EnvValue::Always),
+    ("SBATCH_CPUS_PER_GPU", "cpus-per-gpu", EnvValue::Always),
+    ("SBATCH_DISTRIBUTION", "distribution", EnvValue::Always),
+    ("SBATCH_EXCLUSIVE", "exclusive", EnvValue::IfGiven),
+    ("SBATCH_EXPORT", "export", EnvValue::Always),
+    ("SBATCH_GET_USER_ENV", "get-user-env", EnvValue::Never),
+    ("SBATCH_GRES", "gres", EnvValue::Always),
+    ("SBATCH_GRES_FLAGS", "gres-flags", EnvValue::Always),
+    ("SBATCH_GPUS", "gpus", EnvValue::Always),
+    ("SBATCH_GPU_BIND", "gpu-bind", EnvValue::Always),
+    ("SBATCH_GPUS_PER_NODE", "gpus-per-node", EnvValue::Always),
+    ("SBATCH_GPUS_PER_TASK", "gpus-per-task", EnvValue::Always),
+    ("SLURM_HINT", "hint", EnvValue::Always),
+    ("SBATCH_HINT", "hint", EnvValue::Always),
+    ("SBATCH_JOB_NAME", "job-name", EnvValue::Always),
+    ("SBATCH_MEM_PER_CPU", "mem-per-cpu", EnvValue::Always),
+    ("SBATCH_MEM_PER_GPU", "mem-per-gpu", EnvValue::Always),
+    ("SBATCH_MEM_PER_NODE", "mem", EnvValue::Always),
+    ("SBATCH_NETWORK", "network", EnvValue::Always),
+    ("SBATCH_NO_REQUEUE", "no-requeue", EnvValue::Never),
+    ("SBATCH_OPEN_MODE", "open-mode", EnvValue::Always),
+    ("SBATCH_OVERCOMMIT", "overcommit", EnvValue::Never),
+    ("SBATCH_PARTITION", "partition", EnvValue::Always),
+    ("SBATCH_PROFILE", "profile", EnvValue::Always),
+    ("SBATCH_QOS", "qos", EnvValue::Always),
+    ("SBATCH_REQ_SWITCH", "switches", EnvValue::Always),
+    ("SBATCH_REQUEUE", "requeue", EnvValue::IfGiven),
+    ("SBATCH_RESERVATION", "reservation", EnvValue::Always),
+    ("SBATCH_SIGNAL", "signal", EnvValue::Always),
+    ("SBATCH_THREAD_SPEC", "thread-spec", EnvValue::Always),
+    ("SBATCH_THREADS_PER_CORE", "threads-per-core", EnvValue::Always),
+    ("SBATCH_TIMELIMIT", "time", EnvValue::Always),
+    ("SBATCH_WAIT", "wait", EnvValue::Never),
+    ("SBATCH_WAIT_ALL_NODES", "wait-all-nodes", EnvValue::Always),
+    ("SBATCH_WCKEY", "wckey", EnvValue::Always),
+    ("SBATCH_ERROR", "error", EnvValue::Always),
+    ("SBATCH_INPUT", "input", EnvValue::Always),
+    ("SBATCH_OUTPUT", "output", EnvValue::Always),
+];
+
+/// Whether an `SBATCH_*` variable's value is the option's.
+#[derive(Clone, Copy)]
+enum EnvValue {
+    Always,
+    /// A flag: the value is ignored.
+    Never,
+    /// A flag with an optional value (`--exclusive[=user]`).
+    IfGiven,
+}
+
+/// The options `environment`'s `SBATCH_*` variables set, as words per
+/// variable. sbatch applies them over the directives and under the command
+/// line.
+/// A variable that names an option Gangway refuses is left out with a
+/// notice (a site's environment should not fail every submission).
+pub fn env_options(
+    environment: impl Iterator<Item = (String, String)>,
+    notices: &mut Vec<String>,
+) -> Vec<(Origin, Vec<String>)> {
+    let env: std::collections::BTreeMap<String, String> = environment.collect();
+    ENV_OPTIONS
+        .iter()
+        .filter_map(|(var, long, value)| {
+            let v = env.get(*var)?;
+            if let Some(Treatment::Refused(why)) = OTHERS.iter().find(|o| o.long == *long).map(|o| &o.treatment) {
+                notices.push(format!("environment variable {var} is ignored: --{long} is not supported: {why}"));
+                return None;
+            }
+            let word = match value {
+                EnvValue::Always => format!("--{long}={v}"),
+                EnvValue::IfGiven if !v.is_empty() => format!("--{long}={v}"),
+                _ => format!("--{long}"),
+            };
+            Some((Origin::Env(var), vec![word]))
+        })
+        .collect()
+}
+
+/// Applies a script's directives, then the `SBATCH_*` variables' options
+/// (`env`), under the command line's options (already normalized
+/// `cmdline_words`), as sbatch orders them: each directive line and
+/// variable is checked on its own, for where it came from, then all are
+/// parsed together, the command line last. The script is checked first as
+/// sbatch checks it ([`check_script`]).
+pub fn parse_with_script(
+    script: &str,
+    env: &[(Origin, Vec<String>)],
+    cmdline_words: &[String],
+    mut notices: Vec<String>,
+) -> Result<Parsed, String> {
+    check_script(script)?;
+    let mut sources = directives(script, &mut notices)?;
+    sources.extend(env.iter().cloned());
+    apply_sources(sources, cmdline_words, notices)
+}
+
+/// [`parse_with_script`] without a script (`--wrap`): the `SBATCH_*`
+/// variables' options under the command line's.
+pub fn parse_env_options(
+    cmdline: SbatchOpts,
+    env: &[(Origin, Vec<String>)],
+    cmdline_words: &[String],
+    notices: Vec<String>,
+) -> Result<Parsed, String> {
+    if env.is_empty() {
+        return Ok(Parsed { opts: cmdline, notices });
+    }
+    apply_sources(env.to_vec(), cmdline_words, notices)
+}
+
+/// Options from `sources` (directive lines, variables), each checked on its
+/// own, then the command line's over them.
+fn apply_sources(
+    sources: Vec<(Origin, Vec<String>)>,
+    cmdline_words: &[String],
+    mut notices: Vec<String>,
+) -> Result<Parsed, String> {
     let known = applied();
     let mut all = Vec::new();
-    for (at, words) in directives(script)? {
+    for (at, words) in sources {
         let words = normalize(&words, at, &known, &mut notices)?;
         let line = parse_words(words.clone(), at)?;
         if let Some(stray) = &line.script {
-            return Err(format!("{at}: '{stray}' is not an option (directives hold options only)"));
+            return Err(format!(
+                "{at}: Invalid directive found in batch script: '{stray}' is not an option (directives hold options \
+                 only)"
+            ));
         }
         all.extend(words);
-    }
-    if all.len() > WORDS_MAX {
-        return Err(format!("the script's directives hold more than {WORDS_MAX} words"));
+        if all.len() > WORDS_MAX {
+            return Err(format!("the script's directives hold more than {WORDS_MAX} words"));
+        }
     }
     all.extend(cmdline_words.iter().cloned());
     let opts = parse_words(all, Origin::CommandLine)?;
@@ -447,19 +624,18 @@ pub fn export_env(
     let spec = spec.unwrap_or("ALL");
     let env: Vec<(String, String)> = environment.collect();
     let mut out: Vec<(String, String)> = Vec::new();
-    let mut items: Vec<&str> = spec.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
-    match items.first().map(|s| s.to_ascii_uppercase()) {
-        Some(first) if first == "ALL" => {
-            out.extend(env.iter().filter(|(k, _)| exportable(k)).cloned());
-            items.remove(0);
-        }
-        Some(first) if first == "NONE" => {
-            items.remove(0);
-        }
-        None => return Err("--export: give ALL, NONE or VAR[=VALUE],...".into()),
-        _ => {}
+    let mut items = export_items(spec);
+    if items.is_empty() {
+        return Err("--export: give ALL, NONE or VAR[=VALUE],...".into());
     }
-    for item in items {
+    // ALL, NONE and NIL may stand anywhere in the list (any case).
+    let keyword = |i: &String, k: &str| i.eq_ignore_ascii_case(k);
+    if items.iter().any(|i| keyword(i, "ALL")) {
+        out.extend(env.iter().filter(|(k, _)| exportable(k)).cloned());
+    }
+    items.retain(|i| !["ALL", "NONE", "NIL"].iter().any(|k| keyword(i, k)));
+    for item in &items {
+        let item = item.as_str();
         match item.split_once('=') {
             Some((k, v)) => {
                 out.retain(|(o, _)| o != k);
@@ -483,6 +659,23 @@ pub fn export_env(
     Ok(out)
 }
 
+/// `--export`'s items: split at commas outside '...' and "..." (the quotes
+/// removed, so `FOO="a,b"` is one item), blanks around each dropped.
+fn export_items(spec: &str) -> Vec<String> {
+    let mut items = Vec::new();
+    let (mut cur, mut quote) = (String::new(), None);
+    for c in spec.chars() {
+        match (quote, c) {
+            (None, '\'' | '"') => quote = Some(c),
+            (Some(q), c) if c == q => quote = None,
+            (None, ',') => items.push(std::mem::take(&mut cur)),
+            (_, c) => cur.push(c),
+        }
+    }
+    items.push(cur);
+    items.into_iter().map(|i| i.trim().to_string()).filter(|i| !i.is_empty()).collect()
+}
+
 /// Variables never carried into a job: the shell's own per-process ones and
 /// the submitter's Slurm/Gangway job context, which the job gets anew.
 fn exportable(k: &str) -> bool {
@@ -502,19 +695,28 @@ pub fn to_submit_args(
 ) -> Result<SubmitArgs, String> {
     let exclusive = o.res.exclusive().map_err(|e| e.to_string())?;
     o.res.constraints().map_err(|e| e.to_string())?;
-    if let Some(mode) = o.open_mode.as_deref() {
-        if !matches!(mode, "append" | "truncate") {
-            return Err(format!("--open-mode: '{mode}' must be append or truncate"));
-        }
-    }
-    let open_mode = o.open_mode.clone();
+    // Slurm truncates the output files when the job starts unless told to
+    // append (its JobFileAppend default).
+    let open_mode = match o.open_mode.as_deref() {
+        Some(mode) if crate::jobspec::open_mode_truncates(mode)? => "truncate",
+        Some(_) => "append",
+        None => "truncate",
+    };
     if let Some(t) = o.res.time_min.as_deref() {
-        let min = crate::parse::time_limit_s(t).map_err(|e| e.replace("--time", "--time-min"))?;
-        let limit = o.res.time.as_deref().map(crate::parse::time_limit_s).transpose()?;
+        let min = crate::parse::job_time_s("--time-min", t)?;
+        let limit = o.res.time.as_deref().map(|t| crate::parse::job_time_s("--time", t)).transpose()?;
         if limit.is_some_and(|l| min > l) {
             return Err(format!("--time-min: {t} is longer than --time"));
         }
     }
+    if let Some(p) = o.res.partition.as_deref().filter(|p| p.contains(',')) {
+        return Err(format!(
+            "--partition: '{p}': a job is submitted to one partition here (Slurm's list of partitions, the first \
+             that can start it, is not supported yet)"
+        ));
+    }
+    let dependency = o.dependency.as_deref().map(slurm_dependency).transpose()?;
+    let array = o.array.as_deref().map(slurm_array);
     // Slurm's "all of each node's memory": Gangway reserves none and sets no
     // limit (`jobspec::job_spec`), so the job may use all of it.
     if crate::jobspec::no_memory_reserved(o.res.mem.as_deref()) && !exclusive {
@@ -530,8 +732,11 @@ pub fn to_submit_args(
     let env = export_env(o.export.as_deref(), environment)?.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
     let (script_path, script_text, command) = match (script, &o.wrap) {
         (Some((path, text)), None) => (Some(path), Some(text), o.args.clone()),
+        (None, Some(_)) if o.script.is_some() || !o.args.is_empty() => {
+            return Err("--wrap: Script arguments not permitted with --wrap option".into())
+        }
         (None, Some(_)) => (None, None, Vec::new()),
-        (Some(_), Some(_)) => return Err("--wrap: give a script or --wrap, not both".into()),
+        (Some(_), Some(_)) => return Err("--wrap: Script arguments not permitted with --wrap option".into()),
         (None, None) => return Err("script: give a batch script (a file, or - for standard input) or --wrap".into()),
     };
     Ok(SubmitArgs {
@@ -541,8 +746,8 @@ pub fn to_submit_args(
         priority: o.priority,
         topology: None,
         switches: o.switches,
-        dependency: o.dependency,
-        array: o.array,
+        dependency,
+        array,
         nice,
         hold: o.hold,
         kill_on_invalid_dep: o.kill_on_invalid_dep,
@@ -562,40 +767,116 @@ pub fn to_submit_args(
         script_text,
         command,
         batch: true,
-        open_mode,
+        open_mode: Some(open_mode.to_string()),
     })
 }
 
+/// Slurm's `--dependency` in the words the controller reads: types in any
+/// case (`afterOK`), a bare job id meaning `afterany` (Slurm's old form).
+fn slurm_dependency(d: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(d.len());
+    let mut item = String::new();
+    let flush = |item: &mut String, out: &mut String| -> Result<(), String> {
+        let t = std::mem::take(item);
+        let t = t.trim();
+        if t.is_empty() {
+            return Ok(());
+        }
+        if t.chars().all(|c| c.is_ascii_digit() || c == '_') {
+            out.push_str("afterany:");
+            out.push_str(t);
+            return Ok(());
+        }
+        let (kind, ids) = t.split_once(':').unwrap_or((t, ""));
+        if ids.contains('+') {
+            return Err(format!("--dependency: '{t}': a delay after the dependency (+MINUTES) is not supported yet"));
+        }
+        out.push_str(&kind.to_ascii_lowercase());
+        if !ids.is_empty() || t.contains(':') {
+            out.push(':');
+            out.push_str(ids);
+        }
+        Ok(())
+    };
+    for c in d.chars() {
+        if matches!(c, ',' | '?') {
+            flush(&mut item, &mut out)?;
+            out.push(c);
+        } else {
+            item.push(c);
+        }
+    }
+    flush(&mut item, &mut out)?;
+    Ok(out)
+}
+
+/// Slurm's `--array` in the words the controller reads: `[0-9]` brackets
+/// dropped, and `%0` (no throttle) left out.
+fn slurm_array(a: &str) -> String {
+    let (inx, throttle) = match a.trim().rsplit_once('%') {
+        Some((inx, t)) => (inx, Some(t)),
+        None => (a.trim(), None),
+    };
+    let inx = inx.strip_prefix('[').and_then(|r| r.strip_suffix(']')).unwrap_or(inx);
+    match throttle {
+        Some(t) if t.trim() != "0" => format!("{inx}%{t}"),
+        _ => inx.to_string(),
+    }
+}
+
 /// Reads the script named on the command line (`-` or none without --wrap:
-/// standard input).
+/// standard input). A script that is not UTF-8 is refused, saying where
+/// (Slurm takes any bytes but NUL; Gangway carries scripts as text).
 fn read_script(name: Option<&str>, wrap: bool) -> anyhow::Result<Option<(PathBuf, String)>> {
     use std::io::Read;
-    let (path, text) = match name {
-        None if wrap => return Ok(None),
+    let mut bytes = Vec::new();
+    let path = match name {
+        _ if wrap => return Ok(None),
         None | Some("-") => {
-            let mut text = String::new();
-            std::io::stdin().take(SCRIPT_FILE_BYTES_MAX).read_to_string(&mut text)?;
-            (PathBuf::from("sbatch"), text)
+            std::io::stdin().take(SCRIPT_FILE_BYTES_MAX).read_to_end(&mut bytes)?;
+            PathBuf::from("sbatch")
         }
         Some(p) => {
             let path = PathBuf::from(p);
             let f = std::fs::File::open(&path).map_err(|e| anyhow::anyhow!("script: cannot read {p}: {e}"))?;
-            let mut text = String::new();
             f.take(SCRIPT_FILE_BYTES_MAX)
-                .read_to_string(&mut text)
+                .read_to_end(&mut bytes)
                 .map_err(|e| anyhow::anyhow!("script: cannot read {p}: {e}"))?;
-            (path, text)
+            path
         }
     };
-    if text.trim().is_empty() {
-        match name {
-            None | Some("-") => {
-                bail!("script: standard input is empty; give a script file, pipe one in, or use --wrap")
-            }
-            Some(p) => bail!("script: {p} is empty"),
-        }
-    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "script: {} is not UTF-8 text (byte {} is not): Gangway carries scripts as UTF-8; convert it, e.g. \
+             with iconv -f latin1 -t utf-8",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })?;
     Ok(Some((path, text)))
+}
+
+/// What sbatch checks of a script's text before reading its directives
+/// (`_get_script_buffer`), with its words.
+pub fn check_script(text: &str) -> Result<(), String> {
+    if text.is_empty() {
+        return Err("Batch script is empty!".into());
+    }
+    if text.trim().is_empty() {
+        return Err("Batch script contains only whitespace!".into());
+    }
+    if !text.starts_with("#!") {
+        return Err("This does not look like a batch script.  The first line must start with #! followed by the \
+                    path to an interpreter.  For instance: #!/bin/sh"
+            .into());
+    }
+    if text.contains('\0') {
+        return Err("The Slurm controller does not allow scripts that contain a NULL character '\\0'.".into());
+    }
+    if text.contains("\r\n") {
+        return Err("Batch script contains DOS line breaks (\\r\\n) instead of expected UNIX line breaks (\\n).".into());
+    }
+    Ok(())
 }
 
 /// `gangway sbatch ARGS...`: parse, then submit (or with --test-only, print).
@@ -622,9 +903,11 @@ pub async fn run(
         Err(CommandLineError::Bad(m)) => bail!("{m}"),
     };
     let script = read_script(cmdline.script.as_deref(), cmdline.wrap.is_some())?;
+    let mut notices = notices;
+    let env = env_options(std::env::vars(), &mut notices);
     let parsed = match &script {
-        Some((_, text)) => parse_with_script(text, &words, notices),
-        None => Ok(Parsed { opts: cmdline, notices }),
+        Some((_, text)) => parse_with_script(text, &env, &words, notices),
+        None => parse_env_options(cmdline, &env, &words, notices),
     }
     .map_err(anyhow::Error::msg)?;
     let mut notices = parsed.notices;
@@ -667,7 +950,7 @@ async fn wait_for(client: &gangway_proto::client::Client, id: u64, count: u32) -
                 })
                 .await?
                 .into_inner();
-            if job.state > pb::JobState::Running as i32 {
+            if crate::slurm::ended(job.state) {
                 worst = worst.max(crate::slurm::job_exit_code(&job));
             } else {
                 still.push(job_id);
@@ -705,8 +988,10 @@ mod tests {
         let env: std::collections::BTreeMap<String, String> = s.env.drain().collect();
         let licenses: std::collections::BTreeMap<String, u32> = s.licenses.drain().collect();
         s.script = format!("<{} lines>", spec.script.lines().count());
-        if std::env::current_dir().is_ok_and(|d| d.display().to_string() == s.workdir) {
-            s.workdir = "<submit dir>".into();
+        if let Ok(d) = std::env::current_dir() {
+            if let Some(under) = s.workdir.strip_prefix(&d.display().to_string()) {
+                s.workdir = format!("<submit dir>{under}");
+            }
         }
         let defaults = [": None,", ": \"\",", ": [],", ": 0,", ": false,", ": {},"];
         let mut out: String = format!("{s:#?}")
@@ -724,16 +1009,25 @@ mod tests {
     }
 
     /// What submitting `script` with `argv` (SCRIPT stands for its path) gives:
-    /// notices and the spec, or the error.
+    /// notices and the spec, or the error. A `# test-env: VAR=VALUE ...` line
+    /// adds to the submitting environment.
     fn render(script: &str, argv: &[String]) -> String {
-        let env = || ENV.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        let extra: Vec<(String, String)> = script
+            .lines()
+            .filter_map(|l| l.strip_prefix("# test-env:"))
+            .flat_map(str::split_whitespace)
+            .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+            .collect();
+        let env = || ENV.iter().map(|(k, v)| (k.to_string(), v.to_string())).chain(extra.iter().cloned());
         let (cmdline, words, notices) = match parse_command_line(argv) {
             Ok(p) => p,
             Err(CommandLineError::Bad(m)) => return format!("error: {m}\n"),
             Err(CommandLineError::Help(_)) => return "help\n".into(),
         };
         let path = PathBuf::from(cmdline.script.clone().unwrap_or_default());
-        let parsed = match parse_with_script(script, &words, notices) {
+        let mut notices = notices;
+        let env_words = env_options(env(), &mut notices);
+        let parsed = match parse_with_script(script, &env_words, &words, notices) {
             Ok(p) => p,
             Err(m) => return format!("error: {m}\n"),
         };
@@ -796,7 +1090,9 @@ mod tests {
     #[test]
     fn words_split_like_the_shell() {
         assert_eq!(words(r#" -N 2 --job-name="a b" 'c d'  # trailing"#).unwrap(), ["-N", "2", "--job-name=a b", "c d"]);
-        assert_eq!(words(r"--x=a\ b#c").unwrap(), ["--x=a b#c"]);
+        assert_eq!(words(r"--x=a\ b\#c#d").unwrap(), ["--x=a b#c"]);
+        assert_eq!(words(r"--job-name=run#3").unwrap(), ["--job-name=run"]);
+        assert_eq!(words(r"'a\b' 'c#d'").unwrap(), ["ab", "c#d"]);
         assert!(words("--name='x").is_err());
     }
 
@@ -810,6 +1106,10 @@ mod tests {
         assert!(some.contains(&("HOME".into(), "/x".into())) && some.contains(&("EXTRA".into(), "1".into())));
         assert_eq!(export_env(Some("NONE"), env()).unwrap(), vec![]);
         assert_eq!(export_env(Some("PATH,UNSET"), env()).unwrap(), vec![("PATH".into(), "/usr/bin:/bin".into())]);
+        // ALL anywhere; a quoted value keeps its commas.
+        let late = export_env(Some("FOO=\"a,b\",all"), env()).unwrap();
+        assert!(late.contains(&("FOO".into(), "a,b".into())) && late.contains(&("HOME".into(), "/home/alice".into())));
+        assert_eq!(export_env(Some("NIL"), env()).unwrap(), vec![]);
         let many = (0..EXPORT_VARS_MAX + 1).map(|i| (format!("V{i}"), "x".to_string()));
         assert!(export_env(None, many).unwrap_err().contains("--export"));
     }

@@ -462,13 +462,13 @@ fn sbatch_scripts_through_the_shim(endpoints: &str, work: &Path, dir: &Path) {
     assert!(id.parse::<u64>().is_ok(), "{id}");
     let shown = stdout(&cli(endpoints, &["show", &id, "--json"], work));
     assert!(shown.contains("\"name\": \"renamed\""), "{shown}");
-    // --open-mode: output appended by default (a requeue keeps the first
-    // attempt's), or the file truncated at the start.
+    // --open-mode: as in Slurm, sbatch's output file is truncated when the
+    // job starts, unless appended to (Slurm reads the first letter).
     for f in ["kept.log", "fresh.log"] {
         std::fs::write(work.join(f), "old\n").unwrap();
     }
-    assert!(run(&["-o", "kept.log", "--wrap", "echo new"]).status.success());
-    assert!(run(&["-o", "fresh.log", "--open-mode=truncate", "--wrap", "echo new"]).status.success());
+    assert!(run(&["-o", "kept.log", "--open-mode=A", "--wrap", "echo new"]).status.success());
+    assert!(run(&["-o", "fresh.log", "--wrap", "echo new"]).status.success());
     eventually("--open-mode was not honoured", || {
         let read = |f: &str| std::fs::read_to_string(work.join(f)).unwrap_or_default();
         read("kept.log") == "old\nnew\n" && read("fresh.log") == "new\n"
@@ -739,6 +739,60 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     // Just ended, named: shown (as Slurm does until MinJobAge), cancelled.
     assert_eq!(tool("squeue", &["-h", "-j", &format!("{base}_2"), "-o", "%i %t"]).trim(), format!("{base}_2 CA"));
     reservations_and_licenses_through_the_shims(endpoints, work, &shim);
+    suspend_and_resume_through_the_shims(endpoints, work, &shim);
+}
+
+/// scontrol suspend/resume of a 2-node batch job whose srun step runs on
+/// both nodes: only an admin may suspend; every task on both nodes stops
+/// (and the job shows S and SUSPENDED) until it is resumed; the events
+/// record both; a suspended job is cancelled like any other.
+fn suspend_and_resume_through_the_shims(endpoints: &str, work: &Path, shim: &dyn Fn(&str, &str) -> Command) {
+    let tool = |name: &str, args: &[&str]| {
+        let o = shim(name, "dev:root").args(args).output().unwrap();
+        assert!(o.status.success(), "{name} {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o)
+    };
+    let step = "srun sh -c 'echo $$ > pid-$SLURM_PROCID; while :; do echo t >> ticks-$SLURM_PROCID; sleep 0.1; done'";
+    let id = tool("sbatch", &["--parsable", "-N", "2", "-t", "30", "--wrap", step]).trim().to_string();
+    let ticks = |rank: u32| std::fs::read_to_string(work.join(format!("ticks-{rank}"))).map_or(0, |t| t.len());
+    eventually("the step never ticked on both nodes", || ticks(0) > 0 && ticks(1) > 0);
+    let o = shim("scontrol", "dev:mallory").args(["suspend", &id]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("operators and admins"), "{err}");
+    assert!(tool("scontrol", &["suspend", &id]).contains("suspended"));
+    assert_eq!(tool("squeue", &["-h", "-j", &id, "-o", "%t"]).trim(), "S");
+    assert_eq!(tool("sacct", &["-X", "-j", &id, "-n", "-P", "-o", "State"]).trim(), "SUSPENDED");
+    let still = || {
+        let before = (ticks(0), ticks(1));
+        std::thread::sleep(Duration::from_millis(800));
+        before == (ticks(0), ticks(1))
+    };
+    eventually("the tasks never stopped on both nodes", still);
+    let stopped_at = (ticks(0), ticks(1));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!((ticks(0), ticks(1)), stopped_at, "a suspended job's tasks ran on");
+    let o = shim("scontrol", "dev:root").args(["suspend", &id]).output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already suspended"));
+    assert!(tool("scontrol", &["resume", &id]).contains("resumed"));
+    assert_eq!(tool("squeue", &["-h", "-j", &id, "-o", "%t"]).trim(), "R");
+    eventually("the tasks never ran again on both nodes", || ticks(0) > stopped_at.0 && ticks(1) > stopped_at.1);
+    let o =
+        cli(endpoints, &["events", "--from", "1", "--job", &id, "--kinds", "suspended,resumed", "--count", "2"], work);
+    let said = stdout(&o);
+    assert!(said.contains("suspended") && said.contains("SUSPENDED") && said.contains("resumed"), "{said}");
+    assert!(tool("scontrol", &["suspend", &id]).contains("suspended"));
+    tool("scancel", &[&id]);
+    eventually("the suspended job was never cancelled", || {
+        tool("sacct", &["-X", "-j", &id, "-n", "-P", "-o", "State"]).trim() == "CANCELLED"
+    });
+    // Its tasks end (a stop continues them so that SIGTERM takes), not stay stopped.
+    for rank in 0..2 {
+        let pid: i32 = std::fs::read_to_string(work.join(format!("pid-{rank}"))).unwrap().trim().parse().unwrap();
+        eventually("a cancelled suspended job's task never ended", || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map_or(true, |s| s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
+        });
+    }
 }
 
 /// Licenses and advance reservations through Slurm's commands: seats held by

@@ -19,7 +19,7 @@ mod sbatch;
 fuzz_target!(|data: &[u8]| {
     let Ok(s) = std::str::from_utf8(data) else { return };
     // A batch script's #SBATCH directives, split into words as sbatch does.
-    if let Ok(lines) = sbatch::directives(s) {
+    if let Ok(lines) = sbatch::directives(s, &mut Vec::new()) {
         assert!(lines.iter().all(|(_, w)| !w.is_empty() && w.len() <= sbatch::WORDS_MAX));
     }
     let _ = sbatch::words(s);
@@ -31,6 +31,8 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = parse::time_limit_s(s);
+    let _ = parse::job_time_s("--time", s);
+    let _ = parse::gres_gpus(s);
     let _ = parse::begin_ms(s, 1_800_000_000_000);
     let _ = parse::licenses(s);
     let _ = parse::mem_mb(s);

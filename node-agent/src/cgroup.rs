@@ -47,6 +47,14 @@ impl Cgroups {
         std::fs::write(dir.join("cgroup.procs"), pid.to_string())
     }
 
+    /// The processes in the cgroup `dir` (none without one).
+    pub fn procs(dir: Option<&Path>) -> Vec<i32> {
+        let Some(dir) = dir else { return Vec::new() };
+        std::fs::read_to_string(dir.join("cgroup.procs"))
+            .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
     /// Kills every process in the cgroup (Linux 5.14+).
     pub fn kill(dir: &Path) {
         let _ = std::fs::write(dir.join("cgroup.kill"), "1");

@@ -280,6 +280,7 @@ impl Shell {
         }
         self.perform(actions, &[]);
         self.tasks.enforce_kills();
+        self.tasks.keep_suspended();
     }
 
     /// Carries out the core's actions, in order; `orders` holds the launch
@@ -307,6 +308,8 @@ impl Shell {
                     }
                 }
                 Action::Stop { task, grace_ms } => self.tasks.stop(task, Duration::from_millis(grace_ms)),
+                Action::Suspend(task) => self.tasks.suspend(task),
+                Action::Resume(task) => self.tasks.resume(task),
             }
         }
     }
@@ -357,6 +360,7 @@ pub fn answer_from(resp: &gangway_proto::v1::HeartbeatResponse) -> Answer {
         desired: resp.desired.iter().map(|t| (t.job_id, t.attempt)).collect(),
         launch: resp.launch.iter().map(|o| ((o.job_id, o.attempt), o.gpus.clone())).collect(),
         stops: resp.stops.iter().map(|s| ((s.job_id, s.attempt), s.grace_s)).collect(),
+        suspended: resp.suspended.iter().map(|t| (t.job_id, t.attempt)).collect(),
         heartbeat_interval_ms: resp.heartbeat_interval_ms,
     }
 }

@@ -203,6 +203,8 @@ fn wait_under_lease(
             } else if now >= l.stop_at_ms && !stopped {
                 eprintln!("task-shim: the agent has been away too long: stopping the task");
                 let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGTERM);
+                // A suspended task is continued, so that it can act on it.
+                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGCONT);
                 stopped = true;
             }
         }

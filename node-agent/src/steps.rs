@@ -92,6 +92,9 @@ pub struct StepHost {
     /// GPU indexes the job holds on this node.
     pub gpus: Vec<u32>,
     pub workdir: String,
+    /// The job is suspended here (set by the supervisor): no step starts
+    /// until it is resumed.
+    pub suspended: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The allocations that can host steps, by (job, attempt); kept by the supervisor.
@@ -212,6 +215,12 @@ impl StepService for StepServer {
                 r.job_id, r.attempt, self.node
             )));
         };
+        if host.suspended.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Status::failed_precondition(format!(
+                "job {} is suspended: its steps wait for `scontrol resume {}`",
+                r.job_id, r.job_id
+            )));
+        }
         let per_task = r.gpus_per_task as usize;
         if per_task * r.tasks.len() > host.gpus.len() {
             return Err(Status::invalid_argument(format!(
@@ -486,6 +495,7 @@ mod tests {
             cgroup: None,
             gpus: vec![2, 3],
             workdir: dir.path().display().to_string(),
+            suspended: Default::default(),
         };
         hosts.lock().unwrap().insert((7, 1), host);
         let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure, None);
@@ -500,6 +510,12 @@ mod tests {
         assert!(err.message().starts_with("argv:"), "{}", err.message());
         let err = server.run(Request::new(request(7, &["true"], &[0, 1, 2]))).await.unwrap_err();
         assert!(err.message().starts_with("gpus_per_task:"), "{}", err.message());
+        // A suspended job starts no step until it is resumed.
+        let flag = hosts.lock().unwrap()[&(7, 1)].suspended.clone();
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        let err = server.run(Request::new(request(7, &["true"], &[0]))).await.unwrap_err();
+        assert!(err.message().contains("job 7 is suspended"), "{}", err.message());
+        flag.store(false, std::sync::atomic::Ordering::SeqCst);
 
         // Two tasks, each with one of the node's GPUs, srun's environment and
         // its own; output and exit codes come back per rank.

@@ -112,6 +112,7 @@ fn parse_step_host(line: &str, pid: i32) -> Option<crate::steps::StepHost> {
         cgroup: None,
         gpus,
         workdir: workdir.to_string(),
+        suspended: Default::default(),
     })
 }
 
@@ -162,6 +163,82 @@ fn send_warning(groups: &[Pid], sig: Signal, target: WarnTarget, shim: bool) {
             }
         }
     }
+}
+
+/// Passes over a suspended task's process groups: each stops the members
+/// the passes before it missed (processes forked meanwhile); a task whose
+/// processes are all stopped cannot fork, so the second pass usually finds
+/// none.
+const SUSPEND_PASSES_MAX: usize = 8;
+
+/// Stops every process of `groups` and of the task's cgroup (on cgroup v2
+/// hosts: also what left the groups, such as a daemon that called setsid)
+/// where it stands (SIGSTOP), `spare` excepted (the task's shim, which must
+/// still see the lease and the command's exit). Without /proc, whole groups
+/// are stopped.
+fn stop_processes(groups: &[Pid], cgroup: Option<&std::path::Path>, spare: Option<Pid>) {
+    let mut stopped = std::collections::BTreeSet::new();
+    for _ in 0..SUSPEND_PASSES_MAX {
+        let mut pids: Vec<i32> = crate::cgroup::Cgroups::procs(cgroup);
+        for g in groups {
+            match group_members(*g) {
+                Some(members) => pids.extend(members.into_iter().map(|(pid, _)| pid)),
+                None => {
+                    let _ = killpg(*g, Signal::SIGSTOP);
+                }
+            }
+        }
+        let mut new = 0usize;
+        for pid in pids {
+            if Some(Pid::from_raw(pid)) != spare && stopped.insert(pid) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGSTOP);
+                new = new.saturating_add(1);
+            }
+        }
+        if new == 0 {
+            break;
+        }
+    }
+}
+
+/// Continues every process of `groups` and of the task's cgroup (SIGCONT).
+fn continue_processes(groups: &[Pid], cgroup: Option<&std::path::Path>) {
+    for g in groups {
+        let _ = killpg(*g, Signal::SIGCONT);
+    }
+    for pid in crate::cgroup::Cgroups::procs(cgroup) {
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGCONT);
+    }
+}
+
+/// How often a suspended task is looked over for processes that run.
+const SUSPEND_RECHECK: Duration = Duration::from_secs(1);
+
+/// Slurm's `--signal` warning of one task, armed by a timer that a
+/// suspension pauses.
+#[derive(Debug, Clone, Copy)]
+struct Warning {
+    sig: Signal,
+    target: WarnTarget,
+    /// When it is due, while the task runs.
+    due: Instant,
+    /// The time it had left when the task was suspended.
+    paused: Option<Duration>,
+}
+
+/// Sends `w` to the task (`pgid` and its step groups) once it is due.
+fn arm_warning(
+    key: Key,
+    w: Warning,
+    pgid: Pid,
+    steps: crate::steps::StepGroups,
+    shim: bool,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        tokio::time::sleep_until(w.due.into()).await;
+        tracing::info!(job = key.0, signal = %w.sig, target = ?w.target, "sending the time-limit warning signal");
+        send_warning(&task_groups(pgid, &steps), w.sig, w.target, shim);
+    })
 }
 
 /// Whether `pid` runs srun (`srun ...` or `gangway srun ...`), which passes
@@ -289,8 +366,13 @@ struct Task {
     /// When SIGTERM was sent, SIGKILL follows at this instant.
     kill_at: Option<Instant>,
     killed: bool,
-    /// Sends the warning signal before the time limit; aborted when the task ends.
+    /// Sends the warning signal before the time limit; aborted when the
+    /// task ends or is suspended.
     warn_timer: Option<tokio::task::JoinHandle<()>>,
+    warning: Option<Warning>,
+    /// Its job is suspended: its processes are stopped (shared with its
+    /// step host, which then starts no step).
+    suspended: Arc<AtomicBool>,
     /// The task's cgroup on cgroup v2 hosts.
     cgroup: Option<PathBuf>,
     /// GPU indexes the task was given (empty for re-adopted tasks).
@@ -322,6 +404,8 @@ pub struct Supervisor {
     /// The cluster's CA (PEM), handed to tasks so srun can check the agents
     /// it starts steps on; `None` on an insecure agent.
     pub step_ca_pem: Option<String>,
+    /// When suspended tasks were last looked over ([`Supervisor::keep_suspended`]).
+    suspend_checked: Instant,
 }
 
 /// The agent's directories on a job's path (the state dir, its scripts and
@@ -455,6 +539,7 @@ impl Supervisor {
             job_tools: None,
             allow_root_jobs: false,
             step_ca_pem: None,
+            suspend_checked: Instant::now(),
         };
         (s, rx)
     }
@@ -551,6 +636,7 @@ impl Supervisor {
                         end_leftovers(|| orphans.clone(), &AtomicBool::new(false), grace).await;
                     });
                 }
+                let suspended: Arc<AtomicBool> = step_host.as_ref().map(|h| h.suspended.clone()).unwrap_or_default();
                 if let Some(mut host) = step_host {
                     // Steps can start in a batch job's allocation again.
                     host.steps_file = Some(steps_path(&self.record_path(key)));
@@ -567,6 +653,8 @@ impl Supervisor {
                         stopping: stopping.clone(),
                         killed: false,
                         warn_timer: None,
+                        warning: None,
+                        suspended,
                         cgroup: None,
                         gpus,
                     },
@@ -871,18 +959,15 @@ impl Supervisor {
         };
         let shim = self.shim.is_some();
         let steps = crate::steps::StepGroups::default();
-        let warn_steps = steps.clone();
-        let warn_timer =
+        let suspended = Arc::new(AtomicBool::new(false));
+        let warning =
             (order.warn_signal > 0).then(|| Signal::try_from(order.warn_signal as i32).ok()).flatten().zip(target).map(
                 |(sig, target)| {
                     let delay = Duration::from_secs(order.time_limit_s.saturating_sub(order.warn_before_s.into()));
-                    tokio::spawn(async move {
-                        tokio::time::sleep(delay).await;
-                        tracing::info!(job = key.0, signal = %sig, ?target, "sending the time-limit warning signal");
-                        send_warning(&task_groups(pgid, &warn_steps), sig, target, shim);
-                    })
+                    Warning { sig, target, due: Instant::now() + delay, paused: None }
                 },
             );
+        let warn_timer = warning.map(|w| arm_warning(key, w, pgid, steps.clone(), shim));
         self.tasks.insert(
             key,
             Task {
@@ -892,6 +977,8 @@ impl Supervisor {
                 stopping: stopping.clone(),
                 killed: false,
                 warn_timer,
+                warning,
+                suspended: suspended.clone(),
                 cgroup: cgroup.clone(),
                 gpus: order.gpus.clone(),
             },
@@ -905,6 +992,7 @@ impl Supervisor {
                 cgroup: cgroup.clone(),
                 gpus: order.gpus.clone(),
                 workdir: workdir.clone(),
+                suspended: suspended.clone(),
             };
             self.step_hosts.lock().expect("step hosts lock").insert(key, host);
         }
@@ -963,14 +1051,77 @@ impl Supervisor {
                 None => {
                     tracing::info!(job = key.0, attempt = key.1, "stopping task");
                     t.stopping.store(true, Ordering::SeqCst);
-                    for g in task_groups(t.pgid, &t.steps) {
-                        let _ = killpg(g, Signal::SIGTERM);
+                    let groups = task_groups(t.pgid, &t.steps);
+                    for g in &groups {
+                        let _ = killpg(*g, Signal::SIGTERM);
                     }
+                    // A suspended task is continued, so that it can act on it.
+                    t.suspended.store(false, Ordering::SeqCst);
+                    continue_processes(&groups, t.cgroup.as_deref());
                     t.kill_at = Some(kill_at);
                 }
                 Some(at) if kill_at < at => t.kill_at = Some(kill_at),
                 Some(_) => {}
             }
+        }
+    }
+
+    /// Suspends a task (its job was suspended): every process of it stops
+    /// where it stands, the shim excepted; its time-limit warning waits.
+    pub fn suspend(&mut self, key: Key) {
+        let shim = self.shim.is_some();
+        let Some(t) = self.tasks.get_mut(&key) else { return };
+        if t.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Some(timer) = t.warn_timer.take() {
+            timer.abort();
+        }
+        let now = Instant::now();
+        match t.warning {
+            // Already sent (or being sent): it is not sent again.
+            Some(w) if w.paused.is_none() && w.due <= now => t.warning = None,
+            Some(ref mut w) if w.paused.is_none() => w.paused = Some(w.due.saturating_duration_since(now)),
+            _ => {}
+        }
+        // Before the processes stop: no step starts meanwhile.
+        t.suspended.store(true, Ordering::SeqCst);
+        // Under the shim the group's leader is the shim: it keeps running.
+        stop_processes(&task_groups(t.pgid, &t.steps), t.cgroup.as_deref(), shim.then_some(t.pgid));
+        tracing::info!(job = key.0, attempt = key.1, "task suspended");
+    }
+
+    /// Stops again whatever of a suspended task runs (a process forked as
+    /// it was being stopped, a command its shim started after the stop):
+    /// called on the agent's tick, at most every [`SUSPEND_RECHECK`].
+    pub fn keep_suspended(&mut self) {
+        let now = Instant::now();
+        if now < self.suspend_checked + SUSPEND_RECHECK {
+            return;
+        }
+        self.suspend_checked = now;
+        let shim = self.shim.is_some();
+        for t in self.tasks.values().filter(|t| t.suspended.load(Ordering::SeqCst)) {
+            if !t.stopping.load(Ordering::SeqCst) {
+                stop_processes(&task_groups(t.pgid, &t.steps), t.cgroup.as_deref(), shim.then_some(t.pgid));
+            }
+        }
+    }
+
+    /// Continues a suspended task; its time-limit warning is due after the
+    /// time it had left. (Continuing a running task changes nothing.)
+    pub fn resume(&mut self, key: Key) {
+        let shim = self.shim.is_some();
+        let Some(t) = self.tasks.get_mut(&key) else { return };
+        continue_processes(&task_groups(t.pgid, &t.steps), t.cgroup.as_deref());
+        if let Some(w) = t.warning.as_mut() {
+            if let Some(left) = w.paused.take() {
+                w.due = Instant::now() + left;
+                t.warn_timer = Some(arm_warning(key, *w, t.pgid, t.steps.clone(), shim));
+            }
+        }
+        if t.suspended.swap(false, Ordering::SeqCst) {
+            tracing::info!(job = key.0, attempt = key.1, "task resumed");
         }
     }
 
@@ -1068,6 +1219,7 @@ mod tests {
             cgroup: None,
             gpus: vec![2, 3],
             workdir: "/home/alice/my runs".into(),
+            suspended: Default::default(),
         };
         let back = parse_step_host(&step_host_line(&host), 42).unwrap();
         assert_eq!((back.ids, back.gpus, back.workdir.as_str()), (host.ids, host.gpus, "/home/alice/my runs"));
@@ -1111,6 +1263,73 @@ mod tests {
         let err = s.launch(&order(vec![], "/nonexistent/dir", "")).unwrap_err();
         assert!(err.contains("does not exist"), "{err}");
         assert!(s.running().is_empty(), "a failed launch left a task behind");
+    }
+
+    /// Suspending a task stops its shell and the shell's child (no shim
+    /// here: the group is the task), pauses its `--signal` warning by the
+    /// time it had left, and resuming continues both; a stop of a suspended
+    /// task still ends it by SIGTERM.
+    #[tokio::test]
+    async fn suspend_stops_every_process_pauses_the_warning_and_a_stop_still_ends_it() {
+        if !nix::unistd::geteuid().is_root() {
+            return; // root jobs need a root agent; CI runs as root
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, mut exits) = Supervisor::new("n1", dir.path(), Duration::from_secs(30), 2, None);
+        s.allow_root_jobs = true;
+        let (ticks, warned) = (dir.path().join("ticks"), dir.path().join("warned"));
+        // A shell and its child both tick; USR1 (the warning, due 1 s in) is noted.
+        let script = format!(
+            "#!/bin/sh\ntrap 'echo warned >> {w}' USR1\n(while :; do echo c >> {t}; sleep 0.05; done) &\n\
+             while :; do echo p >> {t}; sleep 0.05; done\n",
+            w = warned.display(),
+            t = ticks.display()
+        );
+        let batch = LaunchOrder {
+            batch: true,
+            command: vec![],
+            script,
+            time_limit_s: 2,
+            warn_signal: 10,
+            warn_before_s: 1,
+            warn_batch_shell: true,
+            ..order(vec![], &dir.path().display().to_string(), "/dev/null")
+        };
+        s.launch(&batch).expect("the task starts");
+        let count = || std::fs::read_to_string(&ticks).map_or(0, |t| t.lines().count());
+        let key = (1, 1);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        s.suspend(key);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let before = count();
+        assert!(before > 0, "the task ticked before its suspension");
+        let pgid = s.tasks[&key].pgid;
+        let members = group_members(pgid).unwrap();
+        assert!(members.len() >= 2, "{members:?}");
+        for (pid, _) in &members {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            let state = stat.rsplit_once(')').unwrap().1.split_whitespace().next().unwrap().to_string();
+            assert_eq!(state, "T", "process {pid} of the task is stopped");
+        }
+        let host_suspended = |s: &Supervisor| s.step_hosts.lock().unwrap()[&key].suspended.load(Ordering::SeqCst);
+        assert!(host_suspended(&s), "its step host starts no step while suspended");
+        // Past the warning's first due time: nothing ticks, nothing is warned.
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        assert_eq!(count(), before, "a suspended task does not run");
+        assert!(!warned.exists(), "the warning waits while the task is suspended");
+        s.resume(key);
+        assert!(!host_suspended(&s));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(count() > before, "the resumed task runs again");
+        assert!(!warned.exists(), "the warning had 600 ms left at the suspension");
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert!(warned.exists(), "the warning comes after the time it had left");
+        // A stop of a suspended task continues it, so SIGTERM ends it long
+        // before the 30 s grace's SIGKILL.
+        s.suspend(key);
+        s.stop(key, Duration::from_secs(30));
+        let report = tokio::time::timeout(Duration::from_secs(10), exits.recv()).await.unwrap().unwrap();
+        assert_eq!(report.signal, Some(15), "{report:?}");
     }
 
     /// A batch gang of 6,000 nodes: its step addresses are longer than one

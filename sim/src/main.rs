@@ -84,12 +84,13 @@ fn main() -> ExitCode {
             }
         } else if count == 1 {
             println!(
-                "seed {seed}: ok: {} jobs completed, {} ended otherwise, {} launches, {} preempted, {} nodes marked \
-                 down, {} elections, {} log entries, {} events, {:.0} s simulated",
+                "seed {seed}: ok: {} jobs completed, {} ended otherwise, {} launches, {} preempted, {} suspended, {} \
+                 nodes marked down, {} elections, {} log entries, {} events, {:.0} s simulated",
                 r.jobs_completed,
                 r.jobs_failed,
                 r.launches,
                 r.preempted,
+                r.suspended,
                 r.nodes_marked_down,
                 r.elections,
                 r.entries,

@@ -8,10 +8,12 @@ pub const DIRECTIVE_LINES_MAX: usize = 10_000;
 /// Words on one directive line, and in all: far above any real script.
 pub const WORDS_MAX: usize = 4096;
 
-/// Where some words came from, for messages: a directive line or the command line.
+/// Where some words came from, for messages: a directive line, an
+/// `SBATCH_*` environment variable or the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
     Line(usize),
+    Env(&'static str),
     CommandLine,
 }
 
@@ -19,14 +21,16 @@ impl std::fmt::Display for Origin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Origin::Line(n) => write!(f, "line {n}"),
+            Origin::Env(var) => write!(f, "environment variable {var}"),
             Origin::CommandLine => write!(f, "command line"),
         }
     }
 }
 
-/// Splits a directive into words as the shell would for simple quoting:
-/// whitespace separates, '...' and "..." quote (backslash escapes in double
-/// quotes and outside quotes), and an unquoted `#` starting a word begins a comment.
+/// Splits a directive into words as sbatch does (`get_argument`):
+/// whitespace separates, '...' and "..." quote, a backslash outside single
+/// quotes keeps the next character as it is, and an unquoted `#` begins a
+/// comment, also inside a word (`--job-name=run#3` is `run`).
 pub fn words(text: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     let mut cur = String::new();
@@ -40,12 +44,17 @@ pub fn words(text: &str) -> Result<Vec<String>, String> {
                     in_word = false;
                 }
             }
-            '#' if !in_word => break,
+            '#' => break,
             '\'' => {
                 in_word = true;
                 loop {
                     match chars.next() {
                         Some('\'') => break,
+                        // sbatch drops a backslash inside single quotes too.
+                        Some('\\') => match chars.next() {
+                            Some(c) => cur.push(c),
+                            None => return Err("unterminated ' quote".into()),
+                        },
                         Some(c) => cur.push(c),
                         None => return Err("unterminated ' quote".into()),
                     }
@@ -92,8 +101,11 @@ pub fn words(text: &str) -> Result<Vec<String>, String> {
 
 /// The `#SBATCH` directives of a script, with their line numbers: from the
 /// lines after `#!` up to the first command. Later `#SBATCH` lines (in a
-/// heredoc, say) are not directives.
-pub fn directives(script: &str) -> Result<Vec<(Origin, Vec<String>)>, String> {
+/// heredoc, say) are not directives. As in sbatch, a line is a directive
+/// when it starts with `#SBATCH` (`#SBATCH--time=5` too; `#SBATCHED` makes
+/// `ED` an argument, which is refused) or with the old `#SLURM` (applied,
+/// with a notice).
+pub fn directives(script: &str, notices: &mut Vec<String>) -> Result<Vec<(Origin, Vec<String>)>, String> {
     let mut out = Vec::new();
     for (i, line) in script.lines().enumerate().take(DIRECTIVE_LINES_MAX) {
         let n = i + 1;
@@ -104,12 +116,17 @@ pub fn directives(script: &str) -> Result<Vec<(Origin, Vec<String>)>, String> {
         if t.is_empty() {
             continue;
         }
-        if let Some(rest) = line.strip_prefix("#SBATCH") {
-            if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
-                continue; // e.g. `#SBATCHED`: a comment
-            }
+        let rest = line.strip_prefix("#SBATCH").or_else(|| {
+            let rest = line.strip_prefix("#SLURM")?;
+            notices.push(format!(
+                "line {n}: Change from #SLURM to #SBATCH in your script and verify the options are valid in sbatch"
+            ));
+            Some(rest)
+        });
+        if let Some(rest) = rest {
             let w = words(rest).map_err(|e| format!("line {n}: {e}"))?;
-            if matches!(w.first().map(String::as_str), Some("hetjob" | "packjob")) {
+            let first = w.first().map(|f| f.to_ascii_lowercase());
+            if matches!(first.as_deref(), Some("hetjob" | "packjob")) {
                 return Err(format!(
                     "line {n}: heterogeneous jobs (#SBATCH {}) are not supported yet; submit each component \
                      as its own job and chain them with --dependency",

@@ -37,6 +37,7 @@ pub fn state_code(s: i32) -> &'static str {
         pb::JobState::Timeout => "TO",
         pb::JobState::NodeFail => "NF",
         pb::JobState::Deadline => "DL",
+        pb::JobState::Suspended => "S",
         pb::JobState::Unspecified => "?",
     }
 }
@@ -52,11 +53,27 @@ pub fn state_name(s: i32) -> &'static str {
         pb::JobState::Timeout => "TIMEOUT",
         pb::JobState::NodeFail => "NODE_FAIL",
         pb::JobState::Deadline => "DEADLINE",
+        pb::JobState::Suspended => "SUSPENDED",
         pb::JobState::Unspecified => "UNKNOWN",
     }
 }
 
-const ALL_STATES: [pb::JobState; 8] = [
+/// The states of jobs that have not ended, as the queue lists them by
+/// default: pending, running and suspended.
+pub const LIVE_STATES: [i32; 3] =
+    [pb::JobState::Pending as i32, pb::JobState::Running as i32, pb::JobState::Suspended as i32];
+
+/// Whether a job in state `s` has ended.
+pub fn ended(s: i32) -> bool {
+    s != pb::JobState::Unspecified as i32 && !LIVE_STATES.contains(&s)
+}
+
+/// Whether a job in state `s` holds its nodes: running or suspended.
+pub fn allocated(s: i32) -> bool {
+    s == pb::JobState::Running as i32 || s == pb::JobState::Suspended as i32
+}
+
+const ALL_STATES: [pb::JobState; 9] = [
     pb::JobState::Pending,
     pb::JobState::Running,
     pb::JobState::Completed,
@@ -65,6 +82,7 @@ const ALL_STATES: [pb::JobState; 8] = [
     pb::JobState::Timeout,
     pb::JobState::NodeFail,
     pb::JobState::Deadline,
+    pb::JobState::Suspended,
 ];
 
 /// Parses state filters as Slurm takes them: codes or names, any case; `all`.
@@ -81,7 +99,7 @@ pub fn parse_states(option: &str, items: &[String]) -> Result<Vec<i32>, String> 
             None => {
                 return Err(format!(
                     "{option}: '{item}' is not a job state (PD/PENDING, R/RUNNING, CD/COMPLETED, F/FAILED, \
-                     CA/CANCELLED, TO/TIMEOUT, NF/NODE_FAIL, DL/DEADLINE, all)"
+                     CA/CANCELLED, TO/TIMEOUT, NF/NODE_FAIL, DL/DEADLINE, S/SUSPENDED, all)"
                 ))
             }
         }
@@ -112,19 +130,8 @@ pub fn timestamp(ms: u64) -> String {
 /// [`timestamp`] for a zone `offset_s` seconds east of UTC.
 pub fn timestamp_in(ms: u64, offset_s: i64) -> String {
     let ms = ms.saturating_add_signed(offset_s.saturating_mul(1000));
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
+    let (year, month, day, h, m, s) = crate::parse::civil(i64::try_from(ms).unwrap_or(i64::MAX));
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}")
 }
 
 pub fn now_ms() -> u64 {
@@ -277,13 +284,19 @@ pub fn job_gres(j: &pb::Job) -> String {
     }
 }
 
-/// Seconds the job has run (so far, or in all).
+/// Seconds the job has run (so far, or in all), leaving out the time it
+/// was suspended, as Slurm's elapsed time does.
 pub fn job_elapsed_s(j: &pb::Job, now: u64) -> u64 {
-    match (j.start_time_ms, j.end_time_ms) {
-        (Some(s), Some(e)) => e.saturating_sub(s) / 1000,
-        (Some(s), None) => now.saturating_sub(s) / 1000,
-        _ => 0,
-    }
+    let Some(start) = j.start_time_ms else { return 0 };
+    let end = j.end_time_ms.unwrap_or(now);
+    let suspended = j.suspended_ms.saturating_add(j.suspended_at_ms.map_or(0, |at| end.saturating_sub(at)));
+    end.saturating_sub(start).saturating_sub(suspended) / 1000
+}
+
+/// Seconds the job spent suspended (so far, or in all).
+pub fn job_suspended_s(j: &pb::Job, now: u64) -> u64 {
+    let end = j.end_time_ms.unwrap_or(now);
+    j.suspended_ms.saturating_add(j.suspended_at_ms.map_or(0, |at| end.saturating_sub(at))) / 1000
 }
 
 #[cfg(test)]
@@ -317,7 +330,7 @@ mod tests {
         assert!(JobSel::parse("", "12_2").unwrap().matches(&array_elem));
         assert!(!JobSel::parse("", "12_1").unwrap().matches(&array_elem));
         assert_eq!(parse_states("-t", &["pd".into(), "RUNNING".into()]).unwrap().len(), 2);
-        assert_eq!(parse_states("-t", &["all".into()]).unwrap().len(), 8);
+        assert_eq!(parse_states("-t", &["all".into()]).unwrap().len(), 9);
         assert_eq!(parse_states("-t", &["DL".into()]).unwrap(), vec![pb::JobState::Deadline as i32]);
         assert!(parse_states("-t", &["sleeping".into()]).unwrap_err().contains("-t"));
         assert_eq!(identity_user("dev:alice"), "alice");

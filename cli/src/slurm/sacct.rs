@@ -93,6 +93,7 @@ const FIELDS: &[&str] = &[
     "Comment",
     "Eligible",
     "Reservation",
+    "Suspended",
 ];
 
 /// sacct's column widths (JobID and NodeList left-justified, the rest right).
@@ -161,6 +162,7 @@ pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
         "Restarts" => j.attempt.saturating_sub(1).to_string(),
         "Comment" => s.comment.clone(),
         "Reservation" => s.reservation.clone(),
+        "Suspended" => elapsed(super::job_suspended_s(j, now)),
         "Eligible" => timestamp(s.begin_time_ms.max(j.submit_time_ms)),
         "Reason" if j.reason.is_empty() => "None".into(),
         "Reason" => j.reason.clone(),

@@ -162,7 +162,7 @@ async fn release(client: &Client, job: &pb::Job, code: i32, env: &[(String, Stri
         .await;
     if !now.is_ok_and(|j| {
         let j = j.into_inner();
-        j.state == pb::JobState::Running as i32 && j.attempt == job.attempt
+        super::allocated(j.state) && j.attempt == job.attempt
     }) {
         return false;
     }
@@ -189,7 +189,7 @@ async fn release(client: &Client, job: &pb::Job, code: i32, env: &[(String, Stri
                 async move { JobServiceClient::new(ch).get(r).await }
             })
             .await;
-        if got.is_ok_and(|j| j.into_inner().state > pb::JobState::Running as i32) {
+        if got.is_ok_and(|j| super::ended(j.into_inner().state)) {
             return true;
         }
         tokio::time::sleep(WAIT_POLL).await;
@@ -214,10 +214,10 @@ async fn wait_running(client: &Client, id: u64) -> anyhow::Result<Option<pb::Job
                 async move { JobServiceClient::new(ch).get(r).await }
             }) => r?.into_inner(),
         };
-        if polled.state == pb::JobState::Running as i32 {
+        if super::allocated(polled.state) {
             return Ok(Some(polled));
         }
-        if polled.state > pb::JobState::Running as i32 {
+        if super::ended(polled.state) {
             bail!("job {id} ended {} before it ran: {}", super::state_name(polled.state), polled.reason);
         }
         tokio::time::sleep(WAIT_POLL).await;

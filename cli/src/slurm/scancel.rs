@@ -66,13 +66,12 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: ScancelArgs) 
     let states = match &a.state {
         Some(s) => {
             let st = super::parse_states("--state", std::slice::from_ref(s)).map_err(anyhow::Error::msg)?;
-            let live = [pb::JobState::Pending as i32, pb::JobState::Running as i32];
-            if st.iter().any(|s| !live.contains(s)) {
-                bail!("--state: only PENDING and RUNNING jobs can be cancelled");
+            if st.iter().any(|s| !super::LIVE_STATES.contains(s)) {
+                bail!("--state: only PENDING, RUNNING and SUSPENDED jobs can be cancelled");
             }
             st
         }
-        None => vec![pb::JobState::Pending as i32, pb::JobState::Running as i32],
+        None => super::LIVE_STATES.to_vec(),
     };
     let listing = super::Listing {
         states,

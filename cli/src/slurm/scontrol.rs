@@ -1,5 +1,5 @@
 //! `scontrol`: `show hostnames|hostlist|job|node|partition|reservation|licenses`,
-//! `hold`, `release`, `requeue`, `requeuehold`, `update JobId=.. TimeLimit=..
+//! `hold`, `release`, `requeue`, `requeuehold`, `suspend`, `resume`, `update JobId=.. TimeLimit=..
 //! Nice=.. Priority=..`, `update NodeName=.. State=DRAIN|RESUME Reason=..`,
 //! `create|update|delete reservation`, in Slurm's words.
 
@@ -23,7 +23,7 @@ pub struct ScontrolArgs {
     details: bool,
     /// COMMAND [ARGS]: show hostnames [LIST] | show hostlist LIST | show job [ID] |
     /// show node [NAME] | show partition [NAME] | show reservation [NAME] | show licenses |
-    /// hold ID | release ID | requeue ID | update JobId=ID KEY=VALUE... |
+    /// hold ID | release ID | requeue ID | suspend ID | resume ID | update JobId=ID KEY=VALUE... |
     /// update NodeName=NAME State=DRAIN|RESUME Reason=... |
     /// create reservation ReservationName=N StartTime=T Duration=D Nodes=L Users=U Flags=F |
     /// update ReservationName=N KEY=VALUE... | delete reservation NAME
@@ -98,11 +98,13 @@ pub async fn run(client: &Client, out: &Output, a: ScontrolArgs) -> anyhow::Resu
         ("delete", Some(x)) if x.starts_with("reservationname=") || x.starts_with("reservation=") => {
             crate::reservations::scontrol_delete(client, &w[1..]).await
         }
-        ("hold" | "uhold" | "release" | "requeue" | "requeuehold", _) => {
+        ("hold" | "uhold" | "release" | "requeue" | "requeuehold" | "suspend" | "resume", _) => {
             let change = match verb {
                 "hold" | "uhold" => Change::Hold,
                 "release" => Change::Release,
                 "requeue" => Change::Requeue,
+                "suspend" => Change::Suspend,
+                "resume" => Change::Resume,
                 _ => Change::RequeueHold,
             };
             let ids = job_ids(client, &w[1..]).await?;
@@ -110,8 +112,8 @@ pub async fn run(client: &Client, out: &Output, a: ScontrolArgs) -> anyhow::Resu
         }
         ("update", _) => update(client, out, &w[1..]).await,
         _ => bail!(
-            "command: '{}' is not an scontrol command Gangway has (show, hold, release, requeue, requeuehold, update, \
-             create reservation, delete reservation)",
+            "command: '{}' is not an scontrol command Gangway has (show, hold, release, requeue, requeuehold, suspend, \
+             resume, update, create reservation, delete reservation)",
             w[0]
         ),
     }
@@ -177,8 +179,7 @@ async fn update(client: &Client, out: &Output, words: &[&str]) -> anyhow::Result
         let (change, value) = match k.as_str() {
             "jobid" => continue,
             "timelimit" => {
-                let secs =
-                    crate::parse::time_limit_s(v).map_err(|e| anyhow::anyhow!(e.replace("--time", "TimeLimit")))?;
+                let secs = crate::parse::job_time_s("TimeLimit", v).map_err(anyhow::Error::msg)?;
                 (Change::SetTimeLimit, secs as i64)
             }
             "nice" => (Change::SetNice, v.parse::<i64>().with_context(|| format!("Nice: '{v}' is not a number"))?),
@@ -248,6 +249,7 @@ pub fn job_fields(j: &pb::Job, e: Option<&pb::Explanation>, now: u64) -> Vec<(St
         ("EligibleTime".into(), timestamp(s.begin_time_ms.max(j.submit_time_ms))),
         ("StartTime".into(), t(j.start_time_ms.or(e.and_then(|e| e.estimated_start_ms)))),
         ("EndTime".into(), t(j.end_time_ms)),
+        ("SuspendTime".into(), j.suspended_at_ms.map_or("None".to_string(), timestamp)),
         ("Partition".into(), none(&s.partition)),
         ("NodeList".into(), none(&job_nodelist(j))),
         (

@@ -146,7 +146,7 @@ fn header(key: &str) -> String {
 pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
     let spec = super::spec(j);
     let pending = j.state == pb::JobState::Pending as i32;
-    let running = j.state == pb::JobState::Running as i32;
+    let running = super::allocated(j.state);
     let limit = spec.time_limit_s.filter(|t| *t > 0).map(|t| t as u64);
     let reason = if pending && !j.reason.is_empty() { j.reason.clone() } else { "None".into() };
     let time = |t: Option<u64>| t.map_or("N/A".to_string(), timestamp);
@@ -243,7 +243,7 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: SqueueArgs) -
     } else if !sels.is_empty() {
         Vec::new() // named jobs show in any state
     } else {
-        vec![pb::JobState::Pending as i32, pb::JobState::Running as i32]
+        super::LIVE_STATES.to_vec()
     };
     let mut users = a.users.clone();
     if a.me {

@@ -9,6 +9,6 @@
 #SBATCH --constraint=ib&arch=zen4
 #SBATCH --nice
 #SBATCH --hold --parsable --open-m=truncate
-#SBATCHED this is a comment, not a directive
+#SBATCH--comment=no-blank   # applied: any line starting with #SBATCH is a directive
 
 hostname

@@ -110,6 +110,8 @@ pub struct Answer {
     pub launch: Vec<(TaskKey, Vec<u32>)>,
     /// Tasks to stop with a grace of their own (seconds).
     pub stops: Vec<(TaskKey, u32)>,
+    /// Desired tasks whose job is suspended; the others run.
+    pub suspended: Vec<TaskKey>,
     /// The heartbeat interval the leader asks for now (0: not named; it
     /// stretches as the fleet grows, see `duties::heartbeat_interval_ms`).
     pub heartbeat_interval_ms: u64,
@@ -124,8 +126,14 @@ pub enum Action {
     PersistFences,
     /// Start the ordered task (its order is in the answer).
     Launch(TaskKey),
-    /// Signal the task now and kill it after `grace_ms`.
+    /// Signal the task now and kill it after `grace_ms` (a suspended task
+    /// is continued, so that it can act on the signal).
     Stop { task: TaskKey, grace_ms: u64 },
+    /// Stop every process of the task where it stands (its job was
+    /// suspended); its time-limit warning waits.
+    Suspend(TaskKey),
+    /// Continue a suspended task.
+    Resume(TaskKey),
 }
 
 /// The agent's decisions and the little state they need.
@@ -154,6 +162,9 @@ struct Task {
     stopping: bool,
     /// Stopped by the node on its own (cut off from every controller).
     lost: bool,
+    /// Whether the task is suspended here; None when not known (adopted
+    /// from a previous agent process): the next answer says, and is obeyed.
+    suspended: Option<bool>,
 }
 
 impl AgentCore {
@@ -249,7 +260,7 @@ impl AgentCore {
 
     /// A task found running at start (it outlived the previous agent process).
     pub fn adopt(&mut self, task: TaskKey, gpus: Vec<u32>) {
-        self.tasks.insert(task, Task { gpus, ..Task::default() });
+        self.tasks.insert(task, Task { gpus, suspended: None, ..Task::default() });
     }
 
     /// A controller accepted the registration sent at `sent_ms`, naming its
@@ -378,13 +389,26 @@ impl AgentCore {
                 self.fences.attempts.pop_first();
             }
             persist = true;
-            self.tasks.insert(*task, Task { gpus: gpus.clone(), ..Task::default() });
+            self.tasks.insert(*task, Task { gpus: gpus.clone(), suspended: Some(false), ..Task::default() });
             launches.push(Action::Launch(*task));
         }
         if persist {
             actions.push(Action::PersistFences);
         }
         actions.extend(launches);
+        // Suspension last: a task launched just now whose job is already
+        // suspended is stopped right after it starts.
+        let suspended: BTreeSet<TaskKey> = answer.suspended.iter().copied().collect();
+        for (task, t) in &mut self.tasks {
+            if t.stopping || !desired.contains(task) {
+                continue;
+            }
+            let want = suspended.contains(task);
+            if t.suspended != Some(want) {
+                t.suspended = Some(want);
+                actions.push(if want { Action::Suspend(*task) } else { Action::Resume(*task) });
+            }
+        }
         self.seen_index = self.seen_index.max(answer.index);
         actions
     }
@@ -422,8 +446,53 @@ mod tests {
             desired: desired.to_vec(),
             launch: launch.iter().map(|(k, g)| (*k, g.to_vec())).collect(),
             stops: Vec::new(),
+            suspended: Vec::new(),
             heartbeat_interval_ms: 0,
         }
+    }
+
+    /// A suspended job's task is stopped once and continued once; a task
+    /// launched into a suspended job is stopped right after its launch; an
+    /// adopted task's suspension is unknown, so the first answer is obeyed
+    /// either way; a task being stopped is left to its stop.
+    #[test]
+    fn suspension_follows_the_leader_once_per_change() {
+        let mut a = AgentCore::new(Fences::default(), 5_000, 0);
+        a.registered_at(0, 10_000, 0);
+        a.answered(100, &answer(3, &[(7, 1)], &[((7, 1), &[0])]));
+        let mut ans = answer(3, &[(7, 1)], &[]);
+        ans.suspended = vec![(7, 1)];
+        assert_eq!(a.answered(200, &ans), vec![Action::Suspend((7, 1))]);
+        assert_eq!(a.answered(300, &ans), vec![], "already suspended");
+        assert_eq!(a.answered(400, &answer(3, &[(7, 1)], &[])), vec![Action::Resume((7, 1))]);
+        assert_eq!(a.answered(500, &answer(3, &[(7, 1)], &[])), vec![]);
+        // Launched into a suspended job.
+        let mut ans = answer(3, &[(8, 1)], &[((8, 1), &[1])]);
+        ans.suspended = vec![(8, 1)];
+        assert_eq!(
+            a.answered(600, &ans),
+            vec![
+                Action::Stop { task: (7, 1), grace_ms: 5_000 },
+                Action::PersistFences,
+                Action::Launch((8, 1)),
+                Action::Suspend((8, 1))
+            ]
+        );
+        // Adopted: told explicitly, suspended or not.
+        let mut b = AgentCore::new(Fences::default(), 5_000, 0);
+        b.registered_at(0, 10_000, 0);
+        b.adopt((9, 1), vec![]);
+        b.adopt((10, 1), vec![]);
+        let mut ans = answer(3, &[(9, 1), (10, 1)], &[]);
+        ans.suspended = vec![(10, 1)];
+        assert_eq!(
+            b.answered(100, &ans),
+            vec![Action::PersistFences, Action::Resume((9, 1)), Action::Suspend((10, 1))]
+        );
+        // Not desired any more: stopped, never resumed or suspended after.
+        assert_eq!(b.answered(200, &answer(3, &[(10, 1)], &[])).len(), 2, "stop 9, resume 10");
+        assert_eq!(b.answered(300, &answer(3, &[], &[])), vec![Action::Stop { task: (10, 1), grace_ms: 5_000 }]);
+        assert_eq!(b.answered(400, &ans), vec![]);
     }
 
     /// The leader stretches the interval as its fleet grows; the agent obeys

@@ -179,6 +179,12 @@ pub enum JobChange {
         hold: bool,
     },
     SetTimeLimit(u64),
+    /// Stop every task of a running job where it stands (SIGSTOP), keeping
+    /// its allocation; its time limit's clock pauses (Slurm's `scontrol
+    /// suspend`). Operators and admins. Since format 10.
+    Suspend,
+    /// Continue a suspended job's tasks (SIGCONT). Since format 10.
+    Resume,
 }
 
 /// Commands in one batch: enough to absorb a burst from thousands of clients in

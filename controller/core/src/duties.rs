@@ -231,9 +231,8 @@ pub fn time_limit_ends(state: &State, now_ms: u64) -> Vec<Command> {
         .running
         .iter()
         .filter_map(|id| state.jobs.get(id))
-        .filter(|j| {
-            j.start_time_ms.is_some_and(|s| s.saturating_add(j.spec.time_limit_s.saturating_mul(1000)) <= now_ms)
-        })
+        // A suspended job's limit is paused (`limit_end_ms` is None).
+        .filter(|j| j.limit_end_ms().is_some_and(|end| end <= now_ms))
         .take(TIMEOUTS_PER_TICK_MAX)
         .map(|j| Command::JobFinished {
             job_id: j.id,
@@ -320,6 +319,9 @@ pub struct NodeOrders {
     pub launch: Vec<TaskKey>,
     /// Running tasks to stop with a grace other than the agent's own.
     pub stops: Vec<Stop>,
+    /// Desired tasks whose job is suspended: stopped where they stand
+    /// (the others run, and a suspended one is continued).
+    pub suspended: Vec<TaskKey>,
 }
 
 /// A task to stop with its own grace (a preempted job's QOS grace).
@@ -366,6 +368,7 @@ impl NodeOrders {
             desired: self.desired.clone(),
             launch,
             stops: self.stops.iter().map(|s| (s.task, s.grace_s)).collect(),
+            suspended: self.suspended.clone(),
             heartbeat_interval_ms,
         }
     }
@@ -401,9 +404,17 @@ pub fn node_orders(state: &State, node: &str, running: &BTreeSet<TaskKey>) -> No
         let Some(job) = state.jobs.get(job_id) else { continue };
         let key = (*job_id, job.attempt);
         orders.desired.push(key);
+        if job.is_suspended() {
+            orders.suspended.push(key);
+        }
         // A task that already ended here stays desired (the gang still runs
         // elsewhere) but is never launched again.
-        if !job.task_exits.contains_key(node) && !running.contains(&key) && job.allocation.is_some() {
+        // A suspended job's tasks that have not started wait for its resume.
+        if !job.task_exits.contains_key(node)
+            && !running.contains(&key)
+            && job.allocation.is_some()
+            && !job.is_suspended()
+        {
             orders.launch.push(key);
         }
     }

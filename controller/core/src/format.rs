@@ -35,7 +35,7 @@ pub const FORMAT_BASE: u32 = 4;
 /// The oldest format this build reads (log entries, snapshots, stores).
 pub const FORMAT_OLDEST: u32 = 4;
 /// The newest format this build reads and, once every replica can, writes.
-pub const FORMAT_NEWEST: u32 = 9;
+pub const FORMAT_NEWEST: u32 = 10;
 
 /// Format 7 changed no encoding, only a rule of `apply`: a plan's preemption
 /// victims are evicted only together with the placement they make room for,
@@ -56,6 +56,11 @@ pub const BIG_GANGS_FORMAT: u32 = 8;
 /// state, and a rule of apply: a node list shorter than the gang is completed
 /// with other nodes. Formats 6 to 8 are frozen in `compat::v8`.
 pub const SLURM_FEATURES_FORMAT: u32 = 9;
+
+/// Format 10 added suspension to the job (when it was suspended, how long
+/// it was before) and the job changes [`crate::command::JobChange::Suspend`]
+/// and `Resume`. Format 9's job and state are frozen in `compat::v9`.
+pub const SUSPEND_FORMAT: u32 = 10;
 
 /// Whether this build reads `format`.
 pub fn readable(format: u32) -> bool {
@@ -95,6 +100,10 @@ impl Command {
             Command::SubmitJob { spec, .. } if spec.format_9_field().is_some() => SLURM_FEATURES_FORMAT,
             Command::ChangeReservation { .. } => SLURM_FEATURES_FORMAT,
             Command::JobFinished { state: crate::model::JobState::Deadline, .. } => SLURM_FEATURES_FORMAT,
+            Command::UpdateJob {
+                change: crate::command::JobChange::Suspend | crate::command::JobChange::Resume,
+                ..
+            } => SUSPEND_FORMAT,
             _ => FORMAT_BASE,
         }
     }
@@ -186,7 +195,17 @@ impl Serialize for Payload {
                 let body = to_bytes(&v8::Wire::from_command(command).map_err(S::Error::custom)?);
                 v4::Wire::Envelope { format, body }.serialize(serializer)
             }
-            format @ 9 => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
+            // Format 10 changed the job, not the command's encoding.
+            format @ (9 | 10) => {
+                if command.since_format() > format {
+                    return Err(S::Error::custom(format!(
+                        "{} needs data format {}, not {format}",
+                        command.name(),
+                        command.since_format()
+                    )));
+                }
+                v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer)
+            }
             f => Err(S::Error::custom(format!("this build does not write data format {f}"))),
         }
     }
@@ -206,7 +225,7 @@ impl<'de> Deserialize<'de> for Payload {
                 let command = wire.into_command().ok_or_else(|| D::Error::custom("an envelope inside a batch"))?;
                 Ok(Payload { format, command: Some(command), unread: Vec::new() })
             }
-            v4::Wire::Envelope { format: format @ 9, body } => {
+            v4::Wire::Envelope { format: format @ (9 | 10), body } => {
                 let command = from_bytes(&body).map_err(D::Error::custom)?;
                 Ok(Payload { format, command: Some(command), unread: Vec::new() })
             }

@@ -126,6 +126,14 @@ pub struct Job {
     /// next attempt goes first and prefers them. None otherwise. Since
     /// format 9.
     pub expedite_nodes: Option<Vec<String>>,
+    /// When the running attempt was suspended (`scontrol suspend`): its
+    /// tasks are stopped and it keeps its allocation. None: not suspended.
+    /// Since format 10.
+    pub suspended_at_ms: Option<u64>,
+    /// How long the current (or last) attempt spent suspended before, in
+    /// milliseconds: its time limit and elapsed time leave it out (Slurm's
+    /// `Suspended` time). Since format 10.
+    pub suspended_ms: u64,
 }
 
 /// Membership of a job in an array: elements are consecutive job ids starting
@@ -172,6 +180,46 @@ impl Job {
         } else {
             s.time_limit_s
         }
+    }
+
+    pub fn is_suspended(&self) -> bool {
+        self.suspended_at_ms.is_some()
+    }
+
+    /// Time the current (or last) attempt has spent suspended as of
+    /// `now_ms`, the ongoing suspension included.
+    pub fn suspended_total_ms(&self, now_ms: u64) -> u64 {
+        let ongoing = self.suspended_at_ms.map_or(0, |at| now_ms.saturating_sub(at));
+        self.suspended_ms.saturating_add(ongoing)
+    }
+
+    /// When the running attempt reaches its time limit: its start plus its
+    /// limit plus the time it spent suspended. None while it is suspended
+    /// (the limit's clock is paused) or before it started.
+    pub fn limit_end_ms(&self) -> Option<u64> {
+        if self.is_suspended() {
+            return None;
+        }
+        let start = self.start_time_ms?;
+        Some(start.saturating_add(self.spec.time_limit_s.saturating_mul(1000)).saturating_add(self.suspended_ms))
+    }
+
+    /// When the running attempt reaches its time limit if it runs on from
+    /// `now_ms`: its start, its limit and the time it has been suspended
+    /// (for a job that never was, its start plus its limit).
+    pub fn expected_end_ms(&self, now_ms: u64) -> u64 {
+        self.start_time_ms
+            .unwrap_or(now_ms)
+            .saturating_add(self.spec.time_limit_s.saturating_mul(1000))
+            .saturating_add(self.suspended_total_ms(now_ms))
+    }
+
+    /// How long the attempt has run as of `now_ms` (its end, once ended),
+    /// leaving out the time it was suspended.
+    pub fn run_ms(&self, now_ms: u64) -> u64 {
+        let Some(start) = self.start_time_ms else { return 0 };
+        let end = self.end_time_ms.unwrap_or(now_ms);
+        end.saturating_sub(start).saturating_sub(self.suspended_total_ms(end))
     }
 
     /// `12` or `10_2` (array job id and index), as Slurm prints job ids.

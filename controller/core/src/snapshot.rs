@@ -9,9 +9,10 @@
 //! - format 5: `GWSN` | 5 (u32 LE) | CRC-32C of the body (u32 LE) | bincode of format 5's state;
 //! - format 6: the same with 6 and today's state;
 //! - formats 7 and 8: the same with 7 or 8 (rules of apply changed, not the state);
-//! - format 9: the same with 9 and today's state (format 8's is `compat::v8`).
+//! - format 9: the same with 9 and format 9's state (`compat::v9`);
+//! - format 10: the same with 10 and today's state.
 
-use crate::compat::{v4, v5, v8};
+use crate::compat::{v4, v5, v8, v9};
 use crate::format::{crc32c, from_bytes, to_bytes, FORMAT_NEWEST, FORMAT_OLDEST};
 use crate::state::State;
 
@@ -43,6 +44,7 @@ pub fn encode(state: &State) -> Vec<u8> {
         }
         5 => to_bytes(&v5::StateRef::from(state)),
         6..=8 => to_bytes(&v8::StateRef::from(state)),
+        9 => to_bytes(&v9::StateRef::from(state)),
         _ => to_bytes(state),
     };
     out.extend_from_slice(&state.format.min(FORMAT_NEWEST).to_le_bytes());
@@ -81,6 +83,10 @@ pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
         6..=8 => {
             let v8: v8::State = from_bytes(body).map_err(decode_err)?;
             (v8.stored_format(), v8.into())
+        }
+        9 => {
+            let v9: v9::State = from_bytes(body).map_err(decode_err)?;
+            (v9.stored_format(), v9.into())
         }
         _ => {
             let state: State = from_bytes(body).map_err(decode_err)?;

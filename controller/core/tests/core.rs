@@ -287,7 +287,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0u8..8).prop_map(Op::Policy),
         (0u8..3, proptest::option::of(0u64..30), any::<bool>(), any::<bool>(), any::<bool>())
             .prop_map(|(q, d, a, h, t)| Op::RichSubmit(q, d, a, h, t)),
-        (0u64..30, 0u8..6).prop_map(|(j, k)| Op::Update(j, k)),
+        (0u64..30, 0u8..8).prop_map(|(j, k)| Op::Update(j, k)),
         (0u64..30).prop_map(Op::Checkpoint),
         (5u32..=gangway_core::format::FORMAT_NEWEST).prop_map(Op::Format),
         (0usize..6, 1usize..4, 0u64..400, 1u64..400, any::<bool>(), any::<bool>())
@@ -413,9 +413,13 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
                 2 => JobChange::Requeue { hold: false },
                 3 => JobChange::SetNice(10),
                 4 => JobChange::SetPriority(Some(5)),
-                _ => JobChange::SetTimeLimit(30),
+                5 => JobChange::SetTimeLimit(30),
+                6 => JobChange::Suspend,
+                _ => JobChange::Resume,
             };
-            Command::UpdateJob { job_id: *j, change, identity: "dev:alice".into(), now_ms }
+            // An operator's suspensions; the owner's other changes.
+            let identity = if *k >= 6 { "server:ops" } else { "dev:alice" };
+            Command::UpdateJob { job_id: *j, change, identity: identity.into(), now_ms }
         }
         Op::Checkpoint(j) => {
             Command::JobCheckpointed { job_id: *j, attempt: state.jobs.get(j).map(|j| j.attempt).unwrap_or(1), now_ms }
@@ -1082,6 +1086,8 @@ fn every_command() -> Vec<Command> {
             now_ms: 10,
         },
         Command::UpdateJob { job_id: 1, change: JobChange::SetNice(-5), identity: "ops".into(), now_ms: 11 },
+        Command::UpdateJob { job_id: 1, change: JobChange::Suspend, identity: "ops".into(), now_ms: 11 },
+        Command::UpdateJob { job_id: 1, change: JobChange::Resume, identity: "ops".into(), now_ms: 11 },
         Command::ApplySchedule {
             preemptions: vec![Preemption { job_id: 2, attempt: 1, mode: PreemptMode::Cancel, for_job: 1 }],
             placements: vec![placement],
@@ -1213,6 +1219,13 @@ fn golden_state(format: u32) -> State {
             Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 4_006 };
         let applied = s.apply(56, &submit);
         assert!(matches!(applied.outcome, Outcome::Submitted { .. }), "{:?}", applied.outcome);
+    }
+    if format >= gangway_core::format::SUSPEND_FORMAT {
+        let job_id = *s.running.iter().next().expect("the golden state runs a job");
+        let suspend =
+            Command::UpdateJob { job_id, change: JobChange::Suspend, identity: "server:1".into(), now_ms: 4_007 };
+        let applied = s.apply(57, &suspend);
+        assert!(matches!(applied.outcome, Outcome::JobUpdated { .. }), "{:?}", applied.outcome);
     }
     s
 }
@@ -1398,6 +1411,8 @@ fn extreme_command() -> impl Strategy<Value = Command> {
         extreme_i32().prop_map(JobChange::SetNice),
         any::<bool>().prop_map(|hold| JobChange::Requeue { hold }),
         extreme_u64().prop_map(JobChange::SetTimeLimit),
+        Just(JobChange::Suspend),
+        Just(JobChange::Resume),
     ];
     let node_change =
         prop_oneof![Just(NodeStateChange::Drain), Just(NodeStateChange::Resume), Just(NodeStateChange::Down)];
@@ -2129,6 +2144,7 @@ fn pokes_wake_only_the_nodes_a_change_concerns() {
         state: JobState::Cancelled,
         attempt: s.jobs[&job_id].attempt,
         reason: String::new(),
+        suspended: None,
     });
     assert_eq!(fresh.nodes_to_poke(&ev, &s), nodes);
 }

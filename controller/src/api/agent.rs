@@ -221,15 +221,26 @@ impl AgentService for AgentApi {
             launch_bytes = launch_bytes.saturating_add(bytes);
             launch.push(order);
         }
-        let desired =
-            orders.desired.iter().map(|(job_id, attempt)| TaskRef { job_id: *job_id, attempt: *attempt }).collect();
+        let refs = |tasks: &[gangway_core::duties::TaskKey]| -> Vec<TaskRef> {
+            tasks.iter().map(|(job_id, attempt)| TaskRef { job_id: *job_id, attempt: *attempt }).collect()
+        };
+        let (desired, suspended) = (refs(&orders.desired), refs(&orders.suspended));
         let stops = orders
             .stops
             .into_iter()
             .map(|s| TaskStop { job_id: s.task.0, attempt: s.task.1, grace_s: s.grace_s, reason: s.reason })
             .collect();
         let heartbeat_interval_ms = self.heartbeat_interval_ms(state.nodes.len());
-        Ok(Response::new(HeartbeatResponse { known: true, desired, launch, term, stops, index, heartbeat_interval_ms }))
+        Ok(Response::new(HeartbeatResponse {
+            known: true,
+            desired,
+            launch,
+            term,
+            stops,
+            index,
+            heartbeat_interval_ms,
+            suspended,
+        }))
     }
 
     async fn report_task_exit(&self, req: Request<TaskExitReport>) -> Result<Response<TaskExitAck>, Status> {

@@ -546,12 +546,13 @@ impl Replica {
     pub fn step_credential(&self, job: &gangway_core::Job) -> Result<String, Status> {
         let Some(creds) = self.security.credentials() else { return Ok(String::new()) };
         let Some(alloc) = job.allocation.as_ref() else { return Ok(String::new()) };
-        let start_s = job.start_time_ms.unwrap_or(job.submit_time_ms) / 1000;
+        // The limit's end, later by the time the job has been suspended.
+        let end_s = job.expected_end_ms(crate::now_ms()) / 1000;
         let claims = gangway_proto::step_cred::StepClaims {
             job_id: job.id,
             attempt: job.attempt,
             nodes: alloc.nodes.iter().map(|n| n.node.clone()).collect(),
-            expires_unix: start_s.saturating_add(job.spec.time_limit_s).saturating_add(STEP_CREDENTIAL_SLACK_S),
+            expires_unix: end_s.saturating_add(STEP_CREDENTIAL_SLACK_S),
         };
         gangway_proto::step_cred::sign(creds, &claims)
             .map_err(|e| Status::internal(format!("cannot sign the step credential: {e}")))

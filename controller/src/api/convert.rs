@@ -169,14 +169,25 @@ pub fn state_from_proto(s: pb::JobState) -> Option<JobState> {
         pb::JobState::Timeout => JobState::TimedOut,
         pb::JobState::NodeFail => JobState::NodeFail,
         pb::JobState::Deadline => JobState::Deadline,
+        // Suspended is a running job's display state.
+        pb::JobState::Suspended => JobState::Running,
     })
+}
+
+/// The state a job shows: a suspended running job is SUSPENDED.
+pub fn job_state_to_proto(j: &Job) -> pb::JobState {
+    if j.state == JobState::Running && j.is_suspended() {
+        pb::JobState::Suspended
+    } else {
+        state_to_proto(j.state)
+    }
 }
 
 pub fn job_to_proto(j: &Job) -> pb::Job {
     pb::Job {
         id: j.id,
         spec: Some(spec_to_proto(&j.spec)),
-        state: state_to_proto(j.state) as i32,
+        state: job_state_to_proto(j) as i32,
         attempt: j.attempt,
         submitted_by: j.submitted_by.clone(),
         submit_time_ms: j.submit_time_ms,
@@ -205,6 +216,8 @@ pub fn job_to_proto(j: &Job) -> pb::Job {
         last_checkpoint_ms: j.last_checkpoint_ms,
         display_id: j.display_id(),
         exit_signal: j.task_exits.values().find_map(|t| t.signal),
+        suspended_at_ms: j.suspended_at_ms,
+        suspended_ms: j.suspended_ms,
     }
 }
 

@@ -12,7 +12,7 @@ use gangway_proto::v1::*;
 use tokio::sync::broadcast::error::RecvError;
 use tonic::{Request, Response, Status};
 
-use super::convert::{spec_from_proto, state_from_proto, state_to_proto};
+use super::convert::{job_state_to_proto, spec_from_proto, state_from_proto, state_to_proto};
 use super::{status_from_spec, unexpected, Routed};
 use crate::shared::Replica;
 
@@ -137,11 +137,12 @@ impl JobService for JobApi {
         if msg.limit > LIST_LIMIT_MAX {
             return Err(Status::invalid_argument(format!("limit: must be at most {LIST_LIMIT_MAX}")));
         }
+        // Matched against the state each job shows (SUSPENDED apart from RUNNING).
         let mut states = Vec::new();
         for s in &msg.states {
             let st = JobState::try_from(*s)
                 .ok()
-                .and_then(state_from_proto)
+                .filter(|st| state_from_proto(*st).is_some())
                 .ok_or_else(|| Status::invalid_argument(format!("states: {s} is not a job state")))?;
             states.push(st);
         }
@@ -159,7 +160,7 @@ impl JobService for JobApi {
         let state = self.replica.node.state().read();
         let matches = |j: &&gangway_core::Job| {
             viewer.visible(j)
-                && (states.is_empty() || states.contains(&j.state))
+                && (states.is_empty() || states.contains(&job_state_to_proto(j)))
                 && (user.is_empty() || j.spec.user == user)
                 && (name.is_empty() || j.spec.name == name)
                 && (account.is_empty() || j.spec.account == account)
@@ -181,7 +182,8 @@ impl JobService for JobApi {
         };
         // Pending and running jobs are indexed; scanning only them keeps the
         // common "what is queued" listing cheap when many finished jobs are kept.
-        let active_only = !states.is_empty() && states.iter().all(|s| !s.is_finished());
+        let active_only =
+            !states.is_empty() && states.iter().all(|s| state_from_proto(*s).is_some_and(|s| !s.is_finished()));
         let mut jobs = Vec::with_capacity(limit.min(1024));
         let mut more = false;
         let mut bytes = 0usize;
@@ -263,6 +265,8 @@ impl JobService for JobApi {
             Change::SetTimeLimit => {
                 JobChange::SetTimeLimit(int("time limit", 1, gangway_core::limits::TIME_LIMIT_S_MAX as i64)? as u64)
             }
+            Change::Suspend => JobChange::Suspend,
+            Change::Resume => JobChange::Resume,
         };
         let cmd = Command::UpdateJob { job_id, change, identity: ctx.identity.clone(), now_ms: crate::now_ms() };
         let routed = self
@@ -413,6 +417,11 @@ impl JobService for JobApi {
         if job.state != gangway_core::JobState::Running {
             return Err(Status::failed_precondition(format!("job {job_id} is not running: it has no nodes for steps")));
         }
+        if job.is_suspended() {
+            return Err(Status::failed_precondition(format!(
+                "job {job_id} is suspended: its steps wait for `scontrol resume {job_id}`"
+            )));
+        }
         let credential = self.replica.step_credential(&job)?;
         Ok(Response::new(StepCredentialResponse { credential, attempt: job.attempt }))
     }
@@ -522,7 +531,7 @@ impl JobService for JobApi {
                         let msg = JobEvent {
                             index: ev.index,
                             job_id: ev.job_id,
-                            state: state_to_proto(ev.state) as i32,
+                            state: event_state(&ev) as i32,
                             attempt: ev.attempt,
                             reason: shown.reason(ev.reason),
                         };
@@ -633,12 +642,23 @@ where
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
+/// The state a job event shows: SUSPENDED for a suspension.
+fn event_state(ev: &gangway_core::state::JobEvent) -> gangway_proto::v1::JobState {
+    if ev.suspended == Some(true) {
+        gangway_proto::v1::JobState::Suspended
+    } else {
+        state_to_proto(ev.state)
+    }
+}
+
 /// An event as the stream carries it, with its kind in words.
 fn cluster_event(ev: gangway_core::Event) -> ClusterEvent {
     use gangway_core::{Event, JobState, NodeChange, NodeState};
     match ev {
         Event::Job(j) => {
             let kind = match j.state {
+                JobState::Running if j.suspended == Some(true) => "suspended",
+                JobState::Running if j.suspended == Some(false) => "resumed",
                 JobState::Running => "started",
                 JobState::Pending if j.attempt == 0 && j.reason.is_empty() => "submitted",
                 JobState::Pending if j.reason.contains("preempted") => "preempted",
@@ -650,7 +670,7 @@ fn cluster_event(ev: gangway_core::Event) -> ClusterEvent {
                 index: j.index,
                 kind: kind.into(),
                 job_id: j.job_id,
-                state: state_to_proto(j.state) as i32,
+                state: event_state(&j) as i32,
                 attempt: j.attempt,
                 reason: j.reason,
                 ..Default::default()

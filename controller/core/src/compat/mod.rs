@@ -6,6 +6,7 @@
 pub mod v4;
 pub mod v5;
 pub mod v8;
+pub mod v9;
 
 /// A frozen type's conversion from and to today's type `T`. Every type is
 /// its own frozen form; a type a later format changed has a frozen copy with
@@ -24,6 +25,51 @@ impl<T> Frozen<T> for T {
     fn thaw(self) -> T {
         self
     }
+}
+
+/// Declares a frozen struct's conversions from and to today's: `$fields` are
+/// the frozen type's, each converted with [`Frozen`]; today's later fields
+/// take their defaults, or the values `later` gives (a state or entry of the
+/// old format never sets them, as `apply` and the leader refuse to there).
+macro_rules! frozen_struct {
+    ($frozen:ty => $today:path { $($f:ident),* $(,)? }) => {
+        frozen_struct!($frozen => $today { $($f),* } later { ..Default::default() });
+    };
+    ($frozen:ty => $today:path { $($f:ident),* $(,)? } later { $($later:tt)* }) => {
+        impl Frozen<$today> for $frozen {
+            fn freeze(t: $today) -> Self {
+                Self { $($f: Frozen::freeze(t.$f),)* }
+            }
+            fn thaw(self) -> $today {
+                $today { $($f: Frozen::thaw(self.$f),)* $($later)* }
+            }
+        }
+    };
+}
+
+/// Declares the conversions of a map of frozen jobs `$job` and `JobsRef`,
+/// which serializes today's jobs as `$job` one at a time, so writing an
+/// old-format snapshot never copies the whole state.
+macro_rules! frozen_jobs {
+    ($job:ident, $formats:literal) => {
+        impl Frozen<BTreeMap<JobId, crate::model::Job>> for BTreeMap<JobId, $job> {
+            fn freeze(t: BTreeMap<JobId, crate::model::Job>) -> Self {
+                t.into_iter().map(|(id, j)| (id, Frozen::freeze(j))).collect()
+            }
+            fn thaw(self) -> BTreeMap<JobId, crate::model::Job> {
+                self.into_iter().map(|(id, j)| (id, Frozen::thaw(j))).collect()
+            }
+        }
+
+        #[doc = concat!("Today's jobs, serialized as ", $formats, " encoded them.")]
+        pub struct JobsRef<'a>(pub &'a BTreeMap<JobId, crate::model::Job>);
+
+        impl serde::Serialize for JobsRef<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_map(self.0.iter().map(|(id, j)| (id, <$job as Frozen<crate::model::Job>>::freeze(j.clone()))))
+            }
+        }
+    };
 }
 
 /// Declares a frozen format's command enum, variant for variant as `Command`
@@ -116,16 +162,17 @@ macro_rules! frozen_commands {
 /// with the policy in the format's own type. A field whose type a later
 /// format changed is declared with its frozen copy and, after `=>`, the
 /// wrapper that serializes today's value as that copy (`JobsRef`). Fields
-/// convert with [`Frozen`]. `stored_format`: the state carried its format as
-/// its last field (from format 5; the snapshot's header says the same, and
-/// the decoded state takes it).
+/// convert with [`Frozen`]. `stored_format`: the state carried its format
+/// (from format 5; the snapshot's header says the same, and the decoded
+/// state takes it), followed by the `after_format` fields (from format 9).
 macro_rules! frozen_state {
     (
         format: $format:literal,
         policy: $policy:ty,
         before_policy: [$($f:ident : $t:ty $(=> $fr:ident)?),* $(,)?],
         after_policy: [$($g:ident : $u:ty),* $(,)?]
-        $(, stored_format: $sf:ident)? $(,)?
+        $(, stored_format: $sf:ident)?
+        $(, after_format: [$($h:ident : $w:ty),* $(,)?])? $(,)?
     ) => {
         /// The state as this format encodes it (for decoding).
         #[derive(serde::Deserialize)]
@@ -134,6 +181,7 @@ macro_rules! frozen_state {
             policy: $policy,
             $($g: $u,)*
             $($sf: u32,)?
+            $($($h: $w,)*)?
         }
 
         $(
@@ -154,6 +202,7 @@ macro_rules! frozen_state {
             policy: $policy,
             $($g: &'a $u,)*
             $($sf: &'a u32,)?
+            $($($h: &'a $w,)*)?
         }
 
         impl<'a> From<&'a crate::State> for StateRef<'a> {
@@ -163,6 +212,7 @@ macro_rules! frozen_state {
                     policy: <$policy>::from(&s.policy),
                     $($g: &s.$g,)*
                     $($sf: &s.$sf,)?
+                    $($($h: &s.$h,)*)?
                 }
             }
         }
@@ -176,6 +226,7 @@ macro_rules! frozen_state {
                     $($f: super::Frozen::thaw(s.$f),)*
                     policy: s.policy.into(),
                     $($g: super::Frozen::thaw(s.$g),)*
+                    $($($h: super::Frozen::thaw(s.$h),)*)?
                     format,
                     ..crate::State::default()
                 }
@@ -201,4 +252,4 @@ macro_rules! frozen_ref_value {
     };
 }
 
-pub(crate) use {frozen_commands, frozen_ref_type, frozen_ref_value, frozen_state};
+pub(crate) use {frozen_commands, frozen_jobs, frozen_ref_type, frozen_ref_value, frozen_state, frozen_struct};

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use super::{frozen_commands, frozen_state, Frozen};
+use super::{frozen_commands, frozen_jobs, frozen_state, frozen_struct, Frozen};
 use crate::command::{JobChange, NodeStateChange, Placement, Preemption};
 use crate::model::{Allocation, ArrayElement, HoldKind, JobId, JobState, Node, TaskExit};
 use crate::policy::{Account, Partition, PriorityWeights, Qos, Use, User};
@@ -111,48 +111,11 @@ pub struct ClusterPolicy {
     pub private_jobs: bool,
 }
 
-/// Declares a frozen struct's conversions from and to today's: `$fields` are
-/// the frozen type's, each converted with [`Frozen`]; today's later fields
-/// take their defaults, or the values `later` gives (a state or entry of the
-/// old format never sets them, as `apply` and the leader refuse to there).
-macro_rules! frozen_struct {
-    ($frozen:ty => $today:path { $($f:ident),* $(,)? }) => {
-        frozen_struct!($frozen => $today { $($f),* } later { ..Default::default() });
-    };
-    ($frozen:ty => $today:path { $($f:ident),* $(,)? } later { $($later:tt)* }) => {
-        impl Frozen<$today> for $frozen {
-            fn freeze(t: $today) -> Self {
-                Self { $($f: Frozen::freeze(t.$f),)* }
-            }
-            fn thaw(self) -> $today {
-                $today { $($f: Frozen::thaw(self.$f),)* $($later)* }
-            }
-        }
-    };
-}
-
 frozen_struct!(JobSpec => crate::spec::JobSpec { name, user, command, script, workdir, partition, nodes, tasks_per_node, cpus_per_task, mem_per_node_mb, gpus_per_node, gpu_type, time_limit_s, env, requeue, output, error, warn_signal, warn_before_s, warn_batch_shell, account, qos, nodes_max, mem_per_cpu_mb, constraints, exclusive, topology, dependencies, singleton, kill_on_invalid_dep, array, nice, hold, begin_ms, comment, batch, truncate_output, nodelist, exclude });
 frozen_struct!(ClusterPolicy => crate::policy::ClusterPolicy { version, topology_levels, partitions, accounts, users, qos, priority, fairshare_half_life_s, backfill_reservations, enforce_users, admins, operators, coordinators, user_map, user_domains, allow_root_jobs, private_jobs });
-frozen_struct!(Job => crate::model::Job { id, spec, state, attempt, submitted_by, submit_time_ms, start_time_ms, end_time_ms, allocation, exit_code, reason, submit_index, task_exits, ran_on, array, deps_pending, held, priority_override, last_checkpoint_ms, preempted } later { requested_limit_s: 0, expedite_nodes: None });
+frozen_struct!(Job => crate::model::Job { id, spec, state, attempt, submitted_by, submit_time_ms, start_time_ms, end_time_ms, allocation, exit_code, reason, submit_index, task_exits, ran_on, array, deps_pending, held, priority_override, last_checkpoint_ms, preempted } later { requested_limit_s: 0, expedite_nodes: None, suspended_at_ms: None, suspended_ms: 0 });
 
-impl Frozen<BTreeMap<JobId, crate::model::Job>> for BTreeMap<JobId, Job> {
-    fn freeze(t: BTreeMap<JobId, crate::model::Job>) -> Self {
-        t.into_iter().map(|(id, j)| (id, Frozen::freeze(j))).collect()
-    }
-    fn thaw(self) -> BTreeMap<JobId, crate::model::Job> {
-        self.into_iter().map(|(id, j)| (id, Frozen::thaw(j))).collect()
-    }
-}
-
-/// Today's jobs, serialized as formats 4 to 8 encoded them: one job frozen at
-/// a time, so writing an old-format snapshot never copies the whole state.
-pub struct JobsRef<'a>(pub &'a BTreeMap<JobId, crate::model::Job>);
-
-impl Serialize for JobsRef<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_map(self.0.iter().map(|(id, j)| (id, <Job as Frozen<crate::model::Job>>::freeze(j.clone()))))
-    }
-}
+frozen_jobs!(Job, "formats 4 to 8");
 
 /// A policy as formats 6 to 8 write it, or why it cannot be: it uses fields
 /// of a later format.

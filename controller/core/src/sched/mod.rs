@@ -308,9 +308,11 @@ impl<'s, 'o> Pass<'s, 'o> {
         }
     }
 
-    /// When a running job is expected to end (never before now).
+    /// When a running job is expected to end (never before now). A
+    /// suspended job's clock is paused: it is planned as if resumed now.
     fn running_end_ms(&self, job: &Job) -> u64 {
-        let start = job.start_time_ms.unwrap_or(self.opts.now_ms);
+        let started = job.start_time_ms.unwrap_or(self.opts.now_ms);
+        let start = started.saturating_add(job.suspended_total_ms(self.opts.now_ms));
         let limit_end = start.saturating_add(job.spec.time_limit_s.saturating_mul(1000));
         let est_end = start.saturating_add(self.estimate_s(job).saturating_mul(1000));
         // A job past its estimate runs until its limit at most.

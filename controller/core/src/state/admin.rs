@@ -447,6 +447,49 @@ impl State {
                 // An explicit limit replaces the one a shortened start kept.
                 job.requested_limit_s = 0;
             }
+            JobChange::Suspend | JobChange::Resume => {
+                let suspend = *change == JobChange::Suspend;
+                let verb = if suspend { "suspend" } else { "resume" };
+                if self.format < crate::format::SUSPEND_FORMAT {
+                    return Applied::refused(
+                        RefusalKind::FailedPrecondition,
+                        format!("{verb}: needs data format {}", crate::format::SUSPEND_FORMAT),
+                    );
+                }
+                if !admin {
+                    return Applied::refused(
+                        RefusalKind::PermissionDenied,
+                        "permission: only operators and admins suspend and resume jobs",
+                    );
+                }
+                if job.state != JobState::Running {
+                    return Applied::refused(
+                        RefusalKind::FailedPrecondition,
+                        format!("job {job_id} is {}, not running", job.state.as_str()),
+                    );
+                }
+                if suspend == job.is_suspended() {
+                    let what = if suspend { "already suspended" } else { "not suspended" };
+                    return Applied::refused(RefusalKind::FailedPrecondition, format!("job {job_id} is {what}"));
+                }
+                let now = self.clock_ms;
+                let job = self.jobs.get_mut(&job_id).expect("checked");
+                if suspend {
+                    job.suspended_at_ms = Some(now);
+                } else {
+                    job.suspended_ms = job.suspended_total_ms(now);
+                    job.suspended_at_ms = None;
+                }
+                let done = if suspend { "suspended" } else { "resumed" };
+                events.push(JobEvent {
+                    index,
+                    job_id,
+                    state: JobState::Running,
+                    attempt: job.attempt,
+                    reason: format!("{done} by {identity}"),
+                    suspended: Some(suspend),
+                });
+            }
         }
         Applied { outcome: Outcome::JobUpdated { job_id }, events }
     }

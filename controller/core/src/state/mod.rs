@@ -206,6 +206,9 @@ pub struct JobEvent {
     pub state: JobState,
     pub attempt: u32,
     pub reason: String,
+    /// Some(true): the running job was suspended; Some(false): it was
+    /// resumed; None: any other event.
+    pub suspended: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -555,6 +558,10 @@ impl State {
         let job = self.jobs.get_mut(&job_id).expect("finish_job: job exists");
         assert!(!job.state.is_finished(), "job {job_id} finished twice");
         let allocation = job.allocation.take();
+        // A suspended job that ends (cancelled, its node lost) keeps the
+        // time it was suspended for accounting.
+        job.suspended_ms = job.suspended_total_ms(now);
+        job.suspended_at_ms = None;
         job.state = state;
         job.end_time_ms = Some(now);
         job.exit_code = exit_code;
@@ -589,7 +596,7 @@ impl State {
             }
             self.dependents.remove(&old);
         }
-        JobEvent { index, job_id, state, attempt, reason }
+        JobEvent { index, job_id, state, attempt, reason, suspended: None }
     }
 
     /// Puts a running job back in the queue, releasing its allocation; its next
@@ -613,6 +620,8 @@ impl State {
         job.task_exits.clear();
         job.reason = reason.clone();
         job.expedite_nodes = None;
+        job.suspended_at_ms = None;
+        job.suspended_ms = 0;
         // The next attempt asks for its whole limit again.
         if job.requested_limit_s > 0 {
             job.spec.time_limit_s = std::mem::take(&mut job.requested_limit_s);
@@ -623,7 +632,7 @@ impl State {
         // Release first: usage is charged from the start time.
         self.release(job_id, &allocation);
         self.jobs.get_mut(&job_id).expect("exists").start_time_ms = None;
-        JobEvent { index, job_id, state: JobState::Pending, attempt, reason }
+        JobEvent { index, job_id, state: JobState::Pending, attempt, reason, suspended: None }
     }
 
     fn release(&mut self, job_id: JobId, alloc: &Allocation) {
@@ -931,6 +940,8 @@ impl State {
             job.task_exits.clear();
             job.ran_on = p.nodes.iter().map(|n| n.node.clone()).collect();
             job.last_checkpoint_ms = None;
+            job.suspended_at_ms = None;
+            job.suspended_ms = 0;
             job.allocation = Some(alloc);
             self.pending.remove(&p.job_id);
             self.running.insert(p.job_id);
@@ -941,6 +952,7 @@ impl State {
                 state: JobState::Running,
                 attempt: p.attempt,
                 reason: String::new(),
+                suspended: None,
             });
         }
         Applied { outcome: Outcome::PlanApplied { started, rejected }, events }
@@ -1068,6 +1080,12 @@ impl State {
                     return Err(format!("finished job {id} still queued or allocated"))
                 }
                 _ => {}
+            }
+            if job.is_suspended() && job.state != JobState::Running {
+                return Err(format!("job {id} is suspended but {}", job.state.as_str()));
+            }
+            if job.state == JobState::Pending && job.suspended_ms != 0 {
+                return Err(format!("pending job {id} kept suspended time from an earlier attempt"));
             }
             if job.state == JobState::Running {
                 let alloc_nodes: BTreeSet<&str> =

@@ -116,8 +116,7 @@ impl State {
                 return None;
             }
             node.jobs.iter().filter_map(|id| self.jobs.get(id)).find_map(|j| {
-                let end =
-                    j.start_time_ms.unwrap_or(self.clock_ms).saturating_add(j.spec.time_limit_s.saturating_mul(1000));
+                let end = j.expected_end_ms(self.clock_ms);
                 let inside = replacing.is_some_and(|n| j.spec.reservation == n);
                 (!inside && res.overlaps(self.clock_ms, end)).then(|| {
                     format!(
@@ -190,8 +189,7 @@ impl State {
         // A replaced reservation's running jobs must stay within it.
         if let Some(name) = replacing {
             for j in self.running.iter().filter_map(|id| self.jobs.get(id)).filter(|j| j.spec.reservation == name) {
-                let end =
-                    j.start_time_ms.unwrap_or(self.clock_ms).saturating_add(j.spec.time_limit_s.saturating_mul(1000));
+                let end = j.expected_end_ms(self.clock_ms);
                 let window = res.window(self.clock_ms).filter(|(s, _)| *s <= self.clock_ms);
                 let inside = j.allocation.iter().flat_map(|a| &a.nodes).all(|n| res.contains(&n.node));
                 if !inside || window.is_none_or(|(_, e)| end > e) {

@@ -42,7 +42,14 @@ impl State {
             self.jobs.insert(job_id, job);
             self.pending.insert(job_id);
             self.count_active(job_id, true);
-            events.push(JobEvent { index, job_id, state: JobState::Pending, attempt: 0, reason: String::new() });
+            events.push(JobEvent {
+                index,
+                job_id,
+                state: JobState::Pending,
+                attempt: 0,
+                reason: String::new(),
+                suspended: None,
+            });
         }
         // Dependencies already met (a job that already started, say) settle now.
         let ids: Vec<JobId> = (first_id..self.next_job_id).collect();
@@ -147,6 +154,8 @@ impl State {
                 preempted: 0,
                 requested_limit_s: 0,
                 expedite_nodes: None,
+                suspended_at_ms: None,
+                suspended_ms: 0,
                 spec: element_spec,
             };
             jobs.push(job);

@@ -196,6 +196,9 @@ const STEP_KEYS: &[&str] = &[
     "reservation",
     "delete_reservation",
     "limits",
+    "suspend",
+    "resume_job",
+    "suspended",
 ];
 const UPDATE_KEYS: &[&str] = &["job", "priority", "nice", "time_limit_s"];
 
@@ -416,8 +419,13 @@ pub fn run_file(path: &std::path::Path) {
             if matches!(out, Outcome::Refused(_)) != step.get("expect_error").is_some() {
                 run.fail(i, format!("unexpected outcome {out:?}"));
             }
-        } else if let Some(job) =
-            step.get("hold").or(step.get("admin_hold")).or(step.get("release")).or(step.get("requeue"))
+        } else if let Some(job) = step
+            .get("hold")
+            .or(step.get("admin_hold"))
+            .or(step.get("release"))
+            .or(step.get("requeue"))
+            .or(step.get("suspend"))
+            .or(step.get("resume_job"))
         {
             let job_id = job.as_integer().unwrap() as u64;
             let change = if step.get("admin_hold").is_some() {
@@ -426,6 +434,10 @@ pub fn run_file(path: &std::path::Path) {
                 JobChange::Hold { admin: false }
             } else if step.get("release").is_some() {
                 JobChange::Release
+            } else if step.get("suspend").is_some() {
+                JobChange::Suspend
+            } else if step.get("resume_job").is_some() {
+                JobChange::Resume
             } else {
                 JobChange::Requeue { hold: false }
             };
@@ -502,6 +514,13 @@ pub fn run_file(path: &std::path::Path) {
             let got = run.state.jobs.get(&job).map(|j| j.spec.time_limit_s);
             if got != want.as_integer().map(|w| w as u64) {
                 run.fail(i, format!("job {job} has time limit {got:?} s, expected {want}"));
+            }
+        }
+        // The suspended jobs, checked after any step.
+        if let Some(want) = ids(step.get("suspended")) {
+            let got: Vec<u64> = run.state.jobs.values().filter(|j| j.is_suspended()).map(|j| j.id).collect();
+            if got != sorted(want.clone()) {
+                run.fail(i, format!("suspended {got:?}, expected {want:?}"));
             }
         }
         // Job states, checked after any step.
@@ -688,6 +707,8 @@ fn check_actions(run: &Run, i: usize, step: &Value, actions: Vec<Action>) {
             Action::PersistFences => "persist".to_string(),
             Action::Launch((j, a)) => format!("launch {j}.{a}"),
             Action::Stop { task: (j, a), grace_ms } => format!("stop {j}.{a} {grace_ms}"),
+            Action::Suspend((j, a)) => format!("suspend {j}.{a}"),
+            Action::Resume((j, a)) => format!("resume {j}.{a}"),
         })
         .collect();
     if got != want {

@@ -1,0 +1,4 @@
+#!/bin/bash
+# --exclusive=exclusive is the bare flag; a value Slurm does not know is refused.
+#SBATCH --exclusive=exclusive
+hostname

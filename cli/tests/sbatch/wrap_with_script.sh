@@ -1,0 +1,3 @@
+#!/bin/bash
+# test-args: --wrap=hostname SCRIPT
+hostname
