@@ -14,7 +14,7 @@ pub struct EventsArgs {
     #[arg(long, default_value_t = 0)]
     from: u64,
     /// Only these kinds (submitted, started, finished, preempted, requeued,
-    /// pending, suspended, resumed, node_registered, node_up, node_drain, node_down,
+    /// pending, suspended, resumed, step_started, step_ended, node_registered, node_up, node_drain, node_down,
     /// gpu_quarantined, gpu_healthy).
     #[arg(long, value_delimiter = ',')]
     kinds: Vec<String>,
@@ -39,6 +39,8 @@ const KINDS: &[&str] = &[
     "pending",
     "suspended",
     "resumed",
+    "step_started",
+    "step_ended",
     "node_registered",
     "node_up",
     "node_drain",
@@ -49,7 +51,10 @@ const KINDS: &[&str] = &[
 
 fn line(e: &pb::ClusterEvent) -> String {
     let state = crate::slurm::state_name(e.state);
-    let what = if e.job_id != 0 {
+    let what = if let Some(step) = e.step {
+        let step_state = crate::slurm::state_name(e.step_state);
+        format!("job {}.{step} {step_state} attempt {}", e.job_id, e.attempt)
+    } else if e.job_id != 0 {
         format!("job {} {state} attempt {}", e.job_id, e.attempt)
     } else if let Some(g) = e.gpu {
         format!("node {} GPU {g}", e.node)
@@ -86,6 +91,7 @@ pub async fn run(client: &Client, out: &Output, a: EventsArgs) -> anyhow::Result
                 "state": (e.job_id != 0).then(|| crate::slurm::state_name(e.state)),
                 "attempt": (e.job_id != 0).then_some(e.attempt),
                 "node": (!e.node.is_empty()).then_some(&e.node), "gpu": e.gpu, "reason": e.reason,
+                "step": e.step, "step_state": e.step.map(|_| crate::slurm::state_name(e.step_state)),
             });
             println!("{v}");
         } else {

@@ -752,10 +752,37 @@ fn suspend_and_resume_through_the_shims(endpoints: &str, work: &Path, shim: &dyn
         assert!(o.status.success(), "{name} {args:?}: {}", String::from_utf8_lossy(&o.stderr));
         stdout(&o)
     };
+    // srun's steps in the history: sacct's ID.N lines, each with its own
+    // state, exit code and nodes, and their events.
+    let two = tool("sbatch", &["--parsable", "-N", "2", "--wrap", "srun true; srun -N1 sh -c 'exit 3' || true"]);
+    let two = two.trim().to_string();
+    eventually("the two-step job never completed", || {
+        tool("sacct", &["-X", "-j", &two, "-n", "-P", "-o", "State"]).trim() == "COMPLETED"
+    });
+    let lines = tool("sacct", &["-j", &two, "-n", "-P", "-o", "JobID,JobName,State,ExitCode,NNodes"]);
+    let lines: Vec<&str> = lines.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!("{two}|wrap|COMPLETED|0:0|2"),
+            format!("{two}.batch|batch|COMPLETED|0:0|1"),
+            format!("{two}.0|true|COMPLETED|0:0|2"),
+            format!("{two}.1|sh|FAILED|3:0|1"),
+        ]
+    );
+    let o = cli(endpoints, &["events", "--from", "1", "--job", &two, "--kinds", "step_ended", "--count", "2"], work);
+    let said = stdout(&o);
+    assert!(
+        said.contains(&format!("job {two}.0 COMPLETED")) && said.contains(&format!("job {two}.1 FAILED")),
+        "{said}"
+    );
+
     let step = "srun sh -c 'echo $$ > pid-$SLURM_PROCID; while :; do echo t >> ticks-$SLURM_PROCID; sleep 0.1; done'";
     let id = tool("sbatch", &["--parsable", "-N", "2", "-t", "30", "--wrap", step]).trim().to_string();
     let ticks = |rank: u32| std::fs::read_to_string(work.join(format!("ticks-{rank}"))).map_or(0, |t| t.len());
     eventually("the step never ticked on both nodes", || ticks(0) > 0 && ticks(1) > 0);
+    let step_state = || tool("sacct", &["-j", &id, "-n", "-P", "-o", "JobID,State"]);
+    assert!(step_state().contains(&format!("{id}.0|RUNNING")), "{}", step_state());
     let o = shim("scontrol", "dev:mallory").args(["suspend", &id]).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("operators and admins"), "{err}");
@@ -785,6 +812,7 @@ fn suspend_and_resume_through_the_shims(endpoints: &str, work: &Path, shim: &dyn
     eventually("the suspended job was never cancelled", || {
         tool("sacct", &["-X", "-j", &id, "-n", "-P", "-o", "State"]).trim() == "CANCELLED"
     });
+    assert!(step_state().contains(&format!("{id}.0|CANCELLED")), "a running step ends with its job: {}", step_state());
     // Its tasks end (a stop continues them so that SIGTERM takes), not stay stopped.
     for rank in 0..2 {
         let pid: i32 = std::fs::read_to_string(work.join(format!("pid-{rank}"))).unwrap().trim().parse().unwrap();

@@ -180,10 +180,11 @@ fn stop_processes(groups: &[Pid], cgroup: Option<&std::path::Path>, spare: Optio
     let mut stopped = std::collections::BTreeSet::new();
     for _ in 0..SUSPEND_PASSES_MAX {
         let mut pids: Vec<i32> = crate::cgroup::Cgroups::procs(cgroup);
-        for g in groups {
-            match group_members(*g) {
-                Some(members) => pids.extend(members.into_iter().map(|(pid, _)| pid)),
-                None => {
+        // One walk of /proc for every group.
+        match groups_members(groups) {
+            Some(members) => pids.extend(members),
+            None => {
+                for g in groups {
                     let _ = killpg(*g, Signal::SIGSTOP);
                 }
             }
@@ -252,6 +253,19 @@ fn is_srun(pid: i32) -> bool {
 /// The running (not zombie) processes of group `pgid`, as (pid, parent pid);
 /// None without /proc.
 fn group_members(pgid: Pid) -> Option<Vec<(i32, i32)>> {
+    members_where(|g| g == pgid.as_raw())
+}
+
+/// The running processes of any of `groups`, in one walk of /proc; None
+/// without /proc.
+fn groups_members(groups: &[Pid]) -> Option<Vec<i32>> {
+    let wanted: std::collections::BTreeSet<i32> = groups.iter().map(|g| g.as_raw()).collect();
+    Some(members_where(|g| wanted.contains(&g))?.into_iter().map(|(pid, _)| pid).collect())
+}
+
+/// The running (not zombie) processes whose process group `in_group`
+/// accepts, as (pid, parent pid); None without /proc.
+fn members_where(in_group: impl Fn(i32) -> bool) -> Option<Vec<(i32, i32)>> {
     let entries = std::fs::read_dir("/proc").ok()?;
     let members = entries
         .flatten()
@@ -262,7 +276,7 @@ fn group_members(pgid: Pid) -> Option<Vec<(i32, i32)>> {
             let (_, rest) = stat.rsplit_once(')')?;
             let f: Vec<&str> = rest.split_whitespace().collect();
             let (ppid, pgrp): (i32, i32) = (f.get(1)?.parse().ok()?, f.get(2)?.parse().ok()?);
-            (pgrp == pgid.as_raw() && !matches!(f[0], "Z" | "X")).then_some((pid, ppid))
+            (in_group(pgrp) && !matches!(f[0], "Z" | "X")).then_some((pid, ppid))
         })
         .collect();
     Some(members)

@@ -1,8 +1,9 @@
 //! `sacct`: the job history (finished jobs too), from the replicated state, so
 //! it survives a controller failover. Gangway keeps the last 100,000 finished
 //! jobs. A batch job that started also gets its batch step's line
-//! (`12.batch`: the script, on the first node; it ends with the job); srun's
-//! steps (`12.0`) are not recorded. `-X` shows allocations only.
+//! (`12.batch`: the script, on the first node; it ends with the job), then
+//! its srun steps (`12.0`, `12.1`, ...: recorded by srun in the replicated
+//! history). `-X` shows allocations only.
 
 use anyhow::bail;
 use clap::Args;
@@ -118,7 +119,10 @@ pub fn field(j: &pb::Job, key: &str, now: u64) -> String {
                 j.display_id.clone()
             }
         }
-        "JobIDRaw" if j.display_id.ends_with(".batch") => format!("{}.batch", j.id),
+        // A step line: the job's raw id with the step's suffix.
+        "JobIDRaw" if j.display_id.contains('.') => {
+            format!("{}.{}", j.id, j.display_id.rsplit('.').next().unwrap_or_default())
+        }
         "JobIDRaw" => j.id.to_string(),
         "JobName" => s.name.clone(),
         "Partition" => s.partition.clone(),
@@ -264,8 +268,11 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: SacctArgs) ->
     }
     for j in &jobs {
         println!("{}", format::render_columns(&items, |k| field(j, k, now), parsable, a.parsable));
-        if let Some(b) = batch_step(j).filter(|_| !a.allocations) {
-            println!("{}", format::render_columns(&items, |k| field(&b, k, now), parsable, a.parsable));
+        if a.allocations {
+            continue;
+        }
+        for step in batch_step(j).into_iter().chain(srun_steps(j)) {
+            println!("{}", format::render_columns(&items, |k| field(&step, k, now), parsable, a.parsable));
         }
     }
     Ok(())
@@ -285,6 +292,43 @@ fn batch_step(j: &pb::Job) -> Option<pb::Job> {
         ran_on: j.ran_on.iter().take(1).cloned().collect(),
         ..j.clone()
     })
+}
+
+/// The job's srun steps as sacct shows them: `ID.N`, named after their
+/// program, on their nodes, with their own state, times and exit code.
+fn srun_steps(j: &pb::Job) -> Vec<pb::Job> {
+    let id = if j.display_id.is_empty() { j.id.to_string() } else { j.display_id.clone() };
+    let job_nodes: Vec<String> =
+        if j.allocation.is_empty() { j.ran_on.clone() } else { j.allocation.iter().map(|a| a.node.clone()).collect() };
+    j.steps
+        .iter()
+        .map(|s| {
+            let nodes = if s.nodes.is_empty() { job_nodes.clone() } else { s.nodes.clone() };
+            let spec = j.spec.clone().unwrap_or_default();
+            let spec = pb::JobSpec {
+                name: s.name.clone(),
+                partition: String::new(),
+                nodes: Some(nodes.len() as i64),
+                tasks_per_node: Some(i64::from(s.tasks) / (nodes.len().max(1) as i64)),
+                ..spec
+            };
+            pb::Job {
+                display_id: format!("{id}.{}", s.id),
+                spec: Some(spec),
+                state: s.state,
+                start_time_ms: Some(s.start_ms),
+                end_time_ms: s.end_ms,
+                exit_code: Some(s.exit_code.unwrap_or(0)),
+                exit_signal: s.signal,
+                allocation: j.allocation.iter().filter(|a| nodes.contains(&a.node)).cloned().collect(),
+                ran_on: nodes,
+                suspended_at_ms: None,
+                suspended_ms: 0,
+                steps: Vec::new(),
+                ..j.clone()
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -369,7 +369,10 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
         (None, Some(here)) => vec![here],
         (None, None) => return Ok(0), // this node is not in the step: its tasks run elsewhere
     };
-    let step = Step {
+    // The whole step starts here (a batch job): it is recorded in the job's
+    // history, on its nodes (none listed: all of the job's).
+    let record = step_addrs.is_some();
+    let mut step = Step {
         args: a,
         shape,
         share,
@@ -377,10 +380,28 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
         job,
         attempt: std::env::var("GANGWAY_ATTEMPT").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
         addrs: step_addrs.unwrap_or_default(),
+        step_id: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("srun: tokio runtime")?;
-    rt.block_on(step.execute(&targets))
+    rt.block_on(async move {
+        let job_id: Option<u64> = step.job.parse().ok();
+        if let Some(job_id) = job_id.filter(|_| record) {
+            let program = step.args.command.first().map(String::as_str).unwrap_or("srun");
+            let name = program.rsplit('/').next().unwrap_or(program);
+            let name: String = name.chars().take(STEP_NAME_CHARS_MAX).collect();
+            let nodes = if step.share.nodes == alloc { Vec::new() } else { step.share.nodes.clone() };
+            step.step_id = begin_step(job_id, step.attempt, &name, &nodes, step.share.ntasks()).await;
+        }
+        let code = step.execute(&targets).await;
+        if let (Some(job_id), Some(step_id)) = (job_id, step.step_id) {
+            end_step(job_id, step.attempt, step_id, *code.as_ref().unwrap_or(&1)).await;
+        }
+        code
+    })
 }
+
+/// Characters of a step's recorded name (the controllers' limit is 64 bytes).
+const STEP_NAME_CHARS_MAX: usize = 16;
 
 /// Longest step-address file srun reads: every node of the largest gang
 /// with a long name and address.
@@ -435,6 +456,8 @@ struct Step {
     attempt: u32,
     /// Each node's step service (batch jobs).
     addrs: BTreeMap<String, String>,
+    /// The step's id in the job's history (SLURM_STEP_ID), when recorded.
+    step_id: Option<u32>,
 }
 
 impl Step {
@@ -460,6 +483,10 @@ impl Step {
         set("SLURM_STEP_TASKS_PER_NODE", per_node.join(","));
         set("SLURM_TASKS_PER_NODE", per_node.join(","));
         set("SLURM_JOB_ID", self.job.clone());
+        if let Some(id) = self.step_id {
+            set("SLURM_STEP_ID", id.to_string());
+            set("SLURM_STEPID", id.to_string());
+        }
         set("SLURMD_NODENAME", share.nodes[node_index].clone());
         set("RANK", rank.to_string());
         set("LOCAL_RANK", local.to_string());
@@ -751,6 +778,22 @@ async fn connect(node: &str, addr: &str) -> anyhow::Result<tonic::transport::Cha
 /// is in every job's environment), if they answer.
 async fn current_step_addr(node: &str) -> Option<String> {
     use gangway_proto::v1::node_service_client::NodeServiceClient;
+    let client = job_client()?;
+    let req = gangway_proto::v1::GetNodeRequest { name: node.to_string(), stale: true };
+    let n = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { NodeServiceClient::new(ch).get(r).await }
+        })
+        .await
+        .ok()?
+        .into_inner();
+    gangway_proto::step_addr(node, &n.addr)
+}
+
+/// A client of the controllers from inside a job (GANGWAY_ENDPOINTS is in
+/// every job's environment), vouched for by the job's step credential.
+fn job_client() -> Option<gangway_proto::client::Client> {
     let endpoints: Vec<String> = std::env::var("GANGWAY_ENDPOINTS").ok()?.split(',').map(str::to_string).collect();
     let identity = std::env::var("GANGWAY_IDENTITY").unwrap_or_else(|_| "dev:srun".into());
     // The job's step credential vouches for srun (its user may have no
@@ -766,16 +809,49 @@ async fn current_step_addr(node: &str) -> Option<String> {
     } else if let Ok(t) = std::env::var("GANGWAY_TOKEN") {
         client = client.with_bearer(&t).ok()?;
     }
-    let req = gangway_proto::v1::GetNodeRequest { name: node.to_string(), stale: true };
-    let n = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { NodeServiceClient::new(ch).get(r).await }
-        })
-        .await
-        .ok()?
-        .into_inner();
-    gangway_proto::step_addr(node, &n.addr)
+    Some(client)
+}
+
+/// How long srun waits for the controllers to record a step's start or end:
+/// the step itself never waits on accounting longer than this.
+const STEP_RECORD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Records the step's start in the job's history (sacct's `ID.N`); its id,
+/// or None when it could not be recorded (an older cluster, the controllers
+/// unreachable): the step runs all the same.
+async fn begin_step(job_id: u64, attempt: u32, name: &str, nodes: &[String], tasks: u32) -> Option<u32> {
+    use gangway_proto::v1::job_service_client::JobServiceClient;
+    let client = job_client()?;
+    let req =
+        gangway_proto::v1::BeginStepRequest { job_id, attempt, name: name.to_string(), nodes: nodes.to_vec(), tasks };
+    let call = client.call(|ch| {
+        let r = client.request(req.clone());
+        async move { JobServiceClient::new(ch).begin_step(r).await }
+    });
+    match tokio::time::timeout(STEP_RECORD_TIMEOUT, call).await {
+        Ok(Ok(resp)) => Some(resp.into_inner().step_id),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "the step is not recorded");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// Records the step's end: its worst exit code (128+N: killed by signal N).
+async fn end_step(job_id: u64, attempt: u32, step_id: u32, code: i32) {
+    use gangway_proto::v1::job_service_client::JobServiceClient;
+    let Some(client) = job_client() else { return };
+    let (exit_code, signal) = match code {
+        c if (129..=192).contains(&c) => (None, Some(c - 128)),
+        c => (Some(c.clamp(0, 255)), None),
+    };
+    let req = gangway_proto::v1::EndStepRequest { job_id, attempt, step_id, exit_code, signal };
+    let call = client.call(|ch| {
+        let r = client.request(req);
+        async move { JobServiceClient::new(ch).end_step(r).await }
+    });
+    let _ = tokio::time::timeout(STEP_RECORD_TIMEOUT, call).await;
 }
 
 /// Writes tasks' output to srun's stdout and stderr, whole lines prefixed

@@ -151,6 +151,28 @@ pub enum Command {
         identity: String,
         now_ms: u64,
     },
+    /// An srun step of a running job attempt started on `nodes` (empty:
+    /// every node of the job), with `tasks` tasks; sent by srun, vouched for
+    /// by the job's step credential. It gets the attempt's next step id.
+    /// Since format 10.
+    StepStarted {
+        job_id: JobId,
+        attempt: u32,
+        name: String,
+        nodes: Vec<String>,
+        tasks: u32,
+        now_ms: u64,
+    },
+    /// A step ended: its worst task's exit code, or the signal that ended
+    /// one. Since format 10.
+    StepEnded {
+        job_id: JobId,
+        attempt: u32,
+        step_id: u32,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        now_ms: u64,
+    },
 }
 
 /// One victim of a preemption.
@@ -220,6 +242,9 @@ impl Command {
                 .saturating_add(policy.qos.len().saturating_mul(256))
                 .saturating_add(policy.licenses.len().saturating_mul(64)),
             Command::Batch(cmds) => cmds.iter().map(Command::approx_bytes).fold(0, usize::saturating_add),
+            Command::StepStarted { name, nodes, .. } => FIXED
+                .saturating_add(name.len())
+                .saturating_add(nodes.iter().map(|n| n.len().saturating_add(16)).fold(0, usize::saturating_add)),
             Command::ChangeReservation {
                 change: ReservationChange::Create(r) | ReservationChange::Update(r), ..
             } => FIXED.saturating_add(r.name.len()).saturating_add(r.partition.len()).saturating_add(
@@ -249,7 +274,9 @@ impl Command {
             | Command::ApplySchedule { now_ms, .. }
             | Command::JobCheckpointed { now_ms, .. }
             | Command::SetDataFormat { now_ms, .. }
-            | Command::ChangeReservation { now_ms, .. } => *now_ms,
+            | Command::ChangeReservation { now_ms, .. }
+            | Command::StepStarted { now_ms, .. }
+            | Command::StepEnded { now_ms, .. } => *now_ms,
         }
     }
 
@@ -270,6 +297,8 @@ impl Command {
             Command::JobCheckpointed { .. } => "job_checkpointed",
             Command::SetDataFormat { .. } => "set_data_format",
             Command::ChangeReservation { .. } => "change_reservation",
+            Command::StepStarted { .. } => "step_started",
+            Command::StepEnded { .. } => "step_ended",
         }
     }
 }

@@ -481,6 +481,8 @@ impl PokeBook {
     pub fn nodes_to_poke(&mut self, event: &crate::state::Event, state: &State) -> Vec<String> {
         let ev = match event {
             crate::state::Event::Node { node, .. } => return vec![node.clone()],
+            // A step's start or end changes nothing its nodes are told.
+            crate::state::Event::Job(ev) if ev.step.is_some() => return Vec::new(),
             crate::state::Event::Job(ev) => ev,
         };
         let now_on = state

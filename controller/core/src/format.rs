@@ -59,7 +59,9 @@ pub const SLURM_FEATURES_FORMAT: u32 = 9;
 
 /// Format 10 added suspension to the job (when it was suspended, how long
 /// it was before) and the job changes [`crate::command::JobChange::Suspend`]
-/// and `Resume`. Format 9's job and state are frozen in `compat::v9`.
+/// and `Resume`, and the srun steps to the job with
+/// [`Command::StepStarted`] and [`Command::StepEnded`]. Format 9's job and
+/// state are frozen in `compat::v9`.
 pub const SUSPEND_FORMAT: u32 = 10;
 
 /// Whether this build reads `format`.
@@ -104,6 +106,7 @@ impl Command {
                 change: crate::command::JobChange::Suspend | crate::command::JobChange::Resume,
                 ..
             } => SUSPEND_FORMAT,
+            Command::StepStarted { .. } | Command::StepEnded { .. } => SUSPEND_FORMAT,
             _ => FORMAT_BASE,
         }
     }

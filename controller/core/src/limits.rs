@@ -55,6 +55,20 @@ pub const LABELS_PER_NODE_MAX: usize = 64;
 pub const TOPOLOGY_LEVELS_MAX: usize = 8;
 /// Length of a GPU type name such as `h100-80gb`.
 pub const GPU_TYPE_BYTES_MAX: usize = 64;
+/// Steps kept per job attempt (sacct's `ID.N` lines): the newest; an older
+/// step that ended makes way. A training job runs a handful; a script that
+/// loops over thousands of sruns keeps its last 64, so retained jobs stay
+/// small (their steps count in `FINISHED_BYTES_RETAINED_MAX`).
+pub const STEPS_PER_JOB_MAX: usize = 64;
+/// Nodes a step's record lists when it runs on part of its job's nodes (a
+/// step on all of them lists none). Steps on more, but not all, are not
+/// recorded (srun says so and runs them).
+pub const STEP_NODES_LISTED_MAX: usize = 64;
+/// Tasks of one step on one node (the agent's own limit).
+pub const STEP_TASKS_PER_NODE_MAX: u32 = 1024;
+/// A step's recorded name (its program's name).
+pub const STEP_NAME_BYTES_MAX: usize = 64;
+
 /// Attempts one job may make. A job requeued this often (its nodes keep failing
 /// under it) ends NODE_FAIL instead of cycling through the cluster forever.
 pub const ATTEMPTS_MAX: u32 = 16;

@@ -134,6 +134,39 @@ pub struct Job {
     /// milliseconds: its time limit and elapsed time leave it out (Slurm's
     /// `Suspended` time). Since format 10.
     pub suspended_ms: u64,
+    /// The srun steps of the current (or last) attempt, oldest first: the
+    /// last [`crate::limits::STEPS_PER_JOB_MAX`]. Since format 10.
+    pub steps: Vec<Step>,
+    /// The id the attempt's next step gets (sacct's `ID.0`, `ID.1`, ...).
+    /// Since format 10.
+    pub next_step_id: u32,
+}
+
+/// One srun step of a job attempt, as accounting shows it (`ID.N`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    pub id: u32,
+    /// The command's program name.
+    pub name: String,
+    /// The nodes it ran on; empty: every node of the job's allocation.
+    pub nodes: Vec<String>,
+    pub tasks: u32,
+    pub start_ms: u64,
+    /// None while it runs.
+    pub end_ms: Option<u64>,
+    /// RUNNING, then COMPLETED, FAILED, or CANCELLED (still running when
+    /// its job ended).
+    pub state: JobState,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl Step {
+    /// Bytes it holds in the state, for the retention budget.
+    pub fn size_bytes(&self) -> usize {
+        let fixed = 96usize.saturating_add(self.name.len());
+        self.nodes.iter().map(|n| n.len().saturating_add(24)).fold(fixed, usize::saturating_add)
+    }
 }
 
 /// Membership of a job in an array: elements are consecutive job ids starting
@@ -180,6 +213,12 @@ impl Job {
         } else {
             s.time_limit_s
         }
+    }
+
+    /// Bytes the job holds in the state once finished (its spec and its
+    /// steps), for the retention budget.
+    pub fn retained_bytes(&self) -> usize {
+        self.steps.iter().map(Step::size_bytes).fold(self.spec.size_bytes(), usize::saturating_add)
     }
 
     pub fn is_suspended(&self) -> bool {

@@ -242,6 +242,9 @@ enum Op {
     /// Format 9's job options: 0 licenses, 1 a reservation, 2 --time-min,
     /// 3 --deadline, 4 a node list shorter than the gang, 5 expedite.
     SlurmSubmit(u8, usize),
+    /// Format 10: a step of a job starts on all of its nodes, or its newest
+    /// step ends (with a failure or not).
+    Step(u64, bool, bool),
 }
 
 /// Preset policies for property tests: all valid, so updates apply unless a
@@ -295,6 +298,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0usize..6).prop_map(Op::Unreserve),
         Just(Op::Licenses),
         (0u8..6, 0usize..6).prop_map(|(k, r)| Op::SlurmSubmit(k, r)),
+        (0u64..30, any::<bool>(), any::<bool>()).prop_map(|(j, e, ok)| Op::Step(j, e, ok)),
     ]
 }
 
@@ -420,6 +424,17 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
             // An operator's suspensions; the owner's other changes.
             let identity = if *k >= 6 { "server:ops" } else { "dev:alice" };
             Command::UpdateJob { job_id: *j, change, identity: identity.into(), now_ms }
+        }
+        Op::Step(j, end, ok) => {
+            let job = state.jobs.get(j);
+            let attempt = job.map_or(1, |j| j.attempt);
+            if *end {
+                let step_id = job.map_or(0, |j| j.next_step_id.saturating_sub(1));
+                let exit_code = Some(if *ok { 0 } else { 1 });
+                Command::StepEnded { job_id: *j, attempt, step_id, exit_code, signal: None, now_ms }
+            } else {
+                Command::StepStarted { job_id: *j, attempt, name: "python".into(), nodes: vec![], tasks: 1, now_ms }
+            }
         }
         Op::Checkpoint(j) => {
             Command::JobCheckpointed { job_id: *j, attempt: state.jobs.get(j).map(|j| j.attempt).unwrap_or(1), now_ms }
@@ -861,6 +876,93 @@ fn batch_jobs_end_with_their_first_node() {
     s.check_invariants().unwrap();
 }
 
+/// srun's steps in the history (format 10): each gets the attempt's next
+/// id; a step names nodes of its job only (none: all of them) and a sane
+/// task count; its end records its exit; the steps still running end
+/// CANCELLED with their job; a requeued job starts its next attempt with
+/// none; a suspended job records no step; older formats refuse them.
+#[test]
+fn srun_steps_are_recorded_and_end_with_their_job() {
+    use gangway_core::state::RefusalKind;
+    let mut s = State::default();
+    for i in 0..3 {
+        s.apply(1, &Command::RegisterNode { spec: node_spec(i, 4), now_ms: 1 });
+    }
+    let submit = Command::SubmitJob {
+        spec: JobSpec { batch: true, ..job_spec(2, 1, 1) },
+        identity: "a".into(),
+        idempotency_key: String::new(),
+        now_ms: 2,
+    };
+    let Outcome::Submitted { job_id, .. } = s.apply(2, &submit).outcome else { panic!("submit refused") };
+    let plan = first_fit(&s, job_id, 0).unwrap();
+    s.apply(3, &Command::ApplySchedule { preemptions: vec![], placements: vec![plan], now_ms: 3 });
+    let nodes: Vec<String> =
+        s.jobs[&job_id].allocation.as_ref().unwrap().nodes.iter().map(|n| n.node.clone()).collect();
+    let other = s.nodes.keys().find(|n| !nodes.contains(n)).unwrap().clone();
+    let step = |attempt: u32, name: &str, nodes: Vec<String>, tasks: u32, now_ms: u64| Command::StepStarted {
+        job_id,
+        attempt,
+        name: name.into(),
+        nodes,
+        tasks,
+        now_ms,
+    };
+    let start = |nodes: Vec<String>, tasks: u32, now_ms: u64| step(1, "python", nodes, tasks, now_ms);
+    let end = |step_id: u32, exit_code: Option<i32>, signal: Option<i32>| Command::StepEnded {
+        job_id,
+        attempt: 1,
+        step_id,
+        exit_code,
+        signal,
+        now_ms: 20,
+    };
+    let refused = |o: Outcome| match o {
+        Outcome::Refused(r) => r,
+        other => panic!("not refused: {other:?}"),
+    };
+    assert_eq!(refused(s.apply(4, &start(vec![], 2, 4)).outcome).kind, RefusalKind::FailedPrecondition);
+    s.apply(5, &Command::SetDataFormat { format: gangway_core::format::FORMAT_NEWEST, now_ms: 5 });
+    assert_eq!(s.apply(6, &start(vec![], 2, 6)).outcome, Outcome::StepStarted { job_id, step_id: 0 });
+    assert_eq!(s.apply(7, &start(vec![nodes[1].clone()], 1, 7)).outcome, Outcome::StepStarted { job_id, step_id: 1 });
+    for (bad, why) in [
+        (start(vec![other.clone()], 1, 8), "nodes:"),
+        (start(vec![nodes[0].clone(), nodes[0].clone()], 2, 8), "nodes:"),
+        (start(vec![], 0, 8), "tasks:"),
+        (start(vec![], 2 * 1024 + 1, 8), "tasks:"),
+        (step(1, &"x".repeat(65), vec![], 1, 8), "name:"),
+        (step(2, "python", vec![], 1, 8), "not running"),
+    ] {
+        let r = refused(s.apply(8, &bad).outcome);
+        assert!(r.message.contains(why), "{why}: {}", r.message);
+    }
+    assert_eq!(s.apply(9, &end(0, Some(0), None)).outcome, Outcome::StepEnded { job_id, step_id: 0 });
+    assert_eq!(refused(s.apply(10, &end(0, Some(0), None)).outcome).kind, RefusalKind::Stale, "ended once");
+    assert_eq!(refused(s.apply(10, &end(9, Some(0), None)).outcome).kind, RefusalKind::NotFound);
+    let steps = &s.jobs[&job_id].steps;
+    assert_eq!((steps[0].state, steps[0].nodes.len(), steps[0].exit_code), (JobState::Completed, 0, Some(0)));
+    assert_eq!((steps[1].state, steps[1].nodes.clone()), (JobState::Running, vec![nodes[1].clone()]));
+    // Suspended: no step starts.
+    let suspend = |change| Command::UpdateJob { job_id, change, identity: "server:1".into(), now_ms: 11 };
+    s.apply(11, &suspend(JobChange::Suspend));
+    assert!(refused(s.apply(12, &start(vec![], 2, 12)).outcome).message.contains("suspended"));
+    s.apply(13, &suspend(JobChange::Resume));
+    // A requeue starts the next attempt with no steps; its own count from 0.
+    s.apply(
+        14,
+        &Command::UpdateJob { job_id, change: JobChange::Requeue { hold: false }, identity: "a".into(), now_ms: 14 },
+    );
+    assert!(s.jobs[&job_id].steps.is_empty());
+    let plan = first_fit(&s, job_id, 0).unwrap();
+    s.apply(15, &Command::ApplySchedule { preemptions: vec![], placements: vec![plan], now_ms: 15 });
+    let again = step(2, "python", vec![], 2, 16);
+    assert_eq!(s.apply(16, &again).outcome, Outcome::StepStarted { job_id, step_id: 0 });
+    s.apply(17, &Command::CancelJob { job_id, identity: "a".into(), now_ms: 17 });
+    let step = &s.jobs[&job_id].steps[0];
+    assert_eq!((step.state, step.end_ms), (JobState::Cancelled, Some(s.clock_ms)), "a running step ends with its job");
+    s.check_invariants().unwrap();
+}
+
 #[path = "support/scenario.rs"]
 mod scenario;
 
@@ -1088,6 +1190,15 @@ fn every_command() -> Vec<Command> {
         Command::UpdateJob { job_id: 1, change: JobChange::SetNice(-5), identity: "ops".into(), now_ms: 11 },
         Command::UpdateJob { job_id: 1, change: JobChange::Suspend, identity: "ops".into(), now_ms: 11 },
         Command::UpdateJob { job_id: 1, change: JobChange::Resume, identity: "ops".into(), now_ms: 11 },
+        Command::StepStarted {
+            job_id: 1,
+            attempt: 1,
+            name: "python".into(),
+            nodes: vec!["n0".into()],
+            tasks: 8,
+            now_ms: 11,
+        },
+        Command::StepEnded { job_id: 1, attempt: 1, step_id: 0, exit_code: Some(3), signal: None, now_ms: 11 },
         Command::ApplySchedule {
             preemptions: vec![Preemption { job_id: 2, attempt: 1, mode: PreemptMode::Cancel, for_job: 1 }],
             placements: vec![placement],
@@ -1222,9 +1333,18 @@ fn golden_state(format: u32) -> State {
     }
     if format >= gangway_core::format::SUSPEND_FORMAT {
         let job_id = *s.running.iter().next().expect("the golden state runs a job");
+        let attempt = s.jobs[&job_id].attempt;
+        for (index, name) in [(57, "torchrun"), (58, "python")] {
+            let step =
+                Command::StepStarted { job_id, attempt, name: name.into(), nodes: vec![], tasks: 1, now_ms: 4_006 };
+            let applied = s.apply(index, &step);
+            assert!(matches!(applied.outcome, Outcome::StepStarted { .. }), "{:?}", applied.outcome);
+        }
+        let ended = Command::StepEnded { job_id, attempt, step_id: 0, exit_code: Some(0), signal: None, now_ms: 4_006 };
+        assert!(matches!(s.apply(59, &ended).outcome, Outcome::StepEnded { .. }));
         let suspend =
             Command::UpdateJob { job_id, change: JobChange::Suspend, identity: "server:1".into(), now_ms: 4_007 };
-        let applied = s.apply(57, &suspend);
+        let applied = s.apply(60, &suspend);
         assert!(matches!(applied.outcome, Outcome::JobUpdated { .. }), "{:?}", applied.outcome);
     }
     s
@@ -1494,6 +1614,38 @@ fn extreme_command() -> impl Strategy<Value = Command> {
         ),
         (extreme_u64(), change, extreme_string(), extreme_u64())
             .prop_map(|(job_id, change, identity, now_ms)| Command::UpdateJob { job_id, change, identity, now_ms }),
+        (
+            extreme_u64(),
+            extreme_u32(),
+            extreme_string(),
+            proptest::collection::vec(extreme_string(), 0..3),
+            extreme_u32(),
+            extreme_u64()
+        )
+            .prop_map(|(job_id, attempt, name, nodes, tasks, now_ms)| Command::StepStarted {
+                job_id,
+                attempt,
+                name,
+                nodes,
+                tasks,
+                now_ms
+            }),
+        (
+            extreme_u64(),
+            extreme_u32(),
+            extreme_u32(),
+            proptest::option::of(extreme_i32()),
+            proptest::option::of(extreme_i32()),
+            extreme_u64()
+        )
+            .prop_map(|(job_id, attempt, step_id, exit_code, signal, now_ms)| Command::StepEnded {
+                job_id,
+                attempt,
+                step_id,
+                exit_code,
+                signal,
+                now_ms
+            }),
         (
             proptest::collection::vec((extreme_u64(), extreme_u32(), any::<bool>(), extreme_u64()), 0..3),
             proptest::collection::vec(extreme_placement(), 0..3),
@@ -2145,6 +2297,7 @@ fn pokes_wake_only_the_nodes_a_change_concerns() {
         attempt: s.jobs[&job_id].attempt,
         reason: String::new(),
         suspended: None,
+        step: None,
     });
     assert_eq!(fresh.nodes_to_poke(&ev, &s), nodes);
 }

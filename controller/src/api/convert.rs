@@ -218,6 +218,21 @@ pub fn job_to_proto(j: &Job) -> pb::Job {
         exit_signal: j.task_exits.values().find_map(|t| t.signal),
         suspended_at_ms: j.suspended_at_ms,
         suspended_ms: j.suspended_ms,
+        steps: j
+            .steps
+            .iter()
+            .map(|s| pb::JobStep {
+                id: s.id,
+                name: s.name.clone(),
+                nodes: s.nodes.clone(),
+                tasks: s.tasks,
+                start_ms: s.start_ms,
+                end_ms: s.end_ms,
+                state: state_to_proto(s.state) as i32,
+                exit_code: s.exit_code,
+                signal: s.signal,
+            })
+            .collect(),
     }
 }
 

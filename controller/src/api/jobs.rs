@@ -30,6 +30,22 @@ pub struct JobApi {
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<JobEvent, Status>> + Send>>;
 
+impl JobApi {
+    /// What a job's own process records about its job (checkpoints, steps):
+    /// the caller must see and own the job, and a job's credential speaks
+    /// for its own job only.
+    fn require_job_writer(&self, ctx: &super::CallCtx, job_id: u64, what: &str) -> Result<(), Status> {
+        self.replica.require_visible(ctx, job_id)?;
+        self.replica.require_owner(ctx, job_id, what)?;
+        if ctx.via_job.is_some_and(|(job, _)| job != job_id) {
+            return Err(Status::permission_denied(format!(
+                "permission: a job's credential may {what} for its own job only, not job {job_id}"
+            )));
+        }
+        Ok(())
+    }
+}
+
 #[tonic::async_trait]
 impl JobService for JobApi {
     async fn submit(&self, req: Request<SubmitRequest>) -> Result<Response<SubmitResponse>, Status> {
@@ -357,8 +373,7 @@ impl JobService for JobApi {
     async fn checkpoint(&self, req: Request<CheckpointRequest>) -> Result<Response<CheckpointResponse>, Status> {
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
-        self.replica.require_visible(&ctx, msg.job_id)?;
-        self.replica.require_owner(&ctx, msg.job_id, "record checkpoints")?;
+        self.require_job_writer(&ctx, msg.job_id, "record checkpoints")?;
         let cmd = Command::JobCheckpointed { job_id: msg.job_id, attempt: msg.attempt, now_ms: crate::now_ms() };
         let routed = self
             .replica
@@ -368,6 +383,67 @@ impl JobService for JobApi {
             Routed::Forwarded(resp) => Ok(resp),
             Routed::Local(applied) => match applied.outcome {
                 Outcome::CheckpointRecorded { .. } => Ok(Response::new(CheckpointResponse {})),
+                other => Err(unexpected(&other)),
+            },
+        }
+    }
+
+    async fn begin_step(&self, req: Request<BeginStepRequest>) -> Result<Response<BeginStepResponse>, Status> {
+        use gangway_core::limits::{NAME_BYTES_MAX, STEP_NAME_BYTES_MAX, STEP_NODES_LISTED_MAX};
+        let ctx = self.replica.ctx(&req)?;
+        let msg = req.into_inner();
+        self.require_job_writer(&ctx, msg.job_id, "record steps")?;
+        // Bounded here, before anything is proposed (apply checks them again).
+        if msg.name.len() > STEP_NAME_BYTES_MAX {
+            return Err(Status::invalid_argument(format!("name: at most {STEP_NAME_BYTES_MAX} bytes")));
+        }
+        if msg.nodes.len() > STEP_NODES_LISTED_MAX || msg.nodes.iter().any(|n| n.len() > NAME_BYTES_MAX) {
+            return Err(Status::invalid_argument(format!(
+                "nodes: at most {STEP_NODES_LISTED_MAX} names of at most {NAME_BYTES_MAX} bytes (none: every node)"
+            )));
+        }
+        let cmd = Command::StepStarted {
+            job_id: msg.job_id,
+            attempt: msg.attempt,
+            name: msg.name.clone(),
+            nodes: msg.nodes.clone(),
+            tasks: msg.tasks,
+            now_ms: crate::now_ms(),
+        };
+        let routed = self
+            .replica
+            .write_or_forward(&ctx, cmd, msg, |ch, r| async move { JobServiceClient::new(ch).begin_step(r).await })
+            .await?;
+        match routed {
+            Routed::Forwarded(resp) => Ok(resp),
+            Routed::Local(applied) => match applied.outcome {
+                Outcome::StepStarted { step_id, .. } => Ok(Response::new(BeginStepResponse { step_id })),
+                other => Err(unexpected(&other)),
+            },
+        }
+    }
+
+    async fn end_step(&self, req: Request<EndStepRequest>) -> Result<Response<EndStepResponse>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        let msg = req.into_inner();
+        self.require_job_writer(&ctx, msg.job_id, "record steps")?;
+        gangway_core::limits::check_task_exit(msg.exit_code, msg.signal, "").map_err(status_from_spec)?;
+        let cmd = Command::StepEnded {
+            job_id: msg.job_id,
+            attempt: msg.attempt,
+            step_id: msg.step_id,
+            exit_code: msg.exit_code,
+            signal: msg.signal,
+            now_ms: crate::now_ms(),
+        };
+        let routed = self
+            .replica
+            .write_or_forward(&ctx, cmd, msg, |ch, r| async move { JobServiceClient::new(ch).end_step(r).await })
+            .await?;
+        match routed {
+            Routed::Forwarded(resp) => Ok(resp),
+            Routed::Local(applied) => match applied.outcome {
+                Outcome::StepEnded { .. } => Ok(Response::new(EndStepResponse {})),
                 other => Err(unexpected(&other)),
             },
         }
@@ -657,6 +733,8 @@ fn cluster_event(ev: gangway_core::Event) -> ClusterEvent {
     match ev {
         Event::Job(j) => {
             let kind = match j.state {
+                _ if j.step.is_some_and(|(_, s)| s == JobState::Running) => "step_started",
+                _ if j.step.is_some() => "step_ended",
                 JobState::Running if j.suspended == Some(true) => "suspended",
                 JobState::Running if j.suspended == Some(false) => "resumed",
                 JobState::Running => "started",
@@ -672,6 +750,8 @@ fn cluster_event(ev: gangway_core::Event) -> ClusterEvent {
                 job_id: j.job_id,
                 state: event_state(&j) as i32,
                 attempt: j.attempt,
+                step: j.step.map(|(id, _)| id),
+                step_state: j.step.map_or(0, |(_, s)| state_to_proto(s) as i32),
                 reason: j.reason,
                 ..Default::default()
             }

@@ -488,6 +488,7 @@ impl State {
                     attempt: job.attempt,
                     reason: format!("{done} by {identity}"),
                     suspended: Some(suspend),
+                    step: None,
                 });
             }
         }

@@ -22,6 +22,7 @@ use crate::spec::NodeSpec;
 mod admin;
 mod deps;
 mod reservations;
+mod steps;
 mod submit;
 
 pub use admin::{alloc_use, UsageBucket};
@@ -103,6 +104,14 @@ pub enum Outcome {
         preempted: Vec<JobId>,
         started: Vec<JobId>,
         rejected: Vec<(JobId, String)>,
+    },
+    StepStarted {
+        job_id: JobId,
+        step_id: u32,
+    },
+    StepEnded {
+        job_id: JobId,
+        step_id: u32,
     },
     CheckpointRecorded {
         job_id: JobId,
@@ -209,6 +218,10 @@ pub struct JobEvent {
     /// Some(true): the running job was suspended; Some(false): it was
     /// resumed; None: any other event.
     pub suspended: Option<bool>,
+    /// The step this event is about, with its state (RUNNING when it
+    /// started, its end state when it ended; `state` stays the job's);
+    /// None: the job itself.
+    pub step: Option<(u32, JobState)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -366,6 +379,12 @@ impl State {
             Command::JobCheckpointed { job_id, attempt, .. } => self.apply_job_checkpointed(*job_id, *attempt),
             Command::SetDataFormat { format, .. } => self.apply_set_data_format(*format),
             Command::ChangeReservation { change, identity, .. } => self.apply_change_reservation(change, identity),
+            Command::StepStarted { job_id, attempt, name, nodes, tasks, .. } => {
+                self.apply_step_started(index, *job_id, *attempt, name, nodes, *tasks)
+            }
+            Command::StepEnded { job_id, attempt, step_id, exit_code, signal, .. } => {
+                self.apply_step_ended(index, *job_id, *attempt, *step_id, *exit_code, *signal)
+            }
         }
     }
 
@@ -562,6 +581,11 @@ impl State {
         // time it was suspended for accounting.
         job.suspended_ms = job.suspended_total_ms(now);
         job.suspended_at_ms = None;
+        // Steps still running end with their job, as Slurm ends them.
+        for step in job.steps.iter_mut().filter(|s| s.end_ms.is_none()) {
+            step.end_ms = Some(now);
+            step.state = JobState::Cancelled;
+        }
         job.state = state;
         job.end_time_ms = Some(now);
         job.exit_code = exit_code;
@@ -576,7 +600,7 @@ impl State {
         self.forget_dependencies(job_id);
         self.dep_triggers.insert(job_id);
         self.finished.push_back(job_id);
-        self.finished_bytes = self.finished_bytes.saturating_add(self.jobs[&job_id].spec.size_bytes() as u64);
+        self.finished_bytes = self.finished_bytes.saturating_add(self.jobs[&job_id].retained_bytes() as u64);
         // The first job of an array with unfinished elements is kept (it files
         // whole-array dependencies); each purge looks at each kept job once.
         let mut looks = self.finished.len();
@@ -592,11 +616,11 @@ impl State {
                 continue;
             }
             if let Some(gone) = self.jobs.remove(&old) {
-                self.finished_bytes = self.finished_bytes.saturating_sub(gone.spec.size_bytes() as u64);
+                self.finished_bytes = self.finished_bytes.saturating_sub(gone.retained_bytes() as u64);
             }
             self.dependents.remove(&old);
         }
-        JobEvent { index, job_id, state, attempt, reason, suspended: None }
+        JobEvent { index, job_id, state, attempt, reason, suspended: None, step: None }
     }
 
     /// Puts a running job back in the queue, releasing its allocation; its next
@@ -622,6 +646,8 @@ impl State {
         job.expedite_nodes = None;
         job.suspended_at_ms = None;
         job.suspended_ms = 0;
+        job.steps.clear();
+        job.next_step_id = 0;
         // The next attempt asks for its whole limit again.
         if job.requested_limit_s > 0 {
             job.spec.time_limit_s = std::mem::take(&mut job.requested_limit_s);
@@ -632,7 +658,7 @@ impl State {
         // Release first: usage is charged from the start time.
         self.release(job_id, &allocation);
         self.jobs.get_mut(&job_id).expect("exists").start_time_ms = None;
-        JobEvent { index, job_id, state: JobState::Pending, attempt, reason, suspended: None }
+        JobEvent { index, job_id, state: JobState::Pending, attempt, reason, suspended: None, step: None }
     }
 
     fn release(&mut self, job_id: JobId, alloc: &Allocation) {
@@ -942,6 +968,8 @@ impl State {
             job.last_checkpoint_ms = None;
             job.suspended_at_ms = None;
             job.suspended_ms = 0;
+            job.steps.clear();
+            job.next_step_id = 0;
             job.allocation = Some(alloc);
             self.pending.remove(&p.job_id);
             self.running.insert(p.job_id);
@@ -953,6 +981,7 @@ impl State {
                 attempt: p.attempt,
                 reason: String::new(),
                 suspended: None,
+                step: None,
             });
         }
         Applied { outcome: Outcome::PlanApplied { started, rejected }, events }
@@ -1023,7 +1052,7 @@ impl State {
         self.finished
             .iter()
             .filter_map(|id| self.jobs.get(id))
-            .fold(0u64, |n, j| n.saturating_add(j.spec.size_bytes() as u64))
+            .fold(0u64, |n, j| n.saturating_add(j.retained_bytes() as u64))
     }
 
     fn licenses_of_running_jobs(&self) -> BTreeMap<String, u64> {
@@ -1084,8 +1113,14 @@ impl State {
             if job.is_suspended() && job.state != JobState::Running {
                 return Err(format!("job {id} is suspended but {}", job.state.as_str()));
             }
-            if job.state == JobState::Pending && job.suspended_ms != 0 {
-                return Err(format!("pending job {id} kept suspended time from an earlier attempt"));
+            if job.state == JobState::Pending && (job.suspended_ms != 0 || !job.steps.is_empty()) {
+                return Err(format!("pending job {id} kept suspended time or steps from an earlier attempt"));
+            }
+            if job.steps.len() > STEPS_PER_JOB_MAX || job.steps.iter().any(|s| s.id >= job.next_step_id) {
+                return Err(format!("job {id} keeps too many steps, or one numbered past its count"));
+            }
+            if job.state != JobState::Running && job.steps.iter().any(|s| s.end_ms.is_none()) {
+                return Err(format!("job {id} is {} with a step still running", job.state.as_str()));
             }
             if job.state == JobState::Running {
                 let alloc_nodes: BTreeSet<&str> =

@@ -49,6 +49,7 @@ impl State {
                 attempt: 0,
                 reason: String::new(),
                 suspended: None,
+                step: None,
             });
         }
         // Dependencies already met (a job that already started, say) settle now.
@@ -156,6 +157,8 @@ impl State {
                 expedite_nodes: None,
                 suspended_at_ms: None,
                 suspended_ms: 0,
+                steps: Vec::new(),
+                next_step_id: 0,
                 spec: element_spec,
             };
             jobs.push(job);
