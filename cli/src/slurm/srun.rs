@@ -388,7 +388,8 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
         if let Some(job_id) = job_id.filter(|_| record) {
             let program = step.args.command.first().map(String::as_str).unwrap_or("srun");
             let name = program.rsplit('/').next().unwrap_or(program);
-            let name: String = name.chars().take(STEP_NAME_CHARS_MAX).collect();
+            let name: String =
+                name.chars().take(STEP_NAME_CHARS_MAX).map(|c| if c.is_control() { '?' } else { c }).collect();
             let nodes = if step.share.nodes == alloc { Vec::new() } else { step.share.nodes.clone() };
             step.step_id = begin_step(job_id, step.attempt, &name, &nodes, step.share.ntasks()).await;
         }
@@ -814,7 +815,7 @@ fn job_client() -> Option<gangway_proto::client::Client> {
 
 /// How long srun waits for the controllers to record a step's start or end:
 /// the step itself never waits on accounting longer than this.
-const STEP_RECORD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+const STEP_RECORD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Records the step's start in the job's history (sacct's `ID.N`); its id,
 /// or None when it could not be recorded (an older cluster, the controllers
@@ -831,7 +832,11 @@ async fn begin_step(job_id: u64, attempt: u32, name: &str, nodes: &[String], tas
     match tokio::time::timeout(STEP_RECORD_TIMEOUT, call).await {
         Ok(Ok(resp)) => Some(resp.into_inner().step_id),
         Ok(Err(e)) => {
-            tracing::debug!(error = %e, "the step is not recorded");
+            // A step the controllers refuse to record (too many nodes
+            // listed) is said; an older cluster's refusal is not.
+            if e.code() == tonic::Code::InvalidArgument {
+                eprintln!("srun: the step is not recorded: {}", e.message());
+            }
             None
         }
         Err(_) => None,

@@ -56,7 +56,7 @@ pub const TOPOLOGY_LEVELS_MAX: usize = 8;
 /// Length of a GPU type name such as `h100-80gb`.
 pub const GPU_TYPE_BYTES_MAX: usize = 64;
 /// Steps kept per job attempt (sacct's `ID.N` lines): the newest; an older
-/// step that ended makes way. A training job runs a handful; a script that
+/// step that ended makes way (else the oldest). A training job runs a handful; a script that
 /// loops over thousands of sruns keeps its last 64, so retained jobs stay
 /// small (their steps count in `FINISHED_BYTES_RETAINED_MAX`).
 pub const STEPS_PER_JOB_MAX: usize = 64;

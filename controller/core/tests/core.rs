@@ -942,6 +942,15 @@ fn srun_steps_are_recorded_and_end_with_their_job() {
     let steps = &s.jobs[&job_id].steps;
     assert_eq!((steps[0].state, steps[0].nodes.len(), steps[0].exit_code), (JobState::Completed, 0, Some(0)));
     assert_eq!((steps[1].state, steps[1].nodes.clone()), (JobState::Running, vec![nodes[1].clone()]));
+    // Past the most kept, the oldest that ended makes way, then the oldest
+    // of all (sruns that died without saying so never block new steps).
+    for i in 0..70 {
+        assert!(matches!(s.apply(10, &start(vec![], 1, 10 + i)).outcome, Outcome::StepStarted { .. }));
+    }
+    let kept = &s.jobs[&job_id].steps;
+    assert_eq!(kept.len(), gangway_core::limits::STEPS_PER_JOB_MAX);
+    assert_eq!((kept[0].id, kept[63].id), (8, 71), "the newest are kept");
+    assert!(refused(s.apply(10, &step(1, "a\nb", vec![], 1, 10)).outcome).message.contains("control"));
     // Suspended: no step starts.
     let suspend = |change| Command::UpdateJob { job_id, change, identity: "server:1".into(), now_ms: 11 };
     s.apply(11, &suspend(JobChange::Suspend));

@@ -394,8 +394,10 @@ impl JobService for JobApi {
         let msg = req.into_inner();
         self.require_job_writer(&ctx, msg.job_id, "record steps")?;
         // Bounded here, before anything is proposed (apply checks them again).
-        if msg.name.len() > STEP_NAME_BYTES_MAX {
-            return Err(Status::invalid_argument(format!("name: at most {STEP_NAME_BYTES_MAX} bytes")));
+        if msg.name.len() > STEP_NAME_BYTES_MAX || msg.name.chars().any(char::is_control) {
+            return Err(Status::invalid_argument(format!(
+                "name: at most {STEP_NAME_BYTES_MAX} bytes, without control characters"
+            )));
         }
         if msg.nodes.len() > STEP_NODES_LISTED_MAX || msg.nodes.iter().any(|n| n.len() > NAME_BYTES_MAX) {
             return Err(Status::invalid_argument(format!(
@@ -601,7 +603,8 @@ impl JobService for JobApi {
                 match got {
                     Ok(gangway_core::Event::Node { .. }) => continue,
                     Ok(gangway_core::Event::Job(ev)) => {
-                        if filter != 0 && ev.job_id != filter || !shown.job(ev.job_id) {
+                        // Watchers follow jobs; steps are in the event stream (Events).
+                        if filter != 0 && ev.job_id != filter || !shown.job(ev.job_id) || ev.step.is_some() {
                             continue;
                         }
                         let msg = JobEvent {

@@ -36,10 +36,10 @@ impl State {
                 format!("job {job_id} is suspended: its steps wait for its resume"),
             );
         }
-        if name.len() > STEP_NAME_BYTES_MAX {
+        if name.len() > STEP_NAME_BYTES_MAX || name.chars().any(char::is_control) {
             return Applied::refused(
                 RefusalKind::InvalidArgument,
-                format!("name: at most {STEP_NAME_BYTES_MAX} bytes"),
+                format!("name: at most {STEP_NAME_BYTES_MAX} bytes, without control characters"),
             );
         }
         let held: Vec<&str> = job.allocation.iter().flat_map(|a| a.nodes.iter().map(|n| n.node.as_str())).collect();
@@ -66,20 +66,16 @@ impl State {
                 format!("tasks: between 1 and {STEP_TASKS_PER_NODE_MAX} per node ({tasks_max} here)"),
             );
         }
-        // The oldest step that ended makes way for the new one.
-        if job.steps.len() >= STEPS_PER_JOB_MAX {
-            let Some(ended) = job.steps.iter().position(|s| s.end_ms.is_some()) else {
-                return Applied::refused(
-                    RefusalKind::ResourceExhausted,
-                    format!("job {job_id} runs {STEPS_PER_JOB_MAX} steps at once, the most recorded"),
-                );
-            };
-            job.steps.remove(ended);
-        }
         let id = job.next_step_id;
         let Some(next) = id.checked_add(1) else {
             return Applied::refused(RefusalKind::ResourceExhausted, format!("job {job_id} ran {id} steps"));
         };
+        // The oldest step that ended makes way for the new one; if none has
+        // (sruns that died without saying so), the oldest of all does.
+        if job.steps.len() >= STEPS_PER_JOB_MAX {
+            let oldest = job.steps.iter().position(|s| s.end_ms.is_some()).unwrap_or(0);
+            job.steps.remove(oldest);
+        }
         job.next_step_id = next;
         job.steps.push(Step {
             id,
@@ -114,6 +110,12 @@ impl State {
         exit_code: Option<i32>,
         signal: Option<i32>,
     ) -> Applied {
+        if self.format < crate::format::SUSPEND_FORMAT {
+            return Applied::refused(
+                RefusalKind::FailedPrecondition,
+                format!("steps: recording them needs data format {}", crate::format::SUSPEND_FORMAT),
+            );
+        }
         let now = self.clock_ms;
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
