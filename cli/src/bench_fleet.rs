@@ -476,7 +476,7 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
                             tasks.insert(t, Instant::now() + runs);
                         }
                         // The fleet's jobs are never suspended.
-                        Action::Suspend(_) | Action::Resume(_) => {}
+                        Action::Suspend(_) | Action::Resume(_) | Action::Signal { .. } => {}
                         // A stopped timer ends at once, as a task killed by SIGTERM.
                         Action::Stop { task, .. } => {
                             if tasks.remove(&task).is_some() {

@@ -14,7 +14,24 @@ use crate::parse;
 
 /// Applies one change to one job, printing nothing.
 pub async fn change_jobs_quiet(client: &Client, job_id: u64, change: Change, value: i64) -> anyhow::Result<()> {
-    let req = pb::UpdateJobRequest { job_id, change: change as i32, value };
+    let req = pb::UpdateJobRequest { job_id, change: change as i32, value, ..Default::default() };
+    client
+        .call(|ch| {
+            let r = client.request(req);
+            async move { JobServiceClient::new(ch).update(r).await }
+        })
+        .await?;
+    Ok(())
+}
+
+/// Sends one job a signal (`scancel --signal`), printing nothing.
+pub async fn signal_quiet(client: &Client, job_id: u64, signal: i32, target: pb::SignalTarget) -> anyhow::Result<()> {
+    let req = pb::UpdateJobRequest {
+        job_id,
+        change: Change::Signal as i32,
+        value: i64::from(signal),
+        signal_target: target as i32,
+    };
     client
         .call(|ch| {
             let r = client.request(req);
@@ -40,7 +57,7 @@ pub async fn change_jobs(client: &Client, out: &Output, ids: &[u64], change: Cha
     let mut results = Vec::new();
     let mut failed = None;
     for &job_id in ids {
-        let req = pb::UpdateJobRequest { job_id, change: change as i32, value };
+        let req = pb::UpdateJobRequest { job_id, change: change as i32, value, ..Default::default() };
         let r = client
             .call(|ch| {
                 let r = client.request(req);
@@ -60,6 +77,7 @@ pub async fn change_jobs(client: &Client, out: &Output, ids: &[u64], change: Cha
                         Change::SetNice => "nice set",
                         Change::SetTimeLimit => "time limit set",
                         Change::Suspend => "suspended",
+                        Change::Signal => "signalled",
                         Change::Resume => "resumed",
                         Change::Unspecified => "unchanged",
                     };

@@ -585,23 +585,26 @@ pub fn warn_signal(s: &str) -> Result<(u32, u32, bool), String> {
         }
         None => (rest, 60),
     };
-    let num = match sig.trim().parse::<u32>() {
+    let num = signal_number(sig)
+        .ok_or_else(|| bad("names no signal of Slurm's (HUP INT QUIT ABRT KILL ALRM TERM CHLD USR1 USR2 ...)"))?;
+    Ok((num, secs, batch))
+}
+
+/// A signal as Slurm's commands name it (`sig_name2num`): a number from 1
+/// to 64, or one of Slurm's names in any case, with or without `SIG`.
+pub fn signal_number(sig: &str) -> Option<u32> {
+    let t = sig.trim();
+    let num = match t.parse::<u32>() {
         Ok(n) => n,
         Err(_) => {
-            let t = sig.trim();
             let name = match t.get(..3) {
                 Some(p) if p.eq_ignore_ascii_case("SIG") => &t[3..],
                 _ => t,
             };
-            SIGNAL_NAMES.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| *v).ok_or_else(|| {
-                bad("names no signal of Slurm's (HUP INT QUIT ABRT KILL ALRM TERM CHLD USR1 USR2 ...)")
-            })?
+            SIGNAL_NAMES.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| *v)?
         }
     };
-    if num == 0 || num > SIGNAL_MAX {
-        return Err(bad("names no signal"));
-    }
-    Ok((num, secs, batch))
+    (1..=SIGNAL_MAX).contains(&num).then_some(num)
 }
 
 /// Formats seconds the way squeue does: `D-HH:MM:SS` or `H:MM:SS` or `M:SS`.

@@ -777,6 +777,27 @@ fn suspend_and_resume_through_the_shims(endpoints: &str, work: &Path, shim: &dyn
         "{said}"
     );
 
+    // scancel --signal: the batch shell only (-b), then the steps (the
+    // default, not the batch shell).
+    let script = "trap 'echo batch >> sig-b' USR1; \
+                  srun sh -c \"trap 'echo step >> sig-s' USR1; touch sig-ready; while :; do sleep 0.2; done\" & \
+                  while :; do sleep 0.2; done";
+    let sig = tool("sbatch", &["--parsable", "-t", "10", "--wrap", script]).trim().to_string();
+    eventually("the signalled job's step never started", || work.join("sig-ready").exists());
+    std::thread::sleep(Duration::from_millis(500));
+    tool("scancel", &["-b", "--signal=USR1", &sig]);
+    eventually("the batch shell never got its signal", || work.join("sig-b").exists());
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!work.join("sig-s").exists(), "--batch reached a step");
+    tool("scancel", &["-s", "usr1", &sig]);
+    eventually("the step never got its signal", || work.join("sig-s").exists());
+    std::thread::sleep(Duration::from_millis(1500));
+    let batch_got = std::fs::read_to_string(work.join("sig-b")).unwrap();
+    assert_eq!(batch_got.lines().count(), 1, "the default reached the batch shell: {batch_got}");
+    let o = shim("scancel", "dev:mallory").args(["-s", "USR1", &sig]).output().unwrap();
+    assert!(!o.status.success(), "another user signalled the job");
+    tool("scancel", &[&sig]);
+
     let step = "srun sh -c 'echo $$ > pid-$SLURM_PROCID; while :; do echo t >> ticks-$SLURM_PROCID; sleep 0.1; done'";
     let id = tool("sbatch", &["--parsable", "-N", "2", "-t", "30", "--wrap", step]).trim().to_string();
     let ticks = |rank: u32| std::fs::read_to_string(work.join(format!("ticks-{rank}"))).map_or(0, |t| t.len());

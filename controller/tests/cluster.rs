@@ -990,7 +990,7 @@ async fn update_job(
     job_id: u64,
     change: pb::update_job_request::Change,
 ) -> Result<pb::Job, tonic::Status> {
-    let req = pb::UpdateJobRequest { job_id, change: change as i32, value: 0 };
+    let req = pb::UpdateJobRequest { job_id, change: change as i32, value: 0, ..Default::default() };
     client
         .call(|ch| {
             let r = client.request(req);
@@ -1749,7 +1749,7 @@ mod security {
                     pb::UpdateJobRequest {
                         job_id: alices_job,
                         change: pb::update_job_request::Change::Hold as i32,
-                        value: 0,
+                        ..Default::default()
                     },
                     bearer,
                 ))
@@ -2456,7 +2456,11 @@ mod security {
             assert_eq!(c.state(leader).jobs[&submit.job_id].spec.user, "nobody", "not mapped again");
             let hold = JobServiceClient::new(ch.clone())
                 .update(req(
-                    pb::UpdateJobRequest { job_id: job, change: pb::update_job_request::Change::Hold as i32, value: 0 },
+                    pb::UpdateJobRequest {
+                        job_id: job,
+                        change: pb::update_job_request::Change::Hold as i32,
+                        ..Default::default()
+                    },
                     cred,
                 ))
                 .await

@@ -310,6 +310,7 @@ impl Shell {
                 Action::Stop { task, grace_ms } => self.tasks.stop(task, Duration::from_millis(grace_ms)),
                 Action::Suspend(task) => self.tasks.suspend(task),
                 Action::Resume(task) => self.tasks.resume(task),
+                Action::Signal { task, signal, target } => self.tasks.signal(task, signal, target),
             }
         }
     }
@@ -361,6 +362,18 @@ pub fn answer_from(resp: &gangway_proto::v1::HeartbeatResponse) -> Answer {
         launch: resp.launch.iter().map(|o| ((o.job_id, o.attempt), o.gpus.clone())).collect(),
         stops: resp.stops.iter().map(|s| ((s.job_id, s.attempt), s.grace_s)).collect(),
         suspended: resp.suspended.iter().map(|t| (t.job_id, t.attempt)).collect(),
+        signals: resp
+            .signals
+            .iter()
+            .map(|s| {
+                let target = match gangway_proto::v1::SignalTarget::try_from(s.target) {
+                    Ok(gangway_proto::v1::SignalTarget::Batch) => gangway_core::command::SignalTarget::Batch,
+                    Ok(gangway_proto::v1::SignalTarget::Full) => gangway_core::command::SignalTarget::Full,
+                    _ => gangway_core::command::SignalTarget::Steps,
+                };
+                ((s.job_id, s.attempt), gangway_core::model::JobSignal { seq: s.seq, signal: s.signal, target })
+            })
+            .collect(),
         heartbeat_interval_ms: resp.heartbeat_interval_ms,
     }
 }

@@ -1105,6 +1105,28 @@ impl Supervisor {
         tracing::info!(job = key.0, attempt = key.1, "task suspended");
     }
 
+    /// Sends a task `signal` (`scancel --signal`): to its steps and the
+    /// script's other commands (not the batch shell or srun), to the batch
+    /// shell only, or to every process. A job without batch semantics has
+    /// no batch shell apart from its command: `Steps` reaches all of it.
+    pub fn signal(&mut self, key: Key, signal: i32, target: gangway_core::command::SignalTarget) {
+        use gangway_core::command::SignalTarget;
+        let Some(t) = self.tasks.get(&key) else { return };
+        let Ok(sig) = Signal::try_from(signal) else {
+            tracing::warn!(job = key.0, signal, "not a signal this host knows: not sent");
+            return;
+        };
+        let batch = self.step_hosts.lock().expect("step hosts lock").contains_key(&key);
+        let to = match target {
+            SignalTarget::Full => WarnTarget::Group,
+            SignalTarget::Batch => WarnTarget::BatchShell,
+            SignalTarget::Steps if batch => WarnTarget::AllButBatchShell,
+            SignalTarget::Steps => WarnTarget::Group,
+        };
+        tracing::info!(job = key.0, attempt = key.1, signal = %sig, ?to, "sending the job's signal");
+        send_warning(&task_groups(t.pgid, &t.steps), sig, to, self.shim.is_some());
+    }
+
     /// Stops again whatever of a suspended task runs (a process forked as
     /// it was being stopped, a command its shim started after the stop):
     /// called on the agent's tick, at most every [`SUSPEND_RECHECK`].

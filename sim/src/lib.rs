@@ -993,6 +993,8 @@ impl World {
                 Action::Stop { task, grace_ms } => self.stop(node, task, grace_ms),
                 Action::Suspend(task) => self.suspend(node, task),
                 Action::Resume(task) => self.resume(node, task),
+                // The simulated tasks are timers: a signal changes nothing.
+                Action::Signal { .. } => {}
             }
         }
     }

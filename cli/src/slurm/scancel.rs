@@ -30,9 +30,16 @@ pub struct ScancelArgs {
     account: Option<String>,
     #[arg(short = 'q', long)]
     qos: Option<String>,
-    /// Send a signal instead of cancelling: not supported yet.
+    /// Send this signal (a name such as USR1, or a number) instead of
+    /// cancelling: to the job's steps and commands, not its batch shell.
     #[arg(short = 's', long)]
     signal: Option<String>,
+    /// With --signal: to the batch shell only.
+    #[arg(short = 'b', long, requires = "signal")]
+    batch: bool,
+    /// With --signal: to every process of the job, the batch shell too.
+    #[arg(short = 'f', long, requires = "signal", conflicts_with = "batch")]
+    full: bool,
     /// Ask before each: not supported (scancel runs without a terminal here).
     #[arg(short = 'i', long)]
     interactive: bool,
@@ -45,9 +52,17 @@ pub struct ScancelArgs {
 }
 
 pub async fn run(client: &Client, out: &Output, identity: &str, a: ScancelArgs) -> anyhow::Result<()> {
-    if a.signal.is_some() {
-        bail!("--signal: signalling a job without cancelling it is not supported yet; use `scancel ID` to end it");
-    }
+    let signal = match a.signal.as_deref() {
+        Some(s) => Some(crate::parse::signal_number(s).ok_or_else(|| {
+            anyhow::anyhow!("--signal: Invalid --signal specification: '{s}' (a name such as USR1, or 1-64)")
+        })? as i32),
+        None => None,
+    };
+    let target = match (a.batch, a.full) {
+        (true, _) => pb::SignalTarget::Batch,
+        (_, true) => pb::SignalTarget::Full,
+        _ => pb::SignalTarget::Steps,
+    };
     if a.interactive {
         bail!("--interactive: not supported; list the jobs with squeue and cancel them by id");
     }
@@ -103,6 +118,19 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: ScancelArgs) 
     }
     let mut results = Vec::new();
     for j in targets {
+        let shown = if j.display_id.is_empty() { j.id.to_string() } else { j.display_id.clone() };
+        if let Some(sig) = signal {
+            match crate::jobctl::signal_quiet(client, j.id, sig, target).await {
+                Ok(()) => results.push(serde_json::json!({"job_id": j.id, "signalled": true})),
+                Err(e) => {
+                    let why = crate::output::one_line(&e);
+                    results.push(serde_json::json!({"job_id": j.id, "signalled": false, "error": why}));
+                    eprintln!("scancel: error: Signal job error on job id {shown}: {why}");
+                    failed += 1;
+                }
+            }
+            continue;
+        }
         let req = pb::CancelRequest { job_id: j.id };
         let r = client
             .call(|ch| {
@@ -110,7 +138,6 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: ScancelArgs) 
                 async move { JobServiceClient::new(ch).cancel(r).await }
             })
             .await;
-        let shown = if j.display_id.is_empty() { j.id.to_string() } else { j.display_id.clone() };
         match r {
             Ok(_) => {
                 results.push(serde_json::json!({"job_id": j.id, "cancelled": true}));
@@ -129,7 +156,8 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: ScancelArgs) 
         println!("{}", serde_json::to_string_pretty(&results)?);
     }
     if failed > 0 {
-        bail!("{failed} job(s) not cancelled (see above)");
+        let what = if signal.is_some() { "signalled" } else { "cancelled" };
+        bail!("{failed} job(s) not {what} (see above)");
     }
     Ok(())
 }

@@ -112,6 +112,8 @@ pub struct Answer {
     pub stops: Vec<(TaskKey, u32)>,
     /// Desired tasks whose job is suspended; the others run.
     pub suspended: Vec<TaskKey>,
+    /// Desired tasks' last requested signal (delivered once per number).
+    pub signals: Vec<(TaskKey, crate::model::JobSignal)>,
     /// The heartbeat interval the leader asks for now (0: not named; it
     /// stretches as the fleet grows, see `duties::heartbeat_interval_ms`).
     pub heartbeat_interval_ms: u64,
@@ -134,6 +136,8 @@ pub enum Action {
     Suspend(TaskKey),
     /// Continue a suspended task.
     Resume(TaskKey),
+    /// Send the task a signal (`scancel --signal`).
+    Signal { task: TaskKey, signal: i32, target: crate::command::SignalTarget },
 }
 
 /// The agent's decisions and the little state they need.
@@ -165,6 +169,10 @@ struct Task {
     /// Whether the task is suspended here; None when not known (adopted
     /// from a previous agent process): the next answer says, and is obeyed.
     suspended: Option<bool>,
+    /// The number of the last signal request delivered (or known when the
+    /// task started here); None for an adopted task: the next answer's is
+    /// taken as known, not delivered again.
+    signal_seen: Option<u64>,
 }
 
 impl AgentCore {
@@ -260,7 +268,7 @@ impl AgentCore {
 
     /// A task found running at start (it outlived the previous agent process).
     pub fn adopt(&mut self, task: TaskKey, gpus: Vec<u32>) {
-        self.tasks.insert(task, Task { gpus, suspended: None, ..Task::default() });
+        self.tasks.insert(task, Task { gpus, suspended: None, signal_seen: None, ..Task::default() });
     }
 
     /// A controller accepted the registration sent at `sent_ms`, naming its
@@ -389,7 +397,10 @@ impl AgentCore {
                 self.fences.attempts.pop_first();
             }
             persist = true;
-            self.tasks.insert(*task, Task { gpus: gpus.clone(), suspended: Some(false), ..Task::default() });
+            // A signal requested before the task started is not its own.
+            let seen = answer.signals.iter().find(|(k, _)| k == task).map_or(0, |(_, s)| s.seq);
+            let t = Task { gpus: gpus.clone(), suspended: Some(false), signal_seen: Some(seen), ..Task::default() };
+            self.tasks.insert(*task, t);
             launches.push(Action::Launch(*task));
         }
         if persist {
@@ -407,6 +418,15 @@ impl AgentCore {
             if t.suspended != Some(want) {
                 t.suspended = Some(want);
                 actions.push(if want { Action::Suspend(*task) } else { Action::Resume(*task) });
+            }
+            if let Some((_, s)) = answer.signals.iter().find(|(k, _)| k == task) {
+                match t.signal_seen {
+                    Some(seen) if s.seq > seen => {
+                        actions.push(Action::Signal { task: *task, signal: s.signal, target: s.target });
+                    }
+                    _ => {}
+                }
+                t.signal_seen = Some(t.signal_seen.map_or(s.seq, |seen| seen.max(s.seq)));
             }
         }
         self.seen_index = self.seen_index.max(answer.index);
@@ -447,8 +467,36 @@ mod tests {
             launch: launch.iter().map(|(k, g)| (*k, g.to_vec())).collect(),
             stops: Vec::new(),
             suspended: Vec::new(),
+            signals: Vec::new(),
             heartbeat_interval_ms: 0,
         }
+    }
+
+    /// Each signal request reaches a task once; one made before the task
+    /// started, or known to an adopted task's first answer, is not sent.
+    #[test]
+    fn a_signal_request_is_delivered_once_per_task() {
+        use crate::command::SignalTarget;
+        use crate::model::JobSignal;
+        let sig = |seq| JobSignal { seq, signal: 10, target: SignalTarget::Batch };
+        let mut a = AgentCore::new(Fences::default(), 5_000, 0);
+        a.registered_at(0, 10_000, 0);
+        let mut ans = answer(3, &[(7, 1)], &[((7, 1), &[0])]);
+        ans.signals = vec![((7, 1), sig(1))];
+        assert_eq!(a.answered(100, &ans), vec![Action::PersistFences, Action::Launch((7, 1))], "older than the task");
+        ans.launch.clear();
+        assert_eq!(a.answered(200, &ans), vec![]);
+        ans.signals = vec![((7, 1), sig(2))];
+        let want = Action::Signal { task: (7, 1), signal: 10, target: SignalTarget::Batch };
+        assert_eq!(a.answered(300, &ans), vec![want]);
+        assert_eq!(a.answered(400, &ans), vec![], "once");
+        let mut b = AgentCore::new(Fences::default(), 5_000, 0);
+        b.registered_at(0, 10_000, 0);
+        b.adopt((7, 1), vec![]);
+        let got = b.answered(100, &ans);
+        assert!(!got.iter().any(|a| matches!(a, Action::Signal { .. })), "an adopted task takes it as sent: {got:?}");
+        ans.signals = vec![((7, 1), sig(3))];
+        assert!(b.answered(200, &ans).iter().any(|a| matches!(a, Action::Signal { .. })));
     }
 
     /// A suspended job's task is stopped once and continued once; a task

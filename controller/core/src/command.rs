@@ -207,6 +207,26 @@ pub enum JobChange {
     Suspend,
     /// Continue a suspended job's tasks (SIGCONT). Since format 10.
     Resume,
+    /// Send a running job's tasks `signal` on every node (Slurm's `scancel
+    /// --signal`): to every process but the batch shell and srun (`All`,
+    /// steps only), the batch shell only (`Batch`), or all (`Full`). Its
+    /// owner and admins. Since format 10.
+    Signal {
+        signal: i32,
+        target: SignalTarget,
+    },
+}
+
+/// Which processes of a job `scancel --signal` reaches (Slurm's default,
+/// `--batch` and `--full`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SignalTarget {
+    /// Every process but the batch shell and srun (Slurm's default: the steps).
+    Steps,
+    /// The batch shell only.
+    Batch,
+    /// Every process of the job.
+    Full,
 }
 
 /// Commands in one batch: enough to absorb a burst from thousands of clients in

@@ -322,6 +322,9 @@ pub struct NodeOrders {
     /// Desired tasks whose job is suspended: stopped where they stand
     /// (the others run, and a suspended one is continued).
     pub suspended: Vec<TaskKey>,
+    /// Desired tasks whose job was sent a signal (`scancel --signal`): the
+    /// last request, which the agent delivers once.
+    pub signals: Vec<(TaskKey, crate::model::JobSignal)>,
 }
 
 /// A task to stop with its own grace (a preempted job's QOS grace).
@@ -369,6 +372,7 @@ impl NodeOrders {
             launch,
             stops: self.stops.iter().map(|s| (s.task, s.grace_s)).collect(),
             suspended: self.suspended.clone(),
+            signals: self.signals.clone(),
             heartbeat_interval_ms,
         }
     }
@@ -406,6 +410,9 @@ pub fn node_orders(state: &State, node: &str, running: &BTreeSet<TaskKey>) -> No
         orders.desired.push(key);
         if job.is_suspended() {
             orders.suspended.push(key);
+        }
+        if let Some(signal) = job.signal {
+            orders.signals.push((key, signal));
         }
         // A task that already ended here stays desired (the gang still runs
         // elsewhere) but is never launched again.

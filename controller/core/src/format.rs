@@ -59,9 +59,10 @@ pub const SLURM_FEATURES_FORMAT: u32 = 9;
 
 /// Format 10 added suspension to the job (when it was suspended, how long
 /// it was before) and the job changes [`crate::command::JobChange::Suspend`]
-/// and `Resume`, and the srun steps to the job with
-/// [`Command::StepStarted`] and [`Command::StepEnded`]. Format 9's job and
-/// state are frozen in `compat::v9`.
+/// and `Resume`, the srun steps to the job with [`Command::StepStarted`]
+/// and [`Command::StepEnded`], and `scancel --signal` (the job change
+/// `Signal`, the job's last request). Format 9's job and state are frozen in
+/// `compat::v9`.
 pub const SUSPEND_FORMAT: u32 = 10;
 
 /// Whether this build reads `format`.
@@ -103,7 +104,10 @@ impl Command {
             Command::ChangeReservation { .. } => SLURM_FEATURES_FORMAT,
             Command::JobFinished { state: crate::model::JobState::Deadline, .. } => SLURM_FEATURES_FORMAT,
             Command::UpdateJob {
-                change: crate::command::JobChange::Suspend | crate::command::JobChange::Resume,
+                change:
+                    crate::command::JobChange::Suspend
+                    | crate::command::JobChange::Resume
+                    | crate::command::JobChange::Signal { .. },
                 ..
             } => SUSPEND_FORMAT,
             Command::StepStarted { .. } | Command::StepEnded { .. } => SUSPEND_FORMAT,

@@ -122,6 +122,8 @@ pub const EXIT_CODE_MAX: i32 = 255;
 /// Largest signal a task can report: a wait status keeps 7 bits of it (Linux's
 /// SIGRTMAX is 64).
 pub const SIGNAL_MAX: i32 = 127;
+/// The highest signal a job may be sent (`scancel --signal`): Linux's SIGRTMAX.
+pub const SIGNAL_SEND_MAX: i32 = 64;
 /// Bytes of a reason an agent or the leader attaches to an ending or a health
 /// change: a line or two of error text.
 pub const REASON_BYTES_MAX: usize = 4096;

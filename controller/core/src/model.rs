@@ -140,6 +140,19 @@ pub struct Job {
     /// The id the attempt's next step gets (sacct's `ID.0`, `ID.1`, ...).
     /// Since format 10.
     pub next_step_id: u32,
+    /// The last `scancel --signal` of the current attempt: its number (each
+    /// node's agent delivers each number once), the signal and its target.
+    /// None: none yet. Since format 10.
+    pub signal: Option<JobSignal>,
+}
+
+/// A signal requested for a running job's tasks (see [`Job::signal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSignal {
+    /// Counts the requests of the attempt, from 1.
+    pub seq: u64,
+    pub signal: i32,
+    pub target: crate::command::SignalTarget,
 }
 
 /// One srun step of a job attempt, as accounting shows it (`ID.N`).

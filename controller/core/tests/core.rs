@@ -290,7 +290,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0u8..8).prop_map(Op::Policy),
         (0u8..3, proptest::option::of(0u64..30), any::<bool>(), any::<bool>(), any::<bool>())
             .prop_map(|(q, d, a, h, t)| Op::RichSubmit(q, d, a, h, t)),
-        (0u64..30, 0u8..8).prop_map(|(j, k)| Op::Update(j, k)),
+        (0u64..30, 0u8..9).prop_map(|(j, k)| Op::Update(j, k)),
         (0u64..30).prop_map(Op::Checkpoint),
         (5u32..=gangway_core::format::FORMAT_NEWEST).prop_map(Op::Format),
         (0usize..6, 1usize..4, 0u64..400, 1u64..400, any::<bool>(), any::<bool>())
@@ -419,10 +419,11 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
                 4 => JobChange::SetPriority(Some(5)),
                 5 => JobChange::SetTimeLimit(30),
                 6 => JobChange::Suspend,
-                _ => JobChange::Resume,
+                7 => JobChange::Resume,
+                _ => JobChange::Signal { signal: 10, target: gangway_core::command::SignalTarget::Steps },
             };
             // An operator's suspensions; the owner's other changes.
-            let identity = if *k >= 6 { "server:ops" } else { "dev:alice" };
+            let identity = if (6..=7).contains(k) { "server:ops" } else { "dev:alice" };
             Command::UpdateJob { job_id: *j, change, identity: identity.into(), now_ms }
         }
         Op::Step(j, end, ok) => {
@@ -1199,6 +1200,12 @@ fn every_command() -> Vec<Command> {
         Command::UpdateJob { job_id: 1, change: JobChange::SetNice(-5), identity: "ops".into(), now_ms: 11 },
         Command::UpdateJob { job_id: 1, change: JobChange::Suspend, identity: "ops".into(), now_ms: 11 },
         Command::UpdateJob { job_id: 1, change: JobChange::Resume, identity: "ops".into(), now_ms: 11 },
+        Command::UpdateJob {
+            job_id: 1,
+            change: JobChange::Signal { signal: 10, target: gangway_core::command::SignalTarget::Batch },
+            identity: "ops".into(),
+            now_ms: 11,
+        },
         Command::StepStarted {
             job_id: 1,
             attempt: 1,
@@ -1351,6 +1358,9 @@ fn golden_state(format: u32) -> State {
         }
         let ended = Command::StepEnded { job_id, attempt, step_id: 0, exit_code: Some(0), signal: None, now_ms: 4_006 };
         assert!(matches!(s.apply(59, &ended).outcome, Outcome::StepEnded { .. }));
+        let signal = JobChange::Signal { signal: 10, target: gangway_core::command::SignalTarget::Batch };
+        let signal = Command::UpdateJob { job_id, change: signal, identity: "server:1".into(), now_ms: 4_006 };
+        assert!(matches!(s.apply(59, &signal).outcome, Outcome::JobUpdated { .. }));
         let suspend =
             Command::UpdateJob { job_id, change: JobChange::Suspend, identity: "server:1".into(), now_ms: 4_007 };
         let applied = s.apply(60, &suspend);
@@ -1542,6 +1552,8 @@ fn extreme_command() -> impl Strategy<Value = Command> {
         extreme_u64().prop_map(JobChange::SetTimeLimit),
         Just(JobChange::Suspend),
         Just(JobChange::Resume),
+        extreme_i32()
+            .prop_map(|signal| JobChange::Signal { signal, target: gangway_core::command::SignalTarget::Full }),
     ];
     let node_change =
         prop_oneof![Just(NodeStateChange::Drain), Just(NodeStateChange::Resume), Just(NodeStateChange::Down)];

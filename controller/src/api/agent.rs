@@ -225,6 +225,21 @@ impl AgentService for AgentApi {
             tasks.iter().map(|(job_id, attempt)| TaskRef { job_id: *job_id, attempt: *attempt }).collect()
         };
         let (desired, suspended) = (refs(&orders.desired), refs(&orders.suspended));
+        let signals = orders
+            .signals
+            .iter()
+            .map(|((job_id, attempt), s)| TaskSignal {
+                job_id: *job_id,
+                attempt: *attempt,
+                seq: s.seq,
+                signal: s.signal,
+                target: match s.target {
+                    gangway_core::command::SignalTarget::Steps => gangway_proto::v1::SignalTarget::Steps,
+                    gangway_core::command::SignalTarget::Batch => gangway_proto::v1::SignalTarget::Batch,
+                    gangway_core::command::SignalTarget::Full => gangway_proto::v1::SignalTarget::Full,
+                } as i32,
+            })
+            .collect();
         let stops = orders
             .stops
             .into_iter()
@@ -240,6 +255,7 @@ impl AgentService for AgentApi {
             index,
             heartbeat_interval_ms,
             suspended,
+            signals,
         }))
     }
 

@@ -283,6 +283,17 @@ impl JobService for JobApi {
             }
             Change::Suspend => JobChange::Suspend,
             Change::Resume => JobChange::Resume,
+            Change::Signal => {
+                use gangway_core::command::SignalTarget;
+                let max = i64::from(gangway_core::limits::SIGNAL_SEND_MAX);
+                let target = match gangway_proto::v1::SignalTarget::try_from(msg.signal_target) {
+                    Ok(gangway_proto::v1::SignalTarget::Steps) => SignalTarget::Steps,
+                    Ok(gangway_proto::v1::SignalTarget::Batch) => SignalTarget::Batch,
+                    Ok(gangway_proto::v1::SignalTarget::Full) => SignalTarget::Full,
+                    Err(_) => return Err(Status::invalid_argument("signal_target: not a target")),
+                };
+                JobChange::Signal { signal: int("signal", 1, max)? as i32, target }
+            }
         };
         let cmd = Command::UpdateJob { job_id, change, identity: ctx.identity.clone(), now_ms: crate::now_ms() };
         let routed = self

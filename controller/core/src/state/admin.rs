@@ -447,6 +447,29 @@ impl State {
                 // An explicit limit replaces the one a shortened start kept.
                 job.requested_limit_s = 0;
             }
+            JobChange::Signal { signal, target } => {
+                if self.format < crate::format::SUSPEND_FORMAT {
+                    return Applied::refused(
+                        RefusalKind::FailedPrecondition,
+                        format!("signal: needs data format {}", crate::format::SUSPEND_FORMAT),
+                    );
+                }
+                if !(1..=crate::limits::SIGNAL_SEND_MAX).contains(signal) {
+                    return Applied::refused(
+                        RefusalKind::InvalidArgument,
+                        format!("signal: must be 1..={}, got {signal}", crate::limits::SIGNAL_SEND_MAX),
+                    );
+                }
+                if job.state != JobState::Running {
+                    return Applied::refused(
+                        RefusalKind::FailedPrecondition,
+                        format!("job {job_id} is {}, not running", job.state.as_str()),
+                    );
+                }
+                let job = self.jobs.get_mut(&job_id).expect("checked");
+                let seq = job.signal.map_or(1, |s| s.seq.saturating_add(1));
+                job.signal = Some(crate::model::JobSignal { seq, signal: *signal, target: *target });
+            }
             JobChange::Suspend | JobChange::Resume => {
                 let suspend = *change == JobChange::Suspend;
                 let verb = if suspend { "suspend" } else { "resume" };

@@ -648,6 +648,7 @@ impl State {
         job.suspended_ms = 0;
         job.steps.clear();
         job.next_step_id = 0;
+        job.signal = None;
         // The next attempt asks for its whole limit again.
         if job.requested_limit_s > 0 {
             job.spec.time_limit_s = std::mem::take(&mut job.requested_limit_s);
@@ -970,6 +971,7 @@ impl State {
             job.suspended_ms = 0;
             job.steps.clear();
             job.next_step_id = 0;
+            job.signal = None;
             job.allocation = Some(alloc);
             self.pending.remove(&p.job_id);
             self.running.insert(p.job_id);

@@ -159,6 +159,7 @@ impl State {
                 suspended_ms: 0,
                 steps: Vec::new(),
                 next_step_id: 0,
+                signal: None,
                 spec: element_spec,
             };
             jobs.push(job);

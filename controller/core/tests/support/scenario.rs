@@ -199,6 +199,7 @@ const STEP_KEYS: &[&str] = &[
     "suspend",
     "resume_job",
     "suspended",
+    "signal",
 ];
 const UPDATE_KEYS: &[&str] = &["job", "priority", "nice", "time_limit_s"];
 
@@ -426,6 +427,7 @@ pub fn run_file(path: &std::path::Path) {
             .or(step.get("requeue"))
             .or(step.get("suspend"))
             .or(step.get("resume_job"))
+            .or(step.get("signal"))
         {
             let job_id = job.as_integer().unwrap() as u64;
             let change = if step.get("admin_hold").is_some() {
@@ -438,6 +440,8 @@ pub fn run_file(path: &std::path::Path) {
                 JobChange::Suspend
             } else if step.get("resume_job").is_some() {
                 JobChange::Resume
+            } else if step.get("signal").is_some() {
+                JobChange::Signal { signal: 10, target: gangway_core::command::SignalTarget::Steps }
             } else {
                 JobChange::Requeue { hold: false }
             };
@@ -709,6 +713,7 @@ fn check_actions(run: &Run, i: usize, step: &Value, actions: Vec<Action>) {
             Action::Stop { task: (j, a), grace_ms } => format!("stop {j}.{a} {grace_ms}"),
             Action::Suspend((j, a)) => format!("suspend {j}.{a}"),
             Action::Resume((j, a)) => format!("resume {j}.{a}"),
+            Action::Signal { task: (j, a), signal, .. } => format!("signal {j}.{a} {signal}"),
         })
         .collect();
     if got != want {
