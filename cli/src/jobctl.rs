@@ -14,24 +14,17 @@ use crate::parse;
 
 /// Applies one change to one job, printing nothing.
 pub async fn change_jobs_quiet(client: &Client, job_id: u64, change: Change, value: i64) -> anyhow::Result<()> {
-    let req = pb::UpdateJobRequest { job_id, change: change as i32, value, ..Default::default() };
-    client
-        .call(|ch| {
-            let r = client.request(req);
-            async move { JobServiceClient::new(ch).update(r).await }
-        })
-        .await?;
-    Ok(())
+    update_quiet(client, pb::UpdateJobRequest { job_id, change: change as i32, value, ..Default::default() }).await
 }
 
 /// Sends one job a signal (`scancel --signal`), printing nothing.
 pub async fn signal_quiet(client: &Client, job_id: u64, signal: i32, target: pb::SignalTarget) -> anyhow::Result<()> {
-    let req = pb::UpdateJobRequest {
-        job_id,
-        change: Change::Signal as i32,
-        value: i64::from(signal),
-        signal_target: target as i32,
-    };
+    let value = i64::from(signal);
+    let change = Change::Signal as i32;
+    update_quiet(client, pb::UpdateJobRequest { job_id, change, value, signal_target: target as i32 }).await
+}
+
+async fn update_quiet(client: &Client, req: pb::UpdateJobRequest) -> anyhow::Result<()> {
     client
         .call(|ch| {
             let r = client.request(req);
