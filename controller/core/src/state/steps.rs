@@ -5,9 +5,27 @@
 
 use super::{Applied, JobEvent, Outcome, RefusalKind, State};
 use crate::limits::{STEPS_PER_JOB_MAX, STEP_NAME_BYTES_MAX, STEP_NODES_LISTED_MAX, STEP_TASKS_PER_NODE_MAX};
-use crate::model::{JobId, JobState, Step};
+use crate::model::{Job, JobId, JobState, Step};
 
 impl State {
+    /// The job whose running `attempt` a step command names, or the refusal
+    /// (before format 10, a job that does not exist or runs no such attempt).
+    fn step_job(&mut self, job_id: JobId, attempt: u32) -> Result<&mut Job, Applied> {
+        if self.format < crate::format::SUSPEND_FORMAT {
+            return Err(Applied::refused(
+                RefusalKind::FailedPrecondition,
+                format!("steps: recording them needs data format {}", crate::format::SUSPEND_FORMAT),
+            ));
+        }
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return Err(Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist")));
+        };
+        if job.state != JobState::Running || job.attempt != attempt {
+            return Err(Applied::refused(RefusalKind::Stale, format!("job {job_id} attempt {attempt} is not running")));
+        }
+        Ok(job)
+    }
+
     pub(super) fn apply_step_started(
         &mut self,
         index: u64,
@@ -17,19 +35,11 @@ impl State {
         nodes: &[String],
         tasks: u32,
     ) -> Applied {
-        if self.format < crate::format::SUSPEND_FORMAT {
-            return Applied::refused(
-                RefusalKind::FailedPrecondition,
-                format!("steps: recording them needs data format {}", crate::format::SUSPEND_FORMAT),
-            );
-        }
         let now = self.clock_ms;
-        let Some(job) = self.jobs.get_mut(&job_id) else {
-            return Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
+        let job = match self.step_job(job_id, attempt) {
+            Ok(job) => job,
+            Err(refused) => return refused,
         };
-        if job.state != JobState::Running || job.attempt != attempt {
-            return Applied::refused(RefusalKind::Stale, format!("job {job_id} attempt {attempt} is not running"));
-        }
         if job.is_suspended() {
             return Applied::refused(
                 RefusalKind::FailedPrecondition,
@@ -110,19 +120,11 @@ impl State {
         exit_code: Option<i32>,
         signal: Option<i32>,
     ) -> Applied {
-        if self.format < crate::format::SUSPEND_FORMAT {
-            return Applied::refused(
-                RefusalKind::FailedPrecondition,
-                format!("steps: recording them needs data format {}", crate::format::SUSPEND_FORMAT),
-            );
-        }
         let now = self.clock_ms;
-        let Some(job) = self.jobs.get_mut(&job_id) else {
-            return Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
+        let job = match self.step_job(job_id, attempt) {
+            Ok(job) => job,
+            Err(refused) => return refused,
         };
-        if job.state != JobState::Running || job.attempt != attempt {
-            return Applied::refused(RefusalKind::Stale, format!("job {job_id} attempt {attempt} is not running"));
-        }
         let Some(step) = job.steps.iter_mut().find(|s| s.id == step_id) else {
             return Applied::refused(RefusalKind::NotFound, format!("job {job_id} has no step {step_id}"));
         };
