@@ -2,7 +2,8 @@
 # Installs what building Gangway needs on a fresh Debian/Ubuntu machine:
 # a C/C++ toolchain and libclang (RocksDB's bindings are generated with bindgen
 # and its C++ is compiled from source), iproute2 and iptables for the chaos
-# tests, Prometheus for the metrics tests. protoc comes from a vendored crate.
+# tests, Prometheus for the metrics tests, tmux for the interactive ones.
+# protoc comes from a vendored crate.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 
@@ -18,6 +19,8 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
 # The metrics tests check the exposition with promtool and scrape it with a real Prometheus.
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# The interactive-step tests type into `srun --pty` through a real terminal.
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: cargo is missing. Install Rust (rustup) first; rust-toolchain.toml pins the version." >&2

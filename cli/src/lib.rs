@@ -82,10 +82,11 @@ enum Cmd {
     Scontrol(slurm::scontrol::ScontrolArgs),
     /// Slurm's sacct: job history, including finished jobs.
     Sacct(slurm::sacct::SacctArgs),
-    /// Slurm's srun, inside a job: this node's tasks of a step, with per-task SLURM_* variables.
+    /// Slurm's srun: a step's tasks with per-task SLURM_* variables (in a job), a job of its own
+    /// (outside one), a step in a running job (--jobid), or a shell on a terminal (--pty).
     Srun(slurm::srun::SrunArgs),
-    /// Slurm's salloc: an allocation held while a command (default: your shell) runs here; srun in it
-    /// starts steps on the allocated nodes.
+    /// Slurm's salloc: an allocation held while a command runs here (default: your shell on its
+    /// first node); srun in it starts steps on the allocated nodes.
     Salloc(slurm::salloc::SallocArgs),
     /// Slurm command names as links to this binary (sbatch, srun, salloc, squeue, scancel, sinfo, scontrol, sacct).
     #[command(subcommand)]
@@ -177,6 +178,10 @@ enum Cmd {
         /// Read the command's environment from standard input.
         #[arg(long)]
         env_stdin: bool,
+        /// Standard output is the step's terminal: a session of its own on it,
+        /// and the command's standard input (with --exec).
+        #[arg(long)]
+        pty: bool,
         /// Become UID:GID:GROUPS before running the command.
         #[arg(long)]
         user: Option<String>,
@@ -282,7 +287,7 @@ fn client_identity(claimed: Option<String>, security: &gangway_proto::tls::Secur
 }
 
 /// Invoked as `sbatch` (a link): the same as `gangway sbatch`.
-fn shim_argv() -> Vec<std::ffi::OsString> {
+pub(crate) fn shim_argv() -> Vec<std::ffi::OsString> {
     let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let invoked = argv.first().and_then(|a| std::path::Path::new(a).file_name()).map(|n| n.to_os_string());
     if let Some(name) = invoked.filter(|n| SHIMS.iter().any(|s| n == *s)) {
@@ -319,11 +324,12 @@ pub fn main() {
     if !matches!(cli.command, Cmd::Controller(_) | Cmd::Agent(_) | Cmd::Dev(_) | Cmd::Bench(_) | Cmd::TaskShim { .. }) {
         quiet_on_closed_stdout();
     }
-    if let Cmd::TaskShim { exit_file, exec, env_stdin, user, env_file, lease, workdir, argv } = &cli.command {
+    if let Cmd::TaskShim { exit_file, exec, env_stdin, pty, user, env_file, lease, workdir, argv } = &cli.command {
         // Before any runtime or logging: the shim is only a waiting parent.
         let setup = gangway_node_agent::shim::TaskSetup {
             exec: *exec,
             env_stdin: *env_stdin,
+            pty: *pty,
             user: user.clone(),
             env_file: env_file.clone(),
             workdir: workdir.clone(),

@@ -740,6 +740,139 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     assert_eq!(tool("squeue", &["-h", "-j", &format!("{base}_2"), "-o", "%i %t"]).trim(), format!("{base}_2 CA"));
     reservations_and_licenses_through_the_shims(endpoints, work, &shim);
     suspend_and_resume_through_the_shims(endpoints, work, &shim);
+    interactive_steps_under_tmux(endpoints, work, bin, &shim);
+}
+
+/// A tmux server of the test's own (its socket under the work directory),
+/// killed when the test ends however it ends.
+struct Tmux(PathBuf);
+
+impl Tmux {
+    fn run(&self, args: &[&str]) -> String {
+        let o = Command::new("tmux").arg("-S").arg(&self.0).args(args).stdin(Stdio::null()).output();
+        let o = o.expect("tmux is not installed (deploy/setup-debian.sh installs it)");
+        assert!(o.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o)
+    }
+
+    /// Starts `command` (a shell line) in a new 100x30 session `name`.
+    fn start(&self, name: &str, command: &str) {
+        self.run(&["new-session", "-d", "-s", name, "-x", "100", "-y", "30", command]);
+    }
+
+    fn keys(&self, name: &str, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", name];
+        args.extend_from_slice(keys);
+        self.run(&args);
+    }
+
+    fn screen(&self, name: &str) -> String {
+        self.run(&["capture-pane", "-p", "-J", "-S", "-200", "-t", name])
+    }
+
+    /// Waits until the session's screen shows `text`; the screen so far.
+    fn shows(&self, name: &str, text: &str) -> String {
+        let mut last = String::new();
+        let deadline = Instant::now() + WAIT;
+        while !last.contains(text) {
+            assert!(Instant::now() < deadline, "the terminal never showed {text:?}:\n{last}");
+            std::thread::sleep(Duration::from_millis(100));
+            last = self.screen(name);
+        }
+        last
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").arg("-S").arg(&self.0).arg("kill-server").output();
+    }
+}
+
+/// Interactive work through a real terminal (tmux, typed into with
+/// send-keys and read with capture-pane): `srun --pty` from the login node
+/// (its own job), salloc's shell on the first node, and `srun --jobid --pty`
+/// into a running batch job, each a real pseudo-terminal relayed through the
+/// agent's step service (secured: the job's step credential), with window
+/// size and Ctrl-C reaching the remote side; another user cannot attach.
+fn interactive_steps_under_tmux(endpoints: &str, work: &Path, bin: &Path, shim: &dyn Fn(&str, &str) -> Command) {
+    let tool = |name: &str, args: &[&str]| {
+        let o = shim(name, "dev:root").args(args).output().unwrap();
+        assert!(o.status.success(), "{name} {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o)
+    };
+    let tmux = Tmux(work.join("tmux.sock"));
+    // What a user's terminal runs: the command with their cluster settings,
+    // then its exit code, and the pane stays to be read.
+    let d = pki();
+    let session = |cmd: &str| {
+        format!(
+            "cd {work} && env GANGWAY_ENDPOINTS={endpoints} GANGWAY_TLS_CA={ca} GANGWAY_TLS_CERT={cert} \
+             GANGWAY_TLS_KEY={key} PS1='gw$ ' {cmd}; echo \"exited $?\"; sleep 600",
+            work = work.display(),
+            ca = d.join("ca.pem").display(),
+            cert = d.join("client-root.pem").display(),
+            key = d.join("client-root-key.pem").display(),
+        )
+    };
+    // srun --pty from the login node: a job of its own, a shell on a terminal.
+    tmux.start("pty", &session(&format!("{} --pty bash --norc --noprofile", bin.join("srun").display())));
+    let screen = tmux.shows("pty", "gw$ ");
+    let job = screen
+        .split("srun: job ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("srun printed its job id")
+        .to_string();
+    tmux.keys("pty", &["echo $((6*7)) on $SLURMD_NODENAME; tty; stty size", "Enter"]);
+    let screen = tmux.shows("pty", "42 on e2e-node-");
+    let size = tmux.run(&["display", "-p", "-t", "pty", "#{pane_height} #{pane_width}"]);
+    assert!(screen.contains("/dev/pts/"), "the task has no terminal: {screen}");
+    assert!(screen.contains(size.trim()), "the terminal is not the pane's size ({size}): {screen}");
+    // A window size change follows.
+    tmux.run(&["resize-window", "-t", "pty", "-x", "120", "-y", "40"]);
+    let size = tmux.run(&["display", "-p", "-t", "pty", "#{pane_height} #{pane_width}"]);
+    assert_ne!(size.trim(), "30 100", "tmux did not resize");
+    tmux.keys("pty", &["clear; echo size is $(stty size)", "Enter"]);
+    tmux.shows("pty", &format!("size is {}", size.trim()));
+    // Ctrl-C is a key: the remote terminal makes it SIGINT for the
+    // foreground command, and the shell goes on.
+    tmux.keys("pty", &["sleep 300", "Enter"]);
+    std::thread::sleep(Duration::from_millis(500));
+    tmux.keys("pty", &["C-c"]);
+    tmux.keys("pty", &["echo after-$((1+1))-interrupt", "Enter"]);
+    tmux.shows("pty", "after-2-interrupt");
+    tmux.keys("pty", &["exit 3", "Enter"]);
+    tmux.shows("pty", "exited 3");
+    let steps = tool("sacct", &["-j", &job, "-n", "-P", "-o", "JobID,JobName,State,ExitCode"]);
+    assert!(steps.contains(&format!("{job}.0|bash|FAILED|3:0")), "{steps}");
+    assert!(steps.lines().count() == 3, "only the batch line and the shell's step: {steps}");
+
+    // salloc without a command: the user's shell on the first node.
+    tmux.start("salloc", &session(&format!("SHELL=/bin/sh {} -N 2", bin.join("salloc").display())));
+    tmux.shows("salloc", "gw$ ");
+    tmux.keys("salloc", &["echo shell on $SLURMD_NODENAME; srun -l hostname | sort", "Enter"]);
+    let screen = tmux.shows("salloc", "1: ");
+    assert!(screen.contains("shell on e2e-node-1") && screen.contains("0: "), "{screen}");
+    tmux.keys("salloc", &["exit", "Enter"]);
+    let screen = tmux.shows("salloc", "exited 0");
+    assert!(screen.contains("Relinquishing job allocation"), "{screen}");
+
+    // srun --jobid --pty: a shell inside a running batch job, on the node
+    // asked for; another user's attempt is refused.
+    let running = tool("sbatch", &["--parsable", "-N", "2", "--wrap", "sleep 300"]);
+    let running = running.trim().to_string();
+    eventually("the job to attach to never ran", || tool("squeue", &["-h", "-j", &running, "-o", "%t"]).trim() == "R");
+    let attach = format!("{} --jobid={running} -w e2e-node-2 --pty /bin/sh", bin.join("srun").display());
+    tmux.start("attach", &session(&attach));
+    tmux.shows("attach", "gw$ ");
+    tmux.keys("attach", &["echo inside $SLURM_JOB_ID on $SLURMD_NODENAME; exit", "Enter"]);
+    let screen = tmux.shows("attach", "exited 0");
+    assert!(screen.contains(&format!("inside {running} on e2e-node-2")), "{screen}");
+    let o = shim("srun", "dev:mallory").args([&format!("--jobid={running}"), "--pty", "/bin/sh"]).output().unwrap();
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && said.contains("permission"), "another user attached: {said}");
+    tool("scancel", &[&running]);
 }
 
 /// scontrol suspend/resume of a 2-node batch job whose srun step runs on

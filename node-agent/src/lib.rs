@@ -22,6 +22,7 @@ pub mod shim;
 pub mod steps;
 pub mod supervisor;
 pub mod telemetry;
+pub mod terminal;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -464,6 +465,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                     tasks.step_hosts(),
                     config.security.clone(),
                     config.shim.clone(),
+                    tasks.job_tools_dir(),
                 )?)),
                 Some(port),
             )

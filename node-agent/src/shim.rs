@@ -100,6 +100,16 @@ pub fn run(exit_file: Option<&Path>, setup: &TaskSetup, argv: &[String]) -> i32 
         }
         126
     };
+    // A terminal step: a session of its own, with the terminal on stdout as
+    // its controlling terminal (so job control, Ctrl-C and hangups work).
+    if setup.pty {
+        if let Err(e) = rustix::process::setsid()
+            .map_err(std::io::Error::from)
+            .and_then(|_| rustix::process::ioctl_tiocsctty(std::io::stdout()).map_err(std::io::Error::from))
+        {
+            return refuse(format!("cannot take the step's terminal: {e}"));
+        }
+    }
     let env = match (&setup.env_file, setup.env_stdin) {
         (Some(f), _) => match read_env_file(f) {
             Ok(env) => Some(env),
@@ -123,7 +133,10 @@ pub fn run(exit_file: Option<&Path>, setup: &TaskSetup, argv: &[String]) -> i32 
         }
     }
     if setup.exec {
-        return exec(env, argv);
+        return exec(env, argv, setup.pty);
+    }
+    if setup.pty {
+        return refuse("--pty needs --exec".into());
     }
     let Some(exit_file) = exit_file else {
         return refuse("an --exit-file is needed unless --exec".into());
@@ -213,16 +226,29 @@ fn wait_under_lease(
 }
 
 /// Exec mode: the command replaces the shim (same pid, pipes, process
-/// group), now as the user, with the user's umask, and stdin from /dev/null.
-fn exec(env: Option<Vec<(String, String)>>, argv: &[String]) -> i32 {
+/// group), now as the user, with the user's umask, and stdin from /dev/null
+/// or, for a terminal step, from the terminal its output goes to.
+fn exec(env: Option<Vec<(String, String)>>, argv: &[String], pty: bool) -> i32 {
+    use std::os::fd::AsFd;
     use std::os::unix::process::CommandExt;
     let Some((program, args)) = argv.split_first() else {
         eprintln!("task-shim: nothing to run");
         return 127;
     };
     set_umask(env.as_deref());
+    let stdin = if pty {
+        match std::io::stdout().as_fd().try_clone_to_owned() {
+            Ok(fd) => std::process::Stdio::from(fd),
+            Err(e) => {
+                eprintln!("task-shim: the step's terminal: {e}");
+                return 126;
+            }
+        }
+    } else {
+        std::process::Stdio::null()
+    };
     let mut command = std::process::Command::new(program);
-    command.args(args).stdin(std::process::Stdio::null());
+    command.args(args).stdin(stdin);
     if let Some(env) = env {
         command.env_clear().envs(env);
     }
@@ -250,6 +276,10 @@ pub struct TaskSetup {
     /// Read the task's environment from standard input (before becoming the
     /// user; the command then gets /dev/null).
     pub env_stdin: bool,
+    /// A terminal step (with `exec`): standard output is a pseudo-terminal;
+    /// the shim starts a session whose controlling terminal it is, and the
+    /// command reads from it too.
+    pub pty: bool,
     /// Become this user (`UID:GID:GROUPS`) before anything else runs.
     pub user: Option<String>,
     /// The task's environment, `KEY=VALUE` entries each ended by a NUL byte;

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use gangway_proto::v1::step_event::Kind;
 use gangway_proto::v1::step_service_server::StepService;
-use gangway_proto::v1::{StepEvent, StepOutput, StepRequest, StepTaskEnd};
+use gangway_proto::v1::{StepEvent, StepInput, StepOutput, StepRequest, StepTaskEnd};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
@@ -109,6 +109,9 @@ pub struct StepServer {
     /// The `gangway` binary: a root agent starts step tasks through its
     /// shim, which becomes the user with the user's groups and umask.
     shim: Option<std::path::PathBuf>,
+    /// The Slurm command links (see `Supervisor::provide_job_tools`), first
+    /// on every step task's PATH as on the job's.
+    tools: Option<std::path::PathBuf>,
 }
 
 impl StepServer {
@@ -117,16 +120,21 @@ impl StepServer {
         hosts: StepHosts,
         security: gangway_proto::tls::Security,
         shim: Option<std::path::PathBuf>,
+        tools: Option<std::path::PathBuf>,
     ) -> StepServer {
-        StepServer { node: node.to_string(), hosts, security, shim }
+        StepServer { node: node.to_string(), hosts, security, shim, tools }
     }
 
     /// The caller must hold this job attempt's step credential naming this node.
-    fn check_credential<T>(&self, req: &Request<T>, job_id: u64, attempt: u32) -> Result<(), Status> {
+    fn check_credential(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        job_id: u64,
+        attempt: u32,
+    ) -> Result<(), Status> {
         use gangway_proto::step_cred::{verify, STEP_CREDENTIAL_METADATA_KEY};
         let Some(creds) = self.security.credentials() else { return Ok(()) };
-        let token = req
-            .metadata()
+        let token = metadata
             .get(STEP_CREDENTIAL_METADATA_KEY)
             .and_then(|v| v.to_str().ok())
             .ok_or_else(|| Status::unauthenticated("a step needs its job's step credential (srun sends it)"))?;
@@ -139,6 +147,69 @@ impl StepServer {
 }
 
 impl StepServer {
+    /// Checks a step request's bounds and finds its allocation here: the
+    /// job runs here (this attempt), is not suspended, and holds the GPUs
+    /// its tasks ask for.
+    async fn admit(&self, r: &StepRequest) -> Result<StepHost, Status> {
+        validate(r)?;
+        let Some(host) = self.wait_for_host(r.job_id, r.attempt).await else {
+            return Err(Status::failed_precondition(format!(
+                "job {} attempt {} does not run on {}: no step can start there",
+                r.job_id, r.attempt, self.node
+            )));
+        };
+        if host.suspended.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Status::failed_precondition(format!(
+                "job {} is suspended: its steps wait for `scontrol resume {}`",
+                r.job_id, r.job_id
+            )));
+        }
+        let per_task = r.gpus_per_task as usize;
+        if per_task * r.tasks.len() > host.gpus.len() {
+            return Err(Status::invalid_argument(format!(
+                "gpus_per_task: {} tasks x {per_task} GPUs, but job {} holds {} on {}",
+                r.tasks.len(),
+                r.job_id,
+                host.gpus.len(),
+                self.node
+            )));
+        }
+        Ok(host)
+    }
+
+    /// The environment of the task `local` of this node's share, in the
+    /// order it applies (later wins): srun's, the task's, then the node's.
+    fn task_env(&self, r: &StepRequest, host: &StepHost, local: usize) -> Vec<(String, String)> {
+        let task = &r.tasks[local];
+        let per_task = r.gpus_per_task as usize;
+        let gpus = if per_task > 0 { &host.gpus[local * per_task..(local + 1) * per_task] } else { &host.gpus[..] };
+        let visible: Vec<String> = gpus.iter().map(u32::to_string).collect();
+        let mut env: Vec<(String, String)> =
+            r.env.iter().chain(&task.env).map(|(k, v)| (k.clone(), v.clone())).collect();
+        env.push(("CUDA_VISIBLE_DEVICES".into(), visible.join(",")));
+        env.push(("SLURM_GPUS_ON_NODE".into(), host.gpus.len().to_string()));
+        env.push(("SLURM_JOB_GPUS".into(), host.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")));
+        env.push(("SLURMD_NODENAME".into(), self.node.clone()));
+        if let Some(tools) = &self.tools {
+            let path = env.iter().rev().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str());
+            let path = crate::supervisor::job_path(path, tools);
+            env.push(("PATH".into(), path));
+        }
+        env
+    }
+
+    /// The job's user as the shim switches to it (a root agent), None when
+    /// tasks run as the agent's own user; Err names a user unknown here.
+    fn task_user(&self, host: &StepHost) -> Result<Option<(std::path::PathBuf, crate::shim::TaskUser)>, String> {
+        match (&self.shim, host.ids) {
+            (Some(shim), Some((uid, gid))) => match crate::shim::TaskUser::lookup_ids(uid, gid) {
+                Some(user) => Ok(Some((shim.clone(), user))),
+                None => Err(format!("the job's user (uid {uid}) is unknown on {}", self.node)),
+            },
+            _ => Ok(None),
+        }
+    }
+
     /// The allocation of `job`'s `attempt` here. The first node's script can
     /// call srun before this node's agent has its own launch order (it comes
     /// with the next heartbeat answer), so a step waits for it, within
@@ -205,62 +276,23 @@ impl StepService for StepServer {
     type RunStream = tokio_stream::wrappers::ReceiverStream<Result<StepEvent, Status>>;
 
     async fn run(&self, request: Request<StepRequest>) -> Result<Response<Self::RunStream>, Status> {
-        self.check_credential(&request, request.get_ref().job_id, request.get_ref().attempt)?;
+        self.check_credential(request.metadata(), request.get_ref().job_id, request.get_ref().attempt)?;
         let r = request.into_inner();
-        validate(&r)?;
-        let host = self.wait_for_host(r.job_id, r.attempt).await;
-        let Some(host) = host else {
-            return Err(Status::failed_precondition(format!(
-                "job {} attempt {} does not run on {}: no step can start there",
-                r.job_id, r.attempt, self.node
-            )));
-        };
-        if host.suspended.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(Status::failed_precondition(format!(
-                "job {} is suspended: its steps wait for `scontrol resume {}`",
-                r.job_id, r.job_id
-            )));
-        }
-        let per_task = r.gpus_per_task as usize;
-        if per_task * r.tasks.len() > host.gpus.len() {
-            return Err(Status::invalid_argument(format!(
-                "gpus_per_task: {} tasks x {per_task} GPUs, but job {} holds {} on {}",
-                r.tasks.len(),
-                r.job_id,
-                host.gpus.len(),
-                self.node
-            )));
-        }
+        let host = self.admit(&r).await?;
         let (tx, rx) = mpsc::channel(STEP_EVENTS_QUEUE_MAX);
         let workdir = if r.workdir.is_empty() { host.workdir.clone() } else { r.workdir.clone() };
         for (local, task) in r.tasks.iter().enumerate() {
-            let gpus = if per_task > 0 { &host.gpus[local * per_task..(local + 1) * per_task] } else { &host.gpus[..] };
-            let visible: Vec<String> = gpus.iter().map(u32::to_string).collect();
-            // The task's environment, in the order it applies (later wins).
-            let mut env: Vec<(String, String)> =
-                r.env.iter().chain(&task.env).map(|(k, v)| (k.clone(), v.clone())).collect();
-            env.push(("CUDA_VISIBLE_DEVICES".into(), visible.join(",")));
-            env.push(("SLURM_GPUS_ON_NODE".into(), host.gpus.len().to_string()));
-            env.push(("SLURM_JOB_GPUS".into(), host.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")));
-            env.push(("SLURMD_NODENAME".into(), self.node.clone()));
+            let env = self.task_env(&r, &host, local);
             // As root, through the shim: it reads the environment from its
             // stdin, becomes the user (groups too), enters the directory and
             // becomes the command; nothing of the job's reaches a root process.
-            let via_shim = match (&self.shim, host.ids) {
-                (Some(shim), Some((uid, gid))) => match crate::shim::TaskUser::lookup_ids(uid, gid) {
-                    Some(user) => Some((shim.clone(), user)),
-                    None => {
-                        let end = StepTaskEnd {
-                            rank: task.rank,
-                            exit_code: None,
-                            signal: None,
-                            error: format!("the job's user (uid {uid}) is unknown on {}", self.node),
-                        };
-                        let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
-                        continue;
-                    }
-                },
-                _ => None,
+            let via_shim = match self.task_user(&host) {
+                Ok(via) => via,
+                Err(error) => {
+                    let end = StepTaskEnd { rank: task.rank, exit_code: None, signal: None, error };
+                    let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
+                    continue;
+                }
             };
             let mut cmd = match &via_shim {
                 Some((shim, user)) => {
@@ -301,33 +333,13 @@ impl StepService for StepServer {
                 Ok(mut child) => {
                     let stdin = child.stdin.take();
                     if let Some(pid) = child.id() {
-                        if let Some(dir) = &host.cgroup {
-                            if let Err(e) = crate::cgroup::Cgroups::add(dir, pid) {
-                                tracing::warn!(job = r.job_id, error = %e, "step task: cgroup join failed");
-                            }
-                        }
-                        host.groups.lock().expect("step groups lock").insert(pid as i32);
-                        if let Some(f) = &host.steps_file {
-                            use std::io::Write;
-                            let noted = std::fs::OpenOptions::new()
-                                .create(true)
-                                .append(true)
-                                .open(f)
-                                .and_then(|mut file| writeln!(file, "{pid}"));
-                            if let Err(e) = noted {
-                                tracing::warn!(file = %f.display(), error = %e, "cannot note a step task");
-                            }
-                        }
+                        register(&host, r.job_id, pid);
                     }
                     // Only now the environment: the shim waits for it before
                     // anything else, so the task runs nothing before it is in
                     // its cgroup and recorded with the step host.
-                    if let Some(mut stdin) = stdin {
-                        use tokio::io::AsyncWriteExt;
-                        let bytes = crate::shim::encode_env(&env);
-                        tokio::spawn(async move {
-                            let _ = stdin.write_all(&bytes).await;
-                        });
+                    if let Some(stdin) = stdin {
+                        send_env(stdin, &env);
                     }
                     tokio::spawn(supervise(child, rank, tx.clone(), host.groups.clone()));
                 }
@@ -344,6 +356,130 @@ impl StepService for StepServer {
         }
         tracing::info!(job = r.job_id, attempt = r.attempt, tasks = r.tasks.len(), "step started");
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+
+    type AttachStream = tokio_stream::wrappers::ReceiverStream<Result<StepEvent, Status>>;
+
+    async fn attach(
+        &self,
+        request: Request<tonic::Streaming<StepInput>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        use gangway_proto::v1::step_input::Kind as Input;
+        let (metadata, _, mut input) = request.into_parts();
+        let first = tokio::time::timeout(ATTACH_START_WAIT, input.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("start: the step's request did not come in time"))??;
+        let Some(StepInput { kind: Some(Input::Start(r)) }) = first else {
+            return Err(Status::invalid_argument("start: a terminal step's first input must be its request"));
+        };
+        self.check_credential(&metadata, r.job_id, r.attempt)?;
+        if r.tasks.len() != 1 {
+            return Err(Status::invalid_argument("tasks: a terminal step runs exactly one task"));
+        }
+        let host = self.admit(&r).await?;
+        let Some(shim) = self.shim.clone() else {
+            return Err(Status::failed_precondition(format!(
+                "{} cannot start terminal steps: its agent has no task shim",
+                self.node
+            )));
+        };
+        let user = self.task_user(&host).map_err(Status::failed_precondition)?.map(|(_, u)| u);
+        let size = crate::terminal::winsize(r.window.as_ref());
+        let (master, slave) = crate::terminal::open(size, host.ids)
+            .map_err(|e| Status::internal(format!("cannot open a terminal on {}: {e}", self.node)))?;
+        let workdir = if r.workdir.is_empty() { host.workdir.clone() } else { r.workdir.clone() };
+        let env = self.task_env(&r, &host, 0);
+        let output = slave.try_clone().map_err(|e| Status::internal(format!("the terminal: {e}")))?;
+        // Through the shim, as user or not: it starts the session whose
+        // controlling terminal this is (so no process group is set here).
+        let mut cmd = tokio::process::Command::new(shim);
+        cmd.arg("task-shim").arg("--exec").arg("--env-stdin").arg("--pty");
+        if let Some(u) = &user {
+            cmd.arg("--user").arg(u.encode());
+        }
+        cmd.arg(format!("--workdir={workdir}"))
+            .arg("--")
+            .args(&r.argv)
+            .env_clear()
+            .current_dir("/")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::from(output))
+            .stderr(std::process::Stdio::from(slave))
+            .kill_on_drop(true);
+        let spawned = cmd.spawn();
+        // Only the task holds the terminal's other side now: its end reads as
+        // the end of the output.
+        drop(cmd);
+        let mut child =
+            spawned.map_err(|e| Status::internal(format!("cannot start {} on {}: {e}", r.argv[0], self.node)))?;
+        if let Some(pid) = child.id() {
+            register(&host, r.job_id, pid);
+        }
+        if let Some(stdin) = child.stdin.take() {
+            send_env(stdin, &env);
+        }
+        let (tx, rx) = mpsc::channel(STEP_EVENTS_QUEUE_MAX);
+        let rank = r.tasks[0].rank;
+        tokio::spawn(async move {
+            let pgid = child.id().map(|p| nix::unistd::Pid::from_raw(p as i32));
+            let ended = crate::terminal::relay(&mut child, master, input, &tx, rank).await;
+            let stopped = match ended {
+                Some(status) => {
+                    let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(task_end(rank, status))) })).await;
+                    false
+                }
+                None => stop(child).await,
+            };
+            if let Some(pgid) = pgid {
+                let stopping = std::sync::atomic::AtomicBool::new(stopped);
+                crate::supervisor::end_leftovers(|| vec![pgid], &stopping, STEP_STOP_GRACE).await;
+                host.groups.lock().expect("step groups lock").remove(&pgid.as_raw());
+            }
+        });
+        tracing::info!(job = r.job_id, attempt = r.attempt, "terminal step started");
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+}
+
+/// How long a terminal step's request may take to follow its call.
+const ATTACH_START_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Hands the shim the task's environment on its stdin (it reads to the end
+/// before anything else runs).
+fn send_env(mut stdin: tokio::process::ChildStdin, env: &[(String, String)]) {
+    use tokio::io::AsyncWriteExt;
+    let bytes = crate::shim::encode_env(env);
+    tokio::spawn(async move {
+        let _ = stdin.write_all(&bytes).await;
+    });
+}
+
+/// How a task ended, as its step's event says it.
+fn task_end(rank: u32, status: std::io::Result<std::process::ExitStatus>) -> StepTaskEnd {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Ok(s) => StepTaskEnd { rank, exit_code: s.code(), signal: s.signal(), error: String::new() },
+        Err(e) => StepTaskEnd { rank, exit_code: None, signal: None, error: format!("lost track of the task: {e}") },
+    }
+}
+
+/// Notes a step task just started (`pid`, its process group's leader) with
+/// its allocation: its cgroup, its step groups, and the file a restarted
+/// agent finds them in.
+fn register(host: &StepHost, job: u64, pid: u32) {
+    if let Some(dir) = &host.cgroup {
+        if let Err(e) = crate::cgroup::Cgroups::add(dir, pid) {
+            tracing::warn!(job, error = %e, "step task: cgroup join failed");
+        }
+    }
+    host.groups.lock().expect("step groups lock").insert(pid as i32);
+    if let Some(f) = &host.steps_file {
+        use std::io::Write;
+        let noted =
+            std::fs::OpenOptions::new().create(true).append(true).open(f).and_then(|mut file| writeln!(file, "{pid}"));
+        if let Err(e) = noted {
+            tracing::warn!(file = %f.display(), error = %e, "cannot note a step task");
+        }
     }
 }
 
@@ -396,12 +532,7 @@ async fn run_task(mut child: tokio::process::Child, rank: u32, tx: mpsc::Sender<
         s = child.wait() => s,
         _ = tx.closed() => return stop(child).await,
     };
-    use std::os::unix::process::ExitStatusExt;
-    let end = match status {
-        Ok(s) => StepTaskEnd { rank, exit_code: s.code(), signal: s.signal(), error: String::new() },
-        Err(e) => StepTaskEnd { rank, exit_code: None, signal: None, error: format!("lost track of the task: {e}") },
-    };
-    let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
+    let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(task_end(rank, status))) })).await;
     false
 }
 
@@ -443,11 +574,12 @@ pub fn serve(
     hosts: StepHosts,
     security: gangway_proto::tls::Security,
     shim: Option<std::path::PathBuf>,
+    tools: Option<std::path::PathBuf>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     use gangway_proto::v1::step_service_server::StepServiceServer;
     let incoming =
         gangway_proto::tls::incoming(listener, &security).map_err(|e| anyhow::anyhow!("step service TLS: {e}"))?;
-    let server = StepServer::new(node, hosts, security, shim);
+    let server = StepServer::new(node, hosts, security, shim, tools);
     Ok(tokio::spawn(async move {
         if let Err(e) = tonic::transport::Server::builder()
             .add_service(StepServiceServer::new(server))
@@ -477,6 +609,7 @@ mod tests {
                 .collect(),
             workdir: String::new(),
             gpus_per_task: 1,
+            window: None,
         }
     }
 
@@ -498,7 +631,7 @@ mod tests {
             suspended: Default::default(),
         };
         hosts.lock().unwrap().insert((7, 1), host);
-        let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure, None);
+        let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure, None, None);
 
         // Another attempt of a job that runs here, or a bad request: refused
         // at once, with the field named.
@@ -559,7 +692,7 @@ mod tests {
 
         // A step that arrives before its allocation here waits for it.
         let early = {
-            let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure, None);
+            let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure, None, None);
             tokio::spawn(async move { server.run(Request::new(request(9, &["true"], &[0]))).await.map(|_| ()) })
         };
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -578,6 +711,46 @@ mod tests {
         hold.kill().await.unwrap();
     }
 
+    /// A terminal step over real gRPC: its first input must be its request,
+    /// of one task, in a job that runs here; an agent without a task shim
+    /// (which makes the terminal the task's own) says it cannot.
+    #[tokio::test]
+    async fn terminal_steps_are_checked_before_anything_starts() {
+        use gangway_proto::v1::step_input::Kind as Input;
+        use gangway_proto::v1::step_service_client::StepServiceClient;
+        let hosts: StepHosts = Default::default();
+        let dir = tempfile::tempdir().unwrap();
+        let host = StepHost {
+            pgid: std::process::id() as i32,
+            groups: Default::default(),
+            steps_file: None,
+            ids: None,
+            cgroup: None,
+            gpus: vec![0],
+            workdir: dir.path().display().to_string(),
+            suspended: Default::default(),
+        };
+        hosts.lock().unwrap().insert((7, 1), host);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _server = serve(listener, "n2", hosts, gangway_proto::tls::Security::Insecure, None, None).unwrap();
+        let attach = |inputs: Vec<StepInput>| async move {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await;
+            let mut client = StepServiceClient::new(channel.unwrap());
+            client.attach(tokio_stream::iter(inputs)).await.map(drop).unwrap_err()
+        };
+        let start = |r: StepRequest| StepInput { kind: Some(Input::Start(r)) };
+        let err = attach(vec![StepInput { kind: Some(Input::Stdin(b"ls\n".to_vec())) }]).await;
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().starts_with("start:"), "{}", err.message());
+        let err = attach(vec![start(request(7, &["bash"], &[0, 1]))]).await;
+        assert!(err.message().starts_with("tasks: a terminal step runs exactly one task"), "{}", err.message());
+        let err = attach(vec![start(StepRequest { attempt: 2, ..request(7, &["bash"], &[0]) })]).await;
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        let err = attach(vec![start(request(7, &["bash"], &[0]))]).await;
+        assert!(err.message().contains("n2 cannot start terminal steps"), "{}", err.message());
+    }
+
     /// A secured agent starts a step only for the holder of its job's
     /// credential naming this node; nothing else gets that far.
     #[tokio::test]
@@ -590,7 +763,7 @@ mod tests {
         gangway_proto::pki::throwaway(dir.path(), &ps).unwrap();
         let server = Credentials::load(TlsFiles::in_dir(dir.path(), "server-1")).unwrap();
         let agent = Credentials::load(TlsFiles::in_dir(dir.path(), "agent-n2")).unwrap();
-        let step = StepServer::new("n2", StepHosts::default(), Security::Tls(agent.clone()), None);
+        let step = StepServer::new("n2", StepHosts::default(), Security::Tls(agent.clone()), None, None);
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
         let call = |credential: Option<String>| {
             let mut r = Request::new(request(7, &["true"], &[0]));

@@ -521,8 +521,14 @@ pub const JOB_TOOLS: &[&str] = &["srun", "scontrol", "squeue", "sbatch", "scance
 /// Gangway's, which alone can start its steps.
 pub fn job_path(submitted: Option<&str>, tools: &std::path::Path) -> String {
     // An empty entry would mean the job's working directory.
-    let rest = submitted.unwrap_or("/usr/local/bin:/usr/bin:/bin").split(':').filter(|p| !p.is_empty());
-    std::iter::once(tools.display().to_string()).chain(rest.map(str::to_string)).collect::<Vec<_>>().join(":")
+    let first = tools.display().to_string();
+    // A PATH that has it already (a step's, from its job) keeps it once.
+    let rest = submitted
+        .unwrap_or("/usr/local/bin:/usr/bin:/bin")
+        .split(':')
+        .filter(|p| !p.is_empty() && **p != *first)
+        .map(str::to_string);
+    std::iter::once(first.clone()).chain(rest).collect::<Vec<_>>().join(":")
 }
 
 impl Supervisor {
@@ -590,6 +596,11 @@ impl Supervisor {
             Ok(()) => self.job_tools = Some((dir, controllers.join(","))),
             Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "cannot link the Slurm commands for jobs"),
         }
+    }
+
+    /// The directory of Slurm command links, when they were provided.
+    pub fn job_tools_dir(&self) -> Option<PathBuf> {
+        self.job_tools.as_ref().map(|(dir, _)| dir.clone())
     }
 
     /// The allocations steps can start in (shared with the step service).
@@ -1211,6 +1222,9 @@ mod tests {
         assert_eq!(job_path(None, tools), "/var/lib/gangway/bin:/usr/local/bin:/usr/bin:/bin");
         assert_eq!(job_path(Some(":/usr/bin::"), tools), "/var/lib/gangway/bin:/usr/bin", "no current directory");
         assert_eq!(job_path(Some(""), tools), "/var/lib/gangway/bin");
+        // A step's PATH, from its job's, keeps the tools once.
+        let again = job_path(Some("/var/lib/gangway/bin:/usr/bin"), tools);
+        assert_eq!(job_path(Some(&again), tools), "/var/lib/gangway/bin:/usr/bin");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod format;
 pub mod hostlist;
+mod pty;
 pub mod sacct;
 pub mod salloc;
 pub mod scancel;

@@ -1,6 +1,7 @@
 //! `salloc`: an interactive allocation. It submits a batch job whose nodes
 //! only hold the allocation (every node a step host), waits until it runs,
-//! then runs a command here (default: the user's shell) with the job's
+//! then runs a command here (default: the user's shell on the first node, on
+//! a terminal relayed here, Slurm's interactive step) with the job's
 //! variables, so that `srun` there starts steps on the allocated nodes
 //! through their agents and streams their output back to this terminal. When
 //! the command ends, the allocation is given back: the job ends with the
@@ -24,14 +25,19 @@ const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 pub struct SallocArgs {
     #[command(flatten)]
     res: crate::jobspec::ResourceArgs,
-    /// The command to run in the allocation (default: $SHELL).
+    /// The command to run here in the allocation (default: $SHELL on the
+    /// allocation's first node, through `srun --pty`).
     #[arg(trailing_var_arg = true)]
     command: Vec<String>,
 }
 
 pub async fn run(client: &Client, out: &Output, a: SallocArgs) -> anyhow::Result<i32> {
     let command = if a.command.is_empty() {
-        vec![std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into())]
+        // Slurm's interactive step: the user's shell on the allocation's
+        // first node, on a terminal relayed to this one.
+        let exe = std::env::current_exe().context("salloc: cannot find the gangway binary")?;
+        let shell = std::env::var("SHELL").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "/bin/sh".into());
+        vec![exe.display().to_string(), "srun".into(), "--pty".into(), shell]
     } else {
         a.command.clone()
     };
@@ -171,6 +177,7 @@ async fn release(client: &Client, job: &pb::Job, code: i32, env: &[(String, Stri
     let step = tokio::process::Command::new(exe)
         .args(["srun", "-N1", "-n1", "-w", &first, "/bin/sh", "-c", &write])
         .envs(env.iter().cloned())
+        .env(super::srun::STEP_UNRECORDED_ENV, "1")
         // The step starts in this directory on the node: one that exists there.
         .current_dir("/")
         .stdin(std::process::Stdio::null())
@@ -227,7 +234,7 @@ async fn wait_running(client: &Client, id: u64) -> anyhow::Result<Option<pb::Job
 
 /// The job's variables for the command run in the allocation: enough for
 /// srun (nodes, attempt, each node's step service) and for scripts.
-async fn allocation_env(client: &Client, job: &pb::Job) -> anyhow::Result<Vec<(String, String)>> {
+pub async fn allocation_env(client: &Client, job: &pb::Job) -> anyhow::Result<Vec<(String, String)>> {
     let nodes: Vec<String> = job.allocation.iter().map(|a| a.node.clone()).collect();
     let mut addrs = Vec::new();
     for n in &nodes {
@@ -259,6 +266,8 @@ async fn allocation_env(client: &Client, job: &pb::Job) -> anyhow::Result<Vec<(S
         ("GANGWAY_JOB_ID", job.id.to_string()),
         ("GANGWAY_ATTEMPT", job.attempt.to_string()),
         ("GANGWAY_STEP_ADDRS", addrs.join(",")),
+        // So that srun here records its steps in the job's history.
+        ("GANGWAY_ENDPOINTS", client.endpoints().join(",")),
     ];
     if let Some(c) = spec.cpus_per_task {
         env.push(("SLURM_CPUS_PER_TASK", c.to_string()));

@@ -64,7 +64,8 @@ pub struct SrunArgs {
     /// (torchrun, NCCL's env:// init) work, MPI needs mpirun.
     #[arg(long)]
     mpi: Option<String>,
-    /// A terminal for the task: not supported (srun runs batch-style here).
+    /// Run the task on a pseudo-terminal relayed to this one (an interactive
+    /// shell: `srun --pty bash`): one task, on the step's first node.
     #[arg(long)]
     pty: bool,
     #[arg(long = "container-image", hide = true)]
@@ -277,6 +278,9 @@ pub fn outside_job(
     if a.label {
         inner.push("--label".into());
     }
+    if a.pty {
+        inner.push("--pty".into());
+    }
     if let Some(e) = &a.export {
         inner.push(format!("--export={e}"));
     }
@@ -317,12 +321,44 @@ pub async fn submit_and_wait(
     out: &crate::output::Output,
     a: SrunArgs,
 ) -> anyhow::Result<i32> {
-    if a.pty {
-        bail!("--pty: interactive terminals are not supported yet; srun runs the command batch-style and streams its output");
+    if let Some(job) = a.jobid.as_deref() {
+        return in_running_job(client, job).await;
     }
     let exe = std::env::current_exe().context("srun: cannot find the gangway binary")?;
     let (args, inner) = outside_job(&a, &exe.display().to_string(), std::env::vars())?;
     super::salloc::allocate_and_run(client, out, args, &inner, super::salloc::Who::Srun).await
+}
+
+/// srun --jobid outside a job: a step in that running job, by this same
+/// srun run again with the job's variables (as salloc's command gets them),
+/// so `srun --jobid 42 --pty bash` opens a shell on job 42's first node.
+/// Only the job's owner (or an admin) gets the step credential a secured
+/// cluster's agents ask for.
+async fn in_running_job(client: &gangway_proto::client::Client, job: &str) -> anyhow::Result<i32> {
+    use gangway_proto::v1::job_service_client::JobServiceClient;
+    let id: u64 = job.parse().map_err(|_| anyhow::anyhow!("srun: --jobid: '{job}' is not a job id"))?;
+    let found = client
+        .call(|ch| {
+            let r = client.request(gangway_proto::v1::GetJobRequest { job_id: id, stale: false });
+            async move { JobServiceClient::new(ch).get(r).await }
+        })
+        .await?
+        .into_inner();
+    if !super::allocated(found.state) {
+        bail!("srun: --jobid: job {id} is {}: steps run only in a running job", super::state_name(found.state));
+    }
+    let env = super::salloc::allocation_env(client, &found).await?;
+    let exe = std::env::current_exe().context("srun: cannot find the gangway binary")?;
+    // SIGINT reaches the step's srun as well (the same process group): this
+    // one only waits for it.
+    let _interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let status = tokio::process::Command::new(exe)
+        .args(crate::shim_argv().into_iter().skip(1))
+        .envs(env)
+        .status()
+        .await
+        .context("srun: cannot run the step")?;
+    Ok(status_code(status))
 }
 
 pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
@@ -336,9 +372,6 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
             bail!("{opt}: {}", crate::sbatch::PYXIS);
         }
     }
-    if a.pty {
-        bail!("--pty: interactive terminals are not supported yet; srun runs the command batch-style");
-    }
     let job = env_or("SLURM_JOB_ID")?;
     if let Some(other) = a.jobid.as_deref().filter(|j| *j != job) {
         bail!("--jobid: only this job ({job}) can run steps here, not {other}");
@@ -346,7 +379,12 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
     let alloc = hostlist::expand(&env_or("SLURM_JOB_NODELIST")?).map_err(anyhow::Error::msg)?;
     let me = env_or("SLURMD_NODENAME")?;
     let tpn: u32 = std::env::var("SLURM_NTASKS_PER_NODE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-    let shape = StepShape::of(&a.res).map_err(|e| anyhow::anyhow!("srun: {e}"))?;
+    let mut shape = StepShape::of(&a.res).map_err(|e| anyhow::anyhow!("srun: {e}"))?;
+    if a.pty && shape.nodes.is_none() && shape.nodelist.is_none() && shape.ntasks.is_none() {
+        // A terminal step is one task, on the first node unless -w says.
+        shape.nodes = Some("1".into());
+        shape.ntasks = Some(1);
+    }
     let ignored = job_only_options(&a.res);
     if !ignored.is_empty() {
         eprintln!(
@@ -364,6 +402,17 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
         (Err(_), Ok(file)) => Some(parse_step_addrs(&read_step_addrs_file(&file)?)),
         _ => None,
     };
+    if a.pty {
+        if share.ntasks() != 1 {
+            bail!("srun: --pty: a terminal step runs one task, and this one has {} (use -n1)", share.ntasks());
+        }
+        if step_addrs.is_none() {
+            bail!(
+                "srun: --pty: terminal steps run from a login node (srun --pty, salloc, srun --jobid) \
+                 or an sbatch script, not from a job that runs its command on every node"
+            );
+        }
+    }
     let targets: Vec<usize> = match (&step_addrs, share.here) {
         (Some(_), _) => (0..share.nodes.len()).collect(),
         (None, Some(here)) => vec![here],
@@ -371,7 +420,7 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
     };
     // The whole step starts here (a batch job): it is recorded in the job's
     // history, on its nodes (none listed: all of the job's).
-    let record = step_addrs.is_some();
+    let record = step_addrs.is_some() && std::env::var_os(STEP_UNRECORDED_ENV).is_none();
     let mut step = Step {
         args: a,
         shape,
@@ -393,13 +442,17 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
             let nodes = if step.share.nodes == alloc { Vec::new() } else { step.share.nodes.clone() };
             step.step_id = begin_step(job_id, step.attempt, &name, &nodes, step.share.ntasks()).await;
         }
-        let code = step.execute(&targets).await;
+        let code = if step.args.pty { step.attach().await } else { step.execute(&targets).await };
         if let (Some(job_id), Some(step_id)) = (job_id, step.step_id) {
             end_step(job_id, step.attempt, step_id, *code.as_ref().unwrap_or(&1)).await;
         }
         code
     })
 }
+
+/// Set (to anything) for a step of Gangway's own that is not the user's
+/// (salloc's release of the allocation): it is not recorded in the job's history.
+pub const STEP_UNRECORDED_ENV: &str = "GANGWAY_STEP_UNRECORDED";
 
 /// Characters of a step's recorded name (the controllers' limit is 64 bytes).
 const STEP_NAME_CHARS_MAX: usize = 16;
@@ -539,9 +592,7 @@ impl Step {
                 continue;
             }
             let req = self.remote_request(ni, base.as_deref())?;
-            let addr = self.addrs.get(node).filter(|a| !a.is_empty()).cloned().ok_or_else(|| {
-                anyhow::anyhow!("srun: {node}'s agent serves no steps (it runs with --step-listen none)")
-            })?;
+            let addr = self.step_addr(node)?;
             let node = node.clone();
             calls.push(async move { start_remote(&node, &addr, req).await.map(|s| (ni, node, s)) });
         }
@@ -626,6 +677,29 @@ impl Step {
             }
         }
         Ok(worst)
+    }
+
+    /// `node`'s step service, as the job's start gave it.
+    fn step_addr(&self, node: &str) -> anyhow::Result<String> {
+        self.addrs
+            .get(node)
+            .filter(|a| !a.is_empty())
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("srun: {node}'s agent serves no steps (it runs with --step-listen none)"))
+    }
+
+    /// A terminal step (`--pty`): its one task on its node's terminal,
+    /// relayed to this one.
+    async fn attach(&self) -> anyhow::Result<i32> {
+        let node = &self.share.nodes[0];
+        let base = self.base_env()?;
+        let req = self.remote_request(0, base.as_deref())?;
+        let channel = step_channel(node, &self.step_addr(node)?).await?;
+        let ended = super::pty::attach(node, channel, req, credential()?).await?;
+        if !ended.error.is_empty() {
+            eprintln!("srun: error: {node}: task 0: {}", ended.error);
+        }
+        Ok(ended.code)
     }
 
     /// Starts one task here; its output is passed through, or labelled.
@@ -720,31 +794,45 @@ impl Step {
             tasks,
             workdir: std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),
             gpus_per_task: self.shape.gpus_per_task.unwrap_or(0),
+            window: None,
         })
     }
 }
 
-/// Starts a step's tasks on `node` through its agent, at `addr` (from the
-/// job's start) or, when that does not answer, wherever the controllers say
-/// the node's agent serves steps now (it may have restarted on another port).
+/// A channel to `node`'s step service, at `addr` (from the job's start) or,
+/// when that does not answer, wherever the controllers say the node's agent
+/// serves steps now (it may have restarted on another port).
+async fn step_channel(node: &str, addr: &str) -> anyhow::Result<tonic::transport::Channel> {
+    match connect(node, addr).await {
+        Ok(c) => Ok(c),
+        Err(first) => match current_step_addr(node).await.filter(|now| now != addr) {
+            Some(now) => connect(node, &now).await,
+            None => Err(first),
+        },
+    }
+}
+
+/// The job's step credential for the agents' calls; it travels only over
+/// TLS, to the agent of the node asked for.
+fn credential() -> anyhow::Result<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>> {
+    let secured = !step_security()?.is_insecure();
+    let Some(token) = std::env::var(gangway_proto::step_cred::STEP_CREDENTIAL_ENV).ok().filter(|_| secured) else {
+        return Ok(None);
+    };
+    let v = token.parse().map_err(|_| anyhow::anyhow!("srun: the step credential is not printable ASCII"))?;
+    Ok(Some(v))
+}
+
+/// Starts a step's tasks on `node` through its agent (see [`step_channel`]).
 async fn start_remote(
     node: &str,
     addr: &str,
     req: gangway_proto::v1::StepRequest,
 ) -> anyhow::Result<tonic::Streaming<gangway_proto::v1::StepEvent>> {
     use gangway_proto::v1::step_service_client::StepServiceClient;
-    let channel = match connect(node, addr).await {
-        Ok(c) => c,
-        Err(first) => match current_step_addr(node).await.filter(|now| now != addr) {
-            Some(now) => connect(node, &now).await?,
-            None => return Err(first),
-        },
-    };
+    let channel = step_channel(node, addr).await?;
     let mut req = tonic::Request::new(req);
-    // The credential travels only over TLS, to the agent of this node.
-    let secured = !step_security()?.is_insecure();
-    if let Some(token) = std::env::var(gangway_proto::step_cred::STEP_CREDENTIAL_ENV).ok().filter(|_| secured) {
-        let v = token.parse().map_err(|_| anyhow::anyhow!("srun: the step credential is not printable ASCII"))?;
+    if let Some(v) = credential()? {
         req.metadata_mut().insert(gangway_proto::step_cred::STEP_CREDENTIAL_METADATA_KEY, v);
     }
     let resp = StepServiceClient::new(channel)

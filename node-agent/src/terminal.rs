@@ -1,0 +1,193 @@
+//! Terminal steps (`srun --pty`): a pseudo-terminal for one task, relayed
+//! through the step service's `Attach` call. What the user types, the
+//! terminal's size and forwarded signals come in; what the task writes to
+//! its terminal goes back out. The task's shim makes the terminal its
+//! session's controlling terminal, so job control, Ctrl-C (a byte the
+//! terminal turns into SIGINT) and hangups behave as over ssh.
+
+use std::os::fd::OwnedFd;
+
+use gangway_proto::v1::step_event::Kind;
+use gangway_proto::v1::step_input::Kind as Input;
+use gangway_proto::v1::{StepEvent, StepInput, StepOutput, WindowSize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+/// Rows and columns a terminal may have: far above any screen, and inside
+/// the kernel's 16-bit fields.
+const SIDE_MAX: u32 = 10_000;
+/// A terminal's size when the client has none (its input is not a terminal).
+const DEFAULT_ROWS: u16 = 24;
+const DEFAULT_COLS: u16 = 80;
+/// Bytes read from the terminal at a time (one output event).
+const OUTPUT_CHUNK_BYTES: usize = 16 * 1024;
+/// Bytes of input one message may carry (srun sends what one read of its
+/// terminal gave; a larger message is refused, not buffered).
+pub const INPUT_BYTES_MAX: usize = 64 * 1024;
+/// After the task exits, how long output still in the terminal is read
+/// while a process it left behind holds the terminal open.
+const DRAIN_AFTER_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The signals a client may forward to a terminal step (what srun itself
+/// receives and passes on); anything else is ignored.
+const FORWARDED: [nix::sys::signal::Signal; 9] = {
+    use nix::sys::signal::Signal::*;
+    [SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCONT, SIGWINCH, SIGALRM]
+};
+
+/// The terminal size asked for, bounded; 24x80 where none is given.
+pub fn winsize(w: Option<&WindowSize>) -> rustix::termios::Winsize {
+    let side = |v: u32, default: u16| if v == 0 { default } else { v.min(SIDE_MAX) as u16 };
+    let (rows, cols) = w.map_or((0, 0), |w| (w.rows, w.cols));
+    rustix::termios::Winsize {
+        ws_row: side(rows, DEFAULT_ROWS),
+        ws_col: side(cols, DEFAULT_COLS),
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
+/// A new pseudo-terminal of `size`: (the agent's side; the task's side, owned by the job's user when tasks switch to one, as
+/// sshd's are, so that only they and root can open it).
+pub fn open(size: rustix::termios::Winsize, owner: Option<(u32, u32)>) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    use rustix::fs::{Mode, OFlags};
+    use rustix::pty::OpenptFlags;
+    let master = rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+    rustix::pty::grantpt(&master)?;
+    rustix::pty::unlockpt(&master)?;
+    let name = rustix::pty::ptsname(&master, Vec::new())?;
+    let slave = rustix::fs::open(name.as_c_str(), OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC, Mode::empty())?;
+    if let Some((uid, gid)) = owner {
+        rustix::fs::fchown(
+            &slave,
+            Some(rustix::fs::Uid::from_raw_unchecked(uid)),
+            Some(rustix::fs::Gid::from_raw_unchecked(gid)),
+        )?;
+        rustix::fs::fchmod(&slave, Mode::from_raw_mode(0o620))?;
+    }
+    rustix::termios::tcsetwinsize(&master, size)?;
+    Ok((master, slave))
+}
+
+/// Relays a terminal step until its task ends: `input` into the terminal,
+/// the terminal's output to `tx` as `rank`'s. The task's exit status, or
+/// None when the client went away (its call or stream ended first) and the
+/// caller must stop the task.
+pub async fn relay(
+    child: &mut tokio::process::Child,
+    master: OwnedFd,
+    mut input: tonic::Streaming<StepInput>,
+    tx: &mpsc::Sender<Result<StepEvent, Status>>,
+    rank: u32,
+) -> Option<std::io::Result<std::process::ExitStatus>> {
+    let pgid = child.id().map(|p| p as i32);
+    // Reads and writes block (the runtime's blocking threads wait on them);
+    // sizes and signals go through the terminal itself.
+    let files = master.try_clone().and_then(|r| Ok((r, master.try_clone()?)));
+    let (mut reader, mut writer) = match files {
+        Ok((r, w)) => (tokio::fs::File::from_std(r.into()), tokio::fs::File::from_std(w.into())),
+        Err(e) => return Some(Err(e)),
+    };
+    let mut buf = vec![0u8; OUTPUT_CHUNK_BYTES];
+    // Input taken from the stream but not yet written: at most one message.
+    let mut pending: Vec<u8> = Vec::new();
+    let (mut input_open, mut output_open) = (true, true);
+    let mut status: Option<std::io::Result<std::process::ExitStatus>> = None;
+    let drain = tokio::time::sleep(std::time::Duration::from_secs(u32::MAX.into()));
+    tokio::pin!(drain);
+    // Bounded by the task's life, then by DRAIN_AFTER_EXIT.
+    while status.is_none() || output_open {
+        tokio::select! {
+            read = reader.read(&mut buf), if output_open => match read {
+                // EIO: nothing holds the task's side any more.
+                Ok(0) | Err(_) => output_open = false,
+                Ok(n) => {
+                    let out = StepOutput { rank, stderr: false, data: buf[..n].to_vec() };
+                    if tx.send(Ok(StepEvent { kind: Some(Kind::Output(out)) })).await.is_err() {
+                        return None;
+                    }
+                }
+            },
+            wrote = writer.write(&pending), if !pending.is_empty() => match wrote {
+                Ok(n) => drop(pending.drain(..n)),
+                Err(_) => pending.clear(),
+            },
+            message = input.message(), if input_open && pending.is_empty() => match message {
+                Ok(Some(StepInput { kind: Some(kind) })) => match kind {
+                    Input::Stdin(data) if data.len() <= INPUT_BYTES_MAX => pending = data,
+                    Input::Stdin(data) => {
+                        tracing::warn!(bytes = data.len(), "terminal step: input message too large: dropped");
+                    }
+                    Input::Window(w) => {
+                        // The kernel tells the foreground processes (SIGWINCH).
+                        let _ = rustix::termios::tcsetwinsize(&master, winsize(Some(&w)));
+                    }
+                    Input::Signal(s) => forward(s, &master, pgid),
+                    Input::Eof(true) => pending = vec![eof_char(&master)],
+                    Input::Eof(false) | Input::Start(_) => {}
+                },
+                Ok(Some(StepInput { kind: None })) => {}
+                // The client went away: its task goes too (unless it ended).
+                Ok(None) | Err(_) if status.is_none() => return None,
+                Ok(None) | Err(_) => input_open = false,
+            },
+            ended = child.wait(), if status.is_none() => {
+                status = Some(ended);
+                drain.as_mut().reset(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
+            }
+            _ = &mut drain, if status.is_some() => break,
+            _ = tx.closed() => return None,
+        }
+    }
+    status
+}
+
+/// The terminal's end-of-file character (Ctrl-D unless changed).
+fn eof_char(master: &OwnedFd) -> u8 {
+    rustix::termios::tcgetattr(master).map(|t| t.special_codes[rustix::termios::SpecialCodeIndex::VEOF]).unwrap_or(4)
+}
+
+/// Sends a forwarded signal to the terminal's foreground processes and the
+/// task's own process group (a shell that runs a command in the foreground
+/// puts it in a group of its own).
+fn forward(signal: i32, master: &OwnedFd, task_group: Option<i32>) {
+    use nix::sys::signal::{killpg, Signal};
+    let Some(sig) = Signal::try_from(signal).ok().filter(|s| FORWARDED.contains(s)) else {
+        tracing::warn!(signal, "terminal step: a signal that is not forwarded was asked for");
+        return;
+    };
+    let foreground = rustix::termios::tcgetpgrp(master).ok().map(|p| p.as_raw_nonzero().get());
+    let mut groups: Vec<i32> = foreground.into_iter().chain(task_group).collect();
+    groups.dedup();
+    for g in groups {
+        let _ = killpg(nix::unistd::Pid::from_raw(g), sig);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_bounded_and_default_to_24_by_80() {
+        let w = winsize(None);
+        assert_eq!((w.ws_row, w.ws_col), (24, 80));
+        let w = winsize(Some(&WindowSize { rows: 0, cols: 132 }));
+        assert_eq!((w.ws_row, w.ws_col), (24, 132));
+        let w = winsize(Some(&WindowSize { rows: u32::MAX, cols: 70_000 }));
+        assert_eq!((w.ws_row, w.ws_col), (SIDE_MAX as u16, SIDE_MAX as u16));
+    }
+
+    #[test]
+    fn a_terminal_has_the_size_asked_and_reads_what_its_task_writes() {
+        let (master, slave) = open(winsize(Some(&WindowSize { rows: 33, cols: 101 })), None).unwrap();
+        let got = rustix::termios::tcgetwinsize(&slave).unwrap();
+        assert_eq!((got.ws_row, got.ws_col), (33, 101));
+        rustix::io::write(&slave, b"hi\n").unwrap();
+        let mut buf = [0u8; 16];
+        let n = rustix::io::read(&master, &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"hi\r\n", "the terminal's line discipline maps NL to CR NL");
+        assert_eq!(eof_char(&master), 4);
+    }
+}
