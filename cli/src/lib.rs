@@ -182,6 +182,10 @@ enum Cmd {
         /// and the command's standard input (with --exec).
         #[arg(long)]
         pty: bool,
+        /// Standard output and error are FIFOs: after the command, wait until
+        /// the agent read what is left in them.
+        #[arg(long)]
+        drain_output: bool,
         /// Become UID:GID:GROUPS before running the command.
         #[arg(long)]
         user: Option<String>,
@@ -324,12 +328,15 @@ pub fn main() {
     if !matches!(cli.command, Cmd::Controller(_) | Cmd::Agent(_) | Cmd::Dev(_) | Cmd::Bench(_) | Cmd::TaskShim { .. }) {
         quiet_on_closed_stdout();
     }
-    if let Cmd::TaskShim { exit_file, exec, env_stdin, pty, user, env_file, lease, workdir, argv } = &cli.command {
+    if let Cmd::TaskShim { exit_file, exec, env_stdin, pty, drain_output, user, env_file, lease, workdir, argv } =
+        &cli.command
+    {
         // Before any runtime or logging: the shim is only a waiting parent.
         let setup = gangway_node_agent::shim::TaskSetup {
             exec: *exec,
             env_stdin: *env_stdin,
             pty: *pty,
+            drain: *drain_output,
             user: user.clone(),
             env_file: env_file.clone(),
             workdir: workdir.clone(),

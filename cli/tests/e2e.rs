@@ -265,33 +265,45 @@ fn controllers_agents_and_cli_as_separate_processes() {
         let starts = std::fs::read_to_string(work.join(format!("starts-{rank}"))).unwrap();
         assert_eq!(starts.lines().count(), 1, "rank {rank} started twice");
     }
-    // A batch job whose step host's agent restarts while a step runs there
-    // and before the next: the restarted agent ends the step its predecessor
-    // started (its srun lost it), re-adopts the step host, and the next step
-    // runs there.
+    // A batch job whose step host's agent is killed and restarted while a
+    // step runs there: the step's task outlives it (under its shim, output
+    // through the agent's FIFOs), the restarted agent keeps it, srun resumes
+    // it, and its output and exit code still come back; the next step runs
+    // there too.
     let script = "srun true; other=$(scontrol show hostnames | grep -v $SLURMD_NODENAME); \
-                  srun -N1 -n1 -w $other sh -c 'echo $$ > orphan.pid; exec sleep 300' & \
-                  while [ ! -e orphan.pid ]; do sleep 0.1; done; \
-                  echo $SLURMD_NODENAME > batch-host; while [ ! -e go ]; do sleep 0.1; done; \
+                  srun -N1 -n1 -w $other sh -c 'echo $$ > kept.pid; echo before on $SLURMD_NODENAME; \
+                  while [ ! -e go ]; do sleep 0.1; done; echo after on $SLURMD_NODENAME; exit 7' & \
+                  step=$!; echo $SLURMD_NODENAME > batch-host; wait $step; echo step exited $?; \
                   srun -l sh -c 'echo again on $SLURMD_NODENAME'";
     let o = cli(&endpoints, &["submit", "--parsable", "--batch", "-N", "2", "--", "sh", "-c", script], &work);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let id = stdout(&o).trim().to_string();
-    eventually("the batch job never reached its pause", || work.join("batch-host").exists());
+    eventually("the batch job's step never started", || {
+        work.join("batch-host").exists() && work.join("kept.pid").exists()
+    });
     let host = std::fs::read_to_string(work.join("batch-host")).unwrap();
     let other = if host.trim() == "e2e-node-1" { 2 } else { 1 };
-    let orphan: i32 = std::fs::read_to_string(work.join("orphan.pid")).unwrap().trim().parse().unwrap();
+    let kept: i32 = std::fs::read_to_string(work.join("kept.pid")).unwrap().trim().parse().unwrap();
     restart_agent(&mut procs, other);
-    eventually("the restarted agent left its predecessor's step running", || {
-        // Gone, or a zombie no one reaps (this machine's PID 1 does not).
-        std::fs::read_to_string(format!("/proc/{orphan}/stat"))
-            .map_or(true, |s| s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
+    // The restarted agent is back (registered again) and the task still runs.
+    eventually("the restarted agent never registered", || {
+        std::fs::read_to_string(dir.path().join(format!("a{other}-restarted.log")))
+            .is_ok_and(|l| l.contains("kept step tasks from before the restart"))
     });
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+    };
+    assert!(alive(kept), "the step's task did not outlive its agent");
     std::fs::write(work.join("go"), "").unwrap();
     eventually("the batch job never completed after its step host's agent restarted", || {
         stdout(&cli(&endpoints, &["show", &id, "--json"], &work)).contains("\"state\": \"COMPLETED\"")
     });
     let out = std::fs::read_to_string(work.join(format!("slurm-{id}.out"))).unwrap();
+    for line in [format!("before on e2e-node-{other}"), format!("after on e2e-node-{other}"), "step exited 7".into()] {
+        assert!(out.contains(&line), "the resumed step lost {line:?}: {out}");
+    }
+    assert!(out.contains("step resumed"), "srun did not resume the step: {out}");
     assert!(out.contains(&format!(": again on e2e-node-{other}")), "no step on the restarted node: {out}");
     // An agent that dies and stays dead: its task's shim obeys the agent's
     // lease and stops the task on its own within half the node-down timeout
@@ -842,8 +854,27 @@ fn interactive_steps_under_tmux(endpoints: &str, work: &Path, bin: &Path, shim: 
     tmux.keys("pty", &["C-c"]);
     tmux.keys("pty", &["echo after-$((1+1))-interrupt", "Enter"]);
     tmux.shows("pty", "after-2-interrupt");
+    // A background job the shell leaves behind ends with the session.
+    // (Quoted apart, so that the typed line does not read as the answer.)
+    tmux.keys("pty", &["sleep 300 & echo b\"\"g=$!", "Enter"]);
+    let screen = tmux.shows("pty", "bg=");
+    let bg: i32 = screen.split("bg=").last().and_then(|r| r.split_whitespace().next()).unwrap().parse().unwrap();
     tmux.keys("pty", &["exit 3", "Enter"]);
     tmux.shows("pty", "exited 3");
+    eventually("a background job outlived its terminal step", || {
+        std::fs::read_to_string(format!("/proc/{bg}/stat"))
+            .map_or(true, |s| s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
+    });
+    // Input that is not a terminal: relayed, its end (even mid-line) the
+    // terminal's end of file.
+    let mut piped =
+        shim("srun", "dev:root").args(["--pty", "cat"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    {
+        use std::io::Write;
+        piped.stdin.take().unwrap().write_all(b"no newline at the end").unwrap();
+    }
+    let o = piped.wait_with_output().unwrap();
+    assert!(o.status.success() && stdout(&o).contains("no newline at the end"), "{}", stdout(&o));
     let steps = tool("sacct", &["-j", &job, "-n", "-P", "-o", "JobID,JobName,State,ExitCode"]);
     assert!(steps.contains(&format!("{job}.0|bash|FAILED|3:0")), "{steps}");
     assert!(steps.lines().count() == 3, "only the batch line and the shell's step: {steps}");

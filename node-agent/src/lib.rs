@@ -15,6 +15,7 @@ pub mod cgroup;
 pub mod fence;
 pub mod health;
 pub mod inventory;
+pub mod kept;
 pub mod launch;
 pub mod lease;
 pub mod nvml;
@@ -451,6 +452,15 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     }
     tasks.adopt_all();
     tasks.provide_job_tools(&config.state_dir, &config.controllers);
+    // Step tasks outlive a restart of this agent (with its shim).
+    let keeping = config.shim.as_ref().map(|_| {
+        let dir = config.state_dir.join("steps");
+        steps::Keeping {
+            steps: kept::KeptSteps::load(&dir, kept::RESUME_WAIT, config.stop_grace),
+            dir,
+            lease: tasks.lease_path(),
+        }
+    });
     let (_steps, step_port) = match &config.step_listen {
         Some(addr) => {
             let l = tokio::net::TcpListener::bind(addr)
@@ -466,6 +476,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                     config.security.clone(),
                     config.shim.clone(),
                     tasks.job_tools_dir(),
+                    keeping,
                 )?)),
                 Some(port),
             )

@@ -181,7 +181,35 @@ pub fn run(exit_file: Option<&Path>, setup: &TaskSetup, argv: &[String]) -> i32 
         _ => ("exit 1\n".to_string(), 1),
     };
     let _ = write_atomic(exit_file, &record);
+    if setup.drain {
+        wait_drained();
+    }
     code
+}
+
+/// How long a shim whose output goes through FIFOs waits for the agent to
+/// read what is left in them: past the time a restarted agent keeps a step
+/// for its srun (`kept::RESUME_WAIT`), after which nothing reads them.
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(90);
+const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Holds the shim's stdout and stderr (FIFOs) open until nothing is left in
+/// them, within DRAIN_WAIT: a FIFO's data is lost once nobody has it open,
+/// and an agent restarting while the command ends must still read it.
+fn wait_drained() {
+    use std::os::fd::AsFd;
+    let left = || {
+        let out = rustix::io::ioctl_fionread(std::io::stdout().as_fd()).unwrap_or(0);
+        let err = rustix::io::ioctl_fionread(std::io::stderr().as_fd()).unwrap_or(0);
+        out.saturating_add(err)
+    };
+    let polls = DRAIN_WAIT.as_millis() / DRAIN_POLL.as_millis();
+    for _ in 0..polls {
+        if left() == 0 {
+            return;
+        }
+        std::thread::sleep(DRAIN_POLL);
+    }
 }
 
 /// How often the shim checks its command and the agent's lease.
@@ -276,6 +304,9 @@ pub struct TaskSetup {
     /// Read the task's environment from standard input (before becoming the
     /// user; the command then gets /dev/null).
     pub env_stdin: bool,
+    /// Standard output and error are FIFOs an agent reads (a kept step
+    /// task, see `kept.rs`): after the command, wait until they are read.
+    pub drain: bool,
     /// A terminal step (with `exec`): standard output is a pseudo-terminal;
     /// the shim starts a session whose controlling terminal it is, and the
     /// command reads from it too.

@@ -17,12 +17,13 @@
 //! that runs here. Serve it on the cluster's private network.
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use gangway_proto::v1::step_event::Kind;
 use gangway_proto::v1::step_service_server::StepService;
-use gangway_proto::v1::{StepEvent, StepInput, StepOutput, StepRequest, StepTaskEnd};
+use gangway_proto::v1::{StepEvent, StepInput, StepOutput, StepRequest, StepResumeRequest, StepTaskEnd};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
@@ -112,6 +113,19 @@ pub struct StepServer {
     /// The Slurm command links (see `Supervisor::provide_job_tools`), first
     /// on every step task's PATH as on the job's.
     tools: Option<std::path::PathBuf>,
+    /// Where step tasks that outlive a restart of this agent live.
+    keeping: Option<Keeping>,
+}
+
+/// Where kept step tasks live (see `kept.rs`): an agent with a task shim and
+/// a state directory keeps the tasks of every step srun names (`step_key`).
+#[derive(Clone)]
+pub struct Keeping {
+    pub dir: PathBuf,
+    /// The agent's lease, which kept tasks' shims obey as the job's do.
+    pub lease: PathBuf,
+    /// What a previous agent process left for srun to resume.
+    pub steps: crate::kept::KeptSteps,
 }
 
 impl StepServer {
@@ -121,8 +135,9 @@ impl StepServer {
         security: gangway_proto::tls::Security,
         shim: Option<std::path::PathBuf>,
         tools: Option<std::path::PathBuf>,
+        keeping: Option<Keeping>,
     ) -> StepServer {
-        StepServer { node: node.to_string(), hosts, security, shim, tools }
+        StepServer { node: node.to_string(), hosts, security, shim, tools, keeping }
     }
 
     /// The caller must hold this job attempt's step credential naming this node.
@@ -268,6 +283,7 @@ fn validate(r: &StepRequest) -> Result<(), Status> {
     if env_bytes > STEP_ENV_BYTES_MAX {
         return Err(Status::invalid_argument(format!("env: at most {STEP_ENV_BYTES_MAX} bytes of environment")));
     }
+    crate::kept::check_key(&r.step_key).map_err(Status::invalid_argument)?;
     Ok(())
 }
 
@@ -294,23 +310,17 @@ impl StepService for StepServer {
                     continue;
                 }
             };
-            let mut cmd = match &via_shim {
-                Some((shim, user)) => {
-                    let mut c = tokio::process::Command::new(shim);
-                    c.arg("task-shim")
-                        .arg("--exec")
-                        .arg("--env-stdin")
-                        .arg("--user")
-                        .arg(user.encode())
-                        // One word, so no directory name can pass for an option.
-                        .arg(format!("--workdir={workdir}"))
-                        .arg("--")
-                        .args(&r.argv)
-                        .env_clear()
-                        .current_dir("/")
-                        .stdin(std::process::Stdio::piped());
-                    c
+            // A named step's tasks outlive a restart of this agent.
+            if let (Some(keeping), Some(shim), false) = (&self.keeping, &self.shim, r.step_key.is_empty()) {
+                let user = via_shim.as_ref().map(|(_, u)| u);
+                if let Err(error) = self.start_kept(keeping, shim, &r, &host, local, &env, &workdir, user, &tx) {
+                    let end = StepTaskEnd { rank: task.rank, exit_code: None, signal: None, error };
+                    let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
                 }
+                continue;
+            }
+            let mut cmd = match &via_shim {
+                Some((shim, user)) => shim_command(shim, &["--exec"], Some(user), &workdir, &r.argv),
                 None => {
                     let mut c = tokio::process::Command::new(&r.argv[0]);
                     c.args(&r.argv[1..])
@@ -358,6 +368,43 @@ impl StepService for StepServer {
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 
+    type ResumeStream = tokio_stream::wrappers::ReceiverStream<Result<StepEvent, Status>>;
+
+    async fn resume(&self, request: Request<StepResumeRequest>) -> Result<Response<Self::ResumeStream>, Status> {
+        let r = request.get_ref();
+        self.check_credential(request.metadata(), r.job_id, r.attempt)?;
+        crate::kept::check_key(&r.step_key).map_err(Status::invalid_argument)?;
+        let Some(keeping) = self.keeping.as_ref().filter(|_| !r.step_key.is_empty()) else {
+            return Err(Status::failed_precondition(format!("{} keeps no step tasks across restarts", self.node)));
+        };
+        let tasks = keeping.steps.claim(r.job_id, r.attempt, &r.step_key);
+        if tasks.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "step {} of job {} has nothing left on {} (it ended, or was stopped)",
+                r.step_key, r.job_id, self.node
+            )));
+        }
+        // Stopped with the job, as every step task of its allocation is.
+        let groups = self.hosts.lock().expect("step hosts lock").get(&(r.job_id, r.attempt)).map(|h| h.groups.clone());
+        let (tx, rx) = mpsc::channel(STEP_EVENTS_QUEUE_MAX);
+        tracing::info!(job = r.job_id, attempt = r.attempt, tasks = tasks.len(), "step resumed");
+        for k in tasks {
+            let (tx, groups) = (tx.clone(), groups.clone());
+            if let Some(g) = &groups {
+                g.lock().expect("step groups lock").insert(k.pid);
+            }
+            tokio::spawn(async move {
+                if let Some(end) = k.follow(None, &tx, STEP_STOP_GRACE).await {
+                    let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
+                }
+                if let Some(g) = groups {
+                    g.lock().expect("step groups lock").remove(&k.pid);
+                }
+            });
+        }
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+
     type AttachStream = tokio_stream::wrappers::ReceiverStream<Result<StepEvent, Status>>;
 
     async fn attach(
@@ -392,53 +439,124 @@ impl StepService for StepServer {
         let output = slave.try_clone().map_err(|e| Status::internal(format!("the terminal: {e}")))?;
         // Through the shim, as user or not: it starts the session whose
         // controlling terminal this is (so no process group is set here).
-        let mut cmd = tokio::process::Command::new(shim);
-        cmd.arg("task-shim").arg("--exec").arg("--env-stdin").arg("--pty");
-        if let Some(u) = &user {
-            cmd.arg("--user").arg(u.encode());
-        }
-        cmd.arg(format!("--workdir={workdir}"))
-            .arg("--")
-            .args(&r.argv)
-            .env_clear()
-            .current_dir("/")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::from(output))
-            .stderr(std::process::Stdio::from(slave))
-            .kill_on_drop(true);
+        let mut cmd = shim_command(&shim, &["--exec", "--pty"], user.as_ref(), &workdir, &r.argv);
+        cmd.stdout(std::process::Stdio::from(output)).stderr(std::process::Stdio::from(slave)).kill_on_drop(true);
         let spawned = cmd.spawn();
         // Only the task holds the terminal's other side now: its end reads as
         // the end of the output.
         drop(cmd);
         let mut child =
             spawned.map_err(|e| Status::internal(format!("cannot start {} on {}: {e}", r.argv[0], self.node)))?;
-        if let Some(pid) = child.id() {
-            register(&host, r.job_id, pid);
+        let pid = child.id().unwrap_or(0) as i32;
+        // The shim starts the session (its process group) before it reads
+        // its environment: only then is the group registered to stop with
+        // the job, and only then does the task run.
+        if !crate::terminal::session_started(pid).await {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            return Err(Status::internal(format!("the terminal step did not start on {}", self.node)));
         }
+        register(&host, r.job_id, pid as u32);
         if let Some(stdin) = child.stdin.take() {
             send_env(stdin, &env);
         }
         let (tx, rx) = mpsc::channel(STEP_EVENTS_QUEUE_MAX);
         let rank = r.tasks[0].rank;
         tokio::spawn(async move {
-            let pgid = child.id().map(|p| nix::unistd::Pid::from_raw(p as i32));
+            // On return the terminal is closed: the session is hung up.
             let ended = crate::terminal::relay(&mut child, master, input, &tx, rank).await;
-            let stopped = match ended {
-                Some(status) => {
-                    let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(task_end(rank, status))) })).await;
-                    false
-                }
-                None => stop(child).await,
-            };
-            if let Some(pgid) = pgid {
-                let stopping = std::sync::atomic::AtomicBool::new(stopped);
-                crate::supervisor::end_leftovers(|| vec![pgid], &stopping, STEP_STOP_GRACE).await;
-                host.groups.lock().expect("step groups lock").remove(&pgid.as_raw());
+            if let Some(status) = ended {
+                let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(task_end(rank, status))) })).await;
             }
+            // What is left of the session (the shell when its client went
+            // away, background jobs) ends with it: SIGTERM, grace, SIGKILL.
+            let stopping = std::sync::atomic::AtomicBool::new(false);
+            let groups = || crate::terminal::session_groups(pid);
+            crate::supervisor::end_leftovers(groups, &stopping, STEP_STOP_GRACE).await;
+            let _ = child.wait().await;
+            host.groups.lock().expect("step groups lock").remove(&pid);
         });
         tracing::info!(job = r.job_id, attempt = r.attempt, "terminal step started");
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
+}
+
+impl StepServer {
+    /// Starts task `local` of `r` as a kept task (see `kept.rs`): under the
+    /// shim in its waiting mode, output through FIFOs, recorded for a
+    /// restarted agent; its events go to `tx`.
+    #[allow(clippy::too_many_arguments)]
+    fn start_kept(
+        &self,
+        keeping: &Keeping,
+        shim: &std::path::Path,
+        r: &StepRequest,
+        host: &StepHost,
+        local: usize,
+        env: &[(String, String)],
+        workdir: &str,
+        user: Option<&crate::shim::TaskUser>,
+        tx: &EventSender,
+    ) -> Result<(), String> {
+        let rank = r.tasks[local].rank;
+        let mut kept = crate::kept::Kept::new(&keeping.dir, r.job_id, r.attempt, &r.step_key, rank);
+        let (out, err) =
+            kept.prepare(host.ids).map_err(|e| format!("cannot make the task's output pipes on {}: {e}", self.node))?;
+        let exit = kept.exit_file();
+        let lease = keeping.lease.as_os_str();
+        let mode =
+            [OsStr::new("--exit-file"), exit.as_os_str(), OsStr::new("--drain-output"), OsStr::new("--lease"), lease];
+        let mut cmd = shim_command(shim, &mode, user, workdir, &r.argv);
+        cmd.stdout(out).stderr(err).process_group(0);
+        let spawned = cmd.spawn();
+        drop(cmd);
+        let mut child = spawned.map_err(|e| {
+            kept.remove_files();
+            format!("cannot start {} on {}: {e}", r.argv[0], self.node)
+        })?;
+        let pid = child.id().unwrap_or(0);
+        if let Err(e) = kept.record(pid) {
+            tracing::warn!(job = r.job_id, error = %e, "cannot record a kept step task: it ends with this agent");
+        }
+        register(host, r.job_id, pid);
+        if let Some(stdin) = child.stdin.take() {
+            send_env(stdin, env);
+        }
+        let (tx, groups) = (tx.clone(), host.groups.clone());
+        tokio::spawn(async move {
+            if let Some(end) = kept.follow(Some(child), &tx, STEP_STOP_GRACE).await {
+                let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
+            }
+            groups.lock().expect("step groups lock").remove(&(pid as i32));
+        });
+        Ok(())
+    }
+}
+
+/// The task shim started for a step task: its `mode` options, then (when
+/// tasks switch users) the user to become, the working directory and the
+/// command. Nothing of the agent's environment passes: the task's comes on
+/// its stdin.
+fn shim_command<S: AsRef<OsStr>>(
+    shim: &std::path::Path,
+    mode: &[S],
+    user: Option<&crate::shim::TaskUser>,
+    workdir: &str,
+    argv: &[String],
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(shim);
+    cmd.arg("task-shim").args(mode).arg("--env-stdin");
+    if let Some(u) = user {
+        cmd.arg("--user").arg(u.encode());
+    }
+    // One word, so no directory name can pass for an option.
+    cmd.arg(format!("--workdir={workdir}"))
+        .arg("--")
+        .args(argv)
+        .env_clear()
+        .current_dir("/")
+        .stdin(std::process::Stdio::piped());
+    cmd
 }
 
 /// How long a terminal step's request may take to follow its call.
@@ -502,11 +620,30 @@ async fn supervise(
     drop(tx); // the step's stream ends once every task's group is gone
 }
 
+/// Where a step's events go (srun's call).
+pub(crate) type EventSender = mpsc::Sender<Result<StepEvent, Status>>;
+
 /// Streams one task's output, then its end. When srun goes away (the stream
 /// is dropped) the task is stopped, and true returned.
-async fn run_task(mut child: tokio::process::Child, rank: u32, tx: mpsc::Sender<Result<StepEvent, Status>>) -> bool {
-    let mut out = child.stdout.take();
-    let mut err = child.stderr.take();
+async fn run_task(mut child: tokio::process::Child, rank: u32, tx: EventSender) -> bool {
+    if pump(child.stdout.take(), child.stderr.take(), rank, &tx).await {
+        return stop(child).await;
+    }
+    let status = tokio::select! {
+        s = child.wait() => s,
+        _ = tx.closed() => return stop(child).await,
+    };
+    let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(task_end(rank, status))) })).await;
+    false
+}
+
+/// Streams a task's output from its two pipes until both are closed; true
+/// when srun went away first.
+pub(crate) async fn pump<O, E>(mut out: Option<O>, mut err: Option<E>, rank: u32, tx: &EventSender) -> bool
+where
+    O: tokio::io::AsyncRead + Unpin,
+    E: tokio::io::AsyncRead + Unpin,
+{
     let (mut obuf, mut ebuf) = (vec![0u8; OUTPUT_CHUNK_BYTES], vec![0u8; OUTPUT_CHUNK_BYTES]);
     let output = |stderr: bool, data: &[u8]| StepEvent {
         kind: Some(Kind::Output(StepOutput { rank, stderr, data: data.to_vec() })),
@@ -522,17 +659,12 @@ async fn run_task(mut child: tokio::process::Child, rank: u32, tx: mpsc::Sender<
                 Some(n) => output(true, &ebuf[..n]),
                 None => { err = None; continue; }
             },
-            _ = tx.closed() => return stop(child).await,
+            _ = tx.closed() => return true,
         };
         if tx.send(Ok(event)).await.is_err() {
-            return stop(child).await;
+            return true;
         }
     }
-    let status = tokio::select! {
-        s = child.wait() => s,
-        _ = tx.closed() => return stop(child).await,
-    };
-    let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(task_end(rank, status))) })).await;
     false
 }
 
@@ -575,11 +707,12 @@ pub fn serve(
     security: gangway_proto::tls::Security,
     shim: Option<std::path::PathBuf>,
     tools: Option<std::path::PathBuf>,
+    keeping: Option<Keeping>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     use gangway_proto::v1::step_service_server::StepServiceServer;
     let incoming =
         gangway_proto::tls::incoming(listener, &security).map_err(|e| anyhow::anyhow!("step service TLS: {e}"))?;
-    let server = StepServer::new(node, hosts, security, shim, tools);
+    let server = StepServer::new(node, hosts, security, shim, tools, keeping);
     Ok(tokio::spawn(async move {
         if let Err(e) = tonic::transport::Server::builder()
             .add_service(StepServiceServer::new(server))
@@ -610,6 +743,7 @@ mod tests {
             workdir: String::new(),
             gpus_per_task: 1,
             window: None,
+            step_key: String::new(),
         }
     }
 
@@ -631,7 +765,7 @@ mod tests {
             suspended: Default::default(),
         };
         hosts.lock().unwrap().insert((7, 1), host);
-        let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure, None, None);
+        let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure, None, None, None);
 
         // Another attempt of a job that runs here, or a bad request: refused
         // at once, with the field named.
@@ -692,7 +826,7 @@ mod tests {
 
         // A step that arrives before its allocation here waits for it.
         let early = {
-            let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure, None, None);
+            let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure, None, None, None);
             tokio::spawn(async move { server.run(Request::new(request(9, &["true"], &[0]))).await.map(|_| ()) })
         };
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -733,7 +867,7 @@ mod tests {
         hosts.lock().unwrap().insert((7, 1), host);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let _server = serve(listener, "n2", hosts, gangway_proto::tls::Security::Insecure, None, None).unwrap();
+        let _server = serve(listener, "n2", hosts, gangway_proto::tls::Security::Insecure, None, None, None).unwrap();
         let attach = |inputs: Vec<StepInput>| async move {
             let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await;
             let mut client = StepServiceClient::new(channel.unwrap());
@@ -763,7 +897,7 @@ mod tests {
         gangway_proto::pki::throwaway(dir.path(), &ps).unwrap();
         let server = Credentials::load(TlsFiles::in_dir(dir.path(), "server-1")).unwrap();
         let agent = Credentials::load(TlsFiles::in_dir(dir.path(), "agent-n2")).unwrap();
-        let step = StepServer::new("n2", StepHosts::default(), Security::Tls(agent.clone()), None, None);
+        let step = StepServer::new("n2", StepHosts::default(), Security::Tls(agent.clone()), None, None, None);
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
         let call = |credential: Option<String>| {
             let mut r = Request::new(request(7, &["true"], &[0]));

@@ -173,10 +173,10 @@ const SUSPEND_PASSES_MAX: usize = 8;
 
 /// Stops every process of `groups` and of the task's cgroup (on cgroup v2
 /// hosts: also what left the groups, such as a daemon that called setsid)
-/// where it stands (SIGSTOP), `spare` excepted (the task's shim, which must
-/// still see the lease and the command's exit). Without /proc, whole groups
+/// where it stands (SIGSTOP), `spare` excepted (the shims, which must still
+/// see the lease and their command's exit). Without /proc, whole groups
 /// are stopped.
-fn stop_processes(groups: &[Pid], cgroup: Option<&std::path::Path>, spare: Option<Pid>) {
+fn stop_processes(groups: &[Pid], cgroup: Option<&std::path::Path>, spare: &[Pid]) {
     let mut stopped = std::collections::BTreeSet::new();
     for _ in 0..SUSPEND_PASSES_MAX {
         let mut pids: Vec<i32> = crate::cgroup::Cgroups::procs(cgroup);
@@ -191,7 +191,7 @@ fn stop_processes(groups: &[Pid], cgroup: Option<&std::path::Path>, spare: Optio
         }
         let mut new = 0usize;
         for pid in pids {
-            if Some(Pid::from_raw(pid)) != spare && stopped.insert(pid) {
+            if !spare.contains(&Pid::from_raw(pid)) && stopped.insert(pid) {
                 let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGSTOP);
                 new = new.saturating_add(1);
             }
@@ -200,6 +200,14 @@ fn stop_processes(groups: &[Pid], cgroup: Option<&std::path::Path>, spare: Optio
             break;
         }
     }
+}
+
+/// The shims among a task's processes: its own (under a shim, the group's
+/// leader) and its kept step tasks' (see `kept.rs`).
+fn spared(shim: bool, t: &Task) -> Vec<Pid> {
+    let steps: Vec<i32> = t.steps.lock().expect("step groups lock").iter().copied().collect();
+    let kept = steps.into_iter().filter(|g| is_shim(*g)).map(Pid::from_raw);
+    shim.then_some(t.pgid).into_iter().chain(kept).collect()
 }
 
 /// Continues every process of `groups` and of the task's cgroup (SIGCONT).
@@ -339,6 +347,11 @@ fn interpreter(script: &str) -> Vec<String> {
         None if line.is_empty() => vec!["/bin/sh".into()],
         None => vec![line.to_string()],
     }
+}
+
+/// Whether `pid` is a task shim (a task's, or a kept step task's).
+fn is_shim(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains("task-shim"))
 }
 
 /// The file noting a step host's step tasks, next to its task record.
@@ -642,13 +655,13 @@ impl Supervisor {
             }
         }
         for (key, pid, step_host, record_gpus) in records {
-            let is_shim = std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains("task-shim"))
-                .unwrap_or(false);
-            if is_shim {
+            if is_shim(pid) {
                 tracing::info!(job = key.0, attempt = key.1, pid, "re-adopted a running task");
                 let gpus = record_gpus.or_else(|| step_host.as_ref().map(|h| h.gpus.clone())).unwrap_or_default();
                 let steps = step_host.as_ref().map(|h| h.groups.clone()).unwrap_or_default();
+                // Step tasks that lost their srun with the agent. Kept ones
+                // (under their shim, whose environment is empty: see
+                // `kept.rs`) are not among them: they wait for their srun.
                 let orphans = orphaned_steps(&self.record_path(key), key);
                 if !orphans.is_empty() {
                     tracing::warn!(
@@ -1112,7 +1125,7 @@ impl Supervisor {
         // Before the processes stop: no step starts meanwhile.
         t.suspended.store(true, Ordering::SeqCst);
         // Under the shim the group's leader is the shim: it keeps running.
-        stop_processes(&task_groups(t.pgid, &t.steps), t.cgroup.as_deref(), shim.then_some(t.pgid));
+        stop_processes(&task_groups(t.pgid, &t.steps), t.cgroup.as_deref(), &spared(shim, t));
         tracing::info!(job = key.0, attempt = key.1, "task suspended");
     }
 
@@ -1150,7 +1163,7 @@ impl Supervisor {
         let shim = self.shim.is_some();
         for t in self.tasks.values().filter(|t| t.suspended.load(Ordering::SeqCst)) {
             if !t.stopping.load(Ordering::SeqCst) {
-                stop_processes(&task_groups(t.pgid, &t.steps), t.cgroup.as_deref(), shim.then_some(t.pgid));
+                stop_processes(&task_groups(t.pgid, &t.steps), t.cgroup.as_deref(), &spared(shim, t));
             }
         }
     }

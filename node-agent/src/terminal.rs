@@ -29,12 +29,19 @@ pub const INPUT_BYTES_MAX: usize = 64 * 1024;
 /// while a process it left behind holds the terminal open.
 const DRAIN_AFTER_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The signals a client may forward to a terminal step (what srun itself
-/// receives and passes on); anything else is ignored.
-const FORWARDED: [nix::sys::signal::Signal; 9] = {
+/// The signals a client may forward to a terminal step: those a terminal
+/// itself makes (they are sent as root, so nothing a terminal could not do
+/// is allowed); anything else is ignored.
+const FORWARDED: [nix::sys::signal::Signal; 4] = {
     use nix::sys::signal::Signal::*;
-    [SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCONT, SIGWINCH, SIGALRM]
+    [SIGINT, SIGQUIT, SIGHUP, SIGWINCH]
 };
+/// How long the shim has to start the task's session (before the task's
+/// process group is registered, so that nothing of it can escape a stop).
+const SESSION_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+const SESSION_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+/// Processes looked at when a session's leftovers are ended.
+const PROCS_SCANNED_MAX: usize = 1 << 20;
 
 /// The terminal size asked for, bounded; 24x80 where none is given.
 pub fn winsize(w: Option<&WindowSize>) -> rustix::termios::Winsize {
@@ -48,8 +55,9 @@ pub fn winsize(w: Option<&WindowSize>) -> rustix::termios::Winsize {
     }
 }
 
-/// A new pseudo-terminal of `size`: (the agent's side; the task's side, owned by the job's user when tasks switch to one, as
-/// sshd's are, so that only they and root can open it).
+/// A new pseudo-terminal of `size`: (the agent's side; the task's side,
+/// owned by the job's user when tasks switch to one, mode 0600, so that
+/// only they and root can open it).
 pub fn open(size: rustix::termios::Winsize, owner: Option<(u32, u32)>) -> std::io::Result<(OwnedFd, OwnedFd)> {
     use rustix::fs::{Mode, OFlags};
     use rustix::pty::OpenptFlags;
@@ -64,7 +72,7 @@ pub fn open(size: rustix::termios::Winsize, owner: Option<(u32, u32)>) -> std::i
             Some(rustix::fs::Uid::from_raw_unchecked(uid)),
             Some(rustix::fs::Gid::from_raw_unchecked(gid)),
         )?;
-        rustix::fs::fchmod(&slave, Mode::from_raw_mode(0o620))?;
+        rustix::fs::fchmod(&slave, Mode::from_raw_mode(0o600))?;
     }
     rustix::termios::tcsetwinsize(&master, size)?;
     Ok((master, slave))
@@ -73,7 +81,8 @@ pub fn open(size: rustix::termios::Winsize, owner: Option<(u32, u32)>) -> std::i
 /// Relays a terminal step until its task ends: `input` into the terminal,
 /// the terminal's output to `tx` as `rank`'s. The task's exit status, or
 /// None when the client went away (its call or stream ended first) and the
-/// caller must stop the task.
+/// caller must stop the task. The terminal is closed on return (its
+/// session gets a hangup).
 pub async fn relay(
     child: &mut tokio::process::Child,
     master: OwnedFd,
@@ -81,17 +90,27 @@ pub async fn relay(
     tx: &mpsc::Sender<Result<StepEvent, Status>>,
     rank: u32,
 ) -> Option<std::io::Result<std::process::ExitStatus>> {
-    let pgid = child.id().map(|p| p as i32);
-    // Reads and writes block (the runtime's blocking threads wait on them);
-    // sizes and signals go through the terminal itself.
-    let files = master.try_clone().and_then(|r| Ok((r, master.try_clone()?)));
-    let (mut reader, mut writer) = match files {
-        Ok((r, w)) => (tokio::fs::File::from_std(r.into()), tokio::fs::File::from_std(w.into())),
+    use tokio::net::unix::pipe;
+    let task_group = child.id().map(|p| p as i32);
+    // Non-blocking, driven by the runtime's reactor: no thread waits on it,
+    // and dropping these closes the terminal for good.
+    let ends = rustix::io::ioctl_fionbio(&master, true)
+        .map_err(std::io::Error::from)
+        .and_then(|()| Ok((master.try_clone()?, master.try_clone()?)))
+        .and_then(|(r, w)| {
+            Ok((pipe::Receiver::from_owned_fd_unchecked(r)?, pipe::Sender::from_owned_fd_unchecked(w)?))
+        });
+    let (mut reader, mut writer) = match ends {
+        Ok(ends) => ends,
         Err(e) => return Some(Err(e)),
     };
     let mut buf = vec![0u8; OUTPUT_CHUNK_BYTES];
     // Input taken from the stream but not yet written: at most one message.
     let mut pending: Vec<u8> = Vec::new();
+    let mut last_input = b'\n';
+    // Room for one output event: the terminal is read only with it, so a
+    // slow client slows the task's output without holding up its input.
+    let mut room: Option<mpsc::Permit<'_, Result<StepEvent, Status>>> = None;
     let (mut input_open, mut output_open) = (true, true);
     let mut status: Option<std::io::Result<std::process::ExitStatus>> = None;
     let drain = tokio::time::sleep(std::time::Duration::from_secs(u32::MAX.into()));
@@ -99,18 +118,25 @@ pub async fn relay(
     // Bounded by the task's life, then by DRAIN_AFTER_EXIT.
     while status.is_none() || output_open {
         tokio::select! {
-            read = reader.read(&mut buf), if output_open => match read {
+            reserved = tx.reserve(), if output_open && room.is_none() => match reserved {
+                Ok(permit) => room = Some(permit),
+                Err(_) => return None,
+            },
+            read = reader.read(&mut buf), if output_open && room.is_some() => match read {
                 // EIO: nothing holds the task's side any more.
                 Ok(0) | Err(_) => output_open = false,
                 Ok(n) => {
                     let out = StepOutput { rank, stderr: false, data: buf[..n].to_vec() };
-                    if tx.send(Ok(StepEvent { kind: Some(Kind::Output(out)) })).await.is_err() {
-                        return None;
+                    if let Some(permit) = room.take() {
+                        permit.send(Ok(StepEvent { kind: Some(Kind::Output(out)) }));
                     }
                 }
             },
             wrote = writer.write(&pending), if !pending.is_empty() => match wrote {
-                Ok(n) => drop(pending.drain(..n)),
+                Ok(n) => {
+                    last_input = pending[..n].last().copied().unwrap_or(last_input);
+                    drop(pending.drain(..n));
+                }
                 Err(_) => pending.clear(),
             },
             message = input.message(), if input_open && pending.is_empty() => match message {
@@ -123,9 +149,13 @@ pub async fn relay(
                         // The kernel tells the foreground processes (SIGWINCH).
                         let _ = rustix::termios::tcsetwinsize(&master, winsize(Some(&w)));
                     }
-                    Input::Signal(s) => forward(s, &master, pgid),
-                    Input::Eof(true) => pending = vec![eof_char(&master)],
-                    Input::Eof(false) | Input::Start(_) => {}
+                    Input::Signal(s) if status.is_none() => forward(s, &master, task_group),
+                    Input::Eof(true) => {
+                        // End of file ends a line in progress first.
+                        let eof = eof_char(&master);
+                        pending = if last_input == b'\n' { vec![eof] } else { vec![eof, eof] };
+                    }
+                    Input::Signal(_) | Input::Eof(false) | Input::Start(_) => {}
                 },
                 Ok(Some(StepInput { kind: None })) => {}
                 // The client went away: its task goes too (unless it ended).
@@ -141,6 +171,42 @@ pub async fn relay(
         }
     }
     status
+}
+
+/// Waits until `pid` (the shim) leads a session of its own, within
+/// SESSION_WAIT; false if it never did (it ended, or failed).
+pub async fn session_started(pid: i32) -> bool {
+    let polls = SESSION_WAIT.as_millis() / SESSION_POLL.as_millis();
+    for _ in 0..polls {
+        match stat_ids(pid) {
+            Some((_, session)) if session == pid => return true,
+            Some(_) => tokio::time::sleep(SESSION_POLL).await,
+            None => return false,
+        }
+    }
+    false
+}
+
+/// A process's (process group, session), from /proc.
+fn stat_ids(pid: i32) -> Option<(i32, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name (which may hold anything): state, ppid, pgrp, session.
+    let mut f = stat.rsplit_once(')')?.1.split_whitespace().skip(2);
+    Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+}
+
+/// The process groups of session `sid` (the task's shell, its jobs, what
+/// they left behind).
+pub fn session_groups(sid: i32) -> Vec<nix::unistd::Pid> {
+    let mut groups = std::collections::BTreeSet::from([sid]);
+    let pids = std::fs::read_dir("/proc").into_iter().flatten().flatten().take(PROCS_SCANNED_MAX);
+    for pid in pids.filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()) {
+        if let Some((group, session)) = stat_ids(pid).filter(|(_, s)| *s == sid) {
+            debug_assert_eq!(session, sid);
+            groups.insert(group);
+        }
+    }
+    groups.into_iter().map(nix::unistd::Pid::from_raw).collect()
 }
 
 /// The terminal's end-of-file character (Ctrl-D unless changed).

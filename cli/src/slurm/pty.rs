@@ -101,32 +101,41 @@ pub async fn attach(
     });
     use tokio::signal::unix::{signal, SignalKind};
     let mut resized = signal(SignalKind::window_change())?;
-    // The signals srun passes on (in raw mode the keys that make SIGINT and
-    // SIGQUIT are plain input, so these come from elsewhere: kill, a hangup).
+    // The signals srun passes on, as the terminal signals that mean the
+    // same (in raw mode the keys that make SIGINT and SIGQUIT are plain
+    // input, so these come from elsewhere: kill, a closed window). SIGTERM
+    // is a hangup there, as when an ssh client goes; a second one ends srun.
     let mut passed = Vec::new();
     for (kind, number) in [
         (SignalKind::interrupt(), nix::libc::SIGINT),
-        (SignalKind::terminate(), nix::libc::SIGTERM),
-        (SignalKind::hangup(), nix::libc::SIGHUP),
         (SignalKind::quit(), nix::libc::SIGQUIT),
-        (SignalKind::user_defined1(), nix::libc::SIGUSR1),
-        (SignalKind::user_defined2(), nix::libc::SIGUSR2),
+        (SignalKind::terminate(), nix::libc::SIGHUP),
+        (SignalKind::hangup(), nix::libc::SIGHUP),
     ] {
         passed.push((signal(kind)?, number));
     }
+    let mut hangups = 0u32;
     let mut out = std::io::stdout();
     // Bounded by the step: its stream ends when the task does.
     let ended = loop {
+        // Sizes and signals never wait for room: a full queue (the agent
+        // busy with typed-ahead input) drops them rather than stall output.
         let got = tokio::select! {
             event = events.message() => event,
             _ = resized.recv() => {
                 if let Some(w) = window().filter(|_| tty) {
-                    let _ = to_agent.send(input(Input::Window(w))).await;
+                    let _ = to_agent.try_send(input(Input::Window(w)));
                 }
                 continue;
             }
             number = next_signal(&mut passed) => {
-                let _ = to_agent.send(input(Input::Signal(number))).await;
+                if number == nix::libc::SIGHUP {
+                    hangups += 1;
+                    if hangups > 1 {
+                        break Ended { code: 128 + nix::libc::SIGHUP, error: "srun hung up".into() };
+                    }
+                }
+                let _ = to_agent.try_send(input(Input::Signal(number)));
                 continue;
             }
         };

@@ -332,8 +332,8 @@ pub async fn submit_and_wait(
 /// srun --jobid outside a job: a step in that running job, by this same
 /// srun run again with the job's variables (as salloc's command gets them),
 /// so `srun --jobid 42 --pty bash` opens a shell on job 42's first node.
-/// Only the job's owner (or an admin) gets the step credential a secured
-/// cluster's agents ask for.
+/// Only the job's owner gets the step credential a secured cluster's agents
+/// ask for (on an insecure cluster the agents trust the network).
 async fn in_running_job(client: &gangway_proto::client::Client, job: &str) -> anyhow::Result<i32> {
     use gangway_proto::v1::job_service_client::JobServiceClient;
     let id: u64 = job.parse().map_err(|_| anyhow::anyhow!("srun: --jobid: '{job}' is not a job id"))?;
@@ -430,6 +430,7 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
         attempt: std::env::var("GANGWAY_ATTEMPT").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
         addrs: step_addrs.unwrap_or_default(),
         step_id: None,
+        key: uuid::Uuid::new_v4().simple().to_string(),
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("srun: tokio runtime")?;
     rt.block_on(async move {
@@ -512,6 +513,9 @@ struct Step {
     addrs: BTreeMap<String, String>,
     /// The step's id in the job's history (SLURM_STEP_ID), when recorded.
     step_id: Option<u32>,
+    /// This call's name at the agents (`StepRequest.step_key`): with it, a
+    /// restarted agent keeps the tasks for srun to resume.
+    key: String,
 }
 
 impl Step {
@@ -614,14 +618,28 @@ impl Step {
             let tx = tx.clone();
             let count = self.share.per_node[ni];
             let mut open: std::collections::BTreeSet<u32> = (0..count).map(|l| self.share.first_rank(ni) + l).collect();
+            let addr = self.addrs.get(&node).cloned().unwrap_or_default();
+            let id = (self.job.parse().unwrap_or(0), self.attempt, self.key.clone());
             remotes.push(tokio::spawn(async move {
                 use gangway_proto::v1::step_event::Kind;
-                // Bounded by the remote tasks' lives: the stream ends with them.
+                let mut resumed = 0;
+                // Bounded by the remote tasks' lives (the stream ends with
+                // them) and by RESUMES_MAX agent restarts.
                 loop {
                     let ev = match stream.message().await {
                         Ok(Some(gangway_proto::v1::StepEvent { kind: Some(k) })) => k,
                         Ok(Some(_)) => continue,
-                        Ok(None) | Err(_) => break,
+                        Ok(None) | Err(_) if open.is_empty() || resumed >= RESUMES_MAX => break,
+                        // The agent went away with tasks running: a restarted
+                        // one kept them.
+                        Ok(None) | Err(_) => match resume(&node, &addr, &id).await {
+                            Some(s) => {
+                                stream = s;
+                                resumed += 1;
+                                continue;
+                            }
+                            None => break,
+                        },
                     };
                     let ev = match ev {
                         Kind::Output(o) => Ev::Out { rank: o.rank, stderr: o.stderr, data: o.data },
@@ -795,6 +813,7 @@ impl Step {
             workdir: std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),
             gpus_per_task: self.shape.gpus_per_task.unwrap_or(0),
             window: None,
+            step_key: self.key.clone(),
         })
     }
 }
@@ -840,6 +859,50 @@ async fn start_remote(
         .await
         .map_err(|s| anyhow::anyhow!("srun: {node} refused the step: {}", s.message()))?;
     Ok(resp.into_inner())
+}
+
+/// Agent restarts one step survives on one node.
+const RESUMES_MAX: u32 = 16;
+/// How long srun tries to resume a step whose agent went away: a restart
+/// takes seconds, and the restarted agent keeps the tasks for a minute
+/// (`kept::RESUME_WAIT`).
+const RESUME_TRIES: u32 = 60;
+const RESUME_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Resumes the step `id` (job, attempt, key) on `node` once its agent is
+/// back (where the controllers say it serves steps now, else at `addr`).
+/// None: the agent has nothing to resume (the step's tasks ended with the
+/// agent, or it was not restarted), or it never came back.
+async fn resume(
+    node: &str,
+    addr: &str,
+    id: &(u64, u32, String),
+) -> Option<tonic::Streaming<gangway_proto::v1::StepEvent>> {
+    use gangway_proto::v1::step_service_client::StepServiceClient;
+    let (job_id, attempt, key) = id;
+    eprintln!("srun: lost contact with {node}'s agent; waiting for it to resume the step");
+    for _ in 0..RESUME_TRIES {
+        tokio::time::sleep(RESUME_RETRY).await;
+        let now = current_step_addr(node).await.unwrap_or_else(|| addr.to_string());
+        let Ok(channel) = connect(node, &now).await else { continue };
+        let req = gangway_proto::v1::StepResumeRequest { job_id: *job_id, attempt: *attempt, step_key: key.clone() };
+        let mut req = tonic::Request::new(req);
+        if let Ok(Some(v)) = credential() {
+            req.metadata_mut().insert(gangway_proto::step_cred::STEP_CREDENTIAL_METADATA_KEY, v);
+        }
+        match StepServiceClient::new(channel).resume(req).await {
+            Ok(r) => {
+                eprintln!("srun: {node}'s agent is back: step resumed");
+                return Some(r.into_inner());
+            }
+            Err(s) if matches!(s.code(), tonic::Code::FailedPrecondition | tonic::Code::Unimplemented) => {
+                eprintln!("srun: {node}: {}", s.message());
+                return None;
+            }
+            Err(_) => continue,
+        }
+    }
+    None
 }
 
 /// How srun reaches the agents: over TLS, checking each is the agent of the
