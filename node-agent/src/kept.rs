@@ -123,7 +123,7 @@ impl Kept {
 
     /// Whether its shim still runs (a reused pid is not taken for it: the
     /// shim's command line names this task's exit file).
-    fn running(&self) -> bool {
+    pub fn running(&self) -> bool {
         let exit = self.exit_file().display().to_string();
         std::fs::read(format!("/proc/{}/cmdline", self.pid)).is_ok_and(|c| {
             let c = String::from_utf8_lossy(&c);
@@ -141,12 +141,19 @@ impl Kept {
         grace: std::time::Duration,
     ) -> Option<gangway_proto::v1::StepTaskEnd> {
         use tokio::net::unix::pipe::OpenOptions;
-        let out = OpenOptions::new().open_receiver(self.file("out")).ok();
-        let err = OpenOptions::new().open_receiver(self.file("err")).ok();
-        // A reader that opened a FIFO after its last writer left never sees
-        // its end: a task found ended (its shim held the FIFOs until they
-        // were drained) has nothing more to read.
-        let (out, err) = if child.is_some() || self.running() { (out, err) } else { (None, None) };
+        // Found ended (a restart): its group may be another's by now.
+        let ours = child.is_some() || self.running();
+        use std::os::unix::fs::OpenOptionsExt;
+        let open = |ext: &str| {
+            let path = self.file(ext);
+            let reader = OpenOptions::new().open_receiver(&path).ok()?;
+            // A reader that opened a FIFO after its last writer left never
+            // sees its end on Linux: a writer that comes and goes makes
+            // sure it does.
+            let _ = std::fs::OpenOptions::new().write(true).custom_flags(nix::libc::O_NONBLOCK).open(&path);
+            Some(reader)
+        };
+        let (out, err) = (open("out"), open("err"));
         let mut gone = crate::steps::pump(out, err, self.rank, tx).await;
         let status = match child {
             Some(mut child) if !gone => tokio::select! {
@@ -174,20 +181,33 @@ impl Kept {
         };
         let group = Pid::from_raw(self.pid);
         let stopping = std::sync::atomic::AtomicBool::new(false);
+        let groups = || if ours { vec![group] } else { Vec::new() };
         if gone {
             // srun went away: the task goes too (SIGTERM, the grace, SIGKILL).
-            crate::supervisor::end_leftovers(|| vec![group], &stopping, grace).await;
+            crate::supervisor::end_leftovers(groups, &stopping, grace).await;
             self.remove_files();
             return None;
         }
         let found = crate::shim::reconcile_exit(crate::shim::read_exit(&self.exit_file()), status);
         // What it left in its group ends with it.
-        crate::supervisor::end_leftovers(|| vec![group], &stopping, grace).await;
+        crate::supervisor::end_leftovers(groups, &stopping, grace).await;
         self.remove_files();
         let (exit_code, signal) = found.unwrap_or((None, None));
         let error = if found.is_none() { "the task ended without a record of how".to_string() } else { String::new() };
         Some(gangway_proto::v1::StepTaskEnd { rank: self.rank, exit_code, signal, error })
     }
+}
+
+/// Makes the kept tasks' directory: the agent's own, which the jobs' users
+/// may pass through (their shims write their exit files there) but not list.
+fn prepare_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::create_dir_all(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(std::io::Error::other("not a directory owned by the agent's user"));
+    }
+    crate::supervisor::reachable_not_listable(dir)
 }
 
 /// A process that ended and that nobody reaped (this agent is not its
@@ -212,15 +232,25 @@ impl KeptSteps {
     /// resumed is stopped (with `grace`) and forgotten.
     pub fn load(dir: &Path, wait: std::time::Duration, grace: std::time::Duration) -> KeptSteps {
         let kept = KeptSteps::default();
-        if let Err(e) = std::fs::create_dir_all(dir) {
+        if let Err(e) = prepare_dir(dir) {
             tracing::warn!(dir = %dir.display(), error = %e, "cannot keep step tasks across restarts");
             return kept;
         }
         let mut found = 0usize;
-        let entries = std::fs::read_dir(dir).into_iter().flatten().flatten().take(RECORDS_MAX);
-        for e in entries.filter(|e| e.path().extension().is_some_and(|x| x == "rec")) {
-            let Some(k) = std::fs::read_to_string(e.path()).ok().and_then(|t| Kept::parse(dir, &t)) else {
-                let _ = std::fs::remove_file(e.path());
+        let entries: Vec<PathBuf> =
+            std::fs::read_dir(dir).into_iter().flatten().flatten().take(RECORDS_MAX).map(|e| e.path()).collect();
+        // Files of a task whose record was never written (the agent stopped
+        // in between) have nothing to wait for.
+        for path in entries.iter().filter(|p| p.extension().is_none_or(|x| x != "rec")) {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let base = name.split_once('.').map_or(name.as_str(), |(b, _)| b);
+            if !dir.join(format!("{base}.rec")).exists() {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        for path in entries.iter().filter(|p| p.extension().is_some_and(|x| x == "rec")) {
+            let Some(k) = std::fs::read_to_string(path).ok().and_then(|t| Kept::parse(dir, &t)) else {
+                let _ = std::fs::remove_file(path);
                 continue;
             };
             if !k.running() && crate::shim::read_exit(&k.exit_file()).is_none() {
@@ -241,7 +271,8 @@ impl KeptSteps {
                     tracing::warn!(tasks = left.len(), "ending kept step tasks no srun resumed");
                 }
                 let stopping = std::sync::atomic::AtomicBool::new(false);
-                let groups: Vec<Pid> = left.iter().map(|k| Pid::from_raw(k.pid)).collect();
+                // Only those still running: an ended one's pid may be reused.
+                let groups: Vec<Pid> = left.iter().filter(|k| k.running()).map(|k| Pid::from_raw(k.pid)).collect();
                 crate::supervisor::end_leftovers(|| groups.clone(), &stopping, grace).await;
                 for k in left {
                     k.remove_files();
@@ -335,9 +366,15 @@ mod tests {
         k.record(child.id().unwrap()).unwrap();
         let lost = Kept { pid: 999_999, ..Kept::new(dir.path(), 9, 1, "lost", 0) };
         std::fs::write(lost.file("rec"), lost.encode()).unwrap();
+        let stray = dir.path().join("9-1-norecord-0.out");
+        std::fs::write(&stray, "").unwrap();
         let kept =
             KeptSteps::load(dir.path(), std::time::Duration::from_millis(300), std::time::Duration::from_secs(1));
         assert!(!lost.file("rec").exists(), "a lost task's record was kept");
+        assert!(!stray.exists(), "a file without a record was kept");
+        // The jobs' users pass through (to their exit files), never list it.
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(dir.path()).unwrap().permissions().mode() & 0o777, 0o711);
         assert_eq!(kept.orphans.lock().unwrap().len(), 1, "the running task was not found");
         assert!(child.try_wait().unwrap().is_none(), "stopped before the wait");
         let status = tokio::time::timeout(std::time::Duration::from_secs(10), child.wait()).await.unwrap().unwrap();

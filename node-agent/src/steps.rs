@@ -96,6 +96,9 @@ pub struct StepHost {
     /// The job is suspended here (set by the supervisor): no step starts
     /// until it is resumed.
     pub suspended: Arc<std::sync::atomic::AtomicBool>,
+    /// The shims of its kept step tasks (see `kept.rs`), which a suspend
+    /// spares as it spares the task's own (shared with the supervisor's task).
+    pub shims: StepGroups,
 }
 
 /// The allocations that can host steps, by (job, attempt); kept by the supervisor.
@@ -384,22 +387,34 @@ impl StepService for StepServer {
                 r.step_key, r.job_id, self.node
             )));
         }
-        // Stopped with the job, as every step task of its allocation is.
-        let groups = self.hosts.lock().expect("step hosts lock").get(&(r.job_id, r.attempt)).map(|h| h.groups.clone());
+        // Only inside the job's allocation here, with whose end they stop:
+        // a job that ended while the agent was away takes its steps along.
+        let host = self.hosts.lock().expect("step hosts lock").get(&(r.job_id, r.attempt)).cloned();
+        let Some(host) = host else {
+            tokio::spawn(async move {
+                let stopping = std::sync::atomic::AtomicBool::new(false);
+                let running: Vec<_> =
+                    tasks.iter().filter(|k| k.running()).map(|k| nix::unistd::Pid::from_raw(k.pid)).collect();
+                crate::supervisor::end_leftovers(|| running.clone(), &stopping, STEP_STOP_GRACE).await;
+                tasks.iter().for_each(crate::kept::Kept::remove_files);
+            });
+            return Err(Status::failed_precondition(format!(
+                "job {} attempt {} no longer runs on {}: its step was stopped",
+                r.job_id, r.attempt, self.node
+            )));
+        };
         let (tx, rx) = mpsc::channel(STEP_EVENTS_QUEUE_MAX);
         tracing::info!(job = r.job_id, attempt = r.attempt, tasks = tasks.len(), "step resumed");
         for k in tasks {
-            let (tx, groups) = (tx.clone(), groups.clone());
-            if let Some(g) = &groups {
-                g.lock().expect("step groups lock").insert(k.pid);
-            }
+            let (tx, groups, shims) = (tx.clone(), host.groups.clone(), host.shims.clone());
+            groups.lock().expect("step groups lock").insert(k.pid);
+            shims.lock().expect("step groups lock").insert(k.pid);
             tokio::spawn(async move {
                 if let Some(end) = k.follow(None, &tx, STEP_STOP_GRACE).await {
                     let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
                 }
-                if let Some(g) = groups {
-                    g.lock().expect("step groups lock").remove(&k.pid);
-                }
+                groups.lock().expect("step groups lock").remove(&k.pid);
+                shims.lock().expect("step groups lock").remove(&k.pid);
             });
         }
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
@@ -519,15 +534,17 @@ impl StepServer {
             tracing::warn!(job = r.job_id, error = %e, "cannot record a kept step task: it ends with this agent");
         }
         register(host, r.job_id, pid);
+        host.shims.lock().expect("step groups lock").insert(pid as i32);
         if let Some(stdin) = child.stdin.take() {
             send_env(stdin, env);
         }
-        let (tx, groups) = (tx.clone(), host.groups.clone());
+        let (tx, groups, shims) = (tx.clone(), host.groups.clone(), host.shims.clone());
         tokio::spawn(async move {
             if let Some(end) = kept.follow(Some(child), &tx, STEP_STOP_GRACE).await {
                 let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
             }
             groups.lock().expect("step groups lock").remove(&(pid as i32));
+            shims.lock().expect("step groups lock").remove(&(pid as i32));
         });
         Ok(())
     }
@@ -763,6 +780,7 @@ mod tests {
             gpus: vec![2, 3],
             workdir: dir.path().display().to_string(),
             suspended: Default::default(),
+            shims: Default::default(),
         };
         hosts.lock().unwrap().insert((7, 1), host);
         let server = StepServer::new("n2", hosts.clone(), gangway_proto::tls::Security::Insecure, None, None, None);
@@ -863,6 +881,7 @@ mod tests {
             gpus: vec![0],
             workdir: dir.path().display().to_string(),
             suspended: Default::default(),
+            shims: Default::default(),
         };
         hosts.lock().unwrap().insert((7, 1), host);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

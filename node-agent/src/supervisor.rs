@@ -113,6 +113,7 @@ fn parse_step_host(line: &str, pid: i32) -> Option<crate::steps::StepHost> {
         gpus,
         workdir: workdir.to_string(),
         suspended: Default::default(),
+        shims: Default::default(),
     })
 }
 
@@ -203,10 +204,10 @@ fn stop_processes(groups: &[Pid], cgroup: Option<&std::path::Path>, spare: &[Pid
 }
 
 /// The shims among a task's processes: its own (under a shim, the group's
-/// leader) and its kept step tasks' (see `kept.rs`).
+/// leader) and its kept step tasks' (see `kept.rs`), as the agent started
+/// or found them (never by what a process calls itself).
 fn spared(shim: bool, t: &Task) -> Vec<Pid> {
-    let steps: Vec<i32> = t.steps.lock().expect("step groups lock").iter().copied().collect();
-    let kept = steps.into_iter().filter(|g| is_shim(*g)).map(Pid::from_raw);
+    let kept: Vec<Pid> = t.shims.lock().expect("step groups lock").iter().map(|p| Pid::from_raw(*p)).collect();
     shim.then_some(t.pgid).into_iter().chain(kept).collect()
 }
 
@@ -388,6 +389,8 @@ struct Task {
     pgid: Pid,
     /// Step tasks' process groups (a batch job's task; empty otherwise).
     steps: crate::steps::StepGroups,
+    /// The shims among them (kept step tasks'): spared by a suspend.
+    shims: crate::steps::StepGroups,
     /// Set once the task is being stopped (its group already has SIGTERM).
     stopping: Arc<AtomicBool>,
     /// When SIGTERM was sent, SIGKILL follows at this instant.
@@ -675,6 +678,7 @@ impl Supervisor {
                     });
                 }
                 let suspended: Arc<AtomicBool> = step_host.as_ref().map(|h| h.suspended.clone()).unwrap_or_default();
+                let shims = step_host.as_ref().map(|h| h.shims.clone()).unwrap_or_default();
                 if let Some(mut host) = step_host {
                     // Steps can start in a batch job's allocation again.
                     host.steps_file = Some(steps_path(&self.record_path(key)));
@@ -687,6 +691,7 @@ impl Supervisor {
                     Task {
                         pgid,
                         steps: steps.clone(),
+                        shims,
                         kill_at: None,
                         stopping: stopping.clone(),
                         killed: false,
@@ -998,6 +1003,7 @@ impl Supervisor {
         let shim = self.shim.is_some();
         let steps = crate::steps::StepGroups::default();
         let suspended = Arc::new(AtomicBool::new(false));
+        let shims = crate::steps::StepGroups::default();
         let warning =
             (order.warn_signal > 0).then(|| Signal::try_from(order.warn_signal as i32).ok()).flatten().zip(target).map(
                 |(sig, target)| {
@@ -1011,6 +1017,7 @@ impl Supervisor {
             Task {
                 pgid,
                 steps: steps.clone(),
+                shims: shims.clone(),
                 kill_at: None,
                 stopping: stopping.clone(),
                 killed: false,
@@ -1031,6 +1038,7 @@ impl Supervisor {
                 gpus: order.gpus.clone(),
                 workdir: workdir.clone(),
                 suspended: suspended.clone(),
+                shims,
             };
             self.step_hosts.lock().expect("step hosts lock").insert(key, host);
         }
@@ -1283,6 +1291,7 @@ mod tests {
             gpus: vec![2, 3],
             workdir: "/home/alice/my runs".into(),
             suspended: Default::default(),
+            shims: Default::default(),
         };
         let back = parse_step_host(&step_host_line(&host), 42).unwrap();
         assert_eq!((back.ids, back.gpus, back.workdir.as_str()), (host.ids, host.gpus, "/home/alice/my runs"));

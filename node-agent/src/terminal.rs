@@ -187,22 +187,27 @@ pub async fn session_started(pid: i32) -> bool {
     false
 }
 
-/// A process's (process group, session), from /proc.
+/// A live (not zombie) process's (process group, session), from /proc.
 fn stat_ids(pid: i32) -> Option<(i32, i32)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // After the command name (which may hold anything): state, ppid, pgrp, session.
-    let mut f = stat.rsplit_once(')')?.1.split_whitespace().skip(2);
+    let mut f = stat.rsplit_once(')')?.1.split_whitespace();
+    if f.next()?.starts_with(['Z', 'X']) {
+        return None;
+    }
+    let mut f = f.skip(1);
     Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
 }
 
 /// The process groups of session `sid` (the task's shell, its jobs, what
 /// they left behind).
 pub fn session_groups(sid: i32) -> Vec<nix::unistd::Pid> {
-    let mut groups = std::collections::BTreeSet::from([sid]);
+    // Only groups with a live member of the session (the session's id may
+    // be another process's by now).
+    let mut groups = std::collections::BTreeSet::new();
     let pids = std::fs::read_dir("/proc").into_iter().flatten().flatten().take(PROCS_SCANNED_MAX);
     for pid in pids.filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()) {
-        if let Some((group, session)) = stat_ids(pid).filter(|(_, s)| *s == sid) {
-            debug_assert_eq!(session, sid);
+        if let Some((group, _)) = stat_ids(pid).filter(|(_, s)| *s == sid) {
             groups.insert(group);
         }
     }

@@ -641,13 +641,16 @@ impl Step {
                             None => break,
                         },
                     };
+                    // Only this node's tasks, each ended once.
                     let ev = match ev {
-                        Kind::Output(o) => Ev::Out { rank: o.rank, stderr: o.stderr, data: o.data },
-                        Kind::End(e) => {
-                            open.remove(&e.rank);
+                        Kind::Output(o) if open.contains(&o.rank) => {
+                            Ev::Out { rank: o.rank, stderr: o.stderr, data: o.data }
+                        }
+                        Kind::End(e) if open.remove(&e.rank) => {
                             let code = e.exit_code.unwrap_or_else(|| e.signal.map_or(1, |s| 128 + s));
                             Ev::End { rank: e.rank, code, error: e.error }
                         }
+                        Kind::Output(_) | Kind::End(_) => continue,
                     };
                     if tx.send(ev).await.is_err() {
                         return;
@@ -866,8 +869,10 @@ const RESUMES_MAX: u32 = 16;
 /// How long srun tries to resume a step whose agent went away: a restart
 /// takes seconds, and the restarted agent keeps the tasks for a minute
 /// (`kept::RESUME_WAIT`).
-const RESUME_TRIES: u32 = 60;
+const RESUME_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 const RESUME_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+/// Tries within RESUME_WAIT (each at least RESUME_RETRY apart).
+const RESUME_TRIES: u32 = 60;
 
 /// Resumes the step `id` (job, attempt, key) on `node` once its agent is
 /// back (where the controllers say it serves steps now, else at `addr`).
@@ -881,8 +886,12 @@ async fn resume(
     use gangway_proto::v1::step_service_client::StepServiceClient;
     let (job_id, attempt, key) = id;
     eprintln!("srun: lost contact with {node}'s agent; waiting for it to resume the step");
+    let deadline = tokio::time::Instant::now() + RESUME_WAIT;
     for _ in 0..RESUME_TRIES {
         tokio::time::sleep(RESUME_RETRY).await;
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
         let now = current_step_addr(node).await.unwrap_or_else(|| addr.to_string());
         let Ok(channel) = connect(node, &now).await else { continue };
         let req = gangway_proto::v1::StepResumeRequest { job_id: *job_id, attempt: *attempt, step_key: key.clone() };
@@ -895,7 +904,17 @@ async fn resume(
                 eprintln!("srun: {node}'s agent is back: step resumed");
                 return Some(r.into_inner());
             }
-            Err(s) if matches!(s.code(), tonic::Code::FailedPrecondition | tonic::Code::Unimplemented) => {
+            // The agent answered: retrying would not change its answer.
+            Err(s)
+                if matches!(
+                    s.code(),
+                    tonic::Code::FailedPrecondition
+                        | tonic::Code::Unimplemented
+                        | tonic::Code::PermissionDenied
+                        | tonic::Code::Unauthenticated
+                        | tonic::Code::InvalidArgument
+                ) =>
+            {
                 eprintln!("srun: {node}: {}", s.message());
                 return None;
             }
