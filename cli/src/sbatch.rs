@@ -11,6 +11,7 @@
 //! line and what to do instead; an unknown one gets the closest known name.
 
 mod directives;
+mod xlate;
 #[cfg(test)]
 use directives::words;
 pub use directives::{directives, Origin, WORDS_MAX};
@@ -46,6 +47,9 @@ pub struct SbatchOpts {
     /// Free text kept with the job.
     #[arg(long)]
     comment: Option<String>,
+    /// Do not translate the script's #PBS and #BSUB directives.
+    #[arg(long = "ignore-pbs")]
+    ignore_pbs: bool,
     /// Admins: the job's priority, replacing the computed one.
     #[arg(long)]
     priority: Option<u32>,
@@ -568,6 +572,12 @@ pub fn parse_with_script(
 ) -> Result<Parsed, String> {
     check_script(script)?;
     let mut sources = directives(script, &mut notices)?;
+    // sbatch's own reading of PBS and LSF directives, after its own, unless
+    // told not to (anywhere: the command line, a directive).
+    let ignore = |w: &String| w == "--ignore-pbs";
+    if !cmdline_words.iter().any(ignore) && !sources.iter().any(|(_, w)| w.iter().any(ignore)) {
+        sources.extend(xlate::translated(script, &mut notices)?);
+    }
     sources.extend(env.iter().cloned());
     apply_sources(sources, cmdline_words, notices)
 }

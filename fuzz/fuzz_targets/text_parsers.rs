@@ -1,4 +1,4 @@
-//! Every parser of user-typed text: sbatch's directive lines, Slurm's hostlists, time, memory, GPU,
+//! Every parser of user-typed text: sbatch's directive lines (and #PBS/#BSUB ones), Slurm's hostlists, time, memory, GPU,
 //! node-range, topology and signal options, sacct's times, job arrays and
 //! dependencies, node-name patterns. None panics or allocates without bound.
 #![no_main]
@@ -14,7 +14,11 @@ mod parse;
 mod hostlist;
 #[allow(dead_code)]
 #[path = "../../cli/src/sbatch/directives.rs"]
-mod sbatch;
+mod directives;
+#[allow(dead_code)]
+#[path = "../../cli/src/sbatch/xlate.rs"]
+mod xlate;
+use directives as sbatch;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(s) = std::str::from_utf8(data) else { return };
@@ -23,6 +27,10 @@ fuzz_target!(|data: &[u8]| {
         assert!(lines.iter().all(|(_, w)| !w.is_empty() && w.len() <= sbatch::WORDS_MAX));
     }
     let _ = sbatch::words(s);
+    // #PBS and #BSUB lines, translated as sbatch does.
+    if let Ok(lines) = xlate::translated(s, &mut Vec::new()) {
+        assert!(lines.iter().all(|(_, w)| !w.is_empty()));
+    }
     if let Ok(names) = hostlist::expand(s) {
         // Compressing what expanded never fails either (at the sizes it is
         // used for: one job's nodes, at most NODES_PER_JOB_MAX).
