@@ -415,6 +415,23 @@ pub fn gpus(s: &str) -> Result<(String, i64), String> {
     }
 }
 
+/// The priority `TOP` gives: Slurm's highest settable priority (its
+/// INFINITE, u32::MAX, less one).
+pub const PRIORITY_TOP: u32 = u32::MAX - 1;
+
+/// `--priority` / `Priority=`: a number up to [`PRIORITY_TOP`], or `TOP`
+/// (any case) for that highest one, as Slurm takes them.
+pub fn priority(opt: &str, s: &str) -> Result<u32, String> {
+    let v = s.trim();
+    if v.eq_ignore_ascii_case("top") {
+        return Ok(PRIORITY_TOP);
+    }
+    v.parse::<u32>()
+        .ok()
+        .filter(|p| *p <= PRIORITY_TOP)
+        .ok_or_else(|| format!("{opt}: '{s}' must be a number from 0 to {PRIORITY_TOP}, or TOP"))
+}
+
 /// `-N`: `N` or `MIN-MAX`. Returns (min, max), max 0 when not a range.
 pub fn node_range(s: &str) -> Result<(u32, u32), String> {
     let bad = || format!("--nodes: '{s}' must be N or MIN-MAX with N >= 1, e.g. 4 or 2-8");

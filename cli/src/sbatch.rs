@@ -50,8 +50,8 @@ pub struct SbatchOpts {
     /// Do not translate the script's #PBS and #BSUB directives.
     #[arg(long = "ignore-pbs")]
     ignore_pbs: bool,
-    /// Admins: the job's priority, replacing the computed one.
-    #[arg(long)]
+    /// Admins: the job's priority, replacing the computed one (TOP: the highest).
+    #[arg(long, value_parser = |v: &str| crate::parse::priority("--priority", v))]
     priority: Option<u32>,
     /// %j job id, %x name, %A array job, %a array index, %N node, %u user, %t rank.
     #[arg(short = 'o', long)]
@@ -1047,9 +1047,14 @@ mod tests {
             Err(m) => return format!("error: {m}\n"),
         };
         let mut out: String = notices.iter().map(|n| format!("note: {n}\n")).collect();
+        // Set after the submission (an admin's change), so not in the spec.
+        let priority = args.priority;
         match crate::jobspec::job_spec(args, Some("rack")) {
             Ok(spec) => out.push_str(&render_spec(&spec)),
             Err(e) => out.push_str(&format!("error: {e:#}\n")),
+        }
+        if let Some(p) = priority {
+            out.push_str(&format!("priority {p}\n"));
         }
         out
     }

@@ -370,6 +370,9 @@ fn ordinary_users_jobs_run_as_them(endpoints: &str, dir: &Path) {
         for f in fences {
             assert_eq!(f.metadata().unwrap().mode() & 0o077, 0, "{} is readable by others", f.path().display());
         }
+        // Kept step tasks' files: their shims, as the job's user, write
+        // their exit files there.
+        assert_eq!(std::fs::metadata(state.join("steps")).unwrap().mode() & 0o777, 0o711);
         let scripts = state.join("scripts");
         if let Ok(m) = std::fs::metadata(&scripts) {
             assert_eq!(m.mode() & 0o777, 0o711, "{}", scripts.display());

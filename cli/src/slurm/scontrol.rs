@@ -184,7 +184,7 @@ async fn update(client: &Client, out: &Output, words: &[&str]) -> anyhow::Result
             }
             "nice" => (Change::SetNice, v.parse::<i64>().with_context(|| format!("Nice: '{v}' is not a number"))?),
             "priority" => {
-                (Change::SetPriority, v.parse::<i64>().with_context(|| format!("Priority: '{v}' is not a number"))?)
+                (Change::SetPriority, i64::from(crate::parse::priority("Priority", v).map_err(anyhow::Error::msg)?))
             }
             other => bail!(
                 "update: {other} cannot be changed here (TimeLimit, Nice, Priority; hold/release/requeue are commands)"

@@ -1,0 +1,3 @@
+#!/bin/bash
+#SBATCH --priority=-5
+hostname
