@@ -907,6 +907,16 @@ fn interactive_steps_under_tmux(endpoints: &str, work: &Path, bin: &Path, shim: 
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && said.contains("permission"), "another user attached: {said}");
     tool("scancel", &[&running]);
+
+    // salloc --no-shell: the allocation outlives salloc, for srun --jobid.
+    let o = shim("salloc", "dev:root").args(["--no-shell", "-N", "2"]).output().unwrap();
+    let said = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{said}");
+    let held = said.split("Granted job allocation ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap();
+    assert_eq!(tool("squeue", &["-h", "-j", held, "-o", "%t"]).trim(), "R", "the allocation was not held");
+    let said = tool("srun", &[&format!("--jobid={held}"), "-l", "sh", "-c", "echo in $SLURM_JOB_ID"]);
+    assert!(said.contains(&format!("0: in {held}")) && said.contains(&format!("1: in {held}")), "{said}");
+    tool("scancel", &[held]);
 }
 
 /// scontrol suspend/resume of a 2-node batch job whose srun step runs on

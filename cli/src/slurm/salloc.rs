@@ -25,6 +25,10 @@ const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 pub struct SallocArgs {
     #[command(flatten)]
     res: crate::jobspec::ResourceArgs,
+    /// Exit once the allocation is granted, leaving it held (until its time
+    /// limit or `scancel`): steps run in it with `srun --jobid=ID`.
+    #[arg(long = "no-shell")]
+    no_shell: bool,
     /// The command to run here in the allocation (default: $SHELL on the
     /// allocation's first node, through `srun --pty`).
     #[arg(trailing_var_arg = true)]
@@ -32,6 +36,20 @@ pub struct SallocArgs {
 }
 
 pub async fn run(client: &Client, out: &Output, a: SallocArgs) -> anyhow::Result<i32> {
+    if a.no_shell {
+        if !a.command.is_empty() {
+            bail!("--no-shell: no command runs in the allocation; leave out '{}'", a.command.join(" "));
+        }
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        return Ok(match allocate(client, out, allocation(submit_args(&a), &token), Who::Salloc).await? {
+            Some(job) => {
+                eprintln!("salloc: Granted job allocation {}", job.id);
+                eprintln!("salloc: the allocation is held until its time limit or `scancel {}`", job.id);
+                0
+            }
+            None => 130,
+        });
+    }
     let command = if a.command.is_empty() {
         // Slurm's interactive step: the user's shell on the allocation's
         // first node, on a terminal relayed to this one.
@@ -82,34 +100,8 @@ pub async fn allocate_and_run(
     who: Who,
 ) -> anyhow::Result<i32> {
     let token = uuid::Uuid::new_v4().simple().to_string();
-    let spec = crate::jobspec::job_spec(allocation(args, &token), None)?;
-    let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: uuid::Uuid::new_v4().to_string() };
-    let id = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).submit(r).await }
-        })
-        .await?
-        .into_inner()
-        .job_id;
-    if !out.json {
-        match who {
-            Who::Salloc => eprintln!("salloc: Pending job allocation {id}"),
-            Who::Srun => eprintln!("srun: job {id} queued and waiting for resources"),
-        }
-    }
-    let job = match wait_running(client, id).await {
-        Ok(Some(job)) => job,
-        Ok(None) => {
-            eprintln!("{}: interrupted: job allocation {id} cancelled", name(who));
-            cancel(client, id).await;
-            return Ok(130);
-        }
-        Err(e) => {
-            cancel(client, id).await;
-            return Err(e);
-        }
-    };
+    let Some(job) = allocate(client, out, allocation(args, &token), who).await? else { return Ok(130) };
+    let id = job.id;
     match who {
         Who::Salloc => eprintln!("salloc: Granted job allocation {id}"),
         Who::Srun if !out.json => eprintln!("srun: job {id} has been allocated resources"),
@@ -144,6 +136,44 @@ pub async fn allocate_and_run(
         cancel(client, id).await;
     }
     code
+}
+
+/// Submits the allocation `args` and waits until it runs; None when
+/// interrupted (Ctrl-C: the request is cancelled).
+async fn allocate(
+    client: &Client,
+    out: &Output,
+    args: crate::jobspec::SubmitArgs,
+    who: Who,
+) -> anyhow::Result<Option<pb::Job>> {
+    let spec = crate::jobspec::job_spec(args, None)?;
+    let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: uuid::Uuid::new_v4().to_string() };
+    let id = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).submit(r).await }
+        })
+        .await?
+        .into_inner()
+        .job_id;
+    if !out.json {
+        match who {
+            Who::Salloc => eprintln!("salloc: Pending job allocation {id}"),
+            Who::Srun => eprintln!("srun: job {id} queued and waiting for resources"),
+        }
+    }
+    match wait_running(client, id).await {
+        Ok(Some(job)) => Ok(Some(job)),
+        Ok(None) => {
+            eprintln!("{}: interrupted: job allocation {id} cancelled", name(who));
+            cancel(client, id).await;
+            Ok(None)
+        }
+        Err(e) => {
+            cancel(client, id).await;
+            Err(e)
+        }
+    }
 }
 
 /// Polls while the released allocation ends (its first node notices the
