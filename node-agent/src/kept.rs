@@ -366,6 +366,15 @@ mod tests {
         k.record(child.id().unwrap()).unwrap();
         let lost = Kept { pid: 999_999, ..Kept::new(dir.path(), 9, 1, "lost", 0) };
         std::fs::write(lost.file("rec"), lost.encode()).unwrap();
+        // Spawning returns while the kernel is still setting up the new
+        // program (its command line empty): a restarted agent finds shims
+        // long past that.
+        for _ in 0..500 {
+            if k.running() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
         let stray = dir.path().join("9-1-norecord-0.out");
         std::fs::write(&stray, "").unwrap();
         let kept =

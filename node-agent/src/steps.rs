@@ -716,6 +716,13 @@ async fn read_some<R: tokio::io::AsyncRead + Unpin>(pipe: &mut Option<R>, buf: &
     }
 }
 
+/// How often the step service pings an srun whose call is quiet, and how
+/// long it waits for the answer: an srun whose host died or was cut off
+/// without closing its connection is noticed within a minute (its call
+/// then ends, and its tasks are stopped, as when srun goes away).
+const CLIENT_PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+const CLIENT_PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Serves the step service on `listener` until the returned task is aborted.
 pub fn serve(
     listener: tokio::net::TcpListener,
@@ -732,6 +739,8 @@ pub fn serve(
     let server = StepServer::new(node, hosts, security, shim, tools, keeping);
     Ok(tokio::spawn(async move {
         if let Err(e) = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(CLIENT_PING_INTERVAL))
+            .http2_keepalive_timeout(Some(CLIENT_PING_TIMEOUT))
             .add_service(StepServiceServer::new(server))
             .serve_with_incoming(incoming)
             .await

@@ -598,8 +598,18 @@ fn endpoint(addr: &str, connect_timeout: Duration) -> Result<Endpoint, String> {
     Ok(Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| format!("address '{addr}' is invalid: {e}"))?
         .connect_timeout(connect_timeout)
-        .tcp_nodelay(true))
+        .tcp_nodelay(true)
+        // A call in flight to a host that died or was cut off without
+        // closing the connection (a long srun stream, a watch) fails within
+        // a minute instead of hanging.
+        .http2_keep_alive_interval(PEER_PING_INTERVAL)
+        .keep_alive_timeout(PEER_PING_TIMEOUT))
 }
+
+/// How often a client pings its server while a call is in flight, and how
+/// long it waits for the answer (see [`endpoint`]).
+const PEER_PING_INTERVAL: Duration = Duration::from_secs(30);
+const PEER_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Dials TCP and runs the TLS handshake; tonic speaks HTTP/2 over the result.
 #[derive(Clone)]
