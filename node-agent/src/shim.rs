@@ -212,8 +212,11 @@ fn wait_drained() {
     }
 }
 
-/// How often the shim checks its command and the agent's lease.
+/// How often the shim checks its command and the agent's lease, once the
+/// command has run a while; it starts at LEASE_POLL_FIRST and doubles, so
+/// that a short command (an srun step of a few milliseconds) is not held up.
 const LEASE_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+const LEASE_POLL_FIRST: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Waits for the command; with a lease, stops the process group (SIGTERM)
 /// once the lease's stop time passes and kills it (SIGKILL, the shim
@@ -229,6 +232,8 @@ fn wait_under_lease(
     // The last lease read: a file that cannot be read (being replaced, or
     // gone) does not lift deadlines already known.
     let mut known: Option<crate::lease::Lease> = None;
+    let mut poll = LEASE_POLL_FIRST;
+    // Bounded by the command's life (or the lease's kill, which ends the shim too).
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(status);
@@ -249,7 +254,8 @@ fn wait_under_lease(
                 stopped = true;
             }
         }
-        std::thread::sleep(LEASE_POLL);
+        std::thread::sleep(poll);
+        poll = poll.saturating_mul(2).min(LEASE_POLL);
     }
 }
 
