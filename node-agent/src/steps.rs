@@ -406,16 +406,7 @@ impl StepService for StepServer {
         let (tx, rx) = mpsc::channel(STEP_EVENTS_QUEUE_MAX);
         tracing::info!(job = r.job_id, attempt = r.attempt, tasks = tasks.len(), "step resumed");
         for k in tasks {
-            let (tx, groups, shims) = (tx.clone(), host.groups.clone(), host.shims.clone());
-            groups.lock().expect("step groups lock").insert(k.pid);
-            shims.lock().expect("step groups lock").insert(k.pid);
-            tokio::spawn(async move {
-                if let Some(end) = k.follow(None, &tx, STEP_STOP_GRACE).await {
-                    let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
-                }
-                groups.lock().expect("step groups lock").remove(&k.pid);
-                shims.lock().expect("step groups lock").remove(&k.pid);
-            });
+            follow_kept(k, None, &host, &tx);
         }
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
@@ -534,20 +525,28 @@ impl StepServer {
             tracing::warn!(job = r.job_id, error = %e, "cannot record a kept step task: it ends with this agent");
         }
         register(host, r.job_id, pid);
-        host.shims.lock().expect("step groups lock").insert(pid as i32);
         if let Some(stdin) = child.stdin.take() {
             send_env(stdin, env);
         }
-        let (tx, groups, shims) = (tx.clone(), host.groups.clone(), host.shims.clone());
-        tokio::spawn(async move {
-            if let Some(end) = kept.follow(Some(child), &tx, STEP_STOP_GRACE).await {
-                let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
-            }
-            groups.lock().expect("step groups lock").remove(&(pid as i32));
-            shims.lock().expect("step groups lock").remove(&(pid as i32));
-        });
+        follow_kept(kept, Some(child), host, tx);
         Ok(())
     }
+}
+
+/// Follows a kept task (its shim `child` when this agent started it) to
+/// its end in `host`'s allocation: its shim is among the allocation's step
+/// groups and spared shims meanwhile, and its events go to `tx`.
+fn follow_kept(kept: crate::kept::Kept, child: Option<tokio::process::Child>, host: &StepHost, tx: &EventSender) {
+    let (tx, groups, shims) = (tx.clone(), host.groups.clone(), host.shims.clone());
+    groups.lock().expect("step groups lock").insert(kept.pid);
+    shims.lock().expect("step groups lock").insert(kept.pid);
+    tokio::spawn(async move {
+        if let Some(end) = kept.follow(child, &tx, STEP_STOP_GRACE).await {
+            let _ = tx.send(Ok(StepEvent { kind: Some(Kind::End(end)) })).await;
+        }
+        groups.lock().expect("step groups lock").remove(&kept.pid);
+        shims.lock().expect("step groups lock").remove(&kept.pid);
+    });
 }
 
 /// The task shim started for a step task: its `mode` options, then (when
