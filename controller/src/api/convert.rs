@@ -131,9 +131,17 @@ pub fn spec_to_proto(s: &JobSpec) -> pb::JobSpec {
     }
 }
 
-/// Slurm's `--dependency` syntax for a list of dependencies.
+/// Slurm's `--dependency` syntax for a spec's list of dependencies, as the
+/// user wrote them: an array element is `ARRAY_INDEX`, so it parses back to
+/// the same list.
 pub fn format_dependencies(deps: &[Dependency], singleton: bool) -> String {
-    let mut parts: Vec<String> = deps.iter().map(format_dependency).collect();
+    let mut parts: Vec<String> = deps
+        .iter()
+        .map(|d| match d.array_index {
+            Some(i) => format!("{}:{}_{i}", d.kind.as_str(), d.job_id),
+            None => format_dependency(d),
+        })
+        .collect();
     if singleton {
         parts.push("singleton".into());
     }
@@ -315,5 +323,21 @@ mod tests {
         }
         let ok = spec_from_proto(base, "alice").unwrap();
         assert_eq!((ok.nodes, ok.user.as_str()), (1, "alice"));
+    }
+
+    /// Found by the proto_spec fuzz target: an array element's dependency
+    /// lost its index on the way back to protobuf.
+    #[test]
+    fn a_spec_survives_the_trip_through_protobuf() {
+        let p = pb::JobSpec {
+            command: vec!["true".into()],
+            dependency: "afterok:68_48,afterany:7,singleton".into(),
+            ..Default::default()
+        };
+        let spec = spec_from_proto(p, "alice").unwrap();
+        assert_eq!(spec.dependencies[0].array_index, Some(48));
+        let back = spec_to_proto(&spec);
+        assert_eq!(back.dependency, "afterok:68_48,afterany:7,singleton");
+        assert_eq!(spec_from_proto(back, "alice").unwrap(), spec);
     }
 }
