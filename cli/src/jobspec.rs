@@ -215,6 +215,30 @@ pub struct SubmitArgs {
     /// A command to run, after `--`.
     #[arg(last = true)]
     pub command: Vec<String>,
+    /// A heterogeneous job's further components (sbatch's `hetjob`).
+    #[arg(skip)]
+    pub components: Vec<pb::JobComponent>,
+}
+
+/// The shape one component of a heterogeneous job asks for, read from its
+/// options as a job's are (the same defaults and checks).
+pub fn component(res: ResourceArgs) -> anyhow::Result<pb::JobComponent> {
+    let args = SubmitArgs { res, command: vec!["true".into()], ..Default::default() };
+    let s = job_spec(args, None)?;
+    Ok(pb::JobComponent {
+        partition: s.partition,
+        nodes: s.nodes,
+        tasks_per_node: s.tasks_per_node,
+        cpus_per_task: s.cpus_per_task,
+        mem_per_node_mb: s.mem_per_node_mb,
+        mem_per_cpu_mb: s.mem_per_cpu_mb,
+        gpus_per_node: s.gpus_per_node,
+        gpu_type: s.gpu_type,
+        constraints: s.constraints,
+        exclusive: s.exclusive,
+        nodelist: s.nodelist,
+        exclude: s.exclude,
+    })
 }
 
 /// Whether `--mem` asks for Slurm's "all of each node's memory" (`0`, with
@@ -486,6 +510,7 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
                 .map_err(|e| anyhow::anyhow!(e.replace("--begin", "--deadline")))?,
             None => 0,
         },
+        components: a.components,
     };
     Ok(spec)
 }

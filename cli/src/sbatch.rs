@@ -339,6 +339,8 @@ fn resolve_long(name: &str, known: &[String], at: Origin) -> Result<String, Stri
 pub struct Parsed {
     pub opts: SbatchOpts,
     pub notices: Vec<String>,
+    /// A heterogeneous job's further components' options, in order.
+    pub components: Vec<SbatchOpts>,
 }
 
 /// Normalizes one source's words: long options to their full names, options
@@ -462,7 +464,10 @@ pub fn parse_command_line(argv: &[String]) -> Result<(SbatchOpts, Vec<String>, V
     let known = applied();
     let mut notices = Vec::new();
     let words = normalize(argv, Origin::CommandLine, &known, &mut notices).map_err(CommandLineError::Bad)?;
-    match SbatchOpts::try_parse_from(std::iter::once("sbatch".to_string()).chain(words.iter().cloned())) {
+    // Component 0's options and the script; a heterogeneous job's later
+    // components are read with the script's directives.
+    let (first, _) = split_command_line(&words);
+    match SbatchOpts::try_parse_from(std::iter::once("sbatch".to_string()).chain(first)) {
         Ok(opts) => Ok((opts, words, notices)),
         Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => Err(CommandLineError::Help(e.to_string())),
         Err(e) => Err(CommandLineError::Bad(clap_error(&e, Origin::CommandLine))),
@@ -571,7 +576,8 @@ pub fn parse_with_script(
     mut notices: Vec<String>,
 ) -> Result<Parsed, String> {
     check_script(script)?;
-    let mut sources = directives(script, &mut notices)?;
+    let mut groups = split_components(directives(script, &mut notices)?);
+    let mut sources = groups.remove(0);
     // sbatch's own reading of PBS and LSF directives, after its own, unless
     // told not to (anywhere: the command line, a directive).
     let ignore = |w: &String| w == "--ignore-pbs";
@@ -579,7 +585,60 @@ pub fn parse_with_script(
         sources.extend(xlate::translated(script, &mut notices)?);
     }
     sources.extend(env.iter().cloned());
-    apply_sources(sources, cmdline_words, notices)
+    let (first, later) = split_command_line(cmdline_words);
+    let mut parsed = apply_sources(sources, &first, notices)?;
+    // Component k: its directives, then its part of the command line.
+    let count = groups.len().max(later.len());
+    for k in 0..count {
+        let words = later.get(k).cloned().unwrap_or_default();
+        let mine = groups.get(k).cloned().unwrap_or_default();
+        let part = apply_sources(mine, &words, Vec::new())?;
+        parsed.notices.extend(part.notices);
+        parsed.components.push(part.opts);
+    }
+    Ok(parsed)
+}
+
+/// Directive sources split at `#SBATCH hetjob` lines: component 0's first.
+fn split_components(sources: Vec<(Origin, Vec<String>)>) -> Vec<Vec<(Origin, Vec<String>)>> {
+    let mut groups = vec![Vec::new()];
+    for (at, words) in sources {
+        if words.len() == 1 && words[0] == directives::HET_SEPARATOR {
+            groups.push(Vec::new());
+        } else if let Some(g) = groups.last_mut() {
+            g.push((at, words));
+        }
+    }
+    groups
+}
+
+/// The command line's words split at `:` between option sets (sbatch's
+/// `OPTIONS0 : OPTIONS1 script`): component 0's words with the script and
+/// its arguments, and each later component's options. A `:` counts as a
+/// separator only before an option (`-N2`), so a script argument `:` stays.
+fn split_command_line(words: &[String]) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut groups: Vec<Vec<String>> = vec![Vec::new()];
+    for (i, w) in words.iter().enumerate() {
+        let next_is_option = words.get(i.saturating_add(1)).is_some_and(|n| n.starts_with('-'));
+        if w == directives::HET_SEPARATOR && next_is_option && groups.len() <= gangway_core::limits::HET_COMPONENTS_MAX
+        {
+            groups.push(Vec::new());
+        } else if let Some(g) = groups.last_mut() {
+            g.push(w.clone());
+        }
+    }
+    let mut first = groups.remove(0);
+    // The script and its arguments end the last component's words: they are the job's.
+    if let Some(last) = groups.last_mut() {
+        let parsed = SbatchOpts::try_parse_from(std::iter::once("sbatch".to_string()).chain(last.iter().cloned()));
+        if let Ok(SbatchOpts { script: Some(script), args, .. }) = parsed {
+            let at = last.len().saturating_sub(args.len()).saturating_sub(1);
+            if last.get(at) == Some(&script) {
+                first.extend(last.drain(at..));
+            }
+        }
+    }
+    (first, groups)
 }
 
 /// [`parse_with_script`] without a script (`--wrap`): the `SBATCH_*`
@@ -591,7 +650,7 @@ pub fn parse_env_options(
     notices: Vec<String>,
 ) -> Result<Parsed, String> {
     if env.is_empty() {
-        return Ok(Parsed { opts: cmdline, notices });
+        return Ok(Parsed { opts: cmdline, notices, components: Vec::new() });
     }
     apply_sources(env.to_vec(), cmdline_words, notices)
 }
@@ -621,7 +680,7 @@ fn apply_sources(
     }
     all.extend(cmdline_words.iter().cloned());
     let opts = parse_words(all, Origin::CommandLine)?;
-    Ok(Parsed { opts, notices })
+    Ok(Parsed { opts, notices, components: Vec::new() })
 }
 
 /// The environment `--export` gives the job: `ALL` (the default) is the
@@ -778,7 +837,71 @@ pub fn to_submit_args(
         command,
         batch: true,
         open_mode: Some(open_mode.to_string()),
+        components: Vec::new(),
     })
+}
+
+/// The submission `parsed` options make: [`to_submit_args`] for the job
+/// (component 0), with a heterogeneous job's further components. `notices`
+/// gets the parser's notices first.
+pub fn submit_args(
+    parsed: Parsed,
+    script: Option<(PathBuf, String)>,
+    environment: impl Iterator<Item = (String, String)>,
+    notices: &mut Vec<String>,
+) -> Result<SubmitArgs, String> {
+    notices.extend(parsed.notices);
+    let components = het_components(&parsed.opts, parsed.components)?;
+    let mut args = to_submit_args(parsed.opts, script, environment, notices)?;
+    args.components = components;
+    Ok(args)
+}
+
+/// A heterogeneous job's further components, each one's shape read from
+/// its options. The options that are the job's (account, QOS, time limit,
+/// ...) are component 0's: a later component may repeat them, not change
+/// them. `--partition` and `--exclude` carry over from the component
+/// before unless given, as Slurm propagates them.
+fn het_components(first: &SbatchOpts, rest: Vec<SbatchOpts>) -> Result<Vec<gangway_proto::v1::JobComponent>, String> {
+    let (mut partition, mut exclude) = (first.res.partition.clone(), first.res.exclude.clone());
+    let mut out = Vec::with_capacity(rest.len());
+    for (i, mut o) in rest.into_iter().enumerate() {
+        let k = i.saturating_add(1);
+        let job_wide = [
+            ("--account", &o.res.account, &first.res.account),
+            ("--qos", &o.res.qos, &first.res.qos),
+            ("--time", &o.res.time, &first.res.time),
+            ("--time-min", &o.res.time_min, &first.res.time_min),
+            ("--reservation", &o.res.reservation, &first.res.reservation),
+            ("--licenses", &o.res.licenses, &first.res.licenses),
+            ("--deadline", &o.res.deadline, &first.res.deadline),
+            ("--job-name", &o.res.job_name, &first.res.job_name),
+            ("--dependency", &o.dependency, &first.dependency),
+        ];
+        for (name, mine, theirs) in job_wide {
+            if let Some(v) = mine.as_ref().filter(|v| Some(*v) != theirs.as_ref()) {
+                return Err(format!(
+                    "hetjob component {k}: {name}={v} differs from component 0's ({}): a heterogeneous job has one \
+                     {} here, component 0's",
+                    theirs.as_deref().unwrap_or("not given"),
+                    name.trim_start_matches('-')
+                ));
+            }
+        }
+        if o.array.is_some() {
+            return Err(format!("hetjob component {k}: --array: a job array cannot be heterogeneous"));
+        }
+        match &o.res.partition {
+            Some(p) => partition = Some(p.clone()),
+            None => o.res.partition.clone_from(&partition),
+        }
+        match &o.res.exclude {
+            Some(x) => exclude = Some(x.clone()),
+            None => o.res.exclude.clone_from(&exclude),
+        }
+        out.push(crate::jobspec::component(o.res).map_err(|e| format!("hetjob component {k}: {e:#}"))?);
+    }
+    Ok(out)
 }
 
 /// Slurm's `--dependency` in the words the controller reads: types in any
@@ -920,9 +1043,12 @@ pub async fn run(
         None => parse_env_options(cmdline, &env, &words, notices),
     }
     .map_err(anyhow::Error::msg)?;
-    let mut notices = parsed.notices;
+    if script.is_none() && !split_command_line(&words).1.is_empty() {
+        bail!("a heterogeneous job (OPTIONS : OPTIONS) needs a batch script, not --wrap");
+    }
+    let mut notices = Vec::new();
     let (test_only, wait) = (parsed.opts.test_only, parsed.opts.wait);
-    let args = to_submit_args(parsed.opts, script, std::env::vars(), &mut notices).map_err(anyhow::Error::msg)?;
+    let args = submit_args(parsed, script, std::env::vars(), &mut notices).map_err(anyhow::Error::msg)?;
     for n in &notices {
         eprintln!("sbatch: note: {n}");
     }
@@ -1041,8 +1167,8 @@ mod tests {
             Ok(p) => p,
             Err(m) => return format!("error: {m}\n"),
         };
-        let mut notices = parsed.notices;
-        let args = match to_submit_args(parsed.opts, Some((path, script.to_string())), env(), &mut notices) {
+        let mut notices = Vec::new();
+        let args = match submit_args(parsed, Some((path, script.to_string())), env(), &mut notices) {
             Ok(a) => a,
             Err(m) => return format!("error: {m}\n"),
         };

@@ -610,6 +610,49 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     assert!(out.contains("remote exit 4"), "a remote task's exit code must come back: {out}");
     assert!(out.contains("killed step exit 5"), "--kill-on-bad-exit must end the step: {out}");
 
+    // A heterogeneous job (#SBATCH hetjob): a 2-GPU component and a CPU
+    // component, each on a node of its own, started together; the script
+    // runs in component 0, srun --het-group picks a component's nodes, and
+    // squeue/sacct show ID+0 and ID+1.
+    std::fs::write(
+        work.join("het.sh"),
+        "#!/bin/bash\n\
+         #SBATCH -N1 --gpus-per-node=2 -J het\n\
+         #SBATCH hetjob\n\
+         #SBATCH -N1 -c 2\n\
+         echo \"size $SLURM_HET_SIZE g0 $SLURM_JOB_NODELIST_HET_GROUP_0 g1 $SLURM_JOB_NODELIST_HET_GROUP_1 all $SLURM_JOB_NODELIST\"\n\
+         srun bash -c 'echo default on $SLURMD_NODENAME'\n\
+         srun --het-group=1 bash -c 'echo group1 on $SLURMD_NODENAME cpus $SLURM_CPUS_PER_TASK_HET_GROUP_1'\n\
+         srun --het-group=0,1 bash -c 'echo both on $SLURMD_NODENAME' | sort\n\
+         srun --het-group=2 true || echo \"no group 2\"\n\
+         sleep 3\n",
+    )
+    .unwrap();
+    let o = shim("sbatch", "dev:root").args(["--parsable", "het.sh"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let het = stdout(&o).trim().to_string();
+    eventually("the heterogeneous job never started", || {
+        tool("squeue", &["-h", "-j", &het, "-o", "%i %t"]).lines().filter(|l| l.ends_with(" R")).count() == 2
+    });
+    let q = tool("squeue", &["-h", "-j", &het, "-o", "%i %D %N"]);
+    assert!(q.contains(&format!("{het}+0 1 ")) && q.contains(&format!("{het}+1 1 ")), "{q}");
+    eventually("the heterogeneous job never finished", || {
+        tool("sacct", &["-X", "-j", &het, "-n", "-P", "-o", "State"]).trim() == "COMPLETED\nCOMPLETED"
+    });
+    let out = std::fs::read_to_string(work.join(format!("slurm-{het}.out"))).unwrap();
+    let head = out.lines().next().unwrap_or_default().to_string();
+    let words: Vec<&str> = head.split(' ').collect();
+    assert_eq!((words[0], words[1]), ("size", "2"), "{out}");
+    let (g0, g1) = (words[3], words[5]);
+    assert_ne!(g0, g1, "the components share a node: {out}");
+    assert!(out.contains(&format!("default on {g0}")), "srun runs in component 0 by default: {out}");
+    assert!(out.contains(&format!("group1 on {g1} cpus 2")), "{out}");
+    assert_eq!(out.matches("both on ").count(), 2, "{out}");
+    assert!(out.contains("no group 2"), "{out}");
+    let acct = tool("sacct", &["-j", &het, "-n", "-P", "-o", "JobID,NodeList"]);
+    assert!(acct.contains(&format!("{het}+0|{g0}")) && acct.contains(&format!("{het}+1|{g1}")), "{acct}");
+    assert!(acct.contains(&format!("{het}+0.batch|{g0}")), "{acct}");
+
     // Slurm's --signal in batch jobs (2 s into a 1-minute limit): without B:
     // every task of the job gets it, on both nodes, but not the batch shell;
     // with B: only the batch shell does.

@@ -18,8 +18,9 @@ pub fn complete_order(order: &mut LaunchOrder) -> Result<(), String> {
 pub fn task_env(order: &LaunchOrder, node: &str) -> BTreeMap<String, String> {
     let nnodes = order.nodes.len() as u32;
     let tpn = order.tasks_per_node.max(1);
-    let ntasks = nnodes * tpn;
-    let first_rank = order.node_rank * tpn;
+    // A heterogeneous job's components differ: tasks are counted over them.
+    let (ntasks, first_rank) =
+        if order.het_groups.is_empty() { (nnodes * tpn, order.node_rank * tpn) } else { het_ranks(order) };
     let nodelist = compress_hostlist(&order.nodes);
     let gpus: Vec<String> = order.gpus.iter().map(|g| g.to_string()).collect();
     let mut env = BTreeMap::new();
@@ -82,12 +83,68 @@ pub fn task_env(order: &LaunchOrder, node: &str) -> BTreeMap<String, String> {
     }
     set("GANGWAY_JOB_ID", order.job_id.to_string());
     set("GANGWAY_ATTEMPT", order.attempt.to_string());
+    het_env(order, &mut set);
     if order.batch {
         // srun in the batch script starts steps on the other nodes here.
         let addrs: Vec<String> = order.nodes.iter().zip(&order.step_addrs).map(|(n, a)| format!("{n}={a}")).collect();
         set("GANGWAY_STEP_ADDRS", addrs.join(","));
     }
     env
+}
+
+/// A heterogeneous job's task count and this node's first rank: component
+/// by component, each node with its component's tasks.
+fn het_ranks(order: &LaunchOrder) -> (u32, u32) {
+    let (mut total, mut first_rank, mut node) = (0u32, 0u32, 0u32);
+    for g in &order.het_groups {
+        for _ in 0..g.nodes {
+            if node == order.node_rank {
+                first_rank = total;
+            }
+            total = total.saturating_add(g.tasks_per_node.max(1));
+            node = node.saturating_add(1);
+        }
+    }
+    (total, first_rank)
+}
+
+/// Slurm's variables for a heterogeneous job's components ("het groups"):
+/// `SLURM_HET_SIZE`, and per component N `SLURM_JOB_NODELIST_HET_GROUP_N`
+/// and the others; srun reads them for `--het-group`. The variables without
+/// a suffix describe the whole allocation.
+fn het_env(order: &LaunchOrder, set: &mut impl FnMut(&str, String)) {
+    if order.het_groups.is_empty() {
+        return;
+    }
+    set("SLURM_HET_SIZE", order.het_groups.len().to_string());
+    let mut first = 0usize;
+    for (k, g) in order.het_groups.iter().enumerate() {
+        let end = first.saturating_add(g.nodes as usize).min(order.nodes.len());
+        let nodes = compress_hostlist(order.nodes.get(first..end).unwrap_or_default());
+        first = end;
+        let tpn = g.tasks_per_node.max(1);
+        let cpus = tpn.saturating_mul(g.cpus_per_task.max(1)).to_string();
+        for (name, value) in [
+            ("SLURM_JOB_ID", order.job_id.to_string()),
+            ("SLURM_JOB_NODELIST", nodes.clone()),
+            ("SLURM_NODELIST", nodes),
+            ("SLURM_JOB_NUM_NODES", g.nodes.to_string()),
+            ("SLURM_NNODES", g.nodes.to_string()),
+            ("SLURM_NTASKS", g.nodes.saturating_mul(tpn).to_string()),
+            ("SLURM_NTASKS_PER_NODE", tpn.to_string()),
+            ("SLURM_CPUS_PER_TASK", g.cpus_per_task.to_string()),
+            ("SLURM_JOB_CPUS_PER_NODE", cpus),
+            ("SLURM_JOB_PARTITION", g.partition.clone()),
+        ] {
+            set(&format!("{name}_HET_GROUP_{k}"), value);
+        }
+        if g.gpus_per_node > 0 {
+            set(&format!("SLURM_GPUS_PER_NODE_HET_GROUP_{k}"), g.gpus_per_node.to_string());
+        }
+        if g.mem_per_node_mb > 0 {
+            set(&format!("SLURM_MEM_PER_NODE_HET_GROUP_{k}"), g.mem_per_node_mb.to_string());
+        }
+    }
 }
 
 /// Expands Slurm's filename patterns: `%j` job id, `%x` job name, `%A` array

@@ -99,6 +99,10 @@ pub fn words(text: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// Separates the components of a heterogeneous job: a `#SBATCH hetjob`
+/// line, and `:` between option sets on the command line.
+pub const HET_SEPARATOR: &str = ":";
+
 /// The `#SBATCH` directives of a script, with their line numbers: from the
 /// lines after `#!` up to the first command. Later `#SBATCH` lines (in a
 /// heredoc, say) are not directives. As in sbatch, a line is a directive
@@ -127,11 +131,9 @@ pub fn directives(script: &str, notices: &mut Vec<String>) -> Result<Vec<(Origin
             let w = words(rest).map_err(|e| format!("line {n}: {e}"))?;
             let first = w.first().map(|f| f.to_ascii_lowercase());
             if matches!(first.as_deref(), Some("hetjob" | "packjob")) {
-                return Err(format!(
-                    "line {n}: heterogeneous jobs (#SBATCH {}) are not supported yet; submit each component \
-                     as its own job and chain them with --dependency",
-                    w[0]
-                ));
+                // The next component of a heterogeneous job starts here.
+                out.push((Origin::Line(n), vec![HET_SEPARATOR.to_string()]));
+                continue;
             }
             if !w.is_empty() {
                 out.push((Origin::Line(n), w));

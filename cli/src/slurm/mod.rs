@@ -234,6 +234,65 @@ pub async fn list_jobs(client: &Client, l: &Listing) -> anyhow::Result<Vec<pb::J
 
 /// A job's spec, borrowed (an empty one if absent): fields are read per job
 /// and column, and a spec carries its whole script and environment.
+/// A job as Slurm's listings show it: a heterogeneous job is one line per
+/// component, `ID+0`, `ID+1`, ..., each with its component's shape and nodes
+/// (the allocation lists component 0's nodes first); any other job is itself.
+pub fn het_components(j: pb::Job) -> Vec<pb::Job> {
+    let Some(spec) = j.spec.as_ref().filter(|s| !s.components.is_empty()) else { return vec![j] };
+    let id = if j.display_id.is_empty() { j.id.to_string() } else { j.display_id.clone() };
+    let own = pb::JobComponent {
+        partition: spec.partition.clone(),
+        nodes: spec.nodes,
+        tasks_per_node: spec.tasks_per_node,
+        cpus_per_task: spec.cpus_per_task,
+        mem_per_node_mb: spec.mem_per_node_mb,
+        mem_per_cpu_mb: spec.mem_per_cpu_mb,
+        gpus_per_node: spec.gpus_per_node,
+        gpu_type: spec.gpu_type.clone(),
+        constraints: spec.constraints.clone(),
+        exclusive: spec.exclusive,
+        nodelist: spec.nodelist.clone(),
+        exclude: spec.exclude.clone(),
+    };
+    let mut first = 0usize;
+    std::iter::once(own)
+        .chain(spec.components.iter().cloned())
+        .enumerate()
+        .map(|(k, c)| {
+            let count = usize::try_from(c.nodes.unwrap_or(1)).unwrap_or(1);
+            let slice = |v: &[String]| v.iter().skip(first).take(count).cloned().collect::<Vec<_>>();
+            let ran_on = slice(&j.ran_on);
+            let allocation = j.allocation.iter().skip(first).take(count).cloned().collect();
+            first = first.saturating_add(count);
+            let spec = pb::JobSpec {
+                partition: c.partition,
+                nodes: c.nodes,
+                tasks_per_node: c.tasks_per_node,
+                cpus_per_task: c.cpus_per_task,
+                mem_per_node_mb: c.mem_per_node_mb,
+                mem_per_cpu_mb: c.mem_per_cpu_mb,
+                gpus_per_node: c.gpus_per_node,
+                gpu_type: c.gpu_type,
+                constraints: c.constraints,
+                exclusive: c.exclusive,
+                nodelist: c.nodelist,
+                exclude: c.exclude,
+                components: Vec::new(),
+                ..spec.clone()
+            };
+            pb::Job {
+                display_id: format!("{id}+{k}"),
+                spec: Some(spec),
+                allocation,
+                ran_on,
+                // Steps run in the allocation of component 0 (the batch script's).
+                steps: if k == 0 { j.steps.clone() } else { Vec::new() },
+                ..j.clone()
+            }
+        })
+        .collect()
+}
+
 pub fn spec(j: &pb::Job) -> &pb::JobSpec {
     static EMPTY: std::sync::LazyLock<pb::JobSpec> = std::sync::LazyLock::new(pb::JobSpec::default);
     j.spec.as_ref().unwrap_or(&EMPTY)

@@ -226,6 +226,7 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: SacctArgs) ->
     let jobs: Vec<pb::Job> = super::list_jobs(client, &listing)
         .await?
         .into_iter()
+        .flat_map(super::het_components)
         .filter(|j| sels.is_empty() || sels.iter().any(|s| s.matches(j)))
         .filter(|j| {
             let s = super::spec(j);
@@ -283,6 +284,10 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: SacctArgs) ->
 fn batch_step(j: &pb::Job) -> Option<pb::Job> {
     let s = j.spec.as_ref().filter(|s| s.batch)?;
     j.start_time_ms?;
+    // A heterogeneous job's script runs in component 0.
+    if j.display_id.rsplit_once('+').is_some_and(|(_, k)| k != "0") {
+        return None;
+    }
     let id = if j.display_id.is_empty() { j.id.to_string() } else { j.display_id.clone() };
     let spec = pb::JobSpec { name: "batch".into(), partition: String::new(), nodes: Some(1), ..s.clone() };
     Some(pb::Job {

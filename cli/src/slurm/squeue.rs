@@ -261,6 +261,7 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: SqueueArgs) -
     let jobs: Vec<pb::Job> = super::list_jobs(client, &listing)
         .await?
         .into_iter()
+        .flat_map(super::het_components)
         .filter(|j| sels.is_empty() || sels.iter().any(|s| s.matches(j)))
         .filter(|j| j.end_time_ms.is_none_or(|e| now.saturating_sub(e) <= FINISHED_SHOWN_MS))
         .filter(|j| {

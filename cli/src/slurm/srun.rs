@@ -37,6 +37,10 @@ pub struct SrunArgs {
     /// Run in this job's allocation (only the current job is supported).
     #[arg(long)]
     jobid: Option<String>,
+    /// In a heterogeneous job: the components to run in (`0`, `1`, `0,1`,
+    /// `0-2`, `all`); default 0.
+    #[arg(long = "het-group")]
+    het_group: Option<String>,
     /// Accepted: steps may always share the allocation's resources.
     #[arg(long)]
     overlap: bool,
@@ -376,9 +380,8 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
     if let Some(other) = a.jobid.as_deref().filter(|j| *j != job) {
         bail!("--jobid: only this job ({job}) can run steps here, not {other}");
     }
-    let alloc = hostlist::expand(&env_or("SLURM_JOB_NODELIST")?).map_err(anyhow::Error::msg)?;
+    let (alloc, tpn) = step_allocation(a.het_group.as_deref())?;
     let me = env_or("SLURMD_NODENAME")?;
-    let tpn: u32 = std::env::var("SLURM_NTASKS_PER_NODE").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     let mut shape = StepShape::of(&a.res).map_err(|e| anyhow::anyhow!("srun: {e}"))?;
     if a.pty && shape.nodes.is_none() && shape.nodelist.is_none() && shape.ntasks.is_none() {
         // A terminal step is one task, on the first node unless -w says.
@@ -449,6 +452,47 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
         }
         code
     })
+}
+
+/// The nodes a step may use, in order, and their tasks per node: the job's
+/// allocation, or in a heterogeneous job the chosen components' (`--het-group`,
+/// Slurm's default 0), with the first one's tasks per node.
+fn step_allocation(het_group: Option<&str>) -> anyhow::Result<(Vec<String>, u32)> {
+    let tpn_of = |var: &str| std::env::var(var).ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(1);
+    let size = std::env::var("SLURM_HET_SIZE").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+    if size == 0 {
+        if let Some(g) = het_group.filter(|g| *g != "0") {
+            bail!("srun: --het-group={g}: this job is not heterogeneous (its only component is 0)");
+        }
+        let alloc = hostlist::expand(&env_or("SLURM_JOB_NODELIST")?).map_err(anyhow::Error::msg)?;
+        return Ok((alloc, tpn_of("SLURM_NTASKS_PER_NODE")));
+    }
+    let groups = het_groups(het_group.unwrap_or("0"), size).map_err(|e| anyhow::anyhow!("srun: --het-group: {e}"))?;
+    let mut nodes = Vec::new();
+    for g in &groups {
+        let list = env_or(&format!("SLURM_JOB_NODELIST_HET_GROUP_{g}"))?;
+        nodes.extend(hostlist::expand(&list).map_err(anyhow::Error::msg)?);
+    }
+    Ok((nodes, tpn_of(&format!("SLURM_NTASKS_PER_NODE_HET_GROUP_{}", groups[0]))))
+}
+
+/// Slurm's `--het-group` list: `all`, or components and ranges (`0,2-3`),
+/// each below `size`; in order, each once.
+fn het_groups(spec: &str, size: usize) -> Result<Vec<usize>, String> {
+    if spec.eq_ignore_ascii_case("all") {
+        return Ok((0..size).collect());
+    }
+    let mut out = std::collections::BTreeSet::new();
+    for item in spec.split(',') {
+        let (lo, hi) = item.split_once('-').unwrap_or((item, item));
+        let parse = |v: &str| v.trim().parse::<usize>().map_err(|_| format!("'{item}' is not a component number"));
+        let (lo, hi) = (parse(lo)?, parse(hi)?);
+        if lo > hi || hi >= size {
+            return Err(format!("'{item}': this job's components are 0 to {}", size.saturating_sub(1)));
+        }
+        out.extend(lo..=hi);
+    }
+    Ok(out.into_iter().collect())
 }
 
 /// Set (to anything) for a step of Gangway's own that is not the user's

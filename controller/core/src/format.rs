@@ -27,7 +27,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::command::Command;
-use crate::compat::{v4, v5, v8};
+use crate::compat::{v10, v4, v5, v8};
 
 /// The format every log starts in: a new cluster's first entries are written
 /// in it until its leader moves the cluster to the newest format.
@@ -35,7 +35,7 @@ pub const FORMAT_BASE: u32 = 4;
 /// The oldest format this build reads (log entries, snapshots, stores).
 pub const FORMAT_OLDEST: u32 = 4;
 /// The newest format this build reads and, once every replica can, writes.
-pub const FORMAT_NEWEST: u32 = 10;
+pub const FORMAT_NEWEST: u32 = 11;
 
 /// Format 7 changed no encoding, only a rule of `apply`: a plan's preemption
 /// victims are evicted only together with the placement they make room for,
@@ -64,6 +64,12 @@ pub const SLURM_FEATURES_FORMAT: u32 = 9;
 /// `Signal`, the job's last request). Format 9's job and state are frozen in
 /// `compat::v9`.
 pub const SUSPEND_FORMAT: u32 = 10;
+
+/// Format 11 added heterogeneous jobs: the components after the first to
+/// the job spec (`JobSpec::components`), placed together all or nothing.
+/// Formats 9 and 10's job spec, job, entry and state are frozen in
+/// `compat::v10`.
+pub const HET_JOBS_FORMAT: u32 = 11;
 
 /// Whether this build reads `format`.
 pub fn readable(format: u32) -> bool {
@@ -100,6 +106,7 @@ impl Command {
             Command::Batch(cmds) => cmds.iter().map(Command::since_format).max().unwrap_or(FORMAT_BASE),
             // Roles, the user map and the job switches came with format 6.
             Command::UpdatePolicy { policy, .. } => policy.needs_format(),
+            Command::SubmitJob { spec, .. } if !spec.components.is_empty() => HET_JOBS_FORMAT,
             Command::SubmitJob { spec, .. } if spec.format_9_field().is_some() => SLURM_FEATURES_FORMAT,
             Command::ChangeReservation { .. } => SLURM_FEATURES_FORMAT,
             Command::JobFinished { state: crate::model::JobState::Deadline, .. } => SLURM_FEATURES_FORMAT,
@@ -202,7 +209,7 @@ impl Serialize for Payload {
                 let body = to_bytes(&v8::Wire::from_command(command).map_err(S::Error::custom)?);
                 v4::Wire::Envelope { format, body }.serialize(serializer)
             }
-            // Format 10 changed the job, not the command's encoding.
+            // Format 10 appended variants, not changing format 9's encoding.
             format @ (9 | 10) => {
                 if command.since_format() > format {
                     return Err(S::Error::custom(format!(
@@ -211,8 +218,10 @@ impl Serialize for Payload {
                         command.since_format()
                     )));
                 }
-                v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer)
+                let body = to_bytes(&v10::Wire::from_command(command).map_err(S::Error::custom)?);
+                v4::Wire::Envelope { format, body }.serialize(serializer)
             }
+            11 => v4::Wire::Envelope { format: 11, body: to_bytes(command) }.serialize(serializer),
             f => Err(S::Error::custom(format!("this build does not write data format {f}"))),
         }
     }
@@ -233,8 +242,13 @@ impl<'de> Deserialize<'de> for Payload {
                 Ok(Payload { format, command: Some(command), unread: Vec::new() })
             }
             v4::Wire::Envelope { format: format @ (9 | 10), body } => {
-                let command = from_bytes(&body).map_err(D::Error::custom)?;
+                let wire: v10::Wire = from_bytes(&body).map_err(D::Error::custom)?;
+                let command = wire.into_command().ok_or_else(|| D::Error::custom("an envelope inside a batch"))?;
                 Ok(Payload { format, command: Some(command), unread: Vec::new() })
+            }
+            v4::Wire::Envelope { format: 11, body } => {
+                let command = from_bytes(&body).map_err(D::Error::custom)?;
+                Ok(Payload { format: 11, command: Some(command), unread: Vec::new() })
             }
             v4::Wire::Envelope { format, body } if format > FORMAT_NEWEST => {
                 Ok(Payload { format, command: None, unread: body })

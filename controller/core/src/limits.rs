@@ -103,6 +103,11 @@ pub const RESERVATION_HORIZON_S: u64 = 366 * 24 * 3600;
 /// Jobs one job may depend on: pipelines name a handful; bounds the work of
 /// resolving a finish.
 pub const DEPENDENCIES_MAX: usize = 64;
+
+/// Further components of a heterogeneous job (so at most 16 in all): sites
+/// use two to four (a reward model and an actor, a CPU and a GPU part);
+/// each one is a placement the scheduler tries in every pass.
+pub const HET_COMPONENTS_MAX: usize = 15;
 /// Elements in one job array (Slurm's MaxArraySize defaults to 1001): each is a
 /// full job in the replicated state.
 pub const ARRAY_TASKS_MAX: usize = 10_000;

@@ -199,14 +199,14 @@ impl Job {
     pub fn gpus(&self) -> u64 {
         match &self.allocation {
             Some(a) => a.nodes.iter().map(|n| n.gpus.len() as u64).sum(),
-            None => u64::from(self.spec.nodes).saturating_mul(u64::from(self.spec.gpus_per_node)),
+            None => self.spec.total_gpus(),
         }
     }
 
     pub fn cpus(&self) -> u64 {
         match &self.allocation {
             Some(a) => a.nodes.iter().map(|n| u64::from(n.cpus)).sum(),
-            None => u64::from(self.spec.nodes).saturating_mul(u64::from(self.spec.cpus_per_node())),
+            None => self.spec.total_cpus(),
         }
     }
 

@@ -10,9 +10,10 @@
 //! - format 6: the same with 6 and today's state;
 //! - formats 7 and 8: the same with 7 or 8 (rules of apply changed, not the state);
 //! - format 9: the same with 9 and format 9's state (`compat::v9`);
-//! - format 10: the same with 10 and today's state.
+//! - format 10: the same with 10 and format 10's state (`compat::v10`);
+//! - format 11: the same with 11 and today's state.
 
-use crate::compat::{v4, v5, v8, v9};
+use crate::compat::{v10, v4, v5, v8, v9};
 use crate::format::{crc32c, from_bytes, to_bytes, FORMAT_NEWEST, FORMAT_OLDEST};
 use crate::state::State;
 
@@ -45,6 +46,7 @@ pub fn encode(state: &State) -> Vec<u8> {
         5 => to_bytes(&v5::StateRef::from(state)),
         6..=8 => to_bytes(&v8::StateRef::from(state)),
         9 => to_bytes(&v9::StateRef::from(state)),
+        10 => to_bytes(&v10::StateRef::from(state)),
         _ => to_bytes(state),
     };
     out.extend_from_slice(&state.format.min(FORMAT_NEWEST).to_le_bytes());
@@ -87,6 +89,10 @@ pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
         9 => {
             let v9: v9::State = from_bytes(body).map_err(decode_err)?;
             (v9.stored_format(), v9.into())
+        }
+        10 => {
+            let v10: v10::State = from_bytes(body).map_err(decode_err)?;
+            (v10.stored_format(), v10.into())
         }
         _ => {
             let state: State = from_bytes(body).map_err(decode_err)?;

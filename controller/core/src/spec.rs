@@ -124,6 +124,74 @@ pub struct JobSpec {
     /// job goes to the head of the queue and back onto its other nodes plus
     /// a spare.
     pub requeue_expedite: bool,
+    // ---- From data format 11 (`format::HET_JOBS_FORMAT`); empty before. ----
+    /// A heterogeneous job's further components (Slurm's `hetjob`): the job's
+    /// own shape is component 0, these are 1, 2, ...; all are placed at once,
+    /// each on nodes of its own, or none is. Empty: an ordinary job.
+    pub components: Vec<HetComponent>,
+}
+
+/// One further component of a heterogeneous job: the shape it asks for.
+/// Everything else (script, time limit, account, QOS, dependencies) is the
+/// job's.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HetComponent {
+    pub partition: String,
+    pub nodes: u32,
+    pub tasks_per_node: u32,
+    pub cpus_per_task: u32,
+    pub mem_per_node_mb: u64,
+    pub mem_per_cpu_mb: u64,
+    pub gpus_per_node: u32,
+    pub gpu_type: String,
+    pub constraints: Vec<String>,
+    pub exclusive: bool,
+    pub nodelist: Vec<String>,
+    pub exclude: Vec<String>,
+}
+
+impl Default for HetComponent {
+    fn default() -> Self {
+        HetComponent::of(&JobSpec::default())
+    }
+}
+
+impl HetComponent {
+    /// The shape of `spec` (its component 0).
+    pub fn of(spec: &JobSpec) -> HetComponent {
+        HetComponent {
+            partition: spec.partition.clone(),
+            nodes: spec.nodes,
+            tasks_per_node: spec.tasks_per_node,
+            cpus_per_task: spec.cpus_per_task,
+            mem_per_node_mb: spec.mem_per_node_mb,
+            mem_per_cpu_mb: spec.mem_per_cpu_mb,
+            gpus_per_node: spec.gpus_per_node,
+            gpu_type: spec.gpu_type.clone(),
+            constraints: spec.constraints.clone(),
+            exclusive: spec.exclusive,
+            nodelist: spec.nodelist.clone(),
+            exclude: spec.exclude.clone(),
+        }
+    }
+
+    /// Gives `spec` this shape.
+    pub fn apply_to(&self, spec: &mut JobSpec) {
+        spec.partition.clone_from(&self.partition);
+        spec.nodes = self.nodes;
+        spec.nodes_max = 0;
+        spec.tasks_per_node = self.tasks_per_node;
+        spec.cpus_per_task = self.cpus_per_task;
+        spec.mem_per_node_mb = self.mem_per_node_mb;
+        spec.mem_per_cpu_mb = self.mem_per_cpu_mb;
+        spec.gpus_per_node = self.gpus_per_node;
+        spec.gpu_type.clone_from(&self.gpu_type);
+        spec.constraints.clone_from(&self.constraints);
+        spec.exclusive = self.exclusive;
+        spec.nodelist.clone_from(&self.nodelist);
+        spec.exclude.clone_from(&self.exclude);
+    }
 }
 
 /// Required or preferred co-location of a gang within one domain of a topology
@@ -332,6 +400,7 @@ impl Default for JobSpec {
             time_min_s: 0,
             deadline_ms: 0,
             requeue_expedite: false,
+            components: Vec::new(),
         }
     }
 }
@@ -386,6 +455,16 @@ impl JobSpec {
     /// format 8 a job spans at most 1,024 nodes.
     pub fn validate_in(&self, format: u32) -> Result<(), SpecError> {
         self.validate()?;
+        if format < crate::format::HET_JOBS_FORMAT && !self.components.is_empty() {
+            return Err(SpecError::new(
+                "components",
+                format!(
+                    "a heterogeneous job needs data format {}: every replica must run a build that reads it first \
+                     (the cluster then moves to it by itself)",
+                    crate::format::HET_JOBS_FORMAT
+                ),
+            ));
+        }
         if format < crate::format::SLURM_FEATURES_FORMAT {
             if !self.nodelist.is_empty() && self.nodelist.len() != self.nodes as usize {
                 return Err(SpecError::new(
@@ -563,6 +642,7 @@ impl JobSpec {
                 format!("tasks_per_node × cpus_per_task must be at most {}, got {cpus}", CPUS_PER_TASK_MAX * 4),
             ));
         }
+        self.validate_components()?;
         if self.env.len() > ENV_VARS_MAX {
             return Err(SpecError::new("env", format!("must have at most {ENV_VARS_MAX} variables")));
         }
@@ -581,6 +661,104 @@ impl JobSpec {
             }
         }
         Ok(())
+    }
+
+    /// A heterogeneous job's own rules, and each component's shape checked
+    /// as a job of that shape (errors name `components[K].field`).
+    fn validate_components(&self) -> Result<(), SpecError> {
+        if self.components.is_empty() {
+            return Ok(());
+        }
+        if self.components.len() > HET_COMPONENTS_MAX {
+            return Err(SpecError::new(
+                "components",
+                format!("a heterogeneous job has at most {} components", HET_COMPONENTS_MAX.saturating_add(1)),
+            ));
+        }
+        if !self.batch {
+            return Err(SpecError::new(
+                "components",
+                "a heterogeneous job runs a batch script on its first node (sbatch, salloc), not a command on every node",
+            ));
+        }
+        if !self.array.is_empty() {
+            return Err(SpecError::new("components", "a job array cannot be heterogeneous (as in Slurm)"));
+        }
+        if self.nodes_max != 0 && self.nodes_max != self.nodes {
+            return Err(SpecError::new("nodes_max", "a heterogeneous job's components have fixed node counts"));
+        }
+        if self.total_nodes() > NODES_PER_JOB_MAX {
+            return Err(SpecError::new("components", format!("at most {NODES_PER_JOB_MAX} nodes in all components")));
+        }
+        let mut listed: BTreeMap<&str, usize> = self.nodelist.iter().map(|n| (n.as_str(), 0)).collect();
+        for (i, c) in self.components.iter().enumerate() {
+            let k = i.saturating_add(1);
+            self.component(k)
+                .validate()
+                .map_err(|e| SpecError::new(&format!("components[{k}].{}", e.field), e.rule))?;
+            for n in &c.nodelist {
+                if let Some(other) = listed.insert(n, k) {
+                    return Err(SpecError::new(
+                        &format!("components[{k}].nodelist"),
+                        format!("{n} is also in component {other}'s node list: each component gets nodes of its own"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Components in all: 1 for an ordinary job.
+    pub fn het_size(&self) -> usize {
+        self.components.len().saturating_add(1)
+    }
+
+    /// Component `k`'s spec: the job with that component's shape, and no
+    /// further components (component 0: the job's own shape).
+    pub fn component(&self, k: usize) -> JobSpec {
+        let mut s = self.clone();
+        s.components.clear();
+        if let Some(c) = k.checked_sub(1).and_then(|i| self.components.get(i)) {
+            c.apply_to(&mut s);
+        }
+        s
+    }
+
+    /// Every component's spec, in order ([`JobSpec::component`]).
+    pub fn component_specs(&self) -> Vec<JobSpec> {
+        (0..self.het_size()).map(|k| self.component(k)).collect()
+    }
+
+    /// The node counts of the components, in order: a placement lists
+    /// component 0's nodes first, then component 1's, and so on.
+    pub fn component_nodes(&self) -> Vec<u32> {
+        std::iter::once(self.nodes).chain(self.components.iter().map(|c| c.nodes)).collect()
+    }
+
+    /// Nodes at the job's smallest size, every component counted.
+    pub fn total_nodes(&self) -> u32 {
+        self.components.iter().map(|c| c.nodes).fold(self.nodes, u32::saturating_add)
+    }
+
+    /// CPUs at the job's smallest size, every component counted.
+    pub fn total_cpus(&self) -> u64 {
+        let own = u64::from(self.nodes).saturating_mul(u64::from(self.cpus_per_node()));
+        self.components
+            .iter()
+            .map(|c| {
+                u64::from(c.nodes)
+                    .saturating_mul(u64::from(c.tasks_per_node).saturating_mul(u64::from(c.cpus_per_task)))
+            })
+            .fold(own, u64::saturating_add)
+    }
+
+    /// GPUs at the job's smallest size, every component counted.
+    pub fn total_gpus(&self) -> u64 {
+        let own = u64::from(self.nodes).saturating_mul(u64::from(self.gpus_per_node));
+        self.components
+            .iter()
+            .map(|c| u64::from(c.nodes).saturating_mul(u64::from(c.gpus_per_node)))
+            .fold(own, u64::saturating_add)
     }
 
     /// The estimate data format 4 used for array budgets: it leaves out several
@@ -607,6 +785,7 @@ impl JobSpec {
         /// change with a struct's layout from one build to the next.
         const FIXED: usize = 1024;
         const DEPENDENCY: usize = 32;
+        const COMPONENT: usize = 128;
         let text = |s: &String| s.len().saturating_add(STRING);
         let list = |v: &[String]| v.iter().map(text).fold(0, usize::saturating_add);
         let strings = [
@@ -633,6 +812,11 @@ impl JobSpec {
             .chain(env)
             .chain(self.licenses.keys().map(|k| text(k).saturating_add(ENTRY)))
             .chain([self.dependencies.len().saturating_mul(DEPENDENCY)])
+            .chain(self.components.iter().map(|c| {
+                [text(&c.partition), text(&c.gpu_type), list(&c.constraints), list(&c.nodelist), list(&c.exclude)]
+                    .into_iter()
+                    .fold(COMPONENT, usize::saturating_add)
+            }))
             .fold(FIXED, usize::saturating_add)
     }
 

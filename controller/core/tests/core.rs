@@ -1127,7 +1127,32 @@ fn full_spec() -> JobSpec {
         time_min_s: 0,
         deadline_ms: 0,
         requeue_expedite: false,
+        // Format 11's: empty too.
+        components: Vec::new(),
     }
+}
+
+/// [`full_spec_v9`] made heterogeneous (format 11), its component with
+/// every field set.
+fn full_spec_v11() -> JobSpec {
+    let mut spec = full_spec_v9();
+    spec.array = String::new();
+    spec.nodes_max = 0;
+    spec.components = vec![gangway_core::spec::HetComponent {
+        partition: "cpu".into(),
+        nodes: 3,
+        tasks_per_node: 2,
+        cpus_per_task: 8,
+        mem_per_node_mb: 4_096,
+        mem_per_cpu_mb: 0,
+        gpus_per_node: 1,
+        gpu_type: "a100".into(),
+        constraints: vec!["ssd".into()],
+        exclusive: true,
+        nodelist: vec!["n2".into()],
+        exclude: vec!["n8".into()],
+    }];
+    spec
 }
 
 /// [`full_spec`] with format 9's fields set too.
@@ -1233,6 +1258,12 @@ fn every_command() -> Vec<Command> {
         Command::SetDataFormat { format: 7, now_ms: 17 },
         Command::SetDataFormat { format: 9, now_ms: 18 },
         Command::SubmitJob { spec: full_spec_v9(), identity: "alice".into(), idempotency_key: "k9".into(), now_ms: 19 },
+        Command::SubmitJob {
+            spec: full_spec_v11(),
+            identity: "alice".into(),
+            idempotency_key: "k11".into(),
+            now_ms: 20,
+        },
         Command::UpdatePolicy {
             policy: licenses_policy(),
             expected_version: None,
@@ -1365,6 +1396,15 @@ fn golden_state(format: u32) -> State {
             Command::UpdateJob { job_id, change: JobChange::Suspend, identity: "server:1".into(), now_ms: 4_007 };
         let applied = s.apply(60, &suspend);
         assert!(matches!(applied.outcome, Outcome::JobUpdated { .. }), "{:?}", applied.outcome);
+    }
+    if format >= gangway_core::format::HET_JOBS_FORMAT {
+        let mut spec = job_spec(1, 1, 1);
+        spec.batch = true;
+        spec.components = vec![gangway_core::spec::HetComponent::of(&job_spec(1, 2, 1))];
+        let submit =
+            Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 4_008 };
+        let applied = s.apply(61, &submit);
+        assert!(matches!(applied.outcome, Outcome::Submitted { .. }), "{:?}", applied.outcome);
     }
     s
 }
@@ -2374,4 +2414,47 @@ fn a_gang_as_big_as_the_fleet_waits_for_format_8_then_is_placed_whole() {
     let mut too_big = job_spec(NODES_PER_JOB_MAX + 1, 1, 1);
     too_big.user = "alice".into();
     assert_eq!(too_big.validate().unwrap_err().field, "nodes");
+}
+
+/// A heterogeneous job's placement lists component 0's nodes first, each
+/// component with its own shape; apply refuses one whose components are out
+/// of order or share a node, and starts the whole job at once.
+#[test]
+fn a_heterogeneous_job_is_placed_component_by_component() {
+    let mut s = State::default();
+    for n in 0..3 {
+        s.apply(n as u64 + 1, &Command::RegisterNode { spec: node_spec(n, if n == 2 { 4 } else { 0 }), now_ms: 1_000 });
+    }
+    let mut spec = job_spec(1, 4, 1);
+    spec.batch = true;
+    spec.components = vec![gangway_core::spec::HetComponent::of(&job_spec(2, 0, 3))];
+    let submit = Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 2_000 };
+    s.apply(4, &Command::SetDataFormat { format: 10, now_ms: 1_500 });
+    let Outcome::Refused(r) = s.apply(5, &submit).outcome else { panic!("format 10 took a heterogeneous job") };
+    assert!(r.message.starts_with("components: a heterogeneous job needs data format 11"), "{}", r.message);
+    s.apply(6, &Command::SetDataFormat { format: 11, now_ms: 1_500 });
+    let Outcome::Submitted { job_id, .. } = s.apply(10, &submit).outcome else { panic!("submit refused") };
+    let opts = gangway_core::sched::Options {
+        policy: gangway_core::sched::Policy::Easy,
+        order: gangway_core::sched::Order::Priority,
+        now_ms: 3_000,
+        estimate_s: None,
+        stopping: None,
+    };
+    let plan = gangway_core::sched::plan(&s, &opts);
+    let p = plan.placements.iter().find(|p| p.job_id == job_id).expect("placed").clone();
+    let shape: Vec<(&str, u32, usize)> = p.nodes.iter().map(|n| (n.node.as_str(), n.cpus, n.gpus.len())).collect();
+    assert_eq!(shape[0], ("n2", 1, 4), "component 0 first: the GPU node");
+    assert_eq!(shape[1..].iter().map(|n| (n.1, n.2)).collect::<Vec<_>>(), vec![(3, 0), (3, 0)]);
+    let mut swapped = p.clone();
+    swapped.nodes.rotate_left(1);
+    assert!(s.check_placement(&swapped).unwrap_err().starts_with("component 0:"));
+    let mut shared = p.clone();
+    shared.nodes[2] = shared.nodes[1].clone();
+    assert!(s.check_placement(&shared).unwrap_err().contains("appears twice"));
+    let apply = Command::ApplySchedule { preemptions: vec![], placements: vec![p], now_ms: 3_000 };
+    s.apply(11, &apply);
+    assert_eq!(s.jobs[&job_id].state, JobState::Running);
+    assert_eq!(s.jobs[&job_id].gpus(), 4);
+    s.check_invariants().unwrap();
 }

@@ -375,6 +375,19 @@ impl AgentApi {
         order.node_rank = rank as u32;
         order.gpus = alloc.nodes[rank].gpus.clone();
         order.term = term;
+        // A heterogeneous job: this node's task has its component's shape.
+        let mut first = 0usize;
+        for g in &order.het_groups {
+            let end = first.saturating_add(g.nodes as usize);
+            if rank < end {
+                order.tasks_per_node = g.tasks_per_node;
+                order.cpus_per_task = g.cpus_per_task;
+                order.mem_per_node_mb = g.mem_per_node_mb;
+                order.partition.clone_from(&g.partition);
+                break;
+            }
+            first = end;
+        }
         Ok(Some(order))
     }
 
@@ -439,6 +452,21 @@ impl AgentApi {
             warn_batch_shell: spec.warn_batch_shell,
             step_credential: self.replica.step_credential(job)?,
             nodelist,
+            het_groups: if spec.components.is_empty() {
+                Vec::new()
+            } else {
+                spec.component_specs()
+                    .iter()
+                    .map(|c| gangway_proto::v1::HetGroup {
+                        nodes: c.nodes,
+                        tasks_per_node: c.tasks_per_node,
+                        cpus_per_task: c.cpus_per_task,
+                        mem_per_node_mb: c.mem_per_node_mb,
+                        gpus_per_node: c.gpus_per_node,
+                        partition: c.partition.clone(),
+                    })
+                    .collect()
+            },
         })
     }
 }

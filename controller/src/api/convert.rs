@@ -1,6 +1,6 @@
 //! Protobuf ⇄ core conversion. Protobuf types stop here: the core never sees them.
 
-use gangway_core::spec::{parse_dependencies, Dependency, GpuSpec, TopologyConstraint};
+use gangway_core::spec::{parse_dependencies, Dependency, GpuSpec, HetComponent, TopologyConstraint};
 use gangway_core::{Job, JobSpec, JobState, Node, NodeSpec, NodeState, SpecError};
 use gangway_proto::v1 as pb;
 
@@ -24,6 +24,23 @@ fn opt_u64(field: &str, v: Option<i64>, default: u64, min: i64) -> Result<u64, S
 pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, SpecError> {
     let d = JobSpec::default();
     let (dependencies, singleton) = parse_dependencies(&p.dependency)?;
+    if p.components.len() > gangway_core::limits::HET_COMPONENTS_MAX {
+        return Err(SpecError::new(
+            "components",
+            format!(
+                "a heterogeneous job has at most {} components",
+                gangway_core::limits::HET_COMPONENTS_MAX.saturating_add(1)
+            ),
+        ));
+    }
+    let components = p
+        .components
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            component_from_proto(c).map_err(|e| SpecError::new(&format!("components[{}].{}", i + 1, e.field), e.rule))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let spec = JobSpec {
         name: p.name,
         user: if p.user.is_empty() { default_user.to_string() } else { p.user },
@@ -73,6 +90,7 @@ pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, Sp
         time_min_s: p.time_min_s,
         deadline_ms: p.deadline_ms,
         requeue_expedite: p.requeue_expedite,
+        components,
     };
     spec.validate()?;
     gangway_core::limits::check_spec_size(&spec)?;
@@ -128,6 +146,44 @@ pub fn spec_to_proto(s: &JobSpec) -> pb::JobSpec {
         time_min_s: s.time_min_s,
         deadline_ms: s.deadline_ms,
         requeue_expedite: s.requeue_expedite,
+        components: s.components.iter().map(component_to_proto).collect(),
+    }
+}
+
+/// One further component of a heterogeneous job; unset fields get the
+/// defaults a job's own fields get.
+fn component_from_proto(c: pb::JobComponent) -> Result<HetComponent, SpecError> {
+    let d = HetComponent::default();
+    Ok(HetComponent {
+        partition: c.partition,
+        nodes: opt_u32("nodes", c.nodes, d.nodes, 1)?,
+        tasks_per_node: opt_u32("tasks_per_node", c.tasks_per_node, d.tasks_per_node, 1)?,
+        cpus_per_task: opt_u32("cpus_per_task", c.cpus_per_task, d.cpus_per_task, 1)?,
+        mem_per_node_mb: opt_u64("mem_per_node_mb", c.mem_per_node_mb, d.mem_per_node_mb, 0)?,
+        mem_per_cpu_mb: c.mem_per_cpu_mb,
+        gpus_per_node: opt_u32("gpus_per_node", c.gpus_per_node, d.gpus_per_node, 0)?,
+        gpu_type: c.gpu_type,
+        constraints: c.constraints,
+        exclusive: c.exclusive,
+        nodelist: c.nodelist,
+        exclude: c.exclude,
+    })
+}
+
+fn component_to_proto(c: &HetComponent) -> pb::JobComponent {
+    pb::JobComponent {
+        partition: c.partition.clone(),
+        nodes: Some(c.nodes.into()),
+        tasks_per_node: Some(c.tasks_per_node.into()),
+        cpus_per_task: Some(c.cpus_per_task.into()),
+        mem_per_node_mb: Some(c.mem_per_node_mb as i64),
+        mem_per_cpu_mb: c.mem_per_cpu_mb,
+        gpus_per_node: Some(c.gpus_per_node.into()),
+        gpu_type: c.gpu_type.clone(),
+        constraints: c.constraints.clone(),
+        exclusive: c.exclusive,
+        nodelist: c.nodelist.clone(),
+        exclude: c.exclude.clone(),
     }
 }
 
@@ -332,10 +388,13 @@ mod tests {
         let p = pb::JobSpec {
             command: vec!["true".into()],
             dependency: "afterok:68_48,afterany:7,singleton".into(),
+            batch: true,
+            components: vec![pb::JobComponent { partition: "cpu".into(), nodes: Some(2), ..Default::default() }],
             ..Default::default()
         };
         let spec = spec_from_proto(p, "alice").unwrap();
         assert_eq!(spec.dependencies[0].array_index, Some(48));
+        assert_eq!((spec.components[0].nodes, spec.components[0].cpus_per_task), (2, 1));
         let back = spec_to_proto(&spec);
         assert_eq!(back.dependency, "afterok:68_48,afterany:7,singleton");
         assert_eq!(spec_from_proto(back, "alice").unwrap(), spec);

@@ -3,6 +3,7 @@
 //! [`crate::format`]); a format's module goes when no supported store or
 //! cluster can hold it any more.
 
+pub mod v10;
 pub mod v4;
 pub mod v5;
 pub mod v8;

@@ -12,11 +12,12 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use super::v10::JobSpec;
 use super::{frozen_jobs, frozen_state, frozen_struct, Frozen};
 use crate::model::{Allocation, ArrayElement, HoldKind, JobId, JobState, Node, TaskExit};
 use crate::policy::{ClusterPolicy, Use};
 use crate::reservation::Reservation;
-use crate::spec::{Dependency, JobSpec};
+use crate::spec::Dependency;
 use crate::state::{UsageBucket, UseKey};
 
 /// A job of format 9, field for field.

@@ -198,6 +198,8 @@ struct ShapeKey<'a> {
     /// reservation and (outside one) its shortest limit.
     reservation: &'a str,
     min_limit_s: u64,
+    /// A heterogeneous job's further components (their shapes).
+    components: &'a [crate::spec::HetComponent],
 }
 
 /// FNV-1a: a cheap, deterministic fingerprint for the shape cache (equal
@@ -233,7 +235,8 @@ impl<'a> ShapeKey<'a> {
                 h = fnv(fnv(h, n.as_bytes()), &[tag]);
             }
         }
-        h
+        // Components are compared whole; their count tells them apart here.
+        fnv(h, &(self.components.len() as u64).to_le_bytes())
     }
 
     fn of(job: &'a Job, depth: Option<usize>, reservations: bool) -> ShapeKey<'a> {
@@ -254,6 +257,7 @@ impl<'a> ShapeKey<'a> {
             gpus: s.gpus_per_node,
             depth,
             required: s.topology.required,
+            components: &s.components,
         }
     }
 }
@@ -391,6 +395,15 @@ impl<'s, 'o> Pass<'s, 'o> {
     /// back), within one domain of `depth` when that is required. The rules
     /// for one node are `crate::fit`, which `apply` shares.
     fn feasible(&self, job: &Job, depth: Option<usize>) -> bool {
+        if !job.spec.components.is_empty() {
+            // Each component on its own (they also need nodes of their own,
+            // which placement finds out).
+            let mut part = job.clone();
+            return job.spec.component_specs().into_iter().all(|spec| {
+                part.spec = spec;
+                self.feasible(&part, depth)
+            });
+        }
         let need = job.spec.nodes as usize;
         // A node list shorter than the gang: every listed node must exist
         // and be of the right kind (the others only complete it).
@@ -775,8 +788,7 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
         let est_s = pass.estimate_s(job);
         let spec = &job.spec;
         // Cheapest test first: the whole cluster has too little free.
-        let too_big = u64::from(spec.nodes).saturating_mul(u64::from(spec.cpus_per_node())) > pass.free_cpus
-            || u64::from(spec.nodes).saturating_mul(u64::from(spec.gpus_per_node)) > pass.free_gpus;
+        let too_big = spec.total_cpus() > pass.free_cpus || spec.total_gpus() > pass.free_gpus;
         let key = ShapeKey::of(job, depth, has_resv);
         let mut fp = 0;
         let known = if too_big {
@@ -802,7 +814,7 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
             crate::incr(&mut pass.plan.place_attempts);
             let end_ms = now.saturating_add(est_s.saturating_mul(1000));
             let holds = (reservations_tried > 0).then_some((pass.holds.as_slice(), end_ms));
-            if spec.nodes_max() == 1 {
+            if spec.nodes_max() == 1 && spec.components.is_empty() {
                 pass.place_single(job, holds)
             } else {
                 pass.view.place(job, &pass.free, holds, depth, now)

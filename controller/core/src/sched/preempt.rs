@@ -125,7 +125,7 @@ impl<'s> Pass<'s, '_> {
             .get(&key)
             .map_or(0, |u| u.gpus)
             .saturating_add(self.plan_use.get(&key).map_or(0, |u| u.gpus));
-        let need = u64::from(job.spec.nodes).saturating_mul(u64::from(job.spec.gpus_per_node));
+        let need = job.spec.total_gpus();
         need > 0 && used.saturating_add(need) <= u64::from(max)
     }
 

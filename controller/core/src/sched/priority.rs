@@ -168,10 +168,10 @@ impl<'a> Prioritizer<'a> {
         let age_ms = self.now_ms.saturating_sub(job.submit_time_ms);
         let age = (age_ms as f64 / (w.max_age_s as f64 * 1000.0)).min(1.0);
         let fairshare = self.shares.get(&job.spec.account).map_or(0.5, |s| s.factor);
-        let job_size = if self.total_gpus > 0.0 && job.spec.gpus_per_node > 0 {
-            (f64::from(job.spec.nodes) * f64::from(job.spec.gpus_per_node) / self.total_gpus).min(1.0)
+        let job_size = if self.total_gpus > 0.0 && job.spec.total_gpus() > 0 {
+            (job.spec.total_gpus() as f64 / self.total_gpus).min(1.0)
         } else {
-            (f64::from(job.spec.nodes) / self.total_nodes).min(1.0)
+            (f64::from(job.spec.total_nodes()) / self.total_nodes).min(1.0)
         };
         let qos = self.policy.qos.get(&job.spec.qos).map_or(0.0, |q| f64::from(q.priority) / self.max_qos);
         let tier = self.tier(job);

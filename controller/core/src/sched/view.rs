@@ -285,6 +285,9 @@ impl<'a> View<'a> {
         required_depth: Option<usize>,
         at_ms: u64,
     ) -> Result<Vec<Member>, Miss> {
+        if !job.spec.components.is_empty() {
+            return self.place_het(job, free, holds, required_depth, at_ms);
+        }
         let s = &job.spec;
         let need = s.nodes as usize;
         let want = s.nodes_max() as usize;
@@ -369,6 +372,31 @@ impl<'a> View<'a> {
         cand.truncate(want);
         cand.sort_by_key(|m| m.node);
         Ok(cand)
+    }
+
+    /// A heterogeneous job, all or nothing: each component in turn, as a gang
+    /// of its own shape, on nodes no earlier component took and with what
+    /// they left free. Members are in component order (what `apply` expects:
+    /// component 0's nodes first).
+    fn place_het(
+        &self,
+        job: &Job,
+        free: &[Free],
+        holds: Option<(&[Option<Hold>], u64)>,
+        required_depth: Option<usize>,
+        at_ms: u64,
+    ) -> Result<Vec<Member>, Miss> {
+        let mut free = free.to_vec();
+        let mut all: Vec<Member> = Vec::new();
+        let mut part = job.clone();
+        for spec in job.spec.component_specs() {
+            part.spec = spec;
+            part.spec.exclude.extend(all.iter().map(|m| self.nodes[m.node].name.clone()));
+            let members = self.place(&part, &free, holds, required_depth, at_ms)?;
+            View::take(&mut free, &members);
+            all.extend(members);
+        }
+        Ok(all)
     }
 
     /// A gang of the `listed` nodes first, then the best-fitting others

@@ -17,7 +17,7 @@ use crate::limits::*;
 use crate::model::*;
 use crate::policy::{ClusterPolicy, Use};
 use crate::reservation::Reservation;
-use crate::spec::NodeSpec;
+use crate::spec::{JobSpec, NodeSpec};
 
 mod admin;
 mod deps;
@@ -473,7 +473,7 @@ impl State {
         }
         let ok = exit.succeeded();
         job.task_exits.insert(node.to_string(), exit);
-        let nodes = job.allocation.as_ref().map_or(job.spec.nodes as usize, |a| a.nodes.len());
+        let nodes = job.allocation.as_ref().map_or(job.spec.total_nodes() as usize, |a| a.nodes.len());
         // Batch jobs end with their script, which runs on the first node; the
         // other nodes only hold the allocation for steps (a step host that ends
         // on its own took the allocation there with it: the job fails).
@@ -799,9 +799,78 @@ impl State {
             return Err(format!("job {} waits for its dependencies", p.job_id));
         }
         let spec = &job.spec;
-        if p.nodes.len() < spec.nodes as usize || p.nodes.len() > spec.nodes_max() as usize {
-            return Err(format!("gang of {}-{} nodes placed on {}", spec.nodes, spec.nodes_max(), p.nodes.len()));
+        // What the victims hold on each node.
+        let mut released: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
+        for na in
+            freed.iter().filter_map(|id| self.jobs.get(id)).filter_map(|j| j.allocation.as_ref()).flat_map(|a| &a.nodes)
+        {
+            let r = released.entry(na.node.as_str()).or_default();
+            *r = (r.0.saturating_add(na.cpus), r.1.saturating_add(na.mem_mb));
         }
+        let mut seen = BTreeSet::new();
+        if spec.components.is_empty() {
+            if p.nodes.len() < spec.nodes as usize || p.nodes.len() > spec.nodes_max() as usize {
+                return Err(format!("gang of {}-{} nodes placed on {}", spec.nodes, spec.nodes_max(), p.nodes.len()));
+            }
+            self.check_component(spec, &p.nodes, freed, &released, &mut seen)?;
+        } else {
+            // A heterogeneous job: component 0's nodes, then component 1's, ...
+            if p.nodes.len() != spec.total_nodes() as usize {
+                return Err(format!(
+                    "heterogeneous job of {} nodes in all placed on {}",
+                    spec.total_nodes(),
+                    p.nodes.len()
+                ));
+            }
+            let mut rest = p.nodes.as_slice();
+            for (k, count) in spec.component_nodes().into_iter().enumerate() {
+                let (mine, after) = rest.split_at(count as usize);
+                self.check_component(&spec.component(k), mine, freed, &released, &mut seen)
+                    .map_err(|e| format!("component {k}: {e}"))?;
+                rest = after;
+            }
+        }
+        let extra = Use {
+            gpus: p.nodes.iter().map(|n| n.gpus.len() as u64).sum(),
+            cpus: p.nodes.iter().map(|n| u64::from(n.cpus)).sum(),
+            jobs: 1,
+        };
+        let victims: Vec<&Job> = freed.iter().filter_map(|id| self.jobs.get(id)).collect();
+        if let Some(why) = self.quota_exceeded_releasing(job, extra, &victims) {
+            return Err(why);
+        }
+        if self.format >= crate::format::SLURM_FEATURES_FORMAT {
+            for (name, &want) in &spec.licenses {
+                let total = u64::from(self.policy.licenses.get(name).copied().unwrap_or(0));
+                let released: u64 =
+                    victims.iter().filter_map(|v| v.spec.licenses.get(name)).map(|&n| u64::from(n)).sum();
+                let used = self.licenses_used.get(name).copied().unwrap_or(0).saturating_sub(released);
+                if used.saturating_add(u64::from(want)) > total {
+                    return Err(format!(
+                        "license {name}: {want} wanted, {} of {total} free",
+                        total.saturating_sub(used)
+                    ));
+                }
+            }
+            if let Some(wait) = self.reservation_gate(job, self.clock_ms) {
+                return Err(format!("reservation {}: {}", spec.reservation, wait.as_str()));
+            }
+            self.start_limit_s(job, p.nodes.iter().map(|n| n.node.as_str()), self.clock_ms)?;
+        }
+        Ok(())
+    }
+
+    /// One component's nodes of a placement (all of an ordinary job's), as
+    /// [`State::check_placement_freeing`] checks them: `seen` collects the
+    /// nodes of the components before, none of which it may use again.
+    fn check_component<'n>(
+        &self,
+        spec: &JobSpec,
+        nodes: &'n [NodeAllocation],
+        freed: &BTreeSet<JobId>,
+        released: &BTreeMap<&str, (u32, u64)>,
+        seen: &mut BTreeSet<&'n str>,
+    ) -> Result<(), String> {
         let partitions = &self.policy.partitions;
         let partition = partitions.get(&spec.partition);
         let in_partition = |node: &str| {
@@ -813,26 +882,17 @@ impl State {
                 partition.is_none_or(|part| part.contains(node))
             }
         };
-        // What the victims hold on each node.
-        let mut released: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
-        for na in
-            freed.iter().filter_map(|id| self.jobs.get(id)).filter_map(|j| j.allocation.as_ref()).flat_map(|a| &a.nodes)
-        {
-            let r = released.entry(na.node.as_str()).or_default();
-            *r = (r.0.saturating_add(na.cpus), r.1.saturating_add(na.mem_mb));
-        }
         // Every listed node is in the gang (a list shorter than the gang is
         // completed with others).
         if !spec.nodelist.is_empty() {
-            let placed: BTreeSet<&str> = p.nodes.iter().map(|na| na.node.as_str()).collect();
+            let placed: BTreeSet<&str> = nodes.iter().map(|na| na.node.as_str()).collect();
             if let Some(n) = spec.nodelist.iter().find(|n| !placed.contains(n.as_str())) {
                 return Err(format!("node {n} is in the job's node list but not in the placement"));
             }
         }
         let mut domain: Option<&[String]> = None;
         let level = self.topology_depth(&spec.topology.level);
-        let mut seen = BTreeSet::new();
-        for na in &p.nodes {
+        for na in nodes {
             if !seen.insert(na.node.as_str()) {
                 return Err(format!("node {} appears twice", na.node));
             }
@@ -883,33 +943,6 @@ impl State {
                     return Err(format!("GPU {g} on {} is {}, not {}", na.node, gpu.model, spec.gpu_type));
                 }
             }
-        }
-        let extra = Use {
-            gpus: p.nodes.iter().map(|n| n.gpus.len() as u64).sum(),
-            cpus: p.nodes.iter().map(|n| u64::from(n.cpus)).sum(),
-            jobs: 1,
-        };
-        let victims: Vec<&Job> = freed.iter().filter_map(|id| self.jobs.get(id)).collect();
-        if let Some(why) = self.quota_exceeded_releasing(job, extra, &victims) {
-            return Err(why);
-        }
-        if self.format >= crate::format::SLURM_FEATURES_FORMAT {
-            for (name, &want) in &spec.licenses {
-                let total = u64::from(self.policy.licenses.get(name).copied().unwrap_or(0));
-                let released: u64 =
-                    victims.iter().filter_map(|v| v.spec.licenses.get(name)).map(|&n| u64::from(n)).sum();
-                let used = self.licenses_used.get(name).copied().unwrap_or(0).saturating_sub(released);
-                if used.saturating_add(u64::from(want)) > total {
-                    return Err(format!(
-                        "license {name}: {want} wanted, {} of {total} free",
-                        total.saturating_sub(used)
-                    ));
-                }
-            }
-            if let Some(wait) = self.reservation_gate(job, self.clock_ms) {
-                return Err(format!("reservation {}: {}", spec.reservation, wait.as_str()));
-            }
-            self.start_limit_s(job, p.nodes.iter().map(|n| n.node.as_str()), self.clock_ms)?;
         }
         Ok(())
     }
@@ -1133,9 +1166,14 @@ impl State {
                 }
             }
             if let Some(alloc) = &job.allocation {
+                let (least, most) = if job.spec.components.is_empty() {
+                    (job.spec.nodes, job.spec.nodes_max())
+                } else {
+                    (job.spec.total_nodes(), job.spec.total_nodes())
+                };
                 if alloc.attempt != job.attempt
-                    || alloc.nodes.len() < job.spec.nodes as usize
-                    || alloc.nodes.len() > job.spec.nodes_max() as usize
+                    || alloc.nodes.len() < least as usize
+                    || alloc.nodes.len() > most as usize
                 {
                     return Err(format!("job {id} allocation does not match its attempt or gang size"));
                 }

@@ -12,7 +12,7 @@ use super::{Applied, JobEvent, Outcome, RefusalKind, State, UseKey};
 use crate::limits::*;
 use crate::model::{ArrayElement, Job, JobId, JobState};
 use crate::policy::{Identity, IdentityKind, DEFAULT_QOS, ROLES_FORMAT};
-use crate::spec::{parse_array, Dependency, DependencyKind, JobSpec, SpecError};
+use crate::spec::{parse_array, Dependency, DependencyKind, HetComponent, JobSpec, SpecError};
 
 impl State {
     pub(super) fn apply_submit_job(&mut self, index: u64, spec: &JobSpec, identity: &str, key: &str) -> Applied {
@@ -173,19 +173,9 @@ impl State {
         spec.validate_in(self.format)?;
         let policy = &self.policy;
         let mut s = spec.clone();
-        let (part_name, part) = policy.resolve_partition(&spec.partition)?;
-        s.partition = part_name.to_string();
         let account = policy.resolve_account(&spec.user, &spec.account)?;
-        if !part.allow_accounts.is_empty() && !part.allow_accounts.iter().any(|a| policy.is_under(account, a)) {
-            return Err(SpecError::new(
-                "account",
-                format!(
-                    "account '{account}' may not use partition {part_name} (allowed: {})",
-                    part.allow_accounts.join(", ")
-                ),
-            ));
-        }
         s.account = account.to_string();
+        let (_, part) = policy.resolve_partition(&spec.partition)?;
         s.qos = if !spec.qos.is_empty() {
             spec.qos.clone()
         } else if !part.default_qos.is_empty() {
@@ -205,44 +195,21 @@ impl State {
                 }
             }
         }
-        if part.max_time_s > 0 && s.time_limit_s > part.max_time_s {
-            return Err(SpecError::new(
-                "time_limit_s",
-                format!("{} s exceeds partition {part_name}'s maximum of {} s", s.time_limit_s, part.max_time_s),
-            ));
-        }
         if qos.max_time_s > 0 && s.time_limit_s > qos.max_time_s {
             return Err(SpecError::new(
                 "time_limit_s",
                 format!("{} s exceeds QOS {}'s maximum of {} s", s.time_limit_s, s.qos, qos.max_time_s),
             ));
         }
-        if part.max_nodes > 0 && s.nodes > part.max_nodes {
-            return Err(SpecError::new(
-                "nodes",
-                format!("{} nodes exceed partition {part_name}'s maximum of {}", s.nodes, part.max_nodes),
-            ));
+        self.resolve_shape(&mut s)?;
+        // A heterogeneous job's further components: each in its partition.
+        let mut components = Vec::with_capacity(s.components.len());
+        for k in 1..s.het_size() {
+            let mut c = s.component(k);
+            self.resolve_shape(&mut c).map_err(|e| SpecError::new(&format!("components[{k}].{}", e.field), e.rule))?;
+            components.push(HetComponent::of(&c));
         }
-        if part.max_nodes > 0 {
-            s.nodes_max = s.nodes_max().min(part.max_nodes);
-        }
-        if s.mem_per_node_mb == 0 {
-            let cpus = u64::from(s.cpus_per_node());
-            s.mem_per_node_mb = if s.mem_per_cpu_mb > 0 {
-                cpus.saturating_mul(s.mem_per_cpu_mb)
-            } else if s.gpus_per_node > 0 && part.default_mem_per_gpu_mb > 0 {
-                u64::from(s.gpus_per_node).saturating_mul(part.default_mem_per_gpu_mb)
-            } else {
-                cpus.saturating_mul(part.default_mem_per_cpu_mb)
-            };
-            s.mem_per_cpu_mb = 0;
-            if s.mem_per_node_mb > MEM_PER_NODE_MB_MAX {
-                return Err(SpecError::new(
-                    "mem_per_cpu_mb",
-                    format!("memory per node would exceed {MEM_PER_NODE_MB_MAX} MiB"),
-                ));
-            }
-        }
+        s.components = components;
         // Slurm's wording for both: "Invalid license specification", "Requested reservation is invalid".
         for (name, &want) in &s.licenses {
             let Some(&total) = policy.licenses.get(name) else {
@@ -306,6 +273,60 @@ impl State {
             return Err(SpecError::new("dependency", "aftercorr needs the job to be an array (--array)"));
         }
         Ok(s)
+    }
+
+    /// Fills in and checks what a job's partition decides about one
+    /// component's shape (the whole job's, for an ordinary one): the
+    /// partition's name, the accounts it allows, its longest time and
+    /// largest gang, and memory defaults.
+    fn resolve_shape(&self, s: &mut JobSpec) -> Result<(), SpecError> {
+        let policy = &self.policy;
+        let asked = std::mem::take(&mut s.partition);
+        let (part_name, part) = policy.resolve_partition(&asked)?;
+        s.partition = part_name.to_string();
+        let account = s.account.as_str();
+        if !part.allow_accounts.is_empty() && !part.allow_accounts.iter().any(|a| policy.is_under(account, a)) {
+            return Err(SpecError::new(
+                "account",
+                format!(
+                    "account '{account}' may not use partition {part_name} (allowed: {})",
+                    part.allow_accounts.join(", ")
+                ),
+            ));
+        }
+        if part.max_time_s > 0 && s.time_limit_s > part.max_time_s {
+            return Err(SpecError::new(
+                "time_limit_s",
+                format!("{} s exceeds partition {part_name}'s maximum of {} s", s.time_limit_s, part.max_time_s),
+            ));
+        }
+        if part.max_nodes > 0 && s.nodes > part.max_nodes {
+            return Err(SpecError::new(
+                "nodes",
+                format!("{} nodes exceed partition {part_name}'s maximum of {}", s.nodes, part.max_nodes),
+            ));
+        }
+        if part.max_nodes > 0 {
+            s.nodes_max = s.nodes_max().min(part.max_nodes);
+        }
+        if s.mem_per_node_mb == 0 {
+            let cpus = u64::from(s.cpus_per_node());
+            s.mem_per_node_mb = if s.mem_per_cpu_mb > 0 {
+                cpus.saturating_mul(s.mem_per_cpu_mb)
+            } else if s.gpus_per_node > 0 && part.default_mem_per_gpu_mb > 0 {
+                u64::from(s.gpus_per_node).saturating_mul(part.default_mem_per_gpu_mb)
+            } else {
+                cpus.saturating_mul(part.default_mem_per_cpu_mb)
+            };
+            s.mem_per_cpu_mb = 0;
+            if s.mem_per_node_mb > MEM_PER_NODE_MB_MAX {
+                return Err(SpecError::new(
+                    "mem_per_cpu_mb",
+                    format!("memory per node would exceed {MEM_PER_NODE_MB_MAX} MiB"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The first submit limit (max_submitted_jobs of the account tree, the user,
