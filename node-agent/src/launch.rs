@@ -97,7 +97,8 @@ pub fn task_env(order: &LaunchOrder, node: &str) -> BTreeMap<String, String> {
 fn het_ranks(order: &LaunchOrder) -> (u32, u32) {
     let (mut total, mut first_rank, mut node) = (0u32, 0u32, 0u32);
     for g in &order.het_groups {
-        for _ in 0..g.nodes {
+        // No more nodes than the order names, whatever a group says.
+        for _ in 0..g.nodes.min(order.nodes.len() as u32) {
             if node == order.node_rank {
                 first_rank = total;
             }

@@ -824,7 +824,9 @@ impl State {
             }
             let mut rest = p.nodes.as_slice();
             for (k, count) in spec.component_nodes().into_iter().enumerate() {
-                let (mine, after) = rest.split_at(count as usize);
+                let Some((mine, after)) = rest.split_at_checked(count as usize) else {
+                    return Err(format!("component {k}: fewer nodes placed than its {count}"));
+                };
                 self.check_component(&spec.component(k), mine, freed, &released, &mut seen)
                     .map_err(|e| format!("component {k}: {e}"))?;
                 rest = after;
