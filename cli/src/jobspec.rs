@@ -225,6 +225,9 @@ pub struct SubmitArgs {
 pub fn component(res: ResourceArgs) -> anyhow::Result<pb::JobComponent> {
     let args = SubmitArgs { res, command: vec!["true".into()], ..Default::default() };
     let s = job_spec(args, None)?;
+    if s.nodes_max != 0 {
+        bail!("--nodes: a component of a heterogeneous job has a fixed node count (no MIN-MAX range)");
+    }
     Ok(pb::JobComponent {
         partition: s.partition,
         nodes: s.nodes,

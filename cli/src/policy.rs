@@ -74,7 +74,17 @@ pub enum AdminCmd {
     Reservation(crate::reservations::ReservationCmd),
     /// Cluster licenses (Slurm's Licenses=): `license wandb 4` sets the
     /// seats, `license wandb 0` removes it, `license` lists them with use.
-    License { name: Option<String>, count: Option<u32> },
+    /// With --account or --qos: the seats that account (its sub-accounts
+    /// included) or QOS may hold at once (Slurm's GrpTRES=license/NAME=N);
+    /// 0 removes the limit.
+    License {
+        name: Option<String>,
+        count: Option<u32>,
+        #[arg(long, conflicts_with = "qos")]
+        account: Option<String>,
+        #[arg(long)]
+        qos: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -582,11 +592,38 @@ pub async fn run(client: &Client, out: &Output, cmd: AdminCmd) -> anyhow::Result
             Ok(())
         }
         AdminCmd::Reservation(c) => crate::reservations::run(client, out, c).await,
-        AdminCmd::License { name, count: None } => {
+        AdminCmd::License { name, count: None, .. } => {
             crate::reservations::show_licenses(client, out, name.as_deref()).await
         }
-        AdminCmd::License { name: None, count: Some(_) } => bail!("license: give the license's name before the count"),
-        AdminCmd::License { name: Some(name), count: Some(count) } => {
+        AdminCmd::License { name: None, count: Some(_), .. } => {
+            bail!("license: give the license's name before the count")
+        }
+        AdminCmd::License { name: Some(name), count: Some(count), account, qos }
+            if account.is_some() || qos.is_some() =>
+        {
+            let (scope, what) = match (account.clone(), qos) {
+                (Some(a), _) => (a, "account"),
+                (None, q) => (q.unwrap_or_default(), "QOS"),
+            };
+            let v = edit(client, false, |p| {
+                let limits = if account.is_some() { &mut p.account_licenses } else { &mut p.qos_licenses };
+                if count == 0 {
+                    if let Some(m) = limits.get_mut(&scope) {
+                        m.remove(&name);
+                        if m.is_empty() {
+                            limits.remove(&scope);
+                        }
+                    }
+                } else {
+                    limits.entry(scope.clone()).or_default().insert(name.clone(), count);
+                }
+                Ok(())
+            })
+            .await?;
+            println!("license {name}: {what} {scope} may hold {count} seats (policy version {v})");
+            Ok(())
+        }
+        AdminCmd::License { name: Some(name), count: Some(count), .. } => {
             let v = edit(client, false, |p| {
                 if count == 0 {
                     p.licenses.remove(&name);

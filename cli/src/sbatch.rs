@@ -360,6 +360,11 @@ fn normalize(
     while i < words.len() {
         let w = &words[i];
         i += 1;
+        if at == Origin::CommandLine && !positional && w == directives::HET_SEPARATOR {
+            // `OPTIONS0 : OPTIONS1 script`: the next component's options.
+            out.push(CMDLINE_SEPARATOR.to_string());
+            continue;
+        }
         if positional || w == "-" || !w.starts_with('-') {
             // The script and its arguments end option parsing (on the command line).
             positional = at == Origin::CommandLine;
@@ -466,7 +471,7 @@ pub fn parse_command_line(argv: &[String]) -> Result<(SbatchOpts, Vec<String>, V
     let words = normalize(argv, Origin::CommandLine, &known, &mut notices).map_err(CommandLineError::Bad)?;
     // Component 0's options and the script; a heterogeneous job's later
     // components are read with the script's directives.
-    let (first, _) = split_command_line(&words);
+    let (first, _) = split_command_line(&words).map_err(CommandLineError::Bad)?;
     match SbatchOpts::try_parse_from(std::iter::once("sbatch".to_string()).chain(first)) {
         Ok(opts) => Ok((opts, words, notices)),
         Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => Err(CommandLineError::Help(e.to_string())),
@@ -585,7 +590,7 @@ pub fn parse_with_script(
         sources.extend(xlate::translated(script, &mut notices)?);
     }
     sources.extend(env.iter().cloned());
-    let (first, later) = split_command_line(cmdline_words);
+    let (first, later) = split_command_line(cmdline_words)?;
     let mut parsed = apply_sources(sources, &first, notices)?;
     // Component k: its directives, then its part of the command line.
     let count = groups.len().max(later.len());
@@ -612,24 +617,26 @@ fn split_components(sources: Vec<(Origin, Vec<String>)>) -> Vec<Vec<(Origin, Vec
     groups
 }
 
-/// The command line's words split at `:` between option sets (sbatch's
-/// `OPTIONS0 : OPTIONS1 script`): component 0's words with the script and
-/// its arguments, and each later component's options. A `:` counts as a
-/// separator only before an option (`-N2`), so a script argument `:` stays.
-fn split_command_line(words: &[String]) -> (Vec<String>, Vec<Vec<String>>) {
-    let mut groups: Vec<Vec<String>> = vec![Vec::new()];
-    for (i, w) in words.iter().enumerate() {
-        let next_is_option = words.get(i.saturating_add(1)).is_some_and(|n| n.starts_with('-'));
-        if w == directives::HET_SEPARATOR && next_is_option && groups.len() <= gangway_core::limits::HET_COMPONENTS_MAX
-        {
-            groups.push(Vec::new());
-        } else if let Some(g) = groups.last_mut() {
-            g.push(w.clone());
-        }
+/// How the normalized command line marks a `:` between option sets (a NUL
+/// cannot be in an argument, so a script argument `:` stays itself).
+const CMDLINE_SEPARATOR: &str = "\0:";
+
+/// The normalized command line's words split at `:` between option sets
+/// (sbatch's `OPTIONS0 : OPTIONS1 script`): component 0's words with the
+/// script and its arguments, and each later component's options.
+fn split_command_line(words: &[String]) -> Result<(Vec<String>, Vec<Vec<String>>), String> {
+    let groups: Vec<Vec<String>> = words.split(|w| w == CMDLINE_SEPARATOR).map(<[String]>::to_vec).collect();
+    if groups.len() > gangway_core::limits::HET_COMPONENTS_MAX.saturating_add(1) {
+        return Err(format!(
+            "command line: a heterogeneous job has at most {} components",
+            gangway_core::limits::HET_COMPONENTS_MAX.saturating_add(1)
+        ));
     }
-    let mut first = groups.remove(0);
+    let mut groups = groups.into_iter();
+    let mut first = groups.next().unwrap_or_default();
+    let mut later: Vec<Vec<String>> = groups.collect();
     // The script and its arguments end the last component's words: they are the job's.
-    if let Some(last) = groups.last_mut() {
+    if let Some(last) = later.last_mut() {
         let parsed = SbatchOpts::try_parse_from(std::iter::once("sbatch".to_string()).chain(last.iter().cloned()));
         if let Ok(SbatchOpts { script: Some(script), args, .. }) = parsed {
             let at = last.len().saturating_sub(args.len()).saturating_sub(1);
@@ -638,7 +645,7 @@ fn split_command_line(words: &[String]) -> (Vec<String>, Vec<Vec<String>>) {
             }
         }
     }
-    (first, groups)
+    Ok((first, later))
 }
 
 /// [`parse_with_script`] without a script (`--wrap`): the `SBATCH_*`
@@ -877,6 +884,19 @@ fn het_components(first: &SbatchOpts, rest: Vec<SbatchOpts>) -> Result<Vec<gangw
             ("--deadline", &o.res.deadline, &first.res.deadline),
             ("--job-name", &o.res.job_name, &first.res.job_name),
             ("--dependency", &o.dependency, &first.dependency),
+            ("--begin", &o.begin, &first.begin),
+            ("--comment", &o.comment, &first.comment),
+            ("--output", &o.output, &first.output),
+            ("--error", &o.error, &first.error),
+            ("--open-mode", &o.open_mode, &first.open_mode),
+            ("--signal", &o.signal, &first.signal),
+            ("--requeue", &o.requeue, &first.requeue),
+            ("--chdir", &o.chdir, &first.chdir),
+            ("--export", &o.export, &first.export),
+            ("--nice", &o.nice, &first.nice),
+            ("--switches", &o.switches, &first.switches),
+            ("--kill-on-invalid-dep", &o.kill_on_invalid_dep, &first.kill_on_invalid_dep),
+            ("--wrap", &o.wrap, &first.wrap),
         ];
         for (name, mine, theirs) in job_wide {
             if let Some(v) = mine.as_ref().filter(|v| Some(*v) != theirs.as_ref()) {
@@ -890,6 +910,19 @@ fn het_components(first: &SbatchOpts, rest: Vec<SbatchOpts>) -> Result<Vec<gangw
         }
         if o.array.is_some() {
             return Err(format!("hetjob component {k}: --array: a job array cannot be heterogeneous"));
+        }
+        if o.priority.is_some() && o.priority != first.priority {
+            return Err(format!("hetjob component {k}: --priority differs from component 0's"));
+        }
+        let switches = [
+            ("--hold", o.hold, first.hold),
+            ("--no-requeue", o.no_requeue, first.no_requeue),
+            ("--parsable", o.parsable, first.parsable),
+            ("--wait", o.wait, first.wait),
+            ("--test-only", o.test_only, first.test_only),
+        ];
+        if let Some((name, _, _)) = switches.iter().find(|(_, mine, theirs)| *mine && !theirs) {
+            return Err(format!("hetjob component {k}: {name} is the whole job's: give it with component 0's options"));
         }
         match &o.res.partition {
             Some(p) => partition = Some(p.clone()),
@@ -1043,7 +1076,7 @@ pub async fn run(
         None => parse_env_options(cmdline, &env, &words, notices),
     }
     .map_err(anyhow::Error::msg)?;
-    if script.is_none() && !split_command_line(&words).1.is_empty() {
+    if script.is_none() && words.iter().any(|w| w == CMDLINE_SEPARATOR) {
         bail!("a heterogeneous job (OPTIONS : OPTIONS) needs a batch script, not --wrap");
     }
     let mut notices = Vec::new();

@@ -95,16 +95,18 @@ pub fn task_env(order: &LaunchOrder, node: &str) -> BTreeMap<String, String> {
 /// A heterogeneous job's task count and this node's first rank: component
 /// by component, each node with its component's tasks.
 fn het_ranks(order: &LaunchOrder) -> (u32, u32) {
-    let (mut total, mut first_rank, mut node) = (0u32, 0u32, 0u32);
-    for g in &order.het_groups {
-        // No more nodes than the order names, whatever a group says.
-        for _ in 0..g.nodes.min(order.nodes.len() as u32) {
-            if node == order.node_rank {
-                first_rank = total;
-            }
-            total = total.saturating_add(g.tasks_per_node.max(1));
-            node = node.saturating_add(1);
+    // No more nodes than the order names, whatever the groups say.
+    let per_node = order
+        .het_groups
+        .iter()
+        .flat_map(|g| std::iter::repeat_n(g.tasks_per_node.max(1), g.nodes as usize))
+        .take(order.nodes.len());
+    let (mut total, mut first_rank) = (0u32, 0u32);
+    for (node, tpn) in per_node.enumerate() {
+        if node == order.node_rank as usize {
+            first_rank = total;
         }
+        total = total.saturating_add(tpn);
     }
     (total, first_rank)
 }

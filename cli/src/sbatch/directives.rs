@@ -131,6 +131,12 @@ pub fn directives(script: &str, notices: &mut Vec<String>) -> Result<Vec<(Origin
             let w = words(rest).map_err(|e| format!("line {n}: {e}"))?;
             let first = w.first().map(|f| f.to_ascii_lowercase());
             if matches!(first.as_deref(), Some("hetjob" | "packjob")) {
+                if w.len() > 1 {
+                    return Err(format!(
+                        "line {n}: #SBATCH {} takes no options: put the next component's options on the lines after it",
+                        w[0]
+                    ));
+                }
                 // The next component of a heterogeneous job starts here.
                 out.push((Origin::Line(n), vec![HET_SEPARATOR.to_string()]));
                 continue;

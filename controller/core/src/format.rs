@@ -66,9 +66,10 @@ pub const SLURM_FEATURES_FORMAT: u32 = 9;
 pub const SUSPEND_FORMAT: u32 = 10;
 
 /// Format 11 added heterogeneous jobs: the components after the first to
-/// the job spec (`JobSpec::components`), placed together all or nothing.
-/// Formats 9 and 10's job spec, job, entry and state are frozen in
-/// `compat::v10`.
+/// the job spec (`JobSpec::components`), placed together all or nothing;
+/// and license limits per account and QOS to the policy
+/// (`ClusterPolicy::account_licenses`, `qos_licenses`). Formats 9 and 10's
+/// job spec, job, policy, entry and state are frozen in `compat::v10`.
 pub const HET_JOBS_FORMAT: u32 = 11;
 
 /// Whether this build reads `format`.

@@ -104,6 +104,10 @@ pub const RESERVATION_HORIZON_S: u64 = 366 * 24 * 3600;
 /// resolving a finish.
 pub const DEPENDENCIES_MAX: usize = 64;
 
+/// Accounts, and QOS, with license limits of their own: one entry per
+/// account or QOS of the policy at most.
+pub const LICENSE_LIMIT_SCOPES_MAX: usize = crate::policy::ACCOUNTS_MAX;
+
 /// Further components of a heterogeneous job (so at most 16 in all): sites
 /// use two to four (a reward model and an actor, a CPU and a GPU part);
 /// each one is a placement the scheduler tries in every pass.

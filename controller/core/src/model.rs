@@ -219,6 +219,60 @@ impl Job {
 
     /// The shortest time limit the job accepts (seconds): `--time-min`, or
     /// its whole limit.
+    /// Component `k` of a heterogeneous job (0: the job's own shape) as a
+    /// job of its own, for placement: the component's shape with the job's
+    /// time limits, reservation and topology, and nothing a placement does
+    /// not read (no script, environment or steps: a scheduling pass may try
+    /// many placements).
+    pub fn component_job(&self, k: usize) -> Job {
+        let s = &self.spec;
+        let mut spec = crate::spec::JobSpec {
+            user: s.user.clone(),
+            account: s.account.clone(),
+            qos: s.qos.clone(),
+            time_limit_s: s.time_limit_s,
+            time_min_s: s.time_min_s,
+            deadline_ms: s.deadline_ms,
+            reservation: s.reservation.clone(),
+            topology: s.topology.clone(),
+            batch: s.batch,
+            ..crate::spec::JobSpec::default()
+        };
+        match k.checked_sub(1).and_then(|i| s.components.get(i)) {
+            Some(c) => c.apply_to(&mut spec),
+            None => crate::spec::HetComponent::of(s).apply_to(&mut spec),
+        }
+        Job {
+            id: self.id,
+            spec,
+            state: self.state,
+            attempt: self.attempt,
+            submitted_by: String::new(),
+            submit_time_ms: self.submit_time_ms,
+            start_time_ms: self.start_time_ms,
+            end_time_ms: None,
+            allocation: None,
+            exit_code: None,
+            reason: String::new(),
+            submit_index: self.submit_index,
+            task_exits: BTreeMap::new(),
+            ran_on: Vec::new(),
+            array: self.array,
+            deps_pending: Vec::new(),
+            held: None,
+            priority_override: self.priority_override,
+            last_checkpoint_ms: None,
+            preempted: self.preempted,
+            requested_limit_s: self.requested_limit_s,
+            expedite_nodes: None,
+            suspended_at_ms: None,
+            suspended_ms: 0,
+            steps: Vec::new(),
+            next_step_id: 0,
+            signal: None,
+        }
+    }
+
     pub fn min_limit_s(&self) -> u64 {
         let s = &self.spec;
         if s.time_min_s > 0 {

@@ -295,6 +295,24 @@ impl Default for PriorityWeights {
     }
 }
 
+/// Where a license limit applies: an account's jobs (its sub-accounts'
+/// included), or a QOS's.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LicenseScope {
+    Account(String),
+    Qos(String),
+}
+
+impl LicenseScope {
+    /// As a refusal or a reason says it.
+    pub fn describe(&self) -> String {
+        match self {
+            LicenseScope::Account(a) => format!("account {a}"),
+            LicenseScope::Qos(q) => format!("QOS {q}"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterPolicy {
@@ -345,6 +363,14 @@ pub struct ClusterPolicy {
     /// name → seats. A job holds the seats it asks for (`--licenses`) while
     /// it runs and starts only when they are free.
     pub licenses: BTreeMap<String, u32>,
+    // ---- From data format 11 (`format::HET_JOBS_FORMAT`); empty before. ----
+    /// Seats of a license an account's jobs, its sub-accounts' included, may
+    /// hold at once (Slurm's `GrpTRES=license/NAME=N` on an account):
+    /// account → license → seats.
+    pub account_licenses: BTreeMap<String, BTreeMap<String, u32>>,
+    /// Seats of a license the jobs of a QOS may hold at once (Slurm's QOS
+    /// `GrpTRES=license/NAME=N`): QOS → license → seats.
+    pub qos_licenses: BTreeMap<String, BTreeMap<String, u32>>,
 }
 
 impl Default for ClusterPolicy {
@@ -368,6 +394,8 @@ impl Default for ClusterPolicy {
             allow_root_jobs: false,
             private_jobs: false,
             licenses: BTreeMap::new(),
+            account_licenses: BTreeMap::new(),
+            qos_licenses: BTreeMap::new(),
         }
     }
 }
@@ -556,7 +584,10 @@ pub fn coordinator_change(old: &ClusterPolicy, new: &ClusterPolicy, mine: &[&str
 
 /// The name of the first top-level field in which `a` and `b` differ.
 fn first_difference(a: &ClusterPolicy, b: &ClusterPolicy) -> &'static str {
-    let checks: [(&str, bool); 15] = [
+    let checks: [(&str, bool); 18] = [
+        ("licenses", a.licenses == b.licenses),
+        ("account_licenses", a.account_licenses == b.account_licenses),
+        ("qos_licenses", a.qos_licenses == b.qos_licenses),
         ("topology_levels", a.topology_levels == b.topology_levels),
         ("partitions", a.partitions == b.partitions),
         ("qos", a.qos == b.qos),
@@ -592,6 +623,64 @@ fn check_quota(field: &str, q: &Quota) -> Result<(), SpecError> {
 }
 
 impl ClusterPolicy {
+    /// Per-account and per-QOS license limits name accounts, QOS and
+    /// licenses that exist, with 0 to the license's seats each.
+    fn validate_license_limits(&self) -> Result<(), SpecError> {
+        for (field, limits) in [("account_licenses", &self.account_licenses), ("qos_licenses", &self.qos_licenses)] {
+            if limits.len() > crate::limits::LICENSE_LIMIT_SCOPES_MAX {
+                return Err(SpecError::new(
+                    field,
+                    format!("at most {} entries", crate::limits::LICENSE_LIMIT_SCOPES_MAX),
+                ));
+            }
+            for (scope, seats) in limits {
+                let known = if field == "account_licenses" {
+                    self.accounts.contains_key(scope)
+                } else {
+                    self.qos_exists(scope)
+                };
+                if !known {
+                    let what = if field == "account_licenses" { "account" } else { "QOS" };
+                    return Err(SpecError::new(field, format!("{scope}: no such {what}")));
+                }
+                for (name, &n) in seats {
+                    let Some(&total) = self.licenses.get(name) else {
+                        return Err(SpecError::new(
+                            field,
+                            format!("{scope}: '{name}' is not a license of this cluster"),
+                        ));
+                    };
+                    if n > total {
+                        return Err(SpecError::new(
+                            field,
+                            format!("{scope}: {n} seats of {name}, but the cluster has {total}"),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The license limits that apply to a job of `account` in `qos`: the
+    /// account's and every account above it, then the QOS's, as
+    /// (scope, license, seats).
+    pub fn license_limits<'a>(&'a self, account: &'a str, qos: &'a str) -> Vec<(LicenseScope, &'a str, u32)> {
+        if self.account_licenses.is_empty() && self.qos_licenses.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for a in self.lineage(account) {
+            for (name, &n) in self.account_licenses.get(a).into_iter().flatten() {
+                out.push((LicenseScope::Account(a.to_string()), name.as_str(), n));
+            }
+        }
+        for (name, &n) in self.qos_licenses.get(qos).into_iter().flatten() {
+            out.push((LicenseScope::Qos(qos.to_string()), name.as_str(), n));
+        }
+        out
+    }
+
     /// Checks the whole policy: names, references, the tree, limits.
     pub fn validate(&self) -> Result<(), SpecError> {
         if self.licenses.len() > crate::limits::LICENSES_MAX {
@@ -606,6 +695,7 @@ impl ClusterPolicy {
                 ));
             }
         }
+        self.validate_license_limits()?;
         if self.partitions.len() > PARTITIONS_MAX {
             return Err(SpecError::new("partitions", format!("at most {PARTITIONS_MAX}")));
         }
@@ -838,7 +928,9 @@ impl ClusterPolicy {
             || !self.user_domains.is_empty()
             || self.allow_root_jobs
             || self.private_jobs;
-        if !self.licenses.is_empty() {
+        if !self.account_licenses.is_empty() || !self.qos_licenses.is_empty() {
+            crate::format::HET_JOBS_FORMAT
+        } else if !self.licenses.is_empty() {
             crate::format::SLURM_FEATURES_FORMAT
         } else if roles {
             ROLES_FORMAT

@@ -715,22 +715,6 @@ impl JobSpec {
         self.components.len().saturating_add(1)
     }
 
-    /// Component `k`'s spec: the job with that component's shape, and no
-    /// further components (component 0: the job's own shape).
-    pub fn component(&self, k: usize) -> JobSpec {
-        let mut s = self.clone();
-        s.components.clear();
-        if let Some(c) = k.checked_sub(1).and_then(|i| self.components.get(i)) {
-            c.apply_to(&mut s);
-        }
-        s
-    }
-
-    /// Every component's spec, in order ([`JobSpec::component`]).
-    pub fn component_specs(&self) -> Vec<JobSpec> {
-        (0..self.het_size()).map(|k| self.component(k)).collect()
-    }
-
     /// The node counts of the components, in order: a placement lists
     /// component 0's nodes first, then component 1's, and so on.
     pub fn component_nodes(&self) -> Vec<u32> {

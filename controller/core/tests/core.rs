@@ -1271,6 +1271,13 @@ fn every_command() -> Vec<Command> {
             identity: "ops".into(),
             now_ms: 20,
         },
+        Command::UpdatePolicy {
+            policy: license_limits_policy(),
+            expected_version: None,
+            force: false,
+            identity: "ops".into(),
+            now_ms: 21,
+        },
         Command::ChangeReservation {
             change: gangway_core::reservation::ReservationChange::Create(full_reservation()),
             identity: "ops".into(),
@@ -1296,6 +1303,14 @@ fn every_command() -> Vec<Command> {
 fn licenses_policy() -> gangway_core::policy::ClusterPolicy {
     let mut p = roles_policy();
     p.licenses = BTreeMap::from([("wandb".into(), 4), ("matlab".into(), 1)]);
+    p
+}
+
+/// [`licenses_policy`] with format 11's license limits per account and QOS.
+fn license_limits_policy() -> gangway_core::policy::ClusterPolicy {
+    let mut p = licenses_policy();
+    p.account_licenses = BTreeMap::from([("ml".into(), BTreeMap::from([("wandb".into(), 2)]))]);
+    p.qos_licenses = BTreeMap::from([("normal".into(), BTreeMap::from([("matlab".into(), 1)]))]);
     p
 }
 
@@ -2457,4 +2472,33 @@ fn a_heterogeneous_job_is_placed_component_by_component() {
     assert_eq!(s.jobs[&job_id].state, JobState::Running);
     assert_eq!(s.jobs[&job_id].gpus(), 4);
     s.check_invariants().unwrap();
+}
+
+/// A node a later component lists (`-w`) is kept for it: an earlier
+/// component, which could go anywhere, goes elsewhere.
+#[test]
+fn a_component_does_not_take_a_node_another_lists() {
+    let mut s = State::default();
+    for n in 0..2 {
+        s.apply(n as u64 + 1, &Command::RegisterNode { spec: node_spec(n, 0), now_ms: 1_000 });
+    }
+    s.apply(3, &Command::SetDataFormat { format: gangway_core::format::FORMAT_NEWEST, now_ms: 1_500 });
+    let mut spec = job_spec(1, 0, 1);
+    spec.batch = true;
+    let mut listed = job_spec(1, 0, 1);
+    listed.nodelist = vec!["n0".into()];
+    spec.components = vec![gangway_core::spec::HetComponent::of(&listed)];
+    let submit = Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 2_000 };
+    let Outcome::Submitted { job_id, .. } = s.apply(10, &submit).outcome else { panic!("submit refused") };
+    let opts = gangway_core::sched::Options {
+        policy: gangway_core::sched::Policy::Easy,
+        order: gangway_core::sched::Order::Priority,
+        now_ms: 3_000,
+        estimate_s: None,
+        stopping: None,
+    };
+    let plan = gangway_core::sched::plan(&s, &opts);
+    let p = plan.placements.iter().find(|p| p.job_id == job_id).expect("placed");
+    let nodes: Vec<&str> = p.nodes.iter().map(|n| n.node.as_str()).collect();
+    assert_eq!(nodes, vec!["n1", "n0"]);
 }

@@ -404,7 +404,9 @@ impl AgentApi {
         let master_addr = gangway_proto::node_host(first, addr(first)).to_string();
         let names: Vec<String> = alloc.nodes.iter().map(|n| n.node.clone()).collect();
         // A big gang: one hostlist, and step addresses in its expansion's order.
-        let (nodes, nodelist) = if names.len() > LAUNCH_NODES_INLINE_MAX {
+        // A heterogeneous job's nodes stay in component order, inline (a
+        // hostlist would sort them).
+        let (nodes, nodelist) = if names.len() > LAUNCH_NODES_INLINE_MAX && job.spec.components.is_empty() {
             let list = gangway_proto::hostlist::compress(&names);
             let expanded = gangway_proto::hostlist::expand(&list)
                 .map_err(|e| Status::internal(format!("job {}: its hostlist does not expand: {e}", job.id)))?;
@@ -455,8 +457,8 @@ impl AgentApi {
             het_groups: if spec.components.is_empty() {
                 Vec::new()
             } else {
-                spec.component_specs()
-                    .iter()
+                (0..spec.het_size())
+                    .map(|k| job.component_job(k).spec)
                     .map(|c| gangway_proto::v1::HetGroup {
                         nodes: c.nodes,
                         tasks_per_node: c.tasks_per_node,

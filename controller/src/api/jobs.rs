@@ -180,7 +180,9 @@ impl JobService for JobApi {
                 && (user.is_empty() || j.spec.user == user)
                 && (name.is_empty() || j.spec.name == name)
                 && (account.is_empty() || j.spec.account == account)
-                && (partition.is_empty() || j.spec.partition == partition)
+                && (partition.is_empty()
+                    || j.spec.partition == partition
+                    || j.spec.components.iter().any(|c| c.partition == partition))
         };
         // Pending reasons: the leader's last scheduling pass; a replica that has
         // none (a follower serving a stale read) runs a pass itself when the

@@ -1,12 +1,13 @@
-//! Data format 10, frozen: the job spec, the job, the log entry and the
+//! Data formats 9 and 10, frozen: the job spec, the job, the policy, the log entry and the
 //! snapshot's state as formats 9 and 10 encoded them (format 10 appended
 //! variants and the job's suspension and steps, which today's job still
 //! has). Do not change anything here (the golden encodings test holds
 //! these bytes); a new format gets a module of its own.
 //!
 //! Format 11 appended the heterogeneous job's components to the job spec
-//! (`JobSpec::components`); an entry of format 9 or 10 is this module's
-//! `Wire`, whose submit carries this module's spec.
+//! (`JobSpec::components`) and license limits per account and QOS to the
+//! policy; an entry of format 9 or 10 is this module's `Wire`, whose submit
+//! carries this module's spec and whose policy update this module's policy.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -15,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::{frozen_commands, frozen_jobs, frozen_state, frozen_struct, Frozen};
 use crate::command::{JobChange, NodeStateChange, Placement, Preemption};
 use crate::model::{Allocation, ArrayElement, HoldKind, JobId, JobSignal, JobState, Node, Step, TaskExit};
-use crate::policy::{ClusterPolicy, Use};
+use crate::policy::{Account, Partition, PriorityWeights, Qos, Use, User};
 use crate::reservation::{Reservation, ReservationChange};
 use crate::spec::{Dependency, NodeSpec, TopologyConstraint};
 use crate::state::{UsageBucket, UseKey};
@@ -106,29 +107,62 @@ frozen_struct!(JobSpec => crate::spec::JobSpec { name, user, command, script, wo
 frozen_struct!(Job => crate::model::Job { id, spec, state, attempt, submitted_by, submit_time_ms, start_time_ms, end_time_ms, allocation, exit_code, reason, submit_index, task_exits, ran_on, array, deps_pending, held, priority_override, last_checkpoint_ms, preempted, requested_limit_s, expedite_nodes, suspended_at_ms, suspended_ms, steps, next_step_id, signal } later {});
 frozen_jobs!(Job, "formats 9 and 10");
 
-/// Formats 9 and 10's policy is today's, carried in a wrapper that encodes
-/// exactly as it does (the frozen commands convert their policy fallibly).
+/// The policy of formats 9 and 10, field for field.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Policy(pub ClusterPolicy);
+pub struct ClusterPolicy {
+    pub version: u64,
+    pub topology_levels: Vec<String>,
+    pub partitions: BTreeMap<String, Partition>,
+    pub accounts: BTreeMap<String, Account>,
+    pub users: BTreeMap<String, User>,
+    pub qos: BTreeMap<String, Qos>,
+    pub priority: PriorityWeights,
+    pub fairshare_half_life_s: u64,
+    pub backfill_reservations: u32,
+    pub enforce_users: bool,
+    pub admins: Vec<String>,
+    pub operators: Vec<String>,
+    pub coordinators: BTreeMap<String, Vec<String>>,
+    pub user_map: BTreeMap<String, String>,
+    pub user_domains: Vec<String>,
+    pub allow_root_jobs: bool,
+    pub private_jobs: bool,
+    pub licenses: BTreeMap<String, u32>,
+}
 
-impl TryFrom<ClusterPolicy> for Policy {
+frozen_struct!(ClusterPolicy => crate::policy::ClusterPolicy { version, topology_levels, partitions, accounts, users, qos, priority, fairshare_half_life_s, backfill_reservations, enforce_users, admins, operators, coordinators, user_map, user_domains, allow_root_jobs, private_jobs, licenses });
+
+/// A policy as formats 9 and 10 write it, or why it cannot be: it uses
+/// fields of a later format.
+impl TryFrom<crate::policy::ClusterPolicy> for ClusterPolicy {
     type Error = String;
 
-    fn try_from(p: ClusterPolicy) -> Result<Self, String> {
-        Ok(Policy(p))
+    fn try_from(p: crate::policy::ClusterPolicy) -> Result<Self, String> {
+        let needs = p.needs_format();
+        if needs > 10 {
+            return Err(format!("a policy with license limits per account or QOS needs data format {needs}"));
+        }
+        Ok(Frozen::freeze(p))
     }
 }
 
-impl From<Policy> for ClusterPolicy {
-    fn from(p: Policy) -> Self {
-        p.0
+impl From<ClusterPolicy> for crate::policy::ClusterPolicy {
+    fn from(p: ClusterPolicy) -> Self {
+        p.thaw()
+    }
+}
+
+/// Lossy: the fields of later formats are left out (a state of format 9 or
+/// 10 never holds them).
+impl From<&crate::policy::ClusterPolicy> for ClusterPolicy {
+    fn from(p: &crate::policy::ClusterPolicy) -> Self {
+        Frozen::freeze(p.clone())
     }
 }
 
 frozen_commands!(
     format: 10,
-    policy: Policy,
+    policy: ClusterPolicy,
     before_batch: [
         SubmitJob { spec: JobSpec, identity: String, idempotency_key: String, now_ms: u64 },
         CancelJob { job_id: JobId, identity: String, now_ms: u64 },

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::v10::JobSpec;
 use super::{frozen_jobs, frozen_state, frozen_struct, Frozen};
 use crate::model::{Allocation, ArrayElement, HoldKind, JobId, JobState, Node, TaskExit};
-use crate::policy::{ClusterPolicy, Use};
+use crate::policy::Use;
 use crate::reservation::Reservation;
 use crate::spec::Dependency;
 use crate::state::{UsageBucket, UseKey};
@@ -51,16 +51,9 @@ pub struct Job {
 frozen_struct!(Job => crate::model::Job { id, spec, state, attempt, submitted_by, submit_time_ms, start_time_ms, end_time_ms, allocation, exit_code, reason, submit_index, task_exits, ran_on, array, deps_pending, held, priority_override, last_checkpoint_ms, preempted, requested_limit_s, expedite_nodes } later { suspended_at_ms: None, suspended_ms: 0, steps: Vec::new(), next_step_id: 0, signal: None });
 frozen_jobs!(Job, "format 9");
 
-/// Format 9's policy is today's: borrowed into the frozen state as is.
-impl From<&ClusterPolicy> for ClusterPolicy {
-    fn from(p: &ClusterPolicy) -> Self {
-        p.clone()
-    }
-}
-
 frozen_state!(
     format: 9,
-    policy: ClusterPolicy,
+    policy: super::v10::ClusterPolicy,
     before_policy: [
         next_job_id: JobId,
         jobs: BTreeMap<JobId, Job> => JobsRef,

@@ -114,6 +114,10 @@ pub enum Pending {
     Priority,
     /// Limits: the licenses it asks for are in use.
     Licenses,
+    /// Limits: its account (or one above it) holds its license limit.
+    AssocGrpLicense,
+    /// Limits: its QOS holds its license limit.
+    QosGrpLicense,
     /// Gate: its advance reservation has not started (or has too little
     /// time left for the job).
     Reservation,
@@ -139,6 +143,8 @@ impl Pending {
             Pending::Resources => "Resources",
             Pending::Priority => "Priority",
             Pending::Licenses => "Licenses",
+            Pending::AssocGrpLicense => "AssocGrpLicense",
+            Pending::QosGrpLicense => "QOSGrpLicense",
             Pending::Reservation => "Reservation",
             Pending::ReservationDeleted => "ReservationDeleted",
             Pending::Deadline => "DeadLine",
@@ -289,6 +295,8 @@ struct Pass<'s, 'o> {
     plan_use: BTreeMap<UseKey, Use>,
     /// License seats this plan's placements take.
     plan_licenses: BTreeMap<&'s str, u64>,
+    /// Seats this pass promised, per account or QOS with a license limit.
+    plan_license_scopes: BTreeMap<(crate::policy::LicenseScope, &'s str), u64>,
     /// Nodes by free GPU count (index = free GPUs): single-node jobs take the
     /// best fit from the first bucket that holds a fitting node instead of
     /// scanning every node.
@@ -390,6 +398,25 @@ impl<'s, 'o> Pass<'s, 'o> {
         })
     }
 
+    /// The account or QOS whose license limit keeps `job` from starting now
+    /// (with what this pass already started).
+    fn license_limit(&self, job: &Job) -> Option<crate::policy::LicenseScope> {
+        if job.spec.licenses.is_empty() {
+            return None;
+        }
+        let planned = |scope: &crate::policy::LicenseScope, name: &str| {
+            self.plan_license_scopes.get(&(scope.clone(), name)).copied().unwrap_or(0)
+        };
+        self.state.license_limit_exceeded(job, &[], planned)?;
+        // Which scope: the first one over, as apply would say it.
+        self.state.policy.license_limits(&job.spec.account, &job.spec.qos).into_iter().find_map(|(scope, name, max)| {
+            let want = u64::from(*job.spec.licenses.get(name)?);
+            let key = (scope, name.to_string());
+            let held = self.state.licenses_held.get(&key).copied().unwrap_or(0).saturating_add(planned(&key.0, name));
+            (held.saturating_add(want) > u64::from(max)).then_some(key.0)
+        })
+    }
+
     /// Stage 3, feasible: whether enough nodes could ever hold `job`
     /// (ignoring what is in use; down and drained nodes count, they come
     /// back), within one domain of `depth` when that is required. The rules
@@ -398,11 +425,7 @@ impl<'s, 'o> Pass<'s, 'o> {
         if !job.spec.components.is_empty() {
             // Each component on its own (they also need nodes of their own,
             // which placement finds out).
-            let mut part = job.clone();
-            return job.spec.component_specs().into_iter().all(|spec| {
-                part.spec = spec;
-                self.feasible(&part, depth)
-            });
+            return (0..job.spec.het_size()).all(|k| self.feasible(&job.component_job(k), depth));
         }
         let need = job.spec.nodes as usize;
         // A node list shorter than the gang: every listed node must exist
@@ -520,6 +543,12 @@ impl<'s, 'o> Pass<'s, 'o> {
         for (name, &n) in &job.spec.licenses {
             let e = self.plan_licenses.entry(name.as_str()).or_default();
             *e = e.saturating_add(u64::from(n));
+        }
+        for (scope, name, _) in self.state.policy.license_limits(&job.spec.account, &job.spec.qos) {
+            if let Some((name, &n)) = job.spec.licenses.get_key_value(name) {
+                let e = self.plan_license_scopes.entry((scope, name.as_str())).or_default();
+                *e = e.saturating_add(u64::from(n));
+            }
         }
         self.plan.placements.push(Placement { job_id: job.id, attempt: job.attempt.saturating_add(1), nodes });
     }
@@ -701,6 +730,7 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
         running_names,
         plan_use: BTreeMap::new(),
         plan_licenses: BTreeMap::new(),
+        plan_license_scopes: BTreeMap::new(),
         free_cpus: 0,
         free_gpus: 0,
         reserved: Vec::new(),
@@ -773,6 +803,14 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
         }
         if !job.spec.licenses.is_empty() && !pass.licenses_free(job) {
             pass.plan.reasons.push((id, Pending::Licenses));
+            continue;
+        }
+        if let Some(scope) = pass.license_limit(job) {
+            let why = match scope {
+                crate::policy::LicenseScope::Account(_) => Pending::AssocGrpLicense,
+                crate::policy::LicenseScope::Qos(_) => Pending::QosGrpLicense,
+            };
+            pass.plan.reasons.push((id, why));
             continue;
         }
         // Stage 2, limits before resources (as Slurm reports them): the

@@ -376,8 +376,9 @@ impl<'a> View<'a> {
 
     /// A heterogeneous job, all or nothing: each component in turn, as a gang
     /// of its own shape, on nodes no earlier component took and with what
-    /// they left free. Members are in component order (what `apply` expects:
-    /// component 0's nodes first).
+    /// they left free; nodes another component lists (`-w`) are kept for it.
+    /// Members are in component order (what `apply` expects: component 0's
+    /// nodes first).
     fn place_het(
         &self,
         job: &Job,
@@ -386,14 +387,24 @@ impl<'a> View<'a> {
         required_depth: Option<usize>,
         at_ms: u64,
     ) -> Result<Vec<Member>, Miss> {
+        // A node with no CPUs left is no candidate for any member.
+        let unusable = Free { cpus: 0, mem_mb: 0, gpus: 0, jobs: u32::MAX };
+        let index: BTreeMap<&str, usize> = self.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
         let mut free = free.to_vec();
         let mut all: Vec<Member> = Vec::new();
-        let mut part = job.clone();
-        for spec in job.spec.component_specs() {
-            part.spec = spec;
-            part.spec.exclude.extend(all.iter().map(|m| self.nodes[m.node].name.clone()));
-            let members = self.place(&part, &free, holds, required_depth, at_ms)?;
-            View::take(&mut free, &members);
+        for k in 0..job.spec.het_size() {
+            let part = job.component_job(k);
+            let mut mine = free.clone();
+            let lists = std::iter::once(&job.spec.nodelist).chain(job.spec.components.iter().map(|c| &c.nodelist));
+            for (_, listed) in lists.enumerate().filter(|(j, _)| *j != k) {
+                for i in listed.iter().filter_map(|n| index.get(n.as_str())) {
+                    mine[*i] = unusable;
+                }
+            }
+            let members = self.place(&part, &mine, holds, required_depth, at_ms)?;
+            for m in &members {
+                free[m.node] = unusable;
+            }
             all.extend(members);
         }
         Ok(all)

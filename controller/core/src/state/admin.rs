@@ -138,13 +138,17 @@ impl State {
             if !p.qos_exists(&s.qos) {
                 return Some(format!("qos.{}: pending jobs (e.g. {id}) still use it", s.qos));
             }
-            let part_ok = if p.partitions.is_empty() {
-                s.partition == crate::policy::DEFAULT_PARTITION
-            } else {
-                p.partitions.contains_key(&s.partition)
-            };
-            if !part_ok {
-                return Some(format!("partitions.{}: pending jobs (e.g. {id}) wait in it", s.partition));
+            // A heterogeneous job waits in each of its components' partitions.
+            let partitions = std::iter::once(&s.partition).chain(s.components.iter().map(|c| &c.partition));
+            for partition in partitions {
+                let part_ok = if p.partitions.is_empty() {
+                    *partition == crate::policy::DEFAULT_PARTITION
+                } else {
+                    p.partitions.contains_key(partition)
+                };
+                if !part_ok {
+                    return Some(format!("partitions.{partition}: pending jobs (e.g. {id}) wait in it"));
+                }
             }
         }
         None
@@ -177,6 +181,7 @@ impl State {
     pub(super) fn rebuild_use(&mut self) {
         self.running_use.clear();
         self.licenses_used.clear();
+        self.licenses_held.clear();
         self.deadline_jobs.clear();
         self.active_jobs.clear();
         self.unfinished_bytes.clear();
@@ -204,6 +209,7 @@ impl State {
                 }
             }
         }
+        self.count_held_licenses(job_id, add);
         for k in self.use_keys(job_id) {
             let e = self.running_use.entry(k.clone()).or_default();
             if add {

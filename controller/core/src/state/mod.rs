@@ -288,6 +288,10 @@ pub struct State {
     /// kept by `count_running`, rebuilt after a snapshot is decoded.
     #[serde(skip)]
     pub(crate) licenses_used: BTreeMap<String, u64>,
+    /// Seats held by running jobs per account or QOS with a license limit
+    /// there (derived; see `ClusterPolicy::license_limits`).
+    #[serde(skip)]
+    pub(crate) licenses_held: BTreeMap<(crate::policy::LicenseScope, String), u64>,
     /// Unfinished jobs with a `--deadline`: the leader looks for missed
     /// deadlines only when there are any. Derived like `unfinished_bytes`.
     #[serde(skip)]
@@ -321,6 +325,7 @@ impl Default for State {
             unfinished_bytes: BTreeMap::new(),
             finished_bytes: 0,
             licenses_used: BTreeMap::new(),
+            licenses_held: BTreeMap::new(),
             deadline_jobs: BTreeSet::new(),
             reserved_nodes: BTreeMap::new(),
         }
@@ -827,7 +832,7 @@ impl State {
                 let Some((mine, after)) = rest.split_at_checked(count as usize) else {
                     return Err(format!("component {k}: fewer nodes placed than its {count}"));
                 };
-                self.check_component(&spec.component(k), mine, freed, &released, &mut seen)
+                self.check_component(&job.component_job(k).spec, mine, freed, &released, &mut seen)
                     .map_err(|e| format!("component {k}: {e}"))?;
                 rest = after;
             }
@@ -853,6 +858,9 @@ impl State {
                         total.saturating_sub(used)
                     ));
                 }
+            }
+            if let Some(why) = self.license_limit_exceeded(job, &victims, |_, _| 0) {
+                return Err(why);
             }
             if let Some(wait) = self.reservation_gate(job, self.clock_ms) {
                 return Err(format!("reservation {}: {}", spec.reservation, wait.as_str()));
@@ -1103,11 +1111,79 @@ impl State {
         used
     }
 
+    /// Counts a running job's seats in (or out of) the accounts and QOS with
+    /// a limit on them.
+    pub(super) fn count_held_licenses(&mut self, job_id: JobId, add: bool) {
+        let Some(job) = self.jobs.get(&job_id) else { return };
+        if job.spec.licenses.is_empty() {
+            return;
+        }
+        let held: Vec<((crate::policy::LicenseScope, String), u64)> = self
+            .policy
+            .license_limits(&job.spec.account, &job.spec.qos)
+            .into_iter()
+            .filter_map(|(scope, name, _)| {
+                job.spec.licenses.get(name).map(|&n| ((scope, name.to_string()), u64::from(n)))
+            })
+            .collect();
+        for (key, n) in held {
+            let e = self.licenses_held.entry(key.clone()).or_default();
+            if add {
+                *e = e.saturating_add(n);
+            } else {
+                *e = e.saturating_sub(n);
+                if *e == 0 {
+                    self.licenses_held.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// The first account or QOS license limit `job` would pass if it started
+    /// now, with `victims` stopped first and `planned(scope, license)` seats
+    /// already promised to others: why, in words.
+    pub fn license_limit_exceeded(
+        &self,
+        job: &Job,
+        victims: &[&Job],
+        planned: impl Fn(&crate::policy::LicenseScope, &str) -> u64,
+    ) -> Option<String> {
+        for (scope, name, max) in self.policy.license_limits(&job.spec.account, &job.spec.qos) {
+            let Some(&want) = job.spec.licenses.get(name) else { continue };
+            let key = (scope, name.to_string());
+            let released: u64 = victims
+                .iter()
+                .filter(|v| {
+                    self.policy
+                        .license_limits(&v.spec.account, &v.spec.qos)
+                        .iter()
+                        .any(|(s, n, _)| *s == key.0 && *n == name)
+                })
+                .filter_map(|v| v.spec.licenses.get(name))
+                .map(|&n| u64::from(n))
+                .sum();
+            let held = self.licenses_held.get(&key).copied().unwrap_or(0).saturating_sub(released);
+            let used = held.saturating_add(planned(&key.0, name));
+            if used.saturating_add(u64::from(want)) > u64::from(max) {
+                return Some(format!(
+                    "license {name}: {} may hold {max} seats at once; {used} are held and the job asks for {want}",
+                    key.0.describe()
+                ));
+            }
+        }
+        None
+    }
+
     /// Rebuilds what a snapshot does not carry (after decoding one).
     pub fn rebuild_derived(&mut self) {
         self.unfinished_bytes = self.unfinished_bytes_of_jobs();
         self.finished_bytes = self.finished_bytes_of_jobs();
         self.licenses_used = self.licenses_of_running_jobs();
+        self.licenses_held.clear();
+        let running: Vec<JobId> = self.running.iter().copied().collect();
+        for id in running {
+            self.count_held_licenses(id, true);
+        }
         self.deadline_jobs = self
             .pending
             .iter()
@@ -1230,6 +1306,7 @@ impl State {
         if recount.running_use != self.running_use
             || recount.active_jobs != self.active_jobs
             || recount.licenses_used != self.licenses_used
+            || recount.licenses_held != self.licenses_held
             || recount.deadline_jobs != self.deadline_jobs
         {
             return Err("quota use counters differ from the jobs".into());
