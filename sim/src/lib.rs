@@ -112,6 +112,9 @@ const PREEMPT_GRACE_S: u32 = 5;
 const SIM_OPERATOR: &str = "sim-operator";
 /// One job in this many is suspended for a while.
 const SUSPEND_EVERY: usize = 16;
+/// One job in this many is heterogeneous: a batch job with a second
+/// component of its own shape (placed with the first, all or nothing).
+const HET_EVERY: usize = 12;
 /// When after its submit a job is suspended (it may be running by then),
 /// and for how long (a resume is retried this often until it took).
 const SUSPEND_AFTER_MS: u64 = 4_000;
@@ -136,6 +139,8 @@ pub struct Report {
     pub preempted: u32,
     /// Running jobs suspended (and later resumed) by the operator.
     pub suspended: u32,
+    /// Heterogeneous jobs that completed.
+    pub het_completed: u32,
     /// The run's trace, one line per notable event (kept when asked).
     pub trace: String,
 }
@@ -1122,6 +1127,16 @@ impl World {
             qos: if self.rng.chance(URGENT_PER_MILLE) { QOS_URGENT } else { QOS_BATCH }.into(),
             ..JobSpec::default()
         };
+        let mut spec = spec;
+        // Decided by the key, not the random stream (the other draws stay).
+        if key % HET_EVERY == HET_EVERY / 3 {
+            spec.batch = true;
+            spec.components = vec![gangway_core::spec::HetComponent {
+                nodes: 1,
+                gpus_per_node: 1,
+                ..gangway_core::spec::HetComponent::default()
+            }];
+        }
         let cmd =
             Command::SubmitJob { spec, identity: "sim".into(), idempotency_key: format!("k{key}"), now_ms: self.now };
         // The client's request reaches the leader after a delay, or not at all.
@@ -1157,6 +1172,9 @@ impl World {
             self.violation(format!("job {id} exists but no submit made it"));
         }
         for j in self.state.jobs.values() {
+            if j.state == JobState::Completed && !j.spec.components.is_empty() {
+                self.report.het_completed += 1;
+            }
             match j.state {
                 JobState::Completed => self.report.jobs_completed += 1,
                 s if s.is_finished() => self.report.jobs_failed += 1,
@@ -1194,14 +1212,16 @@ mod tests {
     #[test]
     fn every_seed_holds_every_invariant() {
         let cfg = Config::default();
-        let mut suspended = 0;
+        let (mut suspended, mut het) = (0, 0);
         for seed in 1..=200 {
             let r = run_seed(seed, &cfg, false);
             assert!(r.violations.is_empty(), "seed {seed}: {:?} (gangway-sim --seed {seed} --trace)", r.violations);
             assert!(r.jobs_completed > 0, "seed {seed} completed nothing");
             suspended += r.suspended;
+            het += r.het_completed;
         }
         assert!(suspended >= 50, "the operator suspended only {suspended} running jobs in 200 seeds");
+        assert!(het >= 100, "only {het} heterogeneous jobs completed in 200 seeds");
         let shim = Config { shim: true, ..Config::default() };
         assert_eq!(failing(&shim, 1..=50), Vec::<u64>::new(), "with task shims");
     }
