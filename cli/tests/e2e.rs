@@ -625,7 +625,7 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
          srun --het-group=1 bash -c 'echo group1 on $SLURMD_NODENAME cpus $SLURM_CPUS_PER_TASK_HET_GROUP_1'\n\
          srun --het-group=0,1 bash -c 'echo both on $SLURMD_NODENAME' | sort\n\
          srun --het-group=2 true || echo \"no group 2\"\n\
-         sleep 3\n",
+         sleep 8\n",
     )
     .unwrap();
     let o = shim("sbatch", "dev:root").args(["--parsable", "het.sh"]).output().unwrap();
@@ -636,6 +636,10 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     });
     let q = tool("squeue", &["-h", "-j", &het, "-o", "%i %D %N"]);
     assert!(q.contains(&format!("{het}+0 1 ")) && q.contains(&format!("{het}+1 1 ")), "{q}");
+    // A step into the running het job from outside it: component 1 on request.
+    let node1 = q.lines().find_map(|l| l.strip_prefix(&format!("{het}+1 1 "))).unwrap().trim().to_string();
+    let said = tool("srun", &[&format!("--jobid={het}"), "--het-group=1", "sh", "-c", "echo on $SLURMD_NODENAME"]);
+    assert_eq!(said.trim(), format!("on {node1}"), "{said}");
     eventually("the heterogeneous job never finished", || {
         tool("sacct", &["-X", "-j", &het, "-n", "-P", "-o", "State"]).trim() == "COMPLETED\nCOMPLETED"
     });
@@ -652,6 +656,12 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
     let acct = tool("sacct", &["-j", &het, "-n", "-P", "-o", "JobID,NodeList"]);
     assert!(acct.contains(&format!("{het}+0|{g0}")) && acct.contains(&format!("{het}+1|{g1}")), "{acct}");
     assert!(acct.contains(&format!("{het}+0.batch|{g0}")), "{acct}");
+    let shown = tool("scontrol", &["show", "job", &het]);
+    for k in 0..2 {
+        assert!(shown.contains(&format!("JobId={het}+{k} ")), "{shown}");
+        assert!(shown.contains(&format!("HetJobId={het} HetJobOffset={k}")), "{shown}");
+    }
+    assert_eq!(shown.matches(&format!("BatchHost={g0}")).count(), 1, "{shown}");
 
     // Slurm's --signal in batch jobs (2 s into a 1-minute limit): without B:
     // every task of the job gets it, on both nodes, but not the batch shell;

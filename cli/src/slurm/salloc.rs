@@ -302,6 +302,20 @@ pub async fn allocation_env(client: &Client, job: &pb::Job) -> anyhow::Result<Ve
     if let Some(c) = spec.cpus_per_task {
         env.push(("SLURM_CPUS_PER_TASK", c.to_string()));
     }
+    let mut env: Vec<(String, String)> = env.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    // A heterogeneous job's components, as its agents give them to the
+    // script: srun here runs in component 0 unless --het-group says.
+    if !spec.components.is_empty() {
+        let parts = super::het_components(job.clone());
+        env.push(("SLURM_HET_SIZE".into(), parts.len().to_string()));
+        for (k, part) in parts.iter().enumerate() {
+            let nodes: Vec<String> = part.allocation.iter().map(|a| a.node.clone()).collect();
+            let tpn = super::spec(part).tasks_per_node.unwrap_or(1).max(1);
+            env.push((format!("SLURM_JOB_NODELIST_HET_GROUP_{k}"), super::hostlist::compress(&nodes)));
+            env.push((format!("SLURM_NNODES_HET_GROUP_{k}"), nodes.len().to_string()));
+            env.push((format!("SLURM_NTASKS_PER_NODE_HET_GROUP_{k}"), tpn.to_string()));
+        }
+    }
     // On a secured cluster srun here needs the job's step credential and the
     // CA to check the agents by.
     if let Some(creds) = client.security().credentials() {
@@ -312,12 +326,12 @@ pub async fn allocation_env(client: &Client, job: &pb::Job) -> anyhow::Result<Ve
             })
             .await?
             .into_inner();
-        env.push((gangway_proto::step_cred::STEP_CREDENTIAL_ENV, cred.credential));
+        env.push((gangway_proto::step_cred::STEP_CREDENTIAL_ENV.to_string(), cred.credential));
         let ca = std::fs::read_to_string(&creds.files().ca)
             .with_context(|| format!("reading the CA certificate {}", creds.files().ca.display()))?;
-        env.push((gangway_proto::step_cred::STEP_CA_ENV, ca));
+        env.push((gangway_proto::step_cred::STEP_CA_ENV.to_string(), ca));
     }
-    Ok(env.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+    Ok(env)
 }
 
 async fn cancel(client: &Client, id: u64) {

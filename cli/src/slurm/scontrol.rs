@@ -221,6 +221,11 @@ pub fn job_fields(j: &pb::Job, e: Option<&pb::Explanation>, now: u64) -> Vec<(St
         f.push(("ArrayJobId".into(), a.to_string()));
         f.push(("ArrayTaskId".into(), i.to_string()));
     }
+    // A heterogeneous job's component (`super::het_components`): `ID+K`.
+    if let Some((het, offset)) = j.display_id.rsplit_once('+') {
+        f.push(("HetJobId".into(), het.to_string()));
+        f.push(("HetJobOffset".into(), offset.to_string()));
+    }
     let tasks = s.tasks_per_node.unwrap_or(1).max(1) as u64 * job_nodes(j);
     let gpus = s.gpus_per_node.unwrap_or(0) as u64 * job_nodes(j);
     let mut tres = format!("cpu={},node={}", job_cpus(j), job_nodes(j));
@@ -255,7 +260,8 @@ pub fn job_fields(j: &pb::Job, e: Option<&pb::Explanation>, now: u64) -> Vec<(St
         (
             "BatchHost".into(),
             none(
-                &s.batch
+                // A heterogeneous job's script runs in component 0.
+                &(s.batch && j.display_id.rsplit_once('+').is_none_or(|(_, k)| k == "0"))
                     .then(|| j.allocation.first().map(|a| a.node.clone()).or_else(|| j.ran_on.first().cloned()))
                     .flatten()
                     .unwrap_or_default(),
@@ -333,7 +339,9 @@ async fn show_jobs(client: &Client, out: &Output, id: Option<&str>, oneliner: bo
     let now = super::now_ms();
     for j in jobs {
         let e = if j.state == pb::JobState::Pending as i32 { explain(client, j.id).await } else { None };
-        print_fields(&job_fields(j, e.as_ref(), now), oneliner, 4);
+        for part in super::het_components(j.clone()) {
+            print_fields(&job_fields(&part, e.as_ref(), now), oneliner, 4);
+        }
     }
     Ok(())
 }
