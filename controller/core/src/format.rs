@@ -72,6 +72,10 @@ pub const SUSPEND_FORMAT: u32 = 10;
 /// job spec, job, policy, entry and state are frozen in `compat::v10`.
 pub const HET_JOBS_FORMAT: u32 = 11;
 
+/// Format 11's rule of apply: fair share is not charged for the time a job
+/// was suspended (before, an attempt was charged from its start to its end).
+pub const UNCHARGED_SUSPENSION_FORMAT: u32 = HET_JOBS_FORMAT;
+
 /// Whether this build reads `format`.
 pub fn readable(format: u32) -> bool {
     (FORMAT_OLDEST..=FORMAT_NEWEST).contains(&format)

@@ -2502,3 +2502,41 @@ fn a_component_does_not_take_a_node_another_lists() {
     let nodes: Vec<&str> = p.nodes.iter().map(|n| n.node.as_str()).collect();
     assert_eq!(nodes, vec!["n1", "n0"]);
 }
+
+/// From format 11 fair share is not charged for the time a job was
+/// suspended (its processes were stopped); a format-10 log replays as it
+/// was applied, charging it.
+#[test]
+fn suspended_time_is_not_charged_to_fair_share_from_format_11() {
+    for (format, charged_s) in [(10u32, 100u64), (11, 60)] {
+        let mut s = State::default();
+        s.apply(1, &Command::RegisterNode { spec: node_spec(0, 1), now_ms: 0 });
+        s.apply(2, &Command::SetDataFormat { format, now_ms: 0 });
+        let policy = gangway_core::policy::ClusterPolicy { admins: vec!["ops".into()], ..Default::default() };
+        let update = Command::UpdatePolicy {
+            policy,
+            expected_version: None,
+            force: true,
+            identity: "server:1".into(),
+            now_ms: 0,
+        };
+        assert!(matches!(s.apply(3, &update).outcome, Outcome::PolicyUpdated { .. }));
+        let submit = Command::SubmitJob {
+            spec: job_spec(1, 1, 1),
+            identity: "alice".into(),
+            idempotency_key: String::new(),
+            now_ms: 0,
+        };
+        let Outcome::Submitted { job_id, .. } = s.apply(4, &submit).outcome else { panic!("submit refused") };
+        let placement = first_fit(&s, job_id, 0).expect("fits");
+        s.apply(5, &Command::ApplySchedule { preemptions: vec![], placements: vec![placement], now_ms: 1_000 });
+        assert_eq!(s.jobs[&job_id].state, JobState::Running);
+        for (index, change, now_ms) in [(6, JobChange::Suspend, 11_000), (7, JobChange::Resume, 51_000)] {
+            let cmd = Command::UpdateJob { job_id, change, identity: "ops".into(), now_ms };
+            assert!(matches!(s.apply(index, &cmd).outcome, Outcome::JobUpdated { .. }), "format {format}");
+        }
+        s.apply(8, &Command::CancelJob { job_id, identity: "alice".into(), now_ms: 101_000 });
+        let gpu_ms: u64 = s.usage.values().flatten().map(|b| b.gpu_ms).sum();
+        assert_eq!(gpu_ms, charged_s * 1000, "format {format}");
+    }
+}

@@ -53,7 +53,9 @@ pub fn fair_share(state: &State, now_ms: u64) -> BTreeMap<String, Share> {
     }
     for id in &state.running {
         let j = &state.jobs[id];
-        let ran = now_ms.saturating_sub(j.start_time_ms.unwrap_or(now_ms)) as f64;
+        // Not the time it spent suspended, as apply charges it.
+        let ran = now_ms.saturating_sub(j.start_time_ms.unwrap_or(now_ms)).saturating_sub(j.suspended_total_ms(now_ms))
+            as f64;
         let e = own.entry(j.spec.account.as_str()).or_default();
         e.0 += j.gpus() as f64 * ran;
         e.1 += j.cpus() as f64 * ran;

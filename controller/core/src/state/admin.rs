@@ -318,6 +318,13 @@ impl State {
         let job = &self.jobs[&job_id];
         let now = self.clock_ms;
         let ran_ms = now.saturating_sub(job.start_time_ms.unwrap_or(now));
+        // From format 11 the time it was suspended is not charged (its
+        // processes were stopped); before, it was, and old logs replay so.
+        let ran_ms = if self.format >= crate::format::UNCHARGED_SUSPENSION_FORMAT {
+            ran_ms.saturating_sub(job.suspended_total_ms(now))
+        } else {
+            ran_ms
+        };
         let u = alloc_use(alloc);
         let (gpu_ms, cpu_ms) = (u.gpus.saturating_mul(ran_ms), u.cpus.saturating_mul(ran_ms));
         if gpu_ms == 0 && cpu_ms == 0 {

@@ -649,8 +649,6 @@ impl State {
         job.task_exits.clear();
         job.reason = reason.clone();
         job.expedite_nodes = None;
-        job.suspended_at_ms = None;
-        job.suspended_ms = 0;
         job.steps.clear();
         job.next_step_id = 0;
         job.signal = None;
@@ -661,9 +659,13 @@ impl State {
         let attempt = job.attempt;
         self.running.remove(&job_id);
         self.pending.insert(job_id);
-        // Release first: usage is charged from the start time.
+        // Release first: usage is charged from the start time, less the
+        // time the attempt was suspended.
         self.release(job_id, &allocation);
-        self.jobs.get_mut(&job_id).expect("exists").start_time_ms = None;
+        let job = self.jobs.get_mut(&job_id).expect("exists");
+        job.start_time_ms = None;
+        job.suspended_at_ms = None;
+        job.suspended_ms = 0;
         JobEvent { index, job_id, state: JobState::Pending, attempt, reason, suspended: None, step: None }
     }
 
