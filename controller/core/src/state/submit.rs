@@ -189,7 +189,10 @@ impl State {
         let qos = policy.qos_of(&s.qos);
         if s.time_limit_s == 0 {
             s.time_limit_s = if part.default_time_s > 0 { part.default_time_s } else { TIME_LIMIT_S_DEFAULT };
-            for max in [part.max_time_s, qos.max_time_s] {
+            // A heterogeneous job's default fits every component's partition.
+            let others = s.components.iter().filter_map(|c| policy.resolve_partition(&c.partition).ok());
+            let maxima = [part.max_time_s, qos.max_time_s].into_iter().chain(others.map(|(_, p)| p.max_time_s));
+            for max in maxima {
                 if max > 0 {
                     s.time_limit_s = s.time_limit_s.min(max);
                 }
