@@ -662,6 +662,18 @@ fn slurm_commands_through_the_shims(endpoints: &str, work: &Path, bin: &Path, do
         assert!(shown.contains(&format!("HetJobId={het} HetJobOffset={k}")), "{shown}");
     }
     assert_eq!(shown.matches(&format!("BatchHost={g0}")).count(), 1, "{shown}");
+    // salloc's heterogeneous allocation (OPTIONS : OPTIONS), held; a step
+    // runs in its component 1, then it is given back.
+    let o = shim("salloc", "dev:root").args(["--no-shell", "-N1", ":", "-N1", "-c", "2"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{err}");
+    let held =
+        err.split("Granted job allocation ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap().to_string();
+    let q = tool("squeue", &["-h", "-j", &held, "-o", "%i %C %N"]);
+    let node1 = q.lines().find_map(|l| l.strip_prefix(&format!("{held}+1 2 "))).unwrap_or_else(|| panic!("{q}"));
+    let said = tool("srun", &[&format!("--jobid={held}"), "--het-group=1", "sh", "-c", "echo on $SLURMD_NODENAME"]);
+    assert_eq!(said.trim(), format!("on {}", node1.trim()), "{said}");
+    tool("scancel", &[&held]);
 
     // Slurm's --signal in batch jobs (2 s into a 1-minute limit): without B:
     // every task of the job gets it, on both nodes, but not the batch shell;

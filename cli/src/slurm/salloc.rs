@@ -35,13 +35,16 @@ pub struct SallocArgs {
     command: Vec<String>,
 }
 
-pub async fn run(client: &Client, out: &Output, a: SallocArgs) -> anyhow::Result<i32> {
+pub async fn run(client: &Client, out: &Output, mut a: SallocArgs) -> anyhow::Result<i32> {
+    let (components, command) = het_components(&a.res, &a.command)?;
+    a.command = command;
+    let args = || crate::jobspec::SubmitArgs { components: components.clone(), ..submit_args(&a) };
     if a.no_shell {
         if !a.command.is_empty() {
             bail!("--no-shell: no command runs in the allocation; leave out '{}'", a.command.join(" "));
         }
         let token = uuid::Uuid::new_v4().simple().to_string();
-        return Ok(match allocate(client, out, allocation(submit_args(&a), &token), Who::Salloc).await? {
+        return Ok(match allocate(client, out, allocation(args(), &token), Who::Salloc).await? {
             Some(job) => {
                 eprintln!("salloc: Granted job allocation {}", job.id);
                 eprintln!("salloc: the allocation is held until its time limit or `scancel {}`", job.id);
@@ -59,7 +62,63 @@ pub async fn run(client: &Client, out: &Output, a: SallocArgs) -> anyhow::Result
     } else {
         a.command.clone()
     };
-    allocate_and_run(client, out, submit_args(&a), &command, Who::Salloc).await
+    allocate_and_run(client, out, args(), &command, Who::Salloc).await
+}
+
+/// A later component's options on salloc's command line.
+#[derive(clap::Parser)]
+#[command(no_binary_name = true)]
+struct ComponentArgs {
+    #[command(flatten)]
+    res: crate::jobspec::ResourceArgs,
+    /// What follows: the next `:`, or the command.
+    #[arg(trailing_var_arg = true)]
+    rest: Vec<String>,
+}
+
+/// A heterogeneous allocation (`salloc OPTIONS0 : OPTIONS1 [command]`):
+/// the further components' shapes, and the command after them. `-p` and
+/// `-x` carry over from the component before unless given, as in sbatch.
+fn het_components(
+    first: &crate::jobspec::ResourceArgs,
+    words: &[String],
+) -> anyhow::Result<(Vec<pb::JobComponent>, Vec<String>)> {
+    use clap::Parser;
+    let (mut partition, mut exclude) = (first.partition.clone(), first.exclude.clone());
+    let mut rest = words.to_vec();
+    let mut out = Vec::new();
+    while rest.first().is_some_and(|w| w == ":") && rest.get(1).is_some_and(|w| w.starts_with('-')) {
+        let k = out.len().saturating_add(1);
+        if k > gangway_core::limits::HET_COMPONENTS_MAX {
+            bail!(
+                "salloc: a heterogeneous job has at most {} components",
+                gangway_core::limits::HET_COMPONENTS_MAX.saturating_add(1)
+            );
+        }
+        let mut c = ComponentArgs::try_parse_from(&rest[1..])
+            .map_err(|e| anyhow::anyhow!("salloc: hetjob component {k}: {}", e.to_string().trim()))?;
+        for (name, mine, theirs) in [
+            ("--account", &c.res.account, &first.account),
+            ("--qos", &c.res.qos, &first.qos),
+            ("--time", &c.res.time, &first.time),
+            ("--job-name", &c.res.job_name, &first.job_name),
+        ] {
+            if let Some(v) = mine.as_ref().filter(|v| Some(*v) != theirs.as_ref()) {
+                bail!("salloc: hetjob component {k}: {name}={v} differs from component 0's: the job has one");
+            }
+        }
+        match &c.res.partition {
+            Some(p) => partition = Some(p.clone()),
+            None => c.res.partition.clone_from(&partition),
+        }
+        match &c.res.exclude {
+            Some(x) => exclude = Some(x.clone()),
+            None => c.res.exclude.clone_from(&exclude),
+        }
+        out.push(crate::jobspec::component(c.res).map_err(|e| anyhow::anyhow!("salloc: hetjob component {k}: {e:#}"))?);
+        rest = c.rest;
+    }
+    Ok((out, rest))
 }
 
 /// What salloc submits: the resources asked for, named `interactive` unless
