@@ -241,6 +241,10 @@ const RELEASE_POLLS_MAX: u32 = 75;
 /// How long the release step may take (it starts one shell on a node the
 /// job holds); past it the allocation is cancelled instead.
 const RELEASE_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+/// Tries of the release step, RELEASE_STEP_RETRY apart: the first node's
+/// agent starts the job's task within a heartbeat or two of the grant.
+const RELEASE_STEP_TRIES: u32 = 5;
+const RELEASE_STEP_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Gives the allocation back with `code`: a step on the first node puts the
 /// code in the release directory its hold script waits on (written aside,
@@ -263,19 +267,31 @@ async fn release(client: &Client, job: &pb::Job, code: i32, env: &[(String, Stri
     }
     let dir = gangway_node_agent::steps::release_dir(token);
     let write = format!("printf %s {} > {dir}/code.new && mv {dir}/code.new {dir}/code", code.clamp(0, 255));
-    let step = tokio::process::Command::new(exe)
-        .args(["srun", "-N1", "-n1", "-w", &first, "/bin/sh", "-c", &write])
-        .envs(env.iter().cloned())
-        .env(super::srun::STEP_UNRECORDED_ENV, "1")
-        // The step starts in this directory on the node: one that exists there.
-        .current_dir("/")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .status();
-    let step = tokio::time::timeout(RELEASE_STEP_TIMEOUT, step).await;
-    if !step.is_ok_and(|s| s.is_ok_and(|s| s.success())) {
+    // A command that ends at once may end before the first node's agent
+    // has started the job's task there, which the step needs: try again.
+    let mut written = false;
+    for attempt in 0..RELEASE_STEP_TRIES {
+        if attempt > 0 {
+            tokio::time::sleep(RELEASE_STEP_RETRY).await;
+        }
+        let step = tokio::process::Command::new(&exe)
+            .args(["srun", "-N1", "-n1", "-w", &first, "/bin/sh", "-c", &write])
+            .envs(env.iter().cloned())
+            .env(super::srun::STEP_UNRECORDED_ENV, "1")
+            // The step starts in this directory on the node: one that exists there.
+            .current_dir("/")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .status();
+        let step = tokio::time::timeout(RELEASE_STEP_TIMEOUT, step).await;
+        if step.is_ok_and(|s| s.is_ok_and(|s| s.success())) {
+            written = true;
+            break;
+        }
+    }
+    if !written {
         return false;
     }
     for _ in 0..RELEASE_POLLS_MAX {
