@@ -228,20 +228,70 @@ pub fn component(res: ResourceArgs) -> anyhow::Result<pb::JobComponent> {
     if s.nodes_max != 0 {
         bail!("--nodes: a component of a heterogeneous job has a fixed node count (no MIN-MAX range)");
     }
-    Ok(pb::JobComponent {
-        partition: s.partition,
+    Ok(shape_of(&s))
+}
+
+/// A spec's own shape (its component 0) as a component.
+pub fn shape_of(s: &pb::JobSpec) -> pb::JobComponent {
+    pb::JobComponent {
+        partition: s.partition.clone(),
         nodes: s.nodes,
         tasks_per_node: s.tasks_per_node,
         cpus_per_task: s.cpus_per_task,
         mem_per_node_mb: s.mem_per_node_mb,
         mem_per_cpu_mb: s.mem_per_cpu_mb,
         gpus_per_node: s.gpus_per_node,
-        gpu_type: s.gpu_type,
-        constraints: s.constraints,
+        gpu_type: s.gpu_type.clone(),
+        constraints: s.constraints.clone(),
         exclusive: s.exclusive,
-        nodelist: s.nodelist,
-        exclude: s.exclude,
-    })
+        nodelist: s.nodelist.clone(),
+        exclude: s.exclude.clone(),
+    }
+}
+
+/// The options of a heterogeneous job's component `k` that are the whole
+/// job's must be component 0's (`first`) when given; `-p` and `-x` carry
+/// over from the component before (`carried`, updated here), as Slurm
+/// propagates them.
+pub fn component_res(
+    k: usize,
+    res: &mut ResourceArgs,
+    first: &ResourceArgs,
+    carried: &mut (Option<String>, Option<String>),
+) -> Result<(), String> {
+    let job_wide = [
+        ("--account", &res.account, &first.account),
+        ("--qos", &res.qos, &first.qos),
+        ("--time", &res.time, &first.time),
+        ("--time-min", &res.time_min, &first.time_min),
+        ("--reservation", &res.reservation, &first.reservation),
+        ("--licenses", &res.licenses, &first.licenses),
+        ("--deadline", &res.deadline, &first.deadline),
+        ("--job-name", &res.job_name, &first.job_name),
+    ];
+    for (name, mine, theirs) in job_wide {
+        same_as_first(k, name, mine, theirs)?;
+    }
+    for (mine, prev) in [(&mut res.partition, &mut carried.0), (&mut res.exclude, &mut carried.1)] {
+        match mine {
+            Some(v) => *prev = Some(v.clone()),
+            None => mine.clone_from(prev),
+        }
+    }
+    Ok(())
+}
+
+/// Component `k`'s value of a whole-job option `name`: none, or component 0's.
+pub fn same_as_first(k: usize, name: &str, mine: &Option<String>, first: &Option<String>) -> Result<(), String> {
+    match mine.as_ref().filter(|v| Some(*v) != first.as_ref()) {
+        Some(v) => Err(format!(
+            "hetjob component {k}: {name}={v} differs from component 0's ({}): a heterogeneous job has one {} here, \
+             component 0's",
+            first.as_deref().unwrap_or("not given"),
+            name.trim_start_matches('-')
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Whether `--mem` asks for Slurm's "all of each node's memory" (`0`, with

@@ -870,19 +870,12 @@ pub fn submit_args(
 /// them. `--partition` and `--exclude` carry over from the component
 /// before unless given, as Slurm propagates them.
 fn het_components(first: &SbatchOpts, rest: Vec<SbatchOpts>) -> Result<Vec<gangway_proto::v1::JobComponent>, String> {
-    let (mut partition, mut exclude) = (first.res.partition.clone(), first.res.exclude.clone());
+    let mut carried = (first.res.partition.clone(), first.res.exclude.clone());
     let mut out = Vec::with_capacity(rest.len());
     for (i, mut o) in rest.into_iter().enumerate() {
         let k = i.saturating_add(1);
+        crate::jobspec::component_res(k, &mut o.res, &first.res, &mut carried)?;
         let job_wide = [
-            ("--account", &o.res.account, &first.res.account),
-            ("--qos", &o.res.qos, &first.res.qos),
-            ("--time", &o.res.time, &first.res.time),
-            ("--time-min", &o.res.time_min, &first.res.time_min),
-            ("--reservation", &o.res.reservation, &first.res.reservation),
-            ("--licenses", &o.res.licenses, &first.res.licenses),
-            ("--deadline", &o.res.deadline, &first.res.deadline),
-            ("--job-name", &o.res.job_name, &first.res.job_name),
             ("--dependency", &o.dependency, &first.dependency),
             ("--begin", &o.begin, &first.begin),
             ("--comment", &o.comment, &first.comment),
@@ -899,14 +892,7 @@ fn het_components(first: &SbatchOpts, rest: Vec<SbatchOpts>) -> Result<Vec<gangw
             ("--wrap", &o.wrap, &first.wrap),
         ];
         for (name, mine, theirs) in job_wide {
-            if let Some(v) = mine.as_ref().filter(|v| Some(*v) != theirs.as_ref()) {
-                return Err(format!(
-                    "hetjob component {k}: {name}={v} differs from component 0's ({}): a heterogeneous job has one \
-                     {} here, component 0's",
-                    theirs.as_deref().unwrap_or("not given"),
-                    name.trim_start_matches('-')
-                ));
-            }
+            crate::jobspec::same_as_first(k, name, mine, theirs)?;
         }
         if o.array.is_some() {
             return Err(format!("hetjob component {k}: --array: a job array cannot be heterogeneous"));
@@ -923,14 +909,6 @@ fn het_components(first: &SbatchOpts, rest: Vec<SbatchOpts>) -> Result<Vec<gangw
         ];
         if let Some((name, _, _)) = switches.iter().find(|(_, mine, theirs)| *mine && !theirs) {
             return Err(format!("hetjob component {k}: {name} is the whole job's: give it with component 0's options"));
-        }
-        match &o.res.partition {
-            Some(p) => partition = Some(p.clone()),
-            None => o.res.partition.clone_from(&partition),
-        }
-        match &o.res.exclude {
-            Some(x) => exclude = Some(x.clone()),
-            None => o.res.exclude.clone_from(&exclude),
         }
         out.push(crate::jobspec::component(o.res).map_err(|e| format!("hetjob component {k}: {e:#}"))?);
     }

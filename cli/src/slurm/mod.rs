@@ -240,20 +240,7 @@ pub async fn list_jobs(client: &Client, l: &Listing) -> anyhow::Result<Vec<pb::J
 pub fn het_components(j: pb::Job) -> Vec<pb::Job> {
     let Some(spec) = j.spec.as_ref().filter(|s| !s.components.is_empty()) else { return vec![j] };
     let id = if j.display_id.is_empty() { j.id.to_string() } else { j.display_id.clone() };
-    let own = pb::JobComponent {
-        partition: spec.partition.clone(),
-        nodes: spec.nodes,
-        tasks_per_node: spec.tasks_per_node,
-        cpus_per_task: spec.cpus_per_task,
-        mem_per_node_mb: spec.mem_per_node_mb,
-        mem_per_cpu_mb: spec.mem_per_cpu_mb,
-        gpus_per_node: spec.gpus_per_node,
-        gpu_type: spec.gpu_type.clone(),
-        constraints: spec.constraints.clone(),
-        exclusive: spec.exclusive,
-        nodelist: spec.nodelist.clone(),
-        exclude: spec.exclude.clone(),
-    };
+    let own = crate::jobspec::shape_of(spec);
     let mut first = 0usize;
     std::iter::once(own)
         .chain(spec.components.iter().cloned())

@@ -84,7 +84,7 @@ fn het_components(
     words: &[String],
 ) -> anyhow::Result<(Vec<pb::JobComponent>, Vec<String>)> {
     use clap::Parser;
-    let (mut partition, mut exclude) = (first.partition.clone(), first.exclude.clone());
+    let mut carried = (first.partition.clone(), first.exclude.clone());
     let mut rest = words.to_vec();
     let mut out = Vec::new();
     while rest.first().is_some_and(|w| w == ":") && rest.get(1).is_some_and(|w| w.starts_with('-')) {
@@ -97,24 +97,8 @@ fn het_components(
         }
         let mut c = ComponentArgs::try_parse_from(&rest[1..])
             .map_err(|e| anyhow::anyhow!("salloc: hetjob component {k}: {}", e.to_string().trim()))?;
-        for (name, mine, theirs) in [
-            ("--account", &c.res.account, &first.account),
-            ("--qos", &c.res.qos, &first.qos),
-            ("--time", &c.res.time, &first.time),
-            ("--job-name", &c.res.job_name, &first.job_name),
-        ] {
-            if let Some(v) = mine.as_ref().filter(|v| Some(*v) != theirs.as_ref()) {
-                bail!("salloc: hetjob component {k}: {name}={v} differs from component 0's: the job has one");
-            }
-        }
-        match &c.res.partition {
-            Some(p) => partition = Some(p.clone()),
-            None => c.res.partition.clone_from(&partition),
-        }
-        match &c.res.exclude {
-            Some(x) => exclude = Some(x.clone()),
-            None => c.res.exclude.clone_from(&exclude),
-        }
+        crate::jobspec::component_res(k, &mut c.res, first, &mut carried)
+            .map_err(|e| anyhow::anyhow!("salloc: {e}"))?;
         out.push(crate::jobspec::component(c.res).map_err(|e| anyhow::anyhow!("salloc: hetjob component {k}: {e:#}"))?);
         rest = c.rest;
     }

@@ -225,23 +225,7 @@ impl Job {
     /// not read (no script, environment or steps: a scheduling pass may try
     /// many placements).
     pub fn component_job(&self, k: usize) -> Job {
-        let s = &self.spec;
-        let mut spec = crate::spec::JobSpec {
-            user: s.user.clone(),
-            account: s.account.clone(),
-            qos: s.qos.clone(),
-            time_limit_s: s.time_limit_s,
-            time_min_s: s.time_min_s,
-            deadline_ms: s.deadline_ms,
-            reservation: s.reservation.clone(),
-            topology: s.topology.clone(),
-            batch: s.batch,
-            ..crate::spec::JobSpec::default()
-        };
-        match k.checked_sub(1).and_then(|i| s.components.get(i)) {
-            Some(c) => c.apply_to(&mut spec),
-            None => crate::spec::HetComponent::of(s).apply_to(&mut spec),
-        }
+        let spec = self.spec.component_shape(k);
         Job {
             id: self.id,
             spec,

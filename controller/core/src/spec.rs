@@ -693,10 +693,9 @@ impl JobSpec {
         let mut listed: BTreeMap<&str, usize> = self.nodelist.iter().map(|n| (n.as_str(), 0)).collect();
         for (i, c) in self.components.iter().enumerate() {
             let k = i.saturating_add(1);
-            // The component's shape alone (the rest is the job's, checked
-            // above), without a copy of the script per component.
-            let mut shape = JobSpec { user: self.user.clone(), command: vec!["true".into()], ..JobSpec::default() };
-            c.apply_to(&mut shape);
+            // The component's shape (the rest is the job's, checked above),
+            // without a copy of the script per component.
+            let shape = JobSpec { command: vec!["true".into()], ..self.component_shape(k) };
             shape.validate().map_err(|e| SpecError::new(&format!("components[{k}].{}", e.field), e.rule))?;
             for n in &c.nodelist {
                 if let Some(other) = listed.insert(n, k) {
@@ -713,6 +712,35 @@ impl JobSpec {
     /// Components in all: 1 for an ordinary job.
     pub fn het_size(&self) -> usize {
         self.components.len().saturating_add(1)
+    }
+
+    /// Component `k`'s shape (0: the job's own) as a spec of its own, with
+    /// the job's user, account, QOS, time limits, deadline, reservation and
+    /// topology, and nothing else (no script, environment or further
+    /// components): what placing, checking or resolving one component reads.
+    pub fn component_shape(&self, k: usize) -> JobSpec {
+        let mut spec = JobSpec {
+            user: self.user.clone(),
+            account: self.account.clone(),
+            qos: self.qos.clone(),
+            time_limit_s: self.time_limit_s,
+            time_min_s: self.time_min_s,
+            deadline_ms: self.deadline_ms,
+            reservation: self.reservation.clone(),
+            topology: self.topology.clone(),
+            batch: self.batch,
+            ..JobSpec::default()
+        };
+        match k.checked_sub(1).and_then(|i| self.components.get(i)) {
+            Some(c) => c.apply_to(&mut spec),
+            None => HetComponent::of(self).apply_to(&mut spec),
+        }
+        spec
+    }
+
+    /// Every component's shape, component 0 (the job's own) first.
+    pub fn shapes(&self) -> impl Iterator<Item = HetComponent> + '_ {
+        std::iter::once(HetComponent::of(self)).chain(self.components.iter().cloned())
     }
 
     /// The node counts of the components, in order: a placement lists

@@ -457,15 +457,14 @@ impl AgentApi {
             het_groups: if spec.components.is_empty() {
                 Vec::new()
             } else {
-                (0..spec.het_size())
-                    .map(|k| job.component_job(k).spec)
+                spec.shapes()
                     .map(|c| gangway_proto::v1::HetGroup {
                         nodes: c.nodes,
                         tasks_per_node: c.tasks_per_node,
                         cpus_per_task: c.cpus_per_task,
                         mem_per_node_mb: c.mem_per_node_mb,
                         gpus_per_node: c.gpus_per_node,
-                        partition: c.partition.clone(),
+                        partition: c.partition,
                     })
                     .collect()
             },

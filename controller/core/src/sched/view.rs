@@ -389,14 +389,19 @@ impl<'a> View<'a> {
     ) -> Result<Vec<Member>, Miss> {
         // A node with no CPUs left is no candidate for any member.
         let unusable = Free { cpus: 0, mem_mb: 0, gpus: 0, jobs: u32::MAX };
-        let index: BTreeMap<&str, usize> = self.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+        let lists = || std::iter::once(&job.spec.nodelist).chain(job.spec.components.iter().map(|c| &c.nodelist));
+        // Node indexes by name, only when some component lists nodes.
+        let index: BTreeMap<&str, usize> = if lists().any(|l| !l.is_empty()) {
+            self.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect()
+        } else {
+            BTreeMap::new()
+        };
         let mut free = free.to_vec();
         let mut all: Vec<Member> = Vec::new();
         for k in 0..job.spec.het_size() {
             let part = job.component_job(k);
             let mut mine = free.clone();
-            let lists = std::iter::once(&job.spec.nodelist).chain(job.spec.components.iter().map(|c| &c.nodelist));
-            for (_, listed) in lists.enumerate().filter(|(j, _)| *j != k) {
+            for (_, listed) in lists().enumerate().filter(|(j, _)| *j != k) {
                 for i in listed.iter().filter_map(|n| index.get(n.as_str())) {
                     mine[*i] = unusable;
                 }

@@ -199,15 +199,7 @@ impl State {
         let u = alloc_use(alloc);
         let licenses = self.jobs.get(&job_id).map(|j| j.spec.licenses.clone()).unwrap_or_default();
         for (name, n) in licenses {
-            let used = self.licenses_used.entry(name.clone()).or_default();
-            if add {
-                *used = used.saturating_add(u64::from(n));
-            } else {
-                *used = used.saturating_sub(u64::from(n));
-                if *used == 0 {
-                    self.licenses_used.remove(&name);
-                }
-            }
+            count_seats(&mut self.licenses_used, name, u64::from(n), add);
         }
         self.count_held_licenses(job_id, add);
         for k in self.use_keys(job_id) {
@@ -643,6 +635,20 @@ impl State {
             }
             Some(_) => Applied::refused(RefusalKind::Stale, format!("job {job_id} attempt {attempt} is not running")),
             None => Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist")),
+        }
+    }
+}
+
+/// Adds `n` seats under `key` (or takes them away, dropping a key that
+/// reaches 0, so the derived maps compare equal to a recount).
+pub(super) fn count_seats<K: Ord>(seats: &mut BTreeMap<K, u64>, key: K, n: u64, add: bool) {
+    if add {
+        let e = seats.entry(key).or_default();
+        *e = e.saturating_add(n);
+    } else if let Some(e) = seats.get_mut(&key) {
+        *e = e.saturating_sub(n);
+        if *e == 0 {
+            seats.remove(&key);
         }
     }
 }

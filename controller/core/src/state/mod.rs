@@ -834,7 +834,7 @@ impl State {
                 let Some((mine, after)) = rest.split_at_checked(count as usize) else {
                     return Err(format!("component {k}: fewer nodes placed than its {count}"));
                 };
-                self.check_component(&job.component_job(k).spec, mine, freed, &released, &mut seen)
+                self.check_component(&spec.component_shape(k), mine, freed, &released, &mut seen)
                     .map_err(|e| format!("component {k}: {e}"))?;
                 rest = after;
             }
@@ -1129,15 +1129,7 @@ impl State {
             })
             .collect();
         for (key, n) in held {
-            let e = self.licenses_held.entry(key.clone()).or_default();
-            if add {
-                *e = e.saturating_add(n);
-            } else {
-                *e = e.saturating_sub(n);
-                if *e == 0 {
-                    self.licenses_held.remove(&key);
-                }
-            }
+            admin::count_seats(&mut self.licenses_held, key, n, add);
         }
     }
 

@@ -207,16 +207,8 @@ impl State {
         self.resolve_shape(&mut s)?;
         // A heterogeneous job's further components: each in its partition.
         let mut components = Vec::with_capacity(s.components.len());
-        for (i, shape) in s.components.iter().enumerate() {
-            // The component's shape with what its partition is checked against.
-            let mut c = JobSpec {
-                user: s.user.clone(),
-                account: s.account.clone(),
-                time_limit_s: s.time_limit_s,
-                ..JobSpec::default()
-            };
-            shape.apply_to(&mut c);
-            let k = i.saturating_add(1);
+        for k in 1..s.het_size() {
+            let mut c = s.component_shape(k);
             self.resolve_shape(&mut c).map_err(|e| SpecError::new(&format!("components[{k}].{}", e.field), e.rule))?;
             components.push(HetComponent::of(&c));
         }
