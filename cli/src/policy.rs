@@ -193,7 +193,9 @@ pub struct QosArgs {
     /// QOS levels this one may preempt, comma-separated.
     #[arg(long, value_delimiter = ',')]
     preempt: Option<Vec<String>>,
-    /// What happens to this QOS's jobs when preempted: requeue or cancel.
+    /// What happens to this QOS's jobs when preempted: requeue, cancel, or
+    /// suspend (stopped, giving their CPUs and GPUs to the preemptor until
+    /// they are free again).
     #[arg(long)]
     preempt_mode: Option<String>,
     /// Seconds between the warning signal and the kill of a preempted job.
@@ -426,7 +428,8 @@ impl QosArgs {
             q.preempt_mode = match m.as_str() {
                 "requeue" => PreemptMode::Requeue,
                 "cancel" => PreemptMode::Cancel,
-                other => bail!("preempt-mode: '{other}' must be requeue or cancel"),
+                "suspend" => PreemptMode::Suspend,
+                other => bail!("preempt-mode: '{other}' must be requeue, cancel or suspend"),
             };
         }
         if let Some(g) = self.grace {

@@ -1084,6 +1084,45 @@ fn suspend_and_resume_through_the_shims(endpoints: &str, work: &Path, shim: &dyn
                 .map_or(true, |s| s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
         });
     }
+
+    // QOS preempt mode SUSPEND: a scavenger job on all of a node's GPUs is
+    // suspended (its task stops) when an urgent job needs them, the urgent
+    // job runs on those GPUs, and the scavenger continues once it ended.
+    for args in [
+        ["qos", "add", "scavenger", "--preempt-mode", "suspend"].as_slice(),
+        ["qos", "add", "urgent", "--priority", "100", "--preempt", "scavenger"].as_slice(),
+    ] {
+        let o = cli(endpoints, &[&["admin"], args].concat(), work);
+        assert!(o.status.success(), "admin {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let node = "e2e-node-1";
+    let scav = "while :; do echo t >> scav-ticks; sleep 0.1; done";
+    let low =
+        tool("sbatch", &["--parsable", "-q", "scavenger", "-w", node, "--gpus-per-node=4", "-t", "30", "--wrap", scav]);
+    let low = low.trim().to_string();
+    let scav_ticks = || std::fs::read_to_string(work.join("scav-ticks")).map_or(0, |t| t.len());
+    eventually("the scavenger never ticked", || scav_ticks() > 0);
+    let urgent = "echo $CUDA_VISIBLE_DEVICES > urgent-gpus; sleep 3";
+    let high = tool("sbatch", &["--parsable", "-q", "urgent", "-w", node, "--gpus-per-node=4", "--wrap", urgent]);
+    let high = high.trim().to_string();
+    eventually("the urgent job never ran", || work.join("urgent-gpus").exists());
+    assert_eq!(tool("squeue", &["-h", "-j", &low, "-o", "%t"]).trim(), "S", "the victim is suspended, not requeued");
+    let shown = tool("scontrol", &["show", "job", &low]);
+    assert!(shown.contains(&format!("preempted by job {high}")), "{shown}");
+    let o = shim("scontrol", "dev:root").args(["resume", &low]).output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("resumes by itself"), "an operator resumed a victim early");
+    let paused = scav_ticks();
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(scav_ticks(), paused, "the victim ran on the preemptor's GPUs");
+    eventually("the urgent job never completed", || {
+        tool("sacct", &["-X", "-j", &high, "-n", "-P", "-o", "State"]).trim() == "COMPLETED"
+    });
+    eventually("the victim never resumed", || scav_ticks() > paused);
+    assert_eq!(tool("squeue", &["-h", "-j", &low, "-o", "%t"]).trim(), "R");
+    tool("scancel", &[&low]);
+    eventually("the scavenger was never cancelled", || {
+        tool("sacct", &["-X", "-j", &low, "-n", "-P", "-o", "State"]).trim() == "CANCELLED"
+    });
 }
 
 /// Licenses and advance reservations through Slurm's commands: seats held by

@@ -102,8 +102,13 @@ impl Default for Config {
 
 /// The QOS of most jobs: preemptible.
 const QOS_BATCH: &str = "batch";
-/// The QOS of a few jobs: may preempt batch jobs.
+/// The QOS of a few jobs: may preempt batch and scavenger jobs.
 const QOS_URGENT: &str = "urgent";
+/// The QOS of some jobs: suspended when preempted (preempt mode SUSPEND),
+/// resumed once their CPUs and GPUs are free again.
+const QOS_SCAVENGER: &str = "scavenger";
+/// One job in this many that is not urgent is a scavenger.
+const SCAVENGER_EVERY: usize = 5;
 /// Jobs submitted urgent, per thousand: enough that most runs preempt.
 const URGENT_PER_MILLE: u64 = 150;
 /// The grace a preempted batch job gets before its kill.
@@ -139,6 +144,8 @@ pub struct Report {
     pub preempted: u32,
     /// Running jobs suspended (and later resumed) by the operator.
     pub suspended: u32,
+    /// Preemption victims suspended (preempt mode SUSPEND), not stopped.
+    pub preempt_suspended: u32,
     /// Heterogeneous jobs that completed.
     pub het_completed: u32,
     /// The run's trace, one line per notable event (kept when asked).
@@ -402,7 +409,18 @@ impl World {
         state.policy.operators.push(SIM_OPERATOR.into());
         state.policy.qos.insert(
             QOS_URGENT.into(),
-            gangway_core::policy::Qos { priority: 100, preempt: vec![QOS_BATCH.into()], ..Default::default() },
+            gangway_core::policy::Qos {
+                priority: 100,
+                preempt: vec![QOS_BATCH.into(), QOS_SCAVENGER.into()],
+                ..Default::default()
+            },
+        );
+        state.policy.qos.insert(
+            QOS_SCAVENGER.into(),
+            gangway_core::policy::Qos {
+                preempt_mode: gangway_core::policy::PreemptMode::Suspend,
+                ..Default::default()
+            },
         );
         World {
             rng: Rng(seed ^ 0x005E_ED0F_6A96_3A77),
@@ -765,6 +783,11 @@ impl World {
                     }
                 }
                 self.report.preempted = self.report.preempted.saturating_add(preempted.len() as u32);
+                let suspended = preemptions
+                    .iter()
+                    .filter(|v| v.mode == gangway_core::policy::PreemptMode::Suspend && preempted.contains(&v.job_id))
+                    .count();
+                self.report.preempt_suspended = self.report.preempt_suspended.saturating_add(suspended as u32);
             }
             (Command::UpdateJob { change: JobChange::Suspend, .. }, Outcome::JobUpdated { .. }) => {
                 self.report.suspended = self.report.suspended.saturating_add(1);
@@ -1020,6 +1043,17 @@ impl World {
     fn resume(&mut self, node: usize, task: TaskKey) {
         self.next_id += 1;
         let (gen, now) = (self.next_id, self.now);
+        // GPU exclusivity: it continues only on GPUs no running process holds.
+        let procs = &self.agents[node].processes;
+        let gpus = procs.get(&task).map(|p| p.gpus.clone()).unwrap_or_default();
+        let clash: Vec<TaskKey> = procs
+            .iter()
+            .filter(|(k, p)| **k != task && p.paused_left.is_none() && p.gpus.iter().any(|g| gpus.contains(g)))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in clash {
+            self.violation(format!("task {task:?} resumed on GPUs {gpus:?} that running task {key:?} holds"));
+        }
         let Some(p) = self.agents[node].processes.get_mut(&task) else { return };
         let Some(left) = p.paused_left.take() else { return };
         if left != u64::MAX {
@@ -1044,9 +1078,10 @@ impl World {
                 ));
             }
         }
-        // GPU exclusivity on the node.
+        // GPU exclusivity on the node: a suspended process runs nothing on
+        // its GPUs (a preemptor takes them while its victim is suspended).
         for (key, p) in &self.agents[node].processes {
-            if p.gpus.iter().any(|g| gpus.contains(g)) {
+            if p.paused_left.is_none() && p.gpus.iter().any(|g| gpus.contains(g)) {
                 broken.push(format!("task {task:?} given GPUs {gpus:?} that task {key:?} still holds"));
             }
         }
@@ -1129,6 +1164,9 @@ impl World {
         };
         let mut spec = spec;
         // Decided by the key, not the random stream (the other draws stay).
+        if key % SCAVENGER_EVERY == SCAVENGER_EVERY / 2 && spec.qos == QOS_BATCH {
+            spec.qos = QOS_SCAVENGER.into();
+        }
         if key % HET_EVERY == HET_EVERY / 3 {
             spec.batch = true;
             spec.components = vec![gangway_core::spec::HetComponent {
@@ -1212,14 +1250,16 @@ mod tests {
     #[test]
     fn every_seed_holds_every_invariant() {
         let cfg = Config::default();
-        let (mut suspended, mut het) = (0, 0);
+        let (mut suspended, mut het, mut yielded) = (0, 0, 0);
         for seed in 1..=200 {
             let r = run_seed(seed, &cfg, false);
             assert!(r.violations.is_empty(), "seed {seed}: {:?} (gangway-sim --seed {seed} --trace)", r.violations);
             assert!(r.jobs_completed > 0, "seed {seed} completed nothing");
             suspended += r.suspended;
             het += r.het_completed;
+            yielded += r.preempt_suspended;
         }
+        assert!(yielded >= 50, "only {yielded} preemption victims were suspended in 200 seeds");
         assert!(suspended >= 50, "the operator suspended only {suspended} running jobs in 200 seeds");
         assert!(het >= 100, "only {het} heterogeneous jobs completed in 200 seeds");
         let shim = Config { shim: true, ..Config::default() };

@@ -84,12 +84,13 @@ fn main() -> ExitCode {
             }
         } else if count == 1 {
             println!(
-                "seed {seed}: ok: {} jobs completed, {} ended otherwise, {} launches, {} preempted, {} suspended, {} \
-                 nodes marked down, {} elections, {} log entries, {} events, {:.0} s simulated",
+                "seed {seed}: ok: {} jobs completed, {} ended otherwise, {} launches, {} preempted ({} of them \
+                 suspended), {} suspended by the operator, {} nodes marked down, {} elections, {} log entries, {} events, {:.0} s simulated",
                 r.jobs_completed,
                 r.jobs_failed,
                 r.launches,
                 r.preempted,
+                r.preempt_suspended,
                 r.suspended,
                 r.nodes_marked_down,
                 r.elections,

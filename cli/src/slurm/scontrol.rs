@@ -232,7 +232,9 @@ pub fn job_fields(j: &pb::Job, e: Option<&pb::Explanation>, now: u64) -> Vec<(St
     if gpus > 0 {
         tres.push_str(&format!(",gres/gpu={gpus}"));
     }
-    let reason = if pending && !j.reason.is_empty() { j.reason.clone() } else { "None".into() };
+    // A pending job's reason, or why a suspended one is (preempted by a job).
+    let suspended = j.state == pb::JobState::Suspended as i32;
+    let reason = if (pending || suspended) && !j.reason.is_empty() { j.reason.clone() } else { "None".into() };
     f.extend([
         ("UserId".into(), s.user.clone()),
         ("Account".into(), none(&s.account)),

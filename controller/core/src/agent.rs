@@ -175,6 +175,14 @@ struct Task {
     signal_seen: Option<u64>,
 }
 
+impl Task {
+    /// Whether its processes may be running on its GPUs: not known to be
+    /// suspended (a stopping task is woken to end).
+    fn active(&self) -> bool {
+        self.stopping || self.suspended != Some(true)
+    }
+}
+
 impl AgentCore {
     /// A starting agent with the fences it persisted; `now_ms` counts as
     /// contact (an agent that starts has not been cut off yet).
@@ -261,9 +269,11 @@ impl AgentCore {
         self.tasks.keys().copied().collect()
     }
 
-    /// GPU index → the job whose task holds it.
+    /// GPU index → the job whose task holds it: the running one, where a
+    /// suspended task was allotted the same GPU before it.
     pub fn gpu_jobs(&self) -> BTreeMap<u32, JobId> {
-        self.tasks.iter().flat_map(|((job, _), t)| t.gpus.iter().map(move |g| (*g, *job))).collect()
+        let (asleep, awake): (Vec<_>, Vec<_>) = self.tasks.iter().partition(|(_, t)| !t.active());
+        asleep.into_iter().chain(awake).flat_map(|((job, _), t)| t.gpus.iter().map(move |g| (*g, *job))).collect()
     }
 
     /// A task found running at start (it outlived the previous agent process).
@@ -364,14 +374,19 @@ impl AgentCore {
             t.stopping = true;
             actions.push(Action::Stop { task: *task, grace_ms });
         }
+        // Suspension before launches: a job suspended for a preemptor (QOS
+        // preempt mode SUSPEND) stops before the preemptor starts on its GPUs.
+        let suspended: BTreeSet<TaskKey> = answer.suspended.iter().copied().collect();
+        self.reconcile_suspension(&desired, &suspended, answer, &mut actions);
         let mut launches = Vec::new();
         for (task, gpus) in &answer.launch {
             if self.tasks.contains_key(task) || !desired.contains(task) {
                 continue;
             }
             // A preempted task may still hold these GPUs during its grace:
-            // the new task starts once it is gone (the order comes again).
-            if self.tasks.values().any(|t| t.gpus.iter().any(|g| gpus.contains(g))) {
+            // the new task starts once it is gone (the order comes again). A
+            // suspended task runs nothing on them.
+            if self.tasks.values().any(|t| t.active() && t.gpus.iter().any(|g| gpus.contains(g))) {
                 continue;
             }
             // A refused fence means this attempt already ran here and its task
@@ -407,15 +422,33 @@ impl AgentCore {
             actions.push(Action::PersistFences);
         }
         actions.extend(launches);
-        // Suspension last: a task launched just now whose job is already
+        // And again for the tasks launched just now: one whose job is already
         // suspended is stopped right after it starts.
-        let suspended: BTreeSet<TaskKey> = answer.suspended.iter().copied().collect();
+        self.reconcile_suspension(&desired, &suspended, answer, &mut actions);
+        self.seen_index = self.seen_index.max(answer.index);
+        actions
+    }
+
+    /// Suspends and resumes the desired tasks as `suspended` says, and
+    /// delivers their new signal requests. A task resumes only once no other
+    /// running or stopping task holds one of its GPUs (a preemptor it was
+    /// suspended for may still be stopping): the order comes again.
+    fn reconcile_suspension(
+        &mut self,
+        desired: &BTreeSet<TaskKey>,
+        suspended: &BTreeSet<TaskKey>,
+        answer: &Answer,
+        actions: &mut Vec<Action>,
+    ) {
+        let busy: BTreeMap<u32, TaskKey> =
+            self.tasks.iter().filter(|(_, t)| t.active()).flat_map(|(k, t)| t.gpus.iter().map(|g| (*g, *k))).collect();
         for (task, t) in &mut self.tasks {
             if t.stopping || !desired.contains(task) {
                 continue;
             }
             let want = suspended.contains(task);
-            if t.suspended != Some(want) {
+            let blocked = !want && t.gpus.iter().any(|g| busy.get(g).is_some_and(|k| k != task));
+            if t.suspended != Some(want) && !blocked {
                 t.suspended = Some(want);
                 actions.push(if want { Action::Suspend(*task) } else { Action::Resume(*task) });
             }
@@ -429,8 +462,6 @@ impl AgentCore {
                 t.signal_seen = Some(t.signal_seen.map_or(s.seq, |seen| seen.max(s.seq)));
             }
         }
-        self.seen_index = self.seen_index.max(answer.index);
-        actions
     }
 
     /// The passing of time: the self-fence. Returns the tasks to stop.
@@ -535,12 +566,40 @@ mod tests {
         ans.suspended = vec![(10, 1)];
         assert_eq!(
             b.answered(100, &ans),
-            vec![Action::PersistFences, Action::Resume((9, 1)), Action::Suspend((10, 1))]
+            vec![Action::Resume((9, 1)), Action::Suspend((10, 1)), Action::PersistFences]
         );
         // Not desired any more: stopped, never resumed or suspended after.
         assert_eq!(b.answered(200, &answer(3, &[(10, 1)], &[])).len(), 2, "stop 9, resume 10");
         assert_eq!(b.answered(300, &answer(3, &[], &[])), vec![Action::Stop { task: (10, 1), grace_ms: 5_000 }]);
         assert_eq!(b.answered(400, &ans), vec![]);
+    }
+
+    /// QOS preempt mode SUSPEND: the victim stops before its preemptor
+    /// starts on the same GPUs, and continues only once no running or
+    /// stopping task holds them.
+    #[test]
+    fn a_victim_suspended_for_a_preemptor_shares_its_gpus_only_while_stopped() {
+        let mut a = AgentCore::new(Fences::default(), 5_000, 0);
+        a.registered_at(0, 10_000, 0);
+        a.answered(100, &answer(3, &[(7, 1)], &[((7, 1), &[0, 1])]));
+        let mut ans = answer(3, &[(7, 1), (8, 1)], &[((8, 1), &[0, 1])]);
+        ans.suspended = vec![(7, 1)];
+        assert_eq!(
+            a.answered(200, &ans),
+            vec![Action::Suspend((7, 1)), Action::PersistFences, Action::Launch((8, 1))],
+            "suspended first, then the preemptor starts on its GPUs"
+        );
+        assert_eq!(a.gpu_jobs(), BTreeMap::from([(0, 8), (1, 8)]), "the GPUs' metrics name the running job");
+        // The preemptor is cancelled: stopping, it still runs on the GPUs.
+        let back = answer(3, &[(7, 1)], &[]);
+        assert_eq!(a.answered(300, &back), vec![Action::Stop { task: (8, 1), grace_ms: 5_000 }]);
+        assert_eq!(a.answered(400, &back), vec![], "no resume while the preemptor holds the GPUs");
+        a.task_exited(Exit::ended((8, 1), None, Some(15)));
+        assert_eq!(a.answered(500, &back), vec![Action::Resume((7, 1))]);
+        // A task suspended by the operator (not sharing) still blocks nothing
+        // it does not hold, and a launch onto a running task's GPUs waits.
+        let ans = answer(3, &[(7, 1), (9, 1)], &[((9, 1), &[1])]);
+        assert_eq!(a.answered(600, &ans), vec![], "GPU 1 is the running job 7's");
     }
 
     /// The leader stretches the interval as its fleet grows; the agent obeys

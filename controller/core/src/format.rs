@@ -28,6 +28,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::command::Command;
 use crate::compat::{v10, v4, v5, v8};
+use crate::policy::PreemptMode;
 
 /// The format every log starts in: a new cluster's first entries are written
 /// in it until its leader moves the cluster to the newest format.
@@ -35,7 +36,7 @@ pub const FORMAT_BASE: u32 = 4;
 /// The oldest format this build reads (log entries, snapshots, stores).
 pub const FORMAT_OLDEST: u32 = 4;
 /// The newest format this build reads and, once every replica can, writes.
-pub const FORMAT_NEWEST: u32 = 11;
+pub const FORMAT_NEWEST: u32 = 12;
 
 /// Format 7 changed no encoding, only a rule of `apply`: a plan's preemption
 /// victims are evicted only together with the placement they make room for,
@@ -76,6 +77,14 @@ pub const HET_JOBS_FORMAT: u32 = 11;
 /// was suspended (before, an attempt was charged from its start to its end).
 pub const UNCHARGED_SUSPENSION_FORMAT: u32 = HET_JOBS_FORMAT;
 
+/// Format 12 added the QOS preempt mode SUSPEND
+/// ([`crate::policy::PreemptMode::Suspend`], a variant appended to the
+/// policy's and the plan's preemption mode) and the job's
+/// `Job::preempted_by`: a victim suspended for a preemptor, holding its
+/// memory but not its CPUs or GPUs until `apply` resumes it. Format 11's
+/// job and state are frozen in `compat::v11`.
+pub const PREEMPT_SUSPEND_FORMAT: u32 = 12;
+
 /// Whether this build reads `format`.
 pub fn readable(format: u32) -> bool {
     (FORMAT_OLDEST..=FORMAT_NEWEST).contains(&format)
@@ -111,6 +120,11 @@ impl Command {
             Command::Batch(cmds) => cmds.iter().map(Command::since_format).max().unwrap_or(FORMAT_BASE),
             // Roles, the user map and the job switches came with format 6.
             Command::UpdatePolicy { policy, .. } => policy.needs_format(),
+            Command::ApplySchedule { preemptions, .. }
+                if preemptions.iter().any(|p| p.mode == PreemptMode::Suspend) =>
+            {
+                PREEMPT_SUSPEND_FORMAT
+            }
             Command::SubmitJob { spec, .. } if !spec.components.is_empty() => HET_JOBS_FORMAT,
             Command::SubmitJob { spec, .. } if spec.format_9_field().is_some() => SLURM_FEATURES_FORMAT,
             Command::ChangeReservation { .. } => SLURM_FEATURES_FORMAT,
@@ -203,6 +217,16 @@ impl Serialize for Payload {
         let Some(command) = &self.command else {
             return v4::Wire::Envelope { format: self.format, body: self.unread.clone() }.serialize(serializer);
         };
+        // From format 9 on, a format's variants are today's: one a command
+        // of a later format uses must not be written in an earlier one.
+        if self.format >= SLURM_FEATURES_FORMAT && command.since_format() > self.format {
+            return Err(S::Error::custom(format!(
+                "{} needs data format {}, not {}",
+                command.name(),
+                command.since_format(),
+                self.format
+            )));
+        }
         match self.format {
             4 => v4::Wire::from_command(command).map_err(S::Error::custom)?.serialize(serializer),
             5 => {
@@ -216,17 +240,11 @@ impl Serialize for Payload {
             }
             // Format 10 appended variants, not changing format 9's encoding.
             format @ (9 | 10) => {
-                if command.since_format() > format {
-                    return Err(S::Error::custom(format!(
-                        "{} needs data format {}, not {format}",
-                        command.name(),
-                        command.since_format()
-                    )));
-                }
                 let body = to_bytes(&v10::Wire::from_command(command).map_err(S::Error::custom)?);
                 v4::Wire::Envelope { format, body }.serialize(serializer)
             }
-            11 => v4::Wire::Envelope { format: 11, body: to_bytes(command) }.serialize(serializer),
+            // Format 12 appended a variant, not changing format 11's encoding.
+            format @ (11 | 12) => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
             f => Err(S::Error::custom(format!("this build does not write data format {f}"))),
         }
     }
@@ -251,9 +269,9 @@ impl<'de> Deserialize<'de> for Payload {
                 let command = wire.into_command().ok_or_else(|| D::Error::custom("an envelope inside a batch"))?;
                 Ok(Payload { format, command: Some(command), unread: Vec::new() })
             }
-            v4::Wire::Envelope { format: 11, body } => {
+            v4::Wire::Envelope { format: format @ (11 | 12), body } => {
                 let command = from_bytes(&body).map_err(D::Error::custom)?;
-                Ok(Payload { format: 11, command: Some(command), unread: Vec::new() })
+                Ok(Payload { format, command: Some(command), unread: Vec::new() })
             }
             v4::Wire::Envelope { format, body } if format > FORMAT_NEWEST => {
                 Ok(Payload { format, command: None, unread: body })

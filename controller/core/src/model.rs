@@ -144,6 +144,11 @@ pub struct Job {
     /// node's agent delivers each number once), the signal and its target.
     /// None: none yet. Since format 10.
     pub signal: Option<JobSignal>,
+    /// The preemptor this running attempt was suspended for (QOS preempt
+    /// mode SUSPEND): while set, the job is suspended and holds its memory,
+    /// licenses and quota use but not its CPUs or GPUs, which `apply` gives
+    /// back (resuming it) once they are free. Since format 12.
+    pub preempted_by: Option<JobId>,
 }
 
 /// A signal requested for a running job's tasks (see [`Job::signal`]).
@@ -254,6 +259,7 @@ impl Job {
             steps: Vec::new(),
             next_step_id: 0,
             signal: None,
+            preempted_by: None,
         }
     }
 
@@ -274,6 +280,12 @@ impl Job {
 
     pub fn is_suspended(&self) -> bool {
         self.suspended_at_ms.is_some()
+    }
+
+    /// Whether the job is suspended for a preemptor and has given up its
+    /// CPUs and GPUs meanwhile (see [`Job::preempted_by`]).
+    pub fn is_yielded(&self) -> bool {
+        self.preempted_by.is_some()
     }
 
     /// Time the current (or last) attempt has spent suspended as of

@@ -237,6 +237,21 @@ pub enum PreemptMode {
     Requeue,
     /// Victims end CANCELLED.
     Cancel,
+    /// Victims are suspended (their tasks stopped, as `scontrol suspend`
+    /// stops them) and give their CPUs and GPUs to the preemptor; they keep
+    /// their memory, licenses and quota use, and resume by themselves once
+    /// their CPUs and GPUs are free again. Since format 12.
+    Suspend,
+}
+
+impl PreemptMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreemptMode::Requeue => "requeue",
+            PreemptMode::Cancel => "cancel",
+            PreemptMode::Suspend => "suspend",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -928,7 +943,9 @@ impl ClusterPolicy {
             || !self.user_domains.is_empty()
             || self.allow_root_jobs
             || self.private_jobs;
-        if !self.account_licenses.is_empty() || !self.qos_licenses.is_empty() {
+        if self.qos.values().any(|q| q.preempt_mode == PreemptMode::Suspend) {
+            crate::format::PREEMPT_SUSPEND_FORMAT
+        } else if !self.account_licenses.is_empty() || !self.qos_licenses.is_empty() {
             crate::format::HET_JOBS_FORMAT
         } else if !self.licenses.is_empty() {
             crate::format::SLURM_FEATURES_FORMAT

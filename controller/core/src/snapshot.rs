@@ -11,9 +11,10 @@
 //! - formats 7 and 8: the same with 7 or 8 (rules of apply changed, not the state);
 //! - format 9: the same with 9 and format 9's state (`compat::v9`);
 //! - format 10: the same with 10 and format 10's state (`compat::v10`);
-//! - format 11: the same with 11 and today's state.
+//! - format 11: the same with 11 and format 11's state (`compat::v11`);
+//! - format 12: the same with 12 and today's state.
 
-use crate::compat::{v10, v4, v5, v8, v9};
+use crate::compat::{v10, v11, v4, v5, v8, v9};
 use crate::format::{crc32c, from_bytes, to_bytes, FORMAT_NEWEST, FORMAT_OLDEST};
 use crate::state::State;
 
@@ -47,6 +48,7 @@ pub fn encode(state: &State) -> Vec<u8> {
         6..=8 => to_bytes(&v8::StateRef::from(state)),
         9 => to_bytes(&v9::StateRef::from(state)),
         10 => to_bytes(&v10::StateRef::from(state)),
+        11 => to_bytes(&v11::StateRef::from(state)),
         _ => to_bytes(state),
     };
     out.extend_from_slice(&state.format.min(FORMAT_NEWEST).to_le_bytes());
@@ -93,6 +95,10 @@ pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
         10 => {
             let v10: v10::State = from_bytes(body).map_err(decode_err)?;
             (v10.stored_format(), v10.into())
+        }
+        11 => {
+            let v11: v11::State = from_bytes(body).map_err(decode_err)?;
+            (v11.stored_format(), v11.into())
         }
         _ => {
             let state: State = from_bytes(body).map_err(decode_err)?;

@@ -264,7 +264,9 @@ fn preset_policy(i: u8) -> gangway_core::policy::ClusterPolicy {
         },
     );
     p.users.insert("alice".into(), User { accounts: vec!["ml".into()], ..User::default() });
-    p.qos.insert("low".into(), Qos::default());
+    // Low jobs are suspended when preempted under some presets (format 12).
+    let preempt_mode = if i % 4 == 2 { PreemptMode::Suspend } else { PreemptMode::Requeue };
+    p.qos.insert("low".into(), Qos { preempt_mode, ..Qos::default() });
     p.qos.insert("high".into(), Qos { priority: 10, preempt: vec!["low".into()], ..Qos::default() });
     if i % 4 == 3 {
         p.partitions.insert("all".into(), Partition { default: true, ..Partition::default() });
@@ -811,8 +813,12 @@ fn a_preemptor_is_checked_as_if_its_victims_had_stopped() {
     };
     let err = s.check_placement(&placement).unwrap_err();
     assert!(err.contains("lacks free CPUs") || err.contains("not free") || err.contains("AssocGrpLimit"), "{err}");
-    let freed = std::collections::BTreeSet::from([2]);
+    let freed = std::collections::BTreeMap::from([(2, gangway_core::policy::PreemptMode::Requeue)]);
     s.check_placement_freeing(&placement, &freed).unwrap();
+    // A victim suspended instead keeps its quota use: the account's quota is still full.
+    let suspended = std::collections::BTreeMap::from([(2, gangway_core::policy::PreemptMode::Suspend)]);
+    let err = s.check_placement_freeing(&placement, &suspended).unwrap_err();
+    assert!(err.contains("AssocGrpLimit") || err.contains("quota") || err.contains("GPU"), "{err}");
 }
 
 /// Slurm's batch semantics: a batch job ends with its script on the first
@@ -1242,6 +1248,11 @@ fn every_command() -> Vec<Command> {
         Command::StepEnded { job_id: 1, attempt: 1, step_id: 0, exit_code: Some(3), signal: None, now_ms: 11 },
         Command::ApplySchedule {
             preemptions: vec![Preemption { job_id: 2, attempt: 1, mode: PreemptMode::Cancel, for_job: 1 }],
+            placements: vec![placement.clone()],
+            now_ms: 12,
+        },
+        Command::ApplySchedule {
+            preemptions: vec![Preemption { job_id: 2, attempt: 1, mode: PreemptMode::Suspend, for_job: 1 }],
             placements: vec![placement],
             now_ms: 12,
         },
@@ -1420,6 +1431,50 @@ fn golden_state(format: u32) -> State {
             Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 4_008 };
         let applied = s.apply(61, &submit);
         assert!(matches!(applied.outcome, Outcome::Submitted { .. }), "{:?}", applied.outcome);
+    }
+    if format >= gangway_core::format::PREEMPT_SUSPEND_FORMAT {
+        // A running job suspended for a preemptor that took its GPUs.
+        use gangway_core::command::Preemption;
+        use gangway_core::policy::{PreemptMode, Qos};
+        let victim = s.running.iter().copied().find(|id| !s.jobs[id].is_suspended()).expect("an unsuspended job runs");
+        let qos = s.jobs[&victim].spec.qos.clone();
+        let mut policy = s.policy.clone();
+        policy.qos.insert(qos.clone(), Qos { preempt_mode: PreemptMode::Suspend, ..Qos::default() });
+        policy.qos.insert("urgent".into(), Qos { priority: 20, preempt: vec![qos], ..Qos::default() });
+        let update = Command::UpdatePolicy {
+            policy,
+            expected_version: None,
+            force: true,
+            identity: "server:1".into(),
+            now_ms: 4_009,
+        };
+        let applied = s.apply(62, &update);
+        assert!(matches!(applied.outcome, Outcome::PolicyUpdated { .. }), "{:?}", applied.outcome);
+        let v = &s.jobs[&victim];
+        let mut spec = job_spec(1, v.spec.gpus_per_node, v.spec.cpus_per_task);
+        spec.qos = "urgent".into();
+        spec.time_limit_s = 60; // ends before the golden reservation starts
+        let applied = s.apply(63, &submit_cmd(spec));
+        let Outcome::Submitted { job_id: preemptor, .. } = applied.outcome else { panic!("{:?}", applied.outcome) };
+        let mut nodes = s.jobs[&victim].allocation.as_ref().unwrap().nodes.clone();
+        nodes[0].mem_mb = s.jobs[&preemptor].spec.mem_per_node_mb;
+        let schedule = Command::ApplySchedule {
+            preemptions: vec![Preemption {
+                job_id: victim,
+                attempt: s.jobs[&victim].attempt,
+                mode: PreemptMode::Suspend,
+                for_job: preemptor,
+            }],
+            placements: vec![Placement { job_id: preemptor, attempt: 1, nodes }],
+            now_ms: 4_010,
+        };
+        let applied = s.apply(64, &schedule);
+        assert!(
+            matches!(&applied.outcome, Outcome::ScheduleApplied { preempted, started, .. } if *preempted == [victim] && *started == [preemptor]),
+            "{:?}",
+            applied.outcome
+        );
+        assert_eq!(s.jobs[&victim].preempted_by, Some(preemptor));
     }
     s
 }

@@ -4,6 +4,7 @@
 //! cluster can hold it any more.
 
 pub mod v10;
+pub mod v11;
 pub mod v4;
 pub mod v5;
 pub mod v8;

@@ -876,8 +876,9 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
                     if let Some((victims, members)) = pass.preempt(job, depth, prio) {
                         let u = view::members_use(&members);
                         if !has_quotas || pass.quota(job, u).is_none() {
-                            pass.evict(&victims, id);
-                            pass.record(job, members, now.saturating_add(est_s.saturating_mul(1000)));
+                            let given = pass.evict(&victims, id);
+                            pass.record(job, members.clone(), now.saturating_add(est_s.saturating_mul(1000)));
+                            pass.keep_for_yielded(&given, &members);
                             continue;
                         }
                     }

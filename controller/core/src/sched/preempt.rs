@@ -9,6 +9,11 @@
 //! victims in one `ApplySchedule`, so a preemptor always starts where it
 //! evicted (no thrashing) and a failover cannot evict twice.
 //!
+//! A victim whose QOS's preempt mode is SUSPEND is suspended instead and
+//! gives only its CPUs and GPUs (its stopped processes keep their memory,
+//! and it keeps its licenses and quota use); a job suspended already is no
+//! such victim. It resumes once they are free again (`state/yielding.rs`).
+//!
 //! Borrowed quota is reclaimed the same way: a job whose account stays within
 //! its own GPU quota may preempt jobs of sibling accounts that run beyond
 //! theirs on borrowed GPUs, whatever their QOS.
@@ -20,6 +25,8 @@ use super::view::Member;
 use super::{Pass, Prioritizer};
 use crate::command::Preemption;
 use crate::model::{Job, JobId};
+use crate::policy::PreemptMode;
+use std::collections::BTreeMap;
 
 /// Running jobs considered as victims for one preemptor: the cheapest ones by
 /// lost work; bounds the trial placements.
@@ -55,6 +62,8 @@ impl<'s> Pass<'s, '_> {
                         && state.policy.parent_of(&v.spec.account) == state.policy.parent_of(account))
             })
             .filter(|v| !self.plan.preemptions.iter().any(|p| p.job_id == v.id))
+            // A suspended job has nothing to give by being suspended again.
+            .filter(|v| !(v.is_yielded() || (v.is_suspended() && self.mode_of(v) == PreemptMode::Suspend)))
             .map(|v| {
                 let since = v.last_checkpoint_ms.or(v.start_time_ms).unwrap_or(now);
                 let secs = now.saturating_sub(since) / 1000;
@@ -129,20 +138,31 @@ impl<'s> Pass<'s, '_> {
         need > 0 && used.saturating_add(need) <= u64::from(max)
     }
 
-    /// Returns a running job's resources to `free`.
+    /// How victim `v` would be preempted: its QOS's mode.
+    fn mode_of(&self, v: &Job) -> PreemptMode {
+        self.state.policy.qos_of(&v.spec.qos).preempt_mode
+    }
+
+    /// Returns what preempting victim `v` frees to `free`: all it holds, or
+    /// its CPUs and GPUs when it is suspended (mode SUSPEND).
     fn give_job(&self, free: &mut [super::Free], v: &Job) {
+        let whole = self.mode_of(v) != PreemptMode::Suspend;
         for na in v.allocation.iter().flat_map(|a| a.nodes.iter()) {
             if let Some(&i) = self.node_index.get(na.node.as_str()) {
                 let mask = super::view::gpu_mask(&na.gpus);
-                self.view.give(free, i, na.cpus, na.mem_mb, mask);
+                let mem_mb = if whole { na.mem_mb } else { 0 };
+                self.view.give(free, i, na.cpus, mem_mb, mask);
             }
         }
     }
 
-    /// Commits victims to the plan: their space becomes free for the preemptor.
-    pub(super) fn evict(&mut self, victims: &[&'s Job], for_job: JobId) {
+    /// Commits victims to the plan: their space becomes free for the
+    /// preemptor. Returns what the suspended ones (mode SUSPEND) gave per
+    /// node: [`Pass::keep_for_yielded`] takes back what the preemptor leaves.
+    pub(super) fn evict(&mut self, victims: &[&'s Job], for_job: JobId) -> BTreeMap<usize, (u32, u32)> {
+        let mut given: BTreeMap<usize, (u32, u32)> = BTreeMap::new();
         for v in victims {
-            let mode = self.state.policy.qos_of(&v.spec.qos).preempt_mode;
+            let mode = self.mode_of(v);
             let before = self.free.clone();
             let mut free = std::mem::take(&mut self.free);
             self.give_job(&mut free, v);
@@ -155,6 +175,35 @@ impl<'s> Pass<'s, '_> {
                 }
             }
             self.plan.preemptions.push(Preemption { job_id: v.id, attempt: v.attempt, mode, for_job });
+            if mode == PreemptMode::Suspend {
+                for na in v.allocation.iter().flat_map(|a| a.nodes.iter()) {
+                    if let Some(&i) = self.node_index.get(na.node.as_str()) {
+                        let g = given.entry(i).or_default();
+                        *g = (g.0.saturating_add(na.cpus), g.1 | super::view::gpu_mask(&na.gpus));
+                    }
+                }
+            }
+        }
+        given
+    }
+
+    /// After the preemptor is recorded: what suspended victims gave and it
+    /// did not take stays theirs (kept for their resume, as the state keeps
+    /// it), not free for the jobs planned after it. `given`: from
+    /// [`Pass::evict`]; the preemptor took from the victims' CPUs first.
+    pub(super) fn keep_for_yielded(&mut self, given: &BTreeMap<usize, (u32, u32)>, members: &[Member]) {
+        for (&i, &(cpus, gpus)) in given {
+            let took = members.iter().filter(|m| m.node == i).map(|m| m.cpus).fold(0u32, u32::saturating_add);
+            let before = self.free[i];
+            let f = &mut self.free[i];
+            f.cpus = f.cpus.saturating_sub(cpus.saturating_sub(took));
+            f.gpus &= !gpus;
+            let after = *f;
+            self.free_cpus = self.free_cpus.saturating_sub(u64::from(before.cpus.saturating_sub(after.cpus)));
+            self.free_gpus = self
+                .free_gpus
+                .saturating_sub(u64::from(before.gpus.count_ones().saturating_sub(after.gpus.count_ones())));
+            self.rebucket(i, before);
         }
     }
 }

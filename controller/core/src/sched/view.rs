@@ -122,6 +122,20 @@ impl<'a> View<'a> {
     pub fn of(state: &'a State, now_ms: u64) -> View<'a> {
         let mut view = View::new(state.nodes.values(), &state.policy);
         view.now_ms = now_ms;
+        // A job suspended for a preemptor does not hold its CPUs and GPUs,
+        // but they are kept for its resume: nothing else is planned there.
+        if !state.yielded.is_empty() {
+            let index: BTreeMap<&str, usize> =
+                view.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+            let yielded = state.yielded.iter().filter_map(|id| state.jobs.get(id));
+            for na in yielded.flat_map(|j| j.allocation.iter().flat_map(|a| &a.nodes)) {
+                if let Some(&i) = index.get(na.node.as_str()) {
+                    let f = &mut view.free[i];
+                    f.cpus = f.cpus.saturating_sub(na.cpus);
+                    f.gpus &= !gpu_mask(&na.gpus);
+                }
+            }
+        }
         if !state.reservations.is_empty() {
             let index: BTreeMap<&str, usize> =
                 view.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
@@ -491,8 +505,10 @@ impl<'a> View<'a> {
     /// Gives resources back to `free` (a job expected to end).
     pub fn give(&self, free: &mut [Free], node: usize, cpus: u32, mem_mb: u64, gpus: u32) {
         let f = &mut free[node];
-        f.cpus = f.cpus.saturating_add(cpus);
-        f.mem_mb = f.mem_mb.saturating_add(mem_mb);
+        // Never more than the node has: a job suspended for a preemptor
+        // counts as holding the CPUs the preemptor holds too.
+        f.cpus = f.cpus.saturating_add(cpus).min(self.nodes[node].cpus);
+        f.mem_mb = f.mem_mb.saturating_add(mem_mb).min(self.nodes[node].mem_mb);
         // A GPU quarantined meanwhile does not come back.
         let healthy: u32 =
             self.nodes[node].gpus.iter().filter(|g| g.health == GpuHealth::Healthy).fold(0, |m, g| m | (1 << g.index));

@@ -5,7 +5,7 @@
 //! Related code: [`crate::policy`] (what the policy holds), [`crate::sched`]
 //! (the reader of usage and quotas).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -500,6 +500,15 @@ impl State {
                     let what = if suspend { "already suspended" } else { "not suspended" };
                     return Applied::refused(RefusalKind::FailedPrecondition, format!("job {job_id} is {what}"));
                 }
+                if !suspend && job.is_yielded() {
+                    return Applied::refused(
+                        RefusalKind::FailedPrecondition,
+                        format!(
+                            "job {job_id} was suspended by preemption and gave its CPUs and GPUs to another job; \
+                             it resumes by itself once they are free again"
+                        ),
+                    );
+                }
                 let now = self.clock_ms;
                 let job = self.jobs.get_mut(&job_id).expect("checked");
                 if suspend {
@@ -552,21 +561,30 @@ impl State {
             // space anyway.
             let mut victims: BTreeMap<JobId, &Preemption> = BTreeMap::new();
             for v in preemptions.iter().filter(|v| v.for_job == p.job_id) {
-                let live =
-                    self.jobs.get(&v.job_id).is_some_and(|j| j.state == JobState::Running && j.attempt == v.attempt);
+                // A job suspended already has nothing more to give by
+                // suspending (a yielded one gave its CPUs and GPUs already).
+                let live = self.jobs.get(&v.job_id).is_some_and(|j| {
+                    j.state == JobState::Running
+                        && j.attempt == v.attempt
+                        && !(v.mode == PreemptMode::Suspend
+                            && (j.is_suspended() || self.format < crate::format::PREEMPT_SUSPEND_FORMAT))
+                });
                 if live {
                     victims.entry(v.job_id).or_insert(v);
                 }
             }
             // A placement that fits without its victims (space freed since
             // the plan) evicts nobody.
-            let freed: BTreeSet<JobId> =
-                if self.check_placement(p).is_ok() { BTreeSet::new() } else { victims.keys().copied().collect() };
+            let freed: BTreeMap<JobId, PreemptMode> = if self.check_placement(p).is_ok() {
+                BTreeMap::new()
+            } else {
+                victims.iter().map(|(id, v)| (*id, v.mode)).collect()
+            };
             if let Err(why) = self.check_placement_freeing(p, &freed) {
                 rejected.push((p.job_id, why));
                 continue;
             }
-            for (id, v) in victims.iter().filter(|(id, _)| freed.contains(id)) {
+            for (id, v) in victims.iter().filter(|(id, _)| freed.contains_key(id)) {
                 if let Some(e) = self.evict(index, v) {
                     events.push(e);
                     preempted.push(*id);
@@ -613,10 +631,18 @@ impl State {
     }
 
     /// Stops one running preemption victim: requeued (its QOS's mode, while
-    /// it has attempts left) or cancelled. None when the attempt the entry
-    /// names is not running (total: an entry may name anything).
+    /// it has attempts left), suspended yielding its CPUs and GPUs (mode
+    /// SUSPEND, from format 12, when it is not suspended already), or
+    /// cancelled. None when the attempt the entry names is not running
+    /// (total: an entry may name anything).
     fn evict(&mut self, index: u64, p: &Preemption) -> Option<JobEvent> {
         let victim = self.jobs.get_mut(&p.job_id).filter(|j| j.state == JobState::Running && j.attempt == p.attempt)?;
+        if p.mode == PreemptMode::Suspend {
+            if victim.is_suspended() || self.format < crate::format::PREEMPT_SUSPEND_FORMAT {
+                return None;
+            }
+            return Some(self.suspend_for(index, p.job_id, p.for_job));
+        }
         let why = format!("{}{}", crate::duties::PREEMPTED_BY, p.for_job);
         Some(if p.mode == PreemptMode::Requeue && victim.attempt < ATTEMPTS_MAX {
             victim.preempted = victim.preempted.saturating_add(1);

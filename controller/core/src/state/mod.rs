@@ -24,6 +24,7 @@ mod deps;
 mod reservations;
 mod steps;
 mod submit;
+mod yielding;
 
 pub use admin::{alloc_use, UsageBucket};
 pub use reservations::ReservationWait;
@@ -300,6 +301,10 @@ pub struct State {
     /// rebuilt whenever they change and after a snapshot is decoded.
     #[serde(skip)]
     pub(crate) reserved_nodes: BTreeMap<String, Vec<String>>,
+    /// Running jobs suspended for a preemptor that gave up their CPUs and
+    /// GPUs meanwhile (`Job::preempted_by`). Derived like `unfinished_bytes`.
+    #[serde(skip)]
+    pub(crate) yielded: BTreeSet<JobId>,
 }
 
 impl Default for State {
@@ -328,6 +333,7 @@ impl Default for State {
             licenses_held: BTreeMap::new(),
             deadline_jobs: BTreeSet::new(),
             reserved_nodes: BTreeMap::new(),
+            yielded: BTreeSet::new(),
         }
     }
 }
@@ -341,6 +347,11 @@ impl State {
         self.clock_ms = self.clock_ms.max(cmd.now_ms());
         self.purge_idempotency();
         let mut applied = self.apply_one(index, cmd);
+        // Victims suspended for a preemptor take their CPUs and GPUs back as
+        // soon as whatever this command did freed them.
+        if !self.yielded.is_empty() {
+            applied.events.extend(self.resume_yielded(index));
+        }
         applied.events.extend(self.settle_dependents(index));
         applied
     }
@@ -417,8 +428,12 @@ impl State {
         g.health = if healthy { GpuHealth::Healthy } else { GpuHealth::Quarantined };
         g.health_reason = if healthy { String::new() } else { reason.to_string() };
         let holder = if healthy { None } else { g.allocated_to };
+        let mut holders: Vec<JobId> = holder.into_iter().collect();
+        if !healthy {
+            holders.extend(self.yielded_on_gpu(node, gpu));
+        }
         let mut events = Vec::new();
-        if let Some(job_id) = holder {
+        for job_id in holders {
             let why = format!("GPU {gpu} on {node} failed: {reason}");
             let job = &self.jobs[&job_id];
             events.push(if job.spec.requeue && job.attempt < ATTEMPTS_MAX {
@@ -586,6 +601,7 @@ impl State {
         // time it was suspended for accounting.
         job.suspended_ms = job.suspended_total_ms(now);
         job.suspended_at_ms = None;
+        job.preempted_by = None;
         // Steps still running end with their job, as Slurm ends them.
         for step in job.steps.iter_mut().filter(|s| s.end_ms.is_none()) {
             step.end_ms = Some(now);
@@ -666,22 +682,29 @@ impl State {
         job.start_time_ms = None;
         job.suspended_at_ms = None;
         job.suspended_ms = 0;
+        job.preempted_by = None;
         JobEvent { index, job_id, state: JobState::Pending, attempt, reason, suspended: None, step: None }
     }
 
+    /// Gives back what an ending attempt holds: all of its allocation, or
+    /// only its memory when it had yielded its CPUs and GPUs.
     fn release(&mut self, job_id: JobId, alloc: &Allocation) {
         self.charge_usage(job_id, alloc);
         self.count_running(job_id, alloc, false);
+        let yielded = self.yielded.remove(&job_id);
         for na in &alloc.nodes {
             let node = self.nodes.get_mut(&na.node).expect("allocated node exists");
-            node.cpus_alloc = node.cpus_alloc.checked_sub(na.cpus).expect("cpu accounting underflow");
             node.mem_alloc_mb = node.mem_alloc_mb.checked_sub(na.mem_mb).expect("memory accounting underflow");
+            node.jobs.retain(|&j| j != job_id);
+            if yielded {
+                continue;
+            }
+            node.cpus_alloc = node.cpus_alloc.checked_sub(na.cpus).expect("cpu accounting underflow");
             for &g in &na.gpus {
                 let gpu = &mut node.gpus[g as usize];
                 assert_eq!(gpu.allocated_to, Some(job_id), "GPU {g} on {} not held by job {job_id}", na.node);
                 gpu.allocated_to = None;
             }
-            node.jobs.retain(|&j| j != job_id);
         }
     }
 
@@ -780,15 +803,21 @@ impl State {
 
     /// Checks one gang placement against the current state without changing it.
     pub fn check_placement(&self, p: &Placement) -> Result<(), String> {
-        self.check_placement_freeing(p, &BTreeSet::new())
+        self.check_placement_freeing(p, &BTreeMap::new())
     }
 
     /// As [`State::check_placement`], as if the running jobs in `freed` (the
-    /// placement's preemption victims) had already stopped: their CPUs,
-    /// memory, GPUs and quota use count as free. Apply evicts victims only
-    /// once this accepts the placement they make room for (Nomad's plan
-    /// apply), so a stale plan never evicts for nothing.
-    pub fn check_placement_freeing(&self, p: &Placement, freed: &BTreeSet<JobId>) -> Result<(), String> {
+    /// placement's preemption victims, with their modes) had already
+    /// stopped: their CPUs, memory, GPUs, licenses and quota use count as
+    /// free; a victim suspended instead (mode SUSPEND) frees only its CPUs
+    /// and GPUs. Apply evicts victims only once this accepts the placement
+    /// they make room for (Nomad's plan apply), so a stale plan never evicts
+    /// for nothing.
+    pub fn check_placement_freeing(
+        &self,
+        p: &Placement,
+        freed: &BTreeMap<JobId, crate::policy::PreemptMode>,
+    ) -> Result<(), String> {
         let job = self.jobs.get(&p.job_id).ok_or_else(|| format!("job {} does not exist", p.job_id))?;
         if job.state != JobState::Pending {
             return Err(format!("job {} is {}, not pending", p.job_id, job.state.as_str()));
@@ -808,11 +837,18 @@ impl State {
         let spec = &job.spec;
         // What the victims hold on each node.
         let mut released: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
-        for na in
-            freed.iter().filter_map(|id| self.jobs.get(id)).filter_map(|j| j.allocation.as_ref()).flat_map(|a| &a.nodes)
-        {
-            let r = released.entry(na.node.as_str()).or_default();
-            *r = (r.0.saturating_add(na.cpus), r.1.saturating_add(na.mem_mb));
+        let mut victims: Vec<&Job> = Vec::new();
+        for (id, mode) in freed {
+            let Some(v) = self.jobs.get(id) else { continue };
+            let stops = *mode != crate::policy::PreemptMode::Suspend;
+            if stops {
+                victims.push(v);
+            }
+            for na in v.allocation.iter().flat_map(|a| &a.nodes) {
+                let r = released.entry(na.node.as_str()).or_default();
+                let mem = if stops { na.mem_mb } else { 0 };
+                *r = (r.0.saturating_add(na.cpus), r.1.saturating_add(mem));
+            }
         }
         let mut seen = BTreeSet::new();
         if spec.components.is_empty() {
@@ -844,7 +880,6 @@ impl State {
             cpus: p.nodes.iter().map(|n| u64::from(n.cpus)).sum(),
             jobs: 1,
         };
-        let victims: Vec<&Job> = freed.iter().filter_map(|id| self.jobs.get(id)).collect();
         if let Some(why) = self.quota_exceeded_releasing(job, extra, &victims) {
             return Err(why);
         }
@@ -879,7 +914,7 @@ impl State {
         &self,
         spec: &JobSpec,
         nodes: &'n [NodeAllocation],
-        freed: &BTreeSet<JobId>,
+        freed: &BTreeMap<JobId, crate::policy::PreemptMode>,
         released: &BTreeMap<&str, (u32, u64)>,
         seen: &mut BTreeSet<&'n str>,
     ) -> Result<(), String> {
@@ -925,7 +960,7 @@ impl State {
                     _ => {}
                 }
             }
-            let others = node.jobs.iter().filter(|j| !freed.contains(j)).count();
+            let others = node.jobs.iter().filter(|j| !freed.contains_key(j)).count();
             if spec.exclusive && (others > 0 || na.cpus != node.cpus) {
                 return Err(format!("node {} is not whole for an exclusive job", na.node));
             }
@@ -947,7 +982,7 @@ impl State {
                 if !gpus_seen.insert(g) {
                     return Err(format!("GPU {g} on {} appears twice", na.node));
                 }
-                let taken = gpu.allocated_to.is_some_and(|holder| !freed.contains(&holder));
+                let taken = gpu.allocated_to.is_some_and(|holder| !freed.contains_key(&holder));
                 if taken || gpu.health != GpuHealth::Healthy {
                     return Err(format!("GPU {g} on {} is not free", na.node));
                 }
@@ -1186,6 +1221,8 @@ impl State {
             .copied()
             .collect();
         self.reserved_nodes = self.reserved_nodes_of_reservations();
+        self.yielded =
+            self.running.iter().copied().filter(|id| self.jobs.get(id).is_some_and(Job::is_yielded)).collect();
     }
 
     pub fn check_invariants(&self) -> Result<(), String> {
@@ -1220,6 +1257,9 @@ impl State {
             if job.is_suspended() && job.state != JobState::Running {
                 return Err(format!("job {id} is suspended but {}", job.state.as_str()));
             }
+            if job.is_yielded() != self.yielded.contains(&id) || (job.is_yielded() && !job.is_suspended()) {
+                return Err(format!("job {id}: yielded for a preemptor but not suspended, or misfiled"));
+            }
             if job.state == JobState::Pending && (job.suspended_ms != 0 || !job.steps.is_empty()) {
                 return Err(format!("pending job {id} kept suspended time or steps from an earlier attempt"));
             }
@@ -1250,11 +1290,15 @@ impl State {
                     return Err(format!("job {id} allocation does not match its attempt or gang size"));
                 }
                 for na in &alloc.nodes {
-                    let c = cpus.entry(&na.node).or_default();
-                    *c = c.saturating_add(na.cpus);
                     let m = mem.entry(&na.node).or_default();
                     *m = m.saturating_add(na.mem_mb);
                     node_jobs.entry(&na.node).or_default().insert(id);
+                    // A yielded job holds its memory only.
+                    if job.is_yielded() {
+                        continue;
+                    }
+                    let c = cpus.entry(&na.node).or_default();
+                    *c = c.saturating_add(na.cpus);
                     for &g in &na.gpus {
                         if gpus.insert((&na.node, g), id).is_some() {
                             return Err(format!("GPU {g} on {} held twice", na.node));

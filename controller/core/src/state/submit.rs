@@ -160,6 +160,7 @@ impl State {
                 steps: Vec::new(),
                 next_step_id: 0,
                 signal: None,
+                preempted_by: None,
                 spec: element_spec,
             };
             jobs.push(job);
