@@ -240,6 +240,16 @@ pub enum NodeCmd {
     },
     /// Make a drained node available again.
     Resume { name: String },
+    /// Power an elastic pool's node up (powered down) or down (idle, or a
+    /// boot that failed), as `scontrol update State=POWER_UP|POWER_DOWN`.
+    Power {
+        name: String,
+        /// `up` or `down`.
+        #[arg(value_parser = ["up", "down"])]
+        to: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
 }
 
 fn node_state_name(s: i32) -> &'static str {
@@ -247,6 +257,8 @@ fn node_state_name(s: i32) -> &'static str {
         pb::NodeState::Up => "UP",
         pb::NodeState::Drain => "DRAIN",
         pb::NodeState::Down => "DOWN",
+        pb::NodeState::PoweredDown => "POWERED_DOWN",
+        pb::NodeState::PoweringUp => "POWERING_UP",
         pb::NodeState::Unspecified => "UNKNOWN",
     }
 }
@@ -320,6 +332,15 @@ pub async fn node(client: &Client, out: &Output, cmd: NodeCmd) -> anyhow::Result
                 .call(|ch| {
                     let r = client.request(req.clone());
                     async move { NodeServiceClient::new(ch).resume(r).await }
+                })
+                .await?
+        }
+        NodeCmd::Power { name, to, reason } => {
+            let req = pb::PowerRequest { name, up: to == "up", reason };
+            client
+                .call(|ch| {
+                    let r = client.request(req.clone());
+                    async move { NodeServiceClient::new(ch).power(r).await }
                 })
                 .await?
         }

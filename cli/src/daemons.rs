@@ -84,6 +84,16 @@ pub struct ControllerArgs {
     /// file; once seeded, start the replica without this flag.
     #[arg(long, value_name = "FILE")]
     restore: Option<std::path::PathBuf>,
+    /// The program the leader runs to power elastic pools' nodes up (Slurm's
+    /// ResumeProgram): called with the nodes as a hostlist; it starts them
+    /// (boot a machine, start a cloud instance) and returns. Give every
+    /// replica the same.
+    #[arg(long, value_name = "PROGRAM")]
+    resume_program: Option<std::path::PathBuf>,
+    /// The program the leader runs to power idle pool nodes down (Slurm's
+    /// SuspendProgram), called the same way.
+    #[arg(long, value_name = "PROGRAM")]
+    suspend_program: Option<std::path::PathBuf>,
 }
 
 pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow::Result<()> {
@@ -130,6 +140,10 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
         .map_err(|e| anyhow::anyhow!("tokens: {e}"))?,
         private_jobs: a.private_jobs,
         restore: a.restore.clone(),
+        power: gangway_controller::config::PowerPrograms {
+            resume: a.resume_program.clone(),
+            suspend: a.suspend_program.clone(),
+        },
     };
     let metrics = match &a.metrics_listen {
         Some(addr) => Some(

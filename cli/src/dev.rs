@@ -103,6 +103,7 @@ pub async fn run(a: DevArgs, identity: &str, tls: &crate::tls::TlsArgs) -> anyho
             tokens: None,
             private_jobs: false,
             restore: None,
+            power: Default::default(),
         };
         let h = gangway_controller::replica::start(config, listener).await?;
         if !metrics.is_empty() {

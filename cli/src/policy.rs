@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use gangway_core::policy::{Account, ClusterPolicy, Partition, PreemptMode, Qos, Quota, User};
+use gangway_core::policy::{Account, ClusterPolicy, NodePool, Partition, PreemptMode, Qos, Quota, User};
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
 use gangway_proto::v1::admin_service_client::AdminServiceClient;
@@ -52,6 +52,11 @@ pub enum AdminCmd {
     /// QOS levels: priority, limits, preemption.
     #[command(subcommand)]
     Qos(ObjCmd<QosArgs>),
+    /// Elastic node pools (Slurm's power saving and cloud nodes): nodes
+    /// powered down while idle and powered up when work needs them, by the
+    /// controllers' --resume-program and --suspend-program.
+    #[command(subcommand)]
+    Pool(ObjCmd<PoolArgs>),
     /// Cluster-wide settings: topology levels, priority weights, fair share,
     /// backfill, admins, operators, the user map, root jobs, private jobs.
     Set(SetArgs),
@@ -182,6 +187,80 @@ pub struct UserArgs {
     accounts: Option<Vec<String>>,
     #[command(flatten)]
     quota: QuotaArgs,
+}
+
+#[derive(Args)]
+pub struct PoolArgs {
+    /// The pool's nodes, a hostlist (cloud-[001-064]).
+    #[arg(long)]
+    nodes: Option<String>,
+    /// CPUs each node has (until its agent registers what it really has).
+    #[arg(long)]
+    cpus: Option<u32>,
+    /// Memory each node has (MB, or with a K/M/G/T suffix).
+    #[arg(long)]
+    mem: Option<String>,
+    /// GPUs each node has: N or MODEL:N (h100:8).
+    #[arg(long)]
+    gpus: Option<String>,
+    /// Memory of each GPU (MB, or with a suffix).
+    #[arg(long)]
+    gpu_mem: Option<String>,
+    /// Node features (labels), comma-separated: KEY or KEY=VALUE.
+    #[arg(long, value_delimiter = ',')]
+    features: Option<Vec<String>>,
+    /// Idle time before an up node is powered down (Slurm's SuspendTime;
+    /// 0: never). Default 10:00.
+    #[arg(long)]
+    suspend_after: Option<String>,
+    /// Time a powered-up node has to register before it is marked down and
+    /// its jobs requeued (Slurm's ResumeTimeout). Default 10:00.
+    #[arg(long)]
+    resume_timeout: Option<String>,
+}
+
+impl PoolArgs {
+    fn apply(&self, p: &mut NodePool) -> anyhow::Result<()> {
+        if let Some(list) = &self.nodes {
+            let names = gangway_proto::hostlist::expand(list).map_err(|e| anyhow::anyhow!("--nodes: {e}"))?;
+            if names.len() > gangway_core::limits::NODES_MAX {
+                bail!(
+                    "--nodes: {} nodes, more than a cluster may have ({})",
+                    names.len(),
+                    gangway_core::limits::NODES_MAX
+                );
+            }
+            p.nodes = names;
+        }
+        if let Some(c) = self.cpus {
+            p.cpus = c;
+        }
+        if let Some(m) = mem("--mem", &self.mem)? {
+            p.mem_mb = m;
+        }
+        if let Some(g) = &self.gpus {
+            let (model, n) = g.rsplit_once(':').unwrap_or(("", g));
+            p.gpus = n.parse().map_err(|_| anyhow::anyhow!("--gpus: '{g}' must be N or MODEL:N"))?;
+            p.gpu_model = model.to_string();
+        }
+        if let Some(m) = mem("--gpu-mem", &self.gpu_mem)? {
+            p.gpu_mem_mb = m;
+        }
+        if let Some(f) = &self.features {
+            p.labels = f
+                .iter()
+                .filter(|x| !x.is_empty())
+                .map(|x| x.split_once('=').map_or((x.clone(), String::new()), |(k, v)| (k.into(), v.into())))
+                .collect();
+        }
+        if let Some(t) = dur("--suspend-after", &self.suspend_after)? {
+            p.suspend_after_s = t;
+        }
+        if let Some(t) = dur("--resume-timeout", &self.resume_timeout)? {
+            p.resume_timeout_s = t;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Args)]
@@ -541,6 +620,7 @@ pub async fn run(client: &Client, out: &Output, cmd: AdminCmd) -> anyhow::Result
         AdminCmd::Account(c) => object_cmd(client, out, "account", c, |p| &mut p.accounts, AccountArgs::apply).await,
         AdminCmd::User(c) => object_cmd(client, out, "user", c, |p| &mut p.users, UserArgs::apply).await,
         AdminCmd::Qos(c) => object_cmd(client, out, "qos", c, |p| &mut p.qos, QosArgs::apply).await,
+        AdminCmd::Pool(c) => object_cmd(client, out, "pool", c, |p| &mut p.pools, PoolArgs::apply).await,
         AdminCmd::Set(a) => {
             let v = edit(client, false, |p| {
                 if let Some(l) = &a.topology_levels {

@@ -38,8 +38,8 @@ fn pki() -> &'static Path {
         for id in ["1", "2", "3"] {
             run(&["tls", "cert", "create", "--server", id, "--ca-dir", d]);
         }
-        for n in 1..=3 {
-            run(&["tls", "cert", "create", "--agent", &format!("e2e-node-{n}"), "--ca-dir", d]);
+        for n in ["e2e-node-1", "e2e-node-2", "e2e-node-3", "e2e-cloud-1"] {
+            run(&["tls", "cert", "create", "--agent", n, "--ca-dir", d]);
         }
         for user in ["root", "mallory", "nobody"] {
             run(&["tls", "cert", "create", "--client", user, "--ca-dir", d]);
@@ -87,9 +87,12 @@ fn agent_bin() -> (tempfile::TempDir, PathBuf) {
 
 /// `gangway agent` arguments for test node `n` (state under `dir`).
 fn agent_args(endpoints: &str, n: usize, dir: &Path) -> Vec<String> {
-    let state = dir.join(format!("agent-{n}")).display().to_string();
-    let name = format!("e2e-node-{n}");
-    ["agent", "--controllers", endpoints, "--name", &name, "--fake-gpus", "4xh100-80gb", "--state-dir", &state]
+    named_agent_args(endpoints, &format!("e2e-node-{n}"), &dir.join(format!("agent-{n}")))
+}
+
+fn named_agent_args(endpoints: &str, name: &str, state: &Path) -> Vec<String> {
+    let state = state.display().to_string();
+    ["agent", "--controllers", endpoints, "--name", name, "--fake-gpus", "4xh100-80gb", "--state-dir", &state]
         .into_iter()
         .chain(["--addr", "127.0.0.1", "--step-listen", "127.0.0.1:0"])
         .chain(["--tls-dir", pki().to_str().unwrap(), "--allow-root-jobs"])
@@ -142,6 +145,7 @@ fn controllers_agents_and_cli_as_separate_processes() {
     let peers = peers.join(",");
     let endpoints = addrs.join(",");
     let mut procs = Procs(Vec::new());
+    let (_pool_agent, programs) = pool_programs(&agent_exe, &endpoints, dir.path());
     for (i, addr) in addrs.iter().enumerate() {
         let data = dir.path().join(format!("c{}", i + 1));
         let id = (i + 1).to_string();
@@ -161,6 +165,10 @@ fn controllers_agents_and_cli_as_separate_processes() {
             "--bootstrap-admin",
             "root",
             "--allow-root-jobs",
+            "--resume-program",
+            programs[0].to_str().unwrap(),
+            "--suspend-program",
+            programs[1].to_str().unwrap(),
         ];
         procs.0.push(spawn(&args, &dir.path().join(format!("c{}.log", i + 1))));
     }
@@ -328,6 +336,109 @@ fn controllers_agents_and_cli_as_separate_processes() {
     restart_agent(&mut procs, 2);
     policy_and_scheduler_options_through_the_cli(&endpoints, &work);
     sbatch_scripts_through_the_shim(&endpoints, &work, dir.path());
+    an_elastic_pool_powers_its_node_up_and_down(&endpoints, &work, dir.path());
+}
+
+/// The agent of the elastic pool's node, started by the resume program:
+/// ended (by the PID its program wrote) when the test ends however it ends.
+struct PoolAgent(PathBuf);
+
+impl Drop for PoolAgent {
+    fn drop(&mut self) {
+        if let Some(pid) = std::fs::read_to_string(&self.0).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+        }
+    }
+}
+
+/// The controllers' power programs for the pool node `e2e-cloud-1`: the
+/// resume program starts its agent (as a cloud's API would start an
+/// instance) and records the call; the suspend program stops it by PID.
+fn pool_programs(agent_exe: &Path, endpoints: &str, dir: &Path) -> (PoolAgent, [PathBuf; 2]) {
+    use std::os::unix::fs::PermissionsExt;
+    let pid = dir.join("cloud-agent.pid");
+    let args = named_agent_args(endpoints, "e2e-cloud-1", &dir.join("agent-cloud")).join(" ");
+    let resume = format!(
+        "#!/bin/sh\necho \"$1\" >> {d}/resumed\nsetsid {exe} {args} > {d}/cloud-agent.log 2>&1 < /dev/null &\necho $! > {pid}\n",
+        d = dir.display(),
+        exe = agent_exe.display(),
+        pid = pid.display()
+    );
+    let suspend = format!(
+        "#!/bin/sh\necho \"$1\" >> {d}/suspended\nkill $(cat {pid}) && rm -f {pid}\n",
+        d = dir.display(),
+        pid = pid.display()
+    );
+    let paths = [dir.join("resume.sh"), dir.join("suspend.sh")];
+    for (path, text) in paths.iter().zip([resume, suspend]) {
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    (PoolAgent(pid), paths)
+}
+
+/// An elastic pool: its node is listed powered down before it ever ran; a
+/// job that only it can hold powers it up (the resume program starts its
+/// agent), runs there once the agent registered, and the idle node is
+/// powered down again (the suspend program stops the agent).
+fn an_elastic_pool_powers_its_node_up_and_down(endpoints: &str, work: &Path, dir: &Path) {
+    let ok = |args: &[&str]| {
+        let o = cli(endpoints, args, work);
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o)
+    };
+    ok(&[
+        "admin",
+        "pool",
+        "add",
+        "cloud",
+        "--nodes",
+        "e2e-cloud-[1]",
+        "--cpus",
+        "1",
+        "--mem",
+        "1G",
+        "--gpus",
+        "h100-80gb:4",
+        "--suspend-after",
+        "0:03",
+        "--resume-timeout",
+        "2:00",
+    ]);
+    let node_state = || {
+        let o = cli(endpoints, &["scontrol", "show", "node", "e2e-cloud-1"], work);
+        let text = stdout(&o);
+        text.split_whitespace().find_map(|w| w.strip_prefix("State=")).unwrap_or("").to_string()
+    };
+    assert_eq!(node_state(), "IDLE~", "a pool's node is powered down before it ever ran");
+    ok(&["admin", "partition", "add", "cloud", "--nodes", "e2e-cloud-1"]);
+    let job = ["submit", "--parsable", "-p", "cloud", "--gpus-per-node", "4", "--", "sh", "-c", "hostname > cloud-ran"];
+    let id = ok(&job);
+    let id = id.trim().to_string();
+    let completed = || stdout(&cli(endpoints, &["show", &id, "--json"], work)).contains("\"state\": \"COMPLETED\"");
+    let deadline = Instant::now() + WAIT;
+    while !completed() {
+        if Instant::now() > deadline {
+            let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| format!("({f}: {e})"));
+            panic!(
+                "the pool's job never completed: {}\nnode: {}\nresumed: {}\nagent log: {}",
+                stdout(&cli(endpoints, &["show", &id], work)),
+                stdout(&cli(endpoints, &["scontrol", "show", "node", "e2e-cloud-1"], work)),
+                read("resumed"),
+                read("cloud-agent.log"),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(work.join("cloud-ran").exists(), "the job did not run");
+    let resumed = std::fs::read_to_string(dir.join("resumed")).unwrap();
+    assert_eq!(resumed.trim(), "e2e-cloud-1", "the resume program was called once with the node");
+    eventually("the idle pool node was never powered down", || node_state() == "IDLE~");
+    eventually("the suspend program never ran", || dir.join("suspended").exists());
+    assert_eq!(std::fs::read_to_string(dir.join("suspended")).unwrap().trim(), "e2e-cloud-1");
+    assert!(!dir.join("cloud-agent.pid").exists(), "the suspend program did not stop the agent");
+    ok(&["admin", "partition", "rm", "cloud"]);
+    ok(&["admin", "pool", "rm", "cloud"]);
 }
 
 /// A job of an ordinary user (whose client certificate says `nobody`) runs as

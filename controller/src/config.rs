@@ -45,6 +45,14 @@ impl Default for Timing {
     }
 }
 
+/// The site's power programs for elastic pools (`--resume-program`,
+/// `--suspend-program`), run by the leader (`leader::power`).
+#[derive(Debug, Clone, Default)]
+pub struct PowerPrograms {
+    pub resume: Option<PathBuf>,
+    pub suspend: Option<PathBuf>,
+}
+
 #[derive(Debug, Clone)]
 pub struct ReplicaConfig {
     pub id: u64,
@@ -73,6 +81,8 @@ pub struct ReplicaConfig {
     /// new cluster of `peers` (disaster recovery; every member is restored from
     /// the same file). Refused when the directory already holds a store.
     pub restore: Option<PathBuf>,
+    /// The programs the leader runs to power elastic pools' nodes up and down.
+    pub power: PowerPrograms,
 }
 
 /// Parses `1=host:port,2=host:port,...` into an id → address map.

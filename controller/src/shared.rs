@@ -47,6 +47,8 @@ pub struct Replica {
     pub private_jobs: bool,
     /// Bearer tokens accepted (`--token-public-key`, `--token-jwks`).
     pub tokens: Option<Arc<gangway_proto::token::TokenVerifier>>,
+    /// The programs that power elastic pools' nodes (run while leading).
+    pub power: crate::config::PowerPrograms,
     /// What this replica refused, and the admin actions it allowed.
     pub audit: Arc<crate::audit::AuditLog>,
     /// Per-identity write rate limits (see `ratelimit`).
@@ -77,6 +79,7 @@ impl Replica {
             bootstrap_admins: config.bootstrap_admins.clone(),
             allow_root_jobs: config.allow_root_jobs,
             tokens: config.tokens.clone(),
+            power: config.power.clone(),
             private_jobs: config.private_jobs,
             audit: Arc::new(crate::audit::AuditLog::default()),
             writes: crate::ratelimit::WriteLimiter::new(

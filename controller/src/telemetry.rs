@@ -124,13 +124,15 @@ pub fn render(replica: &Replica) -> String {
             n as f64,
         );
     }
-    let (mut up, mut drain, mut down) = (0, 0, 0);
+    let (mut up, mut drain, mut down, mut powered_down, mut powering_up) = (0, 0, 0, 0, 0);
     let (mut idle, mut busy, mut sick) = (0, 0, 0);
     for n in state.nodes.values() {
         match n.state {
             NodeState::Up => up += 1,
             NodeState::Drain => drain += 1,
             NodeState::Down => down += 1,
+            NodeState::PoweredDown => powered_down += 1,
+            NodeState::PoweringUp => powering_up += 1,
         }
         for gpu in &n.gpus {
             match (gpu.health, gpu.allocated_to) {
@@ -140,7 +142,9 @@ pub fn render(replica: &Replica) -> String {
             }
         }
     }
-    for (s, n) in [("up", up), ("drain", drain), ("down", down)] {
+    for (s, n) in
+        [("up", up), ("drain", drain), ("down", down), ("powered_down", powered_down), ("powering_up", powering_up)]
+    {
         g.set("gangway_nodes", "Nodes by state.", &[("state", s)], f64::from(n));
     }
     for (s, n) in [("idle", idle), ("allocated", busy), ("quarantined", sick)] {

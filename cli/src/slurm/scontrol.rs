@@ -168,7 +168,11 @@ async fn update(client: &Client, out: &Output, words: &[&str]) -> anyhow::Result
                 crate::commands::NodeCmd::Drain { name: node, reason }
             }
             "RESUME" | "UNDRAIN" | "IDLE" => crate::commands::NodeCmd::Resume { name: node },
-            other => bail!("update NodeName: State={other}: only DRAIN and RESUME are supported"),
+            "POWER_DOWN" | "POWER_DOWN_FORCE" | "POWER_DOWN_ASAP" => {
+                crate::commands::NodeCmd::Power { name: node, to: "down".into(), reason }
+            }
+            "POWER_UP" => crate::commands::NodeCmd::Power { name: node, to: "up".into(), reason },
+            other => bail!("update NodeName: State={other}: only DRAIN, RESUME, POWER_DOWN and POWER_UP are supported"),
         };
         return crate::commands::node(client, out, cmd).await;
     }

@@ -104,6 +104,11 @@ pub fn node_state(n: &pb::Node) -> &'static str {
         pb::NodeState::Up if !busy => "idle",
         pb::NodeState::Up if full => "allocated",
         pb::NodeState::Up => "mixed",
+        // Slurm's power saving marks: `~` powered down, `#` powering up.
+        pb::NodeState::PoweredDown => "idle~",
+        pb::NodeState::PoweringUp if !busy => "idle#",
+        pb::NodeState::PoweringUp if full => "allocated#",
+        pb::NodeState::PoweringUp => "mixed#",
     }
 }
 
@@ -116,6 +121,10 @@ fn compact(state: &str) -> &'static str {
         "idle" => "idle",
         "maint" => "maint",
         "reserved" => "resv",
+        "idle~" => "idle~",
+        "idle#" => "idle#",
+        "allocated#" => "alloc#",
+        "mixed#" => "mix#",
         _ => "down",
     }
 }
@@ -189,8 +198,8 @@ fn aggregate(rows: &[&Row], key: &str) -> String {
             let (mut a, mut i, mut o) = (0, 0, 0);
             for r in rows {
                 match node_state(r.node) {
-                    "allocated" | "mixed" => a += 1,
-                    "idle" | "reserved" | "maint" => i += 1,
+                    "allocated" | "mixed" | "allocated#" | "mixed#" => a += 1,
+                    "idle" | "reserved" | "maint" | "idle~" | "idle#" => i += 1,
                     _ => o += 1,
                 }
             }

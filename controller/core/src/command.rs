@@ -30,6 +30,12 @@ pub enum NodeStateChange {
     Resume,
     /// The agent is gone: its running jobs fail with NODE_FAIL.
     Down,
+    /// Power an idle node of an elastic pool down (the leader runs the
+    /// suspend program). Since format 12.
+    PowerDown,
+    /// Power a powered-down node of a pool up ahead of work (the leader runs
+    /// the resume program). Since format 12.
+    PowerUp,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

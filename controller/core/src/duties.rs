@@ -124,6 +124,12 @@ pub struct TaskReport {
 #[derive(Debug, Default)]
 pub struct LeaderMemory {
     requeued: BTreeMap<JobId, Requeued>,
+    /// Up pool nodes with no jobs: since when this leader has seen them idle.
+    idle_since: BTreeMap<String, u64>,
+    /// Pool nodes whose power program this leader asked to run, with the
+    /// time of the state change it ran for (once per change: a new leader
+    /// runs each again, as the programs must allow).
+    powered: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -148,6 +154,10 @@ pub struct Tick {
     pub commands: Vec<Command>,
     /// Why examined pending jobs did not start (for listings).
     pub reasons: Vec<(JobId, crate::sched::Pending)>,
+    /// Pool nodes to power up (the resume program) and down (the suspend
+    /// program) now: each at most [`POWER_NODES_PER_TICK_MAX`].
+    pub power_up: Vec<String>,
+    pub power_down: Vec<String>,
 }
 
 /// The leader's periodic work at wall time `now_ms`: a scheduling pass, jobs
@@ -176,7 +186,97 @@ pub fn leader_tick(
     if let Some(heard) = heard {
         commands.extend(silent_nodes(state, heard, now_ms));
     }
-    Tick { commands, reasons: plan.reasons }
+    let power = power_decisions(state, now_ms, memory);
+    commands.extend(power.commands);
+    Tick { commands, reasons: plan.reasons, power_up: power.up, power_down: power.down }
+}
+
+/// Power changes of elastic pools one tick proposes at most, and nodes one
+/// program call names at most (the rest wait for the next tick).
+pub const POWER_NODES_PER_TICK_MAX: usize = 256;
+
+/// What [`power_decisions`] decided.
+#[derive(Debug, Default)]
+pub struct Power {
+    /// Boot timeouts (Down) and idle nodes to power down (PowerDown).
+    pub commands: Vec<Command>,
+    /// Nodes whose machines the resume and suspend programs must power.
+    pub up: Vec<String>,
+    pub down: Vec<String>,
+}
+
+/// The elastic pools' duties (data format 12): a booting node past its
+/// pool's `resume_timeout_s` goes down (its jobs requeued); an up node idle
+/// for its pool's `suspend_after_s` is powered down; and the programs run
+/// once per change for nodes that went booting, or powered down after they
+/// had registered. Bounded by the pools' nodes.
+pub fn power_decisions(state: &State, now_ms: u64, memory: &mut LeaderMemory) -> Power {
+    let mut out = Power::default();
+    if state.format < crate::format::ELASTIC_POOLS_FORMAT || state.policy.pools.is_empty() {
+        memory.idle_since.clear();
+        memory.powered.clear();
+        return out;
+    }
+    let mut idle = BTreeMap::new();
+    let mut powered = BTreeMap::new();
+    for pool in state.policy.pools.values() {
+        for name in &pool.nodes {
+            let Some(n) = state.nodes.get(name) else { continue };
+            let changed = n.state_changed_ms;
+            match n.state {
+                NodeState::PoweringUp => {
+                    let waited = now_ms.saturating_sub(changed);
+                    if waited > pool.resume_timeout_s.saturating_mul(1000)
+                        && out.commands.len() < POWER_NODES_PER_TICK_MAX
+                    {
+                        out.commands.push(Command::SetNodeState {
+                            name: name.clone(),
+                            change: NodeStateChange::Down,
+                            reason: format!(
+                                "power up: its agent did not register within {} s (the pool's resume_timeout_s)",
+                                pool.resume_timeout_s
+                            ),
+                            now_ms,
+                        });
+                    }
+                    if memory.powered.get(name) != Some(&changed) && out.up.len() < POWER_NODES_PER_TICK_MAX {
+                        out.up.push(name.clone());
+                        powered.insert(name.clone(), changed);
+                    } else if memory.powered.get(name) == Some(&changed) {
+                        powered.insert(name.clone(), changed);
+                    }
+                }
+                // Only a node that had registered has a machine to power down.
+                NodeState::PoweredDown if !n.addr.is_empty() => {
+                    if memory.powered.get(name) != Some(&changed) && out.down.len() < POWER_NODES_PER_TICK_MAX {
+                        out.down.push(name.clone());
+                        powered.insert(name.clone(), changed);
+                    } else if memory.powered.get(name) == Some(&changed) {
+                        powered.insert(name.clone(), changed);
+                    }
+                }
+                NodeState::Up if n.jobs.is_empty() && pool.suspend_after_s > 0 => {
+                    let since = memory.idle_since.get(name).copied().unwrap_or(now_ms);
+                    idle.insert(name.clone(), since);
+                    let idle_ms = now_ms.saturating_sub(since);
+                    if idle_ms >= pool.suspend_after_s.saturating_mul(1000)
+                        && out.commands.len() < POWER_NODES_PER_TICK_MAX
+                    {
+                        out.commands.push(Command::SetNodeState {
+                            name: name.clone(),
+                            change: NodeStateChange::PowerDown,
+                            reason: format!("idle for {} s (the pool's suspend_after_s)", idle_ms / 1000),
+                            now_ms,
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    memory.idle_since = idle;
+    memory.powered = powered;
+    out
 }
 
 /// Requeued jobs not to start yet: a task of their previous attempt may still
@@ -274,7 +374,8 @@ pub fn silent_nodes(state: &State, heard: &Heard<'_>, now_ms: u64) -> Vec<Comman
     state
         .nodes
         .values()
-        .filter(|n| n.state != NodeState::Down)
+        // A pool's powered-down or booting node has no agent to hear yet.
+        .filter(|n| matches!(n.state, NodeState::Up | NodeState::Drain))
         .filter_map(|n| {
             let silent_ms = silence_ms(heard.now, heard.leader_since, (heard.last)(&n.name));
             (silent_ms > heard.down_timeout_ms).then(|| Command::SetNodeState {
@@ -400,7 +501,9 @@ pub fn heartbeat_interval_ms(nodes: usize, base_ms: u64, down_timeout_ms: u64) -
 /// the agent runs that are not desired are stopped by the agent itself; those
 /// of a preempted job get the grace of its QOS.
 pub fn node_orders(state: &State, node: &str, running: &BTreeSet<TaskKey>) -> NodeOrders {
-    let Some(n) = state.nodes.get(node).filter(|n| n.state != NodeState::Down) else {
+    // A powered-down node's agent registers again to be up (refused while
+    // its power-down is recent: `State::apply_register_node`).
+    let Some(n) = state.nodes.get(node).filter(|n| !matches!(n.state, NodeState::Down | NodeState::PoweredDown)) else {
         return NodeOrders::default();
     };
     let mut orders = NodeOrders { known: true, ..NodeOrders::default() };

@@ -27,7 +27,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::command::Command;
-use crate::compat::{v10, v4, v5, v8};
+use crate::compat::{v10, v11, v4, v5, v8};
 use crate::policy::PreemptMode;
 
 /// The format every log starts in: a new cluster's first entries are written
@@ -85,6 +85,12 @@ pub const UNCHARGED_SUSPENSION_FORMAT: u32 = HET_JOBS_FORMAT;
 /// job and state are frozen in `compat::v11`.
 pub const PREEMPT_SUSPEND_FORMAT: u32 = 12;
 
+/// Format 12 also added elastic node pools: `ClusterPolicy::pools`, the
+/// node states `PoweredDown` and `PoweringUp`, and the node changes
+/// `PowerDown` and `PowerUp`. Format 11's policy and entry are frozen in
+/// `compat::v11` too.
+pub const ELASTIC_POOLS_FORMAT: u32 = 12;
+
 /// Whether this build reads `format`.
 pub fn readable(format: u32) -> bool {
     (FORMAT_OLDEST..=FORMAT_NEWEST).contains(&format)
@@ -125,6 +131,10 @@ impl Command {
             {
                 PREEMPT_SUSPEND_FORMAT
             }
+            Command::SetNodeState {
+                change: crate::command::NodeStateChange::PowerDown | crate::command::NodeStateChange::PowerUp,
+                ..
+            } => ELASTIC_POOLS_FORMAT,
             Command::SubmitJob { spec, .. } if !spec.components.is_empty() => HET_JOBS_FORMAT,
             Command::SubmitJob { spec, .. } if spec.format_9_field().is_some() => SLURM_FEATURES_FORMAT,
             Command::ChangeReservation { .. } => SLURM_FEATURES_FORMAT,
@@ -243,8 +253,11 @@ impl Serialize for Payload {
                 let body = to_bytes(&v10::Wire::from_command(command).map_err(S::Error::custom)?);
                 v4::Wire::Envelope { format, body }.serialize(serializer)
             }
-            // Format 12 appended a variant, not changing format 11's encoding.
-            format @ (11 | 12) => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
+            11 => {
+                let body = to_bytes(&v11::Wire::from_command(command).map_err(S::Error::custom)?);
+                v4::Wire::Envelope { format: 11, body }.serialize(serializer)
+            }
+            12 => v4::Wire::Envelope { format: 12, body: to_bytes(command) }.serialize(serializer),
             f => Err(S::Error::custom(format!("this build does not write data format {f}"))),
         }
     }
@@ -269,9 +282,14 @@ impl<'de> Deserialize<'de> for Payload {
                 let command = wire.into_command().ok_or_else(|| D::Error::custom("an envelope inside a batch"))?;
                 Ok(Payload { format, command: Some(command), unread: Vec::new() })
             }
-            v4::Wire::Envelope { format: format @ (11 | 12), body } => {
+            v4::Wire::Envelope { format: 11, body } => {
+                let wire: v11::Wire = from_bytes(&body).map_err(D::Error::custom)?;
+                let command = wire.into_command().ok_or_else(|| D::Error::custom("an envelope inside a batch"))?;
+                Ok(Payload { format: 11, command: Some(command), unread: Vec::new() })
+            }
+            v4::Wire::Envelope { format: 12, body } => {
                 let command = from_bytes(&body).map_err(D::Error::custom)?;
-                Ok(Payload { format, command: Some(command), unread: Vec::new() })
+                Ok(Payload { format: 12, command: Some(command), unread: Vec::new() })
             }
             v4::Wire::Envelope { format, body } if format > FORMAT_NEWEST => {
                 Ok(Payload { format, command: None, unread: body })

@@ -377,6 +377,12 @@ pub enum NodeState {
     Drain,
     /// The leader stopped hearing from the agent.
     Down,
+    /// A node of an elastic pool, powered down (or not yet created): the
+    /// scheduler may plan on it, which powers it up. Since format 12.
+    PoweredDown,
+    /// Powered up for work placed on it, its agent not registered yet. Since
+    /// format 12.
+    PoweringUp,
 }
 
 impl NodeState {
@@ -385,7 +391,15 @@ impl NodeState {
             NodeState::Up => "UP",
             NodeState::Drain => "DRAIN",
             NodeState::Down => "DOWN",
+            NodeState::PoweredDown => "POWERED_DOWN",
+            NodeState::PoweringUp => "POWERING_UP",
         }
+    }
+
+    /// Whether work may be placed on a node in this state: up, or a pool's
+    /// node that is powered down or booting.
+    pub fn takes_work(self) -> bool {
+        matches!(self, NodeState::Up | NodeState::PoweredDown | NodeState::PoweringUp)
     }
 }
 

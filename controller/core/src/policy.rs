@@ -386,6 +386,87 @@ pub struct ClusterPolicy {
     /// Seats of a license the jobs of a QOS may hold at once (Slurm's QOS
     /// `GrpTRES=license/NAME=N`): QOS → license → seats.
     pub qos_licenses: BTreeMap<String, BTreeMap<String, u32>>,
+    /// Elastic node pools by name: nodes powered down while idle and
+    /// powered up when the scheduler plans on them. Since format 12.
+    pub pools: BTreeMap<String, NodePool>,
+}
+
+/// Pools one cluster may have (a site has one per instance type or rack
+/// kind, not hundreds).
+pub const POOLS_MAX: usize = 64;
+/// Longest idle time before a power-down, and longest boot: a day.
+pub const POOL_SECONDS_MAX: u64 = 24 * 3600;
+/// The boot time a pool allows when it names none (Slurm's ResumeTimeout).
+pub const POOL_RESUME_TIMEOUT_DEFAULT_S: u64 = 600;
+
+/// An elastic node pool (Slurm's power saving and cloud nodes): its nodes
+/// exist in the state before their agents ever registered, powered down,
+/// with the pool's hardware; the scheduler plans on them when the rest of
+/// the cluster cannot hold a job, which powers them up (the leader runs the
+/// controller's resume program); an idle one is powered down again after
+/// `suspend_after_s` (the suspend program). A node that does not register
+/// within `resume_timeout_s` of its power-up goes down and its jobs are
+/// requeued. The programs are the controllers' own configuration
+/// (`--resume-program`, `--suspend-program`), never the replicated policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodePool {
+    /// The pool's node names, each listed (`gangway admin pool` expands a
+    /// hostlist); no node is in two pools.
+    pub nodes: Vec<String>,
+    /// What each node has until its agent registers what it really has.
+    pub cpus: u32,
+    pub mem_mb: u64,
+    pub gpus: u32,
+    pub gpu_model: String,
+    pub gpu_mem_mb: u64,
+    pub topology: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+    /// Seconds an up node of the pool may stay idle before it is powered
+    /// down (Slurm's SuspendTime); 0: never.
+    pub suspend_after_s: u64,
+    /// Seconds a powered-up node has to register (Slurm's ResumeTimeout).
+    pub resume_timeout_s: u64,
+}
+
+impl Default for NodePool {
+    fn default() -> Self {
+        NodePool {
+            nodes: Vec::new(),
+            cpus: 1,
+            mem_mb: 1024,
+            gpus: 0,
+            gpu_model: String::new(),
+            gpu_mem_mb: 0,
+            topology: Vec::new(),
+            labels: BTreeMap::new(),
+            suspend_after_s: 600,
+            resume_timeout_s: POOL_RESUME_TIMEOUT_DEFAULT_S,
+        }
+    }
+}
+
+impl NodePool {
+    /// Node `name` of the pool as the state holds it before its agent
+    /// registered: the pool's hardware, with placeholder GPU ids.
+    pub fn node_spec(&self, name: &str) -> crate::spec::NodeSpec {
+        crate::spec::NodeSpec {
+            name: name.to_string(),
+            addr: String::new(),
+            cpus: self.cpus,
+            mem_mb: self.mem_mb,
+            gpus: (0..self.gpus)
+                .map(|g| crate::spec::GpuSpec {
+                    uuid: format!("{name}-pool-gpu{g}"),
+                    model: if self.gpu_model.is_empty() { "gpu".into() } else { self.gpu_model.clone() },
+                    mem_mb: self.gpu_mem_mb,
+                    nvlink_island: 0,
+                })
+                .collect(),
+            topology: self.topology.clone(),
+            labels: self.labels.clone(),
+        }
+    }
 }
 
 impl Default for ClusterPolicy {
@@ -411,6 +492,7 @@ impl Default for ClusterPolicy {
             licenses: BTreeMap::new(),
             account_licenses: BTreeMap::new(),
             qos_licenses: BTreeMap::new(),
+            pools: BTreeMap::new(),
         }
     }
 }
@@ -599,7 +681,8 @@ pub fn coordinator_change(old: &ClusterPolicy, new: &ClusterPolicy, mine: &[&str
 
 /// The name of the first top-level field in which `a` and `b` differ.
 fn first_difference(a: &ClusterPolicy, b: &ClusterPolicy) -> &'static str {
-    let checks: [(&str, bool); 18] = [
+    let checks: [(&str, bool); 19] = [
+        ("pools", a.pools == b.pools),
         ("licenses", a.licenses == b.licenses),
         ("account_licenses", a.account_licenses == b.account_licenses),
         ("qos_licenses", a.qos_licenses == b.qos_licenses),
@@ -696,8 +779,49 @@ impl ClusterPolicy {
         out
     }
 
+    /// Pools: at most [`POOLS_MAX`], each node named once in all of them
+    /// and valid with its pool's hardware (as a registration would be).
+    fn validate_pools(&self) -> Result<(), SpecError> {
+        if self.pools.len() > POOLS_MAX {
+            return Err(SpecError::new("pools", format!("at most {POOLS_MAX}")));
+        }
+        let mut seen: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+        for (name, pool) in &self.pools {
+            check_ident("pools", name)?;
+            if pool.nodes.is_empty() {
+                return Err(SpecError::new("pools", format!("{name}: names no nodes")));
+            }
+            for (field, secs) in
+                [("suspend_after_s", pool.suspend_after_s), ("resume_timeout_s", pool.resume_timeout_s)]
+            {
+                if secs > POOL_SECONDS_MAX {
+                    return Err(SpecError::new("pools", format!("{name}: {field} is at most {POOL_SECONDS_MAX}")));
+                }
+            }
+            if pool.resume_timeout_s == 0 {
+                return Err(SpecError::new("pools", format!("{name}: resume_timeout_s must be at least 1")));
+            }
+            for node in &pool.nodes {
+                if !seen.insert(node) {
+                    return Err(SpecError::new("pools", format!("{name}: node {node} is in another pool too")));
+                }
+                if seen.len() > crate::limits::NODES_MAX {
+                    return Err(SpecError::new("pools", format!("more than {} nodes", crate::limits::NODES_MAX)));
+                }
+                pool.node_spec(node).validate().map_err(|e| SpecError::new("pools", format!("{name}: {node}: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The pool node `name` is in, if any.
+    pub fn pool_of(&self, name: &str) -> Option<(&str, &NodePool)> {
+        self.pools.iter().find(|(_, p)| p.nodes.iter().any(|n| n == name)).map(|(k, p)| (k.as_str(), p))
+    }
+
     /// Checks the whole policy: names, references, the tree, limits.
     pub fn validate(&self) -> Result<(), SpecError> {
+        self.validate_pools()?;
         if self.licenses.len() > crate::limits::LICENSES_MAX {
             return Err(SpecError::new("licenses", format!("at most {}", crate::limits::LICENSES_MAX)));
         }
@@ -943,7 +1067,7 @@ impl ClusterPolicy {
             || !self.user_domains.is_empty()
             || self.allow_root_jobs
             || self.private_jobs;
-        if self.qos.values().any(|q| q.preempt_mode == PreemptMode::Suspend) {
+        if self.qos.values().any(|q| q.preempt_mode == PreemptMode::Suspend) || !self.pools.is_empty() {
             crate::format::PREEMPT_SUSPEND_FORMAT
         } else if !self.account_licenses.is_empty() || !self.qos_licenses.is_empty() {
             crate::format::HET_JOBS_FORMAT

@@ -215,6 +215,7 @@ enum Op {
     Drain(usize),
     Resume(usize),
     Down(usize),
+    Power(usize, bool),
     /// The next few ops proposed together as one batch entry.
     Batch(Vec<Op>),
     /// The node at this position of the job's allocation reports its task's end.
@@ -266,6 +267,11 @@ fn preset_policy(i: u8) -> gangway_core::policy::ClusterPolicy {
     p.users.insert("alice".into(), User { accounts: vec!["ml".into()], ..User::default() });
     // Low jobs are suspended when preempted under some presets (format 12).
     let preempt_mode = if i % 4 == 2 { PreemptMode::Suspend } else { PreemptMode::Requeue };
+    // And an elastic pool of nodes the ops also register (format 12).
+    if i % 4 == 2 {
+        let pool = NodePool { nodes: vec!["n4".into(), "n5".into()], cpus: 16, gpus: 4, ..NodePool::default() };
+        p.pools.insert("elastic".into(), pool);
+    }
     p.qos.insert("low".into(), Qos { preempt_mode, ..Qos::default() });
     p.qos.insert("high".into(), Qos { priority: 10, preempt: vec!["low".into()], ..Qos::default() });
     if i % 4 == 3 {
@@ -286,6 +292,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0usize..6).prop_map(Op::Drain),
         (0usize..6).prop_map(Op::Resume),
         (0usize..6).prop_map(Op::Down),
+        (0usize..6, any::<bool>()).prop_map(|(i, up)| Op::Power(i, up)),
         (0u64..30, 0usize..3, any::<bool>()).prop_map(|(j, n, ok)| Op::TaskExit(j, n, ok)),
         Just(Op::Schedule),
         (0usize..6, 0u32..9, any::<bool>()).prop_map(|(n, g, h)| Op::GpuHealth(n, g, h)),
@@ -353,6 +360,12 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
             name: format!("n{i}"),
             change: NodeStateChange::Down,
             reason: "lost".into(),
+            now_ms,
+        },
+        Op::Power(i, up) => Command::SetNodeState {
+            name: format!("n{i}"),
+            change: if *up { NodeStateChange::PowerUp } else { NodeStateChange::PowerDown },
+            reason: "power".into(),
             now_ms,
         },
         Op::Batch(ops) => Command::Batch(ops.iter().map(|o| to_command(state, o, now_ms)).collect()),
@@ -1256,6 +1269,12 @@ fn every_command() -> Vec<Command> {
             placements: vec![placement],
             now_ms: 12,
         },
+        Command::SetNodeState {
+            name: "n0".into(),
+            change: NodeStateChange::PowerDown,
+            reason: "idle".into(),
+            now_ms: 12,
+        },
         Command::JobCheckpointed { job_id: 1, attempt: 1, now_ms: 13 },
         Command::SetDataFormat { format: 5, now_ms: 14 },
         Command::SetDataFormat { format: 6, now_ms: 15 },
@@ -1441,6 +1460,9 @@ fn golden_state(format: u32) -> State {
         let mut policy = s.policy.clone();
         policy.qos.insert(qos.clone(), Qos { preempt_mode: PreemptMode::Suspend, ..Qos::default() });
         policy.qos.insert("urgent".into(), Qos { priority: 20, preempt: vec![qos], ..Qos::default() });
+        // An elastic pool: its node is in the state, powered down.
+        let pool = gangway_core::policy::NodePool { nodes: vec!["pool-0".into()], gpus: 2, ..Default::default() };
+        policy.pools.insert("cloud".into(), pool);
         let update = Command::UpdatePolicy {
             policy,
             expected_version: None,
@@ -1475,6 +1497,7 @@ fn golden_state(format: u32) -> State {
             applied.outcome
         );
         assert_eq!(s.jobs[&victim].preempted_by, Some(preemptor));
+        assert_eq!(s.nodes["pool-0"].state, gangway_core::NodeState::PoweredDown);
     }
     s
 }

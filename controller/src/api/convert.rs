@@ -330,6 +330,8 @@ pub fn node_to_proto(
             NodeState::Up => pb::NodeState::Up,
             NodeState::Drain => pb::NodeState::Drain,
             NodeState::Down => pb::NodeState::Down,
+            NodeState::PoweredDown => pb::NodeState::PoweredDown,
+            NodeState::PoweringUp => pb::NodeState::PoweringUp,
         } as i32,
         state_reason: n.state_reason.clone(),
         cpus_alloc: n.cpus_alloc,

@@ -778,6 +778,8 @@ fn cluster_event(ev: gangway_core::Event) -> ClusterEvent {
                 NodeChange::State(NodeState::Up) => ("node_up", None),
                 NodeChange::State(NodeState::Drain) => ("node_drain", None),
                 NodeChange::State(NodeState::Down) => ("node_down", None),
+                NodeChange::State(NodeState::PoweredDown) => ("node_powered_down", None),
+                NodeChange::State(NodeState::PoweringUp) => ("node_powering_up", None),
                 NodeChange::Gpu { gpu, healthy: false } => ("gpu_quarantined", Some(gpu)),
                 NodeChange::Gpu { gpu, healthy: true } => ("gpu_healthy", Some(gpu)),
             };

@@ -54,6 +54,11 @@ impl NodeApi {
                     .write_or_forward(&ctx, cmd, m, |ch, r| async move { NodeServiceClient::new(ch).resume(r).await })
                     .await?
             }
+            Forward::Power(m) => {
+                self.replica
+                    .write_or_forward(&ctx, cmd, m, |ch, r| async move { NodeServiceClient::new(ch).power(r).await })
+                    .await?
+            }
         };
         match routed {
             Routed::Forwarded(resp) => Ok(resp),
@@ -80,6 +85,7 @@ fn shown(mut n: Node, see_jobs: bool) -> Node {
 enum Forward {
     Drain(DrainRequest),
     Resume(ResumeRequest),
+    Power(PowerRequest),
 }
 
 #[tonic::async_trait]
@@ -162,5 +168,22 @@ impl NodeService for NodeApi {
         self.replica.require_operator(&ctx, "resume nodes")?;
         let msg = req.into_inner();
         self.set_state(ctx, msg.name.clone(), NodeStateChange::Resume, String::new(), Forward::Resume(msg)).await
+    }
+
+    async fn power(&self, req: Request<PowerRequest>) -> Result<Response<Node>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_operator(&ctx, "power nodes up and down")?;
+        let msg = req.into_inner();
+        let (change, verb) =
+            if msg.up { (NodeStateChange::PowerUp, "up") } else { (NodeStateChange::PowerDown, "down") };
+        let reason =
+            if msg.reason.is_empty() { format!("powered {verb} by {}", ctx.identity) } else { msg.reason.clone() };
+        if reason.len() > gangway_core::limits::REASON_BYTES_MAX {
+            return Err(Status::invalid_argument(format!(
+                "reason: at most {} bytes",
+                gangway_core::limits::REASON_BYTES_MAX
+            )));
+        }
+        self.set_state(ctx, msg.name.clone(), change, reason, Forward::Power(msg)).await
     }
 }

@@ -68,6 +68,7 @@ pub async fn run(replica: Arc<Replica>) {
     let mut events = replica.node.state().subscribe();
     let mut last_pass = Duration::ZERO;
     let memory = Arc::new(Mutex::new(LeaderMemory::default()));
+    let power = super::power::PowerRunner::start(replica.power.clone());
     // Taken on the first tick's blocking thread (a clone of the whole state).
     let copy: Arc<Mutex<Option<StateCopy>>> = Arc::new(Mutex::new(None));
     let _release = CopyRelease(replica.clone(), copy.clone());
@@ -116,6 +117,8 @@ pub async fn run(replica: Arc<Replica>) {
             continue;
         };
         replica.set_pending_reasons(std::mem::take(&mut tick.reasons));
+        power.request(true, std::mem::take(&mut tick.power_up));
+        power.request(false, std::mem::take(&mut tick.power_down));
         for cmd in tick.commands {
             if !propose(&replica, cmd, now).await {
                 break;

@@ -5,6 +5,7 @@
 //! Related code: `duties.rs`, `gangway_core::duties`.
 
 pub mod duties;
+pub mod power;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,21 +1,24 @@
-//! Data format 11, frozen: the job and the snapshot's state as format 11
-//! encoded them. Do not change anything here (the golden encodings test
-//! holds these bytes); a new format gets a module of its own.
+//! Data format 11, frozen: the job, the policy, the log entry and the
+//! snapshot's state as format 11 encoded them. Do not change anything here
+//! (the golden encodings test holds these bytes); a new format gets a
+//! module of its own.
 //!
 //! Format 12 appended the QOS preempt mode SUSPEND (a variant of the
-//! policy's and the plan's preemption mode, so format 11's policy and
-//! entries are today's: the leader never writes the variant in format 11)
-//! and the job's `preempted_by`.
+//! policy's and the plan's preemption mode: the leader never writes it in
+//! format 11), the job's `preempted_by`, the elastic node pools to the
+//! policy, and the node states and changes that power pool nodes down and
+//! up (variants, likewise never written in format 11).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use super::{frozen_jobs, frozen_state, frozen_struct, Frozen};
+use super::{frozen_commands, frozen_jobs, frozen_state, frozen_struct, Frozen};
+use crate::command::{JobChange, NodeStateChange, Placement, Preemption};
 use crate::model::{Allocation, ArrayElement, HoldKind, JobId, JobSignal, JobState, Node, Step, TaskExit};
-use crate::policy::{ClusterPolicy, Use};
-use crate::reservation::Reservation;
-use crate::spec::{Dependency, JobSpec};
+use crate::policy::{Account, Partition, PriorityWeights, Qos, Use, User};
+use crate::reservation::{Reservation, ReservationChange};
+use crate::spec::{Dependency, JobSpec, NodeSpec};
 use crate::state::{UsageBucket, UseKey};
 
 /// A job of format 11, field for field.
@@ -54,13 +57,111 @@ pub struct Job {
 frozen_struct!(Job => crate::model::Job { id, spec, state, attempt, submitted_by, submit_time_ms, start_time_ms, end_time_ms, allocation, exit_code, reason, submit_index, task_exits, ran_on, array, deps_pending, held, priority_override, last_checkpoint_ms, preempted, requested_limit_s, expedite_nodes, suspended_at_ms, suspended_ms, steps, next_step_id, signal } later { preempted_by: None });
 frozen_jobs!(Job, "format 11");
 
-/// Format 11's policy is today's (format 12 only appended a variant that a
-/// format-11 state never holds).
-impl From<&ClusterPolicy> for ClusterPolicy {
-    fn from(p: &ClusterPolicy) -> Self {
-        p.clone()
+/// The policy of format 11, field for field.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterPolicy {
+    pub version: u64,
+    pub topology_levels: Vec<String>,
+    pub partitions: BTreeMap<String, Partition>,
+    pub accounts: BTreeMap<String, Account>,
+    pub users: BTreeMap<String, User>,
+    pub qos: BTreeMap<String, Qos>,
+    pub priority: PriorityWeights,
+    pub fairshare_half_life_s: u64,
+    pub backfill_reservations: u32,
+    pub enforce_users: bool,
+    pub admins: Vec<String>,
+    pub operators: Vec<String>,
+    pub coordinators: BTreeMap<String, Vec<String>>,
+    pub user_map: BTreeMap<String, String>,
+    pub user_domains: Vec<String>,
+    pub allow_root_jobs: bool,
+    pub private_jobs: bool,
+    pub licenses: BTreeMap<String, u32>,
+    pub account_licenses: BTreeMap<String, BTreeMap<String, u32>>,
+    pub qos_licenses: BTreeMap<String, BTreeMap<String, u32>>,
+}
+
+frozen_struct!(ClusterPolicy => crate::policy::ClusterPolicy { version, topology_levels, partitions, accounts, users, qos, priority, fairshare_half_life_s, backfill_reservations, enforce_users, admins, operators, coordinators, user_map, user_domains, allow_root_jobs, private_jobs, licenses, account_licenses, qos_licenses });
+
+/// A policy as format 11 writes it, or why it cannot be: it uses what a
+/// later format added.
+impl TryFrom<crate::policy::ClusterPolicy> for ClusterPolicy {
+    type Error = String;
+
+    fn try_from(p: crate::policy::ClusterPolicy) -> Result<Self, String> {
+        let needs = p.needs_format();
+        if needs > 11 {
+            return Err(format!("this policy needs data format {needs} (a QOS preempt mode suspend, or node pools)"));
+        }
+        Ok(Frozen::freeze(p))
     }
 }
+
+impl From<ClusterPolicy> for crate::policy::ClusterPolicy {
+    fn from(p: ClusterPolicy) -> Self {
+        p.thaw()
+    }
+}
+
+/// Lossy: the fields of later formats are left out (a state of format 11
+/// never holds them).
+impl From<&crate::policy::ClusterPolicy> for ClusterPolicy {
+    fn from(p: &crate::policy::ClusterPolicy) -> Self {
+        Frozen::freeze(p.clone())
+    }
+}
+
+frozen_commands!(
+    format: 11,
+    policy: ClusterPolicy,
+    before_batch: [
+        SubmitJob { spec: JobSpec, identity: String, idempotency_key: String, now_ms: u64 },
+        CancelJob { job_id: JobId, identity: String, now_ms: u64 },
+        RegisterNode { spec: NodeSpec, now_ms: u64 },
+        SetNodeState { name: String, change: NodeStateChange, reason: String, now_ms: u64 },
+        ApplyPlan { placements: Vec<Placement>, now_ms: u64 },
+        JobFinished {
+            job_id: JobId,
+            attempt: u32,
+            state: JobState,
+            exit_code: Option<i32>,
+            reason: String,
+            now_ms: u64,
+        },
+    ],
+    before_policy: [
+        TaskExited {
+            job_id: JobId,
+            attempt: u32,
+            node: String,
+            exit_code: Option<i32>,
+            signal: Option<i32>,
+            reason: String,
+            lost: bool,
+            peak_mem_mb: Option<u64>,
+            now_ms: u64,
+        },
+        SetGpuHealth { node: String, gpu: u32, healthy: bool, reason: String, now_ms: u64 },
+    ],
+    after_policy: [
+        UpdateJob { job_id: JobId, change: JobChange, identity: String, now_ms: u64 },
+        ApplySchedule { preemptions: Vec<Preemption>, placements: Vec<Placement>, now_ms: u64 },
+        JobCheckpointed { job_id: JobId, attempt: u32, now_ms: u64 },
+        SetDataFormat { format: u32, now_ms: u64 },
+        ChangeReservation { change: ReservationChange, identity: String, now_ms: u64 },
+        StepStarted { job_id: JobId, attempt: u32, name: String, nodes: Vec<String>, tasks: u32, now_ms: u64 },
+        StepEnded {
+            job_id: JobId,
+            attempt: u32,
+            step_id: u32,
+            exit_code: Option<i32>,
+            signal: Option<i32>,
+            now_ms: u64,
+        },
+    ],
+    extra: [],
+);
 
 frozen_state!(
     format: 11,

@@ -49,6 +49,9 @@ pub const PLACEMENTS_PER_PLAN_MAX: usize = 512;
 /// Preemptors tried per pass (each tries up to VICTIM_CANDIDATES_MAX trial
 /// placements).
 pub const PREEMPT_ATTEMPTS_PER_PASS_MAX: usize = 16;
+/// Jobs tried per pass on the up nodes plus powered-down pool nodes (each a
+/// whole placement over the cluster, like a first attempt).
+pub const WAKE_ATTEMPTS_PER_PASS_MAX: usize = 64;
 /// Trial placements while sweeping future job ends for one reservation.
 pub const RESERVATION_TRIES_MAX: usize = 256;
 /// Shapes checked per pass for whether any node set could ever hold them,
@@ -309,6 +312,10 @@ struct Pass<'s, 'o> {
     reserved: Vec<(u64, u64, Vec<Member>)>,
     /// Accounts running beyond their own GPU quota on borrowed GPUs.
     borrowing: BTreeSet<&'s str>,
+    /// Powered-down nodes of elastic pools and what each would have free:
+    /// planned on only when the up nodes cannot hold a job (a boot is slow
+    /// and costs), which moves them into `free`.
+    dormant: BTreeMap<usize, Free>,
     plan: Plan,
 }
 
@@ -475,6 +482,29 @@ impl<'s, 'o> Pass<'s, 'o> {
             && self.within_own_gpu_quota(job)
     }
 
+    /// Where `job` would run with the powered-down nodes powered up too.
+    fn place_waking(&self, job: &Job, depth: Option<usize>, end_ms: u64, held: bool) -> Option<Vec<Member>> {
+        let mut trial = self.free.clone();
+        for (&i, f) in &self.dormant {
+            trial[i] = *f;
+        }
+        let holds = held.then_some((self.holds.as_slice(), end_ms));
+        self.view.place(job, &trial, holds, depth, self.opts.now_ms).ok()
+    }
+
+    /// Powers up the dormant nodes `members` name: their space joins `free`.
+    fn wake(&mut self, members: &[Member]) {
+        for m in members {
+            if let Some(f) = self.dormant.remove(&m.node) {
+                let before = self.free[m.node];
+                self.free[m.node] = f;
+                self.free_cpus = self.free_cpus.saturating_add(u64::from(f.cpus));
+                self.free_gpus = self.free_gpus.saturating_add(u64::from(f.gpus.count_ones()));
+                self.rebucket(m.node, before);
+            }
+        }
+    }
+
     /// Moves node `i` to the bucket of what it has free now.
     fn rebucket(&mut self, i: usize, before: Free) {
         self.buckets[before.gpus.count_ones() as usize].remove(&i);
@@ -600,9 +630,7 @@ impl<'s, 'o> Pass<'s, 'o> {
         // Up and of the right kind; advance reservations are asked at each
         // candidate start (a node reserved now may be free later).
         let statics: Vec<bool> = (0..self.view.nodes.len())
-            .map(|i| {
-                self.view.nodes[i].state == crate::model::NodeState::Up && self.view.hardware_reject(i, job).is_none()
-            })
+            .map(|i| self.view.nodes[i].state.takes_work() && self.view.hardware_reject(i, job).is_none())
             .collect();
         let s = &job.spec;
         let fits = |f: &Free| {
@@ -736,8 +764,10 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
         reserved: Vec::new(),
         borrowing: BTreeSet::new(),
         buckets: Vec::new(),
+        dormant: BTreeMap::new(),
         plan: Plan::default(),
     };
+    pass.dormant = pass.view.dormant();
     pass.buckets = vec![BTreeSet::new(); 33];
     for (i, f) in pass.free.iter().enumerate() {
         if f.cpus > 0 {
@@ -778,6 +808,7 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
     // Shape fingerprint → [(shape, shortest run estimate that failed, why)].
     let mut failed: BTreeMap<u64, Vec<(ShapeKey, u64, Miss)>> = BTreeMap::new();
     let mut preempt_attempts = 0;
+    let mut wake_attempts = 0;
     let mut possible_checks = 0;
     let has_resv = !state.reservations.is_empty();
     let p = &state.policy;
@@ -792,7 +823,7 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
         // A full cluster starts nothing more once the top jobs have their
         // reservations (preemption aside): the rest keep their reasons.
         let free_cpus = pass.free_cpus;
-        if free_cpus == 0 && reservations_tried >= reservations_max && !can_preempt {
+        if free_cpus == 0 && reservations_tried >= reservations_max && !can_preempt && pass.dormant.is_empty() {
             break;
         }
         crate::incr(&mut pass.plan.examined);
@@ -868,6 +899,22 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
                 pass.record(job, members, now.saturating_add(est_s.saturating_mul(1000)));
             }
             Err(miss) => {
+                // Stage 4b, power up: a pool's powered-down nodes, only for
+                // a job the up ones cannot hold.
+                if miss != Miss::Impossible && !pass.dormant.is_empty() && wake_attempts < WAKE_ATTEMPTS_PER_PASS_MAX {
+                    crate::incr(&mut wake_attempts);
+                    let end_ms = now.saturating_add(est_s.saturating_mul(1000));
+                    if let Some(members) = pass.place_waking(job, depth, end_ms, reservations_tried > 0) {
+                        let u = view::members_use(&members);
+                        if let Some(why) = has_quotas.then(|| pass.quota(job, u)).flatten() {
+                            pass.plan.reasons.push((id, why));
+                            continue;
+                        }
+                        pass.wake(&members);
+                        pass.record(job, members, end_ms);
+                        continue;
+                    }
+                }
                 // Stage 5, preempt: running victims whose space lets it start.
                 let may_preempt = preempt_attempts < PREEMPT_ATTEMPTS_PER_PASS_MAX && pass.may_preempt(job);
                 if let (true, Some(prio)) = (may_preempt, &prio) {

@@ -197,6 +197,17 @@ impl<'a> View<'a> {
         self.domains.len()
     }
 
+    /// The powered-down pool nodes and what each would have free once up
+    /// (their `free` here is none: see `Pass::dormant`).
+    pub fn dormant(&self) -> BTreeMap<usize, Free> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.state == NodeState::PoweredDown)
+            .map(|(i, n)| (i, unused(n)))
+            .collect()
+    }
+
     /// Whether node `i` could ever hold one member of `job` (ignoring what is in
     /// use): up, in the partition, with the features and enough hardware.
     pub fn static_ok(&self, i: usize, job: &Job) -> bool {
@@ -207,7 +218,7 @@ impl<'a> View<'a> {
     /// cannot (down and drained nodes cannot now).
     pub fn static_reject(&self, i: usize, job: &Job) -> Option<&'static str> {
         let n = self.nodes[i];
-        if n.state != NodeState::Up {
+        if !n.state.takes_work() {
             return Some(if n.state == NodeState::Down { "node down" } else { "node drained" });
         }
         if let Some(why) = self.hardware_reject(i, job) {
@@ -312,7 +323,7 @@ impl<'a> View<'a> {
             if f.cpus < s.cpus_per_node() || f.mem_mb < s.mem_per_node_mb || f.gpus.count_ones() < s.gpus_per_node {
                 continue;
             }
-            if self.nodes[i].state != NodeState::Up
+            if !self.nodes[i].state.takes_work()
                 || self.hardware_reject(i, job).is_some()
                 || self.reservation_reject(i, job, at_ms).is_some()
             {
@@ -521,19 +532,24 @@ fn prefix(n: &Node, d: usize) -> &[String] {
     &n.topology[..d.min(n.topology.len())]
 }
 
+/// What node `n` has free for new work: nothing unless it is up (or a pool
+/// node booting, which takes work while it boots).
 fn free_of(n: &Node) -> Free {
-    let gpus = if n.state == NodeState::Up {
-        n.gpus
-            .iter()
-            .filter(|g| g.allocated_to.is_none() && g.health == GpuHealth::Healthy)
-            .fold(0, |m, g| m | (1 << g.index))
+    if matches!(n.state, NodeState::Up | NodeState::PoweringUp) {
+        unused(n)
     } else {
-        0
-    };
-    let jobs = u32::try_from(n.jobs.len()).unwrap_or(u32::MAX);
-    if n.state != NodeState::Up {
-        return Free { cpus: 0, mem_mb: 0, gpus: 0, jobs };
+        Free { cpus: 0, mem_mb: 0, gpus: 0, jobs: u32::try_from(n.jobs.len()).unwrap_or(u32::MAX) }
     }
+}
+
+/// What node `n`'s allocations leave unused, whatever its state.
+fn unused(n: &Node) -> Free {
+    let gpus = n
+        .gpus
+        .iter()
+        .filter(|g| g.allocated_to.is_none() && g.health == GpuHealth::Healthy)
+        .fold(0, |m, g| m | (1 << g.index));
+    let jobs = u32::try_from(n.jobs.len()).unwrap_or(u32::MAX);
     Free { cpus: n.cpus.saturating_sub(n.cpus_alloc), mem_mb: n.mem_mb.saturating_sub(n.mem_alloc_mb), gpus, jobs }
 }
 

@@ -51,8 +51,9 @@ impl State {
                 RefusalKind::FailedPrecondition,
                 format!(
                     "this policy needs data format {needs} (operators, coordinators, user_map, user_domains, \
-                     allow_root_jobs and private_jobs need 6, licenses 9); this cluster is on format {} until every \
-                     replica runs a build that reads {needs}",
+                     allow_root_jobs and private_jobs need 6, licenses 9, license limits per account or QOS 11, a \
+                     QOS preempt mode suspend and node pools 12); this cluster is on format {} until every replica \
+                     runs a build that reads {needs}",
                     self.format
                 ),
             );
@@ -90,6 +91,9 @@ impl State {
                 return Applied::refused(RefusalKind::PermissionDenied, format!("permission: {why}"));
             }
         }
+        if let Some(why) = self.pool_nodes_over_limit(&next) {
+            return Applied::refused(RefusalKind::ResourceExhausted, why);
+        }
         next.version = self.policy.version.saturating_add(1);
         let previous = std::mem::replace(&mut self.policy, next);
         self.rebuild_use();
@@ -103,6 +107,7 @@ impl State {
                 );
             }
         }
+        self.sync_pool_nodes();
         Applied { outcome: Outcome::PolicyUpdated { version: self.policy.version }, events: Vec::new() }
     }
 

@@ -21,6 +21,7 @@ use crate::spec::{JobSpec, NodeSpec};
 
 mod admin;
 mod deps;
+mod pools;
 mod reservations;
 mod steps;
 mod submit;
@@ -708,9 +709,12 @@ impl State {
         }
     }
 
-    fn apply_register_node(&mut self, _index: u64, spec: &NodeSpec) -> Applied {
+    fn apply_register_node(&mut self, index: u64, spec: &NodeSpec) -> Applied {
         if let Err(e) = spec.validate() {
             return Applied::refused(RefusalKind::InvalidArgument, e.to_string());
+        }
+        if let Some(applied) = self.pool_node_registered(index, spec) {
+            return applied;
         }
         let now = self.clock_ms;
         match self.nodes.get_mut(&spec.name) {
@@ -761,10 +765,20 @@ impl State {
 
     fn apply_set_node_state(&mut self, index: u64, name: &str, change: NodeStateChange, reason: &str) -> Applied {
         let now = self.clock_ms;
-        let Some(node) = self.nodes.get_mut(name) else {
+        if !self.nodes.contains_key(name) {
             return Applied::refused(RefusalKind::NotFound, format!("node {name} does not exist"));
-        };
+        }
+        if let Some(applied) = self.power_change(name, change, reason) {
+            return applied;
+        }
+        let node = self.nodes.get_mut(name).expect("checked");
         let new_state = match (change, node.state) {
+            (NodeStateChange::Drain | NodeStateChange::Resume, NodeState::PoweredDown | NodeState::PoweringUp) => {
+                return Applied::refused(
+                    RefusalKind::FailedPrecondition,
+                    format!("node {name} is {}: it is up once its agent registers", node.state.as_str()),
+                )
+            }
             (NodeStateChange::Drain, NodeState::Down) => {
                 return Applied::refused(
                     RefusalKind::FailedPrecondition,
@@ -780,25 +794,36 @@ impl State {
             }
             (NodeStateChange::Resume, _) => NodeState::Up,
             (NodeStateChange::Down, _) => NodeState::Down,
+            (NodeStateChange::PowerDown | NodeStateChange::PowerUp, _) => {
+                unreachable!("power changes are handled above")
+            }
         };
         node.state = new_state;
         node.state_reason = reason.to_string();
         node.state_changed_ms = now;
+        let events = if new_state == NodeState::Down {
+            self.end_jobs_on(index, name, &format!("node {name} went down"))
+        } else {
+            Vec::new()
+        };
+        Applied { outcome: Outcome::NodeStateSet { name: name.to_string(), state: new_state }, events }
+    }
+
+    /// Requeues (or fails with NODE_FAIL) every job on node `name`, lost
+    /// because `why`.
+    fn end_jobs_on(&mut self, index: u64, name: &str, why: &str) -> Vec<JobEvent> {
         let mut events = Vec::new();
-        if new_state == NodeState::Down {
-            let victims = node.jobs.clone();
-            for job_id in victims {
-                let job = &self.jobs[&job_id];
-                if job.spec.requeue && job.attempt < ATTEMPTS_MAX {
-                    events.push(self.requeue_job(index, job_id, format!("requeued: node {name} went down")));
-                    self.expedite(job_id, name);
-                } else {
-                    let reason = format!("node {name} went down");
-                    events.push(self.finish_job(index, job_id, JobState::NodeFail, None, reason));
-                }
+        let victims = self.nodes.get(name).map(|n| n.jobs.clone()).unwrap_or_default();
+        for job_id in victims {
+            let job = &self.jobs[&job_id];
+            if job.spec.requeue && job.attempt < ATTEMPTS_MAX {
+                events.push(self.requeue_job(index, job_id, format!("requeued: {why}")));
+                self.expedite(job_id, name);
+            } else {
+                events.push(self.finish_job(index, job_id, JobState::NodeFail, None, why.to_string()));
             }
         }
-        Applied { outcome: Outcome::NodeStateSet { name: name.to_string(), state: new_state }, events }
+        events
     }
 
     /// Checks one gang placement against the current state without changing it.
@@ -944,7 +969,9 @@ impl State {
                 return Err(format!("node {} appears twice", na.node));
             }
             let node = self.nodes.get(&na.node).ok_or_else(|| format!("node {} does not exist", na.node))?;
-            if node.state != NodeState::Up {
+            // A pool's powered-down or booting node takes work (format 12).
+            let pooled = self.format >= crate::format::ELASTIC_POOLS_FORMAT && node.state.takes_work();
+            if node.state != NodeState::Up && !pooled {
                 return Err(format!("node {} is {}", na.node, node.state.as_str()));
             }
             if let Some(m) = crate::fit::mismatch(spec, node, in_partition(&na.node)) {
@@ -1014,8 +1041,15 @@ impl State {
                 rejected.push((p.job_id, why));
                 continue;
             }
+            let now = self.clock_ms;
             for na in &p.nodes {
                 let node = self.nodes.get_mut(&na.node).expect("checked");
+                // A pool's powered-down node is powered up for it.
+                if node.state == NodeState::PoweredDown {
+                    node.state = NodeState::PoweringUp;
+                    node.state_reason = format!("powering up for job {}", p.job_id);
+                    node.state_changed_ms = now;
+                }
                 node.cpus_alloc = node.cpus_alloc.saturating_add(na.cpus);
                 node.mem_alloc_mb = node.mem_alloc_mb.saturating_add(na.mem_mb);
                 for &g in &na.gpus {

@@ -200,6 +200,13 @@ const STEP_KEYS: &[&str] = &[
     "resume_job",
     "suspended",
     "signal",
+    "register",
+    "power",
+    "node_states",
+    "powered_down",
+    "power_up",
+    "power_down",
+    "cpus",
 ];
 const UPDATE_KEYS: &[&str] = &["job", "priority", "nice", "time_limit_s"];
 
@@ -502,6 +509,29 @@ pub fn run_file(path: &std::path::Path) {
             }
         } else if step.get("tick").is_some() {
             tick(&mut run, i, step);
+        } else if let Some(name) = step.get("register").and_then(Value::as_str) {
+            // A pool node's agent registers, with the pool's hardware (or
+            // `cpus` of its own).
+            let (_, pool) = run.state.policy.pool_of(name).unwrap_or_else(|| run.fail(i, format!("{name}: no pool")));
+            let mut spec = pool.node_spec(name);
+            spec.addr = format!("{name}:7000");
+            if let Some(c) = step.get("cpus").and_then(Value::as_integer) {
+                spec.cpus = c as u32;
+            }
+            let out = run.apply(Command::RegisterNode { spec, now_ms });
+            if matches!(out, Outcome::Refused(_)) != step.get("expect_error").is_some() {
+                run.fail(i, format!("unexpected outcome {out:?}"));
+            }
+        } else if let Some(name) = step.get("power").and_then(Value::as_str) {
+            let change = match step.get("state").and_then(Value::as_str) {
+                Some("up") => NodeStateChange::PowerUp,
+                _ => NodeStateChange::PowerDown,
+            };
+            let cmd = Command::SetNodeState { name: name.into(), change, reason: "scenario".into(), now_ms };
+            let out = run.apply(cmd);
+            if matches!(out, Outcome::Refused(_)) != step.get("expect_error").is_some() {
+                run.fail(i, format!("unexpected outcome {out:?}"));
+            }
         } else if step.get("new_leader").is_some() {
             run.leader = Leader { since_ms: now_ms, ..Leader::default() };
             run.term += 1;
@@ -518,6 +548,13 @@ pub fn run_file(path: &std::path::Path) {
             let got = run.state.jobs.get(&job).map(|j| j.spec.time_limit_s);
             if got != want.as_integer().map(|w| w as u64) {
                 run.fail(i, format!("job {job} has time limit {got:?} s, expected {want}"));
+            }
+        }
+        // Node states, checked after any step.
+        for (node, want) in step.get("node_states").and_then(Value::as_table).into_iter().flatten() {
+            let got = run.state.nodes.get(node).map(|n| n.state.as_str()).unwrap_or("(gone)");
+            if !got.eq_ignore_ascii_case(want.as_str().unwrap()) {
+                run.fail(i, format!("node {node} is {got}, expected {}", want.as_str().unwrap()));
             }
         }
         // The suspended jobs, checked after any step.
@@ -736,11 +773,12 @@ fn tick(run: &mut Run, i: usize, step: &Value) {
         runs: &runs,
     };
     let t = leader_tick(&run.state, run.now_ms, Some(&heard), &mut l.memory, Policy::Easy);
-    let (mut started, mut down, mut timed_out) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut started, mut down, mut timed_out, mut powered_down) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for cmd in &t.commands {
         match cmd {
             Command::ApplySchedule { placements, .. } => started.extend(placements.iter().map(|p| p.job_id)),
-            Command::SetNodeState { name, .. } => down.push(name.clone()),
+            Command::SetNodeState { name, change: NodeStateChange::Down, .. } => down.push(name.clone()),
+            Command::SetNodeState { name, change: NodeStateChange::PowerDown, .. } => powered_down.push(name.clone()),
             Command::JobFinished { job_id, .. } => timed_out.push(*job_id),
             _ => {}
         }
@@ -758,10 +796,14 @@ fn tick(run: &mut Run, i: usize, step: &Value) {
             }
         }
     }
-    if let Some(want) = step.get("down").and_then(Value::as_array) {
-        let want: Vec<&str> = want.iter().map(|v| v.as_str().unwrap()).collect();
-        if down != want {
-            run.fail(i, format!("down {down:?}, expected {want:?}"));
+    for (key, got) in
+        [("down", &down), ("powered_down", &powered_down), ("power_up", &t.power_up), ("power_down", &t.power_down)]
+    {
+        if let Some(want) = step.get(key).and_then(Value::as_array) {
+            let want: Vec<&str> = want.iter().map(|v| v.as_str().unwrap()).collect();
+            if *got != want {
+                run.fail(i, format!("{key} {got:?}, expected {want:?}"));
+            }
         }
     }
     for cmd in t.commands {

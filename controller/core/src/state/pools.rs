@@ -1,0 +1,179 @@
+//! Elastic node pools (data format 12): a pool's nodes are in the state
+//! before their agents ever registered, `PoweredDown`, with the pool's
+//! hardware. A placement on one powers it up (`PoweringUp`, in
+//! `apply_plan`); its agent's registration brings it `Up`, and the jobs
+//! placed on it start their clock then. `PowerDown` (the leader's, for an
+//! idle node; or an operator's) and `PowerUp` (an operator's) are node
+//! changes. The programs that really power machines are run by the
+//! leader's shell, never by `apply`.
+//!
+//! Related code: `policy::NodePool`; `duties::power_decisions` (idle
+//! power-downs, boot timeouts); `sched` plans on powered-down nodes only
+//! when up ones cannot hold a job.
+
+use super::{Applied, Outcome, RefusalKind, State};
+use crate::command::NodeStateChange;
+use crate::limits::NODES_MAX;
+use crate::model::{Node, NodeState};
+use crate::policy::ClusterPolicy;
+use crate::spec::NodeSpec;
+
+/// How long after a power-down a node's agent may not register again: the
+/// suspend program is stopping it meanwhile, and a heartbeat it still sends
+/// must not bring the node back up.
+pub const POWER_DOWN_REGISTER_GRACE_MS: u64 = 60_000;
+
+impl State {
+    /// Why `next` would need more nodes than the cluster may have, if it would.
+    pub(super) fn pool_nodes_over_limit(&self, next: &ClusterPolicy) -> Option<String> {
+        if self.format < crate::format::ELASTIC_POOLS_FORMAT {
+            return None;
+        }
+        let new = next.pools.values().flat_map(|p| &p.nodes).filter(|n| !self.nodes.contains_key(*n)).count();
+        (self.nodes.len().saturating_add(new) > NODES_MAX)
+            .then(|| format!("pools: {new} new nodes would take the cluster past its limit of {NODES_MAX} nodes"))
+    }
+
+    /// After a policy change: every node a pool names exists (powered down
+    /// with the pool's hardware until its agent registers), and a node that
+    /// no pool names any more and never registered is gone.
+    pub(super) fn sync_pool_nodes(&mut self) {
+        if self.format < crate::format::ELASTIC_POOLS_FORMAT {
+            return;
+        }
+        let now = self.clock_ms;
+        let policy = &self.policy;
+        self.nodes.retain(|name, n| {
+            !(n.state == NodeState::PoweredDown && n.addr.is_empty() && n.jobs.is_empty())
+                || policy.pools.values().any(|p| p.nodes.contains(name))
+        });
+        for pool in policy.pools.values() {
+            for name in &pool.nodes {
+                if self.nodes.len() >= NODES_MAX {
+                    return;
+                }
+                if !self.nodes.contains_key(name) {
+                    let mut node = Node::from_spec(&pool.node_spec(name), now);
+                    node.state = NodeState::PoweredDown;
+                    node.state_reason = "never powered up".into();
+                    self.nodes.insert(name.clone(), node);
+                }
+            }
+        }
+    }
+
+    /// The node changes of pools: `PowerDown` (an idle node, or a booting
+    /// one nothing waits for, or a down one to retry later) and `PowerUp`
+    /// (a powered-down one). None for the other changes.
+    pub(super) fn power_change(&mut self, name: &str, change: NodeStateChange, reason: &str) -> Option<Applied> {
+        if !matches!(change, NodeStateChange::PowerDown | NodeStateChange::PowerUp) {
+            return None;
+        }
+        if self.format < crate::format::ELASTIC_POOLS_FORMAT {
+            let needs = crate::format::ELASTIC_POOLS_FORMAT;
+            return Some(Applied::refused(
+                RefusalKind::FailedPrecondition,
+                format!("power: needs data format {needs}"),
+            ));
+        }
+        if self.policy.pool_of(name).is_none() {
+            return Some(Applied::refused(
+                RefusalKind::FailedPrecondition,
+                format!("node {name} is in no pool: only a pool's nodes are powered down and up"),
+            ));
+        }
+        let now = self.clock_ms;
+        let node = self.nodes.get_mut(name)?;
+        let state = match (change, node.state) {
+            (NodeStateChange::PowerDown, NodeState::PoweredDown)
+            | (NodeStateChange::PowerUp, NodeState::PoweringUp) => {
+                return Some(Applied::refused(
+                    RefusalKind::FailedPrecondition,
+                    format!("node {name} is {} already", node.state.as_str()),
+                ))
+            }
+            (NodeStateChange::PowerDown, _) if !node.jobs.is_empty() => {
+                return Some(Applied::refused(
+                    RefusalKind::FailedPrecondition,
+                    format!("node {name} holds {} jobs: drain it and let them end first", node.jobs.len()),
+                ))
+            }
+            (NodeStateChange::PowerDown, _) => NodeState::PoweredDown,
+            (NodeStateChange::PowerUp, NodeState::PoweredDown) => NodeState::PoweringUp,
+            (_, state) => {
+                return Some(Applied::refused(
+                    RefusalKind::FailedPrecondition,
+                    format!("node {name} is {}: only a powered-down node is powered up", state.as_str()),
+                ))
+            }
+        };
+        node.state = state;
+        node.state_reason = reason.to_string();
+        node.state_changed_ms = now;
+        Some(Applied { outcome: Outcome::NodeStateSet { name: name.to_string(), state }, events: Vec::new() })
+    }
+
+    /// A pool node that was powered down or booting registered: it is up,
+    /// with the hardware it really has where that still holds what was
+    /// placed on it (else its jobs are requeued or failed, as for a node
+    /// lost); jobs none of whose nodes still boots start their clock now.
+    /// None when `spec` is not such a node's. Refused for a node powered
+    /// down less than [`POWER_DOWN_REGISTER_GRACE_MS`] ago: its agent may
+    /// still be answering while the suspend program stops it.
+    pub(super) fn pool_node_registered(&mut self, index: u64, spec: &NodeSpec) -> Option<Applied> {
+        let node = self.nodes.get(&spec.name)?;
+        if !matches!(node.state, NodeState::PoweredDown | NodeState::PoweringUp) {
+            return None;
+        }
+        let since = self.clock_ms.saturating_sub(node.state_changed_ms);
+        if node.state == NodeState::PoweredDown && !node.addr.is_empty() && since < POWER_DOWN_REGISTER_GRACE_MS {
+            return Some(Applied::refused(
+                RefusalKind::FailedPrecondition,
+                format!(
+                    "node {} is being powered down; it registers again {} s after that at the earliest",
+                    spec.name,
+                    POWER_DOWN_REGISTER_GRACE_MS / 1000
+                ),
+            ));
+        }
+        let gpus_held = node.gpus.iter().filter(|g| g.allocated_to.is_some()).map(|g| g.index).max();
+        let holds = spec.cpus >= node.cpus_alloc
+            && spec.mem_mb >= node.mem_alloc_mb
+            && gpus_held.is_none_or(|g| (g as usize) < spec.gpus.len());
+        let mut events = Vec::new();
+        if !holds {
+            let why = format!(
+                "node {} registered with less than its pool's hardware ({} CPUs, {} MiB, {} GPUs)",
+                spec.name,
+                spec.cpus,
+                spec.mem_mb,
+                spec.gpus.len()
+            );
+            events = self.end_jobs_on(index, &spec.name, &why);
+        }
+        let now = self.clock_ms;
+        let node = self.nodes.get_mut(&spec.name).expect("checked");
+        let mut fresh = Node::from_spec(spec, node.registered_ms);
+        fresh.cpus_alloc = node.cpus_alloc;
+        fresh.mem_alloc_mb = node.mem_alloc_mb;
+        fresh.jobs = std::mem::take(&mut node.jobs);
+        for g in &mut fresh.gpus {
+            g.allocated_to = node.gpus.get(g.index as usize).and_then(|old| old.allocated_to);
+        }
+        fresh.state_changed_ms = now;
+        *node = fresh;
+        let booted: Vec<u64> = node.jobs.clone();
+        for job_id in booted {
+            let all_up = self.jobs[&job_id]
+                .allocation
+                .iter()
+                .flat_map(|a| &a.nodes)
+                .all(|na| self.nodes.get(&na.node).is_some_and(|n| n.state != NodeState::PoweringUp));
+            if all_up {
+                let job = self.jobs.get_mut(&job_id).expect("a node's jobs exist");
+                job.start_time_ms = Some(now);
+            }
+        }
+        Some(Applied { outcome: Outcome::NodeRegistered { name: spec.name.clone() }, events })
+    }
+}
