@@ -247,7 +247,7 @@ pub fn power_decisions(state: &State, now_ms: u64, memory: &mut LeaderMemory) ->
                     }
                 }
                 // Only a node that had registered has a machine to power down.
-                NodeState::PoweredDown if !n.addr.is_empty() => {
+                NodeState::PoweredDown if n.ever_registered() => {
                     if memory.powered.get(name) != Some(&changed) && out.down.len() < POWER_NODES_PER_TICK_MAX {
                         out.down.push(name.clone());
                         powered.insert(name.clone(), changed);
@@ -520,10 +520,13 @@ pub fn node_orders(state: &State, node: &str, running: &BTreeSet<TaskKey>) -> No
         // A task that already ended here stays desired (the gang still runs
         // elsewhere) but is never launched again.
         // A suspended job's tasks that have not started wait for its resume.
+        // One whose nodes are still booting waits for them all (its clock
+        // starts then too): a gang starts together.
         if !job.task_exits.contains_key(node)
             && !running.contains(&key)
             && job.allocation.is_some()
             && !job.is_suspended()
+            && job.start_time_ms.is_some()
         {
             orders.launch.push(key);
         }

@@ -425,6 +425,12 @@ pub struct Node {
 }
 
 impl Node {
+    /// Whether an agent ever registered the node (a pool's node is in the
+    /// state before: `registered_ms` 0, no address).
+    pub fn ever_registered(&self) -> bool {
+        self.registered_ms != 0 || !self.addr.is_empty()
+    }
+
     pub fn from_spec(spec: &NodeSpec, now_ms: u64) -> Node {
         Node {
             name: spec.name.clone(),

@@ -801,6 +801,16 @@ impl ClusterPolicy {
             if pool.resume_timeout_s == 0 {
                 return Err(SpecError::new("pools", format!("{name}: resume_timeout_s must be at least 1")));
             }
+            // The sizes first: the template below holds one entry per GPU.
+            if pool.gpus > crate::limits::GPUS_PER_NODE_MAX {
+                let max = crate::limits::GPUS_PER_NODE_MAX;
+                return Err(SpecError::new("pools", format!("{name}: gpus is at most {max}")));
+            }
+            if pool.nodes.len() > crate::limits::NODES_MAX {
+                return Err(SpecError::new("pools", format!("more than {} nodes", crate::limits::NODES_MAX)));
+            }
+            let template = pool.node_spec(&pool.nodes[0]);
+            template.validate().map_err(|e| SpecError::new("pools", format!("{name}: {e}")))?;
             for node in &pool.nodes {
                 if !seen.insert(node) {
                     return Err(SpecError::new("pools", format!("{name}: node {node} is in another pool too")));
@@ -808,10 +818,20 @@ impl ClusterPolicy {
                 if seen.len() > crate::limits::NODES_MAX {
                     return Err(SpecError::new("pools", format!("more than {} nodes", crate::limits::NODES_MAX)));
                 }
-                pool.node_spec(node).validate().map_err(|e| SpecError::new("pools", format!("{name}: {node}: {e}")))?;
+                // A name the programs get as their argument: never an option.
+                if node.starts_with('-') {
+                    return Err(SpecError::new("pools", format!("{name}: node name '{node}' must not start with '-'")));
+                }
+                let named = crate::spec::NodeSpec { name: node.clone(), gpus: Vec::new(), ..template.clone() };
+                named.validate().map_err(|e| SpecError::new("pools", format!("{name}: {node}: {e}")))?;
             }
         }
         Ok(())
+    }
+
+    /// Every pool's nodes.
+    pub fn pool_nodes(&self) -> std::collections::BTreeSet<&str> {
+        self.pools.values().flat_map(|p| p.nodes.iter().map(String::as_str)).collect()
     }
 
     /// The pool node `name` is in, if any.

@@ -749,6 +749,22 @@ impl JobSpec {
         std::iter::once(self.nodes).chain(self.components.iter().map(|c| c.nodes)).collect()
     }
 
+    /// The component whose node sits at `position` in a placement (which
+    /// lists component 0's nodes first); 0 for an ordinary job.
+    pub fn component_of(&self, position: usize) -> usize {
+        if self.components.is_empty() {
+            return 0;
+        }
+        let mut end = 0usize;
+        for (k, n) in self.component_nodes().into_iter().enumerate() {
+            end = end.saturating_add(n as usize);
+            if position < end {
+                return k;
+            }
+        }
+        self.components.len()
+    }
+
     /// Nodes at the job's smallest size, every component counted.
     pub fn total_nodes(&self) -> u32 {
         self.components.iter().map(|c| c.nodes).fold(self.nodes, u32::saturating_add)

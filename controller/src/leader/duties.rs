@@ -68,7 +68,7 @@ pub async fn run(replica: Arc<Replica>) {
     let mut events = replica.node.state().subscribe();
     let mut last_pass = Duration::ZERO;
     let memory = Arc::new(Mutex::new(LeaderMemory::default()));
-    let power = super::power::PowerRunner::start(replica.power.clone());
+    let power = super::power::PowerRunner::start(replica.clone());
     // Taken on the first tick's blocking thread (a clone of the whole state).
     let copy: Arc<Mutex<Option<StateCopy>>> = Arc::new(Mutex::new(None));
     let _release = CopyRelease(replica.clone(), copy.clone());

@@ -1,8 +1,8 @@
 //! Runs the site's power programs for elastic node pools (Slurm's
 //! `ResumeProgram` and `SuspendProgram`): the leader's tick decides which
 //! nodes to power up and down (`gangway_core::duties::power_decisions`);
-//! this runs `PROGRAM HOSTLIST`, one call at a time, each within
-//! [`PROGRAM_TIMEOUT`]. The programs are this replica's configuration
+//! this runs `PROGRAM HOSTLIST`, one call at a time (the nodes asked for
+//! meanwhile merged into the next), each within [`PROGRAM_TIMEOUT`]. The programs are this replica's configuration
 //! (`--resume-program`, `--suspend-program`), never the replicated policy:
 //! editing the policy must not run code on a controller.
 //!
@@ -10,48 +10,83 @@
 //! (`gangway_power_program_failures_total`); a node it did not power up is
 //! marked down after its pool's `resume_timeout_s`, and its jobs requeued.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use gangway_core::NodeState;
+use tokio::sync::Notify;
+
+use crate::shared::Replica;
 
 /// One program call may take this long (Slurm's `ResumeTimeout` bounds the
 /// boot itself; the program only starts it): then it is killed.
 pub const PROGRAM_TIMEOUT: Duration = Duration::from_secs(120);
-/// Calls waiting to run: beyond this (programs much slower than the ticks
-/// that ask for them) a call is dropped and logged, and its nodes time out.
-pub const PROGRAM_QUEUE_MAX: usize = 256;
 
 pub use crate::config::PowerPrograms;
 
-/// A power-up or power-down of some nodes.
-#[derive(Debug)]
-struct Call {
-    up: bool,
-    nodes: Vec<String>,
+/// Nodes waiting for a program call, by direction: each call takes all of
+/// one direction's (so calls merge, and nothing is dropped). Bounded by the
+/// cluster's nodes: a name is in at most one of them.
+#[derive(Default)]
+struct Waiting {
+    up: BTreeSet<String>,
+    down: BTreeSet<String>,
 }
 
-/// Queues calls for the runner task; dropping it ends the runner (the
-/// leader's duties ended) once the queued calls ran.
+/// Runs the calls the leader's ticks ask for, one at a time, while this
+/// replica leads: dropping it (the duties ended) stops the runner and kills
+/// a running program, so a deposed leader powers nothing.
 pub struct PowerRunner {
-    tx: mpsc::Sender<Call>,
+    waiting: Arc<Mutex<Waiting>>,
+    wake: Arc<Notify>,
     programs: PowerPrograms,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for PowerRunner {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl PowerRunner {
-    pub fn start(programs: PowerPrograms) -> PowerRunner {
-        let (tx, mut rx) = mpsc::channel::<Call>(PROGRAM_QUEUE_MAX);
-        let p = programs.clone();
-        tokio::spawn(async move {
-            while let Some(call) = rx.recv().await {
-                let program = if call.up { p.resume.as_ref() } else { p.suspend.as_ref() };
-                if let Some(program) = program {
-                    run(program, &call).await;
+    pub fn start(replica: Arc<Replica>) -> PowerRunner {
+        let programs = replica.power.clone();
+        let waiting: Arc<Mutex<Waiting>> = Arc::default();
+        let wake = Arc::new(Notify::new());
+        let (w, n, p) = (waiting.clone(), wake.clone(), programs.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                n.notified().await;
+                loop {
+                    let (up, down) = {
+                        let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+                        (std::mem::take(&mut w.up), std::mem::take(&mut w.down))
+                    };
+                    if up.is_empty() && down.is_empty() {
+                        break;
+                    }
+                    for (is_up, nodes) in [(true, up), (false, down)] {
+                        // Only nodes still in the state the call is for: a
+                        // later change (a registration, a new placement)
+                        // supersedes it.
+                        let want = if is_up { NodeState::PoweringUp } else { NodeState::PoweredDown };
+                        let nodes: Vec<String> = {
+                            let state = replica.node.state().read();
+                            nodes.into_iter().filter(|n| state.nodes.get(n).is_some_and(|x| x.state == want)).collect()
+                        };
+                        let program = if is_up { p.resume.as_ref() } else { p.suspend.as_ref() };
+                        if let (false, Some(program)) = (nodes.is_empty(), program) {
+                            run(program, is_up, &nodes).await;
+                        }
+                    }
                 }
             }
         });
-        PowerRunner { tx, programs }
+        PowerRunner { waiting, wake, programs, task }
     }
 
     /// Asks for `nodes` to be powered up (or down).
@@ -69,16 +104,25 @@ impl PowerRunner {
             tracing::warn!(nodes = ?nodes, "pool nodes to power {verb}, but this controller has no {flag}: do it by hand");
             return;
         }
-        if let Err(e) = self.tx.try_send(Call { up, nodes }) {
-            metrics::counter!("gangway_power_program_failures_total").increment(1);
-            tracing::error!(error = %e, "power program queue full: call dropped");
+        let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        for n in nodes {
+            // The latest request for a node wins.
+            if up {
+                w.down.remove(&n);
+                w.up.insert(n);
+            } else {
+                w.up.remove(&n);
+                w.down.insert(n);
+            }
         }
+        drop(w);
+        self.wake.notify_one();
     }
 }
 
-async fn run(program: &PathBuf, call: &Call) {
-    let list = gangway_proto::hostlist::compress(&call.nodes);
-    let verb = if call.up { "up" } else { "down" };
+async fn run(program: &PathBuf, up: bool, nodes: &[String]) {
+    let list = gangway_proto::hostlist::compress(nodes);
+    let verb = if up { "up" } else { "down" };
     tracing::info!(program = %program.display(), nodes = %list, "powering nodes {verb}");
     // Its messages go to the controller's own log (stderr). Only its exit is
     // waited for: a program may leave a process running (an agent it started).

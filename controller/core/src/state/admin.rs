@@ -28,6 +28,7 @@ pub struct UsageBucket {
 impl State {
     pub(super) fn apply_update_policy(
         &mut self,
+        index: u64,
         policy: &ClusterPolicy,
         expected_version: Option<u64>,
         force: bool,
@@ -107,8 +108,8 @@ impl State {
                 );
             }
         }
-        self.sync_pool_nodes();
-        Applied { outcome: Outcome::PolicyUpdated { version: self.policy.version }, events: Vec::new() }
+        let events = self.sync_pool_nodes(index);
+        Applied { outcome: Outcome::PolicyUpdated { version: self.policy.version }, events }
     }
 
     /// For a coordinator's edit: an account it adds or removes that a kept
@@ -571,6 +572,7 @@ impl State {
                 let live = self.jobs.get(&v.job_id).is_some_and(|j| {
                     j.state == JobState::Running
                         && j.attempt == v.attempt
+                        && !j.is_yielded()
                         && !(v.mode == PreemptMode::Suspend
                             && (j.is_suspended() || self.format < crate::format::PREEMPT_SUSPEND_FORMAT))
                 });

@@ -385,7 +385,7 @@ impl State {
                 self.apply_task_exited(index, *job_id, *attempt, node, exit, reason, *lost)
             }
             Command::UpdatePolicy { policy, expected_version, force, identity, .. } => {
-                self.apply_update_policy(policy, *expected_version, *force, identity)
+                self.apply_update_policy(index, policy, *expected_version, *force, identity)
             }
             Command::UpdateJob { job_id, change, identity, .. } => {
                 self.apply_update_job(index, *job_id, change, identity)
@@ -1042,8 +1042,10 @@ impl State {
                 continue;
             }
             let now = self.clock_ms;
+            let mut booting = false;
             for na in &p.nodes {
                 let node = self.nodes.get_mut(&na.node).expect("checked");
+                booting |= matches!(node.state, NodeState::PoweredDown | NodeState::PoweringUp);
                 // A pool's powered-down node is powered up for it.
                 if node.state == NodeState::PoweredDown {
                     node.state = NodeState::PoweringUp;
@@ -1076,7 +1078,9 @@ impl State {
                 job.requested_limit_s = job.spec.time_limit_s;
                 job.spec.time_limit_s = limit_s;
             }
-            job.start_time_ms = Some(now);
+            // A job with a node still booting starts its clock when that
+            // node registers (`pools.rs`), and is launched only then.
+            job.start_time_ms = (!booting).then_some(now);
             job.reason = String::new();
             job.task_exits.clear();
             job.ran_on = p.nodes.iter().map(|n| n.node.clone()).collect();
@@ -1372,6 +1376,16 @@ impl State {
         }
         if !gpus.is_empty() || !node_jobs.is_empty() {
             return Err("allocation names a node or GPU that does not exist".into());
+        }
+        let pooled = self.policy.pool_nodes();
+        for (name, node) in &self.nodes {
+            let powered = matches!(node.state, NodeState::PoweredDown | NodeState::PoweringUp);
+            if powered && !pooled.contains(name.as_str()) {
+                return Err(format!("node {name} is {} but in no pool", node.state.as_str()));
+            }
+            if node.state == NodeState::PoweredDown && !node.jobs.is_empty() {
+                return Err(format!("node {name} is powered down with jobs on it"));
+            }
         }
         let mut recount = self.clone();
         recount.rebuild_use();

@@ -35,31 +35,46 @@ impl State {
     }
 
     /// After a policy change: every node a pool names exists (powered down
-    /// with the pool's hardware until its agent registers), and a node that
-    /// no pool names any more and never registered is gone.
-    pub(super) fn sync_pool_nodes(&mut self) {
+    /// with the pool's hardware until its agent registers); a powered-down
+    /// or booting node that no pool names any more is gone (never
+    /// registered) or down (its jobs requeued): only a pool's nodes are
+    /// powered, so none is left waiting for a power-up that never comes.
+    pub(super) fn sync_pool_nodes(&mut self, index: u64) -> Vec<super::JobEvent> {
         if self.format < crate::format::ELASTIC_POOLS_FORMAT {
-            return;
+            return Vec::new();
         }
         let now = self.clock_ms;
+        let pooled: std::collections::BTreeSet<String> =
+            self.policy.pool_nodes().into_iter().map(str::to_string).collect();
+        let out_of_pool =
+            |n: &Node| matches!(n.state, NodeState::PoweredDown | NodeState::PoweringUp) && !pooled.contains(&n.name);
+        self.nodes.retain(|_, n| !(out_of_pool(n) && !n.ever_registered() && n.jobs.is_empty()));
+        let orphans: Vec<String> = self.nodes.values().filter(|n| out_of_pool(n)).map(|n| n.name.clone()).collect();
+        let mut events = Vec::new();
+        for name in orphans {
+            let node = self.nodes.get_mut(&name).expect("listed");
+            node.state = NodeState::Down;
+            node.state_reason = "its pool no longer names it".into();
+            node.state_changed_ms = now;
+            events.extend(self.end_jobs_on(index, &name, &format!("node {name} left its pool while powered down")));
+        }
         let policy = &self.policy;
-        self.nodes.retain(|name, n| {
-            !(n.state == NodeState::PoweredDown && n.addr.is_empty() && n.jobs.is_empty())
-                || policy.pools.values().any(|p| p.nodes.contains(name))
-        });
         for pool in policy.pools.values() {
             for name in &pool.nodes {
                 if self.nodes.len() >= NODES_MAX {
-                    return;
+                    return events;
                 }
                 if !self.nodes.contains_key(name) {
-                    let mut node = Node::from_spec(&pool.node_spec(name), now);
+                    // Never registered: `registered_ms` 0 until its agent does.
+                    let mut node = Node::from_spec(&pool.node_spec(name), 0);
                     node.state = NodeState::PoweredDown;
+                    node.state_changed_ms = now;
                     node.state_reason = "never powered up".into();
                     self.nodes.insert(name.clone(), node);
                 }
             }
         }
+        events
     }
 
     /// The node changes of pools: `PowerDown` (an idle node, or a booting
@@ -98,6 +113,13 @@ impl State {
                     format!("node {name} holds {} jobs: drain it and let them end first", node.jobs.len()),
                 ))
             }
+            // Powered down, it would take work again: a drain is kept.
+            (NodeStateChange::PowerDown, NodeState::Drain) => {
+                return Some(Applied::refused(
+                    RefusalKind::FailedPrecondition,
+                    format!("node {name} is drained: resume it first (a drained node stays powered)"),
+                ))
+            }
             (NodeStateChange::PowerDown, _) => NodeState::PoweredDown,
             (NodeStateChange::PowerUp, NodeState::PoweredDown) => NodeState::PoweringUp,
             (_, state) => {
@@ -126,7 +148,7 @@ impl State {
             return None;
         }
         let since = self.clock_ms.saturating_sub(node.state_changed_ms);
-        if node.state == NodeState::PoweredDown && !node.addr.is_empty() && since < POWER_DOWN_REGISTER_GRACE_MS {
+        if node.state == NodeState::PoweredDown && node.ever_registered() && since < POWER_DOWN_REGISTER_GRACE_MS {
             return Some(Applied::refused(
                 RefusalKind::FailedPrecondition,
                 format!(
@@ -136,32 +158,29 @@ impl State {
                 ),
             ));
         }
-        let gpus_held = node.gpus.iter().filter(|g| g.allocated_to.is_some()).map(|g| g.index).max();
-        let holds = spec.cpus >= node.cpus_alloc
-            && spec.mem_mb >= node.mem_alloc_mb
-            && gpus_held.is_none_or(|g| (g as usize) < spec.gpus.len());
+        let first = if node.registered_ms == 0 { self.clock_ms } else { node.registered_ms };
+        let fresh = Node::from_spec(spec, first);
         let mut events = Vec::new();
-        if !holds {
-            let why = format!(
-                "node {} registered with less than its pool's hardware ({} CPUs, {} MiB, {} GPUs)",
-                spec.name,
-                spec.cpus,
-                spec.mem_mb,
-                spec.gpus.len()
-            );
+        if let Some(why) = self.cannot_hold_its_jobs(&fresh) {
             events = self.end_jobs_on(index, &spec.name, &why);
         }
         let now = self.clock_ms;
         let node = self.nodes.get_mut(&spec.name).expect("checked");
-        let mut fresh = Node::from_spec(spec, node.registered_ms);
+        let mut fresh = fresh;
         fresh.cpus_alloc = node.cpus_alloc;
         fresh.mem_alloc_mb = node.mem_alloc_mb;
         fresh.jobs = std::mem::take(&mut node.jobs);
         for g in &mut fresh.gpus {
             g.allocated_to = node.gpus.get(g.index as usize).and_then(|old| old.allocated_to);
+            // Quarantines of GPUs that are still present are kept.
+            if let Some(old) = node.gpus.iter().find(|o| o.uuid == g.uuid) {
+                g.health = old.health;
+                g.health_reason = old.health_reason.clone();
+            }
         }
         fresh.state_changed_ms = now;
         *node = fresh;
+        // The jobs' clocks start once every node of theirs is up.
         let booted: Vec<u64> = node.jobs.clone();
         for job_id in booted {
             let all_up = self.jobs[&job_id]
@@ -169,11 +188,45 @@ impl State {
                 .iter()
                 .flat_map(|a| &a.nodes)
                 .all(|na| self.nodes.get(&na.node).is_some_and(|n| n.state != NodeState::PoweringUp));
-            if all_up {
-                let job = self.jobs.get_mut(&job_id).expect("a node's jobs exist");
+            let job = self.jobs.get_mut(&job_id).expect("a node's jobs exist");
+            if all_up && job.start_time_ms.is_none() {
                 job.start_time_ms = Some(now);
             }
         }
         Some(Applied { outcome: Outcome::NodeRegistered { name: spec.name.clone() }, events })
+    }
+
+    /// Why the hardware a pool node registered with cannot hold what was
+    /// placed on it (by its pool's template), if it cannot: the CPUs, memory
+    /// and GPU indexes of every allocation there (a yielded job's too), and
+    /// each job's fit (GPU type, features).
+    fn cannot_hold_its_jobs(&self, fresh: &Node) -> Option<String> {
+        let node = self.nodes.get(&fresh.name)?;
+        let (mut cpus, mut mem) = (0u32, 0u64);
+        for job_id in &node.jobs {
+            let job = self.jobs.get(job_id)?;
+            let Some(alloc) = &job.allocation else { continue };
+            let Some(k) = alloc.nodes.iter().position(|na| na.node == fresh.name) else { continue };
+            let na = &alloc.nodes[k];
+            cpus = cpus.saturating_add(na.cpus);
+            mem = mem.saturating_add(na.mem_mb);
+            if na.gpus.iter().any(|&g| g as usize >= fresh.gpus.len()) {
+                return Some(format!(
+                    "node {} registered with {} GPUs; job {job_id} holds more",
+                    fresh.name,
+                    fresh.gpus.len()
+                ));
+            }
+            let shape = job.spec.component_shape(job.spec.component_of(k));
+            if let Some(m) = crate::fit::mismatch(&shape, fresh, true) {
+                return Some(format!("node {} registered unfit for job {job_id}: {}", fresh.name, m.as_str()));
+            }
+        }
+        (cpus > fresh.cpus || mem > fresh.mem_mb).then(|| {
+            format!(
+                "node {} registered with {} CPUs and {} MiB, less than its jobs hold ({cpus} CPUs, {mem} MiB)",
+                fresh.name, fresh.cpus, fresh.mem_mb
+            )
+        })
     }
 }

@@ -207,6 +207,7 @@ const STEP_KEYS: &[&str] = &[
     "power_up",
     "power_down",
     "cpus",
+    "starts",
 ];
 const UPDATE_KEYS: &[&str] = &["job", "priority", "nice", "time_limit_s"];
 
@@ -548,6 +549,13 @@ pub fn run_file(path: &std::path::Path) {
             let got = run.state.jobs.get(&job).map(|j| j.spec.time_limit_s);
             if got != want.as_integer().map(|w| w as u64) {
                 run.fail(i, format!("job {job} has time limit {got:?} s, expected {want}"));
+            }
+        }
+        // Job start times (seconds; -1: not started), checked after any step.
+        for (job, want) in int_map(step.get("starts")) {
+            let got = run.state.jobs.get(&job).and_then(|j| j.start_time_ms).map(|t| t / 1000);
+            if got != want.as_integer().and_then(|w| u64::try_from(w).ok()) {
+                run.fail(i, format!("job {job} started at {got:?} s, expected {want}"));
             }
         }
         // Node states, checked after any step.
