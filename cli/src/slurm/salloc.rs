@@ -310,7 +310,9 @@ async fn wait_running(client: &Client, id: u64) -> anyhow::Result<Option<pb::Job
                 async move { JobServiceClient::new(ch).get(r).await }
             }) => r?.into_inner(),
         };
-        if super::allocated(polled.state) {
+        // Allocated, and started: an elastic pool's nodes have booted (the
+        // clock starts once all of them registered, with their addresses).
+        if super::allocated(polled.state) && polled.start_time_ms.is_some() {
             return Ok(Some(polled));
         }
         if super::ended(polled.state) {

@@ -304,7 +304,8 @@ pub fn stopping_jobs(state: &State, heard: &Heard<'_>, memory: &mut LeaderMemory
         });
         r.released = r.released
             || job.ran_on.iter().all(|node| {
-                if state.nodes.get(node).is_none_or(|n| n.state == NodeState::Down) {
+                // Down, or powered down: its tasks are gone either way.
+                if state.nodes.get(node).is_none_or(|n| matches!(n.state, NodeState::Down | NodeState::PoweredDown)) {
                     return true;
                 }
                 match (heard.runs)(node, *id) {

@@ -809,7 +809,9 @@ impl ClusterPolicy {
             if pool.nodes.len() > crate::limits::NODES_MAX {
                 return Err(SpecError::new("pools", format!("more than {} nodes", crate::limits::NODES_MAX)));
             }
-            let template = pool.node_spec(&pool.nodes[0]);
+            // Checked with the longest name (the GPUs' placeholder ids hold it).
+            let longest = pool.nodes.iter().max_by_key(|n| n.len()).unwrap_or(&pool.nodes[0]);
+            let template = pool.node_spec(longest);
             template.validate().map_err(|e| SpecError::new("pools", format!("{name}: {e}")))?;
             for node in &pool.nodes {
                 if !seen.insert(node) {

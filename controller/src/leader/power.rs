@@ -24,6 +24,9 @@ use crate::shared::Replica;
 /// One program call may take this long (Slurm's `ResumeTimeout` bounds the
 /// boot itself; the program only starts it): then it is killed.
 pub const PROGRAM_TIMEOUT: Duration = Duration::from_secs(120);
+/// Nodes one call names at most: its hostlist is one argument, which Linux
+/// bounds (128 KiB); the rest wait for the next call.
+pub const NODES_PER_CALL_MAX: usize = 1024;
 
 pub use crate::config::PowerPrograms;
 
@@ -64,7 +67,7 @@ impl PowerRunner {
                 loop {
                     let (up, down) = {
                         let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
-                        (std::mem::take(&mut w.up), std::mem::take(&mut w.down))
+                        (take_some(&mut w.up), take_some(&mut w.down))
                     };
                     if up.is_empty() && down.is_empty() {
                         break;
@@ -79,6 +82,10 @@ impl PowerRunner {
                             nodes.into_iter().filter(|n| state.nodes.get(n).is_some_and(|x| x.state == want)).collect()
                         };
                         let program = if is_up { p.resume.as_ref() } else { p.suspend.as_ref() };
+                        // The leadership may have ended since the tick asked.
+                        if !replica.node.is_leader() {
+                            return;
+                        }
                         if let (false, Some(program)) = (nodes.is_empty(), program) {
                             run(program, is_up, &nodes).await;
                         }
@@ -118,6 +125,15 @@ impl PowerRunner {
         drop(w);
         self.wake.notify_one();
     }
+}
+
+/// Takes up to [`NODES_PER_CALL_MAX`] names out of `set`.
+fn take_some(set: &mut BTreeSet<String>) -> BTreeSet<String> {
+    if set.len() <= NODES_PER_CALL_MAX {
+        return std::mem::take(set);
+    }
+    let rest = set.split_off(&set.iter().nth(NODES_PER_CALL_MAX).cloned().unwrap_or_default());
+    std::mem::replace(set, rest)
 }
 
 async fn run(program: &PathBuf, up: bool, nodes: &[String]) {

@@ -191,42 +191,54 @@ impl State {
             let job = self.jobs.get_mut(&job_id).expect("a node's jobs exist");
             if all_up && job.start_time_ms.is_none() {
                 job.start_time_ms = Some(now);
+                // Suspended while its nodes booted: suspended from now on.
+                if job.is_suspended() {
+                    job.suspended_at_ms = Some(now);
+                    job.suspended_ms = 0;
+                }
             }
         }
         Some(Applied { outcome: Outcome::NodeRegistered { name: spec.name.clone() }, events })
     }
 
     /// Why the hardware a pool node registered with cannot hold what was
-    /// placed on it (by its pool's template), if it cannot: the CPUs, memory
-    /// and GPU indexes of every allocation there (a yielded job's too), and
-    /// each job's fit (GPU type, features).
+    /// placed on it (by its pool's template), if it cannot: what the node's
+    /// running jobs hold, and each job's own allocation (a yielded one's too,
+    /// for its resume), held GPU indexes and their type, and fit (features).
     fn cannot_hold_its_jobs(&self, fresh: &Node) -> Option<String> {
         let node = self.nodes.get(&fresh.name)?;
-        let (mut cpus, mut mem) = (0u32, 0u64);
+        let name = &fresh.name;
+        if node.cpus_alloc > fresh.cpus || node.mem_alloc_mb > fresh.mem_mb {
+            return Some(format!(
+                "node {name} registered with {} CPUs and {} MiB, less than its jobs hold ({} CPUs, {} MiB)",
+                fresh.cpus, fresh.mem_mb, node.cpus_alloc, node.mem_alloc_mb
+            ));
+        }
         for job_id in &node.jobs {
             let job = self.jobs.get(job_id)?;
             let Some(alloc) = &job.allocation else { continue };
-            let Some(k) = alloc.nodes.iter().position(|na| na.node == fresh.name) else { continue };
+            let Some(k) = alloc.nodes.iter().position(|na| na.node == *name) else { continue };
             let na = &alloc.nodes[k];
-            cpus = cpus.saturating_add(na.cpus);
-            mem = mem.saturating_add(na.mem_mb);
-            if na.gpus.iter().any(|&g| g as usize >= fresh.gpus.len()) {
-                return Some(format!(
-                    "node {} registered with {} GPUs; job {job_id} holds more",
-                    fresh.name,
-                    fresh.gpus.len()
-                ));
-            }
             let shape = job.spec.component_shape(job.spec.component_of(k));
+            if na.cpus > fresh.cpus || na.mem_mb > fresh.mem_mb {
+                return Some(format!("node {name} registered with less than job {job_id} holds there"));
+            }
+            for &g in &na.gpus {
+                match fresh.gpus.get(g as usize) {
+                    None => return Some(format!("node {name} registered without GPU {g}, which job {job_id} holds")),
+                    Some(gpu) if !crate::fit::gpu_is_type(gpu, &shape.gpu_type) => {
+                        return Some(format!(
+                            "node {name}: GPU {g} registered as {}, not {}",
+                            gpu.model, shape.gpu_type
+                        ))
+                    }
+                    Some(_) => {}
+                }
+            }
             if let Some(m) = crate::fit::mismatch(&shape, fresh, true) {
-                return Some(format!("node {} registered unfit for job {job_id}: {}", fresh.name, m.as_str()));
+                return Some(format!("node {name} registered unfit for job {job_id}: {}", m.as_str()));
             }
         }
-        (cpus > fresh.cpus || mem > fresh.mem_mb).then(|| {
-            format!(
-                "node {} registered with {} CPUs and {} MiB, less than its jobs hold ({cpus} CPUs, {mem} MiB)",
-                fresh.name, fresh.cpus, fresh.mem_mb
-            )
-        })
+        None
     }
 }
