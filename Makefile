@@ -6,7 +6,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/gangway/target
 CARGO ?= cargo
 BIN := $(CARGO_TARGET_DIR)/debug/gangway
 
-.PHONY: setup build dev test verify fix bench bench-peers chaos chaos-long previous fuzz fuzz-smoke sim
+.PHONY: setup build dev test verify fix bench bench-peers chaos chaos-long previous fuzz fuzz-smoke sim image image-check
 
 setup:
 	@bash deploy/setup-debian.sh
@@ -65,6 +65,22 @@ test: setup previous fuzz-smoke
 	else \
 		$(CARGO) test --workspace --no-fail-fast; \
 	fi
+	@$(MAKE) --no-print-directory image-check
+
+# Gangway's OCI image, from scratch with buildah (no registry, no daemon):
+# the release binary, its libraries and an unprivileged user. Written to
+# $(CARGO_TARGET_DIR)/image/gangway-image.tar and tagged localhost/gangway:VERSION.
+image: setup
+	$(CARGO) build --release --bin gangway
+	deploy/image/build.sh $(RELEASE_BIN) $(CARGO_TARGET_DIR)/image localhost/gangway:$$($(RELEASE_BIN) --version | cut -d' ' -f2)
+	deploy/image/check.sh $(CARGO_TARGET_DIR)/image/gangway-image.tar
+
+# Part of `make test`: the test build's image, built the same way and checked
+# (config, files, and its binary run from the image's root file system).
+image-check:
+	deploy/image/build.sh $(BIN) $(CARGO_TARGET_DIR)/image-check localhost/gangway:check
+	deploy/image/check.sh $(CARGO_TARGET_DIR)/image-check/gangway-image.tar
+	@buildah rmi localhost/gangway:check >/dev/null
 
 # The deterministic whole-cluster simulation over many seeds (CI runs 200 in
 # `make test`); a failing seed prints how to replay it with its trace.

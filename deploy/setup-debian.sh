@@ -2,7 +2,8 @@
 # Installs what building Gangway needs on a fresh Debian/Ubuntu machine:
 # a C/C++ toolchain and libclang (RocksDB's bindings are generated with bindgen
 # and its C++ is compiled from source), iproute2 and iptables for the chaos
-# tests, Prometheus for the metrics tests, tmux for the interactive ones.
+# tests, Prometheus for the metrics tests, tmux for the interactive ones,
+# buildah for the OCI image.
 # protoc comes from a vendored crate.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
@@ -21,6 +22,9 @@ command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # The interactive-step tests type into `srun --pty` through a real terminal.
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
+# The image is built with buildah from scratch and checked with Python.
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: cargo is missing. Install Rust (rustup) first; rust-toolchain.toml pins the version." >&2
