@@ -16,6 +16,7 @@ mod bench_sched;
 mod commands;
 mod daemons;
 mod dev;
+mod doctor;
 mod events;
 mod jobctl;
 pub mod jobspec;
@@ -64,6 +65,10 @@ enum Cmd {
     Agent(daemons::AgentArgs),
     /// Start a local 3-replica cluster with simulated GPU nodes (Ctrl-C stops it).
     Dev(dev::DevArgs),
+    /// Check this host before it joins a cluster: the controllers' ports,
+    /// the certificates in --tls-dir, cgroups, NVML, the disk's fsync
+    /// latency; says what to fix (exit 1 when a check fails).
+    Doctor(doctor::DoctorArgs),
     /// Submit a job: a command after `--`, `--wrap "cmd"`, or a batch script file.
     Submit(jobspec::SubmitArgs),
     /// Slurm's sbatch: submit a batch script with #SBATCH directives (`gangway sbatch --help`).
@@ -386,6 +391,7 @@ pub fn main() {
             Cmd::Dev(a) => dev::run(a, &identity, &cli.tls).await,
             Cmd::Tls(t) => tls::run(t),
             Cmd::Token(t) => tls::run_token(t),
+            Cmd::Doctor(d) => doctor::run(d, &cli.endpoints, &cli.tls).await,
             Cmd::Bench(b) => bench::run(b).await,
             Cmd::Simulate(s) => simulate::run(s),
             Cmd::Shims(ShimsCmd::Install { prefix, force }) => install_shims(&prefix, force),

@@ -182,6 +182,25 @@ fn controllers_agents_and_cli_as_separate_processes() {
         let o = cli(&endpoints, &["nodes", "--json"], &work);
         o.status.success() && stdout(&o).matches("\"state\": \"UP\"").count() == 2
     });
+    // `gangway doctor` on this host: the controllers reachable, every
+    // certificate valid, the disk's fsync timed; an unreachable one fails it.
+    let doctor = |eps: &str| {
+        Command::new(GANGWAY)
+            .args(["doctor", "--data-dir", work.to_str().unwrap(), "--tls-dir", pki().to_str().unwrap()])
+            .env("GANGWAY_ENDPOINTS", eps)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let o = doctor(&endpoints);
+    let said = stdout(&o);
+    assert!(o.status.success(), "{said}{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(said.matches("ok    controller").count(), 3, "{said}");
+    assert!(said.contains("ok    certificate   server:1: valid for"), "{said}");
+    assert!(said.contains("fsync in") && said.contains("p99"), "{said}");
+    let o = doctor(&format!("{endpoints},127.0.0.1:1"));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("FAIL  controller    127.0.0.1:1"), "{}", stdout(&o));
     // A bad submission: one line on stderr, exit code 1, nothing created.
     let bad = cli(&endpoints, &["submit", "-N", "0", "--", "true"], &work);
     assert_eq!(bad.status.code(), Some(1));
