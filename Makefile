@@ -6,7 +6,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/gangway/target
 CARGO ?= cargo
 BIN := $(CARGO_TARGET_DIR)/debug/gangway
 
-.PHONY: setup build dev test verify fix bench bench-peers chaos chaos-long previous fuzz fuzz-smoke sim image image-check
+.PHONY: setup build dev test verify fix bench bench-peers chaos chaos-long previous fuzz fuzz-smoke sim image image-check k8s-check
 
 setup:
 	@bash deploy/setup-debian.sh
@@ -65,7 +65,12 @@ test: setup previous fuzz-smoke
 	else \
 		$(CARGO) test --workspace --no-fail-fast; \
 	fi
-	@$(MAKE) --no-print-directory image-check
+	@$(MAKE) --no-print-directory image-check k8s-check
+
+# Part of `make test`: the Kubernetes manifests against Kubernetes' schemas
+# (kubernetes-validate, from PyPI) and their flags against the binary.
+k8s-check:
+	deploy/kubernetes/check.sh $(BIN)
 
 # Gangway's OCI image, from scratch with buildah (no registry, no daemon):
 # the release binary, its libraries and an unprivileged user. Written to

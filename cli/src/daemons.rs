@@ -12,8 +12,10 @@ use serde_json::{json, Value};
 
 #[derive(Args)]
 pub struct ControllerArgs {
-    /// This replica's id (a positive integer, unique in the cluster).
-    #[arg(long)]
+    /// This replica's id (a positive integer, unique in the cluster), or
+    /// `ordinal`: one more than the number that ends the host name, as a
+    /// Kubernetes StatefulSet names its pods (gangway-controller-0 is 1).
+    #[arg(long, value_parser = parse_replica_id)]
     id: u64,
     /// Address to listen on, e.g. 0.0.0.0:50051.
     #[arg(long)]
@@ -94,6 +96,25 @@ pub struct ControllerArgs {
     /// SuspendProgram), called the same way.
     #[arg(long, value_name = "PROGRAM")]
     suspend_program: Option<std::path::PathBuf>,
+}
+
+/// `--id`: a number, or `ordinal` (from the host name's trailing `-N`).
+fn parse_replica_id(s: &str) -> Result<u64, String> {
+    if s != "ordinal" {
+        return s.parse().map_err(|_| format!("'{s}' is not a replica id (a positive integer, or `ordinal`)"));
+    }
+    let host =
+        std::fs::read_to_string("/proc/sys/kernel/hostname").map_err(|e| format!("ordinal: the host name: {e}"))?;
+    ordinal_id(host.trim())
+}
+
+/// The replica id of a StatefulSet pod named `host` (`NAME-N` is N + 1).
+fn ordinal_id(host: &str) -> Result<u64, String> {
+    let n = host
+        .rsplit_once('-')
+        .and_then(|(_, n)| n.parse::<u64>().ok())
+        .ok_or_else(|| format!("ordinal: host name '{host}' does not end in -N, as a StatefulSet pod's does"))?;
+    n.checked_add(1).ok_or_else(|| format!("ordinal: '{host}' is out of range"))
 }
 
 pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow::Result<()> {
@@ -375,4 +396,19 @@ pub async fn agent(a: AgentArgs, identity: &str, tls: &crate::tls::TlsArgs) -> a
         state_dir,
     };
     gangway_node_agent::run(config, shutdown_signal()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_statefulset_pod_name_gives_the_replica_id() {
+        assert_eq!(ordinal_id("gangway-controller-0"), Ok(1));
+        assert_eq!(ordinal_id("gangway-controller-4"), Ok(5));
+        assert!(ordinal_id("gangway").unwrap_err().contains("does not end in -N"));
+        assert!(ordinal_id("ctl-x").is_err());
+        assert_eq!(parse_replica_id("3"), Ok(3));
+        assert!(parse_replica_id("three").unwrap_err().contains("not a replica id"));
+    }
 }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Checks the Kubernetes manifests without a cluster (none can run here):
+# the core resources against Kubernetes' own schemas (kubernetes-validate,
+# strict: no unknown fields), the cert-manager and Prometheus ones for the
+# fields they must have, and every flag the containers pass against the
+# binary's own --help (so a renamed flag fails here, not in a pod).
+#
+#   deploy/kubernetes/check.sh GANGWAY_BINARY
+set -euo pipefail
+bin=${1:?usage: check.sh GANGWAY_BINARY}
+dir=$(cd "$(dirname "$0")" && pwd)
+# The Kubernetes version the manifests target (its schemas ship with the tool).
+k8s=1.30.0
+command -v kubernetes-validate >/dev/null || python3 -m pip install --quiet kubernetes-validate
+kubernetes-validate --strict --quiet -k "$k8s" "$dir/controller.yaml" "$dir/agent.yaml"
+python3 - "$bin" "$dir" <<'PY'
+import subprocess, sys, yaml
+bin, d = sys.argv[1], sys.argv[2]
+fail = []
+docs = [doc for f in ("controller.yaml", "agent.yaml", "certificates.yaml") for doc in yaml.safe_load_all(open(f"{d}/{f}"))]
+for doc in docs:
+    kind = doc["kind"]
+    if kind in ("StatefulSet", "DaemonSet"):
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            args = c["args"]
+            help_text = subprocess.run([bin, args[0], "--help"], capture_output=True, text=True).stdout
+            for a in args[1:]:
+                flag = a.split("=")[0]
+                if flag.startswith("--") and f"{flag} " not in help_text and f"{flag}\n" not in help_text:
+                    fail.append(f"{kind} {doc['metadata']['name']}: `gangway {args[0]}` has no {flag}")
+    if kind == "Certificate":
+        s = doc["spec"]
+        n = doc["metadata"]["name"].rsplit("-", 1)[1]
+        if s.get("uris") != [f"spiffe://gangway/server/{n}"] or s.get("secretName") != doc["metadata"]["name"]:
+            fail.append(f"Certificate {doc['metadata']['name']}: its URI must name server {n}, its secret itself")
+    if kind == "StatefulSet":
+        sources = doc["spec"]["template"]["spec"]["volumes"][0]["projected"]["sources"]
+        names = {s["secret"]["name"] for s in sources}
+        want = {f"gangway-server-{i}" for i in range(1, doc["spec"]["replicas"] + 1)}
+        if names != want:
+            fail.append(f"StatefulSet: it mounts {sorted(names)}, its {doc['spec']['replicas']} replicas need {sorted(want)}")
+if fail:
+    sys.exit("kubernetes check: " + "; ".join(fail))
+print(f"kubernetes check: ok ({len(docs)} resources)")
+PY
