@@ -256,9 +256,18 @@ mod tests {
         let got = rustix::termios::tcgetwinsize(&slave).unwrap();
         assert_eq!((got.ws_row, got.ws_col), (33, 101));
         rustix::io::write(&slave, b"hi\n").unwrap();
-        let mut buf = [0u8; 16];
-        let n = rustix::io::read(&master, &mut buf).unwrap();
-        assert_eq!(&buf[..n], b"hi\r\n", "the terminal's line discipline maps NL to CR NL");
+        // The line discipline may hand the bytes over in more than one read
+        // (a CI run saw "hi" and then "\r\n"): read until all four came.
+        let mut got = Vec::new();
+        for _ in 0..16 {
+            let mut buf = [0u8; 16];
+            let n = rustix::io::read(&master, &mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+            if got.len() >= 4 {
+                break;
+            }
+        }
+        assert_eq!(got, b"hi\r\n", "the terminal's line discipline maps NL to CR NL");
         assert_eq!(eof_char(&master), 4);
     }
 }
