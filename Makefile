@@ -6,7 +6,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/gangway/target
 CARGO ?= cargo
 BIN := $(CARGO_TARGET_DIR)/debug/gangway
 
-.PHONY: setup build dev test verify fix bench bench-peers chaos chaos-long previous fuzz fuzz-smoke sim image image-check k8s-check
+.PHONY: setup build dev test verify fix bench bench-peers chaos chaos-long previous fuzz fuzz-smoke sim image image-check k8s-check deb deb-check console-check
 
 setup:
 	@bash deploy/setup-debian.sh
@@ -65,7 +65,12 @@ test: setup previous fuzz-smoke
 	else \
 		$(CARGO) test --workspace --no-fail-fast; \
 	fi
-	@$(MAKE) --no-print-directory image-check k8s-check
+	@$(MAKE) --no-print-directory image-check k8s-check deb-check console-check
+
+# Part of `make test`: the web console in headless Chromium against a dev
+# cluster; screenshots of every page land in $(CARGO_TARGET_DIR)/console-screenshots.
+console-check:
+	controller/tests/console/check.sh $(BIN) $(CARGO_TARGET_DIR)/console-screenshots
 
 # Part of `make test`: the Kubernetes manifests against Kubernetes' schemas
 # (kubernetes-validate, from PyPI) and their flags against the binary.
@@ -79,6 +84,19 @@ image: setup
 	$(CARGO) build --release --bin gangway
 	deploy/image/build.sh $(RELEASE_BIN) $(CARGO_TARGET_DIR)/image localhost/gangway:$$($(RELEASE_BIN) --version | cut -d' ' -f2)
 	deploy/image/check.sh $(CARGO_TARGET_DIR)/image/gangway-image.tar
+
+# Gangway's Debian package (dpkg-deb): the release binary, Slurm's command
+# names, hardened systemd units and their option files. Written to
+# $(CARGO_TARGET_DIR)/deb/gangway_VERSION_ARCH.deb.
+deb: setup
+	$(CARGO) build --release --bin gangway
+	deploy/deb/build.sh $(RELEASE_BIN) $(CARGO_TARGET_DIR)/deb
+	deploy/deb/check.sh $(RELEASE_BIN)
+
+# Part of `make test`: the package of the test build, checked offline
+# (fields, files, dependencies, a dpkg unpack, the units' sandbox rating).
+deb-check:
+	deploy/deb/check.sh $(BIN)
 
 # Part of `make test`: the test build's image, built the same way and checked
 # (config, files, and its binary run from the image's root file system).

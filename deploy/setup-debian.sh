@@ -3,7 +3,7 @@
 # a C/C++ toolchain and libclang (RocksDB's bindings are generated with bindgen
 # and its C++ is compiled from source), iproute2 and iptables for the chaos
 # tests, Prometheus for the metrics tests, tmux for the interactive ones,
-# buildah for the OCI image.
+# buildah for the OCI image, Chromium for the console's browser tests.
 # protoc comes from a vendored crate.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
@@ -25,6 +25,10 @@ command -v tmux >/dev/null 2>&1 || need+=(tmux)
 # The image is built with buildah from scratch and checked with Python.
 command -v buildah >/dev/null 2>&1 || need+=(buildah)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+# The package check rates its systemd units offline.
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+# The web console's tests drive a real, headless browser.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: cargo is missing. Install Rust (rustup) first; rust-toolchain.toml pins the version." >&2

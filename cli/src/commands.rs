@@ -268,7 +268,7 @@ pub(crate) fn node_json(n: &pb::Node) -> Value {
         "name": n.name, "state": node_state_name(n.state), "reason": n.state_reason,
         "cpus": n.cpus, "cpus_alloc": n.cpus_alloc, "mem_mb": n.mem_mb, "mem_alloc_mb": n.mem_alloc_mb,
         "gpus": n.gpus.iter().map(|g| json!({"index": g.index, "uuid": g.uuid, "model": g.model, "mem_mb": g.mem_mb,
-            "nvlink_island": g.nvlink_island, "healthy": g.healthy, "health_reason": g.health_reason, "allocated_to": g.allocated_to})).collect::<Vec<_>>(),
+            "nvlink_island": g.nvlink_island, "healthy": g.healthy, "health_reason": g.health_reason, "allocated_to": g.allocated_to, "allocated": g.allocated || g.allocated_to.is_some()})).collect::<Vec<_>>(),
         "topology": n.topology, "labels": n.labels, "jobs": n.jobs, "last_heartbeat_age_ms": n.last_heartbeat_age_ms,
     })
 }
@@ -282,7 +282,7 @@ pub async fn nodes(client: &Client, out: &Output, stale: bool) -> anyhow::Result
     let rows: Vec<Vec<String>> = nodes
         .iter()
         .map(|n| {
-            let free = n.gpus.iter().filter(|g| g.healthy && g.allocated_to.is_none()).count();
+            let free = n.gpus.iter().filter(|g| g.healthy && !g.allocated && g.allocated_to.is_none()).count();
             let model = n.gpus.first().map(|g| g.model.clone()).unwrap_or_else(|| "-".into());
             let sick: Vec<String> = n
                 .gpus

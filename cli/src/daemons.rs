@@ -41,6 +41,11 @@ pub struct ControllerArgs {
     /// Serve Prometheus metrics at HOST:PORT, path /metrics (e.g. 0.0.0.0:9464).
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// Serve the web console at HOST:PORT, path /ui/ (e.g. 0.0.0.0:8443):
+    /// HTTPS with this replica's certificate (browsers log in with a bearer
+    /// token or a client certificate of the cluster's CA), plain HTTP with --insecure.
+    #[arg(long)]
+    ui_listen: Option<String>,
     /// Serve the metrics over TLS with this replica's certificate, only to
     /// the scrapers --metrics-client names.
     #[arg(long)]
@@ -172,7 +177,27 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
         ),
         None => None,
     };
+    let ui = match &a.ui_listen {
+        Some(addr) => {
+            Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("ui-listen: cannot bind {addr}"))?)
+        }
+        None => None,
+    };
     let mut handle = gangway_controller::replica::start(config, listener).await?;
+    let _ui = match ui {
+        Some(l) => {
+            let transport = match handle.replica.security.credentials() {
+                Some(_) => gangway_controller::ui::Transport::Tls(handle.replica.security.clone()),
+                None => gangway_controller::ui::Transport::Plain,
+            };
+            tracing::info!(addr = ?l.local_addr().ok(), "serving the web console at /ui/");
+            Some(
+                gangway_controller::ui::serve(handle.replica.clone(), l, transport)
+                    .map_err(|e| anyhow::anyhow!("ui: {e}"))?,
+            )
+        }
+        None => None,
+    };
     tracing::info!(id = a.id, addr = %handle.local_addr, "controller serving");
     let metrics_tls = match (handle.replica.security.credentials(), a.metrics_tls) {
         (Some(c), true) => Some(gangway_proto::telemetry::MetricsTls {
@@ -190,11 +215,29 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
         r = handle.wait() => r,
         _ = shutdown_signal() => {
             tracing::info!("shutting down");
+            // A leader hands over first (bounded: a transfer that does not
+            // finish in time leaves the others to elect, as after a crash).
+            let handed = tokio::time::timeout(
+                HANDOVER_TIMEOUT,
+                gangway_controller::api::admin::hand_over_leadership(&handle.replica),
+            )
+            .await;
+            match handed {
+                Ok(Some(Ok(to))) => tracing::info!(to, "handed leadership over before stopping"),
+                Ok(Some(Err(why))) => tracing::warn!(%why, "could not hand leadership over; the others will elect"),
+                Ok(None) => {}
+                Err(_) => tracing::warn!("handing leadership over took too long; the others will elect"),
+            }
             handle.shutdown().await;
             Ok(())
         }
     }
 }
+
+/// How long a stopping leader may spend handing leadership over: well
+/// within systemd's and Kubernetes' stop timeouts (90 s and 30 s), and a
+/// transfer takes well under a second when the cluster is healthy.
+const HANDOVER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Exit status of a replica that panicked (EX_SOFTWARE): distinct from a
 /// refused start (1), so logs and supervisors tell them apart.

@@ -13,6 +13,8 @@ use clap::Args;
 const DEV_REPLICAS_MAX: u64 = 5;
 /// Simulated nodes a dev cluster may have: all run in this one process.
 const DEV_AGENTS_MAX: usize = 64;
+/// The console login link `gangway dev` prints is good for a working day.
+const DEV_CONSOLE_TOKEN_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 /// How long to wait for the first leader before giving up.
 const LEADER_WAIT: Duration = Duration::from_secs(15);
 
@@ -37,6 +39,13 @@ pub struct DevArgs {
     /// ports from here (0: no metrics).
     #[arg(long, default_value_t = 9464)]
     metrics_port: u16,
+    /// First web console port: replicas serve /ui/ on consecutive ports
+    /// from here, plain HTTP on loopback (0: no console).
+    #[arg(long, default_value_t = 8080)]
+    ui_port: u16,
+    /// Users see only their own jobs (the policy's private_jobs).
+    #[arg(long)]
+    private_jobs: bool,
 }
 
 pub async fn run(a: DevArgs, identity: &str, tls: &crate::tls::TlsArgs) -> anyhow::Result<()> {
@@ -77,7 +86,35 @@ pub async fn run(a: DevArgs, identity: &str, tls: &crate::tls::TlsArgs) -> anyho
             metrics.push(l);
         }
     }
+    let mut consoles = Vec::new();
+    if a.ui_port != 0 {
+        for i in 0..a.replicas {
+            let port = a.ui_port.checked_add(i as u16).context("ui-port: too high")?;
+            let l = tokio::net::TcpListener::bind(("127.0.0.1", port))
+                .await
+                .with_context(|| format!("console port {port} is in use (pick another with --ui-port, 0 for none)"))?;
+            consoles.push(l);
+        }
+    }
+    let console_addrs: Vec<String> =
+        consoles.iter().filter_map(|l| l.local_addr().ok()).map(|a| a.to_string()).collect();
     let pki = if tls.insecure { None } else { Some(DevPki::create(a.port, a.replicas, a.nodes)?) };
+    // Bearer tokens for the console (and anyone else): signed with a key in
+    // the throwaway PKI directory (`gangway token create --key DIR/token-key.pem`).
+    let tokens = match &pki {
+        Some(p) => {
+            let (_, public) = gangway_proto::token::create_key(&p.dir).map_err(anyhow::Error::msg)?;
+            gangway_proto::token::TokenVerifier::load(&gangway_proto::token::TokenConfig {
+                public_keys: vec![public],
+                jwks: None,
+                issuer: Some(gangway_proto::token::DEFAULT_ISSUER.into()),
+                audience: Some(gangway_proto::token::DEFAULT_AUDIENCE.into()),
+                revoked: None,
+            })
+            .map_err(|e| anyhow::anyhow!("tokens: {e}"))?
+        }
+        None => None,
+    };
     let server_security = |id: u64| match &pki {
         Some(p) => p.security(&format!("server-{id}")),
         None => Ok(gangway_proto::tls::Security::Insecure),
@@ -100,14 +137,20 @@ pub async fn run(a: DevArgs, identity: &str, tls: &crate::tls::TlsArgs) -> anyho
             // jobs run as them (root too, when that is who they are).
             bootstrap_admins: vec![crate::tls::login_name()],
             allow_root_jobs: nix::unistd::geteuid().is_root(),
-            tokens: None,
-            private_jobs: false,
+            tokens: tokens.clone(),
+            private_jobs: a.private_jobs,
             restore: None,
             power: Default::default(),
         };
         let h = gangway_controller::replica::start(config, listener).await?;
         if !metrics.is_empty() {
             metric_tasks.push(gangway_controller::telemetry::serve(h.replica.clone(), metrics.remove(0), None));
+        }
+        if !consoles.is_empty() {
+            let t = gangway_controller::ui::Transport::Plain;
+            metric_tasks.push(
+                gangway_controller::ui::serve(h.replica.clone(), consoles.remove(0), t).map_err(anyhow::Error::msg)?,
+            );
         }
         handles.push(h);
     }
@@ -171,6 +214,27 @@ pub async fn run(a: DevArgs, identity: &str, tls: &crate::tls::TlsArgs) -> anyho
         println!("  metrics:   controllers http://{}/metrics", c.join("/metrics, http://"));
         if !n.is_empty() {
             println!("             nodes       http://{}/metrics", n.join("/metrics, http://"));
+        }
+    }
+    if let Some(first) = console_addrs.first() {
+        let login = match &pki {
+            Some(p) => {
+                let key = p.dir.join("token-key.pem");
+                let t = gangway_proto::token::create(
+                    &key,
+                    &crate::tls::login_name(),
+                    DEV_CONSOLE_TOKEN_LIFETIME,
+                    gangway_proto::token::DEFAULT_ISSUER,
+                    gangway_proto::token::DEFAULT_AUDIENCE,
+                )
+                .map_err(anyhow::Error::msg)?;
+                format!("#token={t}")
+            }
+            None => String::new(),
+        };
+        println!("  console:   http://{first}/ui/{login}");
+        if console_addrs.len() > 1 {
+            println!("             (every replica serves it: http://{}/ui/)", console_addrs[1..].join("/ui/, http://"));
         }
     }
     match &pki {

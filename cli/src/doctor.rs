@@ -3,7 +3,7 @@
 //! numbers it measured; the command exits 1 when any check failed.
 //!
 //! Checks: the controllers' ports are reachable (TCP, within
-//! [`CONNECT_TIMEOUT`]); the certificates in the TLS directory load, chain
+//! [`CONNECT_TIMEOUT`]); their clocks against this host's; the certificates in the TLS directory load, chain
 //! to its CA and are not about to expire; the cgroup version (the agent's
 //! process-group fallback on v1); NVML and its GPUs; and the data
 //! directory's fsync latency (Raft's log and the agent's fences wait on it).
@@ -22,6 +22,12 @@ pub const FSYNC_SAMPLES: usize = 200;
 pub const FSYNC_P99_WARN: Duration = Duration::from_millis(10);
 /// A certificate expiring within this many days is a warning.
 pub const CERT_WARN_DAYS: i64 = 30;
+/// Clocks apart by more than this skew job start and end times, time limits
+/// and logs between hosts (NTP keeps them within milliseconds).
+pub const CLOCK_SKEW_WARN: Duration = Duration::from_millis(500);
+/// Bearer tokens, step credentials and certificates are checked against the
+/// clock, tokens with a minute's leeway: half of that fails the check.
+pub const CLOCK_SKEW_FAIL: Duration = Duration::from_secs(30);
 
 #[derive(Args)]
 pub struct DoctorArgs {
@@ -58,6 +64,7 @@ impl Report {
 pub async fn run(a: DoctorArgs, endpoints: &[String], tls: &crate::tls::TlsArgs) -> anyhow::Result<()> {
     let mut r = Report { worst: Verdict::Ok };
     controllers(&mut r, endpoints).await;
+    clocks(&mut r, endpoints, tls).await;
     certificates(&mut r, tls);
     cgroups(&mut r);
     gpus(&mut r);
@@ -92,6 +99,86 @@ async fn controllers(r: &mut Report, endpoints: &[String]) {
                 "controller",
                 &format!("{addr}: no answer within {} s (a firewall dropping the port?)", CONNECT_TIMEOUT.as_secs()),
             ),
+        }
+    }
+}
+
+/// How doctor talks to the controllers: the TLS directory's first usable
+/// certificate (a host about to join has its own, of any role), else what
+/// the CLI would use.
+fn security(tls: &crate::tls::TlsArgs, endpoints: &[String]) -> anyhow::Result<gangway_proto::tls::Security> {
+    if let Some(dir) = &tls.tls_dir {
+        let mut stems: Vec<String> = std::fs::read_dir(dir)?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix("-key.pem")).map(str::to_string))
+            .filter(|s| s != "ca")
+            .collect();
+        stems.sort();
+        for stem in stems {
+            if let Ok(c) = gangway_proto::tls::Credentials::load(gangway_proto::tls::TlsFiles::in_dir(dir, &stem)) {
+                return Ok(gangway_proto::tls::Security::Tls(c));
+            }
+        }
+    }
+    tls.for_client(endpoints)
+}
+
+/// Each controller's clock against this host's: its time when it answered
+/// against the middle of the round trip (so within half of it).
+async fn clocks(r: &mut Report, endpoints: &[String], tls: &crate::tls::TlsArgs) {
+    use gangway_proto::v1::admin_service_client::AdminServiceClient;
+    if endpoints.is_empty() {
+        return;
+    }
+    let security = match security(tls, endpoints) {
+        Ok(s) => s,
+        Err(e) => return r.line(Verdict::Warn, "clock", &format!("not checked: no credentials to ask with ({e})")),
+    };
+    for ep in endpoints {
+        let addr = ep.trim_start_matches("https://").trim_start_matches("http://");
+        let sent = std::time::SystemTime::now();
+        let started = Instant::now();
+        let asked = tokio::time::timeout(2 * CONNECT_TIMEOUT, async {
+            let ch = security
+                .connect(addr, gangway_proto::tls::Expect::Server, CONNECT_TIMEOUT)
+                .await
+                .map_err(anyhow::Error::msg)?;
+            let s = AdminServiceClient::new(ch).get_replica_status(gangway_proto::v1::ReplicaStatusRequest {}).await?;
+            anyhow::Ok(s.into_inner())
+        })
+        .await;
+        let rtt = started.elapsed();
+        let status = match asked {
+            Ok(Ok(s)) => s,
+            // Reachability is the controllers' line; this one is about clocks.
+            Ok(Err(e)) => {
+                r.line(Verdict::Warn, "clock", &format!("{addr}: not read ({e})"));
+                continue;
+            }
+            Err(_) => {
+                r.line(Verdict::Warn, "clock", &format!("{addr}: not read within {} s", 2 * CONNECT_TIMEOUT.as_secs()));
+                continue;
+            }
+        };
+        let Some(theirs) = status.now_unix_ms else {
+            r.line(Verdict::Warn, "clock", &format!("{addr}: this replica's build does not say its time"));
+            continue;
+        };
+        let mid = sent + rtt / 2;
+        let ours = mid.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        let skew_ms = theirs as i64 - ours;
+        let skew = Duration::from_millis(skew_ms.unsigned_abs());
+        let detail = format!("{addr}: {skew_ms:+} ms against this host (±{:.1} ms)", rtt.as_secs_f64() * 500.0);
+        match skew {
+            s if s > CLOCK_SKEW_FAIL => r.line(
+                Verdict::Fail,
+                "clock",
+                &format!("{detail}; tokens and credentials will be refused: run NTP (chrony) on every host"),
+            ),
+            s if s > CLOCK_SKEW_WARN => {
+                r.line(Verdict::Warn, "clock", &format!("{detail}; run NTP (chrony) on every host"))
+            }
+            _ => r.line(Verdict::Ok, "clock", &detail),
         }
     }
 }

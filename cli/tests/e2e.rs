@@ -36,7 +36,8 @@ fn pki() -> &'static Path {
         let d = tls.to_str().unwrap();
         run(&["tls", "ca", "create", "--dir", d]);
         for id in ["1", "2", "3"] {
-            run(&["tls", "cert", "create", "--server", id, "--ca-dir", d]);
+            // Host names for tools that check them (curl, browsers: the console).
+            run(&["tls", "cert", "create", "--server", id, "--ca-dir", d, "--host", "127.0.0.1"]);
         }
         for n in ["e2e-node-1", "e2e-node-2", "e2e-node-3", "e2e-cloud-1"] {
             run(&["tls", "cert", "create", "--agent", n, "--ca-dir", d]);
@@ -146,6 +147,7 @@ fn controllers_agents_and_cli_as_separate_processes() {
     let endpoints = addrs.join(",");
     let mut procs = Procs(Vec::new());
     let (_pool_agent, programs) = pool_programs(&agent_exe, &endpoints, dir.path());
+    let console = format!("127.0.0.1:{}", free_port());
     for (i, addr) in addrs.iter().enumerate() {
         let data = dir.path().join(format!("c{}", i + 1));
         let id = (i + 1).to_string();
@@ -170,6 +172,10 @@ fn controllers_agents_and_cli_as_separate_processes() {
             "--suspend-program",
             programs[1].to_str().unwrap(),
         ];
+        let mut args = args.to_vec();
+        if i == 0 {
+            args.extend(["--ui-listen", console.as_str()]);
+        }
         procs.0.push(spawn(&args, &dir.path().join(format!("c{}.log", i + 1))));
     }
     for n in 1..=2 {
@@ -196,11 +202,47 @@ fn controllers_agents_and_cli_as_separate_processes() {
     let said = stdout(&o);
     assert!(o.status.success(), "{said}{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(said.matches("ok    controller").count(), 3, "{said}");
+    // The same machine's clock: within a few milliseconds of every replica's.
+    assert_eq!(said.matches("ok    clock").count(), 3, "{said}");
+    assert!(said.contains(" ms against this host (±"), "{said}");
     assert!(said.contains("ok    certificate   server:1: valid for"), "{said}");
     assert!(said.contains("fsync in") && said.contains("p99"), "{said}");
     let o = doctor(&format!("{endpoints},127.0.0.1:1"));
     assert_eq!(o.status.code(), Some(1));
     assert!(stdout(&o).contains("FAIL  controller    127.0.0.1:1"), "{}", stdout(&o));
+    // The web console over HTTPS with the replica's certificate: a browser's
+    // client certificate is its user; no certificate (or another role's)
+    // and no session must log in, and this cluster takes no bearer tokens.
+    // (The pages themselves are checked in Chromium by `make console-check`.)
+    let curl = |args: &[&str]| {
+        let ca = pki().join("ca.pem");
+        let o = Command::new("curl")
+            .args(["-sS", "--max-time", "10", "--cacert", ca.to_str().unwrap()])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "curl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o)
+    };
+    let cert = |stem: &str| {
+        let d = pki();
+        let file = |f: String| d.join(f).to_str().unwrap().to_string();
+        ["--cert".to_string(), file(format!("{stem}.pem")), "--key".to_string(), file(format!("{stem}-key.pem"))]
+    };
+    let base = format!("https://{console}");
+    assert!(curl(&[&format!("{base}/ui/")]).contains("<title>Gangway</title>"));
+    let [c, cf, k, kf] = cert("client-mallory");
+    let me = curl(&[&c, &cf, &k, &kf, &format!("{base}/ui/api/whoami")]);
+    assert!(me.contains("\"identity\":\"client:mallory\"") && me.contains("\"admin\":false"), "{me}");
+    let anon = curl(&["-i", &format!("{base}/ui/api/whoami")]);
+    assert!(anon.starts_with("HTTP/1.1 401") && anon.contains("\"login\":\"token\""), "{anon}");
+    let [c, cf, k, kf] = cert("server-2");
+    let server = curl(&["-i", &c, &cf, &k, &kf, &format!("{base}/ui/api/jobs")]);
+    assert!(server.starts_with("HTTP/1.1 401"), "a server certificate is nobody in the console: {server}");
+    let login =
+        curl(&["-i", "-H", "x-gangway-csrf: 1", "--data", "{\"token\":\"abc.def.ghi\"}", &format!("{base}/ui/login")]);
+    assert!(login.starts_with("HTTP/1.1 400") && login.contains("accepts no bearer tokens"), "{login}");
     // A bad submission: one line on stderr, exit code 1, nothing created.
     let bad = cli(&endpoints, &["submit", "-N", "0", "--", "true"], &work);
     assert_eq!(bad.status.code(), Some(1));

@@ -21,6 +21,7 @@ pub mod ratelimit;
 pub mod replica;
 pub mod shared;
 pub mod telemetry;
+pub mod ui;
 pub mod watch;
 
 pub use config::{ReplicaConfig, Timing};

@@ -423,6 +423,26 @@ async fn full_restart_restores_the_same_state() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopping_leader_hands_leadership_over_first() {
+    use gangway_controller::api::admin::hand_over_leadership;
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    // A follower has nothing to hand over.
+    let follower = *[1, 2, 3].iter().find(|id| **id != leader).unwrap();
+    assert!(hand_over_leadership(&c.handles[&follower].replica).await.is_none());
+    // What `gangway controller` does on SIGTERM before it stops.
+    match hand_over_leadership(&c.handles[&leader].replica).await.expect("the leader hands over") {
+        Ok(to) => assert_ne!(to, leader),
+        // Another replica may win the election; leadership must still have moved.
+        Err(why) => assert!(why.contains("instead of"), "{why}"),
+    }
+    assert!(!c.handles[&leader].replica.node.is_leader(), "the stopping replica still leads");
+    let now = c.leader().await;
+    assert_ne!(now, leader, "leadership did not move");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn membership_changes_and_leader_transfer() {
     let mut c = TestCluster::start(3).await;
     c.leader().await;

@@ -741,9 +741,18 @@ pub fn incoming(
     listener: TcpListener,
     security: &Security,
 ) -> Result<tokio_stream::wrappers::ReceiverStream<io::Result<Conn>>, String> {
+    incoming_for(listener, security, b"h2")
+}
+
+/// [`incoming`] for another application protocol (`http/1.1` for the web console).
+pub fn incoming_for(
+    listener: TcpListener,
+    security: &Security,
+    alpn: &[u8],
+) -> Result<tokio_stream::wrappers::ReceiverStream<io::Result<Conn>>, String> {
     let acceptor = match security {
         Security::Insecure => None,
-        Security::Tls(c) => Some(tokio_rustls::TlsAcceptor::from(c.server_config()?)),
+        Security::Tls(c) => Some(tokio_rustls::TlsAcceptor::from(c.server_config_for(alpn)?)),
     };
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE_MAX);
     let slots = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_IN_FLIGHT_MAX));
@@ -764,7 +773,9 @@ pub fn incoming(
             };
             // Shed, never stall: with every slot (or this address's share)
             // taken, the newcomer is closed and accepting goes on.
-            let (Ok(permit), Some(peer_slot)) = (slots.clone().try_acquire_owned(), per_peer.take(remote.ip())) else {
+            let (Ok(permit), Some(peer_slot)) =
+                (slots.clone().try_acquire_owned(), per_peer.take(remote.ip(), HANDSHAKES_PER_PEER_MAX))
+            else {
                 metrics::counter!("gangway_tls_handshakes_shed_total").increment(1);
                 continue;
             };
@@ -805,21 +816,23 @@ pub fn incoming(
     Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-/// Handshakes in progress per remote address.
+/// What each remote address holds now (handshakes here; the console's
+/// connections), so one address cannot take every slot.
 #[derive(Clone, Default)]
-struct PeerSlots(Arc<Mutex<std::collections::BTreeMap<std::net::IpAddr, usize>>>);
+pub struct PeerSlots(Arc<Mutex<std::collections::BTreeMap<std::net::IpAddr, usize>>>);
 
-/// One handshake of one address; given back when dropped.
-struct PeerSlot {
+/// One slot of one address; given back when dropped.
+pub struct PeerSlot {
     slots: PeerSlots,
     ip: std::net::IpAddr,
 }
 
 impl PeerSlots {
-    fn take(&self, ip: std::net::IpAddr) -> Option<PeerSlot> {
+    /// A slot for `ip`, unless it holds `max` already.
+    pub fn take(&self, ip: std::net::IpAddr, max: usize) -> Option<PeerSlot> {
         let mut m = self.0.lock().expect("peer slots lock");
         let n = m.entry(ip).or_insert(0);
-        if *n >= HANDSHAKES_PER_PEER_MAX {
+        if *n >= max {
             return None;
         }
         *n += 1;

@@ -262,6 +262,11 @@ impl SharedState {
         Ok(events.iter().filter(|e| e.index() >= from).cloned().collect())
     }
 
+    /// The oldest index [`Self::events_since`] can still answer from.
+    pub fn oldest_event_index(&self) -> u64 {
+        self.recent.lock().expect("events lock").1 + 1
+    }
+
     /// Events through `index` are not known here (a snapshot replaced the state).
     fn forget_events_through(&self, index: u64) {
         let mut recent = self.recent.lock().expect("events lock");

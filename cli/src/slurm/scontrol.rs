@@ -371,7 +371,7 @@ async fn show_nodes(client: &Client, out: &Output, name: Option<&str>, oneliner:
         return Ok(());
     }
     for n in nodes {
-        let gpus_used = n.gpus.iter().filter(|g| g.allocated_to.is_some()).count();
+        let gpus_used = n.gpus.iter().filter(|g| g.allocated || g.allocated_to.is_some()).count();
         let gres = n
             .gpus
             .first()

@@ -92,7 +92,7 @@ fn header(key: &str) -> &'static str {
 
 /// Slurm's name for a node's state.
 pub fn node_state(n: &pb::Node) -> &'static str {
-    let gpus_used = n.gpus.iter().filter(|g| g.allocated_to.is_some()).count();
+    let gpus_used = n.gpus.iter().filter(|g| g.allocated || g.allocated_to.is_some()).count();
     let busy = n.cpus_alloc > 0 || gpus_used > 0 || !n.jobs.is_empty();
     let full = n.cpus_alloc >= n.cpus || (!n.gpus.is_empty() && gpus_used == n.gpus.len());
     match pb::NodeState::try_from(n.state).unwrap_or(pb::NodeState::Unspecified) {

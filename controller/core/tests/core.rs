@@ -148,6 +148,30 @@ fn the_controller_has_no_hub_module() {
     }
 }
 
+/// ARCHITECTURE.md: the web console never reads or changes the state
+/// itself; it calls the API's handlers, so it shows and allows exactly what
+/// the API decides. The two numbers it reads (the newest job id, the oldest
+/// event kept) are the only state it touches.
+#[test]
+fn the_console_only_calls_the_api() {
+    let sources = workspace_sources();
+    let allowed = ["node.state().read().next_job_id", "node.state().oldest_event_index()"];
+    let banned = ["node.state()", ".read()", "propose", "forward(", "gangway_core::"];
+    let mut found = Vec::new();
+    let ui: Vec<_> = sources.iter().filter(|(p, _)| p.starts_with("controller/src/ui/")).collect();
+    assert!(ui.len() >= 3, "the console's sources moved: {:?}", ui.iter().map(|(p, _)| p).collect::<Vec<_>>());
+    for (path, text) in ui {
+        let mut t = text.clone();
+        for a in allowed {
+            t = t.replace(a, "");
+        }
+        for b in banned.iter().filter(|b| t.contains(**b)) {
+            found.push(format!("{path}: `{b}`"));
+        }
+    }
+    assert!(found.is_empty(), "the console touches the state or the core itself: {found:?}");
+}
+
 fn node_spec(i: usize, gpus: usize) -> NodeSpec {
     NodeSpec {
         name: format!("n{i}"),

@@ -49,7 +49,38 @@ fn replica_status(replica: &Replica) -> ReplicaStatus {
         newest_data_format: gangway_core::format::FORMAT_NEWEST,
         data_format: replica.node.state().read().format,
         addr: replica.addr.clone(),
+        now_unix_ms: Some(crate::now_ms()),
     }
+}
+
+/// A replica being stopped (SIGTERM from systemd or Kubernetes) that leads
+/// hands leadership to the most caught-up other voter first: the cluster then
+/// has a leader within one transfer, instead of waiting out the lease and an
+/// election with writes refused meanwhile. `None` when this replica does not
+/// lead or has no other voter; the error says why a transfer failed (the
+/// replica stops anyway and the others elect as after a crash).
+pub async fn hand_over_leadership(replica: &Arc<Replica>) -> Option<Result<u64, String>> {
+    use crate::raft::transfer::transfer_leadership;
+    let node = &replica.node;
+    if !node.is_leader() {
+        return None;
+    }
+    let status = node.status();
+    let to =
+        *status.voters.iter().filter(|v| **v != status.id).max_by_key(|v| status.matched.get(v).copied().flatten())?;
+    let channel = match status.addrs.get(&to).map(|addr| replica.channel_to(addr)) {
+        Some(Ok(c)) => c,
+        Some(Err(e)) => return Some(Err(e.message().to_string())),
+        None => return Some(Err(format!("replica {to} has no address"))),
+    };
+    let ask = || {
+        let channel = channel.clone();
+        async move {
+            let mut client = AdminServiceClient::new(channel);
+            client.trigger_election(Request::new(TriggerElectionRequest {})).await.is_ok()
+        }
+    };
+    Some(transfer_leadership(node, to, ask).await.map(|moved| moved.leader_id).map_err(|e| e.to_string()))
 }
 
 fn membership(s: &RaftStatus, log_index: u64) -> MembershipResponse {

@@ -321,6 +321,7 @@ pub fn node_to_proto(
                 nvlink_island: g.nvlink_island,
                 healthy: g.health == gangway_core::GpuHealth::Healthy,
                 allocated_to: g.allocated_to,
+                allocated: g.allocated_to.is_some(),
                 health_reason: g.health_reason.clone(),
             })
             .collect(),

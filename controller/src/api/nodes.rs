@@ -9,7 +9,7 @@ use gangway_proto::v1::*;
 use tonic::{Request, Response, Status};
 
 use super::convert::node_to_proto;
-use super::{unexpected, CallCtx, Routed};
+use super::{unexpected, CallCtx, Routed, Viewer};
 use crate::shared::Replica;
 
 pub struct NodeApi {
@@ -17,12 +17,29 @@ pub struct NodeApi {
 }
 
 impl NodeApi {
-    fn node(&self, name: &str, see_jobs: bool) -> Result<Node, Status> {
+    fn node(&self, name: &str, sees: Sees) -> Result<Node, Status> {
         let state = self.replica.node.state().read();
         let node = state.nodes.get(name).ok_or_else(|| Status::not_found(format!("node {name} does not exist")))?;
         let resv = state.active_reservations(crate::now_ms());
         let r = resv.get(name).copied();
-        Ok(shown(node_to_proto(node, self.replica.heartbeat_age_ms(name), r), see_jobs))
+        let sees = |id: u64| match &sees {
+            Sees::All => true,
+            Sees::Job(job) => id == *job,
+            Sees::Viewer(v) => state.jobs.get(&id).is_some_and(|j| v.visible(j)),
+        };
+        Ok(shown(node_to_proto(node, self.replica.heartbeat_age_ms(name), r), &sees))
+    }
+
+    fn sees(&self, ctx: &CallCtx) -> Sees {
+        match self.job_viewer(ctx) {
+            None => Sees::All,
+            Some(v) => Sees::Viewer(v),
+        }
+    }
+
+    /// Whose jobs `ctx` may see on nodes: `None` for everyone's.
+    fn job_viewer(&self, ctx: &CallCtx) -> Option<Viewer> {
+        (!self.sees_jobs(ctx)).then(|| self.replica.viewer(ctx))
     }
 
     /// Whether `ctx` sees which jobs run where: with private jobs, only
@@ -63,23 +80,32 @@ impl NodeApi {
         match routed {
             Routed::Forwarded(resp) => Ok(resp),
             Routed::Local(applied) => match applied.outcome {
-                Outcome::NodeStateSet { .. } => Ok(Response::new(self.node(&name, true)?)),
+                Outcome::NodeStateSet { .. } => Ok(Response::new(self.node(&name, Sees::All)?)),
                 other => Err(unexpected(&other)),
             },
         }
     }
 }
 
-/// A node without its jobs (and which job holds each GPU) when the caller
-/// may not see them.
-fn shown(mut n: Node, see_jobs: bool) -> Node {
-    if !see_jobs {
-        n.jobs.clear();
-        for g in &mut n.gpus {
+/// A node with only the jobs the caller may see: the others are left out of
+/// its job list and not named on the GPUs they hold (which still show as
+/// allocated).
+fn shown(mut n: Node, sees: &dyn Fn(u64) -> bool) -> Node {
+    n.jobs.retain(|j| sees(*j));
+    for g in &mut n.gpus {
+        if g.allocated_to.is_some_and(|j| !sees(j)) {
             g.allocated_to = None;
         }
     }
     n
+}
+
+/// Whose jobs a caller sees on nodes.
+enum Sees {
+    All,
+    /// A job's process, through its step credential: its own job's.
+    Job(u64),
+    Viewer(Viewer),
 }
 
 enum Forward {
@@ -101,8 +127,9 @@ impl NodeService for NodeApi {
         {
             return Ok(resp);
         }
-        let see_jobs = self.sees_jobs(&ctx);
+        let viewer = self.job_viewer(&ctx);
         let state = self.replica.node.state().read();
+        let sees = |id: u64| viewer.as_ref().is_none_or(|v| state.jobs.get(&id).is_some_and(|j| v.visible(j)));
         // Paged by size, in name order: the answer stays under every client's
         // receive limit however many nodes the cluster has.
         let (mut nodes, mut bytes, mut next_after_name) = (Vec::new(), 0usize, String::new());
@@ -115,7 +142,7 @@ impl NodeService for NodeApi {
         let resv = state.active_reservations(crate::now_ms());
         for n in range.map(|(_, n)| n) {
             let r = resv.get(n.name.as_str()).copied();
-            let pn = shown(node_to_proto(n, self.replica.heartbeat_age_ms(&n.name), r), see_jobs);
+            let pn = shown(node_to_proto(n, self.replica.heartbeat_age_ms(&n.name), r), &sees);
             let len = prost::Message::encoded_len(&pn);
             if !nodes.is_empty() && bytes.saturating_add(len) > gangway_proto::limits::LIST_RESPONSE_BYTES_MAX {
                 next_after_name = nodes.last().map(|p: &Node| p.name.clone()).unwrap_or_default();
@@ -139,8 +166,10 @@ impl NodeService for NodeApi {
                     claims.job_id
                 )));
             }
-            let see_jobs = !self.replica.private_jobs();
-            return Ok(Response::new(self.node(&name, see_jobs)?));
+            // Its own job's placement is what it asks for; the policy's
+            // private jobs hide everyone else's.
+            let sees = if self.replica.private_jobs() { Sees::Job(claims.job_id) } else { Sees::All };
+            return Ok(Response::new(self.node(&name, sees)?));
         }
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
@@ -152,7 +181,7 @@ impl NodeService for NodeApi {
         {
             return Ok(resp);
         }
-        Ok(Response::new(self.node(&name, self.sees_jobs(&ctx))?))
+        Ok(Response::new(self.node(&name, self.sees(&ctx))?))
     }
 
     async fn drain(&self, req: Request<DrainRequest>) -> Result<Response<Node>, Status> {

@@ -1,0 +1,266 @@
+//! The web console (`/ui`), served by every replica on its own listener: a
+//! page and its script and style, embedded in the binary (no build step, no
+//! internet), and a small JSON and server-sent-events API under `/ui/api/`.
+//!
+//! The console has no powers of its own. Every call it makes is the gRPC
+//! API's handler, called in-process with a request whose caller is built here
+//! from what was verified and nothing else ([`session::Who`]): the browser's
+//! client certificate, or the bearer token its session cookie holds (checked
+//! by the handler exactly as for the CLI), or on an insecure cluster its
+//! claimed name. So the console shows and changes exactly what the CLI would
+//! for the same user, follower forwarding and audit included.
+//!
+//! This module is the HTTP shell (connections, limits, routing, headers);
+//! `api.rs` turns requests into API calls and answers into JSON; `session.rs`
+//! decides who the caller is.
+
+mod api;
+mod session;
+
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, StatusCode};
+use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
+
+use crate::shared::Replica;
+
+/// Connections served at once; more are closed (a console is a handful of
+/// tabs per person, each one event stream and a few short requests).
+const CONNECTIONS_MAX: usize = 256;
+/// Connections one address may hold, so one client cannot take every slot.
+const CONNECTIONS_PER_PEER_MAX: usize = 32;
+/// A request's head (line and headers) arrives within this; a kept-alive
+/// connection idle this long is closed.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request's body arrives within this (it is at most a few KiB).
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection is closed after this, whatever it does, so a client that
+/// stops reading cannot hold its slot for good. An event stream's browser
+/// reconnects by itself and the page reloads what it shows.
+const CONNECTION_LIFETIME_MAX: Duration = Duration::from_secs(15 * 60);
+/// How long browsers are told to reach this console over HTTPS only.
+const HSTS: &str = "max-age=31536000";
+/// Bytes of a request head: a browser's is a few KiB, its cookie a token.
+const REQUEST_HEAD_BYTES_MAX: usize = 32 * 1024;
+/// Bytes of a request body: a login's token or a confirmation, nothing more.
+const REQUEST_BODY_BYTES_MAX: usize = 16 * 1024;
+
+/// How the console's listener speaks: HTTPS with the replica's certificate
+/// (browsers may present a client certificate of the cluster's CA), or plain
+/// HTTP (an insecure cluster, or the dev cluster on loopback).
+pub enum Transport {
+    Tls(gangway_proto::tls::Security),
+    Plain,
+}
+
+/// The embedded files: (path, content type, bytes).
+const ASSETS: &[(&str, &str, &str)] = &[
+    ("/ui/app.js", "text/javascript; charset=utf-8", include_str!("assets/app.js")),
+    ("/ui/app.css", "text/css; charset=utf-8", include_str!("assets/app.css")),
+];
+const INDEX_HTML: &str = include_str!("assets/index.html");
+
+/// Headers on every answer: nothing from elsewhere runs, loads or frames
+/// the console, and nothing it shows is cached or sniffed.
+const SECURITY_HEADERS: &[(&str, &str)] = &[
+    (
+        "content-security-policy",
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; \
+         form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+    ),
+    ("x-content-type-options", "nosniff"),
+    ("x-frame-options", "DENY"),
+    ("referrer-policy", "no-referrer"),
+    ("cache-control", "no-store"),
+    ("cross-origin-opener-policy", "same-origin"),
+    ("cross-origin-resource-policy", "same-origin"),
+];
+
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
+pub(crate) type Response = hyper::Response<Body>;
+
+pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).boxed()
+}
+
+/// An answer with the security headers.
+pub(crate) fn answer(status: StatusCode, kind: &str, body: Body) -> Response {
+    let mut r = hyper::Response::new(body);
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(hyper::header::CONTENT_TYPE, kind.parse().expect("content types are header values"));
+    for (k, v) in SECURITY_HEADERS {
+        h.insert(*k, v.parse().expect("static header values"));
+    }
+    r
+}
+
+pub(crate) fn json(status: StatusCode, v: &serde_json::Value) -> Response {
+    answer(status, "application/json", full(v.to_string()))
+}
+
+pub(crate) fn error(status: StatusCode, message: &str) -> Response {
+    json(status, &serde_json::json!({ "error": message }))
+}
+
+/// What every request handler shares.
+pub(crate) struct Console {
+    pub replica: Arc<Replica>,
+    /// Answers go over TLS: the session cookie is `Secure` and `__Host-`.
+    pub tls: bool,
+    /// Event streams open now, bounded by [`api::EVENT_STREAMS_MAX`].
+    pub streams: Arc<tokio::sync::Semaphore>,
+    /// Pending jobs' expected starts, shared by every viewer for a few
+    /// seconds ([`api::ESTIMATES_TTL`]): each is a scheduling analysis.
+    pub estimates: Mutex<api::Estimates>,
+}
+
+/// Serves the console on `listener` until the returned task is aborted.
+pub fn serve(
+    replica: Arc<Replica>,
+    listener: TcpListener,
+    transport: Transport,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    let (security, tls) = match transport {
+        Transport::Tls(s) => (s, true),
+        Transport::Plain => (gangway_proto::tls::Security::Insecure, false),
+    };
+    let mut conns = gangway_proto::tls::incoming_for(listener, &security, b"http/1.1")?;
+    let console = Arc::new(Console {
+        replica,
+        tls,
+        streams: Arc::new(tokio::sync::Semaphore::new(api::EVENT_STREAMS_MAX)),
+        estimates: Mutex::new(api::Estimates::default()),
+    });
+    Ok(tokio::spawn(async move {
+        let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+        let per_peer = gangway_proto::tls::PeerSlots::default();
+        while let Some(conn) = conns.next().await {
+            let Ok(conn) = conn else { continue };
+            let peer = match &conn {
+                gangway_proto::tls::Conn::Plain(_, p) | gangway_proto::tls::Conn::Tls(_, p) => p.clone(),
+            };
+            let ip = peer.remote.map(|a| peer_key(a.ip())).unwrap_or(IpAddr::from([0, 0, 0, 0]));
+            // Shed rather than queue: a browser retries.
+            let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
+            let Some(peer_slot) = per_peer.take(ip, CONNECTIONS_PER_PEER_MAX) else { continue };
+            let console = console.clone();
+            tokio::spawn(async move {
+                let _slots = (permit, peer_slot);
+                let svc = hyper::service::service_fn(move |req| {
+                    let console = console.clone();
+                    let peer = peer.clone();
+                    async move { Ok::<_, Infallible>(route(&console, &peer, req).await) }
+                });
+                let served = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
+                    .max_buf_size(REQUEST_HEAD_BYTES_MAX)
+                    .serve_connection(hyper_util::rt::TokioIo::new(conn), svc);
+                match tokio::time::timeout(CONNECTION_LIFETIME_MAX, served).await {
+                    Ok(Err(e)) => tracing::debug!(error = %e, "console connection ended"),
+                    Ok(Ok(())) => {}
+                    Err(_) => tracing::debug!("console connection reached its lifetime"),
+                }
+            });
+        }
+    }))
+}
+
+/// Whose connections count together: an IPv4 address, or an IPv6 /64 (what
+/// one host is usually given).
+fn peer_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mut s = v6.segments();
+                s[4..].fill(0);
+                IpAddr::V6(s.into())
+            }
+        },
+    }
+}
+
+async fn route(
+    console: &Console,
+    peer: &gangway_proto::tls::PeerInfo,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Response {
+    let mut r = route_checked(console, peer, req).await;
+    if console.tls {
+        r.headers_mut().insert("strict-transport-security", HSTS.parse().expect("a static header value"));
+    }
+    r
+}
+
+async fn route_checked(
+    console: &Console,
+    peer: &gangway_proto::tls::PeerInfo,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Response {
+    // Over plain HTTP a page of another site can be made to resolve to this
+    // address (DNS rebinding): only addresses and localhost name it here.
+    // (Over HTTPS the certificate names the console.)
+    if !console.tls {
+        if let Err(why) = session::plain_host(req.headers()) {
+            return error(StatusCode::MISDIRECTED_REQUEST, &why);
+        }
+    }
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let method = req.method().clone();
+    match (&method, path.as_str()) {
+        (&Method::GET, "/") => {
+            let mut r = answer(StatusCode::FOUND, "text/plain; charset=utf-8", full("the console is at /ui/\n"));
+            r.headers_mut().insert(hyper::header::LOCATION, "/ui/".parse().expect("static location"));
+            r
+        }
+        (&Method::GET, "/ui" | "/ui/") => answer(StatusCode::OK, "text/html; charset=utf-8", full(INDEX_HTML)),
+        (&Method::GET, p) if ASSETS.iter().any(|(a, _, _)| *a == p) => {
+            let (_, kind, body) = ASSETS.iter().find(|(a, _, _)| *a == p).expect("just matched");
+            answer(StatusCode::OK, kind, full(*body))
+        }
+        (_, p) if p.starts_with("/ui/api/") || p == "/ui/login" || p == "/ui/logout" => {
+            if method == Method::POST {
+                if let Err(why) = session::same_origin(req.headers()) {
+                    return error(StatusCode::FORBIDDEN, &why);
+                }
+            }
+            let who = match session::Who::of(console, peer, req.headers()) {
+                Ok(w) => w,
+                Err(why) => return error(StatusCode::BAD_REQUEST, &why),
+            };
+            let body = if method == Method::POST {
+                let limited = http_body_util::Limited::new(req.into_body(), REQUEST_BODY_BYTES_MAX);
+                match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
+                    Ok(Ok(b)) => b.to_bytes(),
+                    Ok(Err(_)) => {
+                        return error(
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            &format!("body: must be at most {REQUEST_BODY_BYTES_MAX} bytes"),
+                        )
+                    }
+                    Err(_) => {
+                        return error(
+                            StatusCode::REQUEST_TIMEOUT,
+                            &format!("body: did not arrive within {} s", BODY_READ_TIMEOUT.as_secs()),
+                        )
+                    }
+                }
+            } else {
+                Bytes::new()
+            };
+            api::handle(console, &who, &method, p, &query, &body).await
+        }
+        _ => error(StatusCode::NOT_FOUND, "not found: the console is at /ui/"),
+    }
+}
