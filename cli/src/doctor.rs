@@ -113,7 +113,8 @@ fn security(tls: &crate::tls::TlsArgs, endpoints: &[String]) -> anyhow::Result<g
             .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix("-key.pem")).map(str::to_string))
             .filter(|s| s != "ca")
             .collect();
-        stems.sort();
+        // The least powerful first: a user's, then a node's, then a replica's.
+        stems.sort_by_key(|s| (["client", "agent", "server"].iter().position(|r| s.starts_with(r)), s.clone()));
         for stem in stems {
             if let Ok(c) = gangway_proto::tls::Credentials::load(gangway_proto::tls::TlsFiles::in_dir(dir, &stem)) {
                 return Ok(gangway_proto::tls::Security::Tls(c));
@@ -136,13 +137,14 @@ async fn clocks(r: &mut Report, endpoints: &[String], tls: &crate::tls::TlsArgs)
     };
     for ep in endpoints {
         let addr = ep.trim_start_matches("https://").trim_start_matches("http://");
-        let sent = std::time::SystemTime::now();
-        let started = Instant::now();
+        // Connected first: the round trip timed is the call's alone.
+        let (mut sent, mut started) = (std::time::SystemTime::now(), Instant::now());
         let asked = tokio::time::timeout(2 * CONNECT_TIMEOUT, async {
             let ch = security
                 .connect(addr, gangway_proto::tls::Expect::Server, CONNECT_TIMEOUT)
                 .await
                 .map_err(anyhow::Error::msg)?;
+            (sent, started) = (std::time::SystemTime::now(), Instant::now());
             let s = AdminServiceClient::new(ch).get_replica_status(gangway_proto::v1::ReplicaStatusRequest {}).await?;
             anyhow::Ok(s.into_inner())
         })

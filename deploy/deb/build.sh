@@ -21,7 +21,7 @@ command -v dpkg-deb >/dev/null || { echo "deb: dpkg-deb is missing (apt-get inst
 version=$("$bin" --version | awk '{print $2}')
 arch=$(dpkg --print-architecture)
 root=$(mktemp -d)
-trap 'rm -rf "$root"' EXIT
+trap 'rm -rf "$root" "$root.shlibs"' EXIT
 chmod 0755 "$root"
 
 install -D -m 0755 "$bin" "$root/usr/bin/gangway"
@@ -39,12 +39,21 @@ install -D -m 0644 "$deploy/prometheus.example.yml" "$root/usr/share/doc/gangway
 install -D -m 0644 "$repo/docs/operations.md" "$root/usr/share/doc/gangway/operations.md"
 install -D -m 0644 "$repo/docs/security.md" "$root/usr/share/doc/gangway/security.md"
 install -d -m 0755 "$root/DEBIAN"
+# The C libraries the binary links, with the oldest versions that have every
+# symbol it uses (dpkg-shlibdeps reads them from this host's packages): a
+# package built on a newer system refuses to install where it cannot run.
+command -v dpkg-shlibdeps >/dev/null || { echo "deb: dpkg-shlibdeps is missing (apt-get install dpkg-dev)" >&2; exit 1; }
+mkdir -p "$root.shlibs/debian"
+printf 'Source: gangway\n\nPackage: gangway\nArchitecture: any\n' >"$root.shlibs/debian/control"
+libs=$(cd "$root.shlibs" && dpkg-shlibdeps -O "$root/usr/bin/gangway" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
+rm -rf "$root.shlibs"
+[ -n "$libs" ] || { echo "deb: dpkg-shlibdeps found no libraries for the binary" >&2; exit 1; }
 cat >"$root/DEBIAN/conffiles" <<CONF
 /etc/default/gangway-controller
 /etc/default/gangway-agent
 CONF
-# Depends: the C libraries the binary links (libc, libstdc++ and libgcc for
-# RocksDB's C++); adduser makes the controller's user.
+# Depends: the C libraries (libc, and libstdc++ and libgcc for RocksDB's
+# C++); adduser makes the controller's user.
 cat >"$root/DEBIAN/control" <<CTL
 Package: gangway
 Version: $version
@@ -52,7 +61,7 @@ Architecture: $arch
 Maintainer: Gangway developers <gangway@localhost>
 Section: admin
 Priority: optional
-Depends: libc6, libstdc++6, libgcc-s1, adduser
+Depends: $libs, adduser
 Conflicts: slurm-client, slurm-wlm
 Installed-Size: $(du -sk "$root" | cut -f1)
 Description: workload manager for GPU and HPC clusters, without a single point of failure
@@ -63,6 +72,7 @@ Description: workload manager for GPU and HPC clusters, without a single point o
  gangway command and Slurm's commands (sbatch, srun, squeue, ...).
 CTL
 install -m 0755 "$here/postinst" "$root/DEBIAN/postinst"
+install -m 0755 "$here/prerm" "$root/DEBIAN/prerm"
 install -m 0755 "$here/postrm" "$root/DEBIAN/postrm"
 mkdir -p "$out"
 deb="$out/gangway_${version}_${arch}.deb"

@@ -26,7 +26,7 @@ for lib in $(ldd "$bin" | grep -o '/[^ ]*' | sort -u); do
     pkg=$(dpkg -S "$(realpath "$lib")" 2>/dev/null | head -1 | cut -d: -f1) || true
     [ -z "$pkg" ] && pkg=$(dpkg -S "$lib" 2>/dev/null | head -1 | cut -d: -f1) || true
     [ -n "$pkg" ] || fail "no package owns $lib, which the binary links"
-    case ", $depends," in *", $pkg,"*) ;; *) fail "the binary links $lib from $pkg, which Depends ($depends) does not name" ;; esac
+    case ", $depends," in *", $pkg,"* | *", $pkg ("*) ;; *) fail "the binary links $lib from $pkg, which Depends ($depends) does not name" ;; esac
 done
 
 # The files, their modes, the links.
@@ -40,9 +40,15 @@ for tool in sbatch srun salloc squeue scancel sinfo scontrol sacct; do
 done
 grep -q "^-rwxr-xr-x root/root .* ./usr/bin/gangway$" <<<"$contents" || fail "/usr/bin/gangway is not root's 0755"
 if grep -v "^d" <<<"$contents" | grep -v " root/root " >/dev/null; then fail "a file not owned by root"; fi
-dpkg-deb --ctrl-tarfile "$deb" | tar -x -C "$work" ./conffiles ./postinst ./postrm
-grep -qx /etc/default/gangway-controller "$work/conffiles" || fail "the controller's options are not a conffile"
-sh -n "$work/postinst" && sh -n "$work/postrm"
+dpkg-deb --ctrl-tarfile "$deb" | tar -x -C "$work" ./conffiles ./postinst ./prerm ./postrm
+for f in /etc/default/gangway-controller /etc/default/gangway-agent; do
+    grep -qx "$f" "$work/conffiles" || fail "$f is not a conffile"
+done
+for script in postinst prerm postrm; do
+    sh -n "$work/$script" || fail "$script is not valid sh"
+done
+# Versioned library dependencies (a newer build system's package must not install on an older one).
+grep -q "libc6 (>= " <<<"$depends" || fail "Depends names no minimum libc6 version: $depends"
 
 # Unpacked by dpkg into a throwaway root: the binary runs there, and so do Slurm's names.
 root="$work/root"
@@ -50,7 +56,7 @@ mkdir -p "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates" "$root/var/lib/d
 touch "$root/var/lib/dpkg/status"
 dpkg --root="$root" --force-depends --force-not-root --unpack "$deb" >/dev/null 2>&1 || fail "dpkg could not unpack it"
 "$root/usr/bin/gangway" --version >/dev/null || fail "the unpacked binary does not run"
-"$root/usr/bin/squeue" --help | grep -q "squeue" || fail "squeue does not answer as squeue"
+"$root/usr/bin/squeue" --help | grep -q "^Usage: gangway squeue" || fail "squeue does not answer as squeue (argv[0] dispatch)"
 
 # The units, offline: no unknown or malformed setting, and the controller's sandbox rated.
 sec="$work/security"

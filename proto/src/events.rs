@@ -32,7 +32,7 @@ pub async fn follow(client: &Client, from: u64, mut on_event: impl FnMut(&Cluste
     let mut cursor = (from > 0).then_some(Cursor { index: from, delivered: 0 });
     let mut failures = 0u32;
     loop {
-        let req = EventsRequest { from_index: cursor.map_or(0, |c| c.index) };
+        let req = EventsRequest { from_index: cursor.map_or(0, |c| c.index), job_id: 0 };
         let opened = client
             .call(|ch| {
                 let r = client.stream_request(req);

@@ -254,12 +254,22 @@ impl SharedState {
     /// Kept events with index >= `from`, or Err(the oldest index kept) when
     /// some of those are no longer kept here.
     pub fn events_since(&self, from: u64) -> std::result::Result<Vec<Event>, u64> {
+        self.events_since_matching(from, |_| true)
+    }
+
+    /// [`Self::events_since`], only those `keep` takes (copied under the
+    /// lock only when taken: one job's events out of the whole ring).
+    pub fn events_since_matching(
+        &self,
+        from: u64,
+        keep: impl Fn(&Event) -> bool,
+    ) -> std::result::Result<Vec<Event>, u64> {
         let recent = self.recent.lock().expect("events lock");
         let (events, unknown_through) = (&recent.0, recent.1);
         if from <= unknown_through {
             return Err(unknown_through + 1);
         }
-        Ok(events.iter().filter(|e| e.index() >= from).cloned().collect())
+        Ok(events.iter().filter(|e| e.index() >= from && keep(e)).cloned().collect())
     }
 
     /// The oldest index [`Self::events_since`] can still answer from.

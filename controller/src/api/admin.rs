@@ -80,7 +80,13 @@ pub async fn hand_over_leadership(replica: &Arc<Replica>) -> Option<Result<u64, 
             client.trigger_election(Request::new(TriggerElectionRequest {})).await.is_ok()
         }
     };
-    Some(transfer_leadership(node, to, ask).await.map(|moved| moved.leader_id).map_err(|e| e.to_string()))
+    use crate::raft::transfer::TransferError;
+    Some(match transfer_leadership(node, to, ask).await {
+        Ok(moved) => Ok(moved.leader_id),
+        // Another voter won the election: leadership moved all the same.
+        Err(TransferError::OtherWon { winner, .. }) => Ok(winner),
+        Err(e) => Err(e.to_string()),
+    })
 }
 
 fn membership(s: &RaftStatus, log_index: u64) -> MembershipResponse {

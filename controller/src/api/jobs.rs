@@ -524,13 +524,16 @@ impl JobService for JobApi {
         let ctx = self.replica.ctx(&req)?;
         ctx.require_known()?;
         let shown = Shown::new(&self.replica, &ctx);
-        let from = req.into_inner().from_index;
+        let msg = req.into_inner();
+        let (from, only) = (msg.from_index, msg.job_id);
+        let wanted =
+            move |ev: &gangway_core::Event| only == 0 || matches!(ev, gangway_core::Event::Job(j) if j.job_id == only);
         let shared = self.replica.node.state();
         // Subscribe before reading what is kept, so nothing falls in between.
         let mut rx = shared.subscribe();
         let start = self.replica.node.status().applied_index.unwrap_or(0);
         let backlog = if from > 0 {
-            shared.events_since(from).map_err(|oldest| {
+            shared.events_since_matching(from, wanted).map_err(|oldest| {
                 Status::out_of_range(format!(
                     "from_index: events before index {oldest} are no longer kept on this replica; \
                      read the current state (gangway queue --all) and follow from {oldest}"
@@ -573,7 +576,7 @@ impl JobService for JobApi {
                 };
                 match got {
                     Ok(ev) if from > 0 && ev.index() <= seen_through => continue,
-                    Ok(ev) if !shown.event(&ev) => continue,
+                    Ok(ev) if !wanted(&ev) || !shown.event(&ev) => continue,
                     Ok(ev) => {
                         let mut ev = cluster_event(ev);
                         ev.reason = shown.reason(ev.reason);

@@ -46,6 +46,9 @@ pub const ESTIMATES_TTL: Duration = Duration::from_secs(10);
 const ESTIMATES_CACHED_MAX: usize = 1024;
 /// Events of one job its page shows from what the replica still keeps.
 const JOB_EVENTS_MAX: usize = 500;
+/// Job histories read at once on one replica (each scans the kept events
+/// under their lock); more get 429 and the page shows live events only.
+pub const JOB_HISTORIES_MAX: usize = 4;
 /// How long the backlog of kept events may take to read for a job page.
 const JOB_EVENTS_READ: Duration = Duration::from_secs(5);
 /// The kept events come in one burst: a pause this long means it is over
@@ -333,9 +336,17 @@ async fn queue(console: &Console, who: &Who, jobs: &JobApi, full: bool) -> Respo
 /// on its live stream.
 async fn job_events(console: &Console, who: &Who, job_id: u64) -> Response {
     let api = JobApi { replica: console.replica.clone() };
+    // Only a job this caller may see is looked for (the answer is theirs).
+    call!(api.get(who.request(pb::GetJobRequest { job_id, stale: true })));
+    let Ok(_permit) = console.histories.clone().try_acquire_owned() else {
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!("this replica reads {JOB_HISTORIES_MAX} job histories at once; the page shows live events"),
+        );
+    };
     let through = console.replica.node.status().applied_index.unwrap_or(0);
     let from = console.replica.node.state().oldest_event_index();
-    let mut stream = match api.events(who.request(pb::EventsRequest { from_index: from })).await {
+    let mut stream = match api.events(who.request(pb::EventsRequest { from_index: from, job_id })).await {
         Ok(s) => s.into_inner(),
         // Forgotten meanwhile (a snapshot replaced them): none to show.
         Err(s) if s.code() == tonic::Code::OutOfRange => {
@@ -379,7 +390,7 @@ async fn events(console: &Console, who: &Who) -> Response {
         );
     };
     let api = JobApi { replica: console.replica.clone() };
-    let stream = call!(api.events(who.request(pb::EventsRequest { from_index: 0 })));
+    let stream = call!(api.events(who.request(pb::EventsRequest { from_index: 0, job_id: 0 })));
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(EVENT_QUEUE_MAX);
     let (replica, who) = (console.replica.clone(), who.clone());
     tokio::spawn(async move {

@@ -45,8 +45,6 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// stops reading cannot hold its slot for good. An event stream's browser
 /// reconnects by itself and the page reloads what it shows.
 const CONNECTION_LIFETIME_MAX: Duration = Duration::from_secs(15 * 60);
-/// How long browsers are told to reach this console over HTTPS only.
-const HSTS: &str = "max-age=31536000";
 /// Bytes of a request head: a browser's is a few KiB, its cookie a token.
 const REQUEST_HEAD_BYTES_MAX: usize = 32 * 1024;
 /// Bytes of a request body: a login's token or a confirmation, nothing more.
@@ -117,6 +115,8 @@ pub(crate) struct Console {
     pub tls: bool,
     /// Event streams open now, bounded by [`api::EVENT_STREAMS_MAX`].
     pub streams: Arc<tokio::sync::Semaphore>,
+    /// Job histories being read now, bounded by [`api::JOB_HISTORIES_MAX`].
+    pub histories: Arc<tokio::sync::Semaphore>,
     /// Pending jobs' expected starts, shared by every viewer for a few
     /// seconds ([`api::ESTIMATES_TTL`]): each is a scheduling analysis.
     pub estimates: Mutex<api::Estimates>,
@@ -138,6 +138,7 @@ pub fn serve(
         tls,
         streams: Arc::new(tokio::sync::Semaphore::new(api::EVENT_STREAMS_MAX)),
         estimates: Mutex::new(api::Estimates::default()),
+        histories: Arc::new(tokio::sync::Semaphore::new(api::JOB_HISTORIES_MAX)),
     });
     Ok(tokio::spawn(async move {
         let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
@@ -195,18 +196,6 @@ async fn route(
     peer: &gangway_proto::tls::PeerInfo,
     req: hyper::Request<hyper::body::Incoming>,
 ) -> Response {
-    let mut r = route_checked(console, peer, req).await;
-    if console.tls {
-        r.headers_mut().insert("strict-transport-security", HSTS.parse().expect("a static header value"));
-    }
-    r
-}
-
-async fn route_checked(
-    console: &Console,
-    peer: &gangway_proto::tls::PeerInfo,
-    req: hyper::Request<hyper::body::Incoming>,
-) -> Response {
     // Over plain HTTP a page of another site can be made to resolve to this
     // address (DNS rebinding): only addresses and localhost name it here.
     // (Over HTTPS the certificate names the console.)
@@ -235,8 +224,10 @@ async fn route_checked(
                     return error(StatusCode::FORBIDDEN, &why);
                 }
             }
+            // Logging in or out needs no session, and must work with a bad one.
             let who = match session::Who::of(console, peer, req.headers()) {
                 Ok(w) => w,
+                Err(_) if p == "/ui/login" || p == "/ui/logout" => session::Who::nobody(peer),
                 Err(why) => return error(StatusCode::BAD_REQUEST, &why),
             };
             let body = if method == Method::POST {

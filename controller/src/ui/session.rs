@@ -59,6 +59,11 @@ impl Who {
         Ok(who)
     }
 
+    /// A caller with no session (logging in or out).
+    pub fn nobody(peer: &PeerInfo) -> Who {
+        Who { remote: peer.remote, auth: PeerAuth::Anonymous, bearer: None, claimed: None }
+    }
+
     /// Whether the request carries anything that names a caller.
     pub fn named(&self) -> bool {
         self.bearer.is_some() || self.claimed.is_some() || matches!(self.auth, PeerAuth::Verified(_))
@@ -94,7 +99,9 @@ pub fn cookie(headers: &HeaderMap, name: &str) -> Result<Option<String>, String>
         .map(|(_, v)| v.trim().to_string());
     let first = found.next();
     if found.next().is_some() {
-        return Err(format!("cookie: more than one {name}; log out, or clear this site's cookies"));
+        return Err(format!(
+            "cookie: more than one {name} (another site or port set one): clear this site's cookies in the browser"
+        ));
     }
     Ok(first)
 }

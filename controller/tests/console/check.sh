@@ -17,9 +17,28 @@ if [ -z "$chromium" ]; then
     echo "console check: needs Chromium (deploy/setup-debian.sh installs Debian's chromium)" >&2
     exit 1
 fi
-# Ports apart from a dev cluster someone runs on the defaults.
-port=57051
-ui=57080
+# Free ports below the kernel's ephemeral range (where other tests' client
+# connections could take one meanwhile): three in a row for the replicas,
+# three for their consoles.
+read -r port ui < <(python3 - <<'PY'
+import random, socket
+def free(p):
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
+        return True
+    except OSError:
+        return False
+low = max(int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0]), 20010)
+rng = random.Random()
+for _ in range(200):
+    a, b = rng.randrange(20000, low - 3), rng.randrange(20000, low - 3)
+    if abs(a - b) > 3 and all(free(p) for p in (a, a + 1, a + 2, b, b + 1, b + 2)):
+        print(a, b)
+        break
+PY
+)
+[ -n "$port" ] && [ -n "$ui" ] || { echo "console check: found no free ports" >&2; exit 1; }
 endpoints=127.0.0.1:$port,127.0.0.1:$((port + 1)),127.0.0.1:$((port + 2))
 work=$(mktemp -d /tmp/gangway-console-check.XXXXXX)
 dev=

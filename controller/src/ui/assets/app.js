@@ -7,7 +7,8 @@ const FEED_MAX = 500;          // events the feed keeps in memory
 const REFRESH_DEBOUNCE_MS = 2000; // at most one reload of a page per 2 s from events
 const POLL_MS = 5000;          // reload period when the event stream is refused
 
-const state = { me: null, feed: [], page: null, jobId: null, timer: null, stream: null, refreshing: false };
+const JOB_PENDING_MAX = 200;  // a job's live events kept while its page loads
+const state = { me: null, feed: [], page: null, jobId: null, jobPending: [], timer: null, stream: null, refreshing: false };
 
 function el(tag, attrs, ...kids) {
   const e = document.createElement(tag);
@@ -278,7 +279,7 @@ async function pageJob(id, quiet) {
   }
   // A quiet redraw keeps the list on the page (render); a first one fills it
   // from what the replica kept, and the live stream adds to it.
-  out.push(section('Events', el('ol', { class: 'feed', id: 'job-events' }, h.events.map(eventItem))));
+  out.push(section('Events', el('ol', { class: 'feed', id: 'job-events', dataset: { through: String(h.through || 0) } }, h.events.map(eventItem))));
   return out;
 }
 
@@ -325,6 +326,8 @@ function openStream() {
       if (ev.job_id !== state.jobId) return;
       const list = document.getElementById('job-events');
       if (list) list.append(eventItem(ev));
+      // Still loading: kept until the page shows its history.
+      else if (state.jobPending.length < JOB_PENDING_MAX) state.jobPending.push(ev);
     }
     if (state.page !== 'events') scheduleRefresh();
   };
@@ -378,6 +381,7 @@ async function render(quiet) {
   const jobId = m ? Number(m[1]) : null;
   // A redraw from events keeps the job page's event list.
   quiet = quiet && page === state.page && jobId === state.jobId;
+  if (!quiet) state.jobPending = [];
   state.page = page;
   state.jobId = jobId;
   for (const a of document.querySelectorAll('#nav a')) a.classList.toggle('here', a.dataset.page === page);
@@ -388,6 +392,13 @@ async function render(quiet) {
     const keep = page === 'job' && quiet ? document.getElementById('job-events') : null;
     main.replaceChildren(...[content].flat());
     if (keep) { const fresh = document.getElementById('job-events'); if (fresh) fresh.replaceWith(keep); }
+    // Live events that came while the history loaded, after what it holds.
+    const list = document.getElementById('job-events');
+    if (list) {
+      const through = Number(list.dataset.through || 0);
+      for (const ev of state.jobPending) if (ev.index > through) list.append(eventItem(ev));
+      state.jobPending = [];
+    }
     main.dataset.page = page;
     main.dataset.loaded = String(Date.now());
   } catch (e) {
