@@ -25,6 +25,8 @@ command -v tmux >/dev/null 2>&1 || need+=(tmux)
 # The image is built with buildah from scratch and checked with Python.
 command -v buildah >/dev/null 2>&1 || need+=(buildah)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+# The accounting tests run a private PostgreSQL server from Debian's binaries.
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 # The package check rates its systemd units offline.
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 # The web console's tests drive a real, headless browser.

@@ -9,6 +9,7 @@
 //! (admin), `jobctl` (hold, release, update, why), `events`, `dev`, `bench`,
 //! `simulate`, `tls`.
 
+mod accounting;
 mod bench;
 mod bench_fleet;
 mod bench_peers;
@@ -65,6 +66,9 @@ enum Cmd {
     Agent(daemons::AgentArgs),
     /// Start a local 3-replica cluster with simulated GPU nodes (Ctrl-C stops it).
     Dev(dev::DevArgs),
+    /// Keep the job history in PostgreSQL, fed from the cluster's events
+    /// (like slurmdbd): run one (or more) as an operator.
+    Accounting(accounting::AccountingArgs),
     /// Check this host before it joins a cluster: the controllers' ports,
     /// the certificates in --tls-dir, cgroups, NVML, the disk's fsync
     /// latency; says what to fix (exit 1 when a check fails).
@@ -442,6 +446,7 @@ pub fn main() {
                     Cmd::Update(a) => jobctl::update(&client, &out, a).await,
                     Cmd::Why { job_id, stale } => jobctl::why(&client, &out, job_id, stale).await,
                     Cmd::Events(a) => events::run(&client, &out, a).await,
+                    Cmd::Accounting(a) => accounting::run(client, a).await,
                     Cmd::Admin(a) => policy::run(&client, &out, a).await,
                     Cmd::Nodes { stale } => commands::nodes(&client, &out, stale).await,
                     Cmd::Node(n) => commands::node(&client, &out, n).await,

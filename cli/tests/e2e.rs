@@ -1567,3 +1567,235 @@ fn the_dev_cluster_runs_a_batch_script() {
     };
     assert!(status.success(), "{status:?}");
 }
+
+/// A private PostgreSQL server for one test: Debian's binaries, a throwaway
+/// data directory, trust authentication on loopback only; stopped (fast)
+/// when dropped. Run as the `postgres` user when the tests run as root
+/// (PostgreSQL refuses root).
+struct Postgres {
+    bin: PathBuf,
+    data: PathBuf,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Postgres {
+    fn bin_dir() -> PathBuf {
+        let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .map(|d| d.flatten().map(|e| e.path().join("bin")).filter(|p| p.join("initdb").is_file()).collect())
+            .unwrap_or_default();
+        found.sort();
+        found.pop().expect("PostgreSQL is not installed (deploy/setup-debian.sh installs Debian's postgresql)")
+    }
+
+    /// Runs a PostgreSQL program as the server's owner.
+    fn command(&self, program: &str) -> Command {
+        let exe = self.bin.join(program);
+        if nix_is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(exe);
+            c
+        } else {
+            Command::new(exe)
+        }
+    }
+
+    fn start() -> Postgres {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::Builder::new().prefix("gangway-pg-").tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        if nix_is_root() {
+            let o = Command::new("chown").arg("postgres:postgres").arg(&data).output().unwrap();
+            assert!(o.status.success(), "chown: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        let pg = Postgres { bin: Self::bin_dir(), data, port: free_port(), _dir: dir };
+        let o = pg
+            .command("initdb")
+            .args(["-A", "trust", "-U", "gangway", "-E", "UTF8", "--no-sync", "-D"])
+            .arg(&pg.data)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "initdb: {}", String::from_utf8_lossy(&o.stderr));
+        pg.run();
+        pg
+    }
+
+    /// Starts (or starts again) the server and waits until it answers.
+    fn run(&self) {
+        let log = self.data.join("server.log");
+        let opts = format!("-p {} -k {} -c listen_addresses=127.0.0.1", self.port, self.data.display());
+        let o = self
+            .command("pg_ctl")
+            .args(["start", "-w", "-t", "60", "-o", &opts, "-l"])
+            .arg(&log)
+            .arg("-D")
+            .arg(&self.data)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "pg_ctl start: {}", String::from_utf8_lossy(&o.stderr));
+    }
+
+    /// Stops the server (fast: sessions are cut, as in an outage).
+    fn stop(&self) {
+        let _ = self.command("pg_ctl").args(["stop", "-m", "fast", "-w", "-D"]).arg(&self.data).output();
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://gangway@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// One query's rows, `|`-separated.
+    fn query(&self, sql: &str) -> String {
+        self.try_query(sql).unwrap_or_else(|e| panic!("psql {sql}: {e}"))
+    }
+
+    fn try_query(&self, sql: &str) -> Result<String, String> {
+        let port = self.port.to_string();
+        let args = ["-h", "127.0.0.1", "-p", &port, "-U", "gangway", "-d", "postgres", "-At", "-c", sql];
+        let o = Command::new(self.bin.join("psql")).args(args).output().unwrap();
+        match o.status.success() {
+            true => Ok(stdout(&o)),
+            false => Err(String::from_utf8_lossy(&o.stderr).into_owned()),
+        }
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY-free: `id -u` rather than libc, to keep this test file free of unsafe.
+    Command::new("id").arg("-u").output().map(|o| stdout(&o).trim() == "0").unwrap_or(false)
+}
+
+/// `gangway accounting` into a real PostgreSQL while things fail: the
+/// accounting service is killed and restarted, the leader is killed, the
+/// database stops and comes back. Every job ends up stored once, with its
+/// final state, its events once each, and its usage.
+#[test]
+fn accounting_stores_every_job_once_across_failures() {
+    let (_agent_bin, agent_exe) = agent_bin();
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let pg = Postgres::start();
+    let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+    let peers: Vec<String> = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
+    let (peers, endpoints) = (peers.join(","), addrs.join(","));
+    let tls = pki().to_str().unwrap().to_string();
+    let mut controllers = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let (id, data) = ((i + 1).to_string(), dir.path().join(format!("c{}", i + 1)));
+        let args = ["controller", "--id", &id, "--listen", addr, "--peers", &peers, "--data-dir"];
+        let args: Vec<&str> = args
+            .into_iter()
+            .chain([data.to_str().unwrap(), "--tls-dir", &tls, "--bootstrap-admin", "root", "--allow-root-jobs"])
+            .collect();
+        controllers.push(Some(Procs(vec![spawn(&args, &dir.path().join(format!("c{}.log", i + 1)))])));
+    }
+    let agent = agent_args(&endpoints, 3, dir.path());
+    let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
+    let _agent = Procs(vec![spawn_exe(&agent_exe, &agent, &dir.path().join("agent.log"))]);
+    eventually("the agent never registered", || {
+        stdout(&cli(&endpoints, &["nodes", "--json"], &work)).contains("\"state\": \"UP\"")
+    });
+    let accounting = || {
+        let log = std::fs::File::options().create(true).append(true).open(dir.path().join("accounting.log")).unwrap();
+        as_user(Command::new(GANGWAY).args(["accounting", "--database", &pg.url()]), "root")
+            .env("GANGWAY_ENDPOINTS", &endpoints)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap()
+    };
+    let mut service = Procs(vec![accounting()]);
+    // It stores what happens from its first start on (and every job the
+    // state holds then): wait until it has its place in the log.
+    eventually("the accounting service never started", || {
+        pg.try_query("SELECT count(*) FROM ingest_cursor").is_ok_and(|n| n.trim() == "1")
+    });
+    let submit = |args: &[&str]| -> u64 {
+        let mut all = vec!["submit", "--parsable"];
+        all.extend_from_slice(args);
+        let o = cli(&endpoints, &all, &work);
+        assert!(o.status.success(), "submit {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o).trim().parse().unwrap()
+    };
+    let mut jobs = Vec::new();
+    let round = |jobs: &mut Vec<u64>| {
+        jobs.push(submit(&["--gpus", "2", "--", "sleep", "1"]));
+        jobs.push(submit(&["--", "false"]));
+        jobs.push(submit(&["-J", "quick", "--", "true"]));
+    };
+    for _ in 0..3 {
+        round(&mut jobs);
+    }
+    // The accounting service dies mid-stream and comes back.
+    drop(service);
+    round(&mut jobs);
+    service = Procs(vec![accounting()]);
+    round(&mut jobs);
+    // The leader dies.
+    let leader = stdout(&cli(&endpoints, &["cluster", "status", "--json"], &work));
+    let leader_id: usize = serde_leader(&leader);
+    controllers[leader_id - 1] = None;
+    round(&mut jobs);
+    // The database goes away for a while, then comes back.
+    pg.stop();
+    round(&mut jobs);
+    std::thread::sleep(Duration::from_secs(2));
+    pg.run();
+    round(&mut jobs);
+    // A pending job cancelled before it ever ran.
+    let held = submit(&["-H", "--", "true"]);
+    let o = cli(&endpoints, &["cancel", &held.to_string()], &work);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    jobs.push(held);
+
+    let state_of = |id: u64| -> String {
+        let shown = stdout(&cli(&endpoints, &["show", &id.to_string(), "--json"], &work));
+        shown.split("\"state\": \"").nth(1).and_then(|s| s.split('"').next()).unwrap_or("").to_string()
+    };
+    let terminal = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "DEADLINE"];
+    eventually("the jobs never all ended", || jobs.iter().all(|j| terminal.contains(&state_of(*j).as_str())));
+    let states: Vec<String> = jobs.iter().map(|j| state_of(*j)).collect();
+    let want: String = jobs.iter().zip(&states).map(|(j, s)| format!("{j}|{s}\n")).collect::<Vec<_>>().concat();
+    let ids = jobs.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let stored = || pg.query(&format!("SELECT job_id, state FROM jobs WHERE job_id IN ({ids}) ORDER BY job_id"));
+    let deadline = Instant::now() + WAIT;
+    while stored() != want {
+        assert!(Instant::now() < deadline, "the store never caught up:\n{}\nwant:\n{want}", stored());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    drop(service);
+    // Once each: one row per job, one `submitted` and one `finished` event each.
+    let n = jobs.len();
+    assert_eq!(pg.query("SELECT count(*), count(DISTINCT job_id) FROM jobs").trim(), format!("{n}|{n}"));
+    let per_job = pg.query(&format!(
+        "SELECT job_id, sum((kind = 'submitted')::int), sum((kind = 'finished')::int) FROM events \
+         WHERE job_id IN ({ids}) GROUP BY job_id ORDER BY job_id"
+    ));
+    let want_events: String = jobs.iter().map(|j| format!("{j}|1|1\n")).collect::<Vec<_>>().concat();
+    assert_eq!(per_job, want_events, "events per job (submitted, finished)");
+    // Usage: each 2-GPU `sleep 1` held 2 GPUs for at least a second.
+    let gpu_jobs =
+        pg.query("SELECT count(*) FROM jobs WHERE alloc_gpus = 2 AND gpu_seconds >= 2 AND state = 'COMPLETED'");
+    assert_eq!(gpu_jobs.trim(), (jobs.len() / 3).to_string(), "GPU jobs with their GPU-seconds");
+    let cursor = pg.query("SELECT log_index > 0 FROM ingest_cursor");
+    assert_eq!(cursor.trim(), "t");
+    // The outage was real: the service saw its writes fail and went on.
+    let log = std::fs::read_to_string(dir.path().join("accounting.log")).unwrap();
+    assert!(log.contains("retrying"), "the database outage was never noticed:\n{log}");
+}
+
+/// The leader's id from `gangway cluster status --json`.
+fn serde_leader(status: &str) -> usize {
+    let v: serde_json::Value = serde_json::from_str(status).unwrap();
+    v["leader_id"].as_u64().or_else(|| v["leader"].as_u64()).unwrap_or_else(|| panic!("no leader in {status}")) as usize
+}

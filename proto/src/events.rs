@@ -29,7 +29,19 @@ pub struct Cursor {
 /// event until it returns false. Errors: events that old are gone
 /// (OUT_OF_RANGE), or no replica answered RECONNECTS_MAX times in a row.
 pub async fn follow(client: &Client, from: u64, mut on_event: impl FnMut(&ClusterEvent) -> bool) -> Result<(), Status> {
-    let mut cursor = (from > 0).then_some(Cursor { index: from, delivered: 0 });
+    let start = (from > 0).then_some(Cursor { index: from, delivered: 0 });
+    follow_from(client, start, move |ev, _| std::future::ready(on_event(&ev))).await
+}
+
+/// [`follow`] from a cursor a follower saved (`None`: from now), with an
+/// asynchronous `on_event` that also gets the cursor just past its event:
+/// saved with what the event did, it resumes exactly after it.
+pub async fn follow_from<F, Fut>(client: &Client, start: Option<Cursor>, mut on_event: F) -> Result<(), Status>
+where
+    F: FnMut(ClusterEvent, Cursor) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut cursor = start;
     let mut failures = 0u32;
     loop {
         let req = EventsRequest { from_index: cursor.map_or(0, |c| c.index), job_id: 0 };
@@ -66,7 +78,8 @@ pub async fn follow(client: &Client, from: u64, mut on_event: impl FnMut(&Cluste
                                 continue; // delivered before the reconnect
                             }
                             c.delivered = at_index;
-                            if !on_event(&ev) {
+                            let after = *c;
+                            if !on_event(ev, after).await {
                                 return Ok(());
                             }
                         }

@@ -1,0 +1,257 @@
+//! `gangway accounting`: the long-term job history in PostgreSQL, fed from
+//! the replicated event stream (Slurm's slurmdbd). It follows the events
+//! from the cursor it stored last; for every batch it reads the jobs the
+//! events touched and writes events, jobs and the cursor in one transaction
+//! (`store.rs`), so a restart, a replica failover or a database outage
+//! resumes without a gap or a duplicate. The controllers never wait for it.
+//!
+//! It needs to see every job: run it with the certificate (or token) of an
+//! operator (`gangway admin set --operators client:accounting`).
+
+mod store;
+
+use store::{redacted, Store};
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use futures::StreamExt;
+use gangway_proto::client::Client;
+use gangway_proto::events::Cursor;
+use gangway_proto::v1 as pb;
+use gangway_proto::v1::admin_service_client::AdminServiceClient;
+use gangway_proto::v1::job_service_client::JobServiceClient;
+
+/// Events between the stream and the writer: while the database is slow or
+/// away the stream waits here, then on the replica, which drops it when it
+/// falls too far behind (the follower then resumes from its cursor).
+const EVENT_QUEUE_MAX: usize = 4096;
+/// Events written in one transaction at most.
+const BATCH_EVENTS_MAX: usize = 1000;
+/// How long a batch waits for more events before it is written.
+const BATCH_WAIT: Duration = Duration::from_millis(200);
+/// Jobs read from the controllers at once for one batch.
+const JOB_READS_AT_ONCE: usize = 16;
+/// Jobs per page when the whole state is read (a first start, or a
+/// follower that fell behind what the replicas keep).
+const RESYNC_PAGE_JOBS: u32 = 1000;
+/// Pages of one such read (10 million jobs; the state keeps far fewer).
+const RESYNC_PAGES_MAX: usize = 10_000;
+/// Attempts at writing one batch (or connecting) before giving up, with
+/// pauses growing to [`DB_RETRY_PAUSE_MAX`]: about an hour of outage, after
+/// which the service exits for its supervisor and resumes from its cursor.
+const DB_ATTEMPTS_MAX: u32 = 720;
+const DB_RETRY_PAUSE_MAX: Duration = Duration::from_secs(5);
+/// How often expired history is deleted.
+const RETENTION_EVERY: Duration = Duration::from_secs(3600);
+/// How often ingest progress is logged.
+const PROGRESS_EVERY: Duration = Duration::from_secs(60);
+
+#[derive(Args)]
+pub struct AccountingArgs {
+    /// The PostgreSQL database: postgres://USER[:PASSWORD]@HOST[:PORT]/DB, or
+    /// key=value settings (host=/var/run/postgresql user=gangway dbname=gangway).
+    #[arg(long, env = "GANGWAY_ACCOUNTING_DATABASE")]
+    pub database: String,
+    /// Finished jobs (and events) are deleted this many days after they
+    /// ended (were stored); 0 keeps everything.
+    #[arg(long, default_value_t = 365)]
+    pub retention_days: u64,
+}
+
+pub async fn run(client: Client, a: AccountingArgs) -> anyhow::Result<()> {
+    let client = Arc::new(client);
+    let mut store = connect(&a.database).await?;
+    let mut cursor = match store.cursor().await? {
+        Some(c) => c,
+        None => resync(&client, &mut store, &a.database).await?,
+    };
+    tracing::info!(index = cursor.index, "accounting: following the cluster's events");
+    loop {
+        let (tx, rx) = tokio::sync::mpsc::channel(EVENT_QUEUE_MAX);
+        let follower = {
+            let client = client.clone();
+            tokio::spawn(async move {
+                gangway_proto::events::follow_from(&client, Some(cursor), move |ev, c| {
+                    let tx = tx.clone();
+                    async move { tx.send((ev, c)).await.is_ok() }
+                })
+                .await
+            })
+        };
+        let written = write_loop(&client, &mut store, &a, rx).await;
+        follower.abort();
+        let followed = follower.await;
+        written?;
+        match followed {
+            Ok(Err(s)) if s.code() == tonic::Code::OutOfRange => {
+                tracing::warn!(
+                    error = %s.message(),
+                    "accounting: fell behind the events the replicas keep; reading every job again \
+                     (events in the gap are not stored; jobs the state still holds are)"
+                );
+                cursor = resync(&client, &mut store, &a.database).await?;
+            }
+            Ok(Err(s)) => anyhow::bail!("accounting: the event stream failed: {}", s.message()),
+            Ok(Ok(())) | Err(_) => anyhow::bail!("accounting: the event stream ended"),
+        }
+    }
+}
+
+/// Writes batches until the stream's channel closes (the follower stopped).
+async fn write_loop(
+    client: &Client,
+    store: &mut Store,
+    a: &AccountingArgs,
+    mut rx: tokio::sync::mpsc::Receiver<(pb::ClusterEvent, Cursor)>,
+) -> anyhow::Result<()> {
+    let mut expired_at: Option<Instant> = None;
+    let (mut since, mut events_since) = (Instant::now(), 0usize);
+    loop {
+        let Some(first) = rx.recv().await else { return Ok(()) };
+        let mut batch = vec![first];
+        let deadline = tokio::time::Instant::now() + BATCH_WAIT;
+        while batch.len() < BATCH_EVENTS_MAX {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(e)) => batch.push(e),
+                _ => break,
+            }
+        }
+        let ids: BTreeSet<u64> = batch.iter().map(|(e, _)| e.job_id).filter(|j| *j != 0).collect();
+        let jobs = read_jobs(client, ids).await?;
+        let cursor = batch.last().map(|(_, c)| *c);
+        let as_of = cursor.map_or(0, |c| c.index);
+        write_retrying(store, &a.database, &batch, &jobs, as_of, cursor).await?;
+        events_since += batch.len();
+        if since.elapsed() >= PROGRESS_EVERY {
+            let rate = events_since as f64 / since.elapsed().as_secs_f64();
+            tracing::info!(index = cursor.map_or(0, |c| c.index), events_per_s = rate, "accounting: ingesting");
+            (since, events_since) = (Instant::now(), 0);
+        }
+        if a.retention_days > 0 && expired_at.is_none_or(|t| t.elapsed() >= RETENTION_EVERY) {
+            let before = std::time::SystemTime::now() - Duration::from_secs(a.retention_days.saturating_mul(86_400));
+            match store.expire(before).await {
+                Ok(n) if n > 0 => tracing::info!(rows = n, "accounting: expired history deleted"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "accounting: expiring history failed; retried next hour"),
+            }
+            expired_at = Some(Instant::now());
+        }
+    }
+}
+
+/// The jobs as they are now (read from the leader, so at least as new as
+/// the events); one the state no longer holds is left out.
+async fn read_jobs(client: &Client, ids: BTreeSet<u64>) -> anyhow::Result<Vec<pb::Job>> {
+    let reads = futures::stream::iter(ids)
+        .map(|job_id| async move {
+            let r = client
+                .call(|ch| {
+                    let req = client.request(pb::GetJobRequest { job_id, stale: false });
+                    async move { JobServiceClient::new(ch).get(req).await }
+                })
+                .await;
+            match r {
+                Ok(j) => Ok(Some(j.into_inner())),
+                Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
+                Err(s) => Err(anyhow::anyhow!("accounting: reading job {job_id}: {}", s.message())),
+            }
+        })
+        .buffer_unordered(JOB_READS_AT_ONCE)
+        .collect::<Vec<_>>()
+        .await;
+    let mut jobs = Vec::with_capacity(reads.len());
+    for r in reads {
+        if let Some(j) = r? {
+            jobs.push(j);
+        }
+    }
+    Ok(jobs)
+}
+
+/// Every job the state holds, written without events, and the cursor to
+/// follow from: the answering replica's applied index, read before the
+/// jobs (so nothing between falls out; what is read twice is written once).
+async fn resync(client: &Client, store: &mut Store, database: &str) -> anyhow::Result<Cursor> {
+    let status = client
+        .call(|ch| {
+            let req = client.request(pb::ReplicaStatusRequest {});
+            async move { AdminServiceClient::new(ch).get_replica_status(req).await }
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("accounting: asking a replica where its log is: {}", s.message()))?
+        .into_inner();
+    let cursor = Cursor { index: status.applied_index.unwrap_or(0) + 1, delivered: 0 };
+    let mut after_id = 0;
+    let mut total = 0usize;
+    for page in 0..RESYNC_PAGES_MAX {
+        let resp = client
+            .call(|ch| {
+                let req =
+                    client.request(pb::ListJobsRequest { limit: RESYNC_PAGE_JOBS, after_id, ..Default::default() });
+                async move { JobServiceClient::new(ch).list(req).await }
+            })
+            .await
+            .map_err(|s| anyhow::anyhow!("accounting: listing jobs: {}", s.message()))?
+            .into_inner();
+        total += resp.jobs.len();
+        let last = resp.next_after_id == 0 || page + 1 == RESYNC_PAGES_MAX;
+        // The cursor goes with the last page only: a read cut short starts over.
+        write_retrying(store, database, &[], &resp.jobs, cursor.index - 1, last.then_some(cursor)).await?;
+        if last {
+            break;
+        }
+        after_id = resp.next_after_id;
+    }
+    tracing::info!(jobs = total, from_index = cursor.index, "accounting: every job the state holds is stored");
+    Ok(cursor)
+}
+
+async fn connect(database: &str) -> anyhow::Result<Store> {
+    let mut last = None;
+    for attempt in 0..DB_ATTEMPTS_MAX {
+        match Store::connect(database).await {
+            Ok(s) => return Ok(s),
+            Err(e) => {
+                if attempt == 0 {
+                    tracing::warn!(error = %format!("{e:#}"), "accounting: the database is not reachable; retrying");
+                }
+                last = Some(e);
+            }
+        }
+        tokio::time::sleep(pause(attempt)).await;
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("database: no attempt made")))
+        .with_context(|| format!("accounting: gave up on {} after {DB_ATTEMPTS_MAX} attempts", redacted(database)))
+}
+
+async fn write_retrying(
+    store: &mut Store,
+    database: &str,
+    events: &[(pb::ClusterEvent, Cursor)],
+    jobs: &[pb::Job],
+    as_of: u64,
+    cursor: Option<Cursor>,
+) -> anyhow::Result<()> {
+    for attempt in 0..DB_ATTEMPTS_MAX {
+        if store.is_closed() {
+            *store = connect(database).await?;
+        }
+        match store.write(events, jobs, as_of, cursor, crate::output::now_ms()).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), attempt, "accounting: writing a batch failed; retrying");
+                tokio::time::sleep(pause(attempt)).await;
+            }
+        }
+    }
+    anyhow::bail!("accounting: a batch could not be written after {DB_ATTEMPTS_MAX} attempts")
+}
+
+/// 100 ms, doubling, at most [`DB_RETRY_PAUSE_MAX`].
+fn pause(attempt: u32) -> Duration {
+    Duration::from_millis(100u64.saturating_mul(1 << attempt.min(10))).min(DB_RETRY_PAUSE_MAX)
+}

@@ -1,0 +1,496 @@
+//! The accounting store in PostgreSQL: versioned migrations applied at
+//! start, and one transaction per batch of events that writes the events,
+//! the jobs they touched and the cursor together, so a batch is stored
+//! exactly once whatever stops in between (the log index and the event's
+//! place within it are the key).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use gangway_proto::events::Cursor;
+use gangway_proto::v1 as pb;
+use tokio_postgres::types::ToSql;
+
+/// The schema, one migration per version, applied in order inside a
+/// transaction each; `gangway_schema` records the newest applied. A
+/// migration is never edited once released: a change is a new one.
+pub const MIGRATIONS: &[(i32, &str)] = &[(
+    1,
+    "CREATE TABLE ingest_cursor (
+        id boolean PRIMARY KEY DEFAULT true CHECK (id),
+        log_index bigint NOT NULL,
+        delivered integer NOT NULL,
+        updated_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE events (
+        log_index bigint NOT NULL,
+        ordinal integer NOT NULL,
+        kind text NOT NULL,
+        job_id bigint,
+        state text NOT NULL,
+        attempt integer NOT NULL,
+        node text NOT NULL,
+        gpu integer,
+        reason text NOT NULL,
+        step integer,
+        ingested_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (log_index, ordinal)
+    );
+    CREATE INDEX events_job ON events (job_id, log_index);
+    CREATE INDEX events_ingested ON events (ingested_at);
+    CREATE TABLE jobs (
+        job_id bigint PRIMARY KEY,
+        display_id text NOT NULL,
+        name text NOT NULL,
+        user_name text NOT NULL,
+        account text NOT NULL,
+        partition text NOT NULL,
+        qos text NOT NULL,
+        state text NOT NULL,
+        reason text NOT NULL,
+        exit_code integer,
+        exit_signal integer,
+        submit_time timestamptz NOT NULL,
+        start_time timestamptz,
+        end_time timestamptz,
+        time_limit_s bigint NOT NULL,
+        suspended_ms bigint NOT NULL,
+        attempts integer NOT NULL,
+        nodes_requested bigint NOT NULL,
+        gpus_per_node bigint NOT NULL,
+        gpu_type text NOT NULL,
+        mem_per_node_mb bigint NOT NULL,
+        node_list text[] NOT NULL,
+        alloc_cpus bigint NOT NULL,
+        alloc_gpus bigint NOT NULL,
+        alloc_mem_mb bigint NOT NULL,
+        elapsed_s bigint NOT NULL,
+        cpu_seconds bigint NOT NULL,
+        gpu_seconds bigint NOT NULL,
+        array_job_id bigint,
+        array_index integer,
+        work_dir text NOT NULL,
+        last_index bigint NOT NULL
+    );
+    CREATE INDEX jobs_end ON jobs (end_time);
+    CREATE INDEX jobs_submit ON jobs (submit_time);
+    CREATE INDEX jobs_user_end ON jobs (user_name, end_time);
+    CREATE INDEX jobs_account_end ON jobs (account, end_time);
+    CREATE TABLE allocations (
+        job_id bigint NOT NULL REFERENCES jobs ON DELETE CASCADE,
+        attempt integer NOT NULL,
+        node text NOT NULL,
+        cpus integer NOT NULL,
+        mem_mb bigint NOT NULL,
+        gpus integer[] NOT NULL,
+        PRIMARY KEY (job_id, attempt, node)
+    );
+    CREATE TABLE steps (
+        job_id bigint NOT NULL REFERENCES jobs ON DELETE CASCADE,
+        attempt integer NOT NULL,
+        step_id integer NOT NULL,
+        name text NOT NULL,
+        nodes text[] NOT NULL,
+        tasks integer NOT NULL,
+        start_time timestamptz NOT NULL,
+        end_time timestamptz,
+        state text NOT NULL,
+        exit_code integer,
+        signal integer,
+        PRIMARY KEY (job_id, attempt, step_id)
+    );",
+)];
+
+/// Rows one retention pass deletes per statement, so it never holds a huge
+/// transaction (it repeats until nothing is left, at most
+/// [`RETENTION_ROUNDS_MAX`] times).
+const RETENTION_ROWS_PER_ROUND: i64 = 10_000;
+/// Rounds of one retention pass; what is left waits for the next pass.
+const RETENTION_ROUNDS_MAX: usize = 100;
+
+/// A job's usage from its record: wall time of its current attempt (without
+/// time suspended) and the CPUs, GPUs and memory it held, in CPU- and
+/// GPU-seconds. Pure: what `sacct`, `sreport` and `seff` add up.
+///
+/// A running job's allocation says what it holds; a finished job's is
+/// released, so its request times the nodes its last attempt ran on does
+/// (an exclusive job's whole nodes count as what it asked for).
+///
+/// A running job's allocation says what it holds; a finished job's is
+/// released, so its request times the nodes its last attempt ran on does
+/// (an exclusive job's whole nodes count as what it asked for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub elapsed_s: i64,
+    pub cpus: i64,
+    pub gpus: i64,
+    pub mem_mb: i64,
+    pub cpu_seconds: i64,
+    pub gpu_seconds: i64,
+}
+
+pub fn usage(j: &pb::Job, now_ms: u64) -> Usage {
+    let (cpus, gpus, mem_mb) = if j.allocation.is_empty() {
+        let s = j.spec.clone().unwrap_or_default();
+        let nodes = j.ran_on.len() as i64;
+        let per_node_cpus = s.tasks_per_node.unwrap_or(1).saturating_mul(s.cpus_per_task.unwrap_or(1));
+        (
+            nodes.saturating_mul(per_node_cpus),
+            nodes.saturating_mul(s.gpus_per_node.unwrap_or(0)),
+            nodes.saturating_mul(s.mem_per_node_mb.unwrap_or(0)),
+        )
+    } else {
+        (
+            j.allocation.iter().map(|a| i64::from(a.cpus)).sum(),
+            j.allocation.iter().map(|a| a.gpus.len() as i64).sum(),
+            j.allocation.iter().map(|a| i64::try_from(a.mem_mb).unwrap_or(i64::MAX)).fold(0, i64::saturating_add),
+        )
+    };
+    let elapsed_ms = match j.start_time_ms {
+        None => 0,
+        Some(start) => {
+            let end = j.end_time_ms.unwrap_or(now_ms);
+            let suspended = j.suspended_ms + j.suspended_at_ms.map_or(0, |at| end.saturating_sub(at));
+            end.saturating_sub(start).saturating_sub(suspended)
+        }
+    };
+    let elapsed_s = i64::try_from(elapsed_ms / 1000).unwrap_or(i64::MAX);
+    Usage {
+        elapsed_s,
+        cpus,
+        gpus,
+        mem_mb,
+        cpu_seconds: cpus.saturating_mul(elapsed_s),
+        gpu_seconds: gpus.saturating_mul(elapsed_s),
+    }
+}
+
+fn time(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+fn state_name(s: i32) -> String {
+    pb::JobState::try_from(s).map_or("UNKNOWN", |s| s.as_str_name()).trim_start_matches("JOB_STATE_").to_string()
+}
+
+pub struct Store {
+    db: tokio_postgres::Client,
+    connection: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.connection.abort();
+    }
+}
+
+impl Store {
+    /// Connects and brings the schema to the newest version.
+    pub async fn connect(url: &str) -> anyhow::Result<Store> {
+        let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .with_context(|| format!("database: cannot connect to {}", redacted(url)))?;
+        let connection = tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::warn!(error = %e, "the database connection ended");
+            }
+        });
+        let mut store = Store { db, connection };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Whether the connection to the database is gone (reconnect).
+    pub fn is_closed(&self) -> bool {
+        self.db.is_closed()
+    }
+
+    async fn migrate(&mut self) -> anyhow::Result<()> {
+        self.db
+            .batch_execute("CREATE TABLE IF NOT EXISTS gangway_schema (version integer NOT NULL)")
+            .await
+            .context("database: creating gangway_schema")?;
+        let newest = MIGRATIONS.last().map_or(0, |m| m.0);
+        for (version, sql) in MIGRATIONS {
+            let tx = self.db.transaction().await?;
+            // One migrator at a time (two accounting services starting together).
+            tx.batch_execute("LOCK TABLE gangway_schema IN EXCLUSIVE MODE").await?;
+            let have: Option<i32> = tx.query_one("SELECT max(version) FROM gangway_schema", &[]).await?.get(0);
+            let have = have.unwrap_or(0);
+            if have > newest {
+                anyhow::bail!(
+                    "database: its schema is version {have}, newer than this build's {newest}; run a newer gangway"
+                );
+            }
+            if have >= *version {
+                tx.commit().await?;
+                continue;
+            }
+            tx.batch_execute(sql).await.with_context(|| format!("database: migration {version}"))?;
+            tx.execute("INSERT INTO gangway_schema (version) VALUES ($1)", &[version]).await?;
+            tx.commit().await?;
+            tracing::info!(version, "accounting schema migrated");
+        }
+        Ok(())
+    }
+
+    /// Where ingest stopped, if it ever started.
+    pub async fn cursor(&self) -> anyhow::Result<Option<Cursor>> {
+        let row = self.db.query_opt("SELECT log_index, delivered FROM ingest_cursor", &[]).await?;
+        Ok(row.map(|r| Cursor {
+            index: u64::try_from(r.get::<_, i64>(0)).unwrap_or(0),
+            delivered: usize::try_from(r.get::<_, i32>(1)).unwrap_or(0),
+        }))
+    }
+
+    /// Writes a batch in one transaction: its events (each once, by log
+    /// index and place), the jobs they touched as they are now, and the
+    /// cursor past the batch (when given). `as_of` is the log index the
+    /// jobs are at least as new as.
+    pub async fn write(
+        &mut self,
+        events: &[(pb::ClusterEvent, Cursor)],
+        jobs: &[pb::Job],
+        as_of: u64,
+        cursor: Option<Cursor>,
+        now_ms: u64,
+    ) -> anyhow::Result<()> {
+        let tx = self.db.transaction().await?;
+        let insert_event = tx
+            .prepare(
+                "INSERT INTO events (log_index, ordinal, kind, job_id, state, attempt, node, gpu, reason, step)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING",
+            )
+            .await?;
+        let rows: Vec<[Box<dyn ToSql + Sync + Send>; 10]> = events
+            .iter()
+            .map(|(e, c)| -> [Box<dyn ToSql + Sync + Send>; 10] {
+                [
+                    Box::new(e.index as i64),
+                    Box::new(c.delivered.saturating_sub(1) as i32),
+                    Box::new(e.kind.clone()),
+                    Box::new((e.job_id != 0).then_some(e.job_id as i64)),
+                    Box::new(if e.job_id != 0 { state_name(e.state) } else { String::new() }),
+                    Box::new(e.attempt as i32),
+                    Box::new(e.node.clone()),
+                    Box::new(e.gpu.map(|g| g as i32)),
+                    Box::new(e.reason.clone()),
+                    Box::new(e.step.map(|s| s as i32)),
+                ]
+            })
+            .collect();
+        // Sent together: the connection pipelines them, one round trip in all.
+        let params: Vec<Vec<&(dyn ToSql + Sync)>> =
+            rows.iter().map(|r| r.iter().map(|b| b.as_ref() as &(dyn ToSql + Sync)).collect()).collect();
+        futures::future::try_join_all(params.iter().map(|p| tx.execute(&insert_event, p))).await?;
+        // An older batch replayed after a restart never overwrites a newer record.
+        let last_index = i64::try_from(as_of).unwrap_or(i64::MAX);
+        for j in jobs {
+            upsert_job(&tx, j, last_index, now_ms).await?;
+        }
+        if let Some(c) = cursor {
+            tx.execute(
+                "INSERT INTO ingest_cursor (id, log_index, delivered) VALUES (true, $1, $2)
+                 ON CONFLICT (id) DO UPDATE SET log_index = EXCLUDED.log_index, delivered = EXCLUDED.delivered,
+                 updated_at = now()",
+                &[&(c.index as i64), &(c.delivered as i32)],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Deletes finished jobs that ended, and events stored, before `before`.
+    pub async fn expire(&self, before: SystemTime) -> anyhow::Result<u64> {
+        let mut deleted = 0;
+        for _ in 0..RETENTION_ROUNDS_MAX {
+            let n = self
+                .db
+                .execute(
+                    "DELETE FROM jobs WHERE job_id IN
+                     (SELECT job_id FROM jobs WHERE end_time < $1 LIMIT $2)",
+                    &[&before, &RETENTION_ROWS_PER_ROUND],
+                )
+                .await?;
+            let m = self
+                .db
+                .execute(
+                    "DELETE FROM events WHERE (log_index, ordinal) IN
+                     (SELECT log_index, ordinal FROM events WHERE ingested_at < $1 LIMIT $2)",
+                    &[&before, &RETENTION_ROWS_PER_ROUND],
+                )
+                .await?;
+            deleted += n + m;
+            if n == 0 && m == 0 {
+                break;
+            }
+        }
+        Ok(deleted)
+    }
+}
+
+async fn upsert_job(
+    tx: &tokio_postgres::Transaction<'_>,
+    j: &pb::Job,
+    last_index: i64,
+    now_ms: u64,
+) -> anyhow::Result<()> {
+    let s = j.spec.clone().unwrap_or_default();
+    let u = usage(j, now_ms);
+    let id = j.id as i64;
+    let display = if j.display_id.is_empty() { j.id.to_string() } else { j.display_id.clone() };
+    let node_list: Vec<String> = match j.allocation.is_empty() {
+        true => j.ran_on.clone(),
+        false => j.allocation.iter().map(|a| a.node.clone()).collect(),
+    };
+    let params: [&(dyn ToSql + Sync); 32] = [
+        &id,
+        &display,
+        &s.name,
+        &s.user,
+        &s.account,
+        &s.partition,
+        &s.qos,
+        &state_name(j.state),
+        &j.reason,
+        &j.exit_code,
+        &j.exit_signal,
+        &time(j.submit_time_ms),
+        &j.start_time_ms.map(time),
+        &j.end_time_ms.map(time),
+        &s.time_limit_s.unwrap_or(86_400),
+        &i64::try_from(j.suspended_ms).unwrap_or(i64::MAX),
+        &(j.attempt as i32),
+        &s.nodes.unwrap_or(1),
+        &s.gpus_per_node.unwrap_or(0),
+        &s.gpu_type,
+        &s.mem_per_node_mb.unwrap_or(0),
+        &node_list,
+        &u.cpus,
+        &u.gpus,
+        &u.mem_mb,
+        &u.elapsed_s,
+        &u.cpu_seconds,
+        &u.gpu_seconds,
+        &j.array_job_id.map(|a| a as i64),
+        &j.array_index.map(|i| i as i32),
+        &s.workdir,
+        &last_index,
+    ];
+    tx.execute(
+        "INSERT INTO jobs (job_id, display_id, name, user_name, account, partition, qos, state, reason,
+            exit_code, exit_signal, submit_time, start_time, end_time, time_limit_s, suspended_ms, attempts,
+            nodes_requested, gpus_per_node, gpu_type, mem_per_node_mb, node_list, alloc_cpus, alloc_gpus,
+            alloc_mem_mb, elapsed_s, cpu_seconds, gpu_seconds, array_job_id, array_index, work_dir, last_index)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
+            $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32)
+         ON CONFLICT (job_id) DO UPDATE SET display_id = EXCLUDED.display_id, name = EXCLUDED.name,
+            user_name = EXCLUDED.user_name, account = EXCLUDED.account, partition = EXCLUDED.partition,
+            qos = EXCLUDED.qos, state = EXCLUDED.state, reason = EXCLUDED.reason, exit_code = EXCLUDED.exit_code,
+            exit_signal = EXCLUDED.exit_signal, submit_time = EXCLUDED.submit_time,
+            start_time = EXCLUDED.start_time, end_time = EXCLUDED.end_time,
+            time_limit_s = EXCLUDED.time_limit_s, suspended_ms = EXCLUDED.suspended_ms,
+            attempts = EXCLUDED.attempts, nodes_requested = EXCLUDED.nodes_requested,
+            gpus_per_node = EXCLUDED.gpus_per_node, gpu_type = EXCLUDED.gpu_type,
+            mem_per_node_mb = EXCLUDED.mem_per_node_mb, node_list = EXCLUDED.node_list,
+            alloc_cpus = EXCLUDED.alloc_cpus, alloc_gpus = EXCLUDED.alloc_gpus,
+            alloc_mem_mb = EXCLUDED.alloc_mem_mb, elapsed_s = EXCLUDED.elapsed_s,
+            cpu_seconds = EXCLUDED.cpu_seconds, gpu_seconds = EXCLUDED.gpu_seconds,
+            array_job_id = EXCLUDED.array_job_id, array_index = EXCLUDED.array_index,
+            work_dir = EXCLUDED.work_dir, last_index = EXCLUDED.last_index
+         WHERE jobs.last_index <= EXCLUDED.last_index",
+        &params,
+    )
+    .await?;
+    let attempt = j.attempt as i32;
+    for a in &j.allocation {
+        let gpus: Vec<i32> = a.gpus.iter().map(|g| *g as i32).collect();
+        tx.execute(
+            "INSERT INTO allocations (job_id, attempt, node, cpus, mem_mb, gpus) VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (job_id, attempt, node) DO UPDATE SET cpus = EXCLUDED.cpus, mem_mb = EXCLUDED.mem_mb,
+             gpus = EXCLUDED.gpus",
+            &[&id, &attempt, &a.node, &(a.cpus as i32), &i64::try_from(a.mem_mb).unwrap_or(i64::MAX), &gpus],
+        )
+        .await?;
+    }
+    for st in &j.steps {
+        tx.execute(
+            "INSERT INTO steps (job_id, attempt, step_id, name, nodes, tasks, start_time, end_time, state,
+                exit_code, signal) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+             ON CONFLICT (job_id, attempt, step_id) DO UPDATE SET end_time = EXCLUDED.end_time,
+             state = EXCLUDED.state, exit_code = EXCLUDED.exit_code, signal = EXCLUDED.signal",
+            &[
+                &id,
+                &attempt,
+                &(st.id as i32),
+                &st.name,
+                &st.nodes,
+                &(st.tasks as i32),
+                &time(st.start_ms),
+                &st.end_ms.map(time),
+                &state_name(st.state),
+                &st.exit_code,
+                &st.signal,
+            ],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// A database URL without its password, for errors and logs.
+pub fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}{}", &url[..s + 3], &url[at..])
+        }
+        _ => url.split_whitespace().filter(|kv| !kv.starts_with("password=")).collect::<Vec<_>>().join(" "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_counts_held_resources_over_the_time_not_suspended() {
+        let job = pb::Job {
+            start_time_ms: Some(10_000),
+            end_time_ms: Some(3_610_000),
+            suspended_ms: 600_000,
+            allocation: vec![
+                pb::NodeAllocation { node: "a".into(), cpus: 8, mem_mb: 1024, gpus: vec![0, 1, 2, 3] },
+                pb::NodeAllocation { node: "b".into(), cpus: 8, mem_mb: 1024, gpus: vec![0, 1, 2, 3] },
+            ],
+            ..Default::default()
+        };
+        let u = usage(&job, 99_999_999);
+        assert_eq!(u.elapsed_s, 3000);
+        assert_eq!((u.cpus, u.gpus, u.mem_mb), (16, 8, 2048));
+        assert_eq!((u.cpu_seconds, u.gpu_seconds), (48_000, 24_000));
+        // Running: until now; suspended now: not counting since then.
+        let running = pb::Job { end_time_ms: None, suspended_at_ms: Some(1_010_000), suspended_ms: 0, ..job.clone() };
+        assert_eq!(usage(&running, 2_010_000).elapsed_s, 1000);
+        assert_eq!(usage(&pb::Job::default(), 5).elapsed_s, 0);
+        // Finished: the allocation is released; the request on the nodes it ran on.
+        let spec = pb::JobSpec {
+            gpus_per_node: Some(4),
+            tasks_per_node: Some(2),
+            cpus_per_task: Some(3),
+            ..Default::default()
+        };
+        let done =
+            pb::Job { allocation: vec![], ran_on: vec!["a".into(), "b".into()], spec: Some(spec), ..job.clone() };
+        let u = usage(&done, 0);
+        assert_eq!((u.cpus, u.gpus, u.gpu_seconds), (12, 8, 24_000));
+    }
+
+    #[test]
+    fn passwords_stay_out_of_messages() {
+        assert_eq!(redacted("postgres://acct:s3cret@db:5432/gangway"), "postgres://acct@db:5432/gangway");
+        assert_eq!(redacted("host=db user=acct password=s3cret dbname=g"), "host=db user=acct dbname=g");
+    }
+}
