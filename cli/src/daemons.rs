@@ -41,6 +41,11 @@ pub struct ControllerArgs {
     /// Serve Prometheus metrics at HOST:PORT, path /metrics (e.g. 0.0.0.0:9464).
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// The accounting database `gangway accounting` fills: sacct and
+    /// `gangway show` read the history the state no longer holds from it
+    /// (postgres://USER@HOST/DB; a read-only role is enough).
+    #[arg(long, env = "GANGWAY_ACCOUNTING_DATABASE")]
+    accounting_database: Option<String>,
     /// Serve the web console at HOST:PORT, path /ui/ (e.g. 0.0.0.0:8443):
     /// HTTPS with this replica's certificate (browsers log in with a bearer
     /// token or a client certificate of the cluster's CA), plain HTTP with --insecure.
@@ -170,6 +175,7 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
             resume: a.resume_program.clone(),
             suspend: a.suspend_program.clone(),
         },
+        accounting: a.accounting_database.clone(),
     };
     let metrics = match &a.metrics_listen {
         Some(addr) => Some(

@@ -141,6 +141,7 @@ pub async fn run(a: DevArgs, identity: &str, tls: &crate::tls::TlsArgs) -> anyho
             private_jobs: a.private_jobs,
             restore: None,
             power: Default::default(),
+            accounting: None,
         };
         let h = gangway_controller::replica::start(config, listener).await?;
         if !metrics.is_empty() {

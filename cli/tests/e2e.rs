@@ -1688,6 +1688,7 @@ fn accounting_stores_every_job_once_across_failures() {
     let peers: Vec<String> = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
     let (peers, endpoints) = (peers.join(","), addrs.join(","));
     let tls = pki().to_str().unwrap().to_string();
+    let url = pg.url();
     let mut controllers = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
         let (id, data) = ((i + 1).to_string(), dir.path().join(format!("c{}", i + 1)));
@@ -1695,6 +1696,7 @@ fn accounting_stores_every_job_once_across_failures() {
         let args: Vec<&str> = args
             .into_iter()
             .chain([data.to_str().unwrap(), "--tls-dir", &tls, "--bootstrap-admin", "root", "--allow-root-jobs"])
+            .chain(["--private-jobs", "--accounting-database", &url])
             .collect();
         controllers.push(Some(Procs(vec![spawn(&args, &dir.path().join(format!("c{}.log", i + 1)))])));
     }
@@ -1789,6 +1791,38 @@ fn accounting_stores_every_job_once_across_failures() {
     assert_eq!(gpu_jobs.trim(), (jobs.len() / 3).to_string(), "GPU jobs with their GPU-seconds");
     let cursor = pg.query("SELECT log_index > 0 FROM ingest_cursor");
     assert_eq!(cursor.trim(), "t");
+    // sacct reads what the state no longer holds from the database, as the
+    // caller may see it: two jobs only the database knows (an earlier
+    // history), one root's and one mallory's.
+    pg.query(
+        "INSERT INTO jobs (job_id, display_id, name, user_name, account, partition, qos, state, reason, \
+         exit_code, submit_time, start_time, end_time, time_limit_s, suspended_ms, attempts, nodes_requested, \
+         gpus_per_node, gpu_type, mem_per_node_mb, node_list, alloc_cpus, alloc_gpus, alloc_mem_mb, elapsed_s, \
+         cpu_seconds, gpu_seconds, work_dir, last_index) VALUES \
+         (900001, '900001', 'old-train', 'root', 'root', 'default', 'normal', 'COMPLETED', '', 0, \
+          now() - interval '3 days', now() - interval '3 days', now() - interval '2 days', 86400, 0, 1, 2, 8, \
+          'h100', 0, '{e2e-node-1,e2e-node-2}', 16, 16, 0, 86400, 1382400, 1382400, '/tmp', 1), \
+         (900002, '900002', 'old-eval', 'mallory', 'root', 'default', 'normal', 'FAILED', '', 1, \
+          now() - interval '3 days', now() - interval '3 days', now() - interval '2 days', 86400, 0, 1, 1, 0, \
+          '', 0, '{e2e-node-1}', 1, 0, 0, 86400, 86400, 0, '/tmp', 1)",
+    );
+    let sacct = |user: &str, args: &[&str]| {
+        let o = as_user(Command::new(GANGWAY).arg("sacct").args(args), user)
+            .env("GANGWAY_ENDPOINTS", &endpoints)
+            .current_dir(&work)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "sacct {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o)
+    };
+    let fields = ["-P", "-n", "-X", "-o", "JobID,JobName,User,State,ExitCode,NodeList,Elapsed"];
+    let old = sacct("root", &[&["-j", "900001"][..], &fields[..]].concat());
+    assert_eq!(old, "900001|old-train|root|COMPLETED|0:0|e2e-node-[1-2]|1-00:00:00\n");
+    let mine = sacct("mallory", &[&["-a", "-S", "2020-01-01"][..], &fields[..]].concat());
+    assert_eq!(mine, "900002|old-eval|mallory|FAILED|1:0|e2e-node-1|1-00:00:00\n", "mallory sees hers only");
+    let all = sacct("root", &[&["-a", "-S", "2020-01-01"][..], &fields[..]].concat());
+    assert_eq!(all.lines().count(), jobs.len() + 2, "root sees every job once, state and history merged:\n{all}");
     // The outage was real: the service saw its writes fail and went on.
     let log = std::fs::read_to_string(dir.path().join("accounting.log")).unwrap();
     assert!(log.contains("retrying"), "the database outage was never noticed:\n{log}");

@@ -83,6 +83,9 @@ pub struct ReplicaConfig {
     pub restore: Option<PathBuf>,
     /// The programs the leader runs to power elastic pools' nodes up and down.
     pub power: PowerPrograms,
+    /// The accounting database `JobService.History` reads (`gangway
+    /// accounting` writes it); `None`: this replica answers no history.
+    pub accounting: Option<String>,
 }
 
 /// Parses `1=host:port,2=host:port,...` into an id → address map.

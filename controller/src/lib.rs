@@ -10,6 +10,7 @@
 //! Related code: `controller/core` (model and `apply`), `raft-store` (storage),
 //! `proto` (wire types and the client library), `cli` (the `gangway` binary).
 
+pub mod accounting;
 pub mod api;
 pub mod audit;
 pub mod config;

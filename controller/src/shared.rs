@@ -49,6 +49,8 @@ pub struct Replica {
     pub tokens: Option<Arc<gangway_proto::token::TokenVerifier>>,
     /// The programs that power elastic pools' nodes (run while leading).
     pub power: crate::config::PowerPrograms,
+    /// The accounting database, for `JobService.History`.
+    pub history: Option<crate::accounting::History>,
     /// What this replica refused, and the admin actions it allowed.
     pub audit: Arc<crate::audit::AuditLog>,
     /// Per-identity write rate limits (see `ratelimit`).
@@ -80,6 +82,7 @@ impl Replica {
             allow_root_jobs: config.allow_root_jobs,
             tokens: config.tokens.clone(),
             power: config.power.clone(),
+            history: config.accounting.clone().map(crate::accounting::History::new),
             private_jobs: config.private_jobs,
             audit: Arc::new(crate::audit::AuditLog::default()),
             writes: crate::ratelimit::WriteLimiter::new(

@@ -101,6 +101,7 @@ impl TestCluster {
     fn config(&self, id: u64, join: bool) -> ReplicaConfig {
         ReplicaConfig {
             power: Default::default(),
+            accounting: None,
             id,
             advertise_addr: self.addrs[&id].clone(),
             peers: if join { BTreeMap::from([(id, self.addrs[&id].clone())]) } else { self.addrs.clone() },

@@ -8,9 +8,7 @@
 //! It needs to see every job: run it with the certificate (or token) of an
 //! operator (`gangway admin set --operators client:accounting`).
 
-mod store;
-
-use store::{redacted, Store};
+use gangway_controller::accounting::store::{redacted, Store};
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

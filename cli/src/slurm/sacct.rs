@@ -14,6 +14,29 @@ use super::format::{self, Item};
 use super::{elapsed, identity_user, job_cpus, job_elapsed_s, job_nodelist, job_nodes, timestamp, JobSel};
 use crate::output::Output;
 
+/// Jobs one sacct reads from the accounting database at most (the newest).
+const HISTORY_ROWS_MAX: u32 = 10_000;
+
+/// Finished jobs from the accounting database; none when the replicas have
+/// no database (`--accounting-database`), with a notice when it fails.
+async fn stored_history(client: &Client, req: pb::HistoryRequest) -> anyhow::Result<Vec<pb::Job>> {
+    use gangway_proto::v1::job_service_client::JobServiceClient;
+    let r = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).history(r).await }
+        })
+        .await;
+    match r {
+        Ok(resp) => Ok(resp.into_inner().jobs),
+        Err(s) if s.code() == tonic::Code::FailedPrecondition || s.code() == tonic::Code::Unimplemented => Ok(vec![]),
+        Err(s) => {
+            eprintln!("sacct: the job history before what the cluster keeps is not shown: {}", s.message());
+            Ok(vec![])
+        }
+    }
+}
+
 const DEFAULT_FIELDS: &str = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode";
 const BRIEF_FIELDS: &str = "JobID,State,ExitCode";
 const LONG_FIELDS: &str = "JobID,JobIDRaw,JobName,Partition,Account,User,AllocCPUS,AllocNodes,AllocTRES,\
@@ -223,8 +246,24 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: SacctArgs) ->
         explain: false,
     };
     let any = |f: &[String], v: &str| f.is_empty() || f.iter().any(|x| x == v);
-    let jobs: Vec<pb::Job> = super::list_jobs(client, &listing)
-        .await?
+    let mut found = super::list_jobs(client, &listing).await?;
+    // What the state no longer holds, from the accounting database (where
+    // the replicas have one); the state's copy wins where both have a job.
+    let history = pb::HistoryRequest {
+        job_ids: sels.iter().map(|s| s.id).collect(),
+        user: one(&users),
+        account: one(&a.accounts),
+        partition: one(&a.partitions),
+        name: one(&a.names),
+        states: states.clone(),
+        ended_after_ms: since.unwrap_or(0),
+        started_before_ms: until.unwrap_or(0),
+        limit: HISTORY_ROWS_MAX,
+    };
+    let known: std::collections::BTreeSet<u64> = found.iter().map(|j| j.id).collect();
+    found.extend(stored_history(client, history).await?.into_iter().filter(|j| !known.contains(&j.id)));
+    found.sort_by_key(|j| j.id);
+    let jobs: Vec<pb::Job> = found
         .into_iter()
         .flat_map(super::het_components)
         .filter(|j| sels.is_empty() || sels.iter().any(|s| s.matches(j)))

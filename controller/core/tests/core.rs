@@ -114,13 +114,24 @@ fn protobuf_meets_core_types_only_in_convert_rs() {
     .iter()
     .map(|p| p.concat())
     .collect();
+    // The accounting database's rows become protobuf jobs with no core type
+    // in between (they hold what a finished job's record held): its modules
+    // may build protobuf, and must never touch the core.
+    let accounting = "controller/src/accounting/";
     let mut strays = Vec::new();
     for (path, text) in sources.iter().filter(|(p, _)| p.starts_with("controller/src/") && p != convert) {
+        if path.starts_with(accounting) {
+            if text.contains(["gangway", "_core"].concat().as_str()) {
+                strays.push(format!("{path}: the core, in the accounting module"));
+            }
+            continue;
+        }
         for n in needles.iter().filter(|n| text.contains(n.as_str())) {
             strays.push(format!("{path}: `{n}`"));
         }
     }
     assert!(strays.is_empty(), "protobuf and core types converted outside {convert}: {strays:?}");
+    assert!(sources.iter().any(|(p, _)| p.starts_with(accounting)), "the accounting module moved: {accounting}");
     let (_, text) = sources.iter().find(|(p, _)| p == convert).expect("convert.rs exists");
     assert!(
         needles.iter().filter(|n| text.contains(n.as_str())).count() >= 6,

@@ -697,6 +697,26 @@ impl Viewer {
         p.role == Role::Client && (job.spec.user == self.user || job.submitted_by == self.identity)
     }
 
+    /// Whose stored history this caller may read: [`Viewer::visible`] for
+    /// jobs known only by their user and account.
+    pub fn history_scope(&self) -> crate::accounting::Scope {
+        use crate::accounting::Scope;
+        if !self.private_jobs || self.whole || self.sees_all {
+            return Scope::All;
+        }
+        match &self.caller {
+            Caller::Claimed(_) => Scope::All,
+            Caller::Verified(p) => match p.role {
+                Role::Server => Scope::All,
+                // A node's agent reads no history; a user theirs and their accounts'.
+                Role::Agent => Scope::Own { user: String::new(), accounts: Vec::new() },
+                Role::Client => {
+                    Scope::Own { user: self.user.clone(), accounts: self.accounts.iter().cloned().collect() }
+                }
+            },
+        }
+    }
+
     /// Whether the job is shown at all.
     pub fn visible(&self, job: &gangway_core::Job) -> bool {
         if !self.private_jobs || self.whole || self.sees_all {

@@ -147,6 +147,38 @@ impl JobService for JobApi {
         }
     }
 
+    async fn history(&self, req: Request<HistoryRequest>) -> Result<Response<ListJobsResponse>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        let Some(history) = self.replica.history.as_ref() else {
+            return Err(Status::failed_precondition(
+                "history: this replica has no accounting database (gangway controller --accounting-database)",
+            ));
+        };
+        let msg = req.into_inner();
+        if msg.limit > crate::accounting::HISTORY_ROWS_MAX {
+            return Err(Status::invalid_argument(format!(
+                "limit: must be at most {}",
+                crate::accounting::HISTORY_ROWS_MAX
+            )));
+        }
+        let scope = self.replica.viewer(&ctx).history_scope();
+        let jobs = history.jobs(&msg, &scope).await.map_err(Status::unavailable)?;
+        // Paged by size like a listing: the answer stays under every client's limit.
+        let mut out = Vec::with_capacity(jobs.len());
+        let mut bytes = 0usize;
+        let mut next_after_id = 0;
+        for j in jobs {
+            let len = prost::Message::encoded_len(&j);
+            if !out.is_empty() && bytes.saturating_add(len) > gangway_proto::limits::LIST_RESPONSE_BYTES_MAX {
+                next_after_id = j.id;
+                break;
+            }
+            bytes = bytes.saturating_add(len);
+            out.push(j);
+        }
+        Ok(Response::new(ListJobsResponse { jobs: out, next_after_id }))
+    }
+
     async fn list(&self, req: Request<ListJobsRequest>) -> Result<Response<ListJobsResponse>, Status> {
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();

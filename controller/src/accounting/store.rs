@@ -169,8 +169,55 @@ fn time(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
-fn state_name(s: i32) -> String {
+pub fn state_name(s: i32) -> String {
     pb::JobState::try_from(s).map_or("UNKNOWN", |s| s.as_str_name()).trim_start_matches("JOB_STATE_").to_string()
+}
+
+/// The columns [`job_of_row`] reads, in its order.
+pub const JOB_COLUMNS: &str = "job_id, display_id, name, user_name, account, partition, qos, state, reason, \
+    exit_code, exit_signal, submit_time, start_time, end_time, time_limit_s, suspended_ms, attempts, \
+    nodes_requested, gpus_per_node, gpu_type, mem_per_node_mb, node_list, array_job_id, array_index, work_dir";
+
+fn ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A stored job as the API shows a finished one (its allocation released,
+/// the nodes it ran on in `ran_on`; scripts and environments are never stored).
+pub fn job_of_row(r: &tokio_postgres::Row) -> pb::Job {
+    let state_text: String = r.get(7);
+    let state = pb::JobState::from_str_name(&format!("JOB_STATE_{state_text}")).unwrap_or(pb::JobState::Unspecified);
+    pb::Job {
+        id: r.get::<_, i64>(0) as u64,
+        display_id: r.get(1),
+        spec: Some(pb::JobSpec {
+            name: r.get(2),
+            user: r.get(3),
+            account: r.get(4),
+            partition: r.get(5),
+            qos: r.get(6),
+            time_limit_s: Some(r.get(14)),
+            nodes: Some(r.get(17)),
+            gpus_per_node: Some(r.get(18)),
+            gpu_type: r.get(19),
+            mem_per_node_mb: Some(r.get(20)),
+            workdir: r.get(24),
+            ..Default::default()
+        }),
+        state: state as i32,
+        reason: r.get(8),
+        exit_code: r.get(9),
+        exit_signal: r.get(10),
+        submit_time_ms: ms(r.get(11)),
+        start_time_ms: r.get::<_, Option<SystemTime>>(12).map(ms),
+        end_time_ms: r.get::<_, Option<SystemTime>>(13).map(ms),
+        suspended_ms: r.get::<_, i64>(15).max(0) as u64,
+        attempt: r.get::<_, i32>(16).max(0) as u32,
+        ran_on: r.get(21),
+        array_job_id: r.get::<_, Option<i64>>(22).map(|a| a as u64),
+        array_index: r.get::<_, Option<i32>>(23).map(|i| i as u32),
+        ..Default::default()
+    }
 }
 
 pub struct Store {
