@@ -67,7 +67,7 @@ enum Cmd {
     /// Start a local 3-replica cluster with simulated GPU nodes (Ctrl-C stops it).
     Dev(dev::DevArgs),
     /// Keep the job history in PostgreSQL, fed from the cluster's events
-    /// (like slurmdbd): run one (or more) as an operator.
+    /// (like slurmdbd), as an operator; a second one stands by.
     Accounting(accounting::AccountingArgs),
     /// Check this host before it joins a cluster: the controllers' ports,
     /// the certificates in --tls-dir, cgroups, NVML, the disk's fsync

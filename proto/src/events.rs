@@ -51,6 +51,12 @@ where
                 async move { JobServiceClient::new(ch).events(r).await }
             })
             .await;
+        // This replica forgot those events (a snapshot replaced its state):
+        // another may still have them.
+        let opened = match opened {
+            Err(s) if s.code() == Code::OutOfRange => elsewhere(client, req).await.ok_or(s),
+            other => other,
+        };
         let last_error = match opened {
             Err(s) if s.code() == Code::OutOfRange || s.code() == Code::InvalidArgument => return Err(s),
             Err(s) => s,
@@ -98,4 +104,17 @@ where
         }
         tokio::time::sleep(RECONNECT_PAUSE).await;
     }
+}
+
+/// The stream opened on whichever replica still keeps events from `req`'s index.
+async fn elsewhere(
+    client: &Client,
+    req: EventsRequest,
+) -> Option<tonic::Response<tonic::codec::Streaming<ClusterEvent>>> {
+    for ch in client.channels() {
+        if let Ok(resp) = JobServiceClient::new(ch.clone()).events(client.stream_request(req)).await {
+            return Some(resp);
+        }
+    }
+    None
 }

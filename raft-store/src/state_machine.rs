@@ -122,6 +122,9 @@ pub struct SharedState {
     /// log index through which events are not known here (a snapshot loaded or
     /// installed, or events dropped from the ring).
     recent: Mutex<(VecDeque<Event>, u64)>,
+    /// Snapshots that replaced this replica's state while it ran: a stream
+    /// of events open across one skipped what the snapshot covered.
+    snapshots_installed: std::sync::atomic::AtomicU64,
     /// What a [`StateCopy`] has yet to apply; None when no copy is kept.
     /// Written under the state's write lock, so a copy taken under the read
     /// lock and the tail started with it always agree.
@@ -282,6 +285,12 @@ impl SharedState {
         let mut recent = self.recent.lock().expect("events lock");
         recent.0.clear();
         recent.1 = recent.1.max(index);
+        self.snapshots_installed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How many times a snapshot replaced the state (see the field).
+    pub fn snapshots_installed(&self) -> u64 {
+        self.snapshots_installed.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -306,6 +315,7 @@ impl StateMachineStore {
                 applied: std::sync::atomic::AtomicU64::new(0),
                 events,
                 recent: Mutex::new((VecDeque::new(), 0)),
+                snapshots_installed: std::sync::atomic::AtomicU64::new(0),
                 tail: Mutex::new(None),
                 copies: std::sync::atomic::AtomicU64::new(0),
             }),

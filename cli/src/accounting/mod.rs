@@ -8,7 +8,7 @@
 //! It needs to see every job: run it with the certificate (or token) of an
 //! operator (`gangway admin set --operators client:accounting`).
 
-use gangway_controller::accounting::store::{redacted, Store};
+use gangway_controller::accounting::store::{is_data_error, redacted, Store};
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -29,6 +29,15 @@ use gangway_proto::v1::job_service_client::JobServiceClient;
 const EVENT_QUEUE_MAX: usize = 4096;
 /// Events written in one transaction at most.
 const BATCH_EVENTS_MAX: usize = 1000;
+/// Jobs one batch reads at most (a job's record can be megabytes: its
+/// script): a batch closes when its events touch this many.
+const BATCH_JOBS_MAX: usize = 100;
+/// How long writing one batch may take before the connection is dropped
+/// and the batch tried again on a new one.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Attempts at reading a batch's jobs from the controllers (a second apart:
+/// an election takes well under one) before the service exits.
+const READ_ATTEMPTS_MAX: u32 = 120;
 /// How long a batch waits for more events before it is written.
 const BATCH_WAIT: Duration = Duration::from_millis(200);
 /// Jobs read from the controllers at once for one batch.
@@ -110,16 +119,20 @@ async fn write_loop(
     let (mut since, mut events_since) = (Instant::now(), 0usize);
     loop {
         let Some(first) = rx.recv().await else { return Ok(()) };
+        let mut ids: BTreeSet<u64> = BTreeSet::new();
+        ids.extend(Some(first.0.job_id).filter(|j| *j != 0));
         let mut batch = vec![first];
         let deadline = tokio::time::Instant::now() + BATCH_WAIT;
-        while batch.len() < BATCH_EVENTS_MAX {
+        while batch.len() < BATCH_EVENTS_MAX && ids.len() < BATCH_JOBS_MAX {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(e)) => batch.push(e),
+                Ok(Some(e)) => {
+                    ids.extend(Some(e.0.job_id).filter(|j| *j != 0));
+                    batch.push(e);
+                }
                 _ => break,
             }
         }
-        let ids: BTreeSet<u64> = batch.iter().map(|(e, _)| e.job_id).filter(|j| *j != 0).collect();
-        let jobs = read_jobs(client, ids).await?;
+        let jobs = read_jobs_retrying(client, &ids).await?;
         let cursor = batch.last().map(|(_, c)| *c);
         let as_of = cursor.map_or(0, |c| c.index);
         write_retrying(store, &a.database, &batch, &jobs, as_of, cursor).await?;
@@ -130,7 +143,8 @@ async fn write_loop(
             (since, events_since) = (Instant::now(), 0);
         }
         if a.retention_days > 0 && expired_at.is_none_or(|t| t.elapsed() >= RETENTION_EVERY) {
-            let before = std::time::SystemTime::now() - Duration::from_secs(a.retention_days.saturating_mul(86_400));
+            let keep = Duration::from_secs(a.retention_days.saturating_mul(86_400));
+            let before = std::time::SystemTime::now().checked_sub(keep).unwrap_or(std::time::UNIX_EPOCH);
             match store.expire(before).await {
                 Ok(n) if n > 0 => tracing::info!(rows = n, "accounting: expired history deleted"),
                 Ok(_) => {}
@@ -139,6 +153,25 @@ async fn write_loop(
             expired_at = Some(Instant::now());
         }
     }
+}
+
+/// [`read_jobs`], again while the controllers do not answer (an election).
+async fn read_jobs_retrying(client: &Client, ids: &BTreeSet<u64>) -> anyhow::Result<Vec<pb::Job>> {
+    let mut last = None;
+    for attempt in 0..READ_ATTEMPTS_MAX {
+        match read_jobs(client, ids.clone()).await {
+            Ok(j) => return Ok(j),
+            Err(e) => {
+                if attempt == 0 {
+                    tracing::warn!(error = %format!("{e:#}"), "accounting: reading jobs failed; retrying");
+                }
+                last = Some(e);
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no attempt made")))
+        .context(format!("accounting: the controllers did not answer {READ_ATTEMPTS_MAX} times"))
 }
 
 /// The jobs as they are now (read from the leader, so at least as new as
@@ -183,6 +216,10 @@ async fn resync(client: &Client, store: &mut Store, database: &str) -> anyhow::R
         .map_err(|s| anyhow::anyhow!("accounting: asking a replica where its log is: {}", s.message()))?
         .into_inner();
     let cursor = Cursor { index: status.applied_index.unwrap_or(0) + 1, delivered: 0 };
+    // A lagging replica's index may be older than what is stored: the jobs
+    // read now are newer than both, so they are written as of the newer.
+    let stored = store.cursor().await?.map_or(0, |c| c.index);
+    let as_of = (cursor.index - 1).max(stored);
     let mut after_id = 0;
     let mut total = 0usize;
     for page in 0..RESYNC_PAGES_MAX {
@@ -198,7 +235,7 @@ async fn resync(client: &Client, store: &mut Store, database: &str) -> anyhow::R
         total += resp.jobs.len();
         let last = resp.next_after_id == 0 || page + 1 == RESYNC_PAGES_MAX;
         // The cursor goes with the last page only: a read cut short starts over.
-        write_retrying(store, database, &[], &resp.jobs, cursor.index - 1, last.then_some(cursor)).await?;
+        write_retrying(store, database, &[], &resp.jobs, as_of, last.then_some(cursor)).await?;
         if last {
             break;
         }
@@ -208,10 +245,17 @@ async fn resync(client: &Client, store: &mut Store, database: &str) -> anyhow::R
     Ok(cursor)
 }
 
+/// Connects, and waits to be the only writer (a second service stands by
+/// until the first one's connection ends).
 async fn connect(database: &str) -> anyhow::Result<Store> {
     let mut last = None;
     for attempt in 0..DB_ATTEMPTS_MAX {
-        match Store::connect(database).await {
+        let connected = async {
+            let s = Store::connect(database).await?;
+            s.become_writer().await?;
+            anyhow::Ok(s)
+        };
+        match connected.await {
             Ok(s) => return Ok(s),
             Err(e) => {
                 if attempt == 0 {
@@ -238,11 +282,32 @@ async fn write_retrying(
         if store.is_closed() {
             *store = connect(database).await?;
         }
-        match store.write(events, jobs, as_of, cursor, crate::output::now_ms()).await {
-            Ok(()) => return Ok(()),
-            Err(e) => {
+        let written =
+            tokio::time::timeout(WRITE_TIMEOUT, store.write(events, jobs, as_of, cursor, crate::output::now_ms()))
+                .await;
+        match written {
+            Ok(Ok(())) => return Ok(()),
+            // The same batch would fail again forever: it is skipped (its
+            // cursor kept), loudly, rather than stop the whole history.
+            Ok(Err(e)) if is_data_error(&e) => {
+                let at = cursor.map_or(0, |c| c.index);
+                tracing::error!(
+                    error = %format!("{e:#}"),
+                    index = at,
+                    "accounting: the database refused a batch's data; it is skipped"
+                );
+                return match cursor {
+                    Some(_) => store.write(&[], &[], as_of, cursor, crate::output::now_ms()).await,
+                    None => Ok(()),
+                };
+            }
+            Ok(Err(e)) => {
                 tracing::warn!(error = %format!("{e:#}"), attempt, "accounting: writing a batch failed; retrying");
                 tokio::time::sleep(pause(attempt)).await;
+            }
+            Err(_) => {
+                tracing::warn!(attempt, "accounting: writing a batch took too long; reconnecting");
+                *store = connect(database).await?;
             }
         }
     }

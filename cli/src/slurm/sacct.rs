@@ -14,27 +14,49 @@ use super::format::{self, Item};
 use super::{elapsed, identity_user, job_cpus, job_elapsed_s, job_nodelist, job_nodes, timestamp, JobSel};
 use crate::output::Output;
 
-/// Jobs one sacct reads from the accounting database at most (the newest).
-const HISTORY_ROWS_MAX: u32 = 10_000;
+/// Jobs per page read from the accounting database.
+const HISTORY_PAGE_ROWS: u32 = 10_000;
+/// Pages one sacct reads at most (the newest 200,000 matching jobs; narrow
+/// the query with -S, -u or -A for older ones).
+const HISTORY_PAGES_MAX: usize = 20;
 
 /// Finished jobs from the accounting database; none when the replicas have
 /// no database (`--accounting-database`), with a notice when it fails.
-async fn stored_history(client: &Client, req: pb::HistoryRequest) -> anyhow::Result<Vec<pb::Job>> {
+async fn stored_history(client: &Client, mut req: pb::HistoryRequest) -> anyhow::Result<Vec<pb::Job>> {
     use gangway_proto::v1::job_service_client::JobServiceClient;
-    let r = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).history(r).await }
-        })
-        .await;
-    match r {
-        Ok(resp) => Ok(resp.into_inner().jobs),
-        Err(s) if s.code() == tonic::Code::FailedPrecondition || s.code() == tonic::Code::Unimplemented => Ok(vec![]),
-        Err(s) => {
-            eprintln!("sacct: the job history before what the cluster keeps is not shown: {}", s.message());
-            Ok(vec![])
+    let mut jobs = Vec::new();
+    for page in 0..HISTORY_PAGES_MAX {
+        let r = client
+            .call(|ch| {
+                let r = client.request(req.clone());
+                async move { JobServiceClient::new(ch).history(r).await }
+            })
+            .await;
+        let resp = match r {
+            Ok(resp) => resp.into_inner(),
+            Err(s) if s.code() == tonic::Code::FailedPrecondition || s.code() == tonic::Code::Unimplemented => {
+                return Ok(jobs)
+            }
+            Err(s) => {
+                eprintln!("sacct: the job history before what the cluster keeps is not shown: {}", s.message());
+                return Ok(jobs);
+            }
+        };
+        let full = resp.jobs.len() == req.limit as usize;
+        let next = match resp.next_after_id {
+            0 => resp.jobs.last().map_or(0, |j| j.id),
+            n => n + 1,
+        };
+        jobs.extend(resp.jobs);
+        if (!full && resp.next_after_id == 0) || next == 0 {
+            return Ok(jobs);
         }
+        if page + 1 == HISTORY_PAGES_MAX {
+            eprintln!("sacct: more than {} jobs match in the history; narrow it with -S, -u or -A", jobs.len());
+        }
+        req.before_id = next;
     }
+    Ok(jobs)
 }
 
 const DEFAULT_FIELDS: &str = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode";
@@ -251,14 +273,15 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: SacctArgs) ->
     // the replicas have one); the state's copy wins where both have a job.
     let history = pb::HistoryRequest {
         job_ids: sels.iter().map(|s| s.id).collect(),
-        user: one(&users),
-        account: one(&a.accounts),
-        partition: one(&a.partitions),
-        name: one(&a.names),
+        users: users.clone(),
+        accounts: a.accounts.clone(),
+        partitions: a.partitions.clone(),
+        names: a.names.clone(),
         states: states.clone(),
         ended_after_ms: since.unwrap_or(0),
         started_before_ms: until.unwrap_or(0),
-        limit: HISTORY_ROWS_MAX,
+        limit: HISTORY_PAGE_ROWS,
+        before_id: 0,
     };
     let known: std::collections::BTreeSet<u64> = found.iter().map(|j| j.id).collect();
     found.extend(stored_history(client, history).await?.into_iter().filter(|j| !known.contains(&j.id)));

@@ -6,7 +6,7 @@
 
 pub mod store;
 
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use gangway_proto::v1 as pb;
 use tokio_postgres::types::ToSql;
@@ -26,42 +26,68 @@ pub enum Scope {
     Own { user: String, accounts: Vec<String> },
 }
 
+/// History queries one replica runs at once; more are refused
+/// (RESOURCE_EXHAUSTED) rather than queued behind a slow scan.
+const HISTORY_QUERIES_MAX: usize = 4;
+
 /// The replica's connection to the accounting database, made on first use
-/// and again after it breaks.
+/// and again after it breaks or a query times out. Queries share it
+/// (pipelined), at most [`HISTORY_QUERIES_MAX`] at once.
 pub struct History {
     url: String,
-    db: tokio::sync::Mutex<Option<(tokio_postgres::Client, tokio::task::JoinHandle<()>)>>,
+    db: tokio::sync::Mutex<Option<std::sync::Arc<tokio_postgres::Client>>>,
+    queries: tokio::sync::Semaphore,
+}
+
+/// Why a history query failed: the caller gets the kind, the log the detail
+/// (the database's address is the operator's business).
+#[derive(Debug)]
+pub enum HistoryError {
+    Busy,
+    Unavailable(String),
 }
 
 impl History {
     pub fn new(url: String) -> History {
-        History { url, db: tokio::sync::Mutex::new(None) }
+        History { url, db: tokio::sync::Mutex::new(None), queries: tokio::sync::Semaphore::new(HISTORY_QUERIES_MAX) }
     }
 
     /// Finished jobs matching `req` that `scope` may read, newest first.
-    pub async fn jobs(&self, req: &pb::HistoryRequest, scope: &Scope) -> Result<Vec<pb::Job>, String> {
-        tokio::time::timeout(QUERY_TIMEOUT, self.query(req, scope))
-            .await
-            .map_err(|_| format!("accounting database: no answer within {} s", QUERY_TIMEOUT.as_secs()))?
+    pub async fn jobs(&self, req: &pb::HistoryRequest, scope: &Scope) -> Result<Vec<pb::Job>, HistoryError> {
+        let Ok(_permit) = self.queries.try_acquire() else { return Err(HistoryError::Busy) };
+        match tokio::time::timeout(QUERY_TIMEOUT, self.query(req, scope)).await {
+            Ok(r) => r.map_err(HistoryError::Unavailable),
+            Err(_) => {
+                // A connection that hangs (a half-open socket) is not used again.
+                *self.db.lock().await = None;
+                Err(HistoryError::Unavailable(format!("no answer within {} s", QUERY_TIMEOUT.as_secs())))
+            }
+        }
+    }
+
+    async fn client(&self) -> Result<std::sync::Arc<tokio_postgres::Client>, String> {
+        let mut slot = self.db.lock().await;
+        if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let config = store::config(&self.url).map_err(|e| e.to_string())?;
+        let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        // A runaway scan is cut by the server too.
+        let timeout = format!("SET statement_timeout = {}", QUERY_TIMEOUT.as_millis());
+        client.batch_execute(&timeout).await.map_err(|e| e.to_string())?;
+        let client = std::sync::Arc::new(client);
+        *slot = Some(client.clone());
+        Ok(client)
     }
 
     async fn query(&self, req: &pb::HistoryRequest, scope: &Scope) -> Result<Vec<pb::Job>, String> {
-        let mut guard = self.db.lock().await;
-        if guard.as_ref().is_none_or(|(c, _)| c.is_closed()) {
-            let (client, conn) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
-                .await
-                .map_err(|e| format!("accounting database {}: {e}", store::redacted(&self.url)))?;
-            let task = tokio::spawn(async move {
-                let _ = conn.await;
-            });
-            if let Some((_, old)) = guard.replace((client, task)) {
-                old.abort();
-            }
-        }
-        let (db, _) = guard.as_ref().expect("connected above");
+        let db = self.client().await?;
         let (sql, params) = history_sql(req, scope);
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
-        let rows = db.query(&sql, &refs).await.map_err(|e| format!("accounting database: {e}"))?;
+        let rows = db.query(&sql, &refs).await.map_err(|e| e.to_string())?;
         Ok(rows.iter().map(store::job_of_row).collect())
     }
 }
@@ -85,12 +111,12 @@ pub fn history_sql(req: &pb::HistoryRequest, scope: &Scope) -> (String, Vec<Para
         let p = bind(Box::new(ids));
         clauses.push(format!("(job_id = ANY({p}) OR array_job_id = ANY({p}))"));
     }
-    for (column, value) in
-        [("user_name", &req.user), ("account", &req.account), ("partition", &req.partition), ("name", &req.name)]
+    for (column, values) in
+        [("user_name", &req.users), ("account", &req.accounts), ("partition", &req.partitions), ("name", &req.names)]
     {
-        if !value.is_empty() {
-            let p = bind(Box::new(value.clone()));
-            clauses.push(format!("{column} = {p}"));
+        if !values.is_empty() {
+            let p = bind(Box::new(values.clone()));
+            clauses.push(format!("{column} = ANY({p})"));
         }
     }
     if !req.states.is_empty() {
@@ -99,12 +125,16 @@ pub fn history_sql(req: &pb::HistoryRequest, scope: &Scope) -> (String, Vec<Para
         clauses.push(format!("state = ANY({p})"));
     }
     if req.ended_after_ms > 0 {
-        let p = bind(Box::new(UNIX_EPOCH + Duration::from_millis(req.ended_after_ms)));
+        let p = bind(Box::new(store::time(req.ended_after_ms)));
         clauses.push(format!("end_time >= {p}"));
     }
     if req.started_before_ms > 0 {
-        let p = bind(Box::new(UNIX_EPOCH + Duration::from_millis(req.started_before_ms)));
-        clauses.push(format!("start_time <= {p}"));
+        let p = bind(Box::new(store::time(req.started_before_ms)));
+        clauses.push(format!("COALESCE(start_time, submit_time) <= {p}"));
+    }
+    if req.before_id > 0 {
+        let p = bind(Box::new(i64::try_from(req.before_id).unwrap_or(i64::MAX)));
+        clauses.push(format!("job_id < {p}"));
     }
     let limit = match req.limit {
         0 => HISTORY_ROWS_DEFAULT,
@@ -123,9 +153,9 @@ mod tests {
     fn a_users_history_query_is_scoped_and_bound() {
         let req = pb::HistoryRequest {
             job_ids: vec![7],
-            name: "x'; DROP TABLE jobs; --".into(),
+            names: vec!["x'; DROP TABLE jobs; --".into()],
             states: vec![pb::JobState::Failed as i32],
-            ended_after_ms: 1,
+            ended_after_ms: u64::MAX,
             limit: 50_000,
             ..Default::default()
         };
@@ -133,7 +163,7 @@ mod tests {
         let (sql, params) = history_sql(&req, &scope);
         assert!(sql.contains("WHERE (user_name = $1 OR account = ANY($2)) AND (job_id = ANY($3)"), "{sql}");
         assert!(
-            sql.contains("name = $4") && sql.contains("state = ANY($5)") && sql.contains("end_time >= $6"),
+            sql.contains("name = ANY($4)") && sql.contains("state = ANY($5)") && sql.contains("end_time >= $6"),
             "{sql}"
         );
         assert!(sql.ends_with("LIMIT $7") && !sql.contains("DROP"), "{sql}");

@@ -115,10 +115,6 @@ const RETENTION_ROUNDS_MAX: usize = 100;
 /// A running job's allocation says what it holds; a finished job's is
 /// released, so its request times the nodes its last attempt ran on does
 /// (an exclusive job's whole nodes count as what it asked for).
-///
-/// A running job's allocation says what it holds; a finished job's is
-/// released, so its request times the nodes its last attempt ran on does
-/// (an exclusive job's whole nodes count as what it asked for).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Usage {
     pub elapsed_s: i64,
@@ -165,9 +161,30 @@ pub fn usage(j: &pb::Job, now_ms: u64) -> Usage {
     }
 }
 
-fn time(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
+/// The latest time PostgreSQL's timestamps hold comfortably (year 9999):
+/// later ones are clamped rather than refused.
+const TIME_MS_MAX: u64 = 253_402_300_799_000;
+
+pub fn time(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms.min(TIME_MS_MAX))
 }
+
+/// Text as PostgreSQL stores it: it refuses NUL bytes, so they become U+FFFD
+/// (a job's fields come from its user; one bad byte must not stop the history).
+pub fn text(s: &str) -> String {
+    s.replace('\0', "\u{fffd}")
+}
+
+/// Whether a database error is about the data (SQLSTATE classes 22 and 23:
+/// a value out of range, a constraint): retrying the same batch cannot help.
+pub fn is_data_error(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<tokio_postgres::Error>())
+        .any(|pe| pe.code().is_some_and(|c| c.code().starts_with("22") || c.code().starts_with("23")))
+}
+
+/// The advisory lock only the one writing service holds (others stand by).
+const WRITER_LOCK: i64 = 0x6761_6e67_7761_7901;
 
 pub fn state_name(s: i32) -> String {
     pb::JobState::try_from(s).map_or("UNKNOWN", |s| s.as_str_name()).trim_start_matches("JOB_STATE_").to_string()
@@ -176,7 +193,8 @@ pub fn state_name(s: i32) -> String {
 /// The columns [`job_of_row`] reads, in its order.
 pub const JOB_COLUMNS: &str = "job_id, display_id, name, user_name, account, partition, qos, state, reason, \
     exit_code, exit_signal, submit_time, start_time, end_time, time_limit_s, suspended_ms, attempts, \
-    nodes_requested, gpus_per_node, gpu_type, mem_per_node_mb, node_list, array_job_id, array_index, work_dir";
+    nodes_requested, gpus_per_node, gpu_type, mem_per_node_mb, node_list, array_job_id, array_index, work_dir, \
+    alloc_cpus";
 
 fn ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -186,6 +204,9 @@ fn ms(t: SystemTime) -> u64 {
 /// the nodes it ran on in `ran_on`; scripts and environments are never stored).
 pub fn job_of_row(r: &tokio_postgres::Row) -> pb::Job {
     let state_text: String = r.get(7);
+    let ran_on: Vec<String> = r.get(21);
+    // The CPUs it held, as a request sacct multiplies back out.
+    let cpus_per_node = r.get::<_, i64>(25) / (ran_on.len().max(1) as i64);
     let state = pb::JobState::from_str_name(&format!("JOB_STATE_{state_text}")).unwrap_or(pb::JobState::Unspecified);
     pb::Job {
         id: r.get::<_, i64>(0) as u64,
@@ -202,6 +223,8 @@ pub fn job_of_row(r: &tokio_postgres::Row) -> pb::Job {
             gpu_type: r.get(19),
             mem_per_node_mb: Some(r.get(20)),
             workdir: r.get(24),
+            tasks_per_node: Some(1),
+            cpus_per_task: Some(cpus_per_node.max(1)),
             ..Default::default()
         }),
         state: state as i32,
@@ -213,7 +236,7 @@ pub fn job_of_row(r: &tokio_postgres::Row) -> pb::Job {
         end_time_ms: r.get::<_, Option<SystemTime>>(13).map(ms),
         suspended_ms: r.get::<_, i64>(15).max(0) as u64,
         attempt: r.get::<_, i32>(16).max(0) as u32,
-        ran_on: r.get(21),
+        ran_on,
         array_job_id: r.get::<_, Option<i64>>(22).map(|a| a as u64),
         array_index: r.get::<_, Option<i32>>(23).map(|i| i as u32),
         ..Default::default()
@@ -234,7 +257,9 @@ impl Drop for Store {
 impl Store {
     /// Connects and brings the schema to the newest version.
     pub async fn connect(url: &str) -> anyhow::Result<Store> {
-        let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        let db = config(url)?;
+        let (db, conn) = db
+            .connect(tokio_postgres::NoTls)
             .await
             .with_context(|| format!("database: cannot connect to {}", redacted(url)))?;
         let connection = tokio::spawn(async move {
@@ -250,6 +275,13 @@ impl Store {
     /// Whether the connection to the database is gone (reconnect).
     pub fn is_closed(&self) -> bool {
         self.db.is_closed()
+    }
+
+    /// Waits until this connection is the only writer: a second service
+    /// stands by here until the first one's connection ends.
+    pub async fn become_writer(&self) -> anyhow::Result<()> {
+        self.db.execute("SELECT pg_advisory_lock($1)", &[&WRITER_LOCK]).await.context("database: the writer's lock")?;
+        Ok(())
     }
 
     async fn migrate(&mut self) -> anyhow::Result<()> {
@@ -315,13 +347,13 @@ impl Store {
                 [
                     Box::new(e.index as i64),
                     Box::new(c.delivered.saturating_sub(1) as i32),
-                    Box::new(e.kind.clone()),
+                    Box::new(text(&e.kind)),
                     Box::new((e.job_id != 0).then_some(e.job_id as i64)),
                     Box::new(if e.job_id != 0 { state_name(e.state) } else { String::new() }),
                     Box::new(e.attempt as i32),
-                    Box::new(e.node.clone()),
+                    Box::new(text(&e.node)),
                     Box::new(e.gpu.map(|g| g as i32)),
-                    Box::new(e.reason.clone()),
+                    Box::new(text(&e.reason)),
                     Box::new(e.step.map(|s| s as i32)),
                 ]
             })
@@ -334,6 +366,19 @@ impl Store {
         let last_index = i64::try_from(as_of).unwrap_or(i64::MAX);
         for j in jobs {
             upsert_job(&tx, j, last_index, now_ms).await?;
+        }
+        // A job the state no longer held when read: its last event's state.
+        let read: std::collections::BTreeSet<u64> = jobs.iter().map(|j| j.id).collect();
+        let mut gone: std::collections::BTreeMap<u64, &pb::ClusterEvent> = Default::default();
+        for (e, _) in events.iter().filter(|(e, _)| e.job_id != 0 && e.step.is_none() && !read.contains(&e.job_id)) {
+            gone.insert(e.job_id, e);
+        }
+        for (id, e) in gone {
+            tx.execute(
+                "UPDATE jobs SET state = $1, last_index = $2 WHERE job_id = $3 AND last_index <= $2",
+                &[&state_name(e.state), &(e.index as i64), &(id as i64)],
+            )
+            .await?;
         }
         if let Some(c) = cursor {
             tx.execute(
@@ -386,21 +431,24 @@ async fn upsert_job(
     let s = j.spec.clone().unwrap_or_default();
     let u = usage(j, now_ms);
     let id = j.id as i64;
-    let display = if j.display_id.is_empty() { j.id.to_string() } else { j.display_id.clone() };
+    let display = if j.display_id.is_empty() { j.id.to_string() } else { text(&j.display_id) };
+    let (name, user, account, partition, qos) =
+        (text(&s.name), text(&s.user), text(&s.account), text(&s.partition), text(&s.qos));
+    let (reason, gpu_type, workdir) = (text(&j.reason), text(&s.gpu_type), text(&s.workdir));
     let node_list: Vec<String> = match j.allocation.is_empty() {
-        true => j.ran_on.clone(),
-        false => j.allocation.iter().map(|a| a.node.clone()).collect(),
+        true => j.ran_on.iter().map(|n| text(n)).collect(),
+        false => j.allocation.iter().map(|a| text(&a.node)).collect(),
     };
     let params: [&(dyn ToSql + Sync); 32] = [
         &id,
         &display,
-        &s.name,
-        &s.user,
-        &s.account,
-        &s.partition,
-        &s.qos,
+        &name,
+        &user,
+        &account,
+        &partition,
+        &qos,
         &state_name(j.state),
-        &j.reason,
+        &reason,
         &j.exit_code,
         &j.exit_signal,
         &time(j.submit_time_ms),
@@ -411,7 +459,7 @@ async fn upsert_job(
         &(j.attempt as i32),
         &s.nodes.unwrap_or(1),
         &s.gpus_per_node.unwrap_or(0),
-        &s.gpu_type,
+        &gpu_type,
         &s.mem_per_node_mb.unwrap_or(0),
         &node_list,
         &u.cpus,
@@ -422,7 +470,7 @@ async fn upsert_job(
         &u.gpu_seconds,
         &j.array_job_id.map(|a| a as i64),
         &j.array_index.map(|i| i as i32),
-        &s.workdir,
+        &workdir,
         &last_index,
     ];
     tx.execute(
@@ -457,7 +505,7 @@ async fn upsert_job(
             "INSERT INTO allocations (job_id, attempt, node, cpus, mem_mb, gpus) VALUES ($1, $2, $3, $4, $5, $6)
              ON CONFLICT (job_id, attempt, node) DO UPDATE SET cpus = EXCLUDED.cpus, mem_mb = EXCLUDED.mem_mb,
              gpus = EXCLUDED.gpus",
-            &[&id, &attempt, &a.node, &(a.cpus as i32), &i64::try_from(a.mem_mb).unwrap_or(i64::MAX), &gpus],
+            &[&id, &attempt, &text(&a.node), &(a.cpus as i32), &i64::try_from(a.mem_mb).unwrap_or(i64::MAX), &gpus],
         )
         .await?;
     }
@@ -471,8 +519,8 @@ async fn upsert_job(
                 &id,
                 &attempt,
                 &(st.id as i32),
-                &st.name,
-                &st.nodes,
+                &text(&st.name),
+                &st.nodes.iter().map(|n| text(n)).collect::<Vec<_>>(),
                 &(st.tasks as i32),
                 &time(st.start_ms),
                 &st.end_ms.map(time),
@@ -486,16 +534,32 @@ async fn upsert_job(
     Ok(())
 }
 
+/// How long connecting to the database may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The connection settings of `url`, with a connection timeout.
+pub fn config(url: &str) -> anyhow::Result<tokio_postgres::Config> {
+    let mut c: tokio_postgres::Config = url.parse().map_err(|e| anyhow::anyhow!("database: {}: {e}", redacted(url)))?;
+    c.connect_timeout(CONNECT_TIMEOUT);
+    Ok(c)
+}
+
 /// A database URL without its password, for errors and logs.
 pub fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let userinfo = &url[s + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{user}{}", &url[..s + 3], &url[at..])
-        }
-        _ => url.split_whitespace().filter(|kv| !kv.starts_with("password=")).collect::<Vec<_>>().join(" "),
+    if let Some(s) = url.find("://") {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let base = match base.rfind('@') {
+            Some(at) if at > s => {
+                let user = base[s + 3..at].split(':').next().unwrap_or("");
+                format!("{}{user}{}", &base[..s + 3], &base[at..])
+            }
+            _ => base.to_string(),
+        };
+        let kept: Vec<&str> = query.split('&').filter(|kv| !kv.is_empty() && !kv.starts_with("password=")).collect();
+        return if kept.is_empty() { base } else { format!("{base}?{}", kept.join("&")) };
     }
+    // key=value settings: anything after a password is dropped (it may be quoted, with spaces).
+    url.split_whitespace().take_while(|kv| !kv.starts_with("password=")).collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]
@@ -538,6 +602,12 @@ mod tests {
     #[test]
     fn passwords_stay_out_of_messages() {
         assert_eq!(redacted("postgres://acct:s3cret@db:5432/gangway"), "postgres://acct@db:5432/gangway");
-        assert_eq!(redacted("host=db user=acct password=s3cret dbname=g"), "host=db user=acct dbname=g");
+        assert_eq!(redacted("host=db user=acct password=s3cret dbname=g"), "host=db user=acct");
+        assert_eq!(
+            redacted("postgres://db/g?user=a&password=s3cret&sslmode=disable"),
+            "postgres://db/g?user=a&sslmode=disable"
+        );
+        assert_eq!(redacted("host=db password='a b' user=x"), "host=db");
+        assert_eq!(text("a\0b"), "a\u{fffd}b");
     }
 }

@@ -161,13 +161,28 @@ impl JobService for JobApi {
                 crate::accounting::HISTORY_ROWS_MAX
             )));
         }
-        let scope = self.replica.viewer(&ctx).history_scope();
-        let jobs = history.jobs(&msg, &scope).await.map_err(Status::unavailable)?;
+        let viewer = self.replica.viewer(&ctx);
+        let scope = viewer.history_scope();
+        let jobs = match history.jobs(&msg, &scope).await {
+            Ok(j) => j,
+            Err(crate::accounting::HistoryError::Busy) => {
+                return Err(Status::resource_exhausted(
+                    "history: this replica is answering other history queries; retry",
+                ))
+            }
+            Err(crate::accounting::HistoryError::Unavailable(why)) => {
+                tracing::warn!(error = %why, "history: the accounting database did not answer");
+                return Err(Status::unavailable(
+                    "history: the accounting database did not answer (see the replica's log)",
+                ));
+            }
+        };
         // Paged by size like a listing: the answer stays under every client's limit.
         let mut out = Vec::with_capacity(jobs.len());
         let mut bytes = 0usize;
         let mut next_after_id = 0;
-        for j in jobs {
+        for mut j in jobs {
+            j.reason = viewer.reason(&j.reason);
             let len = prost::Message::encoded_len(&j);
             if !out.is_empty() && bytes.saturating_add(len) > gangway_proto::limits::LIST_RESPONSE_BYTES_MAX {
                 next_after_id = j.id;
@@ -563,6 +578,8 @@ impl JobService for JobApi {
         let shared = self.replica.node.state();
         // Subscribe before reading what is kept, so nothing falls in between.
         let mut rx = shared.subscribe();
+        let snapshots = shared.snapshots_installed();
+        let shared_now = shared.clone();
         let start = self.replica.node.status().applied_index.unwrap_or(0);
         let backlog = if from > 0 {
             shared.events_since_matching(from, wanted).map_err(|oldest| {
@@ -606,6 +623,17 @@ impl JobService for JobApi {
                         return;
                     }
                 };
+                // A snapshot replaced the state: the events it covered were
+                // never broadcast here. End the stream; the follower resumes
+                // from its last index (on a replica that still has them).
+                if shared_now.snapshots_installed() != snapshots {
+                    let _ = tx
+                        .send(Err(Status::unavailable(
+                            "this replica loaded a snapshot; resume from the last index seen",
+                        )))
+                        .await;
+                    return;
+                }
                 match got {
                     Ok(ev) if from > 0 && ev.index() <= seen_through => continue,
                     Ok(ev) if !wanted(&ev) || !shown.event(&ev) => continue,
