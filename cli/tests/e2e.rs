@@ -1826,6 +1826,30 @@ fn accounting_stores_every_job_once_across_failures() {
     assert_eq!(mine, "900002|old-eval|mallory|FAILED|1:0|e2e-node-1|1-00:00:00|1\n", "mallory sees hers only");
     let all = sacct("root", &[&["-a", "-S", "2020-01-01"][..], &fields[..]].concat());
     assert_eq!(all.lines().count(), jobs.len() + 2, "root sees every job once, state and history merged:\n{all}");
+    // sreport sums GPU- and CPU-seconds by account and user over a range,
+    // each job's run clipped to it; a user with private jobs sees their own.
+    let sreport = |user: &str, args: &[&str]| {
+        let o = as_user(Command::new(GANGWAY).arg("sreport").args(args), user)
+            .env("GANGWAY_ENDPOINTS", &endpoints)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "sreport {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o)
+    };
+    let report = ["-P", "-n", "-t", "seconds", "cluster", "AccountUtilizationByUser", "start=now-4days", "end=now"];
+    let gpu = sreport("root", &[&["--tres=gres/gpu"][..], &report[..]].concat());
+    let lines: Vec<Vec<&str>> = gpu.lines().map(|l| l.split('|').collect()).collect();
+    let used = |login: &str| -> u64 {
+        lines.iter().find(|c| c[2] == login).map(|c| c[4].parse().unwrap()).unwrap_or_else(|| panic!("{login}: {gpu}"))
+    };
+    // 900001 held 16 GPUs for a day; the `sleep 1` jobs 2 GPUs for about a second each.
+    assert!((1_382_400..1_382_400 + 600).contains(&used("root")), "{gpu}");
+    assert_eq!(used("mallory"), 0, "{gpu}");
+    assert_eq!(used(""), used("root") + used("mallory"), "the account line is its users' sum: {gpu}");
+    let theirs = sreport("mallory", &report);
+    let want = "gangway|root|||86400|0\ngangway|root|mallory|mallory|86400|0\n";
+    assert_eq!(theirs, want, "mallory's own usage only");
     // The outage was real: the service saw its writes fail and went on.
     let log = std::fs::read_to_string(dir.path().join("accounting.log")).unwrap();
     assert!(log.contains("retrying"), "the database outage was never noticed:\n{log}");

@@ -15,6 +15,7 @@ pub mod scancel;
 pub mod scontrol;
 pub mod sinfo;
 pub mod squeue;
+pub mod sreport;
 pub mod srun;
 
 use gangway_proto::client::Client;

@@ -83,6 +83,34 @@ impl History {
         Ok(client)
     }
 
+    /// Usage by account and user within `req`'s range, as `scope` may see it.
+    pub async fn usage(&self, req: &pb::UsageRequest, scope: &Scope) -> Result<Vec<pb::UsageRow>, HistoryError> {
+        let Ok(_permit) = self.queries.try_acquire() else { return Err(HistoryError::Busy) };
+        let run = async {
+            let db = self.client().await?;
+            let (sql, params) = usage_sql(req, scope);
+            let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
+            let rows = db.query(&sql, &refs).await.map_err(|e| e.to_string())?;
+            Ok(rows
+                .iter()
+                .map(|r| pb::UsageRow {
+                    account: r.get(0),
+                    user: r.get(1),
+                    cpu_seconds: r.get(2),
+                    gpu_seconds: r.get(3),
+                    jobs: r.get::<_, i64>(4).max(0) as u64,
+                })
+                .collect())
+        };
+        match tokio::time::timeout(QUERY_TIMEOUT, run).await {
+            Ok(r) => r.map_err(HistoryError::Unavailable),
+            Err(_) => {
+                *self.db.lock().await = None;
+                Err(HistoryError::Unavailable(format!("no answer within {} s", QUERY_TIMEOUT.as_secs())))
+            }
+        }
+    }
+
     async fn query(&self, req: &pb::HistoryRequest, scope: &Scope) -> Result<Vec<pb::Job>, String> {
         let db = self.client().await?;
         let (sql, params) = history_sql(req, scope);
@@ -143,6 +171,43 @@ pub fn history_sql(req: &pb::HistoryRequest, scope: &Scope) -> (String, Vec<Para
     let limit = bind(Box::new(i64::from(limit)));
     let filter = if clauses.is_empty() { String::new() } else { format!("WHERE {}", clauses.join(" AND ")) };
     (format!("SELECT {} FROM jobs {filter} ORDER BY job_id DESC LIMIT {limit}", store::JOB_COLUMNS), params)
+}
+
+/// Rows of one usage answer at most (account and user pairs).
+pub const USAGE_ROWS_MAX: i64 = 10_000;
+
+/// The usage query: each job's run clipped to the range, times the CPUs and
+/// GPUs it held; every value a bound parameter.
+pub fn usage_sql(req: &pb::UsageRequest, scope: &Scope) -> (String, Vec<Param>) {
+    let mut params: Vec<Param> = vec![Box::new(store::time(req.start_ms)), Box::new(store::time(req.end_ms))];
+    let mut clauses =
+        vec!["start_time IS NOT NULL".to_string(), "start_time < $2".into(), "COALESCE(end_time, now()) > $1".into()];
+    let bind = |p: Param, params: &mut Vec<Param>| {
+        params.push(p);
+        format!("${}", params.len())
+    };
+    if let Scope::Own { user, accounts } = scope {
+        let u = bind(Box::new(user.clone()), &mut params);
+        let a = bind(Box::new(accounts.clone()), &mut params);
+        clauses.push(format!("(user_name = {u} OR account = ANY({a}))"));
+    }
+    if !req.accounts.is_empty() {
+        let p = bind(Box::new(req.accounts.clone()), &mut params);
+        clauses.push(format!("account = ANY({p})"));
+    }
+    if !req.users.is_empty() {
+        let p = bind(Box::new(req.users.clone()), &mut params);
+        clauses.push(format!("user_name = ANY({p})"));
+    }
+    let limit = bind(Box::new(USAGE_ROWS_MAX), &mut params);
+    let sql = format!(
+        "SELECT account, user_name, sum(alloc_cpus * secs)::float8, sum(alloc_gpus * secs)::float8, count(*) FROM \
+         (SELECT account, user_name, alloc_cpus, alloc_gpus, GREATEST(0, EXTRACT(EPOCH FROM \
+         LEAST(COALESCE(end_time, now()), $2) - GREATEST(start_time, $1)))::float8 AS secs \
+         FROM jobs WHERE {}) t GROUP BY account, user_name ORDER BY account, user_name LIMIT {limit}",
+        clauses.join(" AND ")
+    );
+    (sql, params)
 }
 
 #[cfg(test)]

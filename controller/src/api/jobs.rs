@@ -147,6 +147,30 @@ impl JobService for JobApi {
         }
     }
 
+    async fn usage(&self, req: Request<UsageRequest>) -> Result<Response<UsageResponse>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        let Some(history) = self.replica.history.as_ref() else {
+            return Err(Status::failed_precondition(
+                "usage: this replica has no accounting database (gangway controller --accounting-database)",
+            ));
+        };
+        let msg = req.into_inner();
+        if msg.end_ms <= msg.start_ms {
+            return Err(Status::invalid_argument("end_ms: must be after start_ms"));
+        }
+        let scope = self.replica.viewer(&ctx).history_scope();
+        match history.usage(&msg, &scope).await {
+            Ok(rows) => Ok(Response::new(UsageResponse { rows })),
+            Err(crate::accounting::HistoryError::Busy) => {
+                Err(Status::resource_exhausted("usage: this replica is answering other history queries; retry"))
+            }
+            Err(crate::accounting::HistoryError::Unavailable(why)) => {
+                tracing::warn!(error = %why, "usage: the accounting database did not answer");
+                Err(Status::unavailable("usage: the accounting database did not answer (see the replica's log)"))
+            }
+        }
+    }
+
     async fn history(&self, req: Request<HistoryRequest>) -> Result<Response<ListJobsResponse>, Status> {
         let ctx = self.replica.ctx(&req)?;
         let Some(history) = self.replica.history.as_ref() else {
