@@ -60,10 +60,9 @@ pub async fn queue(client: &Client, out: &Output, a: QueueArgs) -> anyhow::Resul
     let states: Vec<i32> = if states.is_empty() && !suspended && !a.all {
         crate::slurm::LIVE_STATES.to_vec()
     } else {
-        let named = states.iter().map(|s| {
-            pb::JobState::from_str_name(&format!("JOB_STATE_{}", s.as_str())).unwrap_or(pb::JobState::Unspecified)
-                as i32
-        });
+        let named = states
+            .iter()
+            .map(|s| gangway_proto::job_state_named(s.as_str()).unwrap_or(pb::JobState::Unspecified) as i32);
         named.chain(suspended.then_some(pb::JobState::Suspended as i32)).collect()
     };
     let req = pb::ListJobsRequest {

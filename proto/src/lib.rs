@@ -111,3 +111,27 @@ mod tests {
         assert_eq!(ReplicaRole::parse("Leader"), None, "roles are lower case on the wire");
     }
 }
+
+/// A job state's name as Slurm prints it (`PENDING`, `NODE_FAIL`; `UNKNOWN`
+/// for an unset or unknown value): what sacct, the console and the
+/// accounting database show and store.
+pub fn job_state_name(s: i32) -> &'static str {
+    use v1::JobState;
+    match JobState::try_from(s).unwrap_or(JobState::Unspecified) {
+        JobState::Pending => "PENDING",
+        JobState::Running => "RUNNING",
+        JobState::Completed => "COMPLETED",
+        JobState::Failed => "FAILED",
+        JobState::Cancelled => "CANCELLED",
+        JobState::Timeout => "TIMEOUT",
+        JobState::NodeFail => "NODE_FAIL",
+        JobState::Deadline => "DEADLINE",
+        JobState::Suspended => "SUSPENDED",
+        JobState::Unspecified => "UNKNOWN",
+    }
+}
+
+/// The state a [`job_state_name`] names.
+pub fn job_state_named(name: &str) -> Option<v1::JobState> {
+    v1::JobState::from_str_name(&format!("JOB_STATE_{name}")).filter(|s| *s != v1::JobState::Unspecified)
+}

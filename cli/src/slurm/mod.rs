@@ -45,20 +45,7 @@ pub fn state_code(s: i32) -> &'static str {
 }
 
 /// Slurm's state name.
-pub fn state_name(s: i32) -> &'static str {
-    match pb::JobState::try_from(s).unwrap_or(pb::JobState::Unspecified) {
-        pb::JobState::Pending => "PENDING",
-        pb::JobState::Running => "RUNNING",
-        pb::JobState::Completed => "COMPLETED",
-        pb::JobState::Failed => "FAILED",
-        pb::JobState::Cancelled => "CANCELLED",
-        pb::JobState::Timeout => "TIMEOUT",
-        pb::JobState::NodeFail => "NODE_FAIL",
-        pb::JobState::Deadline => "DEADLINE",
-        pb::JobState::Suspended => "SUSPENDED",
-        pb::JobState::Unspecified => "UNKNOWN",
-    }
-}
+pub use gangway_proto::job_state_name as state_name;
 
 /// The states of jobs that have not ended, as the queue lists them by
 /// default: pending, running and suspended.

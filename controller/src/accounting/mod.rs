@@ -54,8 +54,35 @@ impl History {
 
     /// Finished jobs matching `req` that `scope` may read, newest first.
     pub async fn jobs(&self, req: &pb::HistoryRequest, scope: &Scope) -> Result<Vec<pb::Job>, HistoryError> {
+        let rows = self.run(history_sql(req, scope)).await?;
+        Ok(rows.iter().map(store::job_of_row).collect())
+    }
+
+    /// Usage by account and user within `req`'s range, as `scope` may see it.
+    pub async fn usage(&self, req: &pb::UsageRequest, scope: &Scope) -> Result<Vec<pb::UsageRow>, HistoryError> {
+        let rows = self.run(usage_sql(req, scope)).await?;
+        Ok(rows
+            .iter()
+            .map(|r| pb::UsageRow {
+                account: r.get(0),
+                user: r.get(1),
+                cpu_seconds: r.get(2),
+                gpu_seconds: r.get(3),
+                jobs: r.get::<_, i64>(4).max(0) as u64,
+            })
+            .collect())
+    }
+
+    /// Runs one query: at most [`HISTORY_QUERIES_MAX`] at once, each within
+    /// [`QUERY_TIMEOUT`].
+    async fn run(&self, (sql, params): (String, Vec<Param>)) -> Result<Vec<tokio_postgres::Row>, HistoryError> {
         let Ok(_permit) = self.queries.try_acquire() else { return Err(HistoryError::Busy) };
-        match tokio::time::timeout(QUERY_TIMEOUT, self.query(req, scope)).await {
+        let query = async {
+            let db = self.client().await?;
+            let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
+            db.query(&sql, &refs).await.map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(QUERY_TIMEOUT, query).await {
             Ok(r) => r.map_err(HistoryError::Unavailable),
             Err(_) => {
                 // A connection that hangs (a half-open socket) is not used again.
@@ -81,42 +108,6 @@ impl History {
         let client = std::sync::Arc::new(client);
         *slot = Some(client.clone());
         Ok(client)
-    }
-
-    /// Usage by account and user within `req`'s range, as `scope` may see it.
-    pub async fn usage(&self, req: &pb::UsageRequest, scope: &Scope) -> Result<Vec<pb::UsageRow>, HistoryError> {
-        let Ok(_permit) = self.queries.try_acquire() else { return Err(HistoryError::Busy) };
-        let run = async {
-            let db = self.client().await?;
-            let (sql, params) = usage_sql(req, scope);
-            let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
-            let rows = db.query(&sql, &refs).await.map_err(|e| e.to_string())?;
-            Ok(rows
-                .iter()
-                .map(|r| pb::UsageRow {
-                    account: r.get(0),
-                    user: r.get(1),
-                    cpu_seconds: r.get(2),
-                    gpu_seconds: r.get(3),
-                    jobs: r.get::<_, i64>(4).max(0) as u64,
-                })
-                .collect())
-        };
-        match tokio::time::timeout(QUERY_TIMEOUT, run).await {
-            Ok(r) => r.map_err(HistoryError::Unavailable),
-            Err(_) => {
-                *self.db.lock().await = None;
-                Err(HistoryError::Unavailable(format!("no answer within {} s", QUERY_TIMEOUT.as_secs())))
-            }
-        }
-    }
-
-    async fn query(&self, req: &pb::HistoryRequest, scope: &Scope) -> Result<Vec<pb::Job>, String> {
-        let db = self.client().await?;
-        let (sql, params) = history_sql(req, scope);
-        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
-        let rows = db.query(&sql, &refs).await.map_err(|e| e.to_string())?;
-        Ok(rows.iter().map(store::job_of_row).collect())
     }
 }
 
@@ -148,7 +139,7 @@ pub fn history_sql(req: &pb::HistoryRequest, scope: &Scope) -> (String, Vec<Para
         }
     }
     if !req.states.is_empty() {
-        let names: Vec<String> = req.states.iter().map(|s| store::state_name(*s)).collect();
+        let names: Vec<String> = req.states.iter().map(|s| gangway_proto::job_state_name(*s).to_string()).collect();
         let p = bind(Box::new(names));
         clauses.push(format!("state = ANY({p})"));
     }

@@ -186,10 +186,6 @@ pub fn is_data_error(e: &anyhow::Error) -> bool {
 /// The advisory lock only the one writing service holds (others stand by).
 const WRITER_LOCK: i64 = 0x6761_6e67_7761_7901;
 
-pub fn state_name(s: i32) -> String {
-    pb::JobState::try_from(s).map_or("UNKNOWN", |s| s.as_str_name()).trim_start_matches("JOB_STATE_").to_string()
-}
-
 /// The columns [`job_of_row`] reads, in its order.
 pub const JOB_COLUMNS: &str = "job_id, display_id, name, user_name, account, partition, qos, state, reason, \
     exit_code, exit_signal, submit_time, start_time, end_time, time_limit_s, suspended_ms, attempts, \
@@ -207,7 +203,7 @@ pub fn job_of_row(r: &tokio_postgres::Row) -> pb::Job {
     let ran_on: Vec<String> = r.get(21);
     // The CPUs it held, as a request sacct multiplies back out.
     let cpus_per_node = r.get::<_, i64>(25) / (ran_on.len().max(1) as i64);
-    let state = pb::JobState::from_str_name(&format!("JOB_STATE_{state_text}")).unwrap_or(pb::JobState::Unspecified);
+    let state = gangway_proto::job_state_named(&state_text).unwrap_or(pb::JobState::Unspecified);
     pb::Job {
         id: r.get::<_, i64>(0) as u64,
         display_id: r.get(1),
@@ -349,7 +345,7 @@ impl Store {
                     Box::new(c.delivered.saturating_sub(1) as i32),
                     Box::new(text(&e.kind)),
                     Box::new((e.job_id != 0).then_some(e.job_id as i64)),
-                    Box::new(if e.job_id != 0 { state_name(e.state) } else { String::new() }),
+                    Box::new(if e.job_id != 0 { gangway_proto::job_state_name(e.state) } else { "" }.to_string()),
                     Box::new(e.attempt as i32),
                     Box::new(text(&e.node)),
                     Box::new(e.gpu.map(|g| g as i32)),
@@ -376,7 +372,7 @@ impl Store {
         for (id, e) in gone {
             tx.execute(
                 "UPDATE jobs SET state = $1, last_index = $2 WHERE job_id = $3 AND last_index <= $2",
-                &[&state_name(e.state), &(e.index as i64), &(id as i64)],
+                &[&gangway_proto::job_state_name(e.state), &(e.index as i64), &(id as i64)],
             )
             .await?;
         }
@@ -447,7 +443,7 @@ async fn upsert_job(
         &account,
         &partition,
         &qos,
-        &state_name(j.state),
+        &gangway_proto::job_state_name(j.state).to_string(),
         &reason,
         &j.exit_code,
         &j.exit_signal,
@@ -524,7 +520,7 @@ async fn upsert_job(
                 &(st.tasks as i32),
                 &time(st.start_ms),
                 &st.end_ms.map(time),
-                &state_name(st.state),
+                &gangway_proto::job_state_name(st.state),
                 &st.exit_code,
                 &st.signal,
             ],

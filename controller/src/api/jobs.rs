@@ -28,6 +28,30 @@ pub struct JobApi {
     pub replica: Arc<Replica>,
 }
 
+impl JobApi {
+    /// The accounting database `what` reads, if this replica has one.
+    fn history(&self, what: &str) -> Result<&crate::accounting::History, Status> {
+        self.replica.history.as_ref().ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "{what}: this replica has no accounting database (gangway controller --accounting-database)"
+            ))
+        })
+    }
+}
+
+/// A failed history query as the caller sees it (the detail goes to the log).
+fn history_status(what: &str, e: crate::accounting::HistoryError) -> Status {
+    match e {
+        crate::accounting::HistoryError::Busy => {
+            Status::resource_exhausted(format!("{what}: this replica is answering other history queries; retry"))
+        }
+        crate::accounting::HistoryError::Unavailable(why) => {
+            tracing::warn!(error = %why, "{what}: the accounting database did not answer");
+            Status::unavailable(format!("{what}: the accounting database did not answer (see the replica's log)"))
+        }
+    }
+}
+
 type WatchStream = Pin<Box<dyn Stream<Item = Result<JobEvent, Status>> + Send>>;
 
 impl JobApi {
@@ -149,35 +173,19 @@ impl JobService for JobApi {
 
     async fn usage(&self, req: Request<UsageRequest>) -> Result<Response<UsageResponse>, Status> {
         let ctx = self.replica.ctx(&req)?;
-        let Some(history) = self.replica.history.as_ref() else {
-            return Err(Status::failed_precondition(
-                "usage: this replica has no accounting database (gangway controller --accounting-database)",
-            ));
-        };
+        let history = self.history("usage")?;
         let msg = req.into_inner();
         if msg.end_ms <= msg.start_ms {
             return Err(Status::invalid_argument("end_ms: must be after start_ms"));
         }
         let scope = self.replica.viewer(&ctx).history_scope();
-        match history.usage(&msg, &scope).await {
-            Ok(rows) => Ok(Response::new(UsageResponse { rows })),
-            Err(crate::accounting::HistoryError::Busy) => {
-                Err(Status::resource_exhausted("usage: this replica is answering other history queries; retry"))
-            }
-            Err(crate::accounting::HistoryError::Unavailable(why)) => {
-                tracing::warn!(error = %why, "usage: the accounting database did not answer");
-                Err(Status::unavailable("usage: the accounting database did not answer (see the replica's log)"))
-            }
-        }
+        let rows = history.usage(&msg, &scope).await.map_err(|e| history_status("usage", e))?;
+        Ok(Response::new(UsageResponse { rows }))
     }
 
     async fn history(&self, req: Request<HistoryRequest>) -> Result<Response<ListJobsResponse>, Status> {
         let ctx = self.replica.ctx(&req)?;
-        let Some(history) = self.replica.history.as_ref() else {
-            return Err(Status::failed_precondition(
-                "history: this replica has no accounting database (gangway controller --accounting-database)",
-            ));
-        };
+        let history = self.history("history")?;
         let msg = req.into_inner();
         if msg.limit > crate::accounting::HISTORY_ROWS_MAX {
             return Err(Status::invalid_argument(format!(
@@ -187,20 +195,7 @@ impl JobService for JobApi {
         }
         let viewer = self.replica.viewer(&ctx);
         let scope = viewer.history_scope();
-        let jobs = match history.jobs(&msg, &scope).await {
-            Ok(j) => j,
-            Err(crate::accounting::HistoryError::Busy) => {
-                return Err(Status::resource_exhausted(
-                    "history: this replica is answering other history queries; retry",
-                ))
-            }
-            Err(crate::accounting::HistoryError::Unavailable(why)) => {
-                tracing::warn!(error = %why, "history: the accounting database did not answer");
-                return Err(Status::unavailable(
-                    "history: the accounting database did not answer (see the replica's log)",
-                ));
-            }
-        };
+        let jobs = history.jobs(&msg, &scope).await.map_err(|e| history_status("history", e))?;
         // Paged by size like a listing: the answer stays under every client's limit.
         let mut out = Vec::with_capacity(jobs.len());
         let mut bytes = 0usize;

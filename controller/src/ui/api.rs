@@ -428,9 +428,7 @@ async fn events(console: &Console, who: &Who) -> Response {
 }
 
 fn job_state(s: i32) -> String {
-    JobState::try_from(s)
-        .map(|s| s.as_str_name().trim_start_matches("JOB_STATE_").to_string())
-        .unwrap_or_else(|_| "UNKNOWN".into())
+    gangway_proto::job_state_name(s).to_string()
 }
 
 pub(super) fn job_json(j: &pb::Job) -> Value {

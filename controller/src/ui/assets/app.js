@@ -297,7 +297,7 @@ function eventItem(ev) {
     el('span', { class: 'muted' }, (ev.time_ms ? new Date(ev.time_ms).toLocaleTimeString() + ' ' : '') + '#' + ev.index + ' '),
     ev.job_id ? [jobLink(ev.job_id, 'job ' + ev.job_id), ' '] : null,
     el('b', {}, ev.kind.replace(/_/g, ' ')), ' ',
-    ev.state && ev.state !== 'UNSPECIFIED' ? badge(ev.state) : null,
+    ev.state && ev.state !== 'UNKNOWN' ? badge(ev.state) : null,
     ev.node ? ' on ' + ev.node + (ev.gpu !== null && ev.gpu !== undefined ? ' GPU ' + ev.gpu : '') : '',
     ev.reason ? el('span', { class: 'muted' }, ' ' + ev.reason) : null);
 }
