@@ -855,6 +855,7 @@ async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> any
         gangway_node_agent::AgentConfig {
             identity: "bench".into(),
             gpu_fault_file: None,
+            gpu_load_file: None,
             ..gangway_node_agent::AgentConfig::simulated(cluster.endpoints(), &name, state_dir)
         }
     });

@@ -385,6 +385,7 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
                 reason: e.reason.clone(),
                 lost: e.lost,
                 peak_mem_mb: None,
+                usage: None,
             };
             let sent = client
                 .call(|ch| {

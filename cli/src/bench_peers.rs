@@ -734,6 +734,7 @@ impl GangwayBatch {
                 mem_mb: 16_000,
                 security: gangway_proto::tls::Security::Tls(creds),
                 gpu_fault_file: None,
+                gpu_load_file: None,
                 ..gangway_node_agent::AgentConfig::simulated(cluster.endpoints(), name, state_dir)
             });
         }

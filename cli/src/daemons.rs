@@ -317,6 +317,11 @@ pub struct AgentArgs {
     /// failing GPU (default with --fake-gpus: STATE_DIR/gpu-faults).
     #[arg(long)]
     gpu_fault_file: Option<PathBuf>,
+    /// Simulated GPUs' load is read from this file, one `INDEX UTIL_PCT
+    /// [MEM_MB]` line per busy GPU, and sampled into each job's usage like
+    /// NVML's readings (default with --fake-gpus: STATE_DIR/gpu-load).
+    #[arg(long)]
+    gpu_load_file: Option<PathBuf>,
     /// Seconds a failed GPU must stay healthy before it returns to service.
     #[arg(long, default_value_t = 60)]
     gpu_hold_down_s: u64,
@@ -407,6 +412,7 @@ pub async fn agent(a: AgentArgs, identity: &str, tls: &crate::tls::TlsArgs) -> a
         }
     });
     let gpu_fault_file = a.gpu_fault_file.or_else(|| simulated.then(|| state_dir.join("gpu-faults")));
+    let gpu_load_file = a.gpu_load_file.or_else(|| simulated.then(|| state_dir.join("gpu-load")));
     let me = gangway_proto::tls::Principal::new(gangway_proto::tls::Role::Agent, &name)
         .map_err(|e| anyhow::anyhow!("name: {e}"))?;
     let security = tls.for_daemon(&me)?;
@@ -432,6 +438,7 @@ pub async fn agent(a: AgentArgs, identity: &str, tls: &crate::tls::TlsArgs) -> a
         allow_root_jobs: a.allow_root_jobs,
         stop_grace: gangway_node_agent::supervisor::STOP_GRACE_DEFAULT,
         gpu_fault_file,
+        gpu_load_file,
         gpu_hold_down: std::time::Duration::from_secs(a.gpu_hold_down_s),
         nvml,
         shim: Some(std::env::current_exe().context("finding the gangway binary for task-shim")?),

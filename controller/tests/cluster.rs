@@ -535,6 +535,7 @@ async fn silent_node_goes_down_and_failover_causes_no_false_alarm() {
             gpus: gangway_node_agent::inventory::parse_fake_gpus("2xh100-80gb", "alive").unwrap(),
             stop_grace: Duration::from_secs(1),
             gpu_fault_file: None,
+            gpu_load_file: None,
             ..gangway_node_agent::AgentConfig::simulated(eps, "alive", agent_dir.path().to_path_buf())
         },
         async {

@@ -24,6 +24,7 @@ pub mod steps;
 pub mod supervisor;
 pub mod telemetry;
 pub mod terminal;
+pub mod usage;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -58,6 +59,8 @@ pub struct AgentConfig {
     pub stop_grace: Duration,
     /// The simulated GPU provider's fault file (see `health.rs`).
     pub gpu_fault_file: Option<std::path::PathBuf>,
+    /// The simulated GPUs' load file (see `usage.rs`), sampled into jobs' usage.
+    pub gpu_load_file: Option<std::path::PathBuf>,
     /// How long a failed GPU must stay healthy before it is reported recovered.
     pub gpu_hold_down: Duration,
     /// NVML, when the GPUs are real (their health is then checked every heartbeat).
@@ -178,6 +181,7 @@ impl AgentConfig {
             security: gangway_proto::tls::Security::Insecure,
             allow_root_jobs: true,
             gpu_fault_file: Some(state_dir.join("gpu-faults")),
+            gpu_load_file: Some(state_dir.join("gpu-load")),
             state_dir,
             stop_grace: supervisor::STOP_GRACE_DEFAULT,
             gpu_hold_down: GPU_HOLD_DOWN_DEFAULT,
@@ -339,6 +343,13 @@ impl Shell {
             reason: exit.reason.clone(),
             lost: exit.lost,
             peak_mem_mb: exit.peak_mem_mb,
+            usage: exit.usage.map(|u| gangway_proto::v1::TaskUsage {
+                cpu_ms: u.cpu_ms,
+                mem_peak_mb: u.mem_peak_mb,
+                gpu_samples: u.gpu_samples,
+                gpu_util_pct_sum: u.gpu_util_pct_sum,
+                gpu_mem_peak_mb: u.gpu_mem_peak_mb,
+            }),
         }
     }
 }
@@ -351,6 +362,13 @@ fn exit_from_report(r: TaskExitReport) -> Exit {
         reason: r.reason,
         lost: r.lost,
         peak_mem_mb: r.peak_mem_mb,
+        usage: r.usage.map(|u| gangway_core::model::TaskUsage {
+            cpu_ms: u.cpu_ms,
+            mem_peak_mb: u.mem_peak_mb,
+            gpu_samples: u.gpu_samples,
+            gpu_util_pct_sum: u.gpu_util_pct_sum,
+            gpu_mem_peak_mb: u.gpu_mem_peak_mb,
+        }),
     }
 }
 
@@ -437,6 +455,12 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         config.shim.clone(),
     );
     tasks.allow_root_jobs = config.allow_root_jobs;
+    let gpu_source = match (&config.nvml, &config.gpu_load_file) {
+        (Some(nvml), _) => usage::GpuSource::Nvml(nvml.clone()),
+        (None, Some(file)) => usage::GpuSource::File(file.clone()),
+        (None, None) => usage::GpuSource::None,
+    };
+    tasks.usage = Some(std::sync::Arc::new(usage::Sampler::new(gpu_source, config.gpus.len())));
     if !nix::unistd::geteuid().is_root() {
         let me = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name);
         tracing::warn!(

@@ -64,6 +64,53 @@ fn exit_report(
         },
         lost: found.is_none(),
         peak_mem_mb,
+        usage: None,
+    }
+}
+
+/// Samples a task's use (see `crate::usage`) until its main process `pid`
+/// ends, and then, before it is reaped, reads the CPU time of its whole
+/// waited-for tree. Without a pidfd (a kernel before 5.3) nothing is
+/// measured and the caller just waits.
+async fn measure_until_exit(
+    pid: i32,
+    pgid: Pid,
+    steps: &crate::steps::StepGroups,
+    sampler: &Arc<crate::usage::Sampler>,
+    meter: &mut crate::usage::Meter,
+) -> Option<u64> {
+    let raw = rustix::process::Pid::from_raw(pid)?;
+    let pidfd = rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()).ok()?;
+    // Deprecated because a registered fd that its owner closes meanwhile is
+    // unsound; this one is an `OwnedFd` the AsyncFd itself owns, closed only
+    // when it is dropped (`register`, the replacement, is an unsafe fn).
+    #[allow(deprecated)]
+    let ended = tokio::io::unix::AsyncFd::with_interest(pidfd, tokio::io::Interest::READABLE).ok()?;
+    let mut next = crate::usage::FIRST_SAMPLE;
+    // Bounded by the task's life: one sample per interval until it ends.
+    loop {
+        tokio::select! {
+            _ = ended.readable() => break,
+            _ = tokio::time::sleep(next) => {
+                let s = sampler.clone();
+                if let Ok(snap) = tokio::task::spawn_blocking(move || s.snapshot()).await {
+                    let groups: Vec<i32> = task_groups(pgid, steps).iter().map(|g| g.as_raw()).collect();
+                    meter.observe(&snap, &groups);
+                }
+                next = crate::usage::SAMPLE_INTERVAL;
+            }
+        }
+    }
+    crate::usage::ended_tree_ticks(pid)
+}
+
+fn usage_to_proto(u: gangway_core::model::TaskUsage) -> gangway_proto::v1::TaskUsage {
+    gangway_proto::v1::TaskUsage {
+        cpu_ms: u.cpu_ms,
+        mem_peak_mb: u.mem_peak_mb,
+        gpu_samples: u.gpu_samples,
+        gpu_util_pct_sum: u.gpu_util_pct_sum,
+        gpu_mem_peak_mb: u.gpu_mem_peak_mb,
     }
 }
 
@@ -436,6 +483,8 @@ pub struct Supervisor {
     pub step_ca_pem: Option<String>,
     /// When suspended tasks were last looked over ([`Supervisor::keep_suspended`]).
     suspend_checked: Instant,
+    /// Measures what tasks use (None: not measured).
+    pub usage: Option<Arc<crate::usage::Sampler>>,
 }
 
 /// The agent's directories on a job's path (the state dir, its scripts and
@@ -576,6 +625,7 @@ impl Supervisor {
             allow_root_jobs: false,
             step_ca_pem: None,
             suspend_checked: Instant::now(),
+            usage: None,
         };
         (s, rx)
     }
@@ -1058,8 +1108,13 @@ impl Supervisor {
         let (tx, node, exit, record) =
             (self.exits_tx.clone(), self.node.clone(), self.exit_path(key), self.record_path(key));
         let grace = self.stop_grace;
+        let (sampler, mut meter) = (self.usage.clone(), crate::usage::Meter::new(&order.gpus));
         tokio::spawn(async move {
             use std::os::unix::process::ExitStatusExt;
+            let tree_ticks = match &sampler {
+                Some(sampler) => measure_until_exit(pid as i32, pgid, &steps, sampler, &mut meter).await,
+                None => None,
+            };
             let result = child.wait().await;
             end_leftovers(|| task_groups(pgid, &steps), &stopping, grace).await;
             let peak_mem_mb = cgroup.as_deref().and_then(crate::cgroup::Cgroups::peak_mb);
@@ -1067,7 +1122,8 @@ impl Supervisor {
                 crate::cgroup::Cgroups::kill(dir); // anything the task left behind
                 crate::cgroup::Cgroups::remove(dir);
             }
-            let report = match result {
+            let usage = sampler.as_ref().map(|s| usage_to_proto(meter.finish(s, tree_ticks, peak_mem_mb)));
+            let mut report = match result {
                 Ok(status) => {
                     exit_report(&node, key, &exit, &record, Some((status.code(), status.signal())), peak_mem_mb)
                 }
@@ -1080,8 +1136,10 @@ impl Supervisor {
                     reason: format!("lost track of the task: {e}"),
                     lost: false,
                     peak_mem_mb,
+                    usage: None,
                 },
             };
+            report.usage = usage;
             let _ = tx.send(report).await;
         });
         Ok(())

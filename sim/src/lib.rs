@@ -925,6 +925,7 @@ impl World {
                     reason: e.reason,
                     lost: e.lost,
                     peak_mem_mb: None,
+                    usage: e.usage,
                     now_ms: self.now,
                 };
                 self.propose(cmd, ReplyTo::Agent { node, call, resp: Resp::ExitAck });

@@ -80,17 +80,19 @@ pub struct Exit {
     /// The node lost the task (cut off, agent restarted): requeue per policy.
     pub lost: bool,
     pub peak_mem_mb: Option<u64>,
+    /// What the task used, where the agent measured it.
+    pub usage: Option<crate::model::TaskUsage>,
 }
 
 impl Exit {
     /// A task that ran and ended with `exit_code` or by `signal`.
     pub fn ended(task: TaskKey, exit_code: Option<i32>, signal: Option<i32>) -> Exit {
-        Exit { task, exit_code, signal, reason: String::new(), lost: false, peak_mem_mb: None }
+        Exit { task, exit_code, signal, reason: String::new(), lost: false, peak_mem_mb: None, usage: None }
     }
 
     /// A task that never ran here, and why (`lost`: the node's fault).
     pub fn not_run(task: TaskKey, reason: String, lost: bool) -> Exit {
-        Exit { task, exit_code: None, signal: None, reason, lost, peak_mem_mb: None }
+        Exit { task, exit_code: None, signal: None, reason, lost, peak_mem_mb: None, usage: None }
     }
 
     fn clean(&self) -> bool {

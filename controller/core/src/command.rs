@@ -8,10 +8,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{JobId, JobState, NodeAllocation};
+use std::collections::BTreeMap;
+
+use crate::model::{JobId, JobState, NodeAllocation, TaskUsage};
 use crate::policy::{ClusterPolicy, PreemptMode};
 use crate::reservation::ReservationChange;
 use crate::spec::{JobSpec, NodeSpec};
+use crate::state::UsageBucket;
 
 /// One gang placement in a plan: the whole allocation for the job's next attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,6 +102,8 @@ pub enum Command {
         lost: bool,
         /// Peak memory of the task, where the node could measure it.
         peak_mem_mb: Option<u64>,
+        /// What the task used, as its agent measured it. Since format 13.
+        usage: Option<TaskUsage>,
         now_ms: u64,
     },
     /// One GPU's health changed: quarantined GPUs get no new work, and the job
@@ -177,6 +182,15 @@ pub enum Command {
         step_id: u32,
         exit_code: Option<i32>,
         signal: Option<i32>,
+        now_ms: u64,
+    },
+    /// Replaces the historical usage behind fair share with `usage` (account
+    /// → buckets, oldest first), rebuilt from the accounting store after a
+    /// disaster restore (`gangway accounting rebuild-fairshare`). Admins only.
+    /// Since format 13.
+    RestoreUsage {
+        usage: BTreeMap<String, Vec<UsageBucket>>,
+        identity: String,
         now_ms: u64,
     },
 }
@@ -302,7 +316,8 @@ impl Command {
             | Command::SetDataFormat { now_ms, .. }
             | Command::ChangeReservation { now_ms, .. }
             | Command::StepStarted { now_ms, .. }
-            | Command::StepEnded { now_ms, .. } => *now_ms,
+            | Command::StepEnded { now_ms, .. }
+            | Command::RestoreUsage { now_ms, .. } => *now_ms,
         }
     }
 
@@ -325,6 +340,7 @@ impl Command {
             Command::ChangeReservation { .. } => "change_reservation",
             Command::StepStarted { .. } => "step_started",
             Command::StepEnded { .. } => "step_ended",
+            Command::RestoreUsage { .. } => "restore_usage",
         }
     }
 }

@@ -27,7 +27,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::command::Command;
-use crate::compat::{v10, v11, v4, v5, v8};
+use crate::compat::{v10, v11, v12, v4, v5, v8};
 use crate::policy::PreemptMode;
 
 /// The format every log starts in: a new cluster's first entries are written
@@ -36,7 +36,7 @@ pub const FORMAT_BASE: u32 = 4;
 /// The oldest format this build reads (log entries, snapshots, stores).
 pub const FORMAT_OLDEST: u32 = 4;
 /// The newest format this build reads and, once every replica can, writes.
-pub const FORMAT_NEWEST: u32 = 12;
+pub const FORMAT_NEWEST: u32 = 13;
 
 /// Format 7 changed no encoding, only a rule of `apply`: a plan's preemption
 /// victims are evicted only together with the placement they make room for,
@@ -90,6 +90,14 @@ pub const PREEMPT_SUSPEND_FORMAT: u32 = 12;
 /// `PowerDown` and `PowerUp`. Format 11's policy and entry are frozen in
 /// `compat::v11` too.
 pub const ELASTIC_POOLS_FORMAT: u32 = 12;
+
+/// Format 13 added accounting: what each node's task used
+/// (`Command::TaskExited::usage`, kept in `Job::task_usage`), the number of
+/// finished jobs the state keeps (`ClusterPolicy::finished_jobs_kept`), and
+/// [`Command::RestoreUsage`], which rebuilds fair share's usage from the
+/// accounting store. Format 12's job, policy, entry and state are frozen in
+/// `compat::v12`.
+pub const ACCOUNTING_FORMAT: u32 = 13;
 
 /// Whether this build reads `format`.
 pub fn readable(format: u32) -> bool {
@@ -147,6 +155,7 @@ impl Command {
                 ..
             } => SUSPEND_FORMAT,
             Command::StepStarted { .. } | Command::StepEnded { .. } => SUSPEND_FORMAT,
+            Command::TaskExited { usage: Some(_), .. } | Command::RestoreUsage { .. } => ACCOUNTING_FORMAT,
             _ => FORMAT_BASE,
         }
     }
@@ -257,7 +266,11 @@ impl Serialize for Payload {
                 let body = to_bytes(&v11::Wire::from_command(command).map_err(S::Error::custom)?);
                 v4::Wire::Envelope { format: 11, body }.serialize(serializer)
             }
-            12 => v4::Wire::Envelope { format: 12, body: to_bytes(command) }.serialize(serializer),
+            12 => {
+                let body = to_bytes(&v12::Wire::from_command(command).map_err(S::Error::custom)?);
+                v4::Wire::Envelope { format: 12, body }.serialize(serializer)
+            }
+            13 => v4::Wire::Envelope { format: 13, body: to_bytes(command) }.serialize(serializer),
             f => Err(S::Error::custom(format!("this build does not write data format {f}"))),
         }
     }
@@ -288,8 +301,13 @@ impl<'de> Deserialize<'de> for Payload {
                 Ok(Payload { format: 11, command: Some(command), unread: Vec::new() })
             }
             v4::Wire::Envelope { format: 12, body } => {
-                let command = from_bytes(&body).map_err(D::Error::custom)?;
+                let wire: v12::Wire = from_bytes(&body).map_err(D::Error::custom)?;
+                let command = wire.into_command().ok_or_else(|| D::Error::custom("an envelope inside a batch"))?;
                 Ok(Payload { format: 12, command: Some(command), unread: Vec::new() })
+            }
+            v4::Wire::Envelope { format: 13, body } => {
+                let command = from_bytes(&body).map_err(D::Error::custom)?;
+                Ok(Payload { format: 13, command: Some(command), unread: Vec::new() })
             }
             v4::Wire::Envelope { format, body } if format > FORMAT_NEWEST => {
                 Ok(Payload { format, command: None, unread: body })

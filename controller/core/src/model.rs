@@ -149,6 +149,9 @@ pub struct Job {
     /// licenses and quota use but not its CPUs or GPUs, which `apply` gives
     /// back (resuming it) once they are free. Since format 12.
     pub preempted_by: Option<JobId>,
+    /// What each node's task of the current (or last) attempt used, as its
+    /// agent measured it (see [`TaskUsage`]). Since format 13.
+    pub task_usage: BTreeMap<String, TaskUsage>,
 }
 
 /// A signal requested for a running job's tasks (see [`Job::signal`]).
@@ -260,6 +263,7 @@ impl Job {
             next_step_id: 0,
             signal: None,
             preempted_by: None,
+            task_usage: BTreeMap::new(),
         }
     }
 
@@ -324,6 +328,12 @@ impl Job {
         end.saturating_sub(start).saturating_sub(self.suspended_total_ms(end))
     }
 
+    /// What the job's tasks used, summed over its nodes; None when no agent
+    /// measured one (a job that never ran, or ran on a build before format 13).
+    pub fn usage(&self) -> Option<JobUsage> {
+        summarize_usage(self.task_usage.values())
+    }
+
     /// `12` or `10_2` (array job id and index), as Slurm prints job ids.
     pub fn display_id(&self) -> String {
         match &self.array {
@@ -331,6 +341,70 @@ impl Job {
             None => self.id.to_string(),
         }
     }
+}
+
+/// What one node's task used, measured by its agent (which runs as root and
+/// reads the kernel's and NVML's figures, not the job's word): CPU time of
+/// the task's processes, their peak resident memory, and the GPUs' load,
+/// sampled while it ran. Since format 13.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskUsage {
+    /// User and system CPU time of the task's processes (ms).
+    pub cpu_ms: u64,
+    /// Peak resident memory (MiB): the most its processes held at once, as
+    /// sampled, or the cgroup's peak where there is one.
+    pub mem_peak_mb: u64,
+    /// GPU readings taken: one per GPU of the task per sample.
+    pub gpu_samples: u32,
+    /// The sum of those readings' utilization (percent, 0..=100 each).
+    pub gpu_util_pct_sum: u64,
+    /// The most memory one of its GPUs had in use (MiB).
+    pub gpu_mem_peak_mb: u64,
+}
+
+impl TaskUsage {
+    /// Whether the figures are possible: each GPU reading at most 100%.
+    pub fn check(&self) -> Result<(), String> {
+        if self.gpu_util_pct_sum > u64::from(self.gpu_samples).saturating_mul(100) {
+            return Err(format!(
+                "usage.gpu_util_pct_sum: {} is more than 100% for each of {} readings",
+                self.gpu_util_pct_sum, self.gpu_samples
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A job's use summed over its nodes' tasks (see [`Job::usage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct JobUsage {
+    /// Nodes whose agent measured their task.
+    pub nodes: u32,
+    pub cpu_ms: u64,
+    /// Peak memory summed over the nodes (each node's own peak).
+    pub mem_peak_mb: u64,
+    /// Mean GPU utilization over every reading (percent), if any was taken.
+    pub gpu_util_pct: Option<f64>,
+    pub gpu_mem_peak_mb: u64,
+}
+
+/// Sums tasks' use (see [`JobUsage`]); None for no task.
+pub fn summarize_usage<'a>(tasks: impl IntoIterator<Item = &'a TaskUsage>) -> Option<JobUsage> {
+    let mut u = JobUsage::default();
+    let (mut samples, mut util) = (0u64, 0u64);
+    for t in tasks {
+        u.nodes = u.nodes.saturating_add(1);
+        u.cpu_ms = u.cpu_ms.saturating_add(t.cpu_ms);
+        u.mem_peak_mb = u.mem_peak_mb.saturating_add(t.mem_peak_mb);
+        u.gpu_mem_peak_mb = u.gpu_mem_peak_mb.max(t.gpu_mem_peak_mb);
+        samples = samples.saturating_add(u64::from(t.gpu_samples));
+        util = util.saturating_add(t.gpu_util_pct_sum);
+    }
+    if u.nodes == 0 {
+        return None;
+    }
+    u.gpu_util_pct = (samples > 0).then(|| (util as f64 / samples as f64).min(100.0));
+    Some(u)
 }
 
 /// How one node's task of a job attempt ended, as its agent reported it.

@@ -389,6 +389,11 @@ pub struct ClusterPolicy {
     /// Elastic node pools by name: nodes powered down while idle and
     /// powered up when the scheduler plans on them. Since format 12.
     pub pools: BTreeMap<String, NodePool>,
+    /// Finished jobs the state keeps before it drops the oldest (Slurm's
+    /// MaxJobCount/MinJobAge purge): 1 to `FINISHED_JOBS_RETAINED_MAX`, which
+    /// is also the default. Fewer keep replicas small where the accounting
+    /// store holds the history. Since format 13.
+    pub finished_jobs_kept: Option<u32>,
 }
 
 /// Pools one cluster may have (a site has one per instance type or rack
@@ -493,6 +498,7 @@ impl Default for ClusterPolicy {
             account_licenses: BTreeMap::new(),
             qos_licenses: BTreeMap::new(),
             pools: BTreeMap::new(),
+            finished_jobs_kept: None,
         }
     }
 }
@@ -844,6 +850,12 @@ impl ClusterPolicy {
     /// Checks the whole policy: names, references, the tree, limits.
     pub fn validate(&self) -> Result<(), SpecError> {
         self.validate_pools()?;
+        if let Some(n) = self.finished_jobs_kept {
+            let max = crate::limits::FINISHED_JOBS_RETAINED_MAX;
+            if n == 0 || n as usize > max {
+                return Err(SpecError::new("finished_jobs_kept", format!("must be 1 to {max}")));
+            }
+        }
         if self.licenses.len() > crate::limits::LICENSES_MAX {
             return Err(SpecError::new("licenses", format!("at most {}", crate::limits::LICENSES_MAX)));
         }
@@ -1089,7 +1101,9 @@ impl ClusterPolicy {
             || !self.user_domains.is_empty()
             || self.allow_root_jobs
             || self.private_jobs;
-        if self.qos.values().any(|q| q.preempt_mode == PreemptMode::Suspend) || !self.pools.is_empty() {
+        if self.finished_jobs_kept.is_some() {
+            crate::format::ACCOUNTING_FORMAT
+        } else if self.qos.values().any(|q| q.preempt_mode == PreemptMode::Suspend) || !self.pools.is_empty() {
             crate::format::PREEMPT_SUSPEND_FORMAT
         } else if !self.account_licenses.is_empty() || !self.qos_licenses.is_empty() {
             crate::format::HET_JOBS_FORMAT
@@ -1100,6 +1114,13 @@ impl ClusterPolicy {
         } else {
             crate::format::FORMAT_BASE
         }
+    }
+
+    /// Finished jobs the state keeps (see `finished_jobs_kept`).
+    pub fn finished_jobs_limit(&self) -> usize {
+        self.finished_jobs_kept
+            .map_or(crate::limits::FINISHED_JOBS_RETAINED_MAX, |n| n as usize)
+            .min(crate::limits::FINISHED_JOBS_RETAINED_MAX)
     }
 
     /// The Unix user the jobs of `name` (a certificate's or token's name) run

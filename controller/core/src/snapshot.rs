@@ -12,9 +12,10 @@
 //! - format 9: the same with 9 and format 9's state (`compat::v9`);
 //! - format 10: the same with 10 and format 10's state (`compat::v10`);
 //! - format 11: the same with 11 and format 11's state (`compat::v11`);
-//! - format 12: the same with 12 and today's state.
+//! - format 12: the same with 12 and format 12's state (`compat::v12`);
+//! - format 13: the same with 13 and today's state.
 
-use crate::compat::{v10, v11, v4, v5, v8, v9};
+use crate::compat::{v10, v11, v12, v4, v5, v8, v9};
 use crate::format::{crc32c, from_bytes, to_bytes, FORMAT_NEWEST, FORMAT_OLDEST};
 use crate::state::State;
 
@@ -49,6 +50,7 @@ pub fn encode(state: &State) -> Vec<u8> {
         9 => to_bytes(&v9::StateRef::from(state)),
         10 => to_bytes(&v10::StateRef::from(state)),
         11 => to_bytes(&v11::StateRef::from(state)),
+        12 => to_bytes(&v12::StateRef::from(state)),
         _ => to_bytes(state),
     };
     out.extend_from_slice(&state.format.min(FORMAT_NEWEST).to_le_bytes());
@@ -99,6 +101,10 @@ pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
         11 => {
             let v11: v11::State = from_bytes(body).map_err(decode_err)?;
             (v11.stored_format(), v11.into())
+        }
+        12 => {
+            let v12: v12::State = from_bytes(body).map_err(decode_err)?;
+            (v12.stored_format(), v12.into())
         }
         _ => {
             let state: State = from_bytes(body).map_err(decode_err)?;

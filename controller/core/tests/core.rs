@@ -420,6 +420,13 @@ fn to_command(state: &State, op: &Op, now_ms: u64) -> Command {
                 reason: String::new(),
                 lost: *n == 2,
                 peak_mem_mb: None,
+                usage: ok.then_some(gangway_core::model::TaskUsage {
+                    cpu_ms: now_ms % 10_000,
+                    mem_peak_mb: 64,
+                    gpu_samples: 2,
+                    gpu_util_pct_sum: 150,
+                    gpu_mem_peak_mb: 1024,
+                }),
                 now_ms,
             }
         }
@@ -884,6 +891,7 @@ fn batch_jobs_end_with_their_first_node() {
             reason: String::new(),
             lost: false,
             peak_mem_mb: None,
+            usage: None,
             now_ms: index,
         };
         s.apply(index, &cmd).outcome
@@ -1266,6 +1274,7 @@ fn every_command() -> Vec<Command> {
             reason: "oom".into(),
             lost: true,
             peak_mem_mb: Some(512),
+            usage: None,
             now_ms: 8,
         },
         Command::SetGpuHealth { node: "n0".into(), gpu: 1, healthy: false, reason: "xid 79".into(), now_ms: 9 },
@@ -1360,6 +1369,15 @@ fn every_command() -> Vec<Command> {
             exit_code: None,
             reason: "deadline".into(),
             now_ms: 23,
+        },
+        task_exit_with_usage(1, 1, "n0", 24),
+        restore_usage_cmd(25),
+        Command::UpdatePolicy {
+            policy: gangway_core::policy::ClusterPolicy { finished_jobs_kept: Some(1_000), ..license_limits_policy() },
+            expected_version: None,
+            force: false,
+            identity: "ops".into(),
+            now_ms: 26,
         },
     ]
 }
@@ -1534,7 +1552,66 @@ fn golden_state(format: u32) -> State {
         assert_eq!(s.jobs[&victim].preempted_by, Some(preemptor));
         assert_eq!(s.nodes["pool-0"].state, gangway_core::NodeState::PoweredDown);
     }
+    if format >= gangway_core::format::ACCOUNTING_FORMAT {
+        // A policy keeping fewer finished jobs, a task's measured use, and
+        // fair share's usage restored from the accounting store.
+        let mut policy = s.policy.clone();
+        policy.finished_jobs_kept = Some(50_000);
+        let update = Command::UpdatePolicy {
+            policy,
+            expected_version: None,
+            force: true,
+            identity: "server:1".into(),
+            now_ms: 4_011,
+        };
+        assert!(matches!(s.apply(65, &update).outcome, Outcome::PolicyUpdated { .. }));
+        let (job_id, node) = s
+            .running
+            .iter()
+            .find_map(|id| {
+                let j = &s.jobs[id];
+                (!j.is_suspended()).then(|| (*id, j.allocation.as_ref().unwrap().nodes[0].node.clone()))
+            })
+            .expect("a running job");
+        let exited = task_exit_with_usage(job_id, s.jobs[&job_id].attempt, &node, 4_012);
+        assert!(matches!(s.apply(66, &exited).outcome, Outcome::TaskRecorded { .. }));
+        assert_eq!(s.jobs[&job_id].task_usage.len(), 1);
+        let restore = restore_usage_cmd(4_013);
+        assert!(matches!(s.apply(67, &restore).outcome, Outcome::UsageRestored { accounts: 1 }));
+    }
     s
+}
+
+/// A task's exit with its measured use (format 13).
+fn task_exit_with_usage(job_id: u64, attempt: u32, node: &str, now_ms: u64) -> Command {
+    Command::TaskExited {
+        job_id,
+        attempt,
+        node: node.into(),
+        exit_code: Some(0),
+        signal: None,
+        reason: String::new(),
+        lost: false,
+        peak_mem_mb: Some(700),
+        usage: Some(gangway_core::model::TaskUsage {
+            cpu_ms: 123_456,
+            mem_peak_mb: 700,
+            gpu_samples: 4,
+            gpu_util_pct_sum: 310,
+            gpu_mem_peak_mb: 40_000,
+        }),
+        now_ms,
+    }
+}
+
+/// Fair share's usage as `gangway accounting rebuild-fairshare` restores it.
+fn restore_usage_cmd(now_ms: u64) -> Command {
+    use gangway_core::state::UsageBucket;
+    let buckets = vec![
+        UsageBucket { start_ms: 1_000, gpu_ms: 3_600_000, cpu_ms: 7_200_000 },
+        UsageBucket { start_ms: 2_000, gpu_ms: 0, cpu_ms: 60_000 },
+    ];
+    Command::RestoreUsage { usage: BTreeMap::from([("ml".into(), buckets)]), identity: "server:1".into(), now_ms }
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -1774,9 +1851,10 @@ fn extreme_command() -> impl Strategy<Value = Command> {
             proptest::option::of(extreme_i32()),
             any::<bool>(),
             proptest::option::of(extreme_u64()),
+            proptest::option::of((extreme_u64(), extreme_u32(), extreme_u64())),
             extreme_u64()
         )
-            .prop_map(|(job_id, attempt, node, exit_code, signal, lost, peak_mem_mb, now_ms)| {
+            .prop_map(|(job_id, attempt, node, exit_code, signal, lost, peak_mem_mb, usage, now_ms)| {
                 Command::TaskExited {
                     job_id,
                     attempt,
@@ -1786,6 +1864,13 @@ fn extreme_command() -> impl Strategy<Value = Command> {
                     reason: String::new(),
                     lost,
                     peak_mem_mb,
+                    usage: usage.map(|(n, samples, util)| gangway_core::model::TaskUsage {
+                        cpu_ms: n,
+                        mem_peak_mb: n,
+                        gpu_samples: samples,
+                        gpu_util_pct_sum: util,
+                        gpu_mem_peak_mb: n,
+                    }),
                     now_ms,
                 }
             }),
@@ -1858,6 +1943,30 @@ fn extreme_command() -> impl Strategy<Value = Command> {
             attempt,
             now_ms
         }),
+        (
+            proptest::collection::btree_map(
+                extreme_string(),
+                proptest::collection::vec((extreme_u64(), extreme_u64(), extreme_u64()), 0..4),
+                0..3
+            ),
+            any::<bool>(),
+            extreme_u64()
+        )
+            .prop_map(|(usage, admin, now_ms)| Command::RestoreUsage {
+                usage: usage
+                    .into_iter()
+                    .map(|(a, b)| {
+                        let b = b.into_iter().map(|(start_ms, gpu_ms, cpu_ms)| gangway_core::state::UsageBucket {
+                            start_ms,
+                            gpu_ms,
+                            cpu_ms,
+                        });
+                        (a, b.collect())
+                    })
+                    .collect(),
+                identity: if admin { "server:1".into() } else { "alice".into() },
+                now_ms
+            }),
     ];
     single.prop_recursive(1, 8, 4, |inner| proptest::collection::vec(inner, 0..4).prop_map(Command::Batch))
 }
@@ -1957,12 +2066,148 @@ fn a_task_reporting_the_largest_signal_fails_its_job_without_a_panic() {
         reason: String::new(),
         lost: false,
         peak_mem_mb: None,
+        usage: None,
         now_ms: 5_000,
     };
     s.apply(1_000, &cmd);
     assert_eq!(s.jobs[&id].state, JobState::Failed);
     assert_eq!(s.jobs[&id].exit_code, Some(i32::MAX));
     s.check_invariants().unwrap();
+}
+
+/// Format 13: a task's measured use is kept with its job (and summed per
+/// job), impossible figures are not, and a format-12 cluster keeps none.
+#[test]
+fn task_usage_is_kept_from_format_13_and_summed_per_job() {
+    for format in [12, 13] {
+        let mut s = base_state();
+        s.apply(99, &Command::SetDataFormat { format, now_ms: 4_000 });
+        let id = *s.running.iter().next().unwrap();
+        let node = s.jobs[&id].allocation.as_ref().unwrap().nodes[0].node.clone();
+        let exited = task_exit_with_usage(id, s.jobs[&id].attempt, &node, 5_000);
+        assert!(matches!(s.apply(100, &exited).outcome, Outcome::TaskRecorded { .. }));
+        let usage = s.jobs[&id].usage();
+        if format < 13 {
+            assert_eq!(usage, None, "format 12 carries no usage");
+            continue;
+        }
+        let u = usage.expect("kept");
+        assert_eq!((u.nodes, u.cpu_ms, u.mem_peak_mb, u.gpu_mem_peak_mb), (1, 123_456, 700, 40_000));
+        assert_eq!(u.gpu_util_pct, Some(77.5), "310% over 4 readings");
+        // Another job's report with more than 100% a reading is not kept.
+        let other = *s.running.iter().next().unwrap();
+        let node = s.jobs[&other].allocation.as_ref().unwrap().nodes[0].node.clone();
+        let mut bad = task_exit_with_usage(other, s.jobs[&other].attempt, &node, 5_001);
+        if let Command::TaskExited { usage: Some(u), .. } = &mut bad {
+            u.gpu_util_pct_sum = 401;
+        }
+        s.apply(101, &bad);
+        assert_eq!(s.jobs[&other].usage(), None);
+        s.check_invariants().unwrap();
+    }
+}
+
+/// Format 13's `finished_jobs_kept`: the state drops the oldest finished
+/// jobs past it, and the policy refuses 0 or more than the hard limit.
+#[test]
+fn the_policy_bounds_the_finished_jobs_kept() {
+    let mut s = base_state();
+    s.apply(99, &Command::SetDataFormat { format: 13, now_ms: 4_000 });
+    let mut policy = s.policy.clone();
+    policy.admins.push("server:1".into());
+    for bad in [0, gangway_core::limits::FINISHED_JOBS_RETAINED_MAX as u32 + 1] {
+        policy.finished_jobs_kept = Some(bad);
+        assert!(policy.validate().unwrap_err().to_string().contains("finished_jobs_kept"));
+    }
+    policy.finished_jobs_kept = Some(2);
+    let update = Command::UpdatePolicy {
+        policy,
+        expected_version: None,
+        force: true,
+        identity: "server:1".into(),
+        now_ms: 4_001,
+    };
+    assert!(matches!(s.apply(100, &update).outcome, Outcome::PolicyUpdated { .. }), "policy");
+    let mut ids = Vec::new();
+    for k in 0..5 {
+        let Outcome::Submitted { job_id, .. } = s.apply(101 + k, &submit_cmd(job_spec(1, 0, 1))).outcome else {
+            panic!("submit")
+        };
+        let cancel = Command::CancelJob { job_id, identity: "alice".into(), now_ms: 4_002 };
+        s.apply(200 + k, &cancel);
+        ids.push(job_id);
+    }
+    assert!(s.finished.len() <= 2, "{} kept", s.finished.len());
+    assert!(!s.jobs.contains_key(&ids[0]) && s.jobs.contains_key(&ids[4]), "the oldest went first");
+    s.check_invariants().unwrap();
+}
+
+/// `RestoreUsage`: admins only, ordered buckets, none after the clock; it
+/// replaces fair share's usage whole, and `usage_from_runs` rebuilds the
+/// buckets `charge_usage` made from the same runs.
+#[test]
+fn fair_share_usage_is_restored_by_admins_from_the_runs_it_was_charged_for() {
+    use gangway_core::state::{usage_from_runs, ChargedRun, UsageBucket};
+    let mut s = base_state();
+    s.apply(99, &Command::SetDataFormat { format: 13, now_ms: 4_000 });
+    let mut policy = s.policy.clone();
+    policy.admins.push("server:1".into());
+    s.apply(
+        100,
+        &Command::UpdatePolicy {
+            policy,
+            expected_version: None,
+            force: true,
+            identity: "server:1".into(),
+            now_ms: 4_000,
+        },
+    );
+    // Charge the running jobs by cancelling them at known times.
+    let running: Vec<JobId> = s.running.iter().copied().collect();
+    let mut runs = Vec::new();
+    for (k, id) in running.iter().enumerate() {
+        let now_ms = 10_000 + 1_000 * k as u64;
+        let job = s.jobs[id].clone();
+        let ran_ms = now_ms - job.start_time_ms.unwrap();
+        let u = gangway_core::state::alloc_use(job.allocation.as_ref().unwrap());
+        runs.push(ChargedRun {
+            account: job.spec.account.clone(),
+            end_ms: now_ms,
+            gpu_ms: u.gpus * ran_ms,
+            cpu_ms: u.cpus * ran_ms,
+        });
+        s.apply(300 + k as u64, &Command::CancelJob { job_id: *id, identity: "alice".into(), now_ms });
+    }
+    let charged: BTreeMap<String, Vec<UsageBucket>> =
+        s.usage.iter().map(|(a, b)| (a.clone(), b.iter().copied().collect())).collect();
+    assert!(!charged.is_empty());
+    let rebuilt = usage_from_runs(runs, s.policy.fairshare_half_life_s);
+    assert_eq!(rebuilt, charged, "rebuilt from the runs as apply charged them");
+    // Refusals change nothing.
+    let before = s.usage.clone();
+    let restore = |usage: BTreeMap<String, Vec<UsageBucket>>, who: &str| Command::RestoreUsage {
+        usage,
+        identity: who.into(),
+        now_ms: 20_000,
+    };
+    let b = |start_ms| UsageBucket { start_ms, gpu_ms: 1, cpu_ms: 1 };
+    for (usage, who) in [
+        (BTreeMap::from([("ml".to_string(), vec![b(1)])]), "alice"),
+        (BTreeMap::from([("ml".to_string(), vec![b(2), b(1)])]), "server:1"),
+        (BTreeMap::from([("ml".to_string(), vec![b(u64::MAX)])]), "server:1"),
+        (BTreeMap::from([("bad name!".to_string(), vec![b(1)])]), "server:1"),
+    ] {
+        let applied = s.apply(400, &restore(usage, who));
+        assert!(matches!(applied.outcome, Outcome::Refused(_)), "{:?}", applied.outcome);
+        assert_eq!(s.usage, before);
+    }
+    let applied = s.apply(
+        401,
+        &restore(BTreeMap::from([("ml".to_string(), vec![b(1), b(2)]), ("gone".to_string(), vec![])]), "server:1"),
+    );
+    assert!(matches!(applied.outcome, Outcome::UsageRestored { accounts: 1 }), "{:?}", applied.outcome);
+    assert_eq!(s.usage.len(), 1);
+    assert_eq!(s.usage["ml"].len(), 2);
 }
 
 fn submit_cmd(spec: JobSpec) -> Command {

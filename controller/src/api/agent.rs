@@ -264,6 +264,15 @@ impl AgentService for AgentApi {
         let msg = req.into_inner();
         ctx.require_agent_for(&msg.node, "report task exits")?;
         check_task_exit(msg.exit_code, msg.signal, &msg.reason).map_err(status_from_spec)?;
+        let usage = msg
+            .usage
+            .as_ref()
+            .map(super::convert::task_usage_from_proto)
+            .transpose()
+            .map_err(Status::invalid_argument)?;
+        // A cluster not yet on the accounting format cannot carry it (a
+        // rolling upgrade): the exit is what matters.
+        let accounting = self.replica.node.state().read().format >= gangway_core::format::ACCOUNTING_FORMAT;
         let cmd = Command::TaskExited {
             job_id: msg.job_id,
             attempt: msg.attempt,
@@ -273,6 +282,7 @@ impl AgentService for AgentApi {
             reason: msg.reason.clone(),
             lost: msg.lost,
             peak_mem_mb: msg.peak_mem_mb,
+            usage: usage.filter(|_| accounting),
             now_ms: crate::now_ms(),
         };
         let routed = self

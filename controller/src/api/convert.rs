@@ -247,6 +247,19 @@ pub fn job_state_to_proto(j: &Job) -> pb::JobState {
     }
 }
 
+/// A task's measured use from its agent's report, or why it is impossible.
+pub fn task_usage_from_proto(u: &pb::TaskUsage) -> Result<gangway_core::model::TaskUsage, String> {
+    let usage = gangway_core::model::TaskUsage {
+        cpu_ms: u.cpu_ms,
+        mem_peak_mb: u.mem_peak_mb,
+        gpu_samples: u.gpu_samples,
+        gpu_util_pct_sum: u.gpu_util_pct_sum,
+        gpu_mem_peak_mb: u.gpu_mem_peak_mb,
+    };
+    usage.check()?;
+    Ok(usage)
+}
+
 pub fn job_to_proto(j: &Job) -> pb::Job {
     pb::Job {
         id: j.id,
@@ -297,6 +310,13 @@ pub fn job_to_proto(j: &Job) -> pb::Job {
                 signal: s.signal,
             })
             .collect(),
+        usage: j.usage().map(|u| pb::JobUsage {
+            nodes: u.nodes,
+            cpu_ms: u.cpu_ms,
+            mem_peak_mb: u.mem_peak_mb,
+            gpu_util_pct: u.gpu_util_pct,
+            gpu_mem_peak_mb: u.gpu_mem_peak_mb,
+        }),
     }
 }
 

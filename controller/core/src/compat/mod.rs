@@ -5,6 +5,7 @@
 
 pub mod v10;
 pub mod v11;
+pub mod v12;
 pub mod v4;
 pub mod v5;
 pub mod v8;
@@ -85,13 +86,16 @@ macro_rules! frozen_jobs {
 ///   (format 4's envelope); they never convert to a command.
 ///
 /// Fields convert with [`Frozen`]: a field whose type a later format changed
-/// is declared with its frozen copy (format 8's job spec in `SubmitJob`).
+/// is declared with its frozen copy (format 8's job spec in `SubmitJob`). A
+/// `before_policy` variant to which a later format added fields gives them
+/// with `later { field: value }` (they are never set in this format: the
+/// leader refuses to write such a command in it).
 macro_rules! frozen_commands {
     (
         format: $format:literal,
         policy: $policy:ty,
         before_batch: [$($a:ident { $($af:ident : $at:ty),* $(,)? }),* $(,)?],
-        before_policy: [$($b:ident { $($bf:ident : $bt:ty),* $(,)? }),* $(,)?],
+        before_policy: [$($b:ident { $($bf:ident : $bt:ty),* $(,)? } $(later { $($bl:ident : $blv:expr),* })?),* $(,)?],
         after_policy: [$($c:ident { $($cf:ident : $ct:ty),* $(,)? }),* $(,)?],
         extra: [$($x:ident { $($xf:ident : $xt:ty),* $(,)? }),* $(,)?] $(,)?
     ) => {
@@ -122,7 +126,7 @@ macro_rules! frozen_commands {
                 }
                 Ok(match c.clone() {
                     $(Command::$a { $($af),* } => Wire::$a { $($af: super::Frozen::freeze($af)),* },)*
-                    $(Command::$b { $($bf),* } => Wire::$b { $($bf: super::Frozen::freeze($bf)),* },)*
+                    $(Command::$b { $($bf,)* .. } => Wire::$b { $($bf: super::Frozen::freeze($bf)),* },)*
                     $(Command::$c { $($cf),* } => Wire::$c { $($cf: super::Frozen::freeze($cf)),* },)*
                     Command::UpdatePolicy { policy, expected_version, force, identity, now_ms } => Wire::UpdatePolicy {
                         policy: <$policy>::try_from(policy)?,
@@ -147,7 +151,7 @@ macro_rules! frozen_commands {
                 use crate::command::Command;
                 Some(match self {
                     $(Wire::$a { $($af),* } => Command::$a { $($af: super::Frozen::thaw($af)),* },)*
-                    $(Wire::$b { $($bf),* } => Command::$b { $($bf: super::Frozen::thaw($bf)),* },)*
+                    $(Wire::$b { $($bf),* } => Command::$b { $($bf: super::Frozen::thaw($bf),)* $($($bl: $blv,)*)? },)*
                     $(Wire::$c { $($cf),* } => Command::$c { $($cf: super::Frozen::thaw($cf)),* },)*
                     Wire::UpdatePolicy { policy, expected_version, force, identity, now_ms } => {
                         Command::UpdatePolicy { policy: policy.into(), expected_version, force, identity, now_ms }

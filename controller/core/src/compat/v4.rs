@@ -46,7 +46,7 @@ frozen_commands!(
             lost: bool,
             peak_mem_mb: Option<u64>,
             now_ms: u64,
-        },
+        } later { usage: None },
         SetGpuHealth { node: String, gpu: u32, healthy: bool, reason: String, now_ms: u64 },
     ],
     after_policy: [

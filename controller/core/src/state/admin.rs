@@ -25,6 +25,72 @@ pub struct UsageBucket {
     pub cpu_ms: u64,
 }
 
+/// Usage buckets are a quarter half-life wide: fine enough that decay is smooth.
+pub fn usage_bucket_width_ms(half_life_s: u64) -> u64 {
+    (half_life_s.saturating_mul(1000) / 4).max(1)
+}
+
+/// Adds a charge at `charge.start_ms` to the newest bucket while it is
+/// younger than `width_ms`, else to a new one; the oldest beyond
+/// `USAGE_BUCKETS_MAX` go.
+fn charge_bucket(buckets: &mut std::collections::VecDeque<UsageBucket>, width_ms: u64, charge: UsageBucket) {
+    match buckets.back_mut() {
+        Some(b) if charge.start_ms < b.start_ms.saturating_add(width_ms) => {
+            b.gpu_ms = b.gpu_ms.saturating_add(charge.gpu_ms);
+            b.cpu_ms = b.cpu_ms.saturating_add(charge.cpu_ms);
+        }
+        _ => buckets.push_back(charge),
+    }
+    while buckets.len() > USAGE_BUCKETS_MAX {
+        buckets.pop_front();
+    }
+}
+
+/// One finished run for [`usage_from_runs`]: its account, when it ended, and
+/// the GPU- and CPU-milliseconds it was charged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChargedRun {
+    pub account: String,
+    pub end_ms: u64,
+    pub gpu_ms: u64,
+    pub cpu_ms: u64,
+}
+
+/// Fair share's usage rebuilt from finished runs (the accounting store's
+/// jobs): the buckets the state would hold had it charged each run at its
+/// end, as `charge_usage` does, under a policy with `half_life_s`.
+pub fn usage_from_runs(mut runs: Vec<ChargedRun>, half_life_s: u64) -> BTreeMap<String, Vec<UsageBucket>> {
+    runs.sort_by(|a, b| (a.end_ms, &a.account).cmp(&(b.end_ms, &b.account)));
+    let width_ms = usage_bucket_width_ms(half_life_s);
+    let mut usage: BTreeMap<String, std::collections::VecDeque<UsageBucket>> = BTreeMap::new();
+    for r in runs.into_iter().filter(|r| r.gpu_ms > 0 || r.cpu_ms > 0) {
+        let charge = UsageBucket { start_ms: r.end_ms, gpu_ms: r.gpu_ms, cpu_ms: r.cpu_ms };
+        charge_bucket(usage.entry(r.account).or_default(), width_ms, charge);
+    }
+    usage.into_iter().map(|(a, b)| (a, b.into())).collect()
+}
+
+/// Why restored usage (see `Command::RestoreUsage`) cannot be taken, if it
+/// cannot: the field and the rule.
+pub fn check_restored_usage(usage: &BTreeMap<String, Vec<UsageBucket>>, clock_ms: u64) -> Result<(), String> {
+    if usage.len() > crate::policy::ACCOUNTS_MAX {
+        return Err(format!("usage: at most {} accounts", crate::policy::ACCOUNTS_MAX));
+    }
+    for (account, buckets) in usage {
+        crate::policy::check_ident("usage", account).map_err(|e| e.to_string())?;
+        if buckets.len() > USAGE_BUCKETS_MAX {
+            return Err(format!("usage.{account}: at most {USAGE_BUCKETS_MAX} buckets"));
+        }
+        if !buckets.windows(2).all(|w| w[0].start_ms < w[1].start_ms) {
+            return Err(format!("usage.{account}: buckets must be oldest first, each starting later"));
+        }
+        if buckets.last().is_some_and(|b| b.start_ms > clock_ms) {
+            return Err(format!("usage.{account}: a bucket starts after the cluster's clock"));
+        }
+    }
+    Ok(())
+}
+
 impl State {
     pub(super) fn apply_update_policy(
         &mut self,
@@ -328,19 +394,36 @@ impl State {
         if gpu_ms == 0 && cpu_ms == 0 {
             return;
         }
-        // Buckets a quarter half-life wide: fine enough that decay is smooth.
-        let width_ms = (self.policy.fairshare_half_life_s.saturating_mul(1000) / 4).max(1);
+        let width_ms = usage_bucket_width_ms(self.policy.fairshare_half_life_s);
         let buckets = self.usage.entry(job.spec.account.clone()).or_default();
-        match buckets.back_mut() {
-            Some(b) if now < b.start_ms.saturating_add(width_ms) => {
-                b.gpu_ms = b.gpu_ms.saturating_add(gpu_ms);
-                b.cpu_ms = b.cpu_ms.saturating_add(cpu_ms);
-            }
-            _ => buckets.push_back(UsageBucket { start_ms: now, gpu_ms, cpu_ms }),
+        charge_bucket(buckets, width_ms, UsageBucket { start_ms: now, gpu_ms, cpu_ms });
+    }
+
+    /// Replaces fair share's usage with buckets rebuilt from the accounting
+    /// store: admins only; refused whole unless every account name is one,
+    /// each account's buckets are at most `USAGE_BUCKETS_MAX`, oldest first,
+    /// and none starts after the replicated clock.
+    pub(super) fn apply_restore_usage(
+        &mut self,
+        usage: &BTreeMap<String, Vec<UsageBucket>>,
+        identity: &str,
+    ) -> Applied {
+        if !self.is_admin(identity) {
+            return Applied::refused(
+                RefusalKind::PermissionDenied,
+                format!("permission: {identity} is not an admin of this cluster"),
+            );
         }
-        while buckets.len() > USAGE_BUCKETS_MAX {
-            buckets.pop_front();
+        if let Err(e) = check_restored_usage(usage, self.clock_ms) {
+            return Applied::refused(RefusalKind::InvalidArgument, e);
         }
+        self.usage = usage
+            .iter()
+            .filter(|(_, b)| !b.is_empty())
+            .map(|(account, b)| (account.clone(), b.iter().copied().collect()))
+            .collect();
+        let accounts = u32::try_from(self.usage.len()).unwrap_or(u32::MAX);
+        Applied { outcome: Outcome::UsageRestored { accounts }, events: Vec::new() }
     }
 
     pub(super) fn apply_update_job(

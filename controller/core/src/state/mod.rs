@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, NodeStateChange, Placement};
-use crate::format::PLAN_APPLY_FORMAT;
+use crate::format::{ACCOUNTING_FORMAT, PLAN_APPLY_FORMAT};
 use crate::limits::*;
 use crate::model::*;
 use crate::policy::{ClusterPolicy, Use};
@@ -27,7 +27,7 @@ mod steps;
 mod submit;
 mod yielding;
 
-pub use admin::{alloc_use, UsageBucket};
+pub use admin::{alloc_use, check_restored_usage, usage_from_runs, ChargedRun, UsageBucket};
 pub use reservations::ReservationWait;
 pub use submit::DepStatus;
 
@@ -123,6 +123,9 @@ pub enum Outcome {
     },
     ReservationChanged {
         name: String,
+    },
+    UsageRestored {
+        accounts: u32,
     },
 }
 
@@ -375,15 +378,18 @@ impl State {
             Command::SetGpuHealth { node, gpu, healthy, reason, .. } => {
                 self.apply_set_gpu_health(index, node, *gpu, *healthy, reason)
             }
-            Command::TaskExited { job_id, attempt, node, exit_code, signal, reason, lost, peak_mem_mb, .. } => {
+            Command::TaskExited {
+                job_id, attempt, node, exit_code, signal, reason, lost, peak_mem_mb, usage, ..
+            } => {
                 let exit = TaskExit {
                     exit_code: *exit_code,
                     signal: *signal,
                     end_ms: self.clock_ms,
                     peak_mem_mb: *peak_mem_mb,
                 };
-                self.apply_task_exited(index, *job_id, *attempt, node, exit, reason, *lost)
+                self.apply_task_exited(index, *job_id, *attempt, node, exit, *usage, reason, *lost)
             }
+            Command::RestoreUsage { usage, identity, .. } => self.apply_restore_usage(usage, identity),
             Command::UpdatePolicy { policy, expected_version, force, identity, .. } => {
                 self.apply_update_policy(index, policy, *expected_version, *force, identity)
             }
@@ -456,9 +462,12 @@ impl State {
         attempt: u32,
         node: &str,
         exit: TaskExit,
+        usage: Option<TaskUsage>,
         reason: &str,
         lost: bool,
     ) -> Applied {
+        // Impossible figures (refused where the report came in) are not kept.
+        let usage = usage.filter(|u| self.format >= ACCOUNTING_FORMAT && u.check().is_ok());
         let (exit_code, signal) = (exit.exit_code, exit.signal);
         // Checked at the API edge; from format 5 also here, so a report no
         // wait status could hold never enters the state.
@@ -494,6 +503,9 @@ impl State {
         }
         let ok = exit.succeeded();
         job.task_exits.insert(node.to_string(), exit);
+        if let Some(u) = usage {
+            job.task_usage.insert(node.to_string(), u);
+        }
         let nodes = job.allocation.as_ref().map_or(job.spec.total_nodes() as usize, |a| a.nodes.len());
         // Batch jobs end with their script, which runs on the first node; the
         // other nodes only hold the allocation for steps (a step host that ends
@@ -627,7 +639,7 @@ impl State {
         // whole-array dependencies); each purge looks at each kept job once.
         let mut looks = self.finished.len();
         let over = |s: &State| {
-            s.finished.len() > FINISHED_JOBS_RETAINED_MAX
+            s.finished.len() > s.policy.finished_jobs_limit()
                 || (s.format >= 5 && s.finished_bytes > crate::limits::FINISHED_BYTES_RETAINED_MAX)
         };
         while over(self) && looks > 0 {
@@ -664,6 +676,7 @@ impl State {
         let allocation = job.allocation.take().expect("running jobs are allocated");
         job.state = JobState::Pending;
         job.task_exits.clear();
+        job.task_usage.clear();
         job.reason = reason.clone();
         job.expedite_nodes = None;
         job.steps.clear();
@@ -1083,6 +1096,7 @@ impl State {
             job.start_time_ms = (!booting).then_some(now);
             job.reason = String::new();
             job.task_exits.clear();
+            job.task_usage.clear();
             job.ran_on = p.nodes.iter().map(|n| n.node.clone()).collect();
             job.last_checkpoint_ms = None;
             job.suspended_at_ms = None;

@@ -161,6 +161,7 @@ impl State {
                 next_step_id: 0,
                 signal: None,
                 preempted_by: None,
+                task_usage: BTreeMap::new(),
                 spec: element_spec,
             };
             jobs.push(job);

@@ -741,6 +741,7 @@ fn deliver_reports(run: &mut Run, node: &str) {
             reason: e.reason,
             lost: e.lost,
             peak_mem_mb: None,
+            usage: None,
             now_ms: run.now_ms,
         });
     }

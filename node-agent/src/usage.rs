@@ -1,0 +1,336 @@
+//! What a task used, measured by the agent: CPU time, peak memory and GPU
+//! load, reported with its exit (`TaskExitReport.usage`) so accounting can
+//! tell a user their job used 3% of the GPUs it held (seff).
+//!
+//! The agent runs as root and reads the kernel's and NVML's figures, never
+//! anything the job wrote (the shim runs as the job's user, so its files are
+//! the job's word):
+//!
+//! - while the task runs, a sample every [`SAMPLE_INTERVAL`] (the first after
+//!   [`FIRST_SAMPLE`]) reads `/proc/PID/stat` of the processes in the task's
+//!   process groups: their CPU time, and the sum of their resident memory;
+//!   and each of the task's GPUs' utilization and memory in use (NVML, or a
+//!   simulated node's load file). This is Slurm's jobacct_gather/linux.
+//! - when the task's main process ends, before it is reaped, its
+//!   `/proc/PID/stat` still holds its CPU time and that of every descendant it
+//!   waited for: exact where the samples miss short-lived processes.
+//! - a cgroup v2 host's `memory.peak` is exact for the memory.
+//!
+//! The walk of `/proc` is shared: a snapshot younger than [`SNAPSHOT_REUSE`]
+//! serves every task, so a node with many tasks walks it at most once a second.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gangway_core::model::TaskUsage;
+
+/// How often a running task is sampled. Slurm's JobAcctGatherFrequency is
+/// 30 s; 10 s catches shorter memory peaks for one walk of /proc per task.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(10);
+/// The first sample, so that a job of a few seconds gets one too.
+pub const FIRST_SAMPLE: Duration = Duration::from_secs(1);
+/// A snapshot of /proc this young serves every task that asks.
+const SNAPSHOT_REUSE: Duration = Duration::from_secs(1);
+/// Processes read in one walk of /proc (a node runs thousands, not more;
+/// past it the rest are not counted rather than the walk taking seconds).
+const PROCS_MAX: usize = 65_536;
+/// Bytes of one `/proc/PID/stat` read (a few hundred in practice).
+const STAT_BYTES_MAX: u64 = 4096;
+/// Bytes of a simulated load file read (a line per GPU).
+const LOAD_FILE_BYTES_MAX: u64 = 64 * 1024;
+/// Live processes one task's meter tracks (an ended one's time is folded
+/// into a total and its entry dropped).
+const PROCS_PER_TASK_MAX: usize = 65_536;
+
+/// One process as `/proc/PID/stat` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    pub pid: i32,
+    pub pgid: i32,
+    /// When it started (clock ticks after boot): with the pid, names the
+    /// process even where pids are reused.
+    pub start_ticks: u64,
+    /// Its own user and system time (clock ticks).
+    pub cpu_ticks: u64,
+    /// Its waited-for descendants' user and system time (clock ticks).
+    pub child_ticks: u64,
+    pub rss_pages: u64,
+}
+
+/// Parses `/proc/PID/stat`; None for anything else. The command name is in
+/// parentheses and may hold spaces and parentheses itself: the fields start
+/// after the last `)`.
+pub fn parse_stat(text: &str) -> Option<ProcStat> {
+    let (head, rest) = text.rsplit_once(')')?;
+    let pid = head.split_once('(')?.0.trim().parse().ok()?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let num = |i: usize| f.get(i)?.parse::<u64>().ok();
+    Some(ProcStat {
+        pid,
+        pgid: f.get(2)?.parse().ok()?,
+        cpu_ticks: num(11)?.saturating_add(num(12)?),
+        child_ticks: num(13)?.saturating_add(num(14)?),
+        start_ticks: num(19)?,
+        rss_pages: num(21)?,
+    })
+}
+
+/// One GPU's reading: utilization (percent) and memory in use (MiB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuReading {
+    pub util_pct: u32,
+    pub mem_mb: u64,
+}
+
+/// Parses a simulated node's load file: `INDEX UTIL_PCT [MEM_MB]` a line
+/// (utilization clamped to 100); other lines are skipped.
+pub fn parse_load(text: &str) -> BTreeMap<u32, GpuReading> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let index = f.next()?.parse().ok()?;
+            let util_pct = f.next()?.parse::<u32>().ok()?.min(100);
+            let mem_mb = f.next().and_then(|m| m.parse().ok()).unwrap_or(0);
+            Some((index, GpuReading { util_pct, mem_mb }))
+        })
+        .collect()
+}
+
+/// Where GPU readings come from.
+#[derive(Debug, Clone)]
+pub enum GpuSource {
+    None,
+    Nvml(Arc<crate::nvml::NvmlProvider>),
+    /// A simulated node's load file (see [`parse_load`]), which tests and
+    /// demos write.
+    File(PathBuf),
+}
+
+impl GpuSource {
+    fn read(&self, gpus: usize) -> BTreeMap<u32, GpuReading> {
+        match self {
+            GpuSource::None => BTreeMap::new(),
+            GpuSource::Nvml(nvml) => (0..gpus as u32)
+                .filter_map(|i| {
+                    let r = nvml.readings(i)?;
+                    let util_pct =
+                        if r.utilization.is_finite() { (r.utilization * 100.0).round() } else { return None };
+                    let mem_mb = if r.memory_used_bytes.is_finite() { r.memory_used_bytes / 1048576.0 } else { 0.0 };
+                    Some((
+                        i,
+                        GpuReading { util_pct: util_pct.clamp(0.0, 100.0) as u32, mem_mb: mem_mb.max(0.0) as u64 },
+                    ))
+                })
+                .collect(),
+            GpuSource::File(path) => {
+                use std::io::Read;
+                let mut text = String::new();
+                if let Ok(f) = std::fs::File::open(path) {
+                    let _ = f.take(LOAD_FILE_BYTES_MAX).read_to_string(&mut text);
+                }
+                parse_load(&text)
+            }
+        }
+    }
+}
+
+/// What one walk of /proc and one round of GPU readings saw.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub taken: Instant,
+    pub procs: Vec<ProcStat>,
+    pub gpus: BTreeMap<u32, GpuReading>,
+}
+
+/// Takes snapshots for every task of the node (see the module's note).
+#[derive(Debug)]
+pub struct Sampler {
+    gpus: GpuSource,
+    gpu_count: usize,
+    last: Mutex<Option<Arc<Snapshot>>>,
+    /// Clock ticks per second and bytes per page (sysconf).
+    ticks_per_s: u64,
+    page_bytes: u64,
+}
+
+impl Sampler {
+    pub fn new(gpus: GpuSource, gpu_count: usize) -> Sampler {
+        Sampler {
+            gpus,
+            gpu_count,
+            last: Mutex::new(None),
+            ticks_per_s: rustix::param::clock_ticks_per_second().max(1),
+            page_bytes: (rustix::param::page_size() as u64).max(1),
+        }
+    }
+
+    /// A snapshot no older than [`SNAPSHOT_REUSE`] (blocking: reads /proc).
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        let mut last = self.last.lock().expect("usage snapshot lock");
+        if let Some(s) = last.as_ref().filter(|s| s.taken.elapsed() < SNAPSHOT_REUSE) {
+            return s.clone();
+        }
+        let s = Arc::new(Snapshot { taken: Instant::now(), procs: walk_proc(), gpus: self.gpus.read(self.gpu_count) });
+        *last = Some(s.clone());
+        s
+    }
+
+    fn ms(&self, ticks: u64) -> u64 {
+        ticks.saturating_mul(1000) / self.ticks_per_s
+    }
+
+    fn mb(&self, pages: u64) -> u64 {
+        pages.saturating_mul(self.page_bytes) / (1024 * 1024)
+    }
+}
+
+/// Reads `/proc/PID/stat` of up to [`PROCS_MAX`] processes.
+fn walk_proc() -> Vec<ProcStat> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(Result::ok)
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+        .take(PROCS_MAX)
+        .filter_map(|e| read_stat(&e.path().join("stat")))
+        .collect()
+}
+
+fn read_stat(path: &Path) -> Option<ProcStat> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path).ok()?.take(STAT_BYTES_MAX).read_to_string(&mut text).ok()?;
+    parse_stat(&text)
+}
+
+/// The CPU time (ticks) of an ended process not yet reaped, and of every
+/// descendant it waited for; None if it cannot be read.
+pub fn ended_tree_ticks(pid: i32) -> Option<u64> {
+    let s = read_stat(&PathBuf::from(format!("/proc/{pid}/stat")))?;
+    (s.pid == pid).then(|| s.cpu_ticks.saturating_add(s.child_ticks))
+}
+
+/// One task's use so far, fed with snapshots.
+#[derive(Debug, Default)]
+pub struct Meter {
+    gpus: Vec<u32>,
+    /// Live processes' CPU ticks at their last sample, by (pid, start).
+    live: BTreeMap<(i32, u64), u64>,
+    /// Ticks of processes seen before that have ended since.
+    ended_ticks: u64,
+    mem_peak_pages: u64,
+    gpu_samples: u32,
+    gpu_util_pct_sum: u64,
+    gpu_mem_peak_mb: u64,
+    last: Option<Instant>,
+}
+
+impl Meter {
+    pub fn new(gpus: &[u32]) -> Meter {
+        Meter { gpus: gpus.to_vec(), ..Meter::default() }
+    }
+
+    /// Takes in a snapshot for a task whose processes are in `groups`
+    /// (process group ids). A snapshot seen before is not counted again.
+    pub fn observe(&mut self, snap: &Snapshot, groups: &[i32]) {
+        if self.last == Some(snap.taken) {
+            return;
+        }
+        self.last = Some(snap.taken);
+        let mut seen = BTreeMap::new();
+        let mut rss = 0u64;
+        for p in snap.procs.iter().filter(|p| groups.contains(&p.pgid)).take(PROCS_PER_TASK_MAX) {
+            rss = rss.saturating_add(p.rss_pages);
+            seen.insert((p.pid, p.start_ticks), p.cpu_ticks);
+        }
+        for (key, ticks) in std::mem::take(&mut self.live) {
+            if !seen.contains_key(&key) {
+                self.ended_ticks = self.ended_ticks.saturating_add(ticks);
+            }
+        }
+        self.live = seen;
+        self.mem_peak_pages = self.mem_peak_pages.max(rss);
+        for g in &self.gpus {
+            if let Some(r) = snap.gpus.get(g) {
+                self.gpu_samples = self.gpu_samples.saturating_add(1);
+                self.gpu_util_pct_sum = self.gpu_util_pct_sum.saturating_add(u64::from(r.util_pct.min(100)));
+                self.gpu_mem_peak_mb = self.gpu_mem_peak_mb.max(r.mem_mb);
+            }
+        }
+    }
+
+    /// The task's use: CPU time the larger of the samples' and the ended
+    /// main process's tree (`tree_ticks`), memory the larger of the samples'
+    /// and the cgroup's peak.
+    pub fn finish(&self, sampler: &Sampler, tree_ticks: Option<u64>, cgroup_peak_mb: Option<u64>) -> TaskUsage {
+        let sampled = self.live.values().fold(self.ended_ticks, |a, t| a.saturating_add(*t));
+        TaskUsage {
+            cpu_ms: sampler.ms(sampled.max(tree_ticks.unwrap_or(0))),
+            mem_peak_mb: sampler.mb(self.mem_peak_pages).max(cgroup_peak_mb.unwrap_or(0)),
+            gpu_samples: self.gpu_samples,
+            gpu_util_pct_sum: self.gpu_util_pct_sum,
+            gpu_mem_peak_mb: self.gpu_mem_peak_mb,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stat(pid: i32, pgid: i32, cpu: u64, rss: u64) -> ProcStat {
+        ProcStat { pid, pgid, start_ticks: 7, cpu_ticks: cpu, child_ticks: 0, rss_pages: rss }
+    }
+
+    #[test]
+    fn a_stat_line_with_a_hostile_command_name_parses() {
+        let line = "4242 (evil) 1 2 (x) R 1 4242 4242 0 -1 4194304 10 0 0 0 150 50 7 3 20 0 1 0 98765 1000000 256 18446744073709551615";
+        let s = parse_stat(line).expect("parses");
+        assert_eq!(
+            s,
+            ProcStat { pid: 4242, pgid: 4242, start_ticks: 98765, cpu_ticks: 200, child_ticks: 10, rss_pages: 256 }
+        );
+        assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(parse_stat("12 (x) R 1"), None);
+    }
+
+    #[test]
+    fn this_process_can_be_read() {
+        let me = std::process::id() as i32;
+        let s = read_stat(Path::new("/proc/self/stat")).expect("own stat");
+        assert_eq!(s.pid, me);
+        assert!(s.rss_pages > 0);
+    }
+
+    #[test]
+    fn load_files_are_clamped_and_bad_lines_skipped() {
+        let l = parse_load("0 95 40000\n1 250\nx 3\n2\n");
+        assert_eq!(l.get(&0), Some(&GpuReading { util_pct: 95, mem_mb: 40000 }));
+        assert_eq!(l.get(&1), Some(&GpuReading { util_pct: 100, mem_mb: 0 }));
+        assert_eq!(l.len(), 2);
+    }
+
+    #[test]
+    fn the_meter_counts_ended_processes_once_and_only_its_groups() {
+        let sampler = Sampler { ticks_per_s: 100, page_bytes: 1024 * 1024, ..Sampler::new(GpuSource::None, 0) };
+        let mut m = Meter::new(&[1]);
+        let t0 = Instant::now();
+        let gpus = BTreeMap::from([
+            (0, GpuReading { util_pct: 100, mem_mb: 9 }),
+            (1, GpuReading { util_pct: 40, mem_mb: 500 }),
+        ]);
+        let snap = |taken, procs| Snapshot { taken, procs, gpus: gpus.clone() };
+        let first = snap(t0, vec![stat(10, 10, 100, 30), stat(11, 10, 50, 20), stat(99, 99, 5000, 900)]);
+        m.observe(&first, &[10]);
+        m.observe(&first, &[10]); // the same snapshot: not counted twice
+                                  // Process 11 ended; 10 ran on.
+        m.observe(&snap(t0 + Duration::from_secs(10), vec![stat(10, 10, 300, 10)]), &[10]);
+        let u = m.finish(&sampler, None, None);
+        assert_eq!(u.cpu_ms, 3500, "50 ticks of the ended process and 300 of the live one");
+        assert_eq!(u.mem_peak_mb, 50, "the most its processes held at once");
+        assert_eq!((u.gpu_samples, u.gpu_util_pct_sum, u.gpu_mem_peak_mb), (2, 80, 500), "only its own GPU");
+        // The ended main process's tree is exact where the samples missed some.
+        assert_eq!(m.finish(&sampler, Some(1000), Some(64)).cpu_ms, 10_000);
+        assert_eq!(m.finish(&sampler, Some(1000), Some(64)).mem_peak_mb, 64);
+    }
+}
