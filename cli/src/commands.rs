@@ -130,14 +130,25 @@ pub async fn queue(client: &Client, out: &Output, a: QueueArgs) -> anyhow::Resul
 
 pub async fn show(client: &Client, out: &Output, job_id: u64, stale: bool) -> anyhow::Result<()> {
     let req = pb::GetJobRequest { job_id, stale };
-    let job = client
+    let got = client
         .call(|ch| {
             let r = client.request(req);
             async move { JobServiceClient::new(ch).get(r).await }
         })
-        .await?
-        .into_inner();
+        .await;
+    // A job the state no longer holds: from the accounting database, if any.
+    let (job, stored) = match got {
+        Ok(j) => (j.into_inner(), false),
+        Err(s) if s.code() == tonic::Code::NotFound => match stored_job(client, job_id).await {
+            Some(j) => (j, true),
+            None => return Err(s.into()),
+        },
+        Err(s) => return Err(s.into()),
+    };
     let mut v = job_json(&job);
+    if let (true, Value::Object(map)) = (stored, &mut v) {
+        map.insert("source".into(), json!("accounting"));
+    }
     // A pending job: why, in Slurm's words and Gangway's detail.
     let why = if job.state == pb::JobState::Pending as i32 {
         let r = client
@@ -192,6 +203,19 @@ pub async fn show(client: &Client, out: &Output, job_id: u64, stale: bool) -> an
         }
     }
     Ok(())
+}
+
+/// Job `job_id` from the accounting database (None: no database, or not there).
+async fn stored_job(client: &Client, job_id: u64) -> Option<pb::Job> {
+    let req = pb::HistoryRequest { job_ids: vec![job_id], limit: 100, ..Default::default() };
+    let resp = client
+        .call(|ch| {
+            let r = client.request(req.clone());
+            async move { JobServiceClient::new(ch).history(r).await }
+        })
+        .await
+        .ok()?;
+    resp.into_inner().jobs.into_iter().find(|j| j.id == job_id)
 }
 
 pub async fn cancel(client: &Client, out: &Output, job_ids: &[u64]) -> anyhow::Result<()> {

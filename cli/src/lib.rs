@@ -94,13 +94,15 @@ enum Cmd {
     /// Slurm's sreport: CPU and GPU usage by account and user over a time range, from the
     /// accounting database (`cluster AccountUtilizationByUser`, `user TopUsage`, ...).
     Sreport(slurm::sreport::SreportArgs),
+    /// Slurm's seff: a job's CPU, memory and GPU efficiency, from what its agents measured.
+    Seff(slurm::seff::SeffArgs),
     /// Slurm's srun: a step's tasks with per-task SLURM_* variables (in a job), a job of its own
     /// (outside one), a step in a running job (--jobid), or a shell on a terminal (--pty).
     Srun(slurm::srun::SrunArgs),
     /// Slurm's salloc: an allocation held while a command runs here (default: your shell on its
     /// first node); srun in it starts steps on the allocated nodes.
     Salloc(slurm::salloc::SallocArgs),
-    /// Slurm command names as links to this binary (sbatch, srun, salloc, squeue, scancel, sinfo, scontrol, sacct, sreport).
+    /// Slurm command names as links to this binary (sbatch, srun, salloc, squeue, scancel, sinfo, scontrol, sacct, sreport, seff).
     #[command(subcommand)]
     Shims(ShimsCmd),
     /// Certificates: a CA, and server, agent and client certificates signed by it.
@@ -235,7 +237,8 @@ enum ShimsCmd {
 }
 
 /// The Slurm commands this binary answers to when invoked by that name.
-const SHIMS: &[&str] = &["sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sreport"];
+const SHIMS: &[&str] =
+    &["sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sreport", "seff"];
 
 fn install_shims(prefix: &std::path::Path, force: bool) -> anyhow::Result<()> {
     let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this binary: {e}"))?;
@@ -422,6 +425,7 @@ pub fn main() {
                     Cmd::Scontrol(a) => slurm::scontrol::run(&client, &out, a).await,
                     Cmd::Sacct(a) => slurm::sacct::run(&client, &out, &identity, a).await,
                     Cmd::Sreport(a) => slurm::sreport::run(&client, a).await,
+                    Cmd::Seff(a) => slurm::seff::run(&client, a).await,
                     Cmd::Queue(a) => commands::queue(&client, &out, a).await,
                     Cmd::Show { job_id, stale } => commands::show(&client, &out, job_id, stale).await,
                     Cmd::Cancel { job_ids } => commands::cancel(&client, &out, &job_ids).await,

@@ -78,6 +78,10 @@ pub(crate) fn job_json(j: &pb::Job) -> Value {
         "dependency": spec.dependency,
         "array": spec.array,
         "nice": spec.nice,
+        "usage": j.usage.as_ref().map(|u| json!({
+            "nodes": u.nodes, "cpu_ms": u.cpu_ms, "mem_peak_mb": u.mem_peak_mb,
+            "gpu_util_pct": u.gpu_util_pct, "gpu_mem_peak_mb": u.gpu_mem_peak_mb,
+        })),
     });
     if let (Value::Object(m), Value::Object(x)) = (&mut v, extra) {
         m.extend(x);

@@ -644,12 +644,17 @@ pub fn parse_time(option: &str, s: &str, now: u64) -> Result<u64, String> {
 
 /// [`parse_time`] in the zone `offset_s` describes.
 fn parse_time_in(option: &str, s: &str, now: u64, offset_s: &dyn Fn(i64) -> i64) -> Result<u64, String> {
-    let bad = || format!("{option}: '{s}' is not a time (YYYY-MM-DD[THH:MM[:SS]], now, now-2hours)");
+    let bad = || format!("{option}: '{s}' is not a time (YYYY-MM-DD[THH:MM[:SS]], now, now-2hours, now+1days)");
     if let Some(rest) = s.strip_prefix("now") {
         if rest.is_empty() {
             return Ok(now);
         }
-        let rest = rest.strip_prefix('-').ok_or_else(bad)?;
+        // now-N or now+N units, as Slurm's times.
+        let (later, rest) = match (rest.strip_prefix('-'), rest.strip_prefix('+')) {
+            (Some(r), _) => (false, r),
+            (None, Some(r)) => (true, r),
+            (None, None) => return Err(bad()),
+        };
         let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
         let n: u64 = digits.parse().map_err(|_| bad())?;
         let unit = match &rest[digits.len()..] {
@@ -659,7 +664,8 @@ fn parse_time_in(option: &str, s: &str, now: u64, offset_s: &dyn Fn(i64) -> i64)
             "d" | "day" | "days" => 86_400,
             _ => return Err(bad()),
         };
-        return Ok(now.saturating_sub(n.saturating_mul(unit).saturating_mul(1000)));
+        let by = n.saturating_mul(unit).saturating_mul(1000);
+        return Ok(if later { now.saturating_add(by) } else { now.saturating_sub(by) });
     }
     let (date, time) = s.split_once('T').unwrap_or((s, "00:00:00"));
     let d: Vec<i64> = date.split('-').map(|p| p.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
@@ -734,6 +740,7 @@ mod begin_tests {
         assert_eq!(ok("2026-12-24 08:00"), 1_798_099_200_000);
         assert_eq!(ok("11/30"), 1_827_532_800_000, "a day past this year: next year's");
         assert_eq!(ok("now-1hour"), now - 3_600_000);
+        assert_eq!(ok("now+2days"), now + 2 * 86_400_000);
         assert_eq!(ok("now + 2 days"), now + 2 * day);
         assert_eq!(ok("NOW+1WEEK"), now + 7 * day);
         assert_eq!(ok("uts1798099200"), 1_798_099_200_000);

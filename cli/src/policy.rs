@@ -333,6 +333,11 @@ pub struct SetArgs {
     /// Users see only their own jobs (coordinators: their accounts'), like Slurm's PrivateData=jobs.
     #[arg(long)]
     private_jobs: Option<bool>,
+    /// Finished jobs the cluster keeps before it drops the oldest (Slurm's
+    /// MaxJobCount): 1 to 100000 (the default); the accounting database
+    /// keeps the rest. 0 goes back to the default.
+    #[arg(long)]
+    finished_jobs_kept: Option<u32>,
 }
 
 /// The policy as the cluster has it now, and its version.
@@ -667,6 +672,9 @@ pub async fn run(client: &Client, out: &Output, cmd: AdminCmd) -> anyhow::Result
                 }
                 if let Some(pj) = a.private_jobs {
                     p.private_jobs = pj;
+                }
+                if let Some(n) = a.finished_jobs_kept {
+                    p.finished_jobs_kept = (n > 0).then_some(n);
                 }
                 Ok(())
             })

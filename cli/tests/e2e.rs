@@ -1729,9 +1729,24 @@ fn accounting_stores_every_job_once_across_failures() {
         assert!(o.status.success(), "submit {args:?}: {}", String::from_utf8_lossy(&o.stderr));
         stdout(&o).trim().parse().unwrap()
     };
+    // The state keeps 8 finished jobs: the test runs more, so sacct, show,
+    // sreport and seff must find the others in the database. (The setting
+    // needs data format 13, which a new cluster reaches by itself.)
+    eventually("the policy never took finished_jobs_kept", || {
+        cli(&endpoints, &["admin", "set", "--finished-jobs-kept", "8"], &work).status.success()
+    });
+    // The simulated GPUs' load, which the agent samples into each job's usage.
+    let load: String = (0..4).map(|g| format!("{g} 70 30000\n")).collect();
+    std::fs::write(dir.path().join("agent-3").join("gpu-load"), load).unwrap();
     let mut jobs = Vec::new();
-    let round = |jobs: &mut Vec<u64>| {
-        jobs.push(submit(&["--gpus", "2", "--", "sleep", "1"]));
+    let (mut gpu_jobs, mut burners) = (Vec::new(), Vec::new());
+    let mut round = |jobs: &mut Vec<u64>| {
+        let gpu = submit(&["--gpus", "2", "--", "sleep", "2"]);
+        let burn =
+            submit(&["-J", "burn", "--", "sh", "-c", "e=$(($(date +%s)+2)); while [ $(date +%s) -lt $e ]; do :; done"]);
+        jobs.extend([gpu, burn]);
+        gpu_jobs.push(gpu);
+        burners.push(burn);
         jobs.push(submit(&["--", "false"]));
         jobs.push(submit(&["-J", "quick", "--", "true"]));
     };
@@ -1775,6 +1790,14 @@ fn accounting_stores_every_job_once_across_failures() {
         assert!(Instant::now() < deadline, "the store never caught up:\n{}\nwant:\n{want}", stored());
         std::thread::sleep(Duration::from_millis(300));
     }
+    // More jobs ran than the state keeps: once the service says it has
+    // stored them, the state lets the oldest go, and they are read from the
+    // database.
+    let from_db = || {
+        let shown = |j: &u64| stdout(&cli(&endpoints, &["show", &j.to_string(), "--json"], &work));
+        jobs.iter().filter(|j| shown(j).contains("\"source\": \"accounting\"")).count()
+    };
+    eventually("the state never let the stored jobs go", || from_db() >= jobs.len() - 8);
     drop(service);
     // Once each: one row per job, one `submitted` and one `finished` event each.
     let n = jobs.len();
@@ -1788,10 +1811,32 @@ fn accounting_stores_every_job_once_across_failures() {
     ));
     let want_events: String = jobs.iter().map(|j| format!("{j}|1|1\n")).collect::<Vec<_>>().concat();
     assert_eq!(per_job, want_events, "events per job (submitted, finished)");
-    // Usage: each 2-GPU `sleep 1` held 2 GPUs for at least a second.
-    let gpu_jobs =
-        pg.query("SELECT count(*) FROM jobs WHERE alloc_gpus = 2 AND gpu_seconds >= 2 AND state = 'COMPLETED'");
-    assert_eq!(gpu_jobs.trim(), (jobs.len() / 3).to_string(), "GPU jobs with their GPU-seconds");
+    // Usage: each 2-GPU `sleep 2` held 2 GPUs for at least two seconds, at
+    // the load file's 70%; each burner used CPU time, as its agent measured.
+    let rounds = gpu_jobs.len();
+    let held = pg.query("SELECT count(*) FROM jobs WHERE alloc_gpus = 2 AND gpu_seconds >= 4 AND state = 'COMPLETED'");
+    let gpu_rows =
+        pg.query("SELECT job_id, state, attempts, elapsed_s, gpu_seconds, gpu_util_pct, measured_nodes, cpu_used_ms, mem_peak_mb FROM jobs WHERE alloc_gpus = 2");
+    assert_eq!(held.trim(), rounds.to_string(), "GPU jobs with their GPU-seconds:\n{gpu_rows}");
+    let loaded =
+        pg.query("SELECT count(*) FROM jobs WHERE alloc_gpus = 2 AND gpu_util_pct = 70 AND gpu_mem_peak_mb = 30000");
+    assert_eq!(loaded.trim(), rounds.to_string(), "GPU jobs with their sampled load:\n{gpu_rows}");
+    let burnt = pg.query("SELECT count(*) FROM jobs WHERE name = 'burn' AND cpu_used_ms >= 500 AND measured_nodes = 1");
+    assert_eq!(burnt.trim(), rounds.to_string(), "burners with their CPU time");
+    // seff, for a job only the database holds: its CPU time, and the GPUs' load.
+    let seff = |id: u64| {
+        let o = cli(&endpoints, &["seff", &id.to_string()], &work);
+        assert!(o.status.success(), "seff {id}: {}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o)
+    };
+    let burnt = seff(burners[0]);
+    let cpu = burnt.lines().find_map(|l| l.strip_prefix("CPU Utilized: ")).unwrap_or_else(|| panic!("{burnt}"));
+    assert!(cpu.starts_with("00:00:0") && cpu != "00:00:00", "the burner's CPU time: {burnt}");
+    assert!(burnt.contains(&format!("Job ID: {}\n", burners[0])) && burnt.contains("State: COMPLETED (exit code 0)"));
+    assert!(burnt.contains("CPU Efficiency: ") && burnt.contains("Memory Utilized: "), "{burnt}");
+    let gpu = seff(gpu_jobs[0]);
+    assert!(gpu.contains("GPUs: 2 (2 per node)\nGPU Utilized: 70.00%"), "{gpu}");
+    assert!(gpu.contains("GPU Memory Utilized: 29.30 GB"), "{gpu}");
     let cursor = pg.query("SELECT log_index > 0 FROM ingest_cursor");
     assert_eq!(cursor.trim(), "t");
     // sacct reads what the state no longer holds from the database, as the
@@ -1850,6 +1895,69 @@ fn accounting_stores_every_job_once_across_failures() {
     let theirs = sreport("mallory", &report);
     let want = "gangway|root|||86400|0\ngangway|root|mallory|mallory|86400|0\n";
     assert_eq!(theirs, want, "mallory's own usage only");
+    // sreport cluster Utilization: the GPUs the accounting service saw the
+    // node have (4, sampled every minute since it started), and what the
+    // jobs held, which is what the stored jobs add up to.
+    let util = sreport(
+        "root",
+        &[
+            "-P",
+            "-n",
+            "-t",
+            "seconds",
+            "--tres=gres/gpu",
+            "cluster",
+            "Utilization",
+            "start=now-1hours",
+            "end=now+1hours",
+        ],
+    );
+    let cells: Vec<u64> = util.trim().split('|').skip(1).map(|c| c.parse().unwrap()).collect();
+    let [allocated, down, planned, idle, reported] = cells[..] else { panic!("{util}") };
+    let stored: u64 = pg
+        .query("SELECT COALESCE(sum(gpu_seconds), 0) FROM jobs WHERE end_time > now() - interval '1 hour'")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        allocated >= stored && allocated <= stored + 2 * rounds as u64 + 2,
+        "allocated {allocated}, stored {stored}: {util}"
+    );
+    assert!(reported >= 4 * 60 && reported % 60 == 0 && down == 0 && planned == 0, "{util}");
+    assert_eq!(idle, reported.saturating_sub(allocated), "{util}");
+    let refused = as_user(Command::new(GANGWAY).args(["sreport", "cluster", "Utilization"]), "mallory")
+        .env("GANGWAY_ENDPOINTS", &endpoints)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success(), "with private jobs a user does not see everyone's utilization");
+    // Fair share's usage rebuilt from the history (after a disaster
+    // restore): 900001's 16 GPUs for a day, decayed over two days, are back.
+    let root_gpu_hours = || -> f64 {
+        let shares: serde_json::Value =
+            serde_json::from_str(&stdout(&cli(&endpoints, &["admin", "shares", "--json"], &work))).unwrap();
+        let root = shares.as_array().unwrap().iter().find(|a| a["account"] == "root").cloned().unwrap();
+        root["gpu_hours"].as_f64().unwrap()
+    };
+    assert!(root_gpu_hours() < 1.0, "before: {}", root_gpu_hours());
+    let rebuild = |extra: &[&str]| {
+        let o = as_user(
+            Command::new(GANGWAY).args(["accounting", "rebuild-fairshare", "--database", &pg.url()]).args(extra),
+            "root",
+        )
+        .env("GANGWAY_ENDPOINTS", &endpoints)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+        assert!(o.status.success(), "rebuild-fairshare: {}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o)
+    };
+    assert!(rebuild(&["--dry-run"]).contains("nothing changed"));
+    assert!(root_gpu_hours() < 1.0, "a dry run changes nothing");
+    let done = rebuild(&[]);
+    assert!(done.contains(&format!("rebuilt from {} jobs", n + 2 - 1)), "{done}");
+    let after = root_gpu_hours();
+    assert!((384.0 * 0.75..384.0).contains(&after), "384 GPU-hours two days ago, decayed: {after}");
     // The outage was real: the service saw its writes fail and went on.
     let log = std::fs::read_to_string(dir.path().join("accounting.log")).unwrap();
     assert!(log.contains("retrying"), "the database outage was never noticed:\n{log}");

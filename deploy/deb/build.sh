@@ -27,7 +27,7 @@ chmod 0755 "$root"
 install -D -m 0755 "$bin" "$root/usr/bin/gangway"
 strip --strip-debug "$root/usr/bin/gangway"
 # The Slurm commands: the binary answers as the name it is run by.
-for tool in sbatch srun salloc squeue scancel sinfo scontrol sacct sreport; do
+for tool in sbatch srun salloc squeue scancel sinfo scontrol sacct sreport seff; do
     ln -s gangway "$root/usr/bin/$tool"
 done
 install -D -m 0644 "$deploy/systemd/gangway-controller.service" "$root/lib/systemd/system/gangway-controller.service"

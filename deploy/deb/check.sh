@@ -35,7 +35,7 @@ for f in ./usr/bin/gangway ./lib/systemd/system/gangway-controller.service ./lib
     ./etc/default/gangway-controller ./etc/default/gangway-agent ./usr/share/doc/gangway/operations.md; do
     grep -q " $f\( \|$\)" <<<"$contents" || fail "$f is not in the package"
 done
-for tool in sbatch srun salloc squeue scancel sinfo scontrol sacct sreport; do
+for tool in sbatch srun salloc squeue scancel sinfo scontrol sacct sreport seff; do
     grep -q " ./usr/bin/$tool -> gangway$" <<<"$contents" || fail "/usr/bin/$tool is not a link to gangway"
 done
 grep -q "^-rwxr-xr-x root/root .* ./usr/bin/gangway$" <<<"$contents" || fail "/usr/bin/gangway is not root's 0755"

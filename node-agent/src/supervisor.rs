@@ -578,7 +578,7 @@ fn step_env(order: &LaunchOrder, ca_pem: Option<&str>) -> Vec<(&'static str, Str
 }
 
 /// The Slurm commands a batch script may call, linked in every task's PATH.
-pub const JOB_TOOLS: &[&str] = &["srun", "scontrol", "squeue", "sbatch", "scancel", "sinfo", "sacct"];
+pub const JOB_TOOLS: &[&str] = &["srun", "scontrol", "squeue", "sbatch", "scancel", "sinfo", "sacct", "seff"];
 
 /// A task's PATH: the agent's job tools first, then the submitted PATH (or
 /// the system default). First, because a node may have Slurm's own commands

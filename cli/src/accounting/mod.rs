@@ -54,28 +54,73 @@ const DB_ATTEMPTS_MAX: u32 = 720;
 const DB_RETRY_PAUSE_MAX: Duration = Duration::from_secs(5);
 /// How often expired history is deleted.
 const RETENTION_EVERY: Duration = Duration::from_secs(3600);
+/// How often the service tells the cluster what it has stored (a log entry
+/// each time), so the state can let those finished jobs go.
+const STORED_EVERY: Duration = Duration::from_secs(1);
 /// How often ingest progress is logged.
 const PROGRESS_EVERY: Duration = Duration::from_secs(60);
 
+/// How often the nodes' capacity is sampled for `sreport cluster
+/// Utilization` (Slurm's slurmdbd rolls usage up hourly; a minute keeps a
+/// node's outage visible to the minute, 1,440 rows a day).
+const CAPACITY_EVERY: Duration = Duration::from_secs(60);
+/// Pages of one node listing (the API pages by size; 20,000 nodes fit in a few).
+const NODE_PAGES_MAX: usize = 1000;
+
 #[derive(Args)]
 pub struct AccountingArgs {
+    #[command(subcommand)]
+    pub action: Option<AccountingAction>,
     /// The PostgreSQL database: postgres://USER[:PASSWORD]@HOST[:PORT]/DB, or
     /// key=value settings (host=/var/run/postgresql user=gangway dbname=gangway).
-    #[arg(long, env = "GANGWAY_ACCOUNTING_DATABASE")]
-    pub database: String,
+    #[arg(long, env = "GANGWAY_ACCOUNTING_DATABASE", global = true)]
+    pub database: Option<String>,
     /// Finished jobs (and events) are deleted this many days after they
     /// ended (were stored); 0 keeps everything.
     #[arg(long, default_value_t = 365)]
     pub retention_days: u64,
 }
 
-pub async fn run(client: Client, a: AccountingArgs) -> anyhow::Result<()> {
+/// The service's settings, the database named.
+struct Service {
+    database: String,
+    retention_days: u64,
+    action: Option<AccountingAction>,
+}
+
+#[derive(clap::Subcommand, Clone, Copy)]
+pub enum AccountingAction {
+    /// Rebuild fair share's usage from the stored history (after a
+    /// disaster restore left the cluster's usage older than the history):
+    /// every finished job charged at its end, as the controllers charge
+    /// them, within the window fair share remembers. Admins only.
+    RebuildFairshare {
+        /// Print the usage it would restore, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+pub async fn run(client: Client, mut a: AccountingArgs) -> anyhow::Result<()> {
+    let database = a.database.take().filter(|d| !d.is_empty()).ok_or_else(|| {
+        anyhow::anyhow!("--database: name the PostgreSQL database (or set GANGWAY_ACCOUNTING_DATABASE)")
+    })?;
+    let a = Service { database, retention_days: a.retention_days, action: a.action };
+    if let Some(AccountingAction::RebuildFairshare { dry_run }) = a.action {
+        return rebuild_fairshare(&client, &a.database, dry_run).await;
+    }
     let client = Arc::new(client);
     let mut store = connect(&a.database).await?;
+    // Only the writer samples (a standby reaches here once it takes over).
+    let _capacity = AbortOnDrop(tokio::spawn(capacity_loop(client.clone(), a.database.clone())));
     let mut cursor = match store.cursor().await? {
         Some(c) => c,
         None => resync(&client, &mut store, &a.database).await?,
     };
+    // From now on the state keeps the finished jobs the store does not have yet.
+    if cursor.index > 1 {
+        tell_stored(&client, cursor.index - 1).await;
+    }
     tracing::info!(index = cursor.index, "accounting: following the cluster's events");
     loop {
         let (tx, rx) = tokio::sync::mpsc::channel(EVENT_QUEUE_MAX);
@@ -112,13 +157,26 @@ pub async fn run(client: Client, a: AccountingArgs) -> anyhow::Result<()> {
 async fn write_loop(
     client: &Client,
     store: &mut Store,
-    a: &AccountingArgs,
+    a: &Service,
     mut rx: tokio::sync::mpsc::Receiver<(pb::ClusterEvent, Cursor)>,
 ) -> anyhow::Result<()> {
     let mut expired_at: Option<Instant> = None;
     let (mut since, mut events_since) = (Instant::now(), 0usize);
+    // The log index through which every job is stored, not yet told.
+    let mut untold: Option<u64> = None;
+    let mut told_at = Instant::now();
     loop {
-        let Some(first) = rx.recv().await else { return Ok(()) };
+        let first = match tokio::time::timeout(STORED_EVERY, rx.recv()).await {
+            Ok(Some(first)) => first,
+            Ok(None) => return Ok(()),
+            Err(_) => {
+                if let Some(index) = untold.take() {
+                    tell_stored(client, index).await;
+                    told_at = Instant::now();
+                }
+                continue;
+            }
+        };
         let mut ids: BTreeSet<u64> = BTreeSet::new();
         ids.extend(Some(first.0.job_id).filter(|j| *j != 0));
         let mut batch = vec![first];
@@ -136,6 +194,14 @@ async fn write_loop(
         let cursor = batch.last().map(|(_, c)| *c);
         let as_of = cursor.map_or(0, |c| c.index);
         write_retrying(store, &a.database, &batch, &jobs, as_of, cursor).await?;
+        // Entries before the cursor's are stored whole.
+        untold = cursor.map(|c| c.index.saturating_sub(1)).filter(|i| *i > 0).or(untold);
+        if told_at.elapsed() >= STORED_EVERY {
+            if let Some(index) = untold.take() {
+                tell_stored(client, index).await;
+                told_at = Instant::now();
+            }
+        }
         events_since += batch.len();
         if since.elapsed() >= PROGRESS_EVERY {
             let rate = events_since as f64 / since.elapsed().as_secs_f64();
@@ -152,6 +218,21 @@ async fn write_loop(
             }
             expired_at = Some(Instant::now());
         }
+    }
+}
+
+/// Tells the cluster the store holds every job through `index`; a failure
+/// is only logged (the next report says as much, and until then the state
+/// just keeps those jobs a while longer).
+async fn tell_stored(client: &Client, index: u64) {
+    let r = client
+        .call(|ch| {
+            let req = client.request(pb::AccountingStoredRequest { index });
+            async move { AdminServiceClient::new(ch).accounting_stored(req).await }
+        })
+        .await;
+    if let Err(s) = r {
+        tracing::warn!(index, error = %s.message(), "accounting: telling the cluster what is stored failed");
     }
 }
 
@@ -312,6 +393,129 @@ async fn write_retrying(
         }
     }
     anyhow::bail!("accounting: a batch could not be written after {DB_ATTEMPTS_MAX} attempts")
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Samples the nodes' capacity every [`CAPACITY_EVERY`] into its own
+/// connection; a sample that cannot be taken or stored is skipped (the
+/// range it covered reads as unknown, not as idle).
+async fn capacity_loop(client: Arc<Client>, database: String) {
+    let mut store: Option<Store> = None;
+    let mut tick = tokio::time::interval(CAPACITY_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    // Bounded by the service's life: one sample a tick.
+    loop {
+        tick.tick().await;
+        let at = std::time::SystemTime::now();
+        let nodes = match list_nodes(&client).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "accounting: sampling capacity failed");
+                continue;
+            }
+        };
+        let c = gangway_controller::accounting::store::capacity(&nodes);
+        if store.as_ref().is_none_or(Store::is_closed) {
+            store = Store::connect(&database).await.ok();
+        }
+        let interval_s = CAPACITY_EVERY.as_secs() as i32;
+        let stored = match &store {
+            Some(s) => s.sample_capacity(at, interval_s, &c).await,
+            None => Err(anyhow::anyhow!("no database connection")),
+        };
+        if let Err(e) = stored {
+            tracing::warn!(error = %format!("{e:#}"), "accounting: storing a capacity sample failed");
+            store = None;
+        }
+    }
+}
+
+async fn list_nodes(client: &Client) -> anyhow::Result<Vec<pb::Node>> {
+    let mut nodes = Vec::new();
+    let mut after_name = String::new();
+    for _ in 0..NODE_PAGES_MAX {
+        let resp = client
+            .call(|ch| {
+                let req = client.request(pb::ListNodesRequest { stale: false, after_name: after_name.clone() });
+                async move { gangway_proto::v1::node_service_client::NodeServiceClient::new(ch).list(req).await }
+            })
+            .await
+            .map_err(|s| anyhow::anyhow!("listing nodes: {}", s.message()))?
+            .into_inner();
+        nodes.extend(resp.nodes);
+        if resp.next_after_name.is_empty() {
+            break;
+        }
+        after_name = resp.next_after_name;
+    }
+    Ok(nodes)
+}
+
+/// `gangway accounting rebuild-fairshare`: the usage fair share would hold
+/// had the cluster charged every stored job at its end, restored through
+/// `AdminService.RestoreUsage`.
+async fn rebuild_fairshare(client: &Client, database: &str, dry_run: bool) -> anyhow::Result<()> {
+    use gangway_core::limits::USAGE_BUCKETS_MAX;
+    use gangway_core::state::{usage_bucket_width_ms, usage_from_runs};
+    let policy = client
+        .call(|ch| {
+            let req = client.request(pb::GetPolicyRequest::default());
+            async move { AdminServiceClient::new(ch).get_policy(req).await }
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("reading the policy: {}", s.message()))?
+        .into_inner();
+    let policy: gangway_core::policy::ClusterPolicy =
+        serde_json::from_str(&policy.json).context("reading the policy: not a policy document")?;
+    // Older runs than the buckets the state keeps would be dropped anyway.
+    let width = usage_bucket_width_ms(policy.fairshare_half_life_s);
+    let window = Duration::from_millis(width.saturating_mul(USAGE_BUCKETS_MAX as u64));
+    let since = std::time::SystemTime::now().checked_sub(window).unwrap_or(std::time::UNIX_EPOCH);
+    let store = Store::connect(database).await?;
+    let runs: Vec<gangway_core::state::ChargedRun> = store
+        .charged_runs(since)
+        .await?
+        .into_iter()
+        .map(|(account, end_ms, gpu_ms, cpu_ms)| gangway_core::state::ChargedRun { account, end_ms, gpu_ms, cpu_ms })
+        .collect();
+    let jobs = runs.len();
+    let usage = usage_from_runs(runs, policy.fairshare_half_life_s);
+    for (account, buckets) in &usage {
+        let gpu_h: f64 = buckets.iter().map(|b| b.gpu_ms as f64).sum::<f64>() / 3.6e6;
+        let cpu_h: f64 = buckets.iter().map(|b| b.cpu_ms as f64).sum::<f64>() / 3.6e6;
+        println!("{account}: {gpu_h:.2} GPU-hours, {cpu_h:.2} CPU-hours in {} buckets", buckets.len());
+    }
+    if dry_run {
+        println!("{jobs} jobs, {} accounts: nothing changed (--dry-run)", usage.len());
+        return Ok(());
+    }
+    let accounts: Vec<pb::AccountUsage> = usage
+        .into_iter()
+        .map(|(account, buckets)| pb::AccountUsage {
+            account,
+            buckets: buckets
+                .iter()
+                .map(|b| pb::UsageBucket { start_ms: b.start_ms, gpu_ms: b.gpu_ms, cpu_ms: b.cpu_ms })
+                .collect(),
+        })
+        .collect();
+    let resp = client
+        .call(|ch| {
+            let req = client.request(pb::RestoreUsageRequest { accounts: accounts.clone() });
+            async move { AdminServiceClient::new(ch).restore_usage(req).await }
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("restoring fair share's usage: {}", s.message()))?
+        .into_inner();
+    println!("fair share's usage rebuilt from {jobs} jobs: {} accounts", resp.accounts);
+    Ok(())
 }
 
 /// 100 ms, doubling, at most [`DB_RETRY_PAUSE_MAX`].

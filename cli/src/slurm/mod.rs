@@ -13,6 +13,7 @@ pub mod sacct;
 pub mod salloc;
 pub mod scancel;
 pub mod scontrol;
+pub mod seff;
 pub mod sinfo;
 pub mod squeue;
 pub mod sreport;

@@ -1,6 +1,8 @@
 //! `sreport`: usage reports over the accounting database (`gangway
 //! accounting`, read by replicas with `--accounting-database`), in Slurm's
-//! table and `-P`/`-p` formats: `cluster AccountUtilizationByUser`,
+//! table and `-P`/`-p` formats: `cluster Utilization` (allocated, down,
+//! planned down, idle and reported, from the capacity the accounting service
+//! samples every minute), `cluster AccountUtilizationByUser`,
 //! `cluster UserUtilizationByAccount` and `user TopUsage`, in CPU or GPU
 //! (`--tres=gres/gpu`) seconds, minutes or hours. Accounts are reported
 //! flat: each account's own jobs, not its sub-accounts'.
@@ -47,6 +49,7 @@ pub struct SreportArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Report {
+    Utilization,
     AccountUtilizationByUser,
     UserUtilizationByAccount,
     TopUsage,
@@ -56,13 +59,14 @@ enum Report {
 fn parse(words: &[String], now_ms: u64) -> Result<(Report, pb::UsageRequest, usize), String> {
     let lower: Vec<String> = words.iter().map(|w| w.to_ascii_lowercase()).collect();
     let report = match (lower.first().map(String::as_str), lower.get(1).map(String::as_str)) {
+        (Some("cluster"), Some("utilization")) => Report::Utilization,
         (Some("cluster"), Some("accountutilizationbyuser")) => Report::AccountUtilizationByUser,
         (Some("cluster"), Some("userutilizationbyaccount")) => Report::UserUtilizationByAccount,
         (Some("user"), Some("topusage")) => Report::TopUsage,
         _ => {
             return Err(format!(
-                "report: {:?} is not one of: cluster AccountUtilizationByUser, cluster UserUtilizationByAccount, \
-                 user TopUsage",
+                "report: {:?} is not one of: cluster Utilization, cluster AccountUtilizationByUser, \
+                 cluster UserUtilizationByAccount, user TopUsage",
                 words.iter().take(2).cloned().collect::<Vec<_>>().join(" ")
             ))
         }
@@ -92,6 +96,7 @@ fn parse(words: &[String], now_ms: u64) -> Result<(Report, pb::UsageRequest, usi
     if req.end_ms <= req.start_ms {
         return Err("end: must be after start".into());
     }
+    req.utilization = report == Report::Utilization;
     Ok((report, req, top))
 }
 
@@ -118,6 +123,7 @@ fn unit(t: &str) -> Result<(f64, &'static str), String> {
 fn rows(report: Report, usage: &[pb::UsageRow], gpus: bool, top: usize) -> Vec<(String, String, f64)> {
     let used = |r: &pb::UsageRow| if gpus { r.gpu_seconds } else { r.cpu_seconds };
     match report {
+        Report::Utilization => Vec::new(),
         Report::AccountUtilizationByUser => {
             let mut by_account: BTreeMap<&str, Vec<&pb::UsageRow>> = BTreeMap::new();
             for r in usage {
@@ -154,6 +160,17 @@ fn rows(report: Report, usage: &[pb::UsageRow], gpus: bool, top: usize) -> Vec<(
     }
 }
 
+/// `cluster Utilization`'s figures in seconds: allocated, down, planned
+/// down, idle (what is left of what was reported) and reported. Pure.
+fn utilization(u: &pb::Utilization, gpus: bool) -> [f64; 5] {
+    let (reported, down, planned, allocated) = match gpus {
+        true => (u.gpu_reported, u.gpu_down, u.gpu_planned_down, u.gpu_allocated),
+        false => (u.cpu_reported, u.cpu_down, u.cpu_planned_down, u.cpu_allocated),
+    };
+    let idle = (reported - down - planned - allocated).max(0.0);
+    [allocated, down, planned, idle, reported]
+}
+
 /// A user's full name from the passwd database (Slurm's "Proper Name").
 fn proper_name(login: &str) -> String {
     if login.is_empty() {
@@ -185,16 +202,20 @@ pub async fn run(client: &Client, a: SreportArgs) -> anyhow::Result<()> {
     if a.parsable && a.parsable2 {
         bail!("--parsable: give -p or -P, not both");
     }
-    let usage = client
+    let answer = client
         .call(|ch| {
             let r = client.request(req.clone());
             async move { JobServiceClient::new(ch).usage(r).await }
         })
         .await
         .map_err(|s| anyhow::anyhow!("sreport: {}", s.message()))?
-        .into_inner()
-        .rows;
+        .into_inner();
+    let usage = answer.rows;
     let (title, columns): (&str, &[(&str, usize)]) = match report {
+        Report::Utilization => (
+            "Cluster Utilization",
+            &[("Cluster", 9), ("Allocated", 10), ("Down", 9), ("PLND Down", 9), ("Idle", 10), ("Reported", 10)],
+        ),
         Report::AccountUtilizationByUser => (
             "Cluster/Account/User Utilization",
             &[("Cluster", 9), ("Account", 15), ("Login", 9), ("Proper Name", 15), ("Used", 9), ("Energy", 8)],
@@ -237,6 +258,19 @@ pub async fn run(client: &Client, a: SreportArgs) -> anyhow::Result<()> {
             println!("{}", columns.iter().map(|(_, w)| "-".repeat(*w)).collect::<Vec<_>>().join(" "));
         }
     }
+    if report == Report::Utilization {
+        let u = answer.utilization.unwrap_or_default();
+        if u.samples == 0 {
+            eprintln!(
+                "sreport: no capacity samples in this range (does `gangway accounting` run?): only what jobs were \
+                 allocated is known"
+            );
+        }
+        let mut cells = vec![CLUSTER.to_string()];
+        cells.extend(utilization(&u, gpus).iter().map(|v| format!("{}", (v / per_unit).round() as u64)));
+        println!("{}", line(&cells));
+        return Ok(());
+    }
     for (account, login, used) in rows(report, &usage, gpus, top) {
         let used = format!("{}", (used / per_unit).round() as u64);
         let name = proper_name(&login);
@@ -244,7 +278,7 @@ pub async fn run(client: &Client, a: SreportArgs) -> anyhow::Result<()> {
             Report::AccountUtilizationByUser => {
                 vec![CLUSTER.into(), account, login, name, used, "0".into()]
             }
-            Report::UserUtilizationByAccount | Report::TopUsage => {
+            Report::UserUtilizationByAccount | Report::TopUsage | Report::Utilization => {
                 vec![CLUSTER.into(), login, name, account, used, "0".into()]
             }
         };
@@ -277,6 +311,24 @@ mod tests {
         );
         let top = rows(Report::TopUsage, &usage, true, 1);
         assert_eq!(top, [("ml,nlp".into(), "alice".into(), 3600.0)]);
+    }
+
+    #[test]
+    fn utilization_is_what_was_reported_less_down_planned_and_allocated() {
+        let u = pb::Utilization {
+            samples: 3,
+            gpu_reported: 1000.0,
+            gpu_down: 100.0,
+            gpu_planned_down: 50.0,
+            gpu_allocated: 600.0,
+            cpu_reported: 10.0,
+            cpu_allocated: 40.0,
+            ..Default::default()
+        };
+        assert_eq!(utilization(&u, true), [600.0, 100.0, 50.0, 250.0, 1000.0]);
+        assert_eq!(utilization(&u, false)[3], 0.0, "never negative");
+        let (r, req, _) = parse(&["cluster".into(), "Utilization".into()], 1_800_000_000_000).unwrap();
+        assert!(r == Report::Utilization && req.utilization);
     }
 
     #[test]

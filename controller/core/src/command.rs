@@ -193,6 +193,14 @@ pub enum Command {
         identity: String,
         now_ms: u64,
     },
+    /// The accounting store holds every job through log index `index`
+    /// (reported by `gangway accounting`, an operator): finished jobs up to
+    /// it may go from the state. Since format 13.
+    AccountingStored {
+        index: u64,
+        identity: String,
+        now_ms: u64,
+    },
 }
 
 /// One victim of a preemption.
@@ -317,7 +325,8 @@ impl Command {
             | Command::ChangeReservation { now_ms, .. }
             | Command::StepStarted { now_ms, .. }
             | Command::StepEnded { now_ms, .. }
-            | Command::RestoreUsage { now_ms, .. } => *now_ms,
+            | Command::RestoreUsage { now_ms, .. }
+            | Command::AccountingStored { now_ms, .. } => *now_ms,
         }
     }
 
@@ -341,6 +350,7 @@ impl Command {
             Command::StepStarted { .. } => "step_started",
             Command::StepEnded { .. } => "step_ended",
             Command::RestoreUsage { .. } => "restore_usage",
+            Command::AccountingStored { .. } => "accounting_stored",
         }
     }
 }

@@ -93,9 +93,11 @@ pub const ELASTIC_POOLS_FORMAT: u32 = 12;
 
 /// Format 13 added accounting: what each node's task used
 /// (`Command::TaskExited::usage`, kept in `Job::task_usage`), the number of
-/// finished jobs the state keeps (`ClusterPolicy::finished_jobs_kept`), and
+/// finished jobs the state keeps (`ClusterPolicy::finished_jobs_kept`),
 /// [`Command::RestoreUsage`], which rebuilds fair share's usage from the
-/// accounting store. Format 12's job, policy, entry and state are frozen in
+/// accounting store, and [`Command::AccountingStored`] with
+/// `State::accounted_index` and `Job::finished_index`: finished jobs the
+/// store does not have yet stay in the state. Format 12's job, policy, entry and state are frozen in
 /// `compat::v12`.
 pub const ACCOUNTING_FORMAT: u32 = 13;
 
@@ -155,7 +157,9 @@ impl Command {
                 ..
             } => SUSPEND_FORMAT,
             Command::StepStarted { .. } | Command::StepEnded { .. } => SUSPEND_FORMAT,
-            Command::TaskExited { usage: Some(_), .. } | Command::RestoreUsage { .. } => ACCOUNTING_FORMAT,
+            Command::TaskExited { usage: Some(_), .. }
+            | Command::RestoreUsage { .. }
+            | Command::AccountingStored { .. } => ACCOUNTING_FORMAT,
             _ => FORMAT_BASE,
         }
     }

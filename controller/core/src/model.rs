@@ -152,6 +152,9 @@ pub struct Job {
     /// What each node's task of the current (or last) attempt used, as its
     /// agent measured it (see [`TaskUsage`]). Since format 13.
     pub task_usage: BTreeMap<String, TaskUsage>,
+    /// The log index of the entry that finished the job (None: unfinished,
+    /// or finished before format 13), against `State::accounted_index`.
+    pub finished_index: Option<u64>,
 }
 
 /// A signal requested for a running job's tasks (see [`Job::signal`]).
@@ -264,6 +267,7 @@ impl Job {
             signal: None,
             preempted_by: None,
             task_usage: BTreeMap::new(),
+            finished_index: None,
         }
     }
 

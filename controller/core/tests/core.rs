@@ -1372,6 +1372,7 @@ fn every_command() -> Vec<Command> {
         },
         task_exit_with_usage(1, 1, "n0", 24),
         restore_usage_cmd(25),
+        Command::AccountingStored { index: 40, identity: "accounting".into(), now_ms: 27 },
         Command::UpdatePolicy {
             policy: gangway_core::policy::ClusterPolicy { finished_jobs_kept: Some(1_000), ..license_limits_policy() },
             expected_version: None,
@@ -1578,6 +1579,8 @@ fn golden_state(format: u32) -> State {
         assert_eq!(s.jobs[&job_id].task_usage.len(), 1);
         let restore = restore_usage_cmd(4_013);
         assert!(matches!(s.apply(67, &restore).outcome, Outcome::UsageRestored { accounts: 1 }));
+        let stored = Command::AccountingStored { index: 66, identity: "server:1".into(), now_ms: 4_014 };
+        assert!(matches!(s.apply(68, &stored).outcome, Outcome::AccountingStored { index: 66 }));
     }
     s
 }
@@ -1967,6 +1970,11 @@ fn extreme_command() -> impl Strategy<Value = Command> {
                 identity: if admin { "server:1".into() } else { "alice".into() },
                 now_ms
             }),
+        (extreme_u64(), any::<bool>(), extreme_u64()).prop_map(|(index, admin, now_ms)| Command::AccountingStored {
+            index,
+            identity: if admin { "server:1".into() } else { "alice".into() },
+            now_ms
+        }),
     ];
     single.prop_recursive(1, 8, 4, |inner| proptest::collection::vec(inner, 0..4).prop_map(Command::Batch))
 }
@@ -2139,6 +2147,53 @@ fn the_policy_bounds_the_finished_jobs_kept() {
     }
     assert!(s.finished.len() <= 2, "{} kept", s.finished.len());
     assert!(!s.jobs.contains_key(&ids[0]) && s.jobs.contains_key(&ids[4]), "the oldest went first");
+    s.check_invariants().unwrap();
+}
+
+/// Format 13: once the accounting store says where it is, finished jobs
+/// it does not have yet stay past `finished_jobs_kept` (never past the
+/// hard limit), and go when it catches up.
+#[test]
+fn finished_jobs_wait_for_the_accounting_store() {
+    let mut s = base_state();
+    s.apply(99, &Command::SetDataFormat { format: 13, now_ms: 4_000 });
+    let mut policy = s.policy.clone();
+    policy.admins.push("server:1".into());
+    policy.finished_jobs_kept = Some(2);
+    let update = Command::UpdatePolicy {
+        policy,
+        expected_version: None,
+        force: true,
+        identity: "server:1".into(),
+        now_ms: 4_001,
+    };
+    assert!(matches!(s.apply(100, &update).outcome, Outcome::PolicyUpdated { .. }));
+    let stored = |index| Command::AccountingStored { index, identity: "server:1".into(), now_ms: 4_002 };
+    // Not an operator, or an index not before the entry: refused.
+    let mut by_alice = stored(100);
+    if let Command::AccountingStored { identity, .. } = &mut by_alice {
+        *identity = "alice".into();
+    }
+    assert!(matches!(s.apply(101, &by_alice).outcome, Outcome::Refused(_)));
+    assert!(matches!(s.apply(101, &stored(101)).outcome, Outcome::Refused(_)));
+    assert!(matches!(s.apply(101, &stored(100)).outcome, Outcome::AccountingStored { index: 100 }));
+    let mut ids = Vec::new();
+    for k in 0..6u64 {
+        let Outcome::Submitted { job_id, .. } = s.apply(200 + 2 * k, &submit_cmd(job_spec(1, 0, 1))).outcome else {
+            panic!("submit")
+        };
+        s.apply(201 + 2 * k, &Command::CancelJob { job_id, identity: "alice".into(), now_ms: 4_003 });
+        ids.push(job_id);
+    }
+    // The store has none of them: every one is kept.
+    assert!(ids.iter().all(|id| s.jobs.contains_key(id)), "kept until stored");
+    // It has the first three (cancelled at 201, 203, 205): they may go.
+    assert!(matches!(s.apply(300, &stored(205)).outcome, Outcome::AccountingStored { index: 205 }));
+    assert!(ids[..3].iter().all(|id| !s.jobs.contains_key(id)) && ids[3..].iter().all(|id| s.jobs.contains_key(id)));
+    // Never backwards.
+    assert!(matches!(s.apply(301, &stored(10)).outcome, Outcome::AccountingStored { index: 205 }));
+    assert!(matches!(s.apply(302, &stored(301)).outcome, Outcome::AccountingStored { index: 301 }));
+    assert!(s.finished.len() <= 2, "down to the policy's {}", s.finished.len());
     s.check_invariants().unwrap();
 }
 

@@ -73,6 +73,27 @@ impl History {
             .collect())
     }
 
+    /// The cluster's utilization over `req`'s range: the capacity samples
+    /// integrated over it, and every job's allocation clipped to it.
+    pub async fn utilization(&self, req: &pb::UsageRequest) -> Result<pb::Utilization, HistoryError> {
+        let range = || -> Vec<Param> { vec![Box::new(store::time(req.start_ms)), Box::new(store::time(req.end_ms))] };
+        let cap = self.run((CAPACITY_SQL.to_string(), range())).await?;
+        let alloc = self.run((ALLOCATED_SQL.to_string(), range())).await?;
+        let f = |r: &tokio_postgres::Row, i: usize| r.get::<_, Option<f64>>(i).unwrap_or(0.0);
+        let (c, a) = (cap.first(), alloc.first());
+        Ok(pb::Utilization {
+            samples: c.map_or(0, |c| c.get::<_, i64>(0).max(0) as u64),
+            cpu_reported: c.map_or(0.0, |c| f(c, 1)),
+            cpu_down: c.map_or(0.0, |c| f(c, 2)),
+            cpu_planned_down: c.map_or(0.0, |c| f(c, 3)),
+            gpu_reported: c.map_or(0.0, |c| f(c, 4)),
+            gpu_down: c.map_or(0.0, |c| f(c, 5)),
+            gpu_planned_down: c.map_or(0.0, |c| f(c, 6)),
+            cpu_allocated: a.map_or(0.0, |a| f(a, 0)),
+            gpu_allocated: a.map_or(0.0, |a| f(a, 1)),
+        })
+    }
+
     /// Runs one query: at most [`HISTORY_QUERIES_MAX`] at once, each within
     /// [`QUERY_TIMEOUT`].
     async fn run(&self, (sql, params): (String, Vec<Param>)) -> Result<Vec<tokio_postgres::Row>, HistoryError> {
@@ -163,6 +184,21 @@ pub fn history_sql(req: &pb::HistoryRequest, scope: &Scope) -> (String, Vec<Para
     let filter = if clauses.is_empty() { String::new() } else { format!("WHERE {}", clauses.join(" AND ")) };
     (format!("SELECT {} FROM jobs {filter} ORDER BY job_id DESC LIMIT {limit}", store::JOB_COLUMNS), params)
 }
+
+/// Capacity samples integrated over the range $1..$2: each covers its
+/// interval from when it was taken (at most an hour, so the index on
+/// `sampled_at` bounds the scan).
+const CAPACITY_SQL: &str = "SELECT count(*), sum(cpus_total * o), sum(cpus_down * o), sum(cpus_planned_down * o), \
+    sum(gpus_total * o), sum(gpus_down * o), sum(gpus_planned_down * o) FROM \
+    (SELECT *, GREATEST(0, EXTRACT(EPOCH FROM LEAST(sampled_at + make_interval(secs => interval_s), $2) \
+    - GREATEST(sampled_at, $1)))::float8 AS o FROM capacity \
+    WHERE sampled_at < $2 AND sampled_at > $1 - interval '1 hour') t";
+
+/// CPU- and GPU-seconds every job held within the range $1..$2.
+const ALLOCATED_SQL: &str = "SELECT sum(alloc_cpus * secs)::float8, sum(alloc_gpus * secs)::float8 FROM \
+    (SELECT alloc_cpus, alloc_gpus, GREATEST(0, EXTRACT(EPOCH FROM LEAST(COALESCE(end_time, now()), $2) \
+    - GREATEST(start_time, $1)))::float8 AS secs FROM jobs \
+    WHERE start_time IS NOT NULL AND start_time < $2 AND COALESCE(end_time, now()) > $1) t";
 
 /// Rows of one usage answer at most (account and user pairs).
 pub const USAGE_ROWS_MAX: i64 = 10_000;

@@ -14,9 +14,10 @@ use tokio_postgres::types::ToSql;
 /// The schema, one migration per version, applied in order inside a
 /// transaction each; `gangway_schema` records the newest applied. A
 /// migration is never edited once released: a change is a new one.
-pub const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    "CREATE TABLE ingest_cursor (
+pub const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE ingest_cursor (
         id boolean PRIMARY KEY DEFAULT true CHECK (id),
         log_index bigint NOT NULL,
         delivered integer NOT NULL,
@@ -99,7 +100,26 @@ pub const MIGRATIONS: &[(i32, &str)] = &[(
         signal integer,
         PRIMARY KEY (job_id, attempt, step_id)
     );",
-)];
+    ),
+    (
+        2,
+        "ALTER TABLE jobs ADD COLUMN measured_nodes integer, ADD COLUMN cpu_used_ms bigint,
+            ADD COLUMN mem_peak_mb bigint, ADD COLUMN gpu_util_pct double precision,
+            ADD COLUMN gpu_mem_peak_mb bigint;
+        CREATE INDEX jobs_array ON jobs (array_job_id) WHERE array_job_id IS NOT NULL;
+        CREATE INDEX jobs_name ON jobs (name);
+        CREATE TABLE capacity (
+            sampled_at timestamptz PRIMARY KEY,
+            interval_s integer NOT NULL CHECK (interval_s > 0 AND interval_s <= 3600),
+            cpus_total bigint NOT NULL,
+            cpus_down bigint NOT NULL,
+            cpus_planned_down bigint NOT NULL,
+            gpus_total bigint NOT NULL,
+            gpus_down bigint NOT NULL,
+            gpus_planned_down bigint NOT NULL
+        );",
+    ),
+];
 
 /// Rows one retention pass deletes per statement, so it never holds a huge
 /// transaction (it repeats until nothing is left, at most
@@ -161,6 +181,47 @@ pub fn usage(j: &pb::Job, now_ms: u64) -> Usage {
     }
 }
 
+/// What the nodes have at one moment, in CPUs and GPUs: all of them, those
+/// down (down or drained nodes, quarantined GPUs) and those planned down
+/// (pool nodes powered down, or powering up).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capacity {
+    pub cpus_total: i64,
+    pub cpus_down: i64,
+    pub cpus_planned_down: i64,
+    pub gpus_total: i64,
+    pub gpus_down: i64,
+    pub gpus_planned_down: i64,
+}
+
+/// The cluster's capacity from its node listing. Pure.
+pub fn capacity(nodes: &[pb::Node]) -> Capacity {
+    let mut c = Capacity::default();
+    for n in nodes {
+        let (cpus, gpus) = (i64::from(n.cpus), n.gpus.len() as i64);
+        let sick = n.gpus.iter().filter(|g| !g.healthy).count() as i64;
+        c.cpus_total += cpus;
+        c.gpus_total += gpus;
+        match pb::NodeState::try_from(n.state).unwrap_or(pb::NodeState::Unspecified) {
+            pb::NodeState::Down => {
+                c.cpus_down += cpus;
+                c.gpus_down += gpus;
+            }
+            // A draining node's jobs still run on it: what they hold is allocated.
+            pb::NodeState::Drain => {
+                c.cpus_down += (cpus - i64::from(n.cpus_alloc)).max(0);
+                c.gpus_down += n.gpus.iter().filter(|g| !g.allocated && g.allocated_to.is_none()).count() as i64;
+            }
+            pb::NodeState::PoweredDown | pb::NodeState::PoweringUp => {
+                c.cpus_planned_down += cpus;
+                c.gpus_planned_down += gpus;
+            }
+            _ => c.gpus_down += sick,
+        }
+    }
+    c
+}
+
 /// The latest time PostgreSQL's timestamps hold comfortably (year 9999):
 /// later ones are clamped rather than refused.
 const TIME_MS_MAX: u64 = 253_402_300_799_000;
@@ -190,7 +251,7 @@ const WRITER_LOCK: i64 = 0x6761_6e67_7761_7901;
 pub const JOB_COLUMNS: &str = "job_id, display_id, name, user_name, account, partition, qos, state, reason, \
     exit_code, exit_signal, submit_time, start_time, end_time, time_limit_s, suspended_ms, attempts, \
     nodes_requested, gpus_per_node, gpu_type, mem_per_node_mb, node_list, array_job_id, array_index, work_dir, \
-    alloc_cpus";
+    alloc_cpus, measured_nodes, cpu_used_ms, mem_peak_mb, gpu_util_pct, gpu_mem_peak_mb";
 
 fn ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -235,6 +296,13 @@ pub fn job_of_row(r: &tokio_postgres::Row) -> pb::Job {
         ran_on,
         array_job_id: r.get::<_, Option<i64>>(22).map(|a| a as u64),
         array_index: r.get::<_, Option<i32>>(23).map(|i| i as u32),
+        usage: r.get::<_, Option<i32>>(26).map(|nodes| pb::JobUsage {
+            nodes: nodes.max(0) as u32,
+            cpu_ms: r.get::<_, Option<i64>>(27).unwrap_or(0).max(0) as u64,
+            mem_peak_mb: r.get::<_, Option<i64>>(28).unwrap_or(0).max(0) as u64,
+            gpu_util_pct: r.get(29),
+            gpu_mem_peak_mb: r.get::<_, Option<i64>>(30).unwrap_or(0).max(0) as u64,
+        }),
         ..Default::default()
     }
 }
@@ -389,6 +457,48 @@ impl Store {
         Ok(())
     }
 
+    /// Stores one capacity sample, covering `interval_s` from `at`.
+    pub async fn sample_capacity(&self, at: SystemTime, interval_s: i32, c: &Capacity) -> anyhow::Result<()> {
+        self.db
+            .execute(
+                "INSERT INTO capacity (sampled_at, interval_s, cpus_total, cpus_down, cpus_planned_down, gpus_total,
+                    gpus_down, gpus_planned_down) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+                &[
+                    &at,
+                    &interval_s,
+                    &c.cpus_total,
+                    &c.cpus_down,
+                    &c.cpus_planned_down,
+                    &c.gpus_total,
+                    &c.gpus_down,
+                    &c.gpus_planned_down,
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Every finished job's charge for fair share (see the core's
+    /// `usage_from_runs`) that ended after `since`: its account, end (Unix
+    /// ms), and GPU- and CPU-milliseconds.
+    pub async fn charged_runs(&self, since: SystemTime) -> anyhow::Result<Vec<(String, u64, u64, u64)>> {
+        let rows = self
+            .db
+            .query(
+                "SELECT account, end_time, gpu_seconds, cpu_seconds FROM jobs
+                 WHERE end_time IS NOT NULL AND end_time >= $1 AND start_time IS NOT NULL",
+                &[&since],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let gpu_ms = (r.get::<_, i64>(2).max(0) as u64).saturating_mul(1000);
+                (r.get(0), ms(r.get(1)), gpu_ms, (r.get::<_, i64>(3).max(0) as u64).saturating_mul(1000))
+            })
+            .collect())
+    }
+
     /// Deletes finished jobs that ended, and events stored, before `before`.
     pub async fn expire(&self, before: SystemTime) -> anyhow::Result<u64> {
         let mut deleted = 0;
@@ -409,8 +519,16 @@ impl Store {
                     &[&before, &RETENTION_ROWS_PER_ROUND],
                 )
                 .await?;
-            deleted += n + m;
-            if n == 0 && m == 0 {
+            let c = self
+                .db
+                .execute(
+                    "DELETE FROM capacity WHERE sampled_at IN
+                     (SELECT sampled_at FROM capacity WHERE sampled_at < $1 LIMIT $2)",
+                    &[&before, &RETENTION_ROWS_PER_ROUND],
+                )
+                .await?;
+            deleted += n + m + c;
+            if n == 0 && m == 0 && c == 0 {
                 break;
             }
         }
@@ -435,7 +553,16 @@ async fn upsert_job(
         true => j.ran_on.iter().map(|n| text(n)).collect(),
         false => j.allocation.iter().map(|a| text(&a.node)).collect(),
     };
-    let params: [&(dyn ToSql + Sync); 32] = [
+    let measured = j.usage.as_ref();
+    let big = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let (measured_nodes, cpu_used_ms, mem_peak_mb, gpu_util_pct, gpu_mem_peak_mb) = (
+        measured.map(|u| i32::try_from(u.nodes).unwrap_or(i32::MAX)),
+        measured.map(|u| big(u.cpu_ms)),
+        measured.map(|u| big(u.mem_peak_mb)),
+        measured.and_then(|u| u.gpu_util_pct).filter(|p| p.is_finite()),
+        measured.map(|u| big(u.gpu_mem_peak_mb)),
+    );
+    let params: [&(dyn ToSql + Sync); 37] = [
         &id,
         &display,
         &name,
@@ -468,14 +595,20 @@ async fn upsert_job(
         &j.array_index.map(|i| i as i32),
         &workdir,
         &last_index,
+        &measured_nodes,
+        &cpu_used_ms,
+        &mem_peak_mb,
+        &gpu_util_pct,
+        &gpu_mem_peak_mb,
     ];
     tx.execute(
         "INSERT INTO jobs (job_id, display_id, name, user_name, account, partition, qos, state, reason,
             exit_code, exit_signal, submit_time, start_time, end_time, time_limit_s, suspended_ms, attempts,
             nodes_requested, gpus_per_node, gpu_type, mem_per_node_mb, node_list, alloc_cpus, alloc_gpus,
-            alloc_mem_mb, elapsed_s, cpu_seconds, gpu_seconds, array_job_id, array_index, work_dir, last_index)
+            alloc_mem_mb, elapsed_s, cpu_seconds, gpu_seconds, array_job_id, array_index, work_dir, last_index,
+            measured_nodes, cpu_used_ms, mem_peak_mb, gpu_util_pct, gpu_mem_peak_mb)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
-            $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32)
+            $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $37)
          ON CONFLICT (job_id) DO UPDATE SET display_id = EXCLUDED.display_id, name = EXCLUDED.name,
             user_name = EXCLUDED.user_name, account = EXCLUDED.account, partition = EXCLUDED.partition,
             qos = EXCLUDED.qos, state = EXCLUDED.state, reason = EXCLUDED.reason, exit_code = EXCLUDED.exit_code,
@@ -489,7 +622,10 @@ async fn upsert_job(
             alloc_mem_mb = EXCLUDED.alloc_mem_mb, elapsed_s = EXCLUDED.elapsed_s,
             cpu_seconds = EXCLUDED.cpu_seconds, gpu_seconds = EXCLUDED.gpu_seconds,
             array_job_id = EXCLUDED.array_job_id, array_index = EXCLUDED.array_index,
-            work_dir = EXCLUDED.work_dir, last_index = EXCLUDED.last_index
+            work_dir = EXCLUDED.work_dir, last_index = EXCLUDED.last_index,
+            measured_nodes = EXCLUDED.measured_nodes, cpu_used_ms = EXCLUDED.cpu_used_ms,
+            mem_peak_mb = EXCLUDED.mem_peak_mb, gpu_util_pct = EXCLUDED.gpu_util_pct,
+            gpu_mem_peak_mb = EXCLUDED.gpu_mem_peak_mb
          WHERE jobs.last_index <= EXCLUDED.last_index",
         &params,
     )

@@ -216,6 +216,67 @@ impl AdminService for AdminApi {
         }
     }
 
+    async fn restore_usage(&self, req: Request<RestoreUsageRequest>) -> Result<Response<RestoreUsageResponse>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_admin(&ctx, "restore fair share's usage")?;
+        let msg = req.into_inner();
+        if msg.accounts.len() > gangway_core::policy::ACCOUNTS_MAX {
+            let max = gangway_core::policy::ACCOUNTS_MAX;
+            return Err(Status::invalid_argument(format!("accounts: at most {max}")));
+        }
+        let mut usage = std::collections::BTreeMap::new();
+        for a in &msg.accounts {
+            let buckets: Vec<gangway_core::state::UsageBucket> = a
+                .buckets
+                .iter()
+                .take(gangway_core::limits::USAGE_BUCKETS_MAX + 1)
+                .map(|b| gangway_core::state::UsageBucket { start_ms: b.start_ms, gpu_ms: b.gpu_ms, cpu_ms: b.cpu_ms })
+                .collect();
+            if usage.insert(a.account.clone(), buckets).is_some() {
+                return Err(Status::invalid_argument(format!("accounts: {} is named twice", a.account)));
+            }
+        }
+        let now_ms = crate::now_ms();
+        let clock = self.replica.node.state().read().clock_ms.max(now_ms);
+        gangway_core::state::check_restored_usage(&usage, clock).map_err(Status::invalid_argument)?;
+        let cmd = Command::RestoreUsage { usage, identity: ctx.identity.clone(), now_ms };
+        let routed = self
+            .replica
+            .write_or_forward(&ctx, cmd, msg, |ch, r| async move { AdminServiceClient::new(ch).restore_usage(r).await })
+            .await?;
+        match routed {
+            Routed::Forwarded(resp) => Ok(resp),
+            Routed::Local(applied) => match applied.outcome {
+                Outcome::UsageRestored { accounts } => Ok(Response::new(RestoreUsageResponse { accounts })),
+                other => Err(unexpected(&other)),
+            },
+        }
+    }
+
+    async fn accounting_stored(
+        &self,
+        req: Request<AccountingStoredRequest>,
+    ) -> Result<Response<AccountingStoredResponse>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_operator(&ctx, "report what the accounting store holds")?;
+        let msg = req.into_inner();
+        let cmd =
+            Command::AccountingStored { index: msg.index, identity: ctx.identity.clone(), now_ms: crate::now_ms() };
+        let routed =
+            self.replica
+                .write_or_forward(&ctx, cmd, msg, |ch, r| async move {
+                    AdminServiceClient::new(ch).accounting_stored(r).await
+                })
+                .await?;
+        match routed {
+            Routed::Forwarded(resp) => Ok(resp),
+            Routed::Local(applied) => match applied.outcome {
+                Outcome::AccountingStored { index } => Ok(Response::new(AccountingStoredResponse { index })),
+                other => Err(unexpected(&other)),
+            },
+        }
+    }
+
     async fn fair_share(&self, req: Request<FairShareRequest>) -> Result<Response<FairShareResponse>, Status> {
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();

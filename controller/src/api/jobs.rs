@@ -179,8 +179,19 @@ impl JobService for JobApi {
             return Err(Status::invalid_argument("end_ms: must be after start_ms"));
         }
         let scope = self.replica.viewer(&ctx).history_scope();
+        let utilization = match msg.utilization {
+            false => None,
+            // It counts everyone's jobs.
+            true if scope != crate::accounting::Scope::All => {
+                return Err(Status::permission_denied(
+                    "permission: the cluster's utilization counts every user's jobs; with private jobs only \
+                     operators and admins see it",
+                ))
+            }
+            true => Some(history.utilization(&msg).await.map_err(|e| history_status("usage", e))?),
+        };
         let rows = history.usage(&msg, &scope).await.map_err(|e| history_status("usage", e))?;
-        Ok(Response::new(UsageResponse { rows }))
+        Ok(Response::new(UsageResponse { rows, utilization }))
     }
 
     async fn history(&self, req: Request<HistoryRequest>) -> Result<Response<ListJobsResponse>, Status> {

@@ -426,6 +426,46 @@ impl State {
         Applied { outcome: Outcome::UsageRestored { accounts }, events: Vec::new() }
     }
 
+    /// A refusal for a command of format 13 in an older cluster (the
+    /// leader never writes one there; a log that holds one anyway is not
+    /// applied differently by builds that know it).
+    fn needs_accounting_format(&self) -> Option<Applied> {
+        (self.format < crate::format::ACCOUNTING_FORMAT).then(|| {
+            Applied::refused(
+                RefusalKind::FailedPrecondition,
+                format!(
+                    "this needs data format {}; the cluster is on {}",
+                    crate::format::ACCOUNTING_FORMAT,
+                    self.format
+                ),
+            )
+        })
+    }
+
+    /// The accounting store has every job through `stored` (an entry
+    /// before this one, `index`): operators and admins only; it never goes
+    /// back. Finished jobs it now holds may go past `finished_jobs_kept`.
+    pub(super) fn apply_accounting_stored(&mut self, index: u64, stored: u64, identity: &str) -> Applied {
+        if let Some(refused) = self.needs_accounting_format() {
+            return refused;
+        }
+        if !self.is_operator(identity) {
+            return Applied::refused(
+                RefusalKind::PermissionDenied,
+                format!("permission: {identity} is not an operator or admin of this cluster"),
+            );
+        }
+        if stored >= index {
+            return Applied::refused(
+                RefusalKind::InvalidArgument,
+                format!("index: {stored} is not an entry before this one ({index})"),
+            );
+        }
+        self.accounted_index = self.accounted_index.max(stored);
+        self.purge_finished();
+        Applied { outcome: Outcome::AccountingStored { index: self.accounted_index }, events: Vec::new() }
+    }
+
     pub(super) fn apply_update_job(
         &mut self,
         index: u64,

@@ -27,7 +27,7 @@ mod steps;
 mod submit;
 mod yielding;
 
-pub use admin::{alloc_use, check_restored_usage, usage_from_runs, ChargedRun, UsageBucket};
+pub use admin::{alloc_use, check_restored_usage, usage_bucket_width_ms, usage_from_runs, ChargedRun, UsageBucket};
 pub use reservations::ReservationWait;
 pub use submit::DepStatus;
 
@@ -126,6 +126,9 @@ pub enum Outcome {
     },
     UsageRestored {
         accounts: u32,
+    },
+    AccountingStored {
+        index: u64,
     },
 }
 
@@ -276,6 +279,11 @@ pub struct State {
     pub format: u32,
     /// Advance reservations by name. Since format 9.
     pub reservations: BTreeMap<String, Reservation>,
+    /// The log index through which the accounting store holds every job
+    /// (`Command::AccountingStored`; 0: no accounting service has said).
+    /// Finished jobs after it are kept past `finished_jobs_kept`, up to the
+    /// hard limits, until it has them. Since format 13.
+    pub accounted_index: u64,
     /// Jobs that started or finished during the current apply; their dependents
     /// are settled before apply returns. Always empty between applies.
     #[serde(skip)]
@@ -330,6 +338,7 @@ impl Default for State {
             dependents: BTreeMap::new(),
             format: crate::format::FORMAT_BASE,
             reservations: BTreeMap::new(),
+            accounted_index: 0,
             dep_triggers: BTreeSet::new(),
             unfinished_bytes: BTreeMap::new(),
             finished_bytes: 0,
@@ -390,6 +399,9 @@ impl State {
                 self.apply_task_exited(index, *job_id, *attempt, node, exit, *usage, reason, *lost)
             }
             Command::RestoreUsage { usage, identity, .. } => self.apply_restore_usage(usage, identity),
+            Command::AccountingStored { index: stored, identity, .. } => {
+                self.apply_accounting_stored(index, *stored, identity)
+            }
             Command::UpdatePolicy { policy, expected_version, force, identity, .. } => {
                 self.apply_update_policy(index, policy, *expected_version, *force, identity)
             }
@@ -635,16 +647,35 @@ impl State {
         self.dep_triggers.insert(job_id);
         self.finished.push_back(job_id);
         self.finished_bytes = self.finished_bytes.saturating_add(self.jobs[&job_id].retained_bytes() as u64);
-        // The first job of an array with unfinished elements is kept (it files
-        // whole-array dependencies); each purge looks at each kept job once.
+        if self.format >= ACCOUNTING_FORMAT {
+            self.jobs.get_mut(&job_id).expect("finished").finished_index = Some(index);
+        }
+        self.purge_finished();
+        JobEvent { index, job_id, state, attempt, reason, suspended: None, step: None }
+    }
+
+    /// Drops the oldest finished jobs past the limits. The first job of an
+    /// array with unfinished elements is kept (it files whole-array
+    /// dependencies); each purge looks at each kept job once. From format
+    /// 13, a job the accounting store does not have yet (finished after
+    /// `accounted_index`) is kept past `finished_jobs_kept`, though not past
+    /// the hard limits, once an accounting service has said where it is.
+    pub(crate) fn purge_finished(&mut self) {
         let mut looks = self.finished.len();
-        let over = |s: &State| {
-            s.finished.len() > s.policy.finished_jobs_limit()
+        let hard_over = |s: &State| {
+            s.finished.len() > FINISHED_JOBS_RETAINED_MAX
                 || (s.format >= 5 && s.finished_bytes > crate::limits::FINISHED_BYTES_RETAINED_MAX)
         };
+        let over = |s: &State| s.finished.len() > s.policy.finished_jobs_limit() || hard_over(s);
         while over(self) && looks > 0 {
             looks = looks.saturating_sub(1);
-            let old = self.finished.pop_front().expect("non-empty");
+            let old = *self.finished.front().expect("non-empty");
+            let unaccounted = self.accounted_index > 0
+                && self.jobs.get(&old).and_then(|j| j.finished_index).is_some_and(|i| i > self.accounted_index);
+            if unaccounted && !hard_over(self) {
+                break;
+            }
+            self.finished.pop_front();
             if self.array_unfinished(old) {
                 self.finished.push_back(old);
                 continue;
@@ -654,7 +685,6 @@ impl State {
             }
             self.dependents.remove(&old);
         }
-        JobEvent { index, job_id, state, attempt, reason, suspended: None, step: None }
     }
 
     /// Puts a running job back in the queue, releasing its allocation; its next

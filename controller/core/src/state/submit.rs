@@ -162,6 +162,7 @@ impl State {
                 signal: None,
                 preempted_by: None,
                 task_usage: BTreeMap::new(),
+                finished_index: None,
                 spec: element_spec,
             };
             jobs.push(job);
