@@ -77,6 +77,10 @@ pub enum BenchCmd {
     /// Slurm, etcd and Gangway measured in one run on this machine; one
     /// Markdown table with the ratios (`make bench-peers` installs the peers).
     Peers(crate::bench_peers::PeersArgs),
+    /// The accounting store in PostgreSQL: ingest events/s through the
+    /// service's write path, and sacct/sreport query latency over a history
+    /// of --jobs (default 1,000,000) jobs. Needs an empty database.
+    Accounting(crate::bench_accounting::AccountingBenchArgs),
     /// Leader SIGKILL → first successful submit, repeated.
     Failover {
         #[arg(long, default_value_t = 10)]
@@ -96,6 +100,7 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Sched(a) => crate::bench_sched::run(a),
         BenchCmd::Fleet(a) => crate::bench_fleet::run(a).await,
         BenchCmd::Peers(a) => crate::bench_peers::run(a).await,
+        BenchCmd::Accounting(a) => crate::bench_accounting::run(a).await,
     }
 }
 

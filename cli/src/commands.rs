@@ -207,7 +207,10 @@ pub async fn show(client: &Client, out: &Output, job_id: u64, stale: bool) -> an
 
 /// Job `job_id` from the accounting database (None: no database, or not there).
 async fn stored_job(client: &Client, job_id: u64) -> Option<pb::Job> {
-    let req = pb::HistoryRequest { job_ids: vec![job_id], limit: 100, ..Default::default() };
+    // Newest first below id + 1: the job itself comes first (an array's
+    // elements, which the id also matches, have larger ids).
+    let before_id = job_id.saturating_add(1);
+    let req = pb::HistoryRequest { job_ids: vec![job_id], limit: 1, before_id, ..Default::default() };
     let resp = client
         .call(|ch| {
             let r = client.request(req.clone());

@@ -41,6 +41,7 @@ const KINDS: &[&str] = &[
     "resumed",
     "step_started",
     "step_ended",
+    "usage",
     "node_registered",
     "node_up",
     "node_drain",

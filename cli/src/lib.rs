@@ -11,6 +11,7 @@
 
 mod accounting;
 mod bench;
+mod bench_accounting;
 mod bench_fleet;
 mod bench_peers;
 mod bench_sched;

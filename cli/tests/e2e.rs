@@ -1831,7 +1831,12 @@ fn accounting_stores_every_job_once_across_failures() {
     };
     let burnt = seff(burners[0]);
     let cpu = burnt.lines().find_map(|l| l.strip_prefix("CPU Utilized: ")).unwrap_or_else(|| panic!("{burnt}"));
-    assert!(cpu.starts_with("00:00:0") && cpu != "00:00:00", "the burner's CPU time: {burnt}");
+    // Two seconds of a busy loop on a shared machine: under ten seconds of
+    // CPU, and a real share of its core-walltime.
+    assert!(cpu.starts_with("00:00:0"), "the burner's CPU time: {burnt}");
+    let eff = burnt.lines().find_map(|l| l.strip_prefix("CPU Efficiency: ")).unwrap_or_else(|| panic!("{burnt}"));
+    let pct: f64 = eff.split('%').next().unwrap().parse().unwrap();
+    assert!(pct >= 10.0, "the burner's CPU efficiency: {burnt}");
     assert!(burnt.contains(&format!("Job ID: {}\n", burners[0])) && burnt.contains("State: COMPLETED (exit code 0)"));
     assert!(burnt.contains("CPU Efficiency: ") && burnt.contains("Memory Utilized: "), "{burnt}");
     let gpu = seff(gpu_jobs[0]);
@@ -1924,7 +1929,8 @@ fn accounting_stores_every_job_once_across_failures() {
         "allocated {allocated}, stored {stored}: {util}"
     );
     assert!(reported >= 4 * 60 && reported % 60 == 0 && down == 0 && planned == 0, "{util}");
-    assert_eq!(idle, reported.saturating_sub(allocated), "{util}");
+    // Each figure is rounded on its own.
+    assert!(idle.abs_diff(reported.saturating_sub(allocated)) <= 1, "{util}");
     let refused = as_user(Command::new(GANGWAY).args(["sreport", "cluster", "Utilization"]), "mallory")
         .env("GANGWAY_ENDPOINTS", &endpoints)
         .stdin(Stdio::null())

@@ -86,18 +86,25 @@ async fn measure_until_exit(
     // when it is dropped (`register`, the replacement, is an unsafe fn).
     #[allow(deprecated)]
     let ended = tokio::io::unix::AsyncFd::with_interest(pidfd, tokio::io::Interest::READABLE).ok()?;
-    let mut next = crate::usage::FIRST_SAMPLE;
     // Bounded by the task's life: one sample per interval until it ends.
+    // A sample under way never holds up the exit: the task's end is
+    // watched while it runs.
+    let mut sampling: Option<tokio::task::JoinHandle<Option<Arc<crate::usage::Snapshot>>>> = None;
+    let mut tick = tokio::time::Instant::now() + crate::usage::FIRST_SAMPLE;
     loop {
         tokio::select! {
             _ = ended.readable() => break,
-            _ = tokio::time::sleep(next) => {
-                let s = sampler.clone();
-                if let Ok(snap) = tokio::task::spawn_blocking(move || s.snapshot()).await {
+            snap = async { sampling.as_mut().expect("guarded").await }, if sampling.is_some() => {
+                sampling = None;
+                if let Ok(Some(snap)) = snap {
                     let groups: Vec<i32> = task_groups(pgid, steps).iter().map(|g| g.as_raw()).collect();
                     meter.observe(&snap, &groups);
                 }
-                next = crate::usage::SAMPLE_INTERVAL;
+            }
+            _ = tokio::time::sleep_until(tick), if sampling.is_none() => {
+                let s = sampler.clone();
+                sampling = Some(tokio::task::spawn_blocking(move || s.snapshot()));
+                tick = tokio::time::Instant::now() + crate::usage::SAMPLE_INTERVAL;
             }
         }
     }
@@ -1108,7 +1115,8 @@ impl Supervisor {
         let (tx, node, exit, record) =
             (self.exits_tx.clone(), self.node.clone(), self.exit_path(key), self.record_path(key));
         let grace = self.stop_grace;
-        let (sampler, mut meter) = (self.usage.clone(), crate::usage::Meter::new(&order.gpus));
+        let uid = ids.map_or_else(|| nix::unistd::geteuid().as_raw(), |(uid, _)| uid);
+        let (sampler, mut meter) = (self.usage.clone(), crate::usage::Meter::new(&order.gpus, Some(uid)));
         tokio::spawn(async move {
             use std::os::unix::process::ExitStatusExt;
             let tree_ticks = match &sampler {
@@ -1122,7 +1130,7 @@ impl Supervisor {
                 crate::cgroup::Cgroups::kill(dir); // anything the task left behind
                 crate::cgroup::Cgroups::remove(dir);
             }
-            let usage = sampler.as_ref().map(|s| usage_to_proto(meter.finish(s, tree_ticks, peak_mem_mb)));
+            let usage = sampler.as_ref().and_then(|s| meter.finish(s, tree_ticks, peak_mem_mb)).map(usage_to_proto);
             let mut report = match result {
                 Ok(status) => {
                     exit_report(&node, key, &exit, &record, Some((status.code(), status.signal())), peak_mem_mb)

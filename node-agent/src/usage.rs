@@ -48,6 +48,8 @@ const PROCS_PER_TASK_MAX: usize = 65_536;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcStat {
     pub pid: i32,
+    /// Its owner (the owner of `/proc/PID`: its effective user).
+    pub uid: u32,
     pub pgid: i32,
     /// When it started (clock ticks after boot): with the pid, names the
     /// process even where pids are reused.
@@ -69,6 +71,7 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
     let num = |i: usize| f.get(i)?.parse::<u64>().ok();
     Some(ProcStat {
         pid,
+        uid: 0,
         pgid: f.get(2)?.parse().ok()?,
         cpu_ticks: num(11)?.saturating_add(num(12)?),
         child_ticks: num(13)?.saturating_add(num(14)?),
@@ -127,7 +130,9 @@ impl GpuSource {
             GpuSource::File(path) => {
                 use std::io::Read;
                 let mut text = String::new();
-                if let Ok(f) = std::fs::File::open(path) {
+                // Only a regular file: opening a FIFO would wait for a writer.
+                let regular = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file());
+                if let Some(f) = regular.then(|| std::fs::File::open(path).ok()).flatten() {
                     let _ = f.take(LOAD_FILE_BYTES_MAX).read_to_string(&mut text);
                 }
                 parse_load(&text)
@@ -150,6 +155,8 @@ pub struct Sampler {
     gpus: GpuSource,
     gpu_count: usize,
     last: Mutex<Option<Arc<Snapshot>>>,
+    /// Held by the one walk under way.
+    walking: Mutex<()>,
     /// Clock ticks per second and bytes per page (sysconf).
     ticks_per_s: u64,
     page_bytes: u64,
@@ -161,20 +168,26 @@ impl Sampler {
             gpus,
             gpu_count,
             last: Mutex::new(None),
+            walking: Mutex::new(()),
             ticks_per_s: rustix::param::clock_ticks_per_second().max(1),
             page_bytes: (rustix::param::page_size() as u64).max(1),
         }
     }
 
-    /// A snapshot no older than [`SNAPSHOT_REUSE`] (blocking: reads /proc).
-    pub fn snapshot(&self) -> Arc<Snapshot> {
-        let mut last = self.last.lock().expect("usage snapshot lock");
-        if let Some(s) = last.as_ref().filter(|s| s.taken.elapsed() < SNAPSHOT_REUSE) {
-            return s.clone();
+    /// A snapshot no older than [`SNAPSHOT_REUSE`] (blocking: reads /proc
+    /// and the GPUs). While another task's walk is under way (or stuck: a
+    /// GPU that stopped answering NVML), None: that sample is skipped, and
+    /// no thread waits behind it.
+    pub fn snapshot(&self) -> Option<Arc<Snapshot>> {
+        if let Some(s) = self.last.lock().expect("usage snapshot lock").as_ref() {
+            if s.taken.elapsed() < SNAPSHOT_REUSE {
+                return Some(s.clone());
+            }
         }
+        let _walking = self.walking.try_lock().ok()?;
         let s = Arc::new(Snapshot { taken: Instant::now(), procs: walk_proc(), gpus: self.gpus.read(self.gpu_count) });
-        *last = Some(s.clone());
-        s
+        *self.last.lock().expect("usage snapshot lock") = Some(s.clone());
+        Some(s)
     }
 
     fn ms(&self, ticks: u64) -> u64 {
@@ -186,21 +199,27 @@ impl Sampler {
     }
 }
 
-/// Reads `/proc/PID/stat` of up to [`PROCS_MAX`] processes.
+/// Reads `/proc/PID/stat` of up to [`PROCS_MAX`] processes, with their owners.
 fn walk_proc() -> Vec<ProcStat> {
+    use std::os::unix::fs::MetadataExt;
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     dir.filter_map(Result::ok)
         .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
         .take(PROCS_MAX)
-        .filter_map(|e| read_stat(&e.path().join("stat")))
+        .filter_map(|e| {
+            let uid = e.metadata().ok()?.uid();
+            Some(ProcStat { uid, ..read_stat(&e.path().join("stat"))? })
+        })
         .collect()
 }
 
+/// A process's stat; its command name may be any bytes (a job sets it), so
+/// the text is read lossily rather than the process skipped.
 fn read_stat(path: &Path) -> Option<ProcStat> {
     use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(path).ok()?.take(STAT_BYTES_MAX).read_to_string(&mut text).ok()?;
-    parse_stat(&text)
+    let mut bytes = Vec::new();
+    std::fs::File::open(path).ok()?.take(STAT_BYTES_MAX).read_to_end(&mut bytes).ok()?;
+    parse_stat(&String::from_utf8_lossy(&bytes))
 }
 
 /// The CPU time (ticks) of an ended process not yet reaped, and of every
@@ -214,6 +233,9 @@ pub fn ended_tree_ticks(pid: i32) -> Option<u64> {
 #[derive(Debug, Default)]
 pub struct Meter {
     gpus: Vec<u32>,
+    /// The task's user: another user's process that joined one of its
+    /// process groups is not counted as its use.
+    uid: Option<u32>,
     /// Live processes' CPU ticks at their last sample, by (pid, start).
     live: BTreeMap<(i32, u64), u64>,
     /// Ticks of processes seen before that have ended since.
@@ -226,8 +248,8 @@ pub struct Meter {
 }
 
 impl Meter {
-    pub fn new(gpus: &[u32]) -> Meter {
-        Meter { gpus: gpus.to_vec(), ..Meter::default() }
+    pub fn new(gpus: &[u32], uid: Option<u32>) -> Meter {
+        Meter { gpus: gpus.to_vec(), uid, ..Meter::default() }
     }
 
     /// Takes in a snapshot for a task whose processes are in `groups`
@@ -239,7 +261,8 @@ impl Meter {
         self.last = Some(snap.taken);
         let mut seen = BTreeMap::new();
         let mut rss = 0u64;
-        for p in snap.procs.iter().filter(|p| groups.contains(&p.pgid)).take(PROCS_PER_TASK_MAX) {
+        let own = |p: &&ProcStat| groups.contains(&p.pgid) && self.uid.is_none_or(|u| u == p.uid);
+        for p in snap.procs.iter().filter(own).take(PROCS_PER_TASK_MAX) {
             rss = rss.saturating_add(p.rss_pages);
             seen.insert((p.pid, p.start_ticks), p.cpu_ticks);
         }
@@ -260,17 +283,22 @@ impl Meter {
     }
 
     /// The task's use: CPU time the larger of the samples' and the ended
-    /// main process's tree (`tree_ticks`), memory the larger of the samples'
-    /// and the cgroup's peak.
-    pub fn finish(&self, sampler: &Sampler, tree_ticks: Option<u64>, cgroup_peak_mb: Option<u64>) -> TaskUsage {
+    /// main process's tree (`tree_ticks`); memory the cgroup's peak where
+    /// there is one (exact: a sum of resident sets counts shared pages once
+    /// per process), else the samples'. None when nothing was measured (no
+    /// sample, no tree, no cgroup), so that it reads "not measured", not 0.
+    pub fn finish(&self, sampler: &Sampler, tree_ticks: Option<u64>, cgroup_peak_mb: Option<u64>) -> Option<TaskUsage> {
+        if self.last.is_none() && tree_ticks.is_none() && cgroup_peak_mb.is_none() {
+            return None;
+        }
         let sampled = self.live.values().fold(self.ended_ticks, |a, t| a.saturating_add(*t));
-        TaskUsage {
+        Some(TaskUsage {
             cpu_ms: sampler.ms(sampled.max(tree_ticks.unwrap_or(0))),
-            mem_peak_mb: sampler.mb(self.mem_peak_pages).max(cgroup_peak_mb.unwrap_or(0)),
+            mem_peak_mb: cgroup_peak_mb.unwrap_or_else(|| sampler.mb(self.mem_peak_pages)),
             gpu_samples: self.gpu_samples,
             gpu_util_pct_sum: self.gpu_util_pct_sum,
             gpu_mem_peak_mb: self.gpu_mem_peak_mb,
-        }
+        })
     }
 }
 
@@ -279,17 +307,27 @@ mod tests {
     use super::*;
 
     fn stat(pid: i32, pgid: i32, cpu: u64, rss: u64) -> ProcStat {
-        ProcStat { pid, pgid, start_ticks: 7, cpu_ticks: cpu, child_ticks: 0, rss_pages: rss }
+        ProcStat { pid, uid: 1000, pgid, start_ticks: 7, cpu_ticks: cpu, child_ticks: 0, rss_pages: rss }
     }
 
     #[test]
     fn a_stat_line_with_a_hostile_command_name_parses() {
         let line = "4242 (evil) 1 2 (x) R 1 4242 4242 0 -1 4194304 10 0 0 0 150 50 7 3 20 0 1 0 98765 1000000 256 18446744073709551615";
         let s = parse_stat(line).expect("parses");
-        assert_eq!(
-            s,
-            ProcStat { pid: 4242, pgid: 4242, start_ticks: 98765, cpu_ticks: 200, child_ticks: 10, rss_pages: 256 }
-        );
+        let want = ProcStat {
+            pid: 4242,
+            uid: 0,
+            pgid: 4242,
+            start_ticks: 98765,
+            cpu_ticks: 200,
+            child_ticks: 10,
+            rss_pages: 256,
+        };
+        assert_eq!(s, want);
+        // A command name that is not UTF-8 still parses.
+        let mut bytes = line.as_bytes().to_vec();
+        bytes[6] = 0xff;
+        assert_eq!(parse_stat(&String::from_utf8_lossy(&bytes)).map(|s| s.pid), Some(4242));
         assert_eq!(parse_stat("garbage"), None);
         assert_eq!(parse_stat("12 (x) R 1"), None);
     }
@@ -313,24 +351,28 @@ mod tests {
     #[test]
     fn the_meter_counts_ended_processes_once_and_only_its_groups() {
         let sampler = Sampler { ticks_per_s: 100, page_bytes: 1024 * 1024, ..Sampler::new(GpuSource::None, 0) };
-        let mut m = Meter::new(&[1]);
+        let mut m = Meter::new(&[1], Some(1000));
         let t0 = Instant::now();
         let gpus = BTreeMap::from([
             (0, GpuReading { util_pct: 100, mem_mb: 9 }),
             (1, GpuReading { util_pct: 40, mem_mb: 500 }),
         ]);
         let snap = |taken, procs| Snapshot { taken, procs, gpus: gpus.clone() };
-        let first = snap(t0, vec![stat(10, 10, 100, 30), stat(11, 10, 50, 20), stat(99, 99, 5000, 900)]);
+        // Another user's process that joined the task's group is not its use.
+        let intruder = ProcStat { uid: 0, ..stat(12, 10, 7000, 700) };
+        let first = snap(t0, vec![stat(10, 10, 100, 30), stat(11, 10, 50, 20), stat(99, 99, 5000, 900), intruder]);
         m.observe(&first, &[10]);
         m.observe(&first, &[10]); // the same snapshot: not counted twice
                                   // Process 11 ended; 10 ran on.
         m.observe(&snap(t0 + Duration::from_secs(10), vec![stat(10, 10, 300, 10)]), &[10]);
-        let u = m.finish(&sampler, None, None);
+        assert_eq!(Meter::new(&[1], None).finish(&sampler, None, None), None, "nothing measured");
+        let u = m.finish(&sampler, None, None).expect("measured");
         assert_eq!(u.cpu_ms, 3500, "50 ticks of the ended process and 300 of the live one");
         assert_eq!(u.mem_peak_mb, 50, "the most its processes held at once");
         assert_eq!((u.gpu_samples, u.gpu_util_pct_sum, u.gpu_mem_peak_mb), (2, 80, 500), "only its own GPU");
         // The ended main process's tree is exact where the samples missed some.
-        assert_eq!(m.finish(&sampler, Some(1000), Some(64)).cpu_ms, 10_000);
-        assert_eq!(m.finish(&sampler, Some(1000), Some(64)).mem_peak_mb, 64);
+        let exact = m.finish(&sampler, Some(1000), Some(40)).expect("measured");
+        assert_eq!(exact.cpu_ms, 10_000);
+        assert_eq!(exact.mem_peak_mb, 40, "the cgroup's peak is exact, where there is one");
     }
 }

@@ -119,7 +119,7 @@ pub async fn run(client: Client, mut a: AccountingArgs) -> anyhow::Result<()> {
     };
     // From now on the state keeps the finished jobs the store does not have yet.
     if cursor.index > 1 {
-        tell_stored(&client, cursor.index - 1).await;
+        tell_stored(&client, &store, cursor.index - 1).await;
     }
     tracing::info!(index = cursor.index, "accounting: following the cluster's events");
     loop {
@@ -171,7 +171,7 @@ async fn write_loop(
             Ok(None) => return Ok(()),
             Err(_) => {
                 if let Some(index) = untold.take() {
-                    tell_stored(client, index).await;
+                    tell_stored(client, store, index).await;
                     told_at = Instant::now();
                 }
                 continue;
@@ -198,7 +198,7 @@ async fn write_loop(
         untold = cursor.map(|c| c.index.saturating_sub(1)).filter(|i| *i > 0).or(untold);
         if told_at.elapsed() >= STORED_EVERY {
             if let Some(index) = untold.take() {
-                tell_stored(client, index).await;
+                tell_stored(client, store, index).await;
                 told_at = Instant::now();
             }
         }
@@ -224,7 +224,19 @@ async fn write_loop(
 /// Tells the cluster the store holds every job through `index`; a failure
 /// is only logged (the next report says as much, and until then the state
 /// just keeps those jobs a while longer).
-async fn tell_stored(client: &Client, index: u64) {
+async fn tell_stored(client: &Client, store: &Store, index: u64) {
+    // Never at or past a batch the database refused.
+    let index = match store.unstored_from(false).await {
+        Ok(Some(from)) => index.min(from.saturating_sub(1)),
+        Ok(None) => index,
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "accounting: reading what is unstored failed; not telling");
+            return;
+        }
+    };
+    if index == 0 {
+        return;
+    }
     let r = client
         .call(|ch| {
             let req = client.request(pb::AccountingStoredRequest { index });
@@ -303,6 +315,7 @@ async fn resync(client: &Client, store: &mut Store, database: &str) -> anyhow::R
     let as_of = (cursor.index - 1).max(stored);
     let mut after_id = 0;
     let mut total = 0usize;
+    let mut refused = false;
     for page in 0..RESYNC_PAGES_MAX {
         let resp = client
             .call(|ch| {
@@ -316,11 +329,15 @@ async fn resync(client: &Client, store: &mut Store, database: &str) -> anyhow::R
         total += resp.jobs.len();
         let last = resp.next_after_id == 0 || page + 1 == RESYNC_PAGES_MAX;
         // The cursor goes with the last page only: a read cut short starts over.
-        write_retrying(store, database, &[], &resp.jobs, as_of, last.then_some(cursor)).await?;
+        refused |= !write_retrying(store, database, &[], &resp.jobs, as_of, last.then_some(cursor)).await?;
         if last {
             break;
         }
         after_id = resp.next_after_id;
+    }
+    if !refused {
+        // Whatever an earlier refused batch left out, the state held is stored now.
+        store.unstored_from(true).await?;
     }
     tracing::info!(jobs = total, from_index = cursor.index, "accounting: every job the state holds is stored");
     Ok(cursor)
@@ -358,7 +375,7 @@ async fn write_retrying(
     jobs: &[pb::Job],
     as_of: u64,
     cursor: Option<Cursor>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     for attempt in 0..DB_ATTEMPTS_MAX {
         if store.is_closed() {
             *store = connect(database).await?;
@@ -367,7 +384,7 @@ async fn write_retrying(
             tokio::time::timeout(WRITE_TIMEOUT, store.write(events, jobs, as_of, cursor, crate::output::now_ms()))
                 .await;
         match written {
-            Ok(Ok(())) => return Ok(()),
+            Ok(Ok(())) => return Ok(true),
             // The same batch would fail again forever: it is skipped (its
             // cursor kept), loudly, rather than stop the whole history.
             Ok(Err(e)) if is_data_error(&e) => {
@@ -377,10 +394,14 @@ async fn write_retrying(
                     index = at,
                     "accounting: the database refused a batch's data; it is skipped"
                 );
-                return match cursor {
-                    Some(_) => store.write(&[], &[], as_of, cursor, crate::output::now_ms()).await,
-                    None => Ok(()),
-                };
+                // Its jobs are never said to be stored (a resync page: no
+                // job after this is).
+                let first = events.first().map_or(1, |(e, _)| e.index.max(1));
+                if cursor.is_some() {
+                    store.write(&[], &[], as_of, cursor, crate::output::now_ms()).await?;
+                }
+                store.mark_unstored(first).await?;
+                return Ok(false);
             }
             Ok(Err(e)) => {
                 tracing::warn!(error = %format!("{e:#}"), attempt, "accounting: writing a batch failed; retrying");
@@ -423,11 +444,13 @@ async fn capacity_loop(client: Arc<Client>, database: String) {
         };
         let c = gangway_controller::accounting::store::capacity(&nodes);
         if store.as_ref().is_none_or(Store::is_closed) {
-            store = Store::connect(&database).await.ok();
+            store = tokio::time::timeout(CAPACITY_EVERY, Store::connect(&database)).await.ok().and_then(Result::ok);
         }
         let interval_s = CAPACITY_EVERY.as_secs() as i32;
         let stored = match &store {
-            Some(s) => s.sample_capacity(at, interval_s, &c).await,
+            Some(s) => tokio::time::timeout(CAPACITY_EVERY, s.sample_capacity(at, interval_s, &c))
+                .await
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {} s", CAPACITY_EVERY.as_secs()))),
             None => Err(anyhow::anyhow!("no database connection")),
         };
         if let Err(e) = stored {

@@ -149,7 +149,15 @@ async fn find_job(client: &Client, sel: &super::JobSel) -> anyhow::Result<Option
         return Ok(Some(j));
     }
     // Gone from the state: the accounting database may have it.
-    let req = pb::HistoryRequest { job_ids: vec![sel.id], limit: HISTORY_ROWS, ..Default::default() };
+    // One job: the id itself comes first below id + 1 (an array's elements,
+    // which the id also matches, have larger ids); an element: every row.
+    let req = match sel.indexes {
+        None => {
+            let before_id = sel.id.saturating_add(1);
+            pb::HistoryRequest { job_ids: vec![sel.id], limit: 1, before_id, ..Default::default() }
+        }
+        Some(_) => pb::HistoryRequest { job_ids: vec![sel.id], limit: HISTORY_ROWS, ..Default::default() },
+    };
     let resp = client
         .call(|ch| {
             let r = client.request(req.clone());

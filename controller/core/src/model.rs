@@ -366,9 +366,22 @@ pub struct TaskUsage {
     pub gpu_mem_peak_mb: u64,
 }
 
+/// The most CPU time one task may report: every CPU of the largest node
+/// for a year (a task running longer reports once it ends).
+pub const TASK_CPU_MS_MAX: u64 = 4096 * 366 * 86_400_000;
+/// The most memory one node's task may report (MiB): 64 TiB.
+pub const TASK_MEM_MB_MAX: u64 = 64 * 1024 * 1024;
+
 impl TaskUsage {
-    /// Whether the figures are possible: each GPU reading at most 100%.
+    /// Whether the figures are possible: each GPU reading at most 100%, CPU
+    /// time and memory within what a node could give.
     pub fn check(&self) -> Result<(), String> {
+        if self.cpu_ms > TASK_CPU_MS_MAX {
+            return Err(format!("usage.cpu_ms: must be at most {TASK_CPU_MS_MAX}"));
+        }
+        if self.mem_peak_mb > TASK_MEM_MB_MAX || self.gpu_mem_peak_mb > TASK_MEM_MB_MAX {
+            return Err(format!("usage.mem_peak_mb, gpu_mem_peak_mb: must be at most {TASK_MEM_MB_MAX}"));
+        }
         if self.gpu_util_pct_sum > u64::from(self.gpu_samples).saturating_mul(100) {
             return Err(format!(
                 "usage.gpu_util_pct_sum: {} is more than 100% for each of {} readings",

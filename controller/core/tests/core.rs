@@ -2115,6 +2115,29 @@ fn task_usage_is_kept_from_format_13_and_summed_per_job() {
     }
 }
 
+/// Format 13: a task that reports after its job ended (cancelled, out of
+/// time) still has its use kept, once per node, with a `usage` event.
+#[test]
+fn a_cancelled_jobs_task_usage_arrives_late_and_is_kept_once() {
+    let mut s = base_state();
+    s.apply(99, &Command::SetDataFormat { format: 13, now_ms: 4_000 });
+    let id = *s.running.iter().next().unwrap();
+    let (attempt, node) = (s.jobs[&id].attempt, s.jobs[&id].allocation.as_ref().unwrap().nodes[0].node.clone());
+    s.apply(100, &Command::CancelJob { job_id: id, identity: "alice".into(), now_ms: 4_001 });
+    assert_eq!(s.jobs[&id].state, JobState::Cancelled);
+    let applied = s.apply(101, &task_exit_with_usage(id, attempt, &node, 4_002));
+    assert!(matches!(applied.outcome, Outcome::TaskRecorded { .. }), "{:?}", applied.outcome);
+    assert!(applied.events.len() == 1 && applied.events[0].usage && applied.events[0].state == JobState::Cancelled);
+    assert_eq!(s.jobs[&id].usage().map(|u| u.cpu_ms), Some(123_456));
+    assert_eq!(s.jobs[&id].state, JobState::Cancelled, "the state stays");
+    // Once: a second report, or one from a node it did not run on, is stale.
+    let again = s.apply(102, &task_exit_with_usage(id, attempt, &node, 4_003));
+    assert!(matches!(again.outcome, Outcome::Refused(_)) && again.events.is_empty());
+    let elsewhere = s.apply(103, &task_exit_with_usage(id, attempt, "nowhere", 4_004));
+    assert!(matches!(elsewhere.outcome, Outcome::Refused(_)));
+    s.check_invariants().unwrap();
+}
+
 /// Format 13's `finished_jobs_kept`: the state drops the oldest finished
 /// jobs past it, and the policy refuses 0 or more than the hard limit.
 #[test]
@@ -2787,6 +2810,7 @@ fn pokes_wake_only_the_nodes_a_change_concerns() {
         reason: String::new(),
         suspended: None,
         step: None,
+        usage: false,
     });
     assert_eq!(fresh.nodes_to_poke(&ev, &s), nodes);
 }

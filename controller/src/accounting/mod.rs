@@ -188,17 +188,23 @@ pub fn history_sql(req: &pb::HistoryRequest, scope: &Scope) -> (String, Vec<Para
 /// Capacity samples integrated over the range $1..$2: each covers its
 /// interval from when it was taken (at most an hour, so the index on
 /// `sampled_at` bounds the scan).
-const CAPACITY_SQL: &str = "SELECT count(*), sum(cpus_total * o), sum(cpus_down * o), sum(cpus_planned_down * o), \
+const CAPACITY_SQL: &str =
+    "SELECT count(*) FILTER (WHERE o > 0), sum(cpus_total * o), sum(cpus_down * o), sum(cpus_planned_down * o), \
     sum(gpus_total * o), sum(gpus_down * o), sum(gpus_planned_down * o) FROM \
     (SELECT *, GREATEST(0, EXTRACT(EPOCH FROM LEAST(sampled_at + make_interval(secs => interval_s), $2) \
     - GREATEST(sampled_at, $1)))::float8 AS o FROM capacity \
     WHERE sampled_at < $2 AND sampled_at > $1 - interval '1 hour') t";
 
+/// A job's run reaches past the range's start $1: ended after it, or still
+/// running (written so that the indexes on `end_time` and on unfinished
+/// jobs find them, not a scan of the whole history).
+const RUN_OVERLAPS: &str = "(end_time > $1 OR end_time IS NULL)";
+
 /// CPU- and GPU-seconds every job held within the range $1..$2.
 const ALLOCATED_SQL: &str = "SELECT sum(alloc_cpus * secs)::float8, sum(alloc_gpus * secs)::float8 FROM \
     (SELECT alloc_cpus, alloc_gpus, GREATEST(0, EXTRACT(EPOCH FROM LEAST(COALESCE(end_time, now()), $2) \
     - GREATEST(start_time, $1)))::float8 AS secs FROM jobs \
-    WHERE start_time IS NOT NULL AND start_time < $2 AND COALESCE(end_time, now()) > $1) t";
+    WHERE start_time IS NOT NULL AND start_time < $2 AND (end_time > $1 OR end_time IS NULL)) t";
 
 /// Rows of one usage answer at most (account and user pairs).
 pub const USAGE_ROWS_MAX: i64 = 10_000;
@@ -207,8 +213,7 @@ pub const USAGE_ROWS_MAX: i64 = 10_000;
 /// GPUs it held; every value a bound parameter.
 pub fn usage_sql(req: &pb::UsageRequest, scope: &Scope) -> (String, Vec<Param>) {
     let mut params: Vec<Param> = vec![Box::new(store::time(req.start_ms)), Box::new(store::time(req.end_ms))];
-    let mut clauses =
-        vec!["start_time IS NOT NULL".to_string(), "start_time < $2".into(), "COALESCE(end_time, now()) > $1".into()];
+    let mut clauses = vec!["start_time IS NOT NULL".to_string(), "start_time < $2".into(), RUN_OVERLAPS.into()];
     let bind = |p: Param, params: &mut Vec<Param>| {
         params.push(p);
         format!("${}", params.len())

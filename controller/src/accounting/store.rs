@@ -103,10 +103,12 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     ),
     (
         2,
-        "ALTER TABLE jobs ADD COLUMN measured_nodes integer, ADD COLUMN cpu_used_ms bigint,
+        "ALTER TABLE ingest_cursor ADD COLUMN unstored_from bigint;
+        ALTER TABLE jobs ADD COLUMN measured_nodes integer, ADD COLUMN cpu_used_ms bigint,
             ADD COLUMN mem_peak_mb bigint, ADD COLUMN gpu_util_pct double precision,
             ADD COLUMN gpu_mem_peak_mb bigint;
         CREATE INDEX jobs_array ON jobs (array_job_id) WHERE array_job_id IS NOT NULL;
+        CREATE INDEX jobs_unfinished ON jobs (start_time) WHERE end_time IS NULL;
         CREATE INDEX jobs_name ON jobs (name);
         CREATE TABLE capacity (
             sampled_at timestamptz PRIMARY KEY,
@@ -457,12 +459,39 @@ impl Store {
         Ok(())
     }
 
-    /// Stores one capacity sample, covering `interval_s` from `at`.
+    /// Records that jobs of log entries from `index` on may be missing (a
+    /// batch the database refused): the cluster is never told they are
+    /// stored, so the state keeps them. A complete resync clears it.
+    pub async fn mark_unstored(&self, index: u64) -> anyhow::Result<()> {
+        let index = i64::try_from(index).unwrap_or(i64::MAX);
+        self.db
+            .execute("UPDATE ingest_cursor SET unstored_from = LEAST(COALESCE(unstored_from, $1), $1)", &[&index])
+            .await?;
+        Ok(())
+    }
+
+    /// See [`Store::mark_unstored`]; `clear` forgets it (every job the state
+    /// holds has just been stored again).
+    pub async fn unstored_from(&self, clear: bool) -> anyhow::Result<Option<u64>> {
+        if clear {
+            self.db.execute("UPDATE ingest_cursor SET unstored_from = NULL", &[]).await?;
+            return Ok(None);
+        }
+        let row = self.db.query_opt("SELECT unstored_from FROM ingest_cursor", &[]).await?;
+        Ok(row.and_then(|r| r.get::<_, Option<i64>>(0)).map(|i| i.max(0) as u64))
+    }
+
+    /// Stores one capacity sample, covering the `interval_s` that `at` is in
+    /// (so a second service sampling the same interval adds nothing).
     pub async fn sample_capacity(&self, at: SystemTime, interval_s: i32, c: &Capacity) -> anyhow::Result<()> {
+        let step = u64::try_from(interval_s).unwrap_or(1).max(1);
+        let secs = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let at = UNIX_EPOCH + Duration::from_secs(secs - secs % step);
         self.db
             .execute(
                 "INSERT INTO capacity (sampled_at, interval_s, cpus_total, cpus_down, cpus_planned_down, gpus_total,
-                    gpus_down, gpus_planned_down) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+                    gpus_down, gpus_planned_down)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
                 &[
                     &at,
                     &interval_s,

@@ -264,12 +264,15 @@ impl AgentService for AgentApi {
         let msg = req.into_inner();
         ctx.require_agent_for(&msg.node, "report task exits")?;
         check_task_exit(msg.exit_code, msg.signal, &msg.reason).map_err(status_from_spec)?;
-        let usage = msg
-            .usage
-            .as_ref()
-            .map(super::convert::task_usage_from_proto)
-            .transpose()
-            .map_err(Status::invalid_argument)?;
+        // Impossible figures are dropped, not the exit: refusing the report
+        // would have the agent send it again and again.
+        let usage = msg.usage.as_ref().and_then(|u| match super::convert::task_usage_from_proto(u) {
+            Ok(u) => Some(u),
+            Err(e) => {
+                tracing::warn!(node = %msg.node, job = msg.job_id, error = %e, "task usage dropped");
+                None
+            }
+        });
         // A cluster not yet on the accounting format cannot carry it (a
         // rolling upgrade): the exit is what matters.
         let accounting = self.replica.node.state().read().format >= gangway_core::format::ACCOUNTING_FORMAT;

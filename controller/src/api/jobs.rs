@@ -709,8 +709,10 @@ impl JobService for JobApi {
                 match got {
                     Ok(gangway_core::Event::Node { .. }) => continue,
                     Ok(gangway_core::Event::Job(ev)) => {
-                        // Watchers follow jobs; steps are in the event stream (Events).
-                        if filter != 0 && ev.job_id != filter || !shown.job(ev.job_id) || ev.step.is_some() {
+                        // Watchers follow jobs' states; steps and late usage are in
+                        // the event stream (Events).
+                        if filter != 0 && ev.job_id != filter || !shown.job(ev.job_id) || ev.step.is_some() || ev.usage
+                        {
                             continue;
                         }
                         let msg = JobEvent {
@@ -842,6 +844,7 @@ fn cluster_event(ev: gangway_core::Event) -> ClusterEvent {
     match ev {
         Event::Job(j) => {
             let kind = match j.state {
+                _ if j.usage => "usage",
                 _ if j.step.is_some_and(|(_, s)| s == JobState::Running) => "step_started",
                 _ if j.step.is_some() => "step_ended",
                 JobState::Running if j.suspended == Some(true) => "suspended",

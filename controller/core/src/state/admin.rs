@@ -408,6 +408,9 @@ impl State {
         usage: &BTreeMap<String, Vec<UsageBucket>>,
         identity: &str,
     ) -> Applied {
+        if let Some(refused) = self.needs_accounting_format() {
+            return refused;
+        }
         if !self.is_admin(identity) {
             return Applied::refused(
                 RefusalKind::PermissionDenied,
@@ -655,6 +658,7 @@ impl State {
                     reason: format!("{done} by {identity}"),
                     suspended: Some(suspend),
                     step: None,
+                    usage: false,
                 });
             }
         }

@@ -230,6 +230,11 @@ pub struct JobEvent {
     /// started, its end state when it ended; `state` stays the job's);
     /// None: the job itself.
     pub step: Option<(u32, JobState)>,
+    /// What a node's task of the finished job used arrived after the job
+    /// ended (a cancel, a time limit, the batch host first): the job's
+    /// record changed, not its state. Since format 13.
+    #[serde(default)]
+    pub usage: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -491,6 +496,25 @@ impl State {
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
         };
+        // The task of a job that already ended (cancelled, out of time, its
+        // batch host done): what it used is still kept, once per node of
+        // its last attempt, and said with a `usage` event.
+        let late = job.state.is_finished() && job.attempt == attempt && job.ran_on.iter().any(|n| n == node);
+        if let Some(u) = usage.filter(|_| late && !job.task_usage.contains_key(node)) {
+            job.task_usage.insert(node.to_string(), u);
+            let state = job.state;
+            let event = JobEvent {
+                index,
+                job_id,
+                state,
+                attempt,
+                reason: String::new(),
+                suspended: None,
+                step: None,
+                usage: true,
+            };
+            return Applied { outcome: Outcome::TaskRecorded { job_id }, events: vec![event] };
+        }
         let on_node = job.allocation.as_ref().is_some_and(|a| a.nodes.iter().any(|n| n.node == node));
         if job.state != JobState::Running || job.attempt != attempt || !on_node {
             return Applied::refused(
@@ -651,7 +675,7 @@ impl State {
             self.jobs.get_mut(&job_id).expect("finished").finished_index = Some(index);
         }
         self.purge_finished();
-        JobEvent { index, job_id, state, attempt, reason, suspended: None, step: None }
+        JobEvent { index, job_id, state, attempt, reason, suspended: None, step: None, usage: false }
     }
 
     /// Drops the oldest finished jobs past the limits. The first job of an
@@ -727,7 +751,7 @@ impl State {
         job.suspended_at_ms = None;
         job.suspended_ms = 0;
         job.preempted_by = None;
-        JobEvent { index, job_id, state: JobState::Pending, attempt, reason, suspended: None, step: None }
+        JobEvent { index, job_id, state: JobState::Pending, attempt, reason, suspended: None, step: None, usage: false }
     }
 
     /// Gives back what an ending attempt holds: all of its allocation, or
@@ -1146,6 +1170,7 @@ impl State {
                 reason: String::new(),
                 suspended: None,
                 step: None,
+                usage: false,
             });
         }
         Applied { outcome: Outcome::PlanApplied { started, rejected }, events }

@@ -107,6 +107,7 @@ impl State {
             reason: format!("step {id} ({name}) started"),
             suspended: None,
             step: Some((id, JobState::Running)),
+            usage: false,
         };
         Applied { outcome: Outcome::StepStarted { job_id, step_id: id }, events: vec![event] }
     }
@@ -144,6 +145,7 @@ impl State {
             reason: format!("step {step_id} ({}) ended", step.name),
             suspended: None,
             step: Some((step_id, state)),
+            usage: false,
         };
         Applied { outcome: Outcome::StepEnded { job_id, step_id }, events: vec![event] }
     }

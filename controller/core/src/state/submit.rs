@@ -50,6 +50,7 @@ impl State {
                 reason: String::new(),
                 suspended: None,
                 step: None,
+                usage: false,
             });
         }
         // Dependencies already met (a job that already started, say) settle now.

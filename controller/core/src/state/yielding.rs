@@ -39,7 +39,16 @@ impl State {
             }
         }
         self.yielded.insert(job_id);
-        JobEvent { index, job_id, state: JobState::Running, attempt, reason, suspended: Some(true), step: None }
+        JobEvent {
+            index,
+            job_id,
+            state: JobState::Running,
+            attempt,
+            reason,
+            suspended: Some(true),
+            step: None,
+            usage: false,
+        }
     }
 
     /// Resumes every yielded job whose CPUs and GPUs are all free again, in
@@ -76,6 +85,7 @@ impl State {
                 reason: "resumed: its CPUs and GPUs are free again".to_string(),
                 suspended: Some(false),
                 step: None,
+                usage: false,
             });
         }
         events
