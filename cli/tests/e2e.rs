@@ -1700,11 +1700,15 @@ fn accounting_stores_every_job_once_across_failures() {
             .collect();
         controllers.push(Some(Procs(vec![spawn(&args, &dir.path().join(format!("c{}.log", i + 1)))])));
     }
-    let agent = agent_args(&endpoints, 3, dir.path());
-    let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
-    let _agent = Procs(vec![spawn_exe(&agent_exe, &agent, &dir.path().join("agent.log"))]);
-    eventually("the agent never registered", || {
-        stdout(&cli(&endpoints, &["nodes", "--json"], &work)).contains("\"state\": \"UP\"")
+    // Two agents, 4 simulated GPUs each.
+    let mut agents = Procs(Vec::new());
+    for n in [2, 3] {
+        let agent = agent_args(&endpoints, n, dir.path());
+        let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
+        agents.0.push(spawn_exe(&agent_exe, &agent, &dir.path().join(format!("agent-{n}.log"))));
+    }
+    eventually("the agents never registered", || {
+        stdout(&cli(&endpoints, &["nodes", "--json"], &work)).matches("\"state\": \"UP\"").count() == 2
     });
     let accounting = || {
         let log = std::fs::File::options().create(true).append(true).open(dir.path().join("accounting.log")).unwrap();
@@ -1737,7 +1741,9 @@ fn accounting_stores_every_job_once_across_failures() {
     });
     // The simulated GPUs' load, which the agent samples into each job's usage.
     let load: String = (0..4).map(|g| format!("{g} 70 30000\n")).collect();
-    std::fs::write(dir.path().join("agent-3").join("gpu-load"), load).unwrap();
+    for n in [2, 3] {
+        std::fs::write(dir.path().join(format!("agent-{n}")).join("gpu-load"), &load).unwrap();
+    }
     let mut jobs = Vec::new();
     let (mut gpu_jobs, mut burners) = (Vec::new(), Vec::new());
     let mut round = |jobs: &mut Vec<u64>| {
@@ -1839,6 +1845,14 @@ fn accounting_stores_every_job_once_across_failures() {
     assert!(pct >= 10.0, "the burner's CPU efficiency: {burnt}");
     assert!(burnt.contains(&format!("Job ID: {}\n", burners[0])) && burnt.contains("State: COMPLETED (exit code 0)"));
     assert!(burnt.contains("CPU Efficiency: ") && burnt.contains("Memory Utilized: "), "{burnt}");
+    // seff knows every job, in the state or the database, with its stored state.
+    let stored_states = pg.query(&format!("SELECT job_id, state FROM jobs WHERE job_id IN ({ids})"));
+    for row in stored_states.lines() {
+        let (id, state) = row.split_once('|').unwrap();
+        let report = seff(id.parse().unwrap());
+        assert!(report.starts_with(&format!("Job ID: {id}\n")), "{report}");
+        assert!(report.contains(&format!("\nState: {state}")), "job {id} is {state} in the database: {report}");
+    }
     let gpu = seff(gpu_jobs[0]);
     assert!(gpu.contains("GPUs: 2 (2 per node)\nGPU Utilized: 70.00%"), "{gpu}");
     assert!(gpu.contains("GPU Memory Utilized: 29.30 GB"), "{gpu}");
@@ -1928,7 +1942,7 @@ fn accounting_stores_every_job_once_across_failures() {
         allocated >= stored && allocated <= stored + 2 * rounds as u64 + 2,
         "allocated {allocated}, stored {stored}: {util}"
     );
-    assert!(reported >= 4 * 60 && reported % 60 == 0 && down == 0 && planned == 0, "{util}");
+    assert!(reported >= 8 * 60 && reported % 60 == 0 && down == 0 && planned == 0, "{util}");
     // Each figure is rounded on its own.
     assert!(idle.abs_diff(reported.saturating_sub(allocated)) <= 1, "{util}");
     let refused = as_user(Command::new(GANGWAY).args(["sreport", "cluster", "Utilization"]), "mallory")
