@@ -343,13 +343,7 @@ impl Shell {
             reason: exit.reason.clone(),
             lost: exit.lost,
             peak_mem_mb: exit.peak_mem_mb,
-            usage: exit.usage.map(|u| gangway_proto::v1::TaskUsage {
-                cpu_ms: u.cpu_ms,
-                mem_peak_mb: u.mem_peak_mb,
-                gpu_samples: u.gpu_samples,
-                gpu_util_pct_sum: u.gpu_util_pct_sum,
-                gpu_mem_peak_mb: u.gpu_mem_peak_mb,
-            }),
+            usage: exit.usage.map(usage::to_proto),
         }
     }
 }
@@ -362,13 +356,7 @@ fn exit_from_report(r: TaskExitReport) -> Exit {
         reason: r.reason,
         lost: r.lost,
         peak_mem_mb: r.peak_mem_mb,
-        usage: r.usage.map(|u| gangway_core::model::TaskUsage {
-            cpu_ms: u.cpu_ms,
-            mem_peak_mb: u.mem_peak_mb,
-            gpu_samples: u.gpu_samples,
-            gpu_util_pct_sum: u.gpu_util_pct_sum,
-            gpu_mem_peak_mb: u.gpu_mem_peak_mb,
-        }),
+        usage: r.usage.map(|u| usage::from_proto(&u)),
     }
 }
 

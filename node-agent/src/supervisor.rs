@@ -111,16 +111,6 @@ async fn measure_until_exit(
     crate::usage::ended_tree_ticks(pid)
 }
 
-fn usage_to_proto(u: gangway_core::model::TaskUsage) -> gangway_proto::v1::TaskUsage {
-    gangway_proto::v1::TaskUsage {
-        cpu_ms: u.cpu_ms,
-        mem_peak_mb: u.mem_peak_mb,
-        gpu_samples: u.gpu_samples,
-        gpu_util_pct_sum: u.gpu_util_pct_sum,
-        gpu_mem_peak_mb: u.gpu_mem_peak_mb,
-    }
-}
-
 type Key = (u64, u32);
 
 /// How often a task's process group is checked for leftovers after its main
@@ -1130,7 +1120,8 @@ impl Supervisor {
                 crate::cgroup::Cgroups::kill(dir); // anything the task left behind
                 crate::cgroup::Cgroups::remove(dir);
             }
-            let usage = sampler.as_ref().and_then(|s| meter.finish(s, tree_ticks, peak_mem_mb)).map(usage_to_proto);
+            let usage =
+                sampler.as_ref().and_then(|s| meter.finish(s, tree_ticks, peak_mem_mb)).map(crate::usage::to_proto);
             let mut report = match result {
                 Ok(status) => {
                     exit_report(&node, key, &exit, &record, Some((status.code(), status.signal())), peak_mem_mb)

@@ -229,6 +229,28 @@ pub fn ended_tree_ticks(pid: i32) -> Option<u64> {
     (s.pid == pid).then(|| s.cpu_ticks.saturating_add(s.child_ticks))
 }
 
+/// A task's use as its exit report carries it.
+pub fn to_proto(u: TaskUsage) -> gangway_proto::v1::TaskUsage {
+    gangway_proto::v1::TaskUsage {
+        cpu_ms: u.cpu_ms,
+        mem_peak_mb: u.mem_peak_mb,
+        gpu_samples: u.gpu_samples,
+        gpu_util_pct_sum: u.gpu_util_pct_sum,
+        gpu_mem_peak_mb: u.gpu_mem_peak_mb,
+    }
+}
+
+/// The other way (a report queued in the agent's core).
+pub fn from_proto(u: &gangway_proto::v1::TaskUsage) -> TaskUsage {
+    TaskUsage {
+        cpu_ms: u.cpu_ms,
+        mem_peak_mb: u.mem_peak_mb,
+        gpu_samples: u.gpu_samples,
+        gpu_util_pct_sum: u.gpu_util_pct_sum,
+        gpu_mem_peak_mb: u.gpu_mem_peak_mb,
+    }
+}
+
 /// One task's use so far, fed with snapshots.
 #[derive(Debug, Default)]
 pub struct Meter {

@@ -64,8 +64,6 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(60);
 /// Utilization` (Slurm's slurmdbd rolls usage up hourly; a minute keeps a
 /// node's outage visible to the minute, 1,440 rows a day).
 const CAPACITY_EVERY: Duration = Duration::from_secs(60);
-/// Pages of one node listing (the API pages by size; 20,000 nodes fit in a few).
-const NODE_PAGES_MAX: usize = 1000;
 
 #[derive(Args)]
 pub struct AccountingArgs {
@@ -435,10 +433,10 @@ async fn capacity_loop(client: Arc<Client>, database: String) {
     loop {
         tick.tick().await;
         let at = std::time::SystemTime::now();
-        let nodes = match list_nodes(&client).await {
+        let nodes = match client.list_nodes(false).await {
             Ok(n) => n,
             Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "accounting: sampling capacity failed");
+                tracing::warn!(error = %e.message(), "accounting: sampling capacity failed");
                 continue;
             }
         };
@@ -458,27 +456,6 @@ async fn capacity_loop(client: Arc<Client>, database: String) {
             store = None;
         }
     }
-}
-
-async fn list_nodes(client: &Client) -> anyhow::Result<Vec<pb::Node>> {
-    let mut nodes = Vec::new();
-    let mut after_name = String::new();
-    for _ in 0..NODE_PAGES_MAX {
-        let resp = client
-            .call(|ch| {
-                let req = client.request(pb::ListNodesRequest { stale: false, after_name: after_name.clone() });
-                async move { gangway_proto::v1::node_service_client::NodeServiceClient::new(ch).list(req).await }
-            })
-            .await
-            .map_err(|s| anyhow::anyhow!("listing nodes: {}", s.message()))?
-            .into_inner();
-        nodes.extend(resp.nodes);
-        if resp.next_after_name.is_empty() {
-            break;
-        }
-        after_name = resp.next_after_name;
-    }
-    Ok(nodes)
 }
 
 /// `gangway accounting rebuild-fairshare`: the usage fair share would hold

@@ -127,6 +127,15 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
 /// transaction (it repeats until nothing is left, at most
 /// [`RETENTION_ROUNDS_MAX`] times).
 const RETENTION_ROWS_PER_ROUND: i64 = 10_000;
+/// What one retention round deletes, each at most
+/// [`RETENTION_ROWS_PER_ROUND`] rows older than $1: finished jobs (their
+/// allocations and steps with them), events, capacity samples.
+const EXPIRED: [&str; 3] = [
+    "DELETE FROM jobs WHERE job_id IN (SELECT job_id FROM jobs WHERE end_time < $1 LIMIT $2)",
+    "DELETE FROM events WHERE (log_index, ordinal) IN
+     (SELECT log_index, ordinal FROM events WHERE ingested_at < $1 LIMIT $2)",
+    "DELETE FROM capacity WHERE sampled_at IN (SELECT sampled_at FROM capacity WHERE sampled_at < $1 LIMIT $2)",
+];
 /// Rounds of one retention pass; what is left waits for the next pass.
 const RETENTION_ROUNDS_MAX: usize = 100;
 
@@ -532,32 +541,12 @@ impl Store {
     pub async fn expire(&self, before: SystemTime) -> anyhow::Result<u64> {
         let mut deleted = 0;
         for _ in 0..RETENTION_ROUNDS_MAX {
-            let n = self
-                .db
-                .execute(
-                    "DELETE FROM jobs WHERE job_id IN
-                     (SELECT job_id FROM jobs WHERE end_time < $1 LIMIT $2)",
-                    &[&before, &RETENTION_ROWS_PER_ROUND],
-                )
-                .await?;
-            let m = self
-                .db
-                .execute(
-                    "DELETE FROM events WHERE (log_index, ordinal) IN
-                     (SELECT log_index, ordinal FROM events WHERE ingested_at < $1 LIMIT $2)",
-                    &[&before, &RETENTION_ROWS_PER_ROUND],
-                )
-                .await?;
-            let c = self
-                .db
-                .execute(
-                    "DELETE FROM capacity WHERE sampled_at IN
-                     (SELECT sampled_at FROM capacity WHERE sampled_at < $1 LIMIT $2)",
-                    &[&before, &RETENTION_ROWS_PER_ROUND],
-                )
-                .await?;
-            deleted += n + m + c;
-            if n == 0 && m == 0 && c == 0 {
+            let mut round = 0;
+            for sql in EXPIRED {
+                round += self.db.execute(sql, &[&before, &RETENTION_ROWS_PER_ROUND]).await?;
+            }
+            deleted += round;
+            if round == 0 {
                 break;
             }
         }
