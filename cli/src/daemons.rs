@@ -106,6 +106,20 @@ pub struct ControllerArgs {
     /// SuspendProgram), called the same way.
     #[arg(long, value_name = "PROGRAM")]
     suspend_program: Option<std::path::PathBuf>,
+    /// Writes per second one user may sustain (submits, cancels, updates),
+    /// counted on the leader; admins are not limited.
+    #[arg(long, default_value_t = gangway_controller::ratelimit::WRITES_PER_S)]
+    user_writes_per_s: f64,
+    /// Writes one user may make in a burst above that rate.
+    #[arg(long, default_value_t = gangway_controller::ratelimit::WRITES_BURST)]
+    user_write_burst: f64,
+    /// Read units per second one caller may spend on this replica: one per
+    /// job or node a read looks at, one per 128 bytes it answers, 10 per call.
+    #[arg(long, default_value_t = gangway_controller::ratelimit::READ_UNITS_PER_S)]
+    user_read_units_per_s: f64,
+    /// Read units in a caller's full bucket (what it may spend at once).
+    #[arg(long, default_value_t = gangway_controller::ratelimit::READ_UNITS_BURST)]
+    user_read_burst: f64,
 }
 
 /// `--id`: a number, or `ordinal` (from the host name's trailing `-N`).
@@ -150,7 +164,24 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
     };
     let listener =
         tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("listen: cannot bind {}", a.listen))?;
-    let timing = gangway_controller::Timing { node_down_timeout_ms: a.node_down_timeout_ms, ..Default::default() };
+    for (flag, v) in [
+        ("user-writes-per-s", a.user_writes_per_s),
+        ("user-write-burst", a.user_write_burst),
+        ("user-read-units-per-s", a.user_read_units_per_s),
+        ("user-read-burst", a.user_read_burst),
+    ] {
+        if !(v.is_finite() && v >= 1.0) {
+            bail!("{flag}: must be a number of at least 1, got {v}");
+        }
+    }
+    let timing = gangway_controller::Timing {
+        node_down_timeout_ms: a.node_down_timeout_ms,
+        user_writes_per_s: a.user_writes_per_s,
+        user_write_burst: a.user_write_burst,
+        user_read_units_per_s: a.user_read_units_per_s,
+        user_read_burst: a.user_read_burst,
+        ..Default::default()
+    };
     let config = gangway_controller::ReplicaConfig {
         id: a.id,
         advertise_addr: advertise,

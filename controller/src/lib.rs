@@ -11,10 +11,12 @@
 //! `proto` (wire types and the client library), `cli` (the `gangway` binary).
 
 pub mod accounting;
+pub mod admission;
 pub mod api;
 pub mod audit;
 pub mod config;
 pub mod heartbeats;
+pub mod lanes;
 pub mod leader;
 pub mod proposer;
 pub mod raft;

@@ -1,9 +1,21 @@
-//! Per-identity write rate limits: a token bucket per caller, so one user's
-//! runaway submit loop cannot crowd everyone else out of the log. Writes only
-//! (reads are cheap and answered locally); admins, replicas and agents are not
-//! limited (the cluster's own traffic and its operators). The leader counts
-//! every write, its own callers' and those followers forward, so a user's rate
-//! holds for the whole cluster; a new leader starts with full buckets.
+//! Per-identity budgets: a token bucket per caller for writes, so one user's
+//! runaway submit loop cannot crowd everyone else out of the log, and one for
+//! the work of reads, so a thousand array tasks polling `squeue` cannot take
+//! the replica that answers them.
+//!
+//! Writes: admins, replicas and agents are not limited (the cluster's own
+//! traffic and its operators). The leader counts every write, its own
+//! callers' and those followers forward, so a user's rate holds for the whole
+//! cluster; a new leader starts with full buckets.
+//!
+//! Reads ([`ReadLimiter`]) are charged by their work, in *read units*: one per
+//! job or node a read looks at, one per [`READ_BYTES_PER_UNIT`] bytes it
+//! answers, and [`READ_BASE_UNITS`] for the call itself. A read is let in
+//! while its caller's bucket is not empty and charged what it did afterwards
+//! (the cost of a listing is known only once it ran; each read's work is
+//! bounded, so a bucket's debt is too). The replica that does the work
+//! charges it, to the caller's own identity (a follower's forwarded reads are
+//! charged on the leader). Only replicas and agents are exempt.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -19,6 +31,22 @@ pub const WRITES_BURST: f64 = 2_000.0;
 /// forgotten identity starts with a full bucket, which is the generous side).
 pub const IDENTITIES_MAX: usize = 10_000;
 
+/// The metadata key of the retry hint on RESOURCE_EXHAUSTED (milliseconds),
+/// which `gangway_proto::client` obeys.
+pub use gangway_proto::client::RETRY_AFTER_METADATA_KEY;
+
+/// Read units one identity may spend per second on one replica. A listing
+/// of 20,000 jobs costs about 60,000 (each job looked at and ~400 bytes of
+/// it answered): squeue over such a queue every second fits, and at about a
+/// microsecond of CPU per unit one identity is held to a fraction of a core.
+pub const READ_UNITS_PER_S: f64 = 200_000.0;
+/// Read units in a full bucket: a few whole listings of a large queue at once.
+pub const READ_UNITS_BURST: f64 = 1_000_000.0;
+/// Units every read costs, whatever it looked at (a Get of one job).
+pub const READ_BASE_UNITS: u64 = 10;
+/// Bytes answered per read unit.
+pub const READ_BYTES_PER_UNIT: usize = 128;
+
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
     tokens: f64,
@@ -28,15 +56,84 @@ struct Bucket {
 /// The pure part: refill at `rate` up to `burst`, then take one token or say
 /// how long until one is there.
 fn take(bucket: &mut Bucket, now: Instant, rate: f64, burst: f64) -> Result<(), Duration> {
-    let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
-    bucket.tokens = (bucket.tokens + elapsed * rate).min(burst);
-    bucket.at = now;
+    refill(bucket, now, rate, burst);
     if bucket.tokens >= 1.0 {
         bucket.tokens -= 1.0;
         Ok(())
     } else {
         Err(Duration::from_secs_f64(((1.0 - bucket.tokens) / rate).min(60.0)))
     }
+}
+
+/// Refills `bucket` up to `now`.
+fn refill(bucket: &mut Bucket, now: Instant, rate: f64, burst: f64) {
+    let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
+    bucket.tokens = (bucket.tokens + elapsed * rate).min(burst);
+    bucket.at = now;
+}
+
+/// The bucket of `identity`, made full if new; the least recently used one
+/// is forgotten when IDENTITIES_MAX are tracked.
+fn bucket_of<'a>(
+    buckets: &'a mut BTreeMap<String, Bucket>,
+    identity: &str,
+    now: Instant,
+    burst: f64,
+) -> &'a mut Bucket {
+    if !buckets.contains_key(identity) && buckets.len() >= IDENTITIES_MAX {
+        if let Some(oldest) = buckets.iter().min_by_key(|(_, b)| b.at).map(|(k, _)| k.clone()) {
+            buckets.remove(&oldest);
+        }
+    }
+    buckets.entry(identity.to_string()).or_insert(Bucket { tokens: burst, at: now })
+}
+
+/// Per-identity budgets for the work of reads (see the module docs).
+pub struct ReadLimiter {
+    buckets: std::sync::Mutex<BTreeMap<String, Bucket>>,
+    rate: f64,
+    burst: f64,
+}
+
+impl ReadLimiter {
+    /// `rate` units per second, `burst` in a full bucket (both at least 1).
+    pub fn new(rate: f64, burst: f64) -> ReadLimiter {
+        ReadLimiter { buckets: Default::default(), rate: rate.max(1.0), burst: burst.max(1.0) }
+    }
+
+    pub fn rate(&self) -> (f64, f64) {
+        (self.rate, self.burst)
+    }
+
+    /// Lets a read of `identity` in while its bucket is not empty, or says
+    /// how long until it is.
+    pub fn admit(&self, identity: &str, now: Instant) -> Result<(), Duration> {
+        let mut buckets = self.buckets.lock().expect("rate limiter lock");
+        let bucket = bucket_of(&mut buckets, identity, now, self.burst);
+        refill(bucket, now, self.rate, self.burst);
+        if bucket.tokens > 0.0 {
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64(((1.0 - bucket.tokens) / self.rate).min(60.0)))
+        }
+    }
+
+    /// Charges what a read of `identity` did. The debt is bounded by one
+    /// full bucket: a read's work is bounded, and a caller deep in debt is
+    /// refused until it is paid.
+    pub fn charge(&self, identity: &str, units: u64, now: Instant) {
+        let mut buckets = self.buckets.lock().expect("rate limiter lock");
+        let bucket = bucket_of(&mut buckets, identity, now, self.burst);
+        refill(bucket, now, self.rate, self.burst);
+        bucket.tokens = (bucket.tokens - units as f64).max(-self.burst);
+    }
+}
+
+/// The read units of a read that looked at `examined` jobs or nodes and
+/// answered `bytes`.
+pub fn read_units(examined: usize, bytes: usize) -> u64 {
+    let units = examined.saturating_add(bytes / READ_BYTES_PER_UNIT);
+    READ_BASE_UNITS.saturating_add(u64::try_from(units).unwrap_or(u64::MAX))
 }
 
 pub struct WriteLimiter {
@@ -64,12 +161,7 @@ impl WriteLimiter {
     /// Takes one write for `identity`, or returns how long to wait before retrying.
     pub fn check(&self, identity: &str, now: Instant) -> Result<(), Duration> {
         let mut buckets = self.buckets.lock().expect("rate limiter lock");
-        if !buckets.contains_key(identity) && buckets.len() >= IDENTITIES_MAX {
-            if let Some(oldest) = buckets.iter().min_by_key(|(_, b)| b.at).map(|(k, _)| k.clone()) {
-                buckets.remove(&oldest);
-            }
-        }
-        let bucket = buckets.entry(identity.to_string()).or_insert(Bucket { tokens: self.burst, at: now });
+        let bucket = bucket_of(&mut buckets, identity, now, self.burst);
         take(bucket, now, self.rate, self.burst)
     }
 }
@@ -96,6 +188,29 @@ mod tests {
             assert!(l.check("alice", t1).is_ok());
         }
         assert!(l.check("alice", t1).is_err());
+    }
+
+    #[test]
+    fn reads_are_let_in_while_the_bucket_holds_and_charged_what_they_did() {
+        let l = ReadLimiter::new(READ_UNITS_PER_S, READ_UNITS_BURST);
+        let t0 = Instant::now();
+        // A full bucket takes a read that costs more than it holds: reads
+        // are charged after they ran.
+        assert!(l.admit("alice", t0).is_ok());
+        l.charge("alice", READ_UNITS_BURST as u64 + 1, t0);
+        // One unit past the bucket: the next read waits until it is paid.
+        let wait = l.admit("alice", t0).unwrap_err();
+        assert!(wait > Duration::ZERO && wait <= Duration::from_millis(10), "{wait:?}");
+        assert!(l.admit("alice", t0 + wait).is_ok());
+        // The debt is bounded by one bucket, however much is charged.
+        l.charge("bob", u64::MAX, t0);
+        let wait = l.admit("bob", t0).unwrap_err();
+        assert!(wait <= Duration::from_secs_f64(READ_UNITS_BURST / READ_UNITS_PER_S) + Duration::from_millis(1));
+        // Others are not affected.
+        assert!(l.admit("carol", t0).is_ok());
+        assert_eq!(read_units(0, 0), READ_BASE_UNITS);
+        assert_eq!(read_units(100, READ_BYTES_PER_UNIT * 3), READ_BASE_UNITS + 103);
+        assert_eq!(read_units(usize::MAX, usize::MAX), READ_BASE_UNITS.saturating_add(u64::MAX));
     }
 
     #[test]

@@ -28,6 +28,22 @@ use crate::shared::Replica;
 /// Opening the store retries while a previous instance in this process (a test
 /// restarting a replica) still holds RocksDB's lock: 50 × 100 ms.
 const STORE_OPEN_ATTEMPTS_MAX: usize = 50;
+/// HTTP/2 streams (calls) one connection may have open at once. A
+/// follower forwards its clients' writes over one connection and an agent
+/// holds two; 256 leaves room for bursts, and bounds what one connection can
+/// make the replica hold (each stream a task and its buffers).
+pub const H2_STREAMS_PER_CONNECTION_MAX: u32 = 256;
+/// Bytes of headers one request may carry: a bearer token or a step
+/// credential is a kilobyte or two (hyper would take 16 MiB).
+pub const H2_HEADER_LIST_BYTES_MAX: u32 = 64 * 1024;
+/// Streams a client may open and reset before their handler ran, per
+/// connection (the HTTP/2 "rapid reset" flood); past it the connection closes.
+pub const H2_PENDING_RESETS_MAX: usize = 64;
+/// How often the replica pings a connection's peer, and how long it waits
+/// for the answer before closing it: a peer that vanished without closing
+/// (a host that died, a cut cable) gives its connection back within a minute.
+pub const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
+pub const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A running replica; `shutdown` stops it and releases its data dir.
 pub struct ReplicaHandle {
@@ -140,8 +156,21 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
         .build_v1alpha()?;
 
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+    let gate = crate::admission::Gate::new(
+        config.security.clone(),
+        config.tokens.clone(),
+        replica.audit.clone(),
+        node.state().clone(),
+    );
     let router = Server::builder()
         .tcp_nodelay(true)
+        .max_concurrent_streams(H2_STREAMS_PER_CONNECTION_MAX)
+        .http2_max_header_list_size(H2_HEADER_LIST_BYTES_MAX)
+        .http2_max_pending_accept_reset_streams(Some(H2_PENDING_RESETS_MAX))
+        .http2_keepalive_interval(Some(H2_PING_INTERVAL))
+        .http2_keepalive_timeout(Some(H2_PING_TIMEOUT))
+        // Every request meets the gate before its body is read.
+        .layer(crate::admission::GateLayer(Arc::new(gate)))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -20,10 +20,22 @@ use crate::raft::RaftNode;
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A forwarded call waits a little longer than the leader's own write timeout.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(12);
-/// Scheduling analyses (explain, test-submit) one replica runs at once: each is
-/// a full pass (~70 ms at 100,000 pending jobs) under the state's read lock,
-/// so a few at a time keep the replica's CPU and its writes for its log.
-pub const ANALYSES_MAX: usize = 2;
+/// Analyses one replica runs at once, leader or follower: scheduling analyses
+/// (explain, test-submit, a listing's pending reasons computed on a replica
+/// without the leader's) are a full pass each (~70 ms at 100,000 pending
+/// jobs), and history queries hold a database connection for up to their
+/// statement timeout. One pool for all, so together they keep the replica's
+/// CPU and its writes for its log.
+pub const ANALYSES_MAX: usize = 4;
+/// Users' streams (Watch, Events, Audit) one principal may hold open on one
+/// replica: a few terminals and console tabs each, far below a flood.
+pub const STREAMS_PER_PRINCIPAL_MAX: usize = 32;
+/// Users' streams one replica serves at once: each is a task and a bounded
+/// buffer (WATCH_STREAM_BUFFER_MAX events), so this bounds their memory.
+pub const STREAMS_MAX: usize = 1_024;
+/// An agent's WatchNode streams open at once on one replica: one per node,
+/// and one more while a reconnect overlaps the old stream's end.
+pub const NODE_WATCHES_PER_AGENT_MAX: usize = 2;
 /// Peers, agents' leaders and forwarding targets this replica keeps channels to.
 /// Clusters have 3–5 replicas; the bound only guards against address churn.
 const CHANNELS_MAX: usize = 64;
@@ -55,8 +67,16 @@ pub struct Replica {
     pub audit: Arc<crate::audit::AuditLog>,
     /// Per-identity write rate limits (see `ratelimit`).
     pub writes: crate::ratelimit::WriteLimiter,
-    /// Explain and test-submit run whole scheduling passes: at most
-    /// ANALYSES_MAX at once on this replica.
+    /// Per-identity budgets for the work of reads (see `ratelimit`).
+    pub reads: crate::ratelimit::ReadLimiter,
+    /// The read lane: users' read work, off the async workers (see `lanes`).
+    pub read_pool: crate::lanes::ReadPool,
+    /// Users' open streams, per principal and in total.
+    pub streams: crate::lanes::StreamSlots,
+    /// Agents' open WatchNode streams.
+    pub node_watches: crate::lanes::StreamSlots,
+    /// Analyses (scheduling passes, history queries): at most ANALYSES_MAX
+    /// at once on this replica.
     analyses: tokio::sync::Semaphore,
     channels: Mutex<BTreeMap<String, Channel>>,
     /// Last heartbeat per node, in this replica's memory (meaningful on the leader).
@@ -89,6 +109,17 @@ impl Replica {
                 config.timing.user_writes_per_s,
                 config.timing.user_write_burst,
             ),
+            reads: crate::ratelimit::ReadLimiter::new(
+                config.timing.user_read_units_per_s,
+                config.timing.user_read_burst,
+            ),
+            read_pool: crate::lanes::ReadPool::start(),
+            streams: crate::lanes::StreamSlots::new("streams", STREAMS_PER_PRINCIPAL_MAX, STREAMS_MAX),
+            node_watches: crate::lanes::StreamSlots::new(
+                "node watches",
+                NODE_WATCHES_PER_AGENT_MAX,
+                gangway_core::limits::NODES_MAX.saturating_mul(NODE_WATCHES_PER_AGENT_MAX),
+            ),
             analyses: tokio::sync::Semaphore::new(ANALYSES_MAX),
             channels: Mutex::new(BTreeMap::new()),
             heartbeats: crate::heartbeats::Heartbeats::new(HEARTBEATS_MAX),
@@ -106,9 +137,15 @@ impl Replica {
     /// One of the ANALYSES_MAX permits, or RESOURCE_EXHAUSTED (retry shortly).
     pub fn analysis_permit(&self, what: &str) -> Result<tokio::sync::SemaphorePermit<'_>, tonic::Status> {
         self.analyses.try_acquire().map_err(|_| {
-            tonic::Status::resource_exhausted(format!(
-                "{what}: this replica is already running {ANALYSES_MAX} scheduling analyses; retry in a second"
-            ))
+            metrics::counter!("gangway_api_denied_total", "reason" => "busy").increment(1);
+            let mut s = tonic::Status::resource_exhausted(format!(
+                "{what}: this replica is already running {ANALYSES_MAX} analyses (scheduling passes, history \
+                 queries); retry in a second"
+            ));
+            if let Ok(v) = "1000".parse() {
+                s.metadata_mut().insert(crate::ratelimit::RETRY_AFTER_METADATA_KEY, v);
+            }
+            s
         })
     }
 

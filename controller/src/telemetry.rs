@@ -63,6 +63,29 @@ fn describe_once() {
         Unit::Seconds,
         "Time a follower took to append and sync the entries of one append RPC."
     );
+    describe_counter!(
+        "gangway_api_denied_total",
+        "Calls refused, by reason (unauthenticated, permission, rate, read_budget, busy, streams)."
+    );
+    describe_counter!(
+        "gangway_read_units_total",
+        "Read units charged to callers' read budgets on this replica (a job or node looked at, 128 bytes answered, \
+         10 per call)."
+    );
+    describe_counter!(
+        "gangway_connections_shed_total",
+        "Connections closed right after their handshake: past the listener's total or their principal's or \
+         network prefix's share."
+    );
+    describe_counter!(
+        "gangway_connections_idle_closed_total",
+        "Connections closed after nothing was read on them for the idle limit."
+    );
+    describe_counter!(
+        "gangway_tls_handshakes_shed_total",
+        "Connections closed before their TLS handshake: every handshake slot, or their prefix's share, was taken."
+    );
+    describe_counter!("gangway_tls_handshake_failures_total", "TLS handshakes that failed or timed out.");
     metrics::describe_gauge!(
         "gangway_scheduler_state_clones",
         "Times the leader cloned the whole state for its scheduler since it began leading (1: every pass since \
@@ -101,6 +124,38 @@ pub fn render(replica: &Replica) -> String {
             (not_after - now) as f64,
         );
     }
+
+    let views = replica.node.state().view_stats();
+    g.set(
+        "gangway_state_views_published",
+        "Views of the applied state published to readers.",
+        &[],
+        views.published as f64,
+    );
+    g.set(
+        "gangway_state_view_clones",
+        "Views cloned because a reader still held the one due for reuse.",
+        &[],
+        views.clones as f64,
+    );
+    g.set(
+        "gangway_state_view_lag_entries",
+        "Log entries applied but not yet in the view readers see.",
+        &[],
+        replica.node.state().applied_index().saturating_sub(replica.node.state().read().index()) as f64,
+    );
+    g.set(
+        "gangway_api_streams_open",
+        "Users' streams (watch, events, audit) open on this replica.",
+        &[],
+        replica.streams.open() as f64,
+    );
+    g.set(
+        "gangway_node_watches_open",
+        "Agents' WatchNode streams open on this replica.",
+        &[],
+        replica.node_watches.open() as f64,
+    );
 
     let reasons = replica.pending_reasons();
     let state = replica.node.state().read();

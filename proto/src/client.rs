@@ -38,6 +38,23 @@ pub const FLEET_BACKOFF_CAP: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// A single attempt's time limit (a write waits for a Raft commit).
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(12);
+/// The metadata key of a server's retry hint on RESOURCE_EXHAUSTED
+/// (milliseconds): a caller over its read or write budget, or a replica
+/// whose read lane is full, says when to come back.
+pub const RETRY_AFTER_METADATA_KEY: &str = "retry-after-ms";
+/// The longest retry hint a call waits out before it gives the refusal to
+/// its caller instead (a script should see "over budget", not hang).
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(5);
+
+/// The pause a RESOURCE_EXHAUSTED refusal asks for, when it names one no
+/// longer than RETRY_AFTER_MAX.
+pub fn retry_after(status: &Status) -> Option<Duration> {
+    if status.code() != Code::ResourceExhausted {
+        return None;
+    }
+    let ms: u64 = status.metadata().get(RETRY_AFTER_METADATA_KEY)?.to_str().ok()?.parse().ok()?;
+    Some(Duration::from_millis(ms)).filter(|d| *d <= RETRY_AFTER_MAX)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -317,6 +334,17 @@ impl Client {
                     failed[i] = true;
                     self.unreachable.store(i, Ordering::Relaxed);
                     last = status;
+                }
+                // Over a budget, or the replica's read lane is full: wait as
+                // long as it asks (jittered, so a thousand clients refused
+                // together do not come back together), within the call's
+                // deadline, and ask again. Slurm's clients do the same with
+                // slurmctld's rate limit.
+                Err(status) if retry_after(&status).is_some_and(|d| started.elapsed() + d < CALL_DEADLINE) => {
+                    let pause = retry_after(&status).unwrap_or_default();
+                    tokio::time::sleep(pause + jittered(pause.max(Duration::from_millis(2)))).await;
+                    last = status;
+                    continue;
                 }
                 Err(status) => {
                     if let Some(why) = tls_refusal(&status) {

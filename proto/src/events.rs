@@ -58,7 +58,15 @@ where
             other => other,
         };
         let last_error = match opened {
-            Err(s) if s.code() == Code::OutOfRange || s.code() == Code::InvalidArgument => return Err(s),
+            // Refusals every replica would repeat.
+            Err(s)
+                if matches!(
+                    s.code(),
+                    Code::OutOfRange | Code::InvalidArgument | Code::Unauthenticated | Code::PermissionDenied
+                ) =>
+            {
+                return Err(s)
+            }
             Err(s) => s,
             Ok(resp) => {
                 let mut stream = resp.into_inner();

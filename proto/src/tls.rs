@@ -55,9 +55,11 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// signature); connections beyond it are closed at once, never left waiting,
 /// so the listener keeps accepting.
 pub const HANDSHAKES_IN_FLIGHT_MAX: usize = 256;
-/// Handshakes in progress at once from one address, so one host cannot take
-/// every slot (a login node behind NAT opens a few at a time).
-pub const HANDSHAKES_PER_PEER_MAX: usize = 32;
+/// Handshakes in progress at once from one network prefix (an IPv4 /24, an
+/// IPv6 /64: see [`prefix_of`]), so one host cannot take every slot however
+/// many addresses it has. A handshake takes a millisecond or two; a rack of
+/// agents reconnecting at once retries what is shed, jittered.
+pub const HANDSHAKES_PER_PREFIX_MAX: usize = 64;
 /// Connections accepted but not yet taken by the gRPC server.
 const ACCEPTED_QUEUE_MAX: usize = 64;
 /// Largest certificate, key or CA file read: real ones are a few kilobytes.
@@ -667,50 +669,109 @@ pub struct PeerInfo {
     pub auth: PeerAuth,
 }
 
-/// An accepted connection, plaintext or TLS.
-pub enum Conn {
-    Plain(TcpStream, PeerInfo),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>, PeerInfo),
+/// Connections one listener keeps open at once: an agent per node (at most
+/// 20,000 nodes) plus clients and replicas. Past it a new connection is
+/// closed right after its handshake; the listener keeps accepting.
+pub const CONNECTIONS_MAX: usize = 32_768;
+/// Connections one replica's certificate may hold to one listener: its
+/// Raft channel, its forwarding channel, a few in between reconnects.
+pub const CONNECTIONS_PER_SERVER_MAX: usize = 64;
+/// Connections one node's agent may hold: its channel to the controllers
+/// (and a reconnect overlapping the old one).
+pub const CONNECTIONS_PER_AGENT_MAX: usize = 8;
+/// Connections one client certificate may hold: every process of a user's
+/// workflow engine or CI runner has its own.
+pub const CONNECTIONS_PER_CLIENT_MAX: usize = 512;
+/// Connections without a certificate (bearer tokens, jobs' step
+/// credentials, strangers) from one network prefix (an IPv4 /24, an IPv6
+/// /64): a rack of nodes running jobs that call squeue, not a flood.
+pub const ANONYMOUS_CONNECTIONS_PER_PREFIX_MAX: usize = 1_024;
+/// A connection on which nothing was read for this long is closed. Clients
+/// ping every PEER_PING_INTERVAL while a call is open, agents heartbeat every
+/// few seconds: only a connection nobody uses goes idle this long.
+pub const CONNECTION_IDLE_MAX: Duration = Duration::from_secs(300);
+
+/// An accepted connection, plaintext or TLS, holding its connection slot
+/// and closed when idle past CONNECTION_IDLE_MAX.
+pub struct Conn {
+    io: ConnIo,
+    info: PeerInfo,
+    idle: Pin<Box<tokio::time::Sleep>>,
+    _held: Option<ConnHold>,
+}
+
+/// An open connection's places in its listener's limits, given back when
+/// the connection is dropped.
+struct ConnHold {
+    _total: tokio::sync::OwnedSemaphorePermit,
+    _mine: ConnSlot,
+}
+
+enum ConnIo {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl Conn {
+    fn new(io: ConnIo, info: PeerInfo, held: Option<ConnHold>) -> Conn {
+        Conn { io, info, idle: Box::pin(tokio::time::sleep(CONNECTION_IDLE_MAX)), _held: held }
+    }
+
+    /// Who is at the other end.
+    pub fn peer(&self) -> &PeerInfo {
+        &self.info
+    }
 }
 
 impl Connected for Conn {
     type ConnectInfo = PeerInfo;
 
     fn connect_info(&self) -> PeerInfo {
-        match self {
-            Conn::Plain(_, p) | Conn::Tls(_, p) => p.clone(),
-        }
+        self.info.clone()
     }
 }
 
 impl AsyncRead for Conn {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s, _) => Pin::new(s).poll_read(cx, buf),
-            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let read = match &mut this.io {
+            ConnIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ConnIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        };
+        match read {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                this.idle.as_mut().reset(tokio::time::Instant::now() + CONNECTION_IDLE_MAX);
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending if this.idle.as_mut().poll(cx).is_ready() => {
+                metrics::counter!("gangway_connections_idle_closed_total").increment(1);
+                Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "the connection was idle too long")))
+            }
+            other => other,
         }
     }
 }
 
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(s, _) => Pin::new(s).poll_write(cx, buf),
-            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        match &mut self.get_mut().io {
+            ConnIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ConnIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s, _) => Pin::new(s).poll_flush(cx),
-            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_flush(cx),
+        match &mut self.get_mut().io {
+            ConnIo::Plain(s) => Pin::new(s).poll_flush(cx),
+            ConnIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s, _) => Pin::new(s).poll_shutdown(cx),
-            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        match &mut self.get_mut().io {
+            ConnIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ConnIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 
@@ -719,24 +780,65 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(s, _) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        match &mut self.get_mut().io {
+            ConnIo::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            ConnIo::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
-        match self {
-            Conn::Plain(s, _) => s.is_write_vectored(),
-            Conn::Tls(s, _) => s.is_write_vectored(),
+        match &self.io {
+            ConnIo::Plain(s) => s.is_write_vectored(),
+            ConnIo::Tls(s) => s.is_write_vectored(),
+        }
+    }
+}
+
+/// The network prefix an address counts under for per-address limits: an
+/// IPv4 /24 or an IPv6 /64, so one host cannot dodge a limit by the many
+/// addresses it holds (an IPv6 host has billions).
+pub fn prefix_of(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            let [a, b, c, _] = v4.octets();
+            std::net::IpAddr::from([a, b, c, 0])
+        }
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => prefix_of(std::net::IpAddr::V4(v4)),
+            None => {
+                let mut seg = v6.segments();
+                seg[4..].fill(0);
+                std::net::IpAddr::from(seg)
+            }
+        },
+    }
+}
+
+/// The key and the share of one connection in the per-peer connection
+/// limits: its certificate's principal, or without one its network prefix.
+fn connection_share(auth: &PeerAuth, remote: SocketAddr) -> (String, usize) {
+    match auth {
+        PeerAuth::Verified(p) => {
+            let max = match p.role {
+                Role::Server => CONNECTIONS_PER_SERVER_MAX,
+                Role::Agent => CONNECTIONS_PER_AGENT_MAX,
+                Role::Client => CONNECTIONS_PER_CLIENT_MAX,
+            };
+            (p.encode(), max)
+        }
+        PeerAuth::Insecure | PeerAuth::Anonymous | PeerAuth::Unusable(_) => {
+            (format!("net:{}", prefix_of(remote.ip())), ANONYMOUS_CONNECTIONS_PER_PREFIX_MAX)
         }
     }
 }
 
 /// Accepted (and, when secured, handshaken) connections for
 /// `Server::serve_with_incoming`. Handshakes run concurrently, each bounded by
-/// [`HANDSHAKE_TIMEOUT`], at most [`HANDSHAKES_IN_FLIGHT_MAX`] at once; a failed
-/// one is logged and dropped.
+/// [`HANDSHAKE_TIMEOUT`], at most [`HANDSHAKES_IN_FLIGHT_MAX`] at once and
+/// [`HANDSHAKES_PER_PREFIX_MAX`] per network prefix; a failed one is logged
+/// and dropped. Open connections are bounded in total ([`CONNECTIONS_MAX`])
+/// and per principal or prefix ([`connection_share`]); past a bound a new
+/// connection is closed at once.
 pub fn incoming(
     listener: TcpListener,
     security: &Security,
@@ -756,7 +858,9 @@ pub fn incoming_for(
     };
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE_MAX);
     let slots = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_IN_FLIGHT_MAX));
-    let per_peer = PeerSlots::default();
+    let per_prefix = PeerSlots::default();
+    let connections = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+    let per_principal = ConnSlots::default();
     tokio::spawn(async move {
         loop {
             let (tcp, remote) = tokio::select! {
@@ -771,10 +875,10 @@ pub fn incoming_for(
                 },
                 _ = tx.closed() => return,
             };
-            // Shed, never stall: with every slot (or this address's share)
+            // Shed, never stall: with every slot (or this prefix's share)
             // taken, the newcomer is closed and accepting goes on.
-            let (Ok(permit), Some(peer_slot)) =
-                (slots.clone().try_acquire_owned(), per_peer.take(remote.ip(), HANDSHAKES_PER_PEER_MAX))
+            let (Ok(permit), Some(prefix_slot)) =
+                (slots.clone().try_acquire_owned(), per_prefix.take(prefix_of(remote.ip()), HANDSHAKES_PER_PREFIX_MAX))
             else {
                 metrics::counter!("gangway_tls_handshakes_shed_total").increment(1);
                 continue;
@@ -782,10 +886,12 @@ pub fn incoming_for(
             let _ = tcp.set_nodelay(true);
             let tx = tx.clone();
             let acceptor = acceptor.clone();
+            let connections = connections.clone();
+            let per_principal = per_principal.clone();
             tokio::spawn(async move {
-                let _slots = (permit, peer_slot);
-                let conn = match acceptor {
-                    None => Conn::Plain(tcp, PeerInfo { remote: Some(remote), auth: PeerAuth::Insecure }),
+                let handshake_slots = (permit, prefix_slot);
+                let (io, auth) = match acceptor {
+                    None => (ConnIo::Plain(tcp), PeerAuth::Insecure),
                     Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(tls)) => {
                             let auth = match tls.get_ref().1.peer_certificates().and_then(|c| c.first()) {
@@ -795,7 +901,7 @@ pub fn incoming_for(
                                     Err(e) => PeerAuth::Unusable(e),
                                 },
                             };
-                            Conn::Tls(Box::new(tls), PeerInfo { remote: Some(remote), auth })
+                            (ConnIo::Tls(Box::new(tls)), auth)
                         }
                         Ok(Err(e)) => {
                             tracing::debug!(%remote, error = %e, "TLS handshake failed");
@@ -809,11 +915,54 @@ pub fn incoming_for(
                         }
                     },
                 };
+                drop(handshake_slots);
+                let (key, share) = connection_share(&auth, remote);
+                let (Ok(total), Some(mine)) = (connections.try_acquire_owned(), per_principal.take(&key, share)) else {
+                    tracing::debug!(%remote, key, "connection refused: past the connection limits");
+                    metrics::counter!("gangway_connections_shed_total").increment(1);
+                    return;
+                };
+                let held = ConnHold { _total: total, _mine: mine };
+                let conn = Conn::new(io, PeerInfo { remote: Some(remote), auth }, Some(held));
                 let _ = tx.send(Ok(conn)).await;
             });
         }
     });
     Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// Open connections per principal or prefix (see [`connection_share`]).
+#[derive(Clone, Default)]
+struct ConnSlots(Arc<Mutex<std::collections::BTreeMap<String, usize>>>);
+
+/// One open connection's place in [`ConnSlots`]; given back when dropped.
+struct ConnSlot {
+    slots: ConnSlots,
+    key: String,
+}
+
+impl ConnSlots {
+    fn take(&self, key: &str, max: usize) -> Option<ConnSlot> {
+        let mut m = self.0.lock().expect("connection slots lock");
+        let n = m.entry(key.to_string()).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(ConnSlot { slots: self.clone(), key: key.to_string() })
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut m = self.slots.0.lock().expect("connection slots lock");
+        if let Some(n) = m.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// What each remote address holds now (handshakes here; the console's
@@ -880,7 +1029,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let mut conns = incoming(listener, &server).unwrap();
         let mut silent = Vec::new();
-        for _ in 0..HANDSHAKES_PER_PEER_MAX {
+        for _ in 0..HANDSHAKES_PER_PREFIX_MAX {
             silent.push(TcpStream::connect(addr).await.unwrap());
         }
         // One more from the same address is closed at once.
@@ -888,9 +1037,15 @@ mod tests {
         let mut buf = [0u8; 1];
         let n = tokio::time::timeout(Duration::from_secs(2), shed.read(&mut buf)).await.expect("shed promptly");
         assert!(matches!(n, Ok(0) | Err(_)), "the connection beyond the share stayed open");
-        // Another address still gets a full handshake.
+        // Another address of the same /24 is shed too: the limit is the prefix's.
         let sock = tokio::net::TcpSocket::new_v4().unwrap();
         sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut same_prefix = sock.connect(addr).await.unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(2), same_prefix.read(&mut buf)).await.expect("shed promptly");
+        assert!(matches!(n, Ok(0) | Err(_)), "another address of the prefix got past its share");
+        // Another prefix still gets a full handshake.
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.1.2:0".parse().unwrap()).unwrap();
         let tcp = sock.connect(addr).await.unwrap();
         let config = alice.client_config(Expect::Server).unwrap();
         let name = ServerName::try_from(SNI_NAME).unwrap();

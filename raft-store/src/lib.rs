@@ -22,12 +22,16 @@ pub mod codec;
 mod db;
 mod log_store;
 mod state_machine;
+pub mod views;
 
 use std::io::Cursor;
 
 pub use db::{open, StoreError, Stores};
 pub use log_store::LogStore;
-pub use state_machine::{SharedState, StateCopy, StateMachineStore, COPY_TAIL_BYTES_MAX, COPY_TAIL_COMMANDS_MAX};
+pub use state_machine::{
+    SharedState, StateCopy, StateMachineStore, ViewBehind, COPY_TAIL_BYTES_MAX, COPY_TAIL_COMMANDS_MAX,
+};
+pub use views::{View, ViewStats};
 
 /// A controller replica's id in the Raft group.
 pub type NodeId = u64;

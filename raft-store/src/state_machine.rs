@@ -2,8 +2,10 @@
 //! from the log, snapshotted into RocksDB's `snapshot` column family.
 //!
 //! Restart = load the latest snapshot, then openraft re-applies the committed log
-//! after it. The in-memory state is shared with the API ([`SharedState`]) behind a
-//! read-write lock; job events go out on a broadcast channel for watchers.
+//! after it. Only apply touches the in-memory state; everyone else reads the
+//! views it publishes ([`SharedState::read`], `views.rs`), so no reader ever
+//! holds what apply needs. Job events go out on a broadcast channel for
+//! watchers and are kept in a ring for streams that resume.
 //!
 //! The leader's scheduler plans on its own copy of the state ([`StateCopy`]),
 //! brought up to date before each pass by applying the commands applied here
@@ -13,7 +15,7 @@
 
 use std::collections::VecDeque;
 use std::io::Cursor;
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock};
 
 use gangway_core::{snapshot, Command, Event, State};
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -27,6 +29,7 @@ use tokio::sync::broadcast;
 
 use crate::codec::{decode, encode};
 use crate::db::CF_SNAPSHOT;
+use crate::views::{Master, View, ViewStats, Views, FRESH_WAIT_MAX};
 use crate::{NodeId, Response, TypeConfig};
 
 /// Job events buffered for watchers. A watcher further behind than this is told
@@ -55,7 +58,7 @@ struct Tail {
     generation: u64,
     /// The log index the copy reflects before these commands.
     from: u64,
-    commands: VecDeque<(u64, Command)>,
+    commands: VecDeque<(u64, Arc<Command>)>,
     /// Their approximate size.
     bytes: usize,
     /// The log index the state reflects after them.
@@ -110,18 +113,26 @@ pub(crate) struct StoredSnapshot {
     pub(crate) data: Vec<u8>,
 }
 
-/// The applied state, shared between the state machine (writer) and the API
-/// (readers).
-pub struct SharedState {
-    state: RwLock<State>,
-    /// The log index the state reflects: written with the state, under its
-    /// write lock, so a reader holding the read lock sees both agree.
-    applied: std::sync::atomic::AtomicU64,
-    events: broadcast::Sender<Event>,
-    /// The last RECENT_EVENTS_MAX events applied here, oldest first, and the
-    /// log index through which events are not known here (a snapshot loaded or
+/// Events kept for streams that resume: the batches apply produced, oldest
+/// first, shared (a stream takes references to them, never copies under the lock).
+struct Recent {
+    chunks: VecDeque<Arc<[Event]>>,
+    /// Events in `chunks`.
+    len: usize,
+    /// Events through this log index are not known here (a snapshot loaded or
     /// installed, or events dropped from the ring).
-    recent: Mutex<(VecDeque<Event>, u64)>,
+    unknown_through: u64,
+}
+
+/// The applied state, shared between the state machine (its only writer) and
+/// everyone who reads it: the API, the leader's duties, telemetry.
+pub struct SharedState {
+    /// What apply applies to. Nothing outside this crate reads it: readers
+    /// take a published view instead.
+    master: Arc<Master>,
+    views: Arc<Views>,
+    events: broadcast::Sender<Event>,
+    recent: Mutex<Recent>,
     /// Snapshots that replaced this replica's state while it ran: a stream
     /// of events open across one skipped what the snapshot covered.
     snapshots_installed: std::sync::atomic::AtomicU64,
@@ -133,27 +144,91 @@ pub struct SharedState {
     copies: std::sync::atomic::AtomicU64,
 }
 
+impl Drop for SharedState {
+    fn drop(&mut self) {
+        self.views.stop();
+    }
+}
+
+/// A read that had to see everything applied so far found the published
+/// view further behind than [`FRESH_WAIT_MAX`] allows.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("this replica's view of the state is {behind} entries behind what it applied; retry")]
+pub struct ViewBehind {
+    pub behind: u64,
+}
+
 impl SharedState {
-    /// A read view of the applied state. Hold it briefly: apply waits for it.
-    pub fn read(&self) -> RwLockReadGuard<'_, State> {
-        self.state.read().expect("state lock poisoned: a replica thread panicked")
+    fn new(state: State, index: u64) -> SharedState {
+        let (events, _) = broadcast::channel(WATCH_EVENTS_BUFFER_MAX);
+        let first = View::new(state.clone(), index);
+        let master = Arc::new(Master { state: RwLock::new(state), applied: std::sync::atomic::AtomicU64::new(index) });
+        SharedState {
+            views: Views::start(first, master.clone()),
+            master,
+            events,
+            recent: Mutex::new(Recent { chunks: VecDeque::new(), len: 0, unknown_through: 0 }),
+            snapshots_installed: std::sync::atomic::AtomicU64::new(0),
+            tail: Mutex::new(None),
+            copies: std::sync::atomic::AtomicU64::new(0),
+        }
     }
 
-    /// A read view of the applied state and the log index it reflects.
-    pub fn read_with_index(&self) -> (u64, RwLockReadGuard<'_, State>) {
-        let state = self.read();
-        (self.applied.load(std::sync::atomic::Ordering::Acquire), state)
+    /// The newest published view of the applied state. It never waits for
+    /// apply and apply never waits for it: hold it as long as the work needs.
+    /// It may be a moment behind what was applied; a read that must include
+    /// everything applied so far uses [`SharedState::read_fresh`].
+    pub fn read(&self) -> Arc<View> {
+        self.views.current()
+    }
+
+    /// A view that includes everything this replica had applied when called
+    /// (a write just answered, a read after the leader confirmed its
+    /// leadership): waits, without blocking a thread, for the maintainer.
+    pub async fn read_fresh(&self) -> std::result::Result<Arc<View>, ViewBehind> {
+        let target = self.master.applied();
+        let view = self.read();
+        if view.index() >= target {
+            return Ok(view);
+        }
+        let mut rx = self.views.subscribe();
+        let caught_up = matches!(tokio::time::timeout(FRESH_WAIT_MAX, rx.wait_for(|i| *i >= target)).await, Ok(Ok(_)));
+        if caught_up {
+            Ok(self.read())
+        } else {
+            Err(ViewBehind { behind: target.saturating_sub(self.read().index()) })
+        }
+    }
+
+    /// A read view and the log index it reflects.
+    pub fn read_with_index(&self) -> (u64, Arc<View>) {
+        let view = self.read();
+        (view.index(), view)
+    }
+
+    /// The log index apply has reached (the published view may be a moment behind).
+    pub fn applied_index(&self) -> u64 {
+        self.master.applied()
+    }
+
+    /// The views published so far, and how (telemetry, tests).
+    pub fn view_stats(&self) -> ViewStats {
+        self.views.stats()
     }
 
     /// The state as a snapshot (in the cluster's data format) and the log index
-    /// it reflects, read together: a consistent backup.
+    /// it reflects, read together from one view: a consistent backup that
+    /// holds nothing apply needs.
     pub fn snapshot_with_index(&self) -> (u64, Vec<u8>) {
-        // Copied under the lock, encoded after it: apply waits for the copy only.
-        let (index, state) = {
-            let state = self.read();
-            (self.applied.load(std::sync::atomic::Ordering::Acquire), state.clone())
-        };
-        (index, snapshot::encode(&state))
+        let view = self.read();
+        (view.index(), snapshot::encode(view.state()))
+    }
+
+    /// The master state under its read lock, for the few clones this crate
+    /// makes (a scheduler's copy taken anew). Apply waits while it is held.
+    fn read_master(&self) -> (u64, std::sync::RwLockReadGuard<'_, State>) {
+        let state = self.master.state.read().expect("state lock poisoned: a replica thread panicked");
+        (self.master.applied(), state)
     }
 
     /// A copy of the state, from which on every applied command is recorded
@@ -162,7 +237,7 @@ impl SharedState {
     /// next refresh. The clone is made under the read lock: apply (and the
     /// heartbeats behind it) wait for it once, when a replica starts leading.
     pub fn copy(&self) -> StateCopy {
-        let (index, state) = self.read_with_index();
+        let (index, state) = self.read_master();
         let generation = self.copies.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         *self.tail.lock().expect("tail lock") =
             Some(Tail { generation, from: index, commands: VecDeque::new(), bytes: 0, applied: index, broken: false });
@@ -203,7 +278,7 @@ impl SharedState {
                 } else {
                     // Nobody keeps a record (this replica stopped leading):
                     // a copy for this once, and none is started.
-                    let (index, state) = self.read_with_index();
+                    let (index, state) = self.read_master();
                     *copy = StateCopy { state: state.clone(), index, clones, generation: 0 };
                 }
                 copy.clones = clones;
@@ -230,7 +305,7 @@ impl SharedState {
 
     /// Records commands just applied, and the index the state now reflects.
     /// Called under the state's write lock.
-    fn record_for_copy(&self, commands: Vec<(u64, Command)>, applied: u64) {
+    fn record_for_copy(&self, commands: Vec<(u64, Arc<Command>)>, applied: u64) {
         let mut tail = self.tail.lock().expect("tail lock");
         let Some(t) = tail.as_mut() else { return };
         if t.broken {
@@ -247,44 +322,54 @@ impl SharedState {
     }
 
     fn set_applied(&self, index: u64) {
-        self.applied.store(index, std::sync::atomic::Ordering::Release);
+        self.master.applied.store(index, std::sync::atomic::Ordering::Release);
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.events.subscribe()
     }
 
-    /// Kept events with index >= `from`, or Err(the oldest index kept) when
-    /// some of those are no longer kept here.
-    pub fn events_since(&self, from: u64) -> std::result::Result<Vec<Event>, u64> {
-        self.events_since_matching(from, |_| true)
-    }
-
-    /// [`Self::events_since`], only those `keep` takes (copied under the
-    /// lock only when taken: one job's events out of the whole ring).
-    pub fn events_since_matching(
-        &self,
-        from: u64,
-        keep: impl Fn(&Event) -> bool,
-    ) -> std::result::Result<Vec<Event>, u64> {
+    /// Kept events with index >= `from`, in the batches apply made them in,
+    /// at most `max` events' worth of batches (at least one batch), or
+    /// Err(the oldest index kept) when some of those are no longer kept
+    /// here. The lock is held to find them and take references, never to
+    /// copy or filter them: a stream pages through the ring.
+    pub fn events_page(&self, from: u64, max: usize) -> std::result::Result<Vec<Arc<[Event]>>, u64> {
         let recent = self.recent.lock().expect("events lock");
-        let (events, unknown_through) = (&recent.0, recent.1);
-        if from <= unknown_through {
-            return Err(unknown_through + 1);
+        if from <= recent.unknown_through {
+            return Err(recent.unknown_through.saturating_add(1));
         }
-        Ok(events.iter().filter(|e| e.index() >= from && keep(e)).cloned().collect())
+        let first = recent.chunks.partition_point(|c| c.last().is_none_or(|e| e.index() < from));
+        let mut out = Vec::new();
+        let mut taken = 0usize;
+        for chunk in recent.chunks.range(first..) {
+            if !out.is_empty() && taken.saturating_add(chunk.len()) > max {
+                break;
+            }
+            taken = taken.saturating_add(chunk.len());
+            out.push(chunk.clone());
+        }
+        Ok(out)
     }
 
-    /// The oldest index [`Self::events_since`] can still answer from.
+    /// Every kept event with index >= `from` (tests and small callers; a
+    /// stream pages with [`Self::events_page`]).
+    pub fn events_since(&self, from: u64) -> std::result::Result<Vec<Event>, u64> {
+        let chunks = self.events_page(from, RECENT_EVENTS_MAX)?;
+        Ok(chunks.iter().flat_map(|c| c.iter()).filter(|e| e.index() >= from).cloned().collect())
+    }
+
+    /// The oldest index [`Self::events_page`] can still answer from.
     pub fn oldest_event_index(&self) -> u64 {
-        self.recent.lock().expect("events lock").1 + 1
+        self.recent.lock().expect("events lock").unknown_through.saturating_add(1)
     }
 
     /// Events through `index` are not known here (a snapshot replaced the state).
     fn forget_events_through(&self, index: u64) {
         let mut recent = self.recent.lock().expect("events lock");
-        recent.0.clear();
-        recent.1 = recent.1.max(index);
+        recent.chunks.clear();
+        recent.len = 0;
+        recent.unknown_through = recent.unknown_through.max(index);
         self.snapshots_installed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
@@ -308,33 +393,32 @@ pub struct StateMachineStore {
 impl StateMachineStore {
     /// Loads the latest snapshot from `db`, or starts empty.
     pub(crate) fn load(db: Arc<DB>, stamped_format: u32) -> std::result::Result<StateMachineStore, String> {
-        let (events, _) = broadcast::channel(WATCH_EVENTS_BUFFER_MAX);
+        let cf = db.cf_handle(CF_SNAPSHOT).expect("column family created at open");
+        let mut loaded = None;
+        if let Some(raw) = db.get_cf(cf, KEY_CURRENT).map_err(|e| e.to_string())? {
+            let stored: StoredSnapshot = decode(&raw).map_err(|e| e.to_string())?;
+            let state = snapshot::decode(&stored.data).map_err(|e| e.to_string())?;
+            state.check_invariants().map_err(|e| format!("snapshot breaks an invariant: {e}"))?;
+            loaded = Some((state, stored.meta));
+        }
+        let index = loaded.as_ref().and_then(|(_, m)| m.last_log_id).map_or(0, |l| l.index);
+        let (state, meta) = match loaded {
+            Some((state, meta)) => (state, Some(meta)),
+            None => (State::default(), None),
+        };
+        let shared = Arc::new(SharedState::new(state, index));
         let mut sm = StateMachineStore {
-            shared: Arc::new(SharedState {
-                state: RwLock::new(State::default()),
-                applied: std::sync::atomic::AtomicU64::new(0),
-                events,
-                recent: Mutex::new((VecDeque::new(), 0)),
-                snapshots_installed: std::sync::atomic::AtomicU64::new(0),
-                tail: Mutex::new(None),
-                copies: std::sync::atomic::AtomicU64::new(0),
-            }),
+            shared,
             last_applied: None,
             last_membership: StoredMembership::default(),
             db,
             snapshot_seq: 0,
             stamped_format,
         };
-        let cf = sm.db.cf_handle(CF_SNAPSHOT).expect("column family created at open");
-        if let Some(raw) = sm.db.get_cf(cf, KEY_CURRENT).map_err(|e| e.to_string())? {
-            let stored: StoredSnapshot = decode(&raw).map_err(|e| e.to_string())?;
-            let state = snapshot::decode(&stored.data).map_err(|e| e.to_string())?;
-            state.check_invariants().map_err(|e| format!("snapshot breaks an invariant: {e}"))?;
-            *sm.shared.state.write().expect("fresh lock") = state;
-            sm.shared.set_applied(stored.meta.last_log_id.map_or(0, |l| l.index));
-            sm.last_applied = stored.meta.last_log_id;
-            sm.last_membership = stored.meta.last_membership;
-            sm.shared.forget_events_through(sm.last_applied.map_or(0, |l| l.index));
+        if let Some(meta) = meta {
+            sm.last_applied = meta.last_log_id;
+            sm.last_membership = meta.last_membership;
+            sm.shared.forget_events_through(index);
         }
         Ok(sm)
     }
@@ -352,7 +436,7 @@ impl StateMachineStore {
     /// then an older build can still open it: a rolling upgrade can be rolled
     /// back until the cluster's format moves.
     fn stamp_format(&mut self) -> Result<()> {
-        let format = self.shared.read().format;
+        let format = self.shared.read_master().1.format;
         if format <= self.stamped_format {
             return Ok(());
         }
@@ -412,9 +496,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut replies = Vec::with_capacity(entries.size_hint().0);
         let mut events = Vec::new();
         {
-            let mut state = self.shared.state.write().expect("state lock poisoned");
+            let mut state = self.shared.master.state.write().expect("state lock poisoned");
             let recording = self.shared.tail.lock().expect("tail lock").is_some();
             let mut applied_commands = Vec::new();
+            let mut for_views = Vec::new();
             for entry in entries {
                 if let EntryPayload::Normal(gangway_core::format::Payload { format, command: None, .. }) =
                     &entry.payload
@@ -438,14 +523,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 match entry.payload {
                     EntryPayload::Blank => replies.push(None),
                     EntryPayload::Normal(payload) => {
-                        let cmd = payload.command.expect("unreadable entries stop above");
+                        let cmd = Arc::new(payload.command.expect("unreadable entries stop above"));
                         let applied = state.apply(entry.log_id.index, &cmd);
                         metrics::counter!("gangway_commands_applied_total", "command" => cmd.name()).increment(1);
                         state.events_of(entry.log_id.index, &applied, &mut events);
                         replies.push(Some(applied));
                         if recording {
-                            applied_commands.push((entry.log_id.index, cmd));
+                            applied_commands.push((entry.log_id.index, cmd.clone()));
                         }
+                        for_views.push((entry.log_id.index, cmd));
                     }
                     EntryPayload::Membership(m) => {
                         self.last_membership = StoredMembership::new(Some(entry.log_id), m);
@@ -453,26 +539,30 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     }
                 }
             }
+            let applied_index = self.last_applied.map_or(0, |l| l.index);
             if recording {
-                self.shared.record_for_copy(applied_commands, self.last_applied.map_or(0, |l| l.index));
+                self.shared.record_for_copy(applied_commands, applied_index);
             }
+            self.shared.views.push(for_views, applied_index);
         }
         self.stamp_format()?;
         if !events.is_empty() {
             let mut recent = self.shared.recent.lock().expect("events lock");
-            for ev in &events {
-                if recent.0.len() >= RECENT_EVENTS_MAX {
-                    if let Some(dropped) = recent.0.pop_front() {
-                        recent.1 = recent.1.max(dropped.index());
-                    }
+            let chunk: Arc<[Event]> = events.into();
+            recent.len = recent.len.saturating_add(chunk.len());
+            recent.chunks.push_back(chunk.clone());
+            while recent.len > RECENT_EVENTS_MAX {
+                let Some(dropped) = recent.chunks.pop_front() else { break };
+                recent.len = recent.len.saturating_sub(dropped.len());
+                if let Some(last) = dropped.last() {
+                    recent.unknown_through = recent.unknown_through.max(last.index());
                 }
-                recent.0.push_back(ev.clone());
             }
             // Sent while the ring is locked, so a reader that subscribes and
             // then reads the ring misses nothing in between.
-            for ev in events {
+            for ev in chunk.iter() {
                 // No receivers is fine: nobody is watching.
-                let _ = self.shared.events.send(ev);
+                let _ = self.shared.events.send(ev.clone());
             }
         }
         Ok(replies)
@@ -480,7 +570,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         self.snapshot_seq += 1;
-        let state = self.shared.read().clone();
+        let state = self.shared.read_master().1.clone();
         let snapshot_id = match self.last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id, l.index, self.snapshot_seq),
             None => format!("none-{}", self.snapshot_seq),
@@ -507,10 +597,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), AnyError::error(e)))?;
         self.store_snapshot(&StoredSnapshot { meta: meta.clone(), data })?;
         {
-            let mut guard = self.shared.state.write().expect("state lock poisoned");
+            let mut guard = self.shared.master.state.write().expect("state lock poisoned");
             *guard = state;
-            self.shared.set_applied(meta.last_log_id.map_or(0, |l| l.index));
+            let index = meta.last_log_id.map_or(0, |l| l.index);
+            self.shared.set_applied(index);
             self.shared.break_copy();
+            self.shared.views.rebuild(index);
         }
         self.last_applied = meta.last_log_id;
         self.last_membership = meta.last_membership.clone();

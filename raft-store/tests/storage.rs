@@ -87,7 +87,7 @@ async fn open_and_replay(dir: &std::path::Path) -> (gangway_raft_store::Stores, 
     let mut reader = stores.log.get_log_reader().await;
     let entries = reader.try_get_log_entries(from..).await.unwrap();
     stores.state_machine.apply(entries).await.unwrap();
-    let state = stores.state_machine.shared().read().clone();
+    let state = stores.state_machine.shared().read_fresh().await.unwrap().state().clone();
     (stores, state)
 }
 
@@ -130,7 +130,7 @@ async fn a_format4_store_opens_replays_and_migrates_to_format5() {
     stores.state_machine.apply([next]).await.unwrap();
     let snap = stores.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
     assert_eq!(&snap.snapshot.get_ref()[4..8], &5u32.to_le_bytes(), "the snapshot is not format 5");
-    let migrated = stores.state_machine.shared().read().clone();
+    let migrated = stores.state_machine.shared().read_fresh().await.unwrap().state().clone();
     assert_eq!(migrated.format, 5);
     drop(stores);
     // Reopened, it reads format 5 and holds the same state.
@@ -197,7 +197,7 @@ async fn a_format5_store_opens_replays_and_migrates_to_format6() {
     assert!(matches!(outcome, Some(Outcome::PolicyUpdated { .. })), "{outcome:?}");
     let snap = stores.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
     assert_eq!(&snap.snapshot.get_ref()[4..8], &6u32.to_le_bytes(), "the snapshot is not format 6");
-    let migrated = stores.state_machine.shared().read().clone();
+    let migrated = stores.state_machine.shared().read_fresh().await.unwrap().state().clone();
     assert_eq!(migrated.format, 6);
     assert!(migrated.policy.private_jobs && migrated.policy.operators == vec!["oscar".to_string()]);
     drop(stores);
@@ -288,13 +288,13 @@ async fn the_schedulers_copy_follows_every_applied_command() {
     };
     stores.state_machine.apply((1..=3).map(|i| normal(i, submit(i)))).await.unwrap();
     let mut copy = shared.copy();
-    assert_eq!((copy.index(), copy.state()), (3, &*shared.read()));
+    assert_eq!((copy.index(), copy.state()), (3, shared.read_fresh().await.unwrap().state()));
     stores.state_machine.apply((4..=10).map(|i| normal(i, submit(i)))).await.unwrap();
     stores.state_machine.apply([blank(11)]).await.unwrap();
     assert_eq!(copy.state().jobs.len(), 3, "the copy is the caller's until it refreshes");
     shared.refresh(&mut copy);
     assert_eq!(copy.state().jobs.len(), 10);
-    assert_eq!((copy.index(), copy.state(), copy.clones()), (11, &*shared.read(), 1));
+    assert_eq!((copy.index(), copy.state(), copy.clones()), (11, shared.read_fresh().await.unwrap().state(), 1));
     // More commands than are kept: the next refresh takes the state anew.
     let over = gangway_raft_store::COPY_TAIL_COMMANDS_MAX as u64 + 1;
     let mut next = 12;
@@ -304,7 +304,7 @@ async fn the_schedulers_copy_follows_every_applied_command() {
         next = end;
     }
     shared.refresh(&mut copy);
-    assert_eq!((copy.index(), copy.state(), copy.clones()), (next - 1, &*shared.read(), 2));
+    assert_eq!((copy.index(), copy.state(), copy.clones()), (next - 1, shared.read_fresh().await.unwrap().state(), 2));
     // A second copy starts its own record. The first never takes a record
     // that is not its own (it would miss what the other copy already took):
     // it is taken anew, and the two take turns that way without either
@@ -312,16 +312,22 @@ async fn the_schedulers_copy_follows_every_applied_command() {
     let mut second = shared.copy();
     stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
     shared.refresh(&mut copy);
-    assert_eq!((copy.index(), copy.state(), copy.clones()), (next, &*shared.read(), 3));
+    assert_eq!((copy.index(), copy.state(), copy.clones()), (next, shared.read_fresh().await.unwrap().state(), 3));
     next += 1;
     stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
     shared.refresh(&mut second);
-    assert_eq!((second.index(), second.state(), second.clones()), (next, &*shared.read(), 2));
+    assert_eq!(
+        (second.index(), second.state(), second.clones()),
+        (next, shared.read_fresh().await.unwrap().state(), 2)
+    );
     // A snapshot installed replaces the state wholesale: taken anew.
     let snap = stores.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
     stores.state_machine.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
     shared.refresh(&mut second);
-    assert_eq!((second.index(), second.state(), second.clones()), (next, &*shared.read(), 3));
+    assert_eq!(
+        (second.index(), second.state(), second.clones()),
+        (next, shared.read_fresh().await.unwrap().state(), 3)
+    );
     // Once its keeper ends the record (it stopped leading), nothing is
     // recorded; a refresh takes the state anew instead of missing what was
     // applied, and starts no record.
@@ -329,5 +335,77 @@ async fn the_schedulers_copy_follows_every_applied_command() {
     next += 1;
     stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
     shared.refresh(&mut second);
-    assert_eq!((second.index(), second.state(), second.clones()), (next, &*shared.read(), 4));
+    assert_eq!(
+        (second.index(), second.state(), second.clones()),
+        (next, shared.read_fresh().await.unwrap().state(), 4)
+    );
+}
+
+/// Readers read published views (`views.rs`): a view is the state as of one
+/// index, whole and unchanging however long a reader holds it, and apply
+/// never waits for its readers. After any mix of applies a fresh view equals
+/// the state apply holds; a snapshot installed is published too.
+#[tokio::test]
+async fn views_follow_apply_and_readers_never_hold_it_up() {
+    use gangway_core::format::Payload;
+    use gangway_core::spec::JobSpec;
+    use gangway_core::Command;
+    use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+    use openraft::{CommittedLeaderId, EntryPayload, LogId};
+    let dir = tempfile::tempdir().unwrap();
+    let mut stores = open(dir.path()).unwrap();
+    let shared = stores.state_machine.shared();
+    let format = shared.read().format;
+    let submit = |i: u64| Command::SubmitJob {
+        spec: JobSpec {
+            name: format!("j{i}"),
+            command: vec!["true".into()],
+            user: "alice".into(),
+            ..Default::default()
+        },
+        identity: "client:alice".into(),
+        idempotency_key: String::new(),
+        now_ms: i,
+    };
+    let normal = |index: u64, cmd| openraft::Entry::<TypeConfig> {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        payload: EntryPayload::Normal(Payload::new(cmd, format)),
+    };
+    stores.state_machine.apply((1..=3).map(|i| normal(i, submit(i)))).await.unwrap();
+    let held = shared.read_fresh().await.unwrap();
+    assert_eq!((held.index(), held.jobs.len()), (3, 3));
+    // Applies go on, one batch at a time, while a reader holds its view: each
+    // completes, and the held view does not change under its reader.
+    let mut next = 4;
+    while next <= 2_000 {
+        let end = next + 37;
+        stores.state_machine.apply((next..end).map(|i| normal(i, submit(i)))).await.unwrap();
+        next = end;
+        if next % 5 == 0 {
+            // Other readers come and go meanwhile.
+            let v = shared.read();
+            assert!(v.index() < next);
+            assert_eq!(v.jobs.len() as u64, v.index());
+        }
+    }
+    assert_eq!((held.index(), held.jobs.len()), (3, 3), "a published view changed under its reader");
+    let fresh = shared.read_fresh().await.unwrap();
+    assert_eq!(fresh.index(), next - 1);
+    assert_eq!(fresh.state(), shared.copy().state(), "the view is not the state apply holds");
+    assert!(shared.applied_index() == fresh.index());
+    // The view held all along was never reused for a newer one: it was
+    // cloned past instead.
+    assert!(shared.view_stats().clones >= 1, "{:?}", shared.view_stats());
+    drop(held);
+    // A snapshot installed replaces the state: the views are taken anew.
+    let rebuilds = shared.view_stats().rebuilds;
+    let snap = stores.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    stores.state_machine.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while shared.view_stats().rebuilds == rebuilds {
+        assert!(std::time::Instant::now() < deadline, "the views were not taken anew");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let after = shared.read_fresh().await.unwrap();
+    assert_eq!((after.index(), after.state()), (next - 1, shared.copy().state()));
 }

@@ -8,7 +8,7 @@ use gangway_proto::v1::admin_service_server::AdminService;
 use gangway_proto::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::{status_from_propose, unexpected, CallCtx, Routed};
+use super::{status_from_propose, unexpected, CallCtx, Read, Routed};
 use crate::raft::{ProposeError, RaftStatus};
 use crate::shared::Replica;
 use gangway_core::policy::ClusterPolicy;
@@ -162,16 +162,17 @@ impl AdminService for AdminApi {
     async fn get_policy(&self, req: Request<GetPolicyRequest>) -> Result<Response<Policy>, Status> {
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
-        if let Some(resp) =
-            self.replica
+        let state =
+            match self
+                .replica
                 .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move {
                     AdminServiceClient::new(ch).get_policy(r).await
                 })
                 .await?
-        {
-            return Ok(resp);
-        }
-        let state = self.replica.node.state().read();
+            {
+                Read::Here(view) => view,
+                Read::Forwarded(resp) => return Ok(resp),
+            };
         Ok(Response::new(policy_to_proto(&state.policy)?))
     }
 
@@ -208,7 +209,7 @@ impl AdminService for AdminApi {
             Routed::Forwarded(resp) => Ok(resp),
             Routed::Local(applied) => match applied.outcome {
                 Outcome::PolicyUpdated { .. } => {
-                    let state = self.replica.node.state().read();
+                    let state = self.replica.fresh_view().await?;
                     Ok(Response::new(policy_to_proto(&state.policy)?))
                 }
                 other => Err(unexpected(&other)),
@@ -280,16 +281,17 @@ impl AdminService for AdminApi {
     async fn fair_share(&self, req: Request<FairShareRequest>) -> Result<Response<FairShareResponse>, Status> {
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
-        if let Some(resp) =
-            self.replica
+        let state =
+            match self
+                .replica
                 .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move {
                     AdminServiceClient::new(ch).fair_share(r).await
                 })
                 .await?
-        {
-            return Ok(resp);
-        }
-        let state = self.replica.node.state().read();
+            {
+                Read::Here(view) => view,
+                Read::Forwarded(resp) => return Ok(resp),
+            };
         let shares = gangway_core::sched::fair_share(&state, crate::now_ms());
         let mut pending: std::collections::BTreeMap<&str, u64> = Default::default();
         for id in &state.pending {
@@ -328,16 +330,16 @@ impl AdminService for AdminApi {
         let ctx = self.replica.ctx(&req)?;
         ctx.require_known()?;
         let msg = req.into_inner();
-        if let Some(resp) = self
+        let state = match self
             .replica
             .read_or_forward(&ctx, msg.stale, msg.clone(), |ch, r| async move {
                 AdminServiceClient::new(ch).list_reservations(r).await
             })
             .await?
         {
-            return Ok(resp);
-        }
-        let state = self.replica.node.state().read();
+            Read::Here(view) => view,
+            Read::Forwarded(resp) => return Ok(resp),
+        };
         let live = |name: &str| state.reservations.get(name).is_some_and(|r| r.window(crate::now_ms()).is_some());
         if !msg.name.is_empty() && !live(&msg.name) {
             return Err(Status::not_found(format!("reservation {} does not exist", msg.name)));
@@ -402,7 +404,7 @@ impl AdminService for AdminApi {
             Routed::Forwarded(resp) => Ok(resp),
             Routed::Local(applied) => match applied.outcome {
                 Outcome::ReservationChanged { .. } => {
-                    let state = self.replica.node.state().read();
+                    let state = self.replica.fresh_view().await?;
                     let shown = if state.reservations.contains_key(&name) { name.as_str() } else { "\0none" };
                     Ok(Response::new(reservations_to_proto(&state, shown, crate::now_ms())))
                 }
@@ -415,14 +417,14 @@ impl AdminService for AdminApi {
         let ctx = self.replica.ctx(&req)?;
         ctx.require_known()?;
         let msg = req.into_inner();
-        if let Some(resp) = self
+        let state = match self
             .replica
             .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { AdminServiceClient::new(ch).licenses(r).await })
             .await?
         {
-            return Ok(resp);
-        }
-        let state = self.replica.node.state().read();
+            Read::Here(view) => view,
+            Read::Forwarded(resp) => return Ok(resp),
+        };
         let licenses = state
             .policy
             .licenses
@@ -639,6 +641,8 @@ impl AdminService for AdminApi {
     async fn audit(&self, req: Request<AuditRequest>) -> Result<Response<Self::AuditStream>, Status> {
         let ctx = self.replica.ctx(&req)?;
         self.replica.require_admin(&ctx, "read the audit trail")?;
+        let auth = self.replica.stream_auth(&req, true);
+        let slot = self.replica.streams.take(&ctx.identity)?;
         let (backlog, mut rx) = self.replica.audit.follow(req.into_inner().from_seq);
         let replica_id = self.replica.node.id;
         let entry = move |e: crate::audit::AuditEvent| AuditEntry {
@@ -653,7 +657,9 @@ impl AdminService for AdminApi {
         };
         let (tx, out) = tokio::sync::mpsc::channel(crate::audit::AUDIT_STREAM_BUFFER);
         let closed = self.replica.closed();
+        let replica = self.replica.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             tokio::pin!(closed);
             let mut last = 0;
             for e in backlog {
@@ -662,9 +668,18 @@ impl AdminService for AdminApi {
                     return;
                 }
             }
+            let mut recheck = tokio::time::interval(super::jobs::STREAM_RECHECK_INTERVAL);
+            recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 let next = tokio::select! {
                     n = rx.recv() => n,
+                    _ = recheck.tick() => {
+                        if let Err(s) = replica.still_allowed(&ctx, &auth) {
+                            let _ = tx.send(Err(s)).await;
+                            return;
+                        }
+                        continue;
+                    }
                     _ = &mut closed => return,
                 };
                 match next {

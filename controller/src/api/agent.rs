@@ -93,6 +93,7 @@ impl AgentService for AgentApi {
                 gangway_core::limits::NAME_BYTES_MAX
             )));
         }
+        let slot = self.replica.node_watches.take(&ctx.identity)?;
         // Only a registered node is watched: a claimed name cannot grow the
         // watch map past the nodes the cluster has.
         if !self.replica.node.state().read().nodes.contains_key(&name) {
@@ -103,6 +104,7 @@ impl AgentService for AgentApi {
         let (tx, rx) = tokio::sync::mpsc::channel(POKE_BUFFER_MAX);
         let closed = self.replica.closed();
         tokio::spawn(async move {
+            let _slot = slot;
             tokio::pin!(closed);
             loop {
                 tokio::select! {
@@ -142,7 +144,7 @@ impl AgentService for AgentApi {
             Routed::Local(applied) => match applied.outcome {
                 Outcome::NodeRegistered { .. } => {
                     self.replica.heartbeats.record(&name, None);
-                    let nodes = self.replica.node.state().read().nodes.len();
+                    let nodes = self.replica.fresh_view().await?.nodes.len();
                     Ok(Response::new(RegisterResponse {
                         heartbeat_interval_ms: self.heartbeat_interval_ms(nodes),
                         node_down_timeout_ms: self.replica.timing.node_down_timeout_ms,
@@ -184,7 +186,10 @@ impl AgentService for AgentApi {
         }
         self.commit_gpu_health(&msg).await?;
         let term = self.replica.node.status().term;
-        let (index, state) = self.replica.node.state().read_with_index();
+        // Everything applied when the agent asked (it may have been poked
+        // about a change just applied): the view a moment later at most.
+        let state = self.replica.fresh_view().await?;
+        let index = state.index();
         // A node silent past the timeout may already be on its way Down:
         // no orders (see `duties::may_answer`).
         let timeout = self.replica.timing.node_down_timeout_ms;

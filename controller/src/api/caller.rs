@@ -196,6 +196,72 @@ impl Replica {
     }
 }
 
+/// What an open stream checks again about its caller (see
+/// [`Replica::still_allowed`]), taken when it opened.
+#[derive(Debug, Clone)]
+pub struct StreamAuth {
+    /// The bearer token it was opened with, verified again each time.
+    bearer: Option<String>,
+    /// The stream is for admins only.
+    admin: bool,
+}
+
+impl Replica {
+    /// What a stream opened by `req` checks again while it runs; `admin`
+    /// when only admins may read it.
+    pub fn stream_auth<T>(&self, req: &Request<T>, admin: bool) -> StreamAuth {
+        let bearer = match gangway_proto::tls::peer_of(req) {
+            PeerAuth::Anonymous => req
+                .metadata()
+                .get(AUTHORIZATION_METADATA_KEY)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|s| s.strip_prefix("Bearer "))
+                .map(|t| t.trim().to_string()),
+            _ => None,
+        };
+        StreamAuth { bearer, admin }
+    }
+
+    /// Whether the caller of an open stream still may read it: its bearer
+    /// token still verifies (not expired, not revoked), the job attempt its
+    /// step credential speaks for still runs, and an admin stream's caller is
+    /// still an admin. A stream that fails this ends with the reason.
+    pub fn still_allowed(&self, ctx: &CallCtx, auth: &StreamAuth) -> Result<(), Status> {
+        if let Some(token) = &auth.bearer {
+            let Some(tokens) = self.tokens.as_deref() else {
+                return Err(unauthenticated("this cluster no longer accepts bearer tokens"));
+            };
+            tokens.verify(token).map_err(|why| unauthenticated(&format!("bearer token refused: {why}")))?;
+        }
+        if ctx.via_job.is_some() {
+            self.still_running(ctx.clone())?;
+        }
+        if auth.admin && !self.is_admin(ctx) {
+            return Err(denied(ctx, "read the audit trail", format!("{} is no longer an admin", ctx.identity)));
+        }
+        Ok(())
+    }
+
+    /// Waits until `ctx`'s read budget lets it read again (a stream past its
+    /// budget pauses rather than ends); an error once the replica closes.
+    pub async fn wait_for_read_budget(&self, ctx: &CallCtx) -> Result<(), Status> {
+        let closed = self.closed();
+        tokio::pin!(closed);
+        loop {
+            let Err(s) = self.admit_read(ctx) else { return Ok(()) };
+            let wait = s
+                .metadata()
+                .get(crate::ratelimit::RETRY_AFTER_METADATA_KEY)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                .unwrap_or(100);
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_millis(wait)) => {}
+                _ = &mut closed => return Err(Status::unavailable("this replica is shutting down; resume on another")),
+            }
+        }
+    }
+}
+
 /// The user named by the request's bearer token, if it carries one.
 fn bearer(md: &tonic::metadata::MetadataMap, tokens: Option<&TokenVerifier>) -> Option<Result<Principal, Status>> {
     let v = md.get(AUTHORIZATION_METADATA_KEY)?;
@@ -580,7 +646,7 @@ impl Replica {
                 ));
                 // The standard hint clients and proxies read.
                 if let Ok(v) = format!("{}", wait.as_millis().max(1)).parse() {
-                    s.metadata_mut().insert("retry-after-ms", v);
+                    s.metadata_mut().insert(crate::ratelimit::RETRY_AFTER_METADATA_KEY, v);
                 }
                 // Counted, not audited one by one: a flood past the rate must
                 // not push admin actions out of the audit ring.

@@ -13,7 +13,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tonic::{Request, Response, Status};
 
 use super::convert::{job_state_to_proto, spec_from_proto, state_from_proto, state_to_proto};
-use super::{status_from_spec, unexpected, Routed};
+use super::{status_from_spec, unexpected, Read, Routed};
 use crate::shared::Replica;
 
 /// Jobs in one List page unless the caller asks for fewer.
@@ -106,7 +106,7 @@ impl JobService for JobApi {
             Routed::Local(applied) => match applied.outcome {
                 Outcome::Submitted { job_id, duplicate } => {
                     let count =
-                        self.replica.node.state().read().jobs.get(&job_id).and_then(|j| j.array).map_or(1, |a| a.count);
+                        self.replica.fresh_view().await?.jobs.get(&job_id).and_then(|j| j.array).map_or(1, |a| a.count);
                     metrics::counter!("gangway_jobs_submitted_total").increment(if duplicate {
                         0
                     } else {
@@ -139,7 +139,7 @@ impl JobService for JobApi {
             Routed::Local(applied) => match applied.outcome {
                 Outcome::Cancelled { .. } => {
                     let viewer = self.replica.viewer(&ctx);
-                    let job = self.replica.node.state().read().jobs.get(&job_id).map(|j| viewer.job(j));
+                    let job = self.replica.fresh_view().await?.jobs.get(&job_id).map(|j| viewer.job(j));
                     Ok(Response::new(CancelResponse { job }))
                 }
                 other => Err(unexpected(&other)),
@@ -151,18 +151,22 @@ impl JobService for JobApi {
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
         let job_id = msg.job_id;
-        if let Some(resp) = self
+        let state = match self
             .replica
             .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { JobServiceClient::new(ch).get(r).await })
             .await?
         {
-            return Ok(resp);
-        }
+            Read::Here(view) => view,
+            Read::Forwarded(resp) => return Ok(resp),
+        };
         let viewer = self.replica.viewer(&ctx);
-        let state = self.replica.node.state().read();
         match state.jobs.get(&job_id) {
             Some(job) if !viewer.visible(job) => Err(Status::not_found(format!("job {job_id} does not exist"))),
-            Some(job) => Ok(Response::new(viewer.job(job))),
+            Some(job) => {
+                let pj = viewer.job(job);
+                self.replica.charge_read(&ctx, crate::ratelimit::read_units(1, prost::Message::encoded_len(&pj)));
+                Ok(Response::new(pj))
+            }
             // With private jobs, a job long gone and another user's read alike.
             None if job_id > 0 && job_id < state.next_job_id && !viewer.private_jobs => {
                 Err(Status::not_found(format!("job {job_id} finished long ago and is no longer kept")))
@@ -178,6 +182,11 @@ impl JobService for JobApi {
         if msg.end_ms <= msg.start_ms {
             return Err(Status::invalid_argument("end_ms: must be after start_ms"));
         }
+        check_names("accounts", &msg.accounts)?;
+        check_names("users", &msg.users)?;
+        // Bounded before any SQL is built, in the pool every analysis shares.
+        let _permit = self.replica.analysis_permit("usage")?;
+        self.replica.admit_read(&ctx)?;
         let scope = self.replica.viewer(&ctx).history_scope();
         let utilization = match msg.utilization {
             false => None,
@@ -191,6 +200,7 @@ impl JobService for JobApi {
             true => Some(history.utilization(&msg).await.map_err(|e| history_status("usage", e))?),
         };
         let rows = history.usage(&msg, &scope).await.map_err(|e| history_status("usage", e))?;
+        self.replica.charge_read(&ctx, crate::ratelimit::read_units(rows.len(), 0));
         Ok(Response::new(UsageResponse { rows, utilization }))
     }
 
@@ -204,6 +214,10 @@ impl JobService for JobApi {
                 crate::accounting::HISTORY_ROWS_MAX
             )));
         }
+        check_history_filters(&msg)?;
+        // Bounded before any SQL is built, in the pool every analysis shares.
+        let _permit = self.replica.analysis_permit("history")?;
+        self.replica.admit_read(&ctx)?;
         let viewer = self.replica.viewer(&ctx);
         let scope = viewer.history_scope();
         let jobs = history.jobs(&msg, &scope).await.map_err(|e| history_status("history", e))?;
@@ -221,109 +235,52 @@ impl JobService for JobApi {
             bytes = bytes.saturating_add(len);
             out.push(j);
         }
+        self.replica.charge_read(&ctx, crate::ratelimit::read_units(out.len(), bytes));
         Ok(Response::new(ListJobsResponse { jobs: out, next_after_id }))
     }
 
     async fn list(&self, req: Request<ListJobsRequest>) -> Result<Response<ListJobsResponse>, Status> {
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
-        if msg.limit > LIST_LIMIT_MAX {
-            return Err(Status::invalid_argument(format!("limit: must be at most {LIST_LIMIT_MAX}")));
-        }
-        // Matched against the state each job shows (SUSPENDED apart from RUNNING).
-        let mut states = Vec::new();
-        for s in &msg.states {
-            let st = JobState::try_from(*s)
-                .ok()
-                .filter(|st| state_from_proto(*st).is_some())
-                .ok_or_else(|| Status::invalid_argument(format!("states: {s} is not a job state")))?;
-            states.push(st);
-        }
-        let limit = if msg.limit == 0 { LIST_LIMIT_DEFAULT } else { msg.limit } as usize;
-        let (user, name, after_id) = (msg.user.clone(), msg.name.clone(), msg.after_id);
-        let (account, partition, explain) = (msg.account.clone(), msg.partition.clone(), msg.explain);
-        if let Some(resp) = self
+        let query = JobQuery::of(&msg)?;
+        let state = match self
             .replica
             .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { JobServiceClient::new(ch).list(r).await })
             .await?
         {
-            return Ok(resp);
-        }
-        let viewer = self.replica.viewer(&ctx);
-        let state = self.replica.node.state().read();
-        let matches = |j: &&gangway_core::Job| {
-            viewer.visible(j)
-                && (states.is_empty() || states.contains(&job_state_to_proto(j)))
-                && (user.is_empty() || j.spec.user == user)
-                && (name.is_empty() || j.spec.name == name)
-                && (account.is_empty() || j.spec.account == account)
-                && (partition.is_empty()
-                    || j.spec.partition == partition
-                    || j.spec.components.iter().any(|c| c.partition == partition))
+            Read::Here(view) => view,
+            Read::Forwarded(resp) => return Ok(resp),
         };
+        let viewer = self.replica.viewer(&ctx);
         // Pending reasons: the leader's last scheduling pass; a replica that has
         // none (a follower serving a stale read) runs a pass itself when the
-        // queue is short enough for that to be cheap.
-        let cached = if explain { self.replica.pending_reasons() } else { Default::default() };
-        let reasons: std::sync::Arc<std::collections::BTreeMap<u64, gangway_core::sched::Pending>> = if explain
+        // queue is short enough for that to be cheap and an analysis permit
+        // is free (otherwise the stored reasons stand).
+        let cached = if query.explain { self.replica.pending_reasons() } else { Default::default() };
+        let inline = query.explain
             && cached.is_empty()
             && !state.pending.is_empty()
-            && state.pending.len() <= EXPLAIN_INLINE_PENDING_MAX
-        {
-            let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, crate::now_ms());
-            std::sync::Arc::new(gangway_core::sched::plan(&state, &opts).reasons.into_iter().collect())
-        } else {
-            cached
-        };
-        // Pending and running jobs are indexed; scanning only them keeps the
-        // common "what is queued" listing cheap when many finished jobs are kept.
-        let active_only =
-            !states.is_empty() && states.iter().all(|s| state_from_proto(*s).is_some_and(|s| !s.is_finished()));
-        let mut jobs = Vec::with_capacity(limit.min(1024));
-        let mut more = false;
-        let mut bytes = 0usize;
-        let mut push = |j: &gangway_core::Job| {
-            if jobs.len() == limit {
-                more = true;
-                return false;
-            }
-            let mut pj = viewer.job(j);
-            // Paged by size too: the answer stays under every client's limit.
-            let len = prost::Message::encoded_len(&pj);
-            if !jobs.is_empty() && bytes.saturating_add(len) > gangway_proto::limits::LIST_RESPONSE_BYTES_MAX {
-                more = true;
-                return false;
-            }
-            bytes = bytes.saturating_add(len);
-            // The scheduler's reason replaces the stored one, except a requeue's
-            // explanation, which says more.
-            if let Some(r) = reasons.get(&j.id).filter(|_| j.state == gangway_core::JobState::Pending) {
-                if !pj.reason.starts_with("requeued") {
-                    pj.reason = r.as_str().to_string();
-                }
-            }
-            jobs.push(pj);
-            true
-        };
-        if active_only {
-            let mut ids: Vec<u64> =
-                state.pending.range(after_id + 1..).chain(state.running.range(after_id + 1..)).copied().collect();
-            ids.sort_unstable();
-            for id in ids {
-                let j = &state.jobs[&id];
-                if matches(&j) && !push(j) {
-                    break;
-                }
-            }
-        } else {
-            for j in state.jobs.range(after_id + 1..).map(|(_, j)| j) {
-                if matches(&j) && !push(j) {
-                    break;
-                }
-            }
-        }
-        let next_after_id = if more { jobs.last().map(|j| j.id).unwrap_or(0) } else { 0 };
-        Ok(Response::new(ListJobsResponse { jobs, next_after_id }))
+            && state.pending.len() <= EXPLAIN_INLINE_PENDING_MAX;
+        let permit = if inline { self.replica.analysis_permit("list").ok() } else { None };
+        let pass = permit.is_some();
+        let (resp, units) = self
+            .replica
+            .read_pool
+            .run("list", move || {
+                let reasons = if pass {
+                    let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, crate::now_ms());
+                    Arc::new(gangway_core::sched::plan(&state, &opts).reasons.into_iter().collect())
+                } else {
+                    cached
+                };
+                let (resp, examined, bytes) = list_page(&state, &viewer, &query, &reasons);
+                let pass_units = if pass { state.pending.len().saturating_mul(EXPLAIN_UNITS_PER_JOB) } else { 0 };
+                (resp, crate::ratelimit::read_units(examined.saturating_add(pass_units), bytes))
+            })
+            .await?;
+        drop(permit);
+        self.replica.charge_read(&ctx, units);
+        Ok(Response::new(resp))
     }
 
     async fn update(&self, req: Request<UpdateJobRequest>) -> Result<Response<Job>, Status> {
@@ -386,7 +343,7 @@ impl JobService for JobApi {
                     // As the caller may see it: operators and coordinators
                     // change others' jobs without reading their secrets.
                     let viewer = self.replica.viewer(&ctx);
-                    let state = self.replica.node.state().read();
+                    let state = self.replica.fresh_view().await?;
                     let job =
                         state.jobs.get(&job_id).ok_or_else(|| Status::not_found(format!("job {job_id} is gone")))?;
                     Ok(Response::new(viewer.job(job)))
@@ -401,20 +358,23 @@ impl JobService for JobApi {
         let msg = req.into_inner();
         let job_id = msg.job_id;
         self.replica.require_visible(&ctx, job_id)?;
-        if let Some(resp) = self
+        // A full scheduling pass: on the read lane, a few at a time.
+        let _permit = self.replica.analysis_permit("explain")?;
+        let state = match self
             .replica
             .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { JobServiceClient::new(ch).explain(r).await })
             .await?
         {
-            return Ok(resp);
-        }
-        // A full scheduling pass: off the async workers, a few at a time.
-        let _permit = self.replica.analysis_permit("explain")?;
-        let shared = self.replica.node.state().clone();
+            Read::Here(view) => view,
+            Read::Forwarded(resp) => return Ok(resp),
+        };
         let now = crate::now_ms();
-        let e = tokio::task::spawn_blocking(move || gangway_core::sched::explain(&shared.read(), job_id, now))
-            .await
-            .map_err(|_| Status::internal("explain: the scheduling pass failed"))?;
+        let (e, units) = self
+            .replica
+            .read_pool
+            .run("explain", move || (gangway_core::sched::explain(&state, job_id, now), analysis_units(&state)))
+            .await?;
+        self.replica.charge_read(&ctx, units);
         let e = e.ok_or_else(|| Status::not_found(format!("job {job_id} does not exist")))?;
         Ok(Response::new(explanation_to_proto(e)))
     }
@@ -432,16 +392,19 @@ impl JobService for JobApi {
             ctx.require_not_job("raise a job's priority (negative nice)")?;
         }
         let _permit = self.replica.analysis_permit("test-only")?;
-        let shared = self.replica.node.state().clone();
+        self.replica.admit_read(&ctx)?;
+        let state = self.replica.node.state().read();
         let now = crate::now_ms();
         let identity = ctx.identity.clone();
         // Every check a submission meets in the log, then one scheduling pass
         // with the would-be job as if pending: no copy of the state, one pass
-        // under its read lock like an explain (and the leader's own passes).
-        // Off the async workers; bounded by the analysis permits.
-        let answer = tokio::task::spawn_blocking(move || {
-            let state = shared.read();
-            match state.prepare_submission(u64::MAX / 2, &spec, &identity) {
+        // over a view like an explain (and the leader's own passes). On the
+        // read lane; bounded by the analysis permits.
+        let units = analysis_units(&state);
+        let answer = self
+            .replica
+            .read_pool
+            .run("test-only", move || match state.prepare_submission(u64::MAX / 2, &spec, &identity) {
                 Ok(mut jobs) => match jobs.first_mut() {
                     Some(job) => {
                         state.settle_hypothetical(job);
@@ -453,10 +416,9 @@ impl JobService for JobApi {
                     Outcome::Refused(r) => Err(super::status_from_refusal(&r)),
                     other => Err(unexpected(&other)),
                 },
-            }
-        })
-        .await
-        .map_err(|_| Status::internal("test-only: the scheduling pass failed"))??;
+            })
+            .await??;
+        self.replica.charge_read(&ctx, units);
         Ok(Response::new(explanation_to_proto(answer)))
     }
 
@@ -551,7 +513,7 @@ impl JobService for JobApi {
         let msg = req.into_inner();
         let job_id = msg.job_id;
         self.replica.require_visible(&ctx, job_id)?;
-        if let Some(resp) = self
+        let state = match self
             .replica
             .read_or_forward(
                 &ctx,
@@ -561,12 +523,12 @@ impl JobService for JobApi {
             )
             .await?
         {
-            return Ok(resp);
-        }
+            Read::Here(view) => view,
+            Read::Forwarded(resp) => return Ok(resp),
+        };
         // Its owner only, checked on the very job the credential is made for:
         // a credential runs commands as the job's user, which no admin may.
         let (job, owner) = {
-            let state = self.replica.node.state().read();
             let job = state
                 .jobs
                 .get(&job_id)
@@ -600,31 +562,30 @@ impl JobService for JobApi {
     async fn events(&self, req: Request<EventsRequest>) -> Result<Response<Self::EventsStream>, Status> {
         let ctx = self.replica.ctx(&req)?;
         ctx.require_known()?;
+        let auth = self.replica.stream_auth(&req, false);
+        let slot = self.replica.streams.take(&ctx.identity)?;
+        self.replica.admit_read(&ctx)?;
         let shown = Shown::new(&self.replica, &ctx);
         let msg = req.into_inner();
         let (from, only) = (msg.from_index, msg.job_id);
         let wanted =
             move |ev: &gangway_core::Event| only == 0 || matches!(ev, gangway_core::Event::Job(j) if j.job_id == only);
-        let shared = self.replica.node.state();
+        let shared = self.replica.node.state().clone();
         // Subscribe before reading what is kept, so nothing falls in between.
         let mut rx = shared.subscribe();
         let snapshots = shared.snapshots_installed();
-        let shared_now = shared.clone();
         let start = self.replica.node.status().applied_index.unwrap_or(0);
-        let backlog = if from > 0 {
-            shared.events_since_matching(from, wanted).map_err(|oldest| {
-                Status::out_of_range(format!(
-                    "from_index: events before index {oldest} are no longer kept on this replica; \
-                     read the current state (gangway queue --all) and follow from {oldest}"
-                ))
-            })?
-        } else {
-            Vec::new()
-        };
-        // Live events already in the backlog (or before `from`) are skipped.
-        let seen_through = backlog.last().map_or(from.saturating_sub(1), gangway_core::Event::index);
+        if from > 0 && from < shared.oldest_event_index() {
+            let oldest = shared.oldest_event_index();
+            return Err(Status::out_of_range(format!(
+                "from_index: events before index {oldest} are no longer kept on this replica; \
+                 read the current state (gangway queue --all) and follow from {oldest}"
+            )));
+        }
         let closed = self.replica.closed();
+        let replica = self.replica.clone();
         let stream = async_stream(move |tx| async move {
+            let _slot = slot;
             let first = ClusterEvent {
                 index: if from > 0 { from - 1 } else { start },
                 kind: "stream_start".into(),
@@ -633,21 +594,66 @@ impl JobService for JobApi {
             if tx.send(Ok(first)).await.is_err() {
                 return;
             }
-            for ev in backlog {
-                if !shown.event(&ev) {
-                    continue;
+            // What is kept from `from` on, page by page: the ring's lock is
+            // held to take references to a page, never to copy it, and each
+            // page is charged to the caller's read budget (a caller past it
+            // waits for it to refill, not everyone else).
+            let mut next = from;
+            let mut seen_through = from.saturating_sub(1);
+            // (From 0: live events only.)
+            let mut replaying = from > 0;
+            while replaying {
+                let page = match shared.events_page(next, EVENTS_PAGE_MAX) {
+                    Ok(page) if page.is_empty() => break,
+                    Ok(page) => page,
+                    Err(oldest) => {
+                        let _ = tx
+                            .send(Err(Status::out_of_range(format!(
+                                "from_index: events before index {oldest} are no longer kept on this replica"
+                            ))))
+                            .await;
+                        return;
+                    }
+                };
+                let mut replayed = 0usize;
+                for ev in page.iter().flat_map(|c| c.iter()).filter(|e| e.index() >= next) {
+                    replayed += 1;
+                    seen_through = ev.index();
+                    if !wanted(ev) || !shown.event(ev).await {
+                        continue;
+                    }
+                    let mut ev = cluster_event(ev.clone());
+                    ev.reason = shown.reason(ev.reason);
+                    if tx.send(Ok(ev)).await.is_err() {
+                        return;
+                    }
                 }
-                let mut ev = cluster_event(ev);
-                ev.reason = shown.reason(ev.reason);
-                if tx.send(Ok(ev)).await.is_err() {
+                replaying = replayed > 0;
+                next = seen_through.saturating_add(1);
+                replica.charge_read(&shown.ctx, crate::ratelimit::read_units(replayed, 0));
+                if let Err(s) = replica.wait_for_read_budget(&shown.ctx).await {
+                    let _ = tx.send(Err(s)).await;
+                    return;
+                }
+                if let Err(s) = replica.still_allowed(&shown.ctx, &auth) {
+                    let _ = tx.send(Err(s)).await;
                     return;
                 }
             }
             let closed = closed;
             tokio::pin!(closed);
+            let mut recheck = tokio::time::interval(STREAM_RECHECK_INTERVAL);
+            recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 let got = tokio::select! {
                     got = rx.recv() => got,
+                    _ = recheck.tick() => {
+                        if let Err(s) = replica.still_allowed(&shown.ctx, &auth) {
+                            let _ = tx.send(Err(s)).await;
+                            return;
+                        }
+                        continue;
+                    }
                     _ = &mut closed => {
                         let _ = tx.send(Err(Status::unavailable("this replica is shutting down; resume on another"))).await;
                         return;
@@ -656,7 +662,7 @@ impl JobService for JobApi {
                 // A snapshot replaced the state: the events it covered were
                 // never broadcast here. End the stream; the follower resumes
                 // from its last index (on a replica that still has them).
-                if shared_now.snapshots_installed() != snapshots {
+                if shared.snapshots_installed() != snapshots {
                     let _ = tx
                         .send(Err(Status::unavailable(
                             "this replica loaded a snapshot; resume from the last index seen",
@@ -666,7 +672,8 @@ impl JobService for JobApi {
                 }
                 match got {
                     Ok(ev) if from > 0 && ev.index() <= seen_through => continue,
-                    Ok(ev) if !wanted(&ev) || !shown.event(&ev) => continue,
+                    Ok(ev) if !wanted(&ev) => continue,
+                    Ok(ev) if !shown.event(&ev).await => continue,
                     Ok(ev) => {
                         let mut ev = cluster_event(ev);
                         ev.reason = shown.reason(ev.reason);
@@ -692,15 +699,28 @@ impl JobService for JobApi {
     async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
         let ctx = self.replica.ctx(&req)?;
         ctx.require_known()?;
+        let auth = self.replica.stream_auth(&req, false);
+        let slot = self.replica.streams.take(&ctx.identity)?;
         let shown = Shown::new(&self.replica, &ctx);
         let filter = req.into_inner().job_id;
         let mut rx = self.replica.node.state().subscribe();
         let closed = self.replica.closed();
+        let replica = self.replica.clone();
         let stream = async_stream(move |tx| async move {
+            let _slot = slot;
             tokio::pin!(closed);
+            let mut recheck = tokio::time::interval(STREAM_RECHECK_INTERVAL);
+            recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 let got = tokio::select! {
                     got = rx.recv() => got,
+                    _ = recheck.tick() => {
+                        if let Err(s) = replica.still_allowed(&shown.ctx, &auth) {
+                            let _ = tx.send(Err(s)).await;
+                            return;
+                        }
+                        continue;
+                    }
                     _ = &mut closed => {
                         let _ = tx.send(Err(Status::unavailable("this replica is shutting down; watch another"))).await;
                         return;
@@ -711,8 +731,10 @@ impl JobService for JobApi {
                     Ok(gangway_core::Event::Job(ev)) => {
                         // Watchers follow jobs' states; steps and late usage are in
                         // the event stream (Events).
-                        if filter != 0 && ev.job_id != filter || !shown.job(ev.job_id) || ev.step.is_some() || ev.usage
-                        {
+                        if filter != 0 && ev.job_id != filter || ev.step.is_some() || ev.usage {
+                            continue;
+                        }
+                        if !shown.job(ev.job_id, ev.index).await {
                             continue;
                         }
                         let msg = JobEvent {
@@ -741,6 +763,221 @@ impl JobService for JobApi {
         Ok(Response::new(stream))
     }
 }
+
+/// Entries `ListJobsRequest.states` may have: each state at most a few
+/// times over (they are deduplicated); more is not a listing but an attack
+/// on the replica's CPU.
+pub const LIST_STATES_MAX: usize = 32;
+/// Jobs one List call looks at before it answers with what it found so far
+/// and a cursor (`next_after_id`) to go on from: a filter that matches
+/// nothing in a queue of a million jobs costs a bounded page, not a scan of
+/// everything (a few milliseconds each).
+pub const LIST_SCAN_MAX: usize = 50_000;
+/// Read units a scheduling pass costs per pending job it orders (a pass
+/// weighs each job against the nodes: far more than looking at it).
+const EXPLAIN_UNITS_PER_JOB: usize = 20;
+
+/// Values one filter of a history or usage query may list: far more than a
+/// person types, and each becomes an SQL parameter.
+pub const HISTORY_FILTER_VALUES_MAX: usize = 1_000;
+
+/// A list of names in a query: bounded in count and length.
+fn check_names(field: &str, values: &[String]) -> Result<(), Status> {
+    use gangway_core::limits::NAME_BYTES_MAX;
+    if values.len() > HISTORY_FILTER_VALUES_MAX {
+        return Err(Status::invalid_argument(format!(
+            "{field}: at most {HISTORY_FILTER_VALUES_MAX} values, got {}",
+            values.len()
+        )));
+    }
+    if values.iter().any(|v| v.len() > NAME_BYTES_MAX) {
+        return Err(Status::invalid_argument(format!("{field}: each at most {NAME_BYTES_MAX} bytes")));
+    }
+    Ok(())
+}
+
+/// A history query's filters, bounded before they become SQL parameters.
+fn check_history_filters(msg: &HistoryRequest) -> Result<(), Status> {
+    if msg.job_ids.len() > HISTORY_FILTER_VALUES_MAX {
+        return Err(Status::invalid_argument(format!(
+            "job_ids: at most {HISTORY_FILTER_VALUES_MAX} ids, got {}",
+            msg.job_ids.len()
+        )));
+    }
+    check_names("users", &msg.users)?;
+    check_names("accounts", &msg.accounts)?;
+    check_names("partitions", &msg.partitions)?;
+    check_names("names", &msg.names)?;
+    if msg.states.len() > LIST_STATES_MAX {
+        return Err(Status::invalid_argument(format!(
+            "states: at most {LIST_STATES_MAX} entries (each job state once is enough), got {}",
+            msg.states.len()
+        )));
+    }
+    for s in &msg.states {
+        if JobState::try_from(*s).ok().and_then(state_from_proto).is_none() {
+            return Err(Status::invalid_argument(format!("states: {s} is not a job state")));
+        }
+    }
+    Ok(())
+}
+
+/// The read units of a scheduling analysis over `state`: a pass weighs the
+/// pending jobs against the nodes.
+fn analysis_units(state: &gangway_core::State) -> u64 {
+    crate::ratelimit::read_units(
+        state.pending.len().saturating_add(state.nodes.len()).saturating_mul(EXPLAIN_UNITS_PER_JOB),
+        0,
+    )
+}
+
+/// A listing's filters, checked and bounded at the edge before any work.
+#[derive(Clone, Debug)]
+pub struct JobQuery {
+    /// Deduplicated, each a real state.
+    states: Vec<JobState>,
+    user: String,
+    name: String,
+    account: String,
+    partition: String,
+    after_id: u64,
+    limit: usize,
+    explain: bool,
+}
+
+impl JobQuery {
+    pub fn of(msg: &ListJobsRequest) -> Result<JobQuery, Status> {
+        use gangway_core::limits::NAME_BYTES_MAX;
+        if msg.limit > LIST_LIMIT_MAX {
+            return Err(Status::invalid_argument(format!("limit: must be at most {LIST_LIMIT_MAX}")));
+        }
+        if msg.states.len() > LIST_STATES_MAX {
+            return Err(Status::invalid_argument(format!(
+                "states: at most {LIST_STATES_MAX} entries (each job state once is enough), got {}",
+                msg.states.len()
+            )));
+        }
+        // Matched against the state each job shows (SUSPENDED apart from RUNNING).
+        let mut states = Vec::new();
+        for s in &msg.states {
+            let st = JobState::try_from(*s)
+                .ok()
+                .filter(|st| state_from_proto(*st).is_some())
+                .ok_or_else(|| Status::invalid_argument(format!("states: {s} is not a job state")))?;
+            if !states.contains(&st) {
+                states.push(st);
+            }
+        }
+        for (field, v) in
+            [("user", &msg.user), ("name", &msg.name), ("account", &msg.account), ("partition", &msg.partition)]
+        {
+            if v.len() > NAME_BYTES_MAX {
+                return Err(Status::invalid_argument(format!(
+                    "{field}: at most {NAME_BYTES_MAX} bytes (no job has a longer one)"
+                )));
+            }
+        }
+        Ok(JobQuery {
+            states,
+            user: msg.user.clone(),
+            name: msg.name.clone(),
+            account: msg.account.clone(),
+            partition: msg.partition.clone(),
+            after_id: msg.after_id,
+            limit: if msg.limit == 0 { LIST_LIMIT_DEFAULT } else { msg.limit } as usize,
+            explain: msg.explain,
+        })
+    }
+
+    fn matches(&self, viewer: &super::Viewer, j: &gangway_core::Job) -> bool {
+        viewer.visible(j)
+            && (self.states.is_empty() || self.states.contains(&job_state_to_proto(j)))
+            && (self.user.is_empty() || j.spec.user == self.user)
+            && (self.name.is_empty() || j.spec.name == self.name)
+            && (self.account.is_empty() || j.spec.account == self.account)
+            && (self.partition.is_empty()
+                || j.spec.partition == self.partition
+                || j.spec.components.iter().any(|c| c.partition == self.partition))
+    }
+}
+
+/// Two ascending id sequences as one, ascending (pending and running jobs,
+/// both indexed by id).
+fn merge_ascending<'a>(
+    a: impl Iterator<Item = &'a u64> + 'a,
+    b: impl Iterator<Item = &'a u64> + 'a,
+) -> impl Iterator<Item = u64> + 'a {
+    let (mut a, mut b) = (a.copied().peekable(), b.copied().peekable());
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) if x <= y => a.next(),
+        (Some(_), Some(_)) => b.next(),
+        (Some(_), None) => a.next(),
+        (None, _) => b.next(),
+    })
+}
+
+/// One page of a listing: the answer, the jobs looked at and the bytes
+/// answered (what the caller is charged). Pure over a view of the state;
+/// it looks at no more than LIST_SCAN_MAX jobs and answers no more than
+/// the query's limit or LIST_RESPONSE_BYTES_MAX.
+pub fn list_page(
+    state: &gangway_core::State,
+    viewer: &super::Viewer,
+    q: &JobQuery,
+    reasons: &std::collections::BTreeMap<u64, gangway_core::sched::Pending>,
+) -> (ListJobsResponse, usize, usize) {
+    use std::ops::Bound::{Excluded, Unbounded};
+    let after = (Excluded(q.after_id), Unbounded);
+    // Pending and running jobs are indexed; scanning only them keeps the
+    // common "what is queued" listing cheap when many finished jobs are kept.
+    let active_only =
+        !q.states.is_empty() && q.states.iter().all(|s| state_from_proto(*s).is_some_and(|s| !s.is_finished()));
+    let ids: Box<dyn Iterator<Item = u64>> = if active_only {
+        Box::new(merge_ascending(state.pending.range(after), state.running.range(after)))
+    } else {
+        Box::new(state.jobs.range(after).map(|(id, _)| *id))
+    };
+    let (mut jobs, mut bytes, mut examined) = (Vec::with_capacity(q.limit.min(1024)), 0usize, 0usize);
+    let (mut next_after_id, mut last_examined) = (0, q.after_id);
+    for id in ids {
+        if examined == LIST_SCAN_MAX || jobs.len() == q.limit {
+            // More may follow: go on after the last one looked at.
+            next_after_id = last_examined;
+            break;
+        }
+        examined += 1;
+        last_examined = id;
+        let Some(j) = state.jobs.get(&id) else { continue };
+        if !q.matches(viewer, j) {
+            continue;
+        }
+        let mut pj = viewer.job(j);
+        // Paged by size too: the answer stays under every client's limit.
+        let len = prost::Message::encoded_len(&pj);
+        if !jobs.is_empty() && bytes.saturating_add(len) > gangway_proto::limits::LIST_RESPONSE_BYTES_MAX {
+            next_after_id = jobs.last().map_or(0, |j: &Job| j.id);
+            break;
+        }
+        bytes = bytes.saturating_add(len);
+        // The scheduler's reason replaces the stored one, except a requeue's
+        // explanation, which says more.
+        if let Some(r) = reasons.get(&j.id).filter(|_| j.state == gangway_core::JobState::Pending) {
+            if !pj.reason.starts_with("requeued") {
+                pj.reason = r.as_str().to_string();
+            }
+        }
+        jobs.push(pj);
+    }
+    (ListJobsResponse { jobs, next_after_id }, examined, bytes)
+}
+
+/// Events a stream replays per page of the ring (each page charged to the
+/// caller's read budget before the next is taken).
+const EVENTS_PAGE_MAX: usize = 4_096;
+/// How often an open stream checks that its caller still may read it: a
+/// revoked or expired token, a job credential whose attempt ended, an admin
+/// no longer one.
+pub const STREAM_RECHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Events queued for one watcher's gRPC stream before back-pressure applies.
 const WATCH_STREAM_BUFFER_MAX: usize = 256;
@@ -776,7 +1013,7 @@ fn explanation_to_proto(e: gangway_core::sched::Explanation) -> Explanation {
 /// the caller's view is computed again whenever the policy's version moves.
 struct Shown {
     replica: Arc<Replica>,
-    ctx: super::CallCtx,
+    pub(super) ctx: super::CallCtx,
     /// (policy version, the view it gave).
     viewer: std::sync::Mutex<(u64, super::Viewer)>,
 }
@@ -798,10 +1035,22 @@ impl Shown {
         f(&cached.1)
     }
 
-    fn job(&self, job_id: u64) -> bool {
-        self.with(|v| {
-            !v.private_jobs || self.replica.node.state().read().jobs.get(&job_id).is_some_and(|j| v.visible(j))
-        })
+    /// Whether the job of an event at log index `at` is shown: judged on a
+    /// view at least as new as the event (the event is sent as apply makes
+    /// it, a moment before the view with its job is published).
+    async fn job(&self, job_id: u64, at: u64) -> bool {
+        let private = self.with(|v| v.private_jobs);
+        if !private {
+            return true;
+        }
+        let mut view = self.replica.node.state().read();
+        if view.index() < at {
+            match self.replica.fresh_view().await {
+                Ok(v) => view = v,
+                Err(_) => return false,
+            }
+        }
+        self.with(|v| view.jobs.get(&job_id).is_some_and(|j| v.visible(j)))
     }
 
     /// An event's reason as the caller may read it.
@@ -809,9 +1058,9 @@ impl Shown {
         self.with(|v| v.reason(&reason))
     }
 
-    fn event(&self, ev: &gangway_core::Event) -> bool {
+    async fn event(&self, ev: &gangway_core::Event) -> bool {
         match ev {
-            gangway_core::Event::Job(j) => self.job(j.job_id),
+            gangway_core::Event::Job(j) => self.job(j.job_id, j.index).await,
             _ => true,
         }
     }

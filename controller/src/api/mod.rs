@@ -16,7 +16,7 @@ pub mod nodes;
 mod routing;
 
 pub use caller::*;
-pub use routing::Routed;
+pub use routing::{Read, Routed};
 
 use gangway_core::{Refusal, RefusalKind, SpecError};
 use tonic::Status;

@@ -9,7 +9,7 @@ use gangway_proto::v1::*;
 use tonic::{Request, Response, Status};
 
 use super::convert::node_to_proto;
-use super::{unexpected, CallCtx, Routed, Viewer};
+use super::{unexpected, CallCtx, Read, Routed, Viewer};
 use crate::shared::Replica;
 
 pub struct NodeApi {
@@ -17,8 +17,7 @@ pub struct NodeApi {
 }
 
 impl NodeApi {
-    fn node(&self, name: &str, sees: Sees) -> Result<Node, Status> {
-        let state = self.replica.node.state().read();
+    fn node(&self, state: &gangway_core::State, name: &str, sees: Sees) -> Result<Node, Status> {
         let node = state.nodes.get(name).ok_or_else(|| Status::not_found(format!("node {name} does not exist")))?;
         let resv = state.active_reservations(crate::now_ms());
         let r = resv.get(name).copied();
@@ -80,7 +79,10 @@ impl NodeApi {
         match routed {
             Routed::Forwarded(resp) => Ok(resp),
             Routed::Local(applied) => match applied.outcome {
-                Outcome::NodeStateSet { .. } => Ok(Response::new(self.node(&name, Sees::All)?)),
+                Outcome::NodeStateSet { .. } => {
+                    let state = self.replica.fresh_view().await?;
+                    Ok(Response::new(self.node(&state, &name, Sees::All)?))
+                }
                 other => Err(unexpected(&other)),
             },
         }
@@ -120,15 +122,21 @@ impl NodeService for NodeApi {
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
         let after_name = msg.after_name.clone();
-        if let Some(resp) = self
+        if after_name.len() > gangway_core::limits::NAME_BYTES_MAX {
+            return Err(Status::invalid_argument(format!(
+                "after_name: at most {} bytes (no node has a longer name)",
+                gangway_core::limits::NAME_BYTES_MAX
+            )));
+        }
+        let state = match self
             .replica
             .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { NodeServiceClient::new(ch).list(r).await })
             .await?
         {
-            return Ok(resp);
-        }
+            Read::Here(view) => view,
+            Read::Forwarded(resp) => return Ok(resp),
+        };
         let viewer = self.job_viewer(&ctx);
-        let state = self.replica.node.state().read();
         let sees = |id: u64| viewer.as_ref().is_none_or(|v| state.jobs.get(&id).is_some_and(|j| v.visible(j)));
         // Paged by size, in name order: the answer stays under every client's
         // receive limit however many nodes the cluster has.
@@ -151,6 +159,7 @@ impl NodeService for NodeApi {
             bytes = bytes.saturating_add(len);
             nodes.push(pn);
         }
+        self.replica.charge_read(&ctx, crate::ratelimit::read_units(nodes.len(), bytes));
         Ok(Response::new(ListNodesResponse { nodes, next_after_name }))
     }
 
@@ -169,19 +178,21 @@ impl NodeService for NodeApi {
             // Its own job's placement is what it asks for; the policy's
             // private jobs hide everyone else's.
             let sees = if self.replica.private_jobs() { Sees::Job(claims.job_id) } else { Sees::All };
-            return Ok(Response::new(self.node(&name, sees)?));
+            return Ok(Response::new(self.node(&self.replica.node.state().read(), &name, sees)?));
         }
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
         let name = msg.name.clone();
-        if let Some(resp) = self
+        let state = match self
             .replica
             .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { NodeServiceClient::new(ch).get(r).await })
             .await?
         {
-            return Ok(resp);
-        }
-        Ok(Response::new(self.node(&name, self.sees(&ctx))?))
+            Read::Here(view) => view,
+            Read::Forwarded(resp) => return Ok(resp),
+        };
+        self.replica.charge_read(&ctx, crate::ratelimit::READ_BASE_UNITS);
+        Ok(Response::new(self.node(&state, &name, self.sees(&ctx))?))
     }
 
     async fn drain(&self, req: Request<DrainRequest>) -> Result<Response<Node>, Status> {

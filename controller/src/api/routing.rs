@@ -5,19 +5,30 @@
 //! forwarded otherwise. A forwarded request is never forwarded again.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use gangway_core::RefusalKind;
 use gangway_proto::{FORWARDED_FOR_METADATA_KEY, IDENTITY_METADATA_KEY};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use gangway_proto::tls::Role;
+use gangway_raft_store::View;
+
 use super::{status_from_propose, CallCtx, Caller, FORWARDED_JOB_METADATA_KEY, FORWARDED_METADATA_KEY};
 use crate::raft::ProposeError;
+use crate::ratelimit::RETRY_AFTER_METADATA_KEY;
 use crate::shared::Replica;
 
 /// Where a call was served.
 pub enum Routed<T, R> {
     Local(T),
+    Forwarded(Response<R>),
+}
+
+/// Where a read is served: here, from this view, or by the leader.
+pub enum Read<R> {
+    Here(Arc<View>),
     Forwarded(Response<R>),
 }
 
@@ -112,26 +123,76 @@ impl Replica {
         }
     }
 
-    /// For a read: returns `None` when it may be served from local state (stale
-    /// read, or this replica is the leader and confirmed it), else forwards.
+    /// For a read: the view to serve it from here (a stale read: the newest
+    /// published view; otherwise, as leader, one that includes everything
+    /// committed before the call), or the leader's answer. The caller's read
+    /// budget must not be empty (see [`Replica::admit_read`]); the handler
+    /// charges what the read did ([`Replica::charge_read`]).
     pub async fn read_or_forward<M, R, F, Fut>(
         &self,
         ctx: &CallCtx,
         stale: bool,
         msg: M,
         call: F,
-    ) -> Result<Option<Response<R>>, Status>
+    ) -> Result<Read<R>, Status>
     where
         F: FnOnce(Channel, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
+        self.admit_read(ctx)?;
         if stale {
-            return Ok(None);
+            return Ok(Read::Here(self.node.state().read()));
         }
         match self.node.ensure_linearizable(crate::shared::WRITE_TIMEOUT).await {
-            Ok(()) => Ok(None),
-            Err(ProposeError::NotLeader { leader_addr }) => Ok(Some(self.forward(ctx, leader_addr, msg, call).await?)),
+            Ok(()) => Ok(Read::Here(self.fresh_view().await?)),
+            Err(ProposeError::NotLeader { leader_addr }) => {
+                Ok(Read::Forwarded(self.forward(ctx, leader_addr, msg, call).await?))
+            }
             Err(e) => Err(status_from_propose(e)),
+        }
+    }
+
+    /// A view that includes everything this replica had applied when called:
+    /// what a handler reads after its own write was applied here.
+    pub async fn fresh_view(&self) -> Result<Arc<View>, Status> {
+        self.node.state().read_fresh().await.map_err(|e| Status::unavailable(e.to_string()))
+    }
+
+    /// Whether reads by `ctx` are charged to a budget: everyone's but the
+    /// cluster's own (replicas, agents).
+    fn reads_budgeted(ctx: &CallCtx) -> bool {
+        match &ctx.caller {
+            Caller::Claimed(_) => true,
+            Caller::Verified(p) => p.role == Role::Client,
+        }
+    }
+
+    /// Lets a read in while its caller's read budget is not empty, or
+    /// refuses it with RESOURCE_EXHAUSTED and when to retry.
+    pub fn admit_read(&self, ctx: &CallCtx) -> Result<(), Status> {
+        if !Self::reads_budgeted(ctx) {
+            return Ok(());
+        }
+        let Err(wait) = self.reads.admit(&ctx.identity, std::time::Instant::now()) else { return Ok(()) };
+        metrics::counter!("gangway_api_denied_total", "reason" => "read_budget").increment(1);
+        let (rate, burst) = self.reads.rate();
+        let ms = wait.as_millis().max(1);
+        let mut s = Status::resource_exhausted(format!(
+            "read budget: {} may spend {rate} read units per second on this replica (a full bucket holds \
+             {burst}; a unit is a job or node looked at, or 128 bytes answered); retry in {ms} ms",
+            ctx.identity
+        ));
+        if let Ok(v) = ms.to_string().parse() {
+            s.metadata_mut().insert(RETRY_AFTER_METADATA_KEY, v);
+        }
+        Err(s)
+    }
+
+    /// Charges `units` of read work to `ctx`'s budget.
+    pub fn charge_read(&self, ctx: &CallCtx, units: u64) {
+        if Self::reads_budgeted(ctx) {
+            metrics::counter!("gangway_read_units_total").increment(units);
+            self.reads.charge(&ctx.identity, units, std::time::Instant::now());
         }
     }
 }

@@ -72,9 +72,29 @@ pub struct RaftStatus {
     pub matched: BTreeMap<u64, Option<u64>>,
 }
 
+/// Threads of the runtime Raft runs on (see [`RaftRuntime`]): its core,
+/// replication to each follower and the state machine's apply.
+pub const RAFT_THREADS: usize = 2;
+
+/// The runtime openraft's tasks run on: its own, so a flood of users'
+/// requests queued on the API's workers never delays an election, a
+/// replication round or an apply. Shut down in the background when the
+/// node is dropped (a runtime may not block inside another).
+struct RaftRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for RaftRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 pub struct RaftNode {
     pub id: u64,
     raft: Raft,
+    /// Dropped after `raft` (fields drop in order).
+    _runtime: RaftRuntime,
     state: Arc<SharedState>,
     committed_index: Arc<AtomicU64>,
     pub timing: Timing,
@@ -117,10 +137,20 @@ impl RaftNode {
         .validate()?;
         let state = stores.state_machine.shared();
         let committed_index = stores.log.committed_index();
-        let raft =
-            Raft::new(id, Arc::new(config), network::Network { security }, stores.log, stores.state_machine).await?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(RAFT_THREADS)
+            .thread_name(format!("gangway-raft-{id}"))
+            .enable_all()
+            .build()?;
+        // Created on its runtime, so every task openraft spawns (and every
+        // connection its network opens) runs there.
+        let network = network::Network { security };
+        let raft = runtime
+            .spawn(async move { Raft::new(id, Arc::new(config), network, stores.log, stores.state_machine).await })
+            .await
+            .map_err(|e| anyhow::anyhow!("starting Raft: {e}"))??;
         let heartbeats = std::sync::atomic::AtomicBool::new(true);
-        Ok(RaftNode { id, raft, state, committed_index, timing, heartbeats })
+        Ok(RaftNode { id, raft, _runtime: RaftRuntime(Some(runtime)), state, committed_index, timing, heartbeats })
     }
 
     pub fn state(&self) -> &Arc<SharedState> {

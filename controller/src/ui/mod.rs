@@ -145,9 +145,7 @@ pub fn serve(
         let per_peer = gangway_proto::tls::PeerSlots::default();
         while let Some(conn) = conns.next().await {
             let Ok(conn) = conn else { continue };
-            let peer = match &conn {
-                gangway_proto::tls::Conn::Plain(_, p) | gangway_proto::tls::Conn::Tls(_, p) => p.clone(),
-            };
+            let peer = conn.peer().clone();
             let ip = peer.remote.map(|a| peer_key(a.ip())).unwrap_or(IpAddr::from([0, 0, 0, 0]));
             // Shed rather than queue: a browser retries.
             let Ok(permit) = slots.clone().try_acquire_owned() else { continue };

@@ -1,0 +1,230 @@
+//! Lanes: where a replica's work runs, so that users' reads can never take
+//! what heartbeats and Raft need.
+//!
+//! - [`ReadPool`]: the work of users' reads (scanning a view for a listing,
+//!   a scheduling analysis) runs on a few threads of its own, at a lower CPU
+//!   priority than the async workers that answer heartbeats and carry Raft's
+//!   messages, behind a bounded queue. A flood of listings then fills this
+//!   queue and is refused (RESOURCE_EXHAUSTED), while the async workers stay
+//!   free and, when the CPU is contended, the kernel gives them most of it.
+//! - [`StreamSlots`]: long-lived streams (Watch, Events, Audit; agents'
+//!   WatchNode) counted per principal and in total, each slot given back
+//!   when its stream ends.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+
+use tonic::Status;
+
+/// Threads that run users' read work on one replica. Two keep a listing
+/// flood to at most two cores' worth of runnable threads, and at the lower
+/// priority below far less when anything else wants the CPU.
+pub const READ_THREADS: usize = 2;
+/// Read jobs waiting for a thread. A job is a bounded piece of work (one page
+/// of a listing, one analysis), a few milliseconds; past this many waiting
+/// the replica is saturated, and a caller is better told to retry than queued
+/// behind seconds of others' work.
+pub const READ_QUEUE_MAX: usize = 256;
+/// The read threads' niceness: below the async workers (0), so that on a
+/// busy machine the kernel runs heartbeats and Raft first (a nice-10 thread
+/// gets about a tenth of a nice-0 one's share). Raising niceness needs no
+/// privilege.
+pub const READ_THREAD_NICE: i32 = 10;
+
+type Work = Box<dyn FnOnce() + Send>;
+
+/// The read lane (see the module docs).
+pub struct ReadPool {
+    tx: SyncSender<Work>,
+}
+
+impl ReadPool {
+    pub fn start() -> ReadPool {
+        let (tx, rx) = sync_channel::<Work>(READ_QUEUE_MAX);
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..READ_THREADS {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("gangway-reads-{i}"))
+                .spawn(move || {
+                    // This thread only (Linux niceness is per thread).
+                    if let Err(e) = rustix::process::setpriority_process(None, READ_THREAD_NICE) {
+                        tracing::debug!(error = %e, "read thread: niceness not raised");
+                    }
+                    loop {
+                        // The lock is held only to take the next job.
+                        let next = rx.lock().map(|r| r.recv());
+                        match next {
+                            Ok(Ok(work)) => work(),
+                            // The pool was dropped (the replica stopped).
+                            _ => return,
+                        }
+                    }
+                })
+                .expect("spawning a read thread");
+        }
+        ReadPool { tx }
+    }
+
+    /// Runs `f` on the read lane and waits for it without holding an async
+    /// worker; RESOURCE_EXHAUSTED when the queue is full.
+    pub async fn run<T, F>(&self, what: &str, f: F) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let (done, rx) = tokio::sync::oneshot::channel();
+        let work: Work = Box::new(move || {
+            let _ = done.send(f());
+        });
+        match self.tx.try_send(work) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                metrics::counter!("gangway_api_denied_total", "reason" => "busy").increment(1);
+                return Err(busy(what));
+            }
+            Err(TrySendError::Disconnected(_)) => return Err(Status::unavailable("this replica is stopping")),
+        }
+        rx.await.map_err(|_| Status::internal(format!("{what}: the read failed on this replica")))
+    }
+}
+
+/// Every read thread is taken and READ_QUEUE_MAX reads wait: retry shortly.
+fn busy(what: &str) -> Status {
+    let mut s = Status::resource_exhausted(format!(
+        "{what}: this replica is answering {READ_QUEUE_MAX} other reads; retry in a moment (or on another replica)"
+    ));
+    if let Ok(v) = "100".parse() {
+        s.metadata_mut().insert(crate::ratelimit::RETRY_AFTER_METADATA_KEY, v);
+    }
+    s
+}
+
+/// Streams open at once, per principal and in total (see the module docs).
+pub struct StreamSlots {
+    what: &'static str,
+    per_principal: usize,
+    total: usize,
+    open: Arc<Mutex<Open>>,
+}
+
+#[derive(Default)]
+struct Open {
+    by: BTreeMap<String, usize>,
+    total: usize,
+}
+
+/// One open stream; its slot is given back when dropped.
+pub struct StreamSlot {
+    open: Arc<Mutex<Open>>,
+    principal: String,
+}
+
+impl StreamSlots {
+    pub fn new(what: &'static str, per_principal: usize, total: usize) -> StreamSlots {
+        StreamSlots { what, per_principal, total, open: Arc::default() }
+    }
+
+    /// A slot for one more stream of `principal`, or RESOURCE_EXHAUSTED
+    /// naming the limit it would pass.
+    pub fn take(&self, principal: &str) -> Result<StreamSlot, Status> {
+        let mut open = self.open.lock().expect("stream slots lock");
+        let mine = open.by.get(principal).copied().unwrap_or(0);
+        let why = if mine >= self.per_principal {
+            Some(format!(
+                "{principal} already has {mine} {} open on this replica (at most {})",
+                self.what, self.per_principal
+            ))
+        } else if open.total >= self.total {
+            Some(format!("this replica already serves {} {} (at most {})", open.total, self.what, self.total))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            metrics::counter!("gangway_api_denied_total", "reason" => "streams").increment(1);
+            return Err(Status::resource_exhausted(format!("streams: {why}; close one or retry later")));
+        }
+        *open.by.entry(principal.to_string()).or_insert(0) += 1;
+        open.total += 1;
+        Ok(StreamSlot { open: self.open.clone(), principal: principal.to_string() })
+    }
+
+    /// Streams open now (telemetry, tests).
+    pub fn open(&self) -> usize {
+        self.open.lock().expect("stream slots lock").total
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().expect("stream slots lock");
+        open.total = open.total.saturating_sub(1);
+        if let Some(n) = open.by.get_mut(&self.principal) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.by.remove(&self.principal);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_slots_are_bounded_per_principal_and_in_total_and_given_back() {
+        let slots = StreamSlots::new("event streams", 2, 3);
+        let a1 = slots.take("alice").unwrap();
+        let _a2 = slots.take("alice").unwrap();
+        // One past alice's share.
+        let e = slots.take("alice").err().unwrap();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.message().contains("at most 2"), "{}", e.message());
+        let _b1 = slots.take("bob").unwrap();
+        // One past the total.
+        let e = slots.take("carol").err().unwrap();
+        assert!(e.message().contains("at most 3"), "{}", e.message());
+        drop(a1);
+        assert_eq!(slots.open(), 2);
+        let _c1 = slots.take("carol").unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_read_lane_refuses_past_its_queue_instead_of_queueing_without_bound() {
+        let pool = ReadPool::start();
+        // Hold every thread until told.
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let release_rx = Arc::new(Mutex::new(release_rx));
+        let mut held = Vec::new();
+        let mut refused = 0;
+        for _ in 0..READ_THREADS + READ_QUEUE_MAX + 1 {
+            let rx = release_rx.clone();
+            let f = pool.run("test", move || {
+                let _ = rx.lock().unwrap().recv();
+            });
+            // Submitting happens on the first poll.
+            let mut f = Box::pin(f);
+            match futures::poll!(f.as_mut()) {
+                std::task::Poll::Ready(Err(s)) => {
+                    assert_eq!(s.code(), tonic::Code::ResourceExhausted);
+                    refused += 1;
+                }
+                std::task::Poll::Ready(Ok(())) => panic!("finished while held"),
+                std::task::Poll::Pending => held.push(f),
+            }
+            // Let the threads take their first jobs before the queue fills.
+            if held.len() == READ_THREADS {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+        assert_eq!(refused, 1, "exactly the one past the threads and the queue is refused");
+        for _ in 0..held.len() {
+            release_tx.send(()).unwrap();
+        }
+        for f in held {
+            f.await.unwrap();
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! Published views of the applied state: what every reader reads.
+//!
+//! The state machine applies entries to its own copy of [`State`] (the
+//! *master*), which only apply touches. After each applied batch it hands the
+//! commands to a maintainer thread, which brings a second copy up to date and
+//! publishes it as an immutable [`View`] behind an `Arc`; the view it replaces
+//! becomes the next one brought up to date (left-right, RCU-style). A reader
+//! takes the current view (a pointer copy under a lock held for nanoseconds)
+//! and reads it for as long as it likes without holding anything that apply,
+//! a heartbeat or another reader needs.
+//!
+//! ```text
+//!  apply ──► master State ──(index, command)──► queue ──► maintainer thread
+//!                                                           │ applies them to the spare view
+//!                                                           ▼
+//!  readers ◄── Arc<View> (published) ◄──────────── swap; the old one is the next spare
+//! ```
+//!
+//! A view lags the master by the time the maintainer takes to apply a batch
+//! (microseconds to milliseconds). A read that must see everything applied
+//! so far (after a write, or a linearizable read) waits for the view that
+//! covers it ([`super::SharedState::read_fresh`]).
+//!
+//! The spare is reused only once its last reader let it go. The maintainer
+//! waits [`SPARE_WAIT_MAX`] for that; a reader that holds an old view longer
+//! (a scheduling analysis) costs a clone of the newest view instead, never a
+//! wait of the others.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use gangway_core::{Command, State};
+
+/// Commands the maintainer may fall behind by before the views are taken
+/// anew from the master instead (a clone under the master's read lock): a
+/// batch of exits or submits counts as one command, so this is minutes of a
+/// 10,000-node cluster's writes; the maintainer falls behind by a few.
+pub const VIEW_QUEUE_COMMANDS_MAX: usize = 65_536;
+/// And the bytes they may hold (a submit may carry a script of megabytes).
+pub const VIEW_QUEUE_BYTES_MAX: usize = 256 << 20;
+/// How long the maintainer waits for the readers of the spare view to let it
+/// go before it clones the newest view instead. Reads are bounded (a page of
+/// a listing, a heartbeat's orders): they finish well within this.
+pub const SPARE_WAIT_MAX: Duration = Duration::from_millis(20);
+/// How long a read that must be fresh waits for the view that covers what
+/// was applied when it asked; past it the read is refused as UNAVAILABLE
+/// (the maintainer is minutes behind: something is badly wrong).
+pub const FRESH_WAIT_MAX: Duration = Duration::from_secs(5);
+/// How often an idle maintainer looks whether it should stop.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// The state as of one log index; immutable once published.
+#[derive(Clone)]
+pub struct View {
+    state: State,
+    index: u64,
+}
+
+impl View {
+    pub(crate) fn new(state: State, index: u64) -> View {
+        View { state, index }
+    }
+
+    /// The log index this view reflects.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+}
+
+impl std::ops::Deref for View {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+/// The master state and the log index it reflects, both written by apply
+/// under the write lock.
+pub(crate) struct Master {
+    pub(crate) state: RwLock<State>,
+    pub(crate) applied: std::sync::atomic::AtomicU64,
+}
+
+impl Master {
+    pub(crate) fn applied(&self) -> u64 {
+        self.applied.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// What apply handed the maintainer.
+struct Queue {
+    /// Commands with index > `from`, oldest first.
+    commands: VecDeque<(u64, Arc<Command>)>,
+    /// Every command after this index is in `commands`.
+    from: u64,
+    bytes: usize,
+    /// The index the master reflects after them (blank and membership
+    /// entries move it without a command).
+    latest: u64,
+    /// The master was replaced (a snapshot) or the queue overflowed: the
+    /// views are taken anew from the master.
+    rebuild: bool,
+    stop: bool,
+}
+
+/// Counters for telemetry and tests.
+#[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewStats {
+    /// Views published.
+    pub published: u64,
+    /// Times a view was cloned because the spare was still read (or there was none).
+    pub clones: u64,
+    /// Times the views were taken anew from the master.
+    pub rebuilds: u64,
+}
+
+pub(crate) struct Views {
+    published: Mutex<Arc<View>>,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    index: tokio::sync::watch::Sender<u64>,
+    stats: Mutex<ViewStats>,
+}
+
+impl Views {
+    /// Publishes `first` and starts the maintainer, which runs until [`Views::stop`].
+    pub(crate) fn start(first: View, master: Arc<Master>) -> Arc<Views> {
+        let index = first.index;
+        let views = Arc::new(Views {
+            published: Mutex::new(Arc::new(first)),
+            queue: Mutex::new(Queue {
+                commands: VecDeque::new(),
+                from: index,
+                bytes: 0,
+                latest: index,
+                rebuild: false,
+                stop: false,
+            }),
+            wake: Condvar::new(),
+            index: tokio::sync::watch::Sender::new(index),
+            stats: Mutex::new(ViewStats::default()),
+        });
+        let v = views.clone();
+        std::thread::Builder::new()
+            .name("gangway-views".into())
+            .spawn(move || maintain(&v, &master))
+            .expect("spawning the view maintainer thread");
+        views
+    }
+
+    pub(crate) fn stop(&self) {
+        self.queue.lock().expect("view queue lock").stop = true;
+        self.wake.notify_all();
+    }
+
+    /// The newest published view.
+    pub(crate) fn current(&self) -> Arc<View> {
+        self.published.lock().expect("published view lock").clone()
+    }
+
+    pub(crate) fn stats(&self) -> ViewStats {
+        *self.stats.lock().expect("view stats lock")
+    }
+
+    pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.index.subscribe()
+    }
+
+    /// Hands the maintainer what apply just did. Called under the master's
+    /// write lock, so the queue and the master always agree.
+    pub(crate) fn push(&self, commands: Vec<(u64, Arc<Command>)>, latest: u64) {
+        let mut q = self.queue.lock().expect("view queue lock");
+        if !q.rebuild {
+            let bytes = q.bytes.saturating_add(commands.iter().map(|(_, c)| c.approx_bytes()).sum());
+            if q.commands.len().saturating_add(commands.len()) > VIEW_QUEUE_COMMANDS_MAX || bytes > VIEW_QUEUE_BYTES_MAX
+            {
+                q.commands = VecDeque::new();
+                q.bytes = 0;
+                q.rebuild = true;
+            } else {
+                q.commands.extend(commands);
+                q.bytes = bytes;
+            }
+        }
+        q.latest = q.latest.max(latest);
+        drop(q);
+        self.wake.notify_one();
+    }
+
+    /// The master was replaced wholesale. Called under its write lock.
+    pub(crate) fn rebuild(&self, latest: u64) {
+        let mut q = self.queue.lock().expect("view queue lock");
+        q.commands = VecDeque::new();
+        q.bytes = 0;
+        q.rebuild = true;
+        q.latest = latest;
+        drop(q);
+        self.wake.notify_one();
+    }
+
+    fn publish(&self, view: View) -> Arc<View> {
+        let index = view.index;
+        let old = std::mem::replace(&mut *self.published.lock().expect("published view lock"), Arc::new(view));
+        self.index.send_replace(index);
+        self.stats.lock().expect("view stats lock").published += 1;
+        old
+    }
+
+    fn count(&self, f: impl FnOnce(&mut ViewStats)) {
+        f(&mut self.stats.lock().expect("view stats lock"));
+    }
+}
+
+/// What the maintainer does next.
+enum Work {
+    Rebuild,
+    CatchUp,
+}
+
+/// The maintainer's loop: wait for applied commands, bring the spare view up
+/// to date, publish it.
+fn maintain(views: &Views, master: &Master) {
+    let mut spare: Option<Arc<View>> = None;
+    loop {
+        let work = {
+            let mut q = views.queue.lock().expect("view queue lock");
+            loop {
+                if q.stop {
+                    return;
+                }
+                if q.rebuild {
+                    break Work::Rebuild;
+                }
+                if q.latest > *views.index.borrow() {
+                    break Work::CatchUp;
+                }
+                q = views.wake.wait_timeout(q, IDLE_CHECK).expect("view queue lock").0;
+            }
+        };
+        match work {
+            Work::Rebuild => {
+                // Under the master's read lock apply cannot run, so every
+                // command queued so far is in the copy.
+                let view = {
+                    let state = master.state.read().expect("state lock poisoned");
+                    let mut q = views.queue.lock().expect("view queue lock");
+                    let index = master.applied();
+                    q.commands = VecDeque::new();
+                    q.bytes = 0;
+                    q.from = index;
+                    q.latest = index;
+                    q.rebuild = false;
+                    View { state: state.clone(), index }
+                };
+                views.publish(view);
+                spare = None;
+                views.count(|s| s.rebuilds += 1);
+            }
+            Work::CatchUp => {
+                let mut view = match spare.take().map(wait_for_last_reader) {
+                    Some(Ok(v)) => v,
+                    // Still read, or none yet: the newest view, cloned.
+                    _ => {
+                        views.count(|s| s.clones += 1);
+                        View::clone(&views.current())
+                    }
+                };
+                let (commands, latest) = {
+                    let q = views.queue.lock().expect("view queue lock");
+                    if q.rebuild {
+                        continue;
+                    }
+                    if q.from > view.index {
+                        // Cannot happen (the queue keeps what the spare
+                        // needs); take the views anew rather than guess.
+                        drop(q);
+                        views.rebuild(master.applied());
+                        continue;
+                    }
+                    let commands: Vec<(u64, Arc<Command>)> =
+                        q.commands.iter().filter(|(i, _)| *i > view.index).cloned().collect();
+                    (commands, q.latest)
+                };
+                for (index, cmd) in &commands {
+                    view.state.apply(*index, cmd);
+                }
+                view.index = latest;
+                let old = views.publish(view);
+                // What the next spare (the view just replaced) still needs.
+                let mut q = views.queue.lock().expect("view queue lock");
+                while q.commands.front().is_some_and(|(i, _)| *i <= old.index) {
+                    if let Some((_, c)) = q.commands.pop_front() {
+                        q.bytes = q.bytes.saturating_sub(c.approx_bytes());
+                    }
+                }
+                q.from = q.from.max(old.index);
+                drop(q);
+                spare = Some(old);
+            }
+        }
+    }
+}
+
+/// The spare view once nobody reads it any more, or back if readers still
+/// hold it after [`SPARE_WAIT_MAX`]. Nobody can take a new reference to it:
+/// only the published view is handed out.
+fn wait_for_last_reader(mut spare: Arc<View>) -> Result<View, Arc<View>> {
+    let deadline = Instant::now() + SPARE_WAIT_MAX;
+    let mut pause = Duration::from_micros(20);
+    loop {
+        match Arc::try_unwrap(spare) {
+            Ok(view) => return Ok(view),
+            Err(s) if Instant::now() >= deadline => return Err(s),
+            Err(s) => {
+                spare = s;
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(2));
+            }
+        }
+    }
+}
