@@ -3129,3 +3129,362 @@ async fn a_gang_of_more_than_1024_nodes_launches_from_one_hostlist() {
     assert!(e.contains("nodelist") && e.contains("more than a job may have"), "{e}");
     c.shutdown().await;
 }
+
+// ---------------------------------------------------------------- hostile callers
+
+/// What one caller can do to a cluster (issue 32): every crafted request is
+/// refused or answered within its bounds, no replica stops, and an agent's
+/// heartbeats keep being answered meanwhile.
+mod hostile {
+    use super::*;
+
+    /// Heartbeats of a registered node, every 200 ms, until `stop`: the
+    /// longest stretch without an answer, and whether one was refused as
+    /// unknown (the node declared down).
+    async fn heartbeats_until(
+        client: Client,
+        node: &'static str,
+        mut stop: tokio::sync::oneshot::Receiver<()>,
+    ) -> (Duration, bool) {
+        let (mut last_ok, mut longest, mut unknown) = (tokio::time::Instant::now(), Duration::ZERO, false);
+        loop {
+            let req = pb::HeartbeatRequest { name: node.into(), ..Default::default() };
+            let r = client
+                .call(|ch| {
+                    let r = client.request(req.clone());
+                    async move { AgentServiceClient::new(ch).heartbeat(r).await }
+                })
+                .await;
+            let now = tokio::time::Instant::now();
+            if let Ok(resp) = r {
+                unknown |= !resp.into_inner().known;
+                longest = longest.max(now - last_ok);
+                last_ok = now;
+            }
+            tokio::select! {
+                _ = &mut stop => return (longest.max(now - last_ok), unknown),
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    }
+
+    fn raw_list(
+        ch: tonic::transport::Channel,
+        c: &Client,
+        req: pb::ListJobsRequest,
+    ) -> impl std::future::Future<Output = Result<pb::ListJobsResponse, tonic::Status>> {
+        let r = c.request(req);
+        async move { JobServiceClient::new(ch).list(r).await.map(|r| r.into_inner()) }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn crafted_requests_are_refused_or_bounded_and_no_replica_stops() {
+        // The default node-down timeout: an agent stops its tasks after half
+        // of it (15 s) without an answer; that is the bound heartbeats must keep.
+        let c = TestCluster::start_with(3, |_| Timing { agent_heartbeat_interval_ms: 200, ..Timing::default() }).await;
+        let leader = c.leader().await;
+        let client = c.client();
+        let reg = pb::RegisterRequest { name: "steady".into(), cpus: 8, mem_mb: 1024, ..Default::default() };
+        client
+            .call(|ch| {
+                let r = client.request(reg.clone());
+                async move { AgentServiceClient::new(ch).register(r).await }
+            })
+            .await
+            .unwrap();
+        let work = tempfile::tempdir().unwrap();
+        for i in 0..20 {
+            let mut s = script_spec("true", work.path());
+            s.hold = true;
+            submit(&client, s, &format!("held-{i}")).await.unwrap();
+        }
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        let beats = tokio::spawn(heartbeats_until(c.client(), "steady", stop_rx));
+
+        for (id, addr) in &c.addrs {
+            let ch = c.client_for(&[*id]).channels()[0].clone();
+            for stale in [false, true] {
+                // The id past every other: nothing after it, and no overflow.
+                let r = raw_list(
+                    ch.clone(),
+                    &client,
+                    pb::ListJobsRequest { after_id: u64::MAX, stale, ..Default::default() },
+                )
+                .await
+                .unwrap_or_else(|e| panic!("replica {id} at {addr}: {e:?}"));
+                assert!(r.jobs.is_empty() && r.next_after_id == 0, "{} jobs, next {}", r.jobs.len(), r.next_after_id);
+                let r = raw_list(
+                    ch.clone(),
+                    &client,
+                    pb::ListJobsRequest { after_id: u64::MAX - 1, stale, ..Default::default() },
+                )
+                .await
+                .unwrap();
+                assert!(r.jobs.is_empty());
+            }
+            // One past the states a listing may name.
+            let states = vec![pb::JobState::Running as i32; gangway_controller::api::jobs::LIST_STATES_MAX + 1];
+            let e = raw_list(ch.clone(), &client, pb::ListJobsRequest { states, ..Default::default() })
+                .await
+                .map(|r| r.jobs.len())
+                .unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+            assert!(e.message().starts_with("states:"), "{}", e.message());
+            // At the limit, repeated states are one filter.
+            let states = vec![pb::JobState::Pending as i32; gangway_controller::api::jobs::LIST_STATES_MAX];
+            let r = raw_list(ch.clone(), &client, pb::ListJobsRequest { states, ..Default::default() }).await.unwrap();
+            assert_eq!(r.jobs.len(), 20);
+            // The 8 MB listing of the report: refused before it is decoded,
+            // by the gate's byte limit for small methods.
+            let states = vec![pb::JobState::Running as i32; 8_000_000];
+            let e = raw_list(
+                ch.clone(),
+                &client,
+                pb::ListJobsRequest { states, stale: true, user: "x".into(), ..Default::default() },
+            )
+            .await
+            .map(|r| r.jobs.len())
+            .unwrap_err();
+            assert_ne!(e.code(), Code::Ok);
+            // A name longer than any job's.
+            let e = raw_list(ch.clone(), &client, pb::ListJobsRequest { user: "u".repeat(300), ..Default::default() })
+                .await
+                .map(|r| r.jobs.len())
+                .unwrap_err();
+            assert!(e.code() == Code::InvalidArgument && e.message().starts_with("user:"), "{e:?}");
+            let e = raw_list(ch.clone(), &client, pb::ListJobsRequest { limit: 10_001, ..Default::default() })
+                .await
+                .map(|r| r.jobs.len())
+                .unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument);
+            // History filters are bounded before anything else (this cluster
+            // has no accounting database: a bounded request learns that).
+            let hist = |req: pb::HistoryRequest| {
+                let r = client.request(req);
+                let ch = ch.clone();
+                async move { JobServiceClient::new(ch).history(r).await.map(drop) }
+            };
+            let n = gangway_controller::api::jobs::HISTORY_FILTER_VALUES_MAX;
+            let e =
+                hist(pb::HistoryRequest { job_ids: (0..=n as u64).collect(), ..Default::default() }).await.unwrap_err();
+            assert!(e.code() == Code::InvalidArgument && e.message().starts_with("job_ids:"), "{e:?}");
+            let e =
+                hist(pb::HistoryRequest { users: vec!["u".into(); n + 1], ..Default::default() }).await.unwrap_err();
+            assert!(e.code() == Code::InvalidArgument && e.message().starts_with("users:"), "{e:?}");
+            let e = hist(pb::HistoryRequest { states: vec![99], ..Default::default() }).await.unwrap_err();
+            assert!(e.code() == Code::InvalidArgument && e.message().starts_with("states:"), "{e:?}");
+            let e = hist(pb::HistoryRequest { job_ids: vec![1, u64::MAX], before_id: u64::MAX, ..Default::default() })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        }
+
+        // Explains on every replica at once: each answered or refused for
+        // lack of a permit, none lost.
+        let mut calls = Vec::new();
+        let job = 1;
+        for id in c.addrs.keys() {
+            for _ in 0..(gangway_controller::shared::ANALYSES_MAX * 3) {
+                let ch = c.client_for(&[*id]).channels()[0].clone();
+                let r = client.request(pb::ExplainRequest { job_id: job, stale: true });
+                calls.push(tokio::spawn(async move { JobServiceClient::new(ch).explain(r).await.map(drop) }));
+            }
+        }
+        for call in calls {
+            if let Err(e) = call.await.unwrap() {
+                assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+            }
+        }
+
+        // Streams: one identity's share per replica, and the one past it refused.
+        let ch = c.client_for(&[leader]).channels()[0].clone();
+        let mut open = Vec::new();
+        for _ in 0..gangway_controller::shared::STREAMS_PER_PRINCIPAL_MAX {
+            let r = client.stream_request(pb::EventsRequest { from_index: 1, job_id: 0 });
+            open.push(JobServiceClient::new(ch.clone()).events(r).await.unwrap().into_inner());
+        }
+        let r = client.stream_request(pb::EventsRequest { from_index: 1, job_id: 0 });
+        let e = JobServiceClient::new(ch.clone()).events(r).await.unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().starts_with("streams:"), "{}", e.message());
+        // Another identity is not affected.
+        let other = Client::new(&[c.addrs[&leader].clone()], "dev:other", &Security::Insecure).unwrap();
+        let mut theirs = JobServiceClient::new(ch.clone())
+            .events(other.stream_request(pb::EventsRequest { from_index: 1, job_id: 0 }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(theirs.message().await.unwrap().unwrap().kind, "stream_start");
+        // A closed stream gives its slot back.
+        drop(open.pop());
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let r = client.stream_request(pb::EventsRequest { from_index: 1, job_id: 0 });
+            match JobServiceClient::new(ch.clone()).events(r).await {
+                Ok(s) => {
+                    open.push(s.into_inner());
+                    break;
+                }
+                Err(e) => assert!(tokio::time::Instant::now() < deadline, "the slot never came back: {e:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(open);
+
+        // The heartbeats were answered throughout, and no replica stopped.
+        stop_tx.send(()).unwrap();
+        let (longest, unknown) = beats.await.unwrap();
+        assert!(!unknown, "the node was declared down");
+        assert!(
+            longest < Duration::from_millis(Timing::default().node_down_timeout_ms / 2),
+            "{longest:?} without a heartbeat answer"
+        );
+        for (id, h) in &c.handles {
+            assert!(h.fatal_error().is_none(), "replica {id} stopped: {:?}", h.fatal_error());
+            assert!(h.replica.node.state().read().nodes.contains_key("steady"));
+        }
+        c.shutdown().await;
+    }
+
+    /// A caller past its read budget is refused with when to retry; others
+    /// are served, and the client library gives the refusal back rather than
+    /// wait out a long hint.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn reads_past_a_callers_budget_are_refused_with_a_hint_and_others_are_served() {
+        let timing = Timing { user_read_units_per_s: 1.0, user_read_burst: 20.0, ..fast_timing() };
+        let c = TestCluster::start_with(1, |_| timing.clone()).await;
+        let leader = c.leader().await;
+        let at = |who: &str| Client::new(&[c.addrs[&leader].clone()], who, &Security::Insecure).unwrap();
+        let (admin, alice, bob) = (c.client(), at("dev:alice"), at("dev:bob"));
+        let work = tempfile::tempdir().unwrap();
+        for i in 0..20 {
+            let mut s = script_spec("true", work.path());
+            s.hold = true;
+            submit(&admin, s, &format!("b-{i}")).await.unwrap();
+        }
+        let ch = alice.channels()[0].clone();
+        // A full bucket lets one listing in, charged after it ran (20 jobs
+        // looked at and their bytes: more than the bucket holds).
+        let first = raw_list(ch.clone(), &alice, pb::ListJobsRequest::default()).await.unwrap();
+        assert_eq!(first.jobs.len(), 20);
+        let e = raw_list(ch.clone(), &alice, pb::ListJobsRequest::default()).await.map(|r| r.jobs.len()).unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().starts_with("read budget:"), "{}", e.message());
+        let hint: u64 = e.metadata().get("retry-after-ms").unwrap().to_str().unwrap().parse().unwrap();
+        assert!(hint > 1_000, "{hint}");
+        // Bob has his own bucket.
+        raw_list(bob.channels()[0].clone(), &bob, pb::ListJobsRequest::default()).await.unwrap();
+        // A hint longer than a call waits out comes back as the refusal.
+        let got = alice
+            .call(|ch| {
+                let r = alice.request(pb::GetJobRequest { job_id: 1, stale: true });
+                async move { JobServiceClient::new(ch).get(r).await }
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(got.code(), Code::ResourceExhausted);
+        c.shutdown().await;
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, failure_persistence: None, .. Default::default() })]
+
+        /// Random listing and history requests — integer bounds, huge
+        /// repeated fields, any enum value — sent to a real replica get an
+        /// answer or a refusal, and the replica never stops.
+        #[test]
+        fn random_listings_get_an_answer_or_a_refusal(
+            list in list_requests(),
+            history in history_requests(),
+        ) {
+            let (rt, c) = &*RANDOM_CLUSTER;
+            rt.block_on(async {
+                let client = c.client();
+                let ch = client.channels()[0].clone();
+                let allowed = [Code::InvalidArgument, Code::ResourceExhausted, Code::FailedPrecondition, Code::OutOfRange];
+                match raw_list(ch.clone(), &client, list.clone()).await {
+                    Ok(r) => assert!(r.jobs.len() <= 10_000),
+                    Err(e) => assert!(allowed.contains(&e.code()), "{list:?}: {e:?}"),
+                }
+                let r = client.request(history.clone());
+                if let Err(e) = JobServiceClient::new(ch).history(r).await {
+                    assert!(allowed.contains(&e.code()), "{e:?}");
+                }
+                for (id, h) in &c.handles {
+                    assert!(h.fatal_error().is_none(), "replica {id} stopped");
+                }
+            });
+        }
+    }
+
+    /// One replica for the random requests, shared by their cases.
+    static RANDOM_CLUSTER: std::sync::LazyLock<(tokio::runtime::Runtime, TestCluster)> =
+        std::sync::LazyLock::new(|| {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+            let c = rt.block_on(async {
+                let c = TestCluster::start(1).await;
+                let client = c.client();
+                let work = tempfile::tempdir().unwrap();
+                for i in 0..5 {
+                    let mut s = script_spec("true", work.path());
+                    s.hold = true;
+                    submit(&client, s, &format!("r-{i}")).await.unwrap();
+                }
+                c
+            });
+            (rt, c)
+        });
+
+    fn extreme_u64() -> impl proptest::strategy::Strategy<Value = u64> {
+        use proptest::prelude::*;
+        prop_oneof![Just(0u64), Just(1), Just(u64::MAX), Just(u64::MAX - 1), Just(u64::MAX / 2), any::<u64>()]
+    }
+
+    fn list_requests() -> impl proptest::strategy::Strategy<Value = pb::ListJobsRequest> {
+        use proptest::prelude::*;
+        (
+            prop::collection::vec(prop_oneof![0i32..12, any::<i32>()], 0..200),
+            prop_oneof![Just(String::new()), "[a-z]{1,8}", ".{0,400}"],
+            any::<bool>(),
+            prop_oneof![Just(0u32), Just(1), Just(10_000), Just(10_001), any::<u32>()],
+            extreme_u64(),
+            any::<bool>(),
+        )
+            .prop_map(|(states, user, stale, limit, after_id, explain)| pb::ListJobsRequest {
+                states,
+                user: user.clone(),
+                name: user,
+                stale,
+                limit,
+                after_id,
+                explain,
+                ..Default::default()
+            })
+    }
+
+    fn history_requests() -> impl proptest::strategy::Strategy<Value = pb::HistoryRequest> {
+        use proptest::prelude::*;
+        (
+            prop::collection::vec(extreme_u64(), 0..1_500),
+            prop::collection::vec(".{0,300}", 0..40),
+            prop::collection::vec(any::<i32>(), 0..40),
+            extreme_u64(),
+            extreme_u64(),
+            any::<u32>(),
+            extreme_u64(),
+        )
+            .prop_map(|(job_ids, users, states, ended_after_ms, started_before_ms, limit, before_id)| {
+                pb::HistoryRequest {
+                    job_ids,
+                    users: users.clone(),
+                    names: users,
+                    states,
+                    ended_after_ms,
+                    started_before_ms,
+                    limit,
+                    before_id,
+                    ..Default::default()
+                }
+            })
+    }
+}

@@ -673,6 +673,7 @@ impl AdminService for AdminApi {
             loop {
                 let next = tokio::select! {
                     n = rx.recv() => n,
+                    _ = tx.closed() => return,
                     _ = recheck.tick() => {
                         if let Err(s) = replica.still_allowed(&ctx, &auth) {
                             let _ = tx.send(Err(s)).await;

@@ -740,6 +740,20 @@ pub struct Viewer {
 }
 
 impl Viewer {
+    /// A viewer who sees every job whole (unit tests of listings).
+    #[cfg(test)]
+    pub fn whole_for_tests() -> Viewer {
+        Viewer {
+            caller: Caller::Claimed("test".into()),
+            identity: "test".into(),
+            user: String::new(),
+            whole: true,
+            sees_all: true,
+            accounts: BTreeSet::new(),
+            private_jobs: false,
+        }
+    }
+
     /// A job's reason as this caller may read it: with private jobs, the
     /// id of the job that preempted it is another user's business.
     pub fn reason(&self, reason: &str) -> String {
