@@ -74,6 +74,10 @@ pub enum BenchCmd {
     /// 3-replica cluster: heartbeat latency, leader CPU and memory, Raft
     /// rate, submit→start latency, false node failures, node-down detection.
     Fleet(crate::bench_fleet::FleetArgs),
+    /// Hostile load against a 3-replica mTLS cluster with a fleet of agents
+    /// and one well-behaved user: squeue pollers, crafted requests, idle and
+    /// anonymous connections, a write flood; one table against the goals.
+    Storm(crate::bench_storm::StormArgs),
     /// Slurm, etcd and Gangway measured in one run on this machine; one
     /// Markdown table with the ratios (`make bench-peers` installs the peers).
     Peers(crate::bench_peers::PeersArgs),
@@ -99,6 +103,7 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Jobs { jobs, nodes, data_dir } => bench_jobs(jobs, nodes, data_dir).await,
         BenchCmd::Sched(a) => crate::bench_sched::run(a),
         BenchCmd::Fleet(a) => crate::bench_fleet::run(a).await,
+        BenchCmd::Storm(a) => crate::bench_storm::run(a).await,
         BenchCmd::Peers(a) => crate::bench_peers::run(a).await,
         BenchCmd::Accounting(a) => crate::bench_accounting::run(a).await,
     }
@@ -157,10 +162,30 @@ impl LocalCluster {
         Self::start_with(replicas, data_dir, Some(extra))
     }
 
+    /// [`LocalCluster::start_mtls`] running `exe`'s controllers (another
+    /// build's, for a before-and-after comparison), or this binary's.
+    pub(crate) fn start_mtls_with(
+        replicas: u64,
+        data_dir: Option<PathBuf>,
+        extra: &[gangway_proto::tls::Principal],
+        exe: Option<PathBuf>,
+    ) -> anyhow::Result<LocalCluster> {
+        Self::start_from(replicas, data_dir, Some(extra), exe)
+    }
+
     fn start_with(
         replicas: u64,
         data_dir: Option<PathBuf>,
         mtls: Option<&[gangway_proto::tls::Principal]>,
+    ) -> anyhow::Result<LocalCluster> {
+        Self::start_from(replicas, data_dir, mtls, None)
+    }
+
+    fn start_from(
+        replicas: u64,
+        data_dir: Option<PathBuf>,
+        mtls: Option<&[gangway_proto::tls::Principal]>,
+        exe: Option<PathBuf>,
     ) -> anyhow::Result<LocalCluster> {
         let (tmp, root) = match data_dir {
             Some(d) => (None, d),
@@ -183,7 +208,10 @@ impl LocalCluster {
             None => (None, Security::Insecure),
         };
         let mut c = LocalCluster {
-            exe: std::env::current_exe()?,
+            exe: match exe {
+                Some(e) => e,
+                None => std::env::current_exe()?,
+            },
             root,
             _tmp: tmp,
             addrs,

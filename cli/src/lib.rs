@@ -15,6 +15,7 @@ mod bench_accounting;
 mod bench_fleet;
 mod bench_peers;
 mod bench_sched;
+mod bench_storm;
 mod commands;
 mod daemons;
 mod dev;

@@ -20,6 +20,8 @@
 //! the `require_*` checks): the gate only refuses what they would refuse
 //! anyway, earlier and cheaper.
 
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation))]
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -11,6 +11,8 @@
 //!   WatchNode) counted per principal and in total, each slot given back
 //!   when its stream ends.
 
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation))]
+
 use std::collections::BTreeMap;
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -145,8 +147,9 @@ impl StreamSlots {
             metrics::counter!("gangway_api_denied_total", "reason" => "streams").increment(1);
             return Err(Status::resource_exhausted(format!("streams: {why}; close one or retry later")));
         }
-        *open.by.entry(principal.to_string()).or_insert(0) += 1;
-        open.total += 1;
+        let mine = open.by.entry(principal.to_string()).or_insert(0);
+        *mine = mine.saturating_add(1);
+        open.total = open.total.saturating_add(1);
         Ok(StreamSlot { open: self.open.clone(), principal: principal.to_string() })
     }
 

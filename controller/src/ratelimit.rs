@@ -17,6 +17,8 @@
 //! charges it, to the caller's own identity (a follower's forwarded reads are
 //! charged on the leader). Only replicas and agents are exempt.
 
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation))]
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

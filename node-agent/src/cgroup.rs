@@ -35,7 +35,7 @@ impl Cgroups {
         let dir = self.root.join(format!("job-{job}-{attempt}"));
         std::fs::create_dir_all(&dir)?;
         if mem_mb > 0 {
-            std::fs::write(dir.join("memory.max"), (mem_mb * 1024 * 1024).to_string())?;
+            std::fs::write(dir.join("memory.max"), mem_mb.saturating_mul(1024 * 1024).to_string())?;
         }
         if cpus > 0 {
             std::fs::write(dir.join("cpu.max"), format!("{} {CPU_PERIOD_US}", u64::from(cpus) * CPU_PERIOD_US))?;

@@ -36,7 +36,7 @@ impl GpuHealthMonitor {
     fn faults(&self) -> BTreeMap<u32, String> {
         let mut faults = BTreeMap::new();
         if let Some(nvml) = &self.nvml {
-            for i in 0..self.gpus.len() as u32 {
+            for i in 0..u32::try_from(self.gpus.len()).unwrap_or(u32::MAX) {
                 if let Some(why) = nvml.fault(i) {
                     faults.insert(i, why);
                 }
@@ -60,11 +60,10 @@ impl GpuHealthMonitor {
         let faults = self.faults();
         let now = Instant::now();
         let hold_down = self.hold_down;
-        self.gpus
-            .iter_mut()
-            .enumerate()
+        (0..=u32::MAX)
+            .zip(self.gpus.iter_mut())
             .map(|(i, (healthy, reason, since))| {
-                match faults.get(&(i as u32)) {
+                match faults.get(&i) {
                     Some(r) => {
                         *healthy = false;
                         *reason = r.clone();
@@ -80,7 +79,7 @@ impl GpuHealthMonitor {
                     }
                     None => {}
                 }
-                GpuHealthReport { index: i as u32, healthy: *healthy, reason: reason.clone() }
+                GpuHealthReport { index: i, healthy: *healthy, reason: reason.clone() }
             })
             .collect()
     }

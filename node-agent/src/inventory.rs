@@ -38,14 +38,14 @@ pub fn parse_fake_gpus(spec: &str, node: &str) -> Result<Vec<GpuInventory>, Stri
         .next()
         .and_then(|s| s.strip_suffix("gb"))
         .and_then(|n| n.parse::<u64>().ok())
-        .map(|gb| gb * 1024)
+        .and_then(|gb| gb.checked_mul(1024))
         .unwrap_or(0);
     Ok((0..count)
         .map(|i| GpuInventory {
             uuid: format!("GPU-fake-{node}-{i}"),
             model: model.clone(),
             mem_mb,
-            nvlink_island: i / island,
+            nvlink_island: i.checked_div(island).unwrap_or(0),
         })
         .collect())
 }
@@ -67,7 +67,8 @@ pub fn read_inventory_file(path: &std::path::Path, node: &str) -> Result<Vec<Gpu
         if line.is_empty() {
             continue;
         }
-        let bad = |why: &str| format!("gpu-inventory line {}: {why} (expected MODEL ISLAND [MEM_MB])", n + 1);
+        let bad =
+            |why: &str| format!("gpu-inventory line {}: {why} (expected MODEL ISLAND [MEM_MB])", n.saturating_add(1));
         let f: Vec<&str> = line.split_whitespace().collect();
         if f.len() < 2 || f.len() > 3 {
             return Err(bad("wrong number of fields"));
@@ -78,7 +79,7 @@ pub fn read_inventory_file(path: &std::path::Path, node: &str) -> Result<Vec<Gpu
             Some(m) => m.parse().map_err(|_| bad("MEM_MB is not a number"))?,
             None => template[0].mem_mb,
         };
-        if gpus.len() as u32 >= FAKE_GPUS_MAX {
+        if gpus.len() >= FAKE_GPUS_MAX as usize {
             return Err(bad(&format!("more than {FAKE_GPUS_MAX} GPUs")));
         }
         gpus.push(GpuInventory {
@@ -93,7 +94,7 @@ pub fn read_inventory_file(path: &std::path::Path, node: &str) -> Result<Vec<Gpu
 
 /// CPUs this host offers.
 pub fn host_cpus() -> u32 {
-    std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1)
+    std::thread::available_parallelism().map(|n| u32::try_from(n.get()).unwrap_or(u32::MAX)).unwrap_or(1)
 }
 
 /// Memory of this host in MiB, from /proc/meminfo (Linux); 1 MiB if unknown so

@@ -257,7 +257,7 @@ impl KeptSteps {
                 k.remove_files();
                 continue;
             }
-            found += 1;
+            found = found.saturating_add(1);
             kept.orphans.lock().expect("kept steps lock").entry((k.job, k.attempt, k.key.clone())).or_default().push(k);
         }
         if found > 0 {

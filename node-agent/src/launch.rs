@@ -16,11 +16,14 @@ pub fn complete_order(order: &mut LaunchOrder) -> Result<(), String> {
 
 /// The variables a task sees, on top of the job's own `env`.
 pub fn task_env(order: &LaunchOrder, node: &str) -> BTreeMap<String, String> {
-    let nnodes = order.nodes.len() as u32;
+    let nnodes = u32::try_from(order.nodes.len()).unwrap_or(u32::MAX);
     let tpn = order.tasks_per_node.max(1);
     // A heterogeneous job's components differ: tasks are counted over them.
-    let (ntasks, first_rank) =
-        if order.het_groups.is_empty() { (nnodes * tpn, order.node_rank * tpn) } else { het_ranks(order) };
+    let (ntasks, first_rank) = if order.het_groups.is_empty() {
+        (nnodes.saturating_mul(tpn), order.node_rank.saturating_mul(tpn))
+    } else {
+        het_ranks(order)
+    };
     let nodelist = compress_hostlist(&order.nodes);
     let gpus: Vec<String> = order.gpus.iter().map(|g| g.to_string()).collect();
     let mut env = BTreeMap::new();
@@ -46,7 +49,7 @@ pub fn task_env(order: &LaunchOrder, node: &str) -> BTreeMap<String, String> {
     set("SLURM_CPUS_PER_TASK", order.cpus_per_task.to_string());
     // What the allocation holds on each node (Gangway's allocations are alike
     // on every node of a job): scripts size thread pools from these.
-    let cpus_on_node = (tpn * order.cpus_per_task.max(1)).to_string();
+    let cpus_on_node = tpn.saturating_mul(order.cpus_per_task.max(1)).to_string();
     set("SLURM_CPUS_ON_NODE", cpus_on_node.clone());
     set("SLURM_JOB_CPUS_PER_NODE", cpus_on_node);
     if order.mem_per_node_mb > 0 {
@@ -155,7 +158,7 @@ fn het_env(order: &LaunchOrder, set: &mut impl FnMut(&str, String)) {
 /// `%N` node name, `%u` user, `%t` / `%n` this node's rank, `%%` a percent sign.
 /// Unknown patterns are kept as written.
 pub fn expand_pattern(pattern: &str, order: &LaunchOrder, node: &str) -> String {
-    let mut out = String::with_capacity(pattern.len() + 16);
+    let mut out = String::with_capacity(pattern.len().saturating_add(16));
     let mut chars = pattern.chars();
     while let Some(c) = chars.next() {
         if c != '%' {

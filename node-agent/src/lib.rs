@@ -11,6 +11,9 @@
 //!
 //! Related code: `proto/src/client.rs` (failover), `controller/src/api/agent.rs`.
 
+// This crate parses what the network sends: an overflow must never panic the daemon.
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation))]
+
 pub mod cgroup;
 pub mod fence;
 pub mod health;
@@ -37,6 +40,29 @@ use gangway_proto::v1::{GpuInventory, HeartbeatRequest, RegisterRequest, TaskExi
 /// Pause after a failed register or heartbeat round (the client already retried
 /// every replica); short so that the node is back quickly after an outage.
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
+/// Pause before reopening a broken `WatchNode` stream: a fifth of RETRY_PAUSE.
+const WATCH_RETRY_PAUSE: Duration = RETRY_PAUSE.checked_div(5).expect("5 is not zero");
+
+/// About thirty years (tokio's own "far future"): where a deadline past the
+/// clock's range lands.
+const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
+
+/// The instant `d` after `now`. A `d` past the clock's range (a time limit or
+/// interval the network sent) gives a deadline about thirty years on instead
+/// of an overflow panic.
+pub fn instant_after(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d).or_else(|| now.checked_add(FAR_FUTURE)).unwrap_or(now)
+}
+
+/// [`instant_after`] from now.
+pub fn deadline_in(d: Duration) -> Instant {
+    instant_after(Instant::now(), d)
+}
+
+/// [`deadline_in`] on tokio's clock (which tests may pause).
+pub fn tokio_deadline_in(d: Duration) -> tokio::time::Instant {
+    tokio::time::Instant::from_std(instant_after(tokio::time::Instant::now().into_std(), d))
+}
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -147,7 +173,7 @@ async fn watch_node_loop(client: std::sync::Arc<Client>, node: String, poke: std
                 poke.notify_one();
             }
         }
-        tokio::time::sleep(RETRY_PAUSE / 5).await;
+        tokio::time::sleep(WATCH_RETRY_PAUSE).await;
     }
 }
 
@@ -605,7 +631,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 RETRY_PAUSE
             }
         };
-        let wake = tokio::time::Instant::now() + pause;
+        let wake = tokio_deadline_in(pause);
         // Bounded by `wake`: one pass per self-fence tick until then.
         loop {
             tokio::select! {
@@ -624,5 +650,18 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 _ = tokio::time::sleep(SELF_FENCE_TICK) => shell.check(),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_past_the_clocks_range_do_not_panic() {
+        let now = Instant::now();
+        assert_eq!(instant_after(now, Duration::from_secs(5)), now + Duration::from_secs(5));
+        assert!(instant_after(now, Duration::MAX) >= now + Duration::from_secs(365 * 24 * 3600));
+        assert!(tokio_deadline_in(Duration::MAX) > tokio::time::Instant::now());
     }
 }

@@ -61,7 +61,8 @@ pub fn model_name(name: &str, mem_mb: u64) -> String {
         slug = slug.replace("--", "-");
     }
     let slug = slug.trim_matches('-');
-    let gb = (mem_mb as f64 / 1024.0).round() as u64;
+    // Rounded to the nearest GiB, halves up.
+    let gb = mem_mb.saturating_add(512) / 1024;
     let names_memory = slug
         .rsplit('-')
         .next()
@@ -136,7 +137,7 @@ impl NvmlProvider {
         let mut island_of_root = BTreeMap::new();
         for i in 0..count {
             let root = find(&mut parent, i);
-            let next = island_of_root.len() as u32;
+            let next = u32::try_from(island_of_root.len()).unwrap_or(u32::MAX);
             gpus[i as usize].nvlink_island = *island_of_root.entry(root).or_insert(next);
         }
         Ok((NvmlProvider { nvml, count, xids: Mutex::new(BTreeMap::new()) }, gpus))
@@ -243,6 +244,9 @@ mod tests {
         assert_eq!(model_name("NVIDIA H200", 143_771), "h200-140gb");
         assert_eq!(model_name("NVIDIA A100-SXM4-80GB", 81_920), "a100-sxm4-80gb");
         assert_eq!(model_name("", 1024), "gpu-1gb");
+        // Rounded to the nearest GiB, halves up.
+        assert_eq!(model_name("", 1535), "gpu-1gb");
+        assert_eq!(model_name("", 1536), "gpu-2gb");
         crate::inventory::parse_fake_gpus("1xh200-140gb", "n").unwrap();
     }
 

@@ -177,7 +177,7 @@ pub fn run(exit_file: Option<&Path>, setup: &TaskSetup, argv: &[String]) -> i32 
     use std::os::unix::process::ExitStatusExt;
     let (record, code) = match (status.code(), status.signal()) {
         (Some(c), _) => (format!("exit {c}\n"), c),
-        (None, Some(s)) => (format!("signal {s}\n"), 128 + s),
+        (None, Some(s)) => (format!("signal {s}\n"), s.saturating_add(128)),
         _ => ("exit 1\n".to_string(), 1),
     };
     let _ = write_atomic(exit_file, &record);
@@ -192,6 +192,7 @@ pub fn run(exit_file: Option<&Path>, setup: &TaskSetup, argv: &[String]) -> i32 
 /// for its srun (`kept::RESUME_WAIT`), after which nothing reads them.
 const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(90);
 const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+const DRAIN_POLLS: u128 = DRAIN_WAIT.as_millis() / DRAIN_POLL.as_millis();
 
 /// Holds the shim's stdout and stderr (FIFOs) open until nothing is left in
 /// them, within DRAIN_WAIT: a FIFO's data is lost once nobody has it open,
@@ -203,8 +204,7 @@ fn wait_drained() {
         let err = rustix::io::ioctl_fionread(std::io::stderr().as_fd()).unwrap_or(0);
         out.saturating_add(err)
     };
-    let polls = DRAIN_WAIT.as_millis() / DRAIN_POLL.as_millis();
-    for _ in 0..polls {
+    for _ in 0..DRAIN_POLLS {
         if left() == 0 {
             return;
         }

@@ -183,7 +183,7 @@ impl StepServer {
             )));
         }
         let per_task = r.gpus_per_task as usize;
-        if per_task * r.tasks.len() > host.gpus.len() {
+        if per_task.saturating_mul(r.tasks.len()) > host.gpus.len() {
             return Err(Status::invalid_argument(format!(
                 "gpus_per_task: {} tasks x {per_task} GPUs, but job {} holds {} on {}",
                 r.tasks.len(),
@@ -200,7 +200,9 @@ impl StepServer {
     fn task_env(&self, r: &StepRequest, host: &StepHost, local: usize) -> Vec<(String, String)> {
         let task = &r.tasks[local];
         let per_task = r.gpus_per_task as usize;
-        let gpus = if per_task > 0 { &host.gpus[local * per_task..(local + 1) * per_task] } else { &host.gpus[..] };
+        // `admit` made sure every task's share lies within the job's GPUs.
+        let gpus =
+            if per_task > 0 { host.gpus.chunks_exact(per_task).nth(local).unwrap_or(&[]) } else { &host.gpus[..] };
         let visible: Vec<String> = gpus.iter().map(u32::to_string).collect();
         let mut env: Vec<(String, String)> =
             r.env.iter().chain(&task.env).map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -234,8 +236,7 @@ impl StepServer {
     /// [`STEP_HOST_WAIT`]; a request for another attempt of a job that runs
     /// here is answered at once.
     async fn wait_for_host(&self, job: u64, attempt: u32) -> Option<StepHost> {
-        let polls = STEP_HOST_WAIT.as_millis() / STEP_HOST_POLL.as_millis();
-        for _ in 0..polls {
+        for _ in 0..STEP_HOST_POLLS {
             {
                 let hosts = self.hosts.lock().expect("step hosts lock");
                 if let Some(h) = hosts.get(&(job, attempt)) {
@@ -255,6 +256,7 @@ impl StepServer {
 /// few heartbeats, and a leader change, beyond the moment the first node began.
 const STEP_HOST_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 const STEP_HOST_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+const STEP_HOST_POLLS: u128 = STEP_HOST_WAIT.as_millis() / STEP_HOST_POLL.as_millis();
 
 /// Checks a request's bounds; the error names the field and the rule.
 fn validate(r: &StepRequest) -> Result<(), Status> {
@@ -267,8 +269,12 @@ fn validate(r: &StepRequest) -> Result<(), Status> {
     if r.tasks.is_empty() || r.tasks.len() > STEP_TASKS_MAX {
         return Err(Status::invalid_argument(format!("tasks: between 1 and {STEP_TASKS_MAX} per node")));
     }
-    let env_bytes: usize = r.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
-        + r.tasks.iter().flat_map(|t| t.env.iter()).map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    let env_bytes: usize = r
+        .env
+        .iter()
+        .chain(r.tasks.iter().flat_map(|t| t.env.iter()))
+        .map(|(k, v)| k.len().saturating_add(v.len()))
+        .fold(0, usize::saturating_add);
     let bad_var = r
         .env
         .iter()

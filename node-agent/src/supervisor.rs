@@ -90,7 +90,7 @@ async fn measure_until_exit(
     // A sample under way never holds up the exit: the task's end is
     // watched while it runs.
     let mut sampling: Option<tokio::task::JoinHandle<Option<Arc<crate::usage::Snapshot>>>> = None;
-    let mut tick = tokio::time::Instant::now() + crate::usage::FIRST_SAMPLE;
+    let mut tick = crate::tokio_deadline_in(crate::usage::FIRST_SAMPLE);
     loop {
         tokio::select! {
             _ = ended.readable() => break,
@@ -104,7 +104,7 @@ async fn measure_until_exit(
             _ = tokio::time::sleep_until(tick), if sampling.is_none() => {
                 let s = sampler.clone();
                 sampling = Some(tokio::task::spawn_blocking(move || s.snapshot()));
-                tick = tokio::time::Instant::now() + crate::usage::SAMPLE_INTERVAL;
+                tick = crate::tokio_deadline_in(crate::usage::SAMPLE_INTERVAL);
             }
         }
     }
@@ -365,7 +365,7 @@ pub(crate) async fn end_leftovers(groups: impl Fn() -> Vec<Pid>, stopping: &Atom
     if !stopping.load(Ordering::SeqCst) {
         signal_all(Signal::SIGTERM);
     }
-    let deadline = Instant::now() + grace;
+    let deadline = crate::deadline_in(grace);
     // Bounded by the deadline.
     while alive() && Instant::now() < deadline {
         tokio::time::sleep(LEFTOVER_POLL).await;
@@ -549,7 +549,8 @@ fn open_output(path: &std::path::Path, truncate: bool, umask: u32) -> std::io::R
     use std::os::fd::AsRawFd;
     let fd = f.as_raw_fd();
     let flags = nix::fcntl::OFlag::from_bits_truncate(nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL)?);
-    let mut flags = flags - nix::fcntl::OFlag::O_NONBLOCK;
+    let mut flags = flags;
+    flags.remove(nix::fcntl::OFlag::O_NONBLOCK);
     if !truncate {
         flags |= nix::fcntl::OFlag::O_APPEND;
     }
@@ -1027,7 +1028,7 @@ impl Supervisor {
             let dir = cg.create(
                 order.job_id,
                 order.attempt,
-                order.tasks_per_node * order.cpus_per_task,
+                order.tasks_per_node.saturating_mul(order.cpus_per_task),
                 order.mem_per_node_mb,
             );
             match dir.and_then(|d| crate::cgroup::Cgroups::add(&d, pid).map(|()| d)) {
@@ -1055,7 +1056,7 @@ impl Supervisor {
             (order.warn_signal > 0).then(|| Signal::try_from(order.warn_signal as i32).ok()).flatten().zip(target).map(
                 |(sig, target)| {
                     let delay = Duration::from_secs(order.time_limit_s.saturating_sub(order.warn_before_s.into()));
-                    Warning { sig, target, due: Instant::now() + delay, paused: None }
+                    Warning { sig, target, due: crate::deadline_in(delay), paused: None }
                 },
             );
         let warn_timer = warning.map(|w| arm_warning(key, w, pgid, steps.clone(), shim));
@@ -1149,7 +1150,7 @@ impl Supervisor {
     /// stopping keeps the earlier of its two kill deadlines.
     pub fn stop(&mut self, key: Key, grace: Duration) {
         if let Some(t) = self.tasks.get_mut(&key) {
-            let kill_at = Instant::now() + grace;
+            let kill_at = crate::deadline_in(grace);
             match t.kill_at {
                 None => {
                     tracing::info!(job = key.0, attempt = key.1, "stopping task");
@@ -1221,7 +1222,7 @@ impl Supervisor {
     /// called on the agent's tick, at most every [`SUSPEND_RECHECK`].
     pub fn keep_suspended(&mut self) {
         let now = Instant::now();
-        if now < self.suspend_checked + SUSPEND_RECHECK {
+        if now.saturating_duration_since(self.suspend_checked) < SUSPEND_RECHECK {
             return;
         }
         self.suspend_checked = now;
@@ -1241,7 +1242,7 @@ impl Supervisor {
         continue_processes(&task_groups(t.pgid, &t.steps), t.cgroup.as_deref());
         if let Some(w) = t.warning.as_mut() {
             if let Some(left) = w.paused.take() {
-                w.due = Instant::now() + left;
+                w.due = crate::deadline_in(left);
                 t.warn_timer = Some(arm_warning(key, *w, t.pgid, t.steps.clone(), shim));
             }
         }

@@ -39,7 +39,7 @@ pub fn render(
             "gangway_tls_cert_expiry_seconds",
             "Seconds until this agent's TLS certificate expires (negative: expired).",
             &n,
-            (not_after - now) as f64,
+            not_after.saturating_sub(now) as f64,
         );
     }
     g.set(
@@ -57,8 +57,7 @@ pub fn render(
         );
     }
     g.set("gangway_agent_tasks_running", "Job tasks running on this node.", &n, view.tasks_running as f64);
-    for (i, inv) in gpus.iter().enumerate() {
-        let index = i as u32;
+    for (index, inv) in (0..=u32::MAX).zip(gpus) {
         let idx = index.to_string();
         let job = view.gpu_jobs.get(&index).map(u64::to_string).unwrap_or_default();
         // `job_id`, not `job`: Prometheus gives every target a `job` label of its own.
@@ -72,7 +71,7 @@ pub fn render(
         let healthy = view.health.iter().find(|h| h.index == index).is_none_or(|h| h.healthy);
         g.set("gangway_gpu_healthy", "1 when the GPU passes its health checks.", &l, f64::from(u8::from(healthy)));
         g.set("gangway_gpu_allocated", "1 when a job's task holds the GPU.", &l, f64::from(u8::from(!job.is_empty())));
-        g.set("gangway_gpu_memory_total_bytes", "The GPU's memory.", &l, (inv.mem_mb * 1024 * 1024) as f64);
+        g.set("gangway_gpu_memory_total_bytes", "The GPU's memory.", &l, inv.mem_mb.saturating_mul(1024 * 1024) as f64);
         if let Some(r) = nvml.and_then(|p| p.readings(index)) {
             g.set("gangway_gpu_utilization_ratio", "Fraction of time a kernel ran (NVML).", &l, r.utilization);
             g.set("gangway_gpu_memory_used_bytes", "GPU memory in use (NVML).", &l, r.memory_used_bytes);

@@ -40,6 +40,7 @@ const FORWARDED: [nix::sys::signal::Signal; 4] = {
 /// process group is registered, so that nothing of it can escape a stop).
 const SESSION_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 const SESSION_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+const SESSION_POLLS: u128 = SESSION_WAIT.as_millis() / SESSION_POLL.as_millis();
 /// Processes looked at when a session's leftovers are ended.
 const PROCS_SCANNED_MAX: usize = 1 << 20;
 
@@ -164,7 +165,7 @@ pub async fn relay(
             },
             ended = child.wait(), if status.is_none() => {
                 status = Some(ended);
-                drain.as_mut().reset(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
+                drain.as_mut().reset(crate::tokio_deadline_in(DRAIN_AFTER_EXIT));
             }
             _ = &mut drain, if status.is_some() => break,
             _ = tx.closed() => return None,
@@ -176,8 +177,7 @@ pub async fn relay(
 /// Waits until `pid` (the shim) leads a session of its own, within
 /// SESSION_WAIT; false if it never did (it ended, or failed).
 pub async fn session_started(pid: i32) -> bool {
-    let polls = SESSION_WAIT.as_millis() / SESSION_POLL.as_millis();
-    for _ in 0..polls {
+    for _ in 0..SESSION_POLLS {
         match stat_ids(pid) {
             Some((_, session)) if session == pid => return true,
             Some(_) => tokio::time::sleep(SESSION_POLL).await,

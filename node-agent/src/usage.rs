@@ -115,16 +115,19 @@ impl GpuSource {
     fn read(&self, gpus: usize) -> BTreeMap<u32, GpuReading> {
         match self {
             GpuSource::None => BTreeMap::new(),
-            GpuSource::Nvml(nvml) => (0..gpus as u32)
+            GpuSource::Nvml(nvml) => (0..u32::try_from(gpus).unwrap_or(u32::MAX))
                 .filter_map(|i| {
                     let r = nvml.readings(i)?;
                     let util_pct =
                         if r.utilization.is_finite() { (r.utilization * 100.0).round() } else { return None };
                     let mem_mb = if r.memory_used_bytes.is_finite() { r.memory_used_bytes / 1048576.0 } else { 0.0 };
-                    Some((
-                        i,
-                        GpuReading { util_pct: util_pct.clamp(0.0, 100.0) as u32, mem_mb: mem_mb.max(0.0) as u64 },
-                    ))
+                    // Float to integer `as` saturates (NaN gives 0) and cannot
+                    // panic: the percentage is clamped to 0..=100, and the
+                    // megabytes lose only their (unwanted) fraction.
+                    #[allow(clippy::cast_possible_truncation)]
+                    let reading =
+                        GpuReading { util_pct: util_pct.clamp(0.0, 100.0) as u32, mem_mb: mem_mb.max(0.0) as u64 };
+                    Some((i, reading))
                 })
                 .collect(),
             GpuSource::File(path) => {
@@ -191,7 +194,7 @@ impl Sampler {
     }
 
     fn ms(&self, ticks: u64) -> u64 {
-        ticks.saturating_mul(1000) / self.ticks_per_s
+        ticks.saturating_mul(1000).checked_div(self.ticks_per_s).unwrap_or(0)
     }
 
     fn mb(&self, pages: u64) -> u64 {

@@ -96,8 +96,9 @@ pub struct Client {
 /// randomness source needed: agents on different hosts and moments differ).
 fn jittered(d: Duration) -> Duration {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.subsec_nanos());
-    let half = d / 2;
-    half + Duration::from_nanos(u64::from(nanos) % (half.as_nanos().max(1) as u64))
+    let half = d.checked_div(2).unwrap_or_default();
+    let span = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1);
+    half.saturating_add(Duration::from_nanos(u64::from(nanos).checked_rem(span).unwrap_or(0)))
 }
 
 /// Whether a status means the call never got a real answer: the connection
@@ -129,7 +130,7 @@ pub fn describe(status: &Status) -> String {
 
 /// `msg` followed by the errors that caused it (each once).
 pub fn with_sources(mut msg: String, mut src: Option<&(dyn std::error::Error + 'static)>) -> String {
-    let mut depth = 0;
+    let mut depth = 0u32;
     // Error chains are short; the bound only guards against a cycle.
     while let Some(s) = src.filter(|_| depth < 8) {
         let part = s.to_string();
@@ -137,7 +138,7 @@ pub fn with_sources(mut msg: String, mut src: Option<&(dyn std::error::Error + '
             msg = format!("{msg}: {part}");
         }
         src = s.source();
-        depth += 1;
+        depth = depth.saturating_add(1);
     }
     msg
 }
@@ -238,7 +239,8 @@ impl Client {
 
     /// The endpoint the next call starts with.
     pub fn preferred_endpoint(&self) -> &str {
-        &self.endpoints[self.preferred.load(Ordering::Relaxed) % self.endpoints.len()]
+        // `new` refuses an empty list, so the remainder is always defined.
+        &self.endpoints[self.preferred.load(Ordering::Relaxed).checked_rem(self.endpoints.len()).unwrap_or(0)]
     }
 
     /// The caller identity every request carries.
@@ -317,7 +319,9 @@ impl Client {
         // reaches it) is not followed.
         let mut failed = vec![false; n];
         for attempt in 0..CALL_ATTEMPTS_MAX {
-            let i = (self.preferred.load(Ordering::Relaxed) + attempt) % n;
+            // `preferred` < n and `attempt` < CALL_ATTEMPTS_MAX; n > 0 (`new`
+            // refuses an empty list).
+            let i = self.preferred.load(Ordering::Relaxed).saturating_add(attempt).checked_rem(n).unwrap_or(0);
             match op(self.channels[i].clone()).await {
                 Ok(v) => {
                     let leader = v.metadata().get(crate::LEADER_METADATA_KEY).and_then(|l| l.to_str().ok());
@@ -340,9 +344,11 @@ impl Client {
                 // together do not come back together), within the call's
                 // deadline, and ask again. Slurm's clients do the same with
                 // slurmctld's rate limit.
-                Err(status) if retry_after(&status).is_some_and(|d| started.elapsed() + d < CALL_DEADLINE) => {
+                Err(status)
+                    if retry_after(&status).is_some_and(|d| started.elapsed().saturating_add(d) < CALL_DEADLINE) =>
+                {
                     let pause = retry_after(&status).unwrap_or_default();
-                    tokio::time::sleep(pause + jittered(pause.max(Duration::from_millis(2)))).await;
+                    tokio::time::sleep(pause.saturating_add(jittered(pause.max(Duration::from_millis(2))))).await;
                     last = status;
                     continue;
                 }
@@ -360,9 +366,9 @@ impl Client {
             if started.elapsed() >= CALL_DEADLINE {
                 break;
             }
-            if (attempt + 1) % n == 0 {
+            if attempt.saturating_add(1).checked_rem(n) == Some(0) {
                 tokio::time::sleep(if self.jitter { jittered(backoff) } else { backoff }).await;
-                backoff = (backoff * 2).min(self.backoff_cap);
+                backoff = backoff.saturating_mul(2).min(self.backoff_cap);
             }
         }
         let last_text = describe(&last);

@@ -75,7 +75,7 @@ where
                     match stream.message().await {
                         Ok(Some(ev)) if ev.kind == "stream_start" => {
                             failures = 0;
-                            cursor.get_or_insert(Cursor { index: ev.index + 1, delivered: 0 });
+                            cursor.get_or_insert(Cursor { index: ev.index.saturating_add(1), delivered: 0 });
                         }
                         Ok(Some(ev)) => {
                             failures = 0;
@@ -87,7 +87,7 @@ where
                                 *c = Cursor { index: ev.index, delivered: 0 };
                                 at_index = 0;
                             }
-                            at_index += 1;
+                            at_index = at_index.saturating_add(1);
                             if at_index <= c.delivered {
                                 continue; // delivered before the reconnect
                             }
@@ -103,7 +103,7 @@ where
                 }
             }
         };
-        failures += 1;
+        failures = failures.saturating_add(1);
         if failures >= RECONNECTS_MAX {
             return Err(Status::unavailable(format!(
                 "events: no replica answered {RECONNECTS_MAX} times in a row; last error: {}",

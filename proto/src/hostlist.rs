@@ -15,7 +15,8 @@ pub fn compress(names: &[String]) -> String {
             out.push(name.clone());
             continue;
         }
-        let (prefix, num) = name.split_at(name.len() - digits);
+        // ASCII digits are one byte each, so `digits` <= `name.len()`.
+        let (prefix, num) = name.split_at(name.len().saturating_sub(digits));
         let n: u64 = num.parse().expect("digits");
         match index.get(prefix) {
             Some(&g) => groups[g].1.push((n, digits)),
@@ -32,18 +33,18 @@ pub fn compress(names: &[String]) -> String {
             out.push(format!("{prefix}{:0w$}", nums[0].0, w = nums[0].1));
             continue;
         }
-        let mut ranges = Vec::new();
-        let mut i = 0;
-        while i < nums.len() {
-            let (start, w) = nums[i];
-            let mut j = i;
-            while j + 1 < nums.len() && nums[j + 1].0 == nums[j].0 + 1 && nums[j + 1].1 == w {
-                j += 1;
+        // Runs of consecutive numbers of one width: (start, end, width).
+        let mut runs: Vec<(u64, u64, usize)> = Vec::new();
+        for &(n, w) in &nums {
+            match runs.last_mut() {
+                Some((_, end, rw)) if *rw == w && end.checked_add(1) == Some(n) => *end = n,
+                _ => runs.push((n, n, w)),
             }
-            let end = nums[j].0;
-            ranges.push(if start == end { format!("{start:0w$}") } else { format!("{start:0w$}-{end:0w$}") });
-            i = j + 1;
         }
+        let ranges: Vec<String> = runs
+            .into_iter()
+            .map(|(start, end, w)| if start == end { format!("{start:0w$}") } else { format!("{start:0w$}-{end:0w$}") })
+            .collect();
         out.push(format!("{prefix}[{}]", ranges.join(",")));
     }
     out.join(",")
@@ -73,7 +74,7 @@ fn split_top(list: &str) -> Result<Vec<String>, String> {
     let mut depth = 0usize;
     for c in list.chars() {
         match c {
-            '[' => depth += 1,
+            '[' => depth = depth.saturating_add(1),
             ']' => depth = depth.checked_sub(1).ok_or_else(|| format!("hostlist '{list}': unbalanced ]"))?,
             ',' if depth == 0 => {
                 parts.push(String::new());
@@ -136,13 +137,16 @@ fn expand_groups(entry: &str, out: &mut Vec<String>, bytes: &mut usize) -> Resul
         out.push(entry.to_string());
         return Ok(());
     };
-    let close = open + entry[open..].find(']').ok_or_else(|| format!("hostlist '{entry}': unbalanced ["))?;
-    let (prefix, body, rest) = (&entry[..open], &entry[open + 1..close], &entry[close + 1..]);
+    let (prefix, bracketed) = entry.split_at(open);
+    let (body, rest) = bracketed
+        .strip_prefix('[')
+        .and_then(|b| b.split_once(']'))
+        .ok_or_else(|| format!("hostlist '{entry}': unbalanced ["))?;
     let bad = || format!("hostlist '{entry}': '[{body}]' must hold numbers and ranges like 1-4,7");
     for part in body.split(',') {
         let (a, b) = part.split_once('-').unwrap_or((part, part));
         let (lo, hi): (u64, u64) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
-        if hi < lo || (hi - lo) as usize >= EXPAND_MAX {
+        if hi.checked_sub(lo).and_then(|d| usize::try_from(d).ok()).is_none_or(|d| d >= EXPAND_MAX) {
             return Err(bad());
         }
         let width = a.trim().len();
@@ -171,5 +175,8 @@ mod tests {
         assert!(expand(&long).unwrap_err().contains("bytes"));
         let names: Vec<String> = expand("node[1-4,6]").unwrap();
         assert_eq!(compress(&names), "node[1-4,6]");
+        // Runs break at a gap or a change of width; duplicates count once.
+        let names: Vec<String> = ["n5", "n05", "n6", "n6", "n7", "x"].map(String::from).to_vec();
+        assert_eq!(compress(&names), "x,n[5,05,6-7]");
     }
 }

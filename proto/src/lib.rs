@@ -3,6 +3,8 @@
 //! the API edge in `controller/src/api`.
 
 #![allow(clippy::all)]
+// This crate parses what the network sends: an overflow must never panic a daemon.
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation))]
 
 pub mod v1 {
     tonic::include_proto!("gangway.v1");

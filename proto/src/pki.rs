@@ -33,10 +33,13 @@ fn validity(params: &mut CertificateParams, days: u32, backdate_days: u32) -> Re
     if backdate_days > DAYS_MAX {
         return Err(format!("backdate: must be at most {DAYS_MAX} days"));
     }
-    let now = time::OffsetDateTime::now_utc() - time::Duration::days(i64::from(backdate_days));
+    let out_of_range = || format!("validity: {days} days (back-dated {backdate_days}) is out of range");
+    let now = time::OffsetDateTime::now_utc()
+        .checked_sub(time::Duration::days(i64::from(backdate_days)))
+        .ok_or_else(out_of_range)?;
     // A little back-dating covers clocks a few minutes apart.
-    params.not_before = now - time::Duration::minutes(5);
-    params.not_after = now + time::Duration::days(i64::from(days));
+    params.not_before = now.checked_sub(time::Duration::minutes(5)).ok_or_else(out_of_range)?;
+    params.not_after = now.checked_add(time::Duration::days(i64::from(days))).ok_or_else(out_of_range)?;
     Ok(())
 }
 

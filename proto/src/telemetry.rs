@@ -108,7 +108,7 @@ pub async fn serve(listener: TcpListener, render: Arc<dyn Fn() -> String + Send 
             if *n >= CONNECTIONS_PER_PEER_MAX {
                 continue;
             }
-            *n += 1;
+            *n = n.saturating_add(1);
         }
         let render = render.clone();
         let tls = tls.clone();
@@ -134,7 +134,7 @@ pub async fn serve(listener: TcpListener, render: Arc<dyn Fn() -> String + Send 
             }
             let mut m = per_peer.lock().expect("metrics peers lock");
             if let Some(n) = m.get_mut(&ip) {
-                *n -= 1;
+                *n = n.saturating_sub(1);
                 if *n == 0 {
                     m.remove(&ip);
                 }

@@ -741,7 +741,10 @@ impl AsyncRead for Conn {
         };
         match read {
             Poll::Ready(Ok(())) if buf.filled().len() > before => {
-                this.idle.as_mut().reset(tokio::time::Instant::now() + CONNECTION_IDLE_MAX);
+                // Past the clock's range (never, in practice) the current deadline stands.
+                if let Some(at) = tokio::time::Instant::now().checked_add(CONNECTION_IDLE_MAX) {
+                    this.idle.as_mut().reset(at);
+                }
                 Poll::Ready(Ok(()))
             }
             Poll::Pending if this.idle.as_mut().poll(cx).is_ready() => {
@@ -948,7 +951,7 @@ impl ConnSlots {
         if *n >= max {
             return None;
         }
-        *n += 1;
+        *n = n.saturating_add(1);
         Some(ConnSlot { slots: self.clone(), key: key.to_string() })
     }
 }
@@ -984,7 +987,7 @@ impl PeerSlots {
         if *n >= max {
             return None;
         }
-        *n += 1;
+        *n = n.saturating_add(1);
         Some(PeerSlot { slots: self.clone(), ip })
     }
 }

@@ -101,7 +101,7 @@ pub fn create(key_pem: &Path, user: &str, lifetime: Duration, issuer: &str, audi
         iss: issuer.to_string(),
         aud: audience.to_string(),
         iat: now,
-        exp: now + lifetime.as_secs(),
+        exp: now.saturating_add(lifetime.as_secs()),
         jti: uuid::Uuid::new_v4().to_string(),
     };
     jsonwebtoken::encode(&Header::new(Algorithm::ES256), &claims, &key).map_err(|e| e.to_string())

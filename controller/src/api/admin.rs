@@ -137,8 +137,9 @@ fn reservations_to_proto(state: &gangway_core::State, only: &str, now_ms: u64) -
         .map(|r| {
             let (start_ms, end_ms) = r.window(now_ms).unwrap_or((r.start_ms, r.end_ms));
             let nodes = r.nodes.iter().filter_map(|n| state.nodes.get(n));
-            let (gpus, cpus) =
-                nodes.fold((0u32, 0u32), |(g, c), n| (g.saturating_add(n.gpus.len() as u32), c.saturating_add(n.cpus)));
+            let (gpus, cpus) = nodes.fold((0u32, 0u32), |(g, c), n| {
+                (g.saturating_add(u32::try_from(n.gpus.len()).unwrap_or(u32::MAX)), c.saturating_add(n.cpus))
+            });
             Reservation {
                 name: r.name.clone(),
                 start_ms,
@@ -295,7 +296,8 @@ impl AdminService for AdminApi {
         let shares = gangway_core::sched::fair_share(&state, crate::now_ms());
         let mut pending: std::collections::BTreeMap<&str, u64> = Default::default();
         for id in &state.pending {
-            *pending.entry(state.jobs[id].spec.account.as_str()).or_default() += 1;
+            let n = pending.entry(state.jobs[id].spec.account.as_str()).or_default();
+            *n = n.saturating_add(1);
         }
         let accounts = shares
             .iter()
@@ -493,7 +495,7 @@ impl AdminService for AdminApi {
         // the first entry it is sent: refuse it here, with the reason.
         // (A replica started a moment ago may not listen yet: ask again for a while.)
         let cluster_format = self.replica.node.state().read().format;
-        let deadline = tokio::time::Instant::now() + JOINER_PROBE_WAIT;
+        let deadline = crate::deadline_in(JOINER_PROBE_WAIT);
         let newest = loop {
             match probe_replica(&self.replica, &msg.addr).await {
                 Ok(s) => break s.newest_data_format.max(gangway_core::format::FORMAT_BASE),

@@ -390,7 +390,7 @@ impl AgentApi {
             self.templates.keep(state, key, template.clone());
             LaunchOrder::clone(&template)
         };
-        order.node_rank = rank as u32;
+        order.node_rank = u32::try_from(rank).unwrap_or(u32::MAX);
         order.gpus = alloc.nodes[rank].gpus.clone();
         order.term = term;
         // A heterogeneous job: this node's task has its component's shape.
@@ -454,7 +454,8 @@ impl AgentApi {
             cpus_per_task: spec.cpus_per_task,
             time_limit_s: spec.time_limit_s,
             master_addr,
-            master_port: MASTER_PORT_BASE + (job.id % MASTER_PORT_SPAN) as u32,
+            master_port: MASTER_PORT_BASE
+                .saturating_add(u32::try_from(job.id.checked_rem(MASTER_PORT_SPAN).unwrap_or(0)).unwrap_or(0)),
             mem_per_node_mb: spec.mem_per_node_mb,
             output: spec.output.clone(),
             error: spec.error.clone(),

@@ -766,7 +766,8 @@ impl Viewer {
         while let Some(i) = rest.find(PREEMPTED_BY) {
             out.push_str(&rest[..i]);
             out.push_str("preempted by another job");
-            rest = rest[i + PREEMPTED_BY.len()..].trim_start_matches(|c: char| c.is_ascii_digit() || c == '_');
+            rest = rest[i.saturating_add(PREEMPTED_BY.len())..]
+                .trim_start_matches(|c: char| c.is_ascii_digit() || c == '_');
         }
         out.push_str(rest);
         out

@@ -38,7 +38,8 @@ pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, Sp
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
-            component_from_proto(c).map_err(|e| SpecError::new(&format!("components[{}].{}", i + 1, e.field), e.rule))
+            component_from_proto(c)
+                .map_err(|e| SpecError::new(&format!("components[{}].{}", i.saturating_add(1), e.field), e.rule))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let spec = JobSpec {

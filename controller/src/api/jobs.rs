@@ -306,11 +306,11 @@ impl JobService for JobApi {
             Change::Hold => JobChange::Hold { admin: false },
             Change::AdminHold => JobChange::Hold { admin: true },
             Change::Release => JobChange::Release,
-            Change::SetPriority => JobChange::SetPriority(Some(int("priority", 0, i64::from(u32::MAX))? as u32)),
+            Change::SetPriority => JobChange::SetPriority(Some(narrow(int("priority", 0, i64::from(u32::MAX))?)?)),
             Change::ClearPriority => JobChange::SetPriority(None),
             Change::SetNice => {
                 let max = i64::from(gangway_core::limits::NICE_MAX);
-                JobChange::SetNice(int("nice", -max, max)? as i32)
+                JobChange::SetNice(narrow(int("nice", max.saturating_neg(), max)?)?)
             }
             Change::Requeue => JobChange::Requeue { hold: false },
             Change::RequeueHold => JobChange::Requeue { hold: true },
@@ -328,7 +328,7 @@ impl JobService for JobApi {
                     Ok(gangway_proto::v1::SignalTarget::Full) => SignalTarget::Full,
                     Err(_) => return Err(Status::invalid_argument("signal_target: not a target")),
                 };
-                JobChange::Signal { signal: int("signal", 1, max)? as i32, target }
+                JobChange::Signal { signal: narrow(int("signal", 1, max)?)?, target }
             }
         };
         let cmd = Command::UpdateJob { job_id, change, identity: ctx.identity.clone(), now_ms: crate::now_ms() };
@@ -587,7 +587,7 @@ impl JobService for JobApi {
         let stream = async_stream(move |tx| async move {
             let _slot = slot;
             let first = ClusterEvent {
-                index: if from > 0 { from - 1 } else { start },
+                index: if from > 0 { from.saturating_sub(1) } else { start },
                 kind: "stream_start".into(),
                 ..Default::default()
             };
@@ -617,7 +617,7 @@ impl JobService for JobApi {
                 };
                 let mut replayed = 0usize;
                 for ev in page.iter().flat_map(|c| c.iter()).filter(|e| e.index() >= next) {
-                    replayed += 1;
+                    replayed = replayed.saturating_add(1);
                     seen_through = ev.index();
                     if !wanted(ev) || !shown.event(ev).await {
                         continue;
@@ -768,6 +768,11 @@ impl JobService for JobApi {
         });
         Ok(Response::new(stream))
     }
+}
+
+/// An update's value, range-checked as i64, in the type its change takes.
+fn narrow<T: TryFrom<i64>>(v: i64) -> Result<T, Status> {
+    T::try_from(v).map_err(|_| Status::invalid_argument(format!("value: {v} is out of range")))
 }
 
 /// Entries `ListJobsRequest.states` may have: each state at most a few
@@ -951,7 +956,7 @@ pub fn list_page(
             next_after_id = last_examined;
             break;
         }
-        examined += 1;
+        examined = examined.saturating_add(1);
         last_examined = id;
         let Some(j) = state.jobs.get(&id) else { continue };
         if !q.matches(viewer, j) {

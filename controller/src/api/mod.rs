@@ -7,6 +7,8 @@
 //! never forwarded again, so leadership changes cannot make it loop). Reads are
 //! linearizable (confirmed by the leader) unless the caller sets `stale`.
 
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation))]
+
 pub mod admin;
 pub mod agent;
 mod caller;

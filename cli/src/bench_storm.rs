@@ -1,0 +1,761 @@
+//! `gangway bench storm`: hostile load against a real cluster (issue 32).
+//!
+//! A 3-replica cluster of real controller processes with mutual TLS, a
+//! fleet of simulated agents heartbeating (each with its own agent
+//! certificate and connection), and one well-behaved user who submits and
+//! lists, while each attack runs in turn:
+//!
+//! - `quiet`: nothing else (the baseline);
+//! - `poll`: a thousand clients of one user polling squeue's listing over
+//!   the held jobs, as array tasks running `squeue` in a loop do;
+//! - `crafted`: the requests that stopped or stalled replicas before (a List
+//!   past the last id, a List naming a state eight million times),
+//!   maximum-size specs, explains on every follower, a thousand event
+//!   streams from the oldest index;
+//! - `idle`: thousands of TLS connections without a certificate that say
+//!   nothing, and large anonymous Raft messages;
+//! - `flood`: a user writing at the write limit with fresh idempotency keys.
+//!
+//! One table: per attack, the heartbeats' p99, the good user's submit and
+//! list p99, nodes wrongly declared down (every agent stays alive), agents
+//! that went longer than their self-fence window without an answer, replica
+//! restarts (a replica that exits is restarted and counted), each replica's
+//! peak RSS, and the attack's requests refused of those sent.
+//! `--controller-exe` runs another build's controllers (the before column).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use gangway_proto::client::Client;
+use gangway_proto::tls::{Credentials, Principal, Role, Security, TlsFiles};
+use gangway_proto::v1 as pb;
+use gangway_proto::v1::job_service_client::JobServiceClient;
+use tonic::Code;
+
+use crate::bench::{percentile, LocalCluster};
+
+/// Agents the storm runs at most (each its own certificate and connection).
+const STORM_AGENTS_MAX: usize = 5_000;
+/// Polling clients at most.
+const STORM_CLIENTS_MAX: usize = 10_000;
+/// Idle connections at most (file descriptors: the machine's limit is 20,000).
+const STORM_IDLE_MAX: usize = 15_000;
+/// Held jobs preloaded at most.
+const STORM_JOBS_MAX: u64 = 200_000;
+/// Seconds per attack at most.
+const STORM_SECONDS_MAX: u64 = 600;
+/// Connections the polling clients share: many calls multiplexed on each,
+/// as a login node's or a job's processes would open.
+const POLL_CONNECTIONS: usize = 64;
+/// Submits in flight while preloading.
+const PRELOAD_CONCURRENCY: usize = 64;
+/// Idle connections being opened at once.
+const IDLE_OPENING_AT_ONCE: usize = 256;
+/// The size of each anonymous Raft message in the `idle` attack.
+const ANONYMOUS_MESSAGE_BYTES: usize = 64 << 20;
+/// Tasks sending anonymous Raft messages.
+const ANONYMOUS_SENDERS: usize = 4;
+/// Writers in the `flood` attack.
+const FLOOD_WRITERS: usize = 16;
+/// A state named this many times in one crafted List (the 8 MB request).
+const CRAFTED_STATES: usize = 8_000_000;
+/// The largest script a spec may carry (the 2 MiB spec limit holds it and
+/// the rest of the spec).
+const CRAFTED_SCRIPT_BYTES: usize = gangway_core::limits::SCRIPT_BYTES_MAX;
+/// Event streams from the oldest index in the `crafted` attack.
+const CRAFTED_STREAMS: usize = 1_000;
+/// The good user's pause between rounds (a submit and a listing).
+const GOOD_PAUSE: Duration = Duration::from_millis(100);
+/// How often replicas' processes are checked (exits) and sampled (RSS).
+const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+/// The longest wait a refused caller honours before asking again.
+const HINT_MAX: Duration = Duration::from_secs(5);
+/// One call's deadline in the benchmark.
+const CALL_TIMEOUT: Duration = Duration::from_secs(20);
+
+#[derive(Args, Debug)]
+pub struct StormArgs {
+    /// Simulated agents heartbeating throughout.
+    #[arg(long, default_value_t = 1000)]
+    agents: usize,
+    /// Held jobs in the queue the listings read.
+    #[arg(long, default_value_t = 20_000)]
+    jobs: u64,
+    /// Polling clients in the `poll` attack.
+    #[arg(long, default_value_t = 1000)]
+    clients: usize,
+    /// Idle TLS connections without a certificate in the `idle` attack.
+    #[arg(long, default_value_t = 10_000)]
+    idle: usize,
+    /// Seconds each attack (and the quiet baseline) runs.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// The attacks, in order.
+    #[arg(long, value_delimiter = ',', default_value = "quiet,poll,crafted,idle,flood",
+          value_parser = ["quiet", "poll", "crafted", "idle", "flood"])]
+    attacks: Vec<String>,
+    /// Run this build's controllers instead of this binary (the agents, the
+    /// users and the attacks are always this binary's).
+    #[arg(long)]
+    controller_exe: Option<PathBuf>,
+    /// Keep the cluster's data and logs here instead of a temp dir.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+/// What happened when, for the table (each phase is a time window).
+#[derive(Default)]
+struct Meter {
+    started: Option<Instant>,
+    /// (ms since start, heartbeat round trip µs)
+    heartbeats: Mutex<Vec<(u64, u32)>>,
+    /// (ms, submit µs) and (ms, list µs) of the good user; failures as u32::MAX.
+    submits: Mutex<Vec<(u64, u32)>>,
+    lists: Mutex<Vec<(u64, u32)>>,
+    /// (ms, agent) of answers saying the node is unknown or down.
+    downs: Mutex<Vec<(u64, usize)>>,
+    /// (ms, agent) of answers that came later than the agent's self-fence
+    /// window after the one before.
+    fenced: Mutex<Vec<(u64, usize)>>,
+    /// (ms, replica) of replica processes that exited.
+    exits: Mutex<Vec<(u64, u64)>>,
+    /// (ms, replica, RSS bytes)
+    rss: Mutex<Vec<(u64, u64, u64)>>,
+    /// The running attack's requests sent and refused.
+    sent: AtomicU64,
+    refused: AtomicU64,
+    /// The attack's tasks stop.
+    attack_over: AtomicBool,
+    /// Everything stops.
+    done: AtomicBool,
+}
+
+impl Meter {
+    fn ms(&self) -> u64 {
+        self.started.map_or(0, |s| u64::try_from(s.elapsed().as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+fn micros(d: Duration) -> u32 {
+    u32::try_from(d.as_micros()).unwrap_or(u32::MAX - 1)
+}
+
+/// One row of the table.
+struct Row {
+    attack: String,
+    heartbeat_p99: Duration,
+    heartbeats: usize,
+    submit_p99: Duration,
+    submit_failed: usize,
+    list_p99: Duration,
+    list_failed: usize,
+    downs: usize,
+    fenced: usize,
+    restarts: usize,
+    peak_rss_mb: BTreeMap<u64, u64>,
+    sent: u64,
+    refused: u64,
+}
+
+fn p99_of(samples: &[(u64, u32)], from: u64, to: u64) -> (Duration, usize, usize) {
+    let mut ok: Vec<Duration> = Vec::new();
+    let mut failed = 0;
+    for (t, us) in samples {
+        if *t >= from && *t < to {
+            if *us == u32::MAX {
+                failed += 1;
+            } else {
+                ok.push(Duration::from_micros(u64::from(*us)));
+            }
+        }
+    }
+    ok.sort_unstable();
+    (percentile(&ok, 0.99), ok.len(), failed)
+}
+
+pub async fn run(a: StormArgs) -> anyhow::Result<()> {
+    anyhow::ensure!((1..=STORM_AGENTS_MAX).contains(&a.agents), "agents: 1 to {STORM_AGENTS_MAX}");
+    anyhow::ensure!((1..=STORM_CLIENTS_MAX).contains(&a.clients), "clients: 1 to {STORM_CLIENTS_MAX}");
+    anyhow::ensure!(a.idle <= STORM_IDLE_MAX, "idle: at most {STORM_IDLE_MAX}");
+    anyhow::ensure!(a.jobs <= STORM_JOBS_MAX, "jobs: at most {STORM_JOBS_MAX}");
+    anyhow::ensure!((1..=STORM_SECONDS_MAX).contains(&a.seconds), "seconds: 1 to {STORM_SECONDS_MAX}");
+    let mut principals: Vec<Principal> = ["good", "poller", "crafted", "flood"]
+        .iter()
+        .map(|n| Principal::new(Role::Client, n))
+        .collect::<Result<_, _>>()
+        .map_err(anyhow::Error::msg)?;
+    for i in 0..a.agents {
+        principals.push(Principal::new(Role::Agent, &node_name(i)).map_err(anyhow::Error::msg)?);
+    }
+    eprintln!("storm: certificates for {} agents and 4 users", a.agents);
+    let cluster = LocalCluster::start_mtls_with(3, a.data_dir.clone(), &principals, a.controller_exe.clone())?;
+    let tls = cluster.tls_dir().context("an mTLS cluster has a certificates directory")?.to_path_buf();
+    let admin = Client::new(&cluster.endpoints(), "bench", cluster.security())?;
+    let leader = cluster.wait_leader(&admin).await?;
+    let endpoints = cluster.endpoints_leader_first(leader);
+    let admin = Client::new(&endpoints, "bench", cluster.security())?;
+    let user = |name: &str| -> anyhow::Result<Client> {
+        let creds = Credentials::load(TlsFiles::in_dir(&tls, &format!("client-{name}"))).map_err(anyhow::Error::msg)?;
+        Ok(Client::new(&endpoints, name, &Security::Tls(creds))?)
+    };
+    let pids: BTreeMap<u64, u32> = cluster.children.iter().map(|(id, c)| (*id, c.id())).collect();
+    let cluster = Arc::new(Mutex::new(cluster));
+
+    // The queue the listings read.
+    eprintln!("storm: preloading {} held jobs", a.jobs);
+    preload(&admin, a.jobs).await?;
+
+    let meter = Arc::new(Meter { started: Some(Instant::now()), ..Default::default() });
+    let watcher = tokio::spawn(watch_replicas(cluster.clone(), meter.clone(), pids));
+
+    // The fleet.
+    eprintln!("storm: starting {} agents", a.agents);
+    let mut agents = Vec::new();
+    for i in 0..a.agents {
+        let creds = Credentials::load(TlsFiles::in_dir(&tls, &format!("agent-{}", node_name(i))))
+            .map_err(anyhow::Error::msg)?;
+        let client = Client::new(&endpoints, "agent", &Security::Tls(creds))?.for_fleet();
+        agents.push(tokio::spawn(agent(i, client, meter.clone())));
+    }
+    wait_registered(&admin, a.agents).await?;
+    let good = tokio::spawn(good_user(user("good")?, meter.clone()));
+
+    // An idle moment for the memory baseline.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let idle_rss = {
+        let rss = meter.rss.lock().expect("rss");
+        let mut by: BTreeMap<u64, u64> = BTreeMap::new();
+        for (_, id, b) in rss.iter() {
+            let e = by.entry(*id).or_default();
+            *e = (*e).max(*b);
+        }
+        by
+    };
+
+    let mut rows = Vec::new();
+    for attack in &a.attacks {
+        eprintln!("storm: {attack} for {} s", a.seconds);
+        meter.attack_over.store(false, Ordering::SeqCst);
+        meter.sent.store(0, Ordering::SeqCst);
+        meter.refused.store(0, Ordering::SeqCst);
+        let from = meter.ms();
+        let tasks: Vec<tokio::task::JoinHandle<()>> = match attack.as_str() {
+            "quiet" => Vec::new(),
+            "poll" => poll(user("poller")?, a.clients, &meter),
+            "crafted" => crafted(user("crafted")?, &endpoints, &meter).await,
+            "idle" => idle(&endpoints, &tls, a.idle, &meter)?,
+            "flood" => (0..FLOOD_WRITERS).map(|w| tokio::spawn(flood(user("flood").ok(), w, meter.clone()))).collect(),
+            other => anyhow::bail!("attack: {other} is not one of quiet, poll, crafted, idle, flood"),
+        };
+        tokio::time::sleep(Duration::from_secs(a.seconds)).await;
+        meter.attack_over.store(true, Ordering::SeqCst);
+        for t in tasks {
+            t.abort();
+        }
+        let to = meter.ms();
+        rows.push(row(attack, &meter, from, to));
+        // The cluster settles between attacks (closed connections, streams).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    meter.done.store(true, Ordering::SeqCst);
+    good.abort();
+    for t in agents {
+        t.abort();
+    }
+    watcher.abort();
+    print_table(&rows, &idle_rss, a.agents, a.jobs, a.controller_exe.as_deref());
+    Ok(())
+}
+
+fn node_name(i: usize) -> String {
+    format!("storm-{i:05}")
+}
+
+/// Submits `count` held jobs as the admin (not write-limited).
+async fn preload(admin: &Client, count: u64) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let spec = pb::JobSpec { command: vec!["true".into()], hold: true, workdir: "/tmp".into(), ..Default::default() };
+    let results: Vec<anyhow::Result<u64>> = futures::stream::iter(0..count)
+        .map(|i| {
+            let spec = spec.clone();
+            async move {
+                crate::bench::submit_spec(admin, spec, format!("storm-preload-{i}"))
+                    .await
+                    .map_err(|s| anyhow::anyhow!("preload: {}", s.message()))
+            }
+        })
+        .buffer_unordered(PRELOAD_CONCURRENCY)
+        .collect()
+        .await;
+    for r in results {
+        r?;
+    }
+    Ok(())
+}
+
+/// Every `SAMPLE_EVERY`: replicas that exited are counted and started again;
+/// each live replica's RSS is recorded.
+async fn watch_replicas(cluster: Arc<Mutex<LocalCluster>>, meter: Arc<Meter>, mut pids: BTreeMap<u64, u32>) {
+    while !meter.done.load(Ordering::Relaxed) {
+        let exited: Vec<u64> = {
+            let mut c = cluster.lock().expect("cluster");
+            let ids: Vec<u64> = c.children.keys().copied().collect();
+            ids.into_iter()
+                .filter(|id| c.children.get_mut(id).is_some_and(|ch| matches!(ch.try_wait(), Ok(Some(_)))))
+                .collect()
+        };
+        for id in exited {
+            meter.exits.lock().expect("exits").push((meter.ms(), id));
+            eprintln!("storm: replica {id} exited; restarting it");
+            let mut c = cluster.lock().expect("cluster");
+            c.children.remove(&id);
+            if c.respawn(id).is_ok() {
+                if let Some(ch) = c.children.get(&id) {
+                    pids.insert(id, ch.id());
+                }
+            }
+        }
+        for (id, pid) in &pids {
+            if let Some(rss) = rss_bytes(*pid) {
+                meter.rss.lock().expect("rss").push((meter.ms(), *id, rss));
+            }
+        }
+        tokio::time::sleep(SAMPLE_EVERY).await;
+    }
+}
+
+/// A process's resident set, from /proc.
+fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb.saturating_mul(1024))
+}
+
+/// Waits until `n` nodes are registered.
+async fn wait_registered(admin: &Client, n: usize) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let nodes = admin.list_nodes(true).await.map(|v| v.len()).unwrap_or(0);
+        if nodes >= n {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "only {nodes} of {n} agents registered");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A simulated agent: registers, then heartbeats at the interval the leader
+/// asks, recording each answer's round trip, answers that say the node is
+/// down, and gaps between answers longer than its self-fence window.
+async fn agent(i: usize, client: Client, meter: Arc<Meter>) {
+    let name = node_name(i);
+    let register = pb::RegisterRequest { name: name.clone(), cpus: 64, mem_mb: 512 * 1024, ..Default::default() };
+    let (mut interval, mut fence_ms) = (Duration::from_secs(1), 15_000u64);
+    let mut registered = false;
+    let mut last_ok: Option<u64> = None;
+    while !meter.done.load(Ordering::Relaxed) {
+        if !registered {
+            let r = client
+                .call(|ch| {
+                    let r = client.request(register.clone());
+                    async move { gangway_proto::limits::agent_client(ch).register(r).await }
+                })
+                .await;
+            match r {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    interval = Duration::from_millis(r.heartbeat_interval_ms.max(100));
+                    fence_ms = r.node_down_timeout_ms / 2;
+                    registered = true;
+                }
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            }
+        }
+        let hb = pb::HeartbeatRequest { name: name.clone(), ..Default::default() };
+        let t0 = Instant::now();
+        let mut req = client.request(hb);
+        req.set_timeout(CALL_TIMEOUT);
+        let ch = client.channels()[0].clone();
+        // One attempt to the leader, as the clock of the self-fence sees it.
+        let r = gangway_proto::limits::agent_client(ch).heartbeat(req).await;
+        let rtt = t0.elapsed();
+        let now = meter.ms();
+        match r {
+            Ok(resp) => {
+                let resp = resp.into_inner();
+                if !resp.known {
+                    meter.downs.lock().expect("downs").push((now, i));
+                    registered = false;
+                }
+                meter.heartbeats.lock().expect("heartbeats").push((now, micros(rtt)));
+                if let Some(prev) = last_ok {
+                    if now.saturating_sub(prev) > fence_ms {
+                        meter.fenced.lock().expect("fenced").push((now, i));
+                    }
+                }
+                last_ok = Some(now);
+                if resp.heartbeat_interval_ms > 0 {
+                    interval = Duration::from_millis(resp.heartbeat_interval_ms);
+                }
+            }
+            Err(_) => meter.heartbeats.lock().expect("heartbeats").push((now, u32::MAX)),
+        }
+        tokio::time::sleep(interval.saturating_sub(rtt)).await;
+    }
+}
+
+/// The well-behaved user: a held job submitted and its own queue listed,
+/// over and over, each timed (through the client library, as `sbatch` and
+/// `squeue` would).
+async fn good_user(client: Client, meter: Arc<Meter>) {
+    let spec = pb::JobSpec { command: vec!["true".into()], hold: true, workdir: "/tmp".into(), ..Default::default() };
+    let mut n = 0u64;
+    while !meter.done.load(Ordering::Relaxed) {
+        n = n.saturating_add(1);
+        let t0 = Instant::now();
+        let ok = crate::bench::submit_spec(&client, spec.clone(), format!("good-{n}")).await.is_ok();
+        let took = if ok { micros(t0.elapsed()) } else { u32::MAX };
+        meter.submits.lock().expect("submits").push((meter.ms(), took));
+        let t0 = Instant::now();
+        let listing = crate::slurm::Listing {
+            states: vec![pb::JobState::Pending as i32, pb::JobState::Running as i32],
+            user: "good".into(),
+            ..Default::default()
+        };
+        let ok = crate::slurm::list_jobs(&client, &listing).await.is_ok();
+        let took = if ok { micros(t0.elapsed()) } else { u32::MAX };
+        meter.lists.lock().expect("lists").push((meter.ms(), took));
+        tokio::time::sleep(GOOD_PAUSE).await;
+    }
+}
+
+/// Counts an attack request's outcome; on a refusal with a hint, waits it
+/// out as a well-written client would.
+async fn outcome<T>(meter: &Meter, r: Result<T, tonic::Status>) {
+    meter.sent.fetch_add(1, Ordering::Relaxed);
+    if let Err(s) = r {
+        if s.code() != Code::NotFound {
+            meter.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        let hint = gangway_proto::client::retry_after(&s).unwrap_or(Duration::from_millis(20));
+        tokio::time::sleep(hint.min(HINT_MAX)).await;
+    }
+}
+
+/// `clients` pollers of one user, over POLL_CONNECTIONS connections: each
+/// reads squeue's listing of the whole queue, page by page, in a loop.
+fn poll(poller: Client, clients: usize, meter: &Arc<Meter>) -> Vec<tokio::task::JoinHandle<()>> {
+    let poller = Arc::new(poller);
+    let channels: Vec<tonic::transport::Channel> = (0..POLL_CONNECTIONS)
+        .filter_map(|_| {
+            poller
+                .security()
+                .channel(poller.preferred_endpoint(), gangway_proto::tls::Expect::Server, Duration::from_secs(2))
+                .ok()
+        })
+        .collect();
+    (0..clients)
+        .map(|i| {
+            let (meter, poller) = (meter.clone(), poller.clone());
+            let ch = channels[i % channels.len().max(1)].clone();
+            tokio::spawn(async move {
+                while !meter.attack_over.load(Ordering::Relaxed) {
+                    let mut after_id = 0;
+                    loop {
+                        let mut req = poller.request(pb::ListJobsRequest {
+                            states: vec![pb::JobState::Pending as i32, pb::JobState::Running as i32],
+                            limit: 1000,
+                            after_id,
+                            ..Default::default()
+                        });
+                        req.set_timeout(CALL_TIMEOUT);
+                        let r = JobServiceClient::new(ch.clone()).list(req).await.map(|r| r.into_inner().next_after_id);
+                        let next = r.as_ref().ok().copied();
+                        outcome(&meter, r).await;
+                        match next {
+                            Some(n) if n != 0 && !meter.attack_over.load(Ordering::Relaxed) => after_id = n,
+                            _ => break,
+                        }
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// The crafted requests, each in a loop of its own, and the event streams.
+async fn crafted(client: Client, endpoints: &[String], meter: &Arc<Meter>) -> Vec<tokio::task::JoinHandle<()>> {
+    let client = Arc::new(client);
+    let mut tasks = Vec::new();
+    let channels: Vec<tonic::transport::Channel> = endpoints
+        .iter()
+        .filter_map(|e| client.security().channel(e, gangway_proto::tls::Expect::Server, Duration::from_secs(2)).ok())
+        .collect();
+    for ch in &channels {
+        // The List past the last id (an overflow of after_id + 1 before).
+        let (m, c, ch1) = (meter.clone(), client.clone(), ch.clone());
+        tasks.push(tokio::spawn(async move {
+            while !m.attack_over.load(Ordering::Relaxed) {
+                let req = c.request(pb::ListJobsRequest { after_id: u64::MAX, stale: true, ..Default::default() });
+                outcome(&m, JobServiceClient::new(ch1.clone()).list(req).await).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }));
+        // The 8 MB List: one state, eight million times.
+        let (m, c, ch2) = (meter.clone(), client.clone(), ch.clone());
+        tasks.push(tokio::spawn(async move {
+            let states = vec![pb::JobState::Running as i32; CRAFTED_STATES];
+            while !m.attack_over.load(Ordering::Relaxed) {
+                let req = c.request(pb::ListJobsRequest {
+                    states: states.clone(),
+                    user: "x".into(),
+                    stale: true,
+                    ..Default::default()
+                });
+                let mut js = JobServiceClient::new(ch2.clone()).max_encoding_message_size(usize::MAX);
+                outcome(&m, js.list(req).await).await;
+            }
+        }));
+        // Explain on every replica (followers serve stale ones themselves).
+        let (m, c, ch3) = (meter.clone(), client.clone(), ch.clone());
+        tasks.push(tokio::spawn(async move {
+            while !m.attack_over.load(Ordering::Relaxed) {
+                let req = c.request(pb::ExplainRequest { job_id: 1, stale: true });
+                outcome(&m, JobServiceClient::new(ch3.clone()).explain(req).await).await;
+            }
+        }));
+    }
+    // Maximum-size specs, held.
+    let (m, c) = (meter.clone(), client.clone());
+    tasks.push(tokio::spawn(async move {
+        let script = format!("#!/bin/sh\n# {}\ntrue\n", "x".repeat(CRAFTED_SCRIPT_BYTES - 64));
+        let mut n = 0u64;
+        while !m.attack_over.load(Ordering::Relaxed) {
+            n = n.saturating_add(1);
+            let spec = pb::JobSpec { script: script.clone(), hold: true, workdir: "/tmp".into(), ..Default::default() };
+            let req = c.request(pb::SubmitRequest { spec: Some(spec), idempotency_key: format!("big-{n}") });
+            let ch = c.channels()[0].clone();
+            outcome(&m, JobServiceClient::new(ch).submit(req).await).await;
+        }
+    }));
+    // Event streams from the oldest index, read as fast as they come.
+    for i in 0..CRAFTED_STREAMS {
+        let (m, c) = (meter.clone(), client.clone());
+        let ch = channels[i % channels.len().max(1)].clone();
+        tasks.push(tokio::spawn(async move {
+            while !m.attack_over.load(Ordering::Relaxed) {
+                let req = c.stream_request(pb::EventsRequest { from_index: 1, job_id: 0 });
+                match JobServiceClient::new(ch.clone()).events(req).await {
+                    Ok(s) => {
+                        m.sent.fetch_add(1, Ordering::Relaxed);
+                        let mut s = s.into_inner();
+                        while let Ok(Some(_)) = s.message().await {}
+                    }
+                    Err(e) => outcome(&m, Err::<(), _>(e)).await,
+                }
+            }
+        }));
+    }
+    tasks
+}
+
+/// Thousands of TLS connections without a certificate that say nothing,
+/// and anonymous Raft messages of ANONYMOUS_MESSAGE_BYTES.
+fn idle(
+    endpoints: &[String],
+    tls: &std::path::Path,
+    count: usize,
+    meter: &Arc<Meter>,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let ca = std::fs::read(tls.join("ca.pem")).context("the CA certificate")?;
+    let anonymous = Credentials::from_ca_pem(&ca).map_err(anyhow::Error::msg)?;
+    let config = anonymous.client_config(gangway_proto::tls::Expect::Server).map_err(anyhow::Error::msg)?;
+    let mut tasks = Vec::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(IDLE_OPENING_AT_ONCE));
+    for i in 0..count {
+        let (m, config, slots) = (meter.clone(), config.clone(), slots.clone());
+        let addr = endpoints[i % endpoints.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            let Ok(permit) = slots.acquire_owned().await else { return };
+            m.sent.fetch_add(1, Ordering::Relaxed);
+            let opened = async {
+                let tcp = tokio::net::TcpStream::connect(&addr).await.ok()?;
+                let name = rustls::pki_types::ServerName::try_from(gangway_proto::tls::SNI_NAME).ok()?;
+                tokio_rustls::TlsConnector::from(config).connect(name, tcp).await.ok()
+            };
+            let conn = tokio::time::timeout(Duration::from_secs(10), opened).await.ok().flatten();
+            drop(permit);
+            let Some(mut conn) = conn else {
+                m.refused.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            // Say nothing; notice when the replica closes it.
+            let mut buf = [0u8; 64];
+            let closed = tokio::io::AsyncReadExt::read(&mut conn, &mut buf).await;
+            if matches!(closed, Ok(0) | Err(_)) {
+                m.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            std::future::pending::<()>().await;
+        }));
+    }
+    let anonymous = Security::Tls(anonymous);
+    for i in 0..ANONYMOUS_SENDERS {
+        let m = meter.clone();
+        let ch = anonymous
+            .channel(&endpoints[i % endpoints.len()], gangway_proto::tls::Expect::Server, Duration::from_secs(2))
+            .map_err(anyhow::Error::msg)?;
+        tasks.push(tokio::spawn(async move {
+            let payload = pb::RaftPayload { data: vec![7u8; ANONYMOUS_MESSAGE_BYTES] };
+            while !m.attack_over.load(Ordering::Relaxed) {
+                let mut raft = gangway_proto::v1::raft_service_client::RaftServiceClient::new(ch.clone())
+                    .max_encoding_message_size(usize::MAX);
+                outcome(&m, raft.append_entries(payload.clone()).await).await;
+            }
+        }));
+    }
+    Ok(tasks)
+}
+
+/// A writer at the write limit: held submits with fresh idempotency keys.
+async fn flood(client: Option<Client>, writer: usize, meter: Arc<Meter>) {
+    let Some(client) = client else { return };
+    let spec = pb::JobSpec { command: vec!["true".into()], hold: true, workdir: "/tmp".into(), ..Default::default() };
+    let mut n = 0u64;
+    let ch = client.channels()[0].clone();
+    while !meter.attack_over.load(Ordering::Relaxed) {
+        n = n.saturating_add(1);
+        let req = client.request(pb::SubmitRequest {
+            spec: Some(spec.clone()),
+            idempotency_key: format!("flood-{writer}-{n}-{}", meter.ms()),
+        });
+        outcome(&meter, JobServiceClient::new(ch.clone()).submit(req).await).await;
+    }
+}
+
+fn row(attack: &str, meter: &Meter, from: u64, to: u64) -> Row {
+    let (heartbeat_p99, heartbeats, _) = p99_of(&meter.heartbeats.lock().expect("heartbeats"), from, to);
+    let (submit_p99, _, submit_failed) = p99_of(&meter.submits.lock().expect("submits"), from, to);
+    let (list_p99, _, list_failed) = p99_of(&meter.lists.lock().expect("lists"), from, to);
+    let within = |t: u64| t >= from && t < to;
+    let count = |v: &Mutex<Vec<(u64, usize)>>| v.lock().expect("events").iter().filter(|(t, _)| within(*t)).count();
+    let restarts = meter.exits.lock().expect("exits").iter().filter(|(t, _)| within(*t)).count();
+    let mut peak_rss_mb: BTreeMap<u64, u64> = BTreeMap::new();
+    for (t, id, b) in meter.rss.lock().expect("rss").iter() {
+        if within(*t) {
+            let e = peak_rss_mb.entry(*id).or_default();
+            *e = (*e).max(b >> 20);
+        }
+    }
+    Row {
+        attack: attack.to_string(),
+        heartbeat_p99,
+        heartbeats,
+        submit_p99,
+        submit_failed,
+        list_p99,
+        list_failed,
+        downs: count(&meter.downs),
+        fenced: count(&meter.fenced),
+        restarts,
+        peak_rss_mb,
+        sent: meter.sent.load(Ordering::Relaxed),
+        refused: meter.refused.load(Ordering::Relaxed),
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0}", d.as_secs_f64() * 1000.0)
+}
+
+fn print_table(rows: &[Row], idle_rss: &BTreeMap<u64, u64>, agents: usize, jobs: u64, exe: Option<&std::path::Path>) {
+    let machine = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "gangway bench storm: 3 replicas (mTLS), {agents} agents, {jobs} held jobs, controllers: {}; {cores} cores, {machine}",
+        exe.map_or_else(|| "this build".to_string(), |p| p.display().to_string())
+    );
+    let idle: Vec<String> = idle_rss.values().map(|b| format!("{}", b >> 20)).collect();
+    println!("idle RSS per replica (MB): {}", idle.join("/"));
+    println!();
+    println!(
+        "| attack | heartbeat p99 ms | submit p99 ms | list p99 ms | false downs | self-fenced | restarts | peak RSS MB (r1/r2/r3) | refused / sent |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let rss: Vec<String> = (1..=3).map(|id| r.peak_rss_mb.get(&id).map_or("-".into(), |m| m.to_string())).collect();
+        let failed = |n: usize| if n > 0 { format!(" ({n} failed)") } else { String::new() };
+        println!(
+            "| {} | {} ({} beats) | {}{} | {}{} | {} | {} | {} | {} | {} / {} |",
+            r.attack,
+            ms(r.heartbeat_p99),
+            r.heartbeats,
+            ms(r.submit_p99),
+            failed(r.submit_failed),
+            ms(r.list_p99),
+            failed(r.list_failed),
+            r.downs,
+            r.fenced,
+            r.restarts,
+            rss.join("/"),
+            r.refused,
+            r.sent
+        );
+    }
+    // The goals of issue 32.
+    let quiet = rows.iter().find(|r| r.attack == "quiet");
+    let mut misses = Vec::new();
+    for r in rows {
+        if r.restarts > 0 || r.downs > 0 || r.fenced > 0 {
+            misses.push(format!(
+                "{}: {} restarts, {} false downs, {} self-fenced",
+                r.attack, r.restarts, r.downs, r.fenced
+            ));
+        }
+        for (id, peak) in &r.peak_rss_mb {
+            if let Some(idle) = idle_rss.get(id).map(|b| b >> 20) {
+                if *peak > idle.saturating_mul(2) {
+                    misses
+                        .push(format!("{}: replica {id} peaked at {peak} MB, over twice its idle {idle} MB", r.attack));
+                }
+            }
+        }
+        if let Some(q) = quiet {
+            if r.submit_p99 > q.submit_p99 * 2 || r.list_p99 > q.list_p99 * 2 {
+                misses.push(format!(
+                    "{}: the good user's p99 (submit {} ms, list {} ms) is over twice the quiet run's ({} / {} ms)",
+                    r.attack,
+                    ms(r.submit_p99),
+                    ms(r.list_p99),
+                    ms(q.submit_p99),
+                    ms(q.list_p99)
+                ));
+            }
+        }
+    }
+    println!();
+    if misses.is_empty() {
+        println!(
+            "goals: all met (0 restarts, 0 false downs, 0 self-fences, RSS under 2x idle, good p99 within 2x quiet)"
+        );
+    } else {
+        println!("goals missed:");
+        for m in misses {
+            println!("- {m}");
+        }
+    }
+}
