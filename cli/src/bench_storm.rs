@@ -69,6 +69,9 @@ const CRAFTED_STATES: usize = 8_000_000;
 const CRAFTED_SCRIPT_BYTES: usize = gangway_core::limits::SCRIPT_BYTES_MAX;
 /// Event streams from the oldest index in the `crafted` attack.
 const CRAFTED_STREAMS: usize = 1_000;
+/// How long the cluster runs with only the fleet and the good user before
+/// the attack: the memory baseline.
+const IDLE_BASELINE: Duration = Duration::from_secs(5);
 /// The good user's pause between rounds (a submit and a listing).
 const GOOD_PAUSE: Duration = Duration::from_millis(100);
 /// How often replicas' processes are checked (exits) and sampled (RSS).
@@ -158,6 +161,7 @@ struct Row {
     fenced: usize,
     restarts: usize,
     peak_rss_mb: BTreeMap<u64, u64>,
+    idle_rss_mb: BTreeMap<u64, u64>,
     sent: u64,
     refused: u64,
 }
@@ -184,6 +188,19 @@ pub async fn run(a: StormArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.idle <= STORM_IDLE_MAX, "idle: at most {STORM_IDLE_MAX}");
     anyhow::ensure!(a.jobs <= STORM_JOBS_MAX, "jobs: at most {STORM_JOBS_MAX}");
     anyhow::ensure!((1..=STORM_SECONDS_MAX).contains(&a.seconds), "seconds: 1 to {STORM_SECONDS_MAX}");
+    // Each attack on a cluster of its own: memory a replica took in one
+    // attack is not charged to the next.
+    let mut rows = Vec::new();
+    for attack in &a.attacks {
+        rows.push(run_attack(&a, attack).await?);
+    }
+    print_table(&rows, a.agents, a.jobs, a.controller_exe.as_deref());
+    Ok(())
+}
+
+/// One attack on a fresh cluster: the cluster, the queue, the fleet and the
+/// good user, an idle moment for the memory baseline, then the attack.
+async fn run_attack(a: &StormArgs, attack: &str) -> anyhow::Result<Row> {
     let mut principals: Vec<Principal> = ["good", "poller", "crafted", "flood"]
         .iter()
         .map(|n| Principal::new(Role::Client, n))
@@ -192,8 +209,9 @@ pub async fn run(a: StormArgs) -> anyhow::Result<()> {
     for i in 0..a.agents {
         principals.push(Principal::new(Role::Agent, &node_name(i)).map_err(anyhow::Error::msg)?);
     }
-    eprintln!("storm: certificates for {} agents and 4 users", a.agents);
-    let cluster = LocalCluster::start_mtls_with(3, a.data_dir.clone(), &principals, a.controller_exe.clone())?;
+    eprintln!("storm: {attack}: a cluster, certificates for {} agents and 4 users", a.agents);
+    let data_dir = a.data_dir.as_ref().map(|d| d.join(attack));
+    let cluster = LocalCluster::start_mtls_with(3, data_dir, &principals, a.controller_exe.clone())?;
     let tls = cluster.tls_dir().context("an mTLS cluster has a certificates directory")?.to_path_buf();
     let admin = Client::new(&cluster.endpoints(), "bench", cluster.security())?;
     let leader = cluster.wait_leader(&admin).await?;
@@ -206,15 +224,12 @@ pub async fn run(a: StormArgs) -> anyhow::Result<()> {
     let pids: BTreeMap<u64, u32> = cluster.children.iter().map(|(id, c)| (*id, c.id())).collect();
     let cluster = Arc::new(Mutex::new(cluster));
 
-    // The queue the listings read.
-    eprintln!("storm: preloading {} held jobs", a.jobs);
+    eprintln!("storm: {attack}: preloading {} held jobs", a.jobs);
     preload(&admin, a.jobs).await?;
 
     let meter = Arc::new(Meter { started: Some(Instant::now()), ..Default::default() });
     let watcher = tokio::spawn(watch_replicas(cluster.clone(), meter.clone(), pids));
-
-    // The fleet.
-    eprintln!("storm: starting {} agents", a.agents);
+    eprintln!("storm: {attack}: starting {} agents", a.agents);
     let mut agents = Vec::new();
     for i in 0..a.agents {
         let creds = Credentials::load(TlsFiles::in_dir(&tls, &format!("agent-{}", node_name(i))))
@@ -224,52 +239,49 @@ pub async fn run(a: StormArgs) -> anyhow::Result<()> {
     }
     wait_registered(&admin, a.agents).await?;
     let good = tokio::spawn(good_user(user("good")?, meter.clone()));
+    // An idle moment (the fleet heartbeating, the good user working): the
+    // memory baseline.
+    let idle_from = meter.ms();
+    tokio::time::sleep(IDLE_BASELINE).await;
+    let idle_rss = peak_rss(&meter, idle_from, meter.ms());
 
-    // An idle moment for the memory baseline.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let idle_rss = {
-        let rss = meter.rss.lock().expect("rss");
-        let mut by: BTreeMap<u64, u64> = BTreeMap::new();
-        for (_, id, b) in rss.iter() {
-            let e = by.entry(*id).or_default();
-            *e = (*e).max(*b);
-        }
-        by
+    eprintln!("storm: {attack}: attacking for {} s", a.seconds);
+    let from = meter.ms();
+    let tasks: Vec<tokio::task::JoinHandle<()>> = match attack {
+        "quiet" => Vec::new(),
+        "poll" => poll(user("poller")?, a.clients, &meter),
+        "crafted" => crafted(user("crafted")?, &endpoints, &meter).await,
+        "idle" => idle(&endpoints, &tls, a.idle, &meter)?,
+        "flood" => (0..FLOOD_WRITERS).map(|w| tokio::spawn(flood(user("flood").ok(), w, meter.clone()))).collect(),
+        other => anyhow::bail!("attack: {other} is not one of quiet, poll, crafted, idle, flood"),
     };
-
-    let mut rows = Vec::new();
-    for attack in &a.attacks {
-        eprintln!("storm: {attack} for {} s", a.seconds);
-        meter.attack_over.store(false, Ordering::SeqCst);
-        meter.sent.store(0, Ordering::SeqCst);
-        meter.refused.store(0, Ordering::SeqCst);
-        let from = meter.ms();
-        let tasks: Vec<tokio::task::JoinHandle<()>> = match attack.as_str() {
-            "quiet" => Vec::new(),
-            "poll" => poll(user("poller")?, a.clients, &meter),
-            "crafted" => crafted(user("crafted")?, &endpoints, &meter).await,
-            "idle" => idle(&endpoints, &tls, a.idle, &meter)?,
-            "flood" => (0..FLOOD_WRITERS).map(|w| tokio::spawn(flood(user("flood").ok(), w, meter.clone()))).collect(),
-            other => anyhow::bail!("attack: {other} is not one of quiet, poll, crafted, idle, flood"),
-        };
-        tokio::time::sleep(Duration::from_secs(a.seconds)).await;
-        meter.attack_over.store(true, Ordering::SeqCst);
-        for t in tasks {
-            t.abort();
-        }
-        let to = meter.ms();
-        rows.push(row(attack, &meter, from, to));
-        // The cluster settles between attacks (closed connections, streams).
-        tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(a.seconds)).await;
+    meter.attack_over.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.abort();
     }
+    let to = meter.ms();
     meter.done.store(true, Ordering::SeqCst);
     good.abort();
     for t in agents {
         t.abort();
     }
     watcher.abort();
-    print_table(&rows, &idle_rss, a.agents, a.jobs, a.controller_exe.as_deref());
-    Ok(())
+    let mut row = row(attack, &meter, from, to);
+    row.idle_rss_mb = idle_rss;
+    Ok(row)
+}
+
+/// Each replica's peak RSS (MB) between `from` and `to`.
+fn peak_rss(meter: &Meter, from: u64, to: u64) -> BTreeMap<u64, u64> {
+    let mut peak: BTreeMap<u64, u64> = BTreeMap::new();
+    for (t, id, b) in meter.rss.lock().expect("rss").iter() {
+        if *t >= from && *t < to {
+            let e = peak.entry(*id).or_default();
+            *e = (*e).max(b >> 20);
+        }
+    }
+    peak
 }
 
 fn node_name(i: usize) -> String {
@@ -647,13 +659,6 @@ fn row(attack: &str, meter: &Meter, from: u64, to: u64) -> Row {
     let within = |t: u64| t >= from && t < to;
     let count = |v: &Mutex<Vec<(u64, usize)>>| v.lock().expect("events").iter().filter(|(t, _)| within(*t)).count();
     let restarts = meter.exits.lock().expect("exits").iter().filter(|(t, _)| within(*t)).count();
-    let mut peak_rss_mb: BTreeMap<u64, u64> = BTreeMap::new();
-    for (t, id, b) in meter.rss.lock().expect("rss").iter() {
-        if within(*t) {
-            let e = peak_rss_mb.entry(*id).or_default();
-            *e = (*e).max(b >> 20);
-        }
-    }
     Row {
         attack: attack.to_string(),
         heartbeat_p99,
@@ -665,7 +670,8 @@ fn row(attack: &str, meter: &Meter, from: u64, to: u64) -> Row {
         downs: count(&meter.downs),
         fenced: count(&meter.fenced),
         restarts,
-        peak_rss_mb,
+        peak_rss_mb: peak_rss(meter, from, to),
+        idle_rss_mb: BTreeMap::new(),
         sent: meter.sent.load(Ordering::Relaxed),
         refused: meter.refused.load(Ordering::Relaxed),
     }
@@ -675,7 +681,7 @@ fn ms(d: Duration) -> String {
     format!("{:.0}", d.as_secs_f64() * 1000.0)
 }
 
-fn print_table(rows: &[Row], idle_rss: &BTreeMap<u64, u64>, agents: usize, jobs: u64, exe: Option<&std::path::Path>) {
+fn print_table(rows: &[Row], agents: usize, jobs: u64, exe: Option<&std::path::Path>) {
     let machine = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {
@@ -689,18 +695,19 @@ fn print_table(rows: &[Row], idle_rss: &BTreeMap<u64, u64>, agents: usize, jobs:
         "gangway bench storm: 3 replicas (mTLS), {agents} agents, {jobs} held jobs, controllers: {}; {cores} cores, {machine}",
         exe.map_or_else(|| "this build".to_string(), |p| p.display().to_string())
     );
-    let idle: Vec<String> = idle_rss.values().map(|b| format!("{}", b >> 20)).collect();
-    println!("idle RSS per replica (MB): {}", idle.join("/"));
+    println!("(each attack on a fresh cluster; idle RSS: the same cluster before the attack)");
     println!();
     println!(
-        "| attack | heartbeat p99 ms | submit p99 ms | list p99 ms | false downs | self-fenced | restarts | peak RSS MB (r1/r2/r3) | refused / sent |"
+        "| attack | heartbeat p99 ms | submit p99 ms | list p99 ms | false downs | self-fenced | restarts | peak RSS MB (r1/r2/r3) | idle RSS MB | refused / sent |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
-        let rss: Vec<String> = (1..=3).map(|id| r.peak_rss_mb.get(&id).map_or("-".into(), |m| m.to_string())).collect();
+        let mb = |m: &BTreeMap<u64, u64>| -> String {
+            (1..=3).map(|id| m.get(&id).map_or("-".into(), |v| v.to_string())).collect::<Vec<String>>().join("/")
+        };
         let failed = |n: usize| if n > 0 { format!(" ({n} failed)") } else { String::new() };
         println!(
-            "| {} | {} ({} beats) | {}{} | {}{} | {} | {} | {} | {} | {} / {} |",
+            "| {} | {} ({} beats) | {}{} | {}{} | {} | {} | {} | {} | {} | {} / {} |",
             r.attack,
             ms(r.heartbeat_p99),
             r.heartbeats,
@@ -711,7 +718,8 @@ fn print_table(rows: &[Row], idle_rss: &BTreeMap<u64, u64>, agents: usize, jobs:
             r.downs,
             r.fenced,
             r.restarts,
-            rss.join("/"),
+            mb(&r.peak_rss_mb),
+            mb(&r.idle_rss_mb),
             r.refused,
             r.sent
         );
@@ -727,7 +735,7 @@ fn print_table(rows: &[Row], idle_rss: &BTreeMap<u64, u64>, agents: usize, jobs:
             ));
         }
         for (id, peak) in &r.peak_rss_mb {
-            if let Some(idle) = idle_rss.get(id).map(|b| b >> 20) {
+            if let Some(idle) = r.idle_rss_mb.get(id).copied() {
                 if *peak > idle.saturating_mul(2) {
                     misses
                         .push(format!("{}: replica {id} peaked at {peak} MB, over twice its idle {idle} MB", r.attack));

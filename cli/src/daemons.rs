@@ -113,6 +113,12 @@ pub struct ControllerArgs {
     /// Writes one user may make in a burst above that rate.
     #[arg(long, default_value_t = gangway_controller::ratelimit::WRITES_BURST)]
     user_write_burst: f64,
+    /// Bytes of writes (job specs, mostly) per second one user may sustain.
+    #[arg(long, default_value_t = gangway_controller::ratelimit::WRITE_BYTES_PER_S)]
+    user_write_bytes_per_s: f64,
+    /// Bytes of writes one user may make in a burst above that rate.
+    #[arg(long, default_value_t = gangway_controller::ratelimit::WRITE_BYTES_BURST)]
+    user_write_bytes_burst: f64,
     /// Read units per second one caller may spend on this replica: one per
     /// job or node a read looks at, one per 128 bytes it answers, 10 per call.
     #[arg(long, default_value_t = gangway_controller::ratelimit::READ_UNITS_PER_S)]
@@ -167,6 +173,8 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
     for (flag, v) in [
         ("user-writes-per-s", a.user_writes_per_s),
         ("user-write-burst", a.user_write_burst),
+        ("user-write-bytes-per-s", a.user_write_bytes_per_s),
+        ("user-write-bytes-burst", a.user_write_bytes_burst),
         ("user-read-units-per-s", a.user_read_units_per_s),
         ("user-read-burst", a.user_read_burst),
     ] {
@@ -178,6 +186,8 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
         node_down_timeout_ms: a.node_down_timeout_ms,
         user_writes_per_s: a.user_writes_per_s,
         user_write_burst: a.user_write_burst,
+        user_write_bytes_per_s: a.user_write_bytes_per_s,
+        user_write_bytes_burst: a.user_write_bytes_burst,
         user_read_units_per_s: a.user_read_units_per_s,
         user_read_burst: a.user_read_burst,
         ..Default::default()

@@ -27,6 +27,9 @@ pub struct Timing {
     /// Writes per second one user may sustain, and in a burst (see `ratelimit`).
     pub user_writes_per_s: f64,
     pub user_write_burst: f64,
+    /// Bytes of writes per second one user may sustain, and in a burst.
+    pub user_write_bytes_per_s: f64,
+    pub user_write_bytes_burst: f64,
     /// Read units per second one identity may spend on one replica, and in a
     /// full bucket (see `ratelimit::ReadLimiter`).
     pub user_read_units_per_s: f64,
@@ -45,6 +48,8 @@ impl Default for Timing {
             agent_heartbeat_interval_ms: 1_000,
             user_writes_per_s: crate::ratelimit::WRITES_PER_S,
             user_write_burst: crate::ratelimit::WRITES_BURST,
+            user_write_bytes_per_s: crate::ratelimit::WRITE_BYTES_PER_S,
+            user_write_bytes_burst: crate::ratelimit::WRITE_BYTES_BURST,
             user_read_units_per_s: crate::ratelimit::READ_UNITS_PER_S,
             user_read_burst: crate::ratelimit::READ_UNITS_BURST,
         }

@@ -33,12 +33,27 @@ pub const READ_QUEUE_MAX: usize = 256;
 /// gets about a tenth of a nice-0 one's share). Raising niceness needs no
 /// privilege.
 pub const READ_THREAD_NICE: i32 = 10;
+/// Reads of one caller in the lane (queued or running) at once: the lane is
+/// first come, first served, so without this a caller with a thousand
+/// pollers would put a thousand reads ahead of everyone else's one. With it,
+/// another caller's read waits behind at most this many of each caller's.
+pub const READS_PER_CALLER_MAX: usize = 2;
+/// How long a caller's read waits for one of its own places in the lane
+/// before it is refused (RESOURCE_EXHAUSTED with a hint): long enough for a
+/// caller's own parallel reads to take turns, short enough that a flood of
+/// them is turned away rather than held.
+pub const READ_TURN_WAIT_MAX: std::time::Duration = std::time::Duration::from_millis(500);
+/// Callers whose places are tracked at once; past it the idle ones are
+/// forgotten (a forgotten caller starts with all its places free).
+pub const READ_CALLERS_TRACKED_MAX: usize = 10_000;
 
 type Work = Box<dyn FnOnce() + Send>;
 
 /// The read lane (see the module docs).
 pub struct ReadPool {
     tx: SyncSender<Work>,
+    /// Each caller's places in the lane (READS_PER_CALLER_MAX).
+    turns: Mutex<BTreeMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 impl ReadPool {
@@ -66,16 +81,49 @@ impl ReadPool {
                 })
                 .expect("spawning a read thread");
         }
-        ReadPool { tx }
+        ReadPool { tx, turns: Mutex::default() }
     }
 
-    /// Runs `f` on the read lane and waits for it without holding an async
-    /// worker; RESOURCE_EXHAUSTED when the queue is full.
-    pub async fn run<T, F>(&self, what: &str, f: F) -> Result<T, Status>
+    /// One of `caller`'s places in the lane, waited for at most
+    /// READ_TURN_WAIT_MAX.
+    async fn turn(&self, caller: &str, what: &str) -> Result<tokio::sync::OwnedSemaphorePermit, Status> {
+        let places = {
+            let mut turns = self.turns.lock().expect("read turns lock");
+            if !turns.contains_key(caller) && turns.len() >= READ_CALLERS_TRACKED_MAX {
+                // Callers with nothing in the lane hold no place: forget them.
+                turns.retain(|_, s| Arc::strong_count(s) > 1 || s.available_permits() < READS_PER_CALLER_MAX);
+            }
+            turns
+                .entry(caller.to_string())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(READS_PER_CALLER_MAX)))
+                .clone()
+        };
+        match tokio::time::timeout(READ_TURN_WAIT_MAX, places.acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => {
+                metrics::counter!("gangway_api_denied_total", "reason" => "busy").increment(1);
+                let mut s = Status::resource_exhausted(format!(
+                    "{what}: {caller} already has {READS_PER_CALLER_MAX} reads in this replica's read lane; retry \
+                     in a moment"
+                ));
+                if let Ok(v) = "50".parse() {
+                    s.metadata_mut().insert(crate::ratelimit::RETRY_AFTER_METADATA_KEY, v);
+                }
+                Err(s)
+            }
+        }
+    }
+
+    /// Runs `f` on the read lane for `caller` (its identity) and waits for
+    /// it without holding an async worker: after one of the caller's places
+    /// (READS_PER_CALLER_MAX); RESOURCE_EXHAUSTED when none comes in time or
+    /// the queue is full.
+    pub async fn run<T, F>(&self, caller: &str, what: &str, f: F) -> Result<T, Status>
     where
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
+        let _turn = self.turn(caller, what).await?;
         let (done, rx) = tokio::sync::oneshot::channel();
         let work: Work = Box::new(move || {
             let _ = done.send(f());
@@ -194,6 +242,37 @@ mod tests {
         let _c1 = slots.take("carol").unwrap();
     }
 
+    /// A caller with many reads takes at most its places in the lane; the
+    /// next waits its turn, and another caller's read is not behind them.
+    #[tokio::test]
+    async fn one_caller_takes_at_most_its_places_in_the_read_lane() {
+        let pool = Arc::new(ReadPool::start());
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let mut busy = Vec::new();
+        for _ in 0..READS_PER_CALLER_MAX {
+            let (pool, gate) = (pool.clone(), gate.clone());
+            busy.push(tokio::spawn(async move {
+                pool.run("flood", "test", move || {
+                    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                    rt.block_on(async { gate.acquire().await.unwrap().forget() });
+                })
+                .await
+            }));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        // One past the flood's places: refused after the wait, with a hint.
+        let e = pool.run("flood", "test", || ()).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.metadata().get(crate::ratelimit::RETRY_AFTER_METADATA_KEY).is_some());
+        // Its places come back when its reads end; another caller has its own.
+        gate.add_permits(READS_PER_CALLER_MAX);
+        for b in busy {
+            b.await.unwrap().unwrap();
+        }
+        assert_eq!(pool.run("someone", "test", || 7).await.unwrap(), 7);
+        assert_eq!(pool.run("flood", "test", || 8).await.unwrap(), 8);
+    }
+
     #[tokio::test]
     async fn the_read_lane_refuses_past_its_queue_instead_of_queueing_without_bound() {
         let pool = ReadPool::start();
@@ -204,7 +283,8 @@ mod tests {
         let mut refused = 0;
         for _ in 0..READ_THREADS + READ_QUEUE_MAX + 1 {
             let rx = release_rx.clone();
-            let f = pool.run("test", move || {
+            let caller: &'static str = Box::leak(format!("caller-{}", held.len() + refused).into_boxed_str());
+            let f = pool.run(caller, "test", move || {
                 let _ = rx.lock().unwrap().recv();
             });
             // Submitting happens on the first poll.
@@ -217,6 +297,8 @@ mod tests {
                 std::task::Poll::Ready(Ok(())) => panic!("finished while held"),
                 std::task::Poll::Pending => held.push(f),
             }
+            // A fresh coop budget for the next first poll.
+            tokio::task::yield_now().await;
             // Let the threads take their first jobs before the queue fills.
             if held.len() == READ_THREADS {
                 std::thread::sleep(std::time::Duration::from_millis(50));

@@ -29,6 +29,14 @@ pub const WRITES_PER_S: f64 = 500.0;
 /// Writes one identity may make in a burst, above the sustained rate: a job
 /// array's worth of separate submits, or a script cancelling a few thousand jobs.
 pub const WRITES_BURST: f64 = 2_000.0;
+/// Bytes of writes (job specs, mostly) one identity may sustain per second:
+/// what a person or a pipeline submits is kilobytes a job; a script of
+/// scripts at the spec limit (2 MiB) gets two a second. Every byte written is
+/// kept by every replica (in its log, its state and the views readers read),
+/// so this is what bounds how fast one user can grow the replicas' memory.
+pub const WRITE_BYTES_PER_S: f64 = 4.0 * 1024.0 * 1024.0;
+/// Bytes of writes one identity may make in a burst above that rate.
+pub const WRITE_BYTES_BURST: f64 = 32.0 * 1024.0 * 1024.0;
 /// Identities tracked at once; the least recently seen is forgotten first (a
 /// forgotten identity starts with a full bucket, which is the generous side).
 pub const IDENTITIES_MAX: usize = 10_000;
@@ -53,18 +61,6 @@ pub const READ_BYTES_PER_UNIT: usize = 128;
 struct Bucket {
     tokens: f64,
     at: Instant,
-}
-
-/// The pure part: refill at `rate` up to `burst`, then take one token or say
-/// how long until one is there.
-fn take(bucket: &mut Bucket, now: Instant, rate: f64, burst: f64) -> Result<(), Duration> {
-    refill(bucket, now, rate, burst);
-    if bucket.tokens >= 1.0 {
-        bucket.tokens -= 1.0;
-        Ok(())
-    } else {
-        Err(Duration::from_secs_f64(((1.0 - bucket.tokens) / rate).min(60.0)))
-    }
 }
 
 /// Refills `bucket` up to `now`.
@@ -139,9 +135,11 @@ pub fn read_units(examined: usize, bytes: usize) -> u64 {
 }
 
 pub struct WriteLimiter {
-    buckets: std::sync::Mutex<BTreeMap<String, Bucket>>,
+    buckets: std::sync::Mutex<BTreeMap<String, (Bucket, Bucket)>>,
     rate: f64,
     burst: f64,
+    bytes_rate: f64,
+    bytes_burst: f64,
 }
 
 impl Default for WriteLimiter {
@@ -151,20 +149,56 @@ impl Default for WriteLimiter {
 }
 
 impl WriteLimiter {
-    /// `rate` writes per second, bursts of `burst` (both at least 1).
+    /// `rate` writes per second, bursts of `burst` (both at least 1), and
+    /// WRITE_BYTES_PER_S bytes, bursts of WRITE_BYTES_BURST.
     pub fn new(rate: f64, burst: f64) -> WriteLimiter {
-        WriteLimiter { buckets: Default::default(), rate: rate.max(1.0), burst: burst.max(1.0) }
+        WriteLimiter::with_bytes(rate, burst, WRITE_BYTES_PER_S, WRITE_BYTES_BURST)
+    }
+
+    /// Also the bytes per second and in a burst (all at least 1).
+    pub fn with_bytes(rate: f64, burst: f64, bytes_rate: f64, bytes_burst: f64) -> WriteLimiter {
+        WriteLimiter {
+            buckets: Default::default(),
+            rate: rate.max(1.0),
+            burst: burst.max(1.0),
+            bytes_rate: bytes_rate.max(1.0),
+            bytes_burst: bytes_burst.max(1.0),
+        }
     }
 
     pub fn rate(&self) -> (f64, f64) {
         (self.rate, self.burst)
     }
 
-    /// Takes one write for `identity`, or returns how long to wait before retrying.
-    pub fn check(&self, identity: &str, now: Instant) -> Result<(), Duration> {
+    pub fn bytes_rate(&self) -> (f64, f64) {
+        (self.bytes_rate, self.bytes_burst)
+    }
+
+    /// Takes one write of `bytes` for `identity`, or returns how long to wait
+    /// before retrying (the write is taken from neither bucket then).
+    pub fn check(&self, identity: &str, bytes: usize, now: Instant) -> Result<(), Duration> {
         let mut buckets = self.buckets.lock().expect("rate limiter lock");
-        let bucket = bucket_of(&mut buckets, identity, now, self.burst);
-        take(bucket, now, self.rate, self.burst)
+        if !buckets.contains_key(identity) && buckets.len() >= IDENTITIES_MAX {
+            if let Some(oldest) = buckets.iter().min_by_key(|(_, b)| b.0.at).map(|(k, _)| k.clone()) {
+                buckets.remove(&oldest);
+            }
+        }
+        let fresh = |burst| Bucket { tokens: burst, at: now };
+        let (count, size) =
+            buckets.entry(identity.to_string()).or_insert_with(|| (fresh(self.burst), fresh(self.bytes_burst)));
+        refill(count, now, self.rate, self.burst);
+        refill(size, now, self.bytes_rate, self.bytes_burst);
+        // A write larger than the whole burst waits for a full bucket.
+        let bytes = (bytes as f64).min(self.bytes_burst);
+        if count.tokens < 1.0 {
+            return Err(Duration::from_secs_f64(((1.0 - count.tokens) / self.rate).min(60.0)));
+        }
+        if size.tokens < bytes {
+            return Err(Duration::from_secs_f64(((bytes - size.tokens) / self.bytes_rate).min(60.0)));
+        }
+        count.tokens -= 1.0;
+        size.tokens -= bytes;
+        Ok(())
     }
 }
 
@@ -177,19 +211,39 @@ mod tests {
         let l = WriteLimiter::default();
         let t0 = Instant::now();
         for _ in 0..WRITES_BURST as usize {
-            assert!(l.check("alice", t0).is_ok());
+            assert!(l.check("alice", 100, t0).is_ok());
         }
         // One past the burst: refused, with a hint of one token's time.
-        let wait = l.check("alice", t0).unwrap_err();
+        let wait = l.check("alice", 100, t0).unwrap_err();
         assert!(wait > Duration::ZERO && wait <= Duration::from_secs_f64(1.0 / WRITES_PER_S) * 2);
         // Others are not affected.
-        assert!(l.check("bob", t0).is_ok());
+        assert!(l.check("bob", 100, t0).is_ok());
         // A second later, a second's worth is back.
         let t1 = t0 + Duration::from_secs(1);
         for _ in 0..WRITES_PER_S as usize {
-            assert!(l.check("alice", t1).is_ok());
+            assert!(l.check("alice", 100, t1).is_ok());
         }
-        assert!(l.check("alice", t1).is_err());
+        assert!(l.check("alice", 100, t1).is_err());
+    }
+
+    #[test]
+    fn bytes_are_limited_besides_writes() {
+        let l = WriteLimiter::default();
+        let t0 = Instant::now();
+        let spec = 2 * 1024 * 1024;
+        let fit = (WRITE_BYTES_BURST / spec as f64) as usize;
+        for _ in 0..fit {
+            assert!(l.check("alice", spec, t0).is_ok());
+        }
+        // One past the bytes' burst: refused for the time its bytes take.
+        let wait = l.check("alice", spec, t0).unwrap_err();
+        let want = Duration::from_secs_f64(spec as f64 / WRITE_BYTES_PER_S);
+        assert!(wait <= want && wait > want / 2, "{wait:?}");
+        // Small writes of others go on; a refused write took nothing.
+        assert!(l.check("bob", 100, t0).is_ok());
+        assert!(l.check("alice", spec, t0 + wait).is_ok());
+        // A write larger than the burst waits for a full bucket, not forever.
+        assert!(l.check("carol", usize::MAX, t0).is_ok());
     }
 
     #[test]
@@ -220,7 +274,7 @@ mod tests {
         let l = WriteLimiter::default();
         let t0 = Instant::now();
         for i in 0..IDENTITIES_MAX + 10 {
-            assert!(l.check(&format!("u{i}"), t0 + Duration::from_micros(i as u64)).is_ok());
+            assert!(l.check(&format!("u{i}"), 1, t0 + Duration::from_micros(i as u64)).is_ok());
         }
         assert_eq!(l.buckets.lock().unwrap().len(), IDENTITIES_MAX);
     }

@@ -105,9 +105,11 @@ impl Replica {
             history: config.accounting.clone().map(crate::accounting::History::new),
             private_jobs: config.private_jobs,
             audit: Arc::new(crate::audit::AuditLog::default()),
-            writes: crate::ratelimit::WriteLimiter::new(
+            writes: crate::ratelimit::WriteLimiter::with_bytes(
                 config.timing.user_writes_per_s,
                 config.timing.user_write_burst,
+                config.timing.user_write_bytes_per_s,
+                config.timing.user_write_bytes_burst,
             ),
             reads: crate::ratelimit::ReadLimiter::new(
                 config.timing.user_read_units_per_s,

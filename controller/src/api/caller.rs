@@ -629,19 +629,24 @@ impl Replica {
     /// to retry). Users only. Counted on the leader, where every write ends up
     /// (a follower forwards it with the caller's identity), so the rate holds
     /// for the cluster, not per replica.
-    pub(super) fn limit_writes(&self, ctx: &CallCtx, what: &str) -> Result<(), Status> {
+    pub(super) fn limit_writes(&self, ctx: &CallCtx, what: &str, bytes: usize) -> Result<(), Status> {
         let user = matches!(&ctx.caller, Caller::Verified(p) if p.role == Role::Client);
         if !user || !self.node.is_leader() || self.is_admin(ctx) {
             return Ok(());
         }
-        match self.writes.check(&ctx.identity, std::time::Instant::now()) {
+        match self.writes.check(&ctx.identity, bytes, std::time::Instant::now()) {
             Ok(()) => Ok(()),
             Err(wait) => {
                 metrics::counter!("gangway_api_denied_total", "reason" => "rate").increment(1);
                 let (rate, burst) = self.writes.rate();
+                let (bytes_rate, bytes_burst) = self.writes.bytes_rate();
+                let mib = |b: f64| b / (1024.0 * 1024.0);
                 let mut s = Status::resource_exhausted(format!(
-                    "rate: {} may make {rate} writes per second (bursts of {burst}); retry in {} ms",
+                    "rate: {} may make {rate} writes per second (bursts of {burst}) of {} MiB per second (bursts \
+                     of {} MiB); retry in {} ms",
                     ctx.identity,
+                    mib(bytes_rate),
+                    mib(bytes_burst),
                     wait.as_millis().max(1)
                 ));
                 // The standard hint clients and proxies read.

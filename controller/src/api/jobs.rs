@@ -266,7 +266,7 @@ impl JobService for JobApi {
         let (resp, units) = self
             .replica
             .read_pool
-            .run("list", move || {
+            .run(&ctx.identity, "list", move || {
                 let reasons = if pass {
                     let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, crate::now_ms());
                     Arc::new(gangway_core::sched::plan(&state, &opts).reasons.into_iter().collect())
@@ -372,7 +372,9 @@ impl JobService for JobApi {
         let (e, units) = self
             .replica
             .read_pool
-            .run("explain", move || (gangway_core::sched::explain(&state, job_id, now), analysis_units(&state)))
+            .run(&ctx.identity, "explain", move || {
+                (gangway_core::sched::explain(&state, job_id, now), analysis_units(&state))
+            })
             .await?;
         self.replica.charge_read(&ctx, units);
         let e = e.ok_or_else(|| Status::not_found(format!("job {job_id} does not exist")))?;
@@ -404,7 +406,7 @@ impl JobService for JobApi {
         let answer = self
             .replica
             .read_pool
-            .run("test-only", move || match state.prepare_submission(u64::MAX / 2, &spec, &identity) {
+            .run(&ctx.identity, "test-only", move || match state.prepare_submission(u64::MAX / 2, &spec, &identity) {
                 Ok(mut jobs) => match jobs.first_mut() {
                     Some(job) => {
                         state.settle_hypothetical(job);

@@ -103,7 +103,7 @@ impl Replica {
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
         let name = cmd.name();
-        self.limit_writes(ctx, name)?;
+        self.limit_writes(ctx, name, cmd.approx_bytes())?;
         match self.proposer.propose(cmd).await {
             Ok(applied) => {
                 // Refusals the state machine makes for lack of permission
