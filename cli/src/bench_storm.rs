@@ -125,6 +125,9 @@ struct Meter {
     /// (ms, agent) of answers that came later than the agent's self-fence
     /// window after the one before.
     fenced: Mutex<Vec<(u64, usize)>>,
+    /// Each agent's last answered heartbeat (ms), and its self-fence window.
+    last_ok: Mutex<BTreeMap<usize, u64>>,
+    fence_ms: AtomicU64,
     /// (ms, replica) of replica processes that exited.
     exits: Mutex<Vec<(u64, u64)>>,
     /// (ms, replica, RSS bytes)
@@ -383,6 +386,7 @@ async fn agent(i: usize, client: Client, meter: Arc<Meter>) {
                     let r = r.into_inner();
                     interval = Duration::from_millis(r.heartbeat_interval_ms.max(100));
                     fence_ms = r.node_down_timeout_ms / 2;
+                    meter.fence_ms.store(fence_ms, Ordering::Relaxed);
                     registered = true;
                 }
                 Err(_) => {
@@ -414,6 +418,7 @@ async fn agent(i: usize, client: Client, meter: Arc<Meter>) {
                     }
                 }
                 last_ok = Some(now);
+                meter.last_ok.lock().expect("last ok").insert(i, now);
                 if resp.heartbeat_interval_ms > 0 {
                     interval = Duration::from_millis(resp.heartbeat_interval_ms);
                 }
@@ -659,6 +664,20 @@ fn row(attack: &str, meter: &Meter, from: u64, to: u64) -> Row {
     let within = |t: u64| t >= from && t < to;
     let count = |v: &Mutex<Vec<(u64, usize)>>| v.lock().expect("events").iter().filter(|(t, _)| within(*t)).count();
     let restarts = meter.exits.lock().expect("exits").iter().filter(|(t, _)| within(*t)).count();
+    // Agents that went longer than their self-fence window without an
+    // answer: a gap that ended in the window, or one still open at its end.
+    let fence = meter.fence_ms.load(Ordering::Relaxed);
+    let mut fenced: std::collections::BTreeSet<usize> =
+        meter.fenced.lock().expect("fenced").iter().filter(|(t, _)| within(*t)).map(|(_, i)| *i).collect();
+    fenced.extend(
+        meter
+            .last_ok
+            .lock()
+            .expect("last ok")
+            .iter()
+            .filter(|(_, t)| fence > 0 && to.saturating_sub(**t) > fence)
+            .map(|(i, _)| *i),
+    );
     Row {
         attack: attack.to_string(),
         heartbeat_p99,
@@ -668,7 +687,7 @@ fn row(attack: &str, meter: &Meter, from: u64, to: u64) -> Row {
         list_p99,
         list_failed,
         downs: count(&meter.downs),
-        fenced: count(&meter.fenced),
+        fenced: fenced.len(),
         restarts,
         peak_rss_mb: peak_rss(meter, from, to),
         idle_rss_mb: BTreeMap::new(),

@@ -686,6 +686,12 @@ pub const CONNECTIONS_PER_CLIENT_MAX: usize = 512;
 /// credentials, strangers) from one network prefix (an IPv4 /24, an IPv6
 /// /64): a rack of nodes running jobs that call squeue, not a flood.
 pub const ANONYMOUS_CONNECTIONS_PER_PREFIX_MAX: usize = 1_024;
+/// Connections of any kind from one network prefix, counted from the moment
+/// they are accepted (before the handshake, which costs the replica a
+/// signature): a /24 holds at most 254 hosts, each with its agent and its
+/// users' processes. Past it a newcomer is closed before any handshake, so a
+/// flood of connections costs the replica no cryptography.
+pub const CONNECTIONS_PER_PREFIX_MAX: usize = 2_048;
 /// A connection on which nothing was read for this long is closed. Clients
 /// ping every PEER_PING_INTERVAL while a call is open, agents heartbeat every
 /// few seconds: only a connection nobody uses goes idle this long.
@@ -705,6 +711,7 @@ pub struct Conn {
 struct ConnHold {
     _total: tokio::sync::OwnedSemaphorePermit,
     _mine: ConnSlot,
+    _prefix: PeerSlot,
 }
 
 enum ConnIo {
@@ -862,6 +869,7 @@ pub fn incoming_for(
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE_MAX);
     let slots = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_IN_FLIGHT_MAX));
     let per_prefix = PeerSlots::default();
+    let open_per_prefix = PeerSlots::default();
     let connections = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
     let per_principal = ConnSlots::default();
     tokio::spawn(async move {
@@ -880,8 +888,13 @@ pub fn incoming_for(
             };
             // Shed, never stall: with every slot (or this prefix's share)
             // taken, the newcomer is closed and accepting goes on.
+            let prefix = prefix_of(remote.ip());
+            let Some(open_slot) = open_per_prefix.take(prefix, CONNECTIONS_PER_PREFIX_MAX) else {
+                metrics::counter!("gangway_connections_shed_total").increment(1);
+                continue;
+            };
             let (Ok(permit), Some(prefix_slot)) =
-                (slots.clone().try_acquire_owned(), per_prefix.take(prefix_of(remote.ip()), HANDSHAKES_PER_PREFIX_MAX))
+                (slots.clone().try_acquire_owned(), per_prefix.take(prefix, HANDSHAKES_PER_PREFIX_MAX))
             else {
                 metrics::counter!("gangway_tls_handshakes_shed_total").increment(1);
                 continue;
@@ -925,7 +938,7 @@ pub fn incoming_for(
                     metrics::counter!("gangway_connections_shed_total").increment(1);
                     return;
                 };
-                let held = ConnHold { _total: total, _mine: mine };
+                let held = ConnHold { _total: total, _mine: mine, _prefix: open_slot };
                 let conn = Conn::new(io, PeerInfo { remote: Some(remote), auth }, Some(held));
                 let _ = tx.send(Ok(conn)).await;
             });

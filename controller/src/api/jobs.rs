@@ -263,10 +263,14 @@ impl JobService for JobApi {
             && state.pending.len() <= EXPLAIN_INLINE_PENDING_MAX;
         let permit = if inline { self.replica.analysis_permit("list").ok() } else { None };
         let pass = permit.is_some();
+        // The work reads the view of its moment (never older than this one):
+        // a read waiting for its turn holds no view the maintainer must keep.
+        let shared = later(self.replica.node.state(), state);
         let (resp, units) = self
             .replica
             .read_pool
             .run(&ctx.identity, "list", move || {
+                let state = shared.read();
                 let reasons = if pass {
                     let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, crate::now_ms());
                     Arc::new(gangway_core::sched::plan(&state, &opts).reasons.into_iter().collect())
@@ -369,10 +373,12 @@ impl JobService for JobApi {
             Read::Forwarded(resp) => return Ok(resp),
         };
         let now = crate::now_ms();
+        let shared = later(self.replica.node.state(), state);
         let (e, units) = self
             .replica
             .read_pool
             .run(&ctx.identity, "explain", move || {
+                let state = shared.read();
                 (gangway_core::sched::explain(&state, job_id, now), analysis_units(&state))
             })
             .await?;
@@ -395,32 +401,36 @@ impl JobService for JobApi {
         }
         let _permit = self.replica.analysis_permit("test-only")?;
         self.replica.admit_read(&ctx)?;
-        let state = self.replica.node.state().read();
+        let shared = self.replica.node.state().clone();
         let now = crate::now_ms();
         let identity = ctx.identity.clone();
         // Every check a submission meets in the log, then one scheduling pass
         // with the would-be job as if pending: no copy of the state, one pass
         // over a view like an explain (and the leader's own passes). On the
         // read lane; bounded by the analysis permits.
-        let units = analysis_units(&state);
-        let answer = self
+        let (answer, units) = self
             .replica
             .read_pool
-            .run(&ctx.identity, "test-only", move || match state.prepare_submission(u64::MAX / 2, &spec, &identity) {
-                Ok(mut jobs) => match jobs.first_mut() {
-                    Some(job) => {
-                        state.settle_hypothetical(job);
-                        Ok(gangway_core::sched::explain_submission(&state, job, now))
-                    }
-                    None => Err(Status::internal("test-only: the submission makes no job")),
-                },
-                Err(applied) => match applied.outcome {
-                    Outcome::Refused(r) => Err(super::status_from_refusal(&r)),
-                    other => Err(unexpected(&other)),
-                },
+            .run(&ctx.identity, "test-only", move || {
+                let state = shared.read();
+                let answer = match state.prepare_submission(u64::MAX / 2, &spec, &identity) {
+                    Ok(mut jobs) => match jobs.first_mut() {
+                        Some(job) => {
+                            state.settle_hypothetical(job);
+                            Ok(gangway_core::sched::explain_submission(&state, job, now))
+                        }
+                        None => Err(Status::internal("test-only: the submission makes no job")),
+                    },
+                    Err(applied) => match applied.outcome {
+                        Outcome::Refused(r) => Err(super::status_from_refusal(&r)),
+                        other => Err(unexpected(&other)),
+                    },
+                };
+                (answer, analysis_units(&state))
             })
-            .await??;
+            .await?;
         self.replica.charge_read(&ctx, units);
+        let answer = answer?;
         Ok(Response::new(explanation_to_proto(answer)))
     }
 
@@ -605,6 +615,12 @@ impl JobService for JobApi {
             // (From 0: live events only.)
             let mut replaying = from > 0;
             while replaying {
+                // Each page waits for the caller's budget first: a caller
+                // with many streams replays at its budget's pace, together.
+                if let Err(s) = replica.wait_for_read_budget(&shown.ctx).await {
+                    let _ = tx.send(Err(s)).await;
+                    return;
+                }
                 let page = match shared.events_page(next, EVENTS_PAGE_MAX) {
                     Ok(page) if page.is_empty() => break,
                     Ok(page) => page,
@@ -632,11 +648,10 @@ impl JobService for JobApi {
                 }
                 replaying = replayed > 0;
                 next = seen_through.saturating_add(1);
-                replica.charge_read(&shown.ctx, crate::ratelimit::read_units(replayed, 0));
-                if let Err(s) = replica.wait_for_read_budget(&shown.ctx).await {
-                    let _ = tx.send(Err(s)).await;
-                    return;
-                }
+                replica.charge_read(
+                    &shown.ctx,
+                    crate::ratelimit::read_units(replayed.saturating_mul(EVENT_REPLAY_UNITS), 0),
+                );
                 if let Err(s) = replica.still_allowed(&shown.ctx, &auth) {
                     let _ = tx.send(Err(s)).await;
                     return;
@@ -835,6 +850,18 @@ fn check_history_filters(msg: &HistoryRequest) -> Result<(), Status> {
     Ok(())
 }
 
+/// The state a read's work reads when it runs: the newest view then, never
+/// older than `seen` (views only move forward), which is let go here so
+/// that a read waiting for its turn holds no view.
+fn later(
+    shared: &Arc<gangway_raft_store::SharedState>,
+    seen: Arc<gangway_raft_store::View>,
+) -> Arc<gangway_raft_store::SharedState> {
+    debug_assert!(shared.read().index() >= seen.index());
+    drop(seen);
+    shared.clone()
+}
+
 /// The read units of a scheduling analysis over `state`: a pass weighs the
 /// pending jobs against the nodes.
 fn analysis_units(state: &gangway_core::State) -> u64 {
@@ -984,9 +1011,12 @@ pub fn list_page(
     (ListJobsResponse { jobs, next_after_id }, examined, bytes)
 }
 
+/// Read units one replayed event costs: it is filtered for the caller,
+/// converted and encoded (a hundred bytes or so).
+const EVENT_REPLAY_UNITS: usize = 4;
 /// Events a stream replays per page of the ring (each page charged to the
 /// caller's read budget before the next is taken).
-const EVENTS_PAGE_MAX: usize = 4_096;
+const EVENTS_PAGE_MAX: usize = 1_024;
 /// How often an open stream checks that its caller still may read it: a
 /// revoked or expired token, a job credential whose attempt ended, an admin
 /// no longer one.
