@@ -30,6 +30,7 @@ pub mod model;
 pub mod policy;
 pub mod reservation;
 pub mod sched;
+pub mod share;
 pub mod sim;
 pub mod snapshot;
 pub mod spec;
@@ -37,6 +38,7 @@ pub mod state;
 
 pub use command::{Command, NodeStateChange};
 pub use model::{Allocation, Gpu, GpuHealth, Job, JobId, JobState, Node, NodeAllocation, NodeState};
+pub use share::Share;
 pub use spec::{JobSpec, NodeSpec, SpecError};
 pub use state::{Applied, Event, JobEvent, NodeChange, Outcome, Refusal, RefusalKind, State};
 

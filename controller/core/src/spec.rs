@@ -32,8 +32,9 @@ pub struct JobSpec {
     pub user: String,
     /// argv of the command to run; with a `script`, the script's arguments.
     pub command: Vec<String>,
-    /// A batch script's full text (run with `command` as its arguments).
-    pub script: String,
+    /// A batch script's full text (run with `command` as its arguments);
+    /// shared by every copy of the state that holds the job (`share.rs`).
+    pub script: crate::Share<String>,
     pub workdir: String,
     pub partition: String,
     pub nodes: u32,
@@ -44,7 +45,8 @@ pub struct JobSpec {
     /// Required GPU model (lower-case, e.g. `h100`); empty means any.
     pub gpu_type: String,
     pub time_limit_s: u64,
-    pub env: BTreeMap<String, String>,
+    /// Shared like the script.
+    pub env: crate::Share<BTreeMap<String, String>>,
     /// Put the job back in the queue when a node it runs on fails (Slurm's
     /// default for batch jobs); otherwise it ends NODE_FAIL.
     pub requeue: bool,
@@ -359,7 +361,7 @@ impl Default for JobSpec {
             name: String::new(),
             user: String::new(),
             command: Vec::new(),
-            script: String::new(),
+            script: String::new().into(),
             workdir: String::new(),
             partition: String::new(),
             nodes: 1,
@@ -369,7 +371,7 @@ impl Default for JobSpec {
             gpus_per_node: 0,
             gpu_type: String::new(),
             time_limit_s: 0,
-            env: BTreeMap::new(),
+            env: BTreeMap::new().into(),
             requeue: true,
             output: String::new(),
             error: String::new(),
@@ -958,7 +960,7 @@ mod tests {
             (JobSpec { gpus_per_node: 17, ..ok_spec() }, "gpus_per_node"),
             (JobSpec { gpus_per_node: 1, gpu_type: "H100:8".into(), ..ok_spec() }, "gpu_type"),
             (JobSpec { time_limit_s: TIME_LIMIT_S_MAX + 1, ..ok_spec() }, "time_limit_s"),
-            (JobSpec { script: "x".repeat(SCRIPT_BYTES_MAX + 1), command: vec![], ..ok_spec() }, "script"),
+            (JobSpec { script: "x".repeat(SCRIPT_BYTES_MAX + 1).into(), command: vec![], ..ok_spec() }, "script"),
             (JobSpec { workdir: "relative/dir".into(), ..ok_spec() }, "workdir"),
             (JobSpec { user: String::new(), ..ok_spec() }, "user"),
         ];

@@ -1157,7 +1157,7 @@ fn full_spec() -> JobSpec {
         gpus_per_node: 8,
         gpu_type: "h100".into(),
         time_limit_s: 3_600,
-        env: BTreeMap::from([("WANDB_MODE".into(), "offline".into())]),
+        env: BTreeMap::from([("WANDB_MODE".into(), "offline".into())]).into(),
         requeue: true,
         output: "%x-%j.out".into(),
         error: "%x-%j.err".into(),
@@ -2363,7 +2363,7 @@ fn a_large_realistic_snapshot_decodes_within_the_allocation_bound() {
         s.apply(2, &Command::RegisterNode { spec: node_spec(n, 8), now_ms: 2 });
     }
     let mut spec = job_spec(1, 1, 1);
-    spec.script = "#!/bin/bash\n".to_string() + &"srun python train.py --lr 3e-4\n".repeat(60);
+    spec.script = ("#!/bin/bash\n".to_string() + &"srun python train.py --lr 3e-4\n".repeat(60)).into();
     spec.env = (0..60).map(|i| (format!("VAR_{i}"), format!("value-{i}"))).collect();
     for i in 0..20 {
         let mut spec = spec.clone();

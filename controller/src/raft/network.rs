@@ -171,7 +171,7 @@ mod tests {
 
     fn entry(index: u64, script_bytes: usize) -> openraft::Entry<TypeConfig> {
         use gangway_core::JobSpec as Spec;
-        let spec = Spec { script: "x".repeat(script_bytes), ..Default::default() };
+        let spec = Spec { script: "x".repeat(script_bytes).into(), ..Default::default() };
         let cmd = gangway_core::Command::SubmitJob {
             spec,
             identity: "client:a".into(),

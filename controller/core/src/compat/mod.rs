@@ -30,6 +30,17 @@ impl<T> Frozen<T> for T {
     }
 }
 
+/// A shared value (`crate::Share`) was a plain one in the older formats
+/// (the encoding is the same).
+impl<T: Clone> Frozen<crate::Share<T>> for T {
+    fn freeze(today: crate::Share<T>) -> T {
+        today.into_inner()
+    }
+    fn thaw(self) -> crate::Share<T> {
+        crate::Share::new(self)
+    }
+}
+
 /// Declares a frozen struct's conversions from and to today's: `$fields` are
 /// the frozen type's, each converted with [`Frozen`]; today's later fields
 /// take their defaults, or the values `later` gives (a state or entry of the
