@@ -132,6 +132,9 @@ struct Meter {
     exits: Mutex<Vec<(u64, u64)>>,
     /// (ms, replica, RSS bytes)
     rss: Mutex<Vec<(u64, u64, u64)>>,
+    /// Why the fleet's and the good user's calls failed (the first words of
+    /// each message), with counts.
+    failures: Mutex<BTreeMap<String, u64>>,
     /// The running attack's requests sent and refused.
     sent: AtomicU64,
     refused: AtomicU64,
@@ -142,6 +145,14 @@ struct Meter {
 }
 
 impl Meter {
+    fn failed(&self, who: &str, s: &tonic::Status) {
+        let words: String = s.message().split_whitespace().take(8).collect::<Vec<_>>().join(" ");
+        let mut f = self.failures.lock().expect("failures");
+        if f.len() < 64 || f.contains_key(&format!("{who}: {:?} {words}", s.code())) {
+            *f.entry(format!("{who}: {:?} {words}", s.code())).or_default() += 1;
+        }
+    }
+
     fn ms(&self) -> u64 {
         self.started.map_or(0, |s| u64::try_from(s.elapsed().as_millis()).unwrap_or(u64::MAX))
     }
@@ -272,6 +283,9 @@ async fn run_attack(a: &StormArgs, attack: &str) -> anyhow::Result<Row> {
     watcher.abort();
     let mut row = row(attack, &meter, from, to);
     row.idle_rss_mb = idle_rss;
+    for (why, n) in meter.failures.lock().expect("failures").iter() {
+        eprintln!("storm: {attack}: {n} × {why}");
+    }
     Ok(row)
 }
 
@@ -423,7 +437,10 @@ async fn agent(i: usize, client: Client, meter: Arc<Meter>) {
                     interval = Duration::from_millis(resp.heartbeat_interval_ms);
                 }
             }
-            Err(_) => meter.heartbeats.lock().expect("heartbeats").push((now, u32::MAX)),
+            Err(s) => {
+                meter.failed("heartbeat", &s);
+                meter.heartbeats.lock().expect("heartbeats").push((now, u32::MAX));
+            }
         }
         tokio::time::sleep(interval.saturating_sub(rtt)).await;
     }
@@ -438,7 +455,11 @@ async fn good_user(client: Client, meter: Arc<Meter>) {
     while !meter.done.load(Ordering::Relaxed) {
         n = n.saturating_add(1);
         let t0 = Instant::now();
-        let ok = crate::bench::submit_spec(&client, spec.clone(), format!("good-{n}")).await.is_ok();
+        let r = crate::bench::submit_spec(&client, spec.clone(), format!("good-{n}")).await;
+        if let Err(s) = &r {
+            meter.failed("good submit", s);
+        }
+        let ok = r.is_ok();
         let took = if ok { micros(t0.elapsed()) } else { u32::MAX };
         meter.submits.lock().expect("submits").push((meter.ms(), took));
         let t0 = Instant::now();

@@ -52,6 +52,11 @@ pub use gangway_proto::client::RETRY_AFTER_METADATA_KEY;
 pub const READ_UNITS_PER_S: f64 = 200_000.0;
 /// Read units in a full bucket: a few whole listings of a large queue at once.
 pub const READ_UNITS_BURST: f64 = 1_000_000.0;
+/// Units a read's admission reserves from its caller's bucket (about a
+/// page of a listing), settled against what it did when it is charged: a
+/// thousand reads arriving together are let in only as far as the bucket
+/// holds a page for each.
+pub const READ_RESERVED_UNITS: u64 = 1_000;
 /// Units every read costs, whatever it looked at (a Get of one job).
 pub const READ_BASE_UNITS: u64 = 10;
 /// Bytes answered per read unit.
@@ -110,20 +115,30 @@ impl ReadLimiter {
         let bucket = bucket_of(&mut buckets, identity, now, self.burst);
         refill(bucket, now, self.rate, self.burst);
         if bucket.tokens > 0.0 {
+            // Reserved now, so that many reads arriving together are not
+            // all let in on the same tokens; settled when the read is charged.
+            bucket.tokens -= READ_RESERVED_UNITS as f64;
             Ok(())
         } else {
             Err(Duration::from_secs_f64(((1.0 - bucket.tokens) / self.rate).min(60.0)))
         }
     }
 
-    /// Charges what a read of `identity` did. The debt is bounded by one
-    /// full bucket: a read's work is bounded, and a caller deep in debt is
-    /// refused until it is paid.
+    /// Charges what a read of `identity` did (less what its admission
+    /// reserved). The debt is bounded by one full bucket: a read's work is
+    /// bounded, and a caller deep in debt is refused until it is paid.
     pub fn charge(&self, identity: &str, units: u64, now: Instant) {
         let mut buckets = self.buckets.lock().expect("rate limiter lock");
         let bucket = bucket_of(&mut buckets, identity, now, self.burst);
         refill(bucket, now, self.rate, self.burst);
-        bucket.tokens = (bucket.tokens - units as f64).max(-self.burst);
+        let owed = units as f64 - READ_RESERVED_UNITS as f64;
+        bucket.tokens = (bucket.tokens - owed).clamp(-self.burst, self.burst);
+    }
+
+    /// Gives back what an admission reserved for a read this replica did not
+    /// do (it forwarded it: the leader charges it).
+    pub fn refund(&self, identity: &str, now: Instant) {
+        self.charge(identity, 0, now);
     }
 }
 
@@ -253,7 +268,7 @@ mod tests {
         // A full bucket takes a read that costs more than it holds: reads
         // are charged after they ran.
         assert!(l.admit("alice", t0).is_ok());
-        l.charge("alice", READ_UNITS_BURST as u64 + 1, t0);
+        l.charge("alice", READ_UNITS_BURST as u64 + 1 + READ_RESERVED_UNITS, t0);
         // One unit past the bucket: the next read waits until it is paid.
         let wait = l.admit("alice", t0).unwrap_err();
         assert!(wait > Duration::ZERO && wait <= Duration::from_millis(10), "{wait:?}");
@@ -264,6 +279,13 @@ mod tests {
         assert!(wait <= Duration::from_secs_f64(READ_UNITS_BURST / READ_UNITS_PER_S) + Duration::from_millis(1));
         // Others are not affected.
         assert!(l.admit("carol", t0).is_ok());
+        // A herd arriving together is let in only as far as the bucket
+        // holds a reservation for each; a forwarded read gives it back.
+        let small = ReadLimiter::new(1.0, 10.0 * READ_RESERVED_UNITS as f64);
+        let admitted = (0..100).filter(|_| small.admit("herd", t0).is_ok()).count();
+        assert_eq!(admitted, 10);
+        small.refund("herd", t0);
+        assert!(small.admit("herd", t0).is_ok());
         assert_eq!(read_units(0, 0), READ_BASE_UNITS);
         assert_eq!(read_units(100, READ_BYTES_PER_UNIT * 3), READ_BASE_UNITS + 103);
         assert_eq!(read_units(usize::MAX, usize::MAX), READ_BASE_UNITS.saturating_add(u64::MAX));

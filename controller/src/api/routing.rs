@@ -146,6 +146,10 @@ impl Replica {
         match self.node.ensure_linearizable(crate::shared::WRITE_TIMEOUT).await {
             Ok(()) => Ok(Read::Here(self.fresh_view().await?)),
             Err(ProposeError::NotLeader { leader_addr }) => {
+                // The leader does the work and charges it.
+                if Self::reads_budgeted(ctx) {
+                    self.reads.refund(&ctx.identity, std::time::Instant::now());
+                }
                 Ok(Read::Forwarded(self.forward(ctx, leader_addr, msg, call).await?))
             }
             Err(e) => Err(status_from_propose(e)),

@@ -72,6 +72,10 @@ pub struct RaftStatus {
     pub matched: BTreeMap<u64, Option<u64>>,
 }
 
+/// How long one leadership confirmation may take (a quorum that does not
+/// answer): the readers waiting for it are refused UNAVAILABLE, and retry.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Threads of the runtime Raft runs on (see [`RaftRuntime`]): its core,
 /// replication to each follower and the state machine's apply.
 pub const RAFT_THREADS: usize = 2;
@@ -101,6 +105,24 @@ pub struct RaftNode {
     /// Whether this replica sends heartbeats as leader (off only while a
     /// leadership transfer lets its lease run out; see [`HeartbeatPause`]).
     heartbeats: std::sync::atomic::AtomicBool,
+    /// Linearizable reads waiting for a leadership confirmation share one
+    /// (see [`RaftNode::ensure_linearizable`]).
+    reads: ReadRounds,
+}
+
+/// Leadership confirmations for linearizable reads, one at a time, each
+/// serving every read that arrived before it started (etcd batches its
+/// ReadIndex requests the same way). A confirmation is a round of messages to
+/// every follower: without this a thousand readers would ask for a thousand
+/// rounds at once, and the leader's heartbeats to its followers would queue
+/// behind them until it lost its quorum.
+#[derive(Default)]
+struct ReadRounds {
+    /// Reads that arrived so far (each takes the next number).
+    arrived: AtomicU64,
+    /// The last round: the arrivals it covers (those numbered up to it) and
+    /// its outcome. Held while a round runs, so the next readers wait for it.
+    last: tokio::sync::Mutex<(u64, Option<Result<(), ProposeError>>)>,
 }
 
 /// Heartbeats paused for as long as this lives (a leadership transfer lets
@@ -150,7 +172,16 @@ impl RaftNode {
             .await
             .map_err(|e| anyhow::anyhow!("starting Raft: {e}"))??;
         let heartbeats = std::sync::atomic::AtomicBool::new(true);
-        Ok(RaftNode { id, raft, _runtime: RaftRuntime(Some(runtime)), state, committed_index, timing, heartbeats })
+        Ok(RaftNode {
+            id,
+            raft,
+            _runtime: RaftRuntime(Some(runtime)),
+            state,
+            committed_index,
+            timing,
+            heartbeats,
+            reads: ReadRounds::default(),
+        })
     }
 
     pub fn state(&self) -> &Arc<SharedState> {
@@ -220,9 +251,35 @@ impl RaftNode {
     }
 
     /// Waits until this replica, as leader, has applied everything committed
-    /// before the call: a read after this is linearizable.
+    /// before the call: a read after this is linearizable. Concurrent reads
+    /// share confirmations: a round that started after a read arrived
+    /// answers for it, and one round runs at a time.
     pub async fn ensure_linearizable(&self, timeout: Duration) -> Result<(), ProposeError> {
-        match tokio::time::timeout(timeout, self.raft.ensure_linearizable()).await {
+        let mine = self.reads.arrived.fetch_add(1, Ordering::SeqCst).saturating_add(1);
+        let shared = async {
+            let mut last = self.reads.last.lock().await;
+            if last.0 >= mine {
+                if let Some(outcome) = &last.1 {
+                    return outcome.clone();
+                }
+            }
+            // Every read that arrived so far is covered by a round that
+            // starts now.
+            let covers = self.reads.arrived.load(Ordering::SeqCst);
+            let outcome = self.confirm_leadership().await;
+            *last = (covers, Some(outcome.clone()));
+            outcome
+        };
+        match tokio::time::timeout(timeout, shared).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(ProposeError::Unavailable("leadership could not be confirmed in time; retry".into())),
+        }
+    }
+
+    /// One leadership confirmation: a round to a quorum, then the wait until
+    /// everything committed before it is applied here.
+    async fn confirm_leadership(&self) -> Result<(), ProposeError> {
+        match tokio::time::timeout(CONFIRM_TIMEOUT, self.raft.ensure_linearizable()).await {
             Err(_) => Err(ProposeError::Unavailable("leadership could not be confirmed in time; retry".into())),
             Ok(Ok(_)) => Ok(()),
             Ok(Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f)))) => {
