@@ -83,7 +83,15 @@ pub fn rule(path: &str, who: Who) -> Verdict {
     let service = path.trim_start_matches('/').split('/').next().unwrap_or("");
     let any_known = !matches!(who, Who::Stranger);
     match service {
-        "grpc.health.v1.Health" => Verdict::Pass(STRANGER_REQUEST_BYTES_MAX),
+        // Anyone may ask whether the replica serves (load balancers and
+        // probes carry no certificate); only a known caller may hold a
+        // Watch stream open.
+        "grpc.health.v1.Health" if any_known || path == "/grpc.health.v1.Health/Check" => {
+            Verdict::Pass(STRANGER_REQUEST_BYTES_MAX)
+        }
+        "grpc.health.v1.Health" => {
+            Verdict::Refuse(Status::unauthenticated("a health watch needs a certificate or a bearer token"))
+        }
         "gangway.v1.RaftService" => match who {
             Who::Server | Who::Insecure => Verdict::Pass(RAFT_MESSAGE_BYTES_MAX),
             Who::Stranger | Who::Credentialed => {
@@ -174,7 +182,7 @@ impl Gate {
         match peer.map(|p| &p.auth) {
             Some(PeerAuth::Verified(p)) => {
                 metrics::counter!("gangway_api_denied_total", "reason" => "permission").increment(1);
-                self.audit.record(&p.encode(), action, "", "denied", status.message());
+                self.audit.record_refused(&p.encode(), action, "denied", status.message());
             }
             _ => {
                 metrics::counter!("gangway_api_denied_total", "reason" => "unauthenticated").increment(1);
@@ -229,6 +237,9 @@ where
                 Box::pin(std::future::ready(Ok(status.into_http())))
             }
             Verdict::Pass(limit) => {
+                // The request is in progress on its connection until its
+                // response (a stream, perhaps) ends: the idle limit waits.
+                let active = head.extensions.get::<PeerInfo>().and_then(|p| p.activity.as_ref()).map(|a| a.begin());
                 let limited = http_body_util::Limited::new(body, limit).map_err(move |e| {
                     Status::resource_exhausted(format!(
                         "request: at most {limit} bytes for this method from this caller ({e})"
@@ -238,7 +249,15 @@ where
                 // The clone taken by poll_ready's contract: tower's usual dance.
                 let clone = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, clone);
-                Box::pin(async move { inner.call(req).await })
+                Box::pin(async move {
+                    let resp = inner.call(req).await?;
+                    Ok(resp.map(|body| {
+                        BoxBody::new(body.map_frame(move |frame| {
+                            let _in_progress = &active;
+                            frame
+                        }))
+                    }))
+                })
             }
         }
     }
@@ -276,6 +295,8 @@ mod tests {
             Verdict::Refuse(_) => None,
         };
         assert_eq!(pass(rule(health, Stranger)), Some(STRANGER_REQUEST_BYTES_MAX));
+        assert_eq!(code(rule("/grpc.health.v1.Health/Watch", Stranger)), Some(tonic::Code::Unauthenticated));
+        assert_eq!(pass(rule("/grpc.health.v1.Health/Watch", Client)), Some(STRANGER_REQUEST_BYTES_MAX));
         assert_eq!(pass(rule(raft, Server)), Some(RAFT_MESSAGE_BYTES_MAX));
         assert_eq!(pass(rule(raft, Insecure)), Some(RAFT_MESSAGE_BYTES_MAX));
         assert_eq!(pass(rule(hb, Agent)), Some(AGENT_MESSAGE_BYTES_MAX));

@@ -57,7 +57,10 @@ pub struct AuditLog {
     seq: AtomicU64,
     tx: broadcast::Sender<AuditEvent>,
     /// Per address: the current minute's start and its anonymous entries.
-    anonymous: Mutex<std::collections::BTreeMap<std::net::IpAddr, (std::time::Instant, u32)>>,
+    /// Refusals recorded per source (a network prefix for callers with no
+    /// credentials, a principal for the gate's refusals of known callers)
+    /// in the current minute, and when it began.
+    anonymous: Mutex<std::collections::BTreeMap<String, (std::time::Instant, u32)>>,
 }
 
 /// Anonymous refusals recorded per address and minute; the rest are counted
@@ -118,29 +121,45 @@ impl AuditLog {
         let Some(ip) = ip else {
             return self.record(&caller, action, "", outcome, reason);
         };
+        let source = format!("net:{}", gangway_proto::tls::prefix_of(ip));
+        self.record_throttled(source, &caller, action, outcome, reason);
+    }
+
+    /// Records a refusal of a known caller by the gate (a call its role
+    /// never may make), at most [`ANONYMOUS_PER_MINUTE_MAX`] a minute per
+    /// caller: a loop of them cannot push the admin actions out of the ring.
+    pub fn record_refused(&self, caller: &str, action: &str, outcome: &'static str, reason: &str) {
+        self.record_throttled(format!("who:{caller}"), caller, action, outcome, reason);
+    }
+
+    fn record_throttled(&self, source: String, caller: &str, action: &str, outcome: &'static str, reason: &str) {
+        let ip = &source;
         let suppressed = {
             let mut m = self.anonymous.lock().expect("audit lock");
-            if m.len() >= ANONYMOUS_PEERS_MAX && !m.contains_key(&ip) {
-                m.clear();
+            if m.len() >= ANONYMOUS_PEERS_MAX && !m.contains_key(&source) {
+                // The source whose minute began longest ago goes.
+                if let Some(oldest) = m.iter().min_by_key(|(_, (start, _))| *start).map(|(k, _)| k.clone()) {
+                    m.remove(&oldest);
+                }
             }
             let now = std::time::Instant::now();
-            let (start, n) = m.entry(ip).or_insert((now, 0));
+            let (start, n) = m.entry(source.clone()).or_insert((now, 0));
             if now.duration_since(*start) >= std::time::Duration::from_secs(60) {
                 let dropped = n.saturating_sub(ANONYMOUS_PER_MINUTE_MAX);
                 *start = now;
                 *n = 1;
                 Some(dropped)
             } else {
-                *n += 1;
+                *n = n.saturating_add(1);
                 (*n <= ANONYMOUS_PER_MINUTE_MAX).then_some(0)
             }
         };
         match suppressed {
             None => metrics::counter!("gangway_audit_suppressed_total").increment(1),
-            Some(0) => self.record(&caller, action, "", outcome, reason),
+            Some(0) => self.record(caller, action, "", outcome, reason),
             Some(n) => {
                 let r = format!("{reason} ({n} more refusals from {ip} in the previous minute were not recorded)");
-                self.record(&caller, action, "", outcome, &r)
+                self.record(caller, action, "", outcome, &r)
             }
         }
     }

@@ -49,11 +49,49 @@ pub const READ_CALLERS_TRACKED_MAX: usize = 10_000;
 
 type Work = Box<dyn FnOnce() + Send>;
 
+/// A few places per caller (each caller's share of something: the read
+/// lane, analyses, forwards), the callers tracked bounded.
+pub struct PerCaller {
+    each: usize,
+    places: Mutex<BTreeMap<String, Arc<tokio::sync::Semaphore>>>,
+}
+
+impl PerCaller {
+    pub fn new(each: usize) -> PerCaller {
+        PerCaller { each, places: Mutex::default() }
+    }
+
+    fn places_of(&self, caller: &str) -> Arc<tokio::sync::Semaphore> {
+        let mut places = self.places.lock().expect("per-caller places lock");
+        if !places.contains_key(caller) && places.len() >= READ_CALLERS_TRACKED_MAX {
+            // Callers holding no place are forgotten (they start afresh).
+            let each = self.each;
+            places.retain(|_, s| Arc::strong_count(s) > 1 || s.available_permits() < each);
+        }
+        places.entry(caller.to_string()).or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(self.each))).clone()
+    }
+
+    /// One of `caller`'s places now, if one is free.
+    pub fn try_take(&self, caller: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.places_of(caller).try_acquire_owned().ok()
+    }
+
+    /// One of `caller`'s places, waited for at most `wait`.
+    pub async fn take_within(
+        &self,
+        caller: &str,
+        wait: std::time::Duration,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let places = self.places_of(caller);
+        tokio::time::timeout(wait, places.acquire_owned()).await.ok().and_then(Result::ok)
+    }
+}
+
 /// The read lane (see the module docs).
 pub struct ReadPool {
     tx: SyncSender<Work>,
     /// Each caller's places in the lane (READS_PER_CALLER_MAX).
-    turns: Mutex<BTreeMap<String, Arc<tokio::sync::Semaphore>>>,
+    turns: PerCaller,
 }
 
 impl ReadPool {
@@ -81,26 +119,15 @@ impl ReadPool {
                 })
                 .expect("spawning a read thread");
         }
-        ReadPool { tx, turns: Mutex::default() }
+        ReadPool { tx, turns: PerCaller::new(READS_PER_CALLER_MAX) }
     }
 
     /// One of `caller`'s places in the lane, waited for at most
     /// READ_TURN_WAIT_MAX.
     async fn turn(&self, caller: &str, what: &str) -> Result<tokio::sync::OwnedSemaphorePermit, Status> {
-        let places = {
-            let mut turns = self.turns.lock().expect("read turns lock");
-            if !turns.contains_key(caller) && turns.len() >= READ_CALLERS_TRACKED_MAX {
-                // Callers with nothing in the lane hold no place: forget them.
-                turns.retain(|_, s| Arc::strong_count(s) > 1 || s.available_permits() < READS_PER_CALLER_MAX);
-            }
-            turns
-                .entry(caller.to_string())
-                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(READS_PER_CALLER_MAX)))
-                .clone()
-        };
-        match tokio::time::timeout(READ_TURN_WAIT_MAX, places.acquire_owned()).await {
-            Ok(Ok(permit)) => Ok(permit),
-            _ => {
+        match self.turns.take_within(caller, READ_TURN_WAIT_MAX).await {
+            Some(permit) => Ok(permit),
+            None => {
                 metrics::counter!("gangway_api_denied_total", "reason" => "busy").increment(1);
                 let mut s = Status::resource_exhausted(format!(
                     "{what}: {caller} already has {READS_PER_CALLER_MAX} reads in this replica's read lane; retry \
@@ -117,15 +144,24 @@ impl ReadPool {
     /// Runs `f` on the read lane for `caller` (its identity) and waits for
     /// it without holding an async worker: after one of the caller's places
     /// (READS_PER_CALLER_MAX); RESOURCE_EXHAUSTED when none comes in time or
-    /// the queue is full.
-    pub async fn run<T, F>(&self, caller: &str, what: &str, f: F) -> Result<T, Status>
+    /// the queue is full. The caller's place and `hold` (an analysis permit)
+    /// are held by the work itself, until it ends: a caller that goes away
+    /// while its read waits or runs gets nothing back early (and work whose
+    /// caller is gone before it starts is not done at all). `f` charges
+    /// what it did itself, for the same reason.
+    pub async fn run<T, H, F>(&self, caller: &str, what: &str, hold: H, f: F) -> Result<T, Status>
     where
         T: Send + 'static,
+        H: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
-        let _turn = self.turn(caller, what).await?;
+        let turn = self.turn(caller, what).await?;
         let (done, rx) = tokio::sync::oneshot::channel();
         let work: Work = Box::new(move || {
+            let _held = (turn, hold);
+            if done.is_closed() {
+                return;
+            }
             let _ = done.send(f());
         });
         match self.tx.try_send(work) {
@@ -252,7 +288,7 @@ mod tests {
         for _ in 0..READS_PER_CALLER_MAX {
             let (pool, gate) = (pool.clone(), gate.clone());
             busy.push(tokio::spawn(async move {
-                pool.run("flood", "test", move || {
+                pool.run("flood", "test", (), move || {
                     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
                     rt.block_on(async { gate.acquire().await.unwrap().forget() });
                 })
@@ -261,7 +297,7 @@ mod tests {
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         // One past the flood's places: refused after the wait, with a hint.
-        let e = pool.run("flood", "test", || ()).await.unwrap_err();
+        let e = pool.run("flood", "test", (), || ()).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::ResourceExhausted);
         assert!(e.metadata().get(crate::ratelimit::RETRY_AFTER_METADATA_KEY).is_some());
         // Its places come back when its reads end; another caller has its own.
@@ -269,8 +305,8 @@ mod tests {
         for b in busy {
             b.await.unwrap().unwrap();
         }
-        assert_eq!(pool.run("someone", "test", || 7).await.unwrap(), 7);
-        assert_eq!(pool.run("flood", "test", || 8).await.unwrap(), 8);
+        assert_eq!(pool.run("someone", "test", (), || 7).await.unwrap(), 7);
+        assert_eq!(pool.run("flood", "test", (), || 8).await.unwrap(), 8);
     }
 
     #[tokio::test]
@@ -284,7 +320,7 @@ mod tests {
         for _ in 0..READ_THREADS + READ_QUEUE_MAX + 1 {
             let rx = release_rx.clone();
             let caller: &'static str = Box::leak(format!("caller-{}", held.len() + refused).into_boxed_str());
-            let f = pool.run(caller, "test", move || {
+            let f = pool.run(caller, "test", (), move || {
                 let _ = rx.lock().unwrap().recv();
             });
             // Submitting happens on the first poll.

@@ -208,7 +208,8 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
              (--insecure); anyone who can reach {local_addr} controls the cluster and runs jobs as any user"
         );
     }
-    let incoming = gangway_proto::tls::incoming(listener, &config.security).map_err(|e| anyhow::anyhow!("TLS: {e}"))?;
+    let incoming =
+        gangway_proto::tls::incoming_gated(listener, &config.security).map_err(|e| anyhow::anyhow!("TLS: {e}"))?;
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
         let _ = shutdown_rx.await;
     }));

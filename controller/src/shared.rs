@@ -27,6 +27,13 @@ pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(12);
 /// statement timeout. One pool for all, so together they keep the replica's
 /// CPU and its writes for its log.
 pub const ANALYSES_MAX: usize = 4;
+/// Calls one caller may have on their way to the leader from one follower at
+/// once: a follower forwards everyone's over one connection (its HTTP/2
+/// streams are bounded), so no caller may take them all.
+pub const FORWARDS_PER_CALLER_MAX: usize = 32;
+/// Analyses one caller runs at once on one replica: the pool is everyone's,
+/// so one caller never holds all of it.
+pub const ANALYSES_PER_CALLER_MAX: usize = 1;
 /// Users' streams (Watch, Events, Audit) one principal may hold open on one
 /// replica: a few terminals and console tabs each, far below a flood.
 pub const STREAMS_PER_PRINCIPAL_MAX: usize = 32;
@@ -41,6 +48,12 @@ pub const NODE_WATCHES_PER_AGENT_MAX: usize = 2;
 const CHANNELS_MAX: usize = 64;
 /// Nodes whose heartbeat times the leader keeps in memory (matches the core's NODES_MAX).
 const HEARTBEATS_MAX: usize = gangway_core::limits::NODES_MAX;
+
+/// An analysis's places (see [`Replica::analysis_permit`]); given back when dropped.
+pub struct AnalysisPermit {
+    _pool: tokio::sync::OwnedSemaphorePermit,
+    _mine: tokio::sync::OwnedSemaphorePermit,
+}
 
 pub struct Replica {
     pub node: Arc<RaftNode>,
@@ -76,8 +89,11 @@ pub struct Replica {
     /// Agents' open WatchNode streams.
     pub node_watches: crate::lanes::StreamSlots,
     /// Analyses (scheduling passes, history queries): at most ANALYSES_MAX
-    /// at once on this replica.
-    analyses: tokio::sync::Semaphore,
+    /// at once on this replica, ANALYSES_PER_CALLER_MAX of them one caller's.
+    analyses: Arc<tokio::sync::Semaphore>,
+    analyses_by_caller: crate::lanes::PerCaller,
+    /// Each caller's forwards in flight (FORWARDS_PER_CALLER_MAX).
+    pub forwards: crate::lanes::PerCaller,
     channels: Mutex<BTreeMap<String, Channel>>,
     /// Last heartbeat per node, in this replica's memory (meaningful on the leader).
     pub heartbeats: crate::heartbeats::Heartbeats,
@@ -122,7 +138,9 @@ impl Replica {
                 NODE_WATCHES_PER_AGENT_MAX,
                 gangway_core::limits::NODES_MAX.saturating_mul(NODE_WATCHES_PER_AGENT_MAX),
             ),
-            analyses: tokio::sync::Semaphore::new(ANALYSES_MAX),
+            analyses: Arc::new(tokio::sync::Semaphore::new(ANALYSES_MAX)),
+            analyses_by_caller: crate::lanes::PerCaller::new(ANALYSES_PER_CALLER_MAX),
+            forwards: crate::lanes::PerCaller::new(FORWARDS_PER_CALLER_MAX),
             channels: Mutex::new(BTreeMap::new()),
             heartbeats: crate::heartbeats::Heartbeats::new(HEARTBEATS_MAX),
             watches: Arc::default(),
@@ -136,19 +154,28 @@ impl Replica {
         self.closing.send_replace(true);
     }
 
-    /// One of the ANALYSES_MAX permits, or RESOURCE_EXHAUSTED (retry shortly).
-    pub fn analysis_permit(&self, what: &str) -> Result<tokio::sync::SemaphorePermit<'_>, tonic::Status> {
-        self.analyses.try_acquire().map_err(|_| {
+    /// One of the ANALYSES_MAX permits, and one of `caller`'s, or
+    /// RESOURCE_EXHAUSTED (retry shortly). Held by the work itself (it may be
+    /// moved into the read lane's work), so a caller that goes away does not
+    /// give it back early.
+    pub fn analysis_permit(&self, caller: &str, what: &str) -> Result<AnalysisPermit, tonic::Status> {
+        let busy = |why: String| {
             metrics::counter!("gangway_api_denied_total", "reason" => "busy").increment(1);
-            let mut s = tonic::Status::resource_exhausted(format!(
-                "{what}: this replica is already running {ANALYSES_MAX} analyses (scheduling passes, history \
-                 queries); retry in a second"
-            ));
+            let mut s = tonic::Status::resource_exhausted(format!("{what}: {why}; retry in a second"));
             if let Ok(v) = "1000".parse() {
                 s.metadata_mut().insert(crate::ratelimit::RETRY_AFTER_METADATA_KEY, v);
             }
             s
-        })
+        };
+        let mine = self.analyses_by_caller.try_take(caller).ok_or_else(|| {
+            busy(format!("{caller} is already running {ANALYSES_PER_CALLER_MAX} analysis on this replica"))
+        })?;
+        let pool = self.analyses.clone().try_acquire_owned().map_err(|_| {
+            busy(format!(
+                "this replica is already running {ANALYSES_MAX} analyses (scheduling passes, history queries)"
+            ))
+        })?;
+        Ok(AnalysisPermit { _pool: pool, _mine: mine })
     }
 
     /// Resolves once the replica is shutting down.

@@ -1491,8 +1491,13 @@ async fn scheduling_analyses_are_limited_per_replica() {
         async move { JobServiceClient::new(ch).test_submit(req).await.map(drop) }
     };
     let replica = &c.handles[&leader].replica;
-    let held: Vec<_> =
-        (0..gangway_controller::shared::ANALYSES_MAX).map(|_| replica.analysis_permit("held").unwrap()).collect();
+    // One caller holds one analysis at a time; the pool is everyone's.
+    let one = replica.analysis_permit("holder-0", "held").unwrap();
+    assert_eq!(replica.analysis_permit("holder-0", "held").err().unwrap().code(), Code::ResourceExhausted);
+    drop(one);
+    let held: Vec<_> = (0..gangway_controller::shared::ANALYSES_MAX)
+        .map(|i| replica.analysis_permit(&format!("holder-{i}"), "held").unwrap())
+        .collect();
     for r in [explain_once(&client).await, test_once(&client).await] {
         let e = r.unwrap_err();
         assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");

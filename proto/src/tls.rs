@@ -667,12 +667,69 @@ pub enum PeerAuth {
 pub struct PeerInfo {
     pub remote: Option<SocketAddr>,
     pub auth: PeerAuth,
+    /// The connection's requests, on a listener that times connections out
+    /// by them (see [`incoming_gated`]): whoever serves a request marks it.
+    pub activity: Option<Arc<Activity>>,
 }
 
-/// Connections one listener keeps open at once: an agent per node (at most
-/// 20,000 nodes) plus clients and replicas. Past it a new connection is
-/// closed right after its handshake; the listener keeps accepting.
-pub const CONNECTIONS_MAX: usize = 32_768;
+/// Milliseconds on a monotonic clock since the process first asked.
+fn mono_ms() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// What the requests on one connection are doing: how many are in progress
+/// (a stream counts until it ends) and when the last one began or ended.
+#[derive(Debug)]
+pub struct Activity {
+    in_flight: std::sync::atomic::AtomicUsize,
+    last_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Default for Activity {
+    fn default() -> Activity {
+        Activity { in_flight: Default::default(), last_ms: std::sync::atomic::AtomicU64::new(mono_ms()) }
+    }
+}
+
+/// One request in progress on a connection; it ends when this is dropped.
+pub struct ActivityGuard(Arc<Activity>);
+
+impl Activity {
+    pub fn begin(self: &Arc<Self>) -> ActivityGuard {
+        self.in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.last_ms.store(mono_ms(), std::sync::atomic::Ordering::SeqCst);
+        ActivityGuard(self.clone())
+    }
+
+    /// How long the connection has had no request in progress (None: one is).
+    fn idle_for(&self) -> Option<Duration> {
+        if self.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            return None;
+        }
+        let last = self.last_ms.load(std::sync::atomic::Ordering::SeqCst);
+        Some(Duration::from_millis(mono_ms().saturating_sub(last)))
+    }
+}
+
+impl Drop for ActivityGuard {
+    fn drop(&mut self) {
+        self.0.last_ms.store(mono_ms(), std::sync::atomic::Ordering::SeqCst);
+        self.0.in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Connections with a client certificate one listener keeps open at once.
+/// Past it a new one is closed right after its handshake; the listener keeps
+/// accepting. The cluster's own (replicas, agents) and those without a
+/// certificate have pools of their own, so neither can shut the other out.
+pub const CONNECTIONS_MAX: usize = 16_384;
+/// Connections of replicas and agents one listener keeps: an agent per node
+/// (at most 20,000), the replicas', and reconnects overlapping old ones.
+pub const CLUSTER_CONNECTIONS_MAX: usize = 24_576;
+/// Connections without a certificate (bearer tokens, jobs' step
+/// credentials, strangers) one listener keeps.
+pub const ANONYMOUS_CONNECTIONS_MAX: usize = 4_096;
 /// Connections one replica's certificate may hold to one listener: its
 /// Raft channel, its forwarding channel, a few in between reconnects.
 pub const CONNECTIONS_PER_SERVER_MAX: usize = 64;
@@ -683,16 +740,19 @@ pub const CONNECTIONS_PER_AGENT_MAX: usize = 8;
 /// workflow engine or CI runner has its own.
 pub const CONNECTIONS_PER_CLIENT_MAX: usize = 512;
 /// Connections without a certificate (bearer tokens, jobs' step
-/// credentials, strangers) from one network prefix (an IPv4 /24, an IPv6
-/// /64): a rack of nodes running jobs that call squeue, not a flood.
-pub const ANONYMOUS_CONNECTIONS_PER_PREFIX_MAX: usize = 1_024;
-/// Connections of any kind from one network prefix, counted from the moment
-/// they are accepted (before the handshake, which costs the replica a
-/// signature): a /24 holds at most 254 hosts, each with its agent and its
-/// users' processes. Past it a newcomer is closed before any handshake, so a
-/// flood of connections costs the replica no cryptography.
-pub const CONNECTIONS_PER_PREFIX_MAX: usize = 2_048;
-/// A connection on which nothing was read for this long is closed. Clients
+/// credentials, strangers) from one host (an IPv4 address, an IPv6 /64): a
+/// node running jobs that call squeue, not a flood. Per host, so a job on
+/// one node cannot take its neighbours' share.
+pub const ANONYMOUS_CONNECTIONS_PER_HOST_MAX: usize = 512;
+/// Connections of any kind from one host, counted from the moment they are
+/// accepted (before the handshake, which costs the replica a signature):
+/// past it a newcomer is closed before any handshake, so a flood of
+/// connections costs the replica no cryptography.
+pub const CONNECTIONS_PER_HOST_MAX: usize = 1_024;
+/// A connection idle this long is closed: on a gated listener (the
+/// controllers') one with no request in progress and none begun for this
+/// long (an HTTP/2 ping answered is not a request); elsewhere one on which
+/// nothing was read. Clients
 /// ping every PEER_PING_INTERVAL while a call is open, agents heartbeat every
 /// few seconds: only a connection nobody uses goes idle this long.
 pub const CONNECTION_IDLE_MAX: Duration = Duration::from_secs(300);
@@ -706,10 +766,17 @@ pub struct Conn {
     _held: Option<ConnHold>,
 }
 
+/// Whether a listener times its connections out by their requests.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum IdleBy {
+    Bytes,
+    Requests,
+}
+
 /// An open connection's places in its listener's limits, given back when
 /// the connection is dropped.
 struct ConnHold {
-    _total: tokio::sync::OwnedSemaphorePermit,
+    _total: PoolPermit,
     _mine: ConnSlot,
     _prefix: PeerSlot,
 }
@@ -749,12 +816,28 @@ impl AsyncRead for Conn {
         match read {
             Poll::Ready(Ok(())) if buf.filled().len() > before => {
                 // Past the clock's range (never, in practice) the current deadline stands.
-                if let Some(at) = tokio::time::Instant::now().checked_add(CONNECTION_IDLE_MAX) {
-                    this.idle.as_mut().reset(at);
+                if this.info.activity.is_none() {
+                    if let Some(at) = tokio::time::Instant::now().checked_add(CONNECTION_IDLE_MAX) {
+                        this.idle.as_mut().reset(at);
+                    }
                 }
                 Poll::Ready(Ok(()))
             }
             Poll::Pending if this.idle.as_mut().poll(cx).is_ready() => {
+                // Timed by requests: a request in progress, or one recent
+                // enough, moves the deadline on.
+                let busy = this.info.activity.as_ref().map(|a| a.idle_for());
+                let wait = match busy {
+                    Some(None) => Some(CONNECTION_IDLE_MAX),
+                    Some(Some(idle)) if idle < CONNECTION_IDLE_MAX => Some(CONNECTION_IDLE_MAX.saturating_sub(idle)),
+                    _ => None,
+                };
+                if let Some(at) = wait.and_then(|w| tokio::time::Instant::now().checked_add(w)) {
+                    this.idle.as_mut().reset(at);
+                    // Registers the new deadline's wake-up.
+                    let _ = this.idle.as_mut().poll(cx);
+                    return Poll::Pending;
+                }
                 metrics::counter!("gangway_connections_idle_closed_total").increment(1);
                 Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "the connection was idle too long")))
             }
@@ -824,22 +907,42 @@ pub fn prefix_of(ip: std::net::IpAddr) -> std::net::IpAddr {
     }
 }
 
-/// The key and the share of one connection in the per-peer connection
-/// limits: its certificate's principal, or without one its network prefix.
-fn connection_share(auth: &PeerAuth, remote: SocketAddr) -> (String, usize) {
+/// The host an address counts as for per-host limits: an IPv4 address, or
+/// an IPv6 /64 (an IPv6 host owns billions of addresses).
+pub fn host_of(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V4(_) => ip,
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => std::net::IpAddr::V4(v4),
+            None => prefix_of(ip),
+        },
+    }
+}
+
+/// Which pool a connection counts in, its key in the per-peer limits (its
+/// certificate's principal, or without one its host) and its share there.
+fn connection_share(auth: &PeerAuth, remote: SocketAddr) -> (Pool, String, usize) {
     match auth {
         PeerAuth::Verified(p) => {
-            let max = match p.role {
-                Role::Server => CONNECTIONS_PER_SERVER_MAX,
-                Role::Agent => CONNECTIONS_PER_AGENT_MAX,
-                Role::Client => CONNECTIONS_PER_CLIENT_MAX,
+            let (pool, max) = match p.role {
+                Role::Server => (Pool::Cluster, CONNECTIONS_PER_SERVER_MAX),
+                Role::Agent => (Pool::Cluster, CONNECTIONS_PER_AGENT_MAX),
+                Role::Client => (Pool::Clients, CONNECTIONS_PER_CLIENT_MAX),
             };
-            (p.encode(), max)
+            (pool, p.encode(), max)
         }
         PeerAuth::Insecure | PeerAuth::Anonymous | PeerAuth::Unusable(_) => {
-            (format!("net:{}", prefix_of(remote.ip())), ANONYMOUS_CONNECTIONS_PER_PREFIX_MAX)
+            (Pool::Anonymous, format!("net:{}", host_of(remote.ip())), ANONYMOUS_CONNECTIONS_PER_HOST_MAX)
         }
     }
+}
+
+/// The listener's connection pools (see [`CONNECTIONS_MAX`]).
+#[derive(Clone, Copy)]
+enum Pool {
+    Cluster,
+    Clients,
+    Anonymous,
 }
 
 /// Accepted (and, when secured, handshaken) connections for
@@ -853,7 +956,18 @@ pub fn incoming(
     listener: TcpListener,
     security: &Security,
 ) -> Result<tokio_stream::wrappers::ReceiverStream<io::Result<Conn>>, String> {
-    incoming_for(listener, security, b"h2")
+    incoming_with(listener, security, b"h2", IdleBy::Bytes)
+}
+
+/// [`incoming`] for a server whose every request marks its connection's
+/// [`Activity`] (the controllers' gate does): a connection is idle when no
+/// request is in progress or has begun for CONNECTION_IDLE_MAX, whatever
+/// pings its peer answers.
+pub fn incoming_gated(
+    listener: TcpListener,
+    security: &Security,
+) -> Result<tokio_stream::wrappers::ReceiverStream<io::Result<Conn>>, String> {
+    incoming_with(listener, security, b"h2", IdleBy::Requests)
 }
 
 /// [`incoming`] for another application protocol (`http/1.1` for the web console).
@@ -861,6 +975,15 @@ pub fn incoming_for(
     listener: TcpListener,
     security: &Security,
     alpn: &[u8],
+) -> Result<tokio_stream::wrappers::ReceiverStream<io::Result<Conn>>, String> {
+    incoming_with(listener, security, alpn, IdleBy::Bytes)
+}
+
+fn incoming_with(
+    listener: TcpListener,
+    security: &Security,
+    alpn: &[u8],
+    idle_by: IdleBy,
 ) -> Result<tokio_stream::wrappers::ReceiverStream<io::Result<Conn>>, String> {
     let acceptor = match security {
         Security::Insecure => None,
@@ -870,7 +993,11 @@ pub fn incoming_for(
     let slots = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_IN_FLIGHT_MAX));
     let per_prefix = PeerSlots::default();
     let open_per_prefix = PeerSlots::default();
-    let connections = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+    let pools = Arc::new([
+        tokio::sync::Semaphore::new(CLUSTER_CONNECTIONS_MAX),
+        tokio::sync::Semaphore::new(CONNECTIONS_MAX),
+        tokio::sync::Semaphore::new(ANONYMOUS_CONNECTIONS_MAX),
+    ]);
     let per_principal = ConnSlots::default();
     tokio::spawn(async move {
         loop {
@@ -889,7 +1016,7 @@ pub fn incoming_for(
             // Shed, never stall: with every slot (or this prefix's share)
             // taken, the newcomer is closed and accepting goes on.
             let prefix = prefix_of(remote.ip());
-            let Some(open_slot) = open_per_prefix.take(prefix, CONNECTIONS_PER_PREFIX_MAX) else {
+            let Some(open_slot) = open_per_prefix.take(host_of(remote.ip()), CONNECTIONS_PER_HOST_MAX) else {
                 metrics::counter!("gangway_connections_shed_total").increment(1);
                 continue;
             };
@@ -902,7 +1029,7 @@ pub fn incoming_for(
             let _ = tcp.set_nodelay(true);
             let tx = tx.clone();
             let acceptor = acceptor.clone();
-            let connections = connections.clone();
+            let pools = pools.clone();
             let per_principal = per_principal.clone();
             tokio::spawn(async move {
                 let handshake_slots = (permit, prefix_slot);
@@ -932,14 +1059,20 @@ pub fn incoming_for(
                     },
                 };
                 drop(handshake_slots);
-                let (key, share) = connection_share(&auth, remote);
-                let (Ok(total), Some(mine)) = (connections.try_acquire_owned(), per_principal.take(&key, share)) else {
+                let (pool, key, share) = connection_share(&auth, remote);
+                let total = match pool {
+                    Pool::Cluster => pools_permit(&pools, 0),
+                    Pool::Clients => pools_permit(&pools, 1),
+                    Pool::Anonymous => pools_permit(&pools, 2),
+                };
+                let (Some(total), Some(mine)) = (total, per_principal.take(&key, share)) else {
                     tracing::debug!(%remote, key, "connection refused: past the connection limits");
                     metrics::counter!("gangway_connections_shed_total").increment(1);
                     return;
                 };
                 let held = ConnHold { _total: total, _mine: mine, _prefix: open_slot };
-                let conn = Conn::new(io, PeerInfo { remote: Some(remote), auth }, Some(held));
+                let activity = (idle_by == IdleBy::Requests).then(Arc::default);
+                let conn = Conn::new(io, PeerInfo { remote: Some(remote), auth, activity }, Some(held));
                 let _ = tx.send(Ok(conn)).await;
             });
         }
@@ -947,7 +1080,29 @@ pub fn incoming_for(
     Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-/// Open connections per principal or prefix (see [`connection_share`]).
+/// A place in pool `i` of `pools`, held as long as the `Arc` is.
+fn pools_permit(pools: &Arc<[tokio::sync::Semaphore; 3]>, i: usize) -> Option<PoolPermit> {
+    let pool = pools.get(i)?;
+    let permit = pool.try_acquire().ok()?;
+    permit.forget();
+    Some(PoolPermit { pools: pools.clone(), i })
+}
+
+/// A place in one of a listener's pools; given back when dropped.
+struct PoolPermit {
+    pools: Arc<[tokio::sync::Semaphore; 3]>,
+    i: usize,
+}
+
+impl Drop for PoolPermit {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pools.get(self.i) {
+            pool.add_permits(1);
+        }
+    }
+}
+
+/// Open connections per principal or host (see [`connection_share`]).
 #[derive(Clone, Default)]
 struct ConnSlots(Arc<Mutex<std::collections::BTreeMap<String, usize>>>);
 
@@ -1073,6 +1228,27 @@ mod tests {
         }
         drop(silent);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A gated connection is idle only with no request in progress: a
+    /// stream open for an hour keeps it, a request that ended starts the
+    /// clock; hosts and prefixes group addresses as the limits mean.
+    #[test]
+    fn a_connection_is_idle_only_without_requests_and_hosts_group_addresses() {
+        let a = Arc::new(Activity::default());
+        assert!(a.idle_for().is_some());
+        let g = a.begin();
+        let h = a.begin();
+        assert_eq!(a.idle_for(), None, "busy with two requests");
+        drop(g);
+        assert_eq!(a.idle_for(), None, "still one");
+        drop(h);
+        assert!(a.idle_for().is_some_and(|d| d < Duration::from_secs(5)));
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        assert_eq!(prefix_of(ip("10.1.2.3")), ip("10.1.2.0"));
+        assert_eq!(host_of(ip("10.1.2.3")), ip("10.1.2.3"));
+        assert_eq!(host_of(ip("2001:db8:1:2:3:4:5:6")), ip("2001:db8:1:2::"));
+        assert_eq!(host_of(ip("::ffff:10.1.2.3")), ip("10.1.2.3"));
     }
 
     /// Rotating a certificate in place takes effect without a restart; a

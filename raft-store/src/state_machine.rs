@@ -200,6 +200,19 @@ impl SharedState {
         }
     }
 
+    /// [`SharedState::read_fresh`], waiting at most `wait`; then the newest
+    /// view there is, however far behind.
+    pub async fn read_fresh_within(&self, wait: std::time::Duration) -> Arc<View> {
+        let target = self.master.applied();
+        let view = self.read();
+        if view.index() >= target {
+            return view;
+        }
+        let mut rx = self.views.subscribe();
+        let _ = tokio::time::timeout(wait, rx.wait_for(|i| *i >= target)).await;
+        self.read()
+    }
+
     /// A read view and the log index it reflects.
     pub fn read_with_index(&self) -> (u64, Arc<View>) {
         let view = self.read();

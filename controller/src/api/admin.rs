@@ -322,6 +322,9 @@ impl AdminService for AdminApi {
                 }
             })
             .collect();
+        // What it looked at: every pending job and every account's usage.
+        let looked = state.pending.len().saturating_add(state.usage.values().map(|u| u.len()).sum());
+        self.replica.charge_read(&ctx, crate::ratelimit::read_units(looked, 0));
         Ok(Response::new(FairShareResponse { accounts }))
     }
 
@@ -346,6 +349,8 @@ impl AdminService for AdminApi {
         if !msg.name.is_empty() && !live(&msg.name) {
             return Err(Status::not_found(format!("reservation {} does not exist", msg.name)));
         }
+        let looked = state.reservations.values().map(|r| r.nodes.len()).fold(0usize, usize::saturating_add);
+        self.replica.charge_read(&ctx, crate::ratelimit::read_units(looked, 0));
         Ok(Response::new(reservations_to_proto(&state, &msg.name, crate::now_ms())))
     }
 

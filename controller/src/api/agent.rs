@@ -68,6 +68,10 @@ impl AgentApi {
     }
 }
 
+/// How long a heartbeat waits for the view that covers what was applied
+/// when it arrived, before it answers from the newest one there is.
+const HEARTBEAT_VIEW_WAIT: Duration = Duration::from_millis(200);
+
 /// Fastest rate at which one agent is poked: coalesces bursts (a plan starting
 /// hundreds of jobs) into one reconcile.
 const POKE_MIN_INTERVAL: Duration = Duration::from_millis(20);
@@ -187,8 +191,11 @@ impl AgentService for AgentApi {
         self.commit_gpu_health(&msg).await?;
         let term = self.replica.node.status().term;
         // Everything applied when the agent asked (it may have been poked
-        // about a change just applied): the view a moment later at most.
-        let state = self.replica.fresh_view().await?;
+        // about a change just applied): the view a moment later at most. If
+        // the views are behind (a replica under strain), the newest one
+        // answers: orders from an older state are safe (the agent ignores
+        // orders older than those it acted on), an unanswered heartbeat is not.
+        let state = self.replica.node.state().read_fresh_within(HEARTBEAT_VIEW_WAIT).await;
         let index = state.index();
         // A node silent past the timeout may already be on its way Down:
         // no orders (see `duties::may_answer`).

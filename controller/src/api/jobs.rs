@@ -185,7 +185,7 @@ impl JobService for JobApi {
         check_names("users", &msg.users)?;
         let history = self.history("usage")?;
         // Bounded before any SQL is built, in the pool every analysis shares.
-        let _permit = self.replica.analysis_permit("usage")?;
+        let _permit = self.replica.analysis_permit(&ctx.identity, "usage")?;
         self.replica.admit_read(&ctx)?;
         let scope = self.replica.viewer(&ctx).history_scope();
         let utilization = match msg.utilization {
@@ -216,7 +216,7 @@ impl JobService for JobApi {
         check_history_filters(&msg)?;
         let history = self.history("history")?;
         // Bounded before any SQL is built, in the pool every analysis shares.
-        let _permit = self.replica.analysis_permit("history")?;
+        let _permit = self.replica.analysis_permit(&ctx.identity, "history")?;
         self.replica.admit_read(&ctx)?;
         let viewer = self.replica.viewer(&ctx);
         let scope = viewer.history_scope();
@@ -261,15 +261,16 @@ impl JobService for JobApi {
             && cached.is_empty()
             && !state.pending.is_empty()
             && state.pending.len() <= EXPLAIN_INLINE_PENDING_MAX;
-        let permit = if inline { self.replica.analysis_permit("list").ok() } else { None };
+        let permit = if inline { self.replica.analysis_permit(&ctx.identity, "list").ok() } else { None };
         let pass = permit.is_some();
         // The work reads the view of its moment (never older than this one):
         // a read waiting for its turn holds no view the maintainer must keep.
         let shared = later(self.replica.node.state(), state);
-        let (resp, units) = self
+        let (replica, caller) = (self.replica.clone(), ctx.clone());
+        let resp = self
             .replica
             .read_pool
-            .run(&ctx.identity, "list", move || {
+            .run(&ctx.identity, "list", permit, move || {
                 let state = shared.read();
                 let reasons = if pass {
                     let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, crate::now_ms());
@@ -279,11 +280,10 @@ impl JobService for JobApi {
                 };
                 let (resp, examined, bytes) = list_page(&state, &viewer, &query, &reasons);
                 let pass_units = if pass { state.pending.len().saturating_mul(EXPLAIN_UNITS_PER_JOB) } else { 0 };
-                (resp, crate::ratelimit::read_units(examined.saturating_add(pass_units), bytes))
+                replica.charge_read(&caller, crate::ratelimit::read_units(examined.saturating_add(pass_units), bytes));
+                resp
             })
             .await?;
-        drop(permit);
-        self.replica.charge_read(&ctx, units);
         Ok(Response::new(resp))
     }
 
@@ -362,8 +362,6 @@ impl JobService for JobApi {
         let msg = req.into_inner();
         let job_id = msg.job_id;
         self.replica.require_visible(&ctx, job_id)?;
-        // A full scheduling pass: on the read lane, a few at a time.
-        let _permit = self.replica.analysis_permit("explain")?;
         let state = match self
             .replica
             .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move { JobServiceClient::new(ch).explain(r).await })
@@ -372,17 +370,22 @@ impl JobService for JobApi {
             Read::Here(view) => view,
             Read::Forwarded(resp) => return Ok(resp),
         };
+        // A full scheduling pass: on the read lane, a few at a time (the
+        // replica that runs it takes the permit, not one that forwards).
+        let permit = self.replica.analysis_permit(&ctx.identity, "explain")?;
         let now = crate::now_ms();
         let shared = later(self.replica.node.state(), state);
-        let (e, units) = self
+        let (replica, caller) = (self.replica.clone(), ctx.clone());
+        let e = self
             .replica
             .read_pool
-            .run(&ctx.identity, "explain", move || {
+            .run(&ctx.identity, "explain", permit, move || {
                 let state = shared.read();
-                (gangway_core::sched::explain(&state, job_id, now), analysis_units(&state))
+                let e = gangway_core::sched::explain(&state, job_id, now);
+                replica.charge_read(&caller, analysis_units(&state));
+                e
             })
             .await?;
-        self.replica.charge_read(&ctx, units);
         let e = e.ok_or_else(|| Status::not_found(format!("job {job_id} does not exist")))?;
         Ok(Response::new(explanation_to_proto(e)))
     }
@@ -399,7 +402,7 @@ impl JobService for JobApi {
         if spec.nice < 0 {
             ctx.require_not_job("raise a job's priority (negative nice)")?;
         }
-        let _permit = self.replica.analysis_permit("test-only")?;
+        let permit = self.replica.analysis_permit(&ctx.identity, "test-only")?;
         self.replica.admit_read(&ctx)?;
         let shared = self.replica.node.state().clone();
         let now = crate::now_ms();
@@ -408,10 +411,11 @@ impl JobService for JobApi {
         // with the would-be job as if pending: no copy of the state, one pass
         // over a view like an explain (and the leader's own passes). On the
         // read lane; bounded by the analysis permits.
-        let (answer, units) = self
+        let (replica, caller) = (self.replica.clone(), ctx.clone());
+        let answer = self
             .replica
             .read_pool
-            .run(&ctx.identity, "test-only", move || {
+            .run(&ctx.identity, "test-only", permit, move || {
                 let state = shared.read();
                 let answer = match state.prepare_submission(u64::MAX / 2, &spec, &identity) {
                     Ok(mut jobs) => match jobs.first_mut() {
@@ -426,11 +430,10 @@ impl JobService for JobApi {
                         other => Err(unexpected(&other)),
                     },
                 };
-                (answer, analysis_units(&state))
+                replica.charge_read(&caller, analysis_units(&state));
+                answer
             })
-            .await?;
-        self.replica.charge_read(&ctx, units);
-        let answer = answer?;
+            .await??;
         Ok(Response::new(explanation_to_proto(answer)))
     }
 
@@ -616,8 +619,13 @@ impl JobService for JobApi {
             let mut replaying = from > 0;
             while replaying {
                 // Each page waits for the caller's budget first: a caller
-                // with many streams replays at its budget's pace, together.
-                if let Err(s) = replica.wait_for_read_budget(&shown.ctx).await {
+                // with many streams replays at its budget's pace, together
+                // (and one whose client went away gives its slot back now).
+                let budget = tokio::select! {
+                    b = replica.wait_for_read_budget(&shown.ctx) => b,
+                    _ = tx.closed() => return,
+                };
+                if let Err(s) = budget {
                     let _ = tx.send(Err(s)).await;
                     return;
                 }
@@ -721,6 +729,8 @@ impl JobService for JobApi {
         ctx.require_known()?;
         let auth = self.replica.stream_auth(&req, false);
         let slot = self.replica.streams.take(&ctx.identity)?;
+        // Opening a stream is a read like any other.
+        self.replica.admit_read(&ctx)?;
         let shown = Shown::new(&self.replica, &ctx);
         let filter = req.into_inner().job_id;
         let mut rx = self.replica.node.state().subscribe();

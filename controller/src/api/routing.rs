@@ -51,6 +51,23 @@ impl Replica {
         let Some(addr) = leader_addr else {
             return Err(Status::unavailable("no leader is elected right now; retry"));
         };
+        // A caller's forwards in flight from this replica are bounded: the
+        // connection to the leader is everyone's.
+        let _forwarding = match &ctx.caller {
+            Caller::Verified(p) if p.role == Role::Server => None,
+            _ => Some(self.forwards.try_take(&ctx.identity).ok_or_else(|| {
+                metrics::counter!("gangway_api_denied_total", "reason" => "busy").increment(1);
+                let mut s = Status::resource_exhausted(format!(
+                    "{} already has {} calls on their way to the leader from this replica; retry in a moment",
+                    ctx.identity,
+                    crate::shared::FORWARDS_PER_CALLER_MAX
+                ));
+                if let Ok(v) = "50".parse() {
+                    s.metadata_mut().insert(RETRY_AFTER_METADATA_KEY, v);
+                }
+                s
+            })?),
+        };
         let channel = self.channel_to(&addr)?;
         let mut req = Request::new(msg);
         let md = req.metadata_mut();
@@ -167,7 +184,9 @@ impl Replica {
     fn reads_budgeted(ctx: &CallCtx) -> bool {
         match &ctx.caller {
             Caller::Claimed(_) => true,
-            Caller::Verified(p) => p.role == Role::Client,
+            // An agent reading users' services (not its own heartbeats) is
+            // charged like anyone: a node's certificate is no free pass.
+            Caller::Verified(p) => p.role != Role::Server,
         }
     }
 

@@ -72,7 +72,7 @@ impl Who {
     /// A gRPC request from this caller, as the transport would have built it.
     pub fn request<T>(&self, msg: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
-        r.extensions_mut().insert(PeerInfo { remote: self.remote, auth: self.auth.clone() });
+        r.extensions_mut().insert(PeerInfo { remote: self.remote, auth: self.auth.clone(), activity: None });
         let md = r.metadata_mut();
         // Both were checked to be short printable ASCII (`valid_*`).
         if let Some(Ok(v)) = self.bearer.as_ref().map(|t| format!("Bearer {t}").parse()) {
