@@ -205,9 +205,16 @@ mod flood_tests {
         for _ in 0..1_000 {
             log.record_anonymous(Some(ip), "Submit", "unauthenticated", "no certificate");
         }
+        // Another address of the same /24 shares the throttle; another
+        // network does not.
         log.record_anonymous(Some("10.0.0.10".parse().unwrap()), "Submit", "unauthenticated", "x");
+        log.record_anonymous(Some("10.0.1.10".parse().unwrap()), "Submit", "unauthenticated", "x");
+        // A known caller's refusals by the gate are throttled per caller.
+        for _ in 0..100 {
+            log.record_refused("client:mallory", "raft", "denied", "not a server");
+        }
         let (kept, _) = log.follow(0);
-        assert_eq!(kept.len(), ANONYMOUS_PER_MINUTE_MAX as usize + 1);
+        assert_eq!(kept.len(), 2 * ANONYMOUS_PER_MINUTE_MAX as usize + 1);
         log.record("client:x\n2026 replica 1 allowed", "a\u{1b}]0;pwned\u{7}", "", "denied", "r\r\n");
         let (kept, _) = log.follow(0);
         let last = kept.last().unwrap();
