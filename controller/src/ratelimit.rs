@@ -31,12 +31,12 @@ pub const WRITES_PER_S: f64 = 500.0;
 pub const WRITES_BURST: f64 = 2_000.0;
 /// Bytes of writes (job specs, mostly) one identity may sustain per second:
 /// what a person or a pipeline submits is kilobytes a job; a script of
-/// scripts at the spec limit (2 MiB) gets two a second. Every byte written is
+/// scripts at the spec limit (2 MiB) gets one a second. Every byte written is
 /// kept by every replica (in its log, its state and the views readers read),
 /// so this is what bounds how fast one user can grow the replicas' memory.
-pub const WRITE_BYTES_PER_S: f64 = 4.0 * 1024.0 * 1024.0;
+pub const WRITE_BYTES_PER_S: f64 = 2.0 * 1024.0 * 1024.0;
 /// Bytes of writes one identity may make in a burst above that rate.
-pub const WRITE_BYTES_BURST: f64 = 32.0 * 1024.0 * 1024.0;
+pub const WRITE_BYTES_BURST: f64 = 16.0 * 1024.0 * 1024.0;
 /// Identities tracked at once; the least recently seen is forgotten first (a
 /// forgotten identity starts with a full bucket, which is the generous side).
 pub const IDENTITIES_MAX: usize = 10_000;
