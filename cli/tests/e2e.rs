@@ -1828,7 +1828,8 @@ fn accounting_stores_every_job_once_across_failures() {
         pg.query("SELECT count(*) FROM jobs WHERE alloc_gpus = 2 AND gpu_util_pct = 70 AND gpu_mem_peak_mb = 30000");
     assert_eq!(loaded.trim(), rounds.to_string(), "GPU jobs with their sampled load:\n{gpu_rows}");
     let burnt = pg.query("SELECT count(*) FROM jobs WHERE name = 'burn' AND cpu_used_ms >= 500 AND measured_nodes = 1");
-    assert_eq!(burnt.trim(), rounds.to_string(), "burners with their CPU time");
+    let burn_rows = pg.query("SELECT job_id, state, attempts, elapsed_s, measured_nodes, cpu_used_ms, mem_peak_mb FROM jobs WHERE name = 'burn'");
+    assert_eq!(burnt.trim(), rounds.to_string(), "burners with their CPU time:\n{burn_rows}");
     // seff, for a job only the database holds: its CPU time, and the GPUs' load.
     let seff = |id: u64| {
         let o = cli(&endpoints, &["seff", &id.to_string()], &work);

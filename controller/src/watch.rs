@@ -104,8 +104,15 @@ pub fn spawn_poker(
                     Err(_) => break,
                 }
             }
+            // The view that holds what these events did (the events are sent
+            // as apply makes them, a moment before that view is published):
+            // the nodes a job just placed are found, and the agents poked
+            // heartbeat against a view that already has their orders.
+            let state = match shared.read_fresh().await {
+                Ok(view) => view,
+                Err(_) => shared.read(),
+            };
             let pokes: Vec<(String, u64)> = {
-                let state = shared.read();
                 batch
                     .drain(..)
                     .flat_map(|ev| book.nodes_to_poke(&ev, &state).into_iter().map(move |n| (n, ev.index())))

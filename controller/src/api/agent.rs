@@ -69,8 +69,11 @@ impl AgentApi {
 }
 
 /// How long a heartbeat waits for the view that covers what was applied
-/// when it arrived, before it answers from the newest one there is.
+/// when it arrived, when the views are far behind, before it answers from
+/// the newest one there is.
 const HEARTBEAT_VIEW_WAIT: Duration = Duration::from_millis(200);
+/// Log entries the views may lag apply by before a heartbeat waits for them.
+const HEARTBEAT_VIEW_LAG_MAX: u64 = 64;
 
 /// Fastest rate at which one agent is poked: coalesces bursts (a plan starting
 /// hundreds of jobs) into one reconcile.
@@ -190,12 +193,21 @@ impl AgentService for AgentApi {
         }
         self.commit_gpu_health(&msg).await?;
         let term = self.replica.node.status().term;
-        // Everything applied when the agent asked (it may have been poked
-        // about a change just applied): the view a moment later at most. If
-        // the views are behind (a replica under strain), the newest one
-        // answers: orders from an older state are safe (the agent ignores
-        // orders older than those it acted on), an unanswered heartbeat is not.
-        let state = self.replica.node.state().read_fresh_within(HEARTBEAT_VIEW_WAIT).await;
+        // The newest view: an agent poked about a change heartbeats after the
+        // view with it is published (the poker waits for it), and orders
+        // from a moment-old state are safe (the agent ignores orders older
+        // than those it acted on; one that acted on newer ones is told to
+        // retry below). A heartbeat never waits for the views, which a
+        // write flood keeps busy; only when the views are far behind (a
+        // replica under strain) does it wait a little for them.
+        let state = match self.replica.node.state().read() {
+            view if view.index().saturating_add(HEARTBEAT_VIEW_LAG_MAX)
+                >= self.replica.node.state().applied_index() =>
+            {
+                view
+            }
+            _ => self.replica.node.state().read_fresh_within(HEARTBEAT_VIEW_WAIT).await,
+        };
         let index = state.index();
         // A node silent past the timeout may already be on its way Down:
         // no orders (see `duties::may_answer`).
