@@ -252,23 +252,10 @@ async fn an_entry_of_a_newer_format_stamps_the_store_as_it_is_written() {
     assert_eq!(stamp(dir.path()), 5);
 }
 
-/// The leader's scheduler plans on a copy of the state that follows every
-/// applied command without holding the state's lock: after any mix of
-/// applies it equals the state; past the bound on recorded commands, or once
-/// nobody keeps a copy, it is taken anew rather than left behind.
-#[tokio::test]
-async fn the_schedulers_copy_follows_every_applied_command() {
-    use gangway_core::format::Payload;
-    use gangway_core::spec::JobSpec;
-    use gangway_core::Command;
-    use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
-    use openraft::{CommittedLeaderId, EntryPayload, LogId};
-    let dir = tempfile::tempdir().unwrap();
-    let mut stores = open(dir.path()).unwrap();
-    let shared = stores.state_machine.shared();
-    let format = shared.read().format;
-    let submit = |i: u64| Command::SubmitJob {
-        spec: JobSpec {
+/// A submit of job `i` by alice, as the API would propose it.
+fn submit(i: u64) -> gangway_core::Command {
+    gangway_core::Command::SubmitJob {
+        spec: gangway_core::spec::JobSpec {
             name: format!("j{i}"),
             command: vec!["true".into()],
             user: "alice".into(),
@@ -277,7 +264,22 @@ async fn the_schedulers_copy_follows_every_applied_command() {
         identity: "client:alice".into(),
         idempotency_key: String::new(),
         now_ms: i,
-    };
+    }
+}
+
+/// The leader's scheduler plans on a copy of the state that follows every
+/// applied command without holding the state's lock: after any mix of
+/// applies it equals the state; past the bound on recorded commands, or once
+/// nobody keeps a copy, it is taken anew rather than left behind.
+#[tokio::test]
+async fn the_schedulers_copy_follows_every_applied_command() {
+    use gangway_core::format::Payload;
+    use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+    use openraft::{CommittedLeaderId, EntryPayload, LogId};
+    let dir = tempfile::tempdir().unwrap();
+    let mut stores = open(dir.path()).unwrap();
+    let shared = stores.state_machine.shared();
+    let format = shared.read().format;
     let normal = |index: u64, cmd| openraft::Entry::<TypeConfig> {
         log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
         payload: EntryPayload::Normal(Payload::new(cmd, format)),
@@ -348,25 +350,12 @@ async fn the_schedulers_copy_follows_every_applied_command() {
 #[tokio::test]
 async fn views_follow_apply_and_readers_never_hold_it_up() {
     use gangway_core::format::Payload;
-    use gangway_core::spec::JobSpec;
-    use gangway_core::Command;
     use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
     use openraft::{CommittedLeaderId, EntryPayload, LogId};
     let dir = tempfile::tempdir().unwrap();
     let mut stores = open(dir.path()).unwrap();
     let shared = stores.state_machine.shared();
     let format = shared.read().format;
-    let submit = |i: u64| Command::SubmitJob {
-        spec: JobSpec {
-            name: format!("j{i}"),
-            command: vec!["true".into()],
-            user: "alice".into(),
-            ..Default::default()
-        },
-        identity: "client:alice".into(),
-        idempotency_key: String::new(),
-        now_ms: i,
-    };
     let normal = |index: u64, cmd| openraft::Entry::<TypeConfig> {
         log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
         payload: EntryPayload::Normal(Payload::new(cmd, format)),
