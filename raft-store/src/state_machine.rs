@@ -187,16 +187,10 @@ impl SharedState {
     /// leadership): waits, without blocking a thread, for the maintainer.
     pub async fn read_fresh(&self) -> std::result::Result<Arc<View>, ViewBehind> {
         let target = self.master.applied();
-        let view = self.read();
-        if view.index() >= target {
-            return Ok(view);
-        }
-        let mut rx = self.views.subscribe();
-        let caught_up = matches!(tokio::time::timeout(FRESH_WAIT_MAX, rx.wait_for(|i| *i >= target)).await, Ok(Ok(_)));
-        if caught_up {
-            Ok(self.read())
-        } else {
-            Err(ViewBehind { behind: target.saturating_sub(self.read().index()) })
+        let view = self.read_fresh_within(FRESH_WAIT_MAX).await;
+        match view.index() >= target {
+            true => Ok(view),
+            false => Err(ViewBehind { behind: target.saturating_sub(view.index()) }),
         }
     }
 

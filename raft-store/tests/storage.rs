@@ -252,6 +252,14 @@ async fn an_entry_of_a_newer_format_stamps_the_store_as_it_is_written() {
     assert_eq!(stamp(dir.path()), 5);
 }
 
+/// A normal log entry at `index` carrying `cmd` in `format`.
+fn normal_entry(index: u64, cmd: gangway_core::Command, format: u32) -> openraft::Entry<TypeConfig> {
+    openraft::Entry::<TypeConfig> {
+        log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+        payload: openraft::EntryPayload::Normal(gangway_core::format::Payload::new(cmd, format)),
+    }
+}
+
 /// A submit of job `i` by alice, as the API would propose it.
 fn submit(i: u64) -> gangway_core::Command {
     gangway_core::Command::SubmitJob {
@@ -273,17 +281,13 @@ fn submit(i: u64) -> gangway_core::Command {
 /// nobody keeps a copy, it is taken anew rather than left behind.
 #[tokio::test]
 async fn the_schedulers_copy_follows_every_applied_command() {
-    use gangway_core::format::Payload;
     use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
     use openraft::{CommittedLeaderId, EntryPayload, LogId};
     let dir = tempfile::tempdir().unwrap();
     let mut stores = open(dir.path()).unwrap();
     let shared = stores.state_machine.shared();
     let format = shared.read().format;
-    let normal = |index: u64, cmd| openraft::Entry::<TypeConfig> {
-        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(Payload::new(cmd, format)),
-    };
+    let normal = |index: u64, cmd| normal_entry(index, cmd, format);
     let blank = |index: u64| openraft::Entry::<TypeConfig> {
         log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
         payload: EntryPayload::Blank,
@@ -349,17 +353,12 @@ async fn the_schedulers_copy_follows_every_applied_command() {
 /// the state apply holds; a snapshot installed is published too.
 #[tokio::test]
 async fn views_follow_apply_and_readers_never_hold_it_up() {
-    use gangway_core::format::Payload;
     use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
-    use openraft::{CommittedLeaderId, EntryPayload, LogId};
     let dir = tempfile::tempdir().unwrap();
     let mut stores = open(dir.path()).unwrap();
     let shared = stores.state_machine.shared();
     let format = shared.read().format;
-    let normal = |index: u64, cmd| openraft::Entry::<TypeConfig> {
-        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(Payload::new(cmd, format)),
-    };
+    let normal = |index: u64, cmd| normal_entry(index, cmd, format);
     stores.state_machine.apply((1..=3).map(|i| normal(i, submit(i)))).await.unwrap();
     let held = shared.read_fresh().await.unwrap();
     assert_eq!((held.index(), held.jobs.len()), (3, 3));

@@ -263,25 +263,19 @@ impl JobService for JobApi {
             && state.pending.len() <= EXPLAIN_INLINE_PENDING_MAX;
         let permit = if inline { self.replica.analysis_permit(&ctx.identity, "list").ok() } else { None };
         let pass = permit.is_some();
-        // The work reads the view of its moment (never older than this one):
-        // a read waiting for its turn holds no view the maintainer must keep.
-        let shared = later(self.replica.node.state(), state);
-        let (replica, caller) = (self.replica.clone(), ctx.clone());
+        drop(state);
         let resp = self
             .replica
-            .read_pool
-            .run(&ctx.identity, "list", permit, move || {
-                let state = shared.read();
+            .on_read_lane(&ctx, "list", permit, move |state| {
                 let reasons = if pass {
                     let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, crate::now_ms());
-                    Arc::new(gangway_core::sched::plan(&state, &opts).reasons.into_iter().collect())
+                    Arc::new(gangway_core::sched::plan(state, &opts).reasons.into_iter().collect())
                 } else {
                     cached
                 };
-                let (resp, examined, bytes) = list_page(&state, &viewer, &query, &reasons);
+                let (resp, examined, bytes) = list_page(state, &viewer, &query, &reasons);
                 let pass_units = if pass { state.pending.len().saturating_mul(EXPLAIN_UNITS_PER_JOB) } else { 0 };
-                replica.charge_read(&caller, crate::ratelimit::read_units(examined.saturating_add(pass_units), bytes));
-                resp
+                (resp, crate::ratelimit::read_units(examined.saturating_add(pass_units), bytes))
             })
             .await?;
         Ok(Response::new(resp))
@@ -374,16 +368,11 @@ impl JobService for JobApi {
         // replica that runs it takes the permit, not one that forwards).
         let permit = self.replica.analysis_permit(&ctx.identity, "explain")?;
         let now = crate::now_ms();
-        let shared = later(self.replica.node.state(), state);
-        let (replica, caller) = (self.replica.clone(), ctx.clone());
+        drop(state);
         let e = self
             .replica
-            .read_pool
-            .run(&ctx.identity, "explain", permit, move || {
-                let state = shared.read();
-                let e = gangway_core::sched::explain(&state, job_id, now);
-                replica.charge_read(&caller, analysis_units(&state));
-                e
+            .on_read_lane(&ctx, "explain", permit, move |state| {
+                (gangway_core::sched::explain(state, job_id, now), analysis_units(state))
             })
             .await?;
         let e = e.ok_or_else(|| Status::not_found(format!("job {job_id} does not exist")))?;
@@ -404,24 +393,20 @@ impl JobService for JobApi {
         }
         let permit = self.replica.analysis_permit(&ctx.identity, "test-only")?;
         self.replica.admit_read(&ctx)?;
-        let shared = self.replica.node.state().clone();
         let now = crate::now_ms();
         let identity = ctx.identity.clone();
         // Every check a submission meets in the log, then one scheduling pass
         // with the would-be job as if pending: no copy of the state, one pass
         // over a view like an explain (and the leader's own passes). On the
         // read lane; bounded by the analysis permits.
-        let (replica, caller) = (self.replica.clone(), ctx.clone());
         let answer = self
             .replica
-            .read_pool
-            .run(&ctx.identity, "test-only", permit, move || {
-                let state = shared.read();
+            .on_read_lane(&ctx, "test-only", permit, move |state| {
                 let answer = match state.prepare_submission(u64::MAX / 2, &spec, &identity) {
                     Ok(mut jobs) => match jobs.first_mut() {
                         Some(job) => {
                             state.settle_hypothetical(job);
-                            Ok(gangway_core::sched::explain_submission(&state, job, now))
+                            Ok(gangway_core::sched::explain_submission(state, job, now))
                         }
                         None => Err(Status::internal("test-only: the submission makes no job")),
                     },
@@ -430,8 +415,7 @@ impl JobService for JobApi {
                         other => Err(unexpected(&other)),
                     },
                 };
-                replica.charge_read(&caller, analysis_units(&state));
-                answer
+                (answer, analysis_units(state))
             })
             .await??;
         Ok(Response::new(explanation_to_proto(answer)))
@@ -858,18 +842,6 @@ fn check_history_filters(msg: &HistoryRequest) -> Result<(), Status> {
         }
     }
     Ok(())
-}
-
-/// The state a read's work reads when it runs: the newest view then, never
-/// older than `seen` (views only move forward), which is let go here so
-/// that a read waiting for its turn holds no view.
-fn later(
-    shared: &Arc<gangway_raft_store::SharedState>,
-    seen: Arc<gangway_raft_store::View>,
-) -> Arc<gangway_raft_store::SharedState> {
-    debug_assert!(shared.read().index() >= seen.index());
-    drop(seen);
-    shared.clone()
 }
 
 /// The read units of a scheduling analysis over `state`: a pass weighs the

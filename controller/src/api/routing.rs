@@ -211,6 +211,34 @@ impl Replica {
         Err(s)
     }
 
+    /// Runs a read's work on the read lane (`lanes::ReadPool`) over the
+    /// newest view when the work starts (never older than one the caller
+    /// was given: views only move forward, so a read waiting for its turn
+    /// holds none), and charges `ctx` the units `work` says it spent. `hold`
+    /// (an analysis permit) is held by the work until it ends.
+    pub async fn on_read_lane<T, H, F>(
+        self: &Arc<Self>,
+        ctx: &CallCtx,
+        what: &str,
+        hold: H,
+        work: F,
+    ) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        H: Send + 'static,
+        F: FnOnce(&View) -> (T, u64) + Send + 'static,
+    {
+        let (replica, caller) = (self.clone(), ctx.clone());
+        self.read_pool
+            .run(&ctx.identity, what, hold, move || {
+                let view = replica.node.state().read();
+                let (out, units) = work(&view);
+                replica.charge_read(&caller, units);
+                out
+            })
+            .await
+    }
+
     /// Charges `units` of read work to `ctx`'s budget.
     pub fn charge_read(&self, ctx: &CallCtx, units: u64) {
         if Self::reads_budgeted(ctx) {
