@@ -122,6 +122,9 @@ pub(crate) struct LocalCluster {
     tls_dir: Option<PathBuf>,
     /// How the benchmark's clients connect.
     security: Security,
+    /// Each replica's peer port (Raft's own, `--peer-listen`), when the
+    /// controllers serve Raft apart.
+    peer_ports: BTreeMap<u64, String>,
 }
 
 /// Certificates for a bench cluster: replicas 1-5, the client `bench` and
@@ -138,6 +141,17 @@ fn bench_pki(root: &Path, extra: &[gangway_proto::tls::Principal]) -> anyhow::Re
     gangway_proto::pki::throwaway(&dir, &ps).map_err(anyhow::Error::msg)?;
     let creds = Credentials::load(TlsFiles::in_dir(&dir, "client-bench")).map_err(anyhow::Error::msg)?;
     Ok((dir, Security::Tls(creds)))
+}
+
+/// Whether `exe`'s controller serves Raft on a peer port of its own (an
+/// older build, run for a before-and-after comparison, may not).
+fn serves_peer_ports(exe: &Path) -> bool {
+    Command::new(exe)
+        .args(["controller", "--help"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--peer-listen"))
 }
 
 /// `n` distinct loopback ports free right now (all held until all are chosen).
@@ -170,7 +184,11 @@ impl LocalCluster {
         extra: &[gangway_proto::tls::Principal],
         exe: Option<PathBuf>,
     ) -> anyhow::Result<LocalCluster> {
-        Self::start_from(replicas, data_dir, Some(extra), exe)
+        let peer_ports = match &exe {
+            None => true,
+            Some(e) => serves_peer_ports(e),
+        };
+        Self::start_from(replicas, data_dir, Some(extra), exe, peer_ports)
     }
 
     fn start_with(
@@ -178,7 +196,7 @@ impl LocalCluster {
         data_dir: Option<PathBuf>,
         mtls: Option<&[gangway_proto::tls::Principal]>,
     ) -> anyhow::Result<LocalCluster> {
-        Self::start_from(replicas, data_dir, mtls, None)
+        Self::start_from(replicas, data_dir, mtls, None, false)
     }
 
     fn start_from(
@@ -186,6 +204,7 @@ impl LocalCluster {
         data_dir: Option<PathBuf>,
         mtls: Option<&[gangway_proto::tls::Principal]>,
         exe: Option<PathBuf>,
+        peer_ports: bool,
     ) -> anyhow::Result<LocalCluster> {
         let (tmp, root) = match data_dir {
             Some(d) => (None, d),
@@ -196,10 +215,14 @@ impl LocalCluster {
             }
         };
         std::fs::create_dir_all(&root)?;
-        let ports = free_ports(2 * replicas as usize)?;
+        let ports = free_ports(3 * replicas as usize)?;
         let at = |p: &u16| format!("127.0.0.1:{p}");
-        let addrs: BTreeMap<u64, String> = (1..=replicas).zip(ports.iter().step_by(2).map(at)).collect();
-        let metrics: BTreeMap<u64, String> = (1..=replicas).zip(ports.iter().skip(1).step_by(2).map(at)).collect();
+        let addrs: BTreeMap<u64, String> = (1..=replicas).zip(ports.iter().step_by(3).map(at)).collect();
+        let metrics: BTreeMap<u64, String> = (1..=replicas).zip(ports.iter().skip(1).step_by(3).map(at)).collect();
+        let peer_ports: BTreeMap<u64, String> = match peer_ports {
+            true => (1..=replicas).zip(ports.iter().skip(2).step_by(3).map(at)).collect(),
+            false => BTreeMap::new(),
+        };
         let (tls_dir, security) = match mtls {
             Some(extra) => {
                 let (d, s) = bench_pki(&root, extra)?;
@@ -219,6 +242,7 @@ impl LocalCluster {
             children: BTreeMap::new(),
             tls_dir,
             security,
+            peer_ports,
         };
         for id in 1..=replicas {
             c.respawn(id)?;
@@ -228,13 +252,20 @@ impl LocalCluster {
 
     /// Starts replica `id` (again, after a kill: same address and data).
     pub(crate) fn respawn(&mut self, id: u64) -> anyhow::Result<()> {
-        let peers: Vec<String> = self.addrs.iter().map(|(i, a)| format!("{i}={a}")).collect();
+        let member = |i: &u64, a: &String| match self.peer_ports.get(i).and_then(|p| p.rsplit_once(':')) {
+            Some((_, port)) => format!("{a}/{port}"),
+            None => a.clone(),
+        };
+        let peers: Vec<String> = self.addrs.iter().map(|(i, a)| format!("{i}={}", member(i, a))).collect();
         let dir = self.root.join(format!("replica-{id}"));
         std::fs::create_dir_all(&dir)?;
         let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("controller.log"))?;
         let mut cmd = Command::new(&self.exe);
         cmd.args(["controller", "--id", &id.to_string(), "--listen", &self.addrs[&id], "--peers", &peers.join(",")])
             .args(["--bootstrap-admin", "bench", "--allow-root-jobs", "--metrics-listen", &self.metrics[&id]]);
+        if let Some(p) = self.peer_ports.get(&id) {
+            cmd.args(["--peer-listen", p, "--advertise", &member(&id, &self.addrs[&id])]);
+        }
         match &self.tls_dir {
             Some(d) => cmd.arg("--tls-dir").arg(d),
             None => cmd.arg("--insecure"),
@@ -261,6 +292,11 @@ impl LocalCluster {
 
     pub(crate) fn endpoints(&self) -> Vec<String> {
         self.addrs.values().cloned().collect()
+    }
+
+    /// The replicas' peer ports (empty when Raft shares the API port).
+    pub(crate) fn peer_endpoints(&self) -> Vec<String> {
+        self.peer_ports.values().cloned().collect()
     }
 
     pub(crate) fn root(&self) -> &Path {

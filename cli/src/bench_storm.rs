@@ -60,6 +60,14 @@ const IDLE_OPENING_AT_ONCE: usize = 256;
 const ANONYMOUS_MESSAGE_BYTES: usize = 64 << 20;
 /// Tasks sending anonymous Raft messages.
 const ANONYMOUS_SENDERS: usize = 4;
+/// Worker threads of the attackers' own runtime: their tasks never queue on
+/// a worker the fleet or the good user needs, as clients on other hosts
+/// would not (they still share the machine's two cores with everything).
+const ATTACKER_THREADS: usize = 2;
+/// Idle connections from one attacking host in the `idle` attack: they
+/// come from many hosts (loopback addresses 127.0.2.1 and on, in ten /24
+/// networks), as a botnet's would, not from the fleet's own address.
+const IDLE_PER_HOST: usize = 250;
 /// Writers in the `flood` attack.
 const FLOOD_WRITERS: usize = 16;
 /// A state named this many times in one crafted List (the 8 MB request).
@@ -230,10 +238,11 @@ async fn run_attack(a: &StormArgs, attack: &str) -> anyhow::Result<Row> {
     let admin = Client::new(&cluster.endpoints(), "bench", cluster.security())?;
     let leader = cluster.wait_leader(&admin).await?;
     let endpoints = cluster.endpoints_leader_first(leader);
+    let peer_endpoints = cluster.peer_endpoints();
     let admin = Client::new(&endpoints, "bench", cluster.security())?;
     let user = |name: &str| -> anyhow::Result<Client> {
         let creds = Credentials::load(TlsFiles::in_dir(&tls, &format!("client-{name}"))).map_err(anyhow::Error::msg)?;
-        Ok(Client::new(&endpoints, name, &Security::Tls(creds))?)
+        Ok(Client::new(&endpoints, name, &Security::Tls(creds))?.from_address(user_host(name))?)
     };
     let pids: BTreeMap<u64, u32> = cluster.children.iter().map(|(id, c)| (*id, c.id())).collect();
     let cluster = Arc::new(Mutex::new(cluster));
@@ -248,7 +257,7 @@ async fn run_attack(a: &StormArgs, attack: &str) -> anyhow::Result<Row> {
     for i in 0..a.agents {
         let creds = Credentials::load(TlsFiles::in_dir(&tls, &format!("agent-{}", node_name(i))))
             .map_err(anyhow::Error::msg)?;
-        let client = Client::new(&endpoints, "agent", &Security::Tls(creds))?.for_fleet();
+        let client = Client::new(&endpoints, "agent", &Security::Tls(creds))?.from_address(agent_host(i))?.for_fleet();
         agents.push(tokio::spawn(agent(i, client, meter.clone())));
     }
     wait_registered(&admin, a.agents).await?;
@@ -261,12 +270,31 @@ async fn run_attack(a: &StormArgs, attack: &str) -> anyhow::Result<Row> {
 
     eprintln!("storm: {attack}: attacking for {} s", a.seconds);
     let from = meter.ms();
+    let attackers = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(ATTACKER_THREADS)
+        .thread_name("storm-attacker")
+        .enable_all()
+        .build()?;
     let tasks: Vec<tokio::task::JoinHandle<()>> = match attack {
         "quiet" => Vec::new(),
-        "poll" => poll(user("poller")?, a.clients, &meter),
-        "crafted" => crafted(user("crafted")?, &endpoints, &meter).await,
-        "idle" => idle(&endpoints, &tls, a.idle, &meter)?,
-        "flood" => (0..FLOOD_WRITERS).map(|w| tokio::spawn(flood(user("flood").ok(), w, meter.clone()))).collect(),
+        "poll" => {
+            let _on = attackers.enter();
+            poll(user("poller")?, a.clients, &meter)
+        }
+        "crafted" => {
+            let (client, endpoints, m) = (user("crafted")?, endpoints.clone(), meter.clone());
+            attackers.spawn(async move { crafted(client, &endpoints, &m).await }).await?
+        }
+        "idle" => {
+            // The peer ports (where the build has them) get their share.
+            let targets: Vec<String> = endpoints.iter().cloned().chain(peer_endpoints.iter().cloned()).collect();
+            let _on = attackers.enter();
+            idle(&targets, &tls, a.idle, &meter)?
+        }
+        "flood" => {
+            let _on = attackers.enter();
+            (0..FLOOD_WRITERS).map(|w| tokio::spawn(flood(user("flood").ok(), w, meter.clone()))).collect()
+        }
         other => anyhow::bail!("attack: {other} is not one of quiet, poll, crafted, idle, flood"),
     };
     tokio::time::sleep(Duration::from_secs(a.seconds)).await;
@@ -274,6 +302,7 @@ async fn run_attack(a: &StormArgs, attack: &str) -> anyhow::Result<Row> {
     for t in tasks {
         t.abort();
     }
+    attackers.shutdown_background();
     let to = meter.ms();
     meter.done.store(true, Ordering::SeqCst);
     good.abort();
@@ -482,8 +511,14 @@ async fn outcome<T>(meter: &Meter, r: Result<T, tonic::Status>) {
     if let Err(s) = r {
         if s.code() != Code::NotFound {
             meter.refused.fetch_add(1, Ordering::Relaxed);
+            meter.failed("attack", &s);
         }
-        let hint = gangway_proto::client::retry_after(&s).unwrap_or(Duration::from_millis(20));
+        // A hint past what the client library waits out: the longest it waits.
+        let hint = match gangway_proto::client::retry_after(&s) {
+            Some(h) => h,
+            None if s.code() == Code::ResourceExhausted => HINT_MAX,
+            None => Duration::from_millis(20),
+        };
         tokio::time::sleep(hint.min(HINT_MAX)).await;
     }
 }
@@ -494,10 +529,8 @@ fn poll(poller: Client, clients: usize, meter: &Arc<Meter>) -> Vec<tokio::task::
     let poller = Arc::new(poller);
     let channels: Vec<tonic::transport::Channel> = (0..POLL_CONNECTIONS)
         .filter_map(|_| {
-            poller
-                .security()
-                .channel(poller.preferred_endpoint(), gangway_proto::tls::Expect::Server, Duration::from_secs(2))
-                .ok()
+            let (to, from) = (poller.preferred_endpoint(), Some(user_host("poller")));
+            poller.security().channel_from(to, gangway_proto::tls::Expect::Server, Duration::from_secs(2), from).ok()
         })
         .collect();
     (0..clients)
@@ -535,7 +568,10 @@ async fn crafted(client: Client, endpoints: &[String], meter: &Arc<Meter>) -> Ve
     let mut tasks = Vec::new();
     let channels: Vec<tonic::transport::Channel> = endpoints
         .iter()
-        .filter_map(|e| client.security().channel(e, gangway_proto::tls::Expect::Server, Duration::from_secs(2)).ok())
+        .filter_map(|e| {
+            let from = Some(user_host("crafted"));
+            client.security().channel_from(e, gangway_proto::tls::Expect::Server, Duration::from_secs(2), from).ok()
+        })
         .collect();
     for ch in &channels {
         // The List past the last id (an overflow of after_id + 1 before).
@@ -625,7 +661,10 @@ fn idle(
             let Ok(permit) = slots.acquire_owned().await else { return };
             m.sent.fetch_add(1, Ordering::Relaxed);
             let opened = async {
-                let tcp = tokio::net::TcpStream::connect(&addr).await.ok()?;
+                let target: std::net::SocketAddr = addr.parse().ok()?;
+                let socket = tokio::net::TcpSocket::new_v4().ok()?;
+                socket.bind(attacker_host(i)).ok()?;
+                let tcp = socket.connect(target).await.ok()?;
                 let name = rustls::pki_types::ServerName::try_from(gangway_proto::tls::SNI_NAME).ok()?;
                 tokio_rustls::TlsConnector::from(config).connect(name, tcp).await.ok()
             };
@@ -660,6 +699,35 @@ fn idle(
         }));
     }
     Ok(tasks)
+}
+
+/// The host (a loopback address) each user works from: each its own, as
+/// on a real cluster, so the per-host connection limits meet each where a
+/// real one would (everything from 127.0.0.1 would share one host's share).
+fn user_host(name: &str) -> std::net::IpAddr {
+    let n = match name {
+        "poller" => 3,
+        "crafted" => 4,
+        "flood" => 5,
+        _ => 6,
+    };
+    std::net::IpAddr::from([127, 0, n, 1])
+}
+
+/// The host agent `i` runs on: 127.1.x.y, 250 to a /24, as a fleet's nodes
+/// are spread over racks' networks.
+fn agent_host(i: usize) -> std::net::IpAddr {
+    let net = u8::try_from(i / 250 % 250).unwrap_or(0);
+    let last = u8::try_from(1 + i % 250).unwrap_or(1);
+    std::net::IpAddr::from([127, 1, net, last])
+}
+
+/// The loopback address idle connection `i` comes from (see IDLE_PER_HOST).
+fn attacker_host(i: usize) -> std::net::SocketAddr {
+    let host = i / IDLE_PER_HOST;
+    let net = u8::try_from(2 + host % 10).unwrap_or(2);
+    let last = u8::try_from(1 + (host / 10) % 250).unwrap_or(1);
+    std::net::SocketAddr::from(([127, 0, net, last], 0))
 }
 
 /// A writer at the write limit: held submits with fresh idempotency keys.

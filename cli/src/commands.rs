@@ -386,7 +386,8 @@ pub async fn node(client: &Client, out: &Output, cmd: NodeCmd) -> anyhow::Result
 pub enum ClusterCmd {
     /// Every replica's role, term and log positions.
     Status,
-    /// Add a replica (started with `gangway controller --join`) as a learner.
+    /// Add a replica (started with `gangway controller --join`) as a learner:
+    /// ADDR is HOST:PORT, or HOST:PORT/PEERPORT when it serves Raft on a peer port.
     Add { id: u64, addr: String },
     /// Make a learner a voting member.
     Promote { id: u64 },

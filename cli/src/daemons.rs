@@ -20,10 +20,18 @@ pub struct ControllerArgs {
     /// Address to listen on, e.g. 0.0.0.0:50051.
     #[arg(long)]
     listen: String,
-    /// Address others reach this replica at (default: the listen address).
+    /// Address others reach this replica at (default: the listen address,
+    /// and /PEERPORT when --peer-listen is given).
     #[arg(long)]
     advertise: Option<String>,
-    /// Initial members: 1=HOST:PORT,2=HOST:PORT,3=HOST:PORT (include this replica).
+    /// Serve Raft on a port of its own, e.g. 0.0.0.0:50052: its TLS handshake
+    /// fails without a certificate, and only replicas' connections stay open
+    /// (as etcd's peer port). The API port then refuses Raft. Each replica's
+    /// address in --peers names it: 1=HOST:PORT/PEERPORT.
+    #[arg(long)]
+    peer_listen: Option<String>,
+    /// Initial members: 1=HOST:PORT,2=HOST:PORT,3=HOST:PORT (include this
+    /// replica), each HOST:PORT/PEERPORT when the replicas have peer ports.
     #[arg(long)]
     peers: Option<String>,
     /// Where the Raft log, metadata and snapshots live.
@@ -160,7 +168,17 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
     for admin in &a.bootstrap_admins {
         gangway_proto::tls::check_principal_name(admin).map_err(|e| anyhow::anyhow!("bootstrap-admin: {e}"))?;
     }
-    let advertise = a.advertise.clone().unwrap_or_else(|| a.listen.clone());
+    let peer_listener = match &a.peer_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr).await.with_context(|| format!("peer-listen: cannot bind {addr}"))?,
+        ),
+        None => None,
+    };
+    let advertise = match (&a.advertise, &peer_listener) {
+        (Some(adv), _) => adv.clone(),
+        (None, None) => a.listen.clone(),
+        (None, Some(l)) => format!("{}/{}", a.listen, l.local_addr()?.port()),
+    };
     let peers = match &a.peers {
         Some(p) => gangway_controller::config::parse_peers(p).map_err(anyhow::Error::msg)?,
         None if a.join => BTreeMap::from([(a.id, advertise.clone())]),
@@ -230,7 +248,7 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
         }
         None => None,
     };
-    let mut handle = gangway_controller::replica::start(config, listener).await?;
+    let mut handle = gangway_controller::replica::start_with_peer_port(config, listener, peer_listener).await?;
     let _ui = match ui {
         Some(l) => {
             let transport = match handle.replica.security.credentials() {

@@ -124,6 +124,8 @@ pub struct Gate {
     audit: Arc<AuditLog>,
     /// Whether a step credential's job attempt still runs.
     state: Arc<gangway_raft_store::SharedState>,
+    /// Raft is served on the replica's peer port, not behind this gate.
+    raft_elsewhere: bool,
 }
 
 impl Gate {
@@ -133,7 +135,14 @@ impl Gate {
         audit: Arc<AuditLog>,
         state: Arc<gangway_raft_store::SharedState>,
     ) -> Gate {
-        Gate { security, tokens, audit, state }
+        Gate { security, tokens, audit, state, raft_elsewhere: false }
+    }
+
+    /// This gate's listener does not serve Raft: the replica has a peer port
+    /// (`--peer-listen`), and a Raft message here is refused before it is read.
+    pub fn raft_elsewhere(mut self) -> Gate {
+        self.raft_elsewhere = true;
+        self
     }
 
     /// Who `head` comes from: the transport's verified peer, or for a
@@ -228,7 +237,14 @@ where
 
     fn call(&mut self, req: http::Request<BoxBody>) -> Self::Future {
         let (head, body) = req.into_parts();
-        match rule(head.uri.path(), self.gate.who(&head)) {
+        let verdict = if self.gate.raft_elsewhere && head.uri.path().starts_with("/gangway.v1.RaftService/") {
+            Verdict::Refuse(Status::failed_precondition(
+                "this replica serves Raft on its peer port (--peer-listen), not here",
+            ))
+        } else {
+            rule(head.uri.path(), self.gate.who(&head))
+        };
+        match verdict {
             Verdict::Refuse(status) => {
                 self.gate.audit_refusal(&head, &status);
                 // The body is dropped unread: the stream is reset, and what

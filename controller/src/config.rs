@@ -99,7 +99,60 @@ pub struct ReplicaConfig {
     pub accounting: Option<String>,
 }
 
-/// Parses `1=host:port,2=host:port,...` into an id → address map.
+/// A replica's address as its cluster membership records it: `HOST:PORT`,
+/// where it serves everything, or `HOST:PORT/PEERPORT` (or
+/// `HOST:PORT/PEERHOST:PEERPORT`) when Raft has a peer port of its own
+/// (`--peer-listen`), as etcd keeps its client and peer URLs apart. Clients,
+/// agents and forwarded requests use the first part; only replicas' Raft
+/// messages go to the second. An old membership's `HOST:PORT` reads as before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaAddr {
+    /// Where clients, agents and forwarded requests reach the replica.
+    pub api: String,
+    /// Where its Raft messages go: the peer port, or `api` when it has none.
+    pub peer: String,
+    /// Whether the replica has a peer port of its own.
+    pub split: bool,
+}
+
+impl ReplicaAddr {
+    /// Parses a membership address, refusing one a replica cannot be reached at.
+    pub fn parse(addr: &str) -> Result<ReplicaAddr, String> {
+        let (api, peer) = match addr.trim().split_once('/') {
+            None => (addr.trim(), None),
+            Some((api, peer)) => (api, Some(peer)),
+        };
+        let Some((host, _)) = api.rsplit_once(':').filter(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) else {
+            return Err(format!("'{addr}' must be HOST:PORT, or HOST:PORT/PEERPORT with a peer port"));
+        };
+        let peer = match peer {
+            None => return Ok(ReplicaAddr { api: api.to_string(), peer: api.to_string(), split: false }),
+            Some(p) if p.parse::<u16>().is_ok() => format!("{host}:{p}"),
+            Some(p) if p.rsplit_once(':').is_some_and(|(h, port)| !h.is_empty() && port.parse::<u16>().is_ok()) => {
+                p.to_string()
+            }
+            Some(p) => return Err(format!("'{addr}': the peer part '{p}' must be PORT or HOST:PORT")),
+        };
+        if peer == api {
+            return Err(format!("'{addr}': the peer port must differ from the API port"));
+        }
+        Ok(ReplicaAddr { api: api.to_string(), peer, split: true })
+    }
+
+    /// The API part of a membership address (all of it when it does not parse:
+    /// the caller's connection attempt then names it).
+    pub fn api_of(addr: &str) -> String {
+        ReplicaAddr::parse(addr).map_or_else(|_| addr.to_string(), |a| a.api)
+    }
+
+    /// Where Raft messages to the replica at `addr` go.
+    pub fn peer_of(addr: &str) -> String {
+        ReplicaAddr::parse(addr).map_or_else(|_| addr.to_string(), |a| a.peer)
+    }
+}
+
+/// Parses `1=host:port,2=host:port,...` into an id → address map (each
+/// address may name a peer port, see [`ReplicaAddr`]).
 pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>, String> {
     let mut peers = BTreeMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -112,9 +165,7 @@ pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>, String> {
             return Err("peers: replica ids start at 1".into());
         }
         let addr = addr.trim();
-        if !addr.contains(':') {
-            return Err(format!("peers: '{addr}' must be HOST:PORT"));
-        }
+        ReplicaAddr::parse(addr).map_err(|e| format!("peers: {e}"))?;
         if peers.insert(id, addr.to_string()).is_some() {
             return Err(format!("peers: replica id {id} appears twice"));
         }
@@ -137,5 +188,23 @@ mod tests {
         assert!(parse_peers("x=a:1").unwrap_err().contains("replica id"));
         assert!(parse_peers("1=nohostport").unwrap_err().contains("HOST:PORT"));
         assert!(parse_peers("").is_err());
+        assert!(parse_peers("1=a:1/a:1").unwrap_err().contains("differ"));
+        assert!(parse_peers("1=a:1/x").unwrap_err().contains("PORT or HOST:PORT"));
+        assert!(parse_peers("1=a:99999").unwrap_err().contains("HOST:PORT"));
+    }
+
+    #[test]
+    fn replica_addresses_name_their_peer_port() {
+        let one = ReplicaAddr::parse("10.0.0.1:50051").unwrap();
+        assert_eq!((one.api.as_str(), one.peer.as_str(), one.split), ("10.0.0.1:50051", "10.0.0.1:50051", false));
+        let port = ReplicaAddr::parse("10.0.0.1:50051/50052").unwrap();
+        assert_eq!((port.api.as_str(), port.peer.as_str(), port.split), ("10.0.0.1:50051", "10.0.0.1:50052", true));
+        let host = ReplicaAddr::parse("ctl-1:50051/10.9.0.1:7001").unwrap();
+        assert_eq!((host.api.as_str(), host.peer.as_str()), ("ctl-1:50051", "10.9.0.1:7001"));
+        let v6 = ReplicaAddr::parse("[::1]:50051/50052").unwrap();
+        assert_eq!(v6.peer, "[::1]:50052");
+        assert_eq!(ReplicaAddr::api_of("h:1/2"), "h:1");
+        assert_eq!(ReplicaAddr::peer_of("h:1/2"), "h:2");
+        assert_eq!(ReplicaAddr::peer_of("h:1"), "h:1");
     }
 }

@@ -62,10 +62,49 @@ pub const READ_BASE_UNITS: u64 = 10;
 /// Bytes answered per read unit.
 pub const READ_BYTES_PER_UNIT: usize = 128;
 
+/// The longest wait a refusal names: the longest the client library waits
+/// out (a longer hint would make it give up at once). Refused callers of one
+/// identity are given turns one after another (see [`Bucket::turn`]); past
+/// this far ahead they are all told this.
+pub const HINT_MAX: Duration = gangway_proto::client::RETRY_AFTER_MAX;
+
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
     tokens: f64,
     at: Instant,
+    /// When the next refused caller of this identity is told to come back.
+    /// Each refusal takes a turn and moves this on by that caller's share of
+    /// the rate, so a thousand pollers refused together come back spread
+    /// over the time their bucket needs for them, not all at once a few
+    /// milliseconds later (each refusal costs the replica a little too).
+    turn: Option<Instant>,
+    /// What this identity's calls cost lately (an average of the units
+    /// charged): the share a turn is spaced by.
+    usual: f64,
+}
+
+impl Bucket {
+    fn full(burst: f64, now: Instant) -> Bucket {
+        Bucket { tokens: burst, at: now, turn: None, usual: 0.0 }
+    }
+
+    /// A refused caller's turn: no sooner than `ready_in` seconds from now
+    /// (when the bucket holds enough again) and after every caller refused
+    /// before it; the turn after it is `share` seconds later.
+    fn take_turn(&mut self, now: Instant, ready_in: f64, share: f64) -> Duration {
+        let ready = now.checked_add(Duration::from_secs_f64(ready_in.clamp(0.0, HINT_MAX.as_secs_f64())));
+        let turn = match (self.turn, ready) {
+            (Some(t), Some(r)) if t > r => t,
+            (_, Some(r)) => r,
+            (t, None) => t.unwrap_or(now),
+        };
+        let wait = turn.saturating_duration_since(now);
+        if wait >= HINT_MAX {
+            return HINT_MAX;
+        }
+        self.turn = turn.checked_add(Duration::from_secs_f64(share.clamp(0.0, HINT_MAX.as_secs_f64())));
+        wait.max(Duration::from_millis(1))
+    }
 }
 
 /// Refills `bucket` up to `now`.
@@ -88,7 +127,7 @@ fn bucket_of<'a>(
             buckets.remove(&oldest);
         }
     }
-    buckets.entry(identity.to_string()).or_insert(Bucket { tokens: burst, at: now })
+    buckets.entry(identity.to_string()).or_insert(Bucket::full(burst, now))
 }
 
 /// Per-identity budgets for the work of reads (see the module docs).
@@ -120,25 +159,44 @@ impl ReadLimiter {
             bucket.tokens -= READ_RESERVED_UNITS as f64;
             Ok(())
         } else {
-            Err(Duration::from_secs_f64(((1.0 - bucket.tokens) / self.rate).min(60.0)))
+            let share = bucket.usual.max(READ_RESERVED_UNITS as f64) / self.rate;
+            Err(bucket.take_turn(now, (1.0 - bucket.tokens) / self.rate, share))
         }
+    }
+
+    /// A turn for a read of `identity` refused for another reason (its
+    /// places in the read lane were all taken): when to come back, after the
+    /// others refused before it (see `Bucket::turn`).
+    pub fn turn(&self, identity: &str, now: Instant) -> Duration {
+        let mut buckets = self.buckets.lock().expect("rate limiter lock");
+        let bucket = bucket_of(&mut buckets, identity, now, self.burst);
+        refill(bucket, now, self.rate, self.burst);
+        let share = bucket.usual.max(READ_RESERVED_UNITS as f64) / self.rate;
+        bucket.take_turn(now, (1.0 - bucket.tokens).max(0.0) / self.rate, share)
     }
 
     /// Charges what a read of `identity` did (less what its admission
     /// reserved). The debt is bounded by one full bucket: a read's work is
     /// bounded, and a caller deep in debt is refused until it is paid.
     pub fn charge(&self, identity: &str, units: u64, now: Instant) {
+        self.settle(identity, units, now, true);
+    }
+
+    fn settle(&self, identity: &str, units: u64, now: Instant, learn: bool) {
         let mut buckets = self.buckets.lock().expect("rate limiter lock");
         let bucket = bucket_of(&mut buckets, identity, now, self.burst);
         refill(bucket, now, self.rate, self.burst);
         let owed = units as f64 - READ_RESERVED_UNITS as f64;
         bucket.tokens = (bucket.tokens - owed).clamp(-self.burst, self.burst);
+        if learn {
+            bucket.usual = bucket.usual * 0.9 + (units as f64).min(self.burst) * 0.1;
+        }
     }
 
     /// Gives back what an admission reserved for a read this replica did not
     /// do (it forwarded it: the leader charges it).
     pub fn refund(&self, identity: &str, now: Instant) {
-        self.charge(identity, 0, now);
+        self.settle(identity, 0, now, false);
     }
 }
 
@@ -198,18 +256,20 @@ impl WriteLimiter {
                 buckets.remove(&oldest);
             }
         }
-        let fresh = |burst| Bucket { tokens: burst, at: now };
+        let fresh = |burst| Bucket::full(burst, now);
         let (count, size) =
             buckets.entry(identity.to_string()).or_insert_with(|| (fresh(self.burst), fresh(self.bytes_burst)));
         refill(count, now, self.rate, self.burst);
         refill(size, now, self.bytes_rate, self.bytes_burst);
         // A write larger than the whole burst waits for a full bucket.
         let bytes = (bytes as f64).min(self.bytes_burst);
+        // Refused callers take turns (see `Bucket::turn`), on the count's bucket.
         if count.tokens < 1.0 {
-            return Err(Duration::from_secs_f64(((1.0 - count.tokens) / self.rate).min(60.0)));
+            return Err(count.take_turn(now, (1.0 - count.tokens) / self.rate, 1.0 / self.rate));
         }
         if size.tokens < bytes {
-            return Err(Duration::from_secs_f64(((bytes - size.tokens) / self.bytes_rate).min(60.0)));
+            let ready_in = (bytes - size.tokens) / self.bytes_rate;
+            return Err(count.take_turn(now, ready_in, bytes / self.bytes_rate));
         }
         count.tokens -= 1.0;
         size.tokens -= bytes;
@@ -289,6 +349,52 @@ mod tests {
         assert_eq!(read_units(0, 0), READ_BASE_UNITS);
         assert_eq!(read_units(100, READ_BYTES_PER_UNIT * 3), READ_BASE_UNITS + 103);
         assert_eq!(read_units(usize::MAX, usize::MAX), READ_BASE_UNITS.saturating_add(u64::MAX));
+    }
+
+    /// Callers refused together are told to come back one after another,
+    /// each a share of the rate after the one before, not all at once; the
+    /// hint never passes HINT_MAX; a caller who waits its turn gets in.
+    #[test]
+    fn refused_callers_take_turns() {
+        let t0 = Instant::now();
+        let reads = ReadLimiter::new(1_000.0, READ_RESERVED_UNITS as f64);
+        assert!(reads.admit("herd", t0).is_ok());
+        let hints: Vec<Duration> = (0..5).map(|_| reads.admit("herd", t0).unwrap_err()).collect();
+        // The bucket is empty: the first turn is when it holds a unit again
+        // (1 ms), each next one a reservation's worth (1 s) later.
+        assert_eq!(hints[0], Duration::from_millis(1));
+        for (i, w) in hints.windows(2).enumerate() {
+            assert_eq!(w[1].saturating_sub(w[0]), Duration::from_secs(1), "turn {i}");
+        }
+        let far: Vec<Duration> = (0..5).map(|_| reads.admit("herd", t0).unwrap_err()).collect();
+        assert!(far.iter().all(|w| *w == HINT_MAX), "{far:?}");
+        assert!(reads.admit("herd", t0 + hints[1]).is_ok(), "the second in line gets in at its turn");
+        // Turns follow what the identity's reads usually cost.
+        let costly = ReadLimiter::new(1_000.0, 1_000_000.0);
+        for _ in 0..50 {
+            costly.charge("big", 4 * READ_RESERVED_UNITS, t0);
+        }
+        {
+            let mut buckets = costly.buckets.lock().unwrap();
+            let big = buckets.get_mut("big").unwrap();
+            assert!((3_600.0..=4_000.0).contains(&big.usual), "{}", big.usual);
+            big.tokens = 0.0;
+        }
+        let (a, b) = (costly.admit("big", t0).unwrap_err(), costly.admit("big", t0).unwrap_err());
+        assert!(b.saturating_sub(a) > Duration::from_secs(3), "{a:?} then {b:?}");
+        // A read refused by its lane waits its turn in the same line.
+        let c = reads.turn("herd", t0);
+        assert_eq!(c, HINT_MAX);
+        let fresh = ReadLimiter::new(1_000.0, 1_000_000.0);
+        let (a, b) = (fresh.turn("lane", t0), fresh.turn("lane", t0));
+        assert_eq!((a, b), (Duration::from_millis(1), Duration::from_secs(1)));
+        // Writes too: the k-th refused writer waits about k writes' time.
+        let writes = WriteLimiter::new(100.0, 1.0);
+        assert!(writes.check("w", 1, t0).is_ok());
+        let (a, b) = (writes.check("w", 1, t0).unwrap_err(), writes.check("w", 1, t0).unwrap_err());
+        assert_eq!(b.saturating_sub(a), Duration::from_millis(10));
+        // Another identity is not in the line.
+        assert!(writes.check("v", 1, t0).is_ok());
     }
 
     #[test]

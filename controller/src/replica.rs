@@ -1,5 +1,6 @@
 //! One controller replica, wired: opens its store, starts Raft, serves the gRPC
-//! API (plus health and reflection) on one port, forms the cluster on first
+//! API (plus health and reflection) on one port and Raft there or on a peer
+//! port of its own, forms the cluster on first
 //! start, and runs leader duties while it leads. Nothing imports this module
 //! but the crate root; what the parts share is `shared.rs`.
 
@@ -45,12 +46,17 @@ pub const H2_PENDING_RESETS_MAX: usize = 64;
 pub const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
 pub const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// A gRPC server's task.
+type ServerTask = JoinHandle<Result<(), tonic::transport::Error>>;
+
 /// A running replica; `shutdown` stops it and releases its data dir.
 pub struct ReplicaHandle {
     pub replica: Arc<Replica>,
     pub local_addr: SocketAddr,
     shutdown_tx: Option<oneshot::Sender<()>>,
-    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    server: ServerTask,
+    /// The peer port's server (Raft only), when the replica has one.
+    peer_server: Option<(oneshot::Sender<()>, ServerTask)>,
     leader_watch: JoinHandle<()>,
     fatal_watch: JoinHandle<()>,
     /// Set when Raft stopped on a fatal error (the replica then says
@@ -70,6 +76,11 @@ impl ReplicaHandle {
         // Open streams (watchers) would keep a graceful stop waiting: bound it.
         let _ = tokio::time::timeout(Duration::from_secs(2), &mut self.server).await;
         self.server.abort();
+        if let Some((tx, mut peer)) = self.peer_server.take() {
+            let _ = tx.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(2), &mut peer).await;
+            peer.abort();
+        }
     }
 
     /// Waits until the server stops (it runs until `shutdown`), or until Raft
@@ -78,8 +89,15 @@ impl ReplicaHandle {
     /// replaces its data), so that is returned as an error.
     pub async fn wait(&mut self) -> anyhow::Result<()> {
         let mut fatal = self.fatal.clone();
+        let peer = async {
+            match &mut self.peer_server {
+                Some((_, peer)) => peer.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             r = &mut self.server => r.context("server task")?.context("gRPC server"),
+            r = peer => r.context("peer server task")?.context("gRPC server on the peer port"),
             why = fatal.wait_for(Option::is_some) => {
                 let why = why.map(|w| w.clone().unwrap_or_default()).unwrap_or_default();
                 anyhow::bail!("this replica stopped on a fatal error and must be restarted: {why}")
@@ -130,10 +148,37 @@ fn open_store(dir: &std::path::Path) -> anyhow::Result<gangway_raft_store::Store
     Err(last.expect("at least one attempt").into())
 }
 
-/// Starts a replica serving on `listener`.
+/// Starts a replica serving everything, Raft included, on `listener`.
 pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Result<ReplicaHandle> {
+    start_with_peer_port(config, listener, None).await
+}
+
+/// Starts a replica serving its API on `listener` and, when given, Raft on
+/// `peer` alone: a port whose TLS handshake fails without a client
+/// certificate and that closes every connection not a replica's before a
+/// byte of a request is read, served on Raft's own runtime. Its advertised
+/// address must name the peer port (`HOST:PORT/PEERPORT`, see
+/// `config::ReplicaAddr`) exactly when it has one.
+pub async fn start_with_peer_port(
+    config: ReplicaConfig,
+    listener: TcpListener,
+    peer: Option<TcpListener>,
+) -> anyhow::Result<ReplicaHandle> {
     crate::telemetry::describe();
     let local_addr = listener.local_addr()?;
+    let advertised =
+        crate::config::ReplicaAddr::parse(&config.advertise_addr).map_err(|e| anyhow::anyhow!("advertise: {e}"))?;
+    match (&peer, advertised.split) {
+        (Some(_), false) => anyhow::bail!(
+            "advertise: '{}' names no peer port, but this replica has one (--peer-listen): use HOST:PORT/PEERPORT",
+            config.advertise_addr
+        ),
+        (None, true) => anyhow::bail!(
+            "advertise: '{}' names a peer port, but this replica listens on none: give --peer-listen",
+            config.advertise_addr
+        ),
+        _ => {}
+    }
     if let Some(file) = &config.restore {
         seed_from_backup(&config, file)?;
     }
@@ -156,12 +201,20 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
         .build_v1alpha()?;
 
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    let gate = crate::admission::Gate::new(
+    let mut gate = crate::admission::Gate::new(
         config.security.clone(),
         config.tokens.clone(),
         replica.audit.clone(),
         node.state().clone(),
     );
+    if peer.is_some() {
+        gate = gate.raft_elsewhere();
+    }
+    let raft_service = || {
+        RaftServiceServer::new(RaftRpc { node: node.clone(), audit: replica.audit.clone() })
+            .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX)
+    };
     let router = Server::builder()
         .tcp_nodelay(true)
         .max_concurrent_streams(H2_STREAMS_PER_CONNECTION_MAX)
@@ -174,11 +227,7 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(
-            RaftServiceServer::new(RaftRpc { node: node.clone(), audit: replica.audit.clone() })
-                .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
-                .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX),
-        )
+        .add_service(raft_service())
         .add_service(
             JobServiceServer::new(JobApi { replica: replica.clone() })
                 .max_decoding_message_size(API_REQUEST_BYTES_MAX)
@@ -213,6 +262,32 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
         let _ = shutdown_rx.await;
     }));
+    let peer_server = match peer {
+        None => None,
+        Some(listener) => {
+            let (tx, rx) = oneshot::channel::<()>();
+            let peer_router = Server::builder()
+                .tcp_nodelay(true)
+                .max_concurrent_streams(H2_STREAMS_PER_CONNECTION_MAX)
+                .http2_max_header_list_size(H2_HEADER_LIST_BYTES_MAX)
+                .http2_max_pending_accept_reset_streams(Some(H2_PENDING_RESETS_MAX))
+                .http2_keepalive_interval(Some(H2_PING_INTERVAL))
+                .http2_keepalive_timeout(Some(H2_PING_TIMEOUT))
+                .add_service(raft_service());
+            tracing::info!(addr = ?listener.local_addr().ok(), "serving Raft on the peer port");
+            // Accepted on Raft's runtime too: the handshakes and the messages.
+            let security = config.security.clone();
+            let incoming = node
+                .spawn_on_raft(async move { gangway_proto::tls::incoming_peer(listener, &security) })
+                .await
+                .context("peer port")?
+                .map_err(|e| anyhow::anyhow!("TLS (peer port): {e}"))?;
+            let task = node.spawn_on_raft(peer_router.serve_with_incoming_shutdown(incoming, async {
+                let _ = rx.await;
+            }));
+            Some((tx, task))
+        }
+    };
 
     if !config.join && !node.is_initialized().await {
         if !config.peers.contains_key(&config.id) {
@@ -242,5 +317,14 @@ pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Resu
             fatal_tx.send_replace(Some(why));
         }
     });
-    Ok(ReplicaHandle { replica, local_addr, shutdown_tx: Some(shutdown_tx), server, leader_watch, fatal_watch, fatal })
+    Ok(ReplicaHandle {
+        replica,
+        local_addr,
+        shutdown_tx: Some(shutdown_tx),
+        server,
+        peer_server,
+        leader_watch,
+        fatal_watch,
+        fatal,
+    })
 }

@@ -2063,6 +2063,92 @@ mod security {
         c
     }
 
+    /// Raft on peer ports (`--peer-listen`): the cluster forms and
+    /// replicates through them; the API port refuses Raft; a peer port
+    /// finishes no handshake without a certificate and keeps no connection
+    /// but a replica's, so nobody else gets a byte of a request read.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn raft_is_served_on_peer_ports_to_replicas_only() {
+        let pki = Pki::new();
+        let mut c = TestCluster {
+            dirs: BTreeMap::new(),
+            addrs: BTreeMap::new(),
+            handles: BTreeMap::new(),
+            timing: BTreeMap::new(),
+            restore: None,
+        };
+        let (mut listeners, mut peer_ports, mut members) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+        for id in 1..=3u64 {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let p = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let api = l.local_addr().unwrap().to_string();
+            members.insert(id, format!("{api}/{}", p.local_addr().unwrap().port()));
+            c.addrs.insert(id, api);
+            c.dirs.insert(id, tempfile::tempdir().unwrap());
+            c.timing.insert(id, fast_timing());
+            listeners.insert(id, l);
+            peer_ports.insert(id, p);
+        }
+        let peer_addr = |id: u64| gangway_controller::config::ReplicaAddr::peer_of(&members[&id]);
+        // A replica must advertise the peer port it has, and only one it has.
+        let mut unsplit = c.config(1, false);
+        unsplit.security = Security::Tls(Credentials::load(TlsFiles::in_dir(&pki.main, "server-1")).unwrap());
+        let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let spare_peer = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let err = replica::start_with_peer_port(unsplit, spare, Some(spare_peer)).await.err().expect("refused");
+        assert!(err.to_string().contains("names no peer port"), "{err}");
+        for (id, l) in listeners {
+            let mut config = c.config(id, false);
+            config.advertise_addr = members[&id].clone();
+            config.peers = members.clone();
+            config.security =
+                Security::Tls(Credentials::load(TlsFiles::in_dir(&pki.main, &format!("server-{id}"))).unwrap());
+            config.bootstrap_admins = vec!["admin".into()];
+            config.allow_root_jobs = false;
+            let h = replica::start_with_peer_port(config, l, peer_ports.remove(&id)).await.unwrap();
+            c.handles.insert(id, h);
+        }
+        c.wait_bootstrap_admin().await;
+        // A write commits through the peer ports and reaches every replica.
+        let eps: Vec<String> = c.addrs.values().cloned().collect();
+        let alice = Client::new(&eps, "ignored", &pki.security(Caller::Alice)).unwrap();
+        let job = submit_secret_job(&alice).await;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !c.handles.values().all(|h| h.replica.node.state().read().jobs.contains_key(&job)) {
+            assert!(tokio::time::Instant::now() < deadline, "job {job} never reached every replica");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Clients are told the leader's API address, never its peer port.
+        let status = c.handles[&1].replica.node.status();
+        assert_eq!(status.addrs, c.addrs, "membership addresses as clients see them");
+
+        // Replica 1's certificate, speaking for replica 1.
+        let vote = |ch: Channel| async move {
+            let data = gangway_controller::raft::service::encoded_vote_request(1, 1);
+            RaftServiceClient::new(ch).vote(tonic::Request::new(pb::RaftPayload { data })).await.map(drop)
+        };
+        let server = pki.security(Caller::Server);
+        // The API port serves no Raft, not even to a replica.
+        let api = server.channel(&c.addrs[&2], Expect::Server, WAIT).unwrap();
+        let refused = vote(api).await.unwrap_err();
+        assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+        assert!(refused.message().contains("peer port"), "{refused:?}");
+        // On the peer port a replica's message reaches Raft (a vote from a
+        // stale term, answered and not granted)...
+        let peer = server.channel(&peer_addr(2), Expect::Server, WAIT).unwrap();
+        vote(peer).await.unwrap_or_else(|e| panic!("a replica's vote on the peer port: {e:?}"));
+        // ...and nobody else's: no certificate fails the handshake, a user's
+        // or an agent's certificate is closed before its request is read.
+        for who in [Caller::NoCert, Caller::ForeignCa, Caller::Alice, Caller::Admin, Caller::AgentX] {
+            let ch = pki.security(who).channel(&peer_addr(2), Expect::Server, WAIT).unwrap();
+            let (got, detail) = classify(vote(ch).await);
+            assert_eq!(got, Got::NoHandshake, "{who:?} on the peer port: {detail}");
+        }
+        for id in [1, 2, 3] {
+            c.stop(id).await;
+        }
+    }
+
     async fn run_matrix(
         pki: &Pki,
         c: &TestCluster,

@@ -44,7 +44,7 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(12);
 pub const RETRY_AFTER_METADATA_KEY: &str = "retry-after-ms";
 /// The longest retry hint a call waits out before it gives the refusal to
 /// its caller instead (a script should see "over budget", not hang).
-const RETRY_AFTER_MAX: Duration = Duration::from_secs(5);
+pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(5);
 
 /// The pause a RESOURCE_EXHAUSTED refusal asks for, when it names one no
 /// longer than RETRY_AFTER_MAX.
@@ -215,6 +215,18 @@ impl Client {
             backoff_cap: BACKOFF_CAP,
             jitter: false,
         })
+    }
+
+    /// The same client connecting from the local address `from` (over TLS).
+    pub fn from_address(mut self, from: std::net::IpAddr) -> Result<Client, ClientError> {
+        let mut channels = Vec::with_capacity(self.endpoints.len());
+        for e in &self.endpoints {
+            let ch =
+                self.security.channel_from(e, Expect::Server, CONNECT_TIMEOUT, Some(from)).map_err(ClientError::Tls)?;
+            channels.push(ch);
+        }
+        self.channels = channels;
+        Ok(self)
     }
 
     /// A client of one of a fleet's agents: pauses between rounds of retries

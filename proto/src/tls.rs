@@ -372,13 +372,23 @@ impl Credentials {
     /// [`Credentials::server_config`] for another application protocol
     /// (`http/1.1` for the metrics endpoint).
     pub fn server_config_for(self: &Arc<Self>, alpn: &[u8]) -> Result<Arc<rustls::ServerConfig>, String> {
+        self.server_config_with(alpn, false)
+    }
+
+    /// A rustls server configuration whose handshake fails without a client
+    /// certificate the CA signed (a replica's peer port).
+    pub fn server_config_mandatory(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>, String> {
+        self.server_config_with(b"h2", true)
+    }
+
+    fn server_config_with(self: &Arc<Self>, alpn: &[u8], mandatory: bool) -> Result<Arc<rustls::ServerConfig>, String> {
         if self.files.cert.is_none() {
             return Err("a TLS server needs a certificate and key".into());
         }
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
-            .with_client_cert_verifier(Arc::new(ReloadingClientVerifier(self.clone())))
+            .with_client_cert_verifier(Arc::new(ReloadingClientVerifier { creds: self.clone(), mandatory }))
             .with_cert_resolver(Arc::new(ReloadingCert(self.clone())));
         cfg.alpn_protocols = vec![alpn.to_vec()];
         // No session resumption: a resumed session would carry a client
@@ -427,7 +437,11 @@ impl rustls::client::ResolvesClientCert for ReloadingCert {
 }
 
 #[derive(Debug)]
-struct ReloadingClientVerifier(Arc<Credentials>);
+struct ReloadingClientVerifier {
+    creds: Arc<Credentials>,
+    /// Whether a handshake without a certificate fails.
+    mandatory: bool,
+}
 
 impl ClientCertVerifier for ReloadingClientVerifier {
     fn offer_client_auth(&self) -> bool {
@@ -435,9 +449,10 @@ impl ClientCertVerifier for ReloadingClientVerifier {
     }
 
     fn client_auth_mandatory(&self) -> bool {
-        // A caller without a certificate still gets an answer (UNAUTHENTICATED,
-        // naming what is missing) instead of a bare handshake failure.
-        false
+        // On the API port a caller without a certificate still gets an
+        // answer (UNAUTHENTICATED, naming what is missing) instead of a bare
+        // handshake failure; the peer port talks to replicas only.
+        self.mandatory
     }
 
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
@@ -450,7 +465,7 @@ impl ClientCertVerifier for ReloadingClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.0.material().client_verifier.verify_client_cert(end_entity, intermediates, now)
+        self.creds.material().client_verifier.verify_client_cert(end_entity, intermediates, now)
     }
 
     fn verify_tls12_signature(
@@ -459,7 +474,7 @@ impl ClientCertVerifier for ReloadingClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.material().client_verifier.verify_tls12_signature(message, cert, dss)
+        self.creds.material().client_verifier.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -468,11 +483,11 @@ impl ClientCertVerifier for ReloadingClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.material().client_verifier.verify_tls13_signature(message, cert, dss)
+        self.creds.material().client_verifier.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.material().client_verifier.supported_verify_schemes()
+        self.creds.material().client_verifier.supported_verify_schemes()
     }
 }
 
@@ -567,12 +582,26 @@ impl Security {
     /// A lazily connected channel to `addr` (`host:port`), over TLS when
     /// secured, accepting only a peer that `expect` allows.
     pub fn channel(&self, addr: &str, expect: Expect, connect_timeout: Duration) -> Result<Channel, String> {
+        self.channel_from(addr, expect, connect_timeout, None)
+    }
+
+    /// [`Security::channel`] from the local address `from` (a host with
+    /// several, or a test standing in for many hosts on loopback): over TLS
+    /// only.
+    pub fn channel_from(
+        &self,
+        addr: &str,
+        expect: Expect,
+        connect_timeout: Duration,
+        from: Option<std::net::IpAddr>,
+    ) -> Result<Channel, String> {
         let ep = endpoint(addr, connect_timeout)?;
         match self {
+            Security::Insecure if from.is_some() => Err("a source address is supported over TLS only".into()),
             Security::Insecure => Ok(ep.connect_lazy()),
             Security::Tls(creds) => {
                 let config = creds.client_config(expect)?;
-                Ok(ep.connect_with_connector_lazy(TlsConnector { config }))
+                Ok(ep.connect_with_connector_lazy(TlsConnector { config, from }))
             }
         }
     }
@@ -586,7 +615,7 @@ impl Security {
         let r = match self {
             Security::Insecure => ep.connect().await,
             Security::Tls(creds) => {
-                ep.connect_with_connector(TlsConnector { config: creds.client_config(expect)? }).await
+                ep.connect_with_connector(TlsConnector { config: creds.client_config(expect)?, from: None }).await
             }
         };
         r.map_err(|e| crate::client::with_sources(e.to_string(), std::error::Error::source(&e)))
@@ -617,6 +646,8 @@ const PEER_PING_TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Clone)]
 struct TlsConnector {
     config: Arc<rustls::ClientConfig>,
+    /// The local address to connect from (the system's choice when None).
+    from: Option<std::net::IpAddr>,
 }
 
 type ConnectFuture = Pin<Box<dyn Future<Output = io::Result<hyper_util::rt::TokioIo<ClientTls>>> + Send>>;
@@ -632,12 +663,26 @@ impl tower_service::Service<Uri> for TlsConnector {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
-        let config = self.config.clone();
+        let (config, from) = (self.config.clone(), self.from);
         Box::pin(async move {
             let host = uri.host().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no host"))?;
             let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
             let port = uri.port_u16().unwrap_or(80);
-            let tcp = TcpStream::connect((host.as_str(), port)).await?;
+            let tcp = match from {
+                None => TcpStream::connect((host.as_str(), port)).await?,
+                Some(ip) => {
+                    let target = tokio::net::lookup_host((host.as_str(), port))
+                        .await?
+                        .find(|a| a.is_ipv4() == ip.is_ipv4())
+                        .ok_or_else(|| {
+                            io::Error::new(io::ErrorKind::InvalidInput, "no address of the source's family")
+                        })?;
+                    let socket =
+                        if ip.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+                    socket.bind(SocketAddr::new(ip, 0))?;
+                    socket.connect(target).await?
+                }
+            };
             tcp.set_nodelay(true)?;
             let name = ServerName::try_from(SNI_NAME).expect("static name");
             let tls =
@@ -970,6 +1015,22 @@ pub fn incoming_gated(
     incoming_with(listener, security, b"h2", IdleBy::Requests)
 }
 
+/// [`incoming`] for a replica's peer port: the handshake fails without a
+/// client certificate the CA signed, and a connection whose certificate is
+/// not a server's (a replica's) is closed right after it, before a byte of
+/// a request is read. Only replicas can reach the Raft service behind it, as
+/// only etcd's members reach its peer port.
+pub fn incoming_peer(
+    listener: TcpListener,
+    security: &Security,
+) -> Result<tokio_stream::wrappers::ReceiverStream<io::Result<Conn>>, String> {
+    let acceptor = match security {
+        Security::Insecure => None,
+        Security::Tls(c) => Some(tokio_rustls::TlsAcceptor::from(c.server_config_mandatory()?)),
+    };
+    accept_loop(listener, acceptor, IdleBy::Bytes, true)
+}
+
 /// [`incoming`] for another application protocol (`http/1.1` for the web console).
 pub fn incoming_for(
     listener: TcpListener,
@@ -989,6 +1050,18 @@ fn incoming_with(
         Security::Insecure => None,
         Security::Tls(c) => Some(tokio_rustls::TlsAcceptor::from(c.server_config_for(alpn)?)),
     };
+    accept_loop(listener, acceptor, idle_by, false)
+}
+
+/// Accepts, handshakes and bounds connections (see [`incoming`]); with
+/// `servers_only` a connection that is not a verified replica's is closed
+/// right after its handshake.
+fn accept_loop(
+    listener: TcpListener,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    idle_by: IdleBy,
+    servers_only: bool,
+) -> Result<tokio_stream::wrappers::ReceiverStream<io::Result<Conn>>, String> {
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE_MAX);
     let slots = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_IN_FLIGHT_MAX));
     let per_prefix = PeerSlots::default();
@@ -1059,6 +1132,13 @@ fn incoming_with(
                     },
                 };
                 drop(handshake_slots);
+                if servers_only
+                    && !matches!(&auth, PeerAuth::Insecure | PeerAuth::Verified(Principal { role: Role::Server, .. }))
+                {
+                    tracing::debug!(%remote, ?auth, "peer port: closed a connection that is not a replica's");
+                    metrics::counter!("gangway_peer_connections_refused_total").increment(1);
+                    return;
+                }
                 let (pool, key, share) = connection_share(&auth, remote);
                 let total = match pool {
                     Pool::Cluster => pools_permit(&pools, 0),

@@ -493,16 +493,15 @@ impl AdminService for AdminApi {
         if msg.id == 0 {
             return Err(Status::invalid_argument("id: replica ids start at 1"));
         }
-        if !msg.addr.contains(':') {
-            return Err(Status::invalid_argument("addr: must be HOST:PORT"));
-        }
+        let addr =
+            crate::config::ReplicaAddr::parse(&msg.addr).map_err(|e| Status::invalid_argument(format!("addr: {e}")))?;
         // A build that cannot read the cluster's data format would stop at
         // the first entry it is sent: refuse it here, with the reason.
         // (A replica started a moment ago may not listen yet: ask again for a while.)
         let cluster_format = self.replica.node.state().read().format;
         let deadline = crate::deadline_in(JOINER_PROBE_WAIT);
         let newest = loop {
-            match probe_replica(&self.replica, &msg.addr).await {
+            match probe_replica(&self.replica, &addr.api).await {
                 Ok(s) => break s.newest_data_format.max(gangway_core::format::FORMAT_BASE),
                 Err(e) if tokio::time::Instant::now() >= deadline => {
                     return Err(Status::failed_precondition(format!(

@@ -954,7 +954,13 @@ pub fn list_page(
     // common "what is queued" listing cheap when many finished jobs are kept.
     let active_only =
         !q.states.is_empty() && q.states.iter().all(|s| state_from_proto(*s).is_some_and(|s| !s.is_finished()));
-    let ids: Box<dyn Iterator<Item = u64>> = if active_only {
+    let ids: Box<dyn Iterator<Item = u64>> = if active_only && !q.user.is_empty() {
+        // One user's queue: that user's jobs only, however long the queue.
+        match state.active_jobs_of(&q.user) {
+            Some(mine) => Box::new(mine.range(after).copied()),
+            None => Box::new(std::iter::empty()),
+        }
+    } else if active_only {
         Box::new(merge_ascending(state.pending.range(after), state.running.range(after)))
     } else {
         Box::new(state.jobs.range(after).map(|(id, _)| *id))
@@ -1202,7 +1208,7 @@ mod tests {
         assert_eq!((r.jobs.len(), examined, r.next_after_id), (0, 100, 0));
         // The same over the pending index.
         let pending = vec![JobState::Pending as i32];
-        let q = query(ListJobsRequest { user: "nobody".into(), states: pending.clone(), ..Default::default() });
+        let q = query(ListJobsRequest { name: "nobody".into(), states: pending.clone(), ..Default::default() });
         let (r, examined, _) = list_page(&state, &viewer, &q, &none);
         assert_eq!((examined, r.next_after_id), (LIST_SCAN_MAX, LIST_SCAN_MAX as u64));
         // Pages of 7 find every job once, in order.
@@ -1226,6 +1232,48 @@ mod tests {
             let (r, examined, _) = list_page(&state, &viewer, &q, &none);
             assert_eq!((r.jobs.len(), examined, r.next_after_id), (0, 0, 0));
         }
+    }
+
+    /// A listing of one user's queue looks at that user's unfinished jobs
+    /// only (and is charged for those), however long the whole queue is.
+    #[test]
+    #[allow(clippy::field_reassign_with_default)]
+    fn one_users_queue_is_listed_from_their_own_jobs() {
+        let mut state = state_with_jobs(5_000);
+        let mut bobs = Vec::new();
+        for i in 0..3u64 {
+            let mut spec = gangway_core::JobSpec::default();
+            spec.command = vec!["true".into()];
+            spec.user = "bob".into();
+            let cmd = Command::SubmitJob {
+                spec,
+                identity: "client:bob".into(),
+                idempotency_key: String::new(),
+                now_ms: 10_000 + i,
+            };
+            let index = 10_000 + i;
+            state.apply(index, &cmd);
+            bobs.push(state.next_job_id - 1);
+        }
+        state.check_invariants().unwrap();
+        let viewer = crate::api::Viewer::whole_for_tests();
+        let none = Default::default();
+        let active = vec![JobState::Pending as i32, JobState::Running as i32];
+        let q = query(ListJobsRequest { user: "bob".into(), states: active.clone(), ..Default::default() });
+        let (r, examined, _) = list_page(&state, &viewer, &q, &none);
+        assert_eq!(r.jobs.iter().map(|j| j.id).collect::<Vec<_>>(), bobs);
+        assert_eq!((examined, r.next_after_id), (3, 0));
+        // Paged: after bob's first job, the other two.
+        let q = query(ListJobsRequest { user: "bob".into(), states: active, after_id: bobs[0], ..Default::default() });
+        let (r, examined, _) = list_page(&state, &viewer, &q, &none);
+        assert_eq!((r.jobs.len(), examined), (2, 2));
+        // A user with nothing queued costs nothing.
+        let q = query(ListJobsRequest {
+            user: "carol".into(),
+            states: vec![JobState::Pending as i32],
+            ..Default::default()
+        });
+        assert_eq!(list_page(&state, &viewer, &q, &none).1, 0);
     }
 
     #[test]

@@ -229,14 +229,34 @@ impl Replica {
         F: FnOnce(&View) -> (T, u64) + Send + 'static,
     {
         let (replica, caller) = (self.clone(), ctx.clone());
-        self.read_pool
+        let ran = self
+            .read_pool
             .run(&ctx.identity, what, hold, move || {
                 let view = replica.node.state().read();
                 let (out, units) = work(&view);
                 replica.charge_read(&caller, units);
                 out
             })
-            .await
+            .await;
+        match ran {
+            // Refused by the lane (the caller's places, or the queue, all
+            // taken): come back at a turn in the caller's line, so that a
+            // thousand pollers refused together do not return together.
+            Err(mut s) if s.code() == tonic::Code::ResourceExhausted && Self::reads_budgeted(ctx) => {
+                let turn = self.reads.turn(&ctx.identity, std::time::Instant::now());
+                let lane: u128 = s
+                    .metadata()
+                    .get(RETRY_AFTER_METADATA_KEY)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                if let Ok(v) = turn.as_millis().max(lane).to_string().parse() {
+                    s.metadata_mut().insert(RETRY_AFTER_METADATA_KEY, v);
+                }
+                Err(s)
+            }
+            other => other,
+        }
     }
 
     /// Charges `units` of read work to `ctx`'s budget.

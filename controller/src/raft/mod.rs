@@ -188,6 +188,19 @@ impl RaftNode {
         &self.state
     }
 
+    /// Runs `work` on Raft's own runtime (the peer port's server runs there,
+    /// so a flood of users' requests never delays a peer's append).
+    pub fn spawn_on_raft<F>(&self, work: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match &self._runtime.0 {
+            Some(rt) => rt.spawn(work),
+            None => tokio::spawn(work),
+        }
+    }
+
     pub(crate) fn raft(&self) -> &Raft {
         &self.raft
     }
@@ -211,7 +224,7 @@ impl RaftNode {
     fn leader_addr(&self, leader_id: Option<u64>) -> Option<String> {
         let leader = leader_id?;
         let m = self.raft.metrics().borrow().membership_config.clone();
-        m.membership().get_node(&leader).map(|n| n.addr.clone())
+        m.membership().get_node(&leader).map(|n| crate::config::ReplicaAddr::api_of(&n.addr))
     }
 
     fn map_write_error(&self, e: RaftError<u64, ClientWriteError<u64, BasicNode>>) -> ProposeError {
@@ -323,7 +336,7 @@ impl RaftNode {
         let membership = m.membership_config.membership();
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
         let learners: BTreeSet<u64> = membership.learner_ids().collect();
-        let addrs = membership.nodes().map(|(id, n)| (*id, n.addr.clone())).collect();
+        let addrs = membership.nodes().map(|(id, n)| (*id, crate::config::ReplicaAddr::api_of(&n.addr))).collect();
         let role = match m.state {
             ServerState::Leader => RaftRole::Leader,
             ServerState::Follower => RaftRole::Follower,

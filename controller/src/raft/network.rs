@@ -61,12 +61,14 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         // Peers must hold server certificates: a node or user certificate can
         // never receive the log or a vote.
         let expect = gangway_proto::tls::Expect::Server;
-        let client = self.security.channel(&node.addr, expect, CONNECT_TIMEOUT).ok().map(|ch| {
+        // The peer port when the replica has one (see `ReplicaAddr`).
+        let addr = crate::config::ReplicaAddr::peer_of(&node.addr);
+        let client = self.security.channel(&addr, expect, CONNECT_TIMEOUT).ok().map(|ch| {
             RaftServiceClient::new(ch)
                 .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX)
         });
-        PeerClient { target, addr: node.addr.clone(), client }
+        PeerClient { target, addr, client }
     }
 }
 

@@ -255,6 +255,7 @@ impl State {
         self.licenses_used.clear();
         self.licenses_held.clear();
         self.deadline_jobs.clear();
+        self.active_by_user.clear();
         self.active_jobs.clear();
         self.unfinished_bytes.clear();
         let active: Vec<JobId> = self.pending.iter().chain(self.running.iter()).copied().collect();

@@ -314,6 +314,11 @@ pub struct State {
     /// deadlines only when there are any. Derived like `unfinished_bytes`.
     #[serde(skip)]
     pub(crate) deadline_jobs: BTreeSet<JobId>,
+    /// Each user's unfinished (pending and running) jobs, so that a listing
+    /// of one user's queue (`squeue --me`, `squeue -u`) looks at that user's
+    /// jobs only, however long the whole queue. Derived like `deadline_jobs`.
+    #[serde(skip)]
+    pub(crate) active_by_user: BTreeMap<String, BTreeSet<JobId>>,
     /// Node → the reservations that hold it. Derived from the reservations:
     /// rebuilt whenever they change and after a snapshot is decoded.
     #[serde(skip)]
@@ -350,9 +355,17 @@ impl Default for State {
             licenses_used: BTreeMap::new(),
             licenses_held: BTreeMap::new(),
             deadline_jobs: BTreeSet::new(),
+            active_by_user: BTreeMap::new(),
             reserved_nodes: BTreeMap::new(),
             yielded: BTreeSet::new(),
         }
+    }
+}
+
+impl State {
+    /// `user`'s unfinished (pending and running) jobs, by id.
+    pub fn active_jobs_of(&self, user: &str) -> Option<&BTreeSet<JobId>> {
+        self.active_by_user.get(user)
     }
 }
 
@@ -1327,6 +1340,12 @@ impl State {
             .filter(|id| self.jobs.get(id).is_some_and(|j| j.spec.deadline_ms > 0))
             .copied()
             .collect();
+        self.active_by_user.clear();
+        for id in self.pending.iter().chain(&self.running) {
+            if let Some(j) = self.jobs.get(id) {
+                self.active_by_user.entry(j.spec.user.clone()).or_default().insert(*id);
+            }
+        }
         self.reserved_nodes = self.reserved_nodes_of_reservations();
         self.yielded =
             self.running.iter().copied().filter(|id| self.jobs.get(id).is_some_and(Job::is_yielded)).collect();
@@ -1463,6 +1482,7 @@ impl State {
             || recount.licenses_used != self.licenses_used
             || recount.licenses_held != self.licenses_held
             || recount.deadline_jobs != self.deadline_jobs
+            || recount.active_by_user != self.active_by_user
         {
             return Err("quota use counters differ from the jobs".into());
         }

@@ -499,6 +499,14 @@ impl State {
                 self.deadline_jobs.remove(&job_id);
             }
         }
+        if add {
+            self.active_by_user.entry(job.spec.user.clone()).or_default().insert(job_id);
+        } else if let Some(mine) = self.active_by_user.get_mut(&job.spec.user) {
+            mine.remove(&job_id);
+            if mine.is_empty() {
+                self.active_by_user.remove(&job.spec.user);
+            }
+        }
         for who in [job.spec.user.clone(), String::new()] {
             let e = self.unfinished_bytes.entry(who.clone()).or_default();
             if add {
