@@ -117,6 +117,10 @@ pub struct StormArgs {
     /// Keep the cluster's data and logs here instead of a temp dir.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// The parts of the `crafted` attack to run (to tell what each costs).
+    #[arg(long, value_delimiter = ',', default_value = "lists,specs,explains,streams",
+          value_parser = ["lists", "specs", "explains", "streams"])]
+    crafted: Vec<String>,
 }
 
 /// What happened when, for the table (each phase is a time window).
@@ -283,7 +287,8 @@ async fn run_attack(a: &StormArgs, attack: &str) -> anyhow::Result<Row> {
         }
         "crafted" => {
             let (client, endpoints, m) = (user("crafted")?, endpoints.clone(), meter.clone());
-            attackers.spawn(async move { crafted(client, &endpoints, &m).await }).await?
+            let parts = a.crafted.clone();
+            attackers.spawn(async move { crafted(client, &endpoints, &parts, &m).await }).await?
         }
         "idle" => {
             // The peer ports (where the build has them) get their share.
@@ -563,7 +568,13 @@ fn poll(poller: Client, clients: usize, meter: &Arc<Meter>) -> Vec<tokio::task::
 }
 
 /// The crafted requests, each in a loop of its own, and the event streams.
-async fn crafted(client: Client, endpoints: &[String], meter: &Arc<Meter>) -> Vec<tokio::task::JoinHandle<()>> {
+async fn crafted(
+    client: Client,
+    endpoints: &[String],
+    parts: &[String],
+    meter: &Arc<Meter>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let part = |p: &str| parts.iter().any(|x| x == p);
     let client = Arc::new(client);
     let mut tasks = Vec::new();
     let channels: Vec<tonic::transport::Channel> = endpoints
@@ -576,8 +587,9 @@ async fn crafted(client: Client, endpoints: &[String], meter: &Arc<Meter>) -> Ve
     for ch in &channels {
         // The List past the last id (an overflow of after_id + 1 before).
         let (m, c, ch1) = (meter.clone(), client.clone(), ch.clone());
+        let lists = part("lists");
         tasks.push(tokio::spawn(async move {
-            while !m.attack_over.load(Ordering::Relaxed) {
+            while lists && !m.attack_over.load(Ordering::Relaxed) {
                 let req = c.request(pb::ListJobsRequest { after_id: u64::MAX, stale: true, ..Default::default() });
                 outcome(&m, JobServiceClient::new(ch1.clone()).list(req).await).await;
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -586,8 +598,8 @@ async fn crafted(client: Client, endpoints: &[String], meter: &Arc<Meter>) -> Ve
         // The 8 MB List: one state, eight million times.
         let (m, c, ch2) = (meter.clone(), client.clone(), ch.clone());
         tasks.push(tokio::spawn(async move {
-            let states = vec![pb::JobState::Running as i32; CRAFTED_STATES];
-            while !m.attack_over.load(Ordering::Relaxed) {
+            let states = vec![pb::JobState::Running as i32; CRAFTED_STATES * usize::from(lists)];
+            while lists && !m.attack_over.load(Ordering::Relaxed) {
                 let req = c.request(pb::ListJobsRequest {
                     states: states.clone(),
                     user: "x".into(),
@@ -600,8 +612,9 @@ async fn crafted(client: Client, endpoints: &[String], meter: &Arc<Meter>) -> Ve
         }));
         // Explain on every replica (followers serve stale ones themselves).
         let (m, c, ch3) = (meter.clone(), client.clone(), ch.clone());
+        let explains = part("explains");
         tasks.push(tokio::spawn(async move {
-            while !m.attack_over.load(Ordering::Relaxed) {
+            while explains && !m.attack_over.load(Ordering::Relaxed) {
                 let req = c.request(pb::ExplainRequest { job_id: 1, stale: true });
                 outcome(&m, JobServiceClient::new(ch3.clone()).explain(req).await).await;
             }
@@ -609,10 +622,11 @@ async fn crafted(client: Client, endpoints: &[String], meter: &Arc<Meter>) -> Ve
     }
     // Maximum-size specs, held.
     let (m, c) = (meter.clone(), client.clone());
+    let specs = part("specs");
     tasks.push(tokio::spawn(async move {
         let script = format!("#!/bin/sh\n# {}\ntrue\n", "x".repeat(CRAFTED_SCRIPT_BYTES - 64));
         let mut n = 0u64;
-        while !m.attack_over.load(Ordering::Relaxed) {
+        while specs && !m.attack_over.load(Ordering::Relaxed) {
             n = n.saturating_add(1);
             let spec = pb::JobSpec { script: script.clone(), hold: true, workdir: "/tmp".into(), ..Default::default() };
             let req = c.request(pb::SubmitRequest { spec: Some(spec), idempotency_key: format!("big-{n}") });
@@ -621,7 +635,7 @@ async fn crafted(client: Client, endpoints: &[String], meter: &Arc<Meter>) -> Ve
         }
     }));
     // Event streams from the oldest index, read as fast as they come.
-    for i in 0..CRAFTED_STREAMS {
+    for i in 0..CRAFTED_STREAMS * usize::from(part("streams")) {
         let (m, c) = (meter.clone(), client.clone());
         let ch = channels[i % channels.len().max(1)].clone();
         tasks.push(tokio::spawn(async move {

@@ -79,8 +79,13 @@ pub enum Verdict {
 }
 
 /// The gate's rule: pure over the path and the caller.
+/// The service a request's path names (as the router reads it).
+fn service_of(path: &str) -> &str {
+    path.trim_start_matches('/').split('/').next().unwrap_or("")
+}
+
 pub fn rule(path: &str, who: Who) -> Verdict {
-    let service = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    let service = service_of(path);
     let any_known = !matches!(who, Who::Stranger);
     match service {
         // Anyone may ask whether the replica serves (load balancers and
@@ -124,8 +129,9 @@ pub struct Gate {
     audit: Arc<AuditLog>,
     /// Whether a step credential's job attempt still runs.
     state: Arc<gangway_raft_store::SharedState>,
-    /// Raft is served on the replica's peer port, not behind this gate.
-    raft_elsewhere: bool,
+    /// Whether Raft is served on the replica's peer port, not behind this
+    /// gate: asked for each Raft message (see [`Gate::raft_elsewhere`]).
+    raft_elsewhere: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
 }
 
 impl Gate {
@@ -135,13 +141,16 @@ impl Gate {
         audit: Arc<AuditLog>,
         state: Arc<gangway_raft_store::SharedState>,
     ) -> Gate {
-        Gate { security, tokens, audit, state, raft_elsewhere: false }
+        Gate { security, tokens, audit, state, raft_elsewhere: None }
     }
 
-    /// This gate's listener does not serve Raft: the replica has a peer port
-    /// (`--peer-listen`), and a Raft message here is refused before it is read.
-    pub fn raft_elsewhere(mut self) -> Gate {
-        self.raft_elsewhere = true;
+    /// The replica has a peer port (`--peer-listen`): while `elsewhere` says
+    /// the cluster's membership sends its Raft messages there, one arriving
+    /// here is refused before it is read. Until then (a cluster formed
+    /// without peer ports, moving to them replica by replica) this listener
+    /// still takes them, from replicas only, so its peers never lose it.
+    pub fn raft_elsewhere(mut self, elsewhere: impl Fn() -> bool + Send + Sync + 'static) -> Gate {
+        self.raft_elsewhere = Some(Arc::new(elsewhere));
         self
     }
 
@@ -237,7 +246,8 @@ where
 
     fn call(&mut self, req: http::Request<BoxBody>) -> Self::Future {
         let (head, body) = req.into_parts();
-        let verdict = if self.gate.raft_elsewhere && head.uri.path().starts_with("/gangway.v1.RaftService/") {
+        let raft = service_of(head.uri.path()) == "gangway.v1.RaftService";
+        let verdict = if raft && self.gate.raft_elsewhere.as_ref().is_some_and(|elsewhere| elsewhere()) {
             Verdict::Refuse(Status::failed_precondition(
                 "this replica serves Raft on its peer port (--peer-listen), not here",
             ))

@@ -116,27 +116,40 @@ pub struct ReplicaAddr {
 }
 
 impl ReplicaAddr {
-    /// Parses a membership address, refusing one a replica cannot be reached at.
+    /// Parses a membership address, refusing one a replica cannot be reached
+    /// at (a scheme, `http://` or `https://`, is allowed and dropped).
     pub fn parse(addr: &str) -> Result<ReplicaAddr, String> {
-        let (api, peer) = match addr.trim().split_once('/') {
-            None => (addr.trim(), None),
+        let trimmed = addr.trim();
+        let bare = trimmed.strip_prefix("http://").or_else(|| trimmed.strip_prefix("https://")).unwrap_or(trimmed);
+        let (api, peer) = match bare.split_once('/') {
+            None => (bare, None),
             Some((api, peer)) => (api, Some(peer)),
         };
-        let Some((host, _)) = api.rsplit_once(':').filter(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) else {
+        let Some((host, api_port)) = host_port(api) else {
             return Err(format!("'{addr}' must be HOST:PORT, or HOST:PORT/PEERPORT with a peer port"));
         };
-        let peer = match peer {
-            None => return Ok(ReplicaAddr { api: api.to_string(), peer: api.to_string(), split: false }),
-            Some(p) if p.parse::<u16>().is_ok() => format!("{host}:{p}"),
-            Some(p) if p.rsplit_once(':').is_some_and(|(h, port)| !h.is_empty() && port.parse::<u16>().is_ok()) => {
-                p.to_string()
-            }
-            Some(p) => return Err(format!("'{addr}': the peer part '{p}' must be PORT or HOST:PORT")),
+        let Some(peer) = peer else {
+            return Ok(ReplicaAddr { api: api.to_string(), peer: api.to_string(), split: false });
         };
-        if peer == api {
+        let (peer_host, peer_port) = match peer.parse::<u16>() {
+            Ok(port) if port != 0 => (host, port),
+            _ => host_port(peer).ok_or_else(|| {
+                format!("'{addr}': the peer part '{peer}' must be PORT or HOST:PORT (a port from 1 to 65535)")
+            })?,
+        };
+        if peer_port == api_port && peer_host.eq_ignore_ascii_case(host) {
             return Err(format!("'{addr}': the peer port must differ from the API port"));
         }
-        Ok(ReplicaAddr { api: api.to_string(), peer, split: true })
+        Ok(ReplicaAddr { api: api.to_string(), peer: format!("{peer_host}:{peer_port}"), split: true })
+    }
+
+    /// The membership address of a replica reached at `api` and, when it
+    /// has one, `peer`.
+    pub fn format(&self) -> String {
+        match self.split {
+            false => self.api.clone(),
+            true => format!("{}/{}", self.api, self.peer),
+        }
     }
 
     /// The API part of a membership address (all of it when it does not parse:
@@ -149,6 +162,16 @@ impl ReplicaAddr {
     pub fn peer_of(addr: &str) -> String {
         ReplicaAddr::parse(addr).map_or_else(|_| addr.to_string(), |a| a.peer)
     }
+}
+
+/// `HOST:PORT` split, with a port from 1 to 65535 and a host that is a
+/// name, an IPv4 address or a bracketed IPv6 one (`[::1]:50051`).
+fn host_port(s: &str) -> Option<(&str, u16)> {
+    let (host, port) = s.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
+    let bracketed = host.starts_with('[') && host.ends_with(']') && host.len() > 2;
+    let plain = !host.is_empty() && !host.contains(|c: char| c == ':' || c == '[' || c == ']' || c.is_whitespace());
+    (bracketed || plain).then_some((host, port))
 }
 
 /// Parses `1=host:port,2=host:port,...` into an id → address map (each
@@ -165,8 +188,8 @@ pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>, String> {
             return Err("peers: replica ids start at 1".into());
         }
         let addr = addr.trim();
-        ReplicaAddr::parse(addr).map_err(|e| format!("peers: {e}"))?;
-        if peers.insert(id, addr.to_string()).is_some() {
+        let addr = ReplicaAddr::parse(addr).map_err(|e| format!("peers: {e}"))?.format();
+        if peers.insert(id, addr).is_some() {
             return Err(format!("peers: replica id {id} appears twice"));
         }
     }
@@ -206,5 +229,15 @@ mod tests {
         assert_eq!(ReplicaAddr::api_of("h:1/2"), "h:1");
         assert_eq!(ReplicaAddr::peer_of("h:1/2"), "h:2");
         assert_eq!(ReplicaAddr::peer_of("h:1"), "h:1");
+        // The same port however written; port 0; unbracketed IPv6; a scheme.
+        assert!(ReplicaAddr::parse("h:1/01").unwrap_err().contains("differ"));
+        assert!(ReplicaAddr::parse("H:1/h:1").unwrap_err().contains("differ"));
+        assert!(ReplicaAddr::parse("h:0").is_err());
+        assert!(ReplicaAddr::parse("h:1/0").is_err());
+        assert!(ReplicaAddr::parse("::1:5/6").is_err());
+        assert!(ReplicaAddr::parse("a b:1").is_err());
+        let schemed = ReplicaAddr::parse(" https://h:1/2 ").unwrap();
+        assert_eq!((schemed.api.as_str(), schemed.peer.as_str(), schemed.format()), ("h:1", "h:2", "h:1/h:2".into()));
+        assert_eq!(parse_peers("1=http://h:1").unwrap()[&1], "h:1");
     }
 }

@@ -72,14 +72,22 @@ impl ReplicaHandle {
         if let Some(tx) = self.shutdown_tx.take() {
             let _ = tx.send(());
         }
+        let mut peer = self.peer_server.take().map(|(tx, task)| {
+            let _ = tx.send(());
+            task
+        });
         self.replica.node.shutdown().await;
         // Open streams (watchers) would keep a graceful stop waiting: bound it.
-        let _ = tokio::time::timeout(Duration::from_secs(2), &mut self.server).await;
+        let servers = async {
+            let _ = (&mut self.server).await;
+            if let Some(p) = peer.as_mut() {
+                let _ = p.await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), servers).await;
         self.server.abort();
-        if let Some((tx, mut peer)) = self.peer_server.take() {
-            let _ = tx.send(());
-            let _ = tokio::time::timeout(Duration::from_secs(2), &mut peer).await;
-            peer.abort();
+        if let Some(p) = peer {
+            p.abort();
         }
     }
 
@@ -97,7 +105,11 @@ impl ReplicaHandle {
         };
         tokio::select! {
             r = &mut self.server => r.context("server task")?.context("gRPC server"),
-            r = peer => r.context("peer server task")?.context("gRPC server on the peer port"),
+            r = peer => {
+                r.context("peer server task")?.context("gRPC server on the peer port")?;
+                // It ends only when told to: an end now is a failure.
+                anyhow::bail!("the peer port's server stopped (its listener failed)")
+            }
             why = fatal.wait_for(Option::is_some) => {
                 let why = why.map(|w| w.clone().unwrap_or_default()).unwrap_or_default();
                 anyhow::bail!("this replica stopped on a fatal error and must be restarted: {why}")
@@ -179,6 +191,19 @@ pub async fn start_with_peer_port(
         ),
         _ => {}
     }
+    // A new cluster's membership is --peers: this replica's entry must say
+    // what it listens on, or its peers would send Raft where it is not served.
+    if let Some(mine) = config.peers.get(&config.id).filter(|_| !config.join) {
+        let mine = crate::config::ReplicaAddr::parse(mine).map_err(|e| anyhow::anyhow!("peers: {e}"))?;
+        if mine.split != advertised.split || (mine.split && mine.peer != advertised.peer) {
+            anyhow::bail!(
+                "peers: replica {}'s address '{}' and --advertise '{}' must name the same peer port (or none)",
+                config.id,
+                mine.format(),
+                config.advertise_addr
+            );
+        }
+    }
     if let Some(file) = &config.restore {
         seed_from_backup(&config, file)?;
     }
@@ -208,7 +233,8 @@ pub async fn start_with_peer_port(
         node.state().clone(),
     );
     if peer.is_some() {
-        gate = gate.raft_elsewhere();
+        let node = node.clone();
+        gate = gate.raft_elsewhere(move || node.membership_names_peer_port());
     }
     let raft_service = || {
         RaftServiceServer::new(RaftRpc { node: node.clone(), audit: replica.audit.clone() })
@@ -275,13 +301,16 @@ pub async fn start_with_peer_port(
                 .http2_keepalive_timeout(Some(H2_PING_TIMEOUT))
                 .add_service(raft_service());
             tracing::info!(addr = ?listener.local_addr().ok(), "serving Raft on the peer port");
-            // Accepted on Raft's runtime too: the handshakes and the messages.
-            let security = config.security.clone();
-            let incoming = node
-                .spawn_on_raft(async move { gangway_proto::tls::incoming_peer(listener, &security) })
-                .await
-                .context("peer port")?
+            // Accepted and handshaken here (anyone may try a handshake: that
+            // work stays off Raft's runtime); replicas' connections are
+            // served on Raft's runtime.
+            let incoming = gangway_proto::tls::incoming_peer(listener, &config.security)
                 .map_err(|e| anyhow::anyhow!("TLS (peer port): {e}"))?;
+            if !node.membership_names_peer_port() && node.is_initialized().await {
+                tracing::warn!(
+                    "this replica has a peer port, but the cluster's membership still sends its Raft messages to its                      API port (which keeps taking them from replicas): move the cluster to peer ports by replacing                      replicas (gangway cluster add ID HOST:PORT/PEERPORT)"
+                );
+            }
             let task = node.spawn_on_raft(peer_router.serve_with_incoming_shutdown(incoming, async {
                 let _ = rx.await;
             }));

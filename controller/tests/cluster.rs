@@ -1870,7 +1870,7 @@ mod security {
             let dir = tempfile::tempdir().unwrap();
             let main = dir.path().join("main");
             let mut ps: Vec<Principal> =
-                (1..=3).map(|id| Principal::new(Role::Server, &id.to_string()).unwrap()).collect();
+                (1..=4).map(|id| Principal::new(Role::Server, &id.to_string()).unwrap()).collect();
             for (role, name) in [
                 (Role::Agent, "node-x"),
                 (Role::Agent, "node-y"),
@@ -2095,8 +2095,15 @@ mod security {
         unsplit.security = Security::Tls(Credentials::load(TlsFiles::in_dir(&pki.main, "server-1")).unwrap());
         let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let spare_peer = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut mismatched = unsplit.clone();
         let err = replica::start_with_peer_port(unsplit, spare, Some(spare_peer)).await.err().expect("refused");
         assert!(err.to_string().contains("names no peer port"), "{err}");
+        // ...and the address --peers gives it must say the same.
+        mismatched.advertise_addr = format!("{}/1", c.addrs[&1]);
+        let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let spare_peer = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let err = replica::start_with_peer_port(mismatched, spare, Some(spare_peer)).await.err().expect("refused");
+        assert!(err.to_string().contains("same peer port"), "{err}");
         for (id, l) in listeners {
             let mut config = c.config(id, false);
             config.advertise_addr = members[&id].clone();
@@ -2144,7 +2151,43 @@ mod security {
             let (got, detail) = classify(vote(ch).await);
             assert_eq!(got, Got::NoHandshake, "{who:?} on the peer port: {detail}");
         }
-        for id in [1, 2, 3] {
+
+        // A replica joining with a peer port is added by that address, and
+        // only by it: the one it advertises decides where Raft goes.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let p = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let api4 = l.local_addr().unwrap().to_string();
+        let member4 = format!("{api4}/{}", p.local_addr().unwrap().port());
+        c.addrs.insert(4, api4.clone());
+        c.dirs.insert(4, tempfile::tempdir().unwrap());
+        c.timing.insert(4, fast_timing());
+        let mut config = c.config(4, true);
+        config.advertise_addr = member4.clone();
+        config.peers = BTreeMap::from([(4, member4.clone())]);
+        config.security = Security::Tls(Credentials::load(TlsFiles::in_dir(&pki.main, "server-4")).unwrap());
+        c.handles.insert(4, replica::start_with_peer_port(config, l, Some(p)).await.unwrap());
+        let admin = Client::new(&eps, "ignored", &pki.security(Caller::Admin)).unwrap();
+        let add = |addr: String| {
+            let admin = &admin;
+            async move {
+                admin
+                    .call(|ch| {
+                        let r = admin.request(pb::AddLearnerRequest { id: 4, addr: addr.clone() });
+                        async move { AdminServiceClient::new(ch).add_learner(r).await }
+                    })
+                    .await
+            }
+        };
+        let wrong = add(api4.clone()).await.unwrap_err();
+        assert_eq!(wrong.code(), Code::FailedPrecondition, "{wrong:?}");
+        assert!(wrong.message().contains(&member4), "{wrong:?}");
+        add(member4.clone()).await.unwrap();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !c.handles[&4].replica.node.state().read().jobs.contains_key(&job) {
+            assert!(tokio::time::Instant::now() < deadline, "the learner never caught up through its peer port");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for id in [1, 2, 3, 4] {
             c.stop(id).await;
         }
     }

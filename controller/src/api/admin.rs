@@ -500,9 +500,9 @@ impl AdminService for AdminApi {
         // (A replica started a moment ago may not listen yet: ask again for a while.)
         let cluster_format = self.replica.node.state().read().format;
         let deadline = crate::deadline_in(JOINER_PROBE_WAIT);
-        let newest = loop {
+        let (newest, advertised) = loop {
             match probe_replica(&self.replica, &addr.api).await {
-                Ok(s) => break s.newest_data_format.max(gangway_core::format::FORMAT_BASE),
+                Ok(s) => break (s.newest_data_format.max(gangway_core::format::FORMAT_BASE), s.addr),
                 Err(e) if tokio::time::Instant::now() >= deadline => {
                     return Err(Status::failed_precondition(format!(
                         "addr: cannot reach replica {} at {} to check its build ({e}); start it with --join first",
@@ -519,7 +519,24 @@ impl AdminService for AdminApi {
                 msg.id
             )));
         }
-        let change = self.replica.node.add_learner(msg.id, msg.addr.clone());
+        // Raft goes where the address says: it must be where the replica
+        // serves it (its peer port, or none), as the replica itself says.
+        // (By port: the host it calls itself may be another name for it.)
+        if let Ok(own) = crate::config::ReplicaAddr::parse(&advertised) {
+            let port = |a: &str| a.rsplit_once(':').map(|(_, p)| p.to_string()).unwrap_or_default();
+            if own.split != addr.split || port(&own.peer) != port(&addr.peer) {
+                let want = match own.split {
+                    true => format!("{}/{}", addr.api, port(&own.peer)),
+                    false => addr.api.clone(),
+                };
+                return Err(Status::failed_precondition(format!(
+                    "addr: replica {} serves Raft on {} (it advertises {advertised}): add it as {want}",
+                    msg.id,
+                    if own.split { "a peer port" } else { "its API port" },
+                )));
+            }
+        }
+        let change = self.replica.node.add_learner(msg.id, addr.format());
         self.membership_change(
             &ctx,
             change,

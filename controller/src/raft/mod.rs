@@ -230,7 +230,10 @@ impl RaftNode {
     fn map_write_error(&self, e: RaftError<u64, ClientWriteError<u64, BasicNode>>) -> ProposeError {
         match e {
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ProposeError::NotLeader {
-                leader_addr: f.leader_node.map(|n| n.addr).or_else(|| self.leader_addr(f.leader_id)),
+                leader_addr: f
+                    .leader_node
+                    .map(|n| crate::config::ReplicaAddr::api_of(&n.addr))
+                    .or_else(|| self.leader_addr(f.leader_id)),
             },
             // Another membership change (or the leader's first entry) is still
             // committing: retryable, and the client library retries it.
@@ -297,7 +300,10 @@ impl RaftNode {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f)))) => {
                 Err(ProposeError::NotLeader {
-                    leader_addr: f.leader_node.map(|n| n.addr).or_else(|| self.leader_addr(f.leader_id)),
+                    leader_addr: f
+                        .leader_node
+                        .map(|n| crate::config::ReplicaAddr::api_of(&n.addr))
+                        .or_else(|| self.leader_addr(f.leader_id)),
                 })
             }
             Ok(Err(RaftError::APIError(e))) => Err(ProposeError::Unavailable(e.to_string())),
@@ -320,6 +326,15 @@ impl RaftNode {
         m.state == ServerState::Leader
             && m.current_leader == Some(self.id)
             && m.millis_since_quorum_ack.is_some_and(|ms| u128::from(ms) <= within.as_millis())
+    }
+
+    /// Whether the cluster's membership names a peer port for this replica
+    /// (its Raft messages go there, not to its API port).
+    pub fn membership_names_peer_port(&self) -> bool {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        m.membership()
+            .get_node(&self.id)
+            .is_some_and(|n| crate::config::ReplicaAddr::parse(&n.addr).is_ok_and(|a| a.split))
     }
 
     /// The known leader's address when it is another replica.
