@@ -395,6 +395,36 @@ pub struct StateMachineStore {
     snapshot_seq: u64,
     /// The data format the store is stamped with.
     stamped_format: u32,
+    /// Held while a snapshot is checked against the current one and written
+    /// (see [`put_if_newer`]); shared with the builders.
+    snapshot_write: Arc<std::sync::Mutex<()>>,
+}
+
+/// Writes `stored` as the current snapshot unless the one there is as new
+/// or newer, and says whether it did. openraft builds a snapshot in a task
+/// of its own: one built from the state at index X may finish after a
+/// leader's snapshot at Y > X was installed, and must not replace it (the log
+/// before Y is not here, and may be purged anyway: a restart from X could not
+/// replay to Y). Check and write are one step under `lock`, held only for
+/// them (a read and a write of the store; nothing waits on anything else).
+fn put_if_newer(db: &DB, lock: &std::sync::Mutex<()>, stored: &StoredSnapshot) -> Result<bool> {
+    let _one_at_a_time = lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cf = db.cf_handle(CF_SNAPSHOT).expect("column family created at open");
+    let signature = || Some(stored.meta.signature());
+    if let Some(raw) =
+        db.get_cf(cf, KEY_CURRENT).map_err(|e| StorageIOError::read_snapshot(signature(), AnyError::new(&e)))?
+    {
+        let current: StoredSnapshot =
+            decode(&raw).map_err(|e| StorageIOError::read_snapshot(signature(), AnyError::new(&e)))?;
+        if current.meta.last_log_id >= stored.meta.last_log_id && current.meta.snapshot_id != stored.meta.snapshot_id {
+            return Ok(false);
+        }
+    }
+    let mut opts = WriteOptions::default();
+    opts.set_sync(true);
+    db.put_cf_opt(cf, KEY_CURRENT, encode(stored), &opts)
+        .map_err(|e| StorageIOError::write_snapshot(signature(), AnyError::new(&e)))?;
+    Ok(true)
 }
 
 impl StateMachineStore {
@@ -421,6 +451,7 @@ impl StateMachineStore {
             db,
             snapshot_seq: 0,
             stamped_format,
+            snapshot_write: Default::default(),
         };
         if let Some(meta) = meta {
             sm.last_applied = meta.last_log_id;
@@ -453,16 +484,6 @@ impl StateMachineStore {
         self.stamped_format = format;
         Ok(())
     }
-
-    fn store_snapshot(&self, stored: &StoredSnapshot) -> Result<()> {
-        let cf = self.db.cf_handle(CF_SNAPSHOT).expect("column family created at open");
-        let mut opts = WriteOptions::default();
-        opts.set_sync(true);
-        self.db
-            .put_cf_opt(cf, KEY_CURRENT, encode(stored), &opts)
-            .map_err(|e| StorageIOError::write_snapshot(Some(stored.meta.signature()), AnyError::new(&e)))?;
-        Ok(())
-    }
 }
 
 /// Builds one snapshot from a copy of the state taken on the state-machine task,
@@ -471,18 +492,20 @@ pub struct SnapshotBuilder {
     state: State,
     meta: SnapshotMeta<NodeId, BasicNode>,
     db: Arc<DB>,
+    snapshot_write: Arc<std::sync::Mutex<()>>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>> {
         let data = snapshot::encode(&self.state);
         let stored = StoredSnapshot { meta: self.meta.clone(), data };
-        let cf = self.db.cf_handle(CF_SNAPSHOT).expect("column family created at open");
-        let mut opts = WriteOptions::default();
-        opts.set_sync(true);
-        self.db
-            .put_cf_opt(cf, KEY_CURRENT, encode(&stored), &opts)
-            .map_err(|e| StorageIOError::write_snapshot(Some(stored.meta.signature()), AnyError::new(&e)))?;
+        if !put_if_newer(&self.db, &self.snapshot_write, &stored)? {
+            // openraft keeps the newer one too (it ignores an older snapshot).
+            tracing::info!(
+                snapshot = %stored.meta.snapshot_id,
+                "a newer snapshot was installed while this one was built: the newer one stays current"
+            );
+        }
         Ok(Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) })
     }
 }
@@ -584,7 +607,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         };
         let meta =
             SnapshotMeta { last_log_id: self.last_applied, last_membership: self.last_membership.clone(), snapshot_id };
-        SnapshotBuilder { state, meta, db: self.db.clone() }
+        SnapshotBuilder { state, meta, db: self.db.clone(), snapshot_write: self.snapshot_write.clone() }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>> {
@@ -602,7 +625,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         state
             .check_invariants()
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), AnyError::error(e)))?;
-        self.store_snapshot(&StoredSnapshot { meta: meta.clone(), data })?;
+        // openraft installs only a snapshot newer than what it has applied,
+        // so this one is newer than any built here: it is written (unless
+        // the very same one is there), and a build still running cannot
+        // replace it afterwards.
+        if !put_if_newer(&self.db, &self.snapshot_write, &StoredSnapshot { meta: meta.clone(), data })? {
+            tracing::warn!(snapshot = %meta.snapshot_id, "an installed snapshot is not newer than the stored one");
+        }
         {
             let mut guard = self.shared.master.state.write().expect("state lock poisoned");
             *guard = state;

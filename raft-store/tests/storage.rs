@@ -397,3 +397,47 @@ async fn views_follow_apply_and_readers_never_hold_it_up() {
     let after = shared.read_fresh().await.unwrap();
     assert_eq!((after.index(), after.state()), (next - 1, shared.copy().state()));
 }
+
+/// openraft builds a snapshot in a task of its own: one built from the state
+/// at index 3 that finishes after the leader's snapshot at 10 was installed
+/// must not replace it. The store keeps the newer one, and after the log
+/// through 10 is purged a restart opens at 10 with all ten jobs (from the
+/// older one it could not replay past 3).
+#[tokio::test]
+async fn a_late_build_never_replaces_a_newer_installed_snapshot() {
+    use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftSnapshotBuilder, RaftStateMachine};
+    let dir = tempfile::tempdir().unwrap();
+    let mut stores = open(dir.path()).unwrap();
+    let format = stores.state_machine.shared().read().format;
+    let entries = |to: u64| (1..=to).map(move |i| normal_entry(i, submit(i), format));
+    stores.log.blocking_append(entries(10)).await.unwrap();
+    stores.state_machine.apply(entries(3)).await.unwrap();
+    let mut late = stores.state_machine.get_snapshot_builder().await;
+
+    // The leader's snapshot at 10, from a replica that applied all ten.
+    let leader_dir = tempfile::tempdir().unwrap();
+    let mut leader = open(leader_dir.path()).unwrap();
+    leader.state_machine.apply(entries(10)).await.unwrap();
+    let newer = leader.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    stores.state_machine.install_snapshot(&newer.meta, newer.snapshot).await.unwrap();
+
+    let built = late.build_snapshot().await.unwrap();
+    assert_eq!(built.meta.last_log_id.map(|l| l.index), Some(3));
+    let current = stores.state_machine.get_current_snapshot().await.unwrap().expect("a current snapshot");
+    assert_eq!(current.meta.last_log_id.map(|l| l.index), Some(10), "the late build replaced the newer snapshot");
+
+    stores.log.purge(newer.meta.last_log_id.unwrap()).await.unwrap();
+    drop((stores, late));
+    let (reopened, state) = open_and_replay(dir.path()).await;
+    assert_eq!(state.jobs.len(), 10, "a restart opened an older snapshot than the log was purged to");
+    drop(reopened);
+    // A newer build is written as before.
+    let (mut again, _) = open_and_replay(dir.path()).await;
+    again.state_machine.apply((11..=12).map(|i| normal_entry(i, submit(i), format))).await.unwrap();
+    let built = again.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let current = again.state_machine.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(
+        (built.meta.last_log_id, current.meta.last_log_id.map(|l| l.index)),
+        (current.meta.last_log_id, Some(12))
+    );
+}
