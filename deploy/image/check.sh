@@ -54,6 +54,8 @@ for sh in bin/sh bin/bash usr/bin/sh; do [ ! -e "$root/$sh" ] || fail "the image
 if [ "$(id -u)" -eq 0 ]; then
     version=$(chroot "$root" /usr/bin/gangway --version) || fail "the binary does not run from the image's root file system"
     echo "image check: ok ($version runs from the image; $(du -sh "$root" | cut -f1) unpacked)"
+elif [ -n "${GANGWAY_TESTS_WITHOUT_ROOT:-}" ]; then
+    echo "image check: the chroot run was skipped (not root, GANGWAY_TESTS_WITHOUT_ROOT): the binary's run from the image is unchecked" >&2
 else
-    echo "image check: ok (not root: the chroot run was skipped)"
+    fail "the chroot run needs root (CI runs as root); set GANGWAY_TESTS_WITHOUT_ROOT=1 to leave it out knowingly"
 fi

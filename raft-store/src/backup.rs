@@ -126,5 +126,15 @@ pub fn restore(dir: &Path, backup: &Backup, members: &BTreeMap<NodeId, String>) 
     drop(stores);
     // An empty data directory is replaced; one with anything in it is not.
     std::fs::rename(&staging, dir).map_err(|e| refuse(format!("moving the seeded store into place: {e}")))?;
+    // The rename is durable only once the directory holding both names is
+    // synced: a power cut right after would otherwise leave the empty data
+    // directory (a replica that starts a cluster of its own) or the staging one.
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    std::fs::File::open(parent)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| refuse(format!("syncing {} after the restore: {e}", parent.display())))?;
     Ok(())
 }
