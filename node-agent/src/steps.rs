@@ -65,6 +65,11 @@ pub const STEP_TASKS_MAX: usize = 1024;
 /// Bytes of environment (names and values) one step request may carry: far
 /// above any real environment, and bounded so a request cannot exhaust memory.
 pub const STEP_ENV_BYTES_MAX: usize = 4 << 20;
+/// Bytes of one message the step service reads: the environment at its
+/// limit and a megabyte for the command, the tasks and the rest. (gRPC's
+/// default, 4 MiB, would refuse a request at the environment's limit with a
+/// transport error before the limit's own, clearer one.)
+pub const STEP_MESSAGE_BYTES_MAX: usize = STEP_ENV_BYTES_MAX + (1 << 20);
 /// Arguments of a step's command.
 pub const STEP_ARGV_MAX: usize = 65_536;
 /// Bytes of output per streamed chunk.
@@ -746,7 +751,7 @@ pub fn serve(
         if let Err(e) = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(CLIENT_PING_INTERVAL))
             .http2_keepalive_timeout(Some(CLIENT_PING_TIMEOUT))
-            .add_service(StepServiceServer::new(server))
+            .add_service(StepServiceServer::new(server).max_decoding_message_size(STEP_MESSAGE_BYTES_MAX))
             .serve_with_incoming(incoming)
             .await
         {
@@ -916,6 +921,20 @@ mod tests {
         assert_eq!(err.code(), tonic::Code::FailedPrecondition);
         let err = attach(vec![start(request(7, &["bash"], &[0]))]).await;
         assert!(err.message().contains("n2 cannot start terminal steps"), "{}", err.message());
+        // The environment's limit is the step service's own, not the
+        // transport's: at it the request is read (and refused later, for the
+        // missing shim); one byte past it, refused by name.
+        let with_env = |bytes: usize| {
+            // BIG=... and the task's SLURM_PROCID=0 (13 bytes): `bytes` in all.
+            let mut r = request(7, &["bash"], &[0]);
+            r.env = [("BIG".to_string(), "x".repeat(bytes - 3 - 13))].into_iter().collect();
+            start(r)
+        };
+        let err = attach(vec![with_env(STEP_ENV_BYTES_MAX)]).await;
+        assert!(err.message().contains("n2 cannot start terminal steps"), "{}", err.message());
+        let err = attach(vec![with_env(STEP_ENV_BYTES_MAX + 1)]).await;
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(err.message().starts_with("env: at most"), "{}", err.message());
     }
 
     /// A secured agent starts a step only for the holder of its job's
