@@ -38,7 +38,8 @@ pub const WRITES_BURST: f64 = 2_000.0;
 /// replicas sharing it there); it is also kept in each replica's log, state
 /// and views. So this bounds how much of the log's time, and how fast the
 /// replicas' memory, one user can take (`gangway bench storm`'s maximum-size
-/// specs raised others' submit p99 4× at 2 MiB/s, under 2× at this rate).
+/// specs come four times less often than at 2 MiB/s; each still stalls the
+/// writes behind it, see the README).
 pub const WRITE_BYTES_PER_S: f64 = 512.0 * 1024.0;
 /// Bytes of writes one identity may make in a burst above that rate: a
 /// thousand submits of 4 KiB, two specs at the limit.

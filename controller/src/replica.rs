@@ -160,6 +160,18 @@ fn open_store(dir: &std::path::Path) -> anyhow::Result<gangway_raft_store::Store
     Err(last.expect("at least one attempt").into())
 }
 
+/// A gRPC server with the limits every replica listener has: streams per
+/// connection, header bytes, resets, and pings to find vanished peers.
+fn server_builder() -> Server {
+    Server::builder()
+        .tcp_nodelay(true)
+        .max_concurrent_streams(H2_STREAMS_PER_CONNECTION_MAX)
+        .http2_max_header_list_size(H2_HEADER_LIST_BYTES_MAX)
+        .http2_max_pending_accept_reset_streams(Some(H2_PENDING_RESETS_MAX))
+        .http2_keepalive_interval(Some(H2_PING_INTERVAL))
+        .http2_keepalive_timeout(Some(H2_PING_TIMEOUT))
+}
+
 /// Starts a replica serving everything, Raft included, on `listener`.
 pub async fn start(config: ReplicaConfig, listener: TcpListener) -> anyhow::Result<ReplicaHandle> {
     start_with_peer_port(config, listener, None).await
@@ -241,13 +253,7 @@ pub async fn start_with_peer_port(
             .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
             .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX)
     };
-    let router = Server::builder()
-        .tcp_nodelay(true)
-        .max_concurrent_streams(H2_STREAMS_PER_CONNECTION_MAX)
-        .http2_max_header_list_size(H2_HEADER_LIST_BYTES_MAX)
-        .http2_max_pending_accept_reset_streams(Some(H2_PENDING_RESETS_MAX))
-        .http2_keepalive_interval(Some(H2_PING_INTERVAL))
-        .http2_keepalive_timeout(Some(H2_PING_TIMEOUT))
+    let router = server_builder()
         // Every request meets the gate before its body is read.
         .layer(crate::admission::GateLayer(Arc::new(gate)))
         .add_service(health_service)
@@ -292,14 +298,7 @@ pub async fn start_with_peer_port(
         None => None,
         Some(listener) => {
             let (tx, rx) = oneshot::channel::<()>();
-            let peer_router = Server::builder()
-                .tcp_nodelay(true)
-                .max_concurrent_streams(H2_STREAMS_PER_CONNECTION_MAX)
-                .http2_max_header_list_size(H2_HEADER_LIST_BYTES_MAX)
-                .http2_max_pending_accept_reset_streams(Some(H2_PENDING_RESETS_MAX))
-                .http2_keepalive_interval(Some(H2_PING_INTERVAL))
-                .http2_keepalive_timeout(Some(H2_PING_TIMEOUT))
-                .add_service(raft_service());
+            let peer_router = server_builder().add_service(raft_service());
             tracing::info!(addr = ?listener.local_addr().ok(), "serving Raft on the peer port");
             // Accepted and handshaken here (anyone may try a handshake: that
             // work stays off Raft's runtime); replicas' connections are

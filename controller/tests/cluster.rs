@@ -44,6 +44,17 @@ async fn bind(addr: &str) -> tokio::net::TcpListener {
 }
 
 impl TestCluster {
+    /// No replicas yet.
+    fn empty() -> TestCluster {
+        TestCluster {
+            dirs: BTreeMap::new(),
+            addrs: BTreeMap::new(),
+            handles: BTreeMap::new(),
+            timing: BTreeMap::new(),
+            restore: None,
+        }
+    }
+
     async fn start(n: u64) -> TestCluster {
         Self::start_with(n, |_| fast_timing()).await
     }
@@ -53,13 +64,7 @@ impl TestCluster {
     }
 
     async fn start_full(n: u64, timing: impl Fn(u64) -> Timing, restore: Option<std::path::PathBuf>) -> TestCluster {
-        let mut c = TestCluster {
-            dirs: BTreeMap::new(),
-            addrs: BTreeMap::new(),
-            handles: BTreeMap::new(),
-            timing: BTreeMap::new(),
-            restore,
-        };
+        let mut c = TestCluster { restore, ..TestCluster::empty() };
         let mut listeners = BTreeMap::new();
         for id in 1..=n {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -2030,13 +2035,7 @@ mod security {
     }
 
     async fn start_secure_timed(pki: &Pki, private_jobs: bool, timing: Timing) -> TestCluster {
-        let mut c = TestCluster {
-            dirs: BTreeMap::new(),
-            addrs: BTreeMap::new(),
-            handles: BTreeMap::new(),
-            timing: BTreeMap::new(),
-            restore: None,
-        };
+        let mut c = TestCluster::empty();
         let mut listeners = BTreeMap::new();
         for id in 1..=3u64 {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -2070,13 +2069,7 @@ mod security {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn raft_is_served_on_peer_ports_to_replicas_only() {
         let pki = Pki::new();
-        let mut c = TestCluster {
-            dirs: BTreeMap::new(),
-            addrs: BTreeMap::new(),
-            handles: BTreeMap::new(),
-            timing: BTreeMap::new(),
-            restore: None,
-        };
+        let mut c = TestCluster::empty();
         let (mut listeners, mut peer_ports, mut members) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
         for id in 1..=3u64 {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

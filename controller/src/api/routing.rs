@@ -244,12 +244,7 @@ impl Replica {
             // thousand pollers refused together do not return together.
             Err(mut s) if s.code() == tonic::Code::ResourceExhausted && Self::reads_budgeted(ctx) => {
                 let turn = self.reads.turn(&ctx.identity, std::time::Instant::now());
-                let lane: u128 = s
-                    .metadata()
-                    .get(RETRY_AFTER_METADATA_KEY)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
+                let lane = gangway_proto::client::retry_after(&s).map_or(0, |d| d.as_millis());
                 if let Ok(v) = turn.as_millis().max(lane).to_string().parse() {
                     s.metadata_mut().insert(RETRY_AFTER_METADATA_KEY, v);
                 }
