@@ -624,11 +624,11 @@ async fn crafted(
     let (m, c) = (meter.clone(), client.clone());
     let specs = part("specs");
     tasks.push(tokio::spawn(async move {
-        let script = format!("#!/bin/sh\n# {}\ntrue\n", "x".repeat(CRAFTED_SCRIPT_BYTES - 64));
+        let largest = largest_spec();
         let mut n = 0u64;
         while specs && !m.attack_over.load(Ordering::Relaxed) {
             n = n.saturating_add(1);
-            let spec = pb::JobSpec { script: script.clone(), hold: true, workdir: "/tmp".into(), ..Default::default() };
+            let spec = largest.clone();
             let req = c.request(pb::SubmitRequest { spec: Some(spec), idempotency_key: format!("big-{n}") });
             let ch = c.channels()[0].clone();
             outcome(&m, JobServiceClient::new(ch).submit(req).await).await;
@@ -653,6 +653,35 @@ async fn crafted(
         }));
     }
     tasks
+}
+
+/// A held spec at the spec limit (`JOB_SPEC_BYTES_MAX`, less a kilobyte for
+/// what the controller adds): the largest script, and environment values of
+/// the largest size for the rest.
+fn largest_spec() -> pb::JobSpec {
+    use gangway_core::limits::{ENV_VALUE_BYTES_MAX, ENV_VARS_MAX, JOB_SPEC_BYTES_MAX};
+    let script = format!("#!/bin/sh\n# {}\ntrue\n", "x".repeat(CRAFTED_SCRIPT_BYTES - 64));
+    let size = |env: &BTreeMap<String, String>| {
+        let spec = gangway_core::spec::JobSpec {
+            script: script.clone().into(),
+            env: env.clone().into(),
+            workdir: "/tmp".into(),
+            ..Default::default()
+        };
+        spec.size_bytes()
+    };
+    let target = JOB_SPEC_BYTES_MAX - 1024;
+    let mut env = BTreeMap::new();
+    for i in 0..ENV_VARS_MAX {
+        // A variable's name and bookkeeping take well under 128 bytes.
+        let room = target.saturating_sub(size(&env)).saturating_sub(128).min(ENV_VALUE_BYTES_MAX);
+        if room == 0 {
+            break;
+        }
+        env.insert(format!("PAD{i}"), "y".repeat(room));
+    }
+    let env = env.into_iter().collect();
+    pb::JobSpec { script, env, hold: true, workdir: "/tmp".into(), ..Default::default() }
 }
 
 /// Thousands of TLS connections without a certificate that say nothing,

@@ -6,8 +6,18 @@
 //! writes accumulate, and the next batch carries all of them as one
 //! `Command::Batch` entry: one append, one fsync, one replication round. Each
 //! caller gets its own command's outcome back.
+//!
+//! Large writes (a submit near the spec limit) take a lane of their own: one
+//! at a time, never batched with others, and after each the lane rests a
+//! multiple of the time it took. Every write behind a large entry waits
+//! while every replica receives and syncs it (tens of milliseconds for 2
+//! MiB), so without the lane a few users' maximum-size specs, or one user's
+//! burst of them, would queue back to back and hold everyone's writes for
+//! the whole queue. With it, a small write waits behind at most one large
+//! entry, and large entries hold the log at most a fifth of the time.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use gangway_core::command::{BATCH_BYTES_MAX, BATCH_COMMANDS_MAX};
 use gangway_core::{Applied, Command, Outcome};
@@ -25,6 +35,30 @@ const PROPOSAL_QUEUE_MAX: usize = 16_384;
 /// 1 in flight gave the highest throughput and lowest latency of 1, 2 and 4.)
 const BATCHES_IN_FLIGHT_MAX: usize = 1;
 
+/// Commands whose estimate (`Command::approx_bytes`) is this or more take
+/// the large-write lane: far above any ordinary submit (scripts are
+/// kilobytes), an eighth of the largest spec (`JOB_SPEC_BYTES_MAX`, 2 MiB).
+pub const LARGE_WRITE_BYTES: usize = 256 * 1024;
+/// Large writes waiting for their lane; beyond this, callers wait to
+/// enqueue. Each user's write-bytes limit already spaces its own.
+const LARGE_QUEUE_MAX: usize = 64;
+/// After a large write commits, the lane rests this many times as long as
+/// the write took: large entries hold the log at most 1/(1+N) of the time.
+const LARGE_WRITE_REST_FACTOR: u32 = 4;
+/// The longest rest, however slow one large write was (a disk stalled for
+/// seconds must not close the lane for a minute after).
+const LARGE_WRITE_REST_MAX: Duration = Duration::from_secs(1);
+
+/// Whether `cmd` takes the large-write lane.
+pub fn is_large(cmd: &Command) -> bool {
+    cmd.approx_bytes() >= LARGE_WRITE_BYTES
+}
+
+/// How long the large-write lane rests after a large write that took `took`.
+pub fn rest_after(took: Duration) -> Duration {
+    took.saturating_mul(LARGE_WRITE_REST_FACTOR).min(LARGE_WRITE_REST_MAX)
+}
+
 struct Pending {
     cmd: Command,
     reply: oneshot::Sender<Result<Applied, ProposeError>>,
@@ -32,29 +66,34 @@ struct Pending {
 
 pub struct Proposer {
     tx: mpsc::Sender<Pending>,
+    large: mpsc::Sender<Pending>,
 }
 
 impl Proposer {
     /// Starts the batching loop; it ends when the proposer is dropped.
     pub fn start(node: Arc<RaftNode>) -> Proposer {
         let (tx, rx) = mpsc::channel(PROPOSAL_QUEUE_MAX);
-        tokio::spawn(batch_loop(node, rx));
-        Proposer { tx }
+        let (large, large_rx) = mpsc::channel(LARGE_QUEUE_MAX);
+        // Both lanes share the batches in flight: a large write waits its
+        // turn like a batch, and small writes go on while the lane rests.
+        let slots = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
+        tokio::spawn(batch_loop(node.clone(), rx, slots.clone()));
+        tokio::spawn(large_loop(node, large_rx, slots));
+        Proposer { tx, large }
     }
 
     /// Replicates `cmd` (batched with concurrent writes) and returns its outcome.
     pub async fn propose(&self, cmd: Command) -> Result<Applied, ProposeError> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Pending { cmd, reply })
+        let lane = if is_large(&cmd) { &self.large } else { &self.tx };
+        lane.send(Pending { cmd, reply })
             .await
             .map_err(|_| ProposeError::Unavailable("this replica is stopping".into()))?;
         rx.await.unwrap_or_else(|_| Err(ProposeError::Unavailable("this replica is stopping".into())))
     }
 }
 
-async fn batch_loop(node: Arc<RaftNode>, mut rx: mpsc::Receiver<Pending>) {
-    let slots = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
+async fn batch_loop(node: Arc<RaftNode>, mut rx: mpsc::Receiver<Pending>, slots: Arc<Semaphore>) {
     while let Some(first) = rx.recv().await {
         // Wait for a free slot first: writes arriving meanwhile join this batch.
         let Ok(permit) = slots.clone().acquire_owned().await else { return };
@@ -75,6 +114,19 @@ async fn batch_loop(node: Arc<RaftNode>, mut rx: mpsc::Receiver<Pending>) {
             let _permit = permit;
             propose_batch(&node, batch).await;
         });
+    }
+}
+
+/// Large writes, one at a time and alone in their entry, each followed by
+/// the lane's rest.
+async fn large_loop(node: Arc<RaftNode>, mut rx: mpsc::Receiver<Pending>, slots: Arc<Semaphore>) {
+    while let Some(p) = rx.recv().await {
+        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let started = Instant::now();
+        metrics::counter!("gangway_large_writes_total").increment(1);
+        propose_batch(&node, vec![p]).await;
+        drop(permit);
+        tokio::time::sleep(rest_after(started.elapsed())).await;
     }
 }
 
@@ -108,5 +160,33 @@ async fn propose_batch_timed(node: &RaftNode, mut batch: Vec<Pending>) {
                 let _ = reply.send(Err(e.clone()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gangway_core::spec::JobSpec;
+
+    fn submit(script_bytes: usize) -> Command {
+        let spec = JobSpec { script: "x".repeat(script_bytes).into(), ..JobSpec::default() };
+        Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 0 }
+    }
+
+    #[test]
+    fn writes_from_the_large_write_bytes_on_take_the_large_lane() {
+        let at = |n: usize| submit(n.saturating_sub(submit(0).approx_bytes()));
+        assert_eq!(at(LARGE_WRITE_BYTES).approx_bytes(), LARGE_WRITE_BYTES);
+        assert!(is_large(&at(LARGE_WRITE_BYTES)));
+        assert!(!is_large(&at(LARGE_WRITE_BYTES - 1)));
+        assert!(!is_large(&submit(4096)), "an ordinary script is batched");
+    }
+
+    #[test]
+    fn the_large_lane_rests_in_proportion_and_never_past_its_limit() {
+        assert_eq!(rest_after(Duration::from_millis(20)), Duration::from_millis(80));
+        assert_eq!(rest_after(Duration::ZERO), Duration::ZERO);
+        assert_eq!(rest_after(LARGE_WRITE_REST_MAX), LARGE_WRITE_REST_MAX);
+        assert_eq!(rest_after(Duration::MAX), LARGE_WRITE_REST_MAX);
     }
 }

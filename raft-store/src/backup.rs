@@ -38,6 +38,7 @@ pub struct Backup {
     pub taken_by: NodeId,
     pub taken_at_ms: u64,
     /// The state, as a snapshot (`gangway_core::snapshot`).
+    #[serde(with = "gangway_core::format::raw_bytes")]
     pub snapshot: Vec<u8>,
 }
 

@@ -110,6 +110,7 @@ type Result<T> = std::result::Result<T, StorageError<NodeId>>;
 #[derive(Serialize, Deserialize)]
 pub(crate) struct StoredSnapshot {
     pub(crate) meta: SnapshotMeta<NodeId, BasicNode>,
+    #[serde(with = "gangway_core::format::raw_bytes")]
     pub(crate) data: Vec<u8>,
 }
 

@@ -108,7 +108,7 @@ macro_rules! frozen_commands {
         before_batch: [$($a:ident { $($af:ident : $at:ty),* $(,)? }),* $(,)?],
         before_policy: [$($b:ident { $($bf:ident : $bt:ty),* $(,)? } $(later { $($bl:ident : $blv:expr),* })?),* $(,)?],
         after_policy: [$($c:ident { $($cf:ident : $ct:ty),* $(,)? }),* $(,)?],
-        extra: [$($x:ident { $($xf:ident : $xt:ty),* $(,)? }),* $(,)?] $(,)?
+        extra: [$($x:ident { $($(#[$xa:meta])* $xf:ident : $xt:ty),* $(,)? }),* $(,)?] $(,)?
     ) => {
         #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
         pub enum Wire {
@@ -123,7 +123,7 @@ macro_rules! frozen_commands {
                 now_ms: u64,
             },
             $($c { $($cf: $ct),* },)*
-            $($x { $($xf: $xt),* },)*
+            $($x { $($(#[$xa])* $xf: $xt),* },)*
         }
 
         impl Wire {

@@ -54,7 +54,8 @@ frozen_commands!(
         ApplySchedule { preemptions: Vec<Preemption>, placements: Vec<Placement>, now_ms: u64 },
         JobCheckpointed { job_id: JobId, attempt: u32, now_ms: u64 },
     ],
-    extra: [Envelope { format: u32, body: Vec<u8> }],
+    // `raw_bytes` writes the body as serde writes a `Vec<u8>`, in one copy.
+    extra: [Envelope { format: u32, #[serde(with = "crate::format::raw_bytes")] body: Vec<u8> }],
 );
 
 frozen_state!(
