@@ -150,7 +150,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<u64>, RPCError<u64, BasicNode, RaftError<u64, InstallSnapshotError>>> {
-        self.call("snapshot", &rpc, &option).await
+        self.call("snapshot", &gangway_raft_store::codec::SnapshotChunk::from(rpc), &option).await
     }
 
     async fn vote(

@@ -95,7 +95,7 @@ impl RaftService for RaftRpc {
     async fn install_snapshot(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let sender = require_server(&req, &self.audit)?;
         let rpc: openraft::raft::InstallSnapshotRequest<gangway_raft_store::TypeConfig> =
-            decode(&req.into_inner().data).map_err(bad_payload)?;
+            decode::<gangway_raft_store::codec::SnapshotChunk>(&req.into_inner().data).map_err(bad_payload)?.into();
         same_replica(sender, rpc.vote.leader_id().voted_for(), &self.audit)?;
         let result = self.node.raft().install_snapshot(rpc).await;
         Ok(Response::new(RaftPayload { data: encode(&result) }))
