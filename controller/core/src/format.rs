@@ -210,8 +210,12 @@ pub mod raw_bytes {
         serializer.serialize_bytes(bytes)
     }
 
+    /// Asks for borrowed bytes: bincode's slice decoder then checks the
+    /// length against what the input holds before anything is allocated (its
+    /// owned `Vec<u8>` path allocates the claimed length first, up to the
+    /// decode limit), and the visitor copies exactly what is there.
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
-        deserializer.deserialize_byte_buf(Visitor)
+        deserializer.deserialize_bytes(Visitor)
     }
 
     struct Visitor;
@@ -416,7 +420,8 @@ mod tests {
             assert_eq!(from_bytes::<Raw>(&raw).unwrap().0, bytes);
             assert_eq!(from_bytes::<Seq>(&raw).unwrap().0, bytes);
         }
-        // A length past the input is an error, not an allocation of it.
+        // A length past the input is an error (checked against the input
+        // before any allocation: `deserialize` asks for borrowed bytes).
         assert!(from_bytes::<Raw>(&[253, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 1]).is_err());
         assert!(from_bytes::<Raw>(&[251, 0xff, 0xff]).is_err());
     }
