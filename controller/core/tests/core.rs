@@ -1380,7 +1380,226 @@ fn every_command() -> Vec<Command> {
             identity: "ops".into(),
             now_ms: 26,
         },
+        // The variants of the enums entries carry that the commands above
+        // do not (`golden_encodings_cover_every_variant`).
+        update_job(JobChange::Hold { admin: true }),
+        update_job(JobChange::Release),
+        update_job(JobChange::SetPriority(Some(7))),
+        update_job(JobChange::Requeue { hold: true }),
+        update_job(JobChange::SetTimeLimit(7_200)),
+        update_job(JobChange::Signal { signal: 15, target: gangway_core::command::SignalTarget::Steps }),
+        update_job(JobChange::Signal { signal: 9, target: gangway_core::command::SignalTarget::Full }),
+        Command::SetNodeState { name: "n0".into(), change: NodeStateChange::Resume, reason: String::new(), now_ms: 28 },
+        Command::SetNodeState { name: "n0".into(), change: NodeStateChange::Down, reason: "gone".into(), now_ms: 28 },
+        Command::SetNodeState {
+            name: "n0".into(),
+            change: NodeStateChange::PowerUp,
+            reason: "work".into(),
+            now_ms: 28,
+        },
+        Command::ApplySchedule {
+            preemptions: vec![Preemption { job_id: 2, attempt: 1, mode: PreemptMode::Requeue, for_job: 1 }],
+            placements: Vec::new(),
+            now_ms: 29,
+        },
+        Command::ChangeReservation {
+            change: gangway_core::reservation::ReservationChange::Update(full_reservation()),
+            identity: "ops".into(),
+            now_ms: 29,
+        },
+        job_finished(JobState::Completed, Some(0)),
+        job_finished(JobState::Failed, Some(1)),
+        job_finished(JobState::Cancelled, None),
+        job_finished(JobState::NodeFail, None),
     ]
+}
+
+fn update_job(change: JobChange) -> Command {
+    Command::UpdateJob { job_id: 1, change, identity: "ops".into(), now_ms: 28 }
+}
+
+fn job_finished(state: JobState, exit_code: Option<i32>) -> Command {
+    Command::JobFinished { job_id: 1, attempt: 1, state, exit_code, reason: String::new(), now_ms: 30 }
+}
+
+// Every variant of every enum a log entry carries, by name. The exhaustive
+// matches in `variants_named` index these lists, so a new variant fails to
+// compile until it is named here (a constant index past an array is a
+// compile error), and then fails `golden_encodings_cover_every_variant`
+// until `every_command` holds one (and the golden file pins its bytes).
+const COMMANDS: [&str; 19] = [
+    "SubmitJob",
+    "CancelJob",
+    "RegisterNode",
+    "SetNodeState",
+    "ApplyPlan",
+    "JobFinished",
+    "Batch",
+    "TaskExited",
+    "SetGpuHealth",
+    "UpdatePolicy",
+    "UpdateJob",
+    "ApplySchedule",
+    "JobCheckpointed",
+    "SetDataFormat",
+    "ChangeReservation",
+    "StepStarted",
+    "StepEnded",
+    "RestoreUsage",
+    "AccountingStored",
+];
+const JOB_CHANGES: [&str; 9] = [
+    "JobChange::Hold",
+    "JobChange::Release",
+    "JobChange::SetPriority",
+    "JobChange::SetNice",
+    "JobChange::Requeue",
+    "JobChange::SetTimeLimit",
+    "JobChange::Suspend",
+    "JobChange::Resume",
+    "JobChange::Signal",
+];
+const SIGNAL_TARGETS: [&str; 3] = ["SignalTarget::Steps", "SignalTarget::Batch", "SignalTarget::Full"];
+const NODE_STATE_CHANGES: [&str; 5] = [
+    "NodeStateChange::Drain",
+    "NodeStateChange::Resume",
+    "NodeStateChange::Down",
+    "NodeStateChange::PowerDown",
+    "NodeStateChange::PowerUp",
+];
+const PREEMPT_MODES: [&str; 3] = ["PreemptMode::Requeue", "PreemptMode::Cancel", "PreemptMode::Suspend"];
+const RESERVATION_CHANGES: [&str; 3] =
+    ["ReservationChange::Create", "ReservationChange::Update", "ReservationChange::Delete"];
+const JOB_STATES: [&str; 8] = [
+    "JobState::Pending",
+    "JobState::Running",
+    "JobState::Completed",
+    "JobState::Failed",
+    "JobState::Cancelled",
+    "JobState::TimedOut",
+    "JobState::NodeFail",
+    "JobState::Deadline",
+];
+
+fn job_state_named(state: JobState) -> &'static str {
+    match state {
+        JobState::Pending => JOB_STATES[0],
+        JobState::Running => JOB_STATES[1],
+        JobState::Completed => JOB_STATES[2],
+        JobState::Failed => JOB_STATES[3],
+        JobState::Cancelled => JOB_STATES[4],
+        JobState::TimedOut => JOB_STATES[5],
+        JobState::NodeFail => JOB_STATES[6],
+        JobState::Deadline => JOB_STATES[7],
+    }
+}
+
+/// Adds the name of `cmd`'s variant and of every enum variant inside it.
+fn variants_named(cmd: &Command, out: &mut std::collections::BTreeSet<&'static str>) {
+    use gangway_core::command::SignalTarget;
+    use gangway_core::policy::PreemptMode;
+    use gangway_core::reservation::ReservationChange;
+    out.insert(match cmd {
+        Command::SubmitJob { .. } => COMMANDS[0],
+        Command::CancelJob { .. } => COMMANDS[1],
+        Command::RegisterNode { .. } => COMMANDS[2],
+        Command::SetNodeState { .. } => COMMANDS[3],
+        Command::ApplyPlan { .. } => COMMANDS[4],
+        Command::JobFinished { .. } => COMMANDS[5],
+        Command::Batch(_) => COMMANDS[6],
+        Command::TaskExited { .. } => COMMANDS[7],
+        Command::SetGpuHealth { .. } => COMMANDS[8],
+        Command::UpdatePolicy { .. } => COMMANDS[9],
+        Command::UpdateJob { .. } => COMMANDS[10],
+        Command::ApplySchedule { .. } => COMMANDS[11],
+        Command::JobCheckpointed { .. } => COMMANDS[12],
+        Command::SetDataFormat { .. } => COMMANDS[13],
+        Command::ChangeReservation { .. } => COMMANDS[14],
+        Command::StepStarted { .. } => COMMANDS[15],
+        Command::StepEnded { .. } => COMMANDS[16],
+        Command::RestoreUsage { .. } => COMMANDS[17],
+        Command::AccountingStored { .. } => COMMANDS[18],
+    });
+    match cmd {
+        Command::Batch(cmds) => cmds.iter().for_each(|c| variants_named(c, out)),
+        Command::UpdateJob { change, .. } => {
+            out.insert(match change {
+                JobChange::Hold { .. } => JOB_CHANGES[0],
+                JobChange::Release => JOB_CHANGES[1],
+                JobChange::SetPriority(_) => JOB_CHANGES[2],
+                JobChange::SetNice(_) => JOB_CHANGES[3],
+                JobChange::Requeue { .. } => JOB_CHANGES[4],
+                JobChange::SetTimeLimit(_) => JOB_CHANGES[5],
+                JobChange::Suspend => JOB_CHANGES[6],
+                JobChange::Resume => JOB_CHANGES[7],
+                JobChange::Signal { .. } => JOB_CHANGES[8],
+            });
+            if let JobChange::Signal { target, .. } = change {
+                out.insert(match target {
+                    SignalTarget::Steps => SIGNAL_TARGETS[0],
+                    SignalTarget::Batch => SIGNAL_TARGETS[1],
+                    SignalTarget::Full => SIGNAL_TARGETS[2],
+                });
+            }
+        }
+        Command::SetNodeState { change, .. } => {
+            out.insert(match change {
+                NodeStateChange::Drain => NODE_STATE_CHANGES[0],
+                NodeStateChange::Resume => NODE_STATE_CHANGES[1],
+                NodeStateChange::Down => NODE_STATE_CHANGES[2],
+                NodeStateChange::PowerDown => NODE_STATE_CHANGES[3],
+                NodeStateChange::PowerUp => NODE_STATE_CHANGES[4],
+            });
+        }
+        Command::ApplySchedule { preemptions, .. } => {
+            for p in preemptions {
+                out.insert(match p.mode {
+                    PreemptMode::Requeue => PREEMPT_MODES[0],
+                    PreemptMode::Cancel => PREEMPT_MODES[1],
+                    PreemptMode::Suspend => PREEMPT_MODES[2],
+                });
+            }
+        }
+        Command::ChangeReservation { change, .. } => {
+            out.insert(match change {
+                ReservationChange::Create(_) => RESERVATION_CHANGES[0],
+                ReservationChange::Update(_) => RESERVATION_CHANGES[1],
+                ReservationChange::Delete { .. } => RESERVATION_CHANGES[2],
+            });
+        }
+        Command::JobFinished { state, .. } => {
+            out.insert(job_state_named(*state));
+        }
+        _ => {}
+    }
+}
+
+/// The golden file pins every variant: each command and each variant of
+/// the enums inside commands appears in `every_command`, and job states
+/// an entry never carries (pending, running) in the golden snapshot.
+#[test]
+fn golden_encodings_cover_every_variant() {
+    let mut named = std::collections::BTreeSet::new();
+    for cmd in every_command() {
+        variants_named(&cmd, &mut named);
+    }
+    for job in golden_state(gangway_core::format::FORMAT_NEWEST).jobs.values() {
+        named.insert(job_state_named(job.state));
+    }
+    let lists: [&[&str]; 7] = [
+        &COMMANDS,
+        &JOB_CHANGES,
+        &SIGNAL_TARGETS,
+        &NODE_STATE_CHANGES,
+        &PREEMPT_MODES,
+        &RESERVATION_CHANGES,
+        &JOB_STATES,
+    ];
+    let missing: Vec<&str> = lists.iter().flat_map(|l| l.iter().copied()).filter(|n| !named.contains(n)).collect();
+    assert!(
+        missing.is_empty(),
+        "variants without a golden encoding (add them to every_command, then bless): {missing:?}"
+    );
 }
 
 /// A policy with format 9's licenses too.
