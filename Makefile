@@ -37,8 +37,10 @@ previous:
 	fi
 
 # Fuzzing with libFuzzer (cargo-fuzz, nightly): every target for FUZZ_SECONDS
-# each, from the checked-in seeds plus what earlier runs found (kept outside
-# the clone). A crash stops the run and leaves its input in fuzz/artifacts/.
+# each, from the checked-in seeds, the golden file's encodings (every command
+# and snapshot in every data format, written by fuzz/seeds.sh) and what earlier
+# runs found (kept outside the clone). A crash stops the run and leaves its
+# input in fuzz/artifacts/.
 FUZZ_TARGETS := entry_apply snapshot_decode spec_validate text_parsers proto_spec
 FUZZ_SECONDS ?= 300
 FUZZ_SEED ?= 0
@@ -46,11 +48,12 @@ FUZZ_CACHE := $(HOME)/.cache/gangway
 fuzz:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
 	@rustup run nightly rustc --version >/dev/null || { echo "fuzzing needs the nightly toolchain (rustup toolchain install nightly)"; exit 1; }
+	@fuzz/seeds.sh controller/core/tests/golden/encodings.txt $(FUZZ_CACHE)/fuzz-seeds
 	@cd fuzz && for t in $(FUZZ_TARGETS); do \
-		mkdir -p $(FUZZ_CACHE)/fuzz-corpus/$$t && \
-		CARGO_TARGET_DIR=$(FUZZ_CACHE)/fuzz-target cargo +nightly fuzz run $$t $(FUZZ_CACHE)/fuzz-corpus/$$t corpus/$$t -- \
+		mkdir -p $(FUZZ_CACHE)/fuzz-corpus/$$t $(FUZZ_CACHE)/fuzz-seeds/$$t && \
+		CARGO_TARGET_DIR=$(FUZZ_CACHE)/fuzz-target cargo +nightly fuzz run $$t $(FUZZ_CACHE)/fuzz-corpus/$$t corpus/$$t $(FUZZ_CACHE)/fuzz-seeds/$$t -- \
 			-max_total_time=$(FUZZ_SECONDS) -seed=$(FUZZ_SEED) -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
-			-print_final_stats=1 2>&1 | grep -E 'stat::number_of_executed_units|Done|ERROR|SUMMARY|panicked' ; \
+			-print_final_stats=1 2>&1 | grep -E 'stat::number_of_executed_units|Done|ERROR|SUMMARY|panicked|^error' ; \
 		test $${PIPESTATUS[0]} -eq 0 || exit 1; \
 	done
 
