@@ -25,17 +25,44 @@ const GROUP_COMMIT_QUEUE_MAX: usize = 8192;
 /// load, small enough that one batch's acknowledgements go out promptly.
 const GROUP_COMMIT_BATCH_MAX: usize = 4096;
 
+/// How long dropping the last log store waits for the group-commit thread to
+/// end (its last fsync): past this (a stuck disk) the thread is left to end
+/// by itself rather than hang a shutdown.
+const GROUP_COMMIT_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 const KEY_VOTE: &[u8] = b"vote";
 pub(crate) const KEY_COMMITTED: &[u8] = b"committed";
 pub(crate) const KEY_PURGED: &[u8] = b"last_purged";
 
 type Result<T> = std::result::Result<T, StorageError<NodeId>>;
 
+/// The group-commit thread's way in, and word of its end. Dropped with the
+/// last clone of the log store: the channel closes, the thread drains and
+/// ends, and the drop waits for that (at most GROUP_COMMIT_CLOSE_WAIT), so
+/// the thread's handle on the database is gone when the store is. A
+/// database still closing in a detached thread as the process exits can
+/// abort the process inside RocksDB's static destructors.
+struct GroupCommit {
+    tx: Option<mpsc::SyncSender<LogFlushed<TypeConfig>>>,
+    /// Read only in `drop`, through `get_mut` (the mutex makes it `Sync`).
+    ended: std::sync::Mutex<mpsc::Receiver<()>>,
+}
+
+impl Drop for GroupCommit {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        // Err(Disconnected) is the thread's end too; Timeout a stuck disk.
+        if let Ok(ended) = self.ended.get_mut() {
+            let _ = ended.recv_timeout(GROUP_COMMIT_CLOSE_WAIT);
+        }
+    }
+}
+
 /// The log half of the store. Cheap to clone: openraft asks for readers.
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<DB>,
-    committer: mpsc::SyncSender<LogFlushed<TypeConfig>>,
+    committer: Arc<GroupCommit>,
     /// The highest committed index openraft reported (for status reporting; 0 = none).
     committed_index: Arc<AtomicU64>,
     /// The data format the store is stamped with (see `db.rs`).
@@ -45,14 +72,20 @@ pub struct LogStore {
 impl LogStore {
     pub(crate) fn new(db: Arc<DB>, stamped: u32) -> LogStore {
         let (tx, rx) = mpsc::sync_channel(GROUP_COMMIT_QUEUE_MAX);
+        let (ended_tx, ended) = mpsc::sync_channel(1);
         let committer_db = db.clone();
         std::thread::Builder::new()
             .name("gangway-group-commit".into())
-            .spawn(move || group_commit_loop(&committer_db, &rx))
+            .spawn(move || {
+                group_commit_loop(&committer_db, &rx);
+                // The database handle goes before the word that it has.
+                drop(committer_db);
+                let _ = ended_tx.send(());
+            })
             .expect("spawning the group-commit thread");
         LogStore {
             db,
-            committer: tx,
+            committer: Arc::new(GroupCommit { tx: Some(tx), ended: std::sync::Mutex::new(ended) }),
             committed_index: Arc::new(AtomicU64::new(0)),
             stamped: Arc::new(std::sync::atomic::AtomicU32::new(stamped)),
         }
@@ -206,7 +239,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         opts.set_sync(false);
         self.db.write_opt(batch, &opts).map_err(|e| StorageIOError::write_logs(AnyError::new(&e)))?;
         // Acknowledged by the group-commit thread after the fsync that covers it.
-        if let Err(mpsc::SendError(cb)) = self.committer.send(callback) {
+        let sent = match &self.committer.tx {
+            Some(tx) => tx.send(callback).map_err(|mpsc::SendError(cb)| cb),
+            None => Err(callback),
+        };
+        if let Err(cb) = sent {
             cb.log_io_completed(Err(std::io::Error::other("group-commit thread is gone")));
         }
         Ok(())
