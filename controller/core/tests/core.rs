@@ -3196,3 +3196,98 @@ fn suspended_time_is_not_charged_to_fair_share_from_format_11() {
         assert_eq!(gpu_ms, charged_s * 1000, "format {format}");
     }
 }
+
+/// One case of `every_spec_limit_holds_at_its_value_and_refuses_one_past`:
+/// the limit's name, its value, the field a refusal names, and how to set a
+/// spec to a value.
+type SpecLimitCase = (&'static str, u64, &'static str, fn(&mut JobSpec, u64));
+
+fn len(v: u64) -> usize {
+    usize::try_from(v).expect("limits fit in usize")
+}
+
+/// Every limit a job spec is checked against, as a table: a spec at the
+/// limit is accepted, one past it is refused naming the field. A new limit
+/// in `limits.rs` on a spec field belongs here.
+#[test]
+fn every_spec_limit_holds_at_its_value_and_refuses_one_past() {
+    use gangway_core::limits::*;
+    let cases: [SpecLimitCase; 26] = [
+        ("NAME_BYTES_MAX", NAME_BYTES_MAX as u64, "name", |s, v| s.name = "a".repeat(len(v))),
+        ("SCRIPT_BYTES_MAX", SCRIPT_BYTES_MAX as u64, "script", |s, v| s.script = "x".repeat(len(v)).into()),
+        ("ARGS_MAX", ARGS_MAX as u64, "command", |s, v| s.command = vec!["true".to_string(); len(v)]),
+        ("PATH_BYTES_MAX", PATH_BYTES_MAX as u64, "workdir", |s, v| s.workdir = format!("/{}", "a".repeat(len(v) - 1))),
+        ("COMMENT_BYTES_MAX", COMMENT_BYTES_MAX as u64, "comment", |s, v| s.comment = "c".repeat(len(v))),
+        ("NODES_PER_JOB_MAX", u64::from(NODES_PER_JOB_MAX), "nodes", |s, v| s.nodes = v as u32),
+        ("TASKS_PER_NODE_MAX", u64::from(TASKS_PER_NODE_MAX), "tasks_per_node", |s, v| s.tasks_per_node = v as u32),
+        ("CPUS_PER_TASK_MAX", u64::from(CPUS_PER_TASK_MAX), "cpus_per_task", |s, v| s.cpus_per_task = v as u32),
+        ("MEM_PER_NODE_MB_MAX", MEM_PER_NODE_MB_MAX, "mem_per_node_mb", |s, v| s.mem_per_node_mb = v),
+        ("MEM_PER_NODE_MB_MAX (per CPU)", MEM_PER_NODE_MB_MAX, "mem_per_cpu_mb", |s, v| s.mem_per_cpu_mb = v),
+        ("GPUS_PER_NODE_MAX", u64::from(GPUS_PER_NODE_MAX), "gpus_per_node", |s, v| s.gpus_per_node = v as u32),
+        ("TIME_LIMIT_S_MAX", TIME_LIMIT_S_MAX, "time_limit_s", |s, v| s.time_limit_s = v),
+        ("TIME_LIMIT_S_MAX (topology wait)", TIME_LIMIT_S_MAX, "topology.wait_s", |s, v| {
+            s.topology.level = "rack".into();
+            s.topology.wait_s = v;
+        }),
+        ("WARN_BEFORE_S_MAX", u64::from(WARN_BEFORE_S_MAX), "warn_before_s", |s, v| {
+            s.warn_signal = 10;
+            s.warn_before_s = v as u32;
+        }),
+        ("CONSTRAINTS_MAX", CONSTRAINTS_MAX as u64, "constraints", |s, v| {
+            s.constraints = (0..v).map(|i| format!("f{i}")).collect();
+        }),
+        ("EXCLUDED_NODES_MAX", EXCLUDED_NODES_MAX as u64, "exclude", |s, v| {
+            s.exclude = (0..v).map(|i| format!("n{i}")).collect();
+        }),
+        ("DEPENDENCIES_MAX", DEPENDENCIES_MAX as u64, "dependencies", |s, v| {
+            s.dependencies =
+                (1..=v).map(|job_id| Dependency { kind: DependencyKind::AfterOk, job_id, array_index: None }).collect();
+        }),
+        ("NICE_MAX", NICE_MAX as u64, "nice", |s, v| s.nice = v as i32),
+        ("LICENSES_PER_JOB_MAX", LICENSES_PER_JOB_MAX as u64, "licenses", |s, v| {
+            s.licenses = (0..v).map(|i| (format!("lic{i}"), 1)).collect();
+        }),
+        ("LICENSE_COUNT_MAX", u64::from(LICENSE_COUNT_MAX), "licenses", |s, v| {
+            s.licenses = BTreeMap::from([("wandb".to_string(), v as u32)]);
+        }),
+        ("ENV_VARS_MAX", ENV_VARS_MAX as u64, "env", |s, v| {
+            s.env = (0..v).map(|i| (format!("V{i}"), String::new())).collect::<BTreeMap<_, _>>().into();
+        }),
+        ("ENV_VALUE_BYTES_MAX", ENV_VALUE_BYTES_MAX as u64, "env", |s, v| {
+            s.env = BTreeMap::from([("V".to_string(), "v".repeat(len(v)))]).into();
+        }),
+        ("GPU_TYPE_BYTES_MAX", GPU_TYPE_BYTES_MAX as u64, "gpu_type", |s, v| {
+            s.gpus_per_node = 1;
+            s.gpu_type = "h".repeat(len(v));
+        }),
+        ("ARRAY_TASKS_MAX", ARRAY_TASKS_MAX as u64, "array", |s, v| s.array = format!("0-{}", v - 1)),
+        ("ARRAY_INDEX_MAX", u64::from(ARRAY_INDEX_MAX), "array", |s, v| s.array = v.to_string()),
+        ("HET_COMPONENTS_MAX", HET_COMPONENTS_MAX as u64, "components", |s, v| {
+            s.batch = true;
+            s.components = (0..v).map(|_| gangway_core::spec::HetComponent::of(&job_spec(1, 0, 1))).collect();
+        }),
+    ];
+    let format = gangway_core::format::FORMAT_NEWEST;
+    for (limit, value, field, set) in cases {
+        let mut at = job_spec(1, 0, 1);
+        set(&mut at, value);
+        assert_eq!(at.validate_in(format), Ok(()), "{limit}: a spec at {value} is refused");
+        let mut past = job_spec(1, 0, 1);
+        set(&mut past, value + 1);
+        let refused = past.validate_in(format).expect_err(&format!("{limit}: a spec at {} is accepted", value + 1));
+        assert_eq!(refused.field, field, "{limit}: one past it is refused for another field: {refused}");
+    }
+    // The whole spec's size, besides its fields': exactly at
+    // JOB_SPEC_BYTES_MAX (eight values of the largest size and the script
+    // for the rest), then one byte more.
+    let mut big = job_spec(1, 0, 1);
+    big.env = (0..8).map(|i| (format!("V{i}"), "v".repeat(ENV_VALUE_BYTES_MAX))).collect::<BTreeMap<_, _>>().into();
+    let script = JOB_SPEC_BYTES_MAX - big.size_bytes();
+    assert!(script <= SCRIPT_BYTES_MAX, "the script fits its own limit: {script}");
+    big.script = "x".repeat(script).into();
+    assert_eq!(big.size_bytes(), JOB_SPEC_BYTES_MAX);
+    assert_eq!(big.validate_in(format), Ok(()));
+    assert_eq!(check_spec_size(&big), Ok(()));
+    big.script = "x".repeat(script + 1).into();
+    assert_eq!(check_spec_size(&big).map_err(|e| e.field), Err("spec".to_string()));
+}
