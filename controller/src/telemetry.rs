@@ -93,6 +93,17 @@ fn describe_once() {
     );
 }
 
+/// Jobs in each state, in `JobState::ALL`'s order.
+fn count_by_state(states: impl Iterator<Item = JobState>) -> [u64; JobState::ALL.len()] {
+    let mut by_state = [0u64; JobState::ALL.len()];
+    for state in states {
+        if let Some(n) = JobState::ALL.iter().position(|s| *s == state).and_then(|i| by_state.get_mut(i)) {
+            *n = n.saturating_add(1);
+        }
+    }
+    by_state
+}
+
 /// The text a scrape of this replica returns.
 pub fn render(replica: &Replica) -> String {
     let mut g = Gauges::default();
@@ -159,14 +170,24 @@ pub fn render(replica: &Replica) -> String {
 
     let reasons = replica.pending_reasons();
     let state = replica.node.state().read();
-    let mut by_state = [0u64; 7];
-    for j in state.jobs.values() {
-        by_state[JobState::ALL.iter().position(|s| *s == j.state).unwrap_or(0)] += 1;
-    }
+    let by_state = count_by_state(state.jobs.values().map(|j| j.state));
     for (s, n) in JobState::ALL.iter().zip(by_state) {
         let state_name = s.as_str().to_ascii_lowercase();
         g.set("gangway_jobs", "Jobs by state (finished jobs while retained).", &[("state", &state_name)], n as f64);
     }
+    let accounted = state.accounted_index;
+    let unaccounted = if accounted == 0 {
+        0
+    } else {
+        state.jobs.values().filter(|j| j.finished_index.is_some_and(|i| i > accounted)).count()
+    };
+    g.set(
+        "gangway_unaccounted_finished_jobs",
+        "Finished jobs the accounting store does not have yet (0 without an accounting service). The state keeps \
+         them up to 100,000 finished jobs in all; past that the oldest go unrecorded.",
+        &[],
+        unaccounted as f64,
+    );
     let mut pending_by_reason: std::collections::BTreeMap<&str, u64> = Default::default();
     for id in &state.pending {
         *pending_by_reason.entry(reasons.get(id).map_or("None", |r| r.as_str())).or_default() += 1;
@@ -237,4 +258,20 @@ pub fn serve(
     describe();
     let render = Arc::new(move || render(&replica));
     tokio::spawn(telemetry::serve(listener, render, tls))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every state is counted, the last one (DEADLINE) included: the count
+    /// had one slot fewer than there are states, and a scrape with a job
+    /// past its deadline panicked.
+    #[test]
+    fn every_job_state_is_counted() {
+        let counts = count_by_state(JobState::ALL.iter().copied().chain([JobState::Deadline]));
+        let mut want = [1u64; JobState::ALL.len()];
+        want[JobState::ALL.len() - 1] = 2;
+        assert_eq!(counts, want);
+    }
 }

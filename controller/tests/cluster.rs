@@ -1246,6 +1246,8 @@ async fn metrics_pass_promtool_and_a_real_prometheus_scrapes_them() {
         "gangway_jobs{state=\"running\"} 1",
         "gangway_gpus{state=\"allocated\"} 1",
         "gangway_pending_jobs{reason=\"Resources\"} 1",
+        // No accounting service here: nothing waits for one.
+        "gangway_unaccounted_finished_jobs 0",
     ];
     let mut leader_text = String::new();
     for _ in 0..100 {
