@@ -175,19 +175,22 @@ pub fn render(replica: &Replica) -> String {
         let state_name = s.as_str().to_ascii_lowercase();
         g.set("gangway_jobs", "Jobs by state (finished jobs while retained).", &[("state", &state_name)], n as f64);
     }
+    // The finished jobs the state keeps (at most FINISHED_JOBS_RETAINED_MAX),
+    // not every job.
     let accounted = state.accounted_index;
     let unaccounted = if accounted == 0 {
         0
     } else {
-        state.jobs.values().filter(|j| j.finished_index.is_some_and(|i| i > accounted)).count()
+        let waiting = |id: &u64| state.jobs.get(id).and_then(|j| j.finished_index).is_some_and(|i| i > accounted);
+        state.finished.iter().filter(|id| waiting(id)).count()
     };
-    g.set(
-        "gangway_unaccounted_finished_jobs",
+    let help = format!(
         "Finished jobs the accounting store does not have yet (0 without an accounting service). The state keeps \
-         them up to 100,000 finished jobs in all; past that the oldest go unrecorded.",
-        &[],
-        unaccounted as f64,
+         them up to {} finished jobs or {} GiB of their specs in all; past that the oldest go unrecorded.",
+        gangway_core::limits::FINISHED_JOBS_RETAINED_MAX,
+        gangway_core::limits::FINISHED_BYTES_RETAINED_MAX >> 30
     );
+    g.set("gangway_unaccounted_finished_jobs", &help, &[], unaccounted as f64);
     let mut pending_by_reason: std::collections::BTreeMap<&str, u64> = Default::default();
     for id in &state.pending {
         *pending_by_reason.entry(reasons.get(id).map_or("None", |r| r.as_str())).or_default() += 1;

@@ -61,8 +61,11 @@ impl Drop for GroupCommit {
 /// The log half of the store. Cheap to clone: openraft asks for readers.
 #[derive(Clone)]
 pub struct LogStore {
-    db: Arc<DB>,
+    /// Before `db`: fields drop in order, so the group-commit thread has
+    /// ended (and let go of the database) before this handle goes, and a
+    /// database this store holds last closes on the thread dropping it.
     committer: Arc<GroupCommit>,
+    db: Arc<DB>,
     /// The highest committed index openraft reported (for status reporting; 0 = none).
     committed_index: Arc<AtomicU64>,
     /// The data format the store is stamped with (see `db.rs`).
@@ -84,8 +87,8 @@ impl LogStore {
             })
             .expect("spawning the group-commit thread");
         LogStore {
-            db,
             committer: Arc::new(GroupCommit { tx: Some(tx), ended: std::sync::Mutex::new(ended) }),
+            db,
             committed_index: Arc::new(AtomicU64::new(0)),
             stamped: Arc::new(std::sync::atomic::AtomicU32::new(stamped)),
         }

@@ -1411,7 +1411,42 @@ fn every_command() -> Vec<Command> {
         job_finished(JobState::Failed, Some(1)),
         job_finished(JobState::Cancelled, None),
         job_finished(JobState::NodeFail, None),
+        Command::SubmitJob {
+            spec: every_dependency_spec(),
+            identity: "alice".into(),
+            idempotency_key: "kd".into(),
+            now_ms: 31,
+        },
+        reservation_repeating(gangway_core::reservation::Repeat::Once),
+        reservation_repeating(gangway_core::reservation::Repeat::Daily),
     ]
+}
+
+/// A spec depending on one job by each kind of dependency.
+fn every_dependency_spec() -> JobSpec {
+    let mut spec = full_spec();
+    spec.dependencies = [
+        DependencyKind::After,
+        DependencyKind::AfterOk,
+        DependencyKind::AfterNotOk,
+        DependencyKind::AfterAny,
+        DependencyKind::AfterCorr,
+    ]
+    .into_iter()
+    .zip(1..)
+    .map(|(kind, job_id)| Dependency { kind, job_id, array_index: None })
+    .collect();
+    spec
+}
+
+fn reservation_repeating(repeat: gangway_core::reservation::Repeat) -> Command {
+    let mut request = full_reservation();
+    request.flags.repeat = repeat;
+    Command::ChangeReservation {
+        change: gangway_core::reservation::ReservationChange::Create(request),
+        identity: "ops".into(),
+        now_ms: 32,
+    }
 }
 
 fn update_job(change: JobChange) -> Command {
@@ -1470,6 +1505,14 @@ const NODE_STATE_CHANGES: [&str; 5] = [
 const PREEMPT_MODES: [&str; 3] = ["PreemptMode::Requeue", "PreemptMode::Cancel", "PreemptMode::Suspend"];
 const RESERVATION_CHANGES: [&str; 3] =
     ["ReservationChange::Create", "ReservationChange::Update", "ReservationChange::Delete"];
+const DEPENDENCY_KINDS: [&str; 5] = [
+    "DependencyKind::After",
+    "DependencyKind::AfterOk",
+    "DependencyKind::AfterNotOk",
+    "DependencyKind::AfterAny",
+    "DependencyKind::AfterCorr",
+];
+const REPEATS: [&str; 3] = ["Repeat::Once", "Repeat::Daily", "Repeat::Weekly"];
 const JOB_STATES: [&str; 8] = [
     "JobState::Pending",
     "JobState::Running",
@@ -1498,7 +1541,7 @@ fn job_state_named(state: JobState) -> &'static str {
 fn variants_named(cmd: &Command, out: &mut std::collections::BTreeSet<&'static str>) {
     use gangway_core::command::SignalTarget;
     use gangway_core::policy::PreemptMode;
-    use gangway_core::reservation::ReservationChange;
+    use gangway_core::reservation::{Repeat, ReservationChange};
     out.insert(match cmd {
         Command::SubmitJob { .. } => COMMANDS[0],
         Command::CancelJob { .. } => COMMANDS[1],
@@ -1566,6 +1609,24 @@ fn variants_named(cmd: &Command, out: &mut std::collections::BTreeSet<&'static s
                 ReservationChange::Update(_) => RESERVATION_CHANGES[1],
                 ReservationChange::Delete { .. } => RESERVATION_CHANGES[2],
             });
+            if let ReservationChange::Create(r) | ReservationChange::Update(r) = change {
+                out.insert(match r.flags.repeat {
+                    Repeat::Once => REPEATS[0],
+                    Repeat::Daily => REPEATS[1],
+                    Repeat::Weekly => REPEATS[2],
+                });
+            }
+        }
+        Command::SubmitJob { spec, .. } => {
+            for d in &spec.dependencies {
+                out.insert(match d.kind {
+                    DependencyKind::After => DEPENDENCY_KINDS[0],
+                    DependencyKind::AfterOk => DEPENDENCY_KINDS[1],
+                    DependencyKind::AfterNotOk => DEPENDENCY_KINDS[2],
+                    DependencyKind::AfterAny => DEPENDENCY_KINDS[3],
+                    DependencyKind::AfterCorr => DEPENDENCY_KINDS[4],
+                });
+            }
         }
         Command::JobFinished { state, .. } => {
             out.insert(job_state_named(*state));
@@ -1586,13 +1647,15 @@ fn golden_encodings_cover_every_variant() {
     for job in golden_state(gangway_core::format::FORMAT_NEWEST).jobs.values() {
         named.insert(job_state_named(job.state));
     }
-    let lists: [&[&str]; 7] = [
+    let lists: [&[&str]; 9] = [
         &COMMANDS,
         &JOB_CHANGES,
         &SIGNAL_TARGETS,
         &NODE_STATE_CHANGES,
         &PREEMPT_MODES,
         &RESERVATION_CHANGES,
+        &REPEATS,
+        &DEPENDENCY_KINDS,
         &JOB_STATES,
     ];
     let missing: Vec<&str> = lists.iter().flat_map(|l| l.iter().copied()).filter(|n| !named.contains(n)).collect();
@@ -3276,6 +3339,10 @@ fn every_spec_limit_holds_at_its_value_and_refuses_one_past() {
         set(&mut past, value + 1);
         let refused = past.validate_in(format).expect_err(&format!("{limit}: a spec at {} is accepted", value + 1));
         assert_eq!(refused.field, field, "{limit}: one past it is refused for another field: {refused}");
+        // And by the named rule (a field may have several): the rule says
+        // the limit (a heterogeneous job's counts its first component too).
+        let shown = if limit == "HET_COMPONENTS_MAX" { value + 1 } else { value };
+        assert!(refused.rule.contains(&shown.to_string()), "{limit}: refused by another rule: {refused}");
     }
     // The whole spec's size, besides its fields': exactly at
     // JOB_SPEC_BYTES_MAX (eight values of the largest size and the script
