@@ -180,6 +180,9 @@ struct Row {
     heartbeat_p99: Duration,
     heartbeats: usize,
     submit_p99: Duration,
+    /// The good user's answered submits the p99 is of (a p99 over ~180 is
+    /// the second-slowest: one slow moment moves it).
+    submits: usize,
     submit_failed: usize,
     list_p99: Duration,
     list_failed: usize,
@@ -791,7 +794,7 @@ async fn flood(client: Option<Client>, writer: usize, meter: Arc<Meter>) {
 
 fn row(attack: &str, meter: &Meter, from: u64, to: u64) -> Row {
     let (heartbeat_p99, heartbeats, _) = p99_of(&meter.heartbeats.lock().expect("heartbeats"), from, to);
-    let (submit_p99, _, submit_failed) = p99_of(&meter.submits.lock().expect("submits"), from, to);
+    let (submit_p99, submits, submit_failed) = p99_of(&meter.submits.lock().expect("submits"), from, to);
     let (list_p99, _, list_failed) = p99_of(&meter.lists.lock().expect("lists"), from, to);
     let within = |t: u64| t >= from && t < to;
     let count = |v: &Mutex<Vec<(u64, usize)>>| v.lock().expect("events").iter().filter(|(t, _)| within(*t)).count();
@@ -815,6 +818,7 @@ fn row(attack: &str, meter: &Meter, from: u64, to: u64) -> Row {
         heartbeat_p99,
         heartbeats,
         submit_p99,
+        submits,
         submit_failed,
         list_p99,
         list_failed,
@@ -858,11 +862,12 @@ fn print_table(rows: &[Row], agents: usize, jobs: u64, exe: Option<&std::path::P
         };
         let failed = |n: usize| if n > 0 { format!(" ({n} failed)") } else { String::new() };
         println!(
-            "| {} | {} ({} beats) | {}{} | {}{} | {} | {} | {} | {} | {} | {} / {} |",
+            "| {} | {} ({} beats) | {} ({} submits){} | {}{} | {} | {} | {} | {} | {} | {} / {} |",
             r.attack,
             ms(r.heartbeat_p99),
             r.heartbeats,
             ms(r.submit_p99),
+            r.submits,
             failed(r.submit_failed),
             ms(r.list_p99),
             failed(r.list_failed),
