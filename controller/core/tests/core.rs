@@ -994,6 +994,8 @@ fn srun_steps_are_recorded_and_end_with_their_job() {
         (start(vec![], 0, 8), "tasks:"),
         (start(vec![], 2 * 1024 + 1, 8), "tasks:"),
         (step(1, &"x".repeat(65), vec![], 1, 8), "name:"),
+        // One past STEP_NODES_LISTED_MAX: refused before the names are looked at.
+        (start(vec![nodes[0].clone(); gangway_core::limits::STEP_NODES_LISTED_MAX + 1], 1, 8), "at most 64 listed"),
         (step(2, "python", vec![], 1, 8), "not running"),
     ] {
         let r = refused(s.apply(8, &bad).outcome);
@@ -3357,4 +3359,35 @@ fn every_spec_limit_holds_at_its_value_and_refuses_one_past() {
     assert_eq!(check_spec_size(&big), Ok(()));
     big.script = "x".repeat(script + 1).into();
     assert_eq!(check_spec_size(&big).map_err(|e| e.field), Err("spec".to_string()));
+}
+
+/// A node spec's limits, as `every_spec_limit_holds_at_its_value_and_refuses_one_past`
+/// checks a job spec's: what an agent registers is accepted at each limit and
+/// refused one past it, naming the field and the limit.
+#[test]
+fn every_node_spec_limit_holds_at_its_value_and_refuses_one_past() {
+    use gangway_core::limits::*;
+    type NodeLimitCase = (&'static str, u64, &'static str, fn(&mut NodeSpec, u64));
+    let cases: [NodeLimitCase; 6] = [
+        ("NAME_BYTES_MAX", NAME_BYTES_MAX as u64, "name", |s, v| s.name = "n".repeat(len(v))),
+        ("CPUS_PER_TASK_MAX × 4", u64::from(CPUS_PER_TASK_MAX) * 4, "cpus", |s, v| s.cpus = v as u32),
+        ("MEM_PER_NODE_MB_MAX", MEM_PER_NODE_MB_MAX, "mem_mb", |s, v| s.mem_mb = v),
+        ("GPUS_PER_NODE_MAX", u64::from(GPUS_PER_NODE_MAX), "gpus", |s, v| *s = node_spec(0, len(v))),
+        ("TOPOLOGY_LEVELS_MAX", TOPOLOGY_LEVELS_MAX as u64, "topology", |s, v| {
+            s.topology = (0..v).map(|i| format!("level-{i}")).collect();
+        }),
+        ("LABELS_PER_NODE_MAX", LABELS_PER_NODE_MAX as u64, "labels", |s, v| {
+            s.labels = (0..v).map(|i| (format!("k{i}"), "v".to_string())).collect();
+        }),
+    ];
+    for (limit, value, field, set) in cases {
+        let mut at = node_spec(0, 2);
+        set(&mut at, value);
+        assert_eq!(at.validate(), Ok(()), "{limit}: a node at {value} is refused");
+        let mut past = node_spec(0, 2);
+        set(&mut past, value + 1);
+        let refused = past.validate().expect_err(&format!("{limit}: a node at {} is accepted", value + 1));
+        assert_eq!(refused.field, field, "{limit}: refused for another field: {refused}");
+        assert!(refused.rule.contains(&value.to_string()), "{limit}: refused by another rule: {refused}");
+    }
 }
