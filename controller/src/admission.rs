@@ -78,12 +78,12 @@ pub enum Verdict {
     Refuse(Status),
 }
 
-/// The gate's rule: pure over the path and the caller.
 /// The service a request's path names (as the router reads it).
 fn service_of(path: &str) -> &str {
     path.trim_start_matches('/').split('/').next().unwrap_or("")
 }
 
+/// The gate's rule: pure over the path and the caller.
 pub fn rule(path: &str, who: Who) -> Verdict {
     let service = service_of(path);
     let any_known = !matches!(who, Who::Stranger);

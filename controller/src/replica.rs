@@ -307,7 +307,9 @@ pub async fn start_with_peer_port(
                 .map_err(|e| anyhow::anyhow!("TLS (peer port): {e}"))?;
             if !node.membership_names_peer_port() && node.is_initialized().await {
                 tracing::warn!(
-                    "this replica has a peer port, but the cluster's membership still sends its Raft messages to its                      API port (which keeps taking them from replicas): move the cluster to peer ports by replacing                      replicas (gangway cluster add ID HOST:PORT/PEERPORT)"
+                    "this replica has a peer port, but the cluster's membership still sends its Raft messages to its API \
+                     port (which keeps taking them from replicas): move the cluster to peer ports by replacing \
+                     replicas (gangway cluster add ID HOST:PORT/PEERPORT)"
                 );
             }
             let task = node.spawn_on_raft(peer_router.serve_with_incoming_shutdown(incoming, async {
