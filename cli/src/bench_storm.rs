@@ -121,6 +121,14 @@ pub struct StormArgs {
     #[arg(long, value_delimiter = ',', default_value = "lists,specs,explains,streams",
           value_parser = ["lists", "specs", "explains", "streams"])]
     crafted: Vec<String>,
+    /// The CPU the attackers' threads get on this machine: `spare` (the
+    /// lowest priority, nice 19: what the cluster, the fleet and the good
+    /// user leave, as attackers on hosts of their own would take none of
+    /// theirs) or
+    /// `equal` (the same share as every other thread: on a small machine the
+    /// attackers' own work then slows the cluster as much as what they send).
+    #[arg(long, default_value = "spare", value_parser = ["spare", "equal"])]
+    attacker_cpu: String,
 }
 
 /// What happened when, for the table (each phase is a time window).
@@ -191,6 +199,9 @@ struct Row {
     restarts: usize,
     peak_rss_mb: BTreeMap<u64, u64>,
     idle_rss_mb: BTreeMap<u64, u64>,
+    /// CPU seconds during the attack: each replica's, and the attackers'.
+    replica_cpu_s: BTreeMap<u64, f64>,
+    attacker_cpu_s: f64,
     sent: u64,
     refused: u64,
 }
@@ -223,7 +234,7 @@ pub async fn run(a: StormArgs) -> anyhow::Result<()> {
     for attack in &a.attacks {
         rows.push(run_attack(&a, attack).await?);
     }
-    print_table(&rows, a.agents, a.jobs, a.controller_exe.as_deref());
+    print_table(&rows, &a);
     Ok(())
 }
 
@@ -277,9 +288,19 @@ async fn run_attack(a: &StormArgs, attack: &str) -> anyhow::Result<Row> {
 
     eprintln!("storm: {attack}: attacking for {} s", a.seconds);
     let from = meter.ms();
+    let cpu_from = cpu_seconds_of(&pids_now(&cluster));
+    let attacker_tids: Arc<Mutex<Vec<i32>>> = Arc::default();
+    let (tids, spare) = (attacker_tids.clone(), a.attacker_cpu == "spare");
     let attackers = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(ATTACKER_THREADS)
         .thread_name("storm-attacker")
+        .on_thread_start(move || {
+            let Some(tid) = this_thread_id() else { return };
+            tids.lock().expect("attacker tids").push(tid);
+            if spare {
+                lowest_priority(tid);
+            }
+        })
         .enable_all()
         .build()?;
     let tasks: Vec<tokio::task::JoinHandle<()>> = match attack {
@@ -307,6 +328,13 @@ async fn run_attack(a: &StormArgs, attack: &str) -> anyhow::Result<Row> {
     };
     tokio::time::sleep(Duration::from_secs(a.seconds)).await;
     meter.attack_over.store(true, Ordering::SeqCst);
+    let cpu_to = cpu_seconds_of(&pids_now(&cluster));
+    let attacker_cpu_s: f64 = attacker_tids
+        .lock()
+        .expect("attacker tids")
+        .iter()
+        .filter_map(|tid| cpu_seconds(&format!("/proc/self/task/{tid}/stat")))
+        .sum();
     for t in tasks {
         t.abort();
     }
@@ -320,6 +348,11 @@ async fn run_attack(a: &StormArgs, attack: &str) -> anyhow::Result<Row> {
     watcher.abort();
     let mut row = row(attack, &meter, from, to);
     row.idle_rss_mb = idle_rss;
+    row.attacker_cpu_s = attacker_cpu_s;
+    row.replica_cpu_s = cpu_to
+        .iter()
+        .map(|(id, to)| (*id, to - cpu_from.get(id).copied().filter(|f| f <= to).unwrap_or(0.0)))
+        .collect();
     for (why, n) in meter.failures.lock().expect("failures").iter() {
         eprintln!("storm: {attack}: {n} × {why}");
     }
@@ -392,6 +425,49 @@ async fn watch_replicas(cluster: Arc<Mutex<LocalCluster>>, meter: Arc<Meter>, mu
             }
         }
         tokio::time::sleep(SAMPLE_EVERY).await;
+    }
+}
+
+/// The replicas' processes now (a restarted one has a new pid).
+fn pids_now(cluster: &Mutex<LocalCluster>) -> BTreeMap<u64, u32> {
+    cluster.lock().expect("cluster").children.iter().map(|(id, c)| (*id, c.id())).collect()
+}
+
+/// Each process's CPU seconds so far (user and system).
+fn cpu_seconds_of(pids: &BTreeMap<u64, u32>) -> BTreeMap<u64, f64> {
+    pids.iter().filter_map(|(id, pid)| Some((*id, cpu_seconds(&format!("/proc/{pid}/stat"))?))).collect()
+}
+
+/// User plus system CPU seconds from a /proc `stat` file (a process's or a
+/// thread's): fields 14 and 15, counted after the command name's `)`.
+fn cpu_seconds(path: &str) -> Option<f64> {
+    let ticks = cpu_ticks(&std::fs::read_to_string(path).ok()?)?;
+    let per_s = rustix::param::clock_ticks_per_second().max(1);
+    Some(ticks as f64 / per_s as f64)
+}
+
+/// utime + stime of a /proc `stat` line. The command name (field 2) may
+/// hold spaces and parentheses, so fields are counted after its last `)`:
+/// state is field 3, so utime (14) and stime (15) sit at 11 and 12 there.
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = stat.get(stat.rfind(')')?.checked_add(1)?..)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()?.saturating_add(fields.get(12)?.parse::<u64>().ok()?))
+}
+
+/// The calling thread's id, from /proc/thread-self (a link to PID/task/TID).
+fn this_thread_id() -> Option<i32> {
+    let link = std::fs::read_link("/proc/thread-self").ok()?;
+    link.file_name()?.to_str()?.parse().ok()
+}
+
+/// Gives thread `tid` the lowest priority (nice 19): on Linux a thread's nice
+/// value is its own, and at 19 it weighs 15 against an ordinary thread's 1,024,
+/// so it runs on what the others leave.
+fn lowest_priority(tid: i32) {
+    let set = rustix::process::Pid::from_raw(tid).map(|pid| rustix::process::setpriority_process(Some(pid), 19));
+    if !matches!(set, Some(Ok(()))) {
+        eprintln!("storm: could not lower an attacker thread's priority: {set:?}");
     }
 }
 
@@ -827,6 +903,8 @@ fn row(attack: &str, meter: &Meter, from: u64, to: u64) -> Row {
         restarts,
         peak_rss_mb: peak_rss(meter, from, to),
         idle_rss_mb: BTreeMap::new(),
+        replica_cpu_s: BTreeMap::new(),
+        attacker_cpu_s: 0.0,
         sent: meter.sent.load(Ordering::Relaxed),
         refused: meter.refused.load(Ordering::Relaxed),
     }
@@ -836,7 +914,8 @@ fn ms(d: Duration) -> String {
     format!("{:.0}", d.as_secs_f64() * 1000.0)
 }
 
-fn print_table(rows: &[Row], agents: usize, jobs: u64, exe: Option<&std::path::Path>) {
+fn print_table(rows: &[Row], a: &StormArgs) {
+    let (agents, jobs, exe) = (a.agents, a.jobs, a.controller_exe.as_deref());
     let machine = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {
@@ -850,19 +929,33 @@ fn print_table(rows: &[Row], agents: usize, jobs: u64, exe: Option<&std::path::P
         "gangway bench storm: 3 replicas (mTLS), {agents} agents, {jobs} held jobs, controllers: {}; {cores} cores, {machine}",
         exe.map_or_else(|| "this build".to_string(), |p| p.display().to_string())
     );
-    println!("(each attack on a fresh cluster; idle RSS: the same cluster before the attack)");
+    println!(
+        "(each attack on a fresh cluster; idle RSS: the same cluster before the attack; CPU s: during the attack)"
+    );
+    println!(
+        "(attackers' CPU: {})",
+        if a.attacker_cpu == "spare" {
+            "what the rest leaves (nice 19), as on hosts of their own"
+        } else {
+            "an equal share of this machine's cores"
+        }
+    );
     println!();
     println!(
-        "| attack | heartbeat p99 ms | submit p99 ms | list p99 ms | false downs | self-fenced | restarts | peak RSS MB (r1/r2/r3) | idle RSS MB | refused / sent |"
+        "| attack | heartbeat p99 ms | submit p99 ms | list p99 ms | false downs | self-fenced | restarts | peak RSS MB (r1/r2/r3) | idle RSS MB | CPU s (r1/r2/r3, attackers) | refused / sent |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let mb = |m: &BTreeMap<u64, u64>| -> String {
             (1..=3).map(|id| m.get(&id).map_or("-".into(), |v| v.to_string())).collect::<Vec<String>>().join("/")
         };
         let failed = |n: usize| if n > 0 { format!(" ({n} failed)") } else { String::new() };
+        let cpu = (1..=3)
+            .map(|id| r.replica_cpu_s.get(&id).map_or("-".into(), |v| format!("{v:.1}")))
+            .collect::<Vec<String>>()
+            .join("/");
         println!(
-            "| {} | {} ({} beats) | {} ({} submits){} | {}{} | {} | {} | {} | {} | {} | {} / {} |",
+            "| {} | {} ({} beats) | {} ({} submits){} | {}{} | {} | {} | {} | {} | {} | {cpu}, {:.1} | {} / {} |",
             r.attack,
             ms(r.heartbeat_p99),
             r.heartbeats,
@@ -876,6 +969,7 @@ fn print_table(rows: &[Row], agents: usize, jobs: u64, exe: Option<&std::path::P
             r.restarts,
             mb(&r.peak_rss_mb),
             mb(&r.idle_rss_mb),
+            r.attacker_cpu_s,
             r.refused,
             r.sent
         );
@@ -921,5 +1015,24 @@ fn print_table(rows: &[Row], agents: usize, jobs: u64, exe: Option<&std::path::P
         for m in misses {
             println!("- {m}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_are_counted_after_the_command_name() {
+        let stat = "4242 (tokio (rt) 1) S 1 4242 4242 0 -1 4194560 100 0 0 0 17 5 0 0 20 0 9 0 123 456 789";
+        assert_eq!(cpu_ticks(stat), Some(22));
+        assert_eq!(cpu_ticks("4242 (cut short) S 1 2"), None);
+        assert_eq!(cpu_ticks("no name at all"), None);
+    }
+
+    #[test]
+    fn this_thread_has_an_id_and_its_own_stat() {
+        let tid = this_thread_id().expect("/proc/thread-self names the thread");
+        assert!(cpu_seconds(&format!("/proc/self/task/{tid}/stat")).is_some());
     }
 }
