@@ -93,6 +93,15 @@ fn describe_once() {
     );
 }
 
+/// How long ago the oldest remembered idempotency key was given (keys
+/// expire IDEMPOTENCY_TTL_MS after they are given), on the replicated clock.
+fn idempotency_window_ms(state: &gangway_core::State) -> u64 {
+    state.idempotency_expiry.first().map_or(0, |(expires, _, _)| {
+        let given = expires.saturating_sub(gangway_core::limits::IDEMPOTENCY_TTL_MS);
+        state.clock_ms.saturating_sub(given)
+    })
+}
+
 /// Jobs in each state, in `JobState::ALL`'s order.
 fn count_by_state(states: impl Iterator<Item = JobState>) -> [u64; JobState::ALL.len()] {
     let mut by_state = [0u64; JobState::ALL.len()];
@@ -191,6 +200,19 @@ pub fn render(replica: &Replica) -> String {
         gangway_core::limits::FINISHED_BYTES_RETAINED_MAX >> 30
     );
     g.set("gangway_unaccounted_finished_jobs", &help, &[], unaccounted as f64);
+    let help = format!(
+        "Idempotency keys remembered (at most {} per identity and {} in all; past a cap the oldest is forgotten).",
+        gangway_core::limits::IDEMPOTENCY_KEYS_PER_IDENTITY_MAX,
+        gangway_core::limits::IDEMPOTENCY_KEYS_MAX
+    );
+    g.set("gangway_idempotency_keys", &help, &[], state.idempotency.len() as f64);
+    g.set(
+        "gangway_idempotency_window_seconds",
+        "How long ago the oldest remembered idempotency key was given: a retried submit older than this makes a new \
+         job. A day while the caps hold; less once a cap forgets keys early (0 when none is remembered).",
+        &[],
+        idempotency_window_ms(&state) as f64 / 1000.0,
+    );
     let mut pending_by_reason: std::collections::BTreeMap<&str, u64> = Default::default();
     for id in &state.pending {
         *pending_by_reason.entry(reasons.get(id).map_or("None", |r| r.as_str())).or_default() += 1;
@@ -276,5 +298,17 @@ mod tests {
         let mut want = [1u64; JobState::ALL.len()];
         want[JobState::ALL.len() - 1] = 2;
         assert_eq!(counts, want);
+    }
+
+    #[test]
+    fn the_idempotency_window_is_the_age_of_the_oldest_key() {
+        use gangway_core::limits::IDEMPOTENCY_TTL_MS;
+        let mut state = gangway_core::State::default();
+        state.clock_ms = 50_000;
+        assert_eq!(idempotency_window_ms(&state), 0, "no key: no window");
+        for (given, key) in [(20_000, "b"), (30_000, "a")] {
+            state.idempotency_expiry.insert((given + IDEMPOTENCY_TTL_MS, "alice".into(), key.into()));
+        }
+        assert_eq!(idempotency_window_ms(&state), 30_000);
     }
 }

@@ -36,7 +36,7 @@ pub const FORMAT_BASE: u32 = 4;
 /// The oldest format this build reads (log entries, snapshots, stores).
 pub const FORMAT_OLDEST: u32 = 4;
 /// The newest format this build reads and, once every replica can, writes.
-pub const FORMAT_NEWEST: u32 = 13;
+pub const FORMAT_NEWEST: u32 = 14;
 
 /// Format 7 changed no encoding, only a rule of `apply`: a plan's preemption
 /// victims are evicted only together with the placement they make room for,
@@ -100,6 +100,13 @@ pub const ELASTIC_POOLS_FORMAT: u32 = 12;
 /// store does not have yet stay in the state. Format 12's job, policy, entry and state are frozen in
 /// `compat::v12`.
 pub const ACCOUNTING_FORMAT: u32 = 13;
+
+/// Format 14 changed no encoding, only a rule of `apply`: idempotency keys
+/// are capped per identity ([`crate::limits::IDEMPOTENCY_KEYS_PER_IDENTITY_MAX`])
+/// and in all ([`crate::limits::IDEMPOTENCY_KEYS_MAX`]), the oldest forgotten
+/// first. A build that keeps every key for a day must not apply a log whose
+/// submits found a forgotten key new. Format 14 decodes as format 13.
+pub const IDEMPOTENCY_CAPS_FORMAT: u32 = 14;
 
 /// Whether this build reads `format`.
 pub fn readable(format: u32) -> bool {
@@ -325,7 +332,8 @@ impl Serialize for Payload {
                 let body = to_bytes(&v12::Wire::from_command(command).map_err(S::Error::custom)?);
                 v4::Wire::Envelope { format: 12, body }.serialize(serializer)
             }
-            13 => v4::Wire::Envelope { format: 13, body: to_bytes(command) }.serialize(serializer),
+            // Format 14 changed a rule of apply, not the command's encoding.
+            format @ (13 | 14) => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
             f => Err(S::Error::custom(format!("this build does not write data format {f}"))),
         }
     }
@@ -360,9 +368,9 @@ impl<'de> Deserialize<'de> for Payload {
                 let command = wire.into_command().ok_or_else(|| D::Error::custom("an envelope inside a batch"))?;
                 Ok(Payload { format: 12, command: Some(command), unread: Vec::new() })
             }
-            v4::Wire::Envelope { format: 13, body } => {
+            v4::Wire::Envelope { format: format @ (13 | 14), body } => {
                 let command = from_bytes(&body).map_err(D::Error::custom)?;
-                Ok(Payload { format: 13, command: Some(command), unread: Vec::new() })
+                Ok(Payload { format, command: Some(command), unread: Vec::new() })
             }
             v4::Wire::Envelope { format, body } if format > FORMAT_NEWEST => {
                 Ok(Payload { format, command: None, unread: body })

@@ -41,6 +41,16 @@ pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 128;
 /// How long a submit's idempotency key is remembered. Clients retry within seconds
 /// or minutes; a day covers a client that retries after an outage.
 pub const IDEMPOTENCY_TTL_MS: u64 = 24 * 3600 * 1000;
+/// Idempotency keys remembered for one identity at once; past it its oldest
+/// is forgotten first (from data format 14). At the write limit (500 a
+/// second) that still covers 100 s of retries, and a pipeline's day of
+/// 50,000 submits the whole day; without it, submit-and-cancel at the write
+/// limit kept ~21 million keys a day on every replica and in every snapshot.
+pub const IDEMPOTENCY_KEYS_PER_IDENTITY_MAX: usize = 50_000;
+/// Idempotency keys remembered in all; past it the oldest anyone's is
+/// forgotten first (from data format 14). At most ~100 MB of keys with
+/// their indexes (128-byte keys), on every replica and in every snapshot.
+pub const IDEMPOTENCY_KEYS_MAX: usize = 250_000;
 /// Jobs that are not finished (pending or running). A million pending jobs is the
 /// scale the scheduler is designed for; beyond it, submits are refused rather than
 /// letting replicas run out of memory.

@@ -13,7 +13,8 @@
 //! - format 10: the same with 10 and format 10's state (`compat::v10`);
 //! - format 11: the same with 11 and format 11's state (`compat::v11`);
 //! - format 12: the same with 12 and format 12's state (`compat::v12`);
-//! - format 13: the same with 13 and today's state.
+//! - format 13: the same with 13 and today's state;
+//! - format 14: the same with 14 (a rule of apply changed, not the state).
 
 use crate::compat::{v10, v11, v12, v4, v5, v8, v9};
 use crate::format::{crc32c, from_bytes, to_bytes, FORMAT_NEWEST, FORMAT_OLDEST};

@@ -570,6 +570,7 @@ proptest! {
                 b.clock_ms = a.clock_ms;
                 b.idempotency = a.idempotency.clone();
                 b.idempotency_expiry = a.idempotency_expiry.clone();
+                b.rebuild_derived();
                 prop_assert_eq!(&b, &a, "a refused {} changed state", cmd.name());
             }
             if let (Op::Schedule, Outcome::ScheduleApplied { rejected, preempted, started }) = (op, &applied.outcome) {
@@ -2323,6 +2324,7 @@ proptest! {
                 b.clock_ms = s.clock_ms;
                 b.idempotency = s.idempotency.clone();
                 b.idempotency_expiry = s.idempotency_expiry.clone();
+                b.rebuild_derived();
                 prop_assert_eq!(&b, &s, "a refused {} changed state", cmd.name());
             }
             if let Err(e) = s.check_invariants() {

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, NodeStateChange, Placement};
-use crate::format::{ACCOUNTING_FORMAT, PLAN_APPLY_FORMAT};
+use crate::format::{ACCOUNTING_FORMAT, IDEMPOTENCY_CAPS_FORMAT, PLAN_APPLY_FORMAT};
 use crate::limits::*;
 use crate::model::*;
 use crate::policy::{ClusterPolicy, Use};
@@ -21,6 +21,8 @@ use crate::spec::{JobSpec, NodeSpec};
 
 mod admin;
 mod deps;
+#[cfg(test)]
+mod idempotency_tests;
 mod pools;
 mod reservations;
 mod steps;
@@ -327,6 +329,11 @@ pub struct State {
     /// GPUs meanwhile (`Job::preempted_by`). Derived like `unfinished_bytes`.
     #[serde(skip)]
     pub(crate) yielded: BTreeSet<JobId>,
+    /// Each identity's remembered idempotency keys, (expiry, key), oldest
+    /// first: whose oldest to forget at the per-identity cap. Derived from
+    /// `idempotency_expiry`: kept with it, rebuilt after a snapshot is decoded.
+    #[serde(skip)]
+    pub(crate) idempotency_by_identity: BTreeMap<String, BTreeSet<(u64, String)>>,
 }
 
 impl Default for State {
@@ -358,6 +365,7 @@ impl Default for State {
             active_by_user: BTreeMap::new(),
             reserved_nodes: BTreeMap::new(),
             yielded: BTreeSet::new(),
+            idempotency_by_identity: BTreeMap::new(),
         }
     }
 }
@@ -602,14 +610,63 @@ impl State {
         Applied { outcome: Outcome::Batch(results), events }
     }
 
+    /// Forgets expired idempotency keys, and (from format 14) those past
+    /// the total cap, oldest first: at most IDEMPOTENCY_PURGE_PER_APPLY_MAX
+    /// per apply, so a state that grew past the cap before format 14 comes
+    /// down over the following applies.
     fn purge_idempotency(&mut self) {
+        let capped = self.format >= IDEMPOTENCY_CAPS_FORMAT;
         for _ in 0..IDEMPOTENCY_PURGE_PER_APPLY_MAX {
             let Some(first) = self.idempotency_expiry.first() else { break };
-            if first.0 > self.clock_ms {
+            let over = capped && self.idempotency_expiry.len() > IDEMPOTENCY_KEYS_MAX;
+            if first.0 > self.clock_ms && !over {
                 break;
             }
-            let (_, identity, key) = self.idempotency_expiry.pop_first().expect("checked non-empty");
-            self.idempotency.remove(&(identity, key));
+            let first = first.clone();
+            self.forget_idempotency_key(&first);
+        }
+    }
+
+    /// Remembers `identity`'s `key` for `job_id` until IDEMPOTENCY_TTL_MS
+    /// from now. From format 14 it first makes room under the caps: the
+    /// identity's oldest key at IDEMPOTENCY_KEYS_PER_IDENTITY_MAX, then the
+    /// oldest of all at IDEMPOTENCY_KEYS_MAX (each at most
+    /// IDEMPOTENCY_PURGE_PER_APPLY_MAX at a time).
+    pub(crate) fn remember_idempotency_key(&mut self, identity: &str, key: &str, job_id: JobId) {
+        if self.format >= IDEMPOTENCY_CAPS_FORMAT {
+            for _ in 0..IDEMPOTENCY_PURGE_PER_APPLY_MAX {
+                let oldest = match self.idempotency_by_identity.get(identity) {
+                    Some(mine) if mine.len() >= IDEMPOTENCY_KEYS_PER_IDENTITY_MAX => mine.first().cloned(),
+                    _ => None,
+                };
+                let Some((expires, oldest)) = oldest else { break };
+                self.forget_idempotency_key(&(expires, identity.to_string(), oldest));
+            }
+            for _ in 0..IDEMPOTENCY_PURGE_PER_APPLY_MAX {
+                if self.idempotency_expiry.len() < IDEMPOTENCY_KEYS_MAX {
+                    break;
+                }
+                let Some(first) = self.idempotency_expiry.first().cloned() else { break };
+                self.forget_idempotency_key(&first);
+            }
+        }
+        let expires = self.clock_ms.saturating_add(IDEMPOTENCY_TTL_MS);
+        let (identity, key) = (identity.to_string(), key.to_string());
+        self.idempotency.insert((identity.clone(), key.clone()), job_id);
+        self.idempotency_expiry.insert((expires, identity.clone(), key.clone()));
+        self.idempotency_by_identity.entry(identity).or_default().insert((expires, key));
+    }
+
+    /// Forgets one remembered key, `(expiry, identity, key)`, from all three indexes.
+    fn forget_idempotency_key(&mut self, entry: &(u64, String, String)) {
+        let (expires, identity, key) = entry;
+        self.idempotency_expiry.remove(entry);
+        self.idempotency.remove(&(identity.clone(), key.clone()));
+        if let Some(mine) = self.idempotency_by_identity.get_mut(identity) {
+            mine.remove(&(*expires, key.clone()));
+            if mine.is_empty() {
+                self.idempotency_by_identity.remove(identity);
+            }
         }
     }
 
@@ -1325,6 +1382,10 @@ impl State {
 
     /// Rebuilds what a snapshot does not carry (after decoding one).
     pub fn rebuild_derived(&mut self) {
+        self.idempotency_by_identity.clear();
+        for (expires, identity, key) in &self.idempotency_expiry {
+            self.idempotency_by_identity.entry(identity.clone()).or_default().insert((*expires, key.clone()));
+        }
         self.unfinished_bytes = self.unfinished_bytes_of_jobs();
         self.finished_bytes = self.finished_bytes_of_jobs();
         self.licenses_used = self.licenses_of_running_jobs();
@@ -1517,6 +1578,20 @@ impl State {
         for (_, identity, key) in &self.idempotency_expiry {
             if !self.idempotency.contains_key(&(identity.clone(), key.clone())) {
                 return Err("idempotency expiry names an unknown key".into());
+            }
+        }
+        let by_identity: usize = self.idempotency_by_identity.values().map(BTreeSet::len).sum();
+        if by_identity != self.idempotency_expiry.len() {
+            return Err("idempotency keys per identity and the expiry index differ in size".into());
+        }
+        for (identity, mine) in &self.idempotency_by_identity {
+            if mine.is_empty() {
+                return Err(format!("idempotency keys of {identity}: an empty set is kept"));
+            }
+            for (expires, key) in mine {
+                if !self.idempotency_expiry.contains(&(*expires, identity.clone(), key.clone())) {
+                    return Err(format!("idempotency keys of {identity}: one the expiry index lacks"));
+                }
             }
         }
         Ok(())

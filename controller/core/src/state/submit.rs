@@ -57,9 +57,7 @@ impl State {
         let ids: Vec<JobId> = (first_id..self.next_job_id).collect();
         events.extend(self.settle_new(index, &ids));
         if !key.is_empty() {
-            self.idempotency.insert((identity.to_string(), key.to_string()), first_id);
-            let expires = self.clock_ms.saturating_add(IDEMPOTENCY_TTL_MS);
-            self.idempotency_expiry.insert((expires, identity.to_string(), key.to_string()));
+            self.remember_idempotency_key(identity, key, first_id);
         }
         Applied { outcome: Outcome::Submitted { job_id: first_id, duplicate: false }, events }
     }
