@@ -115,7 +115,7 @@ pub struct ControllerArgs {
     #[arg(long, value_name = "PROGRAM")]
     suspend_program: Option<std::path::PathBuf>,
     /// Writes per second one user may sustain (submits, cancels, updates),
-    /// counted on the leader; admins are not limited.
+    /// counted on the leader (admins have their own, --admin-writes-per-s).
     #[arg(long, default_value_t = gangway_controller::ratelimit::WRITES_PER_S)]
     user_writes_per_s: f64,
     /// Writes one user may make in a burst above that rate.
@@ -127,6 +127,18 @@ pub struct ControllerArgs {
     /// Bytes of writes one user may make in a burst above that rate.
     #[arg(long, default_value_t = gangway_controller::ratelimit::WRITE_BYTES_BURST)]
     user_write_bytes_burst: f64,
+    /// Writes per second one admin may sustain, counted on the leader.
+    #[arg(long, default_value_t = gangway_controller::ratelimit::ADMIN_WRITES_PER_S)]
+    admin_writes_per_s: f64,
+    /// Writes one admin may make in a burst above that rate.
+    #[arg(long, default_value_t = gangway_controller::ratelimit::ADMIN_WRITES_BURST)]
+    admin_write_burst: f64,
+    /// Bytes of writes per second one admin may sustain.
+    #[arg(long, default_value_t = gangway_controller::ratelimit::ADMIN_WRITE_BYTES_PER_S)]
+    admin_write_bytes_per_s: f64,
+    /// Bytes of writes one admin may make in a burst above that rate.
+    #[arg(long, default_value_t = gangway_controller::ratelimit::ADMIN_WRITE_BYTES_BURST)]
+    admin_write_bytes_burst: f64,
     /// Read units per second one caller may spend on this replica: one per
     /// job or node a read looks at, one per 128 bytes it answers, 10 per call.
     #[arg(long, default_value_t = gangway_controller::ratelimit::READ_UNITS_PER_S)]
@@ -193,6 +205,10 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
         ("user-write-burst", a.user_write_burst),
         ("user-write-bytes-per-s", a.user_write_bytes_per_s),
         ("user-write-bytes-burst", a.user_write_bytes_burst),
+        ("admin-writes-per-s", a.admin_writes_per_s),
+        ("admin-write-burst", a.admin_write_burst),
+        ("admin-write-bytes-per-s", a.admin_write_bytes_per_s),
+        ("admin-write-bytes-burst", a.admin_write_bytes_burst),
         ("user-read-units-per-s", a.user_read_units_per_s),
         ("user-read-burst", a.user_read_burst),
     ] {
@@ -206,6 +222,10 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
         user_write_burst: a.user_write_burst,
         user_write_bytes_per_s: a.user_write_bytes_per_s,
         user_write_bytes_burst: a.user_write_bytes_burst,
+        admin_writes_per_s: a.admin_writes_per_s,
+        admin_write_burst: a.admin_write_burst,
+        admin_write_bytes_per_s: a.admin_write_bytes_per_s,
+        admin_write_bytes_burst: a.admin_write_bytes_burst,
         user_read_units_per_s: a.user_read_units_per_s,
         user_read_burst: a.user_read_burst,
         ..Default::default()

@@ -30,6 +30,11 @@ pub struct Timing {
     /// Bytes of writes per second one user may sustain, and in a burst.
     pub user_write_bytes_per_s: f64,
     pub user_write_bytes_burst: f64,
+    /// The same four for admins (their own budget; see `ratelimit`).
+    pub admin_writes_per_s: f64,
+    pub admin_write_burst: f64,
+    pub admin_write_bytes_per_s: f64,
+    pub admin_write_bytes_burst: f64,
     /// Read units per second one identity may spend on one replica, and in a
     /// full bucket (see `ratelimit::ReadLimiter`).
     pub user_read_units_per_s: f64,
@@ -50,6 +55,10 @@ impl Default for Timing {
             user_write_burst: crate::ratelimit::WRITES_BURST,
             user_write_bytes_per_s: crate::ratelimit::WRITE_BYTES_PER_S,
             user_write_bytes_burst: crate::ratelimit::WRITE_BYTES_BURST,
+            admin_writes_per_s: crate::ratelimit::ADMIN_WRITES_PER_S,
+            admin_write_burst: crate::ratelimit::ADMIN_WRITES_BURST,
+            admin_write_bytes_per_s: crate::ratelimit::ADMIN_WRITE_BYTES_PER_S,
+            admin_write_bytes_burst: crate::ratelimit::ADMIN_WRITE_BYTES_BURST,
             user_read_units_per_s: crate::ratelimit::READ_UNITS_PER_S,
             user_read_burst: crate::ratelimit::READ_UNITS_BURST,
         }

@@ -3,8 +3,10 @@
 //! the work of reads, so a thousand array tasks polling `squeue` cannot take
 //! the replica that answers them.
 //!
-//! Writes: admins, replicas and agents are not limited (the cluster's own
-//! traffic and its operators). The leader counts every write, its own
+//! Writes: admins have a budget of their own, far above a user's (an
+//! operator's scripts and `gangway bench submit`, not a person's loop, but
+//! still not without end: every write is kept by every replica); replicas
+//! and agents are not limited (the cluster's own traffic). The leader counts every write, its own
 //! callers' and those followers forward, so a user's rate holds for the whole
 //! cluster; a new leader starts with full buckets.
 //!
@@ -44,6 +46,17 @@ pub const WRITE_BYTES_PER_S: f64 = 256.0 * 1024.0;
 /// Bytes of writes one identity may make in a burst above that rate: a
 /// thousand submits of 4 KiB, two specs at the limit.
 pub const WRITE_BYTES_BURST: f64 = 4.0 * 1024.0 * 1024.0;
+/// Writes per second one admin may sustain: an operator's scripts and
+/// `gangway bench submit` (~7,000 a second on the 2-core VM) fit; a leaked
+/// admin certificate still cannot write without end.
+pub const ADMIN_WRITES_PER_S: f64 = 10_000.0;
+/// Writes one admin may make in a burst above that rate: a restore's or a
+/// migration's resubmits.
+pub const ADMIN_WRITES_BURST: f64 = 50_000.0;
+/// Bytes of writes per second one admin may sustain (64 times a user's).
+pub const ADMIN_WRITE_BYTES_PER_S: f64 = 16.0 * 1024.0 * 1024.0;
+/// Bytes of writes one admin may make in a burst above that rate.
+pub const ADMIN_WRITE_BYTES_BURST: f64 = 64.0 * 1024.0 * 1024.0;
 /// Identities tracked at once; the least recently seen is forgotten first (a
 /// forgotten identity starts with a full bucket, which is the generous side).
 pub const IDENTITIES_MAX: usize = 10_000;

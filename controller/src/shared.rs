@@ -80,6 +80,8 @@ pub struct Replica {
     pub audit: Arc<crate::audit::AuditLog>,
     /// Per-identity write rate limits (see `ratelimit`).
     pub writes: crate::ratelimit::WriteLimiter,
+    /// Admins' writes: a budget of their own, far above a user's.
+    pub admin_writes: crate::ratelimit::WriteLimiter,
     /// Per-identity budgets for the work of reads (see `ratelimit`).
     pub reads: crate::ratelimit::ReadLimiter,
     /// The read lane: users' read work, off the async workers (see `lanes`).
@@ -126,6 +128,12 @@ impl Replica {
                 config.timing.user_write_burst,
                 config.timing.user_write_bytes_per_s,
                 config.timing.user_write_bytes_burst,
+            ),
+            admin_writes: crate::ratelimit::WriteLimiter::with_bytes(
+                config.timing.admin_writes_per_s,
+                config.timing.admin_write_burst,
+                config.timing.admin_write_bytes_per_s,
+                config.timing.admin_write_bytes_burst,
             ),
             reads: crate::ratelimit::ReadLimiter::new(
                 config.timing.user_read_units_per_s,

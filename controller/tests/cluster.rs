@@ -2327,13 +2327,21 @@ mod security {
     /// `--private-jobs`: another user's job does not exist for bob, on any
     /// replica; alice and the admin see it.
     /// Limits through the real API, one past each: a user's writes over their
-    /// rate are refused with a retry hint while others go on; admins are not
-    /// limited; a list whose jobs exceed the response budget is paged by bytes
-    /// and every page stays under every client's receive limit.
+    /// rate are refused with a retry hint while others go on; admins have a
+    /// budget of their own, far above a user's, and are refused one past it;
+    /// a list whose jobs exceed the response budget is paged by bytes and
+    /// every page stays under every client's receive limit.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn write_rates_and_response_sizes_hold_at_their_limits() {
+        const ADMIN_BURST: f64 = 30.0;
         let pki = Pki::new();
-        let timing = Timing { user_writes_per_s: 1.0, user_write_burst: 5.0, ..fast_timing() };
+        let timing = Timing {
+            user_writes_per_s: 1.0,
+            user_write_burst: 5.0,
+            admin_writes_per_s: 1.0,
+            admin_write_burst: ADMIN_BURST,
+            ..fast_timing()
+        };
         let c = start_secure_timed(&pki, false, timing).await;
         let leader = c.leader().await;
         let eps: Vec<String> = c.addrs.values().cloned().collect();
@@ -2364,7 +2372,7 @@ mod security {
         assert!(over.message().contains("rate:") && over.message().contains("retry in"), "{over:?}");
         let hint: u64 = over.metadata().get("retry-after-ms").unwrap().to_str().unwrap().parse().unwrap();
         assert!((1..=1_000).contains(&hint), "{hint}");
-        // Another user has their own bucket; an admin is not limited.
+        // Another user has their own bucket; an admin has a larger one.
         assert_eq!(cancel(&bob, 999_999).await.unwrap_err().code(), Code::NotFound);
         for _ in 0..10 {
             assert_eq!(cancel(&admin, 999_999).await.unwrap_err().code(), Code::NotFound);
@@ -2401,6 +2409,23 @@ mod security {
         }
         assert_eq!(seen, 12);
         assert!(pages >= 4, "12 MiB of jobs came in {pages} pages");
+
+        // The admin made 22 writes (10 cancels, 12 submits) of its 30; a
+        // few more have refilled at 1 a second. Past the burst it is refused
+        // like a user, with a hint.
+        let mut admin_writes = 22;
+        let refused = loop {
+            let once = admin.request(pb::CancelRequest { job_id: 999_999 });
+            match JobServiceClient::new(admin.channels()[0].clone()).cancel(once).await {
+                Err(s) if s.code() == Code::NotFound => admin_writes += 1,
+                Err(s) => break s,
+                Ok(_) => panic!("job 999999 does not exist"),
+            }
+            assert!(admin_writes < 60, "an admin wrote {admin_writes} times at a rate of 1 a second, a burst of 30");
+        };
+        assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+        assert!(refused.message().contains("rate:") && refused.metadata().get("retry-after-ms").is_some());
+        assert!(admin_writes as f64 >= ADMIN_BURST, "the admin was refused within its burst ({admin_writes})");
         c.shutdown().await;
     }
 

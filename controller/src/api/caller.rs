@@ -624,22 +624,23 @@ impl Replica {
             .map_err(|e| Status::internal(format!("cannot sign the step credential: {e}")))
     }
 
-    /// An admin (see [`Replica::is_admin`]); every admin action is logged.
     /// Refuses a write over its caller's rate (RESOURCE_EXHAUSTED, with when
-    /// to retry). Users only. Counted on the leader, where every write ends up
+    /// to retry): users' and admins' (each from a budget of their own);
+    /// agents and replicas are not limited. Counted on the leader, where every write ends up
     /// (a follower forwards it with the caller's identity), so the rate holds
     /// for the cluster, not per replica.
     pub(super) fn limit_writes(&self, ctx: &CallCtx, what: &str, bytes: usize) -> Result<(), Status> {
         let user = matches!(&ctx.caller, Caller::Verified(p) if p.role == Role::Client);
-        if !user || !self.node.is_leader() || self.is_admin(ctx) {
+        if !user || !self.node.is_leader() {
             return Ok(());
         }
-        match self.writes.check(&ctx.identity, bytes, std::time::Instant::now()) {
+        let limiter = if self.is_admin(ctx) { &self.admin_writes } else { &self.writes };
+        match limiter.check(&ctx.identity, bytes, std::time::Instant::now()) {
             Ok(()) => Ok(()),
             Err(wait) => {
                 metrics::counter!("gangway_api_denied_total", "reason" => "rate").increment(1);
-                let (rate, burst) = self.writes.rate();
-                let (bytes_rate, bytes_burst) = self.writes.bytes_rate();
+                let (rate, burst) = limiter.rate();
+                let (bytes_rate, bytes_burst) = limiter.bytes_rate();
                 let mib = |b: f64| b / (1024.0 * 1024.0);
                 let mut s = Status::resource_exhausted(format!(
                     "rate: {} may make {rate} writes per second (bursts of {burst}) of {} MiB per second (bursts \
@@ -661,6 +662,7 @@ impl Replica {
         }
     }
 
+    /// An admin (see [`Replica::is_admin`]); every admin action is logged.
     pub fn require_admin(&self, ctx: &CallCtx, what: &str) -> Result<(), Status> {
         if self.is_admin(ctx) {
             ctx.audit(what, "allowed", "admin");
