@@ -19,20 +19,31 @@ build: setup
 dev: build
 	bin/gangway dev
 
-# The previous data format's build (format 5: the last commit before the
-# roles of format 6), which the rolling-upgrade test replaces replica by
-# replica. Built once from this repository's history into its own target
-# directory. (Format 4's store is a checked-in fixture: raft-store/tests.)
-PREVIOUS_COMMIT := a631d2a77ff87e86bb214c26a2bcdf54ba513f7d
+# The previous data format's build, which the rolling-upgrade test replaces
+# replica by replica: the commit just before the one that raised
+# FORMAT_NEWEST to its value today, found in this repository's history (so
+# every format bump is tested N-1 -> N under load; a shallow clone cannot
+# find it). With the newest format not yet committed, that is HEAD. Built
+# from `git archive` into a target directory of its own, kept when the
+# commit moves (its dependencies stay built): never the shared one, where
+# cargo names the two builds' crates alike (hashed relative to the workspace
+# root) and would take one's artifacts for the other's. (Format 4's store is
+# a checked-in fixture: raft-store/tests.)
+NEWEST_FORMAT := $(shell sed -n 's/^pub const FORMAT_NEWEST: u32 = \([0-9]*\);/\1/p' controller/core/src/format.rs)
+NEWEST_FORMAT_COMMIT := $(shell git log -1 --format=%H -S'pub const FORMAT_NEWEST: u32 = $(NEWEST_FORMAT);' -- controller/core/src/format.rs 2>/dev/null)
+PREVIOUS_COMMIT := $(shell git rev-parse --verify --quiet $(if $(NEWEST_FORMAT_COMMIT),$(NEWEST_FORMAT_COMMIT)^,HEAD) 2>/dev/null)
 PREVIOUS_DIR := $(HOME)/.cache/gangway/previous
-export GANGWAY_PREVIOUS_BIN := $(PREVIOUS_DIR)/target/debug/gangway
+export GANGWAY_PREVIOUS_BIN := $(PREVIOUS_DIR)/gangway
 previous:
-	@if [ "$$(cat $(PREVIOUS_DIR)/built 2>/dev/null)" != "$(PREVIOUS_COMMIT)" ]; then \
-		echo "building the previous data format's gangway ($(PREVIOUS_COMMIT)) for the rolling-upgrade test"; \
-		git cat-file -e $(PREVIOUS_COMMIT)^{commit} || { echo "the history lacks $(PREVIOUS_COMMIT): clone without --depth"; exit 1; }; \
-		rm -rf $(PREVIOUS_DIR)/src && mkdir -p $(PREVIOUS_DIR)/src && \
+	@if [ -z "$(NEWEST_FORMAT)" ] || [ -z "$(PREVIOUS_COMMIT)" ]; then \
+		echo "make previous: no commit before data format $(NEWEST_FORMAT) in this history (clone without --depth)"; exit 1; \
+	fi
+	@if [ "$$(cat $(PREVIOUS_DIR)/built 2>/dev/null)" != "$(PREVIOUS_COMMIT)" ] || [ ! -x $(GANGWAY_PREVIOUS_BIN) ]; then \
+		echo "building gangway at $(PREVIOUS_COMMIT) (the commit before data format $(NEWEST_FORMAT)) for the rolling-upgrade test"; \
+		rm -rf $(PREVIOUS_DIR)/src $(PREVIOUS_DIR)/built && mkdir -p $(PREVIOUS_DIR)/src && \
 		git archive $(PREVIOUS_COMMIT) | tar -x -C $(PREVIOUS_DIR)/src && \
 		(cd $(PREVIOUS_DIR)/src && CARGO_TARGET_DIR=$(PREVIOUS_DIR)/target $(CARGO) build --bin gangway) && \
+		cp $(PREVIOUS_DIR)/target/debug/gangway $(GANGWAY_PREVIOUS_BIN) && \
 		echo $(PREVIOUS_COMMIT) > $(PREVIOUS_DIR)/built; \
 	fi
 
