@@ -154,7 +154,8 @@ pub fn render(replica: &Replica) -> String {
     );
     g.set(
         "gangway_state_view_clones",
-        "Views cloned because a reader still held the one due for reuse.",
+        "Views cloned: because readers still held every spare view due for reuse, or to make up the spares after a \
+         start or a rebuild.",
         &[],
         views.clones as f64,
     );

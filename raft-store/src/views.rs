@@ -21,10 +21,14 @@
 //! so far (after a write, or a linearizable read) waits for the view that
 //! covers it ([`super::SharedState::read_fresh`]).
 //!
-//! The spare is reused only once its last reader let it go. The maintainer
-//! waits [`SPARE_WAIT_MAX`] for that; a reader that holds an old view longer
-//! (a scheduling analysis) costs a clone of the newest view instead, never a
-//! wait of the others.
+//! A spare is reused only once its last reader let it go. The maintainer
+//! keeps [`SPARES_MAX`] spares (the views it replaced last) and takes
+//! whichever is free first, waiting at most [`SPARE_WAIT_MAX`] for one; only
+//! when readers hold every spare that long (a scheduling analysis, or, on a
+//! machine short of cores, readers whose threads were not scheduled) does it
+//! clone the newest view instead, never making the others wait. Writes'
+//! answers wait for the view that has them, so a clone (tens of
+//! milliseconds at tens of thousands of jobs) delays every write behind it.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
@@ -39,7 +43,13 @@ use gangway_core::{Command, State};
 pub const VIEW_QUEUE_COMMANDS_MAX: usize = 65_536;
 /// And the bytes they may hold (a submit may carry a script of megabytes).
 pub const VIEW_QUEUE_BYTES_MAX: usize = 256 << 20;
-/// How long the maintainer waits for the readers of the spare view to let it
+/// Views replaced by newer ones that the maintainer keeps to reuse: one more
+/// than the one it is bound to reuse next, so a reader descheduled while it
+/// holds that one (a heartbeat's answer on a busy machine) does not cost a
+/// clone of the whole state. Each costs a copy of the state's maps (the
+/// scripts and environments are shared).
+pub const SPARES_MAX: usize = 2;
+/// How long the maintainer waits for the readers of a spare view to let it
 /// go before it clones the newest view instead. Reads are bounded (a page of
 /// a listing, a heartbeat's orders): they finish well within this.
 pub const SPARE_WAIT_MAX: Duration = Duration::from_millis(20);
@@ -113,7 +123,8 @@ struct Queue {
 pub struct ViewStats {
     /// Views published.
     pub published: u64,
-    /// Times a view was cloned because the spare was still read (or there was none).
+    /// Views cloned: because every spare was still read (or there was none
+    /// yet), or to make up the spares (SPARES_MAX) after a start or a rebuild.
     pub clones: u64,
     /// Times the views were taken anew from the master.
     pub rebuilds: u64,
@@ -225,7 +236,8 @@ enum Work {
 /// The maintainer's loop: wait for applied commands, bring the spare view up
 /// to date, publish it.
 fn maintain(views: &Views, master: &Master) {
-    let mut spare: Option<Arc<View>> = None;
+    // Oldest first; each with a lower index than the published view.
+    let mut spares: VecDeque<Arc<View>> = VecDeque::new();
     loop {
         let work = {
             let mut q = views.queue.lock().expect("view queue lock");
@@ -258,14 +270,14 @@ fn maintain(views: &Views, master: &Master) {
                     View { state: state.clone(), index }
                 };
                 views.publish(view);
-                spare = None;
+                spares.clear();
                 views.count(|s| s.rebuilds += 1);
             }
             Work::CatchUp => {
-                let mut view = match spare.take().map(wait_for_last_reader) {
-                    Some(Ok(v)) => v,
-                    // Still read, or none yet: the newest view, cloned.
-                    _ => {
+                let mut view = match take_free_spare(&mut spares) {
+                    Some(v) => v,
+                    // Every spare still read, or none yet: the newest view, cloned.
+                    None => {
                         views.count(|s| s.clones += 1);
                         View::clone(&views.current())
                     }
@@ -291,36 +303,56 @@ fn maintain(views: &Views, master: &Master) {
                 }
                 view.index = latest;
                 let old = views.publish(view);
-                // What the next spare (the view just replaced) still needs.
+                spares.push_back(old);
+                while spares.len() > SPARES_MAX {
+                    spares.pop_front();
+                }
+                if spares.len() < SPARES_MAX {
+                    // One more view to reuse (after a start or a rebuild),
+                    // made now that the writes waiting for this view have it:
+                    // a held spare then never means a clone on their path.
+                    views.count(|s| s.clones += 1);
+                    spares.push_front(Arc::new(View::clone(&views.current())));
+                }
+                // What the oldest spare still needs.
+                let needed_from = spares.iter().map(|v| v.index).min().unwrap_or(latest);
                 let mut q = views.queue.lock().expect("view queue lock");
-                while q.commands.front().is_some_and(|(i, _)| *i <= old.index) {
+                while q.commands.front().is_some_and(|(i, _)| *i <= needed_from) {
                     if let Some((_, c)) = q.commands.pop_front() {
                         q.bytes = q.bytes.saturating_sub(c.approx_bytes());
                     }
                 }
-                q.from = q.from.max(old.index);
+                q.from = q.from.max(needed_from);
                 drop(q);
-                spare = Some(old);
             }
         }
     }
 }
 
-/// The spare view once nobody reads it any more, or back if readers still
-/// hold it after [`SPARE_WAIT_MAX`]. Nobody can take a new reference to it:
-/// only the published view is handed out.
-fn wait_for_last_reader(mut spare: Arc<View>) -> Result<View, Arc<View>> {
+/// The newest of `spares` that nobody reads any more, taken out of them,
+/// waiting at most [`SPARE_WAIT_MAX`] for one to be let go; `None` if readers
+/// still hold every one then (or there is none). Nobody can take a new
+/// reference to a spare: only the published view is handed out.
+fn take_free_spare(spares: &mut VecDeque<Arc<View>>) -> Option<View> {
+    if spares.is_empty() {
+        return None;
+    }
     let deadline = Instant::now() + SPARE_WAIT_MAX;
     let mut pause = Duration::from_micros(20);
     loop {
-        match Arc::try_unwrap(spare) {
-            Ok(view) => return Ok(view),
-            Err(s) if Instant::now() >= deadline => return Err(s),
-            Err(s) => {
-                spare = s;
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(2));
+        // Newest first: it has the fewest commands to catch up on.
+        if let Some(i) = (0..spares.len()).rev().find(|i| spares.get(*i).is_some_and(|v| Arc::strong_count(v) == 1)) {
+            let free = spares.remove(i)?;
+            match Arc::try_unwrap(free) {
+                Ok(view) => return Some(view),
+                // Cannot happen (nobody can take a new reference); keep it.
+                Err(held) => spares.insert(i, held),
             }
         }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(2));
     }
 }

@@ -383,6 +383,38 @@ async fn views_follow_apply_and_readers_never_hold_it_up() {
     assert_eq!((after.index(), after.state()), (next - 1, shared.copy().state()));
 }
 
+/// A reader that holds a view past its replacement (a heartbeat's answer
+/// whose thread was not scheduled for a while) costs no clone of the whole
+/// state: the maintainer keeps SPARES_MAX spares and takes the free one. With
+/// one spare, the held view was due next and was cloned past.
+#[tokio::test]
+async fn a_view_held_past_its_replacement_costs_no_clone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut stores = open(dir.path()).unwrap();
+    let shared = stores.state_machine.shared();
+    let format = shared.read().format;
+    let normal = |index: u64, cmd| normal_entry(index, cmd, format);
+    assert!(gangway_raft_store::views::SPARES_MAX >= 2);
+    // Warm up: the maintainer has its spares (the first ones are clones).
+    let mut next = 1;
+    for _ in 0..4 {
+        use openraft::storage::RaftStateMachine;
+        stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
+        assert_eq!(shared.read_fresh().await.unwrap().index(), next);
+        next += 1;
+    }
+    let clones = shared.view_stats().clones;
+    let held = shared.read_fresh().await.unwrap();
+    for _ in 0..20 {
+        use openraft::storage::RaftStateMachine;
+        stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
+        assert_eq!(shared.read_fresh().await.unwrap().index(), next);
+        next += 1;
+    }
+    assert_eq!(held.index(), 4, "a held view does not change");
+    assert_eq!(shared.view_stats().clones, clones, "a held view cost a clone: {:?}", shared.view_stats());
+}
+
 /// openraft builds a snapshot in a task of its own: one built from the state
 /// at index 3 that finishes after the leader's snapshot at 10 was installed
 /// must not replace it. The store keeps the newer one, and after the log
