@@ -38,6 +38,10 @@ previous:
 	@if [ -z "$(NEWEST_FORMAT)" ] || [ -z "$(PREVIOUS_COMMIT)" ]; then \
 		echo "make previous: no commit before data format $(NEWEST_FORMAT) in this history (clone without --depth)"; exit 1; \
 	fi
+	@prev=$$(git show $(PREVIOUS_COMMIT):controller/core/src/format.rs | sed -n 's/^pub const FORMAT_NEWEST: u32 = \([0-9]*\);/\1/p'); \
+	if [ -z "$$prev" ] || [ "$$prev" -ge "$(NEWEST_FORMAT)" ]; then \
+		echo "make previous: $(PREVIOUS_COMMIT) reads data format $${prev:-?}, not one below $(NEWEST_FORMAT): the rolling upgrade would upgrade nothing"; exit 1; \
+	fi
 	@if [ "$$(cat $(PREVIOUS_DIR)/built 2>/dev/null)" != "$(PREVIOUS_COMMIT)" ] || [ ! -x $(GANGWAY_PREVIOUS_BIN) ]; then \
 		echo "building gangway at $(PREVIOUS_COMMIT) (the commit before data format $(NEWEST_FORMAT)) for the rolling-upgrade test"; \
 		rm -rf $(PREVIOUS_DIR)/src $(PREVIOUS_DIR)/built && mkdir -p $(PREVIOUS_DIR)/src && \

@@ -49,6 +49,12 @@ pub const VIEW_QUEUE_BYTES_MAX: usize = 256 << 20;
 /// clone of the whole state. Each costs a copy of the state's maps (the
 /// scripts and environments are shared).
 pub const SPARES_MAX: usize = 2;
+/// Log entries a spare still read may fall behind the published view before
+/// the maintainer lets it go (and makes up another, a clone, once a view is
+/// published): the queue keeps every command after the oldest spare, so this
+/// bounds it while a reader holds a view (an analysis's pass) far longer
+/// than a heartbeat's answer does.
+pub const SPARE_LAG_MAX: u64 = 1_024;
 /// How long the maintainer waits for the readers of a spare view to let it
 /// go before it clones the newest view instead. Reads are bounded (a page of
 /// a listing, a heartbeat's orders): they finish well within this.
@@ -128,6 +134,9 @@ pub struct ViewStats {
     pub clones: u64,
     /// Times the views were taken anew from the master.
     pub rebuilds: u64,
+    /// Commands queued for the maintainer now (those the oldest spare still
+    /// needs, and any not yet published).
+    pub queued: u64,
 }
 
 pub(crate) struct Views {
@@ -175,7 +184,9 @@ impl Views {
     }
 
     pub(crate) fn stats(&self) -> ViewStats {
-        *self.stats.lock().expect("view stats lock")
+        let mut stats = *self.stats.lock().expect("view stats lock");
+        stats.queued = u64::try_from(self.queue.lock().expect("view queue lock").commands.len()).unwrap_or(u64::MAX);
+        stats
     }
 
     pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
@@ -236,7 +247,7 @@ enum Work {
 /// The maintainer's loop: wait for applied commands, bring the spare view up
 /// to date, publish it.
 fn maintain(views: &Views, master: &Master) {
-    // Oldest first; each with a lower index than the published view.
+    // In index order, oldest first; none newer than the published view.
     let mut spares: VecDeque<Arc<View>> = VecDeque::new();
     loop {
         let work = {
@@ -304,15 +315,23 @@ fn maintain(views: &Views, master: &Master) {
                 view.index = latest;
                 let old = views.publish(view);
                 spares.push_back(old);
-                while spares.len() > SPARES_MAX {
+                // The oldest spare goes past SPARES_MAX, or while still read
+                // once it is SPARE_LAG_MAX entries behind (the queue keeps
+                // every command after it): its readers drop it.
+                while spares.len() > SPARES_MAX
+                    || spares
+                        .front()
+                        .is_some_and(|v| Arc::strong_count(v) > 1 && latest.saturating_sub(v.index) > SPARE_LAG_MAX)
+                {
                     spares.pop_front();
                 }
                 if spares.len() < SPARES_MAX {
-                    // One more view to reuse (after a start or a rebuild),
-                    // made now that the writes waiting for this view have it:
-                    // a held spare then never means a clone on their path.
+                    // One more view to reuse (after a start, a rebuild, or
+                    // a spare let go while still read), made now that the
+                    // writes waiting for this view have it: a held spare
+                    // then never means a clone on their path.
                     views.count(|s| s.clones += 1);
-                    spares.push_front(Arc::new(View::clone(&views.current())));
+                    spares.push_back(Arc::new(View::clone(&views.current())));
                 }
                 // What the oldest spare still needs.
                 let needed_from = spares.iter().map(|v| v.index).min().unwrap_or(latest);
@@ -329,10 +348,12 @@ fn maintain(views: &Views, master: &Master) {
     }
 }
 
-/// The newest of `spares` that nobody reads any more, taken out of them,
-/// waiting at most [`SPARE_WAIT_MAX`] for one to be let go; `None` if readers
-/// still hold every one then (or there is none). Nobody can take a new
-/// reference to a spare: only the published view is handed out.
+/// The oldest of `spares` (kept in index order) that nobody reads any
+/// more, taken out of them, waiting at most [`SPARE_WAIT_MAX`] for one to be
+/// let go; `None` if readers still hold every one then (or there is none).
+/// The oldest first, so the spares take turns and the queue is trimmed past
+/// each in turn (an older one still read stays, within SPARE_LAG_MAX). Nobody
+/// can take a new reference to a spare: only the published view is handed out.
 fn take_free_spare(spares: &mut VecDeque<Arc<View>>) -> Option<View> {
     if spares.is_empty() {
         return None;
@@ -340,13 +361,12 @@ fn take_free_spare(spares: &mut VecDeque<Arc<View>>) -> Option<View> {
     let deadline = Instant::now() + SPARE_WAIT_MAX;
     let mut pause = Duration::from_micros(20);
     loop {
-        // Newest first: it has the fewest commands to catch up on.
-        if let Some(i) = (0..spares.len()).rev().find(|i| spares.get(*i).is_some_and(|v| Arc::strong_count(v) == 1)) {
+        if let Some(i) = spares.iter().position(|v| Arc::strong_count(v) == 1) {
             let free = spares.remove(i)?;
             match Arc::try_unwrap(free) {
                 Ok(view) => return Some(view),
-                // Cannot happen (nobody can take a new reference); keep it.
-                Err(held) => spares.insert(i, held),
+                // Cannot happen (nobody can take a new reference): let it go too.
+                Err(_) => continue,
             }
         }
         if Instant::now() >= deadline {

@@ -413,6 +413,55 @@ async fn a_view_held_past_its_replacement_costs_no_clone() {
     }
     assert_eq!(held.index(), 4, "a held view does not change");
     assert_eq!(shared.view_stats().clones, clones, "a held view cost a clone: {:?}", shared.view_stats());
+    drop(held);
+    // With readers letting go at once, the spares take turns: the queue
+    // holds only what the older spare needs (a command or two here), never
+    // everything since the start, and the views are never taken anew.
+    for round in 0..200 {
+        use openraft::storage::RaftStateMachine;
+        stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
+        assert_eq!(shared.read_fresh().await.unwrap().index(), next);
+        next += 1;
+        let stats = shared.view_stats();
+        // (The first rounds catch the spare that was held up.)
+        assert!(round < 3 || stats.queued <= 4, "the view queue grew to {} commands: {stats:?}", stats.queued);
+    }
+    let stats = shared.view_stats();
+    assert_eq!((stats.rebuilds, stats.clones), (0, clones), "{stats:?}");
+}
+
+/// A view held past SPARE_LAG_MAX entries is let go by the maintainer (its
+/// reader keeps it, unchanged): the queue stays within that lag, and one
+/// spare is made up (a clone) in its place.
+#[tokio::test]
+async fn a_spare_held_past_the_lag_limit_is_let_go() {
+    use gangway_raft_store::views::SPARE_LAG_MAX;
+    use openraft::storage::RaftStateMachine;
+    let dir = tempfile::tempdir().unwrap();
+    let mut stores = open(dir.path()).unwrap();
+    let shared = stores.state_machine.shared();
+    let format = shared.read().format;
+    let normal = |index: u64, cmd| normal_entry(index, cmd, format);
+    let mut next = 1;
+    for _ in 0..4 {
+        stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
+        shared.read_fresh().await.unwrap();
+        next += 1;
+    }
+    let clones = shared.view_stats().clones;
+    let held = shared.read_fresh().await.unwrap();
+    let mut most_queued = 0;
+    for _ in 0..SPARE_LAG_MAX + 8 {
+        stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
+        assert_eq!(shared.read_fresh().await.unwrap().index(), next);
+        next += 1;
+        most_queued = most_queued.max(shared.view_stats().queued);
+    }
+    assert_eq!(held.index(), 4, "a held view does not change");
+    assert!(most_queued <= SPARE_LAG_MAX + 2, "the queue held {most_queued} commands");
+    let stats = shared.view_stats();
+    assert_eq!((stats.clones, stats.rebuilds), (clones + 1, 0), "one spare made up: {stats:?}");
+    assert!(stats.queued <= 4, "{stats:?}");
 }
 
 /// openraft builds a snapshot in a task of its own: one built from the state
