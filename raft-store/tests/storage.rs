@@ -383,6 +383,18 @@ async fn views_follow_apply_and_readers_never_hold_it_up() {
     assert_eq!((after.index(), after.state()), (next - 1, shared.copy().state()));
 }
 
+/// Applies a submit at `index` alone and waits for the view that has it.
+async fn apply_one_published(
+    stores: &mut gangway_raft_store::Stores,
+    shared: &gangway_raft_store::SharedState,
+    index: u64,
+) {
+    use openraft::storage::RaftStateMachine;
+    let format = shared.read().format;
+    stores.state_machine.apply([normal_entry(index, submit(index), format)]).await.unwrap();
+    assert_eq!(shared.read_fresh().await.unwrap().index(), index);
+}
+
 /// A reader that holds a view past its replacement (a heartbeat's answer
 /// whose thread was not scheduled for a while) costs no clone of the whole
 /// state: the maintainer keeps SPARES_MAX spares and takes the free one. With
@@ -392,23 +404,17 @@ async fn a_view_held_past_its_replacement_costs_no_clone() {
     let dir = tempfile::tempdir().unwrap();
     let mut stores = open(dir.path()).unwrap();
     let shared = stores.state_machine.shared();
-    let format = shared.read().format;
-    let normal = |index: u64, cmd| normal_entry(index, cmd, format);
     const { assert!(gangway_raft_store::views::SPARES_MAX >= 2) };
     // Warm up: the maintainer has its spares (the first ones are clones).
     let mut next = 1;
     for _ in 0..4 {
-        use openraft::storage::RaftStateMachine;
-        stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
-        assert_eq!(shared.read_fresh().await.unwrap().index(), next);
+        apply_one_published(&mut stores, &shared, next).await;
         next += 1;
     }
     let clones = shared.view_stats().clones;
     let held = shared.read_fresh().await.unwrap();
     for _ in 0..20 {
-        use openraft::storage::RaftStateMachine;
-        stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
-        assert_eq!(shared.read_fresh().await.unwrap().index(), next);
+        apply_one_published(&mut stores, &shared, next).await;
         next += 1;
     }
     assert_eq!(held.index(), 4, "a held view does not change");
@@ -418,9 +424,7 @@ async fn a_view_held_past_its_replacement_costs_no_clone() {
     // holds only what the older spare needs (a command or two here), never
     // everything since the start, and the views are never taken anew.
     for round in 0..200 {
-        use openraft::storage::RaftStateMachine;
-        stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
-        assert_eq!(shared.read_fresh().await.unwrap().index(), next);
+        apply_one_published(&mut stores, &shared, next).await;
         next += 1;
         let stats = shared.view_stats();
         // (The first rounds catch the spare that was held up.)
@@ -436,24 +440,19 @@ async fn a_view_held_past_its_replacement_costs_no_clone() {
 #[tokio::test]
 async fn a_spare_held_past_the_lag_limit_is_let_go() {
     use gangway_raft_store::views::SPARE_LAG_MAX;
-    use openraft::storage::RaftStateMachine;
     let dir = tempfile::tempdir().unwrap();
     let mut stores = open(dir.path()).unwrap();
     let shared = stores.state_machine.shared();
-    let format = shared.read().format;
-    let normal = |index: u64, cmd| normal_entry(index, cmd, format);
     let mut next = 1;
     for _ in 0..4 {
-        stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
-        shared.read_fresh().await.unwrap();
+        apply_one_published(&mut stores, &shared, next).await;
         next += 1;
     }
     let clones = shared.view_stats().clones;
     let held = shared.read_fresh().await.unwrap();
     let mut most_queued = 0;
     for _ in 0..SPARE_LAG_MAX + 8 {
-        stores.state_machine.apply([normal(next, submit(next))]).await.unwrap();
-        assert_eq!(shared.read_fresh().await.unwrap().index(), next);
+        apply_one_published(&mut stores, &shared, next).await;
         next += 1;
         most_queued = most_queued.max(shared.view_stats().queued);
     }
