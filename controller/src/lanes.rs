@@ -36,8 +36,12 @@ pub const READ_THREAD_NICE: i32 = 10;
 /// Reads of one caller in the lane (queued or running) at once: the lane is
 /// first come, first served, so without this a caller with a thousand
 /// pollers would put a thousand reads ahead of everyone else's one. With it,
-/// another caller's read waits behind at most this many of each caller's.
-pub const READS_PER_CALLER_MAX: usize = 2;
+/// another caller's read waits behind at most this many of each caller's,
+/// and one caller never holds every read thread: one stays free for the
+/// others (with a thousand pollers of one user running, the other users'
+/// listings waited up to 10 ms for a thread when a caller could take both).
+pub const READS_PER_CALLER_MAX: usize = READ_THREADS - 1;
+const _: () = assert!(READS_PER_CALLER_MAX >= 1 && READS_PER_CALLER_MAX < READ_THREADS);
 /// How long a caller's read waits for one of its own places in the lane
 /// before it is refused (RESOURCE_EXHAUSTED with a hint): long enough for a
 /// caller's own parallel reads to take turns, short enough that a flood of
@@ -296,6 +300,8 @@ mod tests {
             }));
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        // A thread is left for everyone else while the flood holds its places.
+        assert_eq!(pool.run("someone", "test", (), || 6).await.unwrap(), 6);
         // One past the flood's places: refused after the wait, with a hint.
         let e = pool.run("flood", "test", (), || ()).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::ResourceExhausted);

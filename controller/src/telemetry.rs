@@ -39,6 +39,10 @@ fn describe_once() {
         "Jobs accepted by submit (duplicates by idempotency key not counted)."
     );
     describe_counter!("gangway_jobs_started_total", "Jobs placed by the scheduler and started.");
+    describe_counter!(
+        "gangway_linearizable_reads_total",
+        "Linearizable reads on the leader, by how leadership was confirmed: a round to a quorum, or a round's read lease."
+    );
     describe_counter!("gangway_jobs_preempted_total", "Jobs preempted to make room for others.");
     describe_counter!("gangway_nodes_marked_down_total", "Nodes the leader declared down for missing heartbeats.");
     describe_counter!("gangway_api_forwarded_total", "API calls a follower forwarded to the leader.");
