@@ -89,7 +89,7 @@ fn synthetic_job(id: u64, now: u64) -> pb::Job {
 fn event(index: u64, job_id: u64, kind: &str, state: pb::JobState) -> (pb::ClusterEvent, Cursor) {
     let e =
         pb::ClusterEvent { index, kind: kind.into(), job_id, state: state as i32, attempt: 1, ..Default::default() };
-    (e, Cursor { index, delivered: 1 })
+    (e, Cursor { index, delivered: 1, history: Some(0) })
 }
 
 /// The history filled to `total` jobs with ids after `first`, over a year.

@@ -410,6 +410,7 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
                 .collect(),
             seen_index: c.seen_index(),
             reads_nodelist: true,
+            history: Some(c.fences().history),
         };
         let sent = now_ms();
         let t0 = Instant::now();

@@ -719,7 +719,7 @@ async fn crafted(
         let ch = channels[i % channels.len().max(1)].clone();
         tasks.push(tokio::spawn(async move {
             while !m.attack_over.load(Ordering::Relaxed) {
-                let req = c.stream_request(pb::EventsRequest { from_index: 1, job_id: 0 });
+                let req = c.stream_request(pb::EventsRequest { from_index: 1, job_id: 0, history: None });
                 match JobServiceClient::new(ch.clone()).events(req).await {
                     Ok(s) => {
                         m.sent.fetch_add(1, Ordering::Relaxed);

@@ -1990,6 +1990,165 @@ fn accounting_stores_every_job_once_across_failures() {
 }
 
 /// The leader's id from `gangway cluster status --json`.
+/// A cluster that lost every replica is restored from a backup while
+/// `gangway accounting` keeps running: the service meets the new history
+/// (its cursor, past the backup's index, names other entries there), stores
+/// every job the restored state holds again, and follows the new history
+/// from there. Every job, before and after the restore, is stored once,
+/// with its events; those run after the backup stay in the store.
+#[test]
+fn accounting_keeps_every_job_across_a_restore_from_a_backup() {
+    let (_agent_bin, agent_exe) = agent_bin();
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let pg = Postgres::start();
+    let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+    let peers: Vec<String> = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
+    let (peers, endpoints) = (peers.join(","), addrs.join(","));
+    let tls = pki().to_str().unwrap().to_string();
+    let url = pg.url();
+    let start = |generation: &str, restore: Option<&Path>| -> Procs {
+        let mut procs = Procs(Vec::new());
+        for (i, addr) in addrs.iter().enumerate() {
+            let (id, data) = ((i + 1).to_string(), dir.path().join(format!("{generation}-c{}", i + 1)));
+            let args = ["controller", "--id", &id, "--listen", addr, "--peers", &peers, "--data-dir"];
+            let mut args: Vec<&str> = args
+                .into_iter()
+                .chain([data.to_str().unwrap(), "--tls-dir", &tls, "--bootstrap-admin", "root", "--allow-root-jobs"])
+                .chain(["--accounting-database", &url])
+                .collect();
+            if let Some(file) = restore {
+                args.extend(["--restore", file.to_str().unwrap()]);
+            }
+            let log = dir.path().join(format!("{generation}-c{}.log", i + 1));
+            procs.0.push(spawn(&args, &log));
+        }
+        procs
+    };
+    let mut controllers = start("lost", None);
+    let agent = agent_args(&endpoints, 2, dir.path());
+    let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
+    let _agent = Procs(vec![spawn_exe(&agent_exe, &agent, &dir.path().join("agent.log"))]);
+    eventually("the agent never registered", || {
+        stdout(&cli(&endpoints, &["nodes", "--json"], &work)).contains("\"state\": \"UP\"")
+    });
+    let log = std::fs::File::create(dir.path().join("accounting.log")).unwrap();
+    let _service = Procs(vec![as_user(Command::new(GANGWAY).args(["accounting", "--database", &url]), "root")
+        .env("GANGWAY_ENDPOINTS", &endpoints)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()]);
+    eventually("the accounting service never started", || {
+        pg.try_query("SELECT count(*) FROM ingest_cursor").is_ok_and(|n| n.trim() == "1")
+    });
+    let submit = |args: &[&str]| -> u64 {
+        let mut all = vec!["submit", "--parsable"];
+        all.extend_from_slice(args);
+        let o = cli(&endpoints, &all, &work);
+        assert!(o.status.success(), "submit {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o).trim().parse().unwrap()
+    };
+    let state_of = |id: u64| -> String {
+        let shown = stdout(&cli(&endpoints, &["show", &id.to_string(), "--json"], &work));
+        shown.split("\"state\": \"").nth(1).and_then(|s| s.split('"').next()).unwrap_or("").to_string()
+    };
+    let stored = |ids: &[u64]| -> String {
+        let ids = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+        pg.query(&format!("SELECT job_id, state FROM jobs WHERE job_id IN ({ids}) ORDER BY job_id"))
+    };
+    let service_log = || std::fs::read_to_string(dir.path().join("accounting.log")).unwrap_or_default();
+    let all_stored = |ids: &[u64], state: &str| {
+        let mut sorted = ids.to_vec();
+        sorted.sort_unstable();
+        let want: String = sorted.iter().map(|j| format!("{j}|{state}\n")).collect();
+        let deadline = Instant::now() + WAIT;
+        while stored(ids) != want {
+            let log = service_log();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            assert!(Instant::now() < deadline, "jobs {ids:?} never all stored {state}: {}\n{tail:#?}", stored(ids));
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    };
+    // Before the backup: jobs that ran, and one still held when it is taken.
+    let before: Vec<u64> = (0..3).map(|_| submit(&["--", "true"])).collect();
+    let held = submit(&["-H", "--", "true"]);
+    all_stored(&before, "COMPLETED");
+    let file = dir.path().join("gangway.backup");
+    let o = cli(&endpoints, &["cluster", "backup", file.to_str().unwrap()], &work);
+    assert!(o.status.success(), "backup: {}", String::from_utf8_lossy(&o.stderr));
+    // After it, more entries than the new cluster will write before its
+    // own jobs: the service's cursor ends well past the backup's index.
+    let after: Vec<u64> = (0..8).map(|_| submit(&["--", "true"])).collect();
+    all_stored(&after, "COMPLETED");
+    let cursor = || pg.query("SELECT log_index FROM ingest_cursor").trim().parse::<u64>().unwrap();
+    let old_cursor = cursor();
+    // Every replica is lost; a new cluster is restored from the backup on
+    // the same addresses, while the service keeps running.
+    drop(controllers);
+    controllers = start("restored", Some(&file));
+    eventually("the restored cluster never answered", || cli(&endpoints, &["nodes"], &work).status.success());
+    let o = cli(&endpoints, &["release", &held.to_string()], &work);
+    assert!(o.status.success(), "release: {}", String::from_utf8_lossy(&o.stderr));
+    let new: Vec<u64> = (0..2).map(|_| submit(&["--", "true"])).collect();
+    assert!(new.iter().all(|j| *j > held + 1_000_000), "job ids jump past the lost cluster's: {new:?}");
+    eventually("the new jobs never finished", || new.iter().chain([&held]).all(|j| state_of(*j) == "COMPLETED"));
+    // The held job ran in the new history, after the backup: stored as it ended there.
+    let mut restored_jobs = new.clone();
+    restored_jobs.push(held);
+    all_stored(&restored_jobs, "COMPLETED");
+    // The service followed the new history, which starts below its old cursor.
+    assert!(service_log().contains("history changed"), "{}", service_log());
+    let history = pg.query("SELECT history FROM ingest_cursor");
+    assert_ne!(history.trim(), "0", "the cursor names the new history");
+    // Their events too: the new history's, from its first entry on.
+    let new_ids = restored_jobs.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let finished_in_new = || {
+        pg.query(&format!(
+            "SELECT count(*) FROM events WHERE history = {} AND kind = 'finished' AND job_id IN ({new_ids})",
+            history.trim()
+        ))
+    };
+    let events = || pg.query("SELECT history, log_index, kind, job_id FROM events ORDER BY history, log_index");
+    let deadline = Instant::now() + WAIT;
+    while finished_in_new().trim() != restored_jobs.len().to_string() {
+        assert!(
+            Instant::now() < deadline,
+            "the new history's events were never stored:\n{}\n{}",
+            events(),
+            service_log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let lowest = pg.query(&format!(
+        "SELECT min(log_index) FROM events WHERE history = {} AND job_id IN ({new_ids})",
+        history.trim()
+    ));
+    let lowest: u64 = lowest.trim().parse().unwrap();
+    assert!(lowest < old_cursor, "the new history's events reach below the old cursor {old_cursor}:\n{}", events());
+    // Every job once, each with its `finished` event once in its history.
+    let everyone: Vec<u64> = before.iter().chain(&after).chain(&restored_jobs).copied().collect();
+    let ids = everyone.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    assert_eq!(
+        pg.query(&format!("SELECT count(*) FROM jobs WHERE job_id IN ({ids})")).trim(),
+        everyone.len().to_string()
+    );
+    let per_job = pg.query(&format!(
+        "SELECT job_id, sum((kind = 'finished')::int) FROM events WHERE job_id IN ({ids}) GROUP BY job_id ORDER BY job_id"
+    ));
+    let mut sorted = everyone.clone();
+    sorted.sort_unstable();
+    let want: String = sorted.iter().map(|j| format!("{j}|1\n")).collect();
+    assert_eq!(per_job, want, "finished events per job");
+    // The jobs run after the backup are not in the restored state, and are
+    // still found: in the accounting store.
+    let shown = stdout(&cli(&endpoints, &["show", &after[0].to_string(), "--json"], &work));
+    assert!(shown.contains("\"source\": \"accounting\""), "{shown}");
+    drop(controllers);
+}
+
 fn serde_leader(status: &str) -> usize {
     let v: serde_json::Value = serde_json::from_str(status).unwrap();
     v["leader_id"].as_u64().or_else(|| v["leader"].as_u64()).unwrap_or_else(|| panic!("no leader in {status}")) as usize

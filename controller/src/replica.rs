@@ -132,14 +132,20 @@ fn seed_from_backup(config: &ReplicaConfig, file: &std::path::Path) -> anyhow::R
     if !config.peers.contains_key(&config.id) {
         anyhow::bail!("restore: --peers must include this replica's own id {}", config.id);
     }
-    gangway_raft_store::backup::restore(&config.data_dir, &backup, &config.peers)
+    let restored = gangway_raft_store::backup::restore(&config.data_dir, &backup, &config.peers)
         .map_err(|e| anyhow::anyhow!("restore: {e}; once seeded, start the replica without --restore"))?;
     tracing::warn!(
         file = %file.display(),
         index = backup.index,
         taken_by = backup.taken_by,
         peers = ?config.peers,
-        "restored from a backup: this replica starts a new cluster with the backup's state"
+        history = restored.history,
+        next_job_id = restored.next_job_id,
+        unaccounted_finished_jobs = restored.unaccounted,
+        "restored from a backup: this replica starts a new cluster with the backup's state, in a history of its \
+         own (an accounting service following the lost cluster stores every job this state holds again, and \
+         follows the new history's events from there; jobs the lost cluster ran after the backup are only in \
+         the accounting store)"
     );
     Ok(())
 }

@@ -97,7 +97,9 @@ impl TestCluster {
     async fn wait_newest_format(&self) {
         let deadline = tokio::time::Instant::now() + WAIT;
         let newest = gangway_core::format::FORMAT_NEWEST;
-        while !self.handles.values().any(|h| h.replica.node.state().read().format == newest) {
+        // Every live replica: a call may reach any of them, and each checks
+        // the format it has applied before it forwards.
+        while !self.handles.values().all(|h| h.replica.node.state().read().format == newest) {
             assert!(tokio::time::Instant::now() < deadline, "the cluster never moved to data format {newest}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -1419,7 +1421,7 @@ async fn events_stream_and_resume_across_a_replica_failure() {
     // One job's events only (the console's job page): b's, from the first kept.
     let ch = c.client_for(&[leader]).channels()[0].clone();
     let mut only = JobServiceClient::new(ch)
-        .events(client.request(pb::EventsRequest { from_index: 1, job_id: b }))
+        .events(client.request(pb::EventsRequest { from_index: 1, job_id: b, ..Default::default() }))
         .await
         .unwrap()
         .into_inner();
@@ -1851,7 +1853,7 @@ mod security {
             }
             Rpc::Events => {
                 let mut s = JobServiceClient::new(ch)
-                    .events(req(pb::EventsRequest { from_index: 1, job_id: 0 }, bearer))
+                    .events(req(pb::EventsRequest { from_index: 1, job_id: 0, ..Default::default() }, bearer))
                     .await?
                     .into_inner();
                 // The first message (or the stream's refusal) is the answer.
@@ -3118,6 +3120,13 @@ async fn a_cluster_that_lost_its_majority_is_restored_from_a_backup() {
     assert_eq!(restored.jobs[&cancelled].state, gangway_core::JobState::Cancelled);
     assert_eq!(restored.next_job_id, at_backup.next_job_id + gangway_raft_store::backup::RESTORE_JOB_ID_GAP);
     assert_eq!(restored.policy, at_backup.policy);
+    // A history of its own, the same on every replica: the lost cluster's
+    // log indexes past the backup name other entries than the new one's.
+    assert_ne!(restored.history, at_backup.history);
+    assert!(restored.format >= gangway_core::format::HISTORY_FORMAT);
+    for id in [1, 2, 3] {
+        assert_eq!(r.state(id).history, restored.history, "replica {id}'s history");
+    }
     // It takes new work, numbering jobs past any the lost cluster issued.
     let client = r.client();
     let next = submit(&client, spec("true"), "new").await.unwrap().job_id;
@@ -3454,17 +3463,17 @@ mod hostile {
         let ch = c.client_for(&[leader]).channels()[0].clone();
         let mut open = Vec::new();
         for _ in 0..gangway_controller::shared::STREAMS_PER_PRINCIPAL_MAX {
-            let r = client.stream_request(pb::EventsRequest { from_index: 1, job_id: 0 });
+            let r = client.stream_request(pb::EventsRequest { from_index: 1, job_id: 0, ..Default::default() });
             open.push(JobServiceClient::new(ch.clone()).events(r).await.unwrap().into_inner());
         }
-        let r = client.stream_request(pb::EventsRequest { from_index: 1, job_id: 0 });
+        let r = client.stream_request(pb::EventsRequest { from_index: 1, job_id: 0, ..Default::default() });
         let e = JobServiceClient::new(ch.clone()).events(r).await.unwrap_err();
         assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
         assert!(e.message().starts_with("streams:"), "{}", e.message());
         // Another identity is not affected.
         let other = Client::new(&[c.addrs[&leader].clone()], "dev:other", &Security::Insecure).unwrap();
         let mut theirs = JobServiceClient::new(ch.clone())
-            .events(other.stream_request(pb::EventsRequest { from_index: 1, job_id: 0 }))
+            .events(other.stream_request(pb::EventsRequest { from_index: 1, job_id: 0, ..Default::default() }))
             .await
             .unwrap()
             .into_inner();
@@ -3473,7 +3482,7 @@ mod hostile {
         drop(open.pop());
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
-            let r = client.stream_request(pb::EventsRequest { from_index: 1, job_id: 0 });
+            let r = client.stream_request(pb::EventsRequest { from_index: 1, job_id: 0, ..Default::default() });
             match JobServiceClient::new(ch.clone()).events(r).await {
                 Ok(s) => {
                     open.push(s.into_inner());

@@ -26,6 +26,8 @@ impl FenceStore {
                 let parts: Vec<&str> = line.split_whitespace().collect();
                 match parts.as_slice() {
                     ["term", t] => fences.max_term = t.parse().unwrap_or(0),
+                    // (A file from before histories has none: the first, 0.)
+                    ["history", h] => fences.history = h.parse().unwrap_or(0),
                     [job, attempt] => {
                         if let (Ok(j), Ok(a)) = (job.parse(), attempt.parse()) {
                             fences.attempts.insert(j, a);
@@ -42,7 +44,7 @@ impl FenceStore {
     pub fn save(&self, fences: &Fences) -> std::io::Result<()> {
         let tmp = self.path.with_extension("tmp");
         let mut f = std::fs::File::create(&tmp)?;
-        let mut text = format!("term {}\n", fences.max_term);
+        let mut text = format!("history {}\nterm {}\n", fences.history, fences.max_term);
         for (j, a) in &fences.attempts {
             text.push_str(&format!("{j} {a}\n"));
         }

@@ -392,6 +392,7 @@ pub fn answer_from(resp: &gangway_proto::v1::HeartbeatResponse) -> Answer {
         known: resp.known,
         term: resp.term,
         index: resp.index,
+        history: resp.history,
         desired: resp.desired.iter().map(|t| (t.job_id, t.attempt)).collect(),
         launch: resp.launch.iter().map(|o| ((o.job_id, o.attempt), o.gpus.clone())).collect(),
         stops: resp.stops.iter().map(|s| ((s.job_id, s.attempt), s.grace_s)).collect(),
@@ -580,6 +581,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 gpu_health: gpu_health.poll(),
                 seen_index: shell.core.seen_index(),
                 reads_nodelist: true,
+                history: Some(shell.core.fences().history),
             };
             last_health.clone_from(&req.gpu_health);
             // Contact counts from when the heartbeat left (see AgentCore).

@@ -23,13 +23,17 @@ const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
 pub struct Cursor {
     pub index: u64,
     pub delivered: usize,
+    /// The cluster history `index` counts in (`stream_start`'s), once known:
+    /// after a restore from a backup the same index names other events, and
+    /// a replica of another history refuses the cursor (OUT_OF_RANGE).
+    pub history: Option<u64>,
 }
 
 /// Follows events from `from` (0: from now), calling `on_event` once per
 /// event until it returns false. Errors: events that old are gone
 /// (OUT_OF_RANGE), or no replica answered RECONNECTS_MAX times in a row.
 pub async fn follow(client: &Client, from: u64, mut on_event: impl FnMut(&ClusterEvent) -> bool) -> Result<(), Status> {
-    let start = (from > 0).then_some(Cursor { index: from, delivered: 0 });
+    let start = (from > 0).then_some(Cursor { index: from, delivered: 0, history: None });
     follow_from(client, start, move |ev, _| std::future::ready(on_event(&ev))).await
 }
 
@@ -44,7 +48,11 @@ where
     let mut cursor = start;
     let mut failures = 0u32;
     loop {
-        let req = EventsRequest { from_index: cursor.map_or(0, |c| c.index), job_id: 0 };
+        let req = EventsRequest {
+            from_index: cursor.map_or(0, |c| c.index),
+            job_id: 0,
+            history: cursor.and_then(|c| c.history),
+        };
         let opened = client
             .call(|ch| {
                 let r = client.stream_request(req);
@@ -75,16 +83,25 @@ where
                     match stream.message().await {
                         Ok(Some(ev)) if ev.kind == "stream_start" => {
                             failures = 0;
-                            cursor.get_or_insert(Cursor { index: ev.index.saturating_add(1), delivered: 0 });
+                            let c = cursor.get_or_insert(Cursor {
+                                index: ev.index.saturating_add(1),
+                                delivered: 0,
+                                history: Some(ev.history),
+                            });
+                            // (A replica that predates histories does not check.)
+                            match c.history {
+                                Some(h) if h != ev.history => return Err(other_history(h, ev.history)),
+                                _ => c.history = Some(ev.history),
+                            }
                         }
                         Ok(Some(ev)) => {
                             failures = 0;
-                            let c = cursor.get_or_insert(Cursor { index: ev.index, delivered: 0 });
+                            let c = cursor.get_or_insert(Cursor { index: ev.index, delivered: 0, history: None });
                             if ev.index < c.index {
                                 continue;
                             }
                             if ev.index > c.index {
-                                *c = Cursor { index: ev.index, delivered: 0 };
+                                *c = Cursor { index: ev.index, delivered: 0, history: c.history };
                                 at_index = 0;
                             }
                             at_index = at_index.saturating_add(1);
@@ -112,6 +129,15 @@ where
         }
         tokio::time::sleep(RECONNECT_PAUSE).await;
     }
+}
+
+/// A cursor of one cluster history met a replica of another (the cluster
+/// was restored from a backup since): what a replica that checks answers.
+fn other_history(ours: u64, theirs: u64) -> Status {
+    Status::out_of_range(format!(
+        "history: the cursor counts in cluster history {ours}, and the cluster's history is {theirs} (it was \
+         restored from a backup since): read the current state and follow from now"
+    ))
 }
 
 /// The stream opened on whichever replica still keeps events from `req`'s index.

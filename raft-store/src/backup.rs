@@ -75,10 +75,54 @@ impl Backup {
     }
 }
 
+/// What a restore started the new cluster with, for its report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restored {
+    /// The new cluster's history ([`restored_history`]).
+    pub history: u64,
+    /// The first job id it issues.
+    pub next_job_id: u64,
+    /// Finished jobs in the backup that the accounting store had not
+    /// confirmed when it was taken: they are in the restored state, and an
+    /// accounting service stores them again when it meets the new history.
+    pub unaccounted: usize,
+}
+
+/// The state a restore starts the new cluster with: the backup's, with job
+/// ids moved past any the lost cluster may have issued, in a history of its
+/// own ([`restored_history`]), and so in a data format that holds one
+/// (every replica of the new cluster runs the build that restores it).
+pub fn restored_state(backup: &Backup, mut state: gangway_core::state::State) -> gangway_core::state::State {
+    state.next_job_id = state.next_job_id.saturating_add(RESTORE_JOB_ID_GAP);
+    state.history = restored_history(backup, state.history);
+    state.history_since = backup.index;
+    state.format = state.format.max(gangway_core::format::HISTORY_FORMAT);
+    state
+}
+
+/// The history a cluster restored from `backup` (taken in history
+/// `previous`) counts its log in: after the backup's index, its entries are
+/// not the lost cluster's, though their indexes are the same. Every replica
+/// of the new cluster is restored from the same file, so the number is
+/// derived from it (FNV-1a over the backup's index, taker, time and state's
+/// checksum, and the history it was taken in), never 0 (the history a
+/// cluster starts with). Restoring the same file twice gives the same
+/// history: take a new backup of a restored cluster before relying on it.
+pub fn restored_history(backup: &Backup, previous: u64) -> u64 {
+    const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+    let words = [previous, backup.index, backup.taken_by, backup.taken_at_ms, u64::from(crc32c(&backup.snapshot))];
+    let hash = words
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .fold(FNV_OFFSET, |h, byte| (h ^ u64::from(byte)).wrapping_mul(FNV_PRIME));
+    hash.max(1)
+}
+
 /// Seeds an empty data directory `dir` with `backup`'s state, as a member of
 /// a new cluster of `members` (id → address). Refuses a directory that holds
 /// a store: a restore never overwrites data.
-pub fn restore(dir: &Path, backup: &Backup, members: &BTreeMap<NodeId, String>) -> Result<(), StoreError> {
+pub fn restore(dir: &Path, backup: &Backup, members: &BTreeMap<NodeId, String>) -> Result<Restored, StoreError> {
     let path = dir.display().to_string();
     let refuse = |reason: String| StoreError::Restore { path: path.clone(), reason };
     if dir.join("CURRENT").exists() {
@@ -87,9 +131,17 @@ pub fn restore(dir: &Path, backup: &Backup, members: &BTreeMap<NodeId, String>) 
     if members.is_empty() {
         return Err(refuse("the new cluster needs at least one member (--peers)".into()));
     }
-    // The state, with job ids moved past any the lost cluster may have issued.
-    let mut state = gangway_core::snapshot::decode(&backup.snapshot).map_err(|e| refuse(e.to_string()))?;
-    state.next_job_id = state.next_job_id.saturating_add(RESTORE_JOB_ID_GAP);
+    let state = gangway_core::snapshot::decode(&backup.snapshot).map_err(|e| refuse(e.to_string()))?;
+    let state = restored_state(backup, state);
+    let restored = Restored {
+        history: state.history,
+        next_job_id: state.next_job_id,
+        unaccounted: state
+            .jobs
+            .values()
+            .filter(|j| state.accounted_index > 0 && j.finished_index.is_some_and(|i| i > state.accounted_index))
+            .count(),
+    };
     let snapshot = gangway_core::snapshot::encode(&state);
     // Seeded beside the data directory, then renamed into place: a restore
     // that fails half-way leaves no store behind that would start empty.
@@ -137,5 +189,35 @@ pub fn restore(dir: &Path, backup: &Backup, members: &BTreeMap<NodeId, String>) 
     std::fs::File::open(parent)
         .and_then(|d| d.sync_all())
         .map_err(|e| refuse(format!("syncing {} after the restore: {e}", parent.display())))?;
-    Ok(())
+    Ok(restored)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gangway_core::format::HISTORY_FORMAT;
+    use gangway_core::state::State;
+
+    #[test]
+    fn a_restored_cluster_counts_in_a_history_of_its_own() {
+        let mut state = State::default();
+        (state.format, state.next_job_id) = (13, 40);
+        let snapshot = gangway_core::snapshot::encode(&state);
+        let backup = Backup { index: 900, taken_by: 2, taken_at_ms: 1_700_000_000_000, snapshot };
+        let restored = restored_state(&backup, state.clone());
+        assert_eq!(restored.next_job_id, 40 + RESTORE_JOB_ID_GAP);
+        assert_eq!(restored.format, HISTORY_FORMAT, "raised to a format that holds a history");
+        assert_ne!(restored.history, 0, "0 is the history a cluster starts with");
+        assert_eq!(restored.history_since, 900, "it begins after the backup's index");
+        restored.check_invariants().unwrap();
+        // Every replica restored from the file agrees.
+        assert_eq!(restored_state(&backup, state.clone()).history, restored.history);
+        // Another backup, or one taken later in the restored history: another history.
+        let later = Backup { taken_at_ms: backup.taken_at_ms + 1, ..backup.clone() };
+        assert_ne!(restored_state(&later, state.clone()).history, restored.history);
+        assert_ne!(restored_state(&backup, restored.clone()).history, restored.history);
+        // The snapshot the restore writes keeps it.
+        let written = gangway_core::snapshot::encode(&restored);
+        assert_eq!(gangway_core::snapshot::decode(&written).unwrap().history, restored.history);
+    }
 }

@@ -117,7 +117,7 @@ pub async fn run(client: Client, mut a: AccountingArgs) -> anyhow::Result<()> {
     };
     // From now on the state keeps the finished jobs the store does not have yet.
     if cursor.index > 1 {
-        tell_stored(&client, &store, cursor.index - 1).await;
+        tell_stored(&client, &store, cursor.index - 1, cursor.history).await;
     }
     tracing::info!(index = cursor.index, "accounting: following the cluster's events");
     loop {
@@ -140,8 +140,9 @@ pub async fn run(client: Client, mut a: AccountingArgs) -> anyhow::Result<()> {
             Ok(Err(s)) if s.code() == tonic::Code::OutOfRange => {
                 tracing::warn!(
                     error = %s.message(),
-                    "accounting: fell behind the events the replicas keep; reading every job again \
-                     (events in the gap are not stored; jobs the state still holds are)"
+                    "accounting: the cursor is past what the replicas keep, or of another cluster history \
+                     (a restore); reading every job again (events in a gap are not stored; jobs the state \
+                     still holds are)"
                 );
                 cursor = resync(&client, &mut store, &a.database).await?;
             }
@@ -161,15 +162,15 @@ async fn write_loop(
     let mut expired_at: Option<Instant> = None;
     let (mut since, mut events_since) = (Instant::now(), 0usize);
     // The log index through which every job is stored, not yet told.
-    let mut untold: Option<u64> = None;
+    let mut untold: Option<(u64, Option<u64>)> = None;
     let mut told_at = Instant::now();
     loop {
         let first = match tokio::time::timeout(STORED_EVERY, rx.recv()).await {
             Ok(Some(first)) => first,
             Ok(None) => return Ok(()),
             Err(_) => {
-                if let Some(index) = untold.take() {
-                    tell_stored(client, store, index).await;
+                if let Some((index, history)) = untold.take() {
+                    tell_stored(client, store, index, history).await;
                     told_at = Instant::now();
                 }
                 continue;
@@ -193,10 +194,10 @@ async fn write_loop(
         let as_of = cursor.map_or(0, |c| c.index);
         write_retrying(store, &a.database, &batch, &jobs, as_of, cursor).await?;
         // Entries before the cursor's are stored whole.
-        untold = cursor.map(|c| c.index.saturating_sub(1)).filter(|i| *i > 0).or(untold);
+        untold = cursor.map(|c| (c.index.saturating_sub(1), c.history)).filter(|(i, _)| *i > 0).or(untold);
         if told_at.elapsed() >= STORED_EVERY {
-            if let Some(index) = untold.take() {
-                tell_stored(client, store, index).await;
+            if let Some((index, history)) = untold.take() {
+                tell_stored(client, store, index, history).await;
                 told_at = Instant::now();
             }
         }
@@ -219,10 +220,11 @@ async fn write_loop(
     }
 }
 
-/// Tells the cluster the store holds every job through `index`; a failure
-/// is only logged (the next report says as much, and until then the state
-/// just keeps those jobs a while longer).
-async fn tell_stored(client: &Client, store: &Store, index: u64) {
+/// Tells the cluster the store holds every job through `index` of
+/// `history`; a failure is only logged (the next report says as much, and
+/// until then the state just keeps those jobs a while longer). A cluster of
+/// another history refuses it.
+async fn tell_stored(client: &Client, store: &Store, index: u64, history: Option<u64>) {
     // Never at or past a batch the database refused.
     let index = match store.unstored_from(false).await {
         Ok(Some(from)) => index.min(from.saturating_sub(1)),
@@ -237,7 +239,7 @@ async fn tell_stored(client: &Client, store: &Store, index: u64) {
     }
     let r = client
         .call(|ch| {
-            let req = client.request(pb::AccountingStoredRequest { index });
+            let req = client.request(pb::AccountingStoredRequest { index, history });
             async move { AdminServiceClient::new(ch).accounting_stored(req).await }
         })
         .await;
@@ -297,6 +299,9 @@ async fn read_jobs(client: &Client, ids: BTreeSet<u64>) -> anyhow::Result<Vec<pb
 /// Every job the state holds, written without events, and the cursor to
 /// follow from: the answering replica's applied index, read before the
 /// jobs (so nothing between falls out; what is read twice is written once).
+/// When the cluster's history is not the stored cursor's (a restore from a
+/// backup since), the cursor is the new history's first entry instead: its
+/// events from there are followed too, while the replicas keep them.
 async fn resync(client: &Client, store: &mut Store, database: &str) -> anyhow::Result<Cursor> {
     let status = client
         .call(|ch| {
@@ -306,11 +311,29 @@ async fn resync(client: &Client, store: &mut Store, database: &str) -> anyhow::R
         .await
         .map_err(|s| anyhow::anyhow!("accounting: asking a replica where its log is: {}", s.message()))?
         .into_inner();
-    let cursor = Cursor { index: status.applied_index.unwrap_or(0) + 1, delivered: 0 };
-    // A lagging replica's index may be older than what is stored: the jobs
-    // read now are newer than both, so they are written as of the newer.
-    let stored = store.cursor().await?.map_or(0, |c| c.index);
-    let as_of = (cursor.index - 1).max(stored);
+    let applied = status.applied_index.unwrap_or(0);
+    let mut cursor = Cursor { index: applied + 1, delivered: 0, history: Some(status.history) };
+    let stored = store.cursor().await?;
+    let as_of = match stored {
+        // The cluster was restored from a backup since the store's cursor:
+        // its indexes count in the new history from the backup's on.
+        Some(c) if c.history.is_some_and(|h| h != status.history) => {
+            tracing::warn!(
+                stored = ?c.history,
+                cluster = status.history,
+                since = status.history_since,
+                "accounting: the cluster's history changed (a restore from a backup); following the new one \
+                 from its first entry"
+            );
+            store.start_history(status.history_since).await?;
+            cursor.index = status.history_since.saturating_add(1).min(cursor.index);
+            applied
+        }
+        // A lagging replica's index may be older than what is stored: the
+        // jobs read now are newer than both, so they are written as of the newer.
+        Some(c) => applied.max(c.index),
+        None => applied,
+    };
     let mut after_id = 0;
     let mut total = 0usize;
     let mut refused = false;

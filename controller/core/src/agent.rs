@@ -64,6 +64,9 @@ pub fn heartbeat_interval_cap_ms(down_timeout_ms: u64) -> u64 {
 /// What the agent persists so that a restart never launches an attempt twice.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Fences {
+    /// The cluster history `max_term` counts in (`State::history`: a
+    /// cluster restored from a backup counts terms and log indexes afresh).
+    pub history: u64,
     /// Highest leader term whose orders this agent followed.
     pub max_term: u64,
     /// Job id → the highest attempt launched here.
@@ -119,6 +122,8 @@ pub struct Answer {
     /// The heartbeat interval the leader asks for now (0: not named; it
     /// stretches as the fleet grows, see `duties::heartbeat_interval_ms`).
     pub heartbeat_interval_ms: u64,
+    /// The cluster history `term` and `index` count in (`State::history`).
+    pub history: u64,
 }
 
 /// What the agent's shell does, in order.
@@ -349,6 +354,17 @@ impl AgentCore {
             self.registered = false;
             return actions;
         }
+        // A cluster restored from a backup counts terms and log indexes
+        // afresh, in a history of its own: the old history's no longer
+        // order anything. (The attempts still fence: a restored cluster
+        // numbers new jobs past the lost one's, and runs an old job again
+        // only at a higher attempt.)
+        let new_history = answer.history != self.fences.history;
+        if new_history {
+            self.fences.history = answer.history;
+            self.fences.max_term = 0;
+            self.seen_index = 0;
+        }
         // An answer from a leader older than one already obeyed is stale, and
         // so is one computed from a state older than orders already acted on
         // (a new leader still applying the log): it could restart an attempt
@@ -357,7 +373,7 @@ impl AgentCore {
         if answer.term < self.fences.max_term || (answer.index != 0 && answer.index < self.seen_index) {
             return actions;
         }
-        let mut persist = answer.term > self.fences.max_term;
+        let mut persist = new_history || answer.term > self.fences.max_term;
         self.fences.max_term = answer.term;
         self.told_interval(answer.heartbeat_interval_ms);
         // Contact counts from when the heartbeat left, never from when the
@@ -502,7 +518,37 @@ mod tests {
             suspended: Vec::new(),
             signals: Vec::new(),
             heartbeat_interval_ms: 0,
+            history: 0,
         }
+    }
+
+    /// A cluster restored from a backup counts terms and indexes afresh in
+    /// a new history: an agent that obeyed term 7 at index 500 of the lost
+    /// one obeys the new one's term 1 at index 20, fenced again from there,
+    /// while within one history an older term or index is still ignored and
+    /// an attempt launched here in the old history is never launched again.
+    #[test]
+    fn a_restored_clusters_new_history_starts_the_term_and_index_fences_afresh() {
+        let mut a = AgentCore::new(Fences::default(), 5_000, 0);
+        a.registered_at(0, 10_000, 0);
+        let mut old = answer(7, &[(3, 1)], &[((3, 1), &[0])]);
+        old.index = 500;
+        assert_eq!(a.answered(100, &old), vec![Action::PersistFences, Action::Launch((3, 1))]);
+        a.task_exited(Exit::ended((3, 1), Some(0), None));
+        // The restored cluster: term 1, index 20, its own history.
+        let mut new = answer(1, &[(9, 1)], &[((9, 1), &[0])]);
+        (new.index, new.history) = (20, 0xfeed);
+        assert_eq!(a.answered(200, &new), vec![Action::PersistFences, Action::Launch((9, 1))]);
+        assert_eq!((a.fences().history, a.fences().max_term, a.seen_index()), (0xfeed, 1, 20));
+        // Within it, an older index is stale again.
+        let mut stale = answer(1, &[(9, 1), (10, 1)], &[((10, 1), &[1])]);
+        (stale.index, stale.history) = (19, 0xfeed);
+        assert_eq!(a.answered(300, &stale), vec![]);
+        // An old job relaunched at the attempt it ran here is refused (lost).
+        let mut again = answer(2, &[(9, 1), (3, 1)], &[((3, 1), &[1])]);
+        (again.index, again.history) = (30, 0xfeed);
+        assert_eq!(a.answered(400, &again), vec![Action::PersistFences], "a newer term, no launch");
+        assert_eq!(a.fences().attempts.get(&3), Some(&1));
     }
 
     /// Each signal request reaches a task once; one made before the task

@@ -470,6 +470,7 @@ impl NodeOrders {
             known: self.known,
             term,
             index,
+            history: state.history,
             desired: self.desired.clone(),
             launch,
             stops: self.stops.iter().map(|s| (s.task, s.grace_s)).collect(),

@@ -36,7 +36,7 @@ pub const FORMAT_BASE: u32 = 4;
 /// The oldest format this build reads (log entries, snapshots, stores).
 pub const FORMAT_OLDEST: u32 = 4;
 /// The newest format this build reads and, once every replica can, writes.
-pub const FORMAT_NEWEST: u32 = 14;
+pub const FORMAT_NEWEST: u32 = 15;
 
 /// Format 7 changed no encoding, only a rule of `apply`: a plan's preemption
 /// victims are evicted only together with the placement they make room for,
@@ -107,6 +107,16 @@ pub const ACCOUNTING_FORMAT: u32 = 13;
 /// first. A build that keeps every key for a day must not apply a log whose
 /// submits found a forgotten key new. Format 14 decodes as format 13.
 pub const IDEMPOTENCY_CAPS_FORMAT: u32 = 14;
+
+/// Format 15 names the cluster's history (`State::history`): 0 for the
+/// history a cluster started with, a new number at every restore from a
+/// backup (and the index it began after, `State::history_since`), so that
+/// a log index (an event's, the accounting store's cursor, an agent's
+/// fences) names a place only together with its history. It is written
+/// after the state in a snapshot, not as a field of the state's encoding,
+/// so no command and no older format changed: format 15's entries decode
+/// as 13's, and a format-14 snapshot holds history 0.
+pub const HISTORY_FORMAT: u32 = 15;
 
 /// Whether this build reads `format`.
 pub fn readable(format: u32) -> bool {
@@ -333,7 +343,7 @@ impl Serialize for Payload {
                 v4::Wire::Envelope { format: 12, body }.serialize(serializer)
             }
             // Format 14 changed a rule of apply, not the command's encoding.
-            format @ (13 | 14) => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
+            format @ (13..=15) => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
             f => Err(S::Error::custom(format!("this build does not write data format {f}"))),
         }
     }
@@ -368,7 +378,7 @@ impl<'de> Deserialize<'de> for Payload {
                 let command = wire.into_command().ok_or_else(|| D::Error::custom("an envelope inside a batch"))?;
                 Ok(Payload { format: 12, command: Some(command), unread: Vec::new() })
             }
-            v4::Wire::Envelope { format: format @ (13 | 14), body } => {
+            v4::Wire::Envelope { format: format @ (13..=15), body } => {
                 let command = from_bytes(&body).map_err(D::Error::custom)?;
                 Ok(Payload { format, command: Some(command), unread: Vec::new() })
             }

@@ -14,7 +14,10 @@
 //! - format 11: the same with 11 and format 11's state (`compat::v11`);
 //! - format 12: the same with 12 and format 12's state (`compat::v12`);
 //! - format 13: the same with 13 and today's state;
-//! - format 14: the same with 14 (a rule of apply changed, not the state).
+//! - format 14: the same with 14 (a rule of apply changed, not the state);
+//! - format 15: the same with 15, the state followed by its history
+//!   (`State::history`, u64) and the index it began after
+//!   (`State::history_since`, u64).
 
 use crate::compat::{v10, v11, v12, v4, v5, v8, v9};
 use crate::format::{crc32c, from_bytes, to_bytes, FORMAT_NEWEST, FORMAT_OLDEST};
@@ -52,7 +55,8 @@ pub fn encode(state: &State) -> Vec<u8> {
         10 => to_bytes(&v10::StateRef::from(state)),
         11 => to_bytes(&v11::StateRef::from(state)),
         12 => to_bytes(&v12::StateRef::from(state)),
-        _ => to_bytes(state),
+        13 | 14 => to_bytes(state),
+        _ => to_bytes(&(state, state.history, state.history_since)),
     };
     out.extend_from_slice(&state.format.min(FORMAT_NEWEST).to_le_bytes());
     out.extend_from_slice(&crc32c(&body).to_le_bytes());
@@ -107,8 +111,13 @@ pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
             let v12: v12::State = from_bytes(body).map_err(decode_err)?;
             (v12.stored_format(), v12.into())
         }
-        _ => {
+        13 | 14 => {
             let state: State = from_bytes(body).map_err(decode_err)?;
+            (state.format, state)
+        }
+        _ => {
+            let (mut state, history, since): (State, u64, u64) = from_bytes(body).map_err(decode_err)?;
+            (state.history, state.history_since) = (history, since);
             (state.format, state)
         }
     };
@@ -146,5 +155,24 @@ mod tests {
         let mut v4 = encode(&State::default());
         v4.push(0);
         assert!(matches!(decode(&v4), Err(SnapshotError::Decode(_))));
+    }
+
+    #[test]
+    fn the_history_is_kept_from_format_15_on_and_older_snapshots_hold_the_first() {
+        let history = 0x9e37_79b9_7f4a_7c15;
+        let state = State { format: crate::format::HISTORY_FORMAT, history, history_since: 900, ..State::default() };
+        let decoded = decode(&encode(&state)).unwrap();
+        assert_eq!((decoded.history, decoded.history_since), (history, 900));
+        // Format 14's bytes are exactly the state's, as before: no history.
+        let older = State { format: crate::format::HISTORY_FORMAT - 1, ..State::default() };
+        let bytes = encode(&older);
+        assert_eq!(&bytes[12..], to_bytes(&older).as_slice());
+        assert_eq!(decode(&bytes).unwrap().history, 0);
+        // A format-15 snapshot without its history is damaged, not history 0.
+        let mut cut = encode(&State { format: crate::format::HISTORY_FORMAT, ..State::default() });
+        cut.truncate(cut.len() - 1);
+        let body = cut[12..].to_vec();
+        cut[8..12].copy_from_slice(&crc32c(&body).to_le_bytes());
+        assert!(matches!(decode(&cut), Err(SnapshotError::Decode(_))), "{:?}", decode(&cut));
     }
 }

@@ -121,7 +121,20 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
             gpus_planned_down bigint NOT NULL
         );",
     ),
+    (
+        3,
+        "ALTER TABLE ingest_cursor ADD COLUMN history bigint NOT NULL DEFAULT 0;
+        ALTER TABLE events ADD COLUMN history bigint NOT NULL DEFAULT 0;
+        ALTER TABLE events DROP CONSTRAINT events_pkey;
+        ALTER TABLE events ADD PRIMARY KEY (history, log_index, ordinal);",
+    ),
 ];
+
+/// A cluster history (`ClusterEvent.history`, a u64) as PostgreSQL's bigint
+/// holds it: the same 64 bits.
+fn history_sql(history: Option<u64>) -> i64 {
+    i64::from_ne_bytes(history.unwrap_or(0).to_ne_bytes())
+}
 
 /// Rows one retention pass deletes per statement, so it never holds a huge
 /// transaction (it repeats until nothing is left, at most
@@ -390,11 +403,27 @@ impl Store {
 
     /// Where ingest stopped, if it ever started.
     pub async fn cursor(&self) -> anyhow::Result<Option<Cursor>> {
-        let row = self.db.query_opt("SELECT log_index, delivered FROM ingest_cursor", &[]).await?;
+        let row = self.db.query_opt("SELECT log_index, delivered, history FROM ingest_cursor", &[]).await?;
         Ok(row.map(|r| Cursor {
             index: u64::try_from(r.get::<_, i64>(0)).unwrap_or(0),
             delivered: usize::try_from(r.get::<_, i32>(1)).unwrap_or(0),
+            history: Some(u64::from_ne_bytes(r.get::<_, i64>(2).to_ne_bytes())),
         }))
+    }
+
+    /// The cluster's history changed (it was restored from a backup): what
+    /// the store holds of jobs is as new as the new history's index `as_of`
+    /// at most, so that the new history's records of them win (the job
+    /// rows' `last_index` counted in the old one), and what was unstored
+    /// of the old one no longer matters (the resync that follows stores
+    /// every job the new history holds).
+    pub async fn start_history(&mut self, as_of: u64) -> anyhow::Result<()> {
+        let as_of = i64::try_from(as_of).unwrap_or(i64::MAX);
+        let tx = self.db.transaction().await?;
+        tx.execute("UPDATE jobs SET last_index = $1 WHERE last_index > $1", &[&as_of]).await?;
+        tx.execute("UPDATE ingest_cursor SET unstored_from = NULL", &[]).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// Writes a batch in one transaction: its events (each once, by log
@@ -412,13 +441,13 @@ impl Store {
         let tx = self.db.transaction().await?;
         let insert_event = tx
             .prepare(
-                "INSERT INTO events (log_index, ordinal, kind, job_id, state, attempt, node, gpu, reason, step)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING",
+                "INSERT INTO events (log_index, ordinal, kind, job_id, state, attempt, node, gpu, reason, step, history)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
             )
             .await?;
-        let rows: Vec<[Box<dyn ToSql + Sync + Send>; 10]> = events
+        let rows: Vec<[Box<dyn ToSql + Sync + Send>; 11]> = events
             .iter()
-            .map(|(e, c)| -> [Box<dyn ToSql + Sync + Send>; 10] {
+            .map(|(e, c)| -> [Box<dyn ToSql + Sync + Send>; 11] {
                 [
                     Box::new(e.index as i64),
                     Box::new(c.delivered.saturating_sub(1) as i32),
@@ -430,6 +459,7 @@ impl Store {
                     Box::new(e.gpu.map(|g| g as i32)),
                     Box::new(text(&e.reason)),
                     Box::new(e.step.map(|s| s as i32)),
+                    Box::new(history_sql(c.history)),
                 ]
             })
             .collect();
@@ -457,10 +487,10 @@ impl Store {
         }
         if let Some(c) = cursor {
             tx.execute(
-                "INSERT INTO ingest_cursor (id, log_index, delivered) VALUES (true, $1, $2)
+                "INSERT INTO ingest_cursor (id, log_index, delivered, history) VALUES (true, $1, $2, $3)
                  ON CONFLICT (id) DO UPDATE SET log_index = EXCLUDED.log_index, delivered = EXCLUDED.delivered,
-                 updated_at = now()",
-                &[&(c.index as i64), &(c.delivered as i32)],
+                 history = EXCLUDED.history, updated_at = now()",
+                &[&(c.index as i64), &(c.delivered as i32), &history_sql(c.history)],
             )
             .await?;
         }

@@ -50,6 +50,8 @@ fn replica_status(replica: &Replica) -> ReplicaStatus {
         data_format: replica.node.state().read().format,
         addr: replica.addr.clone(),
         now_unix_ms: Some(crate::now_ms()),
+        history: replica.node.state().read().history,
+        history_since: replica.node.state().read().history_since,
     }
 }
 
@@ -262,6 +264,18 @@ impl AdminService for AdminApi {
         let ctx = self.replica.ctx(&req)?;
         self.replica.require_operator(&ctx, "report what the accounting store holds")?;
         let msg = req.into_inner();
+        // An index of another history names other entries: telling this
+        // cluster that those are stored would let it drop jobs the store
+        // never saw. (Every replica of a restored cluster holds its new
+        // history from its first start, so the check here is enough.)
+        let history = self.replica.node.state().read().history;
+        if let Some(theirs) = msg.history.filter(|h| *h != history) {
+            return Err(Status::failed_precondition(format!(
+                "history: index {} counts in cluster history {theirs}, and this cluster's history is {history} \
+                 (it was restored from a backup since); follow its events again and report indexes of its history",
+                msg.index
+            )));
+        }
         let cmd =
             Command::AccountingStored { index: msg.index, identity: ctx.identity.clone(), now_ms: crate::now_ms() };
         let routed =

@@ -215,18 +215,27 @@ impl AgentService for AgentApi {
         if state.nodes.get(&msg.name).is_none_or(|n| n.state == NodeState::Down)
             || !may_answer(self.replica.heartbeats.silence_ms(&msg.name, term), timeout)
         {
-            return Ok(Response::new(HeartbeatResponse { known: false, term, ..Default::default() }));
+            return Ok(Response::new(HeartbeatResponse {
+                known: false,
+                term,
+                history: state.history,
+                ..Default::default()
+            }));
         }
+        // An index of another history (the cluster was restored from a
+        // backup since the agent last heard from it) says nothing about this
+        // one's log: as from an agent that has acted on no orders yet.
+        let seen_index = if msg.history.is_some_and(|h| h != state.history) { 0 } else { msg.seen_index };
         // The agent has acted on orders from a state this replica has not
         // applied yet (it just became leader): its report and its orders wait.
-        if msg.seen_index > index {
+        if seen_index > index {
             return Err(Status::unavailable(format!(
-                "this leader has applied the log to index {index}, behind the orders the agent acted on ({}); retry",
-                msg.seen_index
+                "this leader has applied the log to index {index}, behind the orders the agent acted on ({seen_index}); \
+                 retry"
             )));
         }
         let running: BTreeSet<(u64, u32)> = msg.running.iter().map(|t| (t.job_id, t.attempt)).collect();
-        self.replica.heartbeats.record(&msg.name, Some((msg.seen_index, running.iter().map(|t| t.0).collect())));
+        self.replica.heartbeats.record(&msg.name, Some((seen_index, running.iter().map(|t| t.0).collect())));
         let orders = node_orders(&state, &msg.name, &running);
         let mut launch = Vec::new();
         let mut launch_bytes = 0usize;
@@ -280,6 +289,7 @@ impl AgentService for AgentApi {
             heartbeat_interval_ms,
             suspended,
             signals,
+            history: state.history,
         }))
     }
 

@@ -574,6 +574,14 @@ impl JobService for JobApi {
         let mut rx = shared.subscribe();
         let snapshots = shared.snapshots_installed();
         let start = self.replica.node.status().applied_index.unwrap_or(0);
+        let history = shared.read().history;
+        if let Some(theirs) = msg.history.filter(|h| from > 0 && *h != history) {
+            return Err(Status::out_of_range(format!(
+                "history: from_index {from} counts in cluster history {theirs}, and this cluster's history is \
+                 {history} (it was restored from a backup since): its indexes name other events; read the \
+                 current state (gangway queue --all) and follow from now"
+            )));
+        }
         if from > 0 && from < shared.oldest_event_index() {
             let oldest = shared.oldest_event_index();
             return Err(Status::out_of_range(format!(
@@ -588,6 +596,7 @@ impl JobService for JobApi {
             let first = ClusterEvent {
                 index: if from > 0 { from.saturating_sub(1) } else { start },
                 kind: "stream_start".into(),
+                history,
                 ..Default::default()
             };
             if tx.send(Ok(first)).await.is_err() {

@@ -346,7 +346,8 @@ async fn job_events(console: &Console, who: &Who, job_id: u64) -> Response {
     };
     let through = console.replica.node.status().applied_index.unwrap_or(0);
     let from = console.replica.node.state().oldest_event_index();
-    let mut stream = match api.events(who.request(pb::EventsRequest { from_index: from, job_id })).await {
+    let mut stream = match api.events(who.request(pb::EventsRequest { from_index: from, job_id, history: None })).await
+    {
         Ok(s) => s.into_inner(),
         // Forgotten meanwhile (a snapshot replaced them): none to show.
         Err(s) if s.code() == tonic::Code::OutOfRange => {
@@ -390,7 +391,7 @@ async fn events(console: &Console, who: &Who) -> Response {
         );
     };
     let api = JobApi { replica: console.replica.clone() };
-    let stream = call!(api.events(who.request(pb::EventsRequest { from_index: 0, job_id: 0 })));
+    let stream = call!(api.events(who.request(pb::EventsRequest { from_index: 0, job_id: 0, history: None })));
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(EVENT_QUEUE_MAX);
     let (replica, who) = (console.replica.clone(), who.clone());
     tokio::spawn(async move {

@@ -291,6 +291,18 @@ pub struct State {
     /// Finished jobs after it are kept past `finished_jobs_kept`, up to the
     /// hard limits, until it has them. Since format 13.
     pub accounted_index: u64,
+    /// Which history of the cluster this is: 0 for the one it started
+    /// with, a new random number at every restore from a backup. Log
+    /// indexes count within one history: an event's index names it only
+    /// together with this. Not a field of the state's encoding: snapshots
+    /// of format 15 on write it after the state (`format::HISTORY_FORMAT`).
+    #[serde(skip)]
+    pub history: u64,
+    /// The log index this history began after: a restored cluster's first
+    /// entry of its own follows the backup's index (0 for the first
+    /// history). Written with `history`.
+    #[serde(skip)]
+    pub history_since: u64,
     /// Jobs that started or finished during the current apply; their dependents
     /// are settled before apply returns. Always empty between applies.
     #[serde(skip)]
@@ -356,6 +368,8 @@ impl Default for State {
             format: crate::format::FORMAT_BASE,
             reservations: BTreeMap::new(),
             accounted_index: 0,
+            history: 0,
+            history_since: 0,
             dep_triggers: BTreeSet::new(),
             unfinished_bytes: BTreeMap::new(),
             finished_bytes: 0,
@@ -1413,6 +1427,9 @@ impl State {
     }
 
     pub fn check_invariants(&self) -> Result<(), String> {
+        if (self.history != 0 || self.history_since != 0) && self.format < crate::format::HISTORY_FORMAT {
+            return Err(format!("history {} in format {}, which cannot hold it", self.history, self.format));
+        }
         if self.unfinished_bytes != self.unfinished_bytes_of_jobs() {
             return Err("the unfinished-bytes budget index differs from the jobs".into());
         }
