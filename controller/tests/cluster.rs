@@ -3076,6 +3076,25 @@ async fn take_backup(c: &TestCluster, id: u64, file: &std::path::Path) -> u64 {
 /// for good; a new cluster restored from a backup holds every job
 /// acknowledged before the backup, elects a leader and takes new work, and a
 /// replica added later receives the restored state.
+/// The read lease: a confirmed round gives one, a leadership transfer's
+/// paused heartbeats end it and no round takes one meanwhile (the target may
+/// win with the leader's own vote), and the next round after gives one again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_lease_comes_from_a_confirmed_round_and_never_spans_a_transfer() {
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let node = &c.handles[&leader].replica.node;
+    node.ensure_linearizable(WAIT).await.unwrap();
+    assert!(node.lease_holds().await, "a confirmed round gives a lease");
+    let pause = node.pause_heartbeats();
+    assert!(!node.lease_holds().await, "a transfer ends it");
+    node.ensure_linearizable(WAIT).await.unwrap();
+    assert!(!node.lease_holds().await, "and no round takes one while heartbeats are paused");
+    drop(pause);
+    node.ensure_linearizable(WAIT).await.unwrap();
+    assert!(node.lease_holds().await, "the next round after gives one again");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_that_lost_its_majority_is_restored_from_a_backup() {
     let mut c = TestCluster::start(3).await;

@@ -97,9 +97,18 @@ pub enum AccountingAction {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Let the cluster drop the finished jobs the accounting store has not
+    /// stored (an accounting service gone for good): the state treats every
+    /// job finished so far as stored, so those it keeps past
+    /// --finished-jobs-kept go, and their records with them, and new jobs
+    /// are taken again. Operators and admins only; no database needed.
+    ReleaseUnstored,
 }
 
 pub async fn run(client: Client, mut a: AccountingArgs) -> anyhow::Result<()> {
+    if let Some(AccountingAction::ReleaseUnstored) = a.action {
+        return release_unstored(&client).await;
+    }
     let database = a.database.take().filter(|d| !d.is_empty()).ok_or_else(|| {
         anyhow::anyhow!("--database: name the PostgreSQL database (or set GANGWAY_ACCOUNTING_DATABASE)")
     })?;
@@ -248,6 +257,28 @@ async fn tell_stored(client: &Client, store: &Store, index: u64, history: Option
     }
 }
 
+/// `gangway accounting release-unstored`: the cluster's applied index told
+/// as stored, in its own history.
+async fn release_unstored(client: &Client) -> anyhow::Result<()> {
+    let status = replica_position(client).await?;
+    let index = status.applied_index.unwrap_or(0);
+    let history = Some(status.history);
+    let told = client
+        .call(|ch| {
+            let req = client.request(pb::AccountingStoredRequest { index, history });
+            async move { AdminServiceClient::new(ch).accounting_stored(req).await }
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+        .into_inner();
+    println!(
+        "the cluster now treats every job finished through log index {} as stored: those the accounting store \
+         lacks leave the state as its limits need room, and new jobs are taken again",
+        told.index
+    );
+    Ok(())
+}
+
 /// [`read_jobs`], again while the controllers do not answer (an election).
 async fn read_jobs_retrying(client: &Client, ids: &BTreeSet<u64>) -> anyhow::Result<Vec<pb::Job>> {
     let mut last = None;
@@ -303,14 +334,7 @@ async fn read_jobs(client: &Client, ids: BTreeSet<u64>) -> anyhow::Result<Vec<pb
 /// backup since), the cursor is the new history's first entry instead: its
 /// events from there are followed too, while the replicas keep them.
 async fn resync(client: &Client, store: &mut Store, database: &str) -> anyhow::Result<Cursor> {
-    let status = client
-        .call(|ch| {
-            let req = client.request(pb::ReplicaStatusRequest {});
-            async move { AdminServiceClient::new(ch).get_replica_status(req).await }
-        })
-        .await
-        .map_err(|s| anyhow::anyhow!("accounting: asking a replica where its log is: {}", s.message()))?
-        .into_inner();
+    let status = replica_position(client).await?;
     let applied = status.applied_index.unwrap_or(0);
     let mut cursor = Cursor { index: applied + 1, delivered: 0, history: Some(status.history) };
     let stored = store.cursor().await?;
@@ -362,6 +386,27 @@ async fn resync(client: &Client, store: &mut Store, database: &str) -> anyhow::R
     }
     tracing::info!(jobs = total, from_index = cursor.index, "accounting: every job the state holds is stored");
     Ok(cursor)
+}
+
+/// Where the answering replica's log is, and in which history: asked again
+/// (a second apart) while it has applied nothing yet (a replica just added,
+/// waiting for its snapshot, would report the first history at index 0).
+async fn replica_position(client: &Client) -> anyhow::Result<pb::ReplicaStatus> {
+    for _ in 0..READ_ATTEMPTS_MAX {
+        let status = client
+            .call(|ch| {
+                let req = client.request(pb::ReplicaStatusRequest {});
+                async move { AdminServiceClient::new(ch).get_replica_status(req).await }
+            })
+            .await
+            .map_err(|s| anyhow::anyhow!("accounting: asking a replica where its log is: {}", s.message()))?
+            .into_inner();
+        if status.applied_index.unwrap_or(0) > 0 {
+            return Ok(status);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    anyhow::bail!("accounting: no replica has applied its log after {READ_ATTEMPTS_MAX} tries")
 }
 
 /// Connects, and waits to be the only writer (a second service stands by

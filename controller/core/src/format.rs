@@ -118,6 +118,14 @@ pub const IDEMPOTENCY_CAPS_FORMAT: u32 = 14;
 /// as 13's, and a format-14 snapshot holds history 0.
 pub const HISTORY_FORMAT: u32 = 15;
 
+/// Format 15 also changed a rule of `apply`: once an accounting service has
+/// said where it is, a finished job it has not stored is never dropped,
+/// even past the hard limits (`limits::FINISHED_JOBS_RETAINED_MAX`,
+/// `limits::FINISHED_BYTES_RETAINED_MAX`); while such jobs fill them, new
+/// jobs are refused instead (`State::accounting_backlog_full`). Before, past
+/// the hard limits they were dropped whether stored or not.
+pub const ACCOUNTING_BACKLOG_FORMAT: u32 = HISTORY_FORMAT;
+
 /// Whether this build reads `format`.
 pub fn readable(format: u32) -> bool {
     (FORMAT_OLDEST..=FORMAT_NEWEST).contains(&format)

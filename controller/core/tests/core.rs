@@ -161,12 +161,14 @@ fn the_controller_has_no_hub_module() {
 
 /// ARCHITECTURE.md: the web console never reads or changes the state
 /// itself; it calls the API's handlers, so it shows and allows exactly what
-/// the API decides. The two numbers it reads (the newest job id, the oldest
-/// event kept) are the only state it touches.
+/// the API decides. The three numbers it reads (the newest job id, the
+/// oldest event kept, the history events count in) are the only state it
+/// touches.
 #[test]
 fn the_console_only_calls_the_api() {
     let sources = workspace_sources();
-    let allowed = ["node.state().read().next_job_id", "node.state().oldest_event_index()"];
+    let allowed =
+        ["node.state().read().next_job_id", "node.state().oldest_event_index()", "node.state().read().history"];
     let banned = ["node.state()", ".read()", "propose", "forward(", "gangway_core::"];
     let mut found = Vec::new();
     let ui: Vec<_> = sources.iter().filter(|(p, _)| p.starts_with("controller/src/ui/")).collect();
@@ -2508,6 +2510,64 @@ fn finished_jobs_wait_for_the_accounting_store() {
     assert!(matches!(s.apply(302, &stored(301)).outcome, Outcome::AccountingStored { index: 301 }));
     assert!(s.finished.len() <= 2, "down to the policy's {}", s.finished.len());
     s.check_invariants().unwrap();
+}
+
+/// Past the hard limits, finished jobs the accounting store has not stored:
+/// from format 15 they stay, and at the limit new jobs are refused (naming
+/// the way out) until the store catches up; format 14 dropped the oldest.
+#[test]
+fn at_the_hard_limit_unstored_jobs_stay_and_new_jobs_wait_for_the_store() {
+    use gangway_core::limits::FINISHED_JOBS_RETAINED_MAX;
+    for format in [14, 15] {
+        let mut s = base_state();
+        s.apply(99, &Command::SetDataFormat { format, now_ms: 4_000 });
+        let mut policy = s.policy.clone();
+        policy.admins.push("server:1".into());
+        let update = Command::UpdatePolicy {
+            policy,
+            expected_version: None,
+            force: true,
+            identity: "server:1".into(),
+            now_ms: 1,
+        };
+        assert!(matches!(s.apply(100, &update).outcome, Outcome::PolicyUpdated { .. }));
+        let stored = |index| Command::AccountingStored { index, identity: "server:1".into(), now_ms: 4_002 };
+        assert!(matches!(s.apply(101, &stored(100)).outcome, Outcome::AccountingStored { index: 100 }));
+        let mut index = 200;
+        let finish_one = |s: &mut State, index: &mut u64| -> Outcome {
+            let outcome = s.apply(*index, &submit_cmd(job_spec(1, 0, 1))).outcome;
+            if let Outcome::Submitted { job_id, .. } = outcome {
+                s.apply(*index + 1, &Command::CancelJob { job_id, identity: "alice".into(), now_ms: 4_003 });
+            }
+            *index += 2;
+            outcome
+        };
+        let Outcome::Submitted { job_id: first, .. } = finish_one(&mut s, &mut index) else { panic!("submit") };
+        for _ in 1..FINISHED_JOBS_RETAINED_MAX {
+            assert!(matches!(finish_one(&mut s, &mut index), Outcome::Submitted { .. }), "below the limit");
+        }
+        assert_eq!(s.finished.len(), FINISHED_JOBS_RETAINED_MAX, "format {format}: every unstored job kept");
+        // One past the limit.
+        let past = finish_one(&mut s, &mut index);
+        if format == 14 {
+            assert!(matches!(past, Outcome::Submitted { .. }), "{past:?}");
+            assert!(!s.jobs.contains_key(&first), "format 14 drops the oldest though the store lacks it");
+            continue;
+        }
+        let Outcome::Refused(r) = past else { panic!("format 15 refuses at the limit: {past:?}") };
+        assert_eq!(r.kind, gangway_core::state::RefusalKind::ResourceExhausted);
+        assert!(r.message.contains("release-unstored") && r.message.contains("log index 100"), "{}", r.message);
+        assert!(s.jobs.contains_key(&first), "never dropped while unstored");
+        assert_eq!(s.finished.len(), FINISHED_JOBS_RETAINED_MAX);
+        // The store catches up: new jobs are taken, and the stored go as they finish.
+        let caught_up = s.apply(index, &stored(index - 1)).outcome;
+        assert!(matches!(caught_up, Outcome::AccountingStored { .. }), "{caught_up:?}");
+        index += 1;
+        assert!(matches!(finish_one(&mut s, &mut index), Outcome::Submitted { .. }));
+        assert!(!s.jobs.contains_key(&first), "a stored job makes room");
+        assert_eq!(s.finished.len(), FINISHED_JOBS_RETAINED_MAX);
+        s.check_invariants().unwrap();
+    }
 }
 
 /// `RestoreUsage`: admins only, ordered buckets, none after the clock; it

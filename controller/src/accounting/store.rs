@@ -145,8 +145,10 @@ const RETENTION_ROWS_PER_ROUND: i64 = 10_000;
 /// allocations and steps with them), events, capacity samples.
 const EXPIRED: [&str; 3] = [
     "DELETE FROM jobs WHERE job_id IN (SELECT job_id FROM jobs WHERE end_time < $1 LIMIT $2)",
-    "DELETE FROM events WHERE (log_index, ordinal) IN
-     (SELECT log_index, ordinal FROM events WHERE ingested_at < $1 LIMIT $2)",
+    // (An event is named by its history too: another history's event at
+    // the same place is another event.)
+    "DELETE FROM events WHERE (history, log_index, ordinal) IN
+     (SELECT history, log_index, ordinal FROM events WHERE ingested_at < $1 LIMIT $2)",
     "DELETE FROM capacity WHERE sampled_at IN (SELECT sampled_at FROM capacity WHERE sampled_at < $1 LIMIT $2)",
 ];
 /// Rounds of one retention pass; what is left waits for the next pass.

@@ -269,7 +269,8 @@ impl AdminService for AdminApi {
         // never saw. (Every replica of a restored cluster holds its new
         // history from its first start, so the check here is enough.)
         let history = self.replica.node.state().read().history;
-        if let Some(theirs) = msg.history.filter(|h| *h != history) {
+        // (A service that names no history counts in the first one, 0.)
+        if let Some(theirs) = Some(msg.history.unwrap_or(0)).filter(|h| *h != history) {
             return Err(Status::failed_precondition(format!(
                 "history: index {} counts in cluster history {theirs}, and this cluster's history is {history} \
                  (it was restored from a backup since); follow its events again and report indexes of its history",

@@ -225,7 +225,8 @@ impl AgentService for AgentApi {
         // An index of another history (the cluster was restored from a
         // backup since the agent last heard from it) says nothing about this
         // one's log: as from an agent that has acted on no orders yet.
-        let seen_index = if msg.history.is_some_and(|h| h != state.history) { 0 } else { msg.seen_index };
+        // (An agent that names no history counts in the first one, 0.)
+        let seen_index = if msg.history.unwrap_or(0) != state.history { 0 } else { msg.seen_index };
         // The agent has acted on orders from a state this replica has not
         // applied yet (it just became leader): its report and its orders wait.
         if seen_index > index {

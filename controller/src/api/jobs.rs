@@ -575,7 +575,9 @@ impl JobService for JobApi {
         let snapshots = shared.snapshots_installed();
         let start = self.replica.node.status().applied_index.unwrap_or(0);
         let history = shared.read().history;
-        if let Some(theirs) = msg.history.filter(|h| from > 0 && *h != history) {
+        // (A caller that names no history counts in the first one, 0: a
+        // client from before histories, after a restore, is refused too.)
+        if let Some(theirs) = Some(msg.history.unwrap_or(0)).filter(|h| from > 0 && *h != history) {
             return Err(Status::out_of_range(format!(
                 "history: from_index {from} counts in cluster history {theirs}, and this cluster's history is \
                  {history} (it was restored from a backup since): its indexes name other events; read the \

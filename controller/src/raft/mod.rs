@@ -88,6 +88,16 @@ const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 /// clock rates and for a read that checks the lease just before it expires
 /// (etcd and TiKV serve reads on the same kind of lease). Under load a
 /// round then runs about once per lease instead of once per burst of reads.
+///
+/// The leader's own vote is the exception: openraft 0.9 refreshes a
+/// leader's vote time only when it is elected, so a leader may grant its
+/// vote to a higher-term candidate at once (a leadership transfer asks for
+/// that; so can a candidate that hears nothing from it), and the candidate
+/// with it has a quorum without the followers the round refreshed. So a
+/// read on the lease asks openraft's core, in the same queue its vote
+/// requests are handled in, whether this replica still holds its own vote
+/// of that term (a granted vote replaces it before the candidate can win),
+/// and no lease is taken or used while heartbeats are paused for a transfer.
 pub const READ_LEASE_DIVISOR: u32 = 2;
 
 /// How long a confirmed round covers later reads (see [`READ_LEASE_DIVISOR`]).
@@ -306,7 +316,7 @@ impl RaftNode {
     /// share confirmations: a round that started after a read arrived
     /// answers for it, and one round runs at a time.
     pub async fn ensure_linearizable(&self, timeout: Duration) -> Result<(), ProposeError> {
-        if self.lease_holds() {
+        if self.lease_holds().await {
             metrics::counter!("gangway_linearizable_reads_total", "by" => "lease").increment(1);
             return Ok(());
         }
@@ -324,7 +334,7 @@ impl RaftNode {
             let covers = self.reads.arrived.load(Ordering::SeqCst);
             let (started, term) = (Instant::now(), self.leads_in_term());
             let outcome = self.confirm_leadership().await;
-            if outcome.is_ok() && term.is_some() && self.leads_in_term() == term {
+            if outcome.is_ok() && term.is_some() && self.leads_in_term() == term && self.heartbeats_on() {
                 let until = started.checked_add(read_lease(&self.timing)).unwrap_or(started);
                 if let (Some(term), Ok(mut lease)) = (term, self.reads.lease.lock()) {
                     *lease = Some((term, until));
@@ -358,10 +368,27 @@ impl RaftNode {
         }
     }
 
-    /// Whether the last confirmed round's read lease still covers a read now.
-    fn lease_holds(&self) -> bool {
+    /// Whether the last confirmed round's read lease still covers a read
+    /// now: in time, no transfer under way, and this replica still holding
+    /// its own committed vote of the lease's term in openraft's core (see
+    /// [`READ_LEASE_DIVISOR`]).
+    pub async fn lease_holds(&self) -> bool {
         let lease = self.reads.lease.lock().map(|l| *l).unwrap_or(None);
-        lease_covers(lease, self.leads_in_term(), Instant::now())
+        if !self.heartbeats_on() || !lease_covers(lease, self.leads_in_term(), Instant::now()) {
+            return false;
+        }
+        let (me, term) = (self.id, lease.map_or(0, |l| l.0));
+        let own_vote = self
+            .raft
+            .with_raft_state(move |st| {
+                let vote = st.vote_ref();
+                st.server_state == ServerState::Leader
+                    && vote.is_committed()
+                    && vote.leader_id().voted_for() == Some(me)
+                    && vote.leader_id().get_term() == term
+            })
+            .await;
+        own_vote.unwrap_or(false) && lease_covers(lease, self.leads_in_term(), Instant::now())
     }
 
     /// This replica's term while it leads (None while it does not).
@@ -486,9 +513,13 @@ impl RaftNode {
         self.raft.runtime_config().heartbeat(enabled);
     }
 
-    /// Stops heartbeats until the returned guard is dropped.
+    /// Stops heartbeats until the returned guard is dropped (and ends the
+    /// read lease: the transfer's target may win with this replica's vote).
     pub fn pause_heartbeats(&self) -> HeartbeatPause<'_> {
         self.set_heartbeats(false);
+        if let Ok(mut lease) = self.reads.lease.lock() {
+            *lease = None;
+        }
         HeartbeatPause { node: self }
     }
 

@@ -346,8 +346,9 @@ async fn job_events(console: &Console, who: &Who, job_id: u64) -> Response {
     };
     let through = console.replica.node.status().applied_index.unwrap_or(0);
     let from = console.replica.node.state().oldest_event_index();
-    let mut stream = match api.events(who.request(pb::EventsRequest { from_index: from, job_id, history: None })).await
-    {
+    // This replica's own events, in its own history.
+    let history = Some(console.replica.node.state().read().history);
+    let mut stream = match api.events(who.request(pb::EventsRequest { from_index: from, job_id, history })).await {
         Ok(s) => s.into_inner(),
         // Forgotten meanwhile (a snapshot replaced them): none to show.
         Err(s) if s.code() == tonic::Code::OutOfRange => {

@@ -767,20 +767,18 @@ impl State {
     /// dependencies); each purge looks at each kept job once. From format
     /// 13, a job the accounting store does not have yet (finished after
     /// `accounted_index`) is kept past `finished_jobs_kept`, though not past
-    /// the hard limits, once an accounting service has said where it is.
+    /// the hard limits, once an accounting service has said where it is;
+    /// from format 15, past the hard limits too (new jobs are refused
+    /// instead: [`State::accounting_backlog_full`]).
     pub(crate) fn purge_finished(&mut self) {
         let mut looks = self.finished.len();
-        let hard_over = |s: &State| {
-            s.finished.len() > FINISHED_JOBS_RETAINED_MAX
-                || (s.format >= 5 && s.finished_bytes > crate::limits::FINISHED_BYTES_RETAINED_MAX)
-        };
+        let hard_over = |s: &State| s.finished_past_hard_limits(0);
         let over = |s: &State| s.finished.len() > s.policy.finished_jobs_limit() || hard_over(s);
+        let never_unaccounted = self.format >= crate::format::ACCOUNTING_BACKLOG_FORMAT;
         while over(self) && looks > 0 {
             looks = looks.saturating_sub(1);
             let old = *self.finished.front().expect("non-empty");
-            let unaccounted = self.accounted_index > 0
-                && self.jobs.get(&old).and_then(|j| j.finished_index).is_some_and(|i| i > self.accounted_index);
-            if unaccounted && !hard_over(self) {
+            if self.unaccounted(old) && (never_unaccounted || !hard_over(self)) {
                 break;
             }
             self.finished.pop_front();
@@ -793,6 +791,48 @@ impl State {
             }
             self.dependents.remove(&old);
         }
+    }
+
+    /// Whether the finished jobs kept are past the hard limits (more than
+    /// `FINISHED_JOBS_RETAINED_MAX` of them, or of their bytes), or would be
+    /// with `more` of each.
+    fn finished_past_hard_limits(&self, more: u64) -> bool {
+        let jobs = u64::try_from(self.finished.len()).unwrap_or(u64::MAX).saturating_add(more);
+        jobs > FINISHED_JOBS_RETAINED_MAX as u64
+            || (self.format >= 5
+                && self.finished_bytes.saturating_add(more) > crate::limits::FINISHED_BYTES_RETAINED_MAX)
+    }
+
+    /// Whether finished job `id` is one the accounting store does not have
+    /// yet (an accounting service has said where it is, and `id` finished
+    /// after that).
+    fn unaccounted(&self, id: JobId) -> bool {
+        self.accounted_index > 0
+            && self.jobs.get(&id).and_then(|j| j.finished_index).is_some_and(|i| i > self.accounted_index)
+    }
+
+    /// From format 15: why new jobs are refused, when the finished jobs the
+    /// accounting store does not have yet fill the hard limits (they are
+    /// never dropped, so the state would grow without bound). None while
+    /// there is room. (The finished jobs are kept oldest first: when the
+    /// oldest is not stored, no purge can make room.)
+    pub fn accounting_backlog_full(&self) -> Option<String> {
+        if self.format < crate::format::ACCOUNTING_BACKLOG_FORMAT || !self.finished_past_hard_limits(1) {
+            return None;
+        }
+        let oldest = *self.finished.front()?;
+        if !self.unaccounted(oldest) {
+            return None;
+        }
+        Some(format!(
+            "accounting: the finished jobs the accounting store has not stored yet fill what the state keeps for it \
+             ({FINISHED_JOBS_RETAINED_MAX} jobs or {} bytes of their specs; it has stored every job through log \
+             index {}): new jobs are refused until `gangway accounting` stores them \
+             (gangway_unaccounted_finished_jobs); an admin may let their records go with `gangway accounting \
+             release-unstored`",
+            crate::limits::FINISHED_BYTES_RETAINED_MAX,
+            self.accounted_index
+        ))
     }
 
     /// Puts a running job back in the queue, releasing its allocation; its next

@@ -75,6 +75,9 @@ impl State {
                 return Err(Applied::refused(RefusalKind::InvalidArgument, e.to_string()));
             }
         }
+        if let Some(why) = self.accounting_backlog_full() {
+            return Err(Applied::refused(RefusalKind::ResourceExhausted, why));
+        }
         let spec = match self.resolve_spec(spec, identity) {
             Ok(s) => s,
             Err(e) => return Err(Applied::refused(RefusalKind::InvalidArgument, e.to_string())),
