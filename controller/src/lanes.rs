@@ -282,6 +282,26 @@ mod tests {
         let _c1 = slots.take("carol").unwrap();
     }
 
+    /// The replica's own stream limits, with their real values: every
+    /// principal up to its own, all of them up to the total, one past each
+    /// refused.
+    #[test]
+    fn the_replicas_stream_limits_hold_one_past_each() {
+        use crate::shared::{STREAMS_MAX, STREAMS_PER_PRINCIPAL_MAX};
+        let slots = StreamSlots::new("streams", STREAMS_PER_PRINCIPAL_MAX, STREAMS_MAX);
+        let mut held = Vec::new();
+        for i in 0..STREAMS_MAX {
+            held.push(slots.take(&format!("p{}", i / STREAMS_PER_PRINCIPAL_MAX)).unwrap());
+        }
+        // One past a principal's own: p0 holds its STREAMS_PER_PRINCIPAL_MAX.
+        assert!(slots.take("p0").is_err());
+        // One past the total, from a principal holding none.
+        let e = slots.take("someone-new").err().unwrap();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        held.pop();
+        assert!(slots.take("someone-new").is_ok(), "a slot given back is taken again");
+    }
+
     /// A caller with many reads takes at most its places in the lane; the
     /// next waits its turn, and another caller's read is not behind them.
     #[tokio::test]

@@ -207,12 +207,6 @@ impl JobService for JobApi {
     async fn history(&self, req: Request<HistoryRequest>) -> Result<Response<ListJobsResponse>, Status> {
         let ctx = self.replica.ctx(&req)?;
         let msg = req.into_inner();
-        if msg.limit > crate::accounting::HISTORY_ROWS_MAX {
-            return Err(Status::invalid_argument(format!(
-                "limit: must be at most {}",
-                crate::accounting::HISTORY_ROWS_MAX
-            )));
-        }
         check_history_filters(&msg)?;
         let history = self.history("history")?;
         // Bounded before any SQL is built, in the pool every analysis shares.
@@ -831,6 +825,12 @@ fn check_names(field: &str, values: &[String]) -> Result<(), Status> {
 
 /// A history query's filters, bounded before they become SQL parameters.
 fn check_history_filters(msg: &HistoryRequest) -> Result<(), Status> {
+    if msg.limit > crate::accounting::HISTORY_ROWS_MAX {
+        return Err(Status::invalid_argument(format!(
+            "limit: must be at most {}",
+            crate::accounting::HISTORY_ROWS_MAX
+        )));
+    }
     if msg.job_ids.len() > HISTORY_FILTER_VALUES_MAX {
         return Err(Status::invalid_argument(format!(
             "job_ids: at most {HISTORY_FILTER_VALUES_MAX} ids, got {}",
@@ -1178,6 +1178,32 @@ fn cluster_event(ev: gangway_core::Event) -> ClusterEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each bound of a history query, at its limit and one past it (the
+    /// answer names the field; nothing reaches the database).
+    #[test]
+    fn history_queries_are_bounded_at_the_edge() {
+        use crate::accounting::HISTORY_ROWS_MAX;
+        let ok = |msg: HistoryRequest| check_history_filters(&msg).is_ok();
+        let refused = |msg: HistoryRequest, field: &str| {
+            let e = check_history_filters(&msg).unwrap_err();
+            e.code() == tonic::Code::InvalidArgument && e.message().starts_with(field)
+        };
+        assert!(ok(HistoryRequest { limit: HISTORY_ROWS_MAX, ..Default::default() }));
+        assert!(refused(HistoryRequest { limit: HISTORY_ROWS_MAX + 1, ..Default::default() }, "limit"));
+        let ids = |n: usize| (1..=n as u64).collect::<Vec<_>>();
+        assert!(ok(HistoryRequest { job_ids: ids(HISTORY_FILTER_VALUES_MAX), ..Default::default() }));
+        assert!(refused(
+            HistoryRequest { job_ids: ids(HISTORY_FILTER_VALUES_MAX + 1), ..Default::default() },
+            "job_ids"
+        ));
+        let names = |n: usize| vec!["a".to_string(); n];
+        assert!(ok(HistoryRequest { users: names(HISTORY_FILTER_VALUES_MAX), ..Default::default() }));
+        assert!(refused(HistoryRequest { names: names(HISTORY_FILTER_VALUES_MAX + 1), ..Default::default() }, "names"));
+        let states = |n: usize| vec![JobState::Running as i32; n];
+        assert!(ok(HistoryRequest { states: states(LIST_STATES_MAX), ..Default::default() }));
+        assert!(refused(HistoryRequest { states: states(LIST_STATES_MAX + 1), ..Default::default() }, "states"));
+    }
 
     // Fields set one by one: a struct literal of a core type here would
     // read as a conversion outside convert.rs (core.rs's architecture rule).
