@@ -34,6 +34,12 @@ NEWEST_FORMAT_COMMIT := $(shell git log -1 --format=%H -S'pub const FORMAT_NEWES
 PREVIOUS_COMMIT := $(shell git rev-parse --verify --quiet $(if $(NEWEST_FORMAT_COMMIT),$(NEWEST_FORMAT_COMMIT)^,HEAD) 2>/dev/null)
 PREVIOUS_DIR := $(HOME)/.cache/gangway/previous
 export GANGWAY_PREVIOUS_BIN := $(PREVIOUS_DIR)/gangway
+# RocksDB's C++ is compiled once: when the previous commit pins the same
+# librocksdb-sys as this one, its build links the library the main target
+# directory already holds (built by clippy or the build before it; the
+# newest, if several), through librocksdb-sys's ROCKSDB_LIB_DIR. Otherwise
+# (none built yet, or another version) it compiles its own.
+ROCKSDB_PIN := $(shell sed -n '/^name = "librocksdb-sys"$$/{n;s/^version = "\(.*\)"$$/\1/p;}' Cargo.lock)
 previous:
 	@if [ -z "$(NEWEST_FORMAT)" ] || [ -z "$(PREVIOUS_COMMIT)" ]; then \
 		echo "make previous: no commit before data format $(NEWEST_FORMAT) in this history (clone without --depth)"; exit 1; \
@@ -46,6 +52,12 @@ previous:
 		echo "building gangway at $(PREVIOUS_COMMIT) (the commit before data format $(NEWEST_FORMAT)) for the rolling-upgrade test"; \
 		rm -rf $(PREVIOUS_DIR)/src $(PREVIOUS_DIR)/built && mkdir -p $(PREVIOUS_DIR)/src && \
 		git archive $(PREVIOUS_COMMIT) | tar -x -C $(PREVIOUS_DIR)/src && \
+		pin=$$(sed -n '/^name = "librocksdb-sys"$$/{n;s/^version = "\(.*\)"$$/\1/p;}' $(PREVIOUS_DIR)/src/Cargo.lock) && \
+		lib=$$(ls -t $(CARGO_TARGET_DIR)/debug/build/librocksdb-sys-*/out/librocksdb.a 2>/dev/null | head -1) && \
+		if [ -n "$$lib" ] && [ -n "$$pin" ] && [ "$$pin" = "$(ROCKSDB_PIN)" ]; then \
+			echo "linking the RocksDB library already built ($$lib)"; \
+			export ROCKSDB_LIB_DIR=$$(dirname $$lib) ROCKSDB_STATIC=1; \
+		fi && \
 		(cd $(PREVIOUS_DIR)/src && CARGO_TARGET_DIR=$(PREVIOUS_DIR)/target $(CARGO) build --bin gangway) && \
 		cp $(PREVIOUS_DIR)/target/debug/gangway $(GANGWAY_PREVIOUS_BIN) && \
 		echo $(PREVIOUS_COMMIT) > $(PREVIOUS_DIR)/built; \
