@@ -141,10 +141,7 @@ fn controllers_agents_and_cli_as_separate_processes() {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
-    let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
-    let peers: Vec<String> = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
-    let peers = peers.join(",");
-    let endpoints = addrs.join(",");
+    let (addrs, peers, endpoints) = three_replicas();
     let mut procs = Procs(Vec::new());
     let (_pool_agent, programs) = pool_programs(&agent_exe, &endpoints, dir.path());
     let console = format!("127.0.0.1:{}", free_port());
@@ -1684,9 +1681,7 @@ fn accounting_stores_every_job_once_across_failures() {
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
     let pg = Postgres::start();
-    let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
-    let peers: Vec<String> = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
-    let (peers, endpoints) = (peers.join(","), addrs.join(","));
+    let (addrs, peers, endpoints) = three_replicas();
     let tls = pki().to_str().unwrap().to_string();
     let url = pg.url();
     let mut controllers = Vec::new();
@@ -1710,29 +1705,14 @@ fn accounting_stores_every_job_once_across_failures() {
     eventually("the agents never registered", || {
         stdout(&cli(&endpoints, &["nodes", "--json"], &work)).matches("\"state\": \"UP\"").count() == 2
     });
-    let accounting = || {
-        let log = std::fs::File::options().create(true).append(true).open(dir.path().join("accounting.log")).unwrap();
-        as_user(Command::new(GANGWAY).args(["accounting", "--database", &pg.url()]), "root")
-            .env("GANGWAY_ENDPOINTS", &endpoints)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap()
-    };
+    let accounting = || accounting_service(&pg.url(), &endpoints, &dir.path().join("accounting.log"));
     let mut service = Procs(vec![accounting()]);
     // It stores what happens from its first start on (and every job the
     // state holds then): wait until it has its place in the log.
     eventually("the accounting service never started", || {
         pg.try_query("SELECT count(*) FROM ingest_cursor").is_ok_and(|n| n.trim() == "1")
     });
-    let submit = |args: &[&str]| -> u64 {
-        let mut all = vec!["submit", "--parsable"];
-        all.extend_from_slice(args);
-        let o = cli(&endpoints, &all, &work);
-        assert!(o.status.success(), "submit {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-        stdout(&o).trim().parse().unwrap()
-    };
+    let submit = |args: &[&str]| submit_parsable(&endpoints, args, &work);
     // The state keeps 8 finished jobs: the test runs more, so sacct, show,
     // sreport and seff must find the others in the database. (The setting
     // needs data format 13, which a new cluster reaches by itself.)
@@ -2003,9 +1983,7 @@ fn accounting_keeps_every_job_across_a_restore_from_a_backup() {
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
     let pg = Postgres::start();
-    let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
-    let peers: Vec<String> = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
-    let (peers, endpoints) = (peers.join(","), addrs.join(","));
+    let (addrs, peers, endpoints) = three_replicas();
     let tls = pki().to_str().unwrap().to_string();
     let url = pg.url();
     let start = |generation: &str, restore: Option<&Path>| -> Procs {
@@ -2033,24 +2011,11 @@ fn accounting_keeps_every_job_across_a_restore_from_a_backup() {
     eventually("the agent never registered", || {
         stdout(&cli(&endpoints, &["nodes", "--json"], &work)).contains("\"state\": \"UP\"")
     });
-    let log = std::fs::File::create(dir.path().join("accounting.log")).unwrap();
-    let _service = Procs(vec![as_user(Command::new(GANGWAY).args(["accounting", "--database", &url]), "root")
-        .env("GANGWAY_ENDPOINTS", &endpoints)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap()]);
+    let _service = Procs(vec![accounting_service(&url, &endpoints, &dir.path().join("accounting.log"))]);
     eventually("the accounting service never started", || {
         pg.try_query("SELECT count(*) FROM ingest_cursor").is_ok_and(|n| n.trim() == "1")
     });
-    let submit = |args: &[&str]| -> u64 {
-        let mut all = vec!["submit", "--parsable"];
-        all.extend_from_slice(args);
-        let o = cli(&endpoints, &all, &work);
-        assert!(o.status.success(), "submit {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-        stdout(&o).trim().parse().unwrap()
-    };
+    let submit = |args: &[&str]| submit_parsable(&endpoints, args, &work);
     let state_of = |id: u64| -> String {
         let shown = stdout(&cli(&endpoints, &["show", &id.to_string(), "--json"], &work));
         shown.split("\"state\": \"").nth(1).and_then(|s| s.split('"').next()).unwrap_or("").to_string()
@@ -2151,6 +2116,35 @@ fn accounting_keeps_every_job_across_a_restore_from_a_backup() {
     let o = cli(&endpoints, &["accounting", "release-unstored"], &work);
     assert!(stdout(&o).contains("treats every job finished through log index"), "{o:?}");
     drop(controllers);
+}
+
+/// Three replicas' loopback addresses: (addresses, `--peers`, endpoints).
+fn three_replicas() -> (Vec<String>, String, String) {
+    let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+    let peers: Vec<String> = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
+    let (peers, endpoints) = (peers.join(","), addrs.join(","));
+    (addrs, peers, endpoints)
+}
+
+/// `gangway submit --parsable ARGS` as root: the new job's id.
+fn submit_parsable(endpoints: &str, args: &[&str], work: &Path) -> u64 {
+    let mut all = vec!["submit", "--parsable"];
+    all.extend_from_slice(args);
+    let o = cli(endpoints, &all, work);
+    assert!(o.status.success(), "submit {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    stdout(&o).trim().parse().unwrap()
+}
+
+/// `gangway accounting` into `url`, as root, its log appended to `log`.
+fn accounting_service(url: &str, endpoints: &str, log: &Path) -> Child {
+    let log = std::fs::File::options().create(true).append(true).open(log).unwrap();
+    as_user(Command::new(GANGWAY).args(["accounting", "--database", url]), "root")
+        .env("GANGWAY_ENDPOINTS", endpoints)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
 }
 
 fn serde_leader(status: &str) -> usize {

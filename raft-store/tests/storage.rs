@@ -395,6 +395,15 @@ async fn apply_one_published(
     assert_eq!(shared.read_fresh().await.unwrap().index(), index);
 }
 
+/// Entries 1 to 4, each published: the maintainer has made its spares (the
+/// first ones are clones). The next index to apply.
+async fn warm_up(stores: &mut gangway_raft_store::Stores, shared: &gangway_raft_store::SharedState) -> u64 {
+    for index in 1..=4 {
+        apply_one_published(stores, shared, index).await;
+    }
+    5
+}
+
 /// A reader that holds a view past its replacement (a heartbeat's answer
 /// whose thread was not scheduled for a while) costs no clone of the whole
 /// state: the maintainer keeps SPARES_MAX spares and takes the free one. With
@@ -406,11 +415,7 @@ async fn a_view_held_past_its_replacement_costs_no_clone() {
     let shared = stores.state_machine.shared();
     const { assert!(gangway_raft_store::views::SPARES_MAX >= 2) };
     // Warm up: the maintainer has its spares (the first ones are clones).
-    let mut next = 1;
-    for _ in 0..4 {
-        apply_one_published(&mut stores, &shared, next).await;
-        next += 1;
-    }
+    let mut next = warm_up(&mut stores, &shared).await;
     let clones = shared.view_stats().clones;
     let held = shared.read_fresh().await.unwrap();
     for _ in 0..20 {
@@ -443,11 +448,7 @@ async fn a_spare_held_past_the_lag_limit_is_let_go() {
     let dir = tempfile::tempdir().unwrap();
     let mut stores = open(dir.path()).unwrap();
     let shared = stores.state_machine.shared();
-    let mut next = 1;
-    for _ in 0..4 {
-        apply_one_published(&mut stores, &shared, next).await;
-        next += 1;
-    }
+    let mut next = warm_up(&mut stores, &shared).await;
     let clones = shared.view_stats().clones;
     let held = shared.read_fresh().await.unwrap();
     let mut most_queued = 0;

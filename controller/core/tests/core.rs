@@ -2470,20 +2470,8 @@ fn the_policy_bounds_the_finished_jobs_kept() {
 /// hard limit), and go when it catches up.
 #[test]
 fn finished_jobs_wait_for_the_accounting_store() {
-    let mut s = base_state();
-    s.apply(99, &Command::SetDataFormat { format: 13, now_ms: 4_000 });
-    let mut policy = s.policy.clone();
-    policy.admins.push("server:1".into());
-    policy.finished_jobs_kept = Some(2);
-    let update = Command::UpdatePolicy {
-        policy,
-        expected_version: None,
-        force: true,
-        identity: "server:1".into(),
-        now_ms: 4_001,
-    };
-    assert!(matches!(s.apply(100, &update).outcome, Outcome::PolicyUpdated { .. }));
-    let stored = |index| Command::AccountingStored { index, identity: "server:1".into(), now_ms: 4_002 };
+    let mut s = accounting_state(13, Some(2));
+    let stored = accounting_stored;
     // Not an operator, or an index not before the entry: refused.
     let mut by_alice = stored(100);
     if let Command::AccountingStored { identity, .. } = &mut by_alice {
@@ -2512,6 +2500,30 @@ fn finished_jobs_wait_for_the_accounting_store() {
     s.check_invariants().unwrap();
 }
 
+/// The base state in `format`, with `server:1` an admin (the accounting
+/// service's reports) and `finished_jobs_kept` set, through entry 100.
+fn accounting_state(format: u32, finished_jobs_kept: Option<u32>) -> State {
+    let mut s = base_state();
+    s.apply(99, &Command::SetDataFormat { format, now_ms: 4_000 });
+    let mut policy = s.policy.clone();
+    policy.admins.push("server:1".into());
+    policy.finished_jobs_kept = finished_jobs_kept;
+    let update = Command::UpdatePolicy {
+        policy,
+        expected_version: None,
+        force: true,
+        identity: "server:1".into(),
+        now_ms: 4_001,
+    };
+    assert!(matches!(s.apply(100, &update).outcome, Outcome::PolicyUpdated { .. }));
+    s
+}
+
+/// The accounting service's report: every job through `index` is stored.
+fn accounting_stored(index: u64) -> Command {
+    Command::AccountingStored { index, identity: "server:1".into(), now_ms: 4_002 }
+}
+
 /// Past the hard limits, finished jobs the accounting store has not stored:
 /// from format 15 they stay, and at the limit new jobs are refused (naming
 /// the way out) until the store catches up; format 14 dropped the oldest.
@@ -2519,19 +2531,8 @@ fn finished_jobs_wait_for_the_accounting_store() {
 fn at_the_hard_limit_unstored_jobs_stay_and_new_jobs_wait_for_the_store() {
     use gangway_core::limits::FINISHED_JOBS_RETAINED_MAX;
     for format in [14, 15] {
-        let mut s = base_state();
-        s.apply(99, &Command::SetDataFormat { format, now_ms: 4_000 });
-        let mut policy = s.policy.clone();
-        policy.admins.push("server:1".into());
-        let update = Command::UpdatePolicy {
-            policy,
-            expected_version: None,
-            force: true,
-            identity: "server:1".into(),
-            now_ms: 1,
-        };
-        assert!(matches!(s.apply(100, &update).outcome, Outcome::PolicyUpdated { .. }));
-        let stored = |index| Command::AccountingStored { index, identity: "server:1".into(), now_ms: 4_002 };
+        let mut s = accounting_state(format, None);
+        let stored = accounting_stored;
         assert!(matches!(s.apply(101, &stored(100)).outcome, Outcome::AccountingStored { index: 100 }));
         let mut index = 200;
         let finish_one = |s: &mut State, index: &mut u64| -> Outcome {

@@ -34,6 +34,8 @@ const BACKUP_CHUNK_BYTES: usize = 1024 * 1024;
 
 fn replica_status(replica: &Replica) -> ReplicaStatus {
     let s = replica.node.status();
+    // One view for the format and history it reports.
+    let view = replica.node.state().read();
     ReplicaStatus {
         id: s.id,
         role: s.role.as_str().to_string(),
@@ -47,11 +49,11 @@ fn replica_status(replica: &Replica) -> ReplicaStatus {
         error: String::new(),
         cert_not_after_unix: replica.cert_not_after(),
         newest_data_format: gangway_core::format::FORMAT_NEWEST,
-        data_format: replica.node.state().read().format,
+        data_format: view.format,
         addr: replica.addr.clone(),
         now_unix_ms: Some(crate::now_ms()),
-        history: replica.node.state().read().history,
-        history_since: replica.node.state().read().history_since,
+        history: view.history,
+        history_since: view.history_since,
     }
 }
 
