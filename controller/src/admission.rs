@@ -43,6 +43,11 @@ pub const SMALL_REQUEST_BYTES_MAX: usize = 64 * 1024;
 /// Requests from a caller nobody vouches for (health checks): a health
 /// request is a service name.
 pub const STRANGER_REQUEST_BYTES_MAX: usize = 1024;
+/// gRPC frames each message with a flag byte and a 4-byte length: a
+/// request body of one message is this much longer than the message, so a
+/// message of exactly a method's limit passes (the limits are the
+/// messages', as tonic's own decoding limits are).
+const GRPC_FRAME_HEADER_BYTES: usize = 5;
 
 /// The methods whose requests may be large (a job spec of up to 2 MiB, a
 /// policy, a reservation naming thousands of nodes, fair share's history).
@@ -266,7 +271,8 @@ where
                 // The request is in progress on its connection until its
                 // response (a stream, perhaps) ends: the idle limit waits.
                 let active = head.extensions.get::<PeerInfo>().and_then(|p| p.activity.as_ref()).map(|a| a.begin());
-                let limited = http_body_util::Limited::new(body, limit).map_err(move |e| {
+                let body_limit = limit.saturating_add(GRPC_FRAME_HEADER_BYTES);
+                let limited = http_body_util::Limited::new(body, body_limit).map_err(move |e| {
                     Status::resource_exhausted(format!(
                         "request: at most {limit} bytes for this method from this caller ({e})"
                     ))

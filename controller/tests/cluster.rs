@@ -80,7 +80,41 @@ impl TestCluster {
             c.handles.insert(id, h);
         }
         c.wait_bootstrap_admin().await;
+        c.wait_switches_carried().await;
         c
+    }
+
+    /// The history every replica counts in once a restored cluster's leader
+    /// has drawn it (format 16).
+    async fn wait_history_drawn(&self) -> u64 {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let states: Vec<(bool, u64)> = self
+                .handles
+                .values()
+                .map(|h| {
+                    let s = h.replica.node.state().read();
+                    (s.history_pending, s.history)
+                })
+                .collect();
+            if let Some(&(false, history)) = states.first() {
+                if states.iter().all(|s| *s == (false, history)) {
+                    return history;
+                }
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the history was never drawn everywhere: {states:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The leader carried the replicas' `--allow-root-jobs` into the policy
+    /// (a commit after the format's): until then a root job is refused.
+    async fn wait_switches_carried(&self) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !self.handles.values().all(|h| h.replica.node.state().read().policy.allow_root_jobs) {
+            assert!(tokio::time::Instant::now() < deadline, "the replicas' switches never reached the policy");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// The first leader commits the bootstrap admin: tests act as it.
@@ -2326,8 +2360,6 @@ mod security {
         }
     }
 
-    /// `--private-jobs`: another user's job does not exist for bob, on any
-    /// replica; alice and the admin see it.
     /// Limits through the real API, one past each: a user's writes over their
     /// rate are refused with a retry hint while others go on; admins have a
     /// budget of their own, far above a user's, and are refused one past it;
@@ -2431,6 +2463,102 @@ mod security {
         c.shutdown().await;
     }
 
+    /// A message of `target` bytes: `make(n)` with the padding `n` that gives it.
+    fn padded<M: prost::Message>(target: usize, make: impl Fn(usize) -> M) -> M {
+        let mut n = target;
+        for _ in 0..8 {
+            let len = make(n).encoded_len();
+            if len == target {
+                return make(n);
+            }
+            n = (n + target).checked_sub(len).expect("the padding can make the message that small");
+        }
+        panic!("no padding gives a message of {target} bytes");
+    }
+
+    /// Request sizes on a real replica over mTLS, at each limit and one
+    /// byte past it: a small method (List) at `SMALL_REQUEST_BYTES_MAX`,
+    /// Submit at `API_REQUEST_BYTES_MAX`, an agent's heartbeat at
+    /// `AGENT_MESSAGE_BYTES_MAX`. At the limit the request reaches its
+    /// handler (List and Submit refuse the oversized field by name, the
+    /// heartbeat is answered); one past, it is refused naming
+    /// the limit, and the replica serves on. The gate refuses with
+    /// RESOURCE_EXHAUSTED where its limit is below the service's (small
+    /// methods); where they are equal, tonic refuses first, from the frame's
+    /// length before reading the message, with OUT_OF_RANGE.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn request_sizes_hold_at_their_limits_one_past_each() {
+        use gangway_controller::admission::SMALL_REQUEST_BYTES_MAX;
+        use gangway_proto::limits::{AGENT_MESSAGE_BYTES_MAX, API_REQUEST_BYTES_MAX};
+        let pki = Pki::new();
+        let c = start_secure(&pki).await;
+        let leader = c.leader().await;
+        let ch = |who| pki.security(who).channel(&c.addrs[&leader], Expect::Server, WAIT).unwrap();
+        let list = |n: usize| pb::ListJobsRequest { name: "x".repeat(n), ..Default::default() };
+        let submit = |n: usize| pb::SubmitRequest {
+            spec: Some(pb::JobSpec { script: "x".repeat(n), workdir: "/tmp".into(), ..Default::default() }),
+            ..Default::default()
+        };
+        let beat = |n: usize| pb::HeartbeatRequest {
+            name: "node-x".into(),
+            gpu_health: vec![pb::GpuHealthReport { index: 0, healthy: false, reason: "x".repeat(n) }],
+            ..Default::default()
+        };
+        for one_past in [false, true] {
+            let extra = usize::from(one_past);
+            let got = [
+                (
+                    "List",
+                    SMALL_REQUEST_BYTES_MAX,
+                    JobServiceClient::new(ch(Caller::Alice))
+                        .list(padded(SMALL_REQUEST_BYTES_MAX + extra, list))
+                        .await
+                        .map(drop),
+                ),
+                (
+                    "Submit",
+                    API_REQUEST_BYTES_MAX,
+                    JobServiceClient::new(ch(Caller::Alice))
+                        .submit(padded(API_REQUEST_BYTES_MAX + extra, submit))
+                        .await
+                        .map(drop),
+                ),
+                (
+                    "Heartbeat",
+                    AGENT_MESSAGE_BYTES_MAX,
+                    AgentServiceClient::new(ch(Caller::AgentX))
+                        .heartbeat(padded(AGENT_MESSAGE_BYTES_MAX + extra, beat))
+                        .await
+                        .map(drop),
+                ),
+            ];
+            for (what, limit, got) in got {
+                let by_gate = format!("request: at most {limit} bytes");
+                let by_tonic = format!("the limit is: {limit} bytes");
+                let refused = got.as_ref().err().filter(|e| {
+                    (e.code() == Code::ResourceExhausted && e.message().contains(&by_gate))
+                        || (e.code() == Code::OutOfRange && e.message().contains(&by_tonic))
+                });
+                if one_past {
+                    refused.unwrap_or_else(|| panic!("{what} one byte past {limit}: {got:?}"));
+                } else {
+                    // Past the gate, each handler answers as for any such request.
+                    let answered = match what {
+                        "List" => got.as_ref().is_err_and(|e| e.message().starts_with("name: at most")),
+                        "Submit" => got.as_ref().is_err_and(|e| e.message().starts_with("script: must be at most")),
+                        _ => got.is_ok(),
+                    };
+                    assert!(refused.is_none() && answered, "{what} at its limit of {limit} bytes: {got:?}");
+                }
+            }
+        }
+        // The replica serves on.
+        JobServiceClient::new(ch(Caller::Alice)).list(pb::ListJobsRequest::default()).await.unwrap();
+        c.shutdown().await;
+    }
+
+    /// `--private-jobs`: another user's job does not exist for bob, on any
+    /// replica; alice and the admin see it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn private_jobs_read_as_not_found_for_others() {
         let pki = Pki::new();
@@ -3141,11 +3269,20 @@ async fn a_cluster_that_lost_its_majority_is_restored_from_a_backup() {
     assert_eq!(restored.policy, at_backup.policy);
     // A history of its own, the same on every replica: the lost cluster's
     // log indexes past the backup name other entries than the new one's.
-    assert_ne!(restored.history, at_backup.history);
-    assert!(restored.format >= gangway_core::format::HISTORY_FORMAT);
-    for id in [1, 2, 3] {
-        assert_eq!(r.state(id).history, restored.history, "replica {id}'s history");
-    }
+    // Derived from the file at first, then drawn by the first leader.
+    let derived = gangway_raft_store::backup::restored_history(
+        &gangway_raft_store::backup::Backup::from_bytes(&std::fs::read(&file).unwrap()).unwrap(),
+        at_backup.history,
+    );
+    let drawn = r.wait_history_drawn().await;
+    assert!(drawn != at_backup.history && drawn != derived && drawn != 0, "drawn {drawn}, derived {derived}");
+    assert!(r.state(new_leader).format >= gangway_core::format::FRESH_HISTORY_FORMAT);
+    assert_eq!(r.state(new_leader).history_since, index);
+    // Another cluster restored from the same file draws another history.
+    let other = TestCluster::start_full(3, |_| fast_timing(), Some(file.clone())).await;
+    let other_history = other.wait_history_drawn().await;
+    assert!(other_history != drawn && other_history != derived, "two restores of one file share {other_history}");
+    other.shutdown().await;
     // It takes new work, numbering jobs past any the lost cluster issued.
     let client = r.client();
     let next = submit(&client, spec("true"), "new").await.unwrap().job_id;

@@ -96,7 +96,10 @@ pub fn restored_state(backup: &Backup, mut state: gangway_core::state::State) ->
     state.next_job_id = state.next_job_id.saturating_add(RESTORE_JOB_ID_GAP);
     state.history = restored_history(backup, state.history);
     state.history_since = backup.index;
-    state.format = state.format.max(gangway_core::format::HISTORY_FORMAT);
+    state.format = state.format.max(gangway_core::format::FRESH_HISTORY_FORMAT);
+    // Derived from the file, so every replica restored from it agrees; the
+    // first leader draws one no other restore of the file can share.
+    state.history_pending = true;
     state
 }
 
@@ -106,8 +109,9 @@ pub fn restored_state(backup: &Backup, mut state: gangway_core::state::State) ->
 /// of the new cluster is restored from the same file, so the number is
 /// derived from it (FNV-1a over the backup's index, taker, time and state's
 /// checksum, and the history it was taken in), never 0 (the history a
-/// cluster starts with). Restoring the same file twice gives the same
-/// history: take a new backup of a restored cluster before relying on it.
+/// cluster starts with). Restoring the same file twice would give the same
+/// history, so it is only the history until the new cluster's first leader
+/// draws one at random (`Command::DrawHistory`, `State::history_pending`).
 pub fn restored_history(backup: &Backup, previous: u64) -> u64 {
     const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
@@ -195,7 +199,7 @@ pub fn restore(dir: &Path, backup: &Backup, members: &BTreeMap<NodeId, String>) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gangway_core::format::HISTORY_FORMAT;
+    use gangway_core::format::FRESH_HISTORY_FORMAT;
     use gangway_core::state::State;
 
     #[test]
@@ -206,7 +210,8 @@ mod tests {
         let backup = Backup { index: 900, taken_by: 2, taken_at_ms: 1_700_000_000_000, snapshot };
         let restored = restored_state(&backup, state.clone());
         assert_eq!(restored.next_job_id, 40 + RESTORE_JOB_ID_GAP);
-        assert_eq!(restored.format, HISTORY_FORMAT, "raised to a format that holds a history");
+        assert_eq!(restored.format, FRESH_HISTORY_FORMAT, "raised to a format that holds a history to draw");
+        assert!(restored.history_pending, "its first leader draws the history anew");
         assert_ne!(restored.history, 0, "0 is the history a cluster starts with");
         assert_eq!(restored.history_since, 900, "it begins after the backup's index");
         restored.check_invariants().unwrap();
@@ -218,6 +223,7 @@ mod tests {
         assert_ne!(restored_state(&backup, restored.clone()).history, restored.history);
         // The snapshot the restore writes keeps it.
         let written = gangway_core::snapshot::encode(&restored);
-        assert_eq!(gangway_core::snapshot::decode(&written).unwrap().history, restored.history);
+        let read = gangway_core::snapshot::decode(&written).unwrap();
+        assert_eq!((read.history, read.history_pending), (restored.history, true));
     }
 }

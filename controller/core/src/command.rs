@@ -201,6 +201,14 @@ pub enum Command {
         identity: String,
         now_ms: u64,
     },
+    /// The history a cluster restored from a backup counts in from here on,
+    /// drawn at random by its first leader (`State::history_pending`): two
+    /// restores from the same file derive the same history, and only a
+    /// number no replica could compute alone tells them apart. Since format 16.
+    DrawHistory {
+        history: u64,
+        now_ms: u64,
+    },
 }
 
 /// One victim of a preemption.
@@ -326,7 +334,8 @@ impl Command {
             | Command::StepStarted { now_ms, .. }
             | Command::StepEnded { now_ms, .. }
             | Command::RestoreUsage { now_ms, .. }
-            | Command::AccountingStored { now_ms, .. } => *now_ms,
+            | Command::AccountingStored { now_ms, .. }
+            | Command::DrawHistory { now_ms, .. } => *now_ms,
         }
     }
 
@@ -351,6 +360,7 @@ impl Command {
             Command::StepEnded { .. } => "step_ended",
             Command::RestoreUsage { .. } => "restore_usage",
             Command::AccountingStored { .. } => "accounting_stored",
+            Command::DrawHistory { .. } => "draw_history",
         }
     }
 }

@@ -36,7 +36,7 @@ pub const FORMAT_BASE: u32 = 4;
 /// The oldest format this build reads (log entries, snapshots, stores).
 pub const FORMAT_OLDEST: u32 = 4;
 /// The newest format this build reads and, once every replica can, writes.
-pub const FORMAT_NEWEST: u32 = 15;
+pub const FORMAT_NEWEST: u32 = 16;
 
 /// Format 7 changed no encoding, only a rule of `apply`: a plan's preemption
 /// victims are evicted only together with the placement they make room for,
@@ -126,6 +126,14 @@ pub const HISTORY_FORMAT: u32 = 15;
 /// the hard limits they were dropped whether stored or not.
 pub const ACCOUNTING_BACKLOG_FORMAT: u32 = HISTORY_FORMAT;
 
+/// Format 16: a restored cluster's first leader draws its history at random
+/// ([`Command::DrawHistory`]; `State::history_pending` until then, written
+/// after `history_since` in a snapshot). Before, the history was only derived
+/// from the backup, so two restores from one file shared it, and a service
+/// or agent that had followed the first past the second's index skipped or
+/// stalled on the second's entries.
+pub const FRESH_HISTORY_FORMAT: u32 = 16;
+
 /// Whether this build reads `format`.
 pub fn readable(format: u32) -> bool {
     (FORMAT_OLDEST..=FORMAT_NEWEST).contains(&format)
@@ -185,6 +193,7 @@ impl Command {
             Command::TaskExited { usage: Some(_), .. }
             | Command::RestoreUsage { .. }
             | Command::AccountingStored { .. } => ACCOUNTING_FORMAT,
+            Command::DrawHistory { .. } => FRESH_HISTORY_FORMAT,
             _ => FORMAT_BASE,
         }
     }
@@ -273,6 +282,12 @@ pub mod raw_bytes {
 }
 
 /// Encodes a value with the standard bincode configuration.
+#[expect(
+    clippy::expect_used,
+    reason = "writing into a Vec cannot fail, and bincode refuses only values serde cannot give lengths for: none of \
+              the replicated types (golden_encodings_pin encodes every variant of each); the core never encodes a \
+              Payload (whose Serialize refuses a format it cannot hold) with it"
+)]
 pub fn to_bytes<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     bincode::serde::encode_to_vec(value, bincode::config::standard()).expect("encoding into memory cannot fail")
 }
@@ -350,8 +365,9 @@ impl Serialize for Payload {
                 let body = to_bytes(&v12::Wire::from_command(command).map_err(S::Error::custom)?);
                 v4::Wire::Envelope { format: 12, body }.serialize(serializer)
             }
-            // Format 14 changed a rule of apply, not the command's encoding.
-            format @ (13..=15) => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
+            // Formats 14 and 15 changed rules of apply, 16 appended a variant:
+            // none changed the command's encoding.
+            format @ (13..=16) => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
             f => Err(S::Error::custom(format!("this build does not write data format {f}"))),
         }
     }
@@ -386,7 +402,7 @@ impl<'de> Deserialize<'de> for Payload {
                 let command = wire.into_command().ok_or_else(|| D::Error::custom("an envelope inside a batch"))?;
                 Ok(Payload { format: 12, command: Some(command), unread: Vec::new() })
             }
-            v4::Wire::Envelope { format: format @ (13..=15), body } => {
+            v4::Wire::Envelope { format: format @ (13..=16), body } => {
                 let command = from_bytes(&body).map_err(D::Error::custom)?;
                 Ok(Payload { format, command: Some(command), unread: Vec::new() })
             }
@@ -407,8 +423,12 @@ impl<'de> Deserialize<'de> for Payload {
 /// CRC-32C (Castagnoli) of `bytes`: snapshots carry it, so a damaged one is
 /// refused rather than applied.
 pub fn crc32c(bytes: &[u8]) -> u32 {
-    // Evaluated at compile time: an overflow here fails the build, never a replica.
-    #[allow(clippy::arithmetic_side_effects, clippy::cast_possible_truncation)]
+    #[allow(
+        clippy::arithmetic_side_effects,
+        clippy::cast_possible_truncation,
+        clippy::indexing_slicing,
+        reason = "evaluated at compile time: an overflow or an index out of range fails the build, never a replica"
+    )]
     const TABLE: [u32; 256] = {
         let mut table = [0u32; 256];
         let mut i = 0;
@@ -424,7 +444,9 @@ pub fn crc32c(bytes: &[u8]) -> u32 {
         }
         table
     };
-    !bytes.iter().fold(!0u32, |crc, &b| TABLE[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8))
+    #[expect(clippy::indexing_slicing, reason = "an index masked with 0xff is below the table's 256 entries")]
+    let crc = bytes.iter().fold(!0u32, |crc, &b| TABLE[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8));
+    !crc
 }
 
 #[cfg(test)]

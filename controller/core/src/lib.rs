@@ -18,6 +18,25 @@
 // replica (a committed entry is replayed forever). Outside tests, every
 // operation that can overflow is checked or saturating.
 #![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation))]
+// Nor may anything else panic, in apply or in the leader's scheduling pass
+// (the next leader would run the same pass over the same state): no
+// `expect`, `unwrap`, index or slice that can miss (of a string too),
+// `panic!`, `unreachable!` or `unimplemented!` (`todo!` is denied everywhere). A state that breaks an invariant is skipped or refused,
+// never a crash (`State::check_invariants` finds it in the fuzzer and the
+// simulation). The few exceptions give their reason and are counted in
+// tests/core.rs (`PANIC_EXCEPTIONS`).
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::expect_used,
+        clippy::unwrap_used,
+        clippy::indexing_slicing,
+        clippy::string_slice,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::unimplemented
+    )
+)]
 
 pub mod agent;
 pub mod command;

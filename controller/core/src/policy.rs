@@ -96,10 +96,12 @@ impl Use {
         self.jobs = self.jobs.saturating_add(other.jobs);
     }
 
+    /// Saturating: the use counters are derived (`State::check_invariants`
+    /// recounts them), and a drift must never stop every replica.
     pub fn sub(&mut self, other: Use) {
-        self.gpus = self.gpus.checked_sub(other.gpus).expect("use accounting underflow (gpus)");
-        self.cpus = self.cpus.checked_sub(other.cpus).expect("use accounting underflow (cpus)");
-        self.jobs = self.jobs.checked_sub(other.jobs).expect("use accounting underflow (jobs)");
+        self.gpus = self.gpus.saturating_sub(other.gpus);
+        self.cpus = self.cpus.saturating_sub(other.cpus);
+        self.jobs = self.jobs.saturating_sub(other.jobs);
     }
 }
 
@@ -166,12 +168,8 @@ impl Partition {
 
 /// Matches a node name against `*` globs and `prefix[001-010,015]suffix` ranges.
 pub fn pattern_matches(pattern: &str, name: &str) -> bool {
-    if let Some(open) = pattern.find('[') {
-        let Some(close_rel) = pattern[open..].find(']') else { return pattern == name };
-        // '[' and ']' are one byte each, so these split on character boundaries.
-        let (prefix, rest) = pattern.split_at(open);
-        let (ranges, suffix) = rest.split_at(close_rel);
-        let (ranges, suffix) = (&ranges[1..], &suffix[1..]);
+    if let Some((prefix, rest)) = pattern.split_once('[') {
+        let Some((ranges, suffix)) = rest.split_once(']') else { return pattern == name };
         let Some(mid) = name.strip_prefix(prefix).and_then(|r| r.strip_suffix(suffix)) else { return false };
         if mid.is_empty() || !mid.chars().all(|c| c.is_ascii_digit()) {
             return false;
@@ -816,7 +814,9 @@ impl ClusterPolicy {
                 return Err(SpecError::new("pools", format!("more than {} nodes", crate::limits::NODES_MAX)));
             }
             // Checked with the longest name (the GPUs' placeholder ids hold it).
-            let longest = pool.nodes.iter().max_by_key(|n| n.len()).unwrap_or(&pool.nodes[0]);
+            let Some(longest) = pool.nodes.iter().max_by_key(|n| n.len()) else {
+                return Err(SpecError::new("pools", format!("{name}: names no nodes")));
+            };
             let template = pool.node_spec(longest);
             template.validate().map_err(|e| SpecError::new("pools", format!("{name}: {e}")))?;
             for node in &pool.nodes {

@@ -247,7 +247,7 @@ pub fn check_request(r: &ReservationRequest, now_ms: u64, existing: usize) -> Re
         }
         for (i, n) in list.iter().enumerate() {
             crate::policy::check_ident(field, n)?;
-            if list[..i].contains(n) {
+            if list.iter().take(i).any(|m| m == n) {
                 return Err(SpecError::new(field, format!("{n} is named twice")));
             }
         }

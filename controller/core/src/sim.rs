@@ -197,8 +197,9 @@ pub fn simulate_with_progress(
                     reason: String::new(),
                     now_ms: t.saturating_mul(1000),
                 };
-                let user = state.jobs[&job_id].spec.user.clone();
-                let ran = t.saturating_sub(state.jobs[&job_id].start_time_ms.unwrap_or(0) / 1000);
+                let Some(job) = state.jobs.get(&job_id) else { continue };
+                let user = job.spec.user.clone();
+                let ran = t.saturating_sub(job.start_time_ms.unwrap_or(0) / 1000);
                 apply(&mut state, cmd);
                 let h = history.entry(user).or_default();
                 h.push_back(ran);
@@ -212,8 +213,9 @@ pub fn simulate_with_progress(
             reported = next;
             progress(next, arrivals.len());
         }
-        while next < arrivals.len() && arrivals[next].0 == t {
-            let j = &trace[arrivals[next].1];
+        while let Some(&(_, k)) = arrivals.get(next).filter(|a| a.0 == t) {
+            crate::incr(&mut next);
+            let Some(j) = trace.get(k) else { continue };
             let (nodes, cpus, gpus) = shape(j);
             let spec = JobSpec {
                 user: format!("u{}", j.user),
@@ -231,9 +233,8 @@ pub fn simulate_with_progress(
                 now_ms: t.saturating_mul(1000),
             };
             if let Outcome::Submitted { job_id, .. } = apply(&mut state, cmd).outcome {
-                job_of.insert(job_id, arrivals[next].1);
+                job_of.insert(job_id, k);
             }
-            crate::incr(&mut next);
         }
         // A machine with nothing free starts nothing: skip the pass.
         let free_cpus: u64 =
@@ -272,27 +273,26 @@ pub fn simulate_with_progress(
         };
         if let Outcome::ScheduleApplied { started: ids, .. } = apply(&mut state, cmd).outcome {
             for id in ids {
-                let i = job_of[&id];
-                let j = &trace[i];
+                let Some((&i, j)) = job_of.get(&id).and_then(|i| Some((i, trace.get(*i)?))) else { continue };
                 let run = j.run_s.min(j.req_s).max(1);
                 started.insert(i, t);
                 busy_cpu_s += run.saturating_mul(units(j)) as f64;
-                ends.entry(t.saturating_add(run)).or_default().push((id, state.jobs[&id].attempt));
+                let attempt = state.jobs.get(&id).map_or(0, |job| job.attempt);
+                ends.entry(t.saturating_add(run)).or_default().push((id, attempt));
             }
         }
     }
     let mut waits = Vec::new();
     let mut bslds = Vec::new();
-    for (&i, &start) in &started {
-        let j = &trace[i];
+    for (j, &start) in started.iter().filter_map(|(&i, start)| Some((trace.get(i)?, start))) {
         let wait = start.saturating_sub(j.submit_s) as f64;
         let run = j.run_s.min(j.req_s).max(1) as f64;
         waits.push(wait);
         bslds.push(((wait + run) / run.max(BSLD_TAU_S)).max(1.0));
     }
-    bslds.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    bslds.sort_by(f64::total_cmp);
     let mut sorted_waits = waits.clone();
-    sorted_waits.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    sorted_waits.sort_by(f64::total_cmp);
     let pct = |v: &[f64], q: f64| v.get(((v.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
     let n = waits.len().max(1) as f64;
     let makespan_s = last_end.saturating_sub(first_submit);
@@ -329,10 +329,9 @@ pub fn parse_swf(text: &str) -> (Vec<TraceJob>, Option<u32>) {
             continue;
         }
         let f: Vec<i64> = line.split_whitespace().filter_map(|x| x.parse::<f64>().ok().map(|v| v as i64)).collect();
-        if f.len() < 9 {
-            continue;
-        }
-        let (submit, run, alloc, req_procs, req_time) = (f[1], f[3], f[4], f[7], f[8]);
+        // SWF fields: 2 submit, 4 run time, 5 allocated processors, 8 requested
+        // processors, 9 requested time (1-based), 12 user.
+        let [_, submit, _, run, alloc, _, _, req_procs, req_time, ..] = f[..] else { continue };
         let user = f.get(11).copied().unwrap_or(0);
         let procs = if req_procs > 0 { req_procs } else { alloc };
         if run <= 0 || procs <= 0 || submit < 0 {
@@ -366,21 +365,21 @@ pub fn parse_gpu_trace(text: &str, gavel_step_ms: u64) -> Result<Vec<TraceJob>, 
         let bad = |what: &str| format!("line {}: {what}", n.saturating_add(1));
         let (gpus, submit, run) = if line.contains('\t') {
             let f: Vec<&str> = line.split('\t').collect();
-            if f.len() < 7 {
+            let [_, _, _, _, steps, arrival, gpus, ..] = f[..] else {
                 return Err(bad("a Gavel line has 7 tab-separated fields"));
-            }
-            let steps: u64 = f[4].trim().parse().map_err(|_| bad("total steps is not a number"))?;
-            let arrival: f64 = f[5].trim().parse().map_err(|_| bad("arrival time is not a number"))?;
-            let gpus: u32 = f[6].trim().parse().map_err(|_| bad("GPUs is not a number"))?;
+            };
+            let steps: u64 = steps.trim().parse().map_err(|_| bad("total steps is not a number"))?;
+            let arrival: f64 = arrival.trim().parse().map_err(|_| bad("arrival time is not a number"))?;
+            let gpus: u32 = gpus.trim().parse().map_err(|_| bad("GPUs is not a number"))?;
             (gpus, arrival as u64, (steps.saturating_mul(gavel_step_ms) / 1000).max(1))
         } else {
             let f: Vec<&str> = line.split(',').collect();
-            if f.len() < 6 {
+            let [_, gpus, submit, _, _, run, ..] = f[..] else {
                 return Err(bad("a Tiresias line has at least 6 comma-separated fields"));
-            }
-            let gpus: u32 = f[1].trim().parse().map_err(|_| bad("num_gpu is not a number"))?;
-            let submit: u64 = f[2].trim().parse().map_err(|_| bad("submit_time is not a number"))?;
-            let run: u64 = f[5].trim().parse().map_err(|_| bad("duration is not a number"))?;
+            };
+            let gpus: u32 = gpus.trim().parse().map_err(|_| bad("num_gpu is not a number"))?;
+            let submit: u64 = submit.trim().parse().map_err(|_| bad("submit_time is not a number"))?;
+            let run: u64 = run.trim().parse().map_err(|_| bad("duration is not a number"))?;
             (gpus, submit, run.max(1))
         };
         if gpus == 0 {

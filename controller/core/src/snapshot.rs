@@ -56,7 +56,8 @@ pub fn encode(state: &State) -> Vec<u8> {
         11 => to_bytes(&v11::StateRef::from(state)),
         12 => to_bytes(&v12::StateRef::from(state)),
         13 | 14 => to_bytes(state),
-        _ => to_bytes(&(state, state.history, state.history_since)),
+        15 => to_bytes(&(state, state.history, state.history_since)),
+        _ => to_bytes(&(state, state.history, state.history_since, state.history_pending)),
     };
     out.extend_from_slice(&state.format.min(FORMAT_NEWEST).to_le_bytes());
     out.extend_from_slice(&crc32c(&body).to_le_bytes());
@@ -65,23 +66,24 @@ pub fn encode(state: &State) -> Vec<u8> {
 }
 
 pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
-    let (Some(magic), Some(version)) = (bytes.get(..4), bytes.get(4..8)) else { return Err(SnapshotError::BadMagic) };
-    if magic != SNAPSHOT_MAGIC {
+    let Some((magic, rest)) = bytes.split_first_chunk::<4>() else { return Err(SnapshotError::BadMagic) };
+    let Some((version, rest)) = rest.split_first_chunk::<4>().filter(|_| magic == SNAPSHOT_MAGIC) else {
         return Err(SnapshotError::BadMagic);
-    }
-    let version = u32::from_le_bytes(version.try_into().expect("4 bytes"));
+    };
+    let version = u32::from_le_bytes(*version);
     let decode_err = |e: crate::format::FormatError| SnapshotError::Decode(e.to_string());
     if version == 4 {
-        let mut state: State = from_bytes::<v4::State>(&bytes[8..]).map_err(decode_err)?.into();
+        let mut state: State = from_bytes::<v4::State>(rest).map_err(decode_err)?.into();
         state.rebuild_derived();
         return Ok(state);
     }
     if !(5..=FORMAT_NEWEST).contains(&version) {
         return Err(SnapshotError::UnsupportedVersion { found: version });
     }
-    let Some(sum) = bytes.get(8..12) else { return Err(SnapshotError::Decode("no checksum".into())) };
-    let found = u32::from_le_bytes(sum.try_into().expect("4 bytes"));
-    let body = &bytes[12..];
+    let Some((sum, body)) = rest.split_first_chunk::<4>() else {
+        return Err(SnapshotError::Decode("no checksum".into()));
+    };
+    let found = u32::from_le_bytes(*sum);
     let computed = crc32c(body);
     if found != computed {
         return Err(SnapshotError::Checksum { found, computed });
@@ -115,9 +117,14 @@ pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
             let state: State = from_bytes(body).map_err(decode_err)?;
             (state.format, state)
         }
-        _ => {
+        15 => {
             let (mut state, history, since): (State, u64, u64) = from_bytes(body).map_err(decode_err)?;
             (state.history, state.history_since) = (history, since);
+            (state.format, state)
+        }
+        _ => {
+            let (mut state, history, since, pending): (State, u64, u64, bool) = from_bytes(body).map_err(decode_err)?;
+            (state.history, state.history_since, state.history_pending) = (history, since, pending);
             (state.format, state)
         }
     };
@@ -174,5 +181,17 @@ mod tests {
         let body = cut[12..].to_vec();
         cut[8..12].copy_from_slice(&crc32c(&body).to_le_bytes());
         assert!(matches!(decode(&cut), Err(SnapshotError::Decode(_))), "{:?}", decode(&cut));
+    }
+
+    #[test]
+    fn a_history_to_draw_is_kept_from_format_16_on() {
+        use crate::format::FRESH_HISTORY_FORMAT;
+        let pending = State { format: FRESH_HISTORY_FORMAT, history: 7, history_pending: true, ..State::default() };
+        let decoded = decode(&encode(&pending)).unwrap();
+        assert_eq!((decoded.history, decoded.history_pending), (7, true));
+        // Format 15 has no place for it: its bytes are unchanged.
+        let older = State { format: FRESH_HISTORY_FORMAT - 1, history: 7, ..State::default() };
+        assert_eq!(&encode(&older)[12..], to_bytes(&(&older, 7u64, 0u64)).as_slice());
+        assert!(!decode(&encode(&older)).unwrap().history_pending);
     }
 }

@@ -518,7 +518,7 @@ impl JobSpec {
             return Err(SpecError::new("command", "must not be empty: give a command or a script"));
         }
         if !self.command.is_empty() {
-            if self.script.is_empty() && self.command[0].trim().is_empty() {
+            if self.script.is_empty() && self.command.first().is_some_and(|c| c.trim().is_empty()) {
                 return Err(SpecError::new("command", "the program name (first argument) must not be empty"));
             }
             if self.command.len() > ARGS_MAX {
@@ -605,7 +605,7 @@ impl JobSpec {
         for (field, names) in [("nodelist", &self.nodelist), ("exclude", &self.exclude)] {
             for (i, n) in names.iter().enumerate() {
                 check_name(field, n, true)?;
-                if names[..i].contains(n) {
+                if names.iter().take(i).any(|m| m == n) {
                     return Err(SpecError::new(field, format!("{n} is named twice")));
                 }
             }

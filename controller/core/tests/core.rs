@@ -89,6 +89,102 @@ fn openraft_types_stay_in_the_raft_layers() {
     assert!(sources.iter().any(|(p, t)| allowed(p) && t.contains(&needle)), "the check found no openraft use at all");
 }
 
+/// The lints that keep panics out of the core, denied outside tests in
+/// `lib.rs`: a panic in `apply` is replayed by every replica (a committed
+/// entry stays in the log), and one in the scheduling pass stops each
+/// leader in turn.
+const PANIC_LINTS: [&str; 7] = [
+    "clippy::expect_used",
+    "clippy::unwrap_used",
+    "clippy::indexing_slicing",
+    "clippy::string_slice",
+    "clippy::panic",
+    "clippy::unreachable",
+    "clippy::unimplemented",
+];
+
+/// The exceptions to [`PANIC_LINTS`] the core's code makes, each with the
+/// reason it cannot panic. A new one must be added here, where a reviewer
+/// sees it: (file, lint).
+const PANIC_EXCEPTIONS: &[(&str, &str)] = &[
+    ("controller/core/src/format.rs", "clippy::expect_used"),
+    ("controller/core/src/format.rs", "clippy::indexing_slicing"),
+    ("controller/core/src/format.rs", "clippy::indexing_slicing"),
+];
+
+/// Architecture Invariant: the core cannot panic outside its tests, but for
+/// the counted exceptions above, each with a reason. `lib.rs` denies the
+/// lints (so clippy finds every `expect`, `unwrap`, index, slice, `panic!`
+/// and `unreachable!`); this test pins that, counts every `expect`/`allow`
+/// of them, and finds the assertions clippy does not (`assert!` and its
+/// kin: only compile-time ones, in a `const`, are allowed).
+#[test]
+fn the_core_cannot_panic_but_for_counted_reasoned_exceptions() {
+    let sources = workspace_sources();
+    let core: Vec<&(String, String)> = sources.iter().filter(|(p, _)| p.starts_with("controller/core/src/")).collect();
+    assert!(core.len() > 20, "the core's sources were not found: {}", core.len());
+    let lib = &core.iter().find(|(p, _)| p.ends_with("/lib.rs")).expect("lib.rs").1;
+    let deny =
+        lib.split("#![cfg_attr(").find(|a| a.trim_start().starts_with("not(test),") && a.contains("expect_used"));
+    let deny = deny.and_then(|a| a.split(")]").next()).expect("lib.rs denies the panic lints outside tests");
+    for lint in PANIC_LINTS {
+        assert!(deny.contains(lint), "lib.rs does not deny {lint}: {deny}");
+    }
+    // Files that are test modules of their own (`#[cfg(test)] mod NAME;`).
+    let test_files: Vec<String> = core
+        .iter()
+        .flat_map(|(_, text)| text.split("#[cfg(test)]\nmod ").skip(1))
+        .filter_map(|rest| {
+            rest.split_once(';').filter(|(name, _)| !name.contains(' ')).map(|(n, _)| format!("/{n}.rs"))
+        })
+        .collect();
+    assert!(test_files.iter().any(|f| f == "/idempotency_tests.rs"), "test modules not found: {test_files:?}");
+    let mut found: Vec<(String, String)> = Vec::new();
+    for (path, text) in &core {
+        if test_files.iter().any(|f| path.ends_with(f.as_str())) {
+            continue;
+        }
+        // Unit tests sit at the end of a file, in `#[cfg(test)] mod tests {`.
+        let code = text.split("\n#[cfg(test)]\nmod tests {").next().unwrap_or(text);
+        assert!(code.len() * 2 > text.len(), "{path}: most of it was taken for tests");
+        let mut rest = code;
+        while let Some(at) = rest.find('#') {
+            let attr = &rest[at..];
+            let end = attr.find(")]").map_or(attr.len(), |e| e + 2);
+            let attr: String = attr[..end].split_whitespace().collect();
+            let lints = attr.starts_with("#[") || attr.starts_with("#![");
+            if lints && (attr.contains("expect(") || attr.contains("allow(")) {
+                let named = PANIC_LINTS.iter().filter(|l| attr.contains(*l)).map(|l| l.to_string());
+                let group = ["clippy::restriction", "clippy::all"].iter().find(|g| attr.contains(*g));
+                assert!(group.is_none(), "{path}: a lint group is allowed, hiding the panic lints: {attr}");
+                for lint in named {
+                    assert!(
+                        attr.contains("reason=\"") && !attr.contains("reason=\"\""),
+                        "{path}: an exception to {lint} gives no reason: {attr}"
+                    );
+                    found.push((path.clone(), lint));
+                }
+            }
+            rest = &rest[at + 1..];
+        }
+        for (n, line) in code.lines().enumerate() {
+            let line = line.trim_start();
+            let asserts = ["assert!(", "assert_eq!(", "assert_ne!("].iter().any(|m| line.contains(m));
+            let at_compile_time = line.starts_with("const _: () = assert!(");
+            assert!(
+                !asserts || at_compile_time || line.starts_with("//"),
+                "{path}:{}: an assertion outside tests panics a replica: {line}",
+                n + 1
+            );
+        }
+    }
+    found.sort();
+    let mut pinned: Vec<(String, String)> =
+        PANIC_EXCEPTIONS.iter().map(|(p, l)| (p.to_string(), l.to_string())).collect();
+    pinned.sort();
+    assert_eq!(found, pinned, "the core's exceptions to the panic lints changed: list them in PANIC_EXCEPTIONS");
+}
+
 /// Protobuf meets the core's types in one file (rust-analyzer's tidy tests):
 /// `controller/src/api/convert.rs` builds wire messages from the model and
 /// specs from wire messages, and maps their enums. Anywhere else in the
@@ -1378,6 +1474,7 @@ fn every_command() -> Vec<Command> {
         task_exit_with_usage(1, 1, "n0", 24),
         restore_usage_cmd(25),
         Command::AccountingStored { index: 40, identity: "accounting".into(), now_ms: 27 },
+        Command::DrawHistory { history: 0x0005_eed0_fa11, now_ms: 28 },
         Command::UpdatePolicy {
             policy: gangway_core::policy::ClusterPolicy { finished_jobs_kept: Some(1_000), ..license_limits_policy() },
             expected_version: None,
@@ -1467,7 +1564,7 @@ fn job_finished(state: JobState, exit_code: Option<i32>) -> Command {
 // compile until it is named here (a constant index past an array is a
 // compile error), and then fails `golden_encodings_cover_every_variant`
 // until `every_command` holds one (and the golden file pins its bytes).
-const COMMANDS: [&str; 19] = [
+const COMMANDS: [&str; 20] = [
     "SubmitJob",
     "CancelJob",
     "RegisterNode",
@@ -1487,6 +1584,7 @@ const COMMANDS: [&str; 19] = [
     "StepEnded",
     "RestoreUsage",
     "AccountingStored",
+    "DrawHistory",
 ];
 const JOB_CHANGES: [&str; 9] = [
     "JobChange::Hold",
@@ -1567,6 +1665,7 @@ fn variants_named(cmd: &Command, out: &mut std::collections::BTreeSet<&'static s
         Command::StepEnded { .. } => COMMANDS[16],
         Command::RestoreUsage { .. } => COMMANDS[17],
         Command::AccountingStored { .. } => COMMANDS[18],
+        Command::DrawHistory { .. } => COMMANDS[19],
     });
     match cmd {
         Command::Batch(cmds) => cmds.iter().for_each(|c| variants_named(c, out)),
@@ -2266,6 +2365,7 @@ fn extreme_command() -> impl Strategy<Value = Command> {
             identity: if admin { "server:1".into() } else { "alice".into() },
             now_ms
         }),
+        (extreme_u64(), extreme_u64()).prop_map(|(history, now_ms)| Command::DrawHistory { history, now_ms }),
     ];
     single.prop_recursive(1, 8, 4, |inner| proptest::collection::vec(inner, 0..4).prop_map(Command::Batch))
 }
@@ -2527,6 +2627,34 @@ fn accounting_stored(index: u64) -> Command {
 /// Past the hard limits, finished jobs the accounting store has not stored:
 /// from format 15 they stay, and at the limit new jobs are refused (naming
 /// the way out) until the store catches up; format 14 dropped the oldest.
+/// Format 16: the history a restore derived from its backup is drawn anew
+/// once, by a leader, and never again; nothing else changes with it.
+#[test]
+fn a_restored_clusters_history_is_drawn_once() {
+    use gangway_core::format::FRESH_HISTORY_FORMAT;
+    let draw = |history| Command::DrawHistory { history, now_ms: 5 };
+    let refused = |s: &mut State, history, kind| match s.apply(9, &draw(history)).outcome {
+        Outcome::Refused(r) => assert_eq!(r.kind, kind, "{}", r.message),
+        other => panic!("drawing {history} was not refused: {other:?}"),
+    };
+    let mut s = State::default();
+    (s.format, s.history, s.history_since) = (FRESH_HISTORY_FORMAT - 1, 77, 40);
+    refused(&mut s, 99, RefusalKind::FailedPrecondition);
+    s.format = FRESH_HISTORY_FORMAT;
+    refused(&mut s, 99, RefusalKind::Stale);
+    s.history_pending = true;
+    s.check_invariants().unwrap();
+    let before = snapshot::encode(&s);
+    refused(&mut s, 0, RefusalKind::InvalidArgument);
+    refused(&mut s, 77, RefusalKind::InvalidArgument);
+    assert_eq!(snapshot::encode(&s), before, "a refused draw changes nothing");
+    assert!(matches!(s.apply(10, &draw(99)).outcome, Outcome::HistoryDrawn { history: 99 }));
+    assert_eq!((s.history, s.history_since, s.history_pending), (99, 40, false));
+    s.check_invariants().unwrap();
+    refused(&mut s, 100, RefusalKind::Stale);
+    assert_eq!(s.history, 99);
+}
+
 #[test]
 fn at_the_hard_limit_unstored_jobs_stay_and_new_jobs_wait_for_the_store() {
     use gangway_core::limits::FINISHED_JOBS_RETAINED_MAX;

@@ -1,6 +1,7 @@
 //! Leader duties: started when this replica becomes leader, stopped the moment it
 //! is not: the leader's tick (scheduling, time limits, node liveness; decided by
-//! the core's `duties::leader_tick`), the bootstrap admins and the data format move.
+//! the core's `duties::leader_tick`), the bootstrap admins, the data format move
+//! and, after a restore, the cluster's new history.
 //!
 //! Related code: `duties.rs`, `gangway_core::duties`.
 
@@ -35,7 +36,8 @@ pub fn spawn_leader_watch(replica: Arc<Replica>) -> JoinHandle<()> {
                             // bootstrap wrote (its switches are a
                             // compare-and-set on it).
                             bootstrap_admins(r.clone()).await;
-                            upgrade_data_format(r).await;
+                            upgrade_data_format(r.clone()).await;
+                            draw_history(r).await;
                         });
                     }));
                 }
@@ -179,6 +181,36 @@ async fn carry_switches(replica: &Replica) {
     tracing::warn!(
         "could not carry --allow-root-jobs/--private-jobs into the policy; set them with `gangway admin set`"
     );
+}
+
+/// After a restore from a backup, the history is the one every replica
+/// derived from the file, which another restore of the same file would
+/// share: the first leader draws a new one at random, once
+/// ([`Command::DrawHistory`]). Bounded like the bootstrap admins; a leader
+/// after this one tries again.
+async fn draw_history(replica: Arc<Replica>) {
+    for _ in 0..BOOTSTRAP_ATTEMPTS_MAX {
+        {
+            let state = replica.node.state().read();
+            if !state.history_pending || state.format < gangway_core::format::FRESH_HISTORY_FORMAT {
+                return;
+            }
+        }
+        let (history, _) = uuid::Uuid::new_v4().as_u64_pair();
+        let cmd = Command::DrawHistory { history, now_ms: crate::now_ms() };
+        match replica.proposer.propose(cmd).await {
+            Ok(a) => match a.outcome {
+                Outcome::HistoryDrawn { history } => {
+                    tracing::info!(history, "a restored cluster: its first leader drew its history");
+                    return;
+                }
+                // Drawn by another leader meanwhile, or 0 or the derived one drawn (retried).
+                other => tracing::debug!(outcome = ?other, "the history was not drawn"),
+            },
+            Err(e) => tracing::debug!(error = %e, "the history draw was not committed"),
+        }
+        tokio::time::sleep(BOOTSTRAP_RETRY).await;
+    }
 }
 
 /// Attempts to commit the bootstrap admins; a new leader retries from scratch.

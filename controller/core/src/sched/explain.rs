@@ -77,7 +77,7 @@ fn explain_job(state: &State, job: &Job, hypothetical: bool, now_ms: u64) -> Exp
         .iter()
         .filter(|id| **id != job_id)
         .filter(|id| {
-            let j = &state.jobs[*id];
+            let Some(j) = state.jobs.get(*id) else { return false };
             let k = (prio.tier(j), prio.factors(j).total);
             k.0 > key.0 || (k.0 == key.0 && (k.1 > key.1 || (k.1 == key.1 && **id < job_id)))
         })
@@ -87,7 +87,7 @@ fn explain_job(state: &State, job: &Job, hypothetical: bool, now_ms: u64) -> Exp
         .saturating_add(1);
     let view = View::of(state, now_ms);
     let mut statically_ok = 0u32;
-    for i in 0..view.nodes.len() {
+    for (i, f) in view.free.iter().enumerate() {
         if view.hardware_reject(i, job).is_none() {
             crate::incr(&mut statically_ok);
         }
@@ -97,7 +97,7 @@ fn explain_job(state: &State, job: &Job, hypothetical: bool, now_ms: u64) -> Exp
                 if view.fits_now(i, job) {
                     crate::incr(&mut out.eligible_nodes);
                 } else {
-                    crate::incr(out.rejections.entry(view.busy_reason(job, &view.free[i]).to_string()).or_default());
+                    crate::incr(out.rejections.entry(view.busy_reason(job, f).to_string()).or_default());
                 }
             }
         }

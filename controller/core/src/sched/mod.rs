@@ -444,7 +444,7 @@ impl<'s, 'o> Pass<'s, 'o> {
                 return false;
             }
             if let Some(d) = depth.filter(|d| *d <= self.view.depth()) {
-                let dom = self.view.domain_of(d, i);
+                let Some(dom) = self.view.domain_of(d, i) else { return false };
                 if listed_domain.is_some_and(|l| l != dom) {
                     return false;
                 }
@@ -455,8 +455,8 @@ impl<'s, 'o> Pass<'s, 'o> {
         match depth {
             Some(d) if d <= self.view.depth() => {
                 let mut per_domain: BTreeMap<usize, usize> = BTreeMap::new();
-                for i in ok {
-                    crate::incr(per_domain.entry(self.view.domain_of(d, i)).or_default());
+                for dom in ok.filter_map(|i| self.view.domain_of(d, i)) {
+                    crate::incr(per_domain.entry(dom).or_default());
                 }
                 match listed_domain {
                     Some(l) => per_domain.get(&l).is_some_and(|&c| c >= need),
@@ -486,7 +486,9 @@ impl<'s, 'o> Pass<'s, 'o> {
     fn place_waking(&self, job: &Job, depth: Option<usize>, end_ms: u64, held: bool) -> Option<Vec<Member>> {
         let mut trial = self.free.clone();
         for (&i, f) in &self.dormant {
-            trial[i] = *f;
+            if let Some(t) = trial.get_mut(i) {
+                *t = *f;
+            }
         }
         let holds = held.then_some((self.holds.as_slice(), end_ms));
         self.view.place(job, &trial, holds, depth, self.opts.now_ms).ok()
@@ -496,8 +498,8 @@ impl<'s, 'o> Pass<'s, 'o> {
     fn wake(&mut self, members: &[Member]) {
         for m in members {
             if let Some(f) = self.dormant.remove(&m.node) {
-                let before = self.free[m.node];
-                self.free[m.node] = f;
+                let Some(slot) = self.free.get_mut(m.node) else { continue };
+                let before = std::mem::replace(slot, f);
                 self.free_cpus = self.free_cpus.saturating_add(u64::from(f.cpus));
                 self.free_gpus = self.free_gpus.saturating_add(u64::from(f.gpus.count_ones()));
                 self.rebucket(m.node, before);
@@ -506,11 +508,16 @@ impl<'s, 'o> Pass<'s, 'o> {
     }
 
     /// Moves node `i` to the bucket of what it has free now.
+    /// (A free GPU count is at most 32 and there are 33 buckets.)
     fn rebucket(&mut self, i: usize, before: Free) {
-        self.buckets[before.gpus.count_ones() as usize].remove(&i);
-        let f = self.free[i];
+        if let Some(b) = self.buckets.get_mut(before.gpus.count_ones() as usize) {
+            b.remove(&i);
+        }
+        let Some(f) = self.free.get(i) else { return };
         if f.cpus > 0 {
-            self.buckets[f.gpus.count_ones() as usize].insert(i);
+            if let Some(b) = self.buckets.get_mut(f.gpus.count_ones() as usize) {
+                b.insert(i);
+            }
         }
     }
 
@@ -518,16 +525,15 @@ impl<'s, 'o> Pass<'s, 'o> {
     /// the fewest free GPUs that can hold it.
     fn place_single(&self, job: &Job, holds: Option<(&[Option<Hold>], u64)>) -> Result<Vec<Member>, Miss> {
         let s = &job.spec;
-        let tmask_of = |i: usize| view::type_mask(self.view.nodes[i], &s.gpu_type);
         for bucket in self.buckets.iter().skip(s.gpus_per_node as usize) {
             for &i in bucket {
-                let f = &self.free[i];
+                let (Some(f), Some(n)) = (self.free.get(i), self.view.nodes.get(i)) else { continue };
                 if f.cpus < s.cpus_per_node() || f.mem_mb < s.mem_per_node_mb || !self.view.static_ok(i, job) {
                     continue;
                 }
-                let Some(m) = self.view.fit(i, job, f, tmask_of(i)) else { continue };
+                let Some(m) = self.view.fit(i, job, f, view::type_mask(n, &s.gpu_type)) else { continue };
                 if let Some((holds, end_ms)) = holds {
-                    if !Hold::allows(holds[i].as_ref(), &m, end_ms) {
+                    if !Hold::allows(holds.get(i).and_then(Option::as_ref), &m, end_ms) {
                         continue;
                     }
                 }
@@ -537,31 +543,36 @@ impl<'s, 'o> Pass<'s, 'o> {
         Err(Miss::Resources)
     }
 
+    /// Adds `job` on `members` to the plan (nothing when a member's node is
+    /// not in the view).
     fn record(&mut self, job: &'s Job, members: Vec<Member>, end_ms: u64) {
+        let nodes: Option<Vec<NodeAllocation>> = members
+            .iter()
+            .map(|m| {
+                Some(NodeAllocation {
+                    node: self.view.nodes.get(m.node)?.name.clone(),
+                    cpus: m.cpus,
+                    mem_mb: m.mem_mb,
+                    gpus: (0..32).filter(|b| m.gpus & (1 << b) != 0).collect(),
+                })
+            })
+            .collect();
+        let Some(nodes) = nodes else { return };
         // What a job outliving a reservation takes comes out of that reservation's spare.
         for m in &members {
-            if let Some(h) = self.holds[m.node].as_mut().filter(|h| end_ms > h.until_ms) {
+            if let Some(h) = self.holds.get_mut(m.node).and_then(Option::as_mut).filter(|h| end_ms > h.until_ms) {
                 h.spare_cpus = h.spare_cpus.saturating_sub(m.cpus);
                 h.spare_mem_mb = h.spare_mem_mb.saturating_sub(m.mem_mb);
                 h.spare_gpus = h.spare_gpus.saturating_sub(m.gpus.count_ones());
             }
         }
-        let before: Vec<Free> = members.iter().map(|m| self.free[m.node]).collect();
+        let before: Vec<Free> = members.iter().map(|m| self.free.get(m.node).copied().unwrap_or_default()).collect();
         View::take(&mut self.free, &members);
         for (m, b) in members.iter().zip(before) {
             self.rebucket(m.node, b);
         }
         self.free_cpus = self.free_cpus.saturating_sub(members.iter().map(|m| u64::from(m.cpus)).sum());
         self.free_gpus = self.free_gpus.saturating_sub(members.iter().map(|m| u64::from(m.gpus.count_ones())).sum());
-        let nodes: Vec<NodeAllocation> = members
-            .iter()
-            .map(|m| NodeAllocation {
-                node: self.view.nodes[m.node].name.clone(),
-                cpus: m.cpus,
-                mem_mb: m.mem_mb,
-                gpus: (0..32).filter(|b| m.gpus & (1 << b) != 0).collect(),
-            })
-            .collect();
         let u = view::members_use(&members);
         for k in self.state.use_keys_of(job) {
             self.plan_use.entry(k).or_default().add(u);
@@ -588,8 +599,7 @@ impl<'s, 'o> Pass<'s, 'o> {
     fn reserve(&mut self, job: &Job, depth: Option<usize>) -> Option<u64> {
         let now = self.opts.now_ms;
         let mut events: Vec<(u64, usize, u32, u64, u32)> = Vec::new();
-        for id in &self.state.running {
-            let j = &self.state.jobs[id];
+        for j in self.state.running.iter().filter_map(|id| self.state.jobs.get(id)) {
             let end = self.running_end_ms(j);
             for na in j.allocation.iter().flat_map(|a| a.nodes.iter()) {
                 if let Some(&i) = self.node_index.get(na.node.as_str()) {
@@ -629,15 +639,21 @@ impl<'s, 'o> Pass<'s, 'o> {
         takes.sort_unstable_by_key(|e| (e.0, e.1));
         // Up and of the right kind; advance reservations are asked at each
         // candidate start (a node reserved now may be free later).
-        let statics: Vec<bool> = (0..self.view.nodes.len())
-            .map(|i| self.view.nodes[i].state.takes_work() && self.view.hardware_reject(i, job).is_none())
+        let statics: Vec<bool> = self
+            .view
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| n.state.takes_work() && self.view.hardware_reject(i, job).is_none())
             .collect();
         let s = &job.spec;
         let fits = |f: &Free| {
             f.cpus >= s.cpus_per_node() && f.mem_mb >= s.mem_per_node_mb && f.gpus.count_ones() >= s.gpus_per_node
         };
+        // Node `i` is of the right kind and could take a member (an unknown node cannot).
+        let fits_at = |future: &[Free], i: usize| statics.get(i) == Some(&true) && future.get(i).is_some_and(fits);
         let mut future = self.free.clone();
-        let mut fit_count = (0..future.len()).filter(|&i| statics[i] && fits(&future[i])).count();
+        let mut fit_count = (0..future.len()).filter(|&i| fits_at(&future, i)).count();
         let mut tries = 0;
         let (mut k, mut next_take) = (0, 0);
         while (k < events.len() || next_take < takes.len()) && tries < RESERVATION_TRIES_MAX {
@@ -648,23 +664,22 @@ impl<'s, 'o> Pass<'s, 'o> {
                 (None, None) => break,
             };
             // Ends first, then starts, at the same instant.
-            while k < events.len() && events[k].0 == t {
-                let (_, i, cpus, mem, gpus) = events[k];
-                let before = statics[i] && fits(&future[i]);
+            while let Some(&(_, i, cpus, mem, gpus)) = events.get(k).filter(|e| e.0 == t) {
+                let before = fits_at(&future, i);
                 self.view.give(&mut future, i, cpus, mem, gpus);
-                if !before && statics[i] && fits(&future[i]) {
+                if !before && fits_at(&future, i) {
                     crate::incr(&mut fit_count);
                 }
                 crate::incr(&mut k);
             }
-            while next_take < takes.len() && takes[next_take].0 <= t {
-                let (_, i, cpus, mem, gpus) = takes[next_take];
-                let before = statics[i] && fits(&future[i]);
-                let f = &mut future[i];
-                f.cpus = f.cpus.saturating_sub(cpus);
-                f.mem_mb = f.mem_mb.saturating_sub(mem);
-                f.gpus &= !gpus;
-                if before && !fits(&future[i]) {
+            while let Some(&(_, i, cpus, mem, gpus)) = takes.get(next_take).filter(|x| x.0 <= t) {
+                let before = fits_at(&future, i);
+                if let Some(f) = future.get_mut(i) {
+                    f.cpus = f.cpus.saturating_sub(cpus);
+                    f.mem_mb = f.mem_mb.saturating_sub(mem);
+                    f.gpus &= !gpus;
+                }
+                if before && !fits_at(&future, i) {
                     fit_count = fit_count.saturating_sub(1);
                 }
                 crate::incr(&mut next_take);
@@ -676,14 +691,13 @@ impl<'s, 'o> Pass<'s, 'o> {
             // Advance reservations are checked for a start at `t`.
             if let Ok(members) = self.view.place(job, &future, None, depth, t) {
                 for m in &members {
-                    let f = &future[m.node];
+                    let (Some(f), Some(slot)) = (future.get(m.node), self.holds.get_mut(m.node)) else { continue };
                     let h = Hold {
                         until_ms: t,
                         spare_cpus: f.cpus.saturating_sub(m.cpus),
                         spare_mem_mb: f.mem_mb.saturating_sub(m.mem_mb),
                         spare_gpus: (f.gpus & !m.gpus).count_ones(),
                     };
-                    let slot = &mut self.holds[m.node];
                     *slot = Some(match slot.take() {
                         None => h,
                         Some(o) => Hold {
@@ -711,7 +725,7 @@ fn pending_jobs(state: &State) -> Vec<&Job> {
     if n.saturating_mul(4) >= state.jobs.len() {
         state.jobs.values().filter(|j| j.state == crate::model::JobState::Pending).take(n).collect()
     } else {
-        state.pending.iter().take(n).map(|id| &state.jobs[id]).collect()
+        state.pending.iter().take(n).filter_map(|id| state.jobs.get(id)).collect()
     }
 }
 
@@ -738,8 +752,7 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
     let node_index = view.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
     let mut array_running: BTreeMap<JobId, u32> = BTreeMap::new();
     let mut running_names = BTreeSet::new();
-    for id in &state.running {
-        let j = &state.jobs[id];
+    for j in state.running.iter().filter_map(|id| state.jobs.get(id)) {
         if let Some(a) = j.array {
             crate::incr(array_running.entry(a.array_job_id).or_default());
         }
@@ -768,10 +781,13 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
         plan: Plan::default(),
     };
     pass.dormant = pass.view.dormant();
+    // One bucket per free GPU count, 0 to 32.
     pass.buckets = vec![BTreeSet::new(); 33];
     for (i, f) in pass.free.iter().enumerate() {
         if f.cpus > 0 {
-            pass.buckets[f.gpus.count_ones() as usize].insert(i);
+            if let Some(b) = pass.buckets.get_mut(f.gpus.count_ones() as usize) {
+                b.insert(i);
+            }
         }
     }
     pass.free_cpus = pass.free.iter().map(|f| u64::from(f.cpus)).sum();
@@ -800,7 +816,9 @@ pub fn plan_with<'s>(state: &'s State, opts: &Options, extra: Option<&'s Job>) -
             Box::new(keyed.into_iter().map(|k| k.2))
         }
         // Submit order is walked lazily: FIFO often stops at the first job.
-        _ => Box::new(state.pending.iter().take(PENDING_EXAMINED_PER_PASS_MAX).map(|id| &state.jobs[id]).chain(extra)),
+        _ => Box::new(
+            state.pending.iter().take(PENDING_EXAMINED_PER_PASS_MAX).filter_map(|id| state.jobs.get(id)).chain(extra),
+        ),
     };
     let reservations_max =
         if opts.policy == Policy::Easy { state.policy.backfill_reservations.max(1) as usize } else { 0 };

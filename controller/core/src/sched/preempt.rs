@@ -53,7 +53,7 @@ impl<'s> Pass<'s, '_> {
         let mut victims: Vec<(u64, f64, u64, &'s Job)> = state
             .running
             .iter()
-            .map(|id| &state.jobs[id])
+            .filter_map(|id| state.jobs.get(id))
             .filter(|v| {
                 targets.contains(&v.spec.qos)
                     || (reclaim
@@ -90,7 +90,8 @@ impl<'s> Pass<'s, '_> {
                 break;
             }
             if !targets.contains(&v.spec.qos) {
-                let left = overage.get_mut(v.spec.account.as_str()).expect("reclaim victims borrow");
+                // A reclaim victim's account borrows, so it has an overage.
+                let Some(left) = overage.get_mut(v.spec.account.as_str()) else { continue };
                 if v.gpus() > *left {
                     continue;
                 }
@@ -171,7 +172,9 @@ impl<'s> Pass<'s, '_> {
             self.free_gpus = self.free_gpus.saturating_add(v.gpus());
             for na in v.allocation.iter().flat_map(|a| a.nodes.iter()) {
                 if let Some(&i) = self.node_index.get(na.node.as_str()) {
-                    self.rebucket(i, before[i]);
+                    if let Some(&b) = before.get(i) {
+                        self.rebucket(i, b);
+                    }
                 }
             }
             self.plan.preemptions.push(Preemption { job_id: v.id, attempt: v.attempt, mode, for_job });
@@ -194,8 +197,8 @@ impl<'s> Pass<'s, '_> {
     pub(super) fn keep_for_yielded(&mut self, given: &BTreeMap<usize, (u32, u32)>, members: &[Member]) {
         for (&i, &(cpus, gpus)) in given {
             let took = members.iter().filter(|m| m.node == i).map(|m| m.cpus).fold(0u32, u32::saturating_add);
-            let before = self.free[i];
-            let f = &mut self.free[i];
+            let Some(f) = self.free.get_mut(i) else { continue };
+            let before = *f;
             f.cpus = f.cpus.saturating_sub(cpus.saturating_sub(took));
             f.gpus &= !gpus;
             let after = *f;

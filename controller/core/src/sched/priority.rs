@@ -51,8 +51,7 @@ pub fn fair_share(state: &State, now_ms: u64) -> BTreeMap<String, Share> {
             e.1 += b.cpu_ms as f64 * w;
         }
     }
-    for id in &state.running {
-        let j = &state.jobs[id];
+    for j in state.running.iter().filter_map(|id| state.jobs.get(id)) {
         // Not the time it spent suspended, as apply charges it.
         let ran = now_ms.saturating_sub(j.start_time_ms.unwrap_or(now_ms)).saturating_sub(j.suspended_total_ms(now_ms))
             as f64;
@@ -82,8 +81,8 @@ pub fn fair_share(state: &State, now_ms: u64) -> BTreeMap<String, Share> {
     let names = std::iter::once(ROOT_ACCOUNT).chain(policy.accounts.keys().map(String::as_str));
     for name in names {
         let mut norm_shares = 1.0;
-        for a in policy.lineage(name) {
-            let acc = &policy.accounts[a];
+        // Every account in a lineage is in the policy (an unknown one is skipped).
+        for acc in policy.lineage(name).into_iter().filter_map(|a| policy.accounts.get(a)) {
             let siblings = sibling_shares.get(parent_name(policy, &acc.parent)).copied().unwrap_or(1).max(1);
             norm_shares *= f64::from(acc.shares) / siblings as f64;
         }

@@ -92,6 +92,9 @@ pub(crate) struct View<'a> {
     pub node_resv: Vec<Vec<&'a Reservation>>,
 }
 
+/// What a node index outside the view is rejected with.
+const NO_SUCH_NODE: &str = "no such node";
+
 /// The bit mask of a list of GPU indexes.
 pub(crate) fn gpu_mask(gpus: &[u32]) -> u32 {
     gpus.iter().fold(0, |m, g| m | (1 << g))
@@ -129,8 +132,7 @@ impl<'a> View<'a> {
                 view.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
             let yielded = state.yielded.iter().filter_map(|id| state.jobs.get(id));
             for na in yielded.flat_map(|j| j.allocation.iter().flat_map(|a| &a.nodes)) {
-                if let Some(&i) = index.get(na.node.as_str()) {
-                    let f = &mut view.free[i];
+                if let Some(f) = index.get(na.node.as_str()).and_then(|&i| view.free.get_mut(i)) {
                     f.cpus = f.cpus.saturating_sub(na.cpus);
                     f.gpus &= !gpu_mask(&na.gpus);
                 }
@@ -141,7 +143,9 @@ impl<'a> View<'a> {
                 view.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
             for r in state.reservations.values().filter(|r| r.window(now_ms).is_some()) {
                 for i in r.nodes.iter().filter_map(|n| index.get(n.as_str())) {
-                    view.node_resv[*i].push(r);
+                    if let Some(held) = view.node_resv.get_mut(*i) {
+                        held.push(r);
+                    }
                 }
             }
         }
@@ -171,11 +175,13 @@ impl<'a> View<'a> {
         for d in 1..=depth {
             let mut ids = Vec::with_capacity(nodes.len());
             let mut id = 0u32;
-            for i in 0..nodes.len() {
-                if i > 0 && prefix(nodes[i], d) != prefix(nodes[i.saturating_sub(1)], d) {
+            let mut prev: Option<&Node> = None;
+            for &n in &nodes {
+                if prev.is_some_and(|p| prefix(p, d) != prefix(n, d)) {
                     crate::incr(&mut id);
                 }
                 ids.push(id);
+                prev = Some(n);
             }
             domains.push(ids);
         }
@@ -217,7 +223,7 @@ impl<'a> View<'a> {
     /// Why node `i` cannot hold a member of `job` whatever runs on it, if it
     /// cannot (down and drained nodes cannot now).
     pub fn static_reject(&self, i: usize, job: &Job) -> Option<&'static str> {
-        let n = self.nodes[i];
+        let Some(n) = self.nodes.get(i) else { return Some(NO_SUCH_NODE) };
         if !n.state.takes_work() {
             return Some(if n.state == NodeState::Down { "node down" } else { "node drained" });
         }
@@ -231,7 +237,7 @@ impl<'a> View<'a> {
     /// `at_ms` with its shortest limit: outside its reservations a job must
     /// end before they start; in its own, it must end by its end.
     pub fn reservation_reject(&self, i: usize, job: &Job, at_ms: u64) -> Option<&'static str> {
-        if self.node_resv[i].is_empty() {
+        if self.reservations_of(i).is_empty() {
             return None;
         }
         let end = at_ms.saturating_add(job.min_limit_s().saturating_mul(1000));
@@ -244,7 +250,7 @@ impl<'a> View<'a> {
     /// estimates in the future).
     pub fn reservations_allow(&self, i: usize, job: &Job, from_ms: u64, to_ms: u64) -> bool {
         let own = job.spec.reservation.as_str();
-        self.node_resv[i].iter().all(|r| {
+        self.reservations_of(i).iter().all(|r| {
             if r.name == own {
                 r.window(from_ms).is_some_and(|(s, e)| s <= from_ms && to_ms <= e)
             } else {
@@ -253,16 +259,25 @@ impl<'a> View<'a> {
         })
     }
 
+    /// The advance reservations that hold node `i` (none for an unknown node).
+    fn reservations_of(&self, i: usize) -> &[&'a Reservation] {
+        self.node_resv.get(i).map_or(&[], Vec::as_slice)
+    }
+
     /// Why node `i` could never hold a member of `job`, even when up and idle:
     /// partition, features, hardware.
     pub fn hardware_reject(&self, i: usize, job: &Job) -> Option<&'static str> {
+        let Some(n) = self.nodes.get(i) else { return Some(NO_SUCH_NODE) };
         let in_partition = self.policy.partitions.is_empty()
-            || self.part_index.get(job.spec.partition.as_str()).is_some_and(|&p| self.part_mask[i] & (1 << p) != 0);
-        if let Some(m) = mismatch(&job.spec, self.nodes[i], in_partition) {
+            || self
+                .part_index
+                .get(job.spec.partition.as_str())
+                .is_some_and(|&p| self.part_mask.get(i).is_some_and(|m| m & (1 << p) != 0));
+        if let Some(m) = mismatch(&job.spec, n, in_partition) {
             return Some(m.as_str());
         }
         let own = &job.spec.reservation;
-        if !own.is_empty() && !self.node_resv[i].iter().any(|r| &r.name == own) {
+        if !own.is_empty() && !self.reservations_of(i).iter().any(|r| &r.name == own) {
             return Some("not in the job's reservation");
         }
         None
@@ -271,18 +286,19 @@ impl<'a> View<'a> {
     /// What one member of `job` takes on node `i` if it fits in `f` now.
     pub fn fit(&self, i: usize, job: &Job, f: &Free, tmask: u32) -> Option<Member> {
         let s = &job.spec;
-        let n = self.nodes[i];
+        let n = self.nodes.get(i)?;
         let cpus = if s.exclusive { n.cpus } else { s.cpus_per_node() };
         if f.cpus < cpus || f.mem_mb < s.mem_per_node_mb || (s.exclusive && f.jobs > 0) {
             return None;
         }
-        let gpus = pick_gpus(f.gpus & tmask, s.gpus_per_node, &self.islands[i])?;
+        let gpus = pick_gpus(f.gpus & tmask, s.gpus_per_node, self.islands.get(i)?)?;
         Some(Member { node: i, cpus, mem_mb: s.mem_per_node_mb, gpus })
     }
 
     /// Whether node `i` can take one member of `job` with what it has free now.
     pub fn fits_now(&self, i: usize, job: &Job) -> bool {
-        self.fit(i, job, &self.free[i], type_mask(self.nodes[i], &job.spec.gpu_type)).is_some()
+        let (Some(f), Some(n)) = (self.free.get(i), self.nodes.get(i)) else { return false };
+        self.fit(i, job, f, type_mask(n, &job.spec.gpu_type)).is_some()
     }
 
     /// Why node `i` (statically fine) cannot take a member now.
@@ -317,26 +333,21 @@ impl<'a> View<'a> {
         let need = s.nodes as usize;
         let want = s.nodes_max() as usize;
         let mut cand: Vec<Member> = Vec::new();
-        for i in 0..self.nodes.len() {
-            let f = &free[i];
+        for (i, (n, f)) in self.nodes.iter().zip(free).enumerate() {
             // Cheap filters first: most nodes are rejected here on a busy cluster.
             if f.cpus < s.cpus_per_node() || f.mem_mb < s.mem_per_node_mb || f.gpus.count_ones() < s.gpus_per_node {
                 continue;
             }
-            if !self.nodes[i].state.takes_work()
+            if !n.state.takes_work()
                 || self.hardware_reject(i, job).is_some()
                 || self.reservation_reject(i, job, at_ms).is_some()
             {
                 continue;
             }
-            let Some(m) = self.fit(i, job, f, type_mask(self.nodes[i], &s.gpu_type)) else { continue };
+            let Some(m) = self.fit(i, job, f, type_mask(n, &s.gpu_type)) else { continue };
             if let Some((holds, end_ms)) = holds {
-                if let Some(h) = &holds[i] {
-                    let within =
-                        m.cpus <= h.spare_cpus && m.mem_mb <= h.spare_mem_mb && m.gpus.count_ones() <= h.spare_gpus;
-                    if end_ms > h.until_ms && !within {
-                        continue;
-                    }
+                if !Hold::allows(holds.get(i).and_then(Option::as_ref), &m, end_ms) {
+                    continue;
                 }
             }
             cand.push(m);
@@ -345,8 +356,7 @@ impl<'a> View<'a> {
             return Err(Miss::Resources);
         }
         let leftover = |m: &Member| {
-            let f = &free[m.node];
-            ((f.gpus & !m.gpus).count_ones(), f.cpus.saturating_sub(m.cpus))
+            free.get(m.node).map_or((0, 0), |f| ((f.gpus & !m.gpus).count_ones(), f.cpus.saturating_sub(m.cpus)))
         };
         if !s.nodelist.is_empty() && s.nodelist.len() < need {
             let listed = s.nodelist.iter().map(String::as_str).collect();
@@ -362,19 +372,21 @@ impl<'a> View<'a> {
         if need == 1 && want == 1 {
             // Best fit, then the fullest deepest domain (keeps empty racks whole).
             let counts = self.domain_counts(&cand, self.depth());
-            let best = cand
-                .iter()
-                .min_by_key(|m| (leftover(m), counts.as_ref().map_or(0, |c| c[self.dom(self.depth(), m.node)]), m.node))
-                .expect("non-empty")
-                .clone();
-            return Ok(vec![best]);
+            let domain_cands = |m: &Member| {
+                let c = counts.as_ref().zip(self.dom(self.depth(), m.node));
+                c.and_then(|(c, dom)| c.get(dom)).copied().unwrap_or(0)
+            };
+            let Some(best) = cand.iter().min_by_key(|m| (leftover(m), domain_cands(m), m.node)) else {
+                return Err(Miss::Resources);
+            };
+            return Ok(vec![best.clone()]);
         }
         let floor = required_depth.unwrap_or(1).max(1);
         for d in (floor..=self.depth()).rev() {
-            let counts = self.domain_counts(&cand, d).expect("depth exists");
+            let Some(counts) = self.domain_counts(&cand, d) else { continue };
             let best = counts.iter().enumerate().filter(|(_, &c)| c >= need).min_by_key(|(id, &c)| (c, *id));
             if let Some((dom, _)) = best {
-                let mut members: Vec<Member> = cand.into_iter().filter(|m| self.dom(d, m.node) == dom).collect();
+                let mut members: Vec<Member> = cand.into_iter().filter(|m| self.dom(d, m.node) == Some(dom)).collect();
                 members.sort_by_key(|m| (leftover(m), m.node));
                 members.truncate(want);
                 members.sort_by_key(|m| m.node);
@@ -386,10 +398,11 @@ impl<'a> View<'a> {
         }
         // No single domain holds it: fill from the top-level domains with the
         // most candidates first (spans as few as possible).
-        if self.depth() > 0 {
-            let counts = self.domain_counts(&cand, 1).expect("depth exists");
+        if let Some(counts) = self.domain_counts(&cand, 1) {
             cand.sort_by_key(|m| {
-                (std::cmp::Reverse(counts[self.dom(1, m.node)]), self.dom(1, m.node), leftover(m), m.node)
+                let dom = self.dom(1, m.node);
+                let c = dom.and_then(|dom| counts.get(dom)).copied().unwrap_or(0);
+                (std::cmp::Reverse(c), dom, leftover(m), m.node)
             });
         } else {
             cand.sort_by_key(|m| (leftover(m), m.node));
@@ -428,12 +441,16 @@ impl<'a> View<'a> {
             let mut mine = free.clone();
             for (_, listed) in lists().enumerate().filter(|(j, _)| *j != k) {
                 for i in listed.iter().filter_map(|n| index.get(n.as_str())) {
-                    mine[*i] = unusable;
+                    if let Some(f) = mine.get_mut(*i) {
+                        *f = unusable;
+                    }
                 }
             }
             let members = self.place(&part, &mine, holds, required_depth, at_ms)?;
             for m in &members {
-                free[m.node] = unusable;
+                if let Some(f) = free.get_mut(m.node) {
+                    *f = unusable;
+                }
             }
             all.extend(members);
         }
@@ -456,18 +473,18 @@ impl<'a> View<'a> {
     ) -> Result<Vec<Member>, Miss> {
         let s = &job.spec;
         let (mut members, mut rest): (Vec<Member>, Vec<Member>) =
-            cand.into_iter().partition(|m| listed.contains(self.nodes[m.node].name.as_str()));
+            cand.into_iter().partition(|m| self.nodes.get(m.node).is_some_and(|n| listed.contains(n.name.as_str())));
         if (all && members.len() < listed.len()) || members.is_empty() {
             return Err(Miss::Resources);
         }
         let want = s.nodes_max() as usize;
         members.truncate(want);
         if let Some(d) = required_depth.filter(|d| (1..=self.depth()).contains(d)) {
-            let dom = members.first().map(|m| self.dom(d, m.node));
-            if members.iter().any(|m| Some(self.dom(d, m.node)) != dom) {
+            let dom = members.first().and_then(|m| self.dom(d, m.node));
+            if dom.is_none() || members.iter().any(|m| self.dom(d, m.node) != dom) {
                 return Err(Miss::Topology);
             }
-            rest.retain(|m| Some(self.dom(d, m.node)) == dom);
+            rest.retain(|m| self.dom(d, m.node) == dom);
         }
         // At least enough for the gang's minimum, at most its maximum.
         let need = (s.nodes as usize).saturating_sub(members.len());
@@ -480,13 +497,14 @@ impl<'a> View<'a> {
         Ok(members)
     }
 
-    /// The domain id of node `i` at `depth` (1 = top level).
-    pub fn domain_of(&self, depth: usize, i: usize) -> usize {
+    /// The domain id of node `i` at `depth` (1 = top level); None for a
+    /// level or node the cluster does not have.
+    pub fn domain_of(&self, depth: usize, i: usize) -> Option<usize> {
         self.dom(depth, i)
     }
 
-    fn dom(&self, depth: usize, node: usize) -> usize {
-        self.domains[depth.saturating_sub(1)][node] as usize
+    fn dom(&self, depth: usize, node: usize) -> Option<usize> {
+        self.domains.get(depth.saturating_sub(1))?.get(node).map(|&id| id as usize)
     }
 
     /// Candidates per domain at `depth` (None when the cluster has no levels).
@@ -494,10 +512,13 @@ impl<'a> View<'a> {
         if depth == 0 || depth > self.depth() {
             return None;
         }
-        let ids = &self.domains[depth.saturating_sub(1)];
+        let ids = self.domains.get(depth.saturating_sub(1))?;
+        // Ids are numbered in node order, so the last is the largest.
         let mut counts = vec![0usize; ids.last().map_or(0, |&l| (l as usize).saturating_add(1))];
-        for m in cand {
-            crate::incr(&mut counts[ids[m.node] as usize]);
+        for &id in cand.iter().filter_map(|m| ids.get(m.node)) {
+            if let Some(c) = counts.get_mut(id as usize) {
+                crate::incr(c);
+            }
         }
         Some(counts)
     }
@@ -505,7 +526,7 @@ impl<'a> View<'a> {
     /// Takes a gang's resources out of `free`.
     pub fn take(free: &mut [Free], members: &[Member]) {
         for m in members {
-            let f = &mut free[m.node];
+            let Some(f) = free.get_mut(m.node) else { continue };
             f.cpus = f.cpus.saturating_sub(m.cpus);
             f.mem_mb = f.mem_mb.saturating_sub(m.mem_mb);
             f.gpus &= !m.gpus;
@@ -515,21 +536,21 @@ impl<'a> View<'a> {
 
     /// Gives resources back to `free` (a job expected to end).
     pub fn give(&self, free: &mut [Free], node: usize, cpus: u32, mem_mb: u64, gpus: u32) {
-        let f = &mut free[node];
+        let (Some(f), Some(n)) = (free.get_mut(node), self.nodes.get(node)) else { return };
         // Never more than the node has: a job suspended for a preemptor
         // counts as holding the CPUs the preemptor holds too.
-        f.cpus = f.cpus.saturating_add(cpus).min(self.nodes[node].cpus);
-        f.mem_mb = f.mem_mb.saturating_add(mem_mb).min(self.nodes[node].mem_mb);
+        f.cpus = f.cpus.saturating_add(cpus).min(n.cpus);
+        f.mem_mb = f.mem_mb.saturating_add(mem_mb).min(n.mem_mb);
         // A GPU quarantined meanwhile does not come back.
-        let healthy: u32 =
-            self.nodes[node].gpus.iter().filter(|g| g.health == GpuHealth::Healthy).fold(0, |m, g| m | (1 << g.index));
+        let healthy: u32 = n.gpus.iter().filter(|g| g.health == GpuHealth::Healthy).fold(0, |m, g| m | (1 << g.index));
         f.gpus |= gpus & healthy;
         f.jobs = f.jobs.saturating_sub(1);
     }
 }
 
+/// The first `d` levels of `n`'s topology (all of them when it has fewer).
 fn prefix(n: &Node, d: usize) -> &[String] {
-    &n.topology[..d.min(n.topology.len())]
+    n.topology.get(..d).unwrap_or(&n.topology)
 }
 
 /// What node `n` has free for new work: nothing unless it is up (or a pool

@@ -81,7 +81,7 @@ pub fn check_restored_usage(usage: &BTreeMap<String, Vec<UsageBucket>>, clock_ms
         if buckets.len() > USAGE_BUCKETS_MAX {
             return Err(format!("usage.{account}: at most {USAGE_BUCKETS_MAX} buckets"));
         }
-        if !buckets.windows(2).all(|w| w[0].start_ms < w[1].start_ms) {
+        if !buckets.iter().zip(buckets.iter().skip(1)).all(|(a, b)| a.start_ms < b.start_ms) {
             return Err(format!("usage.{account}: buckets must be oldest first, each starting later"));
         }
         if buckets.last().is_some_and(|b| b.start_ms > clock_ms) {
@@ -202,8 +202,7 @@ impl State {
     /// (running jobs just finish where they are).
     fn orphaned_jobs(&self) -> Option<String> {
         let p = &self.policy;
-        for id in &self.pending {
-            let s = &self.jobs[id].spec;
+        for (id, s) in self.pending.iter().filter_map(|id| Some((id, &self.jobs.get(id)?.spec))) {
             if !p.account_exists(&s.account) {
                 return Some(format!("accounts.{}: pending jobs (e.g. {id}) still charge it", s.account));
             }
@@ -261,7 +260,7 @@ impl State {
         let active: Vec<JobId> = self.pending.iter().chain(self.running.iter()).copied().collect();
         for id in active {
             self.count_active(id, true);
-            if let Some(alloc) = self.jobs[&id].allocation.clone() {
+            if let Some(alloc) = self.jobs.get(&id).and_then(|j| j.allocation.clone()) {
                 self.count_running(id, &alloc, true);
             }
         }
@@ -371,7 +370,7 @@ impl State {
         }
         let (mut cohort_quota, mut cohort_used) = (u64::from(own), used.gpus);
         for s in p.siblings(account) {
-            let Some(q) = p.accounts[s].quota.max_running_gpus else { return false };
+            let Some(q) = p.accounts.get(s).and_then(|a| a.quota.max_running_gpus) else { return false };
             cohort_quota = cohort_quota.saturating_add(u64::from(q));
             cohort_used = cohort_used.saturating_add(current(&UseKey::Account(s.to_string())).gpus);
         }
@@ -380,7 +379,7 @@ impl State {
 
     /// Adds an ending allocation's GPU- and CPU-time to its account's usage.
     pub(super) fn charge_usage(&mut self, job_id: JobId, alloc: &Allocation) {
-        let job = &self.jobs[&job_id];
+        let Some(job) = self.jobs.get(&job_id) else { return };
         let now = self.clock_ms;
         let ran_ms = now.saturating_sub(job.start_time_ms.unwrap_or(now));
         // From format 11 the time it was suspended is not charged (its
@@ -449,6 +448,27 @@ impl State {
     /// The accounting store has every job through `stored` (an entry
     /// before this one, `index`): operators and admins only; it never goes
     /// back. Finished jobs it now holds may go past `finished_jobs_kept`.
+    /// [`Command::DrawHistory`]: once, after a restore, a history that is
+    /// neither the first (0) nor the one derived from the backup.
+    pub(super) fn apply_draw_history(&mut self, history: u64) -> Applied {
+        let needs = crate::format::FRESH_HISTORY_FORMAT;
+        if self.format < needs {
+            return Applied::refused(RefusalKind::FailedPrecondition, format!("history: needs data format {needs}"));
+        }
+        if !self.history_pending {
+            return Applied::refused(RefusalKind::Stale, "history: drawn already (only a restore leaves one to draw)");
+        }
+        if history == 0 || history == self.history {
+            return Applied::refused(
+                RefusalKind::InvalidArgument,
+                "history: must differ from the first history (0) and from the one the backup gave",
+            );
+        }
+        self.history = history;
+        self.history_pending = false;
+        Applied { outcome: Outcome::HistoryDrawn { history }, events: Vec::new() }
+    }
+
     pub(super) fn apply_accounting_stored(&mut self, index: u64, stored: u64, identity: &str) -> Applied {
         if let Some(refused) = self.needs_accounting_format() {
             return refused;
@@ -484,6 +504,8 @@ impl State {
             Err(refused) => return refused,
         };
         let pending = job.state == JobState::Pending;
+        // Found above; apply refuses rather than panics if that ever changed.
+        let gone = || Applied::refused(RefusalKind::NotFound, format!("job {job_id} does not exist"));
         let not_pending = || {
             Applied::refused(
                 RefusalKind::FailedPrecondition,
@@ -509,7 +531,7 @@ impl State {
                     );
                 }
                 let hold = if *as_admin { HoldKind::Admin } else { HoldKind::User };
-                let job = self.jobs.get_mut(&job_id).expect("checked");
+                let Some(job) = self.jobs.get_mut(&job_id) else { return gone() };
                 job.held = Some(hold);
                 job.reason = hold.as_str().to_string();
             }
@@ -523,7 +545,7 @@ impl State {
                         "permission: an admin hold can only be released by an operator or admin",
                     );
                 }
-                let job = self.jobs.get_mut(&job_id).expect("checked");
+                let Some(job) = self.jobs.get_mut(&job_id) else { return gone() };
                 job.held = None;
                 job.reason.clear();
             }
@@ -534,7 +556,8 @@ impl State {
                         "permission: only operators and admins set priorities",
                     );
                 }
-                self.jobs.get_mut(&job_id).expect("checked").priority_override = *p;
+                let Some(job) = self.jobs.get_mut(&job_id) else { return gone() };
+                job.priority_override = *p;
             }
             JobChange::SetNice(n) => {
                 if n.unsigned_abs() > NICE_MAX.unsigned_abs() {
@@ -546,7 +569,8 @@ impl State {
                         "nice: only operators and admins may set a negative value",
                     );
                 }
-                self.jobs.get_mut(&job_id).expect("checked").spec.nice = *n;
+                let Some(job) = self.jobs.get_mut(&job_id) else { return gone() };
+                job.spec.nice = *n;
             }
             JobChange::Requeue { hold } => {
                 if job.state != JobState::Running {
@@ -561,9 +585,9 @@ impl State {
                         format!("job {job_id} made {ATTEMPTS_MAX} attempts, its limit"),
                     );
                 }
-                events.push(self.requeue_job(index, job_id, format!("requeued by {identity}")));
+                events.extend(self.requeue_job(index, job_id, format!("requeued by {identity}")));
                 if *hold {
-                    let job = self.jobs.get_mut(&job_id).expect("checked");
+                    let Some(job) = self.jobs.get_mut(&job_id) else { return gone() };
                     job.held = Some(HoldKind::User);
                 }
             }
@@ -580,7 +604,7 @@ impl State {
                         "permission: only operators and admins may raise a time limit",
                     );
                 }
-                let job = self.jobs.get_mut(&job_id).expect("checked");
+                let Some(job) = self.jobs.get_mut(&job_id) else { return gone() };
                 job.spec.time_limit_s = *t;
                 // An explicit limit replaces the one a shortened start kept.
                 job.requested_limit_s = 0;
@@ -604,7 +628,7 @@ impl State {
                         format!("job {job_id} is {}, not running", job.state.as_str()),
                     );
                 }
-                let job = self.jobs.get_mut(&job_id).expect("checked");
+                let Some(job) = self.jobs.get_mut(&job_id) else { return gone() };
                 let seq = job.signal.map_or(1, |s| s.seq.saturating_add(1));
                 job.signal = Some(crate::model::JobSignal { seq, signal: *signal, target: *target });
             }
@@ -643,7 +667,7 @@ impl State {
                     );
                 }
                 let now = self.clock_ms;
-                let job = self.jobs.get_mut(&job_id).expect("checked");
+                let Some(job) = self.jobs.get_mut(&job_id) else { return gone() };
                 if suspend {
                     job.suspended_at_ms = Some(now);
                 } else {
@@ -725,15 +749,12 @@ impl State {
                     preempted.push(*id);
                 }
             }
-            let plan = self.apply_plan(index, std::slice::from_ref(p));
+            let plan = self.place_gangs(index, std::slice::from_ref(p));
             events.extend(plan.events);
-            let Outcome::PlanApplied { started: s, rejected: r } = plan.outcome else {
-                unreachable!("apply_plan outcome")
-            };
-            // Checked above against the same state less its victims, so `r`
-            // is empty (the core tests assert it); kept in case it is not.
-            started.extend(s);
-            rejected.extend(r);
+            // Checked above against the same state less its victims, so
+            // `rejected` is empty (the core tests assert it); kept in case it is not.
+            started.extend(plan.started);
+            rejected.extend(plan.rejected);
         }
         Applied { outcome: Outcome::ScheduleApplied { preempted, started, rejected }, events }
     }
@@ -759,10 +780,12 @@ impl State {
                 preempted.push(p.job_id);
             }
         }
-        let plan = self.apply_plan(index, placements);
+        let plan = self.place_gangs(index, placements);
         events.extend(plan.events);
-        let Outcome::PlanApplied { started, rejected } = plan.outcome else { unreachable!("apply_plan outcome") };
-        Applied { outcome: Outcome::ScheduleApplied { preempted, started, rejected }, events }
+        Applied {
+            outcome: Outcome::ScheduleApplied { preempted, started: plan.started, rejected: plan.rejected },
+            events,
+        }
     }
 
     /// Stops one running preemption victim: requeued (its QOS's mode, while
@@ -771,20 +794,23 @@ impl State {
     /// cancelled. None when the attempt the entry names is not running
     /// (total: an entry may name anything).
     fn evict(&mut self, index: u64, p: &Preemption) -> Option<JobEvent> {
-        let victim = self.jobs.get_mut(&p.job_id).filter(|j| j.state == JobState::Running && j.attempt == p.attempt)?;
+        let victim = self
+            .jobs
+            .get_mut(&p.job_id)
+            .filter(|j| j.state == JobState::Running && j.attempt == p.attempt && j.allocation.is_some())?;
         if p.mode == PreemptMode::Suspend {
             if victim.is_suspended() || self.format < crate::format::PREEMPT_SUSPEND_FORMAT {
                 return None;
             }
-            return Some(self.suspend_for(index, p.job_id, p.for_job));
+            return self.suspend_for(index, p.job_id, p.for_job);
         }
         let why = format!("{}{}", crate::duties::PREEMPTED_BY, p.for_job);
-        Some(if p.mode == PreemptMode::Requeue && victim.attempt < ATTEMPTS_MAX {
+        if p.mode == PreemptMode::Requeue && victim.attempt < ATTEMPTS_MAX {
             victim.preempted = victim.preempted.saturating_add(1);
             self.requeue_job(index, p.job_id, format!("requeued: {why}"))
         } else {
             self.finish_job(index, p.job_id, JobState::Cancelled, None, why)
-        })
+        }
     }
 
     pub(super) fn apply_job_checkpointed(&mut self, job_id: JobId, attempt: u32) -> Applied {

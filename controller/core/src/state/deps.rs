@@ -125,16 +125,16 @@ impl State {
                 }
             }
         }
-        let job = self.jobs.get_mut(&job_id).expect("checked above");
+        let job = self.jobs.get_mut(&job_id)?;
         job.deps_pending = still;
         let d = never?;
         let why = format!("DependencyNeverSatisfied: {}:{} ended {}", d.kind.as_str(), d.job_id, {
             self.jobs.get(&d.job_id).map_or("", |t| t.state.as_str())
         });
         if kill {
-            Some(self.finish_job(index, job_id, JobState::Cancelled, None, why))
+            self.finish_job(index, job_id, JobState::Cancelled, None, why)
         } else {
-            let job = self.jobs.get_mut(&job_id).expect("checked above");
+            let job = self.jobs.get_mut(&job_id)?;
             job.held = Some(HoldKind::DependencyNeverSatisfied);
             job.reason = why;
             None
@@ -160,7 +160,8 @@ impl State {
 
     /// Removes a finished job from the dependents index (as a waiter).
     pub(super) fn forget_dependencies(&mut self, job_id: JobId) {
-        let deps: Vec<JobId> = self.jobs[&job_id].deps_pending.iter().map(|d| d.job_id).collect();
+        let Some(job) = self.jobs.get_mut(&job_id) else { return };
+        let deps: Vec<JobId> = std::mem::take(&mut job.deps_pending).into_iter().map(|d| d.job_id).collect();
         for key in deps {
             if let Some(set) = self.dependents.get_mut(&key) {
                 set.remove(&job_id);
@@ -169,7 +170,6 @@ impl State {
                 }
             }
         }
-        self.jobs.get_mut(&job_id).expect("exists").deps_pending.clear();
     }
 }
 

@@ -132,6 +132,9 @@ pub enum Outcome {
     AccountingStored {
         index: u64,
     },
+    HistoryDrawn {
+        history: u64,
+    },
 }
 
 /// Whose use a counter tracks, for quotas.
@@ -303,6 +306,11 @@ pub struct State {
     /// history). Written with `history`.
     #[serde(skip)]
     pub history_since: u64,
+    /// A restore set `history` from the backup alone: the first leader
+    /// draws it anew ([`Command::DrawHistory`]). Written after
+    /// `history_since` from format 16 (`format::FRESH_HISTORY_FORMAT`).
+    #[serde(skip)]
+    pub history_pending: bool,
     /// Jobs that started or finished during the current apply; their dependents
     /// are settled before apply returns. Always empty between applies.
     #[serde(skip)]
@@ -370,6 +378,7 @@ impl Default for State {
             accounted_index: 0,
             history: 0,
             history_since: 0,
+            history_pending: false,
             dep_triggers: BTreeSet::new(),
             unfinished_bytes: BTreeMap::new(),
             finished_bytes: 0,
@@ -393,6 +402,14 @@ impl State {
 
 /// Whether a node has a feature (see `crate::fit`).
 pub use crate::fit::node_has_feature;
+
+/// What applying a plan's gangs did: the jobs started, those refused (with
+/// why), and their events.
+struct Gangs {
+    started: Vec<JobId>,
+    rejected: Vec<(JobId, String)>,
+    events: Vec<JobEvent>,
+}
 
 impl State {
     /// Applies one command at Raft log `index`.
@@ -442,6 +459,7 @@ impl State {
             Command::AccountingStored { index: stored, identity, .. } => {
                 self.apply_accounting_stored(index, *stored, identity)
             }
+            Command::DrawHistory { history, .. } => self.apply_draw_history(*history),
             Command::UpdatePolicy { policy, expected_version, force, identity, .. } => {
                 self.apply_update_policy(index, policy, *expected_version, *force, identity)
             }
@@ -494,14 +512,7 @@ impl State {
         let mut events = Vec::new();
         for job_id in holders {
             let why = format!("GPU {gpu} on {node} failed: {reason}");
-            let job = &self.jobs[&job_id];
-            events.push(if job.spec.requeue && job.attempt < ATTEMPTS_MAX {
-                let event = self.requeue_job(index, job_id, format!("requeued: {why}"));
-                self.expedite(job_id, node);
-                event
-            } else {
-                self.finish_job(index, job_id, JobState::Failed, None, why)
-            });
+            events.extend(self.requeue_or_end(index, job_id, node, JobState::Failed, why));
         }
         Applied { outcome: Outcome::GpuHealthSet { node: node.to_string(), gpu, healthy }, events }
     }
@@ -563,14 +574,8 @@ impl State {
         if lost {
             let outcome = Outcome::TaskRecorded { job_id };
             let why = format!("task on {node} was lost ({reason})");
-            let event = if job.spec.requeue && job.attempt < ATTEMPTS_MAX {
-                let event = self.requeue_job(index, job_id, format!("requeued: {why}"));
-                self.expedite(job_id, node);
-                event
-            } else {
-                self.finish_job(index, job_id, JobState::NodeFail, None, why)
-            };
-            return Applied { outcome, events: vec![event] };
+            let events = self.requeue_or_end(index, job_id, node, JobState::NodeFail, why).into_iter().collect();
+            return Applied { outcome, events };
         }
         let ok = exit.succeeded();
         job.task_exits.insert(node.to_string(), exit);
@@ -594,12 +599,13 @@ impl State {
                 format!("{what} on {node} exited with code {}", exit_code.unwrap_or(-1))
             };
             let code = exit_code.or(signal.map(|s| 128_i32.saturating_add(s)));
-            let event = self.finish_job(index, job_id, JobState::Failed, code, why);
-            return Applied { outcome, events: vec![event] };
+            let events = self.finish_job(index, job_id, JobState::Failed, code, why).into_iter().collect();
+            return Applied { outcome, events };
         }
         if done {
-            let event = self.finish_job(index, job_id, JobState::Completed, Some(0), String::new());
-            return Applied { outcome, events: vec![event] };
+            let events =
+                self.finish_job(index, job_id, JobState::Completed, Some(0), String::new()).into_iter().collect();
+            return Applied { outcome, events };
         }
         Applied { outcome, events: Vec::new() }
     }
@@ -712,11 +718,34 @@ impl State {
             return refused;
         }
         let reason = format!("cancelled by {identity}");
-        let event = self.finish_job(index, job_id, JobState::Cancelled, None, reason);
-        Applied { outcome: Outcome::Cancelled { job_id }, events: vec![event] }
+        let events = self.finish_job(index, job_id, JobState::Cancelled, None, reason).into_iter().collect();
+        Applied { outcome: Outcome::Cancelled { job_id }, events }
     }
 
-    /// Moves a pending or running job to a finished state, releasing its allocation.
+    /// A job that lost a node or a GPU: requeued (on other nodes when it asked
+    /// to be expedited) if it may run again, else ended as `state`.
+    fn requeue_or_end(
+        &mut self,
+        index: u64,
+        job_id: JobId,
+        failed: &str,
+        state: JobState,
+        why: String,
+    ) -> Option<JobEvent> {
+        let job = self.jobs.get(&job_id)?;
+        if job.spec.requeue && job.attempt < ATTEMPTS_MAX {
+            let event = self.requeue_job(index, job_id, format!("requeued: {why}"))?;
+            self.expedite(job_id, failed);
+            Some(event)
+        } else {
+            self.finish_job(index, job_id, state, None, why)
+        }
+    }
+
+    /// Moves a pending or running job to a finished state, releasing its
+    /// allocation. None, changing nothing, for a job that does not exist or
+    /// has finished already, or for a state that is not a finished one (the
+    /// callers never ask for these: apply must not panic if one did).
     fn finish_job(
         &mut self,
         index: u64,
@@ -724,11 +753,9 @@ impl State {
         state: JobState,
         exit_code: Option<i32>,
         reason: String,
-    ) -> JobEvent {
-        assert!(state.is_finished(), "finish_job with unfinished state {state:?}");
+    ) -> Option<JobEvent> {
         let now = self.clock_ms;
-        let job = self.jobs.get_mut(&job_id).expect("finish_job: job exists");
-        assert!(!job.state.is_finished(), "job {job_id} finished twice");
+        let job = self.jobs.get_mut(&job_id).filter(|j| state.is_finished() && !j.state.is_finished())?;
         let allocation = job.allocation.take();
         // A suspended job that ends (cancelled, its node lost) keeps the
         // time it was suspended for accounting.
@@ -754,12 +781,14 @@ impl State {
         self.forget_dependencies(job_id);
         self.dep_triggers.insert(job_id);
         self.finished.push_back(job_id);
-        self.finished_bytes = self.finished_bytes.saturating_add(self.jobs[&job_id].retained_bytes() as u64);
-        if self.format >= ACCOUNTING_FORMAT {
-            self.jobs.get_mut(&job_id).expect("finished").finished_index = Some(index);
+        if let Some(job) = self.jobs.get_mut(&job_id) {
+            self.finished_bytes = self.finished_bytes.saturating_add(job.retained_bytes() as u64);
+            if self.format >= ACCOUNTING_FORMAT {
+                job.finished_index = Some(index);
+            }
         }
         self.purge_finished();
-        JobEvent { index, job_id, state, attempt, reason, suspended: None, step: None, usage: false }
+        Some(JobEvent { index, job_id, state, attempt, reason, suspended: None, step: None, usage: false })
     }
 
     /// Drops the oldest finished jobs past the limits. The first job of an
@@ -777,7 +806,7 @@ impl State {
         let never_unaccounted = self.format >= crate::format::ACCOUNTING_BACKLOG_FORMAT;
         while over(self) && looks > 0 {
             looks = looks.saturating_sub(1);
-            let old = *self.finished.front().expect("non-empty");
+            let Some(&old) = self.finished.front() else { break };
             if self.unaccounted(old) && (never_unaccounted || !hard_over(self)) {
                 break;
             }
@@ -848,10 +877,11 @@ impl State {
         }
     }
 
-    fn requeue_job(&mut self, index: u64, job_id: JobId, reason: String) -> JobEvent {
-        let job = self.jobs.get_mut(&job_id).expect("requeue_job: job exists");
-        assert_eq!(job.state, JobState::Running, "only running jobs are requeued");
-        let allocation = job.allocation.take().expect("running jobs are allocated");
+    /// Puts a running job back in the queue for its next attempt. None,
+    /// changing nothing, for a job that is not running with an allocation.
+    fn requeue_job(&mut self, index: u64, job_id: JobId, reason: String) -> Option<JobEvent> {
+        let job = self.jobs.get_mut(&job_id).filter(|j| j.state == JobState::Running && j.allocation.is_some())?;
+        let allocation = job.allocation.take()?;
         job.state = JobState::Pending;
         job.task_exits.clear();
         job.task_usage.clear();
@@ -870,12 +900,22 @@ impl State {
         // Release first: usage is charged from the start time, less the
         // time the attempt was suspended.
         self.release(job_id, &allocation);
-        let job = self.jobs.get_mut(&job_id).expect("exists");
-        job.start_time_ms = None;
-        job.suspended_at_ms = None;
-        job.suspended_ms = 0;
-        job.preempted_by = None;
-        JobEvent { index, job_id, state: JobState::Pending, attempt, reason, suspended: None, step: None, usage: false }
+        if let Some(job) = self.jobs.get_mut(&job_id) {
+            job.start_time_ms = None;
+            job.suspended_at_ms = None;
+            job.suspended_ms = 0;
+            job.preempted_by = None;
+        }
+        Some(JobEvent {
+            index,
+            job_id,
+            state: JobState::Pending,
+            attempt,
+            reason,
+            suspended: None,
+            step: None,
+            usage: false,
+        })
     }
 
     /// Gives back what an ending attempt holds: all of its allocation, or
@@ -884,18 +924,22 @@ impl State {
         self.charge_usage(job_id, alloc);
         self.count_running(job_id, alloc, false);
         let yielded = self.yielded.remove(&job_id);
+        // The counters cannot go below zero on a consistent state
+        // (`check_invariants` recounts them; the fuzzer and the simulation
+        // check it after every command): saturating keeps apply total.
         for na in &alloc.nodes {
-            let node = self.nodes.get_mut(&na.node).expect("allocated node exists");
-            node.mem_alloc_mb = node.mem_alloc_mb.checked_sub(na.mem_mb).expect("memory accounting underflow");
+            let Some(node) = self.nodes.get_mut(&na.node) else { continue };
+            node.mem_alloc_mb = node.mem_alloc_mb.saturating_sub(na.mem_mb);
             node.jobs.retain(|&j| j != job_id);
             if yielded {
                 continue;
             }
-            node.cpus_alloc = node.cpus_alloc.checked_sub(na.cpus).expect("cpu accounting underflow");
+            node.cpus_alloc = node.cpus_alloc.saturating_sub(na.cpus);
             for &g in &na.gpus {
-                let gpu = &mut node.gpus[g as usize];
-                assert_eq!(gpu.allocated_to, Some(job_id), "GPU {g} on {} not held by job {job_id}", na.node);
-                gpu.allocated_to = None;
+                let Some(gpu) = node.gpus.get_mut(g as usize) else { continue };
+                if gpu.allocated_to == Some(job_id) {
+                    gpu.allocated_to = None;
+                }
             }
         }
     }
@@ -959,35 +1003,35 @@ impl State {
         if !self.nodes.contains_key(name) {
             return Applied::refused(RefusalKind::NotFound, format!("node {name} does not exist"));
         }
-        if let Some(applied) = self.power_change(name, change, reason) {
-            return applied;
-        }
-        let node = self.nodes.get_mut(name).expect("checked");
-        let new_state = match (change, node.state) {
-            (NodeStateChange::Drain | NodeStateChange::Resume, NodeState::PoweredDown | NodeState::PoweringUp) => {
+        let wanted = match change {
+            NodeStateChange::Drain => NodeState::Drain,
+            NodeStateChange::Resume => NodeState::Up,
+            NodeStateChange::Down => NodeState::Down,
+            NodeStateChange::PowerDown | NodeStateChange::PowerUp => return self.power_change(name, change, reason),
+        };
+        let Some(node) = self.nodes.get_mut(name) else {
+            return Applied::refused(RefusalKind::NotFound, format!("node {name} does not exist"));
+        };
+        let new_state = match (wanted, node.state) {
+            (NodeState::Drain | NodeState::Up, NodeState::PoweredDown | NodeState::PoweringUp) => {
                 return Applied::refused(
                     RefusalKind::FailedPrecondition,
                     format!("node {name} is {}: it is up once its agent registers", node.state.as_str()),
                 )
             }
-            (NodeStateChange::Drain, NodeState::Down) => {
+            (NodeState::Drain, NodeState::Down) => {
                 return Applied::refused(
                     RefusalKind::FailedPrecondition,
                     format!("node {name} is down; drain it once its agent has registered again"),
                 )
             }
-            (NodeStateChange::Drain, _) => NodeState::Drain,
-            (NodeStateChange::Resume, NodeState::Down) => {
+            (NodeState::Up, NodeState::Down) => {
                 return Applied::refused(
                     RefusalKind::FailedPrecondition,
                     format!("node {name} is down; it comes back when its agent registers again"),
                 )
             }
-            (NodeStateChange::Resume, _) => NodeState::Up,
-            (NodeStateChange::Down, _) => NodeState::Down,
-            (NodeStateChange::PowerDown | NodeStateChange::PowerUp, _) => {
-                unreachable!("power changes are handled above")
-            }
+            (wanted, _) => wanted,
         };
         node.state = new_state;
         node.state_reason = reason.to_string();
@@ -1006,13 +1050,7 @@ impl State {
         let mut events = Vec::new();
         let victims = self.nodes.get(name).map(|n| n.jobs.clone()).unwrap_or_default();
         for job_id in victims {
-            let job = &self.jobs[&job_id];
-            if job.spec.requeue && job.attempt < ATTEMPTS_MAX {
-                events.push(self.requeue_job(index, job_id, format!("requeued: {why}")));
-                self.expedite(job_id, name);
-            } else {
-                events.push(self.finish_job(index, job_id, JobState::NodeFail, None, why.to_string()));
-            }
+            events.extend(self.requeue_or_end(index, job_id, name, JobState::NodeFail, why.to_string()));
         }
         events
     }
@@ -1169,7 +1207,7 @@ impl State {
                 return Err(format!("node {}: {}", na.node, m.as_str()));
             }
             if let (Some(depth), true) = (level, spec.topology.required) {
-                let path = &node.topology[..depth.min(node.topology.len())];
+                let path = node.topology.get(..depth).unwrap_or(&node.topology);
                 match domain {
                     None => domain = Some(path),
                     Some(d) if d != path => {
@@ -1222,6 +1260,12 @@ impl State {
     }
 
     fn apply_plan(&mut self, index: u64, placements: &[Placement]) -> Applied {
+        let Gangs { started, rejected, events } = self.place_gangs(index, placements);
+        Applied { outcome: Outcome::PlanApplied { started, rejected }, events }
+    }
+
+    /// Starts each gang of a plan that still fits, in order.
+    fn place_gangs(&mut self, index: u64, placements: &[Placement]) -> Gangs {
         let mut started = Vec::new();
         let mut rejected = Vec::new();
         let mut events = Vec::new();
@@ -1232,10 +1276,15 @@ impl State {
                 rejected.push((p.job_id, why));
                 continue;
             }
+            // check_placement found the job: apply changes nothing if that ever broke.
+            if !self.jobs.contains_key(&p.job_id) {
+                continue;
+            }
             let now = self.clock_ms;
             let mut booting = false;
             for na in &p.nodes {
-                let node = self.nodes.get_mut(&na.node).expect("checked");
+                // check_placement found every node.
+                let Some(node) = self.nodes.get_mut(&na.node) else { continue };
                 booting |= matches!(node.state, NodeState::PoweredDown | NodeState::PoweringUp);
                 // A pool's powered-down node is powered up for it.
                 if node.state == NodeState::PoweredDown {
@@ -1246,14 +1295,15 @@ impl State {
                 node.cpus_alloc = node.cpus_alloc.saturating_add(na.cpus);
                 node.mem_alloc_mb = node.mem_alloc_mb.saturating_add(na.mem_mb);
                 for &g in &na.gpus {
-                    node.gpus[g as usize].allocated_to = Some(p.job_id);
+                    let Some(gpu) = node.gpus.get_mut(g as usize) else { continue };
+                    gpu.allocated_to = Some(p.job_id);
                 }
                 node.jobs.push(p.job_id);
             }
             // Shortened (down to --time-min) to end before a reservation or the deadline.
             let limit_s = if self.format >= crate::format::SLURM_FEATURES_FORMAT {
-                let job = &self.jobs[&p.job_id];
-                self.start_limit_s(job, p.nodes.iter().map(|n| n.node.as_str()), self.clock_ms).ok()
+                let job = self.jobs.get(&p.job_id);
+                job.and_then(|job| self.start_limit_s(job, p.nodes.iter().map(|n| n.node.as_str()), self.clock_ms).ok())
             } else {
                 None
             };
@@ -1261,7 +1311,8 @@ impl State {
             self.count_running(p.job_id, &alloc, true);
             self.dep_triggers.insert(p.job_id);
             let now = self.clock_ms;
-            let job = self.jobs.get_mut(&p.job_id).expect("checked");
+            // check_placement found the job.
+            let Some(job) = self.jobs.get_mut(&p.job_id) else { continue };
             job.state = JobState::Running;
             job.attempt = p.attempt;
             job.expedite_nodes = None;
@@ -1297,7 +1348,7 @@ impl State {
                 usage: false,
             });
         }
-        Applied { outcome: Outcome::PlanApplied { started, rejected }, events }
+        Gangs { started, rejected, events }
     }
 
     fn apply_job_finished(
@@ -1329,8 +1380,8 @@ impl State {
                     format!("job {job_id} is not a pending job past its deadline"),
                 );
             }
-            let event = self.finish_job(index, job_id, state, exit_code, reason.to_string());
-            return Applied { outcome: Outcome::JobFinished { job_id }, events: vec![event] };
+            let events = self.finish_job(index, job_id, state, exit_code, reason.to_string()).into_iter().collect();
+            return Applied { outcome: Outcome::JobFinished { job_id }, events };
         }
         if job.state != JobState::Running || job.attempt != attempt {
             return Applied::refused(
@@ -1342,8 +1393,8 @@ impl State {
                 ),
             );
         }
-        let event = self.finish_job(index, job_id, state, exit_code, reason.to_string());
-        Applied { outcome: Outcome::JobFinished { job_id }, events: vec![event] }
+        let events = self.finish_job(index, job_id, state, exit_code, reason.to_string()).into_iter().collect();
+        Applied { outcome: Outcome::JobFinished { job_id }, events }
     }
 
     /// Verifies every invariant of the state. Returns the first violation found.
@@ -1470,6 +1521,9 @@ impl State {
         if (self.history != 0 || self.history_since != 0) && self.format < crate::format::HISTORY_FORMAT {
             return Err(format!("history {} in format {}, which cannot hold it", self.history, self.format));
         }
+        if self.history_pending && (self.format < crate::format::FRESH_HISTORY_FORMAT || self.history == 0) {
+            return Err(format!("a history to draw in format {}, history {}", self.format, self.history));
+        }
         if self.unfinished_bytes != self.unfinished_bytes_of_jobs() {
             return Err("the unfinished-bytes budget index differs from the jobs".into());
         }
@@ -1574,6 +1628,12 @@ impl State {
             if listed.len() != node.jobs.len() || listed != node_jobs.remove(n).unwrap_or_default() {
                 return Err(format!("node {name}: job list differs from allocations"));
             }
+            // GPUs are looked up by index as position, and held in 32-bit masks.
+            if node.gpus.len() > crate::limits::GPUS_PER_NODE_MAX as usize
+                || node.gpus.iter().enumerate().any(|(i, g)| g.index as usize != i)
+            {
+                return Err(format!("node {name}: more GPUs than the limit, or a GPU's index is not its position"));
+            }
             for gpu in &node.gpus {
                 if gpu.allocated_to != gpus.remove(&(n, gpu.index)) {
                     return Err(format!("node {name} GPU {}: holder differs from allocations", gpu.index));
@@ -1605,7 +1665,7 @@ impl State {
             return Err("quota use counters differ from the jobs".into());
         }
         for id in &self.pending {
-            let job = &self.jobs[id];
+            let Some(job) = self.jobs.get(id) else { return Err(format!("pending job {id} does not exist")) };
             for d in &job.deps_pending {
                 if !self.dependents.get(&d.job_id).is_some_and(|s| s.contains(id)) {
                     return Err(format!("pending job {id} waits on {} but is not filed as its dependent", d.job_id));
@@ -1623,7 +1683,7 @@ impl State {
             if *name != r.name {
                 return Err(format!("reservation {name} is filed under another name"));
             }
-            for other in &resv[k.saturating_add(1)..] {
+            for other in resv.iter().skip(k.saturating_add(1)) {
                 if other.conflicts(r) && other.nodes.iter().any(|n| r.contains(n)) {
                     return Err(format!("reservations {name} and {} hold a node at the same time", other.name));
                 }

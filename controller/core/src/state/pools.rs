@@ -52,7 +52,7 @@ impl State {
         let orphans: Vec<String> = self.nodes.values().filter(|n| out_of_pool(n)).map(|n| n.name.clone()).collect();
         let mut events = Vec::new();
         for name in orphans {
-            let node = self.nodes.get_mut(&name).expect("listed");
+            let Some(node) = self.nodes.get_mut(&name) else { continue };
             node.state = NodeState::Down;
             node.state_reason = "its pool no longer names it".into();
             node.state_changed_ms = now;
@@ -79,60 +79,56 @@ impl State {
 
     /// The node changes of pools: `PowerDown` (an idle node, or a booting
     /// one nothing waits for, or a down one to retry later) and `PowerUp`
-    /// (a powered-down one). None for the other changes.
-    pub(super) fn power_change(&mut self, name: &str, change: NodeStateChange, reason: &str) -> Option<Applied> {
-        if !matches!(change, NodeStateChange::PowerDown | NodeStateChange::PowerUp) {
-            return None;
-        }
+    /// (a powered-down one); the other changes are `apply_set_node_state`'s.
+    pub(super) fn power_change(&mut self, name: &str, change: NodeStateChange, reason: &str) -> Applied {
         if self.format < crate::format::ELASTIC_POOLS_FORMAT {
             let needs = crate::format::ELASTIC_POOLS_FORMAT;
-            return Some(Applied::refused(
-                RefusalKind::FailedPrecondition,
-                format!("power: needs data format {needs}"),
-            ));
+            return Applied::refused(RefusalKind::FailedPrecondition, format!("power: needs data format {needs}"));
         }
         if self.policy.pool_of(name).is_none() {
-            return Some(Applied::refused(
+            return Applied::refused(
                 RefusalKind::FailedPrecondition,
                 format!("node {name} is in no pool: only a pool's nodes are powered down and up"),
-            ));
+            );
         }
         let now = self.clock_ms;
-        let node = self.nodes.get_mut(name)?;
+        let Some(node) = self.nodes.get_mut(name) else {
+            return Applied::refused(RefusalKind::NotFound, format!("node {name} does not exist"));
+        };
         let state = match (change, node.state) {
             (NodeStateChange::PowerDown, NodeState::PoweredDown)
             | (NodeStateChange::PowerUp, NodeState::PoweringUp) => {
-                return Some(Applied::refused(
+                return Applied::refused(
                     RefusalKind::FailedPrecondition,
                     format!("node {name} is {} already", node.state.as_str()),
-                ))
+                )
             }
             (NodeStateChange::PowerDown, _) if !node.jobs.is_empty() => {
-                return Some(Applied::refused(
+                return Applied::refused(
                     RefusalKind::FailedPrecondition,
                     format!("node {name} holds {} jobs: drain it and let them end first", node.jobs.len()),
-                ))
+                )
             }
             // Powered down, it would take work again: a drain is kept.
             (NodeStateChange::PowerDown, NodeState::Drain) => {
-                return Some(Applied::refused(
+                return Applied::refused(
                     RefusalKind::FailedPrecondition,
                     format!("node {name} is drained: resume it first (a drained node stays powered)"),
-                ))
+                )
             }
             (NodeStateChange::PowerDown, _) => NodeState::PoweredDown,
             (NodeStateChange::PowerUp, NodeState::PoweredDown) => NodeState::PoweringUp,
             (_, state) => {
-                return Some(Applied::refused(
+                return Applied::refused(
                     RefusalKind::FailedPrecondition,
                     format!("node {name} is {}: only a powered-down node is powered up", state.as_str()),
-                ))
+                )
             }
         };
         node.state = state;
         node.state_reason = reason.to_string();
         node.state_changed_ms = now;
-        Some(Applied { outcome: Outcome::NodeStateSet { name: name.to_string(), state }, events: Vec::new() })
+        Applied { outcome: Outcome::NodeStateSet { name: name.to_string(), state }, events: Vec::new() }
     }
 
     /// A pool node that was powered down or booting registered: it is up,
@@ -165,7 +161,7 @@ impl State {
             events = self.end_jobs_on(index, &spec.name, &why);
         }
         let now = self.clock_ms;
-        let node = self.nodes.get_mut(&spec.name).expect("checked");
+        let node = self.nodes.get_mut(&spec.name)?;
         let mut fresh = fresh;
         fresh.cpus_alloc = node.cpus_alloc;
         fresh.mem_alloc_mb = node.mem_alloc_mb;
@@ -183,12 +179,13 @@ impl State {
         // The jobs' clocks start once every node of theirs is up.
         let booted: Vec<u64> = node.jobs.clone();
         for job_id in booted {
-            let all_up = self.jobs[&job_id]
+            let Some(job) = self.jobs.get(&job_id) else { continue };
+            let all_up = job
                 .allocation
                 .iter()
                 .flat_map(|a| &a.nodes)
                 .all(|na| self.nodes.get(&na.node).is_some_and(|n| n.state != NodeState::PoweringUp));
-            let job = self.jobs.get_mut(&job_id).expect("a node's jobs exist");
+            let Some(job) = self.jobs.get_mut(&job_id) else { continue };
             if all_up && job.start_time_ms.is_none() {
                 job.start_time_ms = Some(now);
                 // Suspended while its nodes booted: suspended from now on.
@@ -217,8 +214,7 @@ impl State {
         for job_id in &node.jobs {
             let job = self.jobs.get(job_id)?;
             let Some(alloc) = &job.allocation else { continue };
-            let Some(k) = alloc.nodes.iter().position(|na| na.node == *name) else { continue };
-            let na = &alloc.nodes[k];
+            let Some((k, na)) = alloc.nodes.iter().enumerate().find(|(_, na)| na.node == *name) else { continue };
             let shape = job.spec.component_shape(job.spec.component_of(k));
             if na.cpus > fresh.cpus || na.mem_mb > fresh.mem_mb {
                 return Some(format!("node {name} registered with less than job {job_id} holds there"));

@@ -65,7 +65,7 @@ impl State {
                 format!("nodes: {n} is not one of job {job_id}'s nodes"),
             );
         }
-        if nodes.iter().enumerate().any(|(i, n)| nodes[..i].contains(n)) {
+        if nodes.iter().enumerate().any(|(i, n)| nodes.iter().take(i).any(|m| m == n)) {
             return Applied::refused(RefusalKind::InvalidArgument, "nodes: a node is listed twice");
         }
         let node_count = if nodes.is_empty() { held.len() } else { nodes.len() };

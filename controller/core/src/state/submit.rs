@@ -118,15 +118,19 @@ impl State {
         // Resolve every element's dependencies before creating any job.
         let mut per_element_deps = Vec::with_capacity(count);
         let mut elements: BTreeMap<JobId, BTreeMap<u32, JobId>> = BTreeMap::new();
-        for k in 0..count {
-            let my_index = array.as_ref().map(|a| a.indexes[k]);
+        // Each element's array index (None: not an array, one job).
+        let element_indexes: Vec<Option<u32>> = match &array {
+            Some(a) => a.indexes.iter().copied().map(Some).collect(),
+            None => vec![None],
+        };
+        for &my_index in &element_indexes {
             match self.resolve_dependencies(&spec.dependencies, my_index, &mut elements) {
                 Ok(d) => per_element_deps.push(d),
                 Err(e) => return Err(Applied::refused(RefusalKind::InvalidArgument, e.to_string())),
             }
         }
         let mut jobs = Vec::with_capacity(count);
-        for (k, deps) in per_element_deps.into_iter().enumerate() {
+        for (k, (deps, my_index)) in per_element_deps.into_iter().zip(element_indexes).enumerate() {
             let job_id = first_id.saturating_add(k as u64);
             let mut element_spec = spec.clone();
             element_spec.dependencies = deps.clone();
@@ -144,9 +148,9 @@ impl State {
                 submit_index: index,
                 task_exits: BTreeMap::new(),
                 ran_on: Vec::new(),
-                array: array.as_ref().map(|a| ArrayElement {
+                array: array.as_ref().zip(my_index).map(|(a, index)| ArrayElement {
                     array_job_id: first_id,
-                    index: a.indexes[k],
+                    index,
                     count: u32::try_from(count).unwrap_or(u32::MAX),
                     throttle: a.throttle,
                 }),
@@ -412,16 +416,13 @@ impl State {
                 None => Dependency { kind, job_id: d.job_id, array_index: None },
             };
             if self.dependency_status(&resolved) == DepStatus::Never {
-                let t = &self.jobs[&resolved.job_id];
+                let (shown, ended) = self
+                    .jobs
+                    .get(&resolved.job_id)
+                    .map_or((resolved.job_id.to_string(), ""), |t| (t.display_id(), t.state.as_str()));
                 return Err(SpecError::new(
                     "dependency",
-                    format!(
-                        "{}:{} can never be met (job {} ended {})",
-                        resolved.kind.as_str(),
-                        d.job_id,
-                        t.display_id(),
-                        t.state.as_str()
-                    ),
+                    format!("{}:{} can never be met (job {shown} ended {ended})", resolved.kind.as_str(), d.job_id),
                 ));
             }
             if !out.contains(&resolved) {
@@ -491,7 +492,7 @@ impl State {
     /// Counts a job in (or out of) the unfinished-job counters of its account
     /// tree, user and QOS-user.
     pub(super) fn count_active(&mut self, job_id: JobId, add: bool) {
-        let job = &self.jobs[&job_id];
+        let Some(job) = self.jobs.get(&job_id) else { return };
         let bytes = job.spec.size_bytes() as u64;
         if job.spec.deadline_ms > 0 {
             if add {
@@ -527,7 +528,8 @@ impl State {
             if add {
                 *e = e.saturating_add(1);
             } else {
-                *e = e.checked_sub(1).expect("active job accounting underflow");
+                // Saturating, as above: check_invariants recounts these.
+                *e = e.saturating_sub(1);
                 if *e == 0 {
                     self.active_jobs.remove(&k);
                 }
@@ -537,7 +539,7 @@ impl State {
 
     /// The counters a job's use is charged to.
     pub(super) fn use_keys(&self, job_id: JobId) -> Vec<UseKey> {
-        self.use_keys_of(&self.jobs[&job_id])
+        self.jobs.get(&job_id).map(|job| self.use_keys_of(job)).unwrap_or_default()
     }
 
     /// The counters `job`'s use is charged to: its account and the account's

@@ -18,28 +18,31 @@ use crate::model::{GpuHealth, JobId, JobState, NodeState};
 
 impl State {
     /// Suspends running `job_id` for `for_job`, giving up its CPUs and GPUs.
-    pub(super) fn suspend_for(&mut self, index: u64, job_id: JobId, for_job: JobId) -> JobEvent {
+    /// None, changing nothing, unless it is running, allocated and not
+    /// suspended.
+    pub(super) fn suspend_for(&mut self, index: u64, job_id: JobId, for_job: JobId) -> Option<JobEvent> {
         let now = self.clock_ms;
-        let job = self.jobs.get_mut(&job_id).expect("suspend_for: job exists");
-        assert!(job.state == JobState::Running && !job.is_suspended(), "only running, unsuspended jobs yield");
+        let job = self.jobs.get_mut(&job_id).filter(|j| j.state == JobState::Running && !j.is_suspended())?;
+        let alloc = job.allocation.clone()?;
         job.suspended_at_ms = Some(now);
         job.preempted_by = Some(for_job);
         job.preempted = job.preempted.saturating_add(1);
         job.reason = format!("{}{for_job}", crate::duties::PREEMPTED_BY);
         let attempt = job.attempt;
         let reason = job.reason.clone();
-        let alloc = job.allocation.clone().expect("running jobs are allocated");
+        // As in `release`: saturating on a state `check_invariants` keeps consistent.
         for na in &alloc.nodes {
-            let node = self.nodes.get_mut(&na.node).expect("allocated node exists");
-            node.cpus_alloc = node.cpus_alloc.checked_sub(na.cpus).expect("cpu accounting underflow");
+            let Some(node) = self.nodes.get_mut(&na.node) else { continue };
+            node.cpus_alloc = node.cpus_alloc.saturating_sub(na.cpus);
             for &g in &na.gpus {
-                let gpu = &mut node.gpus[g as usize];
-                assert_eq!(gpu.allocated_to, Some(job_id), "GPU {g} on {} not held by job {job_id}", na.node);
-                gpu.allocated_to = None;
+                let Some(gpu) = node.gpus.get_mut(g as usize) else { continue };
+                if gpu.allocated_to == Some(job_id) {
+                    gpu.allocated_to = None;
+                }
             }
         }
         self.yielded.insert(job_id);
-        JobEvent {
+        Some(JobEvent {
             index,
             job_id,
             state: JobState::Running,
@@ -48,7 +51,7 @@ impl State {
             suspended: Some(true),
             step: None,
             usage: false,
-        }
+        })
     }
 
     /// Resumes every yielded job whose CPUs and GPUs are all free again, in
@@ -62,18 +65,20 @@ impl State {
                 continue;
             }
             let now = self.clock_ms;
-            let job = self.jobs.get_mut(&job_id).expect("yielded jobs exist");
+            // can_take_back found it, allocated.
+            let Some(job) = self.jobs.get_mut(&job_id) else { continue };
+            let Some(alloc) = job.allocation.clone() else { continue };
             job.suspended_ms = job.suspended_total_ms(now);
             job.suspended_at_ms = None;
             job.preempted_by = None;
             job.reason = String::new();
             let attempt = job.attempt;
-            let alloc = job.allocation.clone().expect("yielded jobs are allocated");
             for na in &alloc.nodes {
-                let node = self.nodes.get_mut(&na.node).expect("allocated node exists");
+                let Some(node) = self.nodes.get_mut(&na.node) else { continue };
                 node.cpus_alloc = node.cpus_alloc.saturating_add(na.cpus);
                 for &g in &na.gpus {
-                    node.gpus[g as usize].allocated_to = Some(job_id);
+                    let Some(gpu) = node.gpus.get_mut(g as usize) else { continue };
+                    gpu.allocated_to = Some(job_id);
                 }
             }
             self.yielded.remove(&job_id);
@@ -115,9 +120,10 @@ impl State {
             .iter()
             .copied()
             .filter(|id| {
-                self.jobs[id]
-                    .allocation
+                self.jobs
+                    .get(id)
                     .iter()
+                    .flat_map(|j| &j.allocation)
                     .flat_map(|a| &a.nodes)
                     .any(|na| na.node == node && na.gpus.contains(&gpu))
             })
