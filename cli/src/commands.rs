@@ -499,7 +499,8 @@ pub async fn cluster(client: &Client, out: &Output, cmd: ClusterCmd) -> anyhow::
                         "voter": r.voter, "last_log_index": r.last_log_index, "commit_index": r.commit_index,
                         "applied_index": r.applied_index, "snapshot_index": r.snapshot_index,
                         "cert_not_after_unix": r.cert_not_after_unix, "error": r.error,
-                        "newest_data_format": r.newest_data_format, "data_format": r.data_format})
+                        "newest_data_format": r.newest_data_format, "data_format": r.data_format,
+                        "history": r.history, "history_since": r.history_since, "history_pending": r.history_pending})
                     })
                     .collect();
                 out.print_json(

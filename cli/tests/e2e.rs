@@ -2068,6 +2068,21 @@ fn accounting_keeps_every_job_across_a_restore_from_a_backup() {
     assert!(service_log().contains("history changed"), "{}", service_log());
     let history = pg.query("SELECT history FROM ingest_cursor");
     assert_ne!(history.trim(), "0", "the cursor names the new history");
+    // The one the restored cluster's leader drew, as every replica has it
+    // (not the one derived from the backup, which the service never saw).
+    let status: serde_json::Value =
+        serde_json::from_str(&stdout(&cli(&endpoints, &["cluster", "status", "--json"], &work))).unwrap();
+    // (The store keeps a u64 history in a BIGINT, bit for bit.)
+    let cursor_history = u64::from_ne_bytes(history.trim().parse::<i64>().unwrap().to_ne_bytes());
+    for r in status["replicas"].as_array().unwrap() {
+        assert_eq!(
+            r["history"].as_u64(),
+            Some(cursor_history),
+            "the cursor's history is not replica {}'s: {r}",
+            r["id"]
+        );
+        assert_eq!(r["history_pending"], false, "{r}");
+    }
     // Their events too: the new history's, from its first entry on.
     let new_ids = restored_jobs.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
     let finished_in_new = || {

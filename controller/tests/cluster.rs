@@ -3283,6 +3283,49 @@ async fn a_cluster_that_lost_its_majority_is_restored_from_a_backup() {
     let other_history = other.wait_history_drawn().await;
     assert!(other_history != drawn && other_history != derived, "two restores of one file share {other_history}");
     other.shutdown().await;
+    // Until its history is drawn, a restored replica serves nothing that
+    // names one: here one member of three, alone, elects no leader.
+    let mut lone = TestCluster { restore: Some(file.clone()), ..TestCluster::empty() };
+    let mut listeners = BTreeMap::new();
+    for id in 1..=3 {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        lone.addrs.insert(id, l.local_addr().unwrap().to_string());
+        lone.dirs.insert(id, tempfile::tempdir().unwrap());
+        lone.timing.insert(id, fast_timing());
+        listeners.insert(id, l);
+    }
+    let start = |c: &TestCluster, id: u64| {
+        let mut config = c.config(id, false);
+        config.restore = c.restore.clone();
+        config
+    };
+    let first = replica::start(start(&lone, 1), listeners.remove(&1).unwrap()).await.unwrap();
+    lone.handles.insert(1, first);
+    let one = lone.client_for(&[1]);
+    let events = || {
+        let r = one.request(pb::EventsRequest { from_index: 0, job_id: 0, history: None });
+        let mut api = JobServiceClient::new(one.channels()[0].clone());
+        async move { api.events(r).await.map(drop) }
+    };
+    let status = || {
+        let r = one.request(pb::ReplicaStatusRequest {});
+        let mut api = AdminServiceClient::new(one.channels()[0].clone());
+        async move { api.get_replica_status(r).await.unwrap().into_inner() }
+    };
+    let pending = status().await;
+    assert!(pending.history_pending && pending.history == derived, "{pending:?}");
+    let refused = events().await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("not drawn its history"), "{refused:?}");
+    for id in [2, 3] {
+        let h = replica::start(start(&lone, id), listeners.remove(&id).unwrap()).await.unwrap();
+        lone.handles.insert(id, h);
+    }
+    let lone_history = lone.wait_history_drawn().await;
+    let settled = status().await;
+    assert!(!settled.history_pending && settled.history == lone_history && lone_history != derived);
+    events().await.unwrap();
+    lone.shutdown().await;
     // It takes new work, numbering jobs past any the lost cluster issued.
     let client = r.client();
     let next = submit(&client, spec("true"), "new").await.unwrap().job_id;

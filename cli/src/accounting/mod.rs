@@ -390,7 +390,8 @@ async fn resync(client: &Client, store: &mut Store, database: &str) -> anyhow::R
 
 /// Where the answering replica's log is, and in which history: asked again
 /// (a second apart) while it has applied nothing yet (a replica just added,
-/// waiting for its snapshot, would report the first history at index 0).
+/// waiting for its snapshot, would report the first history at index 0), or
+/// while a restored cluster's leader has not drawn its history yet.
 async fn replica_position(client: &Client) -> anyhow::Result<pb::ReplicaStatus> {
     for _ in 0..READ_ATTEMPTS_MAX {
         let status = client
@@ -401,7 +402,8 @@ async fn replica_position(client: &Client) -> anyhow::Result<pb::ReplicaStatus> 
             .await
             .map_err(|s| anyhow::anyhow!("accounting: asking a replica where its log is: {}", s.message()))?
             .into_inner();
-        if status.applied_index.unwrap_or(0) > 0 {
+        // A restored cluster's history is settled once its leader drew it.
+        if status.applied_index.unwrap_or(0) > 0 && !status.history_pending {
             return Ok(status);
         }
         tokio::time::sleep(Duration::from_secs(1)).await;

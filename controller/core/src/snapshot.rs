@@ -17,7 +17,9 @@
 //! - format 14: the same with 14 (a rule of apply changed, not the state);
 //! - format 15: the same with 15, the state followed by its history
 //!   (`State::history`, u64) and the index it began after
-//!   (`State::history_since`, u64).
+//!   (`State::history_since`, u64);
+//! - format 16: the same with 16, and then whether the history is still to
+//!   be drawn (`State::history_pending`, bool).
 
 use crate::compat::{v10, v11, v12, v4, v5, v8, v9};
 use crate::format::{crc32c, from_bytes, to_bytes, FORMAT_NEWEST, FORMAT_OLDEST};

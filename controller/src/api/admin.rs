@@ -54,6 +54,7 @@ fn replica_status(replica: &Replica) -> ReplicaStatus {
         now_unix_ms: Some(crate::now_ms()),
         history: view.history,
         history_since: view.history_since,
+        history_pending: view.history_pending,
     }
 }
 
@@ -268,9 +269,9 @@ impl AdminService for AdminApi {
         let msg = req.into_inner();
         // An index of another history names other entries: telling this
         // cluster that those are stored would let it drop jobs the store
-        // never saw. (Every replica of a restored cluster holds its new
-        // history from its first start, so the check here is enough.)
-        let history = self.replica.node.state().read().history;
+        // never saw. (A restored cluster's replicas answer only once its
+        // history is drawn, and it never changes again: the check here is enough.)
+        let history = super::settled_history(&self.replica.node.state().read())?;
         // (A service that names no history counts in the first one, 0.)
         if let Some(theirs) = Some(msg.history.unwrap_or(0)).filter(|h| *h != history) {
             return Err(Status::failed_precondition(format!(

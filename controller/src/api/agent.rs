@@ -209,6 +209,9 @@ impl AgentService for AgentApi {
             _ => self.replica.node.state().read_fresh_within(HEARTBEAT_VIEW_WAIT).await,
         };
         let index = state.index();
+        // A restored cluster's agents wait for its drawn history: an answer
+        // in the derived one, after one in the drawn, would reset their fences.
+        super::settled_history(&state)?;
         // A node silent past the timeout may already be on its way Down:
         // no orders (see `duties::may_answer`).
         let timeout = self.replica.timing.node_down_timeout_ms;

@@ -568,7 +568,7 @@ impl JobService for JobApi {
         let mut rx = shared.subscribe();
         let snapshots = shared.snapshots_installed();
         let start = self.replica.node.status().applied_index.unwrap_or(0);
-        let history = shared.read().history;
+        let history = super::settled_history(&shared.read())?;
         // (A caller that names no history counts in the first one, 0: a
         // client from before histories, after a restore, is refused too.)
         if let Some(theirs) = Some(msg.history.unwrap_or(0)).filter(|h| from > 0 && *h != history) {

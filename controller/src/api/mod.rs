@@ -36,6 +36,22 @@ pub fn status_from_propose(e: ProposeError) -> Status {
     }
 }
 
+/// The cluster's history, once settled. A cluster restored from a backup
+/// serves nothing that names its history (event streams, heartbeats, the
+/// accounting service's reports) until its first leader has drawn one and
+/// this replica has applied it (`Command::DrawHistory`): no client follows
+/// the history derived from the backup, which another restore of the file
+/// would share, and none sees the history change under it.
+pub fn settled_history(state: &gangway_core::State) -> Result<u64, Status> {
+    if state.history_pending {
+        return Err(Status::unavailable(
+            "history: this cluster was restored from a backup and its leader has not drawn its history yet (it \
+             does at its election); retry in a moment",
+        ));
+    }
+    Ok(state.history)
+}
+
 pub fn status_from_refusal(r: &Refusal) -> Status {
     match r.kind {
         RefusalKind::NotFound => Status::not_found(r.message.clone()),

@@ -35,9 +35,11 @@ pub fn spawn_leader_watch(replica: Arc<Replica>) -> JoinHandle<()> {
                             // In order: the format move reads the policy the
                             // bootstrap wrote (its switches are a
                             // compare-and-set on it).
+                            // A restored cluster serves no history-bearing
+                            // call until its history is drawn: first.
+                            draw_history(r.clone()).await;
                             bootstrap_admins(r.clone()).await;
-                            upgrade_data_format(r.clone()).await;
-                            draw_history(r).await;
+                            upgrade_data_format(r).await;
                         });
                     }));
                 }
@@ -186,17 +188,20 @@ async fn carry_switches(replica: &Replica) {
 /// After a restore from a backup, the history is the one every replica
 /// derived from the file, which another restore of the same file would
 /// share: the first leader draws a new one at random, once
-/// ([`Command::DrawHistory`]). Bounded like the bootstrap admins; a leader
+/// ([`Command::DrawHistory`]). Until then the cluster serves no event
+/// stream, heartbeat or accounting report (`api::settled_history`), so it
+/// is the leader's first duty, retried [`DRAW_ATTEMPTS_MAX`] times; a leader
 /// after this one tries again.
 async fn draw_history(replica: Arc<Replica>) {
-    for _ in 0..BOOTSTRAP_ATTEMPTS_MAX {
+    for _ in 0..DRAW_ATTEMPTS_MAX {
         {
             let state = replica.node.state().read();
             if !state.history_pending || state.format < gangway_core::format::FRESH_HISTORY_FORMAT {
                 return;
             }
         }
-        let (history, _) = uuid::Uuid::new_v4().as_u64_pair();
+        let (high, low) = uuid::Uuid::new_v4().as_u64_pair();
+        let history = high ^ low.rotate_left(32);
         let cmd = Command::DrawHistory { history, now_ms: crate::now_ms() };
         match replica.proposer.propose(cmd).await {
             Ok(a) => match a.outcome {
@@ -211,7 +216,18 @@ async fn draw_history(replica: Arc<Replica>) {
         }
         tokio::time::sleep(BOOTSTRAP_RETRY).await;
     }
+    tracing::warn!(
+        attempts = DRAW_ATTEMPTS_MAX,
+        "a restored cluster's history was not drawn: agents and the accounting service wait; the next leader tries again"
+    );
 }
+
+/// Tries to draw a restored cluster's history, [`BOOTSTRAP_RETRY`] apart: a
+/// minute, far past an election's first commit (the draw is the leader's
+/// first write). A leader that cannot commit for that long cannot mark
+/// nodes down either; its agents, unanswered meanwhile, retry, and stop
+/// their tasks as they would with no controller at all.
+const DRAW_ATTEMPTS_MAX: usize = 240;
 
 /// Attempts to commit the bootstrap admins; a new leader retries from scratch.
 const BOOTSTRAP_ATTEMPTS_MAX: usize = 20;

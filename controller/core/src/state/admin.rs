@@ -445,9 +445,6 @@ impl State {
         })
     }
 
-    /// The accounting store has every job through `stored` (an entry
-    /// before this one, `index`): operators and admins only; it never goes
-    /// back. Finished jobs it now holds may go past `finished_jobs_kept`.
     /// [`Command::DrawHistory`]: once, after a restore, a history that is
     /// neither the first (0) nor the one derived from the backup.
     pub(super) fn apply_draw_history(&mut self, history: u64) -> Applied {
@@ -469,6 +466,9 @@ impl State {
         Applied { outcome: Outcome::HistoryDrawn { history }, events: Vec::new() }
     }
 
+    /// The accounting store has every job through `stored` (an entry
+    /// before this one, `index`): operators and admins only; it never goes
+    /// back. Finished jobs it now holds may go past `finished_jobs_kept`.
     pub(super) fn apply_accounting_stored(&mut self, index: u64, stored: u64, identity: &str) -> Applied {
         if let Some(refused) = self.needs_accounting_format() {
             return refused;
