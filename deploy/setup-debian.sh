@@ -25,6 +25,8 @@ command -v tmux >/dev/null 2>&1 || need+=(tmux)
 # The image is built with buildah from scratch and checked with Python.
 command -v buildah >/dev/null 2>&1 || need+=(buildah)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+# The Kubernetes check installs its Python tools into a virtualenv of its own.
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 # The accounting tests run a private PostgreSQL server from Debian's binaries.
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 # The package check rates its systemd units offline.

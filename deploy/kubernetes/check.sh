@@ -13,8 +13,15 @@ bin=${1:?usage: check.sh GANGWAY_BINARY}
 dir=$(cd "$(dirname "$0")" && pwd)
 # The Kubernetes version the manifests target (its schemas ship with the tool).
 k8s=1.30.0
-command -v kubernetes-validate >/dev/null || python3 -m pip install --quiet kubernetes-validate
-command -v checkov >/dev/null || python3 -m pip install --quiet checkov
+# The tools live in a virtualenv of their own (never the system's Python,
+# whose packages they would replace), kept between runs.
+venv=${GANGWAY_TOOLS_VENV:-$HOME/.cache/gangway/tools-venv}
+if [ ! -x "$venv/bin/kubernetes-validate" ] || [ ! -x "$venv/bin/checkov" ]; then
+    echo "kubernetes check: installing kubernetes-validate and checkov into $venv" >&2
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check kubernetes-validate checkov
+fi
+PATH="$venv/bin:$PATH"
 kubernetes-validate --strict --quiet -k "$k8s" "$dir/controller.yaml" "$dir/agent.yaml"
 scan=$(mktemp)
 trap 'rm -f "$scan"' EXIT
