@@ -3556,6 +3556,205 @@ fn every_spec_limit_holds_at_its_value_and_refuses_one_past() {
     assert_eq!(check_spec_size(&big).map_err(|e| e.field), Err("spec".to_string()));
 }
 
+/// `count` names: `prefix0`, `prefix1`, ...
+fn names(prefix: &str, count: u64) -> Vec<String> {
+    (0..count).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// The policy's limits, as `every_spec_limit_holds_at_its_value_and_refuses_one_past`
+/// checks a job spec's: a policy at each limit is accepted, one past it is
+/// refused naming the field (or the entry, for `prefix.`) and the limit.
+#[test]
+fn every_policy_limit_holds_at_its_value_and_refuses_one_past() {
+    use gangway_core::limits::{LICENSES_MAX, LICENSE_LIMIT_SCOPES_MAX, TOPOLOGY_LEVELS_MAX};
+    use gangway_core::policy::*;
+    type PolicyLimitCase = (&'static str, u64, &'static str, fn(&mut ClusterPolicy, u64));
+    fn accounts(v: u64) -> BTreeMap<String, Account> {
+        names("a", v).into_iter().map(|n| (n, Account::default())).collect()
+    }
+    let cases: [PolicyLimitCase; 20] = [
+        ("PARTITIONS_MAX", PARTITIONS_MAX as u64, "partitions", |p, v| {
+            p.partitions = names("p", v).into_iter().map(|n| (n, Partition::default())).collect();
+        }),
+        ("ACCOUNTS_MAX", ACCOUNTS_MAX as u64, "accounts", |p, v| p.accounts = accounts(v)),
+        ("USERS_MAX", USERS_MAX as u64, "users", |p, v| {
+            p.users = names("u", v).into_iter().map(|n| (n, User::default())).collect();
+        }),
+        ("QOS_MAX", QOS_MAX as u64, "qos", |p, v| {
+            p.qos = names("q", v).into_iter().map(|n| (n, Qos::default())).collect()
+        }),
+        ("ACCOUNT_DEPTH_MAX", ACCOUNT_DEPTH_MAX as u64, "accounts.d", |p, v| {
+            let name = |i: u64| format!("d{i:03}");
+            let parent = |i: u64| if i == 1 { String::new() } else { name(i - 1) };
+            p.accounts = (1..=v).map(|i| (name(i), Account { parent: parent(i), ..Account::default() })).collect();
+        }),
+        ("PARTITION_NODE_PATTERNS_MAX", PARTITION_NODE_PATTERNS_MAX as u64, "partitions.p.nodes", |p, v| {
+            p.partitions = BTreeMap::from([("p".into(), Partition { nodes: names("n", v), ..Partition::default() })]);
+        }),
+        ("USER_ACCOUNTS_MAX", USER_ACCOUNTS_MAX as u64, "users.u.accounts", |p, v| {
+            p.accounts = accounts(v);
+            p.users = BTreeMap::from([("u".into(), User { accounts: names("a", v), ..User::default() })]);
+        }),
+        ("BACKFILL_RESERVATIONS_MAX", u64::from(BACKFILL_RESERVATIONS_MAX), "backfill_reservations", |p, v| {
+            p.backfill_reservations = v as u32;
+        }),
+        ("HALF_LIFE_S_MAX", HALF_LIFE_S_MAX, "fairshare_half_life_s", |p, v| p.fairshare_half_life_s = v),
+        ("ADMINS_MAX", ADMINS_MAX as u64, "admins", |p, v| p.admins = names("admin", v)),
+        ("PRIORITY_WEIGHT_MAX", u64::from(PRIORITY_WEIGHT_MAX), "priority.age", |p, v| p.priority.age = v as u32),
+        ("OPERATORS_MAX", OPERATORS_MAX as u64, "operators", |p, v| p.operators = names("op", v)),
+        ("ACCOUNT_COORDINATORS_MAX", ACCOUNT_COORDINATORS_MAX as u64, "coordinators.a0", |p, v| {
+            p.accounts = accounts(1);
+            p.coordinators = BTreeMap::from([("a0".into(), names("c", v))]);
+        }),
+        ("USER_MAP_MAX", USER_MAP_MAX as u64, "user_map", |p, v| {
+            p.user_map = (0..v).map(|i| (format!("cn{i}"), format!("u{i}"))).collect();
+        }),
+        ("USER_DOMAINS_MAX", USER_DOMAINS_MAX as u64, "user_domains", |p, v| p.user_domains = names("d", v)),
+        ("POOLS_MAX", POOLS_MAX as u64, "pools", |p, v| {
+            let pool = |n: String| NodePool { nodes: vec![format!("{n}-node")], ..NodePool::default() };
+            p.pools = names("pool", v).into_iter().map(|n| (n.clone(), pool(n))).collect();
+        }),
+        ("POOL_SECONDS_MAX", POOL_SECONDS_MAX, "pools", |p, v| {
+            let pool = NodePool { nodes: vec!["n".into()], suspend_after_s: v, ..NodePool::default() };
+            p.pools = BTreeMap::from([("pool".into(), pool)]);
+        }),
+        ("LICENSES_MAX", LICENSES_MAX as u64, "licenses", |p, v| {
+            p.licenses = names("lic", v).into_iter().map(|n| (n, 1)).collect();
+        }),
+        ("LICENSE_LIMIT_SCOPES_MAX", LICENSE_LIMIT_SCOPES_MAX as u64, "account_licenses", |p, v| {
+            p.licenses = BTreeMap::from([("lic".into(), 10)]);
+            p.accounts = accounts(v);
+            p.account_licenses =
+                names("a", v).into_iter().map(|a| (a, BTreeMap::from([("lic".to_string(), 1)]))).collect();
+        }),
+        ("TOPOLOGY_LEVELS_MAX", TOPOLOGY_LEVELS_MAX as u64, "topology_levels", |p, v| {
+            p.topology_levels = names("l", v);
+        }),
+    ];
+    for (limit, value, field, set) in cases {
+        let mut at = ClusterPolicy::default();
+        set(&mut at, value);
+        assert_eq!(at.validate(), Ok(()), "{limit}: a policy at {value} is refused");
+        let mut past = ClusterPolicy::default();
+        set(&mut past, value + 1);
+        let refused = past.validate().expect_err(&format!("{limit}: a policy at {} is accepted", value + 1));
+        let named = if field.ends_with('.') || field == "accounts.d" {
+            refused.field.starts_with(field)
+        } else {
+            refused.field == field
+        };
+        assert!(named, "{limit}: one past it is refused for another field: {refused}");
+        assert!(refused.rule.contains(&value.to_string()), "{limit}: refused by another rule: {refused}");
+    }
+}
+
+/// Limits `apply` checks on commands besides a spec's and a policy's, on a
+/// cluster at the newest format: each at its value is taken, one past it is
+/// refused, the refusal naming the field and the limit.
+#[test]
+fn every_command_limit_holds_at_its_value_and_refuses_one_past() {
+    use gangway_core::command::{SignalTarget, BATCH_COMMANDS_MAX};
+    use gangway_core::limits::{IDEMPOTENCY_KEY_BYTES_MAX, SIGNAL_SEND_MAX, USAGE_BUCKETS_MAX};
+    use gangway_core::state::UsageBucket;
+    type Run = Box<dyn Fn(u64) -> Outcome>;
+    fn newest() -> State {
+        let mut s = State::default();
+        s.apply(1, &Command::SetDataFormat { format: gangway_core::format::FORMAT_NEWEST, now_ms: 1 });
+        s.apply(2, &Command::RegisterNode { spec: node_spec(0, 2), now_ms: 2 });
+        s
+    }
+    let cases: [(&str, u64, &str, Run); 4] = [
+        (
+            "IDEMPOTENCY_KEY_BYTES_MAX",
+            IDEMPOTENCY_KEY_BYTES_MAX as u64,
+            "idempotency_key:",
+            Box::new(|v| {
+                let key = "k".repeat(len(v));
+                let cmd = Command::SubmitJob {
+                    spec: job_spec(1, 0, 1),
+                    identity: "alice".into(),
+                    idempotency_key: key,
+                    now_ms: 10,
+                };
+                newest().apply(3, &cmd).outcome
+            }),
+        ),
+        (
+            "SIGNAL_SEND_MAX",
+            SIGNAL_SEND_MAX as u64,
+            "signal:",
+            Box::new(|v| {
+                let mut s = newest();
+                let Outcome::Submitted { job_id, .. } = s.apply(3, &submit_cmd(job_spec(1, 0, 1))).outcome else {
+                    panic!("the job was not submitted")
+                };
+                let plan = first_fit(&s, job_id, 0).expect("it fits");
+                s.apply(4, &Command::ApplySchedule { preemptions: vec![], placements: vec![plan], now_ms: 11 });
+                let change = JobChange::Signal { signal: v as i32, target: SignalTarget::Batch };
+                s.apply(5, &Command::UpdateJob { job_id, change, identity: "alice".into(), now_ms: 12 }).outcome
+            }),
+        ),
+        (
+            "USAGE_BUCKETS_MAX",
+            USAGE_BUCKETS_MAX as u64,
+            "usage.ml:",
+            Box::new(|v| {
+                let buckets = (1..=v).map(|start_ms| UsageBucket { start_ms, gpu_ms: 1, cpu_ms: 1 }).collect();
+                let usage = BTreeMap::from([("ml".to_string(), buckets)]);
+                newest().apply(3, &Command::RestoreUsage { usage, identity: "server:1".into(), now_ms: 1_000 }).outcome
+            }),
+        ),
+        (
+            "BATCH_COMMANDS_MAX",
+            BATCH_COMMANDS_MAX as u64,
+            "batch:",
+            Box::new(|v| {
+                let cancel = Command::CancelJob { job_id: 999, identity: "alice".into(), now_ms: 10 };
+                newest().apply(3, &Command::Batch(vec![cancel; len(v)])).outcome
+            }),
+        ),
+    ];
+    for (limit, value, says, run) in cases {
+        let at = run(value);
+        assert!(!matches!(at, Outcome::Refused(_)), "{limit}: at {value}: {at:?}");
+        match run(value + 1) {
+            Outcome::Refused(r) => assert!(
+                r.message.starts_with(says) && r.message.contains(&value.to_string()),
+                "{limit}: one past it is refused by another rule: {}",
+                r.message
+            ),
+            other => panic!("{limit}: one past {value} is taken: {other:?}"),
+        }
+    }
+    // What a task may report it used (checked before apply keeps it).
+    use gangway_core::model::{TaskUsage, TASK_CPU_MS_MAX, TASK_MEM_MB_MAX};
+    assert_eq!(TaskUsage { cpu_ms: TASK_CPU_MS_MAX, ..TaskUsage::default() }.check(), Ok(()));
+    assert!(TaskUsage { cpu_ms: TASK_CPU_MS_MAX + 1, ..TaskUsage::default() }
+        .check()
+        .is_err_and(|e| e.contains("cpu_ms")));
+    assert_eq!(TaskUsage { mem_peak_mb: TASK_MEM_MB_MAX, ..TaskUsage::default() }.check(), Ok(()));
+    let over = TaskUsage { gpu_mem_peak_mb: TASK_MEM_MB_MAX + 1, ..TaskUsage::default() };
+    assert!(over.check().is_err_and(|e| e.contains("gpu_mem_peak_mb")));
+    // The users and accounts a reservation names.
+    use gangway_core::limits::RESERVATION_NAMES_MAX;
+    use gangway_core::reservation::check_request;
+    for (field, set) in [("users", 0), ("accounts", 1)] {
+        let named = |n: usize| {
+            let mut r = full_reservation();
+            let list = (0..n).map(|i| format!("x{i}")).collect();
+            if set == 0 {
+                r.users = list
+            } else {
+                r.accounts = list
+            }
+            check_request(&r, 0, 0)
+        };
+        assert_eq!(named(RESERVATION_NAMES_MAX), Ok(()), "{field} at {RESERVATION_NAMES_MAX}");
+        let refused = named(RESERVATION_NAMES_MAX + 1).expect_err("one past is taken");
+        assert_eq!(refused.field, field, "{refused}");
+    }
+}
+
 /// A node spec's limits, as `every_spec_limit_holds_at_its_value_and_refuses_one_past`
 /// checks a job spec's: what an agent registers is accepted at each limit and
 /// refused one past it, naming the field and the limit.
