@@ -1727,7 +1727,10 @@ fn accounting_stores_every_job_once_across_failures() {
     let mut jobs = Vec::new();
     let (mut gpu_jobs, mut burners) = (Vec::new(), Vec::new());
     let mut round = |jobs: &mut Vec<u64>| {
-        let gpu = submit(&["--gpus", "2", "--", "sleep", "2"]);
+        // Four seconds: the agent's first sample comes a second in
+        // (`usage::FIRST_SAMPLE`); with two, a busy machine could end the
+        // job before it, and its load would be unmeasured.
+        let gpu = submit(&["--gpus", "2", "--", "sleep", "4"]);
         let burn =
             // A fixed amount of work (about two seconds of a core here), not
             // a fixed time: on a busy machine the job takes longer, its CPU
@@ -1800,7 +1803,7 @@ fn accounting_stores_every_job_once_across_failures() {
     ));
     let want_events: String = jobs.iter().map(|j| format!("{j}|1|1\n")).collect::<Vec<_>>().concat();
     assert_eq!(per_job, want_events, "events per job (submitted, finished)");
-    // Usage: each 2-GPU `sleep 2` held 2 GPUs for at least two seconds, at
+    // Usage: each 2-GPU `sleep 4` held 2 GPUs for at least two seconds, at
     // the load file's 70%; each burner used CPU time, as its agent measured.
     let rounds = gpu_jobs.len();
     let held = pg.query("SELECT count(*) FROM jobs WHERE alloc_gpus = 2 AND gpu_seconds >= 4 AND state = 'COMPLETED'");
