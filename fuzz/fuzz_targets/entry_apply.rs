@@ -10,8 +10,8 @@
 use std::sync::OnceLock;
 
 use gangway_core::command::Placement;
-use gangway_core::model::NodeAllocation;
 use gangway_core::format::{from_bytes, Payload, FORMAT_NEWEST};
+use gangway_core::model::NodeAllocation;
 use gangway_core::spec::GpuSpec;
 use gangway_core::{Command, JobSpec, NodeSpec, State};
 use libfuzzer_sys::fuzz_target;
@@ -50,7 +50,10 @@ fn base() -> &'static State {
                 array: if k == 2 { "0-2".into() } else { String::new() },
                 ..JobSpec::default()
             };
-            apply(&mut s, Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 2 });
+            apply(
+                &mut s,
+                Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 2 },
+            );
         }
         apply(&mut s, Command::SetDataFormat { format: FORMAT_NEWEST, now_ms: 3 });
         assert_eq!(s.format, FORMAT_NEWEST, "the base state moves to the newest format");

@@ -7,14 +7,14 @@ use libfuzzer_sys::fuzz_target;
 
 // The CLI's parsers, compiled here from their own files (the CLI is a binary).
 #[allow(dead_code)]
-#[path = "../../cli/src/parse.rs"]
-mod parse;
+#[path = "../../cli/src/sbatch/directives.rs"]
+mod directives;
 #[allow(dead_code)]
 #[path = "../../cli/src/slurm/hostlist.rs"]
 mod hostlist;
 #[allow(dead_code)]
-#[path = "../../cli/src/sbatch/directives.rs"]
-mod directives;
+#[path = "../../cli/src/parse.rs"]
+mod parse;
 #[allow(dead_code)]
 #[path = "../../cli/src/sbatch/xlate.rs"]
 mod xlate;

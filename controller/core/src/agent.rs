@@ -766,4 +766,42 @@ mod tests {
         a.task_exited(Exit::ended((1, 0), None, Some(15)));
         assert_eq!(a.answered(20, &ans), vec![Action::PersistFences, Action::Launch((2, 0))]);
     }
+
+    /// The exits waiting for delivery and the launch fences remembered stop
+    /// at their limits: at each, nothing is dropped; one past it, the oldest
+    /// exit (or, for a report given back, the newest) and the lowest job's
+    /// fence make way.
+    #[test]
+    fn exits_waiting_and_fences_remembered_stop_at_their_limits() {
+        let mut a = AgentCore::new(Fences::default(), 5_000, 0);
+        let exit = |job: usize| Exit::ended((job as JobId, 1), Some(0), None);
+        for job in 1..=PENDING_EXITS_MAX {
+            a.task_exited(exit(job));
+        }
+        assert_eq!(a.reports_pending(), PENDING_EXITS_MAX);
+        assert_eq!(a.pending.front().map(|e| e.task), Some((1, 1)), "at the limit the oldest is kept");
+        a.task_exited(exit(PENDING_EXITS_MAX + 1));
+        assert_eq!(a.reports_pending(), PENDING_EXITS_MAX, "one past it");
+        let oldest = a.take_report().expect("a report waits");
+        assert_eq!(oldest.task, (2, 1), "the oldest made way");
+        a.task_exited(exit(PENDING_EXITS_MAX + 2));
+        a.report_failed(oldest);
+        assert_eq!(a.reports_pending(), PENDING_EXITS_MAX);
+        assert_eq!(a.pending.front().map(|e| e.task), Some((2, 1)), "a report given back goes first");
+        assert_eq!(a.pending.back().map(|e| e.task), Some((PENDING_EXITS_MAX as JobId + 1, 1)), "the newest made way");
+
+        // Fences: one launch onto FENCES_MAX - 1 remembered jobs, then one more.
+        let fences = Fences { attempts: (1..FENCES_MAX as JobId).map(|j| (j, 1)).collect(), ..Fences::default() };
+        let mut a = AgentCore::new(fences, 5_000, 0);
+        a.registered_at(0, 10_000, 0);
+        let top = FENCES_MAX as JobId;
+        assert_eq!(a.answered(10, &answer(1, &[(top, 1)], &[((top, 1), &[])])).last(), Some(&Action::Launch((top, 1))));
+        assert_eq!((a.fences().attempts.len(), a.fences().attempts.first_key_value()), (FENCES_MAX, Some((&1, &1))));
+        let past = top + 1;
+        assert_eq!(
+            a.answered(20, &answer(1, &[(top, 1), (past, 1)], &[((past, 1), &[])])).last(),
+            Some(&Action::Launch((past, 1)))
+        );
+        assert_eq!((a.fences().attempts.len(), a.fences().attempts.first_key_value()), (FENCES_MAX, Some((&2, &1))));
+    }
 }

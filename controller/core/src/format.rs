@@ -474,6 +474,31 @@ mod tests {
         assert!(from_bytes::<Raw>(&[251, 0xff, 0xff]).is_err());
     }
 
+    /// What a length prefix may claim is DECODE_EXPANSION_MAX times the
+    /// input, rounded up to the next of the decoder's limits: 4 KiB of
+    /// input may claim 64 KiB, less the eight bytes the length itself
+    /// counts as (a string's claim is checked before its bytes are read);
+    /// one byte more is refused before any allocation. A byte more of input
+    /// moves to the next limit, 1 MiB.
+    #[test]
+    fn a_length_may_claim_the_decode_expansion_and_no_more() {
+        let input = 4096;
+        let limit = input * DECODE_EXPANSION_MAX;
+        assert_eq!(limit, 1 << 16);
+        let claim = |len: usize, input: usize| {
+            let mut bytes = to_bytes(&(len as u64));
+            bytes.resize(input, 0);
+            from_bytes::<String>(&bytes).unwrap_err().to_string()
+        };
+        let at = claim(limit - 8, input);
+        assert!(at.contains("UnexpectedEnd"), "a claim at the limit is refused for another reason: {at}");
+        let past = claim(limit - 7, input);
+        assert!(past.contains("LimitExceeded"), "a claim one byte past the limit is taken: {past}");
+        let more = claim(limit - 7, input + 1);
+        assert!(more.contains("UnexpectedEnd"), "a byte more input is not given the next limit: {more}");
+        assert!(claim((1 << 20) - 7, input + 1).contains("LimitExceeded"));
+    }
+
     /// A crafted entry of deeply nested batches is a decode error, not a
     /// stack overflow (found by the fuzz target `entry_apply`).
     #[test]

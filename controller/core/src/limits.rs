@@ -98,6 +98,11 @@ pub const LICENSES_PER_JOB_MAX: usize = 16;
 pub const LICENSE_COUNT_MAX: u32 = 1_000_000;
 /// Licenses a cluster may define (the policy's `licenses` table).
 pub const LICENSES_MAX: usize = 256;
+/// Bytes of a certificate or token name a policy may map or grant to: as
+/// long as any name a replica verifies (`gangway_proto::tls::PRINCIPAL_NAME_BYTES_MAX`;
+/// the controller checks the two agree at compile time). A longer one could
+/// never match a caller.
+pub const IDENTITY_NAME_BYTES_MAX: usize = 128;
 /// Advance reservations at once: one per maintenance window, team or event;
 /// each pass of the scheduler walks them all.
 pub const RESERVATIONS_MAX: usize = 256;

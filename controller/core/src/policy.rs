@@ -527,8 +527,7 @@ fn check_role_name(field: &str, name: &str) -> Result<(), SpecError> {
 /// them): 1 to 128 bytes of letters, digits, `.`, `_`, `-` and `@`, starting
 /// with a letter or digit. Other keys could never match a caller.
 fn check_identity_name(field: &str, name: &str) -> Result<(), SpecError> {
-    /// As `gangway_proto::tls::PRINCIPAL_NAME_BYTES_MAX`.
-    const IDENTITY_NAME_BYTES_MAX: usize = 128;
+    use crate::limits::IDENTITY_NAME_BYTES_MAX;
     let ok = !name.is_empty()
         && name.len() <= IDENTITY_NAME_BYTES_MAX
         && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())

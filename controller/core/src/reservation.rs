@@ -245,9 +245,12 @@ pub fn check_request(r: &ReservationRequest, now_ms: u64, existing: usize) -> Re
         if field != "nodes" && list.len() > RESERVATION_NAMES_MAX {
             return Err(SpecError::new(field, format!("at most {RESERVATION_NAMES_MAX}")));
         }
-        for (i, n) in list.iter().enumerate() {
+        // A set, not a scan of the names before: 20,000 nodes would take
+        // 200 million comparisons on every replica.
+        let mut seen = std::collections::BTreeSet::new();
+        for n in list {
             crate::policy::check_ident(field, n)?;
-            if list.iter().take(i).any(|m| m == n) {
+            if !seen.insert(n.as_str()) {
                 return Err(SpecError::new(field, format!("{n} is named twice")));
             }
         }

@@ -185,6 +185,314 @@ fn the_core_cannot_panic_but_for_counted_reasoned_exceptions() {
     assert_eq!(found, pinned, "the core's exceptions to the panic lints changed: list them in PANIC_EXCEPTIONS");
 }
 
+/// Limits named in code (a `const` whose name ends in `_MAX`, `_MIN`,
+/// `_LIMIT` or `_CAP`) that no test names yet. The list only shrinks:
+/// `every_named_limit_is_named_by_a_test` fails for a new limit without a
+/// test, and for one listed here that has gained one.
+const LIMITS_WITHOUT_A_TEST_YET: &[&str] = &[
+    // chaos-tests/src/bin/gangway-chaos.rs
+    "RUNS_MAX",
+    // chaos-tests/src/cluster.rs
+    "REPLICA_IDS_MAX",
+    // chaos-tests/src/history.rs
+    "OPS_MAX",
+    // chaos-tests/src/net.rs
+    "HOSTS_MAX",
+    // chaos-tests/src/scenario.rs
+    "DURATION_MAX",
+    // cli/src/accounting/mod.rs
+    "BATCH_EVENTS_MAX",
+    "BATCH_JOBS_MAX",
+    "DB_ATTEMPTS_MAX",
+    "DB_RETRY_PAUSE_MAX",
+    "READ_ATTEMPTS_MAX",
+    "RESYNC_PAGES_MAX",
+    // cli/src/bench.rs
+    "BENCH_CLIENTS_MAX",
+    "BENCH_JOBS_MAX",
+    "BENCH_NODES_MAX",
+    "BENCH_SECONDS_MAX",
+    "FAILOVER_RUNS_MAX",
+    "JOB_PAGES_MAX",
+    "SCRAPE_BYTES_MAX",
+    // cli/src/bench_fleet.rs
+    "FLEET_CONNECTIONS_MAX",
+    "FLEET_JOBS_PER_S_MAX",
+    "FLEET_NODES_MAX",
+    "FLEET_SECONDS_MAX",
+    "PRELOAD_JOBS_MAX",
+    "REGISTER_ATTEMPTS_MAX",
+    "REPORTS_PER_ROUND_MAX",
+    "RTT_SAMPLES_MAX",
+    // cli/src/bench_peers.rs
+    "CALLS_MAX",
+    "FAILOVERS_MAX",
+    // cli/src/bench_sched.rs
+    "FILL_PASSES_MAX",
+    // cli/src/bench_storm.rs
+    "STORM_AGENTS_MAX",
+    "STORM_CLIENTS_MAX",
+    "STORM_IDLE_MAX",
+    "STORM_JOBS_MAX",
+    "STORM_SECONDS_MAX",
+    // cli/src/commands.rs
+    "BACKUP_BYTES_MAX",
+    // cli/src/dev.rs
+    "DEV_AGENTS_MAX",
+    "DEV_REPLICAS_MAX",
+    // cli/src/policy.rs
+    "POLICY_EDIT_ATTEMPTS_MAX",
+    // cli/src/sbatch/directives.rs
+    "DIRECTIVE_LINES_MAX",
+    // cli/src/sbatch/xlate.rs
+    "NON_COMMENT_LINES_MAX",
+    // cli/src/simulate.rs
+    "SIM_JOBS_MAX",
+    "TRACE_BYTES_MAX",
+    // cli/src/slurm/format.rs
+    "ITEMS_MAX",
+    "WIDTH_MAX",
+    // cli/src/slurm/mod.rs
+    "LIST_PAGES_MAX",
+    "SELECTOR_INDEXES_MAX",
+    // cli/src/slurm/pty.rs
+    "INPUT_QUEUE_MAX",
+    // cli/src/slurm/sacct.rs
+    "HISTORY_PAGES_MAX",
+    // cli/src/slurm/salloc.rs
+    "RELEASE_POLLS_MAX",
+    // cli/src/slurm/sreport.rs
+    "TOP_COUNT_MAX",
+    // cli/src/slurm/srun.rs
+    "RESUMES_MAX",
+    "STEP_ADDRS_FILE_BYTES_MAX",
+    "STEP_NAME_CHARS_MAX",
+    // controller/core/src/command.rs
+    "BATCH_BYTES_MAX",
+    // controller/core/src/duties.rs
+    "POWER_NODES_PER_TICK_MAX",
+    // controller/core/src/limits.rs
+    "RESERVED_NODE_ENTRIES_MAX",
+    // controller/core/src/sched/mod.rs
+    "PENDING_EXAMINED_PER_PASS_MAX",
+    "POSSIBLE_CHECKS_PER_PASS_MAX",
+    "PREEMPT_ATTEMPTS_PER_PASS_MAX",
+    "RESERVATION_TRIES_MAX",
+    "WAKE_ATTEMPTS_PER_PASS_MAX",
+    // controller/core/src/sched/preempt.rs
+    "VICTIMS_PER_JOB_MAX",
+    "VICTIM_CANDIDATES_MAX",
+    // controller/src/accounting/mod.rs
+    "HISTORY_QUERIES_MAX",
+    "USAGE_ROWS_MAX",
+    // controller/src/accounting/store.rs
+    "RETENTION_ROUNDS_MAX",
+    "TIME_MS_MAX",
+    // controller/src/api/admin.rs
+    "POLICY_JSON_BYTES_MAX",
+    // controller/src/api/agent.rs
+    "HEARTBEAT_VIEW_LAG_MAX",
+    "LAUNCH_NODES_INLINE_MAX",
+    "LAUNCH_TEMPLATES_BYTES_MAX",
+    "LAUNCH_TEMPLATES_MAX",
+    "LAUNCH_TEMPLATE_NODES_MIN",
+    "POKE_BUFFER_MAX",
+    "TASKS_PER_NODE_REPORTED_MAX",
+    // controller/src/api/caller.rs
+    "IDENTITY_BYTES_MAX",
+    // controller/src/api/jobs.rs
+    "EVENTS_PAGE_MAX",
+    "EXPLAIN_INLINE_PENDING_MAX",
+    "WATCH_STREAM_BUFFER_MAX",
+    // controller/src/audit.rs
+    "ANONYMOUS_PEERS_MAX",
+    // controller/src/lanes.rs
+    "READ_CALLERS_TRACKED_MAX",
+    "READ_TURN_WAIT_MAX",
+    // controller/src/leader/mod.rs
+    "BOOTSTRAP_ATTEMPTS_MAX",
+    "DRAW_ATTEMPTS_MAX",
+    // controller/src/leader/power.rs
+    "NODES_PER_CALL_MAX",
+    // controller/src/proposer.rs
+    "BATCHES_IN_FLIGHT_MAX",
+    "LARGE_QUEUE_MAX",
+    "PROPOSAL_QUEUE_MAX",
+    // controller/src/replica.rs
+    "H2_HEADER_LIST_BYTES_MAX",
+    "H2_PENDING_RESETS_MAX",
+    "H2_STREAMS_PER_CONNECTION_MAX",
+    "STORE_OPEN_ATTEMPTS_MAX",
+    // controller/src/shared.rs
+    "ANALYSES_PER_CALLER_MAX",
+    "CHANNELS_MAX",
+    "FORWARDS_PER_CALLER_MAX",
+    "HEARTBEATS_MAX",
+    "NODE_WATCHES_PER_AGENT_MAX",
+    // controller/src/ui/api.rs
+    "ESTIMATES_CACHED_MAX",
+    "ESTIMATES_MAX",
+    "EVENT_QUEUE_MAX",
+    "EVENT_STREAMS_MAX",
+    "FINISHED_JOBS_MAX",
+    "JOB_EVENTS_MAX",
+    "JOB_HISTORIES_MAX",
+    "NODE_PAGES_MAX",
+    "QUEUE_JOBS_MAX",
+    // controller/src/ui/mod.rs
+    "CONNECTIONS_MAX",
+    "CONNECTIONS_PER_PEER_MAX",
+    "CONNECTION_LIFETIME_MAX",
+    "REQUEST_BODY_BYTES_MAX",
+    "REQUEST_HEAD_BYTES_MAX",
+    // controller/src/watch.rs
+    "EVENTS_PER_LOOKUP_MAX",
+    "WATCHED_NODES_MAX",
+    // node-agent/src/health.rs
+    "FAULT_FILE_BYTES_MAX",
+    // node-agent/src/inventory.rs
+    "FAKE_GPUS_MAX",
+    // node-agent/src/kept.rs
+    "RECORDS_MAX",
+    "STEP_KEY_BYTES_MAX",
+    // node-agent/src/nvml.rs
+    "GPUS_MAX",
+    "NVLINK_LINKS_MAX",
+    // node-agent/src/shim.rs
+    "ENV_FILE_BYTES_MAX",
+    "EXIT_FILE_BYTES_MAX",
+    "GROUPS_MAX",
+    // node-agent/src/steps.rs
+    "STEP_ARGV_MAX",
+    "STEP_EVENTS_QUEUE_MAX",
+    "STEP_MESSAGE_BYTES_MAX",
+    "STEP_TASKS_MAX",
+    // node-agent/src/supervisor.rs
+    "EXIT_QUEUE_MAX",
+    "STEP_ADDRS_ENV_BYTES_MAX",
+    "SUSPEND_PASSES_MAX",
+    // node-agent/src/terminal.rs
+    "INPUT_BYTES_MAX",
+    "PROCS_SCANNED_MAX",
+    // node-agent/src/usage.rs
+    "LOAD_FILE_BYTES_MAX",
+    "PROCS_MAX",
+    "PROCS_PER_TASK_MAX",
+    "STAT_BYTES_MAX",
+    // proto/src/client.rs
+    "BACKOFF_CAP",
+    "CALL_ATTEMPTS_MAX",
+    "FLEET_BACKOFF_CAP",
+    "RETRY_AFTER_MAX",
+    // proto/src/events.rs
+    "RECONNECTS_MAX",
+    // proto/src/hostlist.rs
+    "EXPAND_BYTES_MAX",
+    "EXPAND_MAX",
+    "GROUPS_PER_ENTRY_MAX",
+    // proto/src/limits.rs
+    "LAUNCH_ORDERS_BYTES_MAX",
+    // proto/src/pki.rs
+    "DAYS_MAX",
+    // proto/src/step_cred.rs
+    "CHAIN_MAX",
+    // proto/src/telemetry.rs
+    "REQUEST_BYTES_MAX",
+    // proto/src/tls.rs
+    "ACCEPTED_QUEUE_MAX",
+    "ANONYMOUS_CONNECTIONS_MAX",
+    "ANONYMOUS_CONNECTIONS_PER_HOST_MAX",
+    "CLUSTER_CONNECTIONS_MAX",
+    "CONNECTIONS_PER_AGENT_MAX",
+    "CONNECTIONS_PER_CLIENT_MAX",
+    "CONNECTIONS_PER_HOST_MAX",
+    "CONNECTIONS_PER_SERVER_MAX",
+    "CONNECTION_IDLE_MAX",
+    "HANDSHAKES_IN_FLIGHT_MAX",
+    "PEM_FILE_BYTES_MAX",
+    "PRINCIPAL_NAME_BYTES_MAX",
+    // proto/src/token.rs
+    "FILE_BYTES_MAX",
+    "KEYS_MAX",
+    "REVOKED_MAX",
+    // raft-store/src/log_store.rs
+    "GROUP_COMMIT_BATCH_MAX",
+    "GROUP_COMMIT_QUEUE_MAX",
+    // raft-store/src/state_machine.rs
+    "COPY_TAIL_BYTES_MAX",
+    "RECENT_EVENTS_MAX",
+    "WATCH_EVENTS_BUFFER_MAX",
+    // raft-store/src/views.rs
+    "FRESH_WAIT_MAX",
+    "SPARE_WAIT_MAX",
+    "VIEW_QUEUE_BYTES_MAX",
+    "VIEW_QUEUE_COMMANDS_MAX",
+    // sim/src/lib.rs
+    "EVENTS_MAX",
+    "TRACE_LINES_MAX",
+];
+
+/// Every named limit is named by a test: a test that goes one past it (or,
+/// for a limit on work rather than input, one that fills it and one more)
+/// names it. Tests are files under `tests/`, test modules of their own and
+/// what follows a file's first `#[cfg(test)]`; the fuzz targets do not count.
+#[test]
+fn every_named_limit_is_named_by_a_test() {
+    let sources: Vec<(String, String)> =
+        workspace_sources().into_iter().filter(|(p, _)| !p.starts_with("fuzz/")).collect();
+    let test_modules: Vec<String> = sources
+        .iter()
+        .flat_map(|(_, text)| text.split("#[cfg(test)]\nmod ").skip(1))
+        .filter_map(|rest| rest.split_once(';').filter(|(n, _)| !n.contains(' ')).map(|(n, _)| format!("/{n}.rs")))
+        .collect();
+    let mut tests = String::new();
+    let mut limits: BTreeMap<String, String> = BTreeMap::new();
+    for (path, text) in &sources {
+        let whole_test = path.contains("/tests/") || test_modules.iter().any(|m| path.ends_with(m.as_str()));
+        let (code, test) = match text.find("#[cfg(test)]") {
+            _ if whole_test => ("", text.as_str()),
+            Some(at) => text.split_at(at),
+            None => (text.as_str(), ""),
+        };
+        // This file's list of limits without a test names them, untested.
+        let list = "const LIMITS_WITHOUT_A_TEST_YET";
+        match test.split_once(list) {
+            Some((before, after)) => {
+                tests.push_str(before);
+                tests.push_str(after.split_once("];").map_or("", |(_, rest)| rest));
+            }
+            None => tests.push_str(test),
+        }
+        for line in code.lines() {
+            let Some((_, rest)) = line.trim_start().split_once("const ") else { continue };
+            let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            let limit = ["_MAX", "_MIN", "_LIMIT", "_CAP"].iter().any(|s| name.ends_with(s));
+            if limit && name.chars().all(|c| !c.is_ascii_lowercase()) && rest[name.len()..].starts_with(':') {
+                limits.entry(name).or_insert_with(|| path.clone());
+            }
+        }
+    }
+    assert!(limits.len() > 200, "the named limits were not found: {}", limits.len());
+    let named = |name: &str| {
+        tests.match_indices(name).any(|(at, _)| {
+            let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+            !word(tests[..at].chars().next_back()) && !word(tests[at + name.len()..].chars().next())
+        })
+    };
+    let untested: Vec<String> = limits.iter().filter(|(n, _)| !named(n)).map(|(n, p)| format!("{n} ({p})")).collect();
+    let listed: Vec<&str> = LIMITS_WITHOUT_A_TEST_YET.to_vec();
+    let new: Vec<&String> =
+        untested.iter().filter(|u| !listed.iter().any(|l| u.split(' ').next() == Some(*l))).collect();
+    assert!(
+        new.is_empty(),
+        "named limits that no test names (go one past each in a test):\n{}",
+        new.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n")
+    );
+    let gone: Vec<&&str> =
+        listed.iter().filter(|l| !untested.iter().any(|u| u.split(' ').next() == Some(**l))).collect();
+    assert!(gone.is_empty(), "tested now, or gone: take these out of LIMITS_WITHOUT_A_TEST_YET: {gone:?}");
+}
+
 /// Protobuf meets the core's types in one file (rust-analyzer's tidy tests):
 /// `controller/src/api/convert.rs` builds wire messages from the model and
 /// specs from wire messages, and maps their enums. Anywhere else in the
@@ -1087,12 +1395,17 @@ fn srun_steps_are_recorded_and_end_with_their_job() {
     s.apply(5, &Command::SetDataFormat { format: gangway_core::format::FORMAT_NEWEST, now_ms: 5 });
     assert_eq!(s.apply(6, &start(vec![], 2, 6)).outcome, Outcome::StepStarted { job_id, step_id: 0 });
     assert_eq!(s.apply(7, &start(vec![nodes[1].clone()], 1, 7)).outcome, Outcome::StepStarted { job_id, step_id: 1 });
+    use gangway_core::limits::{STEP_NAME_BYTES_MAX, STEP_TASKS_PER_NODE_MAX};
+    let at_limits = step(1, &"x".repeat(STEP_NAME_BYTES_MAX), vec![], 2 * STEP_TASKS_PER_NODE_MAX, 7);
+    assert_eq!(s.apply(7, &at_limits).outcome, Outcome::StepStarted { job_id, step_id: 2 });
     for (bad, why) in [
         (start(vec![other.clone()], 1, 8), "nodes:"),
         (start(vec![nodes[0].clone(), nodes[0].clone()], 2, 8), "nodes:"),
         (start(vec![], 0, 8), "tasks:"),
-        (start(vec![], 2 * 1024 + 1, 8), "tasks:"),
-        (step(1, &"x".repeat(65), vec![], 1, 8), "name:"),
+        // One past STEP_TASKS_PER_NODE_MAX on each of the job's two nodes,
+        // and one past STEP_NAME_BYTES_MAX (both taken at their values below).
+        (start(vec![], 2 * STEP_TASKS_PER_NODE_MAX + 1, 8), "tasks:"),
+        (step(1, &"x".repeat(STEP_NAME_BYTES_MAX + 1), vec![], 1, 8), "name:"),
         // One past STEP_NODES_LISTED_MAX: refused before the names are looked at.
         (start(vec![nodes[0].clone(); gangway_core::limits::STEP_NODES_LISTED_MAX + 1], 1, 8), "at most 64 listed"),
         (step(2, "python", vec![], 1, 8), "not running"),
@@ -1113,7 +1426,7 @@ fn srun_steps_are_recorded_and_end_with_their_job() {
     }
     let kept = &s.jobs[&job_id].steps;
     assert_eq!(kept.len(), gangway_core::limits::STEPS_PER_JOB_MAX);
-    assert_eq!((kept[0].id, kept[63].id), (8, 71), "the newest are kept");
+    assert_eq!((kept[0].id, kept[63].id), (9, 72), "the newest are kept");
     assert!(refused(s.apply(10, &step(1, "a\nb", vec![], 1, 10)).outcome).message.contains("control"));
     // Suspended: no step starts.
     let suspend = |change| Command::UpdateJob { job_id, change, identity: "server:1".into(), now_ms: 11 };
@@ -3566,13 +3879,13 @@ fn names(prefix: &str, count: u64) -> Vec<String> {
 /// refused naming the field (or the entry, for `prefix.`) and the limit.
 #[test]
 fn every_policy_limit_holds_at_its_value_and_refuses_one_past() {
-    use gangway_core::limits::{LICENSES_MAX, LICENSE_LIMIT_SCOPES_MAX, TOPOLOGY_LEVELS_MAX};
+    use gangway_core::limits::{IDENTITY_NAME_BYTES_MAX, LICENSES_MAX, LICENSE_LIMIT_SCOPES_MAX, TOPOLOGY_LEVELS_MAX};
     use gangway_core::policy::*;
     type PolicyLimitCase = (&'static str, u64, &'static str, fn(&mut ClusterPolicy, u64));
     fn accounts(v: u64) -> BTreeMap<String, Account> {
         names("a", v).into_iter().map(|n| (n, Account::default())).collect()
     }
-    let cases: [PolicyLimitCase; 20] = [
+    let cases: [PolicyLimitCase; 21] = [
         ("PARTITIONS_MAX", PARTITIONS_MAX as u64, "partitions", |p, v| {
             p.partitions = names("p", v).into_iter().map(|n| (n, Partition::default())).collect();
         }),
@@ -3608,6 +3921,9 @@ fn every_policy_limit_holds_at_its_value_and_refuses_one_past() {
         }),
         ("USER_MAP_MAX", USER_MAP_MAX as u64, "user_map", |p, v| {
             p.user_map = (0..v).map(|i| (format!("cn{i}"), format!("u{i}"))).collect();
+        }),
+        ("IDENTITY_NAME_BYTES_MAX", IDENTITY_NAME_BYTES_MAX as u64, "user_map", |p, v| {
+            p.user_map = BTreeMap::from([("c".repeat(len(v)), "u".to_string())]);
         }),
         ("USER_DOMAINS_MAX", USER_DOMAINS_MAX as u64, "user_domains", |p, v| p.user_domains = names("d", v)),
         ("POOLS_MAX", POOLS_MAX as u64, "pools", |p, v| {
@@ -3753,6 +4069,60 @@ fn every_command_limit_holds_at_its_value_and_refuses_one_past() {
         let refused = named(RESERVATION_NAMES_MAX + 1).expect_err("one past is taken");
         assert_eq!(refused.field, field, "{refused}");
     }
+    // The nodes a reservation holds (a whole fleet's worth).
+    use gangway_core::limits::RESERVATION_NODES_MAX;
+    let holding = |n: usize| {
+        let r = gangway_core::reservation::ReservationRequest {
+            nodes: (0..n).map(|i| format!("n{i}")).collect(),
+            ..full_reservation()
+        };
+        check_request(&r, 0, 0)
+    };
+    assert_eq!(holding(RESERVATION_NODES_MAX), Ok(()));
+    let refused = holding(RESERVATION_NODES_MAX + 1).expect_err("one node past is taken");
+    assert_eq!((refused.field.as_str(), refused.rule.contains(&RESERVATION_NODES_MAX.to_string())), ("nodes", true));
+    // The spec bytes an array copies into its elements: 1024 copies of 64
+    // KiB come to ARRAY_SPEC_BYTES_MAX exactly; one byte more each is past it.
+    // (Counted on the spec as apply completes it: a job's stored spec shows
+    // what that adds, the account and partition named.)
+    use gangway_core::limits::ARRAY_SPEC_BYTES_MAX;
+    let completed = {
+        let mut s = newest();
+        let Outcome::Submitted { job_id, .. } = s.apply(3, &submit_cmd(job_spec(1, 0, 1))).outcome else {
+            panic!("the job was not submitted")
+        };
+        s.jobs[&job_id].spec.size_bytes() - job_spec(1, 0, 1).size_bytes()
+    };
+    let array = |bytes: usize| {
+        let with = |spec: JobSpec| JobSpec { array: "0-1023".into(), ..spec };
+        let sent = bytes - completed;
+        let spec = with(spec_of_size(sent - (with(spec_of_size(sent)).size_bytes() - sent)));
+        assert_eq!(spec.size_bytes(), sent);
+        newest().apply(3, &submit_cmd(spec)).outcome
+    };
+    let each = ARRAY_SPEC_BYTES_MAX / 1024;
+    let at = array(each);
+    assert!(matches!(at, Outcome::Submitted { .. }), "an array at the limit is refused: {at:?}");
+    match array(each + 1) {
+        Outcome::Refused(r) => {
+            assert!(r.message.starts_with("array:") && r.message.contains(&ARRAY_SPEC_BYTES_MAX.to_string()))
+        }
+        other => panic!("an array one byte past the limit per copy is taken: {other:?}"),
+    }
+    // The cluster's unfinished jobs. A million real jobs would take this test
+    // gigabytes; the rule counts the pending and running sets, so they are
+    // filled with ids of jobs that are not there.
+    use gangway_core::limits::ACTIVE_JOBS_MAX;
+    let mut s = newest();
+    s.pending.extend((1_000_000_000..).take(ACTIVE_JOBS_MAX - 2));
+    s.running.insert(999_999_999);
+    assert!(matches!(s.apply(3, &submit_cmd(job_spec(1, 0, 1))).outcome, Outcome::Submitted { .. }), "at the limit");
+    match s.apply(4, &submit_cmd(job_spec(1, 0, 1))).outcome {
+        Outcome::Refused(r) => {
+            assert!(r.message.contains(&format!("holds {ACTIVE_JOBS_MAX} unfinished jobs")), "{r:?}")
+        }
+        other => panic!("one job past ACTIVE_JOBS_MAX is taken: {other:?}"),
+    }
 }
 
 /// A node spec's limits, as `every_spec_limit_holds_at_its_value_and_refuses_one_past`
@@ -3784,4 +4154,100 @@ fn every_node_spec_limit_holds_at_its_value_and_refuses_one_past() {
         assert_eq!(refused.field, field, "{limit}: refused for another field: {refused}");
         assert!(refused.rule.contains(&value.to_string()), "{limit}: refused by another rule: {refused}");
     }
+}
+
+/// Each of the leader's per-tick duties stops at its limit: with as many
+/// jobs past their time limit or deadline, or nodes silent, as the limit,
+/// one tick ends them all; with one more, it ends the limit's worth (the
+/// next tick takes the rest).
+#[test]
+fn each_leader_duty_stops_at_its_limit_per_tick() {
+    use gangway_core::duties::{
+        deadline_ends, silent_nodes, time_limit_ends, Heard, TaskReport, DOWN_PER_TICK_MAX, TIMEOUTS_PER_TICK_MAX,
+    };
+    let mut s = State::default();
+    s.apply(1, &Command::SetDataFormat { format: gangway_core::format::FORMAT_NEWEST, now_ms: 1 });
+    let past = TIMEOUTS_PER_TICK_MAX.max(DOWN_PER_TICK_MAX) + 1;
+    for i in 0..past {
+        s.apply(2, &Command::RegisterNode { spec: node_spec(i, 0), now_ms: 2 });
+    }
+    // Nodes: every one silent, then all but one.
+    let runs = |_: &str, _: JobId| -> Option<TaskReport> { None };
+    let silent = |s: &State, heard_n0: bool| {
+        let last = |name: &str| (heard_n0 && name == "n0").then_some(100_000);
+        let heard =
+            Heard { now: 100_000, leader_since: 0, down_timeout_ms: 10_000, last: &last, index: 2, runs: &runs };
+        silent_nodes(s, &heard, 100)
+    };
+    assert_eq!(silent(&s, false).len(), DOWN_PER_TICK_MAX, "one node past the limit");
+    let at = silent(&s, true);
+    assert_eq!(at.len(), DOWN_PER_TICK_MAX, "at the limit every silent node is marked");
+    assert!(at.iter().all(|c| !matches!(c, Command::SetNodeState { name, .. } if name == "n0")));
+    // Jobs: running past their time limit, and pending past their deadline.
+    let submit = |s: &mut State, deadline_ms: u64| {
+        let spec = JobSpec { time_limit_s: 60, deadline_ms, ..job_spec(1, 0, 1) };
+        let Outcome::Submitted { job_id, .. } = s.apply(3, &submit_cmd(spec)).outcome else { panic!("refused") };
+        job_id
+    };
+    let mut running = Vec::new();
+    for _ in 0..past {
+        let job_id = submit(&mut s, 0);
+        let plan = first_fit(&s, job_id, 0).expect("a node is free");
+        s.apply(4, &Command::ApplySchedule { preemptions: vec![], placements: vec![plan], now_ms: 11 });
+        running.push(job_id);
+    }
+    let waiting: Vec<JobId> = (0..past).map(|_| submit(&mut s, 1_000_000)).collect();
+    let later = 10_000_000;
+    assert_eq!(time_limit_ends(&s, later).len(), TIMEOUTS_PER_TICK_MAX, "one job past the limit");
+    assert_eq!(deadline_ends(&s, later).len(), TIMEOUTS_PER_TICK_MAX, "one job past the limit");
+    for job_id in [running[0], waiting[0]] {
+        s.apply(5, &Command::CancelJob { job_id, identity: "alice".into(), now_ms: 12 });
+    }
+    let ended = time_limit_ends(&s, later);
+    assert_eq!(ended.len(), TIMEOUTS_PER_TICK_MAX, "at the limit every job past its time is ended");
+    assert!(ended.iter().all(
+        |c| matches!(c, Command::JobFinished { job_id, state: JobState::TimedOut, .. } if running[1..].contains(job_id))
+    ));
+    let ended = deadline_ends(&s, later);
+    assert_eq!(ended.len(), TIMEOUTS_PER_TICK_MAX, "at the limit every job past its deadline is ended");
+    assert!(ended.iter().all(
+        |c| matches!(c, Command::JobFinished { job_id, state: JobState::Deadline, .. } if waiting[1..].contains(job_id))
+    ));
+}
+
+/// A scheduling pass stops at its limits: at most PLACEMENTS_PER_PLAN_MAX
+/// placements in one plan (at the limit every job that fits is placed), and
+/// at most PLACE_ATTEMPTS_PER_PASS_MAX placement attempts (at the limit
+/// every job of a shape of its own is tried; one more is examined but not
+/// tried, and waits for the next pass).
+#[test]
+fn a_scheduling_pass_stops_at_its_limits() {
+    use gangway_core::sched::{plan, Options, Pending, Policy, PLACEMENTS_PER_PLAN_MAX, PLACE_ATTEMPTS_PER_PASS_MAX};
+    let cluster = |jobs: usize, spec: &dyn Fn(usize) -> JobSpec| {
+        let mut s = State::default();
+        s.apply(1, &Command::SetDataFormat { format: gangway_core::format::FORMAT_NEWEST, now_ms: 1 });
+        for i in 0..PLACEMENTS_PER_PLAN_MAX / 16 + 2 {
+            s.apply(2, &Command::RegisterNode { spec: node_spec(i, 0), now_ms: 2 });
+        }
+        for i in 0..jobs {
+            assert!(matches!(s.apply(3, &submit_cmd(spec(i))).outcome, Outcome::Submitted { .. }));
+        }
+        plan(&s, &Options::new(Policy::Easy, 5))
+    };
+    let one_cpu = |_: usize| job_spec(1, 0, 1);
+    assert_eq!(cluster(PLACEMENTS_PER_PLAN_MAX, &one_cpu).placements.len(), PLACEMENTS_PER_PLAN_MAX);
+    let past = cluster(PLACEMENTS_PER_PLAN_MAX + 1, &one_cpu);
+    assert_eq!(past.placements.len(), PLACEMENTS_PER_PLAN_MAX, "one job past the plan's limit");
+    // Shapes no node holds (a feature none has), each its own (its memory).
+    let nowhere =
+        |i: usize| JobSpec { constraints: vec!["nowhere".into()], mem_per_node_mb: 1 + i as u64, ..job_spec(1, 0, 1) };
+    let at = cluster(PLACE_ATTEMPTS_PER_PASS_MAX, &nowhere);
+    assert_eq!(at.place_attempts, PLACE_ATTEMPTS_PER_PASS_MAX);
+    assert!(at.reasons.iter().all(|(_, why)| *why == Pending::BadConstraints), "every job was tried");
+    let past = cluster(PLACE_ATTEMPTS_PER_PASS_MAX + 1, &nowhere);
+    assert_eq!(
+        (past.place_attempts, past.examined),
+        (PLACE_ATTEMPTS_PER_PASS_MAX, PLACE_ATTEMPTS_PER_PASS_MAX + 1),
+        "the job one past the limit is examined, not tried"
+    );
 }

@@ -19,6 +19,8 @@ use crate::shared::Replica;
 pub const FORWARDED_METADATA_KEY: &str = "gangway-forwarded";
 /// With forwarded-for: the caller acted through job JOB.ATTEMPT's credential.
 pub const FORWARDED_JOB_METADATA_KEY: &str = "gangway-forwarded-job";
+// A name the policy may grant to is as long as any name a replica verifies.
+const _: () = assert!(gangway_core::limits::IDENTITY_NAME_BYTES_MAX == gangway_proto::tls::PRINCIPAL_NAME_BYTES_MAX);
 /// Identity used when a request to an insecure cluster names none.
 pub const DEFAULT_IDENTITY: &str = "anonymous";
 /// Identities are short principal names such as `dev:alice`.
