@@ -48,13 +48,19 @@ pub struct DevArgs {
     private_jobs: bool,
 }
 
+/// The replicas and simulated nodes a dev cluster may have.
+fn check_shape(replicas: u64, nodes: usize) -> anyhow::Result<()> {
+    if replicas == 0 || replicas > DEV_REPLICAS_MAX {
+        bail!("replicas: must be between 1 and {DEV_REPLICAS_MAX}, got {replicas}");
+    }
+    if nodes > DEV_AGENTS_MAX {
+        bail!("nodes: must be at most {DEV_AGENTS_MAX}, got {nodes}");
+    }
+    Ok(())
+}
+
 pub async fn run(a: DevArgs, identity: &str, tls: &crate::tls::TlsArgs) -> anyhow::Result<()> {
-    if a.replicas == 0 || a.replicas > DEV_REPLICAS_MAX {
-        bail!("replicas: must be between 1 and {DEV_REPLICAS_MAX}, got {}", a.replicas);
-    }
-    if a.nodes > DEV_AGENTS_MAX {
-        bail!("nodes: must be at most {DEV_AGENTS_MAX}, got {}", a.nodes);
-    }
+    check_shape(a.replicas, a.nodes)?;
     gangway_node_agent::inventory::parse_fake_gpus(&a.fake_gpus, "check").map_err(anyhow::Error::msg)?;
     let (tmp, root) = match &a.data_dir {
         Some(d) => (None, d.clone()),
@@ -348,5 +354,22 @@ impl Drop for DevPki {
         if let Some(base) = self.dir.parent() {
             let _ = std::fs::remove_dir(base);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dev cluster has 1 to DEV_REPLICAS_MAX replicas and at most
+    /// DEV_AGENTS_MAX simulated nodes; one past either is refused, naming it.
+    #[test]
+    fn a_dev_cluster_stops_at_its_limits() {
+        assert!(check_shape(DEV_REPLICAS_MAX, DEV_AGENTS_MAX).is_ok());
+        let e = check_shape(DEV_REPLICAS_MAX + 1, 1).unwrap_err().to_string();
+        assert!(e.starts_with("replicas:") && e.contains(&DEV_REPLICAS_MAX.to_string()), "{e}");
+        assert!(check_shape(0, 1).unwrap_err().to_string().starts_with("replicas:"));
+        let e = check_shape(3, DEV_AGENTS_MAX + 1).unwrap_err().to_string();
+        assert!(e.starts_with("nodes:") && e.contains(&DEV_AGENTS_MAX.to_string()), "{e}");
     }
 }

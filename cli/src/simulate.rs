@@ -63,15 +63,25 @@ fn parse_cluster(s: &str) -> anyhow::Result<(u32, u32, u32)> {
     Ok((n, c, g))
 }
 
+/// A trace's text, refused (never cut short, which would replay part of
+/// it as if it were whole) past TRACE_BYTES_MAX.
+fn read_trace(reader: impl Read, name: &str) -> anyhow::Result<String> {
+    let mut text = String::new();
+    reader.take(TRACE_BYTES_MAX + 1).read_to_string(&mut text).with_context(|| format!("trace: cannot read {name}"))?;
+    if text.len() as u64 > TRACE_BYTES_MAX {
+        bail!("trace: {name} holds more than {TRACE_BYTES_MAX} bytes (decompressed): replay a part of it");
+    }
+    Ok(text)
+}
+
 pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
     let file = std::fs::File::open(&a.trace).with_context(|| format!("trace: cannot open {}", a.trace.display()))?;
-    let mut text = String::new();
-    if a.trace.extension().is_some_and(|e| e == "gz") {
-        flate2::read::GzDecoder::new(file).take(TRACE_BYTES_MAX).read_to_string(&mut text)
+    let shown = a.trace.display().to_string();
+    let text = if a.trace.extension().is_some_and(|e| e == "gz") {
+        read_trace(flate2::read::GzDecoder::new(file), &shown)?
     } else {
-        file.take(TRACE_BYTES_MAX).read_to_string(&mut text)
-    }
-    .with_context(|| format!("trace: cannot read {}", a.trace.display()))?;
+        read_trace(file, &shown)?
+    };
     let name = a.trace.to_string_lossy().to_string();
     let format = a.format.clone().unwrap_or_else(|| {
         if name.ends_with(".csv") {
@@ -183,5 +193,21 @@ fn progress(policy: &str, done: usize, total: usize, started: Instant, quarter: 
     } else if done * 4 / total.max(1) > *quarter {
         *quarter = done * 4 / total.max(1);
         eprintln!("  {policy}: {pct}% ({done} of {total} jobs, {secs:.1} s)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trace of TRACE_BYTES_MAX bytes is read whole; one byte more is
+    /// refused, never replayed cut short.
+    #[test]
+    fn a_trace_is_read_whole_or_refused() {
+        let at = read_trace(std::io::repeat(b'x').take(TRACE_BYTES_MAX), "t.swf").unwrap();
+        assert_eq!(at.len() as u64, TRACE_BYTES_MAX);
+        drop(at);
+        let e = read_trace(std::io::repeat(b'x').take(TRACE_BYTES_MAX + 1), "t.swf").unwrap_err().to_string();
+        assert!(e.starts_with("trace: t.swf") && e.contains(&TRACE_BYTES_MAX.to_string()), "{e}");
     }
 }

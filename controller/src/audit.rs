@@ -198,6 +198,27 @@ mod tests {
 mod flood_tests {
     use super::*;
 
+    /// The throttle remembers at most ANONYMOUS_PEERS_MAX sources: at the
+    /// limit every one is kept; one more makes the one whose minute began
+    /// first make way.
+    #[test]
+    fn the_throttle_remembers_at_most_its_limit_of_sources() {
+        let log = AuditLog::default();
+        log.record_refused("client:c0", "raft", "denied", "x");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        for i in 1..ANONYMOUS_PEERS_MAX {
+            log.record_refused(&format!("client:c{i}"), "raft", "denied", "x");
+        }
+        let sources = || log.anonymous.lock().unwrap().keys().cloned().collect::<std::collections::BTreeSet<_>>();
+        let at = sources();
+        assert_eq!(at.len(), ANONYMOUS_PEERS_MAX);
+        assert!(at.contains("who:client:c0"));
+        log.record_refused("client:one-more", "raft", "denied", "x");
+        let past = sources();
+        assert_eq!(past.len(), ANONYMOUS_PEERS_MAX);
+        assert!(!past.contains("who:client:c0") && past.contains("who:client:one-more"), "the oldest made way");
+    }
+
     #[test]
     fn one_peer_cannot_flood_the_trail_and_text_cannot_forge_lines() {
         let log = AuditLog::default();

@@ -302,6 +302,47 @@ mod tests {
         assert!(slots.take("someone-new").is_ok(), "a slot given back is taken again");
     }
 
+    /// At most READ_CALLERS_TRACKED_MAX callers are remembered: at the
+    /// limit all are kept; one more forgets those holding no place, while
+    /// one holding a place keeps it (and its count).
+    #[test]
+    fn per_caller_places_forget_idle_callers_past_the_limit() {
+        let lane = PerCaller::new(2);
+        let held = lane.try_take("holder").unwrap();
+        for i in 1..READ_CALLERS_TRACKED_MAX {
+            drop(lane.try_take(&format!("c{i}")).unwrap());
+        }
+        let tracked = || lane.places.lock().unwrap().len();
+        assert_eq!(tracked(), READ_CALLERS_TRACKED_MAX);
+        drop(lane.try_take("c1").unwrap());
+        assert_eq!(tracked(), READ_CALLERS_TRACKED_MAX, "a caller already known forgets no one");
+        drop(lane.try_take("one-more").unwrap());
+        assert_eq!(tracked(), 2, "the idle callers were forgotten, the holder kept");
+        let _second = lane.try_take("holder").unwrap();
+        assert!(lane.try_take("holder").is_none(), "the holder's place still counts");
+        drop(held);
+    }
+
+    /// The replica's per-caller shares, with their real values: a caller's
+    /// forwards to the leader and its analyses, and an agent's node watches,
+    /// each taken up to its limit, one past it refused, another caller not.
+    #[test]
+    fn the_replicas_per_caller_shares_hold_one_past_each() {
+        use crate::shared::{ANALYSES_PER_CALLER_MAX, FORWARDS_PER_CALLER_MAX, NODE_WATCHES_PER_AGENT_MAX};
+        for each in [FORWARDS_PER_CALLER_MAX, ANALYSES_PER_CALLER_MAX] {
+            let lane = PerCaller::new(each);
+            let held: Vec<_> = (0..each).map(|_| lane.try_take("alice").unwrap()).collect();
+            assert!(lane.try_take("alice").is_none(), "one past {each}");
+            assert!(lane.try_take("bob").is_some());
+            drop(held);
+        }
+        let watches = StreamSlots::new("node watches", NODE_WATCHES_PER_AGENT_MAX, 100);
+        let held: Vec<_> = (0..NODE_WATCHES_PER_AGENT_MAX).map(|_| watches.take("node:n1").unwrap()).collect();
+        let e = watches.take("node:n1").err().unwrap();
+        assert!(e.message().contains(&format!("at most {NODE_WATCHES_PER_AGENT_MAX}")), "{}", e.message());
+        drop(held);
+    }
+
     /// A caller with many reads takes at most its places in the lane; the
     /// next waits its turn, and another caller's read is not behind them.
     #[tokio::test]

@@ -234,3 +234,23 @@ impl Replica {
         self.heartbeats.age_ms(node)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The leader remembers heartbeats from HEARTBEATS_MAX nodes (as many as
+    /// a cluster may register); one more name is not remembered.
+    #[test]
+    fn heartbeats_are_kept_for_at_most_the_nodes_a_cluster_has() {
+        let heartbeats = crate::heartbeats::Heartbeats::new(HEARTBEATS_MAX);
+        for i in 0..HEARTBEATS_MAX {
+            heartbeats.record(&format!("n{i}"), None);
+        }
+        assert!(heartbeats.last_ms(&format!("n{}", HEARTBEATS_MAX - 1)).is_some());
+        heartbeats.record("one-more", None);
+        assert_eq!(heartbeats.last_ms("one-more"), None);
+        heartbeats.record("n0", None);
+        assert!(heartbeats.last_ms("n0").is_some(), "a node already known is still heard");
+    }
+}

@@ -104,4 +104,20 @@ mod tests {
         std::thread::sleep(Duration::from_millis(250));
         assert!(m.poll()[1].healthy);
     }
+
+    /// A fault file is read up to FAULT_FILE_BYTES_MAX bytes: a fault line
+    /// ending at the cap counts; one pushed a byte past it is not read.
+    #[test]
+    fn fault_files_are_read_up_to_their_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("faults");
+        let cap = FAULT_FILE_BYTES_MAX as usize;
+        // Filler that is no fault line, then GPU 1's fault ending at byte `len`.
+        let gpu1_healthy = |len: usize| {
+            std::fs::write(&file, format!("{}\n1", "x".repeat(len - 2))).unwrap();
+            GpuHealthMonitor::new(2, Some(file.clone()), None, Duration::from_secs(60)).poll()[1].healthy
+        };
+        assert!(!gpu1_healthy(cap), "a fault at the cap was not read");
+        assert!(gpu1_healthy(cap + 1), "a byte past the cap was read");
+    }
 }

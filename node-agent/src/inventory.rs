@@ -142,4 +142,20 @@ mod tests {
         let err = read_inventory_file(&p, "n").unwrap_err();
         assert!(err.contains("line 1") && err.contains("ISLAND"), "{err}");
     }
+
+    /// FAKE_GPUS_MAX GPUs may be declared, by count or in an inventory file;
+    /// one more is refused with the limit named.
+    #[test]
+    fn fake_inventories_hold_at_most_fake_gpus_max() {
+        assert_eq!(parse_fake_gpus(&format!("{FAKE_GPUS_MAX}xh100"), "n").unwrap().len(), FAKE_GPUS_MAX as usize);
+        let err = parse_fake_gpus(&format!("{}xh100", FAKE_GPUS_MAX + 1), "n").unwrap_err();
+        assert!(err.contains(&format!("between 1 and {FAKE_GPUS_MAX}")), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("inv");
+        std::fs::write(&p, "h100 0\n".repeat(FAKE_GPUS_MAX as usize)).unwrap();
+        assert_eq!(read_inventory_file(&p, "n").unwrap().len(), FAKE_GPUS_MAX as usize);
+        std::fs::write(&p, "h100 0\n".repeat(FAKE_GPUS_MAX as usize + 1)).unwrap();
+        let err = read_inventory_file(&p, "n").unwrap_err();
+        assert!(err.contains(&format!("more than {FAKE_GPUS_MAX} GPUs")), "{err}");
+    }
 }

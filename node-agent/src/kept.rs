@@ -217,6 +217,12 @@ fn zombie(pid: i32) -> bool {
         .map_or(true, |s| s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])))
 }
 
+/// The first [`RECORDS_MAX`] entries of the kept tasks' directory: those a
+/// restarted agent looks at (the rest are left as they are).
+fn first_records(entries: impl Iterator<Item = PathBuf>) -> Vec<PathBuf> {
+    entries.take(RECORDS_MAX).collect()
+}
+
 type StepId = (u64, u32, String);
 
 /// The kept tasks a previous agent process left, waiting for their srun.
@@ -237,8 +243,7 @@ impl KeptSteps {
             return kept;
         }
         let mut found = 0usize;
-        let entries: Vec<PathBuf> =
-            std::fs::read_dir(dir).into_iter().flatten().flatten().take(RECORDS_MAX).map(|e| e.path()).collect();
+        let entries = first_records(std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path()));
         // Files of a task whose record was never written (the agent stopped
         // in between) have nothing to wait for.
         for path in entries.iter().filter(|p| p.extension().is_none_or(|x| x != "rec")) {
@@ -414,5 +419,32 @@ mod tests {
         assert_eq!(Kept::parse(dir, "7 2 ../x 3 42"), None);
         assert_eq!(Kept::parse(dir, "7 2 abc 3 0"), None);
         assert_eq!(Kept::parse(dir, "7 2 abc"), None);
+    }
+
+    /// A step key of STEP_KEY_BYTES_MAX bytes is taken, in a request and in
+    /// a record; one byte longer is refused with the limit named.
+    #[test]
+    fn step_keys_hold_at_most_step_key_bytes_max() {
+        let at = "k".repeat(STEP_KEY_BYTES_MAX);
+        let past = "k".repeat(STEP_KEY_BYTES_MAX + 1);
+        assert!(check_key(&at).is_ok());
+        let err = check_key(&past).unwrap_err();
+        assert!(err.contains(&format!("at most {STEP_KEY_BYTES_MAX}")), "{err}");
+        let dir = Path::new("/state/steps");
+        assert_eq!(Kept::parse(dir, &format!("7 2 {at} 3 42")).map(|k| k.key), Some(at));
+        assert_eq!(Kept::parse(dir, &format!("7 2 {past} 3 42")), None);
+    }
+
+    /// A restarted agent looks at RECORDS_MAX entries of its directory, the
+    /// last of them included, and not at one more.
+    #[test]
+    fn a_restart_reads_at_most_records_max_entries() {
+        let names = |n: usize| (0..n).map(|i| PathBuf::from(format!("{i}.rec")));
+        let at = first_records(names(RECORDS_MAX));
+        assert_eq!(at.len(), RECORDS_MAX);
+        assert_eq!(at.last(), Some(&PathBuf::from(format!("{}.rec", RECORDS_MAX - 1))));
+        let past = first_records(names(RECORDS_MAX + 1));
+        assert_eq!(past.len(), RECORDS_MAX);
+        assert!(!past.contains(&PathBuf::from(format!("{RECORDS_MAX}.rec"))), "an entry past the cap was read");
     }
 }

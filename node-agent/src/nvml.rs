@@ -77,11 +77,16 @@ pub fn model_name(name: &str, mem_mb: u64) -> String {
     }
 }
 
+/// The GPUs examined of the `device_count` NVML reports: [`GPUS_MAX`] at most.
+fn gpus_examined(device_count: u32) -> u32 {
+    device_count.min(GPUS_MAX)
+}
+
 impl NvmlProvider {
     /// Loads NVML and lists the GPUs; `Err` says why there are none.
     pub fn probe() -> Result<(NvmlProvider, Vec<GpuInventory>), String> {
         let nvml = Nvml::init().map_err(|e| format!("NVML is not available ({e}); reporting no GPUs"))?;
-        let count = nvml.device_count().map_err(|e| format!("NVML device count: {e}"))?.min(GPUS_MAX);
+        let count = gpus_examined(nvml.device_count().map_err(|e| format!("NVML device count: {e}"))?);
         let mut gpus = Vec::new();
         let mut bus_ids = BTreeMap::new();
         let mut links: Vec<(u32, String)> = Vec::new();
@@ -263,5 +268,14 @@ mod tests {
             // A host without NVIDIA drivers (CI): a clear reason, no panic.
             Err(why) => assert!(why.contains("NVML"), "{why}"),
         }
+    }
+
+    /// A host with GPUS_MAX GPUs has all of them examined; one with more,
+    /// only the first GPUS_MAX.
+    #[test]
+    fn at_most_gpus_max_gpus_are_examined() {
+        assert_eq!(gpus_examined(GPUS_MAX - 1), GPUS_MAX - 1);
+        assert_eq!(gpus_examined(GPUS_MAX), GPUS_MAX);
+        assert_eq!(gpus_examined(GPUS_MAX + 1), GPUS_MAX);
     }
 }

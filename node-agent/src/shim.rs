@@ -437,11 +437,13 @@ pub fn reconcile_exit(file: Option<ExitRecord>, status: Option<ExitRecord>) -> O
     }
 }
 
+/// Bytes of an exit file read: the file is the job's user's, so no more than
+/// an exit line needs.
+const EXIT_FILE_BYTES_MAX: u64 = 64;
+
 /// Reads a shim's exit file: (exit code, signal).
 pub fn read_exit(path: &Path) -> Option<ExitRecord> {
     use std::io::Read;
-    // The file is the job's user's: read no more than an exit line needs.
-    const EXIT_FILE_BYTES_MAX: u64 = 64;
     let mut text = String::new();
     std::fs::File::open(path).ok()?.take(EXIT_FILE_BYTES_MAX).read_to_string(&mut text).ok()?;
     let (kind, n) = text.trim().split_once(' ')?;
@@ -470,6 +472,16 @@ mod task_user_tests {
         let nobody = TaskUser::lookup("nobody").unwrap();
         assert!(nobody.groups.contains(&nobody.gid));
     }
+
+    /// A user with GROUPS_MAX supplementary groups is taken; one group more
+    /// is refused with the limit named.
+    #[test]
+    fn task_users_have_at_most_groups_max_groups() {
+        let user = |groups: usize| format!("1000:100:{}", vec!["7"; groups].join(","));
+        assert_eq!(TaskUser::parse(&user(GROUPS_MAX)).unwrap().groups.len(), GROUPS_MAX);
+        let err = TaskUser::parse(&user(GROUPS_MAX + 1)).unwrap_err();
+        assert!(err.contains(&format!("more than {GROUPS_MAX} groups")), "{err}");
+    }
 }
 
 #[cfg(test)]
@@ -494,5 +506,41 @@ mod exit_tests {
         assert_eq!(reconcile_exit(Some((Some(256), None)), None), None);
         assert_eq!(reconcile_exit(Some((None, Some(0))), None), None);
         assert_eq!(reconcile_exit(None, None), None);
+    }
+
+    /// An exit file is read up to EXIT_FILE_BYTES_MAX bytes: a record ending
+    /// at the cap is read; one pushed a byte past it is not.
+    #[test]
+    fn exit_files_are_read_up_to_their_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("exit");
+        // Padding, then "exit 3" ending at byte `len`.
+        let read = |len: usize| {
+            std::fs::write(&path, format!("{}exit 3", " ".repeat(len - 6))).unwrap();
+            read_exit(&path)
+        };
+        assert_eq!(read(EXIT_FILE_BYTES_MAX as usize), Some((Some(3), None)));
+        assert_eq!(read(EXIT_FILE_BYTES_MAX as usize + 1), None, "a byte past the cap was read");
+    }
+
+    /// An environment file of ENV_FILE_BYTES_MAX bytes is read (and removed);
+    /// one byte larger is refused with the limit named.
+    #[test]
+    fn environment_files_hold_at_most_env_file_bytes_max() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("env");
+        // BIG=... and its NUL: `len` bytes in all.
+        let write = |len: usize| {
+            let value = "v".repeat(len - 5);
+            write_env_file(&path, &[("BIG".to_string(), value.clone())]).unwrap();
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), len as u64);
+            value
+        };
+        let value = write(ENV_FILE_BYTES_MAX as usize);
+        assert_eq!(read_env_file(&path).unwrap(), vec![("BIG".to_string(), value)]);
+        assert!(!path.exists(), "the environment file was left behind");
+        write(ENV_FILE_BYTES_MAX as usize + 1);
+        let err = read_env_file(&path).unwrap_err();
+        assert!(err.contains(&format!("larger than {ENV_FILE_BYTES_MAX} bytes")), "{err}");
     }
 }

@@ -884,7 +884,9 @@ mod tests {
 
     /// A terminal step over real gRPC: its first input must be its request,
     /// of one task, in a job that runs here; an agent without a task shim
-    /// (which makes the terminal the task's own) says it cannot.
+    /// (which makes the terminal the task's own) says it cannot. A request
+    /// is read up to the service's own limits, STEP_ENV_BYTES_MAX and
+    /// STEP_MESSAGE_BYTES_MAX, and refused one byte past each.
     #[tokio::test]
     async fn terminal_steps_are_checked_before_anything_starts() {
         use gangway_proto::v1::step_input::Kind as Input;
@@ -935,6 +937,36 @@ mod tests {
         let err = attach(vec![with_env(STEP_ENV_BYTES_MAX + 1)]).await;
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
         assert!(err.message().starts_with("env: at most"), "{}", err.message());
+        // A message of STEP_MESSAGE_BYTES_MAX bytes is read (here too, refused
+        // later for the missing shim); one byte more, refused by the transport.
+        // Its size is the filler argument's and what the transport reports
+        // past it (a message over the limit names its size).
+        let with_arg = |bytes: usize| start(request(7, &["bash", &"x".repeat(bytes)], &[0]));
+        let found = |err: &Status| -> usize {
+            assert_eq!(err.code(), tonic::Code::OutOfRange, "{err:?}");
+            let size = err.message().split("found ").nth(1).and_then(|m| m.split(' ').next());
+            size.and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{}", err.message()))
+        };
+        let overhead = found(&attach(vec![with_arg(STEP_MESSAGE_BYTES_MAX)]).await) - STEP_MESSAGE_BYTES_MAX;
+        let err = attach(vec![with_arg(STEP_MESSAGE_BYTES_MAX - overhead)]).await;
+        assert!(err.message().contains("n2 cannot start terminal steps"), "{}", err.message());
+        let err = attach(vec![with_arg(STEP_MESSAGE_BYTES_MAX - overhead + 1)]).await;
+        assert_eq!(found(&err), STEP_MESSAGE_BYTES_MAX + 1);
+    }
+
+    /// A request may carry STEP_ARGV_MAX arguments and STEP_TASKS_MAX tasks;
+    /// one more of either is refused with the field and the limit named.
+    #[test]
+    fn step_requests_hold_at_most_step_argv_max_and_step_tasks_max() {
+        let with_args = |n: usize| StepRequest { argv: vec!["true".to_string(); n], ..request(7, &[], &[0]) };
+        validate(&with_args(STEP_ARGV_MAX)).unwrap();
+        let err = validate(&with_args(STEP_ARGV_MAX + 1)).unwrap_err();
+        assert!(err.message().starts_with(&format!("argv: at most {STEP_ARGV_MAX}")), "{}", err.message());
+        let ranks = |n: usize| (0..n as u32).collect::<Vec<_>>();
+        validate(&request(7, &["true"], &ranks(STEP_TASKS_MAX))).unwrap();
+        let err = validate(&request(7, &["true"], &ranks(STEP_TASKS_MAX + 1))).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains(&format!("between 1 and {STEP_TASKS_MAX}")), "{}", err.message());
     }
 
     /// A secured agent starts a step only for the holder of its job's

@@ -222,8 +222,7 @@ const SUSPEND_PASSES_MAX: usize = 8;
 /// see the lease and their command's exit). Without /proc, whole groups
 /// are stopped.
 fn stop_processes(groups: &[Pid], cgroup: Option<&std::path::Path>, spare: &[Pid]) {
-    let mut stopped = std::collections::BTreeSet::new();
-    for _ in 0..SUSPEND_PASSES_MAX {
+    let find = || {
         let mut pids: Vec<i32> = crate::cgroup::Cgroups::procs(cgroup);
         // One walk of /proc for every group.
         match groups_members(groups) {
@@ -234,10 +233,23 @@ fn stop_processes(groups: &[Pid], cgroup: Option<&std::path::Path>, spare: &[Pid
                 }
             }
         }
+        pids
+    };
+    stop_in_passes(find, spare, |pid| {
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGSTOP);
+    });
+}
+
+/// The passes of [`stop_processes`], at most [`SUSPEND_PASSES_MAX`]: each
+/// stops (`stop`) what `find` lists that no pass before it stopped, `spare`
+/// excepted, until a pass stops nothing new.
+fn stop_in_passes(mut find: impl FnMut() -> Vec<i32>, spare: &[Pid], mut stop: impl FnMut(i32)) {
+    let mut stopped = std::collections::BTreeSet::new();
+    for _ in 0..SUSPEND_PASSES_MAX {
         let mut new = 0usize;
-        for pid in pids {
+        for pid in find() {
             if !spare.contains(&Pid::from_raw(pid)) && stopped.insert(pid) {
-                let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGSTOP);
+                stop(pid);
                 new = new.saturating_add(1);
             }
         }
@@ -493,6 +505,13 @@ const SCRIPTS_DIR_MODE: u32 = 0o711;
 /// gang of a few thousand nodes gets its step addresses in a file
 /// (`GANGWAY_STEP_ADDRS_FILE`, srun reads either) instead.
 const STEP_ADDRS_ENV_BYTES_MAX: usize = 64 * 1024;
+
+/// Takes `GANGWAY_STEP_ADDRS` out of `env` where it is longer than
+/// [`STEP_ADDRS_ENV_BYTES_MAX`] (the task then gets it in a file).
+fn take_long_step_addrs(env: &mut Vec<(String, String)>) -> Option<String> {
+    let i = env.iter().position(|(k, v)| k == "GANGWAY_STEP_ADDRS" && v.len() > STEP_ADDRS_ENV_BYTES_MAX)?;
+    Some(env.remove(i).1)
+}
 
 /// Makes `dir` the agent's and [`SCRIPTS_DIR_MODE`].
 pub fn reachable_not_listable(dir: &std::path::Path) -> std::io::Result<()> {
@@ -980,8 +999,7 @@ impl Supervisor {
                 .map(|(k, v)| (k.clone(), v.clone())),
         );
         env.extend(task_env(order, &self.node));
-        if let Some(i) = env.iter().position(|(k, v)| k == "GANGWAY_STEP_ADDRS" && v.len() > STEP_ADDRS_ENV_BYTES_MAX) {
-            let (_, addrs) = env.remove(i);
+        if let Some(addrs) = take_long_step_addrs(&mut env) {
             let path = self.step_addrs_path(key);
             self.write_user_file(&path, addrs.as_bytes(), 0o600, ids, "the step addresses")?;
             env.push(("GANGWAY_STEP_ADDRS_FILE".into(), path.display().to_string()));
@@ -1372,6 +1390,65 @@ mod tests {
         let back = parse_step_host(&step_host_line(&bare), 7).unwrap();
         assert_eq!((back.pgid, back.ids, back.gpus.len()), (7, None, 0));
         assert!(parse_step_host("something else", 1).is_none());
+    }
+
+    /// EXIT_QUEUE_MAX exits wait to be reported; one more waits for room.
+    #[test]
+    fn at_most_exit_queue_max_exits_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _rx) = Supervisor::new("n1", dir.path(), STOP_GRACE_DEFAULT, 0, None);
+        for _ in 0..EXIT_QUEUE_MAX {
+            s.exits_tx.try_send(TaskExitReport::default()).expect("room in the queue");
+        }
+        let full = s.exits_tx.try_send(TaskExitReport::default());
+        assert!(matches!(full, Err(mpsc::error::TrySendError::Full(_))), "{full:?}");
+    }
+
+    /// A suspend stops what each pass finds, for SUSPEND_PASSES_MAX passes
+    /// at most: a process first found by the last pass is stopped; one that
+    /// would be found by the pass after it is not looked for; a pass that
+    /// finds nothing new ends it early.
+    #[test]
+    fn a_suspend_makes_at_most_suspend_passes_max_passes() {
+        // A task that forks one process more before every pass.
+        let (mut passes, mut stopped) = (0, Vec::new());
+        stop_in_passes(
+            || {
+                passes += 1;
+                (1..=passes).collect()
+            },
+            &[],
+            |pid| stopped.push(pid),
+        );
+        assert_eq!(passes, SUSPEND_PASSES_MAX as i32);
+        assert_eq!(stopped, (1..=SUSPEND_PASSES_MAX as i32).collect::<Vec<_>>());
+        assert!(!stopped.contains(&(SUSPEND_PASSES_MAX as i32 + 1)));
+        // One that stopped forking: the second pass finds nothing new.
+        let mut passes = 0;
+        stop_in_passes(
+            || {
+                passes += 1;
+                vec![1, 2]
+            },
+            &[],
+            |_| {},
+        );
+        assert_eq!(passes, 2);
+    }
+
+    /// GANGWAY_STEP_ADDRS of STEP_ADDRS_ENV_BYTES_MAX bytes stays in the
+    /// environment; one byte longer is taken out (to go in a file).
+    #[test]
+    fn step_addrs_stay_in_the_environment_up_to_step_addrs_env_bytes_max() {
+        let env = |bytes: usize| {
+            vec![("A".to_string(), "1".to_string()), ("GANGWAY_STEP_ADDRS".to_string(), "x".repeat(bytes))]
+        };
+        let mut at = env(STEP_ADDRS_ENV_BYTES_MAX);
+        assert_eq!(take_long_step_addrs(&mut at), None);
+        assert_eq!(at, env(STEP_ADDRS_ENV_BYTES_MAX));
+        let mut past = env(STEP_ADDRS_ENV_BYTES_MAX + 1);
+        assert_eq!(take_long_step_addrs(&mut past).map(|a| a.len()), Some(STEP_ADDRS_ENV_BYTES_MAX + 1));
+        assert_eq!(past, vec![("A".to_string(), "1".to_string())]);
     }
 
     #[tokio::test]

@@ -142,10 +142,8 @@ pub async fn relay(
             },
             message = input.message(), if input_open && pending.is_empty() => match message {
                 Ok(Some(StepInput { kind: Some(kind) })) => match kind {
-                    Input::Stdin(data) if data.len() <= INPUT_BYTES_MAX => pending = data,
-                    Input::Stdin(data) => {
-                        tracing::warn!(bytes = data.len(), "terminal step: input message too large: dropped");
-                    }
+                    // `pending` is empty here: a message too large leaves it so.
+                    Input::Stdin(data) => pending = accepted_input(data).unwrap_or_default(),
                     Input::Window(w) => {
                         // The kernel tells the foreground processes (SIGWINCH).
                         let _ = rustix::termios::tcsetwinsize(&master, winsize(Some(&w)));
@@ -172,6 +170,16 @@ pub async fn relay(
         }
     }
     status
+}
+
+/// Input to write to the terminal: a message of at most [`INPUT_BYTES_MAX`]
+/// bytes; a larger one is dropped (refused, not buffered).
+fn accepted_input(data: Vec<u8>) -> Option<Vec<u8>> {
+    if data.len() > INPUT_BYTES_MAX {
+        tracing::warn!(bytes = data.len(), "terminal step: input message too large: dropped");
+        return None;
+    }
+    Some(data)
 }
 
 /// Waits until `pid` (the shim) leads a session of its own, within
@@ -205,13 +213,18 @@ pub fn session_groups(sid: i32) -> Vec<nix::unistd::Pid> {
     // Only groups with a live member of the session (the session's id may
     // be another process's by now).
     let mut groups = std::collections::BTreeSet::new();
-    let pids = std::fs::read_dir("/proc").into_iter().flatten().flatten().take(PROCS_SCANNED_MAX);
-    for pid in pids.filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()) {
+    let names = std::fs::read_dir("/proc").into_iter().flatten().flatten().map(|e| e.file_name());
+    for pid in scanned_pids(names) {
         if let Some((group, _)) = stat_ids(pid).filter(|(_, s)| *s == sid) {
             groups.insert(group);
         }
     }
     groups.into_iter().map(nix::unistd::Pid::from_raw).collect()
+}
+
+/// The pids among the first [`PROCS_SCANNED_MAX`] names of `/proc`'s entries.
+fn scanned_pids(names: impl Iterator<Item = std::ffi::OsString>) -> impl Iterator<Item = i32> {
+    names.take(PROCS_SCANNED_MAX).filter_map(|n| n.to_str()?.parse::<i32>().ok())
 }
 
 /// The terminal's end-of-file character (Ctrl-D unless changed).
@@ -269,5 +282,27 @@ mod tests {
         }
         assert_eq!(got, b"hi\r\n", "the terminal's line discipline maps NL to CR NL");
         assert_eq!(eof_char(&master), 4);
+    }
+
+    /// An input message of INPUT_BYTES_MAX bytes is written to the terminal;
+    /// one byte larger is dropped.
+    #[test]
+    fn input_messages_carry_at_most_input_bytes_max() {
+        assert_eq!(accepted_input(vec![b'x'; INPUT_BYTES_MAX]).map(|d| d.len()), Some(INPUT_BYTES_MAX));
+        assert_eq!(accepted_input(vec![b'x'; INPUT_BYTES_MAX + 1]), None);
+    }
+
+    /// Ending a session's leftovers looks at PROCS_SCANNED_MAX entries of
+    /// /proc, the last of them included, and not at one more.
+    #[test]
+    fn a_session_scan_looks_at_most_at_procs_scanned_max_entries() {
+        let names = |n: usize| (1..=n).map(|i| std::ffi::OsString::from(i.to_string()));
+        let at: Vec<i32> = scanned_pids(names(PROCS_SCANNED_MAX)).collect();
+        assert_eq!((at.len(), at.last()), (PROCS_SCANNED_MAX, Some(&(PROCS_SCANNED_MAX as i32))));
+        let past: Vec<i32> = scanned_pids(names(PROCS_SCANNED_MAX + 1)).collect();
+        assert_eq!((past.len(), past.last()), (PROCS_SCANNED_MAX, Some(&(PROCS_SCANNED_MAX as i32))));
+        // Entries that are no process count too (the cap bounds the walk).
+        let mixed = std::iter::once("self".into()).chain(names(PROCS_SCANNED_MAX));
+        assert_eq!(scanned_pids(mixed).count(), PROCS_SCANNED_MAX - 1);
     }
 }

@@ -206,14 +206,21 @@ impl Sampler {
 fn walk_proc() -> Vec<ProcStat> {
     use std::os::unix::fs::MetadataExt;
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.filter_map(Result::ok)
-        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
-        .take(PROCS_MAX)
+    first_procs(dir.filter_map(Result::ok), std::fs::DirEntry::file_name)
         .filter_map(|e| {
             let uid = e.metadata().ok()?.uid();
             Some(ProcStat { uid, ..read_stat(&e.path().join("stat"))? })
         })
         .collect()
+}
+
+/// The first [`PROCS_MAX`] of `/proc`'s entries that are processes (named by
+/// their pid; `name` gives an entry's name).
+fn first_procs<E>(
+    entries: impl Iterator<Item = E>,
+    name: impl Fn(&E) -> std::ffi::OsString,
+) -> impl Iterator<Item = E> {
+    entries.filter(move |e| name(e).to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))).take(PROCS_MAX)
 }
 
 /// A process's stat; its command name may be any bytes (a job sets it), so
@@ -399,5 +406,71 @@ mod tests {
         let exact = m.finish(&sampler, Some(1000), Some(40)).expect("measured");
         assert_eq!(exact.cpu_ms, 10_000);
         assert_eq!(exact.mem_peak_mb, 40, "the cgroup's peak is exact, where there is one");
+    }
+
+    /// A stat file is read up to STAT_BYTES_MAX bytes: a line ending at the
+    /// cap parses; one pushed a byte past it is cut short, and does not.
+    #[test]
+    fn stat_files_are_read_up_to_stat_bytes_max() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stat");
+        // A long command name pads the line to `len` bytes; it ends with the
+        // resident set (9 pages).
+        let read = |len: usize| {
+            let tail = ") R 1 4242 4242 0 -1 4194304 10 0 0 0 150 50 7 3 20 0 1 0 98765 1000000 9";
+            std::fs::write(&path, format!("4242 ({}{tail}", "n".repeat(len - 6 - tail.len()))).unwrap();
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), len as u64);
+            read_stat(&path)
+        };
+        assert_eq!(read(STAT_BYTES_MAX as usize).map(|s| (s.pid, s.rss_pages)), Some((4242, 9)));
+        assert_eq!(read(STAT_BYTES_MAX as usize + 1), None, "a byte past the cap was read");
+    }
+
+    /// A load file is read up to LOAD_FILE_BYTES_MAX bytes: a GPU's line
+    /// ending at the cap counts; one pushed a byte past it is cut short.
+    #[test]
+    fn load_files_are_read_up_to_load_file_bytes_max() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("load");
+        // Filler that is no GPU's line, then GPU 3's ending at byte `len`.
+        let read = |len: usize| {
+            std::fs::write(&path, format!("{}\n3 9", "x".repeat(len - 4))).unwrap();
+            GpuSource::File(path.clone()).read(4)
+        };
+        assert_eq!(read(LOAD_FILE_BYTES_MAX as usize).get(&3), Some(&GpuReading { util_pct: 9, mem_mb: 0 }));
+        assert_eq!(read(LOAD_FILE_BYTES_MAX as usize + 1).get(&3), None, "a byte past the cap was read");
+    }
+
+    /// A walk of /proc reads PROCS_MAX processes, the last of them included,
+    /// and not one more; entries that are no process do not count.
+    #[test]
+    fn a_walk_reads_at_most_procs_max_processes() {
+        let names = |n: usize| std::iter::once("self".to_string()).chain((1..=n).map(|i| i.to_string()));
+        let name = |n: &String| std::ffi::OsString::from(n);
+        let at: Vec<String> = first_procs(names(PROCS_MAX), name).collect();
+        assert_eq!((at.len(), at.last()), (PROCS_MAX, Some(&PROCS_MAX.to_string())));
+        let past: Vec<String> = first_procs(names(PROCS_MAX + 1), name).collect();
+        assert_eq!((past.len(), past.last()), (PROCS_MAX, Some(&PROCS_MAX.to_string())));
+    }
+
+    /// A task's meter tracks PROCS_PER_TASK_MAX of its processes, the last
+    /// of them included, and not one more.
+    #[test]
+    fn a_meter_tracks_at_most_procs_per_task_max_processes() {
+        let sampler = Sampler { ticks_per_s: 100, page_bytes: 1024 * 1024, ..Sampler::new(GpuSource::None, 0) };
+        let meter = |n: usize| {
+            let procs = (1..=n as i32).map(|pid| stat(pid, 10, 1, 1)).collect();
+            let mut m = Meter::new(&[], None);
+            m.observe(&Snapshot { taken: Instant::now(), procs, gpus: BTreeMap::new() }, &[10]);
+            m
+        };
+        let at = meter(PROCS_PER_TASK_MAX);
+        assert_eq!(at.live.len(), PROCS_PER_TASK_MAX);
+        assert!(at.live.contains_key(&(PROCS_PER_TASK_MAX as i32, 7)));
+        let past = meter(PROCS_PER_TASK_MAX + 1);
+        assert_eq!(past.live.len(), PROCS_PER_TASK_MAX);
+        assert!(!past.live.contains_key(&(PROCS_PER_TASK_MAX as i32 + 1, 7)), "a process past the cap was tracked");
+        let used = |m: &Meter| m.finish(&sampler, None, None).map(|u| (u.cpu_ms, u.mem_peak_mb));
+        assert_eq!(used(&past), used(&at), "a process past the cap was counted");
     }
 }

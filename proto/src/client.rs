@@ -101,6 +101,11 @@ fn jittered(d: Duration) -> Duration {
     half.saturating_add(Duration::from_nanos(u64::from(nanos).checked_rem(span).unwrap_or(0)))
 }
 
+/// The pause after one of `backoff`: twice as long, at most `cap`.
+fn next_backoff(backoff: Duration, cap: Duration) -> Duration {
+    backoff.saturating_mul(2).min(cap)
+}
+
 /// Whether a status means the call never got a real answer: the connection
 /// failed or was torn down (a replica stopping mid-call surfaces as an HTTP/2
 /// protocol error with code INTERNAL).
@@ -380,7 +385,7 @@ impl Client {
             }
             if attempt.saturating_add(1).checked_rem(n) == Some(0) {
                 tokio::time::sleep(if self.jitter { jittered(backoff) } else { backoff }).await;
-                backoff = backoff.saturating_mul(2).min(self.backoff_cap);
+                backoff = next_backoff(backoff, self.backoff_cap);
             }
         }
         let last_text = describe(&last);
@@ -396,5 +401,81 @@ impl Client {
             self.endpoints.join(", "),
             last_text
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pauses between rounds double up to BACKOFF_CAP (FLEET_BACKOFF_CAP for
+    /// a fleet's agents) and never past it, jittered or not.
+    #[test]
+    fn backoff_grows_to_its_cap_and_never_past_it() {
+        for cap in [BACKOFF_CAP, FLEET_BACKOFF_CAP] {
+            let mut b = BACKOFF_START;
+            for _ in 0..CALL_ATTEMPTS_MAX {
+                b = next_backoff(b, cap);
+                assert!(b <= cap && jittered(b) <= b && jittered(b) >= b / 2, "{b:?} {cap:?}");
+            }
+            assert_eq!(b, cap);
+            assert_eq!(next_backoff(cap / 2, cap), cap);
+            assert_eq!(next_backoff(cap / 2 + Duration::from_nanos(1), cap), cap);
+        }
+    }
+
+    /// Clients back off to BACKOFF_CAP, a fleet's agents to FLEET_BACKOFF_CAP.
+    #[tokio::test]
+    async fn a_fleet_client_backs_off_to_the_fleet_cap() {
+        let client = Client::new(&["127.0.0.1:1".to_string()], "t", &Security::Insecure).unwrap();
+        assert_eq!((client.backoff_cap, client.jitter), (BACKOFF_CAP, false));
+        let fleet = client.for_fleet();
+        assert_eq!((fleet.backoff_cap, fleet.jitter), (FLEET_BACKOFF_CAP, true));
+    }
+
+    /// A retry hint of RETRY_AFTER_MAX is waited out; one millisecond longer
+    /// is handed to the caller instead.
+    #[test]
+    fn retry_hints_are_followed_up_to_retry_after_max() {
+        let hint = |ms: u128| {
+            let mut s = Status::resource_exhausted("over budget");
+            s.metadata_mut().insert(RETRY_AFTER_METADATA_KEY, ms.to_string().parse().unwrap());
+            retry_after(&s)
+        };
+        assert_eq!(hint(RETRY_AFTER_MAX.as_millis()), Some(RETRY_AFTER_MAX));
+        assert_eq!(hint(RETRY_AFTER_MAX.as_millis() + 1), None);
+    }
+
+    /// A call succeeds on its CALL_ATTEMPTS_MAX-th attempt, and gives up
+    /// after CALL_ATTEMPTS_MAX failed ones without making another.
+    #[tokio::test]
+    async fn a_call_makes_at_most_call_attempts_max_attempts() {
+        // One endpoint per attempt: no pause between rounds until the last.
+        let endpoints: Vec<String> = (1..=CALL_ATTEMPTS_MAX).map(|p| format!("127.0.0.1:{p}")).collect();
+        let client = Client::new(&endpoints, "t", &Security::Insecure).unwrap();
+        let attempts_until = |ok_at: usize| {
+            let made = AtomicUsize::new(0);
+            let client = &client;
+            async move {
+                let r = client
+                    .call(|_| {
+                        let n = made.fetch_add(1, Ordering::Relaxed) + 1;
+                        async move {
+                            if n < ok_at {
+                                Err(Status::unavailable("down"))
+                            } else {
+                                Ok(Response::new(n))
+                            }
+                        }
+                    })
+                    .await;
+                (r.map(Response::into_inner), made.load(Ordering::Relaxed))
+            }
+        };
+        let (r, made) = attempts_until(CALL_ATTEMPTS_MAX).await;
+        assert_eq!((r.unwrap(), made), (CALL_ATTEMPTS_MAX, CALL_ATTEMPTS_MAX));
+        let (r, made) = attempts_until(CALL_ATTEMPTS_MAX + 1).await;
+        assert!(r.unwrap_err().message().starts_with("no controller answered"));
+        assert_eq!(made, CALL_ATTEMPTS_MAX);
     }
 }

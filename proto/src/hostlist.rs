@@ -146,8 +146,9 @@ fn expand_groups(entry: &str, out: &mut Vec<String>, bytes: &mut usize) -> Resul
     for part in body.split(',') {
         let (a, b) = part.split_once('-').unwrap_or((part, part));
         let (lo, hi): (u64, u64) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
-        if hi.checked_sub(lo).and_then(|d| usize::try_from(d).ok()).is_none_or(|d| d >= EXPAND_MAX) {
-            return Err(bad());
+        let span = hi.checked_sub(lo).ok_or_else(bad)?;
+        if !usize::try_from(span).is_ok_and(|d| d < EXPAND_MAX) {
+            return Err(format!("hostlist '{entry}': '{part}' is more than {EXPAND_MAX} names"));
         }
         let width = a.trim().len();
         for n in lo..=hi {
@@ -178,5 +179,39 @@ mod tests {
         // Runs break at a gap or a change of width; duplicates count once.
         let names: Vec<String> = ["n5", "n05", "n6", "n6", "n7", "x"].map(String::from).to_vec();
         assert_eq!(compress(&names), "x,n[5,05,6-7]");
+    }
+
+    /// A hostlist of exactly EXPAND_MAX names expands; one more name, or a
+    /// range one longer, is refused.
+    #[test]
+    fn expansion_stops_one_name_past_expand_max() {
+        assert_eq!(expand(&format!("n[1-{EXPAND_MAX}]")).unwrap().len(), EXPAND_MAX);
+        let err = expand(&format!("n[1-{EXPAND_MAX}],x")).unwrap_err();
+        assert!(err.contains(&format!("more than {EXPAND_MAX} names")), "{err}");
+        let err = expand(&format!("n[0-{EXPAND_MAX}]")).unwrap_err();
+        assert!(err.contains(&format!("more than {EXPAND_MAX} names")), "{err}");
+    }
+
+    /// An entry with GROUPS_PER_ENTRY_MAX bracket groups expands; one more is refused.
+    #[test]
+    fn an_entry_may_have_groups_per_entry_max_groups() {
+        let at = format!("n{}", "[1-2]".repeat(GROUPS_PER_ENTRY_MAX));
+        assert_eq!(expand(&at).unwrap().len(), 1 << GROUPS_PER_ENTRY_MAX);
+        let err = expand(&format!("{at}[1]")).unwrap_err();
+        assert!(err.contains(&format!("at most {GROUPS_PER_ENTRY_MAX} [..] groups")), "{err}");
+    }
+
+    /// Names of exactly EXPAND_BYTES_MAX bytes in all expand; one byte more is refused.
+    #[test]
+    fn expansion_stops_one_byte_past_expand_bytes_max() {
+        const NAMES: usize = 1024;
+        assert_eq!(EXPAND_BYTES_MAX % NAMES, 0);
+        let list = format!("{}[0000-{}]", "x".repeat(EXPAND_BYTES_MAX / NAMES - 4), NAMES - 1);
+        let names = expand(&list).unwrap();
+        assert_eq!(names.len(), NAMES);
+        assert_eq!(names.iter().map(String::len).sum::<usize>(), EXPAND_BYTES_MAX);
+        drop(names);
+        let err = expand(&format!("{list},y")).unwrap_err();
+        assert!(err.contains(&format!("more than {EXPAND_BYTES_MAX} bytes")), "{err}");
     }
 }

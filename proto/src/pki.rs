@@ -217,6 +217,44 @@ mod tests {
         assert!(Principal::decode("root:n1").is_err());
     }
 
+    /// A CA valid DAYS_MAX days is made; one day more is refused. Back-dating
+    /// is bounded the same way.
+    #[test]
+    fn validity_is_at_most_days_max() {
+        let dir = tempfile_dir();
+        assert!(create_ca(&dir.join("at"), "ca", DAYS_MAX).is_ok());
+        let err = create_ca(&dir.join("past"), "ca", DAYS_MAX + 1).unwrap_err();
+        assert_eq!(err, format!("days: must be between 1 and {DAYS_MAX}, got {}", DAYS_MAX + 1));
+        let mut params = CertificateParams::default();
+        assert!(validity(&mut params, 1, DAYS_MAX).is_ok());
+        assert!(validity(&mut params, 1, DAYS_MAX + 1).unwrap_err().starts_with("backdate:"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A certificate for HOSTS_MAX extra names is issued; one more is refused.
+    #[test]
+    fn a_certificate_carries_at_most_hosts_max_names() {
+        let dir = tempfile_dir();
+        create_ca(&dir, "ca", 1).unwrap();
+        let req = |n: usize, name: &str| CertRequest {
+            principal: Principal::new(Role::Client, name).unwrap(),
+            hosts: (0..n).map(|i| format!("h{i}.example")).collect(),
+            days: 1,
+            backdate_days: 0,
+        };
+        let (cert, _) = create_cert(&dir, &dir, &req(HOSTS_MAX, "at")).unwrap();
+        let pem = std::fs::read(&cert).unwrap();
+        let der = rustls_pemfile::certs(&mut pem.as_slice()).next().unwrap().unwrap();
+        let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
+        let sans = parsed.subject_alternative_name().unwrap().unwrap().value.general_names.len();
+        assert_eq!(sans, HOSTS_MAX + 1, "the hosts and the principal's URI");
+        assert_eq!(
+            create_cert(&dir, &dir, &req(HOSTS_MAX + 1, "past")).unwrap_err(),
+            format!("host: at most {HOSTS_MAX}")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     fn tempfile_dir() -> PathBuf {
         let d = std::env::temp_dir().join(format!(
             "gangway-pki-test-{}-{:?}",

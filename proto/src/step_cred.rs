@@ -233,4 +233,40 @@ mod tests {
         assert!(refused(&"a".repeat(STEP_CREDENTIAL_BYTES_MAX + 1), 7, 1, "n1", now).contains("longer"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// A server whose certificate file holds a chain of CHAIN_MAX certificates
+    /// signs credentials that verify; with one more it cannot sign, and a
+    /// credential carrying one more is refused.
+    #[test]
+    fn a_credential_carries_at_most_chain_max_certificates() {
+        let dir = std::env::temp_dir().join(format!("gangway-stepcred-chain-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let ps = [Principal::new(Role::Server, "1").unwrap(), Principal::new(Role::Agent, "n1").unwrap()];
+        pki::throwaway(&dir, &ps).unwrap();
+        let agent = Credentials::load(TlsFiles::in_dir(&dir, "agent-n1")).unwrap();
+        let (leaf, ca) = (
+            std::fs::read_to_string(dir.join("server-1.pem")).unwrap(),
+            std::fs::read_to_string(dir.join("ca.pem")).unwrap(),
+        );
+        // The signer with extra copies of the CA as "intermediates".
+        let signer = |n: usize| {
+            let cert = dir.join(format!("chain-{n}.pem"));
+            std::fs::write(&cert, format!("{leaf}{}", ca.repeat(n - 1))).unwrap();
+            let files = TlsFiles { ca: dir.join("ca.pem"), cert: Some((cert, dir.join("server-1-key.pem"))) };
+            Credentials::load(files).unwrap()
+        };
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        let claims = StepClaims { job_id: 7, attempt: 1, nodes: vec!["n1".into()], expires_unix: now + 1_000 };
+        let token = sign(&signer(CHAIN_MAX), &claims).unwrap();
+        assert_eq!(token.split('~').count(), CHAIN_MAX);
+        assert_eq!(verify(&agent, &token, 7, 1, "n1", now).unwrap(), claims);
+        let err = sign(&signer(CHAIN_MAX + 1), &claims).unwrap_err();
+        assert!(err.contains(&format!("1 to {CHAIN_MAX} certificates")), "{err}");
+        let intermediate = token.rsplit('~').next().unwrap();
+        let longer = format!("{token}~{intermediate}");
+        assert!(longer.len() <= STEP_CREDENTIAL_BYTES_MAX);
+        let err = verify(&agent, &longer, 7, 1, "n1", now).unwrap_err();
+        assert_eq!(err, format!("more than {CHAIN_MAX} certificates"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -1362,4 +1362,31 @@ mod tests {
         assert_eq!(creds.principal(), Some(Principal::new(Role::Agent, "n1").unwrap()));
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// A CA file of PEM_FILE_BYTES_MAX bytes loads, from a file or from the
+    /// environment; one byte more is refused unread.
+    #[test]
+    fn pem_files_are_read_up_to_pem_file_bytes_max() {
+        let dir = std::env::temp_dir().join(format!("gangway-tls-pem-max-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let ca = pki::create_ca(&dir, "ca", 1).unwrap();
+        let pem = std::fs::read(&ca).unwrap();
+        let max = usize::try_from(PEM_FILE_BYTES_MAX).unwrap();
+        let mut padded = pem.clone();
+        padded.resize(max, b'\n');
+        let files = TlsFiles { ca: ca.clone(), cert: None };
+        std::fs::write(&ca, &padded).unwrap();
+        assert!(Credentials::load(files.clone()).is_ok());
+        assert!(Credentials::from_ca_pem(&padded).is_ok());
+        padded.push(b'\n');
+        std::fs::write(&ca, &padded).unwrap();
+        let err = Credentials::load(files).unwrap_err();
+        assert!(
+            err.starts_with("CA certificate") && err.contains(&format!("larger than {PEM_FILE_BYTES_MAX} bytes")),
+            "{err}"
+        );
+        let err = Credentials::from_ca_pem(&padded).unwrap_err();
+        assert_eq!(err, format!("CA certificate: larger than {PEM_FILE_BYTES_MAX} bytes"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

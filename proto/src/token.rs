@@ -414,4 +414,62 @@ mod tests {
         assert!(create(&private, "alice", LIFETIME_MAX * 2, "gangway", "gangway").is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// A scratch directory of this test's own, removed first.
+    fn scratch(what: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("gangway-token-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// KEYS_MAX trusted keys load; one more is refused.
+    #[test]
+    fn at_most_keys_max_keys_are_trusted() {
+        let dir = scratch("keys");
+        let (_, public) = create_key(&dir).unwrap();
+        let config = |n| TokenConfig { public_keys: vec![public.clone(); n], ..Default::default() };
+        assert_eq!(TokenVerifier::load(&config(KEYS_MAX)).unwrap().unwrap().keys.len(), KEYS_MAX);
+        let err = TokenVerifier::load(&config(KEYS_MAX + 1)).unwrap_err();
+        assert_eq!(err, format!("token keys: at most {KEYS_MAX}"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A revocation file of REVOKED_MAX ids is read; one more id is refused,
+    /// and the verifier then refuses to load.
+    #[test]
+    fn at_most_revoked_max_ids_are_kept() {
+        let dir = scratch("revoked");
+        let (_, public) = create_key(&dir).unwrap();
+        let path = dir.join("revoked");
+        let ids: String = (0..REVOKED_MAX).map(|i| format!("r{i}\n")).collect();
+        std::fs::write(&path, &ids).unwrap();
+        assert_eq!(Revoked::read(&path).unwrap().len(), REVOKED_MAX);
+        std::fs::write(&path, format!("{ids}r{REVOKED_MAX}\n")).unwrap();
+        let err = Revoked::read(&path).unwrap_err();
+        assert!(err.contains(&format!("more than {REVOKED_MAX} ids")), "{err}");
+        let config = TokenConfig { public_keys: vec![public], revoked: Some(path), ..Default::default() };
+        assert!(TokenVerifier::load(&config).unwrap_err().contains("revocation file"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A file of FILE_BYTES_MAX bytes is read; one byte more is refused unread.
+    #[test]
+    fn files_are_read_up_to_file_bytes_max() {
+        let dir = scratch("file-bytes");
+        let path = dir.join("revoked");
+        let max = usize::try_from(FILE_BYTES_MAX).unwrap();
+        let text = format!("r1\n#{}", "x".repeat(max - 4));
+        assert_eq!(text.len(), max);
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(Revoked::read(&path).unwrap().into_iter().collect::<Vec<_>>(), ["r1"]);
+        std::fs::write(&path, format!("{text}x")).unwrap();
+        let err = Revoked::read(&path).unwrap_err();
+        assert!(
+            err.starts_with("revocation file") && err.contains(&format!("larger than {FILE_BYTES_MAX} bytes")),
+            "{err}"
+        );
+        assert!(read_limited(&path, "token public key").unwrap_err().contains("larger than"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

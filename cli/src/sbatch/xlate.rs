@@ -334,6 +334,19 @@ fn leading_number(s: &str) -> u32 {
 mod tests {
     use super::*;
 
+    /// #PBS lines are read within the first DIRECTIVE_LINES_MAX lines and
+    /// until NON_COMMENT_LINES_MAX commands have passed: a line at either
+    /// limit is read, one past it is not (as sbatch stops looking).
+    #[test]
+    fn directives_are_read_up_to_their_line_limits() {
+        let read = |before: &str, n: usize| t(&format!("{}#PBS -q gpu\n", before.repeat(n))).unwrap();
+        let queue = vec![vec!["--partition=gpu".to_string()]];
+        assert_eq!(read("#\n", DIRECTIVE_LINES_MAX - 1), queue, "on the last line scanned");
+        assert!(read("#\n", DIRECTIVE_LINES_MAX).is_empty(), "one line past the scan");
+        assert_eq!(read("echo\n", NON_COMMENT_LINES_MAX), queue, "after as many commands as allowed");
+        assert!(read("echo\n", NON_COMMENT_LINES_MAX + 1).is_empty(), "after one command more");
+    }
+
     fn t(script: &str) -> Result<Vec<Vec<String>>, String> {
         let mut notices = Vec::new();
         translated(script, &mut notices).map(|v| v.into_iter().map(|(_, w)| w).collect())

@@ -180,4 +180,26 @@ mod tests {
         assert_eq!(render_columns(&named, v, true, true), "12|training|");
         assert!(parse_names("Bogus", "-O", &["JobID"], None).unwrap_err().contains("Bogus"));
     }
+
+    /// A format holds at most ITEMS_MAX fields, each at most WIDTH_MAX wide:
+    /// at each limit it parses, one past it is refused naming the option and
+    /// the limit, in both the `%` and the named forms.
+    #[test]
+    fn formats_stop_at_their_limits() {
+        let refused = |r: Result<Vec<Item>, String>, limit: usize| {
+            let e = r.expect_err("one past the limit is taken");
+            assert!(e.starts_with("-o:") && e.contains(&limit.to_string()), "{e}");
+        };
+        assert_eq!(parse_percent(&"%i".repeat(ITEMS_MAX), "-o", code).unwrap().len(), ITEMS_MAX);
+        refused(parse_percent(&"%i".repeat(ITEMS_MAX + 1), "-o", code), ITEMS_MAX);
+        let names = |n: usize| vec!["JobID"; n].join(",");
+        assert_eq!(parse_names(&names(ITEMS_MAX), "-o", &["JobID"], None).unwrap().len(), ITEMS_MAX);
+        refused(parse_names(&names(ITEMS_MAX + 1), "-o", &["JobID"], None), ITEMS_MAX);
+        let field = Item::Field { key: "id", width: Some(WIDTH_MAX), right: false };
+        assert_eq!(parse_percent(&format!("%{WIDTH_MAX}i"), "-o", code).unwrap(), [field]);
+        refused(parse_percent(&format!("%{}i", WIDTH_MAX + 1), "-o", code), WIDTH_MAX);
+        let field = Item::Field { key: "JobID", width: Some(WIDTH_MAX), right: false };
+        assert_eq!(parse_names(&format!("JobID:{WIDTH_MAX}"), "-o", &["JobID"], None).unwrap(), [field]);
+        refused(parse_names(&format!("JobID%{}", WIDTH_MAX + 1), "-o", &["JobID"], None), WIDTH_MAX);
+    }
 }

@@ -161,8 +161,11 @@ impl JobSel {
                 for part in body.split(',') {
                     let (a, b) = part.split_once('-').unwrap_or((part, part));
                     let (a, b): (u32, u32) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
-                    if b < a || v.len() + (b - a) as usize >= SELECTOR_INDEXES_MAX {
+                    if b < a {
                         return Err(bad());
+                    }
+                    if v.len() + (b - a) as usize >= SELECTOR_INDEXES_MAX {
+                        return Err(format!("{option}: '{s}' names more than {SELECTOR_INDEXES_MAX} array indexes"));
                     }
                     v.extend(a..=b);
                 }
@@ -338,6 +341,20 @@ pub fn job_suspended_s(j: &pb::Job, now: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A job selector names at most SELECTOR_INDEXES_MAX array indexes, in
+    /// one range or several: at the limit it parses, one more is refused.
+    #[test]
+    fn a_selector_names_at_most_its_limit_of_indexes() {
+        let n = SELECTOR_INDEXES_MAX as u32;
+        let sel = JobSel::parse("-j", &format!("12_[0-{}]", n - 1)).unwrap();
+        assert_eq!((sel.id, sel.indexes.map(|v| v.len())), (12, Some(SELECTOR_INDEXES_MAX)));
+        let e = JobSel::parse("-j", &format!("12_[0-{n}]")).unwrap_err();
+        assert!(e.starts_with("-j:") && e.contains(&SELECTOR_INDEXES_MAX.to_string()), "{e}");
+        let split = JobSel::parse("-j", &format!("12_[0-9,10-{}]", n - 1)).unwrap();
+        assert_eq!(split.indexes.map(|v| v.len()), Some(SELECTOR_INDEXES_MAX));
+        assert!(JobSel::parse("-j", &format!("12_[0-9,10-{n}]")).is_err());
+    }
 
     #[test]
     fn times_print_as_slurm_does() {

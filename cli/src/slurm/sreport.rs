@@ -291,6 +291,18 @@ pub async fn run(client: &Client, a: SreportArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    /// TopCount takes 1 to TOP_COUNT_MAX; one more is refused, naming it.
+    #[test]
+    fn top_count_stops_at_its_limit() {
+        let top = |n: usize| {
+            let words = ["user", "topusage", &format!("TopCount={n}")].map(String::from);
+            parse(&words, 1_796_084_311_000).map(|(_, _, top)| top)
+        };
+        assert_eq!(top(TOP_COUNT_MAX), Ok(TOP_COUNT_MAX));
+        let e = top(TOP_COUNT_MAX + 1).unwrap_err();
+        assert!(e.starts_with("TopCount:") && e.contains(&TOP_COUNT_MAX.to_string()), "{e}");
+    }
+
     fn row(account: &str, user: &str, cpu: f64, gpu: f64) -> pb::UsageRow {
         pb::UsageRow { account: account.into(), user: user.into(), cpu_seconds: cpu, gpu_seconds: gpu, jobs: 1 }
     }

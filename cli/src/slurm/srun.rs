@@ -439,10 +439,7 @@ pub fn run(a: SrunArgs) -> anyhow::Result<i32> {
     rt.block_on(async move {
         let job_id: Option<u64> = step.job.parse().ok();
         if let Some(job_id) = job_id.filter(|_| record) {
-            let program = step.args.command.first().map(String::as_str).unwrap_or("srun");
-            let name = program.rsplit('/').next().unwrap_or(program);
-            let name: String =
-                name.chars().take(STEP_NAME_CHARS_MAX).map(|c| if c.is_control() { '?' } else { c }).collect();
+            let name = step_name(step.args.command.first().map(String::as_str).unwrap_or("srun"));
             let nodes = if step.share.nodes == alloc { Vec::new() } else { step.share.nodes.clone() };
             step.step_id = begin_step(job_id, step.attempt, &name, &nodes, step.share.ntasks()).await;
         }
@@ -501,6 +498,14 @@ pub const STEP_UNRECORDED_ENV: &str = "GANGWAY_STEP_UNRECORDED";
 
 /// Characters of a step's recorded name (the controllers' limit is 64 bytes).
 const STEP_NAME_CHARS_MAX: usize = 16;
+const _: () = assert!(STEP_NAME_CHARS_MAX * 4 <= gangway_core::limits::STEP_NAME_BYTES_MAX);
+
+/// The name a step is recorded under: its program's file name, its first
+/// STEP_NAME_CHARS_MAX characters, control characters shown as `?`.
+fn step_name(program: &str) -> String {
+    let name = program.rsplit('/').next().unwrap_or(program);
+    name.chars().take(STEP_NAME_CHARS_MAX).map(|c| if c.is_control() { '?' } else { c }).collect()
+}
 
 /// Longest step-address file srun reads: every node of the largest gang
 /// with a long name and address.
@@ -1135,6 +1140,27 @@ fn status_code(s: std::process::ExitStatus) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A step's name keeps STEP_NAME_CHARS_MAX characters of its program's
+    /// name (four-byte characters still within the controllers' limit), and
+    /// the step-address file is read up to STEP_ADDRS_FILE_BYTES_MAX bytes:
+    /// one byte more is refused, naming the variable and the limit.
+    #[test]
+    fn step_names_and_address_files_stop_at_their_limits() {
+        let at = "p".repeat(STEP_NAME_CHARS_MAX);
+        assert_eq!(step_name(&format!("/usr/bin/{at}")), at);
+        assert_eq!(step_name(&format!("{at}q")), at, "one character past");
+        assert_eq!(step_name(&"\u{1F600}".repeat(STEP_NAME_CHARS_MAX + 1)).len(), 4 * STEP_NAME_CHARS_MAX);
+        assert_eq!(step_name("a\nb"), "a?b");
+        let file = std::env::temp_dir().join(format!("gangway-step-addrs-{}", std::process::id()));
+        let path = file.to_str().unwrap();
+        std::fs::write(&file, "x".repeat(STEP_ADDRS_FILE_BYTES_MAX as usize)).unwrap();
+        assert_eq!(read_step_addrs_file(path).unwrap().len() as u64, STEP_ADDRS_FILE_BYTES_MAX);
+        std::fs::write(&file, "x".repeat(STEP_ADDRS_FILE_BYTES_MAX as usize + 1)).unwrap();
+        let e = read_step_addrs_file(path).unwrap_err().to_string();
+        std::fs::remove_file(&file).unwrap();
+        assert!(e.contains("GANGWAY_STEP_ADDRS_FILE") && e.contains(&STEP_ADDRS_FILE_BYTES_MAX.to_string()), "{e}");
+    }
     use clap::Parser;
 
     #[derive(Parser)]
