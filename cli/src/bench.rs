@@ -728,13 +728,8 @@ pub(crate) fn machine_facts() -> String {
     format!("{cpus} CPUs ({model}), {mem_gb} GiB RAM")
 }
 
-async fn bench_submit(
-    clients: &[usize],
-    seconds: u64,
-    data_dir: Option<PathBuf>,
-    replicas: u64,
-    transports: &[String],
-) -> anyhow::Result<()> {
+/// `bench submit`'s options, within their limits.
+fn check_submit(replicas: u64, clients: &[usize], seconds: u64) -> anyhow::Result<()> {
     if !(1..=5).contains(&replicas) {
         bail!("replicas: must be between 1 and 5");
     }
@@ -744,6 +739,36 @@ async fn bench_submit(
     if seconds == 0 || seconds > BENCH_SECONDS_MAX {
         bail!("seconds: must be between 1 and {BENCH_SECONDS_MAX}");
     }
+    Ok(())
+}
+
+/// `bench failover`'s runs, within their limit.
+fn check_runs(runs: usize) -> anyhow::Result<()> {
+    if runs == 0 || runs > FAILOVER_RUNS_MAX {
+        bail!("runs: must be between 1 and {FAILOVER_RUNS_MAX}");
+    }
+    Ok(())
+}
+
+/// `bench jobs`'s options, within their limits.
+fn check_jobs(jobs: usize, nodes: usize) -> anyhow::Result<()> {
+    if jobs == 0 || jobs > BENCH_JOBS_MAX {
+        bail!("jobs: must be between 1 and {BENCH_JOBS_MAX}");
+    }
+    if nodes == 0 || nodes > BENCH_NODES_MAX {
+        bail!("nodes: must be between 1 and {BENCH_NODES_MAX}");
+    }
+    Ok(())
+}
+
+async fn bench_submit(
+    clients: &[usize],
+    seconds: u64,
+    data_dir: Option<PathBuf>,
+    replicas: u64,
+    transports: &[String],
+) -> anyhow::Result<()> {
+    check_submit(replicas, clients, seconds)?;
     println!("bench submit: {replicas} controller processes, durable RocksDB (fsync before ack), loopback gRPC");
     println!("machine: {}", machine_facts());
     println!(
@@ -815,9 +840,7 @@ async fn new_connection_cost(addr: &str, security: &Security) -> anyhow::Result<
 }
 
 async fn bench_failover(runs: usize, data_dir: Option<PathBuf>) -> anyhow::Result<()> {
-    if runs == 0 || runs > FAILOVER_RUNS_MAX {
-        bail!("runs: must be between 1 and {FAILOVER_RUNS_MAX}");
-    }
+    check_runs(runs)?;
     let mut cluster = LocalCluster::start(3, data_dir)?;
     let client = Arc::new(Client::new(&cluster.endpoints(), "bench", &Security::Insecure)?);
     cluster.wait_leader(&client).await?;
@@ -909,12 +932,7 @@ async fn count_jobs(client: &Client, states: &[pb::JobState], limit: u32) -> Res
 }
 
 async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> anyhow::Result<()> {
-    if jobs == 0 || jobs > BENCH_JOBS_MAX {
-        bail!("jobs: must be between 1 and {BENCH_JOBS_MAX}");
-    }
-    if nodes == 0 || nodes > BENCH_NODES_MAX {
-        bail!("nodes: must be between 1 and {BENCH_NODES_MAX}");
-    }
+    check_jobs(jobs, nodes)?;
     let cluster = LocalCluster::start(3, data_dir)?;
     let client = Arc::new(Client::new(&cluster.endpoints(), "bench", &Security::Insecure)?);
     cluster.wait_leader(&client).await?;
@@ -988,6 +1006,25 @@ async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> any
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each bench option is taken at its limit and refused one past it, the
+    /// refusal naming the option and the limit.
+    #[test]
+    fn bench_options_stop_at_their_limits() {
+        let refused = |r: anyhow::Result<()>, option: &str, limit: usize| {
+            let e = r.expect_err("one past the limit is taken").to_string();
+            assert!(e.starts_with(option) && e.contains(&limit.to_string()), "{e}");
+        };
+        assert!(check_submit(3, &[1, BENCH_CLIENTS_MAX], BENCH_SECONDS_MAX).is_ok());
+        refused(check_submit(3, &[BENCH_CLIENTS_MAX + 1], 1), "clients:", BENCH_CLIENTS_MAX);
+        refused(check_submit(3, &[1], BENCH_SECONDS_MAX + 1), "seconds:", BENCH_SECONDS_MAX as usize);
+        refused(check_submit(6, &[1], 1), "replicas:", 5);
+        assert!(check_runs(FAILOVER_RUNS_MAX).is_ok());
+        refused(check_runs(FAILOVER_RUNS_MAX + 1), "runs:", FAILOVER_RUNS_MAX);
+        assert!(check_jobs(BENCH_JOBS_MAX, BENCH_NODES_MAX).is_ok());
+        refused(check_jobs(BENCH_JOBS_MAX + 1, 1), "jobs:", BENCH_JOBS_MAX);
+        refused(check_jobs(1, BENCH_NODES_MAX + 1), "nodes:", BENCH_NODES_MAX);
+    }
 
     #[test]
     fn a_histograms_totals_are_read_from_the_exposition_text_by_name_and_label() {

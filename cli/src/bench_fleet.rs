@@ -650,7 +650,8 @@ async fn cluster_status(client: &Client) -> anyhow::Result<pb::ClusterStatusResp
         .into_inner())
 }
 
-pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
+/// The options, within their limits.
+fn check(a: &FleetArgs) -> anyhow::Result<()> {
     if a.nodes == 0 || a.nodes > FLEET_NODES_MAX {
         bail!("--nodes: between 1 and {FLEET_NODES_MAX}");
     }
@@ -672,6 +673,11 @@ pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
     if a.gpus_per_node == 0 || a.gpus_per_node > gangway_core::limits::GPUS_PER_NODE_MAX {
         bail!("--gpus-per-node: between 1 and {}", gangway_core::limits::GPUS_PER_NODE_MAX);
     }
+    Ok(())
+}
+
+pub async fn run(a: FleetArgs) -> anyhow::Result<()> {
+    check(&a)?;
     let mut cluster = LocalCluster::start(3, a.data_dir.clone())?;
     let endpoints = cluster.endpoints();
     let admin = Client::new(&endpoints, "bench", &Security::Insecure)?;
@@ -980,4 +986,43 @@ async fn failover(
     let first = shared.first_launch_after_kill_ms.load(Ordering::Relaxed);
     let first_launch = (first != 0).then(|| Duration::from_millis(first.saturating_sub(killed_ms)));
     Ok(Failover { elected, fleet_moved, first_launch })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        a: FleetArgs,
+    }
+
+    /// Each option is taken at its limit and refused one past it, the
+    /// refusal naming the option and the limit.
+    #[test]
+    fn fleet_options_stop_at_their_limits() {
+        let check_of = |args: &[String]| {
+            let argv = std::iter::once("fleet".to_string()).chain(args.iter().cloned());
+            check(&Cmd::try_parse_from(argv).expect("options parse").a)
+        };
+        let cases: [(&str, u64, &[&str]); 5] = [
+            ("--nodes", FLEET_NODES_MAX as u64, &[]),
+            ("--connections", FLEET_CONNECTIONS_MAX as u64, &[]),
+            ("--seconds", FLEET_SECONDS_MAX, &[]),
+            ("--jobs-per-s", FLEET_JOBS_PER_S_MAX, &[]),
+            ("--preload-running", PRELOAD_JOBS_MAX, &["--preload-pending", "0"]),
+        ];
+        for (option, limit, more) in cases {
+            let with = |v: u64| {
+                let mut args = vec![option.to_string(), v.to_string()];
+                args.extend(more.iter().map(|s| s.to_string()));
+                check_of(&args)
+            };
+            assert!(with(limit).is_ok(), "{option} {limit}: {:?}", with(limit));
+            let e = with(limit + 1).expect_err("one past the limit is taken").to_string();
+            assert!(e.starts_with(option) && e.contains(&limit.to_string()), "{e}");
+        }
+    }
 }

@@ -222,12 +222,18 @@ fn p99_of(samples: &[(u64, u32)], from: u64, to: u64) -> (Duration, usize, usize
     (percentile(&ok, 0.99), ok.len(), failed)
 }
 
-pub async fn run(a: StormArgs) -> anyhow::Result<()> {
+/// The options, within their limits.
+fn check(a: &StormArgs) -> anyhow::Result<()> {
     anyhow::ensure!((1..=STORM_AGENTS_MAX).contains(&a.agents), "agents: 1 to {STORM_AGENTS_MAX}");
     anyhow::ensure!((1..=STORM_CLIENTS_MAX).contains(&a.clients), "clients: 1 to {STORM_CLIENTS_MAX}");
     anyhow::ensure!(a.idle <= STORM_IDLE_MAX, "idle: at most {STORM_IDLE_MAX}");
     anyhow::ensure!(a.jobs <= STORM_JOBS_MAX, "jobs: at most {STORM_JOBS_MAX}");
     anyhow::ensure!((1..=STORM_SECONDS_MAX).contains(&a.seconds), "seconds: 1 to {STORM_SECONDS_MAX}");
+    Ok(())
+}
+
+pub async fn run(a: StormArgs) -> anyhow::Result<()> {
+    check(&a)?;
     // Each attack on a cluster of its own: memory a replica took in one
     // attack is not charged to the next.
     let mut rows = Vec::new();
@@ -1021,6 +1027,35 @@ fn print_table(rows: &[Row], a: &StormArgs) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        a: StormArgs,
+    }
+
+    /// Each option is taken at its limit and refused one past it, the
+    /// refusal naming the option and the limit.
+    #[test]
+    fn storm_options_stop_at_their_limits() {
+        let cases: [(&str, u64); 5] = [
+            ("agents", STORM_AGENTS_MAX as u64),
+            ("clients", STORM_CLIENTS_MAX as u64),
+            ("idle", STORM_IDLE_MAX as u64),
+            ("jobs", STORM_JOBS_MAX),
+            ("seconds", STORM_SECONDS_MAX),
+        ];
+        for (option, limit) in cases {
+            let with = |v: u64| {
+                let argv = ["storm".to_string(), format!("--{option}"), v.to_string()];
+                check(&Cmd::try_parse_from(argv).expect("options parse").a)
+            };
+            assert!(with(limit).is_ok(), "{option} {limit}: {:?}", with(limit));
+            let e = with(limit + 1).expect_err("one past the limit is taken").to_string();
+            assert!(e.starts_with(&format!("{option}:")) && e.contains(&limit.to_string()), "{e}");
+        }
+    }
 
     #[test]
     fn cpu_ticks_are_counted_after_the_command_name() {

@@ -66,12 +66,13 @@ fn parse_cluster(s: &str) -> anyhow::Result<(u32, u32, u32)> {
 /// A trace's text, refused (never cut short, which would replay part of
 /// it as if it were whole) past TRACE_BYTES_MAX.
 fn read_trace(reader: impl Read, name: &str) -> anyhow::Result<String> {
-    let mut text = String::new();
-    reader.take(TRACE_BYTES_MAX + 1).read_to_string(&mut text).with_context(|| format!("trace: cannot read {name}"))?;
-    if text.len() as u64 > TRACE_BYTES_MAX {
+    let mut bytes = Vec::new();
+    reader.take(TRACE_BYTES_MAX + 1).read_to_end(&mut bytes).with_context(|| format!("trace: cannot read {name}"))?;
+    // The size first: the byte past the limit may cut a character in two.
+    if bytes.len() as u64 > TRACE_BYTES_MAX {
         bail!("trace: {name} holds more than {TRACE_BYTES_MAX} bytes (decompressed): replay a part of it");
     }
-    Ok(text)
+    String::from_utf8(bytes).with_context(|| format!("trace: {name} is not UTF-8 text"))
 }
 
 pub fn run(a: SimulateArgs) -> anyhow::Result<()> {

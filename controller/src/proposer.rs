@@ -85,11 +85,10 @@ pub struct Proposer {
 impl Proposer {
     /// Starts the batching loop; it ends when the proposer is dropped.
     pub fn start(node: Arc<RaftNode>) -> Proposer {
-        let (tx, rx) = mpsc::channel(PROPOSAL_QUEUE_MAX);
-        let (large, large_rx) = mpsc::channel(LARGE_QUEUE_MAX);
+        let ((tx, rx), (large, large_rx)) = lanes();
         // Both lanes share the batches in flight: a large write waits its
         // turn like a batch, and small writes go on while the lane rests.
-        let slots = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
+        let slots = batch_slots();
         tokio::spawn(batch_loop(node.clone(), rx, slots.clone()));
         tokio::spawn(large_loop(node, large_rx, slots));
         Proposer { tx, large }
@@ -106,6 +105,40 @@ impl Proposer {
     }
 }
 
+/// A lane's queue, both ends.
+type Lane<T> = (mpsc::Sender<T>, mpsc::Receiver<T>);
+
+/// The queues of the two lanes: writes to batch (PROPOSAL_QUEUE_MAX) and
+/// large writes (LARGE_QUEUE_MAX); past them, callers wait to enqueue.
+fn lanes<T>() -> (Lane<T>, Lane<T>) {
+    (mpsc::channel(PROPOSAL_QUEUE_MAX), mpsc::channel(LARGE_QUEUE_MAX))
+}
+
+/// The slots of batches in flight, BATCHES_IN_FLIGHT_MAX, shared by both lanes.
+fn batch_slots() -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX))
+}
+
+/// One batch: `first`, then what `next` yields while the batch has fewer
+/// than BATCH_COMMANDS_MAX writes and each `fits` (see [`fits`]); the first
+/// that does not fit is returned to start the next batch. `next` is not
+/// asked once the batch is full.
+fn gather<T>(first: T, bytes_of: impl Fn(&T) -> usize, mut next: impl FnMut() -> Option<T>) -> (Vec<T>, Option<T>) {
+    let mut bytes = bytes_of(&first);
+    let mut batch = vec![first];
+    while batch.len() < BATCH_COMMANDS_MAX {
+        match next() {
+            Some(p) if fits(bytes, bytes_of(&p)) => {
+                bytes = bytes.saturating_add(bytes_of(&p));
+                batch.push(p);
+            }
+            Some(p) => return (batch, Some(p)),
+            None => break,
+        }
+    }
+    (batch, None)
+}
+
 async fn batch_loop(node: Arc<RaftNode>, mut rx: mpsc::Receiver<Pending>, slots: Arc<Semaphore>) {
     // A write that did not fit the last batch: it starts the next one.
     let mut carried: Option<Pending> = None;
@@ -119,21 +152,8 @@ async fn batch_loop(node: Arc<RaftNode>, mut rx: mpsc::Receiver<Pending>, slots:
         };
         // Wait for a free slot first: writes arriving meanwhile join this batch.
         let Ok(permit) = slots.clone().acquire_owned().await else { return };
-        let mut bytes = first.cmd.approx_bytes();
-        let mut batch = vec![first];
-        while batch.len() < BATCH_COMMANDS_MAX {
-            match rx.try_recv() {
-                Ok(p) if fits(bytes, p.cmd.approx_bytes()) => {
-                    bytes = bytes.saturating_add(p.cmd.approx_bytes());
-                    batch.push(p);
-                }
-                Ok(p) => {
-                    carried = Some(p);
-                    break;
-                }
-                Err(_) => break,
-            }
-        }
+        let (batch, rest) = gather(first, |p| p.cmd.approx_bytes(), || rx.try_recv().ok());
+        carried = rest;
         metrics::histogram!("gangway_proposal_batch_size").record(batch.len() as f64);
         let node = node.clone();
         tokio::spawn(async move {
@@ -246,6 +266,60 @@ mod tests {
         };
         assert!(policy.approx_bytes() >= LARGE_WRITE_BYTES);
         assert!(!is_large(&policy));
+    }
+
+    /// The lanes queue PROPOSAL_QUEUE_MAX and LARGE_QUEUE_MAX writes; one
+    /// more waits to enqueue (back-pressure).
+    #[test]
+    fn the_lanes_hold_their_max_and_one_more_waits() {
+        let ((tx, _rx), (large, _large_rx)) = lanes::<usize>();
+        for (lane, max) in [(tx, PROPOSAL_QUEUE_MAX), (large, LARGE_QUEUE_MAX)] {
+            for i in 0..max {
+                lane.try_send(i).unwrap();
+            }
+            assert!(matches!(lane.try_send(max), Err(mpsc::error::TrySendError::Full(_))), "{max}");
+        }
+    }
+
+    /// BATCHES_IN_FLIGHT_MAX batches are proposed at once; one more waits
+    /// for a slot.
+    #[test]
+    fn batches_in_flight_stop_at_their_max() {
+        let slots = batch_slots();
+        let held: Vec<_> = (0..BATCHES_IN_FLIGHT_MAX).map(|_| slots.clone().try_acquire_owned().unwrap()).collect();
+        assert!(slots.clone().try_acquire_owned().is_err());
+        drop(held);
+        assert!(slots.try_acquire_owned().is_ok(), "a batch committed frees its slot");
+    }
+
+    /// A batch takes BATCH_COMMANDS_MAX waiting writes; one more starts the
+    /// next batch (and is not taken out of the queue meanwhile).
+    #[test]
+    fn batches_take_their_commands_max_and_leave_one_more_queued() {
+        let mut queued = 1..=BATCH_COMMANDS_MAX;
+        let (batch, carried) = gather(0, |_| 1, || queued.next());
+        assert_eq!((batch.len(), carried, queued.next()), (BATCH_COMMANDS_MAX, None, Some(BATCH_COMMANDS_MAX)));
+        let mut queued = 1..BATCH_COMMANDS_MAX;
+        let (batch, carried) = gather(0, |_| 1, || queued.next());
+        assert_eq!((batch.len(), carried), (BATCH_COMMANDS_MAX, None));
+    }
+
+    /// Batches stay under BATCH_BYTES_MAX (and the large-write bytes): a
+    /// write that would take a batch past them starts the next one, and a
+    /// single command of BATCH_BYTES_MAX + 1 (an administrator's policy) is
+    /// batched alone.
+    #[test]
+    fn batches_stay_under_the_batch_bytes_max() {
+        const { assert!(LARGE_WRITE_BYTES <= BATCH_BYTES_MAX) };
+        assert!(!fits(0, BATCH_BYTES_MAX) && !fits(BATCH_BYTES_MAX, 0));
+        let write = LARGE_WRITE_BYTES / 4;
+        let mut queued = std::iter::repeat(write);
+        let (batch, carried) = gather(write, |b| *b, || queued.next());
+        assert_eq!((batch.len(), carried), (3, Some(write)));
+        assert!(batch.iter().sum::<usize>() < BATCH_BYTES_MAX);
+        let mut queued = std::iter::once(1);
+        let (batch, carried) = gather(BATCH_BYTES_MAX + 1, |b| *b, || queued.next());
+        assert_eq!((batch, carried), (vec![BATCH_BYTES_MAX + 1], Some(1)));
     }
 
     #[test]

@@ -65,6 +65,18 @@ impl NodeWatches {
     }
 }
 
+/// Adds what `events` already holds to `batch`, up to
+/// [`EVENTS_PER_LOOKUP_MAX`] in all (what is left waits for the next batch;
+/// a lag is found by the next `recv`).
+fn fill_batch<T: Clone>(batch: &mut Vec<T>, events: &mut broadcast::Receiver<T>) {
+    while batch.len() < EVENTS_PER_LOOKUP_MAX {
+        match events.try_recv() {
+            Ok(ev) => batch.push(ev),
+            Err(_) => break,
+        }
+    }
+}
+
 /// Wakes the `watches` of the nodes each change applied to `shared`
 /// concerns, until `closed` completes (the replica closes).
 pub fn spawn_poker(
@@ -98,12 +110,7 @@ pub fn spawn_poker(
                 }
                 Err(broadcast::error::RecvError::Closed) => return,
             }
-            while batch.len() < EVENTS_PER_LOOKUP_MAX {
-                match events.try_recv() {
-                    Ok(ev) => batch.push(ev),
-                    Err(_) => break,
-                }
-            }
+            fill_batch(&mut batch, &mut events);
             // The view that holds what these events did (the events are sent
             // as apply makes them, a moment before that view is published):
             // the nodes a job just placed are found, and the agents poked
@@ -123,4 +130,41 @@ pub fn spawn_poker(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replica watches WATCHED_NODES_MAX nodes; one more name is refused
+    /// with an error naming the field and the limit, until a watch nobody
+    /// listens to any more makes room.
+    #[test]
+    fn watched_nodes_are_bounded_at_the_clusters_limit() {
+        let watches = NodeWatches::default();
+        let mut held: Vec<_> =
+            (0..WATCHED_NODES_MAX).map(|i| watches.subscribe(&format!("n{i}")).expect("within the limit")).collect();
+        assert!(watches.subscribe("n0").is_ok(), "a watched node is watched again");
+        let e = watches.subscribe("one-more").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.message().starts_with("name:") && e.message().contains(&WATCHED_NODES_MAX.to_string()), "{e}");
+        drop(held.pop());
+        assert!(watches.subscribe("one-more").is_ok(), "an abandoned watch made room");
+    }
+
+    /// One lookup takes EVENTS_PER_LOOKUP_MAX events at most: that many are
+    /// taken whole, one more waits in the channel for the next batch.
+    #[test]
+    fn a_batch_holds_at_most_events_per_lookup_max() {
+        for (queued, left) in [(EVENTS_PER_LOOKUP_MAX, false), (EVENTS_PER_LOOKUP_MAX + 1, true)] {
+            let (tx, mut rx) = broadcast::channel(EVENTS_PER_LOOKUP_MAX + 1);
+            for i in 0..queued {
+                tx.send(i).unwrap();
+            }
+            let mut batch = vec![rx.try_recv().unwrap()];
+            fill_batch(&mut batch, &mut rx);
+            assert_eq!(batch, (0..EVENTS_PER_LOOKUP_MAX).collect::<Vec<_>>());
+            assert_eq!(rx.try_recv().ok(), left.then_some(EVENTS_PER_LOOKUP_MAX));
+        }
+    }
 }

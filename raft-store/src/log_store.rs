@@ -74,7 +74,7 @@ pub struct LogStore {
 
 impl LogStore {
     pub(crate) fn new(db: Arc<DB>, stamped: u32) -> LogStore {
-        let (tx, rx) = mpsc::sync_channel(GROUP_COMMIT_QUEUE_MAX);
+        let (tx, rx) = group_commit_queue();
         let (ended_tx, ended) = mpsc::sync_channel(1);
         let committer_db = db.clone();
         std::thread::Builder::new()
@@ -120,18 +120,30 @@ impl LogStore {
     }
 }
 
+/// The appends' way to the group-commit thread: GROUP_COMMIT_QUEUE_MAX wait
+/// at most, then senders block.
+fn group_commit_queue<T>() -> (mpsc::SyncSender<T>, mpsc::Receiver<T>) {
+    mpsc::sync_channel(GROUP_COMMIT_QUEUE_MAX)
+}
+
+/// Adds to `batch` (which holds `first`'s) what waits in `rx`, up to
+/// GROUP_COMMIT_BATCH_MAX in all; the rest waits for the next fsync.
+fn fill_batch<T>(batch: &mut Vec<T>, rx: &mpsc::Receiver<T>) {
+    while batch.len() < GROUP_COMMIT_BATCH_MAX {
+        match rx.try_recv() {
+            Ok(cb) => batch.push(cb),
+            Err(_) => break,
+        }
+    }
+}
+
 /// Syncs the WAL once per batch of waiting appends, then acknowledges them all.
 fn group_commit_loop(db: &DB, rx: &mpsc::Receiver<LogFlushed<TypeConfig>>) {
     let mut batch = Vec::with_capacity(64);
     // Ends when every LogStore handle is dropped (the replica shut down).
     while let Ok(first) = rx.recv() {
         batch.push(first);
-        while batch.len() < GROUP_COMMIT_BATCH_MAX {
-            match rx.try_recv() {
-                Ok(cb) => batch.push(cb),
-                Err(_) => break,
-            }
-        }
+        fill_batch(&mut batch, rx);
         metrics::histogram!("gangway_raft_group_commit_batch").record(batch.len() as f64);
         let started = std::time::Instant::now();
         let result = db.flush_wal(true);
@@ -267,5 +279,38 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .delete_range_cf(self.cf(CF_LOG), index_key(0), index_key(log_id.index + 1))
             .map_err(|e| StorageIOError::write_logs(AnyError::new(&e)))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GROUP_COMMIT_QUEUE_MAX appends wait for the group-commit thread; one
+    /// more and its sender waits too (back-pressure).
+    #[test]
+    fn the_group_commit_queue_holds_its_max_and_refuses_one_more() {
+        let (tx, rx) = group_commit_queue();
+        for i in 0..GROUP_COMMIT_QUEUE_MAX {
+            tx.try_send(i).unwrap();
+        }
+        assert_eq!(tx.try_send(GROUP_COMMIT_QUEUE_MAX), Err(mpsc::TrySendError::Full(GROUP_COMMIT_QUEUE_MAX)));
+        drop(rx);
+    }
+
+    /// One fsync acknowledges GROUP_COMMIT_BATCH_MAX appends; one more
+    /// waits for the next.
+    #[test]
+    fn one_fsync_takes_its_batch_max_and_leaves_one_more_for_the_next() {
+        let (tx, rx) = group_commit_queue();
+        for i in 0..=GROUP_COMMIT_BATCH_MAX {
+            tx.try_send(i).unwrap();
+        }
+        let mut batch = vec![rx.recv().unwrap()];
+        fill_batch(&mut batch, &rx);
+        assert_eq!(batch, (0..GROUP_COMMIT_BATCH_MAX).collect::<Vec<_>>());
+        let mut next = vec![rx.recv().unwrap()];
+        fill_batch(&mut next, &rx);
+        assert_eq!(next, vec![GROUP_COMMIT_BATCH_MAX]);
     }
 }

@@ -75,6 +75,22 @@ impl Tail {
         self.bytes = 0;
         self.broken = true;
     }
+
+    /// Records commands just applied, or breaks off past
+    /// COPY_TAIL_COMMANDS_MAX commands or COPY_TAIL_BYTES_MAX bytes.
+    fn record(&mut self, commands: Vec<(u64, Arc<Command>)>, applied: u64) {
+        if self.broken {
+            return;
+        }
+        let bytes = self.bytes.saturating_add(commands.iter().map(|(_, c)| c.approx_bytes()).sum());
+        if self.commands.len() + commands.len() > COPY_TAIL_COMMANDS_MAX || bytes > COPY_TAIL_BYTES_MAX {
+            self.break_off();
+            return;
+        }
+        self.commands.extend(commands);
+        self.bytes = bytes;
+        self.applied = applied;
+    }
 }
 
 /// A private copy of the applied state, kept up to date by
@@ -123,6 +139,22 @@ struct Recent {
     /// Events through this log index are not known here (a snapshot loaded or
     /// installed, or events dropped from the ring).
     unknown_through: u64,
+}
+
+impl Recent {
+    /// Keeps `chunk`, dropping the oldest batches while more than
+    /// RECENT_EVENTS_MAX events are kept.
+    fn push(&mut self, chunk: Arc<[Event]>) {
+        self.len = self.len.saturating_add(chunk.len());
+        self.chunks.push_back(chunk);
+        while self.len > RECENT_EVENTS_MAX {
+            let Some(dropped) = self.chunks.pop_front() else { break };
+            self.len = self.len.saturating_sub(dropped.len());
+            if let Some(last) = dropped.last() {
+                self.unknown_through = self.unknown_through.max(last.index());
+            }
+        }
+    }
 }
 
 /// The applied state, shared between the state machine (its only writer) and
@@ -314,19 +346,9 @@ impl SharedState {
     /// Records commands just applied, and the index the state now reflects.
     /// Called under the state's write lock.
     fn record_for_copy(&self, commands: Vec<(u64, Arc<Command>)>, applied: u64) {
-        let mut tail = self.tail.lock().expect("tail lock");
-        let Some(t) = tail.as_mut() else { return };
-        if t.broken {
-            return;
+        if let Some(t) = self.tail.lock().expect("tail lock").as_mut() {
+            t.record(commands, applied);
         }
-        let bytes = t.bytes.saturating_add(commands.iter().map(|(_, c)| c.approx_bytes()).sum());
-        if t.commands.len() + commands.len() > COPY_TAIL_COMMANDS_MAX || bytes > COPY_TAIL_BYTES_MAX {
-            t.break_off();
-            return;
-        }
-        t.commands.extend(commands);
-        t.bytes = bytes;
-        t.applied = applied;
     }
 
     fn set_applied(&self, index: u64) {
@@ -580,15 +602,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         if !events.is_empty() {
             let mut recent = self.shared.recent.lock().expect("events lock");
             let chunk: Arc<[Event]> = events.into();
-            recent.len = recent.len.saturating_add(chunk.len());
-            recent.chunks.push_back(chunk.clone());
-            while recent.len > RECENT_EVENTS_MAX {
-                let Some(dropped) = recent.chunks.pop_front() else { break };
-                recent.len = recent.len.saturating_sub(dropped.len());
-                if let Some(last) = dropped.last() {
-                    recent.unknown_through = recent.unknown_through.max(last.index());
-                }
-            }
+            recent.push(chunk.clone());
             // Sent while the ring is locked, so a reader that subscribes and
             // then reads the ring misses nothing in between.
             for ev in chunk.iter() {
@@ -656,5 +670,68 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let stored: StoredSnapshot =
             decode(&raw).map_err(|e| StorageIOError::read_snapshot(None, AnyError::new(&e)))?;
         Ok(Some(Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gangway_core::NodeChange;
+
+    fn event(index: u64) -> Event {
+        Event::Node { index, node: String::new(), change: NodeChange::Registered, reason: String::new() }
+    }
+
+    /// Events of `indexes`, one batch.
+    fn chunk(indexes: std::ops::RangeInclusive<u64>) -> Arc<[Event]> {
+        indexes.map(event).collect()
+    }
+
+    /// A watcher may fall WATCH_EVENTS_BUFFER_MAX events behind and still
+    /// read every one; one more and it is told it lagged.
+    #[test]
+    fn a_watcher_keeps_up_within_the_buffer_and_lags_one_past_it() {
+        let shared = SharedState::new(State::default(), 0);
+        let mut watcher = shared.subscribe();
+        for i in 1..=WATCH_EVENTS_BUFFER_MAX as u64 {
+            shared.events.send(event(i)).unwrap();
+        }
+        for i in 1..=WATCH_EVENTS_BUFFER_MAX as u64 {
+            assert_eq!(watcher.try_recv().map(|e| e.index()), Ok(i));
+        }
+        for i in 1..=WATCH_EVENTS_BUFFER_MAX as u64 + 1 {
+            shared.events.send(event(i)).unwrap();
+        }
+        assert_eq!(watcher.try_recv(), Err(broadcast::error::TryRecvError::Lagged(1)));
+    }
+
+    /// The ring keeps RECENT_EVENTS_MAX events for streams that resume; one
+    /// more and the oldest batch goes, its events then unknown here.
+    #[test]
+    fn recent_events_keep_their_max_and_drop_the_oldest_batch_one_past_it() {
+        let mut recent = Recent { chunks: VecDeque::new(), len: 0, unknown_through: 0 };
+        let max = RECENT_EVENTS_MAX as u64;
+        recent.push(chunk(1..=10));
+        recent.push(chunk(11..=max));
+        assert_eq!((recent.len, recent.chunks.len(), recent.unknown_through), (RECENT_EVENTS_MAX, 2, 0));
+        recent.push(chunk(max + 1..=max + 1));
+        assert_eq!((recent.len, recent.chunks.len(), recent.unknown_through), (RECENT_EVENTS_MAX - 9, 2, 10));
+    }
+
+    /// A copy's record holds commands of COPY_TAIL_BYTES_MAX bytes; a byte
+    /// more and it breaks off (the copy is then taken anew).
+    #[test]
+    fn a_copys_record_holds_its_bytes_max_and_breaks_off_one_past_it() {
+        let cmd = Arc::new(Command::DrawHistory { history: 1, now_ms: 0 });
+        let size = cmd.approx_bytes();
+        let tail = |bytes| Tail { generation: 1, from: 0, commands: VecDeque::new(), bytes, applied: 0, broken: false };
+        let mut t = tail(COPY_TAIL_BYTES_MAX - size);
+        t.record(vec![(1, cmd.clone())], 1);
+        assert_eq!((t.commands.len(), t.bytes, t.applied, t.broken), (1, COPY_TAIL_BYTES_MAX, 1, false));
+        let mut t = tail(COPY_TAIL_BYTES_MAX + 1 - size);
+        t.record(vec![(1, cmd.clone())], 1);
+        assert_eq!((t.commands.len(), t.bytes, t.applied, t.broken), (0, 0, 0, true));
+        t.record(vec![(2, cmd)], 2);
+        assert_eq!((t.commands.len(), t.broken), (0, true), "a broken record stays broken");
     }
 }

@@ -124,6 +124,28 @@ struct Queue {
     stop: bool,
 }
 
+impl Queue {
+    /// Queues what apply just did, or, past VIEW_QUEUE_COMMANDS_MAX commands
+    /// or VIEW_QUEUE_BYTES_MAX bytes queued, drops the queue and has the
+    /// views taken anew from the master.
+    fn push(&mut self, commands: Vec<(u64, Arc<Command>)>, latest: u64) {
+        if !self.rebuild {
+            let bytes = self.bytes.saturating_add(commands.iter().map(|(_, c)| c.approx_bytes()).sum());
+            if self.commands.len().saturating_add(commands.len()) > VIEW_QUEUE_COMMANDS_MAX
+                || bytes > VIEW_QUEUE_BYTES_MAX
+            {
+                self.commands = VecDeque::new();
+                self.bytes = 0;
+                self.rebuild = true;
+            } else {
+                self.commands.extend(commands);
+                self.bytes = bytes;
+            }
+        }
+        self.latest = self.latest.max(latest);
+    }
+}
+
 /// Counters for telemetry and tests.
 #[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ViewStats {
@@ -196,21 +218,7 @@ impl Views {
     /// Hands the maintainer what apply just did. Called under the master's
     /// write lock, so the queue and the master always agree.
     pub(crate) fn push(&self, commands: Vec<(u64, Arc<Command>)>, latest: u64) {
-        let mut q = self.queue.lock().expect("view queue lock");
-        if !q.rebuild {
-            let bytes = q.bytes.saturating_add(commands.iter().map(|(_, c)| c.approx_bytes()).sum());
-            if q.commands.len().saturating_add(commands.len()) > VIEW_QUEUE_COMMANDS_MAX || bytes > VIEW_QUEUE_BYTES_MAX
-            {
-                q.commands = VecDeque::new();
-                q.bytes = 0;
-                q.rebuild = true;
-            } else {
-                q.commands.extend(commands);
-                q.bytes = bytes;
-            }
-        }
-        q.latest = q.latest.max(latest);
-        drop(q);
+        self.queue.lock().expect("view queue lock").push(commands, latest);
         self.wake.notify_one();
     }
 
@@ -374,5 +382,64 @@ fn take_free_spare(spares: &mut VecDeque<Arc<View>>) -> Option<View> {
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue() -> Queue {
+        Queue { commands: VecDeque::new(), from: 0, bytes: 0, latest: 0, rebuild: false, stop: false }
+    }
+
+    fn command() -> Arc<Command> {
+        Arc::new(Command::DrawHistory { history: 1, now_ms: 0 })
+    }
+
+    /// The maintainer's queue holds VIEW_QUEUE_COMMANDS_MAX commands; one
+    /// more and it is dropped, the views to be taken anew from the master.
+    #[test]
+    fn the_view_queue_holds_its_commands_max_and_one_more_rebuilds() {
+        let mut q = queue();
+        q.push((1..=VIEW_QUEUE_COMMANDS_MAX as u64).map(|i| (i, command())).collect(), VIEW_QUEUE_COMMANDS_MAX as u64);
+        assert_eq!((q.commands.len(), q.rebuild), (VIEW_QUEUE_COMMANDS_MAX, false));
+        let next = VIEW_QUEUE_COMMANDS_MAX as u64 + 1;
+        q.push(vec![(next, command())], next);
+        assert_eq!((q.commands.len(), q.bytes, q.rebuild, q.latest), (0, 0, true, next));
+        // Nothing is queued until the rebuild, but the index still moves.
+        q.push(vec![(next + 1, command())], next + 1);
+        assert_eq!((q.commands.len(), q.latest), (0, next + 1));
+    }
+
+    /// The queue holds commands of VIEW_QUEUE_BYTES_MAX bytes; a byte more
+    /// and it is dropped, the views to be taken anew.
+    #[test]
+    fn the_view_queue_holds_its_bytes_max_and_one_more_rebuilds() {
+        let size = command().approx_bytes();
+        let mut q = queue();
+        q.bytes = VIEW_QUEUE_BYTES_MAX - size;
+        q.push(vec![(1, command())], 1);
+        assert_eq!((q.commands.len(), q.bytes, q.rebuild), (1, VIEW_QUEUE_BYTES_MAX, false));
+        let mut q = queue();
+        q.bytes = VIEW_QUEUE_BYTES_MAX + 1 - size;
+        q.push(vec![(1, command())], 1);
+        assert_eq!((q.commands.len(), q.bytes, q.rebuild), (0, 0, true));
+    }
+
+    /// A spare view still read is waited for at most SPARE_WAIT_MAX (then
+    /// the maintainer clones instead); a free one is taken.
+    #[test]
+    fn a_spare_still_read_is_waited_for_at_most_spare_wait_max() {
+        let free = Arc::new(View::new(State::default(), 1));
+        let mut spares = VecDeque::from([free]);
+        assert_eq!(take_free_spare(&mut spares).map(|v| v.index()), Some(1));
+        let held = Arc::new(View::new(State::default(), 2));
+        let mut spares = VecDeque::from([held.clone()]);
+        let started = Instant::now();
+        assert!(take_free_spare(&mut spares).is_none());
+        let waited = started.elapsed();
+        assert!(waited >= SPARE_WAIT_MAX && waited < SPARE_WAIT_MAX * 50, "waited {waited:?}");
+        assert_eq!(spares.len(), 1, "the held spare stays");
     }
 }

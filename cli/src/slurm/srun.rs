@@ -1152,13 +1152,13 @@ mod tests {
         assert_eq!(step_name(&format!("{at}q")), at, "one character past");
         assert_eq!(step_name(&"\u{1F600}".repeat(STEP_NAME_CHARS_MAX + 1)).len(), 4 * STEP_NAME_CHARS_MAX);
         assert_eq!(step_name("a\nb"), "a?b");
-        let file = std::env::temp_dir().join(format!("gangway-step-addrs-{}", std::process::id()));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("addrs");
         let path = file.to_str().unwrap();
         std::fs::write(&file, "x".repeat(STEP_ADDRS_FILE_BYTES_MAX as usize)).unwrap();
         assert_eq!(read_step_addrs_file(path).unwrap().len() as u64, STEP_ADDRS_FILE_BYTES_MAX);
         std::fs::write(&file, "x".repeat(STEP_ADDRS_FILE_BYTES_MAX as usize + 1)).unwrap();
         let e = read_step_addrs_file(path).unwrap_err().to_string();
-        std::fs::remove_file(&file).unwrap();
         assert!(e.contains("GANGWAY_STEP_ADDRS_FILE") && e.contains(&STEP_ADDRS_FILE_BYTES_MAX.to_string()), "{e}");
     }
     use clap::Parser;

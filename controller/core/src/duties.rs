@@ -629,3 +629,65 @@ impl PokeBook {
 fn allocation_nodes(job: &Job) -> Option<Vec<String>> {
     Some(job.allocation.as_ref()?.nodes.iter().map(|n| n.node.clone()).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Node;
+    use crate::policy::NodePool;
+    use crate::spec::NodeSpec;
+
+    /// A state whose one pool has `count` nodes in `node_state`, changed at
+    /// 0; registered ones have an address.
+    fn pool_of(count: usize, node_state: NodeState, registered: bool) -> State {
+        let mut s = State { format: crate::format::FORMAT_NEWEST, ..State::default() };
+        let names: Vec<String> = (0..count).map(|i| format!("p{i:04}")).collect();
+        for name in &names {
+            let spec = NodeSpec {
+                name: name.clone(),
+                addr: if registered { "10.0.0.1:1".into() } else { String::new() },
+                cpus: 1,
+                mem_mb: 1024,
+                gpus: vec![],
+                topology: vec![],
+                labels: Default::default(),
+            };
+            let mut node = Node::from_spec(&spec, 0);
+            (node.state, node.state_changed_ms) = (node_state, 0);
+            s.nodes.insert(name.clone(), node);
+        }
+        let pool = NodePool { nodes: names, resume_timeout_s: 1, ..NodePool::default() };
+        s.policy.pools.insert("cloud".into(), pool);
+        s
+    }
+
+    /// One tick powers up, times out and powers down at most
+    /// POWER_NODES_PER_TICK_MAX pool nodes each: that many all in one tick,
+    /// one more on the next tick.
+    #[test]
+    fn power_decisions_take_their_nodes_max_per_tick_and_one_more_next_tick() {
+        let now = 1_000_000;
+        for count in [POWER_NODES_PER_TICK_MAX, POWER_NODES_PER_TICK_MAX + 1] {
+            let later = count - POWER_NODES_PER_TICK_MAX;
+            let booting = pool_of(count, NodeState::PoweringUp, false);
+            let mut memory = LeaderMemory::default();
+            let first = power_decisions(&booting, now, &mut memory);
+            assert_eq!((first.up.len(), first.commands.len()), (POWER_NODES_PER_TICK_MAX, POWER_NODES_PER_TICK_MAX));
+            assert!(first
+                .commands
+                .iter()
+                .all(|c| matches!(c, Command::SetNodeState { change: NodeStateChange::Down, .. })));
+            let next = power_decisions(&booting, now, &mut memory);
+            assert_eq!(next.up, booting.policy.pools["cloud"].nodes[POWER_NODES_PER_TICK_MAX..].to_vec());
+            let down = pool_of(count, NodeState::PoweredDown, true);
+            let mut memory = LeaderMemory::default();
+            assert_eq!(power_decisions(&down, now, &mut memory).down.len(), POWER_NODES_PER_TICK_MAX);
+            assert_eq!(power_decisions(&down, now, &mut memory).down.len(), later);
+            let idle = pool_of(count, NodeState::Up, true);
+            let idle_since = idle.nodes.keys().map(|n| (n.clone(), 0)).collect();
+            let mut memory = LeaderMemory { idle_since, ..LeaderMemory::default() };
+            let commands = power_decisions(&idle, now, &mut memory).commands;
+            assert_eq!(commands.len(), POWER_NODES_PER_TICK_MAX);
+        }
+    }
+}

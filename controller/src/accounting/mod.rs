@@ -268,4 +268,32 @@ mod tests {
         let (all, p) = history_sql(&pb::HistoryRequest::default(), &Scope::All);
         assert!(!all.contains("WHERE") && p.len() == 1, "{all}");
     }
+
+    /// HISTORY_QUERIES_MAX queries run at once: with one fewer running, a
+    /// query goes on (to a database this test does not have); with that many
+    /// running, one more is refused as busy before it connects.
+    #[tokio::test]
+    async fn history_queries_run_at_most_history_queries_max_at_once() {
+        let history = History::new("bogus=1".into());
+        let query = || history.run(("SELECT 1".into(), Vec::new()));
+        let running: Vec<_> = (0..HISTORY_QUERIES_MAX - 1).map(|_| history.queries.try_acquire().unwrap()).collect();
+        assert!(matches!(query().await, Err(HistoryError::Unavailable(_))));
+        let one_more = history.queries.try_acquire().unwrap();
+        assert!(matches!(query().await, Err(HistoryError::Busy)));
+        drop((running, one_more));
+        assert!(matches!(query().await, Err(HistoryError::Unavailable(_))));
+    }
+
+    /// A usage answer is limited to USAGE_ROWS_MAX rows: the query's last
+    /// parameter, its LIMIT, is that number (PostgreSQL drops row
+    /// USAGE_ROWS_MAX + 1 and later; no database here to show it).
+    #[test]
+    fn a_usage_query_is_limited_to_usage_rows_max() {
+        let scope = Scope::Own { user: "alice".into(), accounts: vec!["ml".into()] };
+        let (sql, params) = usage_sql(&pb::UsageRequest::default(), &scope);
+        assert!(sql.ends_with(&format!("LIMIT ${}", params.len())), "{sql}");
+        let mut limit = bytes::BytesMut::new();
+        params.last().unwrap().to_sql_checked(&tokio_postgres::types::Type::INT8, &mut limit).unwrap();
+        assert_eq!(limit[..], USAGE_ROWS_MAX.to_be_bytes());
+    }
 }

@@ -571,19 +571,33 @@ impl Store {
 
     /// Deletes finished jobs that ended, and events stored, before `before`.
     pub async fn expire(&self, before: SystemTime) -> anyhow::Result<u64> {
-        let mut deleted = 0;
-        for _ in 0..RETENTION_ROUNDS_MAX {
+        in_rounds(move || async move {
             let mut round = 0;
             for sql in EXPIRED {
                 round += self.db.execute(sql, &[&before, &RETENTION_ROWS_PER_ROUND]).await?;
             }
-            deleted += round;
-            if round == 0 {
-                break;
-            }
-        }
-        Ok(deleted)
+            Ok(round)
+        })
+        .await
     }
+}
+
+/// Runs `round` until one deletes nothing, at most [`RETENTION_ROUNDS_MAX`]
+/// times: the rows deleted in all.
+async fn in_rounds<F, Fut>(mut round: F) -> anyhow::Result<u64>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<u64>>,
+{
+    let mut deleted = 0;
+    for _ in 0..RETENTION_ROUNDS_MAX {
+        let n = round().await?;
+        deleted += n;
+        if n == 0 {
+            break;
+        }
+    }
+    Ok(deleted)
 }
 
 async fn upsert_job(
@@ -779,6 +793,39 @@ mod tests {
             pb::Job { allocation: vec![], ran_on: vec!["a".into(), "b".into()], spec: Some(spec), ..job.clone() };
         let u = usage(&done, 0);
         assert_eq!((u.cpus, u.gpus, u.gpu_seconds), (12, 8, 24_000));
+    }
+
+    /// A time of TIME_MS_MAX is stored as it is; one past it (and any later)
+    /// is clamped to it rather than refused.
+    #[test]
+    fn times_are_clamped_past_time_ms_max() {
+        let max = UNIX_EPOCH + Duration::from_millis(TIME_MS_MAX);
+        assert_eq!(time(TIME_MS_MAX), max);
+        assert_eq!(ms(time(TIME_MS_MAX)), TIME_MS_MAX);
+        assert_eq!(time(TIME_MS_MAX + 1), max);
+        assert_eq!(time(u64::MAX), max);
+        assert!(time(TIME_MS_MAX - 1) < max);
+    }
+
+    /// A retention pass runs RETENTION_ROUNDS_MAX rounds at most: work of
+    /// exactly that many is done, one round more is left for the next pass,
+    /// and a pass stops at the first round that deletes nothing.
+    #[tokio::test]
+    async fn a_retention_pass_runs_at_most_retention_rounds_max() {
+        use std::cell::Cell;
+        for (work, left) in [(3, 0), (RETENTION_ROUNDS_MAX, 0), (RETENTION_ROUNDS_MAX + 1, 1)] {
+            let (rounds, calls) = (Cell::new(work), Cell::new(0));
+            let deleted = in_rounds(|| {
+                calls.set(calls.get() + 1);
+                let more = rounds.get() > 0;
+                rounds.set(rounds.get() - usize::from(more));
+                async move { Ok(u64::from(more) * RETENTION_ROWS_PER_ROUND as u64) }
+            })
+            .await
+            .unwrap();
+            assert_eq!((rounds.get(), deleted), (left, (work - left) as u64 * RETENTION_ROWS_PER_ROUND as u64));
+            assert_eq!(calls.get(), (work + 1).min(RETENTION_ROUNDS_MAX));
+        }
     }
 
     #[test]

@@ -20,6 +20,9 @@ pub const FORWARDED_METADATA_KEY: &str = "gangway-forwarded";
 /// With forwarded-for: the caller acted through job JOB.ATTEMPT's credential.
 pub const FORWARDED_JOB_METADATA_KEY: &str = "gangway-forwarded-job";
 // A name the policy may grant to is as long as any name a replica verifies.
+// The core's limit decides replicated outcomes (a policy naming a longer
+// one is refused in apply): raising the TLS limit means raising the core's
+// under a new data format, never in place.
 const _: () = assert!(gangway_core::limits::IDENTITY_NAME_BYTES_MAX == gangway_proto::tls::PRINCIPAL_NAME_BYTES_MAX);
 /// Identity used when a request to an insecure cluster names none.
 pub const DEFAULT_IDENTITY: &str = "anonymous";
@@ -866,5 +869,22 @@ mod tests {
         assert_eq!(viewer(false, false).reason(r), r);
         assert_eq!(viewer(true, true).reason(r), r, "admins see everything");
         assert_eq!(viewer(true, false).reason("held by user"), "held by user");
+    }
+
+    /// On an insecure cluster a claimed identity of IDENTITY_BYTES_MAX bytes
+    /// is taken; one byte more is refused, naming the header and the limit.
+    #[test]
+    fn a_claimed_identity_is_bounded_at_the_edge() {
+        let claim = |len: usize| {
+            let mut req = Request::new(());
+            let peer = gangway_proto::tls::PeerInfo { remote: None, auth: PeerAuth::Insecure, activity: None };
+            req.extensions_mut().insert(peer);
+            req.metadata_mut().insert(IDENTITY_METADATA_KEY, "a".repeat(len).parse().unwrap());
+            CallCtx::of(&req, None)
+        };
+        assert_eq!(claim(IDENTITY_BYTES_MAX).unwrap().identity, "a".repeat(IDENTITY_BYTES_MAX));
+        let e = claim(IDENTITY_BYTES_MAX + 1).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(e.message(), format!("{IDENTITY_METADATA_KEY}: must be 1 to {IDENTITY_BYTES_MAX} bytes"));
     }
 }

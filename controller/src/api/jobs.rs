@@ -251,10 +251,7 @@ impl JobService for JobApi {
         // queue is short enough for that to be cheap and an analysis permit
         // is free (otherwise the stored reasons stand).
         let cached = if query.explain { self.replica.pending_reasons() } else { Default::default() };
-        let inline = query.explain
-            && cached.is_empty()
-            && !state.pending.is_empty()
-            && state.pending.len() <= EXPLAIN_INLINE_PENDING_MAX;
+        let inline = explains_inline(query.explain, cached.is_empty(), state.pending.len());
         let permit = if inline { self.replica.analysis_permit(&ctx.identity, "list").ok() } else { None };
         let pass = permit.is_some();
         drop(state);
@@ -804,6 +801,13 @@ pub const LIST_SCAN_MAX: usize = 50_000;
 /// weighs each job against the nodes: far more than looking at it).
 const EXPLAIN_UNITS_PER_JOB: usize = 20;
 
+/// Whether a List asked to `explain` runs a scheduling pass itself: only
+/// without the leader's reasons (`none_cached`), and only for a queue of 1
+/// to [`EXPLAIN_INLINE_PENDING_MAX`] pending jobs.
+fn explains_inline(explain: bool, none_cached: bool, pending: usize) -> bool {
+    explain && none_cached && pending > 0 && pending <= EXPLAIN_INLINE_PENDING_MAX
+}
+
 /// Values one filter of a history or usage query may list: far more than a
 /// person types, and each becomes an SQL parameter.
 pub const HISTORY_FILTER_VALUES_MAX: usize = 1_000;
@@ -1176,7 +1180,7 @@ fn cluster_event(ev: gangway_core::Event) -> ClusterEvent {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Each bound of a history query, at its limit and one past it (the
@@ -1208,7 +1212,7 @@ mod tests {
     // Fields set one by one: a struct literal of a core type here would
     // read as a conversion outside convert.rs (core.rs's architecture rule).
     #[allow(clippy::field_reassign_with_default)]
-    fn state_with_jobs(n: u64) -> gangway_core::State {
+    pub(crate) fn state_with_jobs(n: u64) -> gangway_core::State {
         let mut state = gangway_core::State::default();
         for i in 1..=n {
             let mut spec = gangway_core::JobSpec::default();
@@ -1221,6 +1225,33 @@ mod tests {
         }
         assert_eq!(state.jobs.len() as u64, n);
         state
+    }
+
+    /// A List runs a scheduling pass itself for a queue of up to
+    /// EXPLAIN_INLINE_PENDING_MAX pending jobs; one more keeps the stored
+    /// reasons (as does an empty queue, cached reasons, or no `explain`).
+    #[test]
+    fn an_inline_pass_is_bounded_by_the_queue_length() {
+        assert!(explains_inline(true, true, EXPLAIN_INLINE_PENDING_MAX));
+        assert!(!explains_inline(true, true, EXPLAIN_INLINE_PENDING_MAX + 1));
+        assert!(!explains_inline(true, true, 0));
+        assert!(!explains_inline(true, false, 1));
+        assert!(!explains_inline(false, true, 1));
+    }
+
+    /// A stream's task queues WATCH_STREAM_BUFFER_MAX items for a caller
+    /// who reads none; the next waits (back-pressure) rather than queueing.
+    #[tokio::test]
+    async fn a_stream_buffers_at_most_watch_stream_buffer_max() {
+        let (done, took) = tokio::sync::oneshot::channel();
+        let stream = async_stream(move |tx| async move {
+            let sent = (0..=WATCH_STREAM_BUFFER_MAX).map(|i| tx.try_send(Ok(i)).is_ok()).collect::<Vec<_>>();
+            let _ = done.send(sent);
+        });
+        let sent = took.await.unwrap();
+        assert!(sent[..WATCH_STREAM_BUFFER_MAX].iter().all(|ok| *ok));
+        assert!(!sent[WATCH_STREAM_BUFFER_MAX], "one past the buffer was queued");
+        drop(stream);
     }
 
     fn query(msg: ListJobsRequest) -> JobQuery {

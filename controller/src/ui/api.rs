@@ -3,6 +3,7 @@
 //! reshaped for the page. No route reads the state directly: what a user may
 //! see and do is decided where it is for the CLI.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,6 +13,7 @@ use gangway_proto::v1::node_service_server::NodeService;
 use gangway_proto::v1::{self as pb, update_job_request::Change, JobState, NodeState};
 use hyper::{Method, StatusCode};
 use serde_json::{json, Value};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_stream::StreamExt;
 
 use super::session::{self, Who};
@@ -124,18 +126,15 @@ pub async fn handle(console: &Console, who: &Who, method: &Method, path: &str, q
             )
         }
         (&Method::GET, "/ui/api/nodes") => {
-            let api = NodeApi { replica: console.replica.clone() };
-            let mut nodes = Vec::new();
-            let mut after_name = String::new();
-            for _ in 0..NODE_PAGES_MAX {
-                let page = call!(api.list(who.request(pb::ListNodesRequest { stale: true, after_name })));
-                nodes.extend(page.nodes.iter().map(node_json));
-                if page.next_after_name.is_empty() {
-                    break;
-                }
-                after_name = page.next_after_name;
+            let api = &NodeApi { replica: console.replica.clone() };
+            let nodes = read_pages(move |after_name| async move {
+                let page = api.list(who.request(pb::ListNodesRequest { stale: true, after_name })).await?.into_inner();
+                Ok((page.nodes.iter().map(node_json).collect(), page.next_after_name))
+            });
+            match nodes.await {
+                Ok(nodes) => reply(StatusCode::OK, &json!({ "nodes": nodes, "now_ms": crate::now_ms() })),
+                Err(s) => from_status(s),
             }
-            reply(StatusCode::OK, &json!({ "nodes": nodes, "now_ms": crate::now_ms() }))
         }
         (&Method::GET, "/ui/api/jobs") => queue(console, who, &jobs, query == "view=queue").await,
         (&Method::GET, "/ui/api/accounts") => {
@@ -193,6 +192,51 @@ pub async fn handle(console: &Console, who: &Who, method: &Method, path: &str, q
         }
         _ => error(StatusCode::NOT_FOUND, &format!("{method} {path}: no such console call")),
     }
+}
+
+/// What up to [`NODE_PAGES_MAX`] pages hold: `page(after)` answers a page
+/// and where the next one starts (empty after the last).
+async fn read_pages<T, F, Fut>(mut page: F) -> Result<Vec<T>, tonic::Status>
+where
+    F: FnMut(String) -> Fut,
+    Fut: std::future::Future<Output = Result<(Vec<T>, String), tonic::Status>>,
+{
+    let (mut items, mut after) = (Vec::new(), String::new());
+    for _ in 0..NODE_PAGES_MAX {
+        let (got, next) = page(after).await?;
+        items.extend(got);
+        if next.is_empty() {
+            break;
+        }
+        after = next;
+    }
+    Ok(items)
+}
+
+/// A slot of one of the console's bounded readers (event streams, job
+/// histories), or a 429 saying how many there may be.
+fn slot(slots: &Arc<Semaphore>, busy: impl FnOnce() -> String) -> Result<OwnedSemaphorePermit, Response> {
+    slots.clone().try_acquire_owned().map_err(|_| error(StatusCode::TOO_MANY_REQUESTS, &busy()))
+}
+
+/// The slots of the event streams one replica serves at once.
+pub fn event_stream_slots() -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(EVENT_STREAMS_MAX))
+}
+
+/// The slots of the job histories one replica reads at once.
+pub fn job_history_slots() -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(JOB_HISTORIES_MAX))
+}
+
+fn stream_slot(streams: &Arc<Semaphore>) -> Result<OwnedSemaphorePermit, Response> {
+    slot(streams, || format!("this replica serves {EVENT_STREAMS_MAX} event streams at once"))
+}
+
+fn history_slot(histories: &Arc<Semaphore>) -> Result<OwnedSemaphorePermit, Response> {
+    slot(histories, || {
+        format!("this replica reads {JOB_HISTORIES_MAX} job histories at once; the page shows live events")
+    })
 }
 
 fn set_cookie(r: &mut Response, cookie: &str) {
@@ -260,13 +304,7 @@ fn whoami(console: &Console, who: &Who) -> Response {
 /// also the scheduler's reasons, the newest finished jobs and the front of
 /// the queue's expected starts (the other pages only map GPUs to jobs).
 async fn queue(console: &Console, who: &Who, jobs: &JobApi, full: bool) -> Response {
-    let active = [JobState::Pending, JobState::Running, JobState::Suspended];
-    let list = call!(jobs.list(who.request(pb::ListJobsRequest {
-        states: active.iter().map(|s| *s as i32).collect(),
-        limit: QUEUE_JOBS_MAX,
-        explain: full,
-        ..Default::default()
-    })));
+    let list = call!(jobs.list(who.request(queue_request(full))));
     let mut out = json!({
         "jobs": list.jobs.iter().map(job_json).collect::<Vec<_>>(),
         "more": list.next_after_id != 0,
@@ -293,14 +331,10 @@ async fn queue(console: &Console, who: &Who, jobs: &JobApi, full: bool) -> Respo
         ..Default::default()
     })));
     let mut estimates = serde_json::Map::new();
-    let pending = list.jobs.iter().filter(|j| j.state() == JobState::Pending);
-    for j in pending.take(ESTIMATES_MAX) {
+    for j in front_of_queue(&list.jobs) {
         // Only jobs this caller's listing showed: a cached estimate is no
         // more than the caller could ask `explain` for.
-        let cached = {
-            let c = console.estimates.lock().expect("estimates lock");
-            c.0.get(&j.id).filter(|(at, _)| at.elapsed() < ESTIMATES_TTL).map(|(_, v)| v.clone())
-        };
+        let cached = console.estimates.lock().expect("estimates lock").fresh(j.id);
         let v = match cached {
             Some(v) => v,
             None => {
@@ -309,25 +343,72 @@ async fn queue(console: &Console, who: &Who, jobs: &JobApi, full: bool) -> Respo
                 };
                 let e = e.into_inner();
                 let v = json!({ "start_ms": e.estimated_start_ms, "position": e.queue_position });
-                let mut c = console.estimates.lock().expect("estimates lock");
-                c.0.retain(|_, (at, _)| at.elapsed() < ESTIMATES_TTL);
-                if c.0.len() >= ESTIMATES_CACHED_MAX {
-                    c.0.clear();
-                }
-                c.0.insert(j.id, (std::time::Instant::now(), v.clone()));
+                console.estimates.lock().expect("estimates lock").keep(j.id, v.clone());
                 v
             }
         };
         estimates.insert(j.id.to_string(), v);
     }
-    let mut finished: Vec<&pb::Job> = done.jobs.iter().collect();
-    finished.sort_by_key(|j| std::cmp::Reverse(j.end_time_ms.unwrap_or(0)));
-    finished.truncate(FINISHED_JOBS_MAX as usize);
+    let finished = newest_finished(&done.jobs);
     if let Some(o) = out.as_object_mut() {
         o.insert("finished".into(), Value::Array(finished.into_iter().map(job_json).collect()));
         o.insert("estimates".into(), Value::Object(estimates));
     }
     reply(StatusCode::OK, &out)
+}
+
+/// The listing of the queue page's active jobs (or, not `full`, of the
+/// other pages' GPU map): at most [`QUEUE_JOBS_MAX`].
+fn queue_request(full: bool) -> pb::ListJobsRequest {
+    let active = [JobState::Pending, JobState::Running, JobState::Suspended];
+    pb::ListJobsRequest {
+        states: active.iter().map(|s| *s as i32).collect(),
+        limit: QUEUE_JOBS_MAX,
+        explain: full,
+        ..Default::default()
+    }
+}
+
+/// The pending jobs whose expected start the queue page shows: the first
+/// [`ESTIMATES_MAX`] of the listing.
+fn front_of_queue(jobs: &[pb::Job]) -> impl Iterator<Item = &pb::Job> {
+    jobs.iter().filter(|j| j.state() == JobState::Pending).take(ESTIMATES_MAX)
+}
+
+/// The finished jobs the queue page lists: the newest [`FINISHED_JOBS_MAX`]
+/// by end time, newest first.
+fn newest_finished(jobs: &[pb::Job]) -> Vec<&pb::Job> {
+    let mut finished: Vec<&pb::Job> = jobs.iter().collect();
+    finished.sort_by_key(|j| std::cmp::Reverse(j.end_time_ms.unwrap_or(0)));
+    finished.truncate(FINISHED_JOBS_MAX as usize);
+    finished
+}
+
+impl Estimates {
+    /// `job`'s expected start, if one younger than [`ESTIMATES_TTL`] is kept.
+    fn fresh(&self, job: u64) -> Option<Value> {
+        self.0.get(&job).filter(|(at, _)| at.elapsed() < ESTIMATES_TTL).map(|(_, v)| v.clone())
+    }
+
+    /// Keeps `job`'s expected start: stale ones go, and at
+    /// [`ESTIMATES_CACHED_MAX`] the oldest kept one makes room.
+    fn keep(&mut self, job: u64, v: Value) {
+        self.0.retain(|_, (at, _)| at.elapsed() < ESTIMATES_TTL);
+        if self.0.len() >= ESTIMATES_CACHED_MAX && !self.0.contains_key(&job) {
+            if let Some(oldest) = self.0.iter().min_by_key(|(_, (at, _))| *at).map(|(id, _)| *id) {
+                self.0.remove(&oldest);
+            }
+        }
+        self.0.insert(job, (std::time::Instant::now(), v));
+    }
+}
+
+/// Adds `ev` to a job page's events, which keeps the newest [`JOB_EVENTS_MAX`].
+fn keep_newest(events: &mut std::collections::VecDeque<Value>, ev: Value) {
+    if events.len() == JOB_EVENTS_MAX {
+        events.pop_front();
+    }
+    events.push_back(ev);
 }
 
 /// `GET /ui/api/jobs/ID/events`: the job's events this replica still keeps
@@ -338,11 +419,9 @@ async fn job_events(console: &Console, who: &Who, job_id: u64) -> Response {
     let api = JobApi { replica: console.replica.clone() };
     // Only a job this caller may see is looked for (the answer is theirs).
     call!(api.get(who.request(pb::GetJobRequest { job_id, stale: true })));
-    let Ok(_permit) = console.histories.clone().try_acquire_owned() else {
-        return error(
-            StatusCode::TOO_MANY_REQUESTS,
-            &format!("this replica reads {JOB_HISTORIES_MAX} job histories at once; the page shows live events"),
-        );
+    let _permit = match history_slot(&console.histories) {
+        Ok(p) => p,
+        Err(busy) => return busy,
     };
     let through = console.replica.node.status().applied_index.unwrap_or(0);
     let from = console.replica.node.state().oldest_event_index();
@@ -368,10 +447,7 @@ async fn job_events(console: &Console, who: &Who, job_id: u64) -> Response {
             break;
         }
         if ev.job_id == job_id {
-            if events.len() == JOB_EVENTS_MAX {
-                events.pop_front();
-            }
-            events.push_back(event_json(&ev, None));
+            keep_newest(&mut events, event_json(&ev, None));
         }
         if ev.index == through {
             break;
@@ -385,11 +461,9 @@ async fn job_events(console: &Console, who: &Who, job_id: u64) -> Response {
 /// by job itself). The caller is checked again at every keepalive, so an
 /// expired or revoked token's stream ends within [`EVENT_KEEPALIVE`].
 async fn events(console: &Console, who: &Who) -> Response {
-    let Ok(permit) = console.streams.clone().try_acquire_owned() else {
-        return error(
-            StatusCode::TOO_MANY_REQUESTS,
-            &format!("this replica serves {EVENT_STREAMS_MAX} event streams at once"),
-        );
+    let permit = match stream_slot(&console.streams) {
+        Ok(p) => p,
+        Err(busy) => return busy,
     };
     let api = JobApi { replica: console.replica.clone() };
     let stream = call!(api.events(who.request(pb::EventsRequest { from_index: 0, job_id: 0, history: None })));
@@ -509,4 +583,135 @@ fn event_json(e: &pb::ClusterEvent, seen_ms: Option<u64>) -> Value {
         "step_state": if e.step.is_some() { job_state(e.step_state) } else { String::new() },
         "time_ms": seen_ms,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ui::tests::message;
+    use gangway_proto::v1::Job;
+
+    // Fields set one by one: a struct literal of a wire job here would read
+    // as a conversion outside convert.rs (core.rs's architecture rule).
+    #[allow(clippy::field_reassign_with_default)]
+    fn job(id: u64, state: JobState, end_time_ms: Option<u64>) -> Job {
+        let mut j = pb::Job::default();
+        j.id = id;
+        j.set_state(state);
+        j.end_time_ms = end_time_ms;
+        j
+    }
+
+    /// EVENT_STREAMS_MAX event streams are served at once; one more is
+    /// answered 429 naming the limit, until a stream ends.
+    #[tokio::test]
+    async fn event_streams_are_bounded_at_event_streams_max() {
+        let slots = event_stream_slots();
+        let mut held: Vec<_> = (0..EVENT_STREAMS_MAX).filter_map(|_| stream_slot(&slots).ok()).collect();
+        assert_eq!(held.len(), EVENT_STREAMS_MAX);
+        let Err(r) = stream_slot(&slots) else { panic!("one stream past the limit was served") };
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(message(r).await, format!("this replica serves {EVENT_STREAMS_MAX} event streams at once"));
+        drop(held.pop());
+        assert!(stream_slot(&slots).is_ok(), "an ended stream makes room");
+    }
+
+    /// JOB_HISTORIES_MAX job histories are read at once; one more is
+    /// answered 429 naming the limit, until a read ends.
+    #[tokio::test]
+    async fn job_histories_are_bounded_at_job_histories_max() {
+        let slots = job_history_slots();
+        let mut held: Vec<_> = (0..JOB_HISTORIES_MAX).filter_map(|_| history_slot(&slots).ok()).collect();
+        assert_eq!(held.len(), JOB_HISTORIES_MAX);
+        let Err(r) = history_slot(&slots) else { panic!("one history past the limit was read") };
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(message(r).await.starts_with(&format!("this replica reads {JOB_HISTORIES_MAX} job histories")));
+        drop(held.pop());
+        assert!(history_slot(&slots).is_ok(), "an ended read makes room");
+    }
+
+    /// The queue page lists a queue of QUEUE_JOBS_MAX active jobs whole; of
+    /// one more it lists as many and says there are more.
+    #[test]
+    fn the_queue_page_lists_at_most_queue_jobs_max() {
+        use crate::api::jobs::{list_page, tests::state_with_jobs, JobQuery};
+        let viewer = crate::api::Viewer::whole_for_tests();
+        let q = JobQuery::of(&queue_request(true)).unwrap();
+        for (queued, more) in [(QUEUE_JOBS_MAX, false), (QUEUE_JOBS_MAX + 1, true)] {
+            let (list, _, _) = list_page(&state_with_jobs(u64::from(queued)), &viewer, &q, &Default::default());
+            assert_eq!((list.jobs.len(), list.next_after_id != 0), (QUEUE_JOBS_MAX as usize, more));
+        }
+    }
+
+    /// The queue page lists FINISHED_JOBS_MAX finished jobs, newest first:
+    /// that many are all listed, and of one more the oldest is left out.
+    #[test]
+    fn the_queue_page_lists_the_newest_finished_jobs_max() {
+        let done = |n: u64| (1..=n).map(|i| job(i, JobState::Completed, Some(i * 1000))).collect::<Vec<_>>();
+        let max = u64::from(FINISHED_JOBS_MAX);
+        let ids = |jobs: &[pb::Job]| newest_finished(jobs).iter().map(|j| j.id).collect::<Vec<_>>();
+        assert_eq!(ids(&done(max)), (1..=max).rev().collect::<Vec<_>>());
+        assert_eq!(ids(&done(max + 1)), (2..=max + 1).rev().collect::<Vec<_>>());
+    }
+
+    /// Expected starts are asked for the first ESTIMATES_MAX pending jobs of
+    /// the listing: that many all, of one more not the last.
+    #[test]
+    fn expected_starts_are_asked_for_at_most_estimates_max_jobs() {
+        let queue = |pending: usize| {
+            let running = (0..pending).map(|i| job(2 * i as u64, JobState::Running, None));
+            let waiting = (0..pending).map(|i| job(2 * i as u64 + 1, JobState::Pending, None));
+            running.zip(waiting).flat_map(|(r, p)| [r, p]).collect::<Vec<_>>()
+        };
+        let asked = |jobs: &[pb::Job]| front_of_queue(jobs).map(|j| j.id).collect::<Vec<_>>();
+        let first = (0..ESTIMATES_MAX as u64).map(|i| 2 * i + 1).collect::<Vec<_>>();
+        assert_eq!(asked(&queue(ESTIMATES_MAX)), first);
+        assert_eq!(asked(&queue(ESTIMATES_MAX + 1)), first);
+    }
+
+    /// The GPU map reads NODE_PAGES_MAX pages of nodes: a fleet of that
+    /// many pages whole, of one more page not the last.
+    #[tokio::test]
+    async fn the_gpu_map_reads_at_most_node_pages_max_pages() {
+        for pages in [NODE_PAGES_MAX, NODE_PAGES_MAX + 1] {
+            let read = read_pages(move |after: String| async move {
+                let page = if after.is_empty() { 0 } else { after.parse::<usize>().unwrap() };
+                let next = if page + 1 < pages { (page + 1).to_string() } else { String::new() };
+                Ok((vec![page], next))
+            });
+            assert_eq!(read.await.unwrap(), (0..NODE_PAGES_MAX).collect::<Vec<_>>());
+        }
+    }
+
+    /// ESTIMATES_CACHED_MAX expected starts are kept; one more makes room by
+    /// dropping the oldest kept.
+    #[test]
+    fn expected_starts_kept_are_bounded_at_estimates_cached_max() {
+        let mut kept = Estimates::default();
+        for id in 0..ESTIMATES_CACHED_MAX as u64 {
+            kept.keep(id, json!(id));
+        }
+        assert_eq!(kept.0.len(), ESTIMATES_CACHED_MAX);
+        assert_eq!(kept.fresh(0), Some(json!(0)));
+        let one_more = ESTIMATES_CACHED_MAX as u64;
+        kept.keep(one_more, json!(one_more));
+        assert_eq!(kept.0.len(), ESTIMATES_CACHED_MAX);
+        assert_eq!((kept.fresh(0), kept.fresh(1), kept.fresh(one_more)), (None, Some(json!(1)), Some(json!(one_more))));
+    }
+
+    /// A job's page shows its newest JOB_EVENTS_MAX events: that many all,
+    /// of one more not the oldest.
+    #[test]
+    fn a_job_page_keeps_the_newest_job_events_max() {
+        let mut events = std::collections::VecDeque::new();
+        for i in 0..JOB_EVENTS_MAX {
+            keep_newest(&mut events, json!(i));
+        }
+        assert_eq!((events.len(), events.front()), (JOB_EVENTS_MAX, Some(&json!(0))));
+        keep_newest(&mut events, json!(JOB_EVENTS_MAX));
+        assert_eq!(
+            (events.len(), events.front(), events.back()),
+            (JOB_EVENTS_MAX, Some(&json!(1)), Some(&json!(JOB_EVENTS_MAX)))
+        );
+    }
 }

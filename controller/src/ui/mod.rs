@@ -136,9 +136,9 @@ pub fn serve(
     let console = Arc::new(Console {
         replica,
         tls,
-        streams: Arc::new(tokio::sync::Semaphore::new(api::EVENT_STREAMS_MAX)),
+        streams: api::event_stream_slots(),
         estimates: Mutex::new(api::Estimates::default()),
-        histories: Arc::new(tokio::sync::Semaphore::new(api::JOB_HISTORIES_MAX)),
+        histories: api::job_history_slots(),
     });
     Ok(tokio::spawn(async move {
         let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
@@ -158,11 +158,7 @@ pub fn serve(
                     let peer = peer.clone();
                     async move { Ok::<_, Infallible>(route(&console, &peer, req).await) }
                 });
-                let served = hyper::server::conn::http1::Builder::new()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(HEADER_READ_TIMEOUT)
-                    .max_buf_size(REQUEST_HEAD_BYTES_MAX)
-                    .serve_connection(hyper_util::rt::TokioIo::new(conn), svc);
+                let served = http1().serve_connection(hyper_util::rt::TokioIo::new(conn), svc);
                 match tokio::time::timeout(CONNECTION_LIFETIME_MAX, served).await {
                     Ok(Err(e)) => tracing::debug!(error = %e, "console connection ended"),
                     Ok(Ok(())) => {}
@@ -171,6 +167,52 @@ pub fn serve(
             });
         }
     }))
+}
+
+/// How a connection is read: a request's head of at most
+/// [`REQUEST_HEAD_BYTES_MAX`] bytes, within [`HEADER_READ_TIMEOUT`].
+fn http1() -> hyper::server::conn::http1::Builder {
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(REQUEST_HEAD_BYTES_MAX);
+    http1
+}
+
+/// A request's head is at most [`REQUEST_HEAD_BYTES_MAX`] bytes, counted as
+/// a browser sends it (one space after each header's colon), or the 431
+/// that says so. (The connection's buffer, [`http1`], bounds what is read
+/// before a head is parsed, but not exactly: it let a head one byte past
+/// the limit through.)
+fn head_within_limit<B>(req: &hyper::Request<B>) -> Result<(), Response> {
+    let line = req.method().as_str().len() + " ".len() + req.uri().to_string().len() + " HTTP/1.1\r\n".len();
+    let headers: usize = req.headers().iter().map(|(k, v)| k.as_str().len() + ": ".len() + v.len() + 2).sum();
+    if line + headers + "\r\n".len() > REQUEST_HEAD_BYTES_MAX {
+        let why = format!("request head: must be at most {REQUEST_HEAD_BYTES_MAX} bytes");
+        return Err(error(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, &why));
+    }
+    Ok(())
+}
+
+/// A request's body: at most [`REQUEST_BODY_BYTES_MAX`] bytes, within
+/// [`BODY_READ_TIMEOUT`]; otherwise the answer that says which.
+async fn read_body<B>(body: B) -> Result<Bytes, Response>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let limited = http_body_util::Limited::new(body, REQUEST_BODY_BYTES_MAX);
+    match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(_)) => {
+            Err(error(StatusCode::PAYLOAD_TOO_LARGE, &format!("body: must be at most {REQUEST_BODY_BYTES_MAX} bytes")))
+        }
+        Err(_) => Err(error(
+            StatusCode::REQUEST_TIMEOUT,
+            &format!("body: did not arrive within {} s", BODY_READ_TIMEOUT.as_secs()),
+        )),
+    }
 }
 
 /// Whose connections count together: an IPv4 address, or an IPv6 /64 (what
@@ -194,6 +236,9 @@ async fn route(
     peer: &gangway_proto::tls::PeerInfo,
     req: hyper::Request<hyper::body::Incoming>,
 ) -> Response {
+    if let Err(too_large) = head_within_limit(&req) {
+        return too_large;
+    }
     // Over plain HTTP a page of another site can be made to resolve to this
     // address (DNS rebinding): only addresses and localhost name it here.
     // (Over HTTPS the certificate names the console.)
@@ -229,21 +274,9 @@ async fn route(
                 Err(why) => return error(StatusCode::BAD_REQUEST, &why),
             };
             let body = if method == Method::POST {
-                let limited = http_body_util::Limited::new(req.into_body(), REQUEST_BODY_BYTES_MAX);
-                match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
-                    Ok(Ok(b)) => b.to_bytes(),
-                    Ok(Err(_)) => {
-                        return error(
-                            StatusCode::PAYLOAD_TOO_LARGE,
-                            &format!("body: must be at most {REQUEST_BODY_BYTES_MAX} bytes"),
-                        )
-                    }
-                    Err(_) => {
-                        return error(
-                            StatusCode::REQUEST_TIMEOUT,
-                            &format!("body: did not arrive within {} s", BODY_READ_TIMEOUT.as_secs()),
-                        )
-                    }
+                match read_body(req.into_body()).await {
+                    Ok(b) => b,
+                    Err(answer) => return answer,
                 }
             } else {
                 Bytes::new()
@@ -251,5 +284,56 @@ async fn route(
             api::handle(console, &who, &method, p, &query, &body).await
         }
         _ => error(StatusCode::NOT_FOUND, "not found: the console is at /ui/"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// An answer's `error` message.
+    pub(super) async fn message(r: Response) -> String {
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        v["error"].as_str().unwrap_or_default().to_string()
+    }
+
+    /// A body of REQUEST_BODY_BYTES_MAX bytes is read whole; one byte more
+    /// is answered 413, naming the limit.
+    #[tokio::test]
+    async fn a_request_body_is_bounded_at_request_body_bytes_max() {
+        let body = |len: usize| Full::new(Bytes::from(vec![b'x'; len]));
+        assert_eq!(read_body(body(REQUEST_BODY_BYTES_MAX)).await.map(|b| b.len()).ok(), Some(REQUEST_BODY_BYTES_MAX));
+        let Err(r) = read_body(body(REQUEST_BODY_BYTES_MAX + 1)).await else {
+            panic!("one byte past the limit was read")
+        };
+        assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(message(r).await, format!("body: must be at most {REQUEST_BODY_BYTES_MAX} bytes"));
+    }
+
+    /// A request head of REQUEST_HEAD_BYTES_MAX bytes is served; one byte
+    /// more is answered 431 (Request Header Fields Too Large), naming the
+    /// limit, and so is a head past the connection's buffer.
+    #[tokio::test]
+    async fn a_request_head_is_bounded_at_request_head_bytes_max() {
+        let limit = format!("request head: must be at most {REQUEST_HEAD_BYTES_MAX} bytes");
+        let refused = [(REQUEST_HEAD_BYTES_MAX + 1, "431", limit.as_str()), (4 * REQUEST_HEAD_BYTES_MAX, "431", "")];
+        for (len, status, says) in [(REQUEST_HEAD_BYTES_MAX, "200", "ok")].into_iter().chain(refused) {
+            let (mut client, server) = tokio::io::duplex(8 * REQUEST_HEAD_BYTES_MAX);
+            let svc = hyper::service::service_fn(|req| async move {
+                Ok::<_, Infallible>(head_within_limit(&req).map_or_else(|r| r, |()| hyper::Response::new(full("ok"))))
+            });
+            let conn = tokio::spawn(http1().serve_connection(hyper_util::rt::TokioIo::new(server), svc));
+            let (start, end) = ("GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-pad: ", "\r\n\r\n");
+            let head = format!("{start}{}{end}", "a".repeat(len - start.len() - end.len()));
+            assert_eq!(head.len(), len);
+            client.write_all(head.as_bytes()).await.unwrap();
+            let mut answer = String::new();
+            client.read_to_string(&mut answer).await.unwrap();
+            assert!(answer.starts_with(&format!("HTTP/1.1 {status} ")), "a head of {len} bytes: {answer}");
+            assert!(answer.contains(says), "a head of {len} bytes: {answer}");
+            let _ = conn.await;
+        }
     }
 }
