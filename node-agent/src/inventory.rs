@@ -6,6 +6,9 @@ use gangway_proto::v1::GpuInventory;
 
 /// GPUs one fake inventory may declare (the core's per-node limit).
 const FAKE_GPUS_MAX: u32 = 16;
+/// Bytes of a GPU inventory file: sixteen lines and their comments fit many
+/// times over; a larger file (a wrong path, a log) is refused, not read.
+const INVENTORY_FILE_BYTES_MAX: u64 = 64 * 1024;
 /// GPUs per simulated NVLink island (an HGX board joins 8 with NVSwitch).
 const FAKE_NVLINK_ISLAND_SIZE: u32 = 8;
 
@@ -59,8 +62,14 @@ pub fn parse_fake_gpus(spec: &str, node: &str) -> Result<Vec<GpuInventory>, Stri
 /// h100-80gb 1   # a second island
 /// ```
 pub fn read_inventory_file(path: &std::path::Path, node: &str) -> Result<Vec<GpuInventory>, String> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("gpu-inventory: cannot read {}: {e}", path.display()))?;
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(INVENTORY_FILE_BYTES_MAX + 1).read_to_string(&mut text))
+        .map_err(|e| format!("gpu-inventory: cannot read {}: {e}", path.display()))?;
+    if text.len() as u64 > INVENTORY_FILE_BYTES_MAX {
+        return Err(format!("gpu-inventory: {} is larger than {INVENTORY_FILE_BYTES_MAX} bytes", path.display()));
+    }
     let mut gpus = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or("").trim();
@@ -157,5 +166,22 @@ mod tests {
         std::fs::write(&p, "h100 0\n".repeat(FAKE_GPUS_MAX as usize + 1)).unwrap();
         let err = read_inventory_file(&p, "n").unwrap_err();
         assert!(err.contains(&format!("more than {FAKE_GPUS_MAX} GPUs")), "{err}");
+    }
+
+    /// An inventory file of INVENTORY_FILE_BYTES_MAX bytes (comments pad it)
+    /// is read; one byte more is refused, naming the limit.
+    #[test]
+    fn inventory_files_are_read_up_to_their_byte_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("inv");
+        let at = |bytes: u64| {
+            let line = "h100 0\n#";
+            format!("{line}{}", "x".repeat(bytes as usize - line.len()))
+        };
+        std::fs::write(&p, at(INVENTORY_FILE_BYTES_MAX)).unwrap();
+        assert_eq!(read_inventory_file(&p, "n").unwrap().len(), 1);
+        std::fs::write(&p, at(INVENTORY_FILE_BYTES_MAX + 1)).unwrap();
+        let err = read_inventory_file(&p, "n").unwrap_err();
+        assert!(err.contains(&format!("larger than {INVENTORY_FILE_BYTES_MAX} bytes")), "{err}");
     }
 }
