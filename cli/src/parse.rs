@@ -701,6 +701,16 @@ fn days_from_civil(y: i64, mo: i64, day: i64, h: i64, mi: i64, sec: i64) -> Opti
 mod begin_tests {
     use super::*;
 
+    /// A signal is a number from 1 to SIGNAL_MAX (or a name); one past is
+    /// no signal.
+    #[test]
+    fn signal_numbers_stop_at_their_limit() {
+        assert_eq!(signal_number(&SIGNAL_MAX.to_string()), Some(SIGNAL_MAX));
+        assert_eq!(signal_number(&(SIGNAL_MAX + 1).to_string()), None);
+        assert_eq!(signal_number("0"), None);
+        assert_eq!(signal_number("sigusr1"), Some(10));
+    }
+
     #[test]
     fn begin_times_read_as_slurm_does() {
         let now = 1_796_084_311_000; // 2026-12-01T00:18:31

@@ -977,18 +977,22 @@ fn read_script(name: Option<&str>, wrap: bool) -> anyhow::Result<Option<(PathBuf
     let path = match name {
         _ if wrap => return Ok(None),
         None | Some("-") => {
-            std::io::stdin().take(SCRIPT_FILE_BYTES_MAX).read_to_end(&mut bytes)?;
+            std::io::stdin().take(SCRIPT_FILE_BYTES_MAX + 1).read_to_end(&mut bytes)?;
             PathBuf::from("sbatch")
         }
         Some(p) => {
             let path = PathBuf::from(p);
             let f = std::fs::File::open(&path).map_err(|e| anyhow::anyhow!("script: cannot read {p}: {e}"))?;
-            f.take(SCRIPT_FILE_BYTES_MAX)
+            f.take(SCRIPT_FILE_BYTES_MAX + 1)
                 .read_to_end(&mut bytes)
                 .map_err(|e| anyhow::anyhow!("script: cannot read {p}: {e}"))?;
             path
         }
     };
+    // Refused, never cut short (a script cut short would run another program).
+    if bytes.len() as u64 > SCRIPT_FILE_BYTES_MAX {
+        anyhow::bail!("script: {} is larger than {SCRIPT_FILE_BYTES_MAX} bytes", path.display());
+    }
     let text = String::from_utf8(bytes).map_err(|e| {
         anyhow::anyhow!(
             "script: {} is not UTF-8 text (byte {} is not): Gangway carries scripts as UTF-8; convert it, e.g. \
@@ -1116,6 +1120,27 @@ async fn wait_for(client: &gangway_proto::client::Client, id: u64, count: u32) -
 mod tests {
     use super::*;
     use gangway_proto::v1 as pb;
+
+    /// A script file of SCRIPT_FILE_BYTES_MAX bytes is read whole; one byte
+    /// more is refused, never cut short. A directive line of WORDS_MAX
+    /// words is split; one word more is refused, the last word too.
+    #[test]
+    fn scripts_and_directive_words_stop_at_their_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("job.sh");
+        let path = file.to_str().unwrap();
+        std::fs::write(&file, "#".repeat(SCRIPT_FILE_BYTES_MAX as usize)).unwrap();
+        let (_, text) = read_script(Some(path), false).unwrap().unwrap();
+        assert_eq!(text.len() as u64, SCRIPT_FILE_BYTES_MAX);
+        std::fs::write(&file, "#".repeat(SCRIPT_FILE_BYTES_MAX as usize + 1)).unwrap();
+        let e = read_script(Some(path), false).unwrap_err().to_string();
+        assert!(e.starts_with("script:") && e.contains(&SCRIPT_FILE_BYTES_MAX.to_string()), "{e}");
+        assert_eq!(directives::words(&"a ".repeat(WORDS_MAX)).unwrap().len(), WORDS_MAX);
+        for past in ["a ".repeat(WORDS_MAX + 1), format!("{}a", "a ".repeat(WORDS_MAX))] {
+            let e = directives::words(&past).unwrap_err();
+            assert!(e.contains(&WORDS_MAX.to_string()), "{e}");
+        }
+    }
 
     #[test]
     fn help_needs_no_cluster() {

@@ -96,6 +96,10 @@ pub fn words(text: &str) -> Result<Vec<String>, String> {
     if in_word {
         out.push(cur);
     }
+    // The last word is pushed here, after the loop's checks.
+    if out.len() > WORDS_MAX {
+        return Err(format!("more than {WORDS_MAX} words"));
+    }
     Ok(out)
 }
 
