@@ -110,6 +110,15 @@ pub struct ChaosCluster {
 /// a server certificate made up front.
 const REPLICA_IDS_MAX: usize = 12;
 
+/// The id of a cluster's replica at index `i` (ids count from 1), while
+/// one has a certificate.
+fn replica_id(i: usize) -> anyhow::Result<u64> {
+    if i >= REPLICA_IDS_MAX {
+        bail!("a chaos cluster has certificates for {REPLICA_IDS_MAX} replicas");
+    }
+    Ok(u64::try_from(i)?.saturating_add(1))
+}
+
 /// A CA and certificates for every replica, agent and the test client.
 fn make_pki(dir: &Path, agents: usize) -> anyhow::Result<(PathBuf, gangway_proto::tls::Security)> {
     use gangway_proto::tls::{Credentials, Principal, Role, Security, TlsFiles};
@@ -263,13 +272,10 @@ impl ChaosCluster {
     /// (add learner, promote), then removes `remove` from the membership and
     /// stops it. Returns the new replica's index.
     pub async fn replace_member(&mut self, remove: usize) -> anyhow::Result<usize> {
-        let host = self.net.add_host()?;
         let i = self.controllers.len();
-        let id = (i + 1) as u64;
+        let id = replica_id(i)?;
+        let host = self.net.add_host()?;
         let endpoint = format!("{}:{PORT}", self.net.hosts[host].ip);
-        if i >= REPLICA_IDS_MAX {
-            bail!("a chaos cluster has certificates for {REPLICA_IDS_MAX} replicas");
-        }
         let mut args = vec![
             "controller".to_string(),
             "--id".into(),
@@ -407,5 +413,20 @@ impl ChaosCluster {
     /// Nodes as the cluster sees them (linearizable read).
     pub async fn nodes(&self) -> anyhow::Result<Vec<pb::Node>> {
         Ok(self.client()?.list_nodes(false).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Replicas get ids up to REPLICA_IDS_MAX, the certificates made up
+    /// front; one more is refused before a host is added for it.
+    #[test]
+    fn replicas_have_ids_up_to_replica_ids_max() {
+        assert_eq!(replica_id(0).unwrap(), 1);
+        assert_eq!(replica_id(REPLICA_IDS_MAX - 1).unwrap(), REPLICA_IDS_MAX as u64);
+        let err = replica_id(REPLICA_IDS_MAX).unwrap_err().to_string();
+        assert_eq!(err, format!("a chaos cluster has certificates for {REPLICA_IDS_MAX} replicas"));
     }
 }

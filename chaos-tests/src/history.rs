@@ -151,6 +151,22 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// A history holds OPS_MAX operations; recording one more stops the
+    /// run loudly rather than growing without end.
+    #[test]
+    fn a_history_holds_at_most_ops_max_operations() {
+        let h = History::default();
+        let now = Instant::now();
+        let cancel = || Cancel { job: 1, invoked: now, completed: now, outcome: CancelOutcome::AlreadyFinished };
+        for _ in 0..OPS_MAX {
+            h.record_cancel(cancel());
+        }
+        let past = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h.record_cancel(cancel())));
+        let msg = past.expect_err("one past OPS_MAX was recorded");
+        let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert_eq!(msg, format!("history is full ({OPS_MAX} operations)"));
+    }
+
     #[test]
     fn the_worst_gap_is_the_longest_stretch_without_a_success() {
         let t0 = Instant::now();

@@ -53,12 +53,19 @@ pub struct TestNet {
     pub hosts: Vec<Host>,
 }
 
+/// A network of `n` hosts can be made: 1 to HOSTS_MAX (each host's
+/// address is one of the /24's).
+fn check_hosts(n: usize) -> anyhow::Result<()> {
+    if n == 0 || n > HOSTS_MAX {
+        bail!("hosts: between 1 and {HOSTS_MAX}, got {n}");
+    }
+    Ok(())
+}
+
 impl TestNet {
     /// Creates `n` hosts on a new bridge. Needs root, `ip` and `iptables`.
     pub fn create(n: usize) -> anyhow::Result<TestNet> {
-        if n == 0 || n > HOSTS_MAX {
-            bail!("hosts: between 1 and {HOSTS_MAX}, got {n}");
-        }
+        check_hosts(n)?;
         if !nix::unistd::geteuid().is_root() {
             bail!("chaos tests need root (network namespaces, iptables)");
         }
@@ -80,9 +87,7 @@ impl TestNet {
     /// Adds one more host to the network; returns its index.
     pub fn add_host(&mut self) -> anyhow::Result<usize> {
         let h = self.hosts.len() + 1;
-        if h > HOSTS_MAX {
-            bail!("hosts: at most {HOSTS_MAX}");
-        }
+        check_hosts(h)?;
         let (id, subnet) = (self.id.clone(), self.subnet);
         let netns = format!("gw{id}-h{h}");
         let (outer, inner) = (format!("gw{id}v{h}"), format!("gw{id}p{h}"));
@@ -154,5 +159,19 @@ impl Drop for TestNet {
             let _ = sh("ip", &["link", "del", &h.outer]);
         }
         let _ = sh("ip", &["link", "del", &self.bridge]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Networks of 1 to HOSTS_MAX hosts; one more is refused before anything is made.
+    #[test]
+    fn networks_have_at_most_hosts_max_hosts() {
+        assert!(check_hosts(1).is_ok() && check_hosts(HOSTS_MAX).is_ok());
+        let err = TestNet::create(HOSTS_MAX + 1).err().expect("one host past HOSTS_MAX").to_string();
+        assert_eq!(err, format!("hosts: between 1 and {HOSTS_MAX}, got {}", HOSTS_MAX + 1));
+        assert!(check_hosts(0).is_err());
     }
 }

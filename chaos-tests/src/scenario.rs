@@ -25,6 +25,29 @@ const LAST_FAULT_BEFORE_END: Duration = Duration::from_secs(4);
 /// The longest loaded phase the binary accepts: the history and the records
 /// stay far below their caps.
 pub const DURATION_MAX: Duration = Duration::from_secs(3600);
+/// The shortest run: faults start only while more than
+/// LAST_FAULT_BEFORE_END of load remains.
+pub const DURATION_MIN: Duration = Duration::from_secs(5);
+/// Runs per scenario in one invocation: a long matrix is still bounded.
+pub const RUNS_MAX: u64 = 1000;
+
+/// The seeds of `runs` runs from `seed`, each of `duration`, or what is wrong
+/// with them, naming the flag.
+pub fn check_runs(seed: u64, runs: u64, duration: Duration) -> Result<std::ops::Range<u64>, String> {
+    if !(1..=RUNS_MAX).contains(&runs) {
+        return Err(format!("--runs: must be 1 to {RUNS_MAX}"));
+    }
+    if !(DURATION_MIN..=DURATION_MAX).contains(&duration) {
+        return Err(format!(
+            "--duration: must be {} to {} seconds (faults start only while more than {} s of load remain)",
+            DURATION_MIN.as_secs(),
+            DURATION_MAX.as_secs(),
+            LAST_FAULT_BEFORE_END.as_secs()
+        ));
+    }
+    let end = seed.checked_add(runs).ok_or_else(|| format!("--seed: {seed} and {runs} runs pass the last seed"))?;
+    Ok(seed..end)
+}
 
 /// The faults a scenario draws from, in its seeded order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -528,4 +551,24 @@ pub fn results_table(reports: &[Report]) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs and durations at their bounds are taken, one past is refused
+    /// naming the flag; seeds never wrap.
+    #[test]
+    fn run_flags_are_bounded() {
+        assert_eq!(check_runs(7, RUNS_MAX, DURATION_MAX), Ok(7..7 + RUNS_MAX));
+        assert_eq!(check_runs(7, 1, DURATION_MIN), Ok(7..8));
+        assert_eq!(check_runs(7, RUNS_MAX + 1, DURATION_MAX), Err(format!("--runs: must be 1 to {RUNS_MAX}")));
+        assert!(check_runs(7, 0, DURATION_MAX).unwrap_err().starts_with("--runs:"));
+        let past = DURATION_MAX + Duration::from_secs(1);
+        assert!(check_runs(7, 1, past).unwrap_err().starts_with("--duration: must be 5 to 3600 seconds"));
+        let short = DURATION_MIN - Duration::from_secs(1);
+        assert!(check_runs(7, 1, short).unwrap_err().starts_with("--duration:"));
+        assert!(check_runs(u64::MAX, 1, DURATION_MIN).unwrap_err().starts_with("--seed:"));
+    }
 }

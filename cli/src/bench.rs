@@ -389,9 +389,7 @@ const JOB_PAGES_MAX: usize = 100_000;
 
 /// Every job, paged.
 pub(crate) async fn all_jobs(client: &Client) -> anyhow::Result<Vec<pb::Job>> {
-    let mut jobs = Vec::new();
-    let mut after_id = 0u64;
-    for _ in 0..JOB_PAGES_MAX {
+    let (all, whole) = gangway_proto::client::paged(JOB_PAGES_MAX, 0, |after_id| async move {
         let req = pb::ListJobsRequest { after_id, limit: 10_000, ..Default::default() };
         let page = client
             .call(|ch| {
@@ -400,13 +398,11 @@ pub(crate) async fn all_jobs(client: &Client) -> anyhow::Result<Vec<pb::Job>> {
             })
             .await?
             .into_inner();
-        jobs.extend(page.jobs);
-        if page.next_after_id == 0 {
-            return Ok(jobs);
-        }
-        after_id = page.next_after_id;
-    }
-    bail!("the job list did not end")
+        anyhow::Ok((page.jobs, Some(page.next_after_id).filter(|n| *n != 0)))
+    })
+    .await?;
+    anyhow::ensure!(whole, "the job list did not end within {JOB_PAGES_MAX} pages");
+    Ok(all)
 }
 
 pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -1006,6 +1002,27 @@ async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> any
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A scrape reads SCRAPE_BYTES_MAX bytes of a page at most, however
+    /// much a replica sends.
+    #[tokio::test]
+    async fn a_scrape_reads_at_most_scrape_bytes_max() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let head = b"HTTP/1.1 200 OK\r\n\r\n";
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 256];
+            let _ = s.read(&mut req).await;
+            let _ = s.write_all(head).await;
+            let body = vec![b'a'; SCRAPE_BYTES_MAX as usize];
+            let _ = s.write_all(&body).await;
+        });
+        let page = scrape(&addr).await;
+        assert_eq!(page.len(), SCRAPE_BYTES_MAX as usize - head.len(), "one byte past SCRAPE_BYTES_MAX was read");
+        server.await.unwrap();
+    }
 
     /// Each bench option is taken at its limit and refused one past it, the
     /// refusal naming the option and the limit.

@@ -302,6 +302,42 @@ mod tests {
         assert!(slots.take("someone-new").is_ok(), "a slot given back is taken again");
     }
 
+    /// A caller whose READS_PER_CALLER_MAX places are all taken waits for
+    /// one at most READ_TURN_WAIT_MAX, then is refused with a hint to retry;
+    /// another caller does not wait, and a place given back is taken.
+    #[tokio::test]
+    async fn a_read_waits_for_its_turn_at_most_read_turn_wait_max() {
+        let pool = ReadPool::start();
+        let (release, gate) = std::sync::mpsc::channel::<()>();
+        let gate = Arc::new(Mutex::new(gate));
+        let mut busy = Vec::new();
+        for _ in 0..READS_PER_CALLER_MAX {
+            let gate = gate.clone();
+            let turn = pool.turns.try_take("alice").unwrap();
+            busy.push(tokio::task::spawn_blocking(move || {
+                let _turn = turn;
+                gate.lock().unwrap().recv()
+            }));
+        }
+        let started = std::time::Instant::now();
+        let e = pool.run("alice", "list", (), || 1).await.unwrap_err();
+        assert!(started.elapsed() >= READ_TURN_WAIT_MAX, "refused before READ_TURN_WAIT_MAX");
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.message().contains(&format!("already has {READS_PER_CALLER_MAX} reads")), "{}", e.message());
+        assert!(e.metadata().get(crate::ratelimit::RETRY_AFTER_METADATA_KEY).is_some());
+        assert_eq!(pool.run("bob", "list", (), || 2).await.unwrap(), 2, "another caller waited");
+        // A place given back: alice's read goes on.
+        let waiting = pool.run("alice", "list", (), || 3);
+        release.send(()).unwrap();
+        assert_eq!(waiting.await.unwrap(), 3);
+        for _ in busy.iter().skip(1) {
+            release.send(()).unwrap();
+        }
+        for b in busy {
+            b.await.unwrap().unwrap();
+        }
+    }
+
     /// At most READ_CALLERS_TRACKED_MAX callers are remembered: at the
     /// limit all are kept; one more forgets those holding no place, while
     /// one holding a place keeps it (and its count).

@@ -49,6 +49,25 @@ const CHANNELS_MAX: usize = 64;
 /// Nodes whose heartbeat times the leader keeps in memory (matches the core's NODES_MAX).
 const HEARTBEATS_MAX: usize = gangway_core::limits::NODES_MAX;
 
+/// Channels to other replicas by address, at most [`CHANNELS_MAX`]: past
+/// it one is dropped (a lazy channel reconnects when next asked for).
+#[derive(Default)]
+struct Channels(BTreeMap<String, Channel>);
+
+impl Channels {
+    fn get_or_make(&mut self, addr: &str, make: impl FnOnce() -> Result<Channel, Status>) -> Result<Channel, Status> {
+        if let Some(ch) = self.0.get(addr) {
+            return Ok(ch.clone());
+        }
+        let ch = make()?;
+        if self.0.len() >= CHANNELS_MAX {
+            self.0.pop_first();
+        }
+        self.0.insert(addr.to_string(), ch.clone());
+        Ok(ch)
+    }
+}
+
 /// An analysis's places (see [`Replica::analysis_permit`]); given back when dropped.
 pub struct AnalysisPermit {
     _pool: tokio::sync::OwnedSemaphorePermit,
@@ -96,7 +115,7 @@ pub struct Replica {
     analyses_by_caller: crate::lanes::PerCaller,
     /// Each caller's forwards in flight (FORWARDS_PER_CALLER_MAX).
     pub forwards: crate::lanes::PerCaller,
-    channels: Mutex<BTreeMap<String, Channel>>,
+    channels: Mutex<Channels>,
     /// Last heartbeat per node, in this replica's memory (meaningful on the leader).
     pub heartbeats: crate::heartbeats::Heartbeats,
     /// The agents' `WatchNode` streams, woken by `watch::spawn_poker`.
@@ -149,7 +168,7 @@ impl Replica {
             analyses: Arc::new(tokio::sync::Semaphore::new(ANALYSES_MAX)),
             analyses_by_caller: crate::lanes::PerCaller::new(ANALYSES_PER_CALLER_MAX),
             forwards: crate::lanes::PerCaller::new(FORWARDS_PER_CALLER_MAX),
-            channels: Mutex::new(BTreeMap::new()),
+            channels: Mutex::new(Channels::default()),
             heartbeats: crate::heartbeats::Heartbeats::new(HEARTBEATS_MAX),
             watches: Arc::default(),
             pending_reasons: Mutex::new(Arc::new(BTreeMap::new())),
@@ -207,18 +226,11 @@ impl Replica {
     /// A (lazily connected) channel to another replica's API.
     pub fn channel_to(&self, addr: &str) -> Result<Channel, Status> {
         let mut channels = self.channels.lock().expect("channels lock");
-        if let Some(ch) = channels.get(addr) {
-            return Ok(ch.clone());
-        }
-        let ch = self
-            .security
-            .channel(addr, gangway_proto::tls::Expect::Server, Duration::from_secs(1))
-            .map_err(|e| Status::internal(format!("replica address {addr}: {e}")))?;
-        if channels.len() >= CHANNELS_MAX {
-            channels.clear();
-        }
-        channels.insert(addr.to_string(), ch.clone());
-        Ok(ch)
+        channels.get_or_make(addr, || {
+            self.security
+                .channel(addr, gangway_proto::tls::Expect::Server, Duration::from_secs(1))
+                .map_err(|e| Status::internal(format!("replica address {addr}: {e}")))
+        })
     }
 
     /// When this replica's own certificate expires (Unix seconds).
@@ -238,6 +250,24 @@ impl Replica {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// CHANNELS_MAX channels are kept; one more address drops one of them,
+    /// and a known address reuses its channel.
+    #[tokio::test]
+    async fn channels_are_kept_for_at_most_channels_max_addresses() {
+        let lazy = || Ok(tonic::transport::Endpoint::from_static("http://127.0.0.1:9").connect_lazy());
+        let mut channels = Channels::default();
+        for i in 0..CHANNELS_MAX {
+            channels.get_or_make(&format!("10.0.0.{i}:7000"), lazy).unwrap();
+        }
+        assert_eq!(channels.0.len(), CHANNELS_MAX);
+        channels.get_or_make("10.0.0.0:7000", || Err(Status::internal("made again"))).unwrap();
+        channels.get_or_make("10.0.1.0:7000", lazy).unwrap();
+        assert_eq!(channels.0.len(), CHANNELS_MAX, "one past CHANNELS_MAX");
+        assert!(channels.0.contains_key("10.0.1.0:7000"));
+        assert!(channels.get_or_make("10.0.2.0:7000", || Err(Status::internal("bad address"))).is_err());
+        assert_eq!(channels.0.len(), CHANNELS_MAX, "a failed channel takes no place");
+    }
 
     /// The leader remembers heartbeats from HEARTBEATS_MAX nodes (as many as
     /// a cluster may register); one more name is not remembered.

@@ -12,6 +12,9 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+// The exit codes and signals a wait status can hold, as the controllers check them.
+use gangway_core::limits::{EXIT_CODE_MAX, SIGNAL_MAX};
+
 /// The Unix identity a task runs as: `UID:GID:G1,G2,...` (the user's groups,
 /// as `initgroups` would set them).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -399,11 +402,6 @@ fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
 /// How a task ended: (exit code, signal), one of them set.
 pub type ExitRecord = (Option<i32>, Option<i32>);
 
-/// Largest exit code a process can have (the wait status keeps 8 bits).
-pub const EXIT_CODE_MAX: i32 = 255;
-/// Largest signal number (the wait status keeps 7 bits; Linux's SIGRTMAX is 64).
-pub const SIGNAL_MAX: i32 = 127;
-
 /// A record as a real wait status could hold it, or None.
 fn plausible(r: ExitRecord) -> Option<ExitRecord> {
     match r {
@@ -506,6 +504,19 @@ mod exit_tests {
         assert_eq!(reconcile_exit(Some((Some(256), None)), None), None);
         assert_eq!(reconcile_exit(Some((None, Some(0))), None), None);
         assert_eq!(reconcile_exit(None, None), None);
+    }
+
+    /// A re-adopted task's exit file is believed up to EXIT_CODE_MAX and
+    /// SIGNAL_MAX, what a wait status holds; one past either is not.
+    #[test]
+    fn exit_files_are_believed_up_to_what_a_wait_status_holds() {
+        assert_eq!(reconcile_exit(Some((Some(EXIT_CODE_MAX), None)), None), Some((Some(EXIT_CODE_MAX), None)));
+        assert_eq!(reconcile_exit(Some((Some(EXIT_CODE_MAX + 1), None)), None), None);
+        assert_eq!(reconcile_exit(Some((None, Some(SIGNAL_MAX))), None), Some((None, Some(SIGNAL_MAX))));
+        assert_eq!(reconcile_exit(Some((None, Some(SIGNAL_MAX + 1))), None), None);
+        // A wait status past them (none can be) is clamped to them.
+        assert_eq!(reconcile_exit(None, Some((Some(EXIT_CODE_MAX + 1), None))), Some((Some(EXIT_CODE_MAX), None)));
+        assert_eq!(reconcile_exit(None, Some((None, Some(SIGNAL_MAX + 1)))), Some((None, Some(SIGNAL_MAX))));
     }
 
     /// An exit file is read up to EXIT_FILE_BYTES_MAX bytes: a record ending

@@ -162,15 +162,33 @@ pub fn tls_refusal(status: &Status) -> Option<String> {
 /// cluster has at most 20,000 nodes (a page holds hundreds).
 const LIST_PAGES_MAX: usize = 20_000;
 
+/// The items of a paged listing, reading at most `pages_max` pages:
+/// `fetch(cursor)` answers one page and the cursor of the next (`None` at
+/// the end). With them, whether the listing ended within `pages_max` pages.
+pub async fn paged<T, C, E, F, Fut>(pages_max: usize, mut cursor: C, mut fetch: F) -> Result<(Vec<T>, bool), E>
+where
+    F: FnMut(C) -> Fut,
+    Fut: Future<Output = Result<(Vec<T>, Option<C>), E>>,
+{
+    let mut all = Vec::new();
+    for _ in 0..pages_max {
+        let (items, next) = fetch(cursor).await?;
+        all.extend(items);
+        match next {
+            None => return Ok((all, true)),
+            Some(next) => cursor = next,
+        }
+    }
+    Ok((all, false))
+}
+
 impl Client {
     /// Every node, following the pages the server cuts by size.
     pub async fn list_nodes(&self, stale: bool) -> Result<Vec<crate::v1::Node>, Status> {
         use crate::v1::node_service_client::NodeServiceClient;
-        let mut all = Vec::new();
-        let mut after_name = String::new();
-        // A page holds at least one node: the loop ends within NODES_MAX pages.
-        for _ in 0..LIST_PAGES_MAX {
-            let req = crate::v1::ListNodesRequest { stale, after_name: after_name.clone() };
+        // A page holds at least one node: the list ends within NODES_MAX pages.
+        let (all, whole) = paged(LIST_PAGES_MAX, String::new(), |after_name| async move {
+            let req = crate::v1::ListNodesRequest { stale, after_name };
             let page = self
                 .call(|ch| {
                     let r = self.request(req.clone());
@@ -178,13 +196,14 @@ impl Client {
                 })
                 .await?
                 .into_inner();
-            all.extend(page.nodes);
-            if page.next_after_name.is_empty() {
-                return Ok(all);
-            }
-            after_name = page.next_after_name;
+            let next = Some(page.next_after_name).filter(|n| !n.is_empty());
+            Ok::<_, Status>((page.nodes, next))
+        })
+        .await?;
+        if !whole {
+            return Err(Status::out_of_range(format!("the node list did not end within {LIST_PAGES_MAX} pages")));
         }
-        Err(Status::out_of_range(format!("the node list did not end within {LIST_PAGES_MAX} pages")))
+        Ok(all)
     }
 
     /// Builds a client; connections are made on first use, over mutual TLS
@@ -407,6 +426,28 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A listing of LIST_PAGES_MAX pages is read whole; one that needs a
+    /// page more is not, and says so; a page's error ends it.
+    #[tokio::test]
+    async fn a_listing_reads_at_most_list_pages_max_pages() {
+        for (pages, whole) in [(LIST_PAGES_MAX, true), (LIST_PAGES_MAX + 1, false)] {
+            let listed = paged(LIST_PAGES_MAX, 1usize, |page| async move {
+                Ok::<_, Status>((vec![page], (page < pages).then_some(page + 1)))
+            })
+            .await
+            .unwrap();
+            assert_eq!(listed, ((1..=LIST_PAGES_MAX).collect::<Vec<_>>(), whole), "{pages} pages");
+        }
+        let failed = paged(LIST_PAGES_MAX, 1usize, |page| async move {
+            if page == 3 {
+                return Err(Status::unavailable("gone"));
+            }
+            Ok((vec![page], Some(page + 1)))
+        })
+        .await;
+        assert_eq!(failed.unwrap_err().code(), Code::Unavailable);
+    }
 
     /// Pauses between rounds double up to BACKOFF_CAP (FLEET_BACKOFF_CAP for
     /// a fleet's agents) and never past it, jittered or not.

@@ -197,6 +197,17 @@ mod tests {
     use crate::pki;
     use crate::tls::{Principal, TlsFiles};
 
+    /// Claims naming NODES_MAX nodes decode; one node more is refused.
+    #[test]
+    fn claims_name_at_most_nodes_max_nodes() {
+        let claims = |n: usize| {
+            let nodes: Vec<String> = (0..n).map(|i| format!("n{i}")).collect();
+            StepClaims { job_id: 7, attempt: 1, nodes, expires_unix: 1 }.encode()
+        };
+        assert_eq!(StepClaims::decode(&claims(NODES_MAX)).unwrap().nodes.len(), NODES_MAX);
+        assert_eq!(StepClaims::decode(&claims(NODES_MAX + 1)).unwrap_err(), "claims: too many nodes");
+    }
+
     #[test]
     fn only_a_servers_unexpired_credential_for_this_job_and_node_passes() {
         let dir = std::env::temp_dir().join(format!("gangway-stepcred-{}", std::process::id()));

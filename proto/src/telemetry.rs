@@ -25,7 +25,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Scrapes served at once; more are closed (Prometheus scrapes one at a time
 /// and retries at its next interval).
 const CONNECTIONS_MAX: usize = 16;
-/// Connections one address may hold at once, so one peer cannot take every slot.
+/// Connections one host (an IPv4 address, an IPv6 /64) may hold at once, so
+/// one peer cannot take every slot.
 const CONNECTIONS_PER_PEER_MAX: usize = 4;
 /// A TLS handshake on a LAN takes milliseconds.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -94,27 +95,16 @@ impl Gauges {
 /// With `tls`, over TLS, and only to the scrapers it names (client
 /// certificates of the cluster's CA): users and nodes get nothing.
 pub async fn serve(listener: TcpListener, render: Arc<dyn Fn() -> String + Send + Sync>, tls: Option<MetricsTls>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
-    let per_peer: Arc<std::sync::Mutex<std::collections::BTreeMap<std::net::IpAddr, usize>>> = Default::default();
+    let admission = crate::tls::Admission::new(CONNECTIONS_MAX, CONNECTIONS_PER_PEER_MAX);
     let tls = tls.map(|t| (tokio_rustls::TlsAcceptor::from(t.config), Arc::new(t.scrapers)));
     loop {
         let Ok((conn, peer)) = listener.accept().await else { continue };
         // Shed rather than queue: a scraper retries at its next interval.
-        let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
-        let ip = peer.ip();
-        {
-            let mut m = per_peer.lock().expect("metrics peers lock");
-            let n = m.entry(ip).or_insert(0);
-            if *n >= CONNECTIONS_PER_PEER_MAX {
-                continue;
-            }
-            *n = n.saturating_add(1);
-        }
+        let Some(admitted) = admission.admit(crate::tls::host_of(peer.ip())) else { continue };
         let render = render.clone();
         let tls = tls.clone();
-        let per_peer = per_peer.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            let _admitted = admitted;
             match tls {
                 None => answer(conn, render).await,
                 Some((acceptor, scrapers)) => {
@@ -130,13 +120,6 @@ pub async fn serve(listener: TcpListener, render: Arc<dyn Fn() -> String + Send 
                             answer(tls, render).await;
                         }
                     }
-                }
-            }
-            let mut m = per_peer.lock().expect("metrics peers lock");
-            if let Some(n) = m.get_mut(&ip) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    m.remove(&ip);
                 }
             }
         });
@@ -239,5 +222,84 @@ mod tests {
         assert!(!user.contains("gangway_up"), "{user}");
         task.abort();
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    async fn connect_from(host: u8, addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind(std::net::SocketAddr::from(([127, 0, 0, host], 0))).unwrap();
+        s.connect(addr).await.unwrap()
+    }
+
+    /// Whether the endpoint closes `s` at once (it answers nothing unasked).
+    async fn closed_at_once(mut s: tokio::net::TcpStream) -> bool {
+        let mut b = [0u8; 1];
+        matches!(tokio::time::timeout(Duration::from_secs(2), s.read(&mut b)).await, Ok(Ok(0) | Err(_)))
+    }
+
+    /// What a plain scrape from `host` gets back.
+    async fn scrape_from(host: u8, addr: std::net::SocketAddr) -> String {
+        let mut s = connect_from(host, addr).await;
+        s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut out = String::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out)).await;
+        out
+    }
+
+    /// The endpoint keeps CONNECTIONS_PER_PEER_MAX silent connections of
+    /// one address and CONNECTIONS_MAX in all; one past either is closed at
+    /// once, and their places come back when they close.
+    #[tokio::test]
+    async fn scrapes_are_bounded_per_address_and_in_all() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(serve(listener, Arc::new(|| "gangway_up 1\n".to_string()), None));
+        let mut held = Vec::new();
+        for _ in 0..CONNECTIONS_PER_PEER_MAX {
+            held.push(connect_from(1, addr).await);
+        }
+        assert!(closed_at_once(connect_from(1, addr).await).await, "one past an address's share stayed open");
+        let hosts = u8::try_from(CONNECTIONS_MAX / CONNECTIONS_PER_PEER_MAX).unwrap();
+        for host in 2..=hosts {
+            for _ in 0..CONNECTIONS_PER_PEER_MAX {
+                held.push(connect_from(host, addr).await);
+            }
+        }
+        assert_eq!(held.len(), CONNECTIONS_MAX);
+        assert!(closed_at_once(connect_from(hosts + 1, addr).await).await, "one past the total stayed open");
+        drop(held);
+        let mut answered = String::new();
+        for _ in 0..50 {
+            answered = scrape_from(1, addr).await;
+            if answered.contains("gangway_up 1") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(answered.starts_with("HTTP/1.1 200 OK"), "places did not come back: {answered:?}");
+        task.abort();
+    }
+
+    /// A request's head is read up to REQUEST_BYTES_MAX bytes: one byte
+    /// short of it (and no blank line) the endpoint waits for more; at it,
+    /// it reads no further and answers.
+    #[tokio::test]
+    async fn a_request_is_read_up_to_request_bytes_max() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(serve(listener, Arc::new(|| "gangway_up 1\n".to_string()), None));
+        let mut s = connect_from(1, addr).await;
+        let mut head = b"GET /metrics HTTP/1.1\r\nX-Pad: ".to_vec();
+        head.resize(REQUEST_BYTES_MAX - 1, b'x');
+        s.write_all(&head).await.unwrap();
+        let mut b = [0u8; 1];
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), s.read(&mut b)).await.is_err(),
+            "answered before REQUEST_BYTES_MAX bytes or a blank line"
+        );
+        s.write_all(b"x").await.unwrap();
+        let mut out = String::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out)).await.unwrap().unwrap();
+        assert!(out.starts_with("HTTP/1.1 200 OK") && out.contains("gangway_up 1"), "{out}");
+        task.abort();
     }
 }

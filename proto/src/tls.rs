@@ -869,15 +869,8 @@ impl AsyncRead for Conn {
                 Poll::Ready(Ok(()))
             }
             Poll::Pending if this.idle.as_mut().poll(cx).is_ready() => {
-                // Timed by requests: a request in progress, or one recent
-                // enough, moves the deadline on.
                 let busy = this.info.activity.as_ref().map(|a| a.idle_for());
-                let wait = match busy {
-                    Some(None) => Some(CONNECTION_IDLE_MAX),
-                    Some(Some(idle)) if idle < CONNECTION_IDLE_MAX => Some(CONNECTION_IDLE_MAX.saturating_sub(idle)),
-                    _ => None,
-                };
-                if let Some(at) = wait.and_then(|w| tokio::time::Instant::now().checked_add(w)) {
+                if let Some(at) = idle_wait(busy).and_then(|w| tokio::time::Instant::now().checked_add(w)) {
                     this.idle.as_mut().reset(at);
                     // Registers the new deadline's wake-up.
                     let _ = this.idle.as_mut().poll(cx);
@@ -888,6 +881,20 @@ impl AsyncRead for Conn {
             }
             other => other,
         }
+    }
+}
+
+/// When a connection's idle deadline passes, how much longer it stays open:
+/// `busy` is `None` when the listener times connections by their bytes
+/// (the deadline passed with nothing read: none), otherwise how long since
+/// the last request ended (`None` while one is in progress: a full
+/// [`CONNECTION_IDLE_MAX`] more). A request recent enough moves the
+/// deadline to CONNECTION_IDLE_MAX after it.
+fn idle_wait(busy: Option<Option<Duration>>) -> Option<Duration> {
+    match busy {
+        Some(None) => Some(CONNECTION_IDLE_MAX),
+        Some(Some(idle)) if idle < CONNECTION_IDLE_MAX => Some(CONNECTION_IDLE_MAX.saturating_sub(idle)),
+        _ => None,
     }
 }
 
@@ -1063,15 +1070,7 @@ fn accept_loop(
     servers_only: bool,
 ) -> Result<tokio_stream::wrappers::ReceiverStream<io::Result<Conn>>, String> {
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE_MAX);
-    let slots = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_IN_FLIGHT_MAX));
-    let per_prefix = PeerSlots::default();
-    let open_per_prefix = PeerSlots::default();
-    let pools = Arc::new([
-        tokio::sync::Semaphore::new(CLUSTER_CONNECTIONS_MAX),
-        tokio::sync::Semaphore::new(CONNECTIONS_MAX),
-        tokio::sync::Semaphore::new(ANONYMOUS_CONNECTIONS_MAX),
-    ]);
-    let per_principal = ConnSlots::default();
+    let gate = Gate::default();
     tokio::spawn(async move {
         loop {
             let (tcp, remote) = tokio::select! {
@@ -1088,24 +1087,22 @@ fn accept_loop(
             };
             // Shed, never stall: with every slot (or this prefix's share)
             // taken, the newcomer is closed and accepting goes on.
-            let prefix = prefix_of(remote.ip());
-            let Some(open_slot) = open_per_prefix.take(host_of(remote.ip()), CONNECTIONS_PER_HOST_MAX) else {
-                metrics::counter!("gangway_connections_shed_total").increment(1);
-                continue;
-            };
-            let (Ok(permit), Some(prefix_slot)) =
-                (slots.clone().try_acquire_owned(), per_prefix.take(prefix, HANDSHAKES_PER_PREFIX_MAX))
-            else {
-                metrics::counter!("gangway_tls_handshakes_shed_total").increment(1);
-                continue;
+            let (open_slot, handshake_slots) = match gate.accept(remote.ip()) {
+                Ok(slots) => slots,
+                Err(Shed::Host) => {
+                    metrics::counter!("gangway_connections_shed_total").increment(1);
+                    continue;
+                }
+                Err(Shed::Handshakes) => {
+                    metrics::counter!("gangway_tls_handshakes_shed_total").increment(1);
+                    continue;
+                }
             };
             let _ = tcp.set_nodelay(true);
             let tx = tx.clone();
             let acceptor = acceptor.clone();
-            let pools = pools.clone();
-            let per_principal = per_principal.clone();
+            let gate = gate.clone();
             tokio::spawn(async move {
-                let handshake_slots = (permit, prefix_slot);
                 let (io, auth) = match acceptor {
                     None => (ConnIo::Plain(tcp), PeerAuth::Insecure),
                     Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -1139,18 +1136,11 @@ fn accept_loop(
                     metrics::counter!("gangway_peer_connections_refused_total").increment(1);
                     return;
                 }
-                let (pool, key, share) = connection_share(&auth, remote);
-                let total = match pool {
-                    Pool::Cluster => pools_permit(&pools, 0),
-                    Pool::Clients => pools_permit(&pools, 1),
-                    Pool::Anonymous => pools_permit(&pools, 2),
-                };
-                let (Some(total), Some(mine)) = (total, per_principal.take(&key, share)) else {
-                    tracing::debug!(%remote, key, "connection refused: past the connection limits");
+                let Some(held) = gate.admit(&auth, remote, open_slot) else {
+                    tracing::debug!(%remote, "connection refused: past the connection limits");
                     metrics::counter!("gangway_connections_shed_total").increment(1);
                     return;
                 };
-                let held = ConnHold { _total: total, _mine: mine, _prefix: open_slot };
                 let activity = (idle_by == IdleBy::Requests).then(Arc::default);
                 let conn = Conn::new(io, PeerInfo { remote: Some(remote), auth, activity }, Some(held));
                 let _ = tx.send(Ok(conn)).await;
@@ -1158,6 +1148,75 @@ fn accept_loop(
         }
     });
     Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// Why an accepted connection was closed before its handshake.
+#[derive(Debug, PartialEq, Eq)]
+enum Shed {
+    /// Its host holds [`CONNECTIONS_PER_HOST_MAX`] open connections.
+    Host,
+    /// [`HANDSHAKES_IN_FLIGHT_MAX`] handshakes run, or its prefix's share of them.
+    Handshakes,
+}
+
+/// A handshake's places ([`HANDSHAKES_IN_FLIGHT_MAX`] in all,
+/// [`HANDSHAKES_PER_PREFIX_MAX`] per prefix), given back when it ends.
+struct HandshakeSlot {
+    _all: tokio::sync::OwnedSemaphorePermit,
+    _prefix: PeerSlot,
+}
+
+/// One listener's connection limits: the decisions of its accept loop, kept
+/// apart from the sockets so each limit can be taken to its value and past.
+#[derive(Clone)]
+struct Gate {
+    handshakes: Arc<tokio::sync::Semaphore>,
+    handshakes_per_prefix: PeerSlots,
+    open_per_host: PeerSlots,
+    pools: Arc<[tokio::sync::Semaphore; 3]>,
+    per_principal: ConnSlots,
+}
+
+impl Default for Gate {
+    fn default() -> Gate {
+        Gate {
+            handshakes: Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_IN_FLIGHT_MAX)),
+            handshakes_per_prefix: PeerSlots::default(),
+            open_per_host: PeerSlots::default(),
+            pools: Arc::new([
+                tokio::sync::Semaphore::new(CLUSTER_CONNECTIONS_MAX),
+                tokio::sync::Semaphore::new(CONNECTIONS_MAX),
+                tokio::sync::Semaphore::new(ANONYMOUS_CONNECTIONS_MAX),
+            ]),
+            per_principal: ConnSlots::default(),
+        }
+    }
+}
+
+impl Gate {
+    /// A connection just accepted from `ip`: its place among its host's open
+    /// connections (kept while it is open) and a handshake slot (given back
+    /// after the handshake), or why it is closed at once.
+    fn accept(&self, ip: std::net::IpAddr) -> Result<(PeerSlot, HandshakeSlot), Shed> {
+        let open = self.open_per_host.take(host_of(ip), CONNECTIONS_PER_HOST_MAX).ok_or(Shed::Host)?;
+        let all = self.handshakes.clone().try_acquire_owned().map_err(|_| Shed::Handshakes)?;
+        let prefix =
+            self.handshakes_per_prefix.take(prefix_of(ip), HANDSHAKES_PER_PREFIX_MAX).ok_or(Shed::Handshakes)?;
+        Ok((open, HandshakeSlot { _all: all, _prefix: prefix }))
+    }
+
+    /// A handshaken connection's places in its pool and its principal's (or
+    /// host's) share, with its host's place `open`; `None` past either.
+    fn admit(&self, auth: &PeerAuth, remote: SocketAddr, open: PeerSlot) -> Option<ConnHold> {
+        let (pool, key, share) = connection_share(auth, remote);
+        let total = match pool {
+            Pool::Cluster => pools_permit(&self.pools, 0),
+            Pool::Clients => pools_permit(&self.pools, 1),
+            Pool::Anonymous => pools_permit(&self.pools, 2),
+        }?;
+        let mine = self.per_principal.take(&key, share)?;
+        Some(ConnHold { _total: total, _mine: mine, _prefix: open })
+    }
 }
 
 /// A place in pool `i` of `pools`, held as long as the `Arc` is.
@@ -1252,6 +1311,35 @@ impl Drop for PeerSlot {
     }
 }
 
+/// Places for a small server's connections (the web console, the metrics
+/// endpoint): at most `total` at once and `per_peer_max` per address. Past
+/// either a newcomer is shed, never queued.
+#[derive(Clone)]
+pub struct Admission {
+    total: Arc<tokio::sync::Semaphore>,
+    per_peer: PeerSlots,
+    per_peer_max: usize,
+}
+
+/// An admitted connection's places; given back when dropped.
+pub struct Admitted {
+    _total: tokio::sync::OwnedSemaphorePermit,
+    _peer: PeerSlot,
+}
+
+impl Admission {
+    pub fn new(total: usize, per_peer_max: usize) -> Admission {
+        Admission { total: Arc::new(tokio::sync::Semaphore::new(total)), per_peer: PeerSlots::default(), per_peer_max }
+    }
+
+    /// Places for a connection from `ip`, unless every place or `ip`'s share is taken.
+    pub fn admit(&self, ip: std::net::IpAddr) -> Option<Admitted> {
+        let total = self.total.clone().try_acquire_owned().ok()?;
+        let peer = self.per_peer.take(ip, self.per_peer_max)?;
+        Some(Admitted { _total: total, _peer: peer })
+    }
+}
+
 /// The peer of a request, as the transport verified it. A request that did not
 /// come through [`incoming`] is anonymous: nothing vouches for it.
 pub fn peer_of<T>(req: &tonic::Request<T>) -> PeerAuth {
@@ -1329,6 +1417,157 @@ mod tests {
         assert_eq!(host_of(ip("10.1.2.3")), ip("10.1.2.3"));
         assert_eq!(host_of(ip("2001:db8:1:2:3:4:5:6")), ip("2001:db8:1:2::"));
         assert_eq!(host_of(ip("::ffff:10.1.2.3")), ip("10.1.2.3"));
+    }
+
+    fn ip(s: &str) -> std::net::IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn remote(s: &str) -> SocketAddr {
+        SocketAddr::new(ip(s), 40_000)
+    }
+
+    /// A host's place among the open connections, as a test holds it.
+    fn open_slot(host: &str) -> PeerSlot {
+        PeerSlots::default().take(ip(host), 1).unwrap()
+    }
+
+    fn verified(role: Role, name: &str) -> PeerAuth {
+        PeerAuth::Verified(Principal::new(role, name).unwrap())
+    }
+
+    /// One host keeps CONNECTIONS_PER_HOST_MAX connections open, its
+    /// handshakes done; one more is shed before a handshake, and another
+    /// host still gets in. Handshakes in flight are bounded in all
+    /// (HANDSHAKES_IN_FLIGHT_MAX, spread over prefixes within their share)
+    /// and come back when they end.
+    #[test]
+    fn hosts_and_handshakes_are_bounded_at_accept() {
+        let gate = Gate::default();
+        let mut open = Vec::new();
+        for _ in 0..CONNECTIONS_PER_HOST_MAX {
+            let (slot, handshake) = gate.accept(ip("10.0.0.1")).unwrap();
+            drop(handshake);
+            open.push(slot);
+        }
+        assert_eq!(gate.accept(ip("10.0.0.1")).err(), Some(Shed::Host));
+        assert!(gate.accept(ip("10.0.0.2")).is_ok(), "another host was shed");
+        open.pop();
+        assert!(gate.accept(ip("10.0.0.1")).is_ok(), "a closed connection's place did not come back");
+        drop(open);
+
+        let gate = Gate::default();
+        let prefixes = HANDSHAKES_IN_FLIGHT_MAX.div_ceil(HANDSHAKES_PER_PREFIX_MAX);
+        let mut handshakes = Vec::new();
+        for i in 0..HANDSHAKES_IN_FLIGHT_MAX {
+            let p = i % prefixes;
+            handshakes.push(gate.accept(ip(&format!("10.1.{p}.{}", i / prefixes))).unwrap());
+        }
+        assert_eq!(gate.accept(ip("10.2.0.1")).err(), Some(Shed::Handshakes), "one past every handshake slot");
+        handshakes.pop();
+        assert!(gate.accept(ip("10.2.0.1")).is_ok(), "an ended handshake's slot did not come back");
+
+        // One prefix's share: HANDSHAKES_PER_PREFIX_MAX at once, from any of its addresses.
+        let gate = Gate::default();
+        let share: Vec<_> = (0..HANDSHAKES_PER_PREFIX_MAX)
+            .map(|i| gate.accept(ip(&format!("10.4.0.{}", i % 200))).expect("within the prefix's share"))
+            .collect();
+        assert_eq!(gate.accept(ip("10.4.0.250")).err(), Some(Shed::Handshakes), "one past the prefix's share");
+        assert!(gate.accept(ip("10.4.1.1")).is_ok(), "another prefix was shed");
+        drop(share);
+    }
+
+    /// Each certificate's share and each pool, at its value and one past:
+    /// a replica's, an agent's and a client's connections; those without a
+    /// certificate per host; the three pools in all. One pool full leaves
+    /// the others open.
+    #[test]
+    fn connections_are_bounded_per_principal_and_per_pool() {
+        let gate = Gate::default();
+        let r = remote("10.0.0.1");
+        for (role, share) in [
+            (Role::Server, CONNECTIONS_PER_SERVER_MAX),
+            (Role::Agent, CONNECTIONS_PER_AGENT_MAX),
+            (Role::Client, CONNECTIONS_PER_CLIENT_MAX),
+        ] {
+            let held: Vec<_> = (0..share).map(|_| gate.admit(&verified(role, "x"), r, open_slot("10.0.0.1"))).collect();
+            assert!(held.iter().all(Option::is_some), "{role:?} refused within its share");
+            assert!(
+                gate.admit(&verified(role, "x"), r, open_slot("10.0.0.1")).is_none(),
+                "{role:?} one past its share"
+            );
+            assert!(gate.admit(&verified(role, "y"), r, open_slot("10.0.0.1")).is_some(), "another {role:?} refused");
+        }
+        for auth in [PeerAuth::Anonymous, PeerAuth::Insecure, PeerAuth::Unusable("no SAN".into())] {
+            let held: Vec<_> =
+                (0..ANONYMOUS_CONNECTIONS_PER_HOST_MAX).map(|_| gate.admit(&auth, r, open_slot("10.0.0.1"))).collect();
+            assert!(held.iter().all(Option::is_some), "{auth:?} refused within its host's share");
+            assert!(gate.admit(&auth, r, open_slot("10.0.0.1")).is_none(), "{auth:?} one past its host's share");
+            assert!(gate.admit(&auth, remote("10.0.0.2"), open_slot("10.0.0.2")).is_some());
+        }
+
+        let gate = Gate::default();
+        let fill = |pool_max: usize, share: usize, auth_of: &dyn Fn(usize) -> (PeerAuth, SocketAddr)| {
+            let mut held = Vec::with_capacity(pool_max);
+            for i in 0..pool_max {
+                let (auth, at) = auth_of(i / share);
+                held.push(gate.admit(&auth, at, open_slot("10.0.0.1")).expect("refused within the pool"));
+            }
+            let (auth, at) = auth_of(pool_max.div_ceil(share));
+            assert!(gate.admit(&auth, at, open_slot("10.0.0.1")).is_none(), "one past the pool");
+            held
+        };
+        let cluster = fill(CLUSTER_CONNECTIONS_MAX, CONNECTIONS_PER_AGENT_MAX, &|n| {
+            (verified(Role::Agent, &format!("n{n}")), remote("10.0.0.1"))
+        });
+        assert!(
+            gate.admit(&verified(Role::Server, "9"), r, open_slot("10.0.0.1")).is_none(),
+            "replicas share the pool"
+        );
+        let clients = fill(CONNECTIONS_MAX, CONNECTIONS_PER_CLIENT_MAX, &|n| {
+            (verified(Role::Client, &format!("u{n}")), remote("10.0.0.1"))
+        });
+        let anonymous = fill(ANONYMOUS_CONNECTIONS_MAX, ANONYMOUS_CONNECTIONS_PER_HOST_MAX, &|n| {
+            (PeerAuth::Anonymous, remote(&format!("10.3.{}.{}", n / 256, n % 256)))
+        });
+        drop(cluster);
+        assert!(gate.admit(&verified(Role::Server, "9"), r, open_slot("10.0.0.1")).is_some(), "places came back");
+        drop((clients, anonymous));
+    }
+
+    /// The small servers' admission: `per_peer_max` per address and `total` in all.
+    #[test]
+    fn admission_bounds_each_address_and_the_total() {
+        let a = Admission::new(6, 4);
+        let first: Vec<_> = (0..4).map(|_| a.admit(ip("10.0.0.1")).unwrap()).collect();
+        assert!(a.admit(ip("10.0.0.1")).is_none(), "one past the address's share");
+        let second: Vec<_> = (0..2).map(|_| a.admit(ip("10.0.0.2")).unwrap()).collect();
+        assert!(a.admit(ip("10.0.0.3")).is_none(), "one past the total");
+        drop(first);
+        assert!(a.admit(ip("10.0.0.1")).is_some(), "places came back");
+        drop(second);
+    }
+
+    /// A connection timed by its requests closes CONNECTION_IDLE_MAX after
+    /// its last one ended, never while one runs; timed by bytes, when its
+    /// deadline passes.
+    #[test]
+    fn connections_idle_past_connection_idle_max_close() {
+        assert_eq!(idle_wait(None), None, "timed by bytes: the deadline is the end");
+        assert_eq!(idle_wait(Some(None)), Some(CONNECTION_IDLE_MAX), "a request in progress");
+        let just = CONNECTION_IDLE_MAX.saturating_sub(Duration::from_millis(1));
+        assert_eq!(idle_wait(Some(Some(just))), Some(Duration::from_millis(1)));
+        assert_eq!(idle_wait(Some(Some(CONNECTION_IDLE_MAX))), None);
+        assert_eq!(idle_wait(Some(Some(CONNECTION_IDLE_MAX + Duration::from_millis(1)))), None);
+    }
+
+    /// Principal names of PRINCIPAL_NAME_BYTES_MAX bytes are taken; one more is refused.
+    #[test]
+    fn principal_names_are_at_most_principal_name_bytes_max() {
+        let name = "a".repeat(PRINCIPAL_NAME_BYTES_MAX);
+        assert!(Principal::new(Role::Client, &name).is_ok());
+        let err = Principal::new(Role::Client, &format!("{name}a")).unwrap_err();
+        assert!(err.contains(&format!("must be 1 to {PRINCIPAL_NAME_BYTES_MAX} bytes")), "{err}");
     }
 
     /// Rotating a certificate in place takes effect without a restart; a

@@ -342,6 +342,22 @@ mod tests {
         out
     }
 
+    /// A token of TOKEN_BYTES_MAX bytes is read (and found not to parse);
+    /// one byte more is refused unread, naming the limit.
+    #[test]
+    fn tokens_are_at_most_token_bytes_max() {
+        let dir = std::env::temp_dir().join(format!("gangway-token-max-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (_, public) = create_key(&dir).unwrap();
+        let config = TokenConfig { public_keys: vec![public], ..Default::default() };
+        let v = TokenVerifier::load(&config).unwrap().unwrap();
+        let at = "a".repeat(TOKEN_BYTES_MAX);
+        assert!(v.verify(&at).unwrap_err().starts_with("the token does not parse"));
+        let past = "a".repeat(TOKEN_BYTES_MAX + 1);
+        assert_eq!(v.verify(&past).unwrap_err(), format!("the token is longer than {TOKEN_BYTES_MAX} bytes"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn only_well_signed_unexpired_unrevoked_tokens_name_a_user() {
         let dir = std::env::temp_dir().join(format!("gangway-token-{}", std::process::id()));

@@ -49,7 +49,10 @@ fn stores_in_another_data_format_are_refused() {
 
 /// Copies a checked-in fixture store (`format4`, `format5`) into a fresh directory.
 fn fixture(name: &str) -> tempfile::TempDir {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    // The runner's directory, not the compile-time one: a shared target
+    // directory may hold a binary built in another checkout.
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    let src = std::path::Path::new(&manifest).join("tests/fixtures").join(name);
     let dir = tempfile::tempdir().unwrap();
     for e in std::fs::read_dir(&src).unwrap() {
         let e = e.unwrap();

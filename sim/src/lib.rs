@@ -92,11 +92,22 @@ pub struct Config {
     /// Tasks outlive a crashed agent (the real agent's `task-shim`).
     pub shim: bool,
     pub bug: Option<Bug>,
+    /// Events the run may process ([`EVENTS_MAX`]); past them it is stuck.
+    pub events_max: u64,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { nodes: 4, gpus_per_node: 4, jobs: 40, heal_ms: 90_000, deadline_ms: 600_000, shim: false, bug: None }
+        Config {
+            nodes: 4,
+            gpus_per_node: 4,
+            jobs: 40,
+            heal_ms: 90_000,
+            deadline_ms: 600_000,
+            shim: false,
+            bug: None,
+            events_max: EVENTS_MAX,
+        }
     }
 }
 
@@ -166,8 +177,9 @@ const LATE_MS: u64 = 2_000;
 const SETTLE_MS: u64 = 15_000;
 /// Events one run may process: a run that needs more is stuck in a loop.
 const EVENTS_MAX: u64 = 5_000_000;
-/// Trace lines kept per run.
-const TRACE_LINES_MAX: usize = 20_000;
+/// Trace bytes kept per run (about 20,000 lines); the line that reaches it
+/// is the last.
+const TRACE_BYTES_MAX: usize = 20_000 * 80;
 
 /// SplitMix64: small, fast, and the same on every machine.
 struct Rng(u64);
@@ -449,7 +461,7 @@ impl World {
     }
 
     fn trace(&mut self, line: impl FnOnce() -> String) {
-        if self.keep_trace && self.report.trace.len() < TRACE_LINES_MAX * 80 {
+        if self.keep_trace && self.report.trace.len() < TRACE_BYTES_MAX {
             let _ = writeln!(self.report.trace, "{:>7} {}", self.now, line());
         }
     }
@@ -504,8 +516,9 @@ impl World {
         while let Some(((t, _), ev)) = self.queue.pop_first() {
             self.now = t;
             events += 1;
-            if events > EVENTS_MAX {
-                self.violation(format!("more than {EVENTS_MAX} events: the run does not settle"));
+            if events > self.cfg.events_max {
+                let max = self.cfg.events_max;
+                self.violation(format!("more than {max} events: the run does not settle"));
                 break;
             }
             self.step(ev);
@@ -1284,6 +1297,40 @@ mod tests {
         assert_eq!(a.trace, b.trace);
         assert_eq!((a.events, a.entries, a.launches), (b.events, b.entries, b.launches));
         assert_ne!(a.trace, run_seed(8, &cfg, true).trace);
+    }
+
+    /// A run that needs more than its events allow is stopped as stuck: a
+    /// seed's run within exactly its count passes, one event fewer fails;
+    /// the default allows EVENTS_MAX.
+    #[test]
+    fn a_run_past_its_events_is_stuck() {
+        assert_eq!(Config::default().events_max, EVENTS_MAX);
+        let whole = run_seed(3, &Config::default(), false);
+        assert!(whole.violations.is_empty() && whole.events < EVENTS_MAX, "{:?}", whole.violations);
+        let exact = Config { events_max: whole.events, ..Config::default() };
+        assert_eq!(run_seed(3, &exact, false).violations, Vec::<String>::new());
+        let short = Config { events_max: whole.events - 1, ..Config::default() };
+        let v = run_seed(3, &short, false).violations;
+        assert!(
+            v.iter().any(|v| v.ends_with(&format!("more than {} events: the run does not settle", whole.events - 1))),
+            "{v:?}"
+        );
+    }
+
+    /// A trace grows until it holds TRACE_BYTES_MAX bytes: the line that
+    /// reaches them is kept, the next is not.
+    #[test]
+    fn a_trace_keeps_about_trace_bytes_max_bytes() {
+        let mut w = World::new(1, Config::default(), true);
+        // "      0 x\n": ten bytes a line.
+        for _ in 0..TRACE_BYTES_MAX / 10 - 1 {
+            w.trace(|| "x".to_string());
+        }
+        assert_eq!(w.report.trace.len(), TRACE_BYTES_MAX - 10);
+        w.trace(|| "x".to_string());
+        assert_eq!(w.report.trace.len(), TRACE_BYTES_MAX, "the line that reaches the limit is kept");
+        w.trace(|| "x".to_string());
+        assert_eq!(w.report.trace.len(), TRACE_BYTES_MAX, "one line past the limit was kept");
     }
 
     /// The checker each deliberate bug must trip (a part of its violation):

@@ -185,19 +185,7 @@ async fn write_loop(
                 continue;
             }
         };
-        let mut ids: BTreeSet<u64> = BTreeSet::new();
-        ids.extend(Some(first.0.job_id).filter(|j| *j != 0));
-        let mut batch = vec![first];
-        let deadline = tokio::time::Instant::now() + BATCH_WAIT;
-        while batch.len() < BATCH_EVENTS_MAX && ids.len() < BATCH_JOBS_MAX {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(e)) => {
-                    ids.extend(Some(e.0.job_id).filter(|j| *j != 0));
-                    batch.push(e);
-                }
-                _ => break,
-            }
-        }
+        let (batch, ids) = gather(first, &mut rx).await;
         let jobs = read_jobs_retrying(client, &ids).await?;
         let cursor = batch.last().map(|(_, c)| *c);
         let as_of = cursor.map_or(0, |c| c.index);
@@ -227,6 +215,29 @@ async fn write_loop(
             expired_at = Some(Instant::now());
         }
     }
+}
+
+/// A batch from its `first` event: the events that follow within
+/// [`BATCH_WAIT`], until it holds [`BATCH_EVENTS_MAX`] events or touches
+/// [`BATCH_JOBS_MAX`] jobs; with the ids of those jobs.
+async fn gather(
+    first: (pb::ClusterEvent, Cursor),
+    rx: &mut tokio::sync::mpsc::Receiver<(pb::ClusterEvent, Cursor)>,
+) -> (Vec<(pb::ClusterEvent, Cursor)>, BTreeSet<u64>) {
+    let mut ids: BTreeSet<u64> = BTreeSet::new();
+    ids.extend(Some(first.0.job_id).filter(|j| *j != 0));
+    let mut batch = vec![first];
+    let deadline = tokio::time::Instant::now() + BATCH_WAIT;
+    while batch.len() < BATCH_EVENTS_MAX && ids.len() < BATCH_JOBS_MAX {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(e)) => {
+                ids.extend(Some(e.0.job_id).filter(|j| *j != 0));
+                batch.push(e);
+            }
+            _ => break,
+        }
+    }
+    (batch, ids)
 }
 
 /// Tells the cluster the store holds every job through `index` of
@@ -591,4 +602,55 @@ async fn rebuild_fairshare(client: &Client, database: &str, dry_run: bool) -> an
 /// 100 ms, doubling, at most [`DB_RETRY_PAUSE_MAX`].
 fn pause(attempt: u32) -> Duration {
     Duration::from_millis(100u64.saturating_mul(1 << attempt.min(10))).min(DB_RETRY_PAUSE_MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(job_id: u64, index: u64) -> (pb::ClusterEvent, Cursor) {
+        (pb::ClusterEvent { job_id, ..Default::default() }, Cursor { index, delivered: 0, history: None })
+    }
+
+    /// A batch closes at BATCH_EVENTS_MAX events, or once its events touch
+    /// BATCH_JOBS_MAX jobs; what follows waits for the next batch.
+    #[tokio::test]
+    async fn batches_close_at_their_event_and_job_limits() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(2 * BATCH_EVENTS_MAX);
+        // Events of no job (node events): only the event limit applies.
+        for i in 1..=BATCH_EVENTS_MAX as u64 + 1 {
+            tx.send(event(0, i)).await.unwrap();
+        }
+        let first = rx.recv().await.unwrap();
+        let (batch, ids) = gather(first, &mut rx).await;
+        assert_eq!((batch.len(), ids.len()), (BATCH_EVENTS_MAX, 0));
+        assert_eq!(rx.recv().await.unwrap().1.index, BATCH_EVENTS_MAX as u64 + 1, "the event past the batch waits");
+
+        // Two events per job: the batch closes with its BATCH_JOBS_MAX-th job's first.
+        for i in 0..2 * (BATCH_JOBS_MAX as u64 + 1) {
+            tx.send(event(i / 2 + 1, i + 1)).await.unwrap();
+        }
+        let first = rx.recv().await.unwrap();
+        let (batch, ids) = gather(first, &mut rx).await;
+        assert_eq!(ids.len(), BATCH_JOBS_MAX);
+        assert_eq!(batch.len(), 2 * BATCH_JOBS_MAX - 1);
+        assert_eq!(rx.recv().await.unwrap().0.job_id, BATCH_JOBS_MAX as u64, "its second event waits");
+    }
+
+    /// Retries pause 100 ms, doubling, never more than DB_RETRY_PAUSE_MAX;
+    /// DB_ATTEMPTS_MAX of them ride out about an hour of outage, as the
+    /// service promises its operators, and no more.
+    #[test]
+    fn database_retries_ride_out_about_an_hour() {
+        assert_eq!(pause(0), Duration::from_millis(100));
+        assert_eq!(pause(1), Duration::from_millis(200));
+        assert_eq!(pause(5), Duration::from_millis(3_200));
+        assert_eq!(pause(6), DB_RETRY_PAUSE_MAX);
+        assert_eq!(pause(u32::MAX), DB_RETRY_PAUSE_MAX);
+        let outage: Duration = (0..DB_ATTEMPTS_MAX).map(pause).sum();
+        assert!(
+            (Duration::from_secs(55 * 60)..=Duration::from_secs(61 * 60)).contains(&outage),
+            "{DB_ATTEMPTS_MAX} attempts ride out {outage:?}"
+        );
+    }
 }

@@ -194,10 +194,9 @@ pub struct Listing {
 }
 
 /// Every job matching `l`, page by page (linearizable reads).
+/// Past LIST_PAGES_MAX pages it answers what it read, and says so on stderr.
 pub async fn list_jobs(client: &Client, l: &Listing) -> anyhow::Result<Vec<pb::Job>> {
-    let mut all = Vec::new();
-    let mut after_id = 0;
-    for _ in 0..LIST_PAGES_MAX {
+    let (all, whole) = gangway_proto::client::paged(LIST_PAGES_MAX, 0, |after_id| async move {
         let req = pb::ListJobsRequest {
             states: l.states.clone(),
             user: l.user.clone(),
@@ -215,11 +214,16 @@ pub async fn list_jobs(client: &Client, l: &Listing) -> anyhow::Result<Vec<pb::J
             })
             .await?
             .into_inner();
-        all.extend(resp.jobs);
-        if resp.next_after_id == 0 {
-            return Ok(all);
-        }
-        after_id = resp.next_after_id;
+        let next = Some(resp.next_after_id).filter(|n| *n != 0);
+        anyhow::Ok((resp.jobs, next))
+    })
+    .await?;
+    if !whole {
+        eprintln!(
+            "gangway: only the first {} matching jobs are shown ({LIST_PAGES_MAX} pages); narrow the query \
+             (a user, a partition, states)",
+            all.len()
+        );
     }
     Ok(all)
 }

@@ -1178,6 +1178,23 @@ mod tests {
         StepShape::of(&args(argv).res).unwrap()
     }
 
+    /// A step of TASKS_PER_NODE_MAX tasks on a node is planned; one task
+    /// more on any node is refused, naming the option and the limit.
+    #[test]
+    fn steps_have_at_most_tasks_per_node_max_tasks_on_a_node() {
+        let alloc: Vec<String> = ["n1", "n2"].iter().map(|s| s.to_string()).collect();
+        let per = TASKS_PER_NODE_MAX.to_string();
+        let s = plan(&alloc, "n1", 1, &shape(&["--ntasks-per-node", &per, "x"])).unwrap();
+        assert_eq!(s.per_node, vec![TASKS_PER_NODE_MAX; 2]);
+        let past = (TASKS_PER_NODE_MAX + 1).to_string();
+        let err = plan(&alloc, "n1", 1, &shape(&["--ntasks-per-node", &past, "x"])).unwrap_err();
+        assert_eq!(err, format!("--ntasks: at most {TASKS_PER_NODE_MAX} tasks per node"));
+        // Block distribution: the first node takes the odd task.
+        let total = (2 * TASKS_PER_NODE_MAX + 1).to_string();
+        assert!(plan(&alloc, "n1", 1, &shape(&["-n", &total, "x"])).is_err());
+        assert!(plan(&alloc, "n1", TASKS_PER_NODE_MAX + 1, &shape(&["x"])).is_err(), "the allocation's own");
+    }
+
     #[test]
     fn steps_spread_over_the_allocation_as_slurm_does() {
         let alloc: Vec<String> = ["n1", "n2", "n3"].iter().map(|s| s.to_string()).collect();

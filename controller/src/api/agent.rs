@@ -175,12 +175,7 @@ impl AgentService for AgentApi {
                 })
                 .await;
         }
-        if msg.running.len() > TASKS_PER_NODE_REPORTED_MAX {
-            return Err(Status::invalid_argument(format!("running: at most {TASKS_PER_NODE_REPORTED_MAX} tasks")));
-        }
-        if msg.gpu_health.len() > gangway_core::limits::GPUS_PER_NODE_MAX as usize {
-            return Err(Status::invalid_argument("gpu_health: more GPUs than a node can have"));
-        }
+        check_heartbeat(&msg)?;
         // A leader a quorum has not acknowledged lately may be deposed: its
         // answer must not count as contact, or the agent would keep its tasks
         // while the real leader declares the node down and starts them elsewhere.
@@ -201,11 +196,7 @@ impl AgentService for AgentApi {
         // write flood keeps busy; only when the views are far behind (a
         // replica under strain) does it wait a little for them.
         let state = match self.replica.node.state().read() {
-            view if view.index().saturating_add(HEARTBEAT_VIEW_LAG_MAX)
-                >= self.replica.node.state().applied_index() =>
-            {
-                view
-            }
+            view if view_is_recent(view.index(), self.replica.node.state().applied_index()) => view,
             _ => self.replica.node.state().read_fresh_within(HEARTBEAT_VIEW_WAIT).await,
         };
         let index = state.index();
@@ -242,7 +233,7 @@ impl AgentService for AgentApi {
         self.replica.heartbeats.record(&msg.name, Some((seen_index, running.iter().map(|t| t.0).collect())));
         let orders = node_orders(&state, &msg.name, &running);
         let mut launch = Vec::new();
-        let mut launch_bytes = 0usize;
+        let mut budget = gangway_proto::limits::PageBudget::launch_orders();
         for (job_id, _) in &orders.launch {
             let Some(job) = state.jobs.get(job_id) else { continue };
             let Some(mut order) = self.launch_order(&state, job, &msg.name, term)? else { continue };
@@ -251,11 +242,9 @@ impl AgentService for AgentApi {
             }
             // The answer must fit the agent's message limit: orders past the
             // budget go out with the next heartbeat.
-            let bytes = prost::Message::encoded_len(&order);
-            if !launch.is_empty() && launch_bytes.saturating_add(bytes) > LAUNCH_ORDERS_BYTES_MAX {
+            if !budget.take(prost::Message::encoded_len(&order)) {
                 continue;
             }
-            launch_bytes = launch_bytes.saturating_add(bytes);
             launch.push(order);
         }
         let refs = |tasks: &[gangway_core::duties::TaskKey]| -> Vec<TaskRef> {
@@ -348,6 +337,39 @@ impl AgentService for AgentApi {
 
 /// Tasks one agent may report running (the core allows this many per node).
 const TASKS_PER_NODE_REPORTED_MAX: usize = 4096;
+
+/// A heartbeat's sizes, bounded before any work: the tasks it reports and
+/// its GPUs' health.
+fn check_heartbeat(msg: &HeartbeatRequest) -> Result<(), Status> {
+    if msg.running.len() > TASKS_PER_NODE_REPORTED_MAX {
+        return Err(Status::invalid_argument(format!("running: at most {TASKS_PER_NODE_REPORTED_MAX} tasks")));
+    }
+    if msg.gpu_health.len() > gangway_core::limits::GPUS_PER_NODE_MAX as usize {
+        return Err(Status::invalid_argument(format!(
+            "gpu_health: at most {} GPUs, as many as a node can have",
+            gangway_core::limits::GPUS_PER_NODE_MAX
+        )));
+    }
+    Ok(())
+}
+
+/// Whether views at `view` are recent enough to answer a heartbeat from,
+/// with the log applied to `applied`: within [`HEARTBEAT_VIEW_LAG_MAX`].
+fn view_is_recent(view: u64, applied: u64) -> bool {
+    view.saturating_add(HEARTBEAT_VIEW_LAG_MAX) >= applied
+}
+
+/// Whether a gang of `nodes` nodes gets its launch order from a template
+/// built once (see [`LAUNCH_TEMPLATE_NODES_MIN`]).
+fn uses_template(nodes: usize) -> bool {
+    nodes >= LAUNCH_TEMPLATE_NODES_MIN
+}
+
+/// Whether a job's launch order names its `nodes` nodes as one hostlist
+/// (see [`LAUNCH_NODES_INLINE_MAX`]); a heterogeneous job's never do.
+fn sends_hostlist(nodes: usize, heterogeneous: bool) -> bool {
+    nodes > LAUNCH_NODES_INLINE_MAX && !heterogeneous
+}
 /// Rendezvous ports are chosen per job from this range (PyTorch's default
 /// MASTER_PORT, 29500, starts it), the same on every node of the gang.
 const MASTER_PORT_BASE: u32 = 29_500;
@@ -386,12 +408,11 @@ impl LaunchTemplates {
         self.orders.lock().expect("launch templates lock").get(&key).map(|(o, _)| o.clone())
     }
 
-    fn keep(&self, state: &gangway_core::State, key: TemplateKey, order: Arc<LaunchOrder>) {
+    /// Keeps `order` for `key`, dropping the templates of attempts not
+    /// `running` and then the oldest past the count or byte budget.
+    fn keep(&self, running: impl Fn(&TemplateKey) -> bool, key: TemplateKey, order: Arc<LaunchOrder>) {
         let bytes = prost::Message::encoded_len(order.as_ref());
         let mut orders = self.orders.lock().expect("launch templates lock");
-        let running = |(job, attempt, _): &TemplateKey| {
-            state.jobs.get(job).is_some_and(|j| j.attempt == *attempt && j.allocation.is_some())
-        };
         orders.retain(|k, _| running(k));
         orders.insert(key, (order, bytes));
         let mut total: usize = orders.values().map(|(_, b)| *b).sum();
@@ -414,13 +435,16 @@ impl AgentApi {
         let Some(alloc) = job.allocation.as_ref() else { return Ok(None) };
         let Some(rank) = alloc.nodes.iter().position(|n| n.node == node) else { return Ok(None) };
         let key = (job.id, job.attempt, job.spec.time_limit_s);
-        let mut order = if alloc.nodes.len() < LAUNCH_TEMPLATE_NODES_MIN {
+        let mut order = if !uses_template(alloc.nodes.len()) {
             self.launch_template(state, job, alloc)?
         } else if let Some(template) = self.templates.get(key) {
             LaunchOrder::clone(&template)
         } else {
             let template = Arc::new(self.launch_template(state, job, alloc)?);
-            self.templates.keep(state, key, template.clone());
+            let running = |(job, attempt, _): &TemplateKey| {
+                state.jobs.get(job).is_some_and(|j| j.attempt == *attempt && j.allocation.is_some())
+            };
+            self.templates.keep(running, key, template.clone());
             LaunchOrder::clone(&template)
         };
         order.node_rank = u32::try_from(rank).unwrap_or(u32::MAX);
@@ -457,7 +481,7 @@ impl AgentApi {
         // A big gang: one hostlist, and step addresses in its expansion's order.
         // A heterogeneous job's nodes stay in component order, inline (a
         // hostlist would sort them).
-        let (nodes, nodelist) = if names.len() > LAUNCH_NODES_INLINE_MAX && job.spec.components.is_empty() {
+        let (nodes, nodelist) = if sends_hostlist(names.len(), !job.spec.components.is_empty()) {
             let list = gangway_proto::hostlist::compress(&names);
             let expanded = gangway_proto::hostlist::expand(&list)
                 .map_err(|e| Status::internal(format!("job {}: its hostlist does not expand: {e}", job.id)))?;
@@ -540,4 +564,89 @@ fn truncate_on_char(s: &str, max: usize) -> String {
         end = end.saturating_sub(1);
     }
     s[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A heartbeat reporting TASKS_PER_NODE_REPORTED_MAX tasks and a GPU
+    /// health entry per GPU a node can have is taken; one more of either is
+    /// refused, naming the field and the limit.
+    #[test]
+    fn a_heartbeat_is_bounded_before_any_work() {
+        let gpus = gangway_core::limits::GPUS_PER_NODE_MAX as usize;
+        let mut msg = HeartbeatRequest {
+            running: vec![TaskRef::default(); TASKS_PER_NODE_REPORTED_MAX],
+            gpu_health: vec![Default::default(); gpus],
+            ..Default::default()
+        };
+        assert!(check_heartbeat(&msg).is_ok());
+        msg.running.push(TaskRef::default());
+        let err = check_heartbeat(&msg).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert_eq!(err.message(), format!("running: at most {TASKS_PER_NODE_REPORTED_MAX} tasks"));
+        msg.running.pop();
+        msg.gpu_health.push(Default::default());
+        let err = check_heartbeat(&msg).unwrap_err();
+        assert!(err.message().starts_with(&format!("gpu_health: at most {gpus} GPUs")), "{}", err.message());
+    }
+
+    /// Views HEARTBEAT_VIEW_LAG_MAX entries behind apply answer a heartbeat
+    /// at once; one more and it waits for fresher ones.
+    #[test]
+    fn a_heartbeat_waits_only_for_views_past_heartbeat_view_lag_max() {
+        assert!(view_is_recent(100, 100 + HEARTBEAT_VIEW_LAG_MAX));
+        assert!(!view_is_recent(100, 100 + HEARTBEAT_VIEW_LAG_MAX + 1));
+        assert!(view_is_recent(u64::MAX, u64::MAX), "no overflow at the end of the index space");
+    }
+
+    /// Gangs from LAUNCH_TEMPLATE_NODES_MIN nodes share a template, smaller
+    /// ones do not; past LAUNCH_NODES_INLINE_MAX nodes a job's order names
+    /// them as a hostlist, unless it is heterogeneous.
+    #[test]
+    fn big_gangs_get_templates_and_hostlists() {
+        assert!(uses_template(LAUNCH_TEMPLATE_NODES_MIN));
+        assert!(!uses_template(LAUNCH_TEMPLATE_NODES_MIN - 1));
+        assert!(!sends_hostlist(LAUNCH_NODES_INLINE_MAX, false));
+        assert!(sends_hostlist(LAUNCH_NODES_INLINE_MAX + 1, false));
+        assert!(!sends_hostlist(LAUNCH_NODES_INLINE_MAX + 1, true));
+    }
+
+    fn template(job: u64, script_bytes: usize) -> Arc<LaunchOrder> {
+        Arc::new(LaunchOrder { job_id: job, script: "x".repeat(script_bytes), ..Default::default() })
+    }
+
+    /// LAUNCH_TEMPLATES_MAX templates are kept, one more drops the oldest;
+    /// templates of LAUNCH_TEMPLATES_BYTES_MAX bytes in all are kept, one
+    /// byte more drops the oldest; finished attempts' go first.
+    #[test]
+    fn launch_templates_are_bounded_in_count_and_bytes() {
+        let all = |_: &TemplateKey| true;
+        let t = LaunchTemplates::default();
+        for job in 1..=LAUNCH_TEMPLATES_MAX as u64 {
+            t.keep(all, (job, 1, 60), template(job, 0));
+        }
+        assert!(t.get((1, 1, 60)).is_some(), "dropped within the count");
+        t.keep(all, (LAUNCH_TEMPLATES_MAX as u64 + 1, 1, 60), template(0, 0));
+        assert!(t.get((1, 1, 60)).is_none(), "one past the count kept the oldest");
+        assert!(t.get((2, 1, 60)).is_some());
+        t.keep(|k: &TemplateKey| k.0 != 2, (0, 1, 60), template(0, 0));
+        assert!(t.get((2, 1, 60)).is_none(), "a finished attempt's template stayed");
+
+        // Two templates of exactly LAUNCH_TEMPLATES_BYTES_MAX bytes together.
+        for extra in [0, 1] {
+            let t = LaunchTemplates::default();
+            let first = template(1, 1024);
+            let first_bytes = prost::Message::encoded_len(first.as_ref());
+            let want = LAUNCH_TEMPLATES_BYTES_MAX - first_bytes + extra;
+            // The script's length, less its field's tag and length prefix and the job id's field.
+            let len = want - (prost::Message::encoded_len(template(2, want).as_ref()) - want);
+            assert_eq!(prost::Message::encoded_len(template(2, len).as_ref()), want, "no script length fits");
+            t.keep(all, (1, 1, 60), first);
+            t.keep(all, (2, 1, 60), template(2, len));
+            assert_eq!(t.get((1, 1, 60)).is_some(), extra == 0, "{extra} byte(s) past the budget");
+            assert!(t.get((2, 1, 60)).is_some(), "the newest template is always kept");
+        }
+    }
 }

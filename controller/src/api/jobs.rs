@@ -217,19 +217,17 @@ impl JobService for JobApi {
         let jobs = history.jobs(&msg, &scope).await.map_err(|e| history_status("history", e))?;
         // Paged by size like a listing: the answer stays under every client's limit.
         let mut out = Vec::with_capacity(jobs.len());
-        let mut bytes = 0usize;
+        let mut budget = gangway_proto::limits::PageBudget::list();
         let mut next_after_id = 0;
         for mut j in jobs {
             j.reason = viewer.reason(&j.reason);
-            let len = prost::Message::encoded_len(&j);
-            if !out.is_empty() && bytes.saturating_add(len) > gangway_proto::limits::LIST_RESPONSE_BYTES_MAX {
+            if !budget.take(prost::Message::encoded_len(&j)) {
                 next_after_id = j.id;
                 break;
             }
-            bytes = bytes.saturating_add(len);
             out.push(j);
         }
-        self.replica.charge_read(&ctx, crate::ratelimit::read_units(out.len(), bytes));
+        self.replica.charge_read(&ctx, crate::ratelimit::read_units(out.len(), budget.used()));
         Ok(Response::new(ListJobsResponse { jobs: out, next_after_id }))
     }
 
@@ -980,7 +978,8 @@ pub fn list_page(
     } else {
         Box::new(state.jobs.range(after).map(|(id, _)| *id))
     };
-    let (mut jobs, mut bytes, mut examined) = (Vec::with_capacity(q.limit.min(1024)), 0usize, 0usize);
+    let (mut jobs, mut budget, mut examined) =
+        (Vec::with_capacity(q.limit.min(1024)), gangway_proto::limits::PageBudget::list(), 0usize);
     let (mut next_after_id, mut last_examined) = (0, q.after_id);
     for id in ids {
         if examined == LIST_SCAN_MAX || jobs.len() == q.limit {
@@ -996,12 +995,10 @@ pub fn list_page(
         }
         let mut pj = viewer.job(j);
         // Paged by size too: the answer stays under every client's limit.
-        let len = prost::Message::encoded_len(&pj);
-        if !jobs.is_empty() && bytes.saturating_add(len) > gangway_proto::limits::LIST_RESPONSE_BYTES_MAX {
+        if !budget.take(prost::Message::encoded_len(&pj)) {
             next_after_id = jobs.last().map_or(0, |j: &Job| j.id);
             break;
         }
-        bytes = bytes.saturating_add(len);
         // The scheduler's reason replaces the stored one, except a requeue's
         // explanation, which says more.
         if let Some(r) = reasons.get(&j.id).filter(|_| j.state == gangway_core::JobState::Pending) {
@@ -1011,7 +1008,7 @@ pub fn list_page(
         }
         jobs.push(pj);
     }
-    (ListJobsResponse { jobs, next_after_id }, examined, bytes)
+    (ListJobsResponse { jobs, next_after_id }, examined, budget.used())
 }
 
 /// Read units one replayed event costs: it is filtered for the caller,

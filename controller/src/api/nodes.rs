@@ -140,7 +140,8 @@ impl NodeService for NodeApi {
         let sees = |id: u64| viewer.as_ref().is_none_or(|v| state.jobs.get(&id).is_some_and(|j| v.visible(j)));
         // Paged by size, in name order: the answer stays under every client's
         // receive limit however many nodes the cluster has.
-        let (mut nodes, mut bytes, mut next_after_name) = (Vec::new(), 0usize, String::new());
+        let (mut nodes, mut budget, mut next_after_name) =
+            (Vec::new(), gangway_proto::limits::PageBudget::list(), String::new());
         let from = std::ops::Bound::Excluded(after_name.clone());
         let range = if after_name.is_empty() {
             state.nodes.range::<String, _>(..)
@@ -151,15 +152,13 @@ impl NodeService for NodeApi {
         for n in range.map(|(_, n)| n) {
             let r = resv.get(n.name.as_str()).copied();
             let pn = shown(node_to_proto(n, self.replica.heartbeat_age_ms(&n.name), r), &sees);
-            let len = prost::Message::encoded_len(&pn);
-            if !nodes.is_empty() && bytes.saturating_add(len) > gangway_proto::limits::LIST_RESPONSE_BYTES_MAX {
+            if !budget.take(prost::Message::encoded_len(&pn)) {
                 next_after_name = nodes.last().map(|p: &Node| p.name.clone()).unwrap_or_default();
                 break;
             }
-            bytes = bytes.saturating_add(len);
             nodes.push(pn);
         }
-        self.replica.charge_read(&ctx, crate::ratelimit::read_units(nodes.len(), bytes));
+        self.replica.charge_read(&ctx, crate::ratelimit::read_units(nodes.len(), budget.used()));
         Ok(Response::new(ListNodesResponse { nodes, next_after_name }))
     }
 

@@ -169,3 +169,20 @@ async fn run(program: &PathBuf, up: bool, nodes: &[String]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call names NODES_PER_CALL_MAX nodes; one more waits for the next call.
+    #[test]
+    fn a_call_names_at_most_nodes_per_call_max_nodes() {
+        let mut set: BTreeSet<String> = (0..NODES_PER_CALL_MAX).map(|i| format!("n{i:05}")).collect();
+        assert_eq!(take_some(&mut set).len(), NODES_PER_CALL_MAX);
+        assert!(set.is_empty());
+        let mut set: BTreeSet<String> = (0..=NODES_PER_CALL_MAX).map(|i| format!("n{i:05}")).collect();
+        let first = take_some(&mut set);
+        assert_eq!(first.len(), NODES_PER_CALL_MAX);
+        assert_eq!(set.into_iter().collect::<Vec<_>>(), vec![format!("n{NODES_PER_CALL_MAX:05}")], "the last waits");
+    }
+}

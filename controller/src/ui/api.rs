@@ -471,36 +471,45 @@ async fn events(console: &Console, who: &Who) -> Response {
     let (replica, who) = (console.replica.clone(), who.clone());
     tokio::spawn(async move {
         let _permit = permit;
-        let mut stream = stream;
-        let mut keepalive = tokio::time::interval(EVENT_KEEPALIVE);
-        keepalive.tick().await;
-        loop {
-            let frame = tokio::select! {
-                ev = stream.next() => match ev {
-                    Some(Ok(ev)) if ev.kind == "stream_start" => continue,
-                    Some(Ok(ev)) => format!("id: {}\ndata: {}\n\n", ev.index, event_json(&ev, Some(crate::now_ms()))),
-                    Some(Err(s)) => format!("event: error\ndata: {}\n\n", json!({ "error": s.message() })),
-                    None => return,
-                },
-                _ = keepalive.tick() => match replica.ctx(&who.request(())) {
-                    Ok(_) => ": keepalive\n\n".to_string(),
-                    Err(s) => {
-                        let _ = tx.try_send(Bytes::from(format!("event: error\ndata: {}\n\n", json!({ "error": s.message() }))));
-                        return;
-                    }
-                },
-                _ = tx.closed() => return,
-            };
-            // A browser too slow to take its events is dropped; it reconnects.
-            if tx.try_send(Bytes::from(frame)).is_err() {
-                return;
-            }
-        }
+        pump(stream, tx, move || replica.ctx(&who.request(())).map(|_| ())).await;
     });
     let body = http_body_util::StreamBody::new(
         tokio_stream::wrappers::ReceiverStream::new(rx).map(|b| Ok(hyper::body::Frame::data(b))),
     );
     answer(StatusCode::OK, "text/event-stream", http_body_util::BodyExt::boxed(body))
+}
+
+/// Sends `stream`'s events into a browser's queue as server-sent events
+/// until the stream ends, the browser goes, `allowed` (asked at every
+/// keepalive) refuses the caller, or the browser is [`EVENT_QUEUE_MAX`]
+/// frames behind: too slow to take its events, it is dropped and reconnects.
+async fn pump<S>(mut stream: S, tx: tokio::sync::mpsc::Sender<Bytes>, allowed: impl Fn() -> Result<(), tonic::Status>)
+where
+    S: tokio_stream::Stream<Item = Result<pb::ClusterEvent, tonic::Status>> + Unpin,
+{
+    let mut keepalive = tokio::time::interval(EVENT_KEEPALIVE);
+    keepalive.tick().await;
+    loop {
+        let frame = tokio::select! {
+            ev = stream.next() => match ev {
+                Some(Ok(ev)) if ev.kind == "stream_start" => continue,
+                Some(Ok(ev)) => format!("id: {}\ndata: {}\n\n", ev.index, event_json(&ev, Some(crate::now_ms()))),
+                Some(Err(s)) => format!("event: error\ndata: {}\n\n", json!({ "error": s.message() })),
+                None => return,
+            },
+            _ = keepalive.tick() => match allowed() {
+                Ok(()) => ": keepalive\n\n".to_string(),
+                Err(s) => {
+                    let _ = tx.try_send(Bytes::from(format!("event: error\ndata: {}\n\n", json!({ "error": s.message() }))));
+                    return;
+                }
+            },
+            _ = tx.closed() => return,
+        };
+        if tx.try_send(Bytes::from(frame)).is_err() {
+            return;
+        }
+    }
 }
 
 fn job_state(s: i32) -> String {
@@ -589,6 +598,29 @@ fn event_json(e: &pb::ClusterEvent, seen_ms: Option<u64>) -> Value {
 mod tests {
     use super::*;
     use crate::ui::tests::message;
+
+    /// A browser EVENT_QUEUE_MAX frames behind is still served; one frame
+    /// more and its stream is dropped (it reconnects), the frames queued
+    /// before kept for it to read.
+    #[tokio::test]
+    async fn a_browser_too_far_behind_is_dropped_past_event_queue_max() {
+        for (events, dropped) in [(EVENT_QUEUE_MAX, false), (EVENT_QUEUE_MAX + 1, true)] {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(EVENT_QUEUE_MAX);
+            let live = tokio_stream::iter(
+                (1..=events as u64)
+                    .map(|index| Ok(pb::ClusterEvent { index, kind: "job".into(), ..Default::default() })),
+            )
+            .chain(tokio_stream::pending());
+            let served = tokio::time::timeout(Duration::from_millis(300), pump(live, tx, || Ok(()))).await;
+            assert_eq!(served.is_ok(), dropped, "{events} events unread");
+            let mut queued = 0;
+            while let Ok(frame) = rx.try_recv() {
+                queued += 1;
+                assert!(String::from_utf8_lossy(&frame).starts_with(&format!("id: {queued}\n")));
+            }
+            assert_eq!(queued, EVENT_QUEUE_MAX);
+        }
+    }
     use gangway_proto::v1::Job;
 
     // Fields set one by one: a struct literal of a wire job here would read

@@ -141,18 +141,16 @@ pub fn serve(
         histories: api::job_history_slots(),
     });
     Ok(tokio::spawn(async move {
-        let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
-        let per_peer = gangway_proto::tls::PeerSlots::default();
+        let admission = admission();
         while let Some(conn) = conns.next().await {
             let Ok(conn) = conn else { continue };
             let peer = conn.peer().clone();
-            let ip = peer.remote.map(|a| peer_key(a.ip())).unwrap_or(IpAddr::from([0, 0, 0, 0]));
+            let ip = peer.remote.map(|a| gangway_proto::tls::host_of(a.ip())).unwrap_or(IpAddr::from([0, 0, 0, 0]));
             // Shed rather than queue: a browser retries.
-            let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
-            let Some(peer_slot) = per_peer.take(ip, CONNECTIONS_PER_PEER_MAX) else { continue };
+            let Some(admitted) = admission.admit(ip) else { continue };
             let console = console.clone();
             tokio::spawn(async move {
-                let _slots = (permit, peer_slot);
+                let _admitted = admitted;
                 let svc = hyper::service::service_fn(move |req| {
                     let console = console.clone();
                     let peer = peer.clone();
@@ -167,6 +165,12 @@ pub fn serve(
             });
         }
     }))
+}
+
+/// The console's connection places: [`CONNECTIONS_MAX`] in all,
+/// [`CONNECTIONS_PER_PEER_MAX`] per address.
+fn admission() -> gangway_proto::tls::Admission {
+    gangway_proto::tls::Admission::new(CONNECTIONS_MAX, CONNECTIONS_PER_PEER_MAX)
 }
 
 /// How a connection is read: a request's head of at most
@@ -212,22 +216,6 @@ where
             StatusCode::REQUEST_TIMEOUT,
             &format!("body: did not arrive within {} s", BODY_READ_TIMEOUT.as_secs()),
         )),
-    }
-}
-
-/// Whose connections count together: an IPv4 address, or an IPv6 /64 (what
-/// one host is usually given).
-fn peer_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let mut s = v6.segments();
-                s[4..].fill(0);
-                IpAddr::V6(s.into())
-            }
-        },
     }
 }
 
@@ -297,6 +285,21 @@ mod tests {
         let body = r.into_body().collect().await.unwrap().to_bytes();
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         v["error"].as_str().unwrap_or_default().to_string()
+    }
+
+    /// The console keeps CONNECTIONS_PER_PEER_MAX connections of one
+    /// address and CONNECTIONS_MAX in all; one past either is shed.
+    #[test]
+    fn console_connections_are_bounded_per_address_and_in_all() {
+        let a = admission();
+        let ip = |i: usize| IpAddr::from([10, 0, (i / 256) as u8, (i % 256) as u8]);
+        let one: Vec<_> = (0..CONNECTIONS_PER_PEER_MAX).map(|_| a.admit(ip(0)).expect("within the share")).collect();
+        assert!(a.admit(ip(0)).is_none(), "one past an address's share");
+        drop(one);
+        let all: Vec<_> = (0..CONNECTIONS_MAX).map(|i| a.admit(ip(i)).expect("within the total")).collect();
+        assert!(a.admit(ip(CONNECTIONS_MAX)).is_none(), "one past the total");
+        drop(all);
+        assert!(a.admit(ip(CONNECTIONS_MAX)).is_some(), "places came back");
     }
 
     /// A body of REQUEST_BODY_BYTES_MAX bytes is read whole; one byte more
