@@ -34,8 +34,10 @@ const STORE_OPEN_ATTEMPTS_MAX: usize = 50;
 /// holds two; 256 leaves room for bursts, and bounds what one connection can
 /// make the replica hold (each stream a task and its buffers).
 pub const H2_STREAMS_PER_CONNECTION_MAX: u32 = 256;
-/// Bytes of headers one request may carry: a bearer token or a step
-/// credential is a kilobyte or two (hyper would take 16 MiB).
+/// Bytes of headers one request may carry, counted as HTTP/2 counts them
+/// (name, value and 32 per field), less one: a list that reaches this is
+/// answered 431. A bearer token or a step credential is a kilobyte or two
+/// (hyper would take 16 MiB).
 pub const H2_HEADER_LIST_BYTES_MAX: u32 = 64 * 1024;
 /// Streams a client may open and reset before their handler ran, per
 /// connection (the HTTP/2 "rapid reset" flood); past it the connection closes.

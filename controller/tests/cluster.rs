@@ -301,6 +301,53 @@ async fn submit_via_follower_replicates_and_dedupes() {
     c.shutdown().await;
 }
 
+/// A replica's HTTP/2 limits, as a raw HTTP/2 client meets them: its
+/// settings allow H2_STREAMS_PER_CONNECTION_MAX streams at once, and a
+/// header list one byte short of H2_HEADER_LIST_BYTES_MAX (counted as
+/// HTTP/2 counts them: name, value and 32 per field) is read, while one
+/// that reaches it is answered 431 without reaching the service (the
+/// server takes the setting as a bound never reached).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_bounds_http2_streams_and_header_lists() {
+    use gangway_controller::replica::{H2_HEADER_LIST_BYTES_MAX, H2_STREAMS_PER_CONNECTION_MAX};
+    let c = TestCluster::start(1).await;
+    let addr = c.addrs[&1].clone();
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (send, mut conn) = h2::client::handshake(tcp).await.unwrap();
+    // The server's settings arrive as the connection is driven.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while conn.max_concurrent_send_streams() != H2_STREAMS_PER_CONNECTION_MAX as usize {
+        assert!(tokio::time::Instant::now() < deadline, "streams: {}", conn.max_concurrent_send_streams());
+        let _ = tokio::time::timeout(Duration::from_millis(20), &mut conn).await;
+    }
+    tokio::spawn(conn);
+    let path = "/gangway.v1.AdminService/GetReplicaStatus";
+    let status_of = |list_bytes: usize| {
+        let send = send.clone();
+        let addr = addr.clone();
+        async move {
+            // :method, :scheme, :authority and :path, then the padding.
+            let fixed = (7 + 4 + 32) + (7 + 4 + 32) + (10 + addr.len() + 32) + (5 + path.len() + 32) + (5 + 32);
+            let req = http::Request::builder()
+                .method("POST")
+                .uri(format!("http://{addr}{path}"))
+                .header("x-pad", "x".repeat(list_bytes - fixed))
+                .body(())
+                .unwrap();
+            let mut send = send.ready().await.unwrap();
+            let (answer, _) = send.send_request(req, true).unwrap();
+            match tokio::time::timeout(WAIT, answer).await.expect("an answer") {
+                Ok(resp) => resp.status().as_u16(),
+                Err(e) => panic!("{list_bytes} bytes: {e}"),
+            }
+        }
+    };
+    let within = status_of(H2_HEADER_LIST_BYTES_MAX as usize - 1).await;
+    assert_eq!(within, 200, "a header list within the limit was refused");
+    assert_eq!(status_of(H2_HEADER_LIST_BYTES_MAX as usize).await, 431, "a header list that reaches the limit");
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_input_is_refused_with_field_and_nothing_is_logged() {
     let c = TestCluster::start(3).await;
