@@ -29,6 +29,8 @@ use crate::shared::Replica;
 /// Opening the store retries while a previous instance in this process (a test
 /// restarting a replica) still holds RocksDB's lock: 50 × 100 ms.
 const STORE_OPEN_ATTEMPTS_MAX: usize = 50;
+/// The pause between those attempts.
+const STORE_OPEN_PAUSE: Duration = Duration::from_millis(100);
 /// HTTP/2 streams (calls) one connection may have open at once. A
 /// follower forwards its clients' writes over one connection and an agent
 /// holds two; 256 leaves room for bursts, and bounds what one connection can
@@ -152,6 +154,7 @@ fn seed_from_backup(config: &ReplicaConfig, file: &std::path::Path) -> anyhow::R
     Ok(())
 }
 
+/// Blocks (between attempts, and in RocksDB): call it off the async workers.
 fn open_store(dir: &std::path::Path) -> anyhow::Result<gangway_raft_store::Stores> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating data dir {}", dir.display()))?;
     let mut last = None;
@@ -160,12 +163,13 @@ fn open_store(dir: &std::path::Path) -> anyhow::Result<gangway_raft_store::Store
             Ok(s) => return Ok(s),
             Err(e) if e.to_string().contains("lock") => {
                 last = Some(e);
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(STORE_OPEN_PAUSE);
             }
             Err(e) => return Err(e.into()),
         }
     }
-    Err(last.expect("at least one attempt").into())
+    let last = last.map_or_else(|| "no attempt made".to_string(), |e| e.to_string());
+    anyhow::bail!("data dir {}: still locked after {STORE_OPEN_ATTEMPTS_MAX} attempts: {last}", dir.display())
 }
 
 /// A gRPC server with the limits every replica listener has: streams per
@@ -227,7 +231,8 @@ pub async fn start_with_peer_port(
     if let Some(file) = &config.restore {
         seed_from_backup(&config, file)?;
     }
-    let stores = open_store(&config.data_dir)?;
+    let dir = config.data_dir.clone();
+    let stores = tokio::task::spawn_blocking(move || open_store(&dir)).await.context("opening the store")??;
     let node = Arc::new(RaftNode::start(config.id, config.timing.clone(), stores, config.security.clone()).await?);
     let replica = Arc::new(Replica::new(node.clone(), &config));
 
@@ -365,4 +370,28 @@ pub async fn start_with_peer_port(
         fatal_watch,
         fatal,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store whose lock another holder keeps is tried
+    /// STORE_OPEN_ATTEMPTS_MAX times, a pause apart, then refused naming the
+    /// attempts; one released while it waits is opened.
+    #[test]
+    fn a_locked_store_is_tried_store_open_attempts_max_times() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = gangway_raft_store::open(dir.path()).unwrap();
+        let started = std::time::Instant::now();
+        let err = open_store(dir.path()).err().expect("opened a locked store").to_string();
+        assert!(started.elapsed() >= STORE_OPEN_PAUSE * STORE_OPEN_ATTEMPTS_MAX as u32, "gave up early");
+        assert!(err.contains(&format!("still locked after {STORE_OPEN_ATTEMPTS_MAX} attempts")), "{err}");
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(STORE_OPEN_PAUSE * 3);
+            drop(held);
+        });
+        assert!(open_store(dir.path()).is_ok(), "a lock released while waiting");
+        releaser.join().unwrap();
+    }
 }

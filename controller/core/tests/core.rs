@@ -212,7 +212,7 @@ const LIMITS_WITHOUT_A_TEST_YET: &[(&str, &[&str])] = &[
     ("controller/src/api/jobs.rs", &["EVENTS_PAGE_MAX"]),
     ("controller/src/leader/mod.rs", &["BOOTSTRAP_ATTEMPTS_MAX", "DRAW_ATTEMPTS_MAX"]),
     ("controller/src/raft/transfer.rs", &["ATTEMPTS_MAX"]),
-    ("controller/src/replica.rs", &["H2_PENDING_RESETS_MAX", "STORE_OPEN_ATTEMPTS_MAX"]),
+    ("controller/src/replica.rs", &["H2_PENDING_RESETS_MAX"]),
     ("controller/src/ui/mod.rs", &["CONNECTION_LIFETIME_MAX"]),
     ("node-agent/src/nvml.rs", &["NVLINK_LINKS_MAX"]),
     ("node-agent/src/steps.rs", &["STEP_EVENTS_QUEUE_MAX"]),
