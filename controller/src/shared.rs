@@ -50,20 +50,30 @@ const CHANNELS_MAX: usize = 64;
 const HEARTBEATS_MAX: usize = gangway_core::limits::NODES_MAX;
 
 /// Channels to other replicas by address, at most [`CHANNELS_MAX`]: past
-/// it one is dropped (a lazy channel reconnects when next asked for).
+/// it the one used least recently is dropped (a lazy channel reconnects
+/// when next asked for).
 #[derive(Default)]
-struct Channels(BTreeMap<String, Channel>);
+struct Channels {
+    /// Each channel with the count of asks when it was last asked for.
+    by_addr: BTreeMap<String, (Channel, u64)>,
+    asks: u64,
+}
 
 impl Channels {
     fn get_or_make(&mut self, addr: &str, make: impl FnOnce() -> Result<Channel, Status>) -> Result<Channel, Status> {
-        if let Some(ch) = self.0.get(addr) {
+        self.asks = self.asks.saturating_add(1);
+        if let Some((ch, used)) = self.by_addr.get_mut(addr) {
+            *used = self.asks;
             return Ok(ch.clone());
         }
         let ch = make()?;
-        if self.0.len() >= CHANNELS_MAX {
-            self.0.pop_first();
+        if self.by_addr.len() >= CHANNELS_MAX {
+            let oldest = self.by_addr.iter().min_by_key(|(_, (_, used))| *used).map(|(a, _)| a.clone());
+            if let Some(oldest) = oldest {
+                self.by_addr.remove(&oldest);
+            }
         }
-        self.0.insert(addr.to_string(), ch.clone());
+        self.by_addr.insert(addr.to_string(), (ch.clone(), self.asks));
         Ok(ch)
     }
 }
@@ -251,8 +261,8 @@ impl Replica {
 mod tests {
     use super::*;
 
-    /// CHANNELS_MAX channels are kept; one more address drops one of them,
-    /// and a known address reuses its channel.
+    /// CHANNELS_MAX channels are kept; one more address drops the one used
+    /// least recently, and a known address reuses its channel.
     #[tokio::test]
     async fn channels_are_kept_for_at_most_channels_max_addresses() {
         let lazy = || Ok(tonic::transport::Endpoint::from_static("http://127.0.0.1:9").connect_lazy());
@@ -260,13 +270,16 @@ mod tests {
         for i in 0..CHANNELS_MAX {
             channels.get_or_make(&format!("10.0.0.{i}:7000"), lazy).unwrap();
         }
-        assert_eq!(channels.0.len(), CHANNELS_MAX);
+        assert_eq!(channels.by_addr.len(), CHANNELS_MAX);
+        // The first is asked for again: the second is now the least recently used.
         channels.get_or_make("10.0.0.0:7000", || Err(Status::internal("made again"))).unwrap();
         channels.get_or_make("10.0.1.0:7000", lazy).unwrap();
-        assert_eq!(channels.0.len(), CHANNELS_MAX, "one past CHANNELS_MAX");
-        assert!(channels.0.contains_key("10.0.1.0:7000"));
+        assert_eq!(channels.by_addr.len(), CHANNELS_MAX, "one past CHANNELS_MAX");
+        assert!(channels.by_addr.contains_key("10.0.1.0:7000"));
+        assert!(channels.by_addr.contains_key("10.0.0.0:7000"), "a channel in use was dropped");
+        assert!(!channels.by_addr.contains_key("10.0.0.1:7000"), "the least recently used was kept");
         assert!(channels.get_or_make("10.0.2.0:7000", || Err(Status::internal("bad address"))).is_err());
-        assert_eq!(channels.0.len(), CHANNELS_MAX, "a failed channel takes no place");
+        assert_eq!(channels.by_addr.len(), CHANNELS_MAX, "a failed channel takes no place");
     }
 
     /// The leader remembers heartbeats from HEARTBEATS_MAX nodes (as many as
