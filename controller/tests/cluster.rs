@@ -209,10 +209,13 @@ impl TestCluster {
         self.handles[&id].replica.node.state().read().state().clone()
     }
 
-    /// Waits until every running replica has applied what the leader applied.
+    /// Waits until every running replica has applied what any of them
+    /// applied. (The leader's own applied index is not enough: a leader just
+    /// elected may not have applied yet what its predecessor applied and
+    /// answered.)
     async fn converge(&self) {
-        let leader = self.leader().await;
-        let target = self.handles[&leader].replica.node.status().applied_index;
+        self.leader().await;
+        let target = self.handles.values().map(|h| h.replica.node.status().applied_index).max().flatten();
         for h in self.handles.values() {
             assert!(
                 h.replica.node.wait_for(WAIT, |s| s.applied_index >= target).await,
