@@ -389,7 +389,7 @@ const JOB_PAGES_MAX: usize = 100_000;
 
 /// Every job, paged.
 pub(crate) async fn all_jobs(client: &Client) -> anyhow::Result<Vec<pb::Job>> {
-    let (all, whole) = gangway_proto::client::paged(JOB_PAGES_MAX, 0, |after_id| async move {
+    job_pages(|after_id| async move {
         let req = pb::ListJobsRequest { after_id, limit: 10_000, ..Default::default() };
         let page = client
             .call(|ch| {
@@ -400,7 +400,17 @@ pub(crate) async fn all_jobs(client: &Client) -> anyhow::Result<Vec<pb::Job>> {
             .into_inner();
         anyhow::Ok((page.jobs, Some(page.next_after_id).filter(|n| *n != 0)))
     })
-    .await?;
+    .await
+}
+
+/// A whole job list (`fetch(after_id)`), within [`JOB_PAGES_MAX`] pages,
+/// or an error.
+async fn job_pages<F, Fut>(fetch: F) -> anyhow::Result<Vec<pb::Job>>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<(Vec<pb::Job>, Option<u64>)>>,
+{
+    let (all, whole) = gangway_proto::client::paged(JOB_PAGES_MAX, 0, fetch).await?;
     anyhow::ensure!(whole, "the job list did not end within {JOB_PAGES_MAX} pages");
     Ok(all)
 }
@@ -1002,6 +1012,17 @@ async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> any
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A job list of JOB_PAGES_MAX pages is read; one page more is an
+    /// error (a benchmark never counts a list cut short).
+    #[tokio::test]
+    async fn a_benchmark_reads_job_pages_max_pages_and_not_one_more() {
+        use crate::slurm::tests::pages_of;
+        let n = JOB_PAGES_MAX as u64;
+        assert_eq!(job_pages(pages_of(n)).await.unwrap().len(), JOB_PAGES_MAX);
+        let e = job_pages(pages_of(n + 1)).await.unwrap_err();
+        assert!(e.to_string().contains(&JOB_PAGES_MAX.to_string()), "{e}");
+    }
 
     /// A scrape reads SCRAPE_BYTES_MAX bytes of a page at most, however
     /// much a replica sends.

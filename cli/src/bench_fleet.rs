@@ -46,12 +46,28 @@ const FLEET_JOBS_PER_S_MAX: u64 = 10_000;
 const FLEET_STOPPED_NODES: usize = 5;
 /// How long the whole fleet may take to register.
 const REGISTER_WAIT: Duration = Duration::from_secs(300);
-/// Registrations retried per agent before the run fails.
-const REGISTER_ATTEMPTS_MAX: usize = 600;
+/// Registrations tried per agent, half a second apart, before the run
+/// fails: as long as the fleet may take to register.
+const REGISTER_ATTEMPTS_MAX: u64 = 601;
+const REGISTER: gangway_proto::retry::Retry =
+    gangway_proto::retry::Retry::new(REGISTER_ATTEMPTS_MAX, Duration::from_millis(500));
 /// Heartbeat round trips kept for percentiles (the rest only counted).
 const RTT_SAMPLES_MAX: usize = 2_000_000;
 /// Exit reports one agent sends per round at most (the rest wait).
 const REPORTS_PER_ROUND_MAX: usize = 64;
+
+/// The exit reports this round sends, oldest first: [`REPORTS_PER_ROUND_MAX`].
+fn round_reports(c: &mut AgentCore) -> Vec<Exit> {
+    std::iter::from_fn(|| c.take_report()).take(REPORTS_PER_ROUND_MAX).collect()
+}
+
+/// Keeps a round trip for the percentiles while fewer than
+/// [`RTT_SAMPLES_MAX`] are kept (the rest are only counted).
+fn keep_sample(rtts: &mut Vec<u32>, rtt: Duration) {
+    if rtts.len() < RTT_SAMPLES_MAX {
+        rtts.push(u32::try_from(rtt.as_micros()).unwrap_or(u32::MAX));
+    }
+}
 /// Grace an agent gives a task it stops (the agent's default).
 const STOP_GRACE_MS: u64 = 10_000;
 /// One call's deadline.
@@ -342,17 +358,19 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
         }
         if core.is_none() {
             let sent = now_ms();
-            let mut attempts = 0;
+            let mut tries = REGISTER.tries();
+            let mut failed = None;
             let resp = loop {
+                if !tries.next().await {
+                    bail!("{name}: register: {REGISTER_ATTEMPTS_MAX} attempts: {}", failed.unwrap_or_default());
+                }
                 match register().await {
                     Ok(r) => break r.into_inner(),
-                    Err(e) if attempts < REGISTER_ATTEMPTS_MAX => {
-                        attempts += 1;
+                    Err(e) => {
                         shared.errors.fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(node = %name, error = %e, "register failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        failed = Some(e.to_string());
                     }
-                    Err(e) => bail!("{name}: register: {e}"),
                 }
             };
             let mut c = AgentCore::new(Fences::default(), STOP_GRACE_MS, sent);
@@ -374,8 +392,8 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
             c.task_exited(Exit::ended(t, Some(0), None));
         }
         // Exits go before the heartbeat, as the real agent sends them.
-        for _ in 0..REPORTS_PER_ROUND_MAX {
-            let Some(e) = c.take_report() else { break };
+        let mut round = round_reports(c).into_iter();
+        while let Some(e) = round.next() {
             let req = pb::TaskExitReport {
                 node: name.clone(),
                 job_id: e.task.0,
@@ -395,7 +413,11 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
                 .await;
             if sent.is_err() {
                 shared.errors.fetch_add(1, Ordering::Relaxed);
-                c.report_failed(e);
+                // This one and the rest go first next round, in order.
+                let back: Vec<Exit> = std::iter::once(e).chain(round).collect();
+                for e in back.into_iter().rev() {
+                    c.report_failed(e);
+                }
                 break;
             }
             shared.exits.fetch_add(1, Ordering::Relaxed);
@@ -425,10 +447,7 @@ async fn agent(i: usize, client: Arc<Client>, shared: Arc<Shared>, gpus: u32, ru
         match resp {
             Ok(r) => {
                 {
-                    let mut rtts = shared.rtts_us.lock().expect("rtts");
-                    if rtts.len() < RTT_SAMPLES_MAX {
-                        rtts.push(u32::try_from(rtt.as_micros()).unwrap_or(u32::MAX));
-                    }
+                    keep_sample(&mut shared.rtts_us.lock().expect("rtts"), rtt);
                 }
                 let r = r.into_inner();
                 if !r.known {
@@ -992,6 +1011,28 @@ async fn failover(
 mod tests {
     use super::*;
     use clap::Parser;
+
+    /// A round sends REPORTS_PER_ROUND_MAX exits, oldest first; the one
+    /// past waits for the next. RTT_SAMPLES_MAX round trips are kept.
+    #[test]
+    fn fleet_agents_bound_their_reports_and_samples() {
+        let mut c = AgentCore::new(Fences::default(), STOP_GRACE_MS, 0);
+        for job in 0..=REPORTS_PER_ROUND_MAX as u64 {
+            c.task_exited(Exit::ended((job, 1), Some(0), None));
+        }
+        let round = round_reports(&mut c);
+        assert_eq!(round.len(), REPORTS_PER_ROUND_MAX);
+        assert_eq!(round.first().map(|e| e.task), Some((0, 1)));
+        assert_eq!(c.reports_pending(), 1, "one past waits");
+        assert_eq!(round_reports(&mut c).len(), 1);
+        let mut rtts = vec![0; RTT_SAMPLES_MAX - 1];
+        keep_sample(&mut rtts, Duration::from_micros(7));
+        assert_eq!(rtts.last(), Some(&7));
+        keep_sample(&mut rtts, Duration::from_micros(8));
+        assert_eq!(rtts.len(), RTT_SAMPLES_MAX, "one past is only counted");
+        assert_eq!(REGISTER.attempts, REGISTER_ATTEMPTS_MAX);
+        assert!(REGISTER.span() >= REGISTER_WAIT, "an agent retries as long as the fleet may take to register");
+    }
 
     #[derive(Parser)]
     struct Cmd {

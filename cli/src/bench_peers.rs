@@ -933,6 +933,32 @@ pub async fn run(a: PeersArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    /// Each knob is taken at its limit (CALLS_MAX, FAILOVERS_MAX) and
+    /// refused one past it, naming the knob.
+    #[test]
+    fn peers_knobs_stop_at_their_limits() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            a: PeersArgs,
+        }
+        let check = |args: &[&str]| {
+            let argv = std::iter::once("bench-peers").chain(args.iter().copied());
+            Cmd::try_parse_from(argv).expect("options parse").a.check().map_err(|e| e.to_string())
+        };
+        let (calls, failovers) = (CALLS_MAX.to_string(), FAILOVERS_MAX.to_string());
+        let (calls_past, failovers_past) = ((CALLS_MAX + 1).to_string(), (FAILOVERS_MAX + 1).to_string());
+        for knob in ["--calls", "--jobs", "--pending"] {
+            assert_eq!(check(&[knob, &calls]), Ok(()));
+            let e = check(&[knob, &calls_past]).unwrap_err();
+            assert!(e.starts_with(knob.trim_start_matches("--")) && e.contains(&calls), "{e}");
+        }
+        assert_eq!(check(&["--failovers", &failovers]), Ok(()));
+        let e = check(&["--failovers", &failovers_past]).unwrap_err();
+        assert!(e.starts_with("failovers:") && e.contains(&failovers), "{e}");
+    }
+
     fn cell(v: f64) -> Option<Cell> {
         Some(Cell { value: v, text: format!("{v}") })
     }

@@ -21,6 +21,20 @@ use gangway_core::{Outcome, State};
 /// well over 80,000 GPUs of placements.
 const FILL_PASSES_MAX: usize = 2_000;
 
+/// Runs scheduling passes (`pass()` plans, applies, and says how many it
+/// placed) until one places nothing, [`FILL_PASSES_MAX`] at most: the
+/// placements, the passes, and whether the cluster filled within them.
+fn fill(mut pass: impl FnMut() -> anyhow::Result<usize>) -> anyhow::Result<(usize, usize, bool)> {
+    let mut placed = 0usize;
+    for passes in 1..=FILL_PASSES_MAX {
+        match pass()? {
+            0 => return Ok((placed, passes, true)),
+            n => placed += n,
+        }
+    }
+    Ok((placed, FILL_PASSES_MAX, false))
+}
+
 #[derive(Args)]
 pub struct SchedArgs {
     #[arg(long, default_value_t = 10_000)]
@@ -141,24 +155,24 @@ fn small_job_fill(a: &SchedArgs) -> anyhow::Result<()> {
         );
     }
     let now = total as u64 * 2;
-    let (mut placed, mut plan_s, mut passes) = (0usize, 0.0, 0usize);
-    while passes < FILL_PASSES_MAX {
+    let mut plan_s = 0.0;
+    let (placed, passes, filled) = fill(|| {
         let t = Instant::now();
         let p = plan(&state, &Options::new(Policy::Easy, now));
         plan_s += t.elapsed().as_secs_f64();
-        passes += 1;
-        if p.placements.is_empty() {
-            break;
+        let n = p.placements.len();
+        if n > 0 {
+            apply(
+                &mut state,
+                &Command::ApplySchedule { preemptions: p.preemptions, placements: p.placements, now_ms: now },
+            );
         }
-        placed += p.placements.len();
-        apply(
-            &mut state,
-            &Command::ApplySchedule { preemptions: p.preemptions, placements: p.placements, now_ms: now },
-        );
-    }
+        Ok(n)
+    })?;
     println!(
-        "\n1-GPU jobs on the empty cluster ({} queued): {placed} placed in {passes} passes, {:.0} ms planning = {:.0} placements/s",
+        "\n1-GPU jobs on the empty cluster ({} queued): {placed} placed in {passes} passes{}, {:.0} ms planning = {:.0} placements/s",
         total + total / 4,
+        if filled { "" } else { " (cut at FILL_PASSES_MAX)" },
         plan_s * 1000.0,
         placed as f64 / plan_s.max(1e-9)
     );
@@ -207,29 +221,27 @@ fn measure(a: &SchedArgs, pending: usize) -> anyhow::Result<()> {
     );
     // Fill the empty cluster: plan, apply, repeat until nothing more fits.
     let now = pending as u64 + 1000;
-    let mut placed = 0usize;
     let mut plan_s = 0.0;
-    let mut passes = 0;
     let mut first_pass = None;
-    while passes < FILL_PASSES_MAX {
+    let (placed, passes, filled) = fill(|| {
         let t = Instant::now();
         let p = plan(&state, &Options::new(Policy::Easy, now));
         let dt = t.elapsed().as_secs_f64();
         plan_s += dt;
-        passes += 1;
         first_pass.get_or_insert((dt, p.placements.len(), p.examined));
-        if p.placements.is_empty() {
-            break;
+        let n = p.placements.len();
+        if n > 0 {
+            let out = apply(
+                &mut state,
+                &Command::ApplySchedule { preemptions: p.preemptions, placements: p.placements, now_ms: now },
+            );
+            if let Outcome::ScheduleApplied { rejected, .. } = out.outcome {
+                anyhow::ensure!(rejected.is_empty(), "apply rejected planned gangs: {rejected:?}");
+            }
         }
-        placed += p.placements.len();
-        let out = apply(
-            &mut state,
-            &Command::ApplySchedule { preemptions: p.preemptions, placements: p.placements, now_ms: now },
-        );
-        if let Outcome::ScheduleApplied { rejected, .. } = out.outcome {
-            anyhow::ensure!(rejected.is_empty(), "apply rejected planned gangs: {rejected:?}");
-        }
-    }
+        Ok(n)
+    })?;
+    anyhow::ensure!(filled, "the cluster did not fill within {FILL_PASSES_MAX} passes");
     let gpus_used: usize =
         state.nodes.values().map(|n| n.gpus.iter().filter(|g| g.allocated_to.is_some()).count()).sum();
     let (fp_s, fp_n, fp_ex) = first_pass.unwrap_or((0.0, 0, 0));
@@ -280,4 +292,30 @@ fn measure(a: &SchedArgs, pending: usize) -> anyhow::Result<()> {
         p.reservations.len()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fill that needs FILL_PASSES_MAX passes (the last placing nothing)
+    /// fills; one that places on every pass is cut there.
+    #[test]
+    fn a_fill_takes_fill_passes_max_passes_at_most() {
+        let mut left = FILL_PASSES_MAX - 1;
+        let ends = fill(|| {
+            let n = usize::from(left > 0);
+            left = left.saturating_sub(1);
+            Ok(n)
+        })
+        .unwrap();
+        assert_eq!(ends, (FILL_PASSES_MAX - 1, FILL_PASSES_MAX, true));
+        let mut calls = 0;
+        let endless = fill(|| {
+            calls += 1;
+            Ok(2)
+        });
+        assert_eq!(endless.unwrap(), (2 * FILL_PASSES_MAX, FILL_PASSES_MAX, false));
+        assert_eq!(calls, FILL_PASSES_MAX, "no pass past the limit");
+    }
 }

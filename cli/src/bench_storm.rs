@@ -603,14 +603,20 @@ async fn outcome<T>(meter: &Meter, r: Result<T, tonic::Status>) {
             meter.refused.fetch_add(1, Ordering::Relaxed);
             meter.failed("attack", &s);
         }
-        // A hint past what the client library waits out: the longest it waits.
-        let hint = match gangway_proto::client::retry_after(&s) {
-            Some(h) => h,
-            None if s.code() == Code::ResourceExhausted => HINT_MAX,
-            None => Duration::from_millis(20),
-        };
-        tokio::time::sleep(hint.min(HINT_MAX)).await;
+        tokio::time::sleep(wait_after(&s)).await;
     }
+}
+
+/// How long an attacker waits after a refusal: the server's hint, at most
+/// [`HINT_MAX`] (a hint past what the client library waits out, or none on
+/// a refusal for load: the longest it waits).
+fn wait_after(s: &tonic::Status) -> Duration {
+    let hint = match gangway_proto::client::retry_after(s) {
+        Some(h) => h,
+        None if s.code() == Code::ResourceExhausted => HINT_MAX,
+        None => Duration::from_millis(20),
+    };
+    hint.min(HINT_MAX)
 }
 
 /// `clients` pollers of one user, over POLL_CONNECTIONS connections: each
@@ -1028,6 +1034,25 @@ fn print_table(rows: &[Row], a: &StormArgs) {
 mod tests {
     use super::*;
     use clap::Parser;
+
+    /// A refused attacker honours a hint up to HINT_MAX; one a millisecond
+    /// longer is cut to it, as is a refusal for load without a hint.
+    #[test]
+    fn an_attacker_waits_out_hints_up_to_hint_max() {
+        let refused = |ms: Option<u128>| {
+            let mut s = tonic::Status::resource_exhausted("busy");
+            if let Some(ms) = ms {
+                let v = ms.to_string().parse().expect("metadata");
+                s.metadata_mut().insert(gangway_proto::client::RETRY_AFTER_METADATA_KEY, v);
+            }
+            wait_after(&s)
+        };
+        assert_eq!(refused(Some(HINT_MAX.as_millis())), HINT_MAX);
+        assert_eq!(refused(Some(HINT_MAX.as_millis() + 1)), HINT_MAX);
+        assert_eq!(refused(Some(7)), Duration::from_millis(7));
+        assert_eq!(refused(None), HINT_MAX);
+        assert_eq!(wait_after(&tonic::Status::unavailable("down")), Duration::from_millis(20));
+    }
 
     #[derive(Parser)]
     struct Cmd {

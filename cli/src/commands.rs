@@ -407,6 +407,36 @@ pub enum ClusterCmd {
 /// (a million jobs take ~1-2 GiB), so a confused server cannot fill the disk.
 const BACKUP_BYTES_MAX: u64 = 64 * 1024 * 1024 * 1024;
 
+/// A backup stream's progress: its first chunk announces the log index and
+/// the size (at most [`BACKUP_BYTES_MAX`]); the chunks may not pass it.
+#[derive(Debug, Default)]
+struct Received {
+    announced: Option<(u64, u64)>,
+    written: u64,
+}
+
+impl Received {
+    /// A chunk of `len` bytes, announcing `index` and `total_bytes` (the
+    /// first chunk's announcement holds).
+    fn chunk(&mut self, index: u64, total_bytes: u64, len: usize) -> anyhow::Result<()> {
+        let (_, total) = *self.announced.get_or_insert((index, total_bytes));
+        anyhow::ensure!(
+            total <= BACKUP_BYTES_MAX,
+            "backup: the replica announced {total} bytes, past the {BACKUP_BYTES_MAX} a backup may be"
+        );
+        self.written = self.written.saturating_add(len as u64);
+        anyhow::ensure!(self.written <= total, "backup: the replica sent more than the {total} bytes it announced");
+        Ok(())
+    }
+
+    /// The index and size of a backup received whole.
+    fn whole(&self) -> anyhow::Result<(u64, u64)> {
+        let (index, total) = self.announced.unwrap_or_default();
+        anyhow::ensure!(self.written == total && total > 0, "backup: got {} of {total} bytes", self.written);
+        Ok((index, total))
+    }
+}
+
 /// Streams a backup from a replica into a new file, then checks it whole.
 async fn backup(client: &Client, file: &std::path::Path) -> anyhow::Result<(u64, u64)> {
     use std::io::Write;
@@ -434,18 +464,13 @@ async fn backup(client: &Client, file: &std::path::Path) -> anyhow::Result<(u64,
         .mode(0o600)
         .open(&partial)
         .with_context(|| format!("backup: creating {}", partial.display()))?;
-    let (mut index, mut total, mut written) = (0u64, 0u64, 0u64);
-    let result: anyhow::Result<()> = async {
+    let mut received = Received::default();
+    let result: anyhow::Result<(u64, u64)> = async {
         while let Some(chunk) = stream.message().await? {
-            if written == 0 {
-                (index, total) = (chunk.index, chunk.total_bytes);
-                anyhow::ensure!(total <= BACKUP_BYTES_MAX, "backup: the replica announced {total} bytes");
-            }
-            written = written.saturating_add(chunk.data.len() as u64);
-            anyhow::ensure!(written <= total, "backup: the replica sent more than the {total} bytes it announced");
+            received.chunk(chunk.index, chunk.total_bytes, chunk.data.len())?;
             out.write_all(&chunk.data)?;
         }
-        anyhow::ensure!(written == total && total > 0, "backup: got {written} of {total} bytes");
+        let whole = received.whole()?;
         out.sync_all()?;
         let bytes = std::fs::read(&partial)?;
         gangway_raft_store::backup::Backup::from_bytes(&bytes).map_err(|e| anyhow::anyhow!("backup: {e}"))?;
@@ -455,12 +480,11 @@ async fn backup(client: &Client, file: &std::path::Path) -> anyhow::Result<(u64,
         if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::File::open(dir)?.sync_all()?;
         }
-        Ok(())
+        Ok(whole)
     }
     .await;
     let _ = std::fs::remove_file(&partial);
-    result?;
-    Ok((index, total))
+    result
 }
 
 fn opt(v: Option<u64>) -> String {
@@ -572,4 +596,29 @@ pub async fn cluster(client: &Client, out: &Output, cmd: ClusterCmd) -> anyhow::
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backup of BACKUP_BYTES_MAX bytes is taken; one announcing a byte
+    /// more is refused at its first chunk, naming the limit. The chunks
+    /// must add up to what was announced, no more and no less.
+    #[test]
+    fn a_backup_is_at_most_backup_bytes_max() {
+        let mut r = Received::default();
+        r.chunk(9, BACKUP_BYTES_MAX, 0).unwrap();
+        r.chunk(0, 1, 4).unwrap();
+        assert!(r.whole().unwrap_err().to_string().contains("got 4 of"), "short");
+        let mut past = Received::default();
+        let e = past.chunk(9, BACKUP_BYTES_MAX + 1, 10).unwrap_err().to_string();
+        assert!(e.contains(&BACKUP_BYTES_MAX.to_string()), "{e}");
+        let mut r = Received::default();
+        r.chunk(9, 10, 6).unwrap();
+        r.chunk(9, 10, 4).unwrap();
+        assert_eq!(r.whole().unwrap(), (9, 10));
+        assert!(r.chunk(9, 10, 1).unwrap_err().to_string().contains("more than the 10 bytes"));
+        assert!(Received::default().whole().is_err(), "an empty backup");
+    }
 }

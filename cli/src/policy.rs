@@ -20,8 +20,11 @@ use serde_json::json;
 use crate::output::Output;
 use crate::parse;
 
-/// Read-modify-write attempts when other admins edit at the same time.
-const POLICY_EDIT_ATTEMPTS_MAX: usize = 5;
+/// Read-modify-write attempts when other admins edit at the same time, a
+/// moment apart (an edit commits in milliseconds).
+const POLICY_EDIT_ATTEMPTS_MAX: u64 = 5;
+const POLICY_EDIT: gangway_proto::retry::Retry =
+    gangway_proto::retry::Retry::new(POLICY_EDIT_ATTEMPTS_MAX, std::time::Duration::from_millis(100));
 
 #[derive(Subcommand)]
 pub enum AdminCmd {
@@ -376,7 +379,8 @@ async fn edit<F>(client: &Client, force: bool, mut edit: F) -> anyhow::Result<u6
 where
     F: FnMut(&mut ClusterPolicy) -> anyhow::Result<()>,
 {
-    for _ in 0..POLICY_EDIT_ATTEMPTS_MAX {
+    let mut tries = POLICY_EDIT.tries();
+    while tries.next().await {
         let (mut policy, version) = fetch_policy(client, false).await?;
         edit(&mut policy)?;
         match store(client, &policy, Some(version), force).await {
@@ -808,5 +812,18 @@ pub async fn run(client: &Client, out: &Output, cmd: AdminCmd) -> anyhow::Result
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An edit that keeps racing others is read and stored
+    /// POLICY_EDIT_ATTEMPTS_MAX times, then refused with a message to retry.
+    #[tokio::test]
+    async fn a_policy_edit_tries_policy_edit_attempts_max_times() {
+        assert_eq!(gangway_proto::retry::count_tries(POLICY_EDIT).await, POLICY_EDIT_ATTEMPTS_MAX);
+        assert!(POLICY_EDIT.span() < std::time::Duration::from_secs(2), "an admin waits at most a moment");
     }
 }

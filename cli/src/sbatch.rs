@@ -1080,10 +1080,13 @@ pub async fn run(
     Ok(())
 }
 
-/// Polls of the submitted jobs while `--wait`ing (every WAIT_POLL): far above
-/// any time limit (the controller ends jobs at their limit).
-const WAIT_POLLS_MAX: u64 = 10_000_000;
-const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(500);
+/// Polls of the submitted jobs while `--wait`ing (every WAIT_POLL): for
+/// twice the longest time limit, so a job that waits in the queue as long as
+/// it may run is still waited for (the controller ends jobs at their limit).
+const WAIT_POLLS_MAX: u64 = 2 * gangway_core::limits::TIME_LIMIT_S_MAX * 1000 / WAIT_POLL_MS;
+const WAIT_POLL_MS: u64 = 500;
+const WAIT: gangway_proto::retry::Retry =
+    gangway_proto::retry::Retry::new(WAIT_POLLS_MAX, std::time::Duration::from_millis(WAIT_POLL_MS));
 
 /// Waits for jobs `id..id+count` to end; the highest exit code.
 async fn wait_for(client: &gangway_proto::client::Client, id: u64, count: u32) -> anyhow::Result<i32> {
@@ -1091,7 +1094,8 @@ async fn wait_for(client: &gangway_proto::client::Client, id: u64, count: u32) -
     use gangway_proto::v1::job_service_client::JobServiceClient;
     let mut open: Vec<u64> = (id..id + u64::from(count)).collect();
     let mut worst = 0;
-    for _ in 0..WAIT_POLLS_MAX {
+    let mut polls = WAIT.tries();
+    while polls.next().await {
         let mut still = Vec::new();
         for job_id in open {
             let job = client
@@ -1111,14 +1115,22 @@ async fn wait_for(client: &gangway_proto::client::Client, id: u64, count: u32) -
         if open.is_empty() {
             return Ok(worst);
         }
-        tokio::time::sleep(WAIT_POLL).await;
     }
-    bail!("--wait: gave up waiting for job {id}")
+    bail!("--wait: gave up waiting for job {id} after {:?}", WAIT.span())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--wait` outlasts a job that waits in the queue as long as the
+    /// longest time limit and then runs it: WAIT_POLLS_MAX polls, no fewer.
+    #[test]
+    fn wait_polls_outlast_the_longest_time_limit_twice() {
+        let limit = std::time::Duration::from_secs(gangway_core::limits::TIME_LIMIT_S_MAX);
+        assert_eq!(WAIT.attempts, WAIT_POLLS_MAX);
+        assert!(WAIT.span() >= limit * 2 - WAIT.pause, "{:?}", WAIT.span());
+    }
     use gangway_proto::v1 as pb;
 
     /// A script file of SCRIPT_FILE_BYTES_MAX bytes is read whole; one byte

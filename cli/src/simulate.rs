@@ -100,15 +100,7 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
         }
         other => bail!("format: '{other}' is not a trace format (swf, gpu-csv, gavel)"),
     };
-    if let Some(n) = a.limit {
-        trace.truncate(n);
-    }
-    if trace.is_empty() {
-        bail!("trace: {} holds no usable jobs", a.trace.display());
-    }
-    if trace.len() > SIM_JOBS_MAX {
-        bail!("trace: at most {SIM_JOBS_MAX} jobs (use --limit)");
-    }
+    jobs_to_replay(&mut trace, a.limit, &shown)?;
     let gpu_trace = format != "swf";
     let (nodes, cpn, gpn) = match (&a.cluster, max_procs) {
         (Some(c), _) => parse_cluster(c)?,
@@ -197,9 +189,38 @@ fn progress(policy: &str, done: usize, total: usize, started: Instant, quarter: 
     }
 }
 
+/// The trace's first `limit` jobs (all without one): at least one, and at
+/// most [`SIM_JOBS_MAX`].
+fn jobs_to_replay<T>(trace: &mut Vec<T>, limit: Option<usize>, shown: &str) -> anyhow::Result<()> {
+    if let Some(n) = limit {
+        trace.truncate(n);
+    }
+    if trace.is_empty() {
+        bail!("trace: {shown} holds no usable jobs");
+    }
+    if trace.len() > SIM_JOBS_MAX {
+        bail!("trace: {shown} holds {} jobs; at most {SIM_JOBS_MAX} are replayed (use --limit)", trace.len());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SIM_JOBS_MAX jobs are replayed; one more is refused unless --limit
+    /// cuts the trace to the limit.
+    #[test]
+    fn a_simulation_replays_sim_jobs_max_jobs_at_most() {
+        let mut at = vec![(); SIM_JOBS_MAX];
+        jobs_to_replay(&mut at, None, "t.swf").unwrap();
+        let mut past = vec![(); SIM_JOBS_MAX + 1];
+        let e = jobs_to_replay(&mut past, None, "t.swf").unwrap_err().to_string();
+        assert!(e.starts_with("trace: t.swf") && e.contains(&SIM_JOBS_MAX.to_string()), "{e}");
+        jobs_to_replay(&mut past, Some(SIM_JOBS_MAX), "t.swf").unwrap();
+        assert_eq!(past.len(), SIM_JOBS_MAX);
+        assert!(jobs_to_replay(&mut Vec::<()>::new(), None, "t.swf").is_err());
+    }
 
     /// A trace of TRACE_BYTES_MAX bytes is read whole; one byte more is
     /// refused, never replayed cut short.

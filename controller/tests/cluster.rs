@@ -351,6 +351,73 @@ async fn a_replica_bounds_http2_streams_and_header_lists() {
     c.shutdown().await;
 }
 
+/// The HTTP/2 "rapid reset" flood: a client that opens streams and resets
+/// them before the server took them may do so H2_PENDING_RESETS_MAX times
+/// in a row on one connection (it is then still served: a ping is
+/// answered); one more and the connection is closed with ENHANCE_YOUR_CALM.
+/// The frames are written raw, in one write, as a flood would send them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_closes_a_connection_past_h2_pending_resets_max() {
+    use gangway_controller::replica::H2_PENDING_RESETS_MAX;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let c = TestCluster::start(1).await;
+    let addr = c.addrs[&1].clone();
+    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
+        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        f.extend([kind, flags]);
+        f.extend(stream.to_be_bytes());
+        f.extend(payload);
+        f
+    };
+    // HPACK: :method POST, :scheme http (static entries), :path and
+    // :authority as literals with indexed names.
+    let path = b"/gangway.v1.AdminService/GetReplicaStatus";
+    let mut block = vec![0x83, 0x86, 0x04, path.len() as u8];
+    block.extend(path);
+    block.extend([0x01, addr.len() as u8]);
+    block.extend(addr.as_bytes());
+    let (ping, ack, goaway, enhance_your_calm) = (6, 1, 7, 11u32);
+    let flood = |resets: usize| {
+        let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        out.extend(frame(4, 0, 0, &[]));
+        for k in 0..resets as u32 {
+            let stream = 2 * k + 1;
+            out.extend(frame(1, 0x4 | 0x1, stream, &block));
+            out.extend(frame(3, 0, stream, &8u32.to_be_bytes()));
+        }
+        out.extend(frame(ping, 0, 0, &[7; 8]));
+        out
+    };
+    // The first of a ping's answer or a GOAWAY's error code.
+    let outcome = |resets: usize| {
+        let (addr, bytes) = (addr.clone(), flood(resets));
+        async move {
+            let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            tcp.write_all(&bytes).await.unwrap();
+            let read = async {
+                loop {
+                    let mut head = [0u8; 9];
+                    tcp.read_exact(&mut head).await.expect("the connection closed without a GOAWAY");
+                    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+                    let mut payload = vec![0u8; len];
+                    tcp.read_exact(&mut payload).await.unwrap();
+                    match (head[3], head[4]) {
+                        (k, f) if k == ping && f & ack != 0 => return None,
+                        (k, _) if k == goaway => {
+                            return Some(u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]))
+                        }
+                        _ => continue,
+                    }
+                }
+            };
+            tokio::time::timeout(WAIT, read).await.expect("an answer")
+        }
+    };
+    assert_eq!(outcome(H2_PENDING_RESETS_MAX).await, None, "served after H2_PENDING_RESETS_MAX resets");
+    assert_eq!(outcome(H2_PENDING_RESETS_MAX + 1).await, Some(enhance_your_calm), "one reset past the limit");
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_input_is_refused_with_field_and_nothing_is_logged() {
     let c = TestCluster::start(3).await;

@@ -17,7 +17,8 @@ use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
-/// NVLink links per GPU that NVML can report (NVML_NVLINK_MAX_LINKS on Hopper).
+/// NVLink links per GPU that NVML can report (NVML_NVLINK_MAX_LINKS, 18 on
+/// Hopper and Blackwell).
 const NVLINK_LINKS_MAX: u32 = 18;
 /// GPUs examined on one host (the core's per-node limit).
 const GPUS_MAX: u32 = 16;
@@ -243,6 +244,13 @@ impl NvmlProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The inventory asks NVML about each link it can report, and none
+    /// past them (NVML refuses a link index of NVML_NVLINK_MAX_LINKS).
+    #[test]
+    fn the_nvlink_scan_covers_the_links_nvml_reports() {
+        assert_eq!(NVLINK_LINKS_MAX, nvml_wrapper_sys::bindings::NVML_NVLINK_MAX_LINKS);
+    }
 
     #[test]
     fn model_names_are_scheduler_friendly() {

@@ -309,7 +309,7 @@ impl StepService for StepServer {
         self.check_credential(request.metadata(), request.get_ref().job_id, request.get_ref().attempt)?;
         let r = request.into_inner();
         let host = self.admit(&r).await?;
-        let (tx, rx) = mpsc::channel(STEP_EVENTS_QUEUE_MAX);
+        let (tx, rx) = step_events();
         let workdir = if r.workdir.is_empty() { host.workdir.clone() } else { r.workdir.clone() };
         for (local, task) in r.tasks.iter().enumerate() {
             let env = self.task_env(&r, &host, local);
@@ -414,7 +414,7 @@ impl StepService for StepServer {
                 r.job_id, r.attempt, self.node
             )));
         };
-        let (tx, rx) = mpsc::channel(STEP_EVENTS_QUEUE_MAX);
+        let (tx, rx) = step_events();
         tracing::info!(job = r.job_id, attempt = r.attempt, tasks = tasks.len(), "step resumed");
         for k in tasks {
             follow_kept(k, None, &host, &tx);
@@ -477,7 +477,7 @@ impl StepService for StepServer {
         if let Some(stdin) = child.stdin.take() {
             send_env(stdin, &env);
         }
-        let (tx, rx) = mpsc::channel(STEP_EVENTS_QUEUE_MAX);
+        let (tx, rx) = step_events();
         let rank = r.tasks[0].rank;
         tokio::spawn(async move {
             // On return the terminal is closed: the session is hung up.
@@ -650,6 +650,11 @@ async fn supervise(
 /// Where a step's events go (srun's call).
 pub(crate) type EventSender = mpsc::Sender<Result<StepEvent, Status>>;
 
+/// The queue of one step's events to srun: [`STEP_EVENTS_QUEUE_MAX`].
+fn step_events() -> (EventSender, mpsc::Receiver<Result<StepEvent, Status>>) {
+    mpsc::channel(STEP_EVENTS_QUEUE_MAX)
+}
+
 /// Streams one task's output, then its end. When srun goes away (the stream
 /// is dropped) the task is stopped, and true returned.
 async fn run_task(mut child: tokio::process::Child, rank: u32, tx: EventSender) -> bool {
@@ -765,6 +770,19 @@ mod tests {
     use super::*;
     use gangway_proto::v1::StepTask;
     use tokio_stream::StreamExt;
+
+    /// STEP_EVENTS_QUEUE_MAX events wait for srun to read them; the task
+    /// output past them waits for room (its pipe fills, the task slows).
+    #[test]
+    fn a_steps_events_wait_past_step_events_queue_max() {
+        let (tx, mut rx) = step_events();
+        for _ in 0..STEP_EVENTS_QUEUE_MAX {
+            assert!(tx.try_send(Ok(StepEvent::default())).is_ok());
+        }
+        assert!(matches!(tx.try_send(Ok(StepEvent::default())), Err(mpsc::error::TrySendError::Full(_))));
+        assert!(rx.try_recv().is_ok());
+        assert!(tx.try_send(Ok(StepEvent::default())).is_ok());
+    }
 
     fn request(job_id: u64, argv: &[&str], ranks: &[u32]) -> StepRequest {
         StepRequest {

@@ -121,7 +121,7 @@ where
             }
         };
         failures = failures.saturating_add(1);
-        if failures >= RECONNECTS_MAX {
+        if gives_up(failures) {
             return Err(Status::unavailable(format!(
                 "events: no replica answered {RECONNECTS_MAX} times in a row; last error: {}",
                 last_error.message()
@@ -129,6 +129,12 @@ where
         }
         tokio::time::sleep(RECONNECT_PAUSE).await;
     }
+}
+
+/// Whether following stops after `failures` reconnects in a row that no
+/// replica answered: [`RECONNECTS_MAX`], a second apart (a minute).
+fn gives_up(failures: u32) -> bool {
+    failures >= RECONNECTS_MAX
 }
 
 /// A cursor of one cluster history met a replica of another (the cluster
@@ -151,4 +157,18 @@ async fn elsewhere(
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Following gives up after RECONNECTS_MAX failed reconnects in a row
+    /// (a minute of no replica answering), not one sooner.
+    #[test]
+    fn following_gives_up_after_reconnects_max_failures_in_a_row() {
+        assert!(!gives_up(RECONNECTS_MAX - 1));
+        assert!(gives_up(RECONNECTS_MAX));
+        assert_eq!(RECONNECT_PAUSE * RECONNECTS_MAX, Duration::from_secs(60));
+    }
 }

@@ -96,6 +96,7 @@ pub mod events;
 pub mod hostlist;
 pub mod limits;
 pub mod pki;
+pub mod retry;
 pub mod step_cred;
 pub mod telemetry;
 pub mod tls;

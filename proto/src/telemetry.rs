@@ -24,7 +24,7 @@ const REQUEST_BYTES_MAX: usize = 8192;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Scrapes served at once; more are closed (Prometheus scrapes one at a time
 /// and retries at its next interval).
-const CONNECTIONS_MAX: usize = 16;
+const SCRAPE_CONNECTIONS_MAX: usize = 16;
 /// Connections one host (an IPv4 address, an IPv6 /64) may hold at once, so
 /// one peer cannot take every slot.
 const CONNECTIONS_PER_PEER_MAX: usize = 4;
@@ -95,7 +95,7 @@ impl Gauges {
 /// With `tls`, over TLS, and only to the scrapers it names (client
 /// certificates of the cluster's CA): users and nodes get nothing.
 pub async fn serve(listener: TcpListener, render: Arc<dyn Fn() -> String + Send + Sync>, tls: Option<MetricsTls>) {
-    let admission = crate::tls::Admission::new(CONNECTIONS_MAX, CONNECTIONS_PER_PEER_MAX);
+    let admission = crate::tls::Admission::new(SCRAPE_CONNECTIONS_MAX, CONNECTIONS_PER_PEER_MAX);
     let tls = tls.map(|t| (tokio_rustls::TlsAcceptor::from(t.config), Arc::new(t.scrapers)));
     loop {
         let Ok((conn, peer)) = listener.accept().await else { continue };
@@ -246,7 +246,7 @@ mod tests {
     }
 
     /// The endpoint keeps CONNECTIONS_PER_PEER_MAX silent connections of
-    /// one address and CONNECTIONS_MAX in all; one past either is closed at
+    /// one address and SCRAPE_CONNECTIONS_MAX in all; one past either is closed at
     /// once, and their places come back when they close.
     #[tokio::test]
     async fn scrapes_are_bounded_per_address_and_in_all() {
@@ -258,13 +258,13 @@ mod tests {
             held.push(connect_from(1, addr).await);
         }
         assert!(closed_at_once(connect_from(1, addr).await).await, "one past an address's share stayed open");
-        let hosts = u8::try_from(CONNECTIONS_MAX / CONNECTIONS_PER_PEER_MAX).unwrap();
+        let hosts = u8::try_from(SCRAPE_CONNECTIONS_MAX / CONNECTIONS_PER_PEER_MAX).unwrap();
         for host in 2..=hosts {
             for _ in 0..CONNECTIONS_PER_PEER_MAX {
                 held.push(connect_from(host, addr).await);
             }
         }
-        assert_eq!(held.len(), CONNECTIONS_MAX);
+        assert_eq!(held.len(), SCRAPE_CONNECTIONS_MAX);
         assert!(closed_at_once(connect_from(hosts + 1, addr).await).await, "one past the total stayed open");
         drop(held);
         let mut answered = String::new();

@@ -1069,7 +1069,7 @@ fn accept_loop(
     idle_by: IdleBy,
     servers_only: bool,
 ) -> Result<tokio_stream::wrappers::ReceiverStream<io::Result<Conn>>, String> {
-    let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE_MAX);
+    let (tx, rx) = accepted_queue();
     let gate = Gate::default();
     tokio::spawn(async move {
         loop {
@@ -1148,6 +1148,15 @@ fn accept_loop(
         }
     });
     Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+type Accepted = io::Result<Conn>;
+
+/// The connections admitted and not yet taken by the gRPC server:
+/// [`ACCEPTED_QUEUE_MAX`]. Past it a connection's task waits (holding its
+/// places in the limits), and accepting goes on.
+fn accepted_queue() -> (tokio::sync::mpsc::Sender<Accepted>, tokio::sync::mpsc::Receiver<Accepted>) {
+    tokio::sync::mpsc::channel(ACCEPTED_QUEUE_MAX)
 }
 
 /// Why an accepted connection was closed before its handshake.
@@ -1349,6 +1358,20 @@ pub fn peer_of<T>(req: &tonic::Request<T>) -> PeerAuth {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// ACCEPTED_QUEUE_MAX admitted connections wait for the gRPC server;
+    /// the one past waits for room (in its own task, not the accept loop).
+    #[test]
+    fn admitted_connections_wait_past_accepted_queue_max() {
+        let (tx, mut rx) = accepted_queue();
+        let one = || Err(io::Error::other("a connection"));
+        for _ in 0..ACCEPTED_QUEUE_MAX {
+            assert!(tx.try_send(one()).is_ok());
+        }
+        assert!(matches!(tx.try_send(one()), Err(tokio::sync::mpsc::error::TrySendError::Full(_))));
+        assert!(rx.try_recv().is_ok());
+        assert!(tx.try_send(one()).is_ok());
+    }
     use crate::pki;
     use tokio::io::AsyncReadExt;
     use tokio_stream::StreamExt;

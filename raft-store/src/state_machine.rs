@@ -39,6 +39,10 @@ pub const WATCH_EVENTS_BUFFER_MAX: usize = 16_384;
 /// reconnect (to any replica: all number events by log index alike). About
 /// 100 bytes each; older ones are dropped first.
 pub const RECENT_EVENTS_MAX: usize = 100_000;
+/// Events a stream replays per page of the ring (each page charged to the
+/// caller's read budget before the next is taken; the lock is held only to
+/// take references to a page's batches).
+pub const EVENTS_PAGE_MAX: usize = 1_024;
 
 pub(crate) const KEY_CURRENT: &[u8] = b"current";
 
@@ -382,8 +386,14 @@ impl SharedState {
         Ok(out)
     }
 
+    /// The page of kept events a stream replays next, from `from`:
+    /// [`EVENTS_PAGE_MAX`] events' worth of batches (see [`Self::events_page`]).
+    pub fn replay_page(&self, from: u64) -> std::result::Result<Vec<Arc<[Event]>>, u64> {
+        self.events_page(from, EVENTS_PAGE_MAX)
+    }
+
     /// Every kept event with index >= `from` (tests and small callers; a
-    /// stream pages with [`Self::events_page`]).
+    /// stream pages with [`Self::replay_page`]).
     pub fn events_since(&self, from: u64) -> std::result::Result<Vec<Event>, u64> {
         let chunks = self.events_page(from, RECENT_EVENTS_MAX)?;
         Ok(chunks.iter().flat_map(|c| c.iter()).filter(|e| e.index() >= from).cloned().collect())
@@ -703,6 +713,46 @@ mod tests {
             shared.events.send(event(i)).unwrap();
         }
         assert_eq!(watcher.try_recv(), Err(broadcast::error::TryRecvError::Lagged(1)));
+    }
+
+    /// A read that must be fresh waits FRESH_WAIT_MAX for the view that
+    /// covers what was applied: a view published within it is read; with
+    /// none by then the read is refused, naming how far behind it is.
+    #[tokio::test]
+    async fn a_fresh_read_waits_fresh_wait_max_for_its_view() {
+        let shared = Arc::new(SharedState::new(State::default(), 0));
+        // Applied through 1, and the maintainer not told: no view covers it.
+        shared.master.applied.store(1, std::sync::atomic::Ordering::Release);
+        let started = std::time::Instant::now();
+        let behind = shared.read_fresh().await.err().map(|e| e.behind);
+        assert_eq!(behind, Some(1));
+        assert!(started.elapsed() >= FRESH_WAIT_MAX, "refused before FRESH_WAIT_MAX: {:?}", started.elapsed());
+        // Told a moment later, well within the wait: the read gets it.
+        shared.master.applied.store(2, std::sync::atomic::Ordering::Release);
+        let teller = shared.clone();
+        let tell = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            teller.views.push(Vec::new(), 2);
+        });
+        assert_eq!(shared.read_fresh().await.map(|v| v.index()).ok(), Some(2));
+        tell.join().unwrap();
+    }
+
+    /// A replayed page holds EVENTS_PAGE_MAX events' worth of batches; the
+    /// batch one past waits for the next page. A batch bigger than a page
+    /// is still answered, alone.
+    #[test]
+    fn a_replay_page_holds_events_page_max_events() {
+        let shared = SharedState::new(State::default(), 0);
+        let max = EVENTS_PAGE_MAX as u64;
+        for i in 1..=max + 1 {
+            shared.recent.lock().unwrap().push(chunk(i..=i));
+        }
+        let count = |page: Vec<Arc<[Event]>>| page.iter().map(|c| c.len()).sum::<usize>();
+        assert_eq!(count(shared.replay_page(1).unwrap()), EVENTS_PAGE_MAX);
+        assert_eq!(count(shared.replay_page(max + 1).unwrap()), 1, "the one past, on the next page");
+        shared.recent.lock().unwrap().push(chunk(max + 2..=3 * max));
+        assert_eq!(count(shared.replay_page(max + 2).unwrap()), 2 * EVENTS_PAGE_MAX - 1);
     }
 
     /// The ring keeps RECENT_EVENTS_MAX events for streams that resume; one

@@ -19,6 +19,7 @@ use clap::Args;
 use futures::StreamExt;
 use gangway_proto::client::Client;
 use gangway_proto::events::Cursor;
+use gangway_proto::retry::Retry;
 use gangway_proto::v1 as pb;
 use gangway_proto::v1::admin_service_client::AdminServiceClient;
 use gangway_proto::v1::job_service_client::JobServiceClient;
@@ -37,7 +38,8 @@ const BATCH_JOBS_MAX: usize = 100;
 const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Attempts at reading a batch's jobs from the controllers (a second apart:
 /// an election takes well under one) before the service exits.
-const READ_ATTEMPTS_MAX: u32 = 120;
+const READ_ATTEMPTS_MAX: u64 = 120;
+const READ_RETRY: Retry = Retry::new(READ_ATTEMPTS_MAX, Duration::from_secs(1));
 /// How long a batch waits for more events before it is written.
 const BATCH_WAIT: Duration = Duration::from_millis(200);
 /// Jobs read from the controllers at once for one batch.
@@ -45,7 +47,8 @@ const JOB_READS_AT_ONCE: usize = 16;
 /// Jobs per page when the whole state is read (a first start, or a
 /// follower that fell behind what the replicas keep).
 const RESYNC_PAGE_JOBS: u32 = 1000;
-/// Pages of one such read (10 million jobs; the state keeps far fewer).
+/// Pages of one such read (10 million jobs; the state keeps far fewer: a
+/// read that does not end within them fails rather than skip the rest).
 const RESYNC_PAGES_MAX: usize = 10_000;
 /// Attempts at writing one batch (or connecting) before giving up, with
 /// pauses growing to [`DB_RETRY_PAUSE_MAX`]: about an hour of outage, after
@@ -130,7 +133,7 @@ pub async fn run(client: Client, mut a: AccountingArgs) -> anyhow::Result<()> {
     }
     tracing::info!(index = cursor.index, "accounting: following the cluster's events");
     loop {
-        let (tx, rx) = tokio::sync::mpsc::channel(EVENT_QUEUE_MAX);
+        let (tx, rx) = event_queue();
         let follower = {
             let client = client.clone();
             tokio::spawn(async move {
@@ -290,20 +293,50 @@ async fn release_unstored(client: &Client) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The pages of a read of the whole state: [`RESYNC_PAGES_MAX`] at most.
+/// The cursor is stored with the last page only, so a read that does not
+/// end within them fails with nothing of its position stored (never reached
+/// while the state keeps fewer jobs than the pages hold: a test holds the
+/// two together).
+#[derive(Debug, Default)]
+struct Pages {
+    read: usize,
+    after_id: u64,
+}
+
+impl Pages {
+    /// Where the next page starts, or the error past the last page.
+    fn next(&self) -> anyhow::Result<u64> {
+        anyhow::ensure!(
+            self.read < RESYNC_PAGES_MAX,
+            "accounting: the state's jobs did not end within {RESYNC_PAGES_MAX} pages; the cursor was not moved"
+        );
+        Ok(self.after_id)
+    }
+
+    /// A page was read, ending at `next_after_id` (0: the last): whether it
+    /// was the last.
+    fn took(&mut self, next_after_id: u64) -> bool {
+        self.read = self.read.saturating_add(1);
+        self.after_id = next_after_id;
+        next_after_id == 0
+    }
+}
+
 /// [`read_jobs`], again while the controllers do not answer (an election).
 async fn read_jobs_retrying(client: &Client, ids: &BTreeSet<u64>) -> anyhow::Result<Vec<pb::Job>> {
     let mut last = None;
-    for attempt in 0..READ_ATTEMPTS_MAX {
+    let mut tries = READ_RETRY.tries();
+    while tries.next().await {
         match read_jobs(client, ids.clone()).await {
             Ok(j) => return Ok(j),
             Err(e) => {
-                if attempt == 0 {
+                if tries.first() {
                     tracing::warn!(error = %format!("{e:#}"), "accounting: reading jobs failed; retrying");
                 }
                 last = Some(e);
             }
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     Err(last.unwrap_or_else(|| anyhow::anyhow!("no attempt made")))
         .context(format!("accounting: the controllers did not answer {READ_ATTEMPTS_MAX} times"))
@@ -369,10 +402,9 @@ async fn resync(client: &Client, store: &mut Store, database: &str) -> anyhow::R
         Some(c) => applied.max(c.index),
         None => applied,
     };
-    let mut after_id = 0;
-    let mut total = 0usize;
-    let mut refused = false;
-    for page in 0..RESYNC_PAGES_MAX {
+    let (mut pages, mut total, mut refused) = (Pages::default(), 0usize, false);
+    loop {
+        let after_id = pages.next()?;
         let resp = client
             .call(|ch| {
                 let req =
@@ -383,13 +415,12 @@ async fn resync(client: &Client, store: &mut Store, database: &str) -> anyhow::R
             .map_err(|s| anyhow::anyhow!("accounting: listing jobs: {}", s.message()))?
             .into_inner();
         total += resp.jobs.len();
-        let last = resp.next_after_id == 0 || page + 1 == RESYNC_PAGES_MAX;
+        let last = pages.took(resp.next_after_id);
         // The cursor goes with the last page only: a read cut short starts over.
         refused |= !write_retrying(store, database, &[], &resp.jobs, as_of, last.then_some(cursor)).await?;
         if last {
             break;
         }
-        after_id = resp.next_after_id;
     }
     if !refused {
         // Whatever an earlier refused batch left out, the state held is stored now.
@@ -404,7 +435,8 @@ async fn resync(client: &Client, store: &mut Store, database: &str) -> anyhow::R
 /// waiting for its snapshot, would report the first history at index 0), or
 /// while a restored cluster's leader has not drawn its history yet.
 async fn replica_position(client: &Client) -> anyhow::Result<pb::ReplicaStatus> {
-    for _ in 0..READ_ATTEMPTS_MAX {
+    let mut tries = READ_RETRY.tries();
+    while tries.next().await {
         let status = client
             .call(|ch| {
                 let req = client.request(pb::ReplicaStatusRequest {});
@@ -417,7 +449,6 @@ async fn replica_position(client: &Client) -> anyhow::Result<pb::ReplicaStatus> 
         if status.applied_index.unwrap_or(0) > 0 && !status.history_pending {
             return Ok(status);
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     anyhow::bail!("accounting: no replica has applied its log after {READ_ATTEMPTS_MAX} tries")
 }
@@ -599,6 +630,14 @@ async fn rebuild_fairshare(client: &Client, database: &str, dry_run: bool) -> an
     Ok(())
 }
 
+type EventQueue =
+    (tokio::sync::mpsc::Sender<(pb::ClusterEvent, Cursor)>, tokio::sync::mpsc::Receiver<(pb::ClusterEvent, Cursor)>);
+
+/// The queue between the event stream and the writer: [`EVENT_QUEUE_MAX`].
+fn event_queue() -> EventQueue {
+    tokio::sync::mpsc::channel(EVENT_QUEUE_MAX)
+}
+
 /// 100 ms, doubling, at most [`DB_RETRY_PAUSE_MAX`].
 fn pause(attempt: u32) -> Duration {
     Duration::from_millis(100u64.saturating_mul(1 << attempt.min(10))).min(DB_RETRY_PAUSE_MAX)
@@ -607,6 +646,65 @@ fn pause(attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The stream waits (then the replica drops it) once EVENT_QUEUE_MAX
+    /// events wait for the writer.
+    #[test]
+    fn the_event_queue_holds_event_queue_max_events() {
+        let (tx, mut rx) = event_queue();
+        for i in 0..EVENT_QUEUE_MAX as u64 {
+            tx.try_send(event(0, i)).unwrap();
+        }
+        assert!(matches!(tx.try_send(event(0, 0)), Err(tokio::sync::mpsc::error::TrySendError::Full(_))));
+        rx.try_recv().unwrap();
+        tx.try_send(event(0, 0)).unwrap();
+    }
+
+    /// Reads retry READ_ATTEMPTS_MAX times, a second apart: two minutes,
+    /// many elections' worth; a resync's pages hold every job the state can
+    /// keep (the active and the retained finished ones), so it never stops
+    /// short of the end.
+    #[tokio::test]
+    async fn reads_retry_through_elections_and_a_resync_reads_the_whole_state() {
+        assert_eq!(gangway_proto::retry::count_tries(READ_RETRY).await, READ_ATTEMPTS_MAX);
+        assert!(READ_RETRY.span() >= Duration::from_secs(60), "{:?}", READ_RETRY.span());
+        // Pages are cut at RESYNC_PAGE_JOBS jobs or at the list's byte
+        // budget, which a page fills to within one spec: the jobs the state
+        // can keep, and the bytes of their specs, fit in the pages.
+        use gangway_core::limits::{
+            ACTIVE_JOBS_MAX, CLUSTER_UNFINISHED_BYTES_MAX, FINISHED_BYTES_RETAINED_MAX, FINISHED_JOBS_RETAINED_MAX,
+            JOB_SPEC_BYTES_MAX,
+        };
+        use gangway_proto::limits::LIST_RESPONSE_BYTES_MAX;
+        let by_count = (ACTIVE_JOBS_MAX + FINISHED_JOBS_RETAINED_MAX).div_ceil(RESYNC_PAGE_JOBS as usize);
+        let bytes = CLUSTER_UNFINISHED_BYTES_MAX + FINISHED_BYTES_RETAINED_MAX;
+        let by_bytes = bytes.div_ceil((LIST_RESPONSE_BYTES_MAX - JOB_SPEC_BYTES_MAX) as u64) as usize;
+        assert!(by_count + by_bytes <= RESYNC_PAGES_MAX, "{by_count} + {by_bytes} pages");
+    }
+
+    /// A read of the whole state takes RESYNC_PAGES_MAX pages, the last
+    /// with the cursor; one page more is an error before it is read, and
+    /// the cursor (stored with the last page only) never is.
+    #[test]
+    fn a_resync_reads_resync_pages_max_pages_and_fails_past_them() {
+        let read = |pages_there: usize| {
+            let mut pages = Pages::default();
+            let mut lasts = 0;
+            for k in 1.. {
+                let after_id = pages.next()?;
+                assert_eq!(after_id, (k as u64 - 1) * 10, "each page goes on from the last");
+                let next = if k == pages_there { 0 } else { k as u64 * 10 };
+                if pages.took(next) {
+                    lasts += 1;
+                    break;
+                }
+            }
+            anyhow::Ok((pages.read, lasts))
+        };
+        assert_eq!(read(RESYNC_PAGES_MAX).unwrap(), (RESYNC_PAGES_MAX, 1));
+        let e = read(RESYNC_PAGES_MAX + 1).unwrap_err().to_string();
+        assert!(e.contains(&RESYNC_PAGES_MAX.to_string()) && e.contains("cursor was not moved"), "{e}");
+    }
 
     fn event(job_id: u64, index: u64) -> (pb::ClusterEvent, Cursor) {
         (pb::ClusterEvent { job_id, ..Default::default() }, Cursor { index, delivered: 0, history: None })

@@ -23,8 +23,10 @@ use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
 use gangway_proto::v1::job_service_client::JobServiceClient;
 
-/// Pages read when listing jobs: with 10,000 jobs a page, far above the
-/// controller's retention (100,000 finished jobs plus the queue).
+/// Pages read when listing jobs: what one command holds in memory (each
+/// page at most `LIST_RESPONSE_BYTES_MAX`, 3 MiB: 300 MiB in all; a page
+/// holds up to LIST_PAGE jobs, fewer when their scripts and environments
+/// are large); past it the command says the list was cut.
 const LIST_PAGES_MAX: usize = 100;
 /// Jobs per page.
 const LIST_PAGE: u32 = 10_000;
@@ -193,10 +195,20 @@ pub struct Listing {
     pub explain: bool,
 }
 
+/// A job listing's pages (`fetch(after_id)`), [`LIST_PAGES_MAX`] at most:
+/// the jobs, and whether the listing ended within them.
+async fn list_pages<F, Fut>(fetch: F) -> anyhow::Result<(Vec<pb::Job>, bool)>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<(Vec<pb::Job>, Option<u64>)>>,
+{
+    gangway_proto::client::paged(LIST_PAGES_MAX, 0, fetch).await
+}
+
 /// Every job matching `l`, page by page (linearizable reads).
 /// Past LIST_PAGES_MAX pages it answers what it read, and says so on stderr.
 pub async fn list_jobs(client: &Client, l: &Listing) -> anyhow::Result<Vec<pb::Job>> {
-    let (all, whole) = gangway_proto::client::paged(LIST_PAGES_MAX, 0, |after_id| async move {
+    let (all, whole) = list_pages(|after_id| async move {
         let req = pb::ListJobsRequest {
             states: l.states.clone(),
             user: l.user.clone(),
@@ -343,8 +355,31 @@ pub fn job_suspended_s(j: &pb::Job, now: u64) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// One page of a job listing: its jobs and the cursor of the next.
+    type Page = anyhow::Result<(Vec<pb::Job>, Option<u64>)>;
+
+    /// `pages` pages of one job each: the `n`th job's id is `n`.
+    pub(crate) fn pages_of(pages: u64) -> impl FnMut(u64) -> std::future::Ready<Page> {
+        move |after| {
+            let id = after + 1;
+            std::future::ready(Ok((vec![pb::Job { id, ..Default::default() }], (id < pages).then_some(id))))
+        }
+    }
+
+    /// A listing of LIST_PAGES_MAX pages is read whole; one page more is
+    /// cut at the limit (and said to be).
+    #[tokio::test]
+    async fn a_job_listing_reads_list_pages_max_pages() {
+        let n = LIST_PAGES_MAX as u64;
+        let (jobs, whole) = list_pages(pages_of(n)).await.unwrap();
+        assert_eq!((jobs.len(), whole), (LIST_PAGES_MAX, true));
+        let (jobs, whole) = list_pages(pages_of(n + 1)).await.unwrap();
+        assert_eq!((jobs.len(), whole), (LIST_PAGES_MAX, false));
+        assert_eq!(jobs.last().map(|j| j.id), Some(n));
+    }
 
     /// A job selector names at most SELECTOR_INDEXES_MAX array indexes, in
     /// one range or several: at the limit it parses, one more is refused.

@@ -15,6 +15,11 @@ use gangway_proto::v1::{StepEvent, StepInput, StepRequest, WindowSize};
 /// Input messages waiting to be sent: a few reads of a terminal (typing
 /// never fills it; a fast pipe waits for the network instead of growing).
 const INPUT_QUEUE_MAX: usize = 64;
+/// The queue of input messages to the agent: [`INPUT_QUEUE_MAX`].
+fn input_queue() -> (tokio::sync::mpsc::Sender<StepInput>, tokio::sync::mpsc::Receiver<StepInput>) {
+    tokio::sync::mpsc::channel(INPUT_QUEUE_MAX)
+}
+
 /// Bytes read from srun's input at a time (the agent takes up to 64 KiB).
 const INPUT_CHUNK_BYTES: usize = 4096;
 
@@ -68,7 +73,7 @@ pub async fn attach(
     use gangway_proto::v1::step_service_client::StepServiceClient;
     let tty = rustix::termios::isatty(std::io::stdin());
     req.window = if tty { window() } else { None };
-    let (to_agent, queue) = tokio::sync::mpsc::channel::<StepInput>(INPUT_QUEUE_MAX);
+    let (to_agent, queue) = input_queue();
     to_agent.send(input(Input::Start(req))).await.map_err(|_| anyhow::anyhow!("srun: the step's input closed"))?;
     let mut call = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(queue));
     if let Some(c) = credential {
@@ -167,4 +172,22 @@ async fn next_signal(passed: &mut [(tokio::signal::unix::Signal, i32)]) -> i32 {
         })
     });
     futures::future::select_all(waits).await.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// INPUT_QUEUE_MAX messages wait for the network; the reader of one
+    /// more waits for room instead of the queue growing.
+    #[test]
+    fn input_waits_past_input_queue_max_messages() {
+        let (tx, mut rx) = input_queue();
+        for _ in 0..INPUT_QUEUE_MAX {
+            assert!(tx.try_send(StepInput::default()).is_ok());
+        }
+        assert!(matches!(tx.try_send(StepInput::default()), Err(tokio::sync::mpsc::error::TrySendError::Full(_))));
+        assert!(rx.try_recv().is_ok());
+        assert!(tx.try_send(StepInput::default()).is_ok());
+    }
 }

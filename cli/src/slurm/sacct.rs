@@ -22,24 +22,38 @@ const HISTORY_PAGES_MAX: usize = 20;
 
 /// Finished jobs from the accounting database; none when the replicas have
 /// no database (`--accounting-database`), with a notice when it fails.
-async fn stored_history(client: &Client, mut req: pb::HistoryRequest) -> anyhow::Result<Vec<pb::Job>> {
+async fn stored_history(client: &Client, req: pb::HistoryRequest) -> anyhow::Result<Vec<pb::Job>> {
     use gangway_proto::v1::job_service_client::JobServiceClient;
-    let mut jobs = Vec::new();
-    for page in 0..HISTORY_PAGES_MAX {
-        let r = client
+    let jobs = history_pages(req, |req| async move {
+        client
             .call(|ch| {
                 let r = client.request(req.clone());
                 async move { JobServiceClient::new(ch).history(r).await }
             })
-            .await;
-        let resp = match r {
-            Ok(resp) => resp.into_inner(),
+            .await
+            .map(tonic::Response::into_inner)
+    })
+    .await;
+    Ok(jobs)
+}
+
+/// The history's pages (`fetch(req)`, newest first), [`HISTORY_PAGES_MAX`]
+/// at most, saying on stderr when more match or the database fails.
+async fn history_pages<F, Fut>(mut req: pb::HistoryRequest, mut fetch: F) -> Vec<pb::Job>
+where
+    F: FnMut(pb::HistoryRequest) -> Fut,
+    Fut: std::future::Future<Output = Result<pb::ListJobsResponse, tonic::Status>>,
+{
+    let mut jobs = Vec::new();
+    for page in 0..HISTORY_PAGES_MAX {
+        let resp = match fetch(req.clone()).await {
+            Ok(resp) => resp,
             Err(s) if s.code() == tonic::Code::FailedPrecondition || s.code() == tonic::Code::Unimplemented => {
-                return Ok(jobs)
+                return jobs
             }
             Err(s) => {
                 eprintln!("sacct: the job history before what the cluster keeps is not shown: {}", s.message());
-                return Ok(jobs);
+                return jobs;
             }
         };
         let full = resp.jobs.len() == req.limit as usize;
@@ -49,14 +63,14 @@ async fn stored_history(client: &Client, mut req: pb::HistoryRequest) -> anyhow:
         };
         jobs.extend(resp.jobs);
         if (!full && resp.next_after_id == 0) || next == 0 {
-            return Ok(jobs);
+            return jobs;
         }
         if page + 1 == HISTORY_PAGES_MAX {
             eprintln!("sacct: more than {} jobs match in the history; narrow it with -S, -u or -A", jobs.len());
         }
         req.before_id = next;
     }
-    Ok(jobs)
+    jobs
 }
 
 const DEFAULT_FIELDS: &str = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode";
@@ -402,6 +416,26 @@ fn srun_steps(j: &pb::Job) -> Vec<pb::Job> {
 mod tests {
     use super::*;
     use crate::parse::parse_time;
+
+    /// sacct reads HISTORY_PAGES_MAX full pages of the history, newest
+    /// first, and asks for no page past them.
+    #[tokio::test]
+    async fn sacct_reads_history_pages_max_pages() {
+        let asked = std::cell::Cell::new(0usize);
+        let fetch = |req: pb::HistoryRequest| {
+            asked.set(asked.get() + 1);
+            // Full pages of ids below the cursor, down to 1.
+            let top = if req.before_id == 0 { 1_000 } else { req.before_id - 1 };
+            let jobs: Vec<pb::Job> =
+                (0..u64::from(req.limit)).map(|i| pb::Job { id: top - i, ..Default::default() }).collect();
+            std::future::ready(Ok(pb::ListJobsResponse { jobs, ..Default::default() }))
+        };
+        let req = pb::HistoryRequest { limit: 3, ..Default::default() };
+        let jobs = history_pages(req, fetch).await;
+        assert_eq!(asked.get(), HISTORY_PAGES_MAX, "no page past the limit");
+        assert_eq!(jobs.len(), 3 * HISTORY_PAGES_MAX);
+        assert!(jobs.windows(2).all(|w| w[0].id == w[1].id + 1), "each page goes on below the last");
+    }
 
     #[test]
     fn times_and_fields_read_as_sacct_does() {

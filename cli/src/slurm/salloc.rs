@@ -15,11 +15,13 @@ use gangway_proto::v1::job_service_client::JobServiceClient;
 use gangway_proto::v1::node_service_client::NodeServiceClient;
 
 use crate::output::Output;
+use gangway_proto::retry::Retry;
 
 /// Polls of the job's state while waiting for the allocation (every
-/// WAIT_POLL): far above any wait worth holding a terminal for.
-const WAIT_POLLS_MAX: u64 = 10_000_000;
+/// WAIT_POLL): three weeks, far above any wait worth holding a terminal for.
+const ALLOCATION_WAIT_POLLS_MAX: u64 = 10_000_000;
 const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+const WAIT: Retry = Retry::new(ALLOCATION_WAIT_POLLS_MAX, WAIT_POLL);
 
 #[derive(Args, Debug, Default)]
 pub struct SallocArgs {
@@ -221,14 +223,15 @@ async fn allocate(
 
 /// Polls while the released allocation ends (its first node notices the
 /// exit code within a second).
-const RELEASE_POLLS_MAX: u32 = 75;
+const RELEASE_POLLS_MAX: u64 = 75;
+const RELEASE_POLLS: Retry = Retry::new(RELEASE_POLLS_MAX, WAIT_POLL);
 /// How long the release step may take (it starts one shell on a node the
 /// job holds); past it the allocation is cancelled instead.
 const RELEASE_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 /// Tries of the release step, RELEASE_STEP_RETRY apart: the first node's
 /// agent starts the job's task within a heartbeat or two of the grant.
-const RELEASE_STEP_TRIES: u32 = 5;
-const RELEASE_STEP_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+const RELEASE_STEP_TRIES: u64 = 5;
+const RELEASE_STEP: Retry = Retry::new(RELEASE_STEP_TRIES, std::time::Duration::from_millis(500));
 
 /// Gives the allocation back with `code`: a step on the first node puts the
 /// code in the release directory its hold script waits on (written aside,
@@ -254,10 +257,8 @@ async fn release(client: &Client, job: &pb::Job, code: i32, env: &[(String, Stri
     // A command that ends at once may end before the first node's agent
     // has started the job's task there, which the step needs: try again.
     let mut written = false;
-    for attempt in 0..RELEASE_STEP_TRIES {
-        if attempt > 0 {
-            tokio::time::sleep(RELEASE_STEP_RETRY).await;
-        }
+    let mut tries = RELEASE_STEP.tries();
+    while tries.next().await {
         let step = tokio::process::Command::new(&exe)
             .args(["srun", "-N1", "-n1", "-w", &first, "/bin/sh", "-c", &write])
             .envs(env.iter().cloned())
@@ -278,7 +279,8 @@ async fn release(client: &Client, job: &pb::Job, code: i32, env: &[(String, Stri
     if !written {
         return false;
     }
-    for _ in 0..RELEASE_POLLS_MAX {
+    let mut polls = RELEASE_POLLS.tries();
+    while polls.next().await {
         let got = client
             .call(|ch| {
                 let r = client.request(pb::GetJobRequest { job_id: job.id, stale: false });
@@ -288,7 +290,6 @@ async fn release(client: &Client, job: &pb::Job, code: i32, env: &[(String, Stri
         if got.is_ok_and(|j| super::ended(j.into_inner().state)) {
             return true;
         }
-        tokio::time::sleep(WAIT_POLL).await;
     }
     false
 }
@@ -302,7 +303,8 @@ fn name(who: Who) -> &'static str {
 
 /// Waits until the job runs; None when interrupted (Ctrl-C).
 async fn wait_running(client: &Client, id: u64) -> anyhow::Result<Option<pb::Job>> {
-    for _ in 0..WAIT_POLLS_MAX {
+    let mut polls = WAIT.tries();
+    while polls.next().await {
         let polled = tokio::select! {
             _ = tokio::signal::ctrl_c() => return Ok(None),
             r = client.call(|ch| {
@@ -318,7 +320,6 @@ async fn wait_running(client: &Client, id: u64) -> anyhow::Result<Option<pb::Job
         if super::ended(polled.state) {
             bail!("job {id} ended {} before it ran: {}", super::state_name(polled.state), polled.reason);
         }
-        tokio::time::sleep(WAIT_POLL).await;
     }
     bail!("gave up waiting for job {id}")
 }
@@ -402,4 +403,25 @@ async fn cancel(client: &Client, id: u64) {
             async move { JobServiceClient::new(ch).cancel(r).await }
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gangway_proto::retry::count_tries;
+    use std::time::Duration;
+
+    /// Each wait makes its polls and no more, for the time its reason
+    /// needs: an allocation is waited for weeks (ALLOCATION_WAIT_POLLS_MAX), a released
+    /// one's end for seconds (RELEASE_POLLS_MAX: its first node notices
+    /// within one), the release step for a few heartbeats (RELEASE_STEP_TRIES).
+    #[tokio::test]
+    async fn salloc_waits_are_bounded_by_their_reasons() {
+        assert_eq!(WAIT.attempts, ALLOCATION_WAIT_POLLS_MAX);
+        assert!(WAIT.span() >= Duration::from_secs(14 * 24 * 3600), "{:?}", WAIT.span());
+        assert_eq!(count_tries(RELEASE_POLLS).await, RELEASE_POLLS_MAX);
+        assert!(RELEASE_POLLS.span() >= Duration::from_secs(10), "{:?}", RELEASE_POLLS.span());
+        assert_eq!(count_tries(RELEASE_STEP).await, RELEASE_STEP_TRIES);
+        assert!(RELEASE_STEP.span() >= Duration::from_secs(2), "two heartbeats: {:?}", RELEASE_STEP.span());
+    }
 }

@@ -528,8 +528,14 @@ fn parse_step_addrs(v: &str) -> BTreeMap<String, String> {
     v.split(',').filter_map(|kv| kv.split_once('=')).map(|(k, a)| (k.to_string(), a.to_string())).collect()
 }
 
-/// Events from a step's tasks, local or remote, buffered before srun writes them.
+/// Events from a step's tasks, local or remote, buffered before srun writes
+/// them (past it, the tasks' readers wait and their pipes fill).
 const STEP_EVENTS_QUEUE_MAX: usize = 1024;
+
+/// The queue of a step's events: [`STEP_EVENTS_QUEUE_MAX`].
+fn step_events() -> (tokio::sync::mpsc::Sender<Ev>, tokio::sync::mpsc::Receiver<Ev>) {
+    tokio::sync::mpsc::channel(STEP_EVENTS_QUEUE_MAX)
+}
 /// How long srun waits to reach another node's agent.
 const STEP_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Bytes read from a local task's pipe at a time.
@@ -631,7 +637,7 @@ impl Step {
             .into_iter()
             .filter_map(|k| signal(k).ok())
             .collect();
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Ev>(STEP_EVENTS_QUEUE_MAX);
+        let (tx, mut rx) = step_events();
         let base = self.base_env()?;
         let mut total = 0usize;
         // The other nodes' tasks first, all at once: a node that cannot start
@@ -678,7 +684,7 @@ impl Step {
                     let ev = match stream.message().await {
                         Ok(Some(gangway_proto::v1::StepEvent { kind: Some(k) })) => k,
                         Ok(Some(_)) => continue,
-                        Ok(None) | Err(_) if open.is_empty() || resumed >= RESUMES_MAX => break,
+                        Ok(None) | Err(_) if !may_resume(open.len(), resumed) => break,
                         // The agent went away with tasks running: a restarted
                         // one kept them.
                         Ok(None) | Err(_) => match resume(&node, &addr, &id).await {
@@ -915,6 +921,12 @@ async fn start_remote(
 
 /// Agent restarts one step survives on one node.
 const RESUMES_MAX: u32 = 16;
+
+/// Whether a node's step stream that ended is resumed: while its tasks run
+/// (`open` of them not ended), after `resumed` agent restarts.
+fn may_resume(open: usize, resumed: u32) -> bool {
+    open > 0 && resumed < RESUMES_MAX
+}
 /// How long srun tries to resume a step whose agent went away: a restart
 /// takes seconds, and the restarted agent keeps the tasks for a minute
 /// (`kept::RESUME_WAIT`).
@@ -1140,6 +1152,24 @@ fn status_code(s: std::process::ExitStatus) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A step's events wait for srun's writer up to STEP_EVENTS_QUEUE_MAX;
+    /// one more waits for room. A node's stream is resumed RESUMES_MAX
+    /// times, and only while its tasks run.
+    #[test]
+    fn step_events_and_resumes_are_bounded() {
+        let (tx, mut rx) = step_events();
+        let end = || Ev::End { rank: 0, code: 0, error: String::new() };
+        for _ in 0..STEP_EVENTS_QUEUE_MAX {
+            assert!(tx.try_send(end()).is_ok());
+        }
+        assert!(matches!(tx.try_send(end()), Err(tokio::sync::mpsc::error::TrySendError::Full(_))));
+        assert!(rx.try_recv().is_ok());
+        assert!(tx.try_send(end()).is_ok());
+        assert!(may_resume(1, RESUMES_MAX - 1));
+        assert!(!may_resume(1, RESUMES_MAX), "one resume past the limit");
+        assert!(!may_resume(0, 0), "no task left to resume");
+    }
 
     /// A step's name keeps STEP_NAME_CHARS_MAX characters of its program's
     /// name (four-byte characters still within the controllers' limit), and

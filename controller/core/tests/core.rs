@@ -185,42 +185,6 @@ fn the_core_cannot_panic_but_for_counted_reasoned_exceptions() {
     assert_eq!(found, pinned, "the core's exceptions to the panic lints changed: list them in PANIC_EXCEPTIONS");
 }
 
-/// Limits named in code (a `const` whose name ends in `_MAX`, `_MIN`,
-/// `_LIMIT` or `_CAP`), by file, that no test names yet (see below). The
-/// list only shrinks: `every_named_limit_is_named_by_a_test` fails for a new
-/// limit without a test, and for one listed here that has gained one.
-const LIMITS_WITHOUT_A_TEST_YET: &[(&str, &[&str])] = &[
-    ("cli/src/accounting/mod.rs", &["EVENT_QUEUE_MAX", "READ_ATTEMPTS_MAX", "RESYNC_PAGES_MAX"]),
-    ("cli/src/bench.rs", &["JOB_PAGES_MAX"]),
-    ("cli/src/bench_fleet.rs", &["REGISTER_ATTEMPTS_MAX", "REPORTS_PER_ROUND_MAX", "RTT_SAMPLES_MAX"]),
-    ("cli/src/bench_peers.rs", &["CALLS_MAX", "FAILOVERS_MAX"]),
-    ("cli/src/bench_sched.rs", &["FILL_PASSES_MAX"]),
-    ("cli/src/bench_storm.rs", &["HINT_MAX"]),
-    ("cli/src/commands.rs", &["BACKUP_BYTES_MAX"]),
-    ("cli/src/policy.rs", &["POLICY_EDIT_ATTEMPTS_MAX"]),
-    ("cli/src/sbatch.rs", &["WAIT_POLLS_MAX"]),
-    ("cli/src/simulate.rs", &["SIM_JOBS_MAX"]),
-    ("cli/src/slurm/mod.rs", &["LIST_PAGES_MAX"]),
-    ("cli/src/slurm/pty.rs", &["INPUT_QUEUE_MAX"]),
-    ("cli/src/slurm/sacct.rs", &["HISTORY_PAGES_MAX"]),
-    ("cli/src/slurm/salloc.rs", &["RELEASE_POLLS_MAX", "WAIT_POLLS_MAX"]),
-    ("cli/src/slurm/srun.rs", &["RESUMES_MAX", "STEP_EVENTS_QUEUE_MAX"]),
-    ("controller/core/src/limits.rs", &["FINISHED_BYTES_RETAINED_MAX"]),
-    ("controller/core/src/sched/mod.rs", &["PENDING_EXAMINED_PER_PASS_MAX", "RESERVATION_TRIES_MAX"]),
-    ("controller/core/src/sched/preempt.rs", &["VICTIM_CANDIDATES_MAX"]),
-    ("controller/src/api/agent.rs", &["POKE_BUFFER_MAX"]),
-    ("controller/src/api/jobs.rs", &["EVENTS_PAGE_MAX"]),
-    ("controller/src/leader/mod.rs", &["BOOTSTRAP_ATTEMPTS_MAX", "DRAW_ATTEMPTS_MAX"]),
-    ("controller/src/raft/transfer.rs", &["ATTEMPTS_MAX"]),
-    ("controller/src/replica.rs", &["H2_PENDING_RESETS_MAX"]),
-    ("controller/src/ui/mod.rs", &["CONNECTION_LIFETIME_MAX"]),
-    ("node-agent/src/nvml.rs", &["NVLINK_LINKS_MAX"]),
-    ("node-agent/src/steps.rs", &["STEP_EVENTS_QUEUE_MAX"]),
-    ("proto/src/events.rs", &["RECONNECTS_MAX"]),
-    ("proto/src/tls.rs", &["ACCEPTED_QUEUE_MAX"]),
-    ("raft-store/src/views.rs", &["FRESH_WAIT_MAX"]),
-];
-
 /// Every named limit is named by a test: a test that goes
 /// one past it (or, for a limit on work rather than input, one that fills it
 /// and one more). Tests are the files under a `tests/` directory, test
@@ -278,11 +242,6 @@ fn every_named_limit_is_named_by_a_test() {
             Some(at) => text.split_at(at),
             None => (text.as_str(), ""),
         };
-        // This file's list of limits without a test names them, untested.
-        let test = match test.split_once("const LIMITS_WITHOUT_A_TEST_YET") {
-            Some((before, after)) => format!("{before}{}", after.split_once("];").map_or("", |(_, rest)| rest)),
-            None => test.to_string(),
-        };
         let uncommented: String =
             test.lines().map(|l| l.split_once("//").map_or(l, |(code, _)| code)).collect::<Vec<_>>().join("\n");
         tests.entry(crate_of(path)).or_default().push_str(&uncommented);
@@ -298,6 +257,12 @@ fn every_named_limit_is_named_by_a_test() {
     limits.sort();
     limits.dedup();
     assert!(limits.len() > 250, "the named limits were not found: {}", limits.len());
+    // One crate's test naming a limit cannot tell two of its files' limits
+    // of the same name apart: they are named apart.
+    let mut in_crate: Vec<(&str, &str)> = limits.iter().map(|(_, n, k)| (n.as_str(), k.as_str())).collect();
+    in_crate.sort();
+    let twice: Vec<_> = in_crate.windows(2).filter(|w| w[0] == w[1]).map(|w| w[0]).collect();
+    assert!(twice.is_empty(), "limits of one name in two files of a crate (name them apart): {twice:?}");
     assert!(tests.len() > 6, "the crates' tests were not found: {:?}", tests.keys());
     let named = |text: &str, name: &str| {
         text.match_indices(name).any(|(at, _)| {
@@ -305,8 +270,6 @@ fn every_named_limit_is_named_by_a_test() {
             !word(text[..at].chars().next_back()) && !word(text[at + name.len()..].chars().next())
         })
     };
-    let listed =
-        |path: &str, name: &str| LIMITS_WITHOUT_A_TEST_YET.iter().any(|(p, names)| *p == path && names.contains(&name));
     // A name defined once in the workspace may be named by any crate's tests
     // (the API's message limits are the controller's to test); one defined
     // in several files, only by its own crate's.
@@ -319,15 +282,12 @@ fn every_named_limit_is_named_by_a_test() {
         })
         .map(|(path, name, _)| (path.as_str(), name.as_str()))
         .collect();
-    let new: Vec<String> = untested.iter().filter(|(p, n)| !listed(p, n)).map(|(p, n)| format!("{p}: {n}")).collect();
-    assert!(new.is_empty(), "named limits that no test of their crate names (go one past each):\n{}", new.join("\n"));
-    let gone: Vec<String> = LIMITS_WITHOUT_A_TEST_YET
-        .iter()
-        .flat_map(|(p, names)| names.iter().map(move |n| (*p, *n)))
-        .filter(|l| !untested.contains(l))
-        .map(|(p, n)| format!("{p}: {n}"))
-        .collect();
-    assert!(gone.is_empty(), "tested now, or gone: take these out of LIMITS_WITHOUT_A_TEST_YET: {gone:?}");
+    let untested: Vec<String> = untested.iter().map(|(p, n)| format!("{p}: {n}")).collect();
+    assert!(
+        untested.is_empty(),
+        "named limits that no test of their crate names (go one past each):\n{}",
+        untested.join("\n")
+    );
 }
 
 /// Protobuf meets the core's types in one file (rust-analyzer's tidy tests):
@@ -1342,6 +1302,170 @@ fn a_job_makes_at_most_attempts_max_attempts() {
 /// Reservations hold RESERVED_NODE_ENTRIES_MAX node entries in all (every
 /// node, in four windows one after another); a fifth is refused, naming
 /// the limit, and replacing one of the four is not counted twice.
+/// The queue's head gets a start time from a sweep over future job ends,
+/// a trial placement at each: RESERVATION_TRIES_MAX of them at most. Here
+/// an advance reservation (for someone else) blocks every start before its
+/// end, so the head's start is found on the try after the last job end:
+/// with RESERVATION_TRIES_MAX - 1 ends it is found, with one more it is not.
+#[test]
+fn a_reservation_is_sought_over_reservation_tries_max_trial_placements() {
+    use gangway_core::reservation::{ReservationChange, ReservationRequest};
+    use gangway_core::sched::{plan, Options, Policy, RESERVATION_TRIES_MAX};
+    let hour = 3_600_000;
+    for (ends, found) in [(RESERVATION_TRIES_MAX - 1, true), (RESERVATION_TRIES_MAX, false)] {
+        let mut s = State::default();
+        s.apply(1, &Command::SetDataFormat { format: gangway_core::format::FORMAT_NEWEST, now_ms: 1 });
+        let node = NodeSpec { cpus: 1024, ..node_spec(0, 0) };
+        s.apply(2, &Command::RegisterNode { spec: node, now_ms: 2 });
+        let mut index = 3;
+        // Jobs ending a second apart, all before the advance reservation.
+        for k in 0..ends {
+            let spec = JobSpec { time_limit_s: 60 + k as u64, ..job_spec(1, 0, 1) };
+            s.apply(index, &submit_cmd(spec));
+            index += 1;
+        }
+        let p = plan(&s, &Options::new(Policy::Easy, 10));
+        assert_eq!(p.placements.len(), ends);
+        s.apply(index, &Command::ApplySchedule { preemptions: p.preemptions, placements: p.placements, now_ms: 10 });
+        index += 1;
+        let resv = ReservationRequest {
+            name: "maint".into(),
+            start_ms: 2 * hour,
+            end_ms: 3 * hour,
+            nodes: vec!["n0".into()],
+            users: vec!["bob".into()],
+            ..Default::default()
+        };
+        let created = Command::ChangeReservation {
+            change: ReservationChange::Create(resv),
+            identity: "server:1".into(),
+            now_ms: 11,
+        };
+        assert_eq!(s.apply(index, &created).outcome, Outcome::ReservationChanged { name: "maint".into() });
+        index += 1;
+        // Two hours long: it cannot start before the advance reservation ends.
+        let head = JobSpec { time_limit_s: 7_200, ..job_spec(1, 0, 1) };
+        let Outcome::Submitted { job_id, .. } = s.apply(index, &submit_cmd(head)).outcome else { panic!("submit") };
+        let p = plan(&s, &Options::new(Policy::Easy, 20));
+        assert!(p.placements.is_empty(), "{:?}", p.placements);
+        let start = p.reservations.iter().find(|(id, _)| *id == job_id).map(|(_, t)| *t);
+        assert_eq!(start, found.then_some(3 * hour), "{ends} job ends before the start");
+    }
+}
+
+/// A preemptor looks at the VICTIM_CANDIDATES_MAX cheapest running jobs
+/// (by work lost) and no more. Here an account reclaims the one GPU its
+/// sibling borrowed: the cheapest candidates (2-GPU jobs just started) give
+/// back more than was borrowed and are passed over, and the one that fits
+/// (a 1-GPU job running since long before) is candidate N + 1: found with
+/// N = VICTIM_CANDIDATES_MAX - 1, past the candidates with one more.
+#[test]
+fn a_preemptor_considers_victim_candidates_max_candidates() {
+    use gangway_core::policy::{Account, ClusterPolicy, Quota, User};
+    use gangway_core::sched::{plan, Options, Policy, VICTIM_CANDIDATES_MAX};
+    for (cheaper, found) in [(VICTIM_CANDIDATES_MAX - 1, true), (VICTIM_CANDIDATES_MAX, false)] {
+        let mut s = State::default();
+        s.apply(1, &Command::SetDataFormat { format: gangway_core::format::FORMAT_NEWEST, now_ms: 1 });
+        let gpus = |n: usize| Quota { max_running_gpus: Some(n as u32), ..Quota::default() };
+        let mut policy = ClusterPolicy::default();
+        let lender = Account { quota: gpus(2 * cheaper), borrow_gpus: 1, ..Account::default() };
+        policy.accounts.insert("a".into(), lender);
+        policy.accounts.insert("b".into(), Account { quota: gpus(1), ..Account::default() });
+        policy.users.insert("alice".into(), User { accounts: vec!["a".into()], ..User::default() });
+        policy.users.insert("bob".into(), User { accounts: vec!["b".into()], ..User::default() });
+        let update = Command::UpdatePolicy {
+            policy,
+            expected_version: None,
+            force: true,
+            identity: "server:1".into(),
+            now_ms: 2,
+        };
+        assert!(matches!(s.apply(2, &update).outcome, Outcome::PolicyUpdated { .. }));
+        let index = std::cell::Cell::new(3);
+        let next = || {
+            index.set(index.get() + 1);
+            index.get()
+        };
+        let run = |s: &mut State, user: &str, gpus: u32, now_ms: u64| {
+            let spec = JobSpec { user: user.into(), account: String::new(), ..job_spec(1, gpus, 1) };
+            let cmd = Command::SubmitJob { spec, identity: user.into(), idempotency_key: String::new(), now_ms };
+            assert!(matches!(s.apply(next(), &cmd).outcome, Outcome::Submitted { .. }));
+        };
+        // The 1-GPU job first, on the only node then.
+        s.apply(next(), &Command::RegisterNode { spec: node_spec(0, 1), now_ms: 3 });
+        run(&mut s, "alice", 1, 1_000);
+        let p = plan(&s, &Options::new(Policy::Easy, 1_000));
+        s.apply(next(), &Command::ApplySchedule { preemptions: vec![], placements: p.placements, now_ms: 1_000 });
+        for i in 1..=cheaper {
+            s.apply(next(), &Command::RegisterNode { spec: node_spec(i, 2), now_ms: 3 });
+        }
+        let now = 3_600_000;
+        for _ in 0..cheaper {
+            run(&mut s, "alice", 2, now);
+        }
+        let p = plan(&s, &Options::new(Policy::Easy, now));
+        assert_eq!(p.placements.len(), cheaper);
+        s.apply(next(), &Command::ApplySchedule { preemptions: vec![], placements: p.placements, now_ms: now });
+        assert_eq!(s.running.len(), cheaper + 1, "a runs one GPU past its quota, borrowed from b");
+        run(&mut s, "bob", 1, now);
+        let p = plan(&s, &Options::new(Policy::Easy, now));
+        let victims: Vec<u64> = p.preemptions.iter().map(|v| v.job_id).collect();
+        assert_eq!(victims, if found { vec![1] } else { vec![] }, "{cheaper} cheaper candidates");
+        assert_eq!(p.placements.len(), usize::from(found));
+    }
+}
+
+/// PENDING_EXAMINED_PER_PASS_MAX never cuts the queue short: a pass may
+/// examine every pending job the state can hold (ACTIVE_JOBS_MAX, which a
+/// submit cannot go past), so no job waits unseen behind the limit.
+#[test]
+fn a_pass_may_examine_every_pending_job() {
+    use gangway_core::limits::ACTIVE_JOBS_MAX;
+    use gangway_core::sched::PENDING_EXAMINED_PER_PASS_MAX;
+    const { assert!(PENDING_EXAMINED_PER_PASS_MAX >= ACTIVE_JOBS_MAX) };
+}
+
+/// Finished jobs keep FINISHED_BYTES_RETAINED_MAX bytes of specs at most:
+/// at the limit every one is kept; one job past it, the oldest goes.
+#[test]
+fn finished_jobs_keep_finished_bytes_retained_max_bytes() {
+    use gangway_core::limits::{FINISHED_BYTES_RETAINED_MAX, JOB_SPEC_BYTES_MAX};
+    let mut s = State::default();
+    s.apply(1, &Command::SetDataFormat { format: gangway_core::format::FORMAT_NEWEST, now_ms: 1 });
+    let mut index = 2;
+    let mut finish = |s: &mut State, spec: JobSpec| -> JobId {
+        let Outcome::Submitted { job_id, .. } = s.apply(index, &submit_cmd(spec)).outcome else { panic!("submit") };
+        s.apply(index + 1, &Command::CancelJob { job_id, identity: "alice".into(), now_ms: 20 });
+        index += 2;
+        job_id
+    };
+    let retained = |s: &State| -> u64 { s.finished.iter().map(|id| s.jobs[id].retained_bytes() as u64).sum() };
+    // A submitted spec holds a few bytes more than it was sent with (its
+    // account, resolved): the first job tells how many.
+    let sent = JOB_SPEC_BYTES_MAX - 64;
+    let first = finish(&mut s, spec_of_size(sent));
+    let added = retained(&s) - sent as u64;
+    let of = |bytes: u64| spec_of_size((bytes - added) as usize);
+    let each = JOB_SPEC_BYTES_MAX as u64;
+    // Whole jobs, then two of the rest, to the byte.
+    let whole = (FINISHED_BYTES_RETAINED_MAX - retained(&s)) / each - 1;
+    for _ in 0..whole {
+        finish(&mut s, of(each));
+    }
+    let rest = FINISHED_BYTES_RETAINED_MAX - retained(&s);
+    finish(&mut s, of(rest / 2));
+    finish(&mut s, of(rest - rest / 2));
+    assert_eq!(retained(&s), FINISHED_BYTES_RETAINED_MAX);
+    assert!(s.jobs.contains_key(&first), "at the limit every finished job is kept");
+    let kept = s.finished.len();
+    // One more, however small: past the limit, the oldest goes.
+    finish(&mut s, of(4096));
+    assert!(!s.jobs.contains_key(&first), "past FINISHED_BYTES_RETAINED_MAX the oldest goes");
+    assert!(retained(&s) <= FINISHED_BYTES_RETAINED_MAX);
+    assert_eq!(s.finished.len(), kept);
+    s.check_invariants().unwrap();
+}
+
 #[test]
 fn reservations_hold_at_most_reserved_node_entries_max_entries() {
     use gangway_core::limits::{NODES_MAX, RESERVED_NODE_ENTRIES_MAX};

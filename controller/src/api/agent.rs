@@ -82,6 +82,13 @@ const POKE_MIN_INTERVAL: Duration = Duration::from_millis(20);
 const POKE_BUFFER_MAX: usize = 1;
 
 type PokeStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<NodeChanged, Status>> + Send>>;
+type Poke = Result<NodeChanged, Status>;
+
+/// A watching agent's pokes: [`POKE_BUFFER_MAX`]; a poke past it is
+/// dropped (the one waiting already says "look again").
+fn pokes() -> (tokio::sync::mpsc::Sender<Poke>, tokio::sync::mpsc::Receiver<Poke>) {
+    tokio::sync::mpsc::channel(POKE_BUFFER_MAX)
+}
 
 #[tonic::async_trait]
 impl AgentService for AgentApi {
@@ -108,7 +115,7 @@ impl AgentService for AgentApi {
         }
         let mut changes = self.replica.watches.subscribe(&name)?;
         let watches = self.replica.watches.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel(POKE_BUFFER_MAX);
+        let (tx, rx) = pokes();
         let closed = self.replica.closed();
         tokio::spawn(async move {
             let _slot = slot;
@@ -569,6 +576,20 @@ fn truncate_on_char(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A watching agent holds POKE_BUFFER_MAX pokes; one past it is
+    /// dropped, not queued, and the next after a read is taken.
+    #[test]
+    fn a_watcher_holds_poke_buffer_max_pokes() {
+        let (tx, mut rx) = pokes();
+        let poke = |index| Ok(NodeChanged { index });
+        for i in 0..POKE_BUFFER_MAX as u64 {
+            assert!(tx.try_send(poke(i)).is_ok());
+        }
+        assert!(matches!(tx.try_send(poke(99)), Err(tokio::sync::mpsc::error::TrySendError::Full(_))));
+        assert!(matches!(rx.try_recv(), Ok(Ok(NodeChanged { index: 0 }))));
+        assert!(tx.try_send(poke(100)).is_ok());
+    }
 
     /// A heartbeat reporting TASKS_PER_NODE_REPORTED_MAX tasks and a GPU
     /// health entry per GPU a node can have is taken; one more of either is

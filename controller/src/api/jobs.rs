@@ -613,7 +613,7 @@ impl JobService for JobApi {
                     let _ = tx.send(Err(s)).await;
                     return;
                 }
-                let page = match shared.events_page(next, EVENTS_PAGE_MAX) {
+                let page = match shared.replay_page(next) {
                     Ok(page) if page.is_empty() => break,
                     Ok(page) => page,
                     Err(oldest) => {
@@ -1014,9 +1014,6 @@ pub fn list_page(
 /// Read units one replayed event costs: it is filtered for the caller,
 /// converted and encoded (a hundred bytes or so).
 const EVENT_REPLAY_UNITS: usize = 4;
-/// Events a stream replays per page of the ring (each page charged to the
-/// caller's read budget before the next is taken).
-const EVENTS_PAGE_MAX: usize = 1_024;
 /// How often an open stream checks that its caller still may read it: a
 /// revoked or expired token, a job credential whose attempt ended, an admin
 /// no longer one.

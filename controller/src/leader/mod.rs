@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use gangway_core::policy::ROLES_FORMAT;
 use gangway_core::{Command, Outcome};
+use gangway_proto::retry::Retry;
 use tokio::task::JoinHandle;
 
 use crate::shared::Replica;
@@ -168,7 +169,8 @@ fn switches_update(replica: &Replica, state: &gangway_core::State) -> Option<Com
 /// Carries the switches (see [`carried_switches`]) after the move, retrying
 /// edits that raced it.
 async fn carry_switches(replica: &Replica) {
-    for _ in 0..BOOTSTRAP_ATTEMPTS_MAX {
+    let mut tries = BOOTSTRAP.tries();
+    while tries.next().await {
         let Some(update) = switches_update(replica, &replica.node.state().read()) else { return };
         match replica.proposer.propose(update).await {
             Ok(a) if matches!(a.outcome, Outcome::PolicyUpdated { .. }) => {
@@ -178,7 +180,6 @@ async fn carry_switches(replica: &Replica) {
             Ok(a) => tracing::debug!(outcome = ?a.outcome, "carrying the switches into the policy was refused"),
             Err(e) => tracing::debug!(error = %e, "carrying the switches into the policy was not committed"),
         }
-        tokio::time::sleep(BOOTSTRAP_RETRY).await;
     }
     tracing::warn!(
         "could not carry --allow-root-jobs/--private-jobs into the policy; set them with `gangway admin set`"
@@ -193,7 +194,8 @@ async fn carry_switches(replica: &Replica) {
 /// is the leader's first duty, retried [`DRAW_ATTEMPTS_MAX`] times; a leader
 /// after this one tries again.
 async fn draw_history(replica: Arc<Replica>) {
-    for _ in 0..DRAW_ATTEMPTS_MAX {
+    let mut tries = DRAW.tries();
+    while tries.next().await {
         {
             let state = replica.node.state().read();
             if !state.history_pending || state.format < gangway_core::format::FRESH_HISTORY_FORMAT {
@@ -214,7 +216,6 @@ async fn draw_history(replica: Arc<Replica>) {
             },
             Err(e) => tracing::debug!(error = %e, "the history draw was not committed"),
         }
-        tokio::time::sleep(BOOTSTRAP_RETRY).await;
     }
     tracing::warn!(
         attempts = DRAW_ATTEMPTS_MAX,
@@ -227,11 +228,15 @@ async fn draw_history(replica: Arc<Replica>) {
 /// first write). A leader that cannot commit for that long cannot mark
 /// nodes down either; its agents, unanswered meanwhile, retry, and stop
 /// their tasks as they would with no controller at all.
-const DRAW_ATTEMPTS_MAX: usize = 240;
+const DRAW_ATTEMPTS_MAX: u64 = 241;
+const DRAW: Retry = Retry::new(DRAW_ATTEMPTS_MAX, BOOTSTRAP_RETRY);
 
-/// Attempts to commit the bootstrap admins; a new leader retries from scratch.
-const BOOTSTRAP_ATTEMPTS_MAX: usize = 20;
+/// Attempts to commit the bootstrap admins (and to carry the switches):
+/// five seconds, past an election's first commit; a new leader retries
+/// from scratch.
+const BOOTSTRAP_ATTEMPTS_MAX: u64 = 21;
 const BOOTSTRAP_RETRY: Duration = Duration::from_millis(250);
+const BOOTSTRAP: Retry = Retry::new(BOOTSTRAP_ATTEMPTS_MAX, BOOTSTRAP_RETRY);
 
 /// When the policy names no admin, the leader makes the bootstrap admins
 /// (`--bootstrap-admin`) admins, as a committed policy change by this server:
@@ -241,7 +246,8 @@ async fn bootstrap_admins(replica: Arc<Replica>) {
     if replica.bootstrap_admins.is_empty() {
         return;
     }
-    for _ in 0..BOOTSTRAP_ATTEMPTS_MAX {
+    let mut tries = BOOTSTRAP.tries();
+    while tries.next().await {
         let (mut policy, version) = {
             let state = replica.node.state().read();
             if !state.policy.admins.is_empty() {
@@ -271,6 +277,22 @@ async fn bootstrap_admins(replica: Arc<Replica>) {
             },
             Err(e) => tracing::debug!(error = ?e, "bootstrap admins not committed yet"),
         }
-        tokio::time::sleep(BOOTSTRAP_RETRY).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The leader's first writes are tried for as long as their reasons
+    /// say, and no more: BOOTSTRAP_ATTEMPTS_MAX tries over five seconds,
+    /// DRAW_ATTEMPTS_MAX over a minute.
+    #[tokio::test]
+    async fn a_leaders_first_writes_are_tried_for_their_spans() {
+        use gangway_proto::retry::count_tries;
+        assert_eq!(count_tries(BOOTSTRAP).await, BOOTSTRAP_ATTEMPTS_MAX);
+        assert_eq!(BOOTSTRAP.span(), Duration::from_secs(5));
+        assert_eq!(count_tries(DRAW).await, DRAW_ATTEMPTS_MAX);
+        assert_eq!(DRAW.span(), Duration::from_secs(60));
     }
 }

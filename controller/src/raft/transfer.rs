@@ -19,8 +19,10 @@ use super::{RaftNode, RaftRole};
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the target may take to win its election.
 const ELECTION_TIMEOUT: Duration = Duration::from_secs(3);
-/// Attempts at a transfer (see the module docs).
-const ATTEMPTS_MAX: usize = 3;
+/// Attempts at a transfer (see the module docs), one after another (each
+/// waits for the log and the election itself).
+const ATTEMPTS_MAX: u64 = 3;
+const ATTEMPTS: gangway_proto::retry::Retry = gangway_proto::retry::Retry::new(ATTEMPTS_MAX, Duration::ZERO);
 /// Margin past the followers' lease before the target is asked to stand.
 const LEASE_MARGIN: Duration = Duration::from_millis(50);
 
@@ -59,7 +61,8 @@ where
         return Err(TransferError::NotVoter(to));
     }
     let lease = Duration::from_millis(node.timing.election_timeout_max_ms);
-    for _ in 0..ATTEMPTS_MAX {
+    let mut tries = ATTEMPTS.tries();
+    while tries.next().await {
         // The target must hold the whole log, or it cannot win.
         let caught_up =
             node.wait_for(CATCH_UP_TIMEOUT, |s| s.matched.get(&to).copied().flatten() >= s.last_log_index).await;
@@ -86,4 +89,17 @@ where
         }
     }
     Err(TransferError::DidNotMove(to))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A transfer makes ATTEMPTS_MAX attempts, without a pause between
+    /// (each waits for the log and the election), and no more.
+    #[tokio::test]
+    async fn a_transfer_makes_attempts_max_attempts() {
+        assert_eq!(gangway_proto::retry::count_tries(ATTEMPTS).await, ATTEMPTS_MAX);
+        assert_eq!(ATTEMPTS.span(), Duration::ZERO);
+    }
 }

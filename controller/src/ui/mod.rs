@@ -156,15 +156,20 @@ pub fn serve(
                     let peer = peer.clone();
                     async move { Ok::<_, Infallible>(route(&console, &peer, req).await) }
                 });
-                let served = http1().serve_connection(hyper_util::rt::TokioIo::new(conn), svc);
-                match tokio::time::timeout(CONNECTION_LIFETIME_MAX, served).await {
-                    Ok(Err(e)) => tracing::debug!(error = %e, "console connection ended"),
-                    Ok(Ok(())) => {}
-                    Err(_) => tracing::debug!("console connection reached its lifetime"),
-                }
+                within_lifetime(http1().serve_connection(hyper_util::rt::TokioIo::new(conn), svc)).await;
             });
         }
     }))
+}
+
+/// Serves one connection for [`CONNECTION_LIFETIME_MAX`] at most, then
+/// drops it (closing its socket) whatever it was doing.
+async fn within_lifetime<F: std::future::Future<Output = Result<(), hyper::Error>>>(served: F) {
+    match tokio::time::timeout(CONNECTION_LIFETIME_MAX, served).await {
+        Ok(Err(e)) => tracing::debug!(error = %e, "console connection ended"),
+        Ok(Ok(())) => {}
+        Err(_) => tracing::debug!("console connection reached its lifetime"),
+    }
 }
 
 /// The console's connection places: [`CONNECTIONS_MAX`] in all,
@@ -300,6 +305,38 @@ mod tests {
         assert!(a.admit(ip(CONNECTIONS_MAX)).is_none(), "one past the total");
         drop(all);
         assert!(a.admit(ip(CONNECTIONS_MAX)).is_some(), "places came back");
+    }
+
+    /// A connection lives CONNECTION_LIFETIME_MAX, whatever it does: an
+    /// answer that never ends (an event stream) is still being sent a
+    /// millisecond before, and the connection is closed a millisecond after.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_is_closed_at_connection_lifetime_max() {
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let svc = hyper::service::service_fn(|_req| async move {
+            let endless = futures::stream::pending::<Result<hyper::body::Frame<Bytes>, Infallible>>();
+            Ok::<_, Infallible>(hyper::Response::new(http_body_util::StreamBody::new(endless)))
+        });
+        let opened = tokio::time::Instant::now();
+        let conn = tokio::spawn(within_lifetime(http1().serve_connection(hyper_util::rt::TokioIo::new(server), svc)));
+        client.write_all(b"GET /api/events HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+        let mut head = vec![0u8; 17];
+        client.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200 OK\r\n");
+        tokio::time::sleep_until(opened + CONNECTION_LIFETIME_MAX - Duration::from_millis(1)).await;
+        assert!(!conn.is_finished(), "closed before its lifetime");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        for _ in 0..100 {
+            if conn.is_finished() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(conn.is_finished(), "still open a millisecond past its lifetime");
+        // Its socket closed: the client reads to the end.
+        let mut rest = Vec::new();
+        let end = tokio::time::timeout(Duration::from_secs(1), client.read_to_end(&mut rest)).await;
+        assert!(end.is_ok_and(|r| r.is_ok()), "the connection was not closed");
     }
 
     /// A body of REQUEST_BODY_BYTES_MAX bytes is read whole; one byte more

@@ -35,6 +35,7 @@ mod priority;
 mod view;
 
 pub use explain::{explain, explain_submission, Explanation};
+pub use preempt::{VICTIMS_PER_JOB_MAX, VICTIM_CANDIDATES_MAX};
 pub use priority::{fair_share, Factors, Prioritizer, Share, GPU_USAGE_WEIGHT};
 use view::{Free, Hold, Member, Miss, View};
 
