@@ -13,7 +13,7 @@ use gangway_proto::v1::node_service_client::NodeServiceClient;
 use serde_json::{json, Value};
 
 use crate::daemons::cert_expiry;
-use crate::output::{job_json, now_ms, print_table, Output};
+use crate::output::{job_json, now_ms, print_table, printable, Output};
 use crate::parse;
 
 // ---------------------------------------------------------------- queue / show / cancel
@@ -184,7 +184,8 @@ pub async fn show(client: &Client, out: &Output, job_id: u64, stale: bool) -> an
                 continue;
             }
             let s = match val {
-                Value::String(s) => s,
+                Value::String(s) if k == "script" => crate::output::printable_text(&s).into_owned(),
+                Value::String(s) => crate::output::printable(&s).into_owned(),
                 Value::Null => "-".into(),
                 other => other.to_string(),
             };
@@ -192,14 +193,14 @@ pub async fn show(client: &Client, out: &Output, job_id: u64, stale: bool) -> an
         }
     }
     if let Some(e) = why {
-        println!("{:>16}: {} ({})", "pending", e.reason, e.detail);
+        println!("{:>16}: {} ({})", "pending", printable(&e.reason), printable(&e.detail));
         if let Some(t) = e.estimated_start_ms {
             println!("{:>16}: {}", "expected start", crate::slurm::timestamp(t));
         }
         let mut rej: Vec<(String, u32)> = e.rejections.into_iter().collect();
         rej.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         for (why, n) in rej {
-            println!("{:>16}: {n} node(s): {why}", "rejected");
+            println!("{:>16}: {n} node(s): {}", "rejected", printable(&why));
         }
     }
     Ok(())

@@ -215,6 +215,10 @@ enum Cmd {
         /// Enter this directory after becoming the user.
         #[arg(long)]
         workdir: Option<std::path::PathBuf>,
+        /// Join this cgroup (a directory with a cgroup.procs) before anything
+        /// else (repeatable).
+        #[arg(long)]
+        cgroup: Vec<std::path::PathBuf>,
         #[arg(last = true, required = true)]
         argv: Vec<String>,
     },
@@ -345,8 +349,19 @@ pub fn main() {
     if !matches!(cli.command, Cmd::Controller(_) | Cmd::Agent(_) | Cmd::Dev(_) | Cmd::Bench(_) | Cmd::TaskShim { .. }) {
         quiet_on_closed_stdout();
     }
-    if let Cmd::TaskShim { exit_file, exec, env_stdin, pty, drain_output, user, env_file, lease, workdir, argv } =
-        &cli.command
+    if let Cmd::TaskShim {
+        exit_file,
+        exec,
+        env_stdin,
+        pty,
+        drain_output,
+        user,
+        env_file,
+        lease,
+        workdir,
+        cgroup,
+        argv,
+    } = &cli.command
     {
         // Before any runtime or logging: the shim is only a waiting parent.
         let setup = gangway_node_agent::shim::TaskSetup {
@@ -357,6 +372,7 @@ pub fn main() {
             user: user.clone(),
             env_file: env_file.clone(),
             workdir: workdir.clone(),
+            cgroups: cgroup.clone(),
             lease: lease.clone(),
         };
         std::process::exit(gangway_node_agent::shim::run(exit_file.as_deref(), &setup, argv));

@@ -94,8 +94,43 @@ pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// Prints rows under a header, columns padded to their widest cell.
+/// `s` as it may be printed on a terminal: each control character (C0,
+/// DEL, C1: escape sequences, carriage returns and backspaces that could
+/// rewrite what other fields or lines show) as a visible `\xHH`, and each
+/// bidirectional override as `\u{HHHH}`. A job's fields are its submitter's
+/// words, and a node's reasons its agent's, shown to everyone else.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    escaped(s, |_| false)
+}
+
+/// [`printable`], keeping line breaks and tabs (a script shown whole).
+pub fn printable_text(s: &str) -> std::borrow::Cow<'_, str> {
+    escaped(s, |c| c == '\n' || c == '\t')
+}
+
+fn escaped(s: &str, keep: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
+    // Embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069).
+    let bidi = |c: char| matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    let hidden = |c: char| (c.is_control() || bidi(c)) && !keep(c);
+    if !s.chars().any(hidden) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len().saturating_add(16));
+    for c in s.chars() {
+        match c {
+            c if !hidden(c) => out.push(c),
+            c if c.is_control() => out.push_str(&format!("\\x{:02x}", u32::from(c))),
+            c => out.push_str(&format!("\\u{{{:04x}}}", u32::from(c))),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Prints rows under a header, columns padded to their widest cell (each
+/// cell [`printable`]).
 pub(crate) fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let rows: Vec<Vec<String>> = rows.iter().map(|r| r.iter().map(|c| printable(c).into_owned()).collect()).collect();
+    let rows = rows.as_slice();
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -116,5 +151,24 @@ pub(crate) fn print_table(header: &[&str], rows: &[Vec<String>]) {
     line(header.iter().map(|h| h.to_string()).collect());
     for r in rows {
         line(r.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What another user put in a job's fields cannot move the cursor,
+    /// recolour, retitle or rewrite a terminal: every control character and
+    /// bidirectional override is shown, escaped; plain text is untouched.
+    #[test]
+    fn fields_are_printed_with_control_characters_escaped() {
+        assert!(matches!(printable("train résumé 🚀"), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(printable("a\x1b]0;owned\x07b"), "a\\x1b]0;owned\\x07b");
+        assert_eq!(printable("ok\r\x1b[2Kfake"), "ok\\x0d\\x1b[2Kfake");
+        assert_eq!(printable("x\u{9b}31m\u{7f}"), "x\\x9b31m\\x7f");
+        assert_eq!(printable("a\u{202e}gnp.exe"), "a\\u{202e}gnp.exe");
+        assert_eq!(printable("l1\nl2\tx"), "l1\\x0al2\\x09x");
+        assert_eq!(printable_text("#!/bin/sh\n\techo\x1b[31m"), "#!/bin/sh\n\techo\\x1b[31m");
     }
 }

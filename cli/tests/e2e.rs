@@ -640,6 +640,39 @@ fn sbatch_scripts_through_the_shim(endpoints: &str, work: &Path, dir: &Path) {
             .is_ok_and(|s| s.trim() == "name=e2e-sbatch args=first second gpus=0 foo=from-submit-env")
     });
     let done = id;
+    // A task may open only its own GPUs, whatever CUDA_VISIBLE_DEVICES says
+    // (the agents' devices cgroups, joined by the shim before the script
+    // runs). Fake GPUs: device nodes of the NVIDIA major; with no driver
+    // here, opening one the cgroup allows fails with ENXIO, one it refuses
+    // with EPERM first.
+    let dev = work.join("fake-dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    for g in 0..4 {
+        let node = dev.join(format!("nvidia{g}"));
+        let _ = std::fs::remove_file(&node);
+        let made = Command::new("mknod").args(["-m", "666"]).arg(&node).args(["c", "195", &g.to_string()]).status();
+        assert!(made.unwrap().success(), "mknod {}", node.display());
+    }
+    let probe = format!(
+        "echo mine=$CUDA_VISIBLE_DEVICES; unset CUDA_VISIBLE_DEVICES; for g in 0 1 2 3; do \
+         echo gpu$g: $(dd if={}/nvidia$g of=/dev/null count=1 2>&1 | head -1); done",
+        dev.display()
+    );
+    assert!(run(&["--gpus-per-node=1", "-o", "gpus.log", "--wrap", &probe]).status.success());
+    let mut seen = String::new();
+    eventually("the GPU probe never ran", || {
+        seen = std::fs::read_to_string(work.join("gpus.log")).unwrap_or_default();
+        seen.lines().count() == 5
+    });
+    let mine = seen.lines().next().and_then(|l| l.strip_prefix("mine=")).unwrap_or_else(|| panic!("{seen}"));
+    for line in seen.lines().skip(1) {
+        let (gpu, said) = line.split_once(": ").unwrap_or_else(|| panic!("{seen}"));
+        if gpu == format!("gpu{mine}") {
+            assert!(said.contains("No such device"), "its own GPU reached the driver: {seen}");
+        } else {
+            assert!(said.contains("Operation not permitted"), "another task's GPU was refused: {seen}");
+        }
+    }
     // The command line overrides a directive; --parsable prints the id alone.
     let o = run(&["--parsable", "--job-name", "renamed", "train.sh"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -122,17 +122,42 @@ impl AuditLog {
             return self.record(&caller, action, "", outcome, reason);
         };
         let source = format!("net:{}", gangway_proto::tls::prefix_of(ip));
-        self.record_throttled(source, &caller, action, outcome, reason);
+        self.record_throttled(source, &caller, action, "", outcome, reason);
     }
 
     /// Records a refusal of a known caller by the gate (a call its role
     /// never may make), at most [`ANONYMOUS_PER_MINUTE_MAX`] a minute per
     /// caller: a loop of them cannot push the admin actions out of the ring.
     pub fn record_refused(&self, caller: &str, action: &str, outcome: &'static str, reason: &str) {
-        self.record_throttled(format!("who:{caller}"), caller, action, outcome, reason);
+        self.record_denied(caller, caller, action, "", outcome, reason);
     }
 
-    fn record_throttled(&self, source: String, caller: &str, action: &str, outcome: &'static str, reason: &str) {
+    /// Records a refusal of an authenticated caller (`identity`, shown as
+    /// `caller`: with the job whose credential it used), at most
+    /// [`ANONYMOUS_PER_MINUTE_MAX`] a minute per identity, whichever of its
+    /// jobs' credentials it uses: a loop of denied calls cannot push the
+    /// admin actions and everyone else's refusals out of the ring.
+    pub fn record_denied(
+        &self,
+        identity: &str,
+        caller: &str,
+        action: &str,
+        target: &str,
+        outcome: &'static str,
+        reason: &str,
+    ) {
+        self.record_throttled(format!("who:{identity}"), caller, action, target, outcome, reason);
+    }
+
+    fn record_throttled(
+        &self,
+        source: String,
+        caller: &str,
+        action: &str,
+        target: &str,
+        outcome: &'static str,
+        reason: &str,
+    ) {
         let ip = &source;
         let suppressed = {
             let mut m = self.anonymous.lock().expect("audit lock");
@@ -156,10 +181,10 @@ impl AuditLog {
         };
         match suppressed {
             None => metrics::counter!("gangway_audit_suppressed_total").increment(1),
-            Some(0) => self.record(caller, action, "", outcome, reason),
+            Some(0) => self.record(caller, action, target, outcome, reason),
             Some(n) => {
                 let r = format!("{reason} ({n} more refusals from {ip} in the previous minute were not recorded)");
-                self.record(caller, action, "", outcome, &r)
+                self.record(caller, action, target, outcome, &r)
             }
         }
     }
@@ -236,6 +261,21 @@ mod flood_tests {
         }
         let (kept, _) = log.follow(0);
         assert_eq!(kept.len(), 2 * ANONYMOUS_PER_MINUTE_MAX as usize + 1);
+        // So are an authenticated caller's denials, across the credentials
+        // of its jobs; an admin's action is still recorded after them.
+        for i in 0..100 {
+            let via = format!("client:eve (job {i} attempt 1)");
+            log.record_denied("client:eve", &via, "drain nodes", "n1", "denied", "not an admin");
+        }
+        log.record("client:admin", "drain nodes", "n1", "allowed", "");
+        let (kept, _) = log.follow(0);
+        assert_eq!(kept.len(), 3 * ANONYMOUS_PER_MINUTE_MAX as usize + 2);
+        assert_eq!(
+            kept.iter().filter(|e| e.caller.starts_with("client:eve")).count(),
+            ANONYMOUS_PER_MINUTE_MAX as usize
+        );
+        assert!(kept.iter().any(|e| e.caller.starts_with("client:eve") && e.target == "n1"), "the target is kept");
+        assert_eq!(kept.last().map(|e| e.caller.as_str()), Some("client:admin"));
         log.record("client:x\n2026 replica 1 allowed", "a\u{1b}]0;pwned\u{7}", "", "denied", "r\r\n");
         let (kept, _) = log.follow(0);
         let last = kept.last().unwrap();

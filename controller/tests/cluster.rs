@@ -435,6 +435,9 @@ async fn bad_input_is_refused_with_field_and_nothing_is_logged() {
         (pb::JobSpec { time_limit_s: Some(400 * 86400), ..spec("true") }, "time_limit_s"),
         (pb::JobSpec { nodes: Some(100_000), ..spec("true") }, "nodes"),
         (pb::JobSpec { command: vec![], script: "x".repeat(1024 * 1024 + 1), ..spec("true") }, "script"),
+        // What squeue and scontrol print to other users' terminals.
+        (pb::JobSpec { comment: "x\x1b]0;owned\x07".into(), ..spec("true") }, "comment"),
+        (pb::JobSpec { output: "/tmp/out\rfake".into(), ..spec("true") }, "output"),
     ];
     for (s, field) in cases {
         let err = submit(&client, s, "").await.unwrap_err();

@@ -89,6 +89,13 @@ for name, cmd, var in [("gangway-controller", "controller", "GANGWAY_CONTROLLER_
     start = re.search(r"^ExecStart=(.*)$", unit, re.M).group(1)
     words = shlex.split(start.replace("$" + var, ""))
     flags_of(words[words.index(cmd) + 1:], cmd)
+    # Metrics name the jobs on each GPU: plaintext only on loopback.
+    args = shlex.split(m.group(1))
+    for i, w in enumerate(args):
+        if w.split("=")[0] == "--metrics-listen":
+            addr = w.split("=", 1)[1] if "=" in w else args[i + 1]
+            if not addr.startswith(("127.", "[::1]", "localhost:")) and "--metrics-tls" not in args:
+                fail.append(f"/etc/default/{name}: metrics on {addr} in plaintext (loopback, or --metrics-tls)")
 if fail:
     print("\n".join(fail), file=sys.stderr)
     sys.exit(1)

@@ -15,6 +15,7 @@
 #![cfg_attr(not(test), deny(clippy::arithmetic_side_effects, clippy::cast_possible_truncation))]
 
 pub mod cgroup;
+pub mod devices;
 pub mod fence;
 pub mod health;
 pub mod inventory;

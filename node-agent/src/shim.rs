@@ -103,6 +103,11 @@ pub fn run(exit_file: Option<&Path>, setup: &TaskSetup, argv: &[String]) -> i32 
         }
         126
     };
+    for dir in &setup.cgroups {
+        if let Err(e) = std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string()) {
+            return refuse(format!("cannot join the task's cgroup {}: {e}", dir.display()));
+        }
+    }
     // A terminal step: a session of its own, with the terminal on stdout as
     // its controlling terminal (so job control, Ctrl-C and hangups work).
     if setup.pty {
@@ -327,6 +332,10 @@ pub struct TaskSetup {
     pub env_file: Option<std::path::PathBuf>,
     /// Entered after becoming the user.
     pub workdir: Option<std::path::PathBuf>,
+    /// Cgroups to join (their `cgroup.procs`) before anything else: the
+    /// task's CPU, memory and devices cgroups, so that nothing it runs ever
+    /// ran outside them.
+    pub cgroups: Vec<std::path::PathBuf>,
     /// The agent's lease (see [`crate::lease`]): when it runs out, the agent
     /// has been cut off or gone for half the node-down timeout, and the shim
     /// stops the task itself (killing it by three quarters), as the agent's

@@ -95,6 +95,9 @@ pub struct StepHost {
     pub ids: Option<(u32, u32)>,
     /// The job's cgroup on cgroup v2 hosts.
     pub cgroup: Option<PathBuf>,
+    /// The job's devices cgroup (cgroup v1): its step tasks may open only
+    /// the job's GPUs.
+    pub devices: Option<PathBuf>,
     /// GPU indexes the job holds on this node.
     pub gpus: Vec<u32>,
     pub workdir: String,
@@ -334,7 +337,9 @@ impl StepService for StepServer {
                 continue;
             }
             let mut cmd = match &via_shim {
-                Some((shim, user)) => shim_command(shim, &["--exec"], Some(user), &workdir, &r.argv),
+                Some((shim, user)) => {
+                    shim_command(shim, &["--exec"], Some(user), &workdir, &cgroups_of(&host), &r.argv)
+                }
                 None => {
                     let mut c = tokio::process::Command::new(&r.argv[0]);
                     c.args(&r.argv[1..])
@@ -357,7 +362,7 @@ impl StepService for StepServer {
                 Ok(mut child) => {
                     let stdin = child.stdin.take();
                     if let Some(pid) = child.id() {
-                        register(&host, r.job_id, pid);
+                        register(&host, r.job_id, pid, via_shim.is_some());
                     }
                     // Only now the environment: the shim waits for it before
                     // anything else, so the task runs nothing before it is in
@@ -456,7 +461,7 @@ impl StepService for StepServer {
         let output = slave.try_clone().map_err(|e| Status::internal(format!("the terminal: {e}")))?;
         // Through the shim, as user or not: it starts the session whose
         // controlling terminal this is (so no process group is set here).
-        let mut cmd = shim_command(&shim, &["--exec", "--pty"], user.as_ref(), &workdir, &r.argv);
+        let mut cmd = shim_command(&shim, &["--exec", "--pty"], user.as_ref(), &workdir, &cgroups_of(&host), &r.argv);
         cmd.stdout(std::process::Stdio::from(output)).stderr(std::process::Stdio::from(slave)).kill_on_drop(true);
         let spawned = cmd.spawn();
         // Only the task holds the terminal's other side now: its end reads as
@@ -473,7 +478,7 @@ impl StepService for StepServer {
             let _ = child.wait().await;
             return Err(Status::internal(format!("the terminal step did not start on {}", self.node)));
         }
-        register(&host, r.job_id, pid as u32);
+        register(&host, r.job_id, pid as u32, true);
         if let Some(stdin) = child.stdin.take() {
             send_env(stdin, &env);
         }
@@ -523,7 +528,7 @@ impl StepServer {
         let lease = keeping.lease.as_os_str();
         let mode =
             [OsStr::new("--exit-file"), exit.as_os_str(), OsStr::new("--drain-output"), OsStr::new("--lease"), lease];
-        let mut cmd = shim_command(shim, &mode, user, workdir, &r.argv);
+        let mut cmd = shim_command(shim, &mode, user, workdir, &cgroups_of(host), &r.argv);
         cmd.stdout(out).stderr(err).process_group(0);
         let spawned = cmd.spawn();
         drop(cmd);
@@ -535,7 +540,7 @@ impl StepServer {
         if let Err(e) = kept.record(pid) {
             tracing::warn!(job = r.job_id, error = %e, "cannot record a kept step task: it ends with this agent");
         }
-        register(host, r.job_id, pid);
+        register(host, r.job_id, pid, true);
         if let Some(stdin) = child.stdin.take() {
             send_env(stdin, env);
         }
@@ -569,6 +574,7 @@ fn shim_command<S: AsRef<OsStr>>(
     mode: &[S],
     user: Option<&crate::shim::TaskUser>,
     workdir: &str,
+    cgroups: &[PathBuf],
     argv: &[String],
 ) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(shim);
@@ -578,6 +584,7 @@ fn shim_command<S: AsRef<OsStr>>(
     }
     // One word, so no directory name can pass for an option.
     cmd.arg(format!("--workdir={workdir}"))
+        .args(crate::devices::shim_options(cgroups))
         .arg("--")
         .args(argv)
         .env_clear()
@@ -608,12 +615,18 @@ fn task_end(rank: u32, status: std::io::Result<std::process::ExitStatus>) -> Ste
     }
 }
 
+/// The job's cgroups a step task joins: CPU and memory (v2), devices (v1).
+/// Through the shim, it joins them before it runs anything of the job's.
+fn cgroups_of(host: &StepHost) -> Vec<PathBuf> {
+    host.cgroup.iter().chain(host.devices.iter()).cloned().collect()
+}
+
 /// Notes a step task just started (`pid`, its process group's leader) with
-/// its allocation: its cgroup, its step groups, and the file a restarted
-/// agent finds them in.
-fn register(host: &StepHost, job: u64, pid: u32) {
-    if let Some(dir) = &host.cgroup {
-        if let Err(e) = crate::cgroup::Cgroups::add(dir, pid) {
+/// its step groups, and the file a restarted agent finds them in; one
+/// started without the shim joins its job's cgroups now.
+fn register(host: &StepHost, job: u64, pid: u32, shimmed: bool) {
+    if !shimmed {
+        if let Err(e) = crate::devices::join(&cgroups_of(host), pid) {
             tracing::warn!(job, error = %e, "step task: cgroup join failed");
         }
     }
@@ -814,6 +827,7 @@ mod tests {
             steps_file: None,
             ids: None,
             cgroup: None,
+            devices: None,
             gpus: vec![2, 3],
             workdir: dir.path().display().to_string(),
             suspended: Default::default(),
@@ -917,6 +931,7 @@ mod tests {
             steps_file: None,
             ids: None,
             cgroup: None,
+            devices: None,
             gpus: vec![0],
             workdir: dir.path().display().to_string(),
             suspended: Default::default(),

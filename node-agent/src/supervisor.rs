@@ -154,6 +154,7 @@ fn parse_step_host(line: &str, pid: i32) -> Option<crate::steps::StepHost> {
         steps_file: None,
         ids,
         cgroup: None,
+        devices: None,
         gpus,
         workdir: workdir.to_string(),
         suspended: Default::default(),
@@ -470,6 +471,8 @@ pub struct Supervisor {
     /// GPUs on this node: orders naming others are refused.
     gpu_count: usize,
     cgroups: Option<crate::cgroup::Cgroups>,
+    /// Each task's devices cgroup (cgroup v1), allowing only its own GPUs.
+    devices: Option<crate::devices::DeviceCgroups>,
     stop_grace: Duration,
     scripts_dir: PathBuf,
     /// One record per running task (pid, exit file), for re-adoption.
@@ -594,6 +597,9 @@ fn step_env(order: &LaunchOrder, ca_pem: Option<&str>) -> Vec<(&'static str, Str
     env
 }
 
+/// A task's PATH when its job sends none (and the agent has no job tools).
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
 /// The Slurm commands a batch script may call, linked in every task's PATH.
 pub const JOB_TOOLS: &[&str] = &["srun", "scontrol", "squeue", "sbatch", "scancel", "sinfo", "sacct", "seff"];
 
@@ -605,11 +611,8 @@ pub fn job_path(submitted: Option<&str>, tools: &std::path::Path) -> String {
     // An empty entry would mean the job's working directory.
     let first = tools.display().to_string();
     // A PATH that has it already (a step's, from its job) keeps it once.
-    let rest = submitted
-        .unwrap_or("/usr/local/bin:/usr/bin:/bin")
-        .split(':')
-        .filter(|p| !p.is_empty() && **p != *first)
-        .map(str::to_string);
+    let rest =
+        submitted.unwrap_or(DEFAULT_PATH).split(':').filter(|p| !p.is_empty() && **p != *first).map(str::to_string);
     std::iter::once(first.clone()).chain(rest).collect::<Vec<_>>().join(":")
 }
 
@@ -627,11 +630,21 @@ impl Supervisor {
             Some(_) => tracing::info!("tasks run in cgroup v2 with CPU and memory limits"),
             None => tracing::info!("no delegable cgroup v2 here: tasks run as plain process groups"),
         }
+        let devices = crate::devices::DeviceCgroups::detect(node, state_dir);
+        match &devices {
+            Some(_) => tracing::info!("tasks may open only their own GPUs (cgroup v1 devices)"),
+            None if gpu_count > 0 => tracing::warn!(
+                "no cgroup v1 devices controller here: tasks are not kept from other tasks' GPUs (only \
+                 CUDA_VISIBLE_DEVICES says which are theirs)"
+            ),
+            None => {}
+        }
         let s = Supervisor {
             node: node.to_string(),
             stop_grace,
             gpu_count,
             cgroups,
+            devices,
             scripts_dir: state_dir.join("scripts"),
             records_dir: state_dir.join("tasks"),
             shim,
@@ -747,8 +760,10 @@ impl Supervisor {
                 let suspended: Arc<AtomicBool> = step_host.as_ref().map(|h| h.suspended.clone()).unwrap_or_default();
                 let shims = step_host.as_ref().map(|h| h.shims.clone()).unwrap_or_default();
                 if let Some(mut host) = step_host {
-                    // Steps can start in a batch job's allocation again.
+                    // Steps can start in a batch job's allocation again,
+                    // confined to its devices as its first ones were.
                     host.steps_file = Some(steps_path(&self.record_path(key)));
+                    host.devices = self.devices.as_ref().and_then(|d| d.of_running(key, &host.gpus));
                     self.step_hosts.lock().expect("step hosts lock").insert(key, host);
                 }
                 let pgid = Pid::from_raw(pid);
@@ -983,8 +998,10 @@ impl Supervisor {
                 let _ = std::os::unix::fs::chown(&exit, Some(uid), Some(gid));
             }
         }
-        // The task's environment, in the order it applies (later wins).
-        let mut env: Vec<(String, String)> = Vec::new();
+        // The task's environment, in the order it applies (later wins):
+        // nothing of the agent's own (its options file may hold secrets),
+        // a PATH unless the job sends one, then what the job asked for.
+        let mut env: Vec<(String, String)> = vec![("PATH".into(), DEFAULT_PATH.into())];
         if let Some((dir, endpoints)) = &self.job_tools {
             env.push(("PATH".into(), job_path(order.env.get("PATH").map(String::as_str), dir)));
             if !order.env.contains_key("GANGWAY_ENDPOINTS") {
@@ -1010,10 +1027,7 @@ impl Supervisor {
             // the task's environment and working directory take effect only
             // once it is the user (nothing of the job's reaches a root process).
             (Some(_), Some(_)) => {
-                let mut full: BTreeMap<String, String> = std::env::vars_os()
-                    .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-                    .collect();
-                full.extend(env);
+                let full: BTreeMap<String, String> = env.into_iter().collect();
                 let env_file = self.env_path(key);
                 let entries: Vec<(String, String)> = full.into_iter().collect();
                 crate::shim::write_env_file(&env_file, &entries)
@@ -1021,35 +1035,18 @@ impl Supervisor {
                 cmd.env_clear().current_dir("/").arg("--env-file").arg(&env_file).arg("--workdir").arg(&workdir);
             }
             (Some((uid, gid)), None) => {
-                cmd.uid(uid).gid(gid).current_dir(&workdir).envs(env);
+                cmd.uid(uid).gid(gid).current_dir(&workdir).env_clear().envs(env);
             }
             (None, _) => {
-                cmd.current_dir(&workdir).envs(env);
+                cmd.current_dir(&workdir).env_clear().envs(env);
             }
         }
-        if self.shim.is_some() {
-            // The shim's own options end here; the rest is the command.
-            cmd.arg("--").args(&argv);
-        }
-        cmd.stdin(std::process::Stdio::null()).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
-        let mut child = cmd.spawn().map_err(|e| {
-            // Nothing reports this task's exit: its files go now.
-            let _ = std::fs::remove_file(self.script_path(key));
-            let _ = std::fs::remove_file(self.step_addrs_path(key));
-            format!("cannot start the task: {e}")
-        })?;
-        let stopping = Arc::new(AtomicBool::new(false));
-        let pid = child.id().ok_or("the task exited before it could be tracked")?;
-        let pgid = Pid::from_raw(pid as i32);
-        // Confine the task (and what it forks from now on) to its own cgroup.
+        // The task's cgroups: the shim joins them before it runs anything of
+        // the job's, so nothing the task runs (an early fork, a setsid) ever
+        // ran outside them.
         let cgroup = self.cgroups.as_ref().and_then(|cg| {
-            let dir = cg.create(
-                order.job_id,
-                order.attempt,
-                order.tasks_per_node.saturating_mul(order.cpus_per_task),
-                order.mem_per_node_mb,
-            );
-            match dir.and_then(|d| crate::cgroup::Cgroups::add(&d, pid).map(|()| d)) {
+            let cpus = order.tasks_per_node.saturating_mul(order.cpus_per_task);
+            match cg.create(order.job_id, order.attempt, cpus, order.mem_per_node_mb) {
                 Ok(d) => Some(d),
                 Err(e) => {
                     tracing::warn!(job = order.job_id, error = %e, "cgroup setup failed; process group only");
@@ -1057,6 +1054,37 @@ impl Supervisor {
                 }
             }
         });
+        let devices = match &self.devices {
+            Some(d) => Some(
+                d.create(&format!("job-{}-{}", order.job_id, order.attempt), &order.gpus)
+                    .map_err(|e| format!("cannot confine the task's devices: {e}"))?,
+            ),
+            None => None,
+        };
+        let joined: Vec<PathBuf> = cgroup.iter().chain(devices.iter()).cloned().collect();
+        if self.shim.is_some() {
+            // The shim's own options end here; the rest is the command.
+            cmd.args(crate::devices::shim_options(&joined)).arg("--").args(&argv);
+        }
+        cmd.stdin(std::process::Stdio::null()).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
+        let mut child = cmd.spawn().map_err(|e| {
+            // Nothing reports this task's exit: its files go now.
+            let _ = std::fs::remove_file(self.script_path(key));
+            let _ = std::fs::remove_file(self.step_addrs_path(key));
+            for dir in &joined {
+                let _ = std::fs::remove_dir(dir);
+            }
+            format!("cannot start the task: {e}")
+        })?;
+        let stopping = Arc::new(AtomicBool::new(false));
+        let pid = child.id().ok_or("the task exited before it could be tracked")?;
+        let pgid = Pid::from_raw(pid as i32);
+        if self.shim.is_none() {
+            // Without the shim (an agent that is not root): after it started.
+            if let Err(e) = crate::devices::join(&joined, pid) {
+                tracing::warn!(job = order.job_id, error = %e, "cgroup join failed; process group only");
+            }
+        }
         // Slurm's --signal: warn the task this long before its time limit.
         let target = match (order.batch, step_host, order.warn_batch_shell) {
             (false, _, _) => Some(WarnTarget::Group),
@@ -1101,6 +1129,7 @@ impl Supervisor {
                 steps_file: self.shim.is_some().then(|| steps_path(&self.record_path(key))),
                 ids,
                 cgroup: cgroup.clone(),
+                devices: devices.clone(),
                 gpus: order.gpus.clone(),
                 workdir: workdir.clone(),
                 suspended: suspended.clone(),
@@ -1138,6 +1167,9 @@ impl Supervisor {
             if let Some(dir) = &cgroup {
                 crate::cgroup::Cgroups::kill(dir); // anything the task left behind
                 crate::cgroup::Cgroups::remove(dir);
+            }
+            if let Some(dir) = &devices {
+                crate::devices::DeviceCgroups::remove(dir);
             }
             let usage =
                 sampler.as_ref().and_then(|s| meter.finish(s, tree_ticks, peak_mem_mb)).map(crate::usage::to_proto);
@@ -1379,6 +1411,7 @@ mod tests {
             steps_file: None,
             ids: Some((1000, 100)),
             cgroup: None,
+            devices: None,
             gpus: vec![2, 3],
             workdir: "/home/alice/my runs".into(),
             suspended: Default::default(),
@@ -1465,6 +1498,104 @@ mod tests {
         assert!(group_alive(pgid), "the background process should still run");
         end_leftovers(|| vec![pgid], &AtomicBool::new(false), Duration::from_millis(300)).await;
         assert!(!group_alive(pgid), "a leftover outlived end_leftovers");
+    }
+
+    /// A task's environment is what its job asked for and the variables
+    /// the agent sets for it: nothing of the agent's own (an options file's
+    /// secrets, its RUST_LOG, the service manager's variables).
+    #[tokio::test]
+    async fn a_task_gets_nothing_of_the_agents_environment() {
+        if !as_root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, mut exits) = Supervisor::new("n1", dir.path(), STOP_GRACE_DEFAULT, 0, None);
+        s.allow_root_jobs = true;
+        let out = dir.path().join("env.out");
+        let mut o = order(vec![], &dir.path().display().to_string(), &out.display().to_string());
+        o.command = vec!["env".into()];
+        o.env.insert("JOB_ASKED".into(), "yes".into());
+        // The test process's variables, but for those the agent sets for tasks.
+        let set = task_env(&o, "n1");
+        let agents: Vec<String> = std::env::vars()
+            .map(|(k, _)| k)
+            .filter(|k| k != "PATH" && !set.contains_key(k) && !k.starts_with("SLURM") && !k.starts_with("GANGWAY"))
+            .collect();
+        assert!(!agents.is_empty(), "the test process has variables of its own");
+        s.launch(&o).unwrap();
+        let exit = tokio::time::timeout(Duration::from_secs(30), exits.recv()).await.unwrap().unwrap();
+        assert_eq!(exit.exit_code, Some(0), "{exit:?}");
+        let text = std::fs::read_to_string(&out).unwrap();
+        let keys: Vec<&str> = text.lines().filter_map(|l| l.split_once('=').map(|(k, _)| k)).collect();
+        assert!(text.contains("JOB_ASKED=yes\n") && text.contains("SLURM_JOB_ID=1\n"), "{text}");
+        assert!(text.contains(&format!("PATH={DEFAULT_PATH}\n")), "a PATH when the job sends none: {text}");
+        let leaked: Vec<&String> = agents.iter().filter(|k| keys.contains(&k.as_str())).collect();
+        assert!(leaked.is_empty(), "the agent's own variables reached the task: {leaked:?}");
+    }
+
+    /// A task may open only its own GPUs, whatever CUDA_VISIBLE_DEVICES
+    /// says: with fake GPUs (device nodes of the NVIDIA major, minors 0 and
+    /// 1; no driver here, so opening an allowed one fails with ENXIO, a
+    /// refused one with EPERM first), a task holding GPU 0 opens it and is
+    /// refused GPU 1; a task holding none is refused both; both open
+    /// /dev/zero. (Without the shim, as here, a task joins its cgroup just
+    /// after it started, so the script waits to be in it; through the shim,
+    /// before it runs: the e2e test's sbatch jobs.)
+    #[tokio::test]
+    async fn a_task_opens_only_its_own_gpus() {
+        use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+        if !as_root() {
+            return;
+        }
+        assert!(
+            std::path::Path::new("/sys/fs/cgroup/devices/devices.allow").exists(),
+            "this host has no cgroup v1 devices controller (the CI machines do)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let dev = dir.path().join("dev");
+        std::fs::create_dir(&dev).unwrap();
+        for (name, major, minor) in [("nvidia0", 195, 0), ("nvidia1", 195, 1), ("zero", 1, 5)] {
+            mknod(&dev.join(name), SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(major, minor)).unwrap();
+        }
+        let (mut s, mut exits) = Supervisor::new("n1", dir.path(), STOP_GRACE_DEFAULT, 2, None);
+        s.allow_root_jobs = true;
+        let opens = |job: u64, gpus: Vec<u32>, out: &std::path::Path| {
+            let mut o = order(gpus, &dir.path().display().to_string(), &out.display().to_string());
+            o.job_id = job;
+            // The opens run in a forked child, as a job's early fork would.
+            let each = format!(
+                "until grep -q devices:/gangway/ /proc/$$/cgroup; do sleep 0.01; done; (exec 3<{}/zero) && echo zero \
+                 open; for d in nvidia0 nvidia1; do dd if={}/$d of=/dev/null count=1 2>&1 | head -1; done",
+                dev.display(),
+                dev.display()
+            );
+            o.command = vec!["sh".into(), "-c".into(), each];
+            o
+        };
+        let (mine, none) = (dir.path().join("gpu0.out"), dir.path().join("none.out"));
+        s.launch(&opens(1, vec![0], &mine)).unwrap();
+        s.launch(&opens(2, vec![], &none)).unwrap();
+        for _ in 0..2 {
+            let exit = tokio::time::timeout(Duration::from_secs(30), exits.recv()).await.unwrap().unwrap();
+            assert_eq!(exit.exit_code, Some(0), "{exit:?}");
+        }
+        let mine = std::fs::read_to_string(&mine).unwrap();
+        let none = std::fs::read_to_string(&none).unwrap();
+        assert!(mine.contains("zero open"), "{mine}");
+        // Refused by the cgroup (EPERM) for the GPU not its own; the driver's
+        // absence (ENXIO) for its own.
+        let lines: Vec<&str> = mine.lines().filter(|l| l.starts_with("dd:")).collect();
+        assert!(lines.len() == 2 && lines[0].contains("No such device"), "GPU 0 reached the driver: {mine}");
+        assert!(lines[1].contains("Operation not permitted"), "GPU 1 refused by the cgroup: {mine}");
+        let lines: Vec<&str> = none.lines().filter(|l| l.starts_with("dd:")).collect();
+        assert!(lines.iter().all(|l| l.contains("Operation not permitted")), "no GPU for a CPU job: {none}");
+        assert!(none.contains("zero open"), "{none}");
+        // The cgroups go with their tasks.
+        let root = s.devices.as_ref().unwrap().root().to_path_buf();
+        assert!(root.exists());
+        assert!(!root.join("job-1-1").exists() && !root.join("job-2-1").exists(), "a task's devices cgroup was left");
+        drop(s);
+        let _ = std::fs::remove_dir(&root);
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! from a site's OIDC issuer), with exactly the algorithm of that key (so
 //! `alg: none` and HS/RS confusion are refused), the configured issuer and
 //! audience, a `sub` that is a valid user name, an `exp` in the future, and a
-//! `jti` not in the revocation file. It travels as `authorization: Bearer
+//! `jti` not in the revocation file (with a revocation file configured, a
+//! token must carry a `jti`: one without could never be revoked; deleting
+//! the file keeps the last list). It travels as `authorization: Bearer
 //! TOKEN` over TLS.
 
 use std::path::{Path, PathBuf};
@@ -161,23 +163,44 @@ impl Revoked {
         Ok(ids)
     }
 
-    fn contains(&mut self, jti: &str) -> bool {
-        if let Some(path) = &self.path {
-            if self.last_check.elapsed() >= REVOKED_CHECK_INTERVAL {
-                self.last_check = Instant::now();
-                let stamp = Revoked::stamp(path);
-                if stamp != self.stamp {
-                    match Revoked::read(path) {
-                        Ok(ids) => {
-                            self.ids = ids;
-                            self.stamp = stamp;
-                        }
-                        Err(e) => tracing::warn!(error = %e, "keeping the previous revocation list"),
-                    }
+    /// Whether `jti` is revoked, reading the file again (at most once per
+    /// REVOKED_CHECK_INTERVAL) when it changed. The file is read outside
+    /// the lock; a file that cannot be read, or is gone, keeps the last
+    /// list (deleting the file never un-revokes a token).
+    fn contains(revoked: &Mutex<Revoked>, jti: &str) -> bool {
+        let due = {
+            let mut r = revoked.lock().expect("revoked lock");
+            match r.path.clone() {
+                Some(path) if r.last_check.elapsed() >= REVOKED_CHECK_INTERVAL => {
+                    r.last_check = Instant::now();
+                    Some((path, r.stamp))
                 }
+                _ => None,
+            }
+        };
+        if let Some((path, seen)) = due {
+            let stamp = Revoked::stamp(&path);
+            let read = match stamp {
+                _ if stamp == seen => None,
+                None => {
+                    tracing::warn!(path = %path.display(), "the revocation file is gone; keeping the last list");
+                    None
+                }
+                Some(_) => match Revoked::read(&path) {
+                    Ok(ids) => Some(ids),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "keeping the previous revocation list");
+                        None
+                    }
+                },
+            };
+            if let Some(ids) = read {
+                let mut r = revoked.lock().expect("revoked lock");
+                r.ids = ids;
+                r.stamp = stamp;
             }
         }
-        self.ids.contains(jti)
+        revoked.lock().expect("revoked lock").ids.contains(jti)
     }
 }
 
@@ -187,6 +210,9 @@ pub struct TokenVerifier {
     issuer: String,
     audience: String,
     revoked: Mutex<Revoked>,
+    /// A revocation file is configured: a token without a `jti` (which no
+    /// revocation could name) is refused.
+    revocable: bool,
 }
 
 impl std::fmt::Debug for TokenVerifier {
@@ -278,6 +304,7 @@ impl TokenVerifier {
             keys,
             issuer: config.issuer.clone().unwrap_or_else(|| DEFAULT_ISSUER.into()),
             audience: config.audience.clone().unwrap_or_else(|| DEFAULT_AUDIENCE.into()),
+            revocable: config.revoked.is_some(),
             revoked: Mutex::new(revoked),
         })))
     }
@@ -306,7 +333,12 @@ impl TokenVerifier {
             match jsonwebtoken::decode::<Verified>(token, &k.key, &v) {
                 Ok(data) => {
                     let c = data.claims;
-                    if !c.jti.is_empty() && self.revoked.lock().expect("revoked lock").contains(&c.jti) {
+                    if c.jti.is_empty() && self.revocable {
+                        return Err("the token has no jti: with a revocation file, only tokens that can be revoked \
+                                    are taken"
+                            .into());
+                    }
+                    if !c.jti.is_empty() && Revoked::contains(&self.revoked, &c.jti) {
                         return Err("the token was revoked".into());
                     }
                     return Principal::new(Role::Client, &c.sub).map_err(|e| format!("the token's sub: {e}"));
@@ -410,10 +442,19 @@ mod tests {
         let expired = jsonwebtoken::encode(&Header::new(Algorithm::ES256), &old, &key).unwrap();
         assert!(v.verify(&expired).unwrap_err().contains("xpired"));
         // OIDC issuers' forms: `aud` as a list, no `iat`; a future `nbf` is refused.
-        let oidc =
-            serde_json::json!({"sub": "alice", "iss": "gangway", "aud": ["other", "gangway"], "exp": now_s() + 600});
+        let oidc = serde_json::json!({
+            "sub": "alice", "iss": "gangway", "aud": ["other", "gangway"], "exp": now_s() + 600, "jti": "o-1"
+        });
         let oidc = jsonwebtoken::encode(&Header::new(Algorithm::ES256), &oidc, &key).unwrap();
         assert_eq!(v.verify(&oidc).unwrap().name, "alice");
+        // Without a jti: taken where no revocation file is configured, and
+        // refused where one is (no revocation could name it).
+        let anonymous = serde_json::json!({"sub": "alice", "iss": "gangway", "aud": "gangway", "exp": now_s() + 600});
+        let anonymous = jsonwebtoken::encode(&Header::new(Algorithm::ES256), &anonymous, &key).unwrap();
+        assert!(v.verify(&anonymous).unwrap_err().starts_with("the token has no jti"));
+        let unrevocable = TokenConfig { public_keys: vec![public.clone()], ..Default::default() };
+        let unrevocable = TokenVerifier::load(&unrevocable).unwrap().unwrap();
+        assert_eq!(unrevocable.verify(&anonymous).unwrap().name, "alice");
         let early = serde_json::json!({"sub": "alice", "iss": "gangway", "aud": "gangway", "exp": now_s() + 600, "nbf": now_s() + 300});
         let early = jsonwebtoken::encode(&Header::new(Algorithm::ES256), &early, &key).unwrap();
         assert!(v.verify(&early).is_err());
@@ -425,6 +466,13 @@ mod tests {
         std::fs::write(&revoked, format!("# revoked\n{jti}\n")).unwrap();
         std::thread::sleep(REVOKED_CHECK_INTERVAL + Duration::from_millis(50));
         assert_eq!(v.verify(&good).unwrap_err(), "the token was revoked");
+        // Deleting the file un-revokes nothing; a new file is read again.
+        std::fs::remove_file(&revoked).unwrap();
+        std::thread::sleep(REVOKED_CHECK_INTERVAL + Duration::from_millis(50));
+        assert_eq!(v.verify(&good).unwrap_err(), "the token was revoked", "a deleted file cleared the list");
+        std::fs::write(&revoked, "# nothing revoked\n").unwrap();
+        std::thread::sleep(REVOKED_CHECK_INTERVAL + Duration::from_millis(50));
+        assert_eq!(v.verify(&good).unwrap().name, "alice");
         // Bad users and lifetimes are refused at creation.
         assert!(create(&private, "../root", Duration::from_secs(60), "gangway", "gangway").is_err());
         assert!(create(&private, "alice", LIFETIME_MAX * 2, "gangway", "gangway").is_err());

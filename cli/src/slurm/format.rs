@@ -107,9 +107,11 @@ pub fn parse_names(
     Ok(items)
 }
 
+/// A field's value in its column, [`crate::output::printable`].
 fn fit(value: &str, width: Option<usize>, right: bool) -> String {
+    let value = crate::output::printable(value);
     match width {
-        None => value.to_string(),
+        None => value.into_owned(),
         Some(w) => {
             let v: String = value.chars().take(w).collect();
             if right {
@@ -142,7 +144,7 @@ pub fn render_columns(items: &[Item], value: impl Fn(&str) -> String, parsable: 
         .map(|i| match i {
             Item::Text(t) => t.clone(),
             Item::Field { key, width, right } if !parsable => fit(&value(key), *width, *right),
-            Item::Field { key, .. } => value(key),
+            Item::Field { key, .. } => crate::output::printable(&value(key)).into_owned(),
         })
         .collect();
     if parsable {

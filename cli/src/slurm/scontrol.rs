@@ -313,7 +313,7 @@ pub fn job_fields(j: &pb::Job, e: Option<&pb::Explanation>, now: u64) -> Vec<(St
 
 /// Slurm's layout: a few fields per line, indented; or all on one line.
 pub(crate) fn print_fields(f: &[(String, String)], oneliner: bool, per_line: usize) {
-    let cells: Vec<String> = f.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let cells: Vec<String> = f.iter().map(|(k, v)| format!("{k}={}", crate::output::printable(v))).collect();
     if oneliner {
         println!("{}", cells.join(" "));
         return;

@@ -509,6 +509,26 @@ impl JobSpec {
         Ok(())
     }
 
+    /// The free-text fields other users see printed (squeue, `scontrol
+    /// show job`, sacct) hold no control characters: no escape sequence,
+    /// carriage return or line break that would rewrite what their
+    /// terminals show. (The names are checked by [`JobSpec::validate`].)
+    /// Checked where specs enter, at the API, and not in apply, so that log
+    /// entries written before it apply as they always did.
+    pub fn check_printable(&self) -> Result<(), SpecError> {
+        let fields =
+            [("comment", &self.comment), ("workdir", &self.workdir), ("output", &self.output), ("error", &self.error)];
+        for (field, value) in fields {
+            if let Some(c) = value.chars().find(|c| c.is_control()) {
+                return Err(SpecError::new(
+                    field,
+                    format!("must not contain control characters (it holds U+{:04X})", u32::from(c)),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks every field against its rule and the limits in [`crate::limits`].
     pub fn validate(&self) -> Result<(), SpecError> {
         check_name("name", &self.name, false)?;
@@ -969,6 +989,24 @@ mod tests {
             (JobSpec { workdir: "relative/dir".into(), ..ok_spec() }, "workdir"),
             (JobSpec { user: String::new(), ..ok_spec() }, "user"),
         ];
+        // Free text others see printed: no control characters.
+        for field in ["comment", "workdir", "output", "error"] {
+            let mut spec = ok_spec();
+            let value = if field == "comment" { "ok\x1b[2K".to_string() } else { "/tmp/x\ry".to_string() };
+            match field {
+                "comment" => spec.comment = value,
+                "workdir" => spec.workdir = value,
+                "output" => spec.output = value,
+                _ => spec.error = value,
+            }
+            spec.validate().expect("valid but for the control character");
+            let err = spec.check_printable().expect_err(field);
+            assert_eq!(err.field, field, "{err}");
+            assert!(err.rule.contains("control characters"), "{err}");
+        }
+        let mut fine = ok_spec();
+        (fine.comment, fine.workdir) = ("Größe: 8×H100 — ok".into(), "/home/ünï".into());
+        fine.check_printable().unwrap();
         for (spec, field) in cases {
             let err = spec.validate().expect_err(field);
             assert_eq!(err.field, field, "{err}");

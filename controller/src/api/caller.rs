@@ -67,7 +67,11 @@ impl CallCtx {
                 Some((job, attempt)) => format!("{} (job {job} attempt {attempt})", self.identity),
                 None => self.identity.clone(),
             };
-            a.record(&who, action, "", outcome, reason);
+            if outcome == "allowed" {
+                a.record(&who, action, "", outcome, reason);
+            } else {
+                a.record_denied(&self.identity, &who, action, "", outcome, reason);
+            }
         }
     }
 

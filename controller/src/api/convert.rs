@@ -94,6 +94,7 @@ pub fn spec_from_proto(p: pb::JobSpec, default_user: &str) -> Result<JobSpec, Sp
         components,
     };
     spec.validate()?;
+    spec.check_printable()?;
     gangway_core::limits::check_spec_size(&spec)?;
     Ok(spec)
 }

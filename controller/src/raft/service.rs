@@ -30,7 +30,7 @@ fn require_server<T>(req: &Request<T>, audit: &AuditLog) -> Result<Option<String
         PeerAuth::Verified(p) if p.role == Role::Server => Ok(Some(p.name)),
         PeerAuth::Verified(p) => {
             metrics::counter!("gangway_api_denied_total", "reason" => "permission").increment(1);
-            audit.record(&p.encode(), "raft", "", "denied", "not a controller replica");
+            audit.record_refused(&p.encode(), "raft", "denied", "not a controller replica");
             Err(Status::permission_denied(format!("permission: {p} is not a controller replica; Raft is for servers")))
         }
         PeerAuth::Anonymous | PeerAuth::Unusable(_) => {
@@ -57,8 +57,10 @@ fn same_replica(cert: Option<String>, claimed: Option<u64>, audit: &AuditLog) ->
     }
     metrics::counter!("gangway_api_denied_total", "reason" => "permission").increment(1);
     let target = claimed.map_or_else(|| "none".to_string(), |c| format!("replica {c}"));
-    audit.record(
-        &format!("server:{cert}"),
+    let server = format!("server:{cert}");
+    audit.record_denied(
+        &server,
+        &server,
         "raft as another replica",
         &target,
         "denied",
