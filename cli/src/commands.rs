@@ -187,7 +187,7 @@ pub async fn show(client: &Client, out: &Output, job_id: u64, stale: bool) -> an
                 Value::String(s) if k == "script" => crate::output::printable_text(&s).into_owned(),
                 Value::String(s) => crate::output::printable(&s).into_owned(),
                 Value::Null => "-".into(),
-                other => other.to_string(),
+                other => crate::output::printable(&other.to_string()).into_owned(),
             };
             println!("{k:>16}: {s}");
         }

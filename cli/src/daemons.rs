@@ -371,6 +371,12 @@ pub struct AgentArgs {
     /// Run tasks as root when a job's user is root (refused by default).
     #[arg(long)]
     allow_root_jobs: bool,
+    /// Let each task open only its own GPUs (Slurm's ConstrainDevices): a
+    /// devices cgroup per task refuses the node's other GPUs; its
+    /// CUDA_VISIBLE_DEVICES then counts from 0. Needs root and the cgroup v1
+    /// devices controller.
+    #[arg(long)]
+    constrain_devices: bool,
     /// Node name (default: the host name).
     #[arg(long)]
     name: Option<String>,
@@ -515,6 +521,7 @@ pub async fn agent(a: AgentArgs, identity: &str, tls: &crate::tls::TlsArgs) -> a
         identity: identity.to_string(),
         security,
         allow_root_jobs: a.allow_root_jobs,
+        constrain_devices: a.constrain_devices,
         stop_grace: gangway_node_agent::supervisor::STOP_GRACE_DEFAULT,
         gpu_fault_file,
         gpu_load_file,

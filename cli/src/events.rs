@@ -96,7 +96,7 @@ pub async fn run(client: &Client, out: &Output, a: EventsArgs) -> anyhow::Result
             });
             println!("{v}");
         } else {
-            println!("{}", line(e));
+            println!("{}", crate::output::printable(&line(e)));
         }
         match left.as_mut() {
             Some(n) => {
@@ -142,15 +142,14 @@ async fn audit(client: &Client, out: &Output, count: Option<u64>) -> anyhow::Res
             );
         } else {
             let target = if e.target.is_empty() { String::new() } else { format!(" {}", e.target) };
+            let text = format!("{} {}{target}: {}", e.caller, e.action, e.reason);
             println!(
-                "{} replica {} #{:<5} {:<15} {} {}{target}: {}",
+                "{} replica {} #{:<5} {:<15} {}",
                 crate::slurm::timestamp(e.time_ms),
                 e.replica_id,
                 e.seq,
                 e.outcome,
-                e.caller,
-                e.action,
-                e.reason
+                crate::output::printable(&text)
             );
         }
         if let Some(n) = left.as_mut() {

@@ -9,7 +9,7 @@ use gangway_proto::v1::job_service_client::JobServiceClient;
 use pb::update_job_request::Change;
 use serde_json::json;
 
-use crate::output::Output;
+use crate::output::{printable, Output};
 use crate::parse;
 
 /// Applies one change to one job, printing nothing.
@@ -156,10 +156,10 @@ pub async fn why(client: &Client, out: &Output, job_id: u64, stale: bool) -> any
         return Ok(());
     }
     if e.reason.is_empty() {
-        println!("job {job_id}: {}", e.detail);
+        println!("job {job_id}: {}", printable(&e.detail));
         return Ok(());
     }
-    println!("job {job_id} is pending: {} — {}", e.reason, e.detail);
+    println!("job {job_id} is pending: {} — {}", printable(&e.reason), printable(&e.detail));
     let f = &e.priority_factors;
     let get = |k: &str| f.get(k).copied().unwrap_or(0.0);
     println!(
@@ -177,7 +177,7 @@ pub async fn why(client: &Client, out: &Output, job_id: u64, stale: bool) -> any
     let mut rej: Vec<_> = e.rejections.iter().collect();
     rej.sort_by(|a, b| b.1.cmp(a.1));
     for (why, n) in rej {
-        println!("  {n:>6} node(s): {why}");
+        println!("  {n:>6} node(s): {}", printable(why));
     }
     Ok(())
 }

@@ -109,8 +109,13 @@ pub fn printable_text(s: &str) -> std::borrow::Cow<'_, str> {
 }
 
 fn escaped(s: &str, keep: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
-    // Embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069).
-    let bidi = |c: char| matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    // Embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069),
+    // the marks (U+200E, U+200F, U+061C) and the line and paragraph
+    // separators (U+2028, U+2029).
+    let bidi = |c: char| {
+        matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{061c}')
+            || matches!(c, '\u{2028}' | '\u{2029}')
+    };
     let hidden = |c: char| (c.is_control() || bidi(c)) && !keep(c);
     if !s.chars().any(hidden) {
         return std::borrow::Cow::Borrowed(s);
@@ -168,6 +173,7 @@ mod tests {
         assert_eq!(printable("ok\r\x1b[2Kfake"), "ok\\x0d\\x1b[2Kfake");
         assert_eq!(printable("x\u{9b}31m\u{7f}"), "x\\x9b31m\\x7f");
         assert_eq!(printable("a\u{202e}gnp.exe"), "a\\u{202e}gnp.exe");
+        assert_eq!(printable("x\u{200f}\u{2028}y"), "x\\u{200f}\\u{2028}y");
         assert_eq!(printable("l1\nl2\tx"), "l1\\x0al2\\x09x");
         assert_eq!(printable_text("#!/bin/sh\n\techo\x1b[31m"), "#!/bin/sh\n\techo\\x1b[31m");
     }

@@ -116,7 +116,8 @@ pub(crate) async fn test_submit(client: &Client, out: &Output, a: SubmitArgs) ->
         }
         None if e.reason == "BadConstraints" => bail!("test-only: the job could never run: {}", e.detail),
         None => {
-            eprintln!("sbatch: Job {} would wait ({}): {}; no start time is known yet", e.job_id, e.reason, e.detail);
+            let (reason, detail) = (crate::output::printable(&e.reason), crate::output::printable(&e.detail));
+            eprintln!("sbatch: Job {} would wait ({reason}): {detail}; no start time is known yet", e.job_id);
             Ok(())
         }
     }

@@ -96,7 +96,7 @@ fn named_agent_args(endpoints: &str, name: &str, state: &Path) -> Vec<String> {
     ["agent", "--controllers", endpoints, "--name", name, "--fake-gpus", "4xh100-80gb", "--state-dir", &state]
         .into_iter()
         .chain(["--addr", "127.0.0.1", "--step-listen", "127.0.0.1:0"])
-        .chain(["--tls-dir", pki().to_str().unwrap(), "--allow-root-jobs"])
+        .chain(["--tls-dir", pki().to_str().unwrap(), "--allow-root-jobs", "--constrain-devices"])
         .map(str::to_string)
         .collect()
 }
@@ -640,11 +640,12 @@ fn sbatch_scripts_through_the_shim(endpoints: &str, work: &Path, dir: &Path) {
             .is_ok_and(|s| s.trim() == "name=e2e-sbatch args=first second gpus=0 foo=from-submit-env")
     });
     let done = id;
-    // A task may open only its own GPUs, whatever CUDA_VISIBLE_DEVICES says
-    // (the agents' devices cgroups, joined by the shim before the script
-    // runs). Fake GPUs: device nodes of the NVIDIA major; with no driver
-    // here, opening one the cgroup allows fails with ENXIO, one it refuses
-    // with EPERM first.
+    // With --constrain-devices, a task may open only its own GPUs, whatever
+    // CUDA_VISIBLE_DEVICES says (which counts from 0: CUDA's numbering of
+    // what it can open); the devices cgroup is joined by the shim before the
+    // script runs. Fake GPUs: device nodes of the NVIDIA major; with no
+    // driver here, opening one the cgroup allows fails with ENXIO, one it
+    // refuses with EPERM first.
     let dev = work.join("fake-dev");
     std::fs::create_dir_all(&dev).unwrap();
     for g in 0..4 {
@@ -654,7 +655,7 @@ fn sbatch_scripts_through_the_shim(endpoints: &str, work: &Path, dir: &Path) {
         assert!(made.unwrap().success(), "mknod {}", node.display());
     }
     let probe = format!(
-        "echo mine=$CUDA_VISIBLE_DEVICES; unset CUDA_VISIBLE_DEVICES; for g in 0 1 2 3; do \
+        "echo mine=$SLURM_JOB_GPUS visible=$CUDA_VISIBLE_DEVICES; unset CUDA_VISIBLE_DEVICES; for g in 0 1 2 3; do \
          echo gpu$g: $(dd if={}/nvidia$g of=/dev/null count=1 2>&1 | head -1); done",
         dev.display()
     );
@@ -664,7 +665,9 @@ fn sbatch_scripts_through_the_shim(endpoints: &str, work: &Path, dir: &Path) {
         seen = std::fs::read_to_string(work.join("gpus.log")).unwrap_or_default();
         seen.lines().count() == 5
     });
-    let mine = seen.lines().next().and_then(|l| l.strip_prefix("mine=")).unwrap_or_else(|| panic!("{seen}"));
+    let first = seen.lines().next().unwrap_or_default();
+    let mine =
+        first.strip_prefix("mine=").and_then(|l| l.strip_suffix(" visible=0")).unwrap_or_else(|| panic!("{seen}"));
     for line in seen.lines().skip(1) {
         let (gpu, said) = line.split_once(": ").unwrap_or_else(|| panic!("{seen}"));
         if gpu == format!("gpu{mine}") {

@@ -134,9 +134,11 @@ impl AuditLog {
 
     /// Records a refusal of an authenticated caller (`identity`, shown as
     /// `caller`: with the job whose credential it used), at most
-    /// [`ANONYMOUS_PER_MINUTE_MAX`] a minute per identity, whichever of its
-    /// jobs' credentials it uses: a loop of denied calls cannot push the
-    /// admin actions and everyone else's refusals out of the ring.
+    /// [`ANONYMOUS_PER_MINUTE_MAX`] a minute per identity and action,
+    /// whichever of its jobs' credentials it uses: a loop of denied calls
+    /// cannot push the admin actions and everyone else's refusals out of the
+    /// ring, and each kind of refusal a caller met is still in it. (The log
+    /// gets every one.)
     pub fn record_denied(
         &self,
         identity: &str,
@@ -146,7 +148,7 @@ impl AuditLog {
         outcome: &'static str,
         reason: &str,
     ) {
-        self.record_throttled(format!("who:{identity}"), caller, action, target, outcome, reason);
+        self.record_throttled(format!("who:{identity} {action}"), caller, action, target, outcome, reason);
     }
 
     fn record_throttled(
@@ -180,7 +182,11 @@ impl AuditLog {
             }
         };
         match suppressed {
-            None => metrics::counter!("gangway_audit_suppressed_total").increment(1),
+            None => {
+                // Kept out of the ring, never out of the log.
+                metrics::counter!("gangway_audit_suppressed_total").increment(1);
+                tracing::warn!(target: "gangway::audit", caller, action, target, outcome, reason, suppressed = true);
+            }
             Some(0) => self.record(caller, action, target, outcome, reason),
             Some(n) => {
                 let r = format!("{reason} ({n} more refusals from {ip} in the previous minute were not recorded)");
@@ -237,11 +243,14 @@ mod flood_tests {
         let sources = || log.anonymous.lock().unwrap().keys().cloned().collect::<std::collections::BTreeSet<_>>();
         let at = sources();
         assert_eq!(at.len(), ANONYMOUS_PEERS_MAX);
-        assert!(at.contains("who:client:c0"));
+        assert!(at.contains("who:client:c0 raft"));
         log.record_refused("client:one-more", "raft", "denied", "x");
         let past = sources();
         assert_eq!(past.len(), ANONYMOUS_PEERS_MAX);
-        assert!(!past.contains("who:client:c0") && past.contains("who:client:one-more"), "the oldest made way");
+        assert!(
+            !past.contains("who:client:c0 raft") && past.contains("who:client:one-more raft"),
+            "the oldest made way"
+        );
     }
 
     #[test]
@@ -261,19 +270,20 @@ mod flood_tests {
         }
         let (kept, _) = log.follow(0);
         assert_eq!(kept.len(), 2 * ANONYMOUS_PER_MINUTE_MAX as usize + 1);
-        // So are an authenticated caller's denials, across the credentials
-        // of its jobs; an admin's action is still recorded after them.
+        // So are an authenticated caller's denials, per action, across the
+        // credentials of its jobs; another action's are kept apart, and an
+        // admin's action is still recorded after them.
         for i in 0..100 {
             let via = format!("client:eve (job {i} attempt 1)");
             log.record_denied("client:eve", &via, "drain nodes", "n1", "denied", "not an admin");
         }
+        log.record_denied("client:eve", "client:eve", "cancel a job", "7", "denied", "not hers");
         log.record("client:admin", "drain nodes", "n1", "allowed", "");
         let (kept, _) = log.follow(0);
-        assert_eq!(kept.len(), 3 * ANONYMOUS_PER_MINUTE_MAX as usize + 2);
-        assert_eq!(
-            kept.iter().filter(|e| e.caller.starts_with("client:eve")).count(),
-            ANONYMOUS_PER_MINUTE_MAX as usize
-        );
+        assert_eq!(kept.len(), 3 * ANONYMOUS_PER_MINUTE_MAX as usize + 3);
+        let eves = kept.iter().filter(|e| e.caller.starts_with("client:eve"));
+        assert_eq!(eves.clone().filter(|e| e.action == "drain nodes").count(), ANONYMOUS_PER_MINUTE_MAX as usize);
+        assert_eq!(eves.filter(|e| e.action == "cancel a job").count(), 1);
         assert!(kept.iter().any(|e| e.caller.starts_with("client:eve") && e.target == "n1"), "the target is kept");
         assert_eq!(kept.last().map(|e| e.caller.as_str()), Some("client:admin"));
         log.record("client:x\n2026 replica 1 allowed", "a\u{1b}]0;pwned\u{7}", "", "denied", "r\r\n");

@@ -94,7 +94,9 @@ for name, cmd, var in [("gangway-controller", "controller", "GANGWAY_CONTROLLER_
     for i, w in enumerate(args):
         if w.split("=")[0] == "--metrics-listen":
             addr = w.split("=", 1)[1] if "=" in w else args[i + 1]
-            if not addr.startswith(("127.", "[::1]", "localhost:")) and "--metrics-tls" not in args:
+            host = addr.rsplit(":", 1)[0]
+            loopback = host in ("[::1]", "localhost") or re.fullmatch(r"127(\.\d{1,3}){3}", host)
+            if not loopback and "--metrics-tls" not in args:
                 fail.append(f"/etc/default/{name}: metrics on {addr} in plaintext (loopback, or --metrics-tls)")
 if fail:
     print("\n".join(fail), file=sys.stderr)

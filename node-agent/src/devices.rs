@@ -1,18 +1,21 @@
-//! Device isolation: a task may open only its own GPUs. On hosts with the
+//! Device isolation (`gangway agent --constrain-devices`, Slurm's
+//! ConstrainDevices): a task may open only its own GPUs. On hosts with the
 //! cgroup v1 devices controller (hybrid hierarchies, as on our CI machines
 //! and most HPC distributions), each task gets a devices cgroup that denies
-//! every device but the few every process needs (`/dev/null`, `/dev/zero`,
-//! the terminals, ...), its own GPUs' `/dev/nvidiaN`, and the NVIDIA control
-//! devices every CUDA process opens (`/dev/nvidiactl`, `/dev/nvidia-uvm`,
-//! `/dev/nvidia-modeset`, the `nvidia-caps` read nodes), as the NVIDIA
-//! container toolkit allows them. A job that clears `CUDA_VISIBLE_DEVICES`
-//! then still cannot reach its neighbours' GPUs: opening one is refused
-//! (EPERM) before the driver sees it.
+//! the node's other GPUs' `/dev/nvidiaN` (and, to a task without GPUs, the
+//! NVIDIA control devices too), leaving every other device (InfiniBand,
+//! FUSE, ...) as it was, as Slurm does. A job that clears
+//! `CUDA_VISIBLE_DEVICES` then still cannot reach its neighbours' GPUs:
+//! opening one is refused (EPERM) before the driver sees it. CUDA then
+//! numbers the GPUs a task can open from 0, so its `CUDA_VISIBLE_DEVICES`
+//! holds job-local indexes ([`local_indexes`]), in PCI bus order.
 //!
 //! The task shim joins the cgroup first thing ([`shim_options`]), before
-//! it runs anything of the job's, so nothing the task runs ever ran outside it. Hosts with only the unified
-//! (v2) hierarchy filter devices with an eBPF program instead: not yet
-//! (docs/security.md, "Not yet"); there the agent warns once at start.
+//! it runs anything of the job's, so nothing the task runs ever ran outside
+//! it; at the task's end what is left in it is killed ([`DeviceCgroups::empty`]).
+//! Hosts with only the unified (v2) hierarchy filter devices with an eBPF
+//! program instead: not yet (docs/security.md, "Not yet"); there the flag is
+//! refused at start.
 
 use std::path::{Path, PathBuf};
 
@@ -25,24 +28,11 @@ const NVIDIACTL_MINOR: u32 = 255;
 const NVIDIA_MODESET_MINOR: u32 = 254;
 /// Minors of `/dev/nvidiaN` a host may have: the core's GPUs per node.
 const GPU_MINOR_MAX: u32 = gangway_core::limits::GPUS_PER_NODE_MAX;
+/// Rounds of killing what is left in a task's devices cgroup (a process
+/// forking as fast as it is killed): 10 ms apart, a second in all.
+const EMPTY_ROUNDS_MAX: usize = 100;
 /// Bytes of /proc/devices read: a few hundred on any host.
 const PROC_DEVICES_BYTES_MAX: u64 = 64 * 1024;
-
-/// What every process needs, as container runtimes allow it: creating
-/// device nodes (not opening them), null, zero, full, random, urandom,
-/// the controlling terminal, ptmx and the pseudo-terminals.
-const BASE_RULES: &[&str] = &[
-    "c *:* m",
-    "b *:* m",
-    "c 1:3 rwm",
-    "c 1:5 rwm",
-    "c 1:7 rwm",
-    "c 1:8 rwm",
-    "c 1:9 rwm",
-    "c 5:0 rwm",
-    "c 5:2 rwm",
-    "c 136:* rwm",
-];
 
 /// The NVIDIA majors the kernel gave out at run time (`/proc/devices`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -70,40 +60,44 @@ impl NvidiaMajors {
     }
 }
 
-/// The devices cgroup rules of a task holding `gpus` (their minors): the
-/// base set; with any GPU, the control devices and each of its own.
-pub fn allow_rules(gpus: &[u32], majors: NvidiaMajors) -> Vec<String> {
-    let mut rules: Vec<String> = BASE_RULES.iter().map(|r| r.to_string()).collect();
-    let own: Vec<u32> = gpus.iter().copied().filter(|g| *g < GPU_MINOR_MAX).collect();
-    if own.is_empty() {
-        return rules;
+/// The devices a task holding `gpus` (their minors) of a node's
+/// `node_gpus` may not open: the node's other GPUs; with none of its own,
+/// the NVIDIA control devices too. (Minors at or past GPU_MINOR_MAX are
+/// never a node's.)
+pub fn deny_rules(gpus: &[u32], node_gpus: u32, majors: NvidiaMajors) -> Vec<String> {
+    let mut rules: Vec<String> = (0..node_gpus.min(GPU_MINOR_MAX))
+        .filter(|g| !gpus.contains(g))
+        .map(|g| format!("c {NVIDIA_MAJOR}:{g} rwm"))
+        .collect();
+    if gpus.iter().all(|g| *g >= GPU_MINOR_MAX) {
+        rules.push(format!("c {NVIDIA_MAJOR}:{NVIDIACTL_MINOR} rwm"));
+        rules.push(format!("c {NVIDIA_MAJOR}:{NVIDIA_MODESET_MINOR} rwm"));
+        rules.extend(majors.uvm.map(|m| format!("c {m}:* rwm")));
+        rules.extend(majors.caps.map(|m| format!("c {m}:* rwm")));
     }
-    rules.push(format!("c {NVIDIA_MAJOR}:{NVIDIACTL_MINOR} rwm"));
-    rules.push(format!("c {NVIDIA_MAJOR}:{NVIDIA_MODESET_MINOR} rwm"));
-    if let Some(uvm) = majors.uvm {
-        rules.push(format!("c {uvm}:* rwm"));
-    }
-    if let Some(caps) = majors.caps {
-        // The capability nodes are read to prove a right (MIG's config and
-        // monitor); reading them is what the toolkit grants.
-        rules.push(format!("c {caps}:* r"));
-    }
-    rules.extend(own.iter().map(|g| format!("c {NVIDIA_MAJOR}:{g} rwm")));
     rules
+}
+
+/// What a confined task's `CUDA_VISIBLE_DEVICES` says for `count` GPUs:
+/// CUDA numbers the devices a process can open from 0 (Slurm does the same
+/// under ConstrainDevices).
+pub fn local_indexes(count: usize) -> String {
+    (0..count).map(|i| i.to_string()).collect::<Vec<_>>().join(",")
 }
 
 /// The agent's subtree of the devices hierarchy.
 #[derive(Debug, Clone)]
 pub struct DeviceCgroups {
     root: PathBuf,
-    majors: NvidiaMajors,
+    /// GPUs on this node (minors 0..n).
+    node_gpus: u32,
 }
 
 impl DeviceCgroups {
     /// The subtree of agent `node` keeping its state in `state_dir`, on a
     /// host with the v1 devices controller; None elsewhere.
-    pub fn detect(node: &str, state_dir: &Path) -> Option<DeviceCgroups> {
-        DeviceCgroups::at(Path::new(DEVICES_ROOT), node, state_dir)
+    pub fn detect(node: &str, state_dir: &Path, node_gpus: u32) -> Option<DeviceCgroups> {
+        DeviceCgroups::at(Path::new(DEVICES_ROOT), node, state_dir, node_gpus)
     }
 
     /// The subtree under a mounted devices hierarchy `mount`: one per agent
@@ -111,7 +105,7 @@ impl DeviceCgroups {
     /// its node and its state directory, which a restarted agent keeps and
     /// so finds its running tasks' cgroups again. Cgroups left empty by an
     /// agent before this one go.
-    pub fn at(mount: &Path, node: &str, state_dir: &Path) -> Option<DeviceCgroups> {
+    pub fn at(mount: &Path, node: &str, state_dir: &Path, node_gpus: u32) -> Option<DeviceCgroups> {
         if !mount.join("devices.allow").exists() {
             return None;
         }
@@ -127,8 +121,7 @@ impl DeviceCgroups {
         for other in std::fs::read_dir(&all).ok()?.flatten().filter(|e| e.path() != root) {
             let _ = std::fs::remove_dir(other.path());
         }
-        let majors = read_limited(Path::new("/proc/devices")).map(|t| NvidiaMajors::parse(&t)).unwrap_or_default();
-        Some(DeviceCgroups { root, majors })
+        Some(DeviceCgroups { root, node_gpus })
     }
 
     /// The agent's subtree.
@@ -136,16 +129,43 @@ impl DeviceCgroups {
         &self.root
     }
 
-    /// The cgroup of task `name` (a job's attempt, a step's tasks), allowing
-    /// only the devices of [`allow_rules`]. An existing one is set again.
+    /// The cgroup of task `name` (a job's attempt), refusing the devices
+    /// of [`deny_rules`]. An existing one (left by an agent before) is set
+    /// anew. The NVIDIA majors are read now: `nvidia-uvm` is loaded at the
+    /// first CUDA call, and may have come since the agent started.
     pub fn create(&self, name: &str, gpus: &[u32]) -> std::io::Result<PathBuf> {
         let dir = self.root.join(name);
         std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join("devices.deny"), "a")?;
-        for rule in allow_rules(gpus, self.majors) {
-            std::fs::write(dir.join("devices.allow"), rule)?;
+        std::fs::write(dir.join("devices.allow"), "a")?;
+        let majors = read_limited(Path::new("/proc/devices")).map(|t| NvidiaMajors::parse(&t)).unwrap_or_default();
+        for rule in deny_rules(gpus, self.node_gpus, majors) {
+            std::fs::write(dir.join("devices.deny"), rule)?;
         }
         Ok(dir)
+    }
+
+    /// Kills what is left in a task's cgroup (a daemon that left the task's
+    /// process groups) and removes it, so the GPUs it was allowed go to the
+    /// next job alone. Returns how many processes it had to kill.
+    pub fn empty(dir: &Path) -> usize {
+        let mut killed = 0usize;
+        for _ in 0..EMPTY_ROUNDS_MAX {
+            let pids: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs"))
+                .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+                .unwrap_or_default();
+            if pids.is_empty() {
+                break;
+            }
+            for pid in pids {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+                killed = killed.saturating_add(1);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        if let Err(e) = std::fs::remove_dir(dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "a task's devices cgroup could not be removed");
+        }
+        killed
     }
 
     /// The cgroup of a running job's task (`key`: job and attempt) that a
@@ -160,12 +180,6 @@ impl DeviceCgroups {
         self.create(&name, gpus)
             .map_err(|e| tracing::warn!(job = key.0, error = %e, "no devices cgroup for a re-adopted job's steps"))
             .ok()
-    }
-
-    /// Removes a task's cgroup once nothing runs in it (the kernel refuses
-    /// before that; its processes are ended by then).
-    pub fn remove(dir: &Path) {
-        let _ = std::fs::remove_dir(dir);
     }
 }
 
@@ -224,6 +238,22 @@ mod tests {
         assert_eq!(read_limited(&file).map(|t| t.len()), Some(max), "one byte past is not read");
     }
 
+    /// A cgroup that never empties (here a file that keeps naming a process
+    /// past any pid the kernel gives) is given up after EMPTY_ROUNDS_MAX
+    /// rounds of kills, not one more.
+    #[test]
+    fn emptying_a_cgroup_takes_at_most_empty_rounds_max_rounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let stuck = dir.path().join("stuck");
+        std::fs::create_dir(&stuck).unwrap();
+        std::fs::write(stuck.join("cgroup.procs"), format!("{}\n", i32::MAX)).unwrap();
+        assert_eq!(DeviceCgroups::empty(&stuck), EMPTY_ROUNDS_MAX);
+        let gone = dir.path().join("gone");
+        std::fs::create_dir(&gone).unwrap();
+        assert_eq!(DeviceCgroups::empty(&gone), 0);
+        assert!(!gone.exists(), "an empty cgroup is removed");
+    }
+
     #[test]
     fn nvidia_majors_come_from_proc_devices() {
         let text = "Character devices:\n  1 mem\n195 nvidia-frontend\n195 nvidia\n234 nvidia-uvm\n\
@@ -232,24 +262,22 @@ mod tests {
         assert_eq!(NvidiaMajors::parse("Character devices:\n  1 mem\n"), NvidiaMajors::default());
     }
 
-    /// A task without GPUs gets no NVIDIA device; one with GPUs 1 and 3 gets
-    /// those two, the control devices, and no other GPU (GPU_MINOR_MAX
-    /// bounds the minors: one past is never allowed).
+    /// A task holding GPUs 1 and 3 of a node's 4 is refused 0 and 2 and
+    /// nothing else; one holding none is refused every GPU and the control
+    /// devices. Minors past GPU_MINOR_MAX are never a node's.
     #[test]
-    fn a_task_is_allowed_only_its_own_gpus() {
+    fn a_task_is_refused_every_gpu_but_its_own() {
         let majors = NvidiaMajors { uvm: Some(234), caps: Some(237) };
-        let none = allow_rules(&[], majors);
-        assert!(none.iter().all(|r| !r.contains("195:") && !r.contains("234:")), "{none:?}");
-        assert!(none.contains(&"c 1:3 rwm".to_string()));
-        let two = allow_rules(&[1, 3], majors);
-        let gpus: Vec<&String> = two.iter().filter(|r| r.starts_with("c 195:") && !r.contains(":25")).collect();
-        assert_eq!(gpus, ["c 195:1 rwm", "c 195:3 rwm"]);
-        for needed in ["c 195:255 rwm", "c 195:254 rwm", "c 234:* rwm", "c 237:* r"] {
-            assert!(two.contains(&needed.to_string()), "{needed}: {two:?}");
-        }
-        assert!(!two.iter().any(|r| r == "a" || r.starts_with("c 195:*")), "no wildcard over GPUs");
-        let edge = allow_rules(&[GPU_MINOR_MAX - 1, GPU_MINOR_MAX], majors);
-        assert!(edge.contains(&format!("c 195:{} rwm", GPU_MINOR_MAX - 1)));
-        assert!(!edge.contains(&format!("c 195:{GPU_MINOR_MAX} rwm")), "a minor past GPU_MINOR_MAX");
+        assert_eq!(deny_rules(&[1, 3], 4, majors), ["c 195:0 rwm", "c 195:2 rwm"]);
+        let none = deny_rules(&[], 2, majors);
+        assert_eq!(
+            none,
+            ["c 195:0 rwm", "c 195:1 rwm", "c 195:255 rwm", "c 195:254 rwm", "c 234:* rwm", "c 237:* rwm"]
+        );
+        let all = deny_rules(&[], GPU_MINOR_MAX + 1, NvidiaMajors::default());
+        assert!(all.contains(&format!("c 195:{} rwm", GPU_MINOR_MAX - 1)));
+        assert!(!all.contains(&format!("c 195:{GPU_MINOR_MAX} rwm")), "a minor past GPU_MINOR_MAX");
+        assert_eq!(local_indexes(3), "0,1,2");
+        assert_eq!(local_indexes(0), "");
     }
 }

@@ -80,6 +80,8 @@ pub struct AgentConfig {
     pub security: gangway_proto::tls::Security,
     /// Whether tasks may run as root (refused by default).
     pub allow_root_jobs: bool,
+    /// Confine each task to its own GPUs (a cgroup v1 devices cgroup).
+    pub constrain_devices: bool,
     /// Where the agent keeps its launch fences and batch scripts.
     pub state_dir: std::path::PathBuf,
     /// Time between SIGTERM and SIGKILL when a task is stopped.
@@ -207,6 +209,7 @@ impl AgentConfig {
             identity: "agent".into(),
             security: gangway_proto::tls::Security::Insecure,
             allow_root_jobs: true,
+            constrain_devices: false,
             gpu_fault_file: Some(state_dir.join("gpu-faults")),
             gpu_load_file: Some(state_dir.join("gpu-load")),
             state_dir,
@@ -471,6 +474,16 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         config.shim.clone(),
     );
     tasks.allow_root_jobs = config.allow_root_jobs;
+    if config.constrain_devices {
+        anyhow::ensure!(
+            tasks.constrain_devices(),
+            "constrain-devices: this host has no cgroup v1 devices controller (/sys/fs/cgroup/devices): on cgroup v2 \
+             alone, devices are not filtered yet"
+        );
+        tracing::info!("each task may open only its own GPUs (a devices cgroup per task)");
+    } else if !config.gpus.is_empty() {
+        tracing::info!("tasks are not kept from each other's GPUs (--constrain-devices): CUDA_VISIBLE_DEVICES says which are theirs");
+    }
     let gpu_source = match (&config.nvml, &config.gpu_load_file) {
         (Some(nvml), _) => usage::GpuSource::Nvml(nvml.clone()),
         (None, Some(file)) => usage::GpuSource::File(file.clone()),

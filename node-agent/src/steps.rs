@@ -211,10 +211,22 @@ impl StepServer {
         // `admit` made sure every task's share lies within the job's GPUs.
         let gpus =
             if per_task > 0 { host.gpus.chunks_exact(per_task).nth(local).unwrap_or(&[]) } else { &host.gpus[..] };
-        let visible: Vec<String> = gpus.iter().map(u32::to_string).collect();
+        // A confined job's tasks see its GPUs numbered from 0, in the order
+        // of their minors (CUDA's, with CUDA_DEVICE_ORDER=PCI_BUS_ID).
+        let visible: Vec<String> = match host.devices {
+            Some(_) => {
+                let mut sorted = host.gpus.clone();
+                sorted.sort_unstable();
+                gpus.iter().filter_map(|g| sorted.iter().position(|s| s == g)).map(|i| i.to_string()).collect()
+            }
+            None => gpus.iter().map(u32::to_string).collect(),
+        };
         let mut env: Vec<(String, String)> =
             r.env.iter().chain(&task.env).map(|(k, v)| (k.clone(), v.clone())).collect();
         env.push(("CUDA_VISIBLE_DEVICES".into(), visible.join(",")));
+        if host.devices.is_some() {
+            env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
+        }
         env.push(("SLURM_GPUS_ON_NODE".into(), host.gpus.len().to_string()));
         env.push(("SLURM_JOB_GPUS".into(), host.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")));
         env.push(("SLURMD_NODENAME".into(), self.node.clone()));

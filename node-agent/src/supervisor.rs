@@ -471,8 +471,10 @@ pub struct Supervisor {
     /// GPUs on this node: orders naming others are refused.
     gpu_count: usize,
     cgroups: Option<crate::cgroup::Cgroups>,
-    /// Each task's devices cgroup (cgroup v1), allowing only its own GPUs.
+    /// Each task's devices cgroup (cgroup v1), refusing other tasks' GPUs
+    /// (`--constrain-devices`).
     devices: Option<crate::devices::DeviceCgroups>,
+    state_dir: PathBuf,
     stop_grace: Duration,
     scripts_dir: PathBuf,
     /// One record per running task (pid, exit file), for re-adoption.
@@ -617,6 +619,14 @@ pub fn job_path(submitted: Option<&str>, tools: &std::path::Path) -> String {
 }
 
 impl Supervisor {
+    /// Confines every task from now on to its own GPUs (a devices cgroup);
+    /// false where this host has no cgroup v1 devices controller.
+    pub fn constrain_devices(&mut self) -> bool {
+        let gpus = u32::try_from(self.gpu_count).unwrap_or(u32::MAX);
+        self.devices = crate::devices::DeviceCgroups::detect(&self.node, &self.state_dir, gpus);
+        self.devices.is_some()
+    }
+
     pub fn new(
         node: &str,
         state_dir: &std::path::Path,
@@ -630,21 +640,13 @@ impl Supervisor {
             Some(_) => tracing::info!("tasks run in cgroup v2 with CPU and memory limits"),
             None => tracing::info!("no delegable cgroup v2 here: tasks run as plain process groups"),
         }
-        let devices = crate::devices::DeviceCgroups::detect(node, state_dir);
-        match &devices {
-            Some(_) => tracing::info!("tasks may open only their own GPUs (cgroup v1 devices)"),
-            None if gpu_count > 0 => tracing::warn!(
-                "no cgroup v1 devices controller here: tasks are not kept from other tasks' GPUs (only \
-                 CUDA_VISIBLE_DEVICES says which are theirs)"
-            ),
-            None => {}
-        }
         let s = Supervisor {
             node: node.to_string(),
             stop_grace,
             gpu_count,
             cgroups,
-            devices,
+            devices: None,
+            state_dir: state_dir.to_path_buf(),
             scripts_dir: state_dir.join("scripts"),
             records_dir: state_dir.join("tasks"),
             shim,
@@ -1002,6 +1004,13 @@ impl Supervisor {
         // nothing of the agent's own (its options file may hold secrets),
         // a PATH unless the job sends one, then what the job asked for.
         let mut env: Vec<(String, String)> = vec![("PATH".into(), DEFAULT_PATH.into())];
+        // A login's variables, from the password database, unless the job sends its own.
+        if let Ok(Some(u)) = nix::unistd::User::from_name(&order.user) {
+            env.push(("HOME".into(), u.dir.display().to_string()));
+            env.push(("USER".into(), u.name.clone()));
+            env.push(("LOGNAME".into(), u.name));
+            env.push(("SHELL".into(), u.shell.display().to_string()));
+        }
         if let Some((dir, endpoints)) = &self.job_tools {
             env.push(("PATH".into(), job_path(order.env.get("PATH").map(String::as_str), dir)));
             if !order.env.contains_key("GANGWAY_ENDPOINTS") {
@@ -1016,6 +1025,11 @@ impl Supervisor {
                 .map(|(k, v)| (k.clone(), v.clone())),
         );
         env.extend(task_env(order, &self.node));
+        if self.devices.is_some() && !order.gpus.is_empty() {
+            // CUDA numbers the GPUs a confined task can open from 0.
+            env.push(("CUDA_VISIBLE_DEVICES".into(), crate::devices::local_indexes(order.gpus.len())));
+            env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
+        }
         if let Some(addrs) = take_long_step_addrs(&mut env) {
             let path = self.step_addrs_path(key);
             self.write_user_file(&path, addrs.as_bytes(), 0o600, ids, "the step addresses")?;
@@ -1168,8 +1182,12 @@ impl Supervisor {
                 crate::cgroup::Cgroups::kill(dir); // anything the task left behind
                 crate::cgroup::Cgroups::remove(dir);
             }
-            if let Some(dir) = &devices {
-                crate::devices::DeviceCgroups::remove(dir);
+            if let Some(dir) = devices.clone() {
+                // Nothing left behind keeps its GPUs for the next job.
+                let killed = tokio::task::spawn_blocking(move || crate::devices::DeviceCgroups::empty(&dir)).await;
+                if let Ok(n @ 1..) = killed {
+                    tracing::warn!(job = key.0, processes = n, "killed what the task left in its devices cgroup");
+                }
             }
             let usage =
                 sampler.as_ref().and_then(|s| meter.finish(s, tree_ticks, peak_mem_mb)).map(crate::usage::to_proto);
@@ -1517,9 +1535,11 @@ mod tests {
         o.env.insert("JOB_ASKED".into(), "yes".into());
         // The test process's variables, but for those the agent sets for tasks.
         let set = task_env(&o, "n1");
+        let login = ["PATH", "HOME", "USER", "LOGNAME", "SHELL"];
         let agents: Vec<String> = std::env::vars()
             .map(|(k, _)| k)
-            .filter(|k| k != "PATH" && !set.contains_key(k) && !k.starts_with("SLURM") && !k.starts_with("GANGWAY"))
+            .filter(|k| !login.contains(&k.as_str()) && !set.contains_key(k))
+            .filter(|k| !k.starts_with("SLURM") && !k.starts_with("GANGWAY"))
             .collect();
         assert!(!agents.is_empty(), "the test process has variables of its own");
         s.launch(&o).unwrap();
@@ -1529,6 +1549,9 @@ mod tests {
         let keys: Vec<&str> = text.lines().filter_map(|l| l.split_once('=').map(|(k, _)| k)).collect();
         assert!(text.contains("JOB_ASKED=yes\n") && text.contains("SLURM_JOB_ID=1\n"), "{text}");
         assert!(text.contains(&format!("PATH={DEFAULT_PATH}\n")), "a PATH when the job sends none: {text}");
+        let root = nix::unistd::User::from_name("root").unwrap().unwrap();
+        assert!(text.contains(&format!("HOME={}\n", root.dir.display())), "a login's HOME: {text}");
+        assert!(text.contains("USER=root\n") && text.contains("LOGNAME=root\n"), "{text}");
         let leaked: Vec<&String> = agents.iter().filter(|k| keys.contains(&k.as_str())).collect();
         assert!(leaked.is_empty(), "the agent's own variables reached the task: {leaked:?}");
     }
@@ -1559,6 +1582,7 @@ mod tests {
         }
         let (mut s, mut exits) = Supervisor::new("n1", dir.path(), STOP_GRACE_DEFAULT, 2, None);
         s.allow_root_jobs = true;
+        assert!(s.constrain_devices());
         let opens = |job: u64, gpus: Vec<u32>, out: &std::path::Path| {
             let mut o = order(gpus, &dir.path().display().to_string(), &out.display().to_string());
             o.job_id = job;

@@ -291,7 +291,12 @@ impl TokenVerifier {
             return Ok(None);
         }
         let revoked_ids = match &config.revoked {
-            Some(p) => Revoked::read(p)?,
+            Some(p) => {
+                if !p.exists() {
+                    tracing::warn!(path = %p.display(), "the revocation file does not exist: nothing is revoked yet");
+                }
+                Revoked::read(p)?
+            }
             None => Default::default(),
         };
         let revoked = Revoked {
@@ -333,9 +338,12 @@ impl TokenVerifier {
             match jsonwebtoken::decode::<Verified>(token, &k.key, &v) {
                 Ok(data) => {
                     let c = data.claims;
-                    if c.jti.is_empty() && self.revocable {
-                        return Err("the token has no jti: with a revocation file, only tokens that can be revoked \
-                                    are taken"
+                    // One the file could not name (blank, spaced, or with the
+                    // file's comment sign) could never be revoked either.
+                    let listable = !c.jti.is_empty() && c.jti.trim() == c.jti && !c.jti.contains(['#', '\n', '\r']);
+                    if self.revocable && !listable {
+                        return Err("the token's jti is missing or cannot be listed in a revocation file: with one \
+                                    configured, only tokens that can be revoked are taken"
                             .into());
                     }
                     if !c.jti.is_empty() && Revoked::contains(&self.revoked, &c.jti) {
@@ -451,7 +459,12 @@ mod tests {
         // refused where one is (no revocation could name it).
         let anonymous = serde_json::json!({"sub": "alice", "iss": "gangway", "aud": "gangway", "exp": now_s() + 600});
         let anonymous = jsonwebtoken::encode(&Header::new(Algorithm::ES256), &anonymous, &key).unwrap();
-        assert!(v.verify(&anonymous).unwrap_err().starts_with("the token has no jti"));
+        assert!(v.verify(&anonymous).unwrap_err().starts_with("the token's jti is missing"));
+        for unlistable in [" ", "a b ", "x#y"] {
+            let t = serde_json::json!({"sub": "alice", "iss": "gangway", "aud": "gangway", "exp": now_s() + 600, "jti": unlistable});
+            let t = jsonwebtoken::encode(&Header::new(Algorithm::ES256), &t, &key).unwrap();
+            assert!(v.verify(&t).unwrap_err().starts_with("the token's jti is missing"), "{unlistable:?}");
+        }
         let unrevocable = TokenConfig { public_keys: vec![public.clone()], ..Default::default() };
         let unrevocable = TokenVerifier::load(&unrevocable).unwrap().unwrap();
         assert_eq!(unrevocable.verify(&anonymous).unwrap().name, "alice");
