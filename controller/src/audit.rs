@@ -132,8 +132,9 @@ impl AuditLog {
         self.record_denied(caller, caller, action, "", outcome, reason);
     }
 
-    /// Records a refusal of an authenticated caller (`identity`, shown as
-    /// `caller`: with the job whose credential it used), at most
+    /// Records a refusal of an authenticated caller (or an action allowed to
+    /// one short of an admin: an operator's, a coordinator's) (`identity`,
+    /// shown as `caller`: with the job whose credential it used), at most
     /// [`ANONYMOUS_PER_MINUTE_MAX`] a minute per identity and action,
     /// whichever of its jobs' credentials it uses: a loop of denied calls
     /// cannot push the admin actions and everyone else's refusals out of the
@@ -278,9 +279,14 @@ mod flood_tests {
             log.record_denied("client:eve", &via, "drain nodes", "n1", "denied", "not an admin");
         }
         log.record_denied("client:eve", "client:eve", "cancel a job", "7", "denied", "not hers");
+        // A coordinator's allowed edits (checked by the state machine after
+        // this entry) are bounded the same way.
+        for _ in 0..100 {
+            log.record_denied("client:carol", "client:carol", "change the policy", "", "allowed", "coordinator");
+        }
         log.record("client:admin", "drain nodes", "n1", "allowed", "");
         let (kept, _) = log.follow(0);
-        assert_eq!(kept.len(), 3 * ANONYMOUS_PER_MINUTE_MAX as usize + 3);
+        assert_eq!(kept.len(), 4 * ANONYMOUS_PER_MINUTE_MAX as usize + 3);
         let eves = kept.iter().filter(|e| e.caller.starts_with("client:eve"));
         assert_eq!(eves.clone().filter(|e| e.action == "drain nodes").count(), ANONYMOUS_PER_MINUTE_MAX as usize);
         assert_eq!(eves.filter(|e| e.action == "cancel a job").count(), 1);

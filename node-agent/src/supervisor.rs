@@ -1068,11 +1068,24 @@ impl Supervisor {
                 }
             }
         });
+        // Nothing reports a task that did not start: what was written for
+        // it goes now (its environment file holds the job's secrets).
+        let forget = |joined: &[PathBuf]| {
+            for f in [self.script_path(key), self.step_addrs_path(key), self.env_path(key), self.exit_path(key)] {
+                let _ = std::fs::remove_file(f);
+            }
+            for dir in joined {
+                let _ = std::fs::remove_dir(dir);
+            }
+        };
         let devices = match &self.devices {
-            Some(d) => Some(
-                d.create(&format!("job-{}-{}", order.job_id, order.attempt), &order.gpus)
-                    .map_err(|e| format!("cannot confine the task's devices: {e}"))?,
-            ),
+            Some(d) => match d.create(&format!("job-{}-{}", order.job_id, order.attempt), &order.gpus) {
+                Ok(dir) => Some(dir),
+                Err(e) => {
+                    forget(cgroup.as_slice());
+                    return Err(format!("cannot confine the task's devices: {e}"));
+                }
+            },
             None => None,
         };
         let joined: Vec<PathBuf> = cgroup.iter().chain(devices.iter()).cloned().collect();
@@ -1082,12 +1095,7 @@ impl Supervisor {
         }
         cmd.stdin(std::process::Stdio::null()).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
         let mut child = cmd.spawn().map_err(|e| {
-            // Nothing reports this task's exit: its files go now.
-            let _ = std::fs::remove_file(self.script_path(key));
-            let _ = std::fs::remove_file(self.step_addrs_path(key));
-            for dir in &joined {
-                let _ = std::fs::remove_dir(dir);
-            }
+            forget(&joined);
             format!("cannot start the task: {e}")
         })?;
         let stopping = Arc::new(AtomicBool::new(false));
@@ -1639,6 +1647,14 @@ mod tests {
         assert!(err.contains("cannot open output file"), "{err}");
         let err = s.launch(&order(vec![], "/nonexistent/dir", "")).unwrap_err();
         assert!(err.contains("does not exist"), "{err}");
+        // A task that cannot start leaves nothing written for it (its script).
+        let unstartable =
+            LaunchOrder { script: "#!/nonexistent/interpreter\ntrue\n".into(), ..order(vec![], &work, "") };
+        let err = s.launch(&unstartable).unwrap_err();
+        assert!(err.contains("cannot start the task"), "{err}");
+        let left: Vec<_> =
+            std::fs::read_dir(dir.path().join("scripts")).map(|d| d.flatten().count()).into_iter().collect();
+        assert!(left.iter().all(|n| *n == 0), "a script of a task that never started was left: {left:?}");
         assert!(s.running().is_empty(), "a failed launch left a task behind");
     }
 
