@@ -150,9 +150,7 @@ impl DeviceCgroups {
     pub fn empty(dir: &Path) -> usize {
         let mut killed = 0usize;
         for _ in 0..EMPTY_ROUNDS_MAX {
-            let pids: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs"))
-                .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
-                .unwrap_or_default();
+            let pids = crate::cgroup::Cgroups::procs(Some(dir));
             if pids.is_empty() {
                 break;
             }
@@ -215,10 +213,7 @@ pub fn shim_options(dirs: &[PathBuf]) -> Vec<String> {
 /// without the shim (an agent that is not root, which cgroups rarely let
 /// do this anyway), after it started.
 pub fn join(dirs: &[PathBuf], pid: u32) -> std::io::Result<()> {
-    for dir in dirs {
-        std::fs::write(dir.join("cgroup.procs"), pid.to_string())?;
-    }
-    Ok(())
+    dirs.iter().try_for_each(|dir| crate::cgroup::Cgroups::add(dir, pid))
 }
 
 #[cfg(test)]

@@ -218,13 +218,6 @@ pub fn output_paths(order: &LaunchOrder, node: &str) -> (PathBuf, Option<PathBuf
     (out, err)
 }
 
-/// A local account: uid, gid.
-pub fn lookup_user(name: &str) -> Option<(u32, u32)> {
-    // Through NSS (getpwnam_r), so LDAP and SSSD users resolve as local ones do.
-    let user = nix::unistd::User::from_name(name).ok()??;
-    Some((user.uid.as_raw(), user.gid.as_raw()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

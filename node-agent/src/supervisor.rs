@@ -15,7 +15,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::sync::mpsc;
 
-use crate::launch::{lookup_user, output_paths, task_env};
+use crate::launch::{output_paths, task_env};
 
 /// Default time between SIGTERM and SIGKILL when a task is stopped (Slurm's
 /// KillWait defaults to 30 s; training jobs that checkpoint on SIGTERM need
@@ -901,9 +901,15 @@ impl Supervisor {
         if !std::path::Path::new(&workdir).is_dir() {
             return Err(format!("working directory {workdir} does not exist on {}", self.node));
         }
+        // The job's user, through NSS (getpwnam_r, so LDAP and SSSD users
+        // resolve as local ones do): once per launch, for its ids and its
+        // login's variables.
+        let account = nix::unistd::User::from_name(&order.user).ok().flatten();
         let as_root = nix::unistd::geteuid().is_root();
         let ids = if as_root {
-            let ids = lookup_user(&order.user)
+            let ids = account
+                .as_ref()
+                .map(|u| (u.uid.as_raw(), u.gid.as_raw()))
                 .ok_or_else(|| format!("user {} does not exist on {}", order.user, self.node))?;
             if ids.0 == 0 {
                 if !self.allow_root_jobs {
@@ -1005,10 +1011,10 @@ impl Supervisor {
         // a PATH unless the job sends one, then what the job asked for.
         let mut env: Vec<(String, String)> = vec![("PATH".into(), DEFAULT_PATH.into())];
         // A login's variables, from the password database, unless the job sends its own.
-        if let Ok(Some(u)) = nix::unistd::User::from_name(&order.user) {
+        if let Some(u) = &account {
             env.push(("HOME".into(), u.dir.display().to_string()));
             env.push(("USER".into(), u.name.clone()));
-            env.push(("LOGNAME".into(), u.name));
+            env.push(("LOGNAME".into(), u.name.clone()));
             env.push(("SHELL".into(), u.shell.display().to_string()));
         }
         if let Some((dir, endpoints)) = &self.job_tools {
