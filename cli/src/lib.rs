@@ -21,6 +21,7 @@ mod daemons;
 mod dev;
 mod doctor;
 mod events;
+mod inventory;
 mod jobctl;
 pub mod jobspec;
 mod output;

@@ -22,8 +22,8 @@ use crate::parse;
 
 /// Read-modify-write attempts when other admins edit at the same time, a
 /// moment apart (an edit commits in milliseconds).
-const POLICY_EDIT_ATTEMPTS_MAX: u64 = 5;
-const POLICY_EDIT: gangway_proto::retry::Retry =
+pub(crate) const POLICY_EDIT_ATTEMPTS_MAX: u64 = 5;
+pub(crate) const POLICY_EDIT: gangway_proto::retry::Retry =
     gangway_proto::retry::Retry::new(POLICY_EDIT_ATTEMPTS_MAX, std::time::Duration::from_millis(100));
 
 #[derive(Subcommand)]
@@ -72,6 +72,10 @@ pub enum AdminCmd {
         #[arg(long, value_delimiter = ',')]
         set: Option<Vec<String>>,
     },
+    /// Node admission: which nodes may register and what each may claim
+    /// (node classes), and retired nodes.
+    #[command(subcommand)]
+    Inventory(crate::inventory::InventoryCmd),
     /// Fair share per account: shares, decayed usage, factor (like `sshare`).
     Shares {
         #[arg(long)]
@@ -434,7 +438,7 @@ fn dur(field: &str, v: &Option<String>) -> anyhow::Result<Option<u64>> {
     v.as_deref().map(|t| parse::time_limit_s(t).map_err(|e| anyhow::anyhow!(e.replace("--time", field)))).transpose()
 }
 
-fn mem(field: &str, v: &Option<String>) -> anyhow::Result<Option<u64>> {
+pub(crate) fn mem(field: &str, v: &Option<String>) -> anyhow::Result<Option<u64>> {
     v.as_deref().map(|t| parse::mem_mb(t).map_err(|e| anyhow::anyhow!(e.replace("--mem", field)))).transpose()
 }
 
@@ -687,6 +691,7 @@ pub async fn run(client: &Client, out: &Output, cmd: AdminCmd) -> anyhow::Result
             Ok(())
         }
         AdminCmd::Reservation(c) => crate::reservations::run(client, out, c).await,
+        AdminCmd::Inventory(c) => crate::inventory::run(client, out, c).await,
         AdminCmd::License { name, count: None, .. } => {
             crate::reservations::show_licenses(client, out, name.as_deref()).await
         }

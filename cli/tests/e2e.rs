@@ -395,6 +395,64 @@ fn controllers_agents_and_cli_as_separate_processes() {
     policy_and_scheduler_options_through_the_cli(&endpoints, &work);
     sbatch_scripts_through_the_shim(&endpoints, &work, dir.path());
     an_elastic_pool_powers_its_node_up_and_down(&endpoints, &work, dir.path());
+    nodes_are_admitted_through_the_cli(&endpoints, &work, dir.path());
+}
+
+/// Node admission with the real agents: a class admits what they register;
+/// a class that allows fewer GPUs than a node claims takes it down, and its
+/// agent's re-registration is refused with the difference named; retiring a
+/// node does the same; admitted again, the agents come back by themselves.
+fn nodes_are_admitted_through_the_cli(endpoints: &str, work: &Path, dir: &Path) {
+    let run = |args: &[&str]| {
+        let o = cli(endpoints, args, work);
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o)
+    };
+    let shown = run(&["admin", "inventory", "show"]);
+    assert!(shown.contains("no node inventory"), "{shown}");
+    let node_line = |name: &str| {
+        let text = stdout(&cli(endpoints, &["scontrol", "show", "node", name], work));
+        text.split_whitespace().find_map(|w| w.strip_prefix("State=")).unwrap_or("").to_string()
+    };
+    let class = ["admin", "inventory", "class", "e2e", "--nodes", "e2e-node-[1-2]", "--cpus", "4096", "--mem", "64T"];
+    let set = run(&[&class[..], &["--gpus", "h100-80gb:4"]].concat());
+    assert!(set.contains("class e2e set (inventory version 1)") && !set.contains("no longer admitted"), "{set}");
+    assert_eq!(node_line("e2e-node-1"), "IDLE");
+    // Two GPUs a node where the agents claim four: both go down.
+    let set = run(&[&class[..], &["--gpus", "h100-80gb:2"]].concat());
+    for n in 1..=2 {
+        assert!(set.contains(&format!("node e2e-node-{n} is no longer admitted")), "{set}");
+    }
+    eventually("a node claiming more than its class stayed up", || node_line("e2e-node-1").starts_with("DOWN"));
+    let why = stdout(&cli(endpoints, &["scontrol", "show", "node", "e2e-node-1"], work));
+    assert!(why.contains("claims 4 GPUs; its class e2e allows at most 2"), "{why}");
+    // The agent's next registration is refused, naming the difference.
+    let log = |n: usize| {
+        let restarted = dir.join(format!("a{n}-restarted.log"));
+        std::fs::read_to_string(&restarted).or_else(|_| std::fs::read_to_string(dir.join(format!("a{n}.log"))))
+    };
+    eventually("the agent's refused registration is not in its log", || {
+        log(1).is_ok_and(|l| l.contains("refused to register") && l.contains("claims 4 GPUs"))
+    });
+    // Admitted again: the agents come back on their own.
+    run(&[&class[..], &["--gpus", "h100-80gb:4"]].concat());
+    eventually("the admitted nodes never came back", || {
+        node_line("e2e-node-1") == "IDLE" && node_line("e2e-node-2") == "IDLE"
+    });
+    // A retired node (decommissioned, its certificate still valid) stays out.
+    let retired = run(&["admin", "inventory", "retire", "e2e-node-2"]);
+    assert!(retired.contains("node e2e-node-2 is no longer admitted"), "{retired}");
+    eventually("the retired node's agent was not refused", || {
+        log(2).is_ok_and(|l| l.contains("refused to register") && l.contains("retired"))
+    });
+    assert!(node_line("e2e-node-2").starts_with("DOWN"));
+    let shown = run(&["admin", "inventory", "show"]);
+    assert!(shown.contains("e2e-node-[1-2]") && shown.contains("retired: e2e-node-2"), "{shown}");
+    run(&["admin", "inventory", "retire", "e2e-node-2", "--undo"]);
+    eventually("the node never came back after its retirement was undone", || node_line("e2e-node-2") == "IDLE");
+    // Back to open admission for whatever runs next.
+    let o = cli(endpoints, &["admin", "inventory", "class", "e2e", "--remove"], work);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// The agent of the elastic pool's node, started by the resume program:

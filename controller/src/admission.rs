@@ -50,11 +50,13 @@ pub const STRANGER_REQUEST_BYTES_MAX: usize = 1024;
 const GRPC_FRAME_HEADER_BYTES: usize = 5;
 
 /// The methods whose requests may be large (a job spec of up to 2 MiB, a
-/// policy, a reservation naming thousands of nodes, fair share's history).
-const LARGE_METHODS: [&str; 5] = [
+/// policy, a node inventory, a reservation naming thousands of nodes, fair
+/// share's history).
+const LARGE_METHODS: [&str; 6] = [
     "/gangway.v1.JobService/Submit",
     "/gangway.v1.JobService/TestSubmit",
     "/gangway.v1.AdminService/UpdatePolicy",
+    "/gangway.v1.AdminService/SetNodeInventory",
     "/gangway.v1.AdminService/RestoreUsage",
     "/gangway.v1.AdminService/ChangeReservation",
 ];

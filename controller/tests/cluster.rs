@@ -1771,9 +1771,13 @@ mod security {
         Events,
         Audit,
         Backup,
+        GetNodeInventory,
+        SetNodeInventory,
+        /// node-x registering 16 H100s where its class allows 8 CPUs and no GPU.
+        RegisterNodeXClaiming16Gpus,
     }
 
-    const RPCS: [Rpc; 25] = [
+    const RPCS: [Rpc; 28] = [
         Rpc::RaftVote,
         Rpc::RaftAppend,
         Rpc::RaftVoteAsReplica3,
@@ -1799,6 +1803,9 @@ mod security {
         Rpc::Events,
         Rpc::Audit,
         Rpc::Backup,
+        Rpc::GetNodeInventory,
+        Rpc::SetNodeInventory,
+        Rpc::RegisterNodeXClaiming16Gpus,
     ];
 
     /// The rules: what each caller must get for each RPC.
@@ -1822,9 +1829,12 @@ mod security {
             Rpc::RaftVote | Rpc::RaftAppend => allowed(caller == Server),
             // The server caller holds replica 1's certificate: it speaks for 1 only.
             Rpc::RaftVoteAsReplica3 => Got::Denied,
-            Rpc::AddLearner | Rpc::TransferLeader | Rpc::Snapshot | Rpc::Audit | Rpc::Backup => {
-                allowed(matches!(caller, Admin | Server))
-            }
+            Rpc::AddLearner
+            | Rpc::TransferLeader
+            | Rpc::Snapshot
+            | Rpc::Audit
+            | Rpc::Backup
+            | Rpc::SetNodeInventory => allowed(matches!(caller, Admin | Server)),
             // Coordinators edit their accounts' part of the policy (the state
             // machine checks which part); operators drain nodes.
             Rpc::UpdatePolicy => allowed(matches!(caller, Admin | Server | Coordinator)),
@@ -1835,7 +1845,10 @@ mod security {
             | Rpc::GetNodeX
             | Rpc::ListJobs
             | Rpc::GetAlicesJob
+            | Rpc::GetNodeInventory
             | Rpc::Events => Got::Allowed,
+            // Not even node-x's own agent: the inventory admits no more.
+            Rpc::RegisterNodeXClaiming16Gpus => Got::Denied,
             Rpc::Submit | Rpc::CancelMissingJob => allowed(user),
             // Nobody runs jobs as root here, nor as someone else.
             Rpc::SubmitAsRoot => Got::Denied,
@@ -1970,6 +1983,37 @@ mod security {
             Rpc::RegisterNodeX => AgentServiceClient::new(ch)
                 .register(req(
                     pb::RegisterRequest { name: "node-x".into(), cpus: 8, mem_mb: 8192, ..Default::default() },
+                    bearer,
+                ))
+                .await
+                .map(drop),
+            Rpc::RegisterNodeXClaiming16Gpus => AgentServiceClient::new(ch)
+                .register(req(
+                    pb::RegisterRequest {
+                        name: "node-x".into(),
+                        cpus: 8,
+                        mem_mb: 8192,
+                        gpus: (0..16)
+                            .map(|i| pb::GpuInventory {
+                                uuid: format!("GPU-forged-{i}"),
+                                model: "h100-80gb".into(),
+                                mem_mb: 81920,
+                                ..Default::default()
+                            })
+                            .collect(),
+                        ..Default::default()
+                    },
+                    bearer,
+                ))
+                .await
+                .map(drop),
+            Rpc::GetNodeInventory => AdminServiceClient::new(ch)
+                .get_node_inventory(req(pb::GetNodeInventoryRequest { stale: false }, bearer))
+                .await
+                .map(drop),
+            Rpc::SetNodeInventory => AdminServiceClient::new(ch)
+                .set_node_inventory(req(
+                    pb::SetNodeInventoryRequest { json: "not json".into(), ..Default::default() },
                     bearer,
                 ))
                 .await
@@ -2156,6 +2200,17 @@ mod security {
             .call(|ch| {
                 let r = client.request(pb::UpdatePolicyRequest { json: json.clone(), ..Default::default() });
                 async move { AdminServiceClient::new(ch).update_policy(r).await }
+            })
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    async fn set_inventory(client: &Client, inventory: serde_json::Value) -> Result<pb::NodeInventory, tonic::Status> {
+        let json = inventory.to_string();
+        client
+            .call(|ch| {
+                let r = client.request(pb::SetNodeInventoryRequest { json: json.clone(), ..Default::default() });
+                async move { AdminServiceClient::new(ch).set_node_inventory(r).await }
             })
             .await
             .map(|r| r.into_inner())
@@ -2400,6 +2455,15 @@ mod security {
         c.wait_newest_format().await;
         let admin = Client::new(&eps, "ignored", &pki.security(Caller::Admin)).unwrap();
         set_policy(&admin, roles_policy()).await.unwrap();
+        // Nodes are admitted: node-x and node-y may claim 8 CPUs, 8 GiB and no GPU.
+        set_inventory(
+            &admin,
+            serde_json::json!({
+                "classes": { "small": { "nodes": ["node-x", "node-y"], "cpus": 8, "mem_mb": 8192 } }
+            }),
+        )
+        .await
+        .unwrap();
         // Alice's job runs as alice, whatever she claims to be otherwise.
         let job = submit_secret_job(&alice).await;
         let stored = c.state(leader).jobs[&job].clone();

@@ -41,6 +41,11 @@ use gangway_proto::v1::{GpuInventory, HeartbeatRequest, RegisterRequest, TaskExi
 /// Pause after a failed register or heartbeat round (the client already retried
 /// every replica); short so that the node is back quickly after an outage.
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
+/// Pause after the controllers refused to register this node (not admitted
+/// by the node inventory, or a name its certificate does not bind): an
+/// admin's change is needed, so the agent asks again at a pace that keeps
+/// its log readable, and is back within this long once admitted.
+const REFUSED_PAUSE: Duration = Duration::from_secs(10);
 /// Pause before reopening a broken `WatchNode` stream: a fifth of RETRY_PAUSE.
 const WATCH_RETRY_PAUSE: Duration = RETRY_PAUSE.checked_div(5).expect("5 is not zero");
 
@@ -642,6 +647,15 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 Duration::from_millis(shell.core.heartbeat_interval_ms())
             }
             Ok(()) => Duration::ZERO,
+            Err(status) if status.code() == tonic::Code::PermissionDenied && !shell.core.registered() => {
+                tracing::error!(
+                    node = %config.name,
+                    error = %status.message(),
+                    "the controllers refused to register this node; asking again in {} s",
+                    REFUSED_PAUSE.as_secs()
+                );
+                REFUSED_PAUSE
+            }
             Err(status) => {
                 tracing::warn!(node = %config.name, error = %status.message(), "controllers unreachable; retrying");
                 RETRY_PAUSE

@@ -209,6 +209,16 @@ pub enum Command {
         history: u64,
         now_ms: u64,
     },
+    /// Replaces the node inventory (which nodes may register and what they
+    /// may claim; `crate::inventory`). Admins only; refused unless the
+    /// inventory is still at `expected_version` when given. Nodes it no
+    /// longer admits go down. Since format 17.
+    SetNodeInventory {
+        inventory: crate::inventory::NodeInventory,
+        expected_version: Option<u64>,
+        identity: String,
+        now_ms: u64,
+    },
 }
 
 /// One victim of a preemption.
@@ -298,6 +308,23 @@ impl Command {
                 .saturating_add(policy.qos.len().saturating_mul(256))
                 .saturating_add(policy.licenses.len().saturating_mul(64)),
             Command::Batch(cmds) => cmds.iter().map(Command::approx_bytes).fold(0, usize::saturating_add),
+            Command::SetNodeInventory { inventory, .. } => FIXED
+                .saturating_add(
+                    inventory.retired.iter().map(|n| n.len().saturating_add(16)).fold(0, usize::saturating_add),
+                )
+                .saturating_add(
+                    inventory
+                        .classes
+                        .values()
+                        .map(|c| {
+                            c.nodes
+                                .iter()
+                                .map(|n| n.len().saturating_add(16))
+                                .fold(512, usize::saturating_add)
+                                .saturating_add(c.labels.len().saturating_mul(2 * crate::limits::NAME_BYTES_MAX))
+                        })
+                        .fold(0, usize::saturating_add),
+                ),
             Command::StepStarted { name, nodes, .. } => FIXED
                 .saturating_add(name.len())
                 .saturating_add(nodes.iter().map(|n| n.len().saturating_add(16)).fold(0, usize::saturating_add)),
@@ -335,7 +362,8 @@ impl Command {
             | Command::StepEnded { now_ms, .. }
             | Command::RestoreUsage { now_ms, .. }
             | Command::AccountingStored { now_ms, .. }
-            | Command::DrawHistory { now_ms, .. } => *now_ms,
+            | Command::DrawHistory { now_ms, .. }
+            | Command::SetNodeInventory { now_ms, .. } => *now_ms,
         }
     }
 
@@ -361,6 +389,7 @@ impl Command {
             Command::RestoreUsage { .. } => "restore_usage",
             Command::AccountingStored { .. } => "accounting_stored",
             Command::DrawHistory { .. } => "draw_history",
+            Command::SetNodeInventory { .. } => "set_node_inventory",
         }
     }
 }

@@ -36,7 +36,7 @@ pub const FORMAT_BASE: u32 = 4;
 /// The oldest format this build reads (log entries, snapshots, stores).
 pub const FORMAT_OLDEST: u32 = 4;
 /// The newest format this build reads and, once every replica can, writes.
-pub const FORMAT_NEWEST: u32 = 16;
+pub const FORMAT_NEWEST: u32 = 17;
 
 /// Format 7 changed no encoding, only a rule of `apply`: a plan's preemption
 /// victims are evicted only together with the placement they make room for,
@@ -134,6 +134,15 @@ pub const ACCOUNTING_BACKLOG_FORMAT: u32 = HISTORY_FORMAT;
 /// stalled on the second's entries.
 pub const FRESH_HISTORY_FORMAT: u32 = 16;
 
+/// Format 17: the node inventory (`State::node_inventory`, set by the
+/// appended [`Command::SetNodeInventory`], written after `history_pending`
+/// in a snapshot) decides which nodes register and what they may claim, and
+/// two rules of `apply` changed: a registration the inventory does not admit
+/// is refused, and a coordinator's policy edit touches only users already in
+/// their accounts (`policy::coordinator_change`). Format 17's entries
+/// decode as 13's.
+pub const NODE_ADMISSION_FORMAT: u32 = 17;
+
 /// Whether this build reads `format`.
 pub fn readable(format: u32) -> bool {
     (FORMAT_OLDEST..=FORMAT_NEWEST).contains(&format)
@@ -194,6 +203,7 @@ impl Command {
             | Command::RestoreUsage { .. }
             | Command::AccountingStored { .. } => ACCOUNTING_FORMAT,
             Command::DrawHistory { .. } => FRESH_HISTORY_FORMAT,
+            Command::SetNodeInventory { .. } => NODE_ADMISSION_FORMAT,
             _ => FORMAT_BASE,
         }
     }
@@ -365,9 +375,9 @@ impl Serialize for Payload {
                 let body = to_bytes(&v12::Wire::from_command(command).map_err(S::Error::custom)?);
                 v4::Wire::Envelope { format: 12, body }.serialize(serializer)
             }
-            // Formats 14 and 15 changed rules of apply, 16 appended a variant:
-            // none changed the command's encoding.
-            format @ (13..=16) => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
+            // Formats 14 and 15 changed rules of apply, 16 and 17 appended a
+            // variant: none changed the command's encoding.
+            format @ (13..=17) => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
             f => Err(S::Error::custom(format!("this build does not write data format {f}"))),
         }
     }
@@ -402,7 +412,7 @@ impl<'de> Deserialize<'de> for Payload {
                 let command = wire.into_command().ok_or_else(|| D::Error::custom("an envelope inside a batch"))?;
                 Ok(Payload { format: 12, command: Some(command), unread: Vec::new() })
             }
-            v4::Wire::Envelope { format: format @ (13..=16), body } => {
+            v4::Wire::Envelope { format: format @ (13..=17), body } => {
                 let command = from_bytes(&body).map_err(D::Error::custom)?;
                 Ok(Payload { format, command: Some(command), unread: Vec::new() })
             }

@@ -44,6 +44,7 @@ pub mod compat;
 pub mod duties;
 pub mod fit;
 pub mod format;
+pub mod inventory;
 pub mod limits;
 pub mod model;
 pub mod policy;

@@ -588,14 +588,25 @@ pub fn identity_name(identity: &str) -> &str {
 /// Whether a coordinator of the accounts `mine` may turn `old` into `new`.
 /// In reach: accounts strictly below one of theirs (added, removed, edited,
 /// their coordinators too, as long as they stay below), and users'
-/// memberships in their accounts and those below: a user they touch keeps
-/// at least one account, whose first (the default) is in reach unless it was
-/// already the first; users' entries are never removed. Everything else must
+/// memberships in their accounts and those below, for users already a member
+/// of one of them (never a user from outside or a new one: an admin adds
+/// those): a user they touch keeps at least one account, and the first (the
+/// default) moves only from an account in reach to one in reach; users'
+/// entries are never removed. Everything else must
 /// be as it was; the first difference out of reach is named. (Admins apply
 /// `new` whole; the state machine fills in the version and empty admins
 /// before calling this, and checks what needs the jobs: see
 /// `State::apply_update_policy`.)
-pub fn coordinator_change(old: &ClusterPolicy, new: &ClusterPolicy, mine: &[&str]) -> Result<(), SpecError> {
+///
+/// `in_tree_only` is format 17's rule (`format::NODE_ADMISSION_FORMAT`);
+/// before it, a coordinator could also add users from outside the tree and
+/// make an account in reach their default.
+pub fn coordinator_change(
+    old: &ClusterPolicy,
+    new: &ClusterPolicy,
+    mine: &[&str],
+    in_tree_only: bool,
+) -> Result<(), SpecError> {
     // The accounts in reach, walked once per policy: (members, strictly below).
     let reach = |p: &ClusterPolicy| -> (BTreeSet<String>, BTreeSet<String>) {
         let mut members = BTreeSet::new();
@@ -653,6 +664,17 @@ pub fn coordinator_change(old: &ClusterPolicy, new: &ClusterPolicy, mine: &[&str
                  (an admin removes users)",
             ));
         };
+        // Only users already in their tree: adding someone from outside (or
+        // someone with no entry yet) would let the coordinator see and cancel
+        // that user's next jobs, charged to the coordinator's account.
+        let in_tree = |u: &User| u.accounts.iter().any(|a| old_members.contains(a));
+        if in_tree_only && !o.is_some_and(in_tree) {
+            return Err(SpecError::new(
+                &field,
+                "not a member of a coordinator's accounts; an admin adds users to an account tree \
+                 (`gangway admin user add`)",
+            ));
+        }
         if o.map(|u| &u.quota) != Some(&n.quota) && !(o.is_none() && n.quota.is_empty()) {
             return out(format!("{field}.quota"));
         }
@@ -664,8 +686,12 @@ pub fn coordinator_change(old: &ClusterPolicy, new: &ClusterPolicy, mine: &[&str
         if o.map(|o| outside(o, &old_members)).unwrap_or_default() != outside(n, &new_members) {
             return out(format!("{field}.accounts"));
         }
+        // The default account moves only to one in reach, and (format 17)
+        // only from one in reach: a user whose jobs go elsewhere by default
+        // keeps them there.
         let (f_old, f_new) = (o.and_then(|u| u.accounts.first()), n.accounts.first());
-        if f_old != f_new && !f_new.is_some_and(|a| new_members.contains(a)) {
+        let from_reach = !in_tree_only || f_old.is_some_and(|a| old_members.contains(a));
+        if f_old != f_new && !(from_reach && f_new.is_some_and(|a| new_members.contains(a))) {
             return out(format!("{field}.accounts"));
         }
     }

@@ -19,7 +19,9 @@
 //!   (`State::history`, u64) and the index it began after
 //!   (`State::history_since`, u64);
 //! - format 16: the same with 16, and then whether the history is still to
-//!   be drawn (`State::history_pending`, bool).
+//!   be drawn (`State::history_pending`, bool);
+//! - format 17: the same with 17, and then the node inventory
+//!   (`State::node_inventory`).
 
 use crate::compat::{v10, v11, v12, v4, v5, v8, v9};
 use crate::format::{crc32c, from_bytes, to_bytes, FORMAT_NEWEST, FORMAT_OLDEST};
@@ -59,7 +61,8 @@ pub fn encode(state: &State) -> Vec<u8> {
         12 => to_bytes(&v12::StateRef::from(state)),
         13 | 14 => to_bytes(state),
         15 => to_bytes(&(state, state.history, state.history_since)),
-        _ => to_bytes(&(state, state.history, state.history_since, state.history_pending)),
+        16 => to_bytes(&(state, state.history, state.history_since, state.history_pending)),
+        _ => to_bytes(&(state, state.history, state.history_since, state.history_pending, &state.node_inventory)),
     };
     out.extend_from_slice(&state.format.min(FORMAT_NEWEST).to_le_bytes());
     out.extend_from_slice(&crc32c(&body).to_le_bytes());
@@ -124,9 +127,16 @@ pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
             (state.history, state.history_since) = (history, since);
             (state.format, state)
         }
-        _ => {
+        16 => {
             let (mut state, history, since, pending): (State, u64, u64, bool) = from_bytes(body).map_err(decode_err)?;
             (state.history, state.history_since, state.history_pending) = (history, since, pending);
+            (state.format, state)
+        }
+        _ => {
+            type Body = (State, u64, u64, bool, crate::inventory::NodeInventory);
+            let (mut state, history, since, pending, inventory): Body = from_bytes(body).map_err(decode_err)?;
+            (state.history, state.history_since, state.history_pending) = (history, since, pending);
+            state.node_inventory = inventory;
             (state.format, state)
         }
     };

@@ -407,7 +407,7 @@ impl Default for JobSpec {
     }
 }
 
-fn check_name(field: &str, value: &str, required: bool) -> Result<(), SpecError> {
+pub(crate) fn check_name(field: &str, value: &str, required: bool) -> Result<(), SpecError> {
     if value.is_empty() {
         if required {
             return Err(SpecError::new(field, "must not be empty"));

@@ -1851,6 +1851,12 @@ fn every_command() -> Vec<Command> {
         restore_usage_cmd(25),
         Command::AccountingStored { index: 40, identity: "accounting".into(), now_ms: 27 },
         Command::DrawHistory { history: 0x0005_eed0_fa11, now_ms: 28 },
+        Command::SetNodeInventory {
+            inventory: full_inventory(),
+            expected_version: Some(3),
+            identity: "ops".into(),
+            now_ms: 29,
+        },
         Command::UpdatePolicy {
             policy: gangway_core::policy::ClusterPolicy { finished_jobs_kept: Some(1_000), ..license_limits_policy() },
             expected_version: None,
@@ -1940,7 +1946,7 @@ fn job_finished(state: JobState, exit_code: Option<i32>) -> Command {
 // compile until it is named here (a constant index past an array is a
 // compile error), and then fails `golden_encodings_cover_every_variant`
 // until `every_command` holds one (and the golden file pins its bytes).
-const COMMANDS: [&str; 20] = [
+const COMMANDS: [&str; 21] = [
     "SubmitJob",
     "CancelJob",
     "RegisterNode",
@@ -1961,6 +1967,7 @@ const COMMANDS: [&str; 20] = [
     "RestoreUsage",
     "AccountingStored",
     "DrawHistory",
+    "SetNodeInventory",
 ];
 const JOB_CHANGES: [&str; 9] = [
     "JobChange::Hold",
@@ -2042,6 +2049,7 @@ fn variants_named(cmd: &Command, out: &mut std::collections::BTreeSet<&'static s
         Command::RestoreUsage { .. } => COMMANDS[17],
         Command::AccountingStored { .. } => COMMANDS[18],
         Command::DrawHistory { .. } => COMMANDS[19],
+        Command::SetNodeInventory { .. } => COMMANDS[20],
     });
     match cmd {
         Command::Batch(cmds) => cmds.iter().for_each(|c| variants_named(c, out)),
@@ -2348,7 +2356,32 @@ fn golden_state(format: u32) -> State {
         // A restored cluster's (`backup::restored_history`).
         (s.history, s.history_since) = (0x9e37_79b9_7f4a_7c15, 40);
     }
+    if format >= gangway_core::format::NODE_ADMISSION_FORMAT {
+        let set = Command::SetNodeInventory {
+            inventory: full_inventory(),
+            expected_version: Some(0),
+            identity: "server:1".into(),
+            now_ms: 4_015,
+        };
+        let applied = s.apply(69, &set);
+        assert!(matches!(applied.outcome, Outcome::NodeInventorySet { version: 1, .. }), "{:?}", applied.outcome);
+    }
     s
+}
+
+/// An inventory with every field set, admitting the golden state's nodes.
+fn full_inventory() -> gangway_core::inventory::NodeInventory {
+    use gangway_core::inventory::{NodeClass, NodeInventory};
+    let class = NodeClass {
+        nodes: vec!["n[0-9]".into(), "pool-*".into()],
+        cpus: 64,
+        mem_mb: 1 << 20,
+        gpus: 8,
+        gpu_model: "h100-80gb".into(),
+        labels: BTreeMap::from([("ib".into(), "*".into()), ("secure".into(), "yes".into())]),
+        topology: vec!["zone-a".into()],
+    };
+    NodeInventory { version: 0, classes: BTreeMap::from([("h100".into(), class)]), retired: ["n99".to_string()].into() }
 }
 
 /// A task's exit with its measured use (format 13).
@@ -3339,10 +3372,14 @@ fn operators_coordinators_and_mapped_users_reach_what_the_policy_gives_them() {
 /// naming the field, and changes nothing.
 #[test]
 fn coordinators_edit_only_below_their_accounts() {
+    use gangway_core::format::NODE_ADMISSION_FORMAT;
     use gangway_core::policy::*;
     use gangway_core::state::RefusalKind;
-    let (s, _, _) = roles_state();
-    let try_edit = |edit: &dyn Fn(&mut ClusterPolicy)| {
+    let (before, _, _) = roles_state();
+    let mut s = before.clone();
+    let moved = s.apply(3, &Command::SetDataFormat { format: NODE_ADMISSION_FORMAT, now_ms: 3 });
+    assert!(matches!(moved.outcome, Outcome::DataFormatSet { .. }), "{:?}", moved.outcome);
+    let try_edit_in = |s: &State, edit: &dyn Fn(&mut ClusterPolicy)| {
         let mut t = s.clone();
         let mut p = t.policy.clone();
         edit(&mut p);
@@ -3356,10 +3393,18 @@ fn coordinators_edit_only_below_their_accounts() {
         let applied = t.apply(100, &cmd);
         if refused_kind(&applied).is_some() {
             t.clock_ms = s.clock_ms;
-            assert_eq!(t, s, "a refused edit changed the state");
+            assert_eq!(&t, s, "a refused edit changed the state");
         }
         (refused_kind(&applied), format!("{:?}", applied.outcome), t)
     };
+    let try_edit = |edit: &dyn Fn(&mut ClusterPolicy)| try_edit_in(&s, edit);
+    // Before format 17 a coordinator could add anyone (the rule a log of
+    // format 16 replays with).
+    let add_dave = |p: &mut ClusterPolicy| {
+        p.users.insert("dave".into(), User { accounts: vec!["ml".into()], ..User::default() });
+    };
+    assert_eq!(try_edit_in(&before, &add_dave).0, None);
+    assert_eq!(try_edit(&add_dave).0, Some(RefusalKind::PermissionDenied));
     type Edit = Box<dyn Fn(&mut ClusterPolicy)>;
     let allowed: Vec<(&str, Edit)> = vec![
         ("quota below", Box::new(|p| p.accounts.get_mut("ml-vision").unwrap().quota.max_running_gpus = Some(8))),
@@ -3375,13 +3420,11 @@ fn coordinators_edit_only_below_their_accounts() {
                 p.accounts.remove("ml-vision-3d");
             }),
         ),
-        (
-            "member of ml",
-            Box::new(|p| {
-                p.users.insert("dave".into(), User { accounts: vec!["ml".into()], ..User::default() });
-            }),
-        ),
         ("alice also in ml", Box::new(|p| p.users.get_mut("alice").unwrap().accounts.push("ml".into()))),
+        (
+            "alice's default within reach",
+            Box::new(|p| p.users.get_mut("alice").unwrap().accounts = vec!["ml".into(), "ml-vision".into()]),
+        ),
         (
             "delegate a coordinator",
             Box::new(|p| {
@@ -3407,6 +3450,21 @@ fn coordinators_edit_only_below_their_accounts() {
             Box::new(|p| p.accounts.get_mut("ml-vision").unwrap().parent = String::new()),
         ),
         ("bob's other account", "users.bob.accounts", Box::new(|p| p.users.get_mut("bob").unwrap().accounts.clear())),
+        // Users from outside the tree are an admin's to add: once in, their
+        // next jobs would be the coordinator's to see and cancel.
+        (
+            "bob's default into ml",
+            "users.bob",
+            Box::new(|p| p.users.get_mut("bob").unwrap().accounts = vec!["ml".into(), "infra".into()]),
+        ),
+        ("bob also in ml", "users.bob", Box::new(|p| p.users.get_mut("bob").unwrap().accounts.push("ml".into()))),
+        (
+            "a new user",
+            "users.dave",
+            Box::new(|p| {
+                p.users.insert("dave".into(), User { accounts: vec!["ml".into()], ..User::default() });
+            }),
+        ),
         (
             "a user's quota",
             "users.alice.quota",
@@ -4315,4 +4373,209 @@ fn a_scheduling_pass_stops_at_its_limits() {
         (PLACE_ATTEMPTS_PER_PASS_MAX, PLACE_ATTEMPTS_PER_PASS_MAX + 1),
         "the job one past the limit is examined, not tried"
     );
+}
+
+/// Node admission (format 17): with an inventory, a node registers only
+/// under its class's bounds, the difference named when it claims more;
+/// names no class lists and retired names are refused; an edit that leaves
+/// a node out takes it down and requeues its jobs; only admins edit it, at
+/// the version they read, and a refused registration changes nothing.
+#[test]
+fn nodes_are_admitted_not_self_declared() {
+    use gangway_core::format::NODE_ADMISSION_FORMAT;
+    use gangway_core::inventory::{NodeClass, NodeInventory};
+    use gangway_core::state::RefusalKind;
+    let mut s = State::default();
+    assert!(matches!(
+        s.apply(1, &Command::SetDataFormat { format: NODE_ADMISSION_FORMAT - 1, now_ms: 1 }).outcome,
+        Outcome::DataFormatSet { .. }
+    ));
+    let class = NodeClass {
+        nodes: vec!["gpu[01-04]".into()],
+        cpus: 64,
+        mem_mb: 512 * 1024,
+        gpus: 8,
+        gpu_model: "h100-80gb".into(),
+        labels: BTreeMap::from([("ib".into(), "*".into())]),
+        topology: vec!["zone-a".into()],
+    };
+    let inventory = NodeInventory { classes: BTreeMap::from([("h100".into(), class)]), ..NodeInventory::default() };
+    let set = |inventory: &NodeInventory, identity: &str, expected: Option<u64>| Command::SetNodeInventory {
+        inventory: inventory.clone(),
+        expected_version: expected,
+        identity: identity.into(),
+        now_ms: 5,
+    };
+    // Not before format 17 (a replica of format 16 could not hold it).
+    assert_eq!(refused_kind(&s.apply(2, &set(&inventory, "server:1", None))), Some(RefusalKind::FailedPrecondition));
+    s.apply(3, &Command::SetDataFormat { format: NODE_ADMISSION_FORMAT, now_ms: 3 });
+    // An empty inventory admits what registers (every cluster until an admin sets one).
+    let mut open = node_spec(9, 16);
+    open.name = "anything".into();
+    assert_eq!(refused_kind(&s.apply(4, &Command::RegisterNode { spec: open, now_ms: 4 })), None);
+    // Only admins, at the version read.
+    assert_eq!(refused_kind(&s.apply(5, &set(&inventory, "client:alice", None))), Some(RefusalKind::PermissionDenied));
+    assert_eq!(refused_kind(&s.apply(5, &set(&inventory, "server:1", Some(7)))), Some(RefusalKind::Stale));
+    let applied = s.apply(6, &set(&inventory, "server:1", Some(0)));
+    // The node registered before the inventory is in no class: down at once.
+    let Outcome::NodeInventorySet { version: 1, revoked } = &applied.outcome else { panic!("{:?}", applied.outcome) };
+    assert_eq!(revoked, &vec!["anything".to_string()]);
+    assert_eq!(s.nodes["anything"].state, gangway_core::model::NodeState::Down);
+    let gpu = |name: &str, gpus: usize| {
+        let mut spec = node_spec(0, gpus);
+        spec.name = name.into();
+        spec
+    };
+    let register = |s: &mut State, spec: NodeSpec| {
+        let before = s.clone();
+        let applied = s.apply(10, &Command::RegisterNode { spec, now_ms: 10 });
+        if refused_kind(&applied).is_some() {
+            s.clock_ms = before.clock_ms;
+            assert_eq!(*s, before, "a refused registration changed the state");
+        }
+        (refused_kind(&applied), format!("{:?}", applied.outcome))
+    };
+    assert_eq!(register(&mut s, gpu("gpu01", 8)).0, None);
+    let mut labelled = gpu("gpu04", 4);
+    labelled.labels.insert("ib".into(), "hdr".into());
+    assert_eq!(register(&mut s, labelled).0, None);
+    let refusals: Vec<(&str, NodeSpec, &str)> = vec![
+        ("16 H100s", gpu("gpu02", 16), "gpus: node gpu02 claims 16 GPUs; its class h100 allows at most 8"),
+        (
+            "a secure label it was not given",
+            {
+                let mut n = gpu("gpu02", 8);
+                n.labels.insert("secure".into(), "yes".into());
+                n
+            },
+            "labels.secure: node gpu02 claims the label secure",
+        ),
+        (
+            "another model",
+            {
+                let mut n = gpu("gpu02", 2);
+                n.gpus[1].model = "b200".into();
+                n
+            },
+            "gpus[1].model: node gpu02 claims a GPU of model b200; its class h100 allows only h100-80gb",
+        ),
+        (
+            "more CPUs",
+            {
+                let mut n = gpu("gpu02", 0);
+                n.cpus = 65;
+                n
+            },
+            "cpus: node gpu02 claims 65",
+        ),
+        (
+            "more memory",
+            {
+                let mut n = gpu("gpu02", 0);
+                n.mem_mb = 512 * 1024 + 1;
+                n
+            },
+            "mem_mb: node gpu02 claims 524289 MiB",
+        ),
+        (
+            "another zone",
+            {
+                let mut n = gpu("gpu02", 0);
+                n.topology = vec!["zone-b".into()];
+                n
+            },
+            "topology: node gpu02 claims the topology zone-b",
+        ),
+        ("a name no class lists", gpu("gpu05", 0), "node gpu05 is in no node class"),
+    ];
+    for (what, spec, says) in refusals {
+        let (kind, outcome) = register(&mut s, spec);
+        assert_eq!(kind, Some(RefusalKind::PermissionDenied), "{what}: {outcome}");
+        assert!(outcome.contains(says), "{what}: {outcome} should say {says}");
+    }
+    // gpu01 runs a job; retiring it takes the node down and requeues the job.
+    let submitted = s.apply(20, &submit_cmd(job_spec(1, 1, 1)));
+    let Outcome::Submitted { job_id, .. } = submitted.outcome else { panic!("{:?}", submitted.outcome) };
+    let p = gangway_core::sched::plan(&s, &gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, 21));
+    s.apply(21, &Command::ApplySchedule { preemptions: p.preemptions, placements: p.placements, now_ms: 21 });
+    assert_eq!(s.jobs[&job_id].state, JobState::Running);
+    let on = s.jobs[&job_id].allocation.as_ref().unwrap().nodes[0].node.clone();
+    let mut retiring = inventory.clone();
+    retiring.retired.insert(on.clone());
+    let applied = s.apply(22, &set(&retiring, "server:1", Some(1)));
+    let Outcome::NodeInventorySet { version: 2, revoked } = &applied.outcome else { panic!("{:?}", applied.outcome) };
+    assert_eq!(revoked, &vec![on.clone()]);
+    assert_eq!(s.nodes[&on].state, gangway_core::model::NodeState::Down);
+    assert!(s.nodes[&on].state_reason.contains("retired"), "{}", s.nodes[&on].state_reason);
+    assert_eq!(s.jobs[&job_id].state, JobState::Pending, "requeued off the retired node");
+    // A decommissioned node's certificate still registers its name: refused.
+    let (kind, outcome) = register(&mut s, gpu(&on, 8));
+    assert_eq!(kind, Some(RefusalKind::PermissionDenied), "{outcome}");
+    assert!(outcome.contains("retired"), "{outcome}");
+    // A tightened class takes down the nodes that claim more than it allows.
+    let mut labelled = gpu("gpu03", 2);
+    labelled.labels.insert("ib".into(), "ndr".into());
+    assert_eq!(register(&mut s, labelled).0, None);
+    let mut tighter = retiring.clone();
+    tighter.classes.get_mut("h100").unwrap().labels.clear();
+    let up_with_labels: Vec<String> = s
+        .nodes
+        .values()
+        .filter(|n| !n.labels.is_empty() && n.state != gangway_core::model::NodeState::Down)
+        .map(|n| n.name.clone())
+        .collect();
+    assert!(up_with_labels.contains(&"gpu03".to_string()));
+    let applied = s.apply(23, &set(&tighter, "server:1", None));
+    let Outcome::NodeInventorySet { revoked, .. } = &applied.outcome else { panic!("{:?}", applied.outcome) };
+    assert_eq!(revoked, &up_with_labels);
+    s.check_invariants().unwrap();
+    // The inventory survives a snapshot.
+    let back = gangway_core::snapshot::decode(&gangway_core::snapshot::encode(&s)).unwrap();
+    assert_eq!(back.node_inventory, s.node_inventory);
+}
+
+/// The inventory's own limits, each at the limit and one past.
+#[test]
+fn node_inventory_limits() {
+    use gangway_core::inventory::*;
+    let class =
+        |nodes: usize| NodeClass { nodes: (0..nodes).map(|i| format!("n{i}")).collect(), ..NodeClass::default() };
+    let classes = |count: usize, nodes: usize| NodeInventory {
+        classes: (0..count).map(|i| (format!("c{i}"), class(nodes))).collect(),
+        ..NodeInventory::default()
+    };
+    assert!(classes(NODE_CLASSES_MAX, 1).validate().is_ok());
+    let e = classes(NODE_CLASSES_MAX + 1, 1).validate().unwrap_err();
+    assert_eq!(e.field, "classes");
+    assert!(classes(2, INVENTORY_PATTERNS_MAX / 2).validate().is_ok());
+    let mut over = classes(2, INVENTORY_PATTERNS_MAX / 2);
+    over.classes.get_mut("c0").unwrap().nodes.push("extra".into());
+    let e = over.validate().unwrap_err();
+    assert!(e.rule.contains(&format!("{}", INVENTORY_PATTERNS_MAX + 1)), "{e}");
+    let retired =
+        |n: usize| NodeInventory { retired: (0..n).map(|i| format!("r{i}")).collect(), ..NodeInventory::default() };
+    assert!(retired(RETIRED_NODES_MAX).validate().is_ok());
+    assert_eq!(retired(RETIRED_NODES_MAX + 1).validate().unwrap_err().field, "retired");
+    // Bytes in all: at the limit, and one past.
+    let long = |bytes: usize| {
+        let names = bytes / 200;
+        let mut retired: std::collections::BTreeSet<String> = (0..names).map(|i| format!("{i:0>200}")).collect();
+        retired.insert("x".repeat(bytes - names * 200));
+        NodeInventory { retired, ..NodeInventory::default() }
+    };
+    assert_eq!(long(INVENTORY_BYTES_MAX).bytes(), INVENTORY_BYTES_MAX);
+    assert!(long(INVENTORY_BYTES_MAX).validate().is_ok());
+    assert_eq!(long(INVENTORY_BYTES_MAX + 1).validate().unwrap_err().field, "inventory");
+    // Each field's rule, named.
+    let bad: Vec<(&str, NodeClass)> = vec![
+        ("classes.c.nodes", NodeClass::default()),
+        ("classes.c.cpus", NodeClass { cpus: 0, ..class(1) }),
+        ("classes.c.gpus", NodeClass { gpus: gangway_core::limits::GPUS_PER_NODE_MAX + 1, ..class(1) }),
+        ("classes.c.gpu_model", NodeClass { gpu_model: "H100 !".into(), ..class(1) }),
+        ("classes.c.nodes", NodeClass { nodes: vec!["a\u{1b}[2J".into()], ..NodeClass::default() }),
+    ];
+    for (field, c) in bad {
+        let inv = NodeInventory { classes: BTreeMap::from([("c".into(), c)]), ..NodeInventory::default() };
+        assert_eq!(inv.validate().unwrap_err().field, field);
+    }
 }

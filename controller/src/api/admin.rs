@@ -11,9 +11,11 @@ use tonic::{Request, Response, Status};
 use super::{status_from_propose, unexpected, CallCtx, Read, Routed};
 use crate::raft::{ProposeError, RaftStatus};
 use crate::shared::Replica;
+use gangway_core::inventory::NodeInventory;
 use gangway_core::policy::ClusterPolicy;
 use gangway_core::reservation::{ReservationChange, ReservationFlags, ReservationRequest};
 use gangway_core::{Command, Outcome};
+use gangway_proto::v1::NodeInventory as NodeInventoryMsg;
 
 /// How long ClusterStatus waits for each replica before calling it unreachable.
 const STATUS_PROBE_TIMEOUT: Duration = Duration::from_millis(1500);
@@ -125,6 +127,24 @@ impl AdminApi {
     }
 }
 
+/// Largest node inventory document accepted: the request's own limit
+/// (`gangway_proto::limits::API_REQUEST_BYTES_MAX`); its content is bounded again by
+/// `inventory::INVENTORY_BYTES_MAX` (1 MiB of names), which JSON's quotes
+/// and separators at most quadruple.
+const INVENTORY_JSON_BYTES_MAX: usize = gangway_proto::limits::API_REQUEST_BYTES_MAX;
+
+fn inventory_of_json(json: &str) -> Result<NodeInventory, Status> {
+    if json.len() > INVENTORY_JSON_BYTES_MAX {
+        return Err(Status::invalid_argument(format!("json: must be at most {INVENTORY_JSON_BYTES_MAX} bytes")));
+    }
+    serde_json::from_str(json).map_err(|e| Status::invalid_argument(format!("json: not a node inventory: {e}")))
+}
+
+fn inventory_to_proto(i: &NodeInventory, revoked: Vec<String>) -> Result<NodeInventoryMsg, Status> {
+    let json = serde_json::to_string(i).map_err(|e| Status::internal(format!("node inventory: cannot encode: {e}")))?;
+    Ok(NodeInventoryMsg { json, version: i.version, revoked })
+}
+
 /// Largest policy document accepted: 100,000 users at ~100 bytes each, with room.
 const POLICY_JSON_BYTES_MAX: usize = 32 * 1024 * 1024;
 
@@ -222,6 +242,58 @@ impl AdminService for AdminApi {
                 Outcome::PolicyUpdated { .. } => {
                     let state = self.replica.fresh_view().await?;
                     Ok(Response::new(policy_to_proto(&state.policy)?))
+                }
+                other => Err(unexpected(&other)),
+            },
+        }
+    }
+
+    async fn get_node_inventory(
+        &self,
+        req: Request<GetNodeInventoryRequest>,
+    ) -> Result<Response<NodeInventoryMsg>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        let msg = req.into_inner();
+        let state = match self
+            .replica
+            .read_or_forward(&ctx, msg.stale, msg, |ch, r| async move {
+                AdminServiceClient::new(ch).get_node_inventory(r).await
+            })
+            .await?
+        {
+            Read::Here(view) => view,
+            Read::Forwarded(resp) => return Ok(resp),
+        };
+        Ok(Response::new(inventory_to_proto(&state.node_inventory, Vec::new())?))
+    }
+
+    async fn set_node_inventory(
+        &self,
+        req: Request<SetNodeInventoryRequest>,
+    ) -> Result<Response<NodeInventoryMsg>, Status> {
+        let ctx = self.replica.ctx(&req)?;
+        self.replica.require_admin(&ctx, "admit nodes (set the node inventory)")?;
+        let msg = req.into_inner();
+        let inventory = inventory_of_json(&msg.json)?;
+        inventory.validate().map_err(super::status_from_spec)?;
+        let cmd = Command::SetNodeInventory {
+            inventory,
+            expected_version: msg.expected_version,
+            identity: ctx.identity.clone(),
+            now_ms: crate::now_ms(),
+        };
+        let routed =
+            self.replica
+                .write_or_forward(&ctx, cmd, msg, |ch, r| async move {
+                    AdminServiceClient::new(ch).set_node_inventory(r).await
+                })
+                .await?;
+        match routed {
+            Routed::Forwarded(resp) => Ok(resp),
+            Routed::Local(applied) => match applied.outcome {
+                Outcome::NodeInventorySet { revoked, .. } => {
+                    let state = self.replica.fresh_view().await?;
+                    Ok(Response::new(inventory_to_proto(&state.node_inventory, revoked)?))
                 }
                 other => Err(unexpected(&other)),
             },
@@ -785,6 +857,26 @@ pub(crate) async fn probe_replica(replica: &Replica, addr: &str) -> Result<Repli
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An inventory document of INVENTORY_JSON_BYTES_MAX bytes is parsed;
+    /// one byte more is refused before parsing.
+    #[test]
+    fn an_inventory_document_is_bounded_at_the_edge() {
+        let doc = |len: usize| format!("{{}}{}", " ".repeat(len - 2));
+        assert_eq!(inventory_of_json(&doc(INVENTORY_JSON_BYTES_MAX)).unwrap(), NodeInventory::default());
+        let e = inventory_of_json(&doc(INVENTORY_JSON_BYTES_MAX + 1)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(e.message(), format!("json: must be at most {INVENTORY_JSON_BYTES_MAX} bytes"));
+        // A valid inventory of the most bytes fits as JSON: a name costs at
+        // most four bytes per byte (`"a",`, `"k":"v",`), and each class its
+        // field names once.
+        use gangway_core::inventory::*;
+        let one = NodeInventory { retired: ["a".to_string()].into(), ..NodeInventory::default() };
+        let empty = serde_json::to_string(&NodeInventory::default()).unwrap().len();
+        assert!(serde_json::to_string(&one).unwrap().len() - empty <= 4);
+        let class = serde_json::to_string(&NodeClass::default()).unwrap().len();
+        assert!(4 * INVENTORY_BYTES_MAX + NODE_CLASSES_MAX * (class + 8) + empty < INVENTORY_JSON_BYTES_MAX);
+    }
 
     /// A policy document of POLICY_JSON_BYTES_MAX bytes is parsed; one byte
     /// more is refused before parsing, naming the field and the limit.

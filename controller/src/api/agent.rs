@@ -145,6 +145,12 @@ impl AgentService for AgentApi {
         let msg = req.into_inner();
         ctx.require_agent_for(&msg.name, "register")?;
         let spec = node_spec_from_proto(msg.clone()).map_err(status_from_spec)?;
+        // Refused here already when this replica's state refuses it: an
+        // agent retrying a refused registration costs no log entry (apply
+        // checks again, against the state the entry meets).
+        if let Err(e) = self.replica.node.state().read().admits(&spec) {
+            return Err(super::denied(&ctx, "register", format!("not admitted: {e}")));
+        }
         let name = spec.name.clone();
         let cmd = Command::RegisterNode { spec, now_ms: crate::now_ms() };
         let routed = self

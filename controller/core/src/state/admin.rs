@@ -13,7 +13,7 @@ use super::{Applied, JobEvent, Outcome, RefusalKind, State, UseKey};
 use crate::command::{JobChange, Placement, Preemption};
 use crate::format::PLAN_APPLY_FORMAT;
 use crate::limits::*;
-use crate::model::{Allocation, HoldKind, Job, JobId, JobState};
+use crate::model::{Allocation, HoldKind, Job, JobId, JobState, NodeState};
 use crate::policy::{ClusterPolicy, PreemptMode, Quota, Use, ROLES_FORMAT};
 
 /// Usage charged to an account in one time bucket (for decayed fair share).
@@ -151,7 +151,12 @@ impl State {
                 );
             }
             let mine: Vec<&str> = coordinated.iter().map(String::as_str).collect();
-            if let Err(e) = crate::policy::coordinator_change(&self.policy, &next, &mine) {
+            if let Err(e) = crate::policy::coordinator_change(
+                &self.policy,
+                &next,
+                &mine,
+                self.format >= crate::format::NODE_ADMISSION_FORMAT,
+            ) {
                 return Applied::refused(RefusalKind::PermissionDenied, format!("permission: {e}"));
             }
             if let Some(why) = self.account_names_in_use(&self.policy, &next) {
@@ -464,6 +469,78 @@ impl State {
         self.history = history;
         self.history_pending = false;
         Applied { outcome: Outcome::HistoryDrawn { history }, events: Vec::new() }
+    }
+
+    /// [`Command::SetNodeInventory`]: admins only, at the version the edit
+    /// read. Nodes with an agent that the new inventory does not admit (left
+    /// out, retired, or claiming more than their class now allows) go down
+    /// with the reason, and their jobs are requeued or end as on a node
+    /// failure; they come back only by registering what they may claim.
+    pub(super) fn apply_set_node_inventory(
+        &mut self,
+        index: u64,
+        inventory: &crate::inventory::NodeInventory,
+        expected_version: Option<u64>,
+        identity: &str,
+    ) -> Applied {
+        let needs = crate::format::NODE_ADMISSION_FORMAT;
+        if self.format < needs {
+            return Applied::refused(
+                RefusalKind::FailedPrecondition,
+                format!("node inventory: needs data format {needs}; this cluster is on format {}", self.format),
+            );
+        }
+        if !self.is_admin(identity) {
+            return Applied::refused(
+                RefusalKind::PermissionDenied,
+                format!("permission: {identity} is not an admin of this cluster (only admins admit nodes)"),
+            );
+        }
+        if let Some(v) = expected_version.filter(|v| *v != self.node_inventory.version) {
+            return Applied::refused(
+                RefusalKind::Stale,
+                format!(
+                    "the node inventory changed (version {} now, edit was based on {v}); retry",
+                    self.node_inventory.version
+                ),
+            );
+        }
+        if let Err(e) = inventory.validate() {
+            return Applied::refused(RefusalKind::InvalidArgument, e.to_string());
+        }
+        let mut next = inventory.clone();
+        next.version = self.node_inventory.version.saturating_add(1);
+        self.node_inventory = next;
+        let mut revoked = Vec::new();
+        for node in self.nodes.values() {
+            if matches!(node.state, NodeState::Down | NodeState::PoweredDown) {
+                continue;
+            }
+            let models: Vec<&str> = node.gpus.iter().map(|g| g.model.as_str()).collect();
+            let claim = crate::inventory::Claim {
+                name: &node.name,
+                cpus: node.cpus,
+                mem_mb: node.mem_mb,
+                gpu_models: &models,
+                labels: &node.labels,
+                topology: &node.topology,
+            };
+            if let Err(e) = self.node_inventory.admit(&claim) {
+                revoked.push((node.name.clone(), format!("not admitted by the node inventory: {e}")));
+            }
+        }
+        let mut events = Vec::new();
+        for (name, why) in &revoked {
+            let now = self.clock_ms;
+            if let Some(node) = self.nodes.get_mut(name) {
+                node.state = NodeState::Down;
+                node.state_reason.clone_from(why);
+                node.state_changed_ms = now;
+            }
+            events.extend(self.end_jobs_on(index, name, why));
+        }
+        let revoked = revoked.into_iter().map(|(name, _)| name).collect();
+        Applied { outcome: Outcome::NodeInventorySet { version: self.node_inventory.version, revoked }, events }
     }
 
     /// The accounting store has every job through `stored` (an entry

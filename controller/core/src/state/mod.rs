@@ -17,7 +17,7 @@ use crate::limits::*;
 use crate::model::*;
 use crate::policy::{ClusterPolicy, Use};
 use crate::reservation::Reservation;
-use crate::spec::{JobSpec, NodeSpec};
+use crate::spec::{JobSpec, NodeSpec, SpecError};
 
 mod admin;
 mod deps;
@@ -131,6 +131,11 @@ pub enum Outcome {
     },
     AccountingStored {
         index: u64,
+    },
+    /// The node inventory is at `version` now; `revoked` nodes went down.
+    NodeInventorySet {
+        version: u64,
+        revoked: Vec<String>,
     },
     HistoryDrawn {
         history: u64,
@@ -311,6 +316,11 @@ pub struct State {
     /// `history_since` from format 16 (`format::FRESH_HISTORY_FORMAT`).
     #[serde(skip)]
     pub history_pending: bool,
+    /// Which nodes may register and what they may claim
+    /// (`Command::SetNodeInventory`; empty: every node). Written after
+    /// `history_pending` from format 17 (`format::NODE_ADMISSION_FORMAT`).
+    #[serde(skip)]
+    pub node_inventory: crate::inventory::NodeInventory,
     /// Jobs that started or finished during the current apply; their dependents
     /// are settled before apply returns. Always empty between applies.
     #[serde(skip)]
@@ -379,6 +389,7 @@ impl Default for State {
             history: 0,
             history_since: 0,
             history_pending: false,
+            node_inventory: crate::inventory::NodeInventory::default(),
             dep_triggers: BTreeSet::new(),
             unfinished_bytes: BTreeMap::new(),
             finished_bytes: 0,
@@ -460,6 +471,9 @@ impl State {
                 self.apply_accounting_stored(index, *stored, identity)
             }
             Command::DrawHistory { history, .. } => self.apply_draw_history(*history),
+            Command::SetNodeInventory { inventory, expected_version, identity, .. } => {
+                self.apply_set_node_inventory(index, inventory, *expected_version, identity)
+            }
             Command::UpdatePolicy { policy, expected_version, force, identity, .. } => {
                 self.apply_update_policy(index, policy, *expected_version, *force, identity)
             }
@@ -944,9 +958,31 @@ impl State {
         }
     }
 
+    /// Whether the node inventory admits `spec` (from format 17; before
+    /// it, every registration is admitted). The API edge asks this before
+    /// proposing, so a refused agent's retries cost no log entries.
+    pub fn admits(&self, spec: &NodeSpec) -> Result<(), SpecError> {
+        if self.format < crate::format::NODE_ADMISSION_FORMAT {
+            return Ok(());
+        }
+        let models: Vec<&str> = spec.gpus.iter().map(|g| g.model.as_str()).collect();
+        let claim = crate::inventory::Claim {
+            name: &spec.name,
+            cpus: spec.cpus,
+            mem_mb: spec.mem_mb,
+            gpu_models: &models,
+            labels: &spec.labels,
+            topology: &spec.topology,
+        };
+        self.node_inventory.admit(&claim).map(drop)
+    }
+
     fn apply_register_node(&mut self, index: u64, spec: &NodeSpec) -> Applied {
         if let Err(e) = spec.validate() {
             return Applied::refused(RefusalKind::InvalidArgument, e.to_string());
+        }
+        if let Err(e) = self.admits(spec) {
+            return Applied::refused(RefusalKind::PermissionDenied, format!("permission: not admitted: {e}"));
         }
         if let Some(applied) = self.pool_node_registered(index, spec) {
             return applied;
@@ -1523,6 +1559,11 @@ impl State {
         }
         if self.history_pending && (self.format < crate::format::FRESH_HISTORY_FORMAT || self.history == 0) {
             return Err(format!("a history to draw in format {}, history {}", self.format, self.history));
+        }
+        if self.node_inventory != crate::inventory::NodeInventory::default()
+            && self.format < crate::format::NODE_ADMISSION_FORMAT
+        {
+            return Err(format!("a node inventory in format {}, which cannot hold it", self.format));
         }
         if self.unfinished_bytes != self.unfinished_bytes_of_jobs() {
             return Err("the unfinished-bytes budget index differs from the jobs".into());
