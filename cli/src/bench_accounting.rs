@@ -114,8 +114,8 @@ fn spread(mut t: Vec<f64>) -> (f64, f64) {
 
 pub async fn run(a: AccountingBenchArgs) -> anyhow::Result<()> {
     let mut store = Store::connect(&a.database).await?;
-    let db = gangway_controller::accounting::store::config(&a.database)?;
-    let (client, conn) = db.connect(tokio_postgres::NoTls).await?;
+    let (db, tls) = gangway_controller::accounting::store::config(&a.database)?;
+    let (client, conn) = db.connect(tls).await?;
     let _conn = tokio::spawn(conn);
     let have: i64 = client.query_one("SELECT count(*) FROM jobs", &[]).await?.get(0);
     anyhow::ensure!(have == 0, "--database: it holds {have} jobs already; the benchmark needs an empty one");

@@ -784,7 +784,7 @@ fn idle(
     meter: &Arc<Meter>,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let ca = std::fs::read(tls.join("ca.pem")).context("the CA certificate")?;
-    let anonymous = Credentials::from_ca_pem(&ca).map_err(anyhow::Error::msg)?;
+    let anonymous = Credentials::from_ca_pem(&ca, None).map_err(anyhow::Error::msg)?;
     let config = anonymous.client_config(gangway_proto::tls::Expect::Server).map_err(anyhow::Error::msg)?;
     let mut tasks = Vec::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(IDLE_OPENING_AT_ONCE));

@@ -70,6 +70,12 @@ pub struct ControllerArgs {
     /// a new cluster (repeatable; give every replica the same list).
     #[arg(long = "bootstrap-admin")]
     bootstrap_admins: Vec<String>,
+    /// The accounting service's identity (`client:accounting`, repeatable;
+    /// give every replica the same list): it reads every job as operators do
+    /// (without scripts and environments) and reports what it stored, and
+    /// may do nothing else, unlike an operator.
+    #[arg(long = "accounting-identity")]
+    accounting_identities: Vec<String>,
     /// Accept jobs that run as root: seeds the policy's allow_root_jobs when
     /// this replica moves the cluster to data format 6 (a new cluster, or an
     /// upgrade); after that the policy decides (`gangway admin set
@@ -86,9 +92,11 @@ pub struct ControllerArgs {
     /// The `iss` tokens must carry.
     #[arg(long, default_value = gangway_proto::token::DEFAULT_ISSUER)]
     token_issuer: String,
-    /// The `aud` tokens must carry.
-    #[arg(long, default_value = gangway_proto::token::DEFAULT_AUDIENCE)]
-    token_audience: String,
+    /// The `aud` tokens must carry (default: the cluster its certificate
+    /// names, `gangway` unless made with `gangway tls cert create --cluster`):
+    /// a token for another cluster that shares the signing key is refused.
+    #[arg(long)]
+    token_audience: Option<String>,
     /// Revoked token ids (`jti`), one per line; read again when it changes.
     #[arg(long)]
     token_revoked: Option<PathBuf>,
@@ -180,6 +188,10 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
     for admin in &a.bootstrap_admins {
         gangway_proto::tls::check_principal_name(admin).map_err(|e| anyhow::anyhow!("bootstrap-admin: {e}"))?;
     }
+    for who in &a.accounting_identities {
+        let name = who.strip_prefix("client:").unwrap_or(who);
+        gangway_proto::tls::check_principal_name(name).map_err(|e| anyhow::anyhow!("accounting-identity: {e}"))?;
+    }
     let peer_listener = match &a.peer_listen {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr).await.with_context(|| format!("peer-listen: cannot bind {addr}"))?,
@@ -230,6 +242,12 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
         user_read_burst: a.user_read_burst,
         ..Default::default()
     };
+    let token_audience = a.token_audience.unwrap_or_else(|| {
+        security
+            .credentials()
+            .and_then(|c| c.cluster())
+            .unwrap_or_else(|| gangway_proto::token::DEFAULT_AUDIENCE.into())
+    });
     let config = gangway_controller::ReplicaConfig {
         id: a.id,
         advertise_addr: advertise,
@@ -239,12 +257,13 @@ pub async fn controller(a: ControllerArgs, tls: &crate::tls::TlsArgs) -> anyhow:
         timing,
         security,
         bootstrap_admins: a.bootstrap_admins,
+        accounting_identities: a.accounting_identities,
         allow_root_jobs: a.allow_root_jobs,
         tokens: gangway_proto::token::TokenVerifier::load(&gangway_proto::token::TokenConfig {
             public_keys: a.token_public_keys,
             jwks: a.token_jwks,
             issuer: Some(a.token_issuer),
-            audience: Some(a.token_audience),
+            audience: Some(token_audience),
             revoked: a.token_revoked,
         })
         .map_err(|e| anyhow::anyhow!("tokens: {e}"))?,

@@ -142,6 +142,7 @@ pub async fn run(a: DevArgs, identity: &str, tls: &crate::tls::TlsArgs) -> anyho
             // The one who started the dev cluster runs it: admin, and their
             // jobs run as them (root too, when that is who they are).
             bootstrap_admins: vec![crate::tls::login_name()],
+            accounting_identities: Vec::new(),
             allow_root_jobs: nix::unistd::geteuid().is_root(),
             tokens: tokens.clone(),
             private_jobs: a.private_jobs,

@@ -134,6 +134,11 @@ impl ResourceArgs {
 pub struct SubmitArgs {
     #[command(flatten)]
     pub res: ResourceArgs,
+    /// Admins: run in --reservation though it lists neither your user nor
+    /// your account (its lists hold for admins' jobs too; recorded in the
+    /// audit trail).
+    #[arg(long)]
+    pub force_reservation: bool,
     /// Not before this time (local time): now+1hour, 16:00, 2026-12-24T08:00, midnight.
     #[arg(long, short = 'b')]
     pub begin: Option<String>,
@@ -554,6 +559,7 @@ pub fn job_spec(a: SubmitArgs, leaf_level: Option<&str>) -> anyhow::Result<pb::J
             None => Default::default(),
         },
         reservation: a.res.reservation.clone().unwrap_or_default(),
+        force_reservation: a.force_reservation,
         time_min_s: match a.res.time_min.as_deref() {
             Some(t) => parse::job_time_s("--time-min", t).map_err(anyhow::Error::msg)?,
             None => 0,

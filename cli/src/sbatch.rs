@@ -817,6 +817,8 @@ pub fn to_submit_args(
     };
     Ok(SubmitArgs {
         res: o.res,
+        // Slurm's sbatch has no such option: an admin forces with `gangway submit`.
+        force_reservation: false,
         begin: o.begin,
         comment: o.comment,
         priority: o.priority,

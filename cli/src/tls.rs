@@ -80,7 +80,8 @@ fn owned_private_dir(dir: &Path) -> bool {
 pub fn job_credential() -> Option<(Security, String)> {
     let credential = std::env::var(gangway_proto::step_cred::STEP_CREDENTIAL_ENV).ok().filter(|c| !c.is_empty())?;
     let ca = std::env::var(gangway_proto::step_cred::STEP_CA_ENV).ok().filter(|c| !c.is_empty())?;
-    let creds = Credentials::from_ca_pem(ca.as_bytes()).ok()?;
+    let cluster = std::env::var(gangway_proto::step_cred::STEP_CLUSTER_ENV).ok().filter(|c| !c.is_empty());
+    let creds = Credentials::from_ca_pem(ca.as_bytes(), cluster.as_deref()).ok()?;
     Some((Security::Tls(creds), credential))
 }
 
@@ -266,6 +267,11 @@ pub struct CertArgs {
     /// Where to write the certificate (default: the CA's directory).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// The cluster it is for (its SPIFFE trust domain). Clusters that share a
+    /// CA must differ here: each then refuses the other's certificates, step
+    /// credentials and (with its name as the token audience) tokens.
+    #[arg(long, env = "GANGWAY_CLUSTER", default_value = gangway_proto::tls::DEFAULT_CLUSTER)]
+    cluster: String,
 }
 
 pub fn run(cmd: TlsCmd) -> anyhow::Result<()> {
@@ -283,7 +289,9 @@ pub fn run(cmd: TlsCmd) -> anyhow::Result<()> {
             };
             let principal = Principal::new(role, &name).map_err(|e| anyhow::anyhow!("--{}: {e}", role.as_str()))?;
             let out = a.dir.unwrap_or_else(|| a.ca_dir.clone());
-            let req = pki::CertRequest { principal, hosts: a.hosts, days: a.days, backdate_days: 0 };
+            gangway_proto::tls::check_cluster_name(&a.cluster).map_err(|e| anyhow::anyhow!("--cluster: {e}"))?;
+            let req =
+                pki::CertRequest { principal, hosts: a.hosts, days: a.days, backdate_days: 0, cluster: a.cluster };
             let (cert, key) = pki::create_cert(&a.ca_dir, &out, &req).map_err(anyhow::Error::msg)?;
             println!("certificate written: {} (key: {})", cert.display(), key.display());
         }
@@ -292,10 +300,10 @@ pub fn run(cmd: TlsCmd) -> anyhow::Result<()> {
             let der = rustls_pemfile::certs(&mut pem.as_slice())
                 .next()
                 .with_context(|| format!("{}: no certificate", file.display()))??;
-            let (p, not_after) = gangway_proto::tls::principal_of(&der).map_err(anyhow::Error::msg)?;
+            let (p, cluster, not_after) = gangway_proto::tls::principal_in_cluster(&der).map_err(anyhow::Error::msg)?;
             let now =
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
-            println!("{p}  expires in {} days", (not_after - now) / 86_400);
+            println!("{p}  cluster {cluster}  expires in {} days", (not_after - now) / 86_400);
         }
     }
     Ok(())
@@ -321,7 +329,9 @@ pub enum TokenCmd {
         key: PathBuf,
         #[arg(long, default_value = gangway_proto::token::DEFAULT_ISSUER)]
         issuer: String,
-        #[arg(long, default_value = gangway_proto::token::DEFAULT_AUDIENCE)]
+        /// The cluster it is for (`aud`): controllers accept only tokens for
+        /// the cluster their certificate names.
+        #[arg(long, env = "GANGWAY_CLUSTER", default_value = gangway_proto::token::DEFAULT_AUDIENCE)]
         audience: String,
     },
 }

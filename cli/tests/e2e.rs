@@ -42,7 +42,7 @@ fn pki() -> &'static Path {
         for n in ["e2e-node-1", "e2e-node-2", "e2e-node-3", "e2e-cloud-1"] {
             run(&["tls", "cert", "create", "--agent", n, "--ca-dir", d]);
         }
-        for user in ["root", "mallory", "nobody"] {
+        for user in ["root", "mallory", "nobody", "accounting"] {
             run(&["tls", "cert", "create", "--client", user, "--ca-dir", d]);
         }
         tls
@@ -1659,6 +1659,58 @@ fn the_dev_cluster_runs_a_batch_script() {
     assert!(status.success(), "{status:?}");
 }
 
+/// The accounting store's connection over TLS with libpq's `sslmode`:
+/// `verify-full` connects to a server whose certificate the CA signed for
+/// the address it is reached at, and the server sees the session encrypted;
+/// a name the certificate does not carry fails `verify-full` but passes
+/// `verify-ca`; a CA that did not sign fails both; `disable` stays plaintext.
+#[test]
+fn the_accounting_store_speaks_tls_to_postgresql() {
+    use gangway_controller::accounting::store::Store;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca");
+    gangway_proto::pki::create_ca(&ca, "PostgreSQL test CA", 1).unwrap();
+    let other_ca = dir.path().join("other-ca");
+    gangway_proto::pki::create_ca(&other_ca, "Another CA", 1).unwrap();
+    let pg = Postgres::start_tls(&ca);
+    let root = |d: &Path| d.join("ca.pem").display().to_string();
+    let url = |host: &str, mode: &str, ca: &Path, app: &str| {
+        format!(
+            "postgres://gangway@{host}:{}/postgres?sslmode={mode}&sslrootcert={}&application_name={app}",
+            pg.port,
+            root(ca)
+        )
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let encrypted = |app: &str| {
+        pg.query(&format!(
+            "SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name = '{app}'"
+        ))
+    };
+    let full = rt.block_on(Store::connect(&url("127.0.0.1", "verify-full", &ca, "full"))).expect("verify-full");
+    assert_eq!(encrypted("full").trim(), "t", "the verified session is not encrypted");
+    let e = rt
+        .block_on(Store::connect(&url("localhost", "verify-full", &ca, "name")))
+        .err()
+        .expect("a name the certificate lacks");
+    assert!(format!("{e:#}").contains("certificate"), "{e:#}");
+    let by_ca =
+        rt.block_on(Store::connect(&url("localhost", "verify-ca", &ca, "ca"))).expect("verify-ca ignores the name");
+    assert_eq!(encrypted("ca").trim(), "t");
+    for mode in ["verify-ca", "verify-full"] {
+        let e = rt.block_on(Store::connect(&url("127.0.0.1", mode, &other_ca, "other"))).err().expect("another CA");
+        assert!(format!("{e:#}").contains("certificate"), "{mode}: {e:#}");
+    }
+    let plain = rt
+        .block_on(Store::connect(&format!(
+            "postgres://gangway@127.0.0.1:{}/postgres?sslmode=disable&application_name=plain",
+            pg.port
+        )))
+        .expect("disable");
+    assert_eq!(encrypted("plain").trim(), "f");
+    drop((full, by_ca, plain));
+}
+
 /// A private PostgreSQL server for one test: Debian's binaries, a throwaway
 /// data directory, trust authentication on loopback only; stopped (fast)
 /// when dropped. Run as the `postgres` user when the tests run as root
@@ -1709,6 +1761,33 @@ impl Postgres {
             .output()
             .unwrap();
         assert!(o.status.success(), "initdb: {}", String::from_utf8_lossy(&o.stderr));
+        pg.run();
+        pg
+    }
+
+    /// [`Postgres::start`] serving TLS with a certificate for 127.0.0.1
+    /// (only: not for `localhost`) signed by the CA in `ca_dir`.
+    fn start_tls(ca_dir: &Path) -> Postgres {
+        let pg = Postgres::start();
+        pg.stop();
+        let req = gangway_proto::pki::CertRequest {
+            principal: gangway_proto::tls::Principal::new(gangway_proto::tls::Role::Server, "postgres").unwrap(),
+            hosts: vec!["127.0.0.1".into()],
+            days: 1,
+            backdate_days: 0,
+            cluster: "gangway".into(),
+        };
+        let (cert, key) = gangway_proto::pki::create_cert(ca_dir, ca_dir, &req).unwrap();
+        for (from, to) in [(&cert, "server.crt"), (&key, "server.key")] {
+            std::fs::copy(from, pg.data.join(to)).unwrap();
+            if nix_is_root() {
+                let o = Command::new("chown").arg("postgres:postgres").arg(pg.data.join(to)).output().unwrap();
+                assert!(o.status.success(), "chown: {}", String::from_utf8_lossy(&o.stderr));
+            }
+        }
+        let conf = "\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n";
+        let mut f = std::fs::OpenOptions::new().append(true).open(pg.data.join("postgresql.conf")).unwrap();
+        std::io::Write::write_all(&mut f, conf.as_bytes()).unwrap();
         pg.run();
         pg
     }
@@ -1785,7 +1864,7 @@ fn accounting_stores_every_job_once_across_failures() {
         let args: Vec<&str> = args
             .into_iter()
             .chain([data.to_str().unwrap(), "--tls-dir", &tls, "--bootstrap-admin", "root", "--allow-root-jobs"])
-            .chain(["--private-jobs", "--accounting-database", &url])
+            .chain(["--private-jobs", "--accounting-database", &url, "--accounting-identity", "client:accounting"])
             .collect();
         controllers.push(Some(Procs(vec![spawn(&args, &dir.path().join(format!("c{}.log", i + 1)))])));
     }
@@ -1820,6 +1899,32 @@ fn accounting_stores_every_job_once_across_failures() {
     }
     let mut jobs = Vec::new();
     let (mut gpu_jobs, mut burners) = (Vec::new(), Vec::new());
+    // The service's identity reads and reports, and can do nothing else: no
+    // cancel, drain or policy edit (an operator's certificate could).
+    let victim = submit(&["--", "sleep", "60"]);
+    let as_accounting = |args: &[&str]| {
+        as_user(Command::new(GANGWAY).args(args), "accounting")
+            .env("GANGWAY_ENDPOINTS", &endpoints)
+            .current_dir(&work)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    for args in [
+        vec!["cancel".to_string(), victim.to_string()],
+        vec!["node".into(), "drain".into(), "e2e-node-2".into(), "--reason".into(), "x".into()],
+        vec!["admin".into(), "set".into(), "--private-jobs".into(), "false".into()],
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = as_accounting(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("permission"), "the accounting identity could {args:?}: {err}");
+    }
+    let shown = stdout(&as_accounting(&["show", &victim.to_string(), "--json"]));
+    assert!(shown.contains("\"state\""), "the accounting identity does not see root's job: {shown}");
+    let o = cli(&endpoints, &["cancel", &victim.to_string()], &work);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    jobs.push(victim);
     let mut round = |jobs: &mut Vec<u64>| {
         // Four seconds: the agent's first sample comes a second in
         // (`usage::FIRST_SAMPLE`); with two, a busy machine could end the
@@ -2091,7 +2196,7 @@ fn accounting_keeps_every_job_across_a_restore_from_a_backup() {
             let mut args: Vec<&str> = args
                 .into_iter()
                 .chain([data.to_str().unwrap(), "--tls-dir", &tls, "--bootstrap-admin", "root", "--allow-root-jobs"])
-                .chain(["--accounting-database", &url])
+                .chain(["--accounting-database", &url, "--accounting-identity", "client:accounting"])
                 .collect();
             if let Some(file) = restore {
                 args.extend(["--restore", file.to_str().unwrap()]);
@@ -2250,7 +2355,9 @@ fn submit_parsable(endpoints: &str, args: &[&str], work: &Path) -> u64 {
 /// `gangway accounting` into `url`, as root, its log appended to `log`.
 fn accounting_service(url: &str, endpoints: &str, log: &Path) -> Child {
     let log = std::fs::File::options().create(true).append(true).open(log).unwrap();
-    as_user(Command::new(GANGWAY).args(["accounting", "--database", url]), "root")
+    // Its own narrow identity (`--accounting-identity` on the controllers),
+    // not an operator's: it reads every job and reports what it stored.
+    as_user(Command::new(GANGWAY).args(["accounting", "--database", url]), "accounting")
         .env("GANGWAY_ENDPOINTS", endpoints)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -75,6 +75,9 @@ pub enum Who {
     Credentialed,
     /// Nobody vouches for it.
     Stranger,
+    /// A server certificate (or a step credential one signed) whose replica
+    /// is not a member of the cluster: removed, or never added.
+    NotMember,
 }
 
 /// What the gate decided for one request.
@@ -93,7 +96,13 @@ fn service_of(path: &str) -> &str {
 /// The gate's rule: pure over the path and the caller.
 pub fn rule(path: &str, who: Who) -> Verdict {
     let service = service_of(path);
-    let any_known = !matches!(who, Who::Stranger);
+    let any_known = !matches!(who, Who::Stranger | Who::NotMember);
+    if who == Who::NotMember && path != "/grpc.health.v1.Health/Check" {
+        return Verdict::Refuse(Status::unauthenticated(
+            "the replica this server certificate names is not a member of the cluster (a removed replica's \
+             certificate, or a step credential it signed, opens nothing)",
+        ));
+    }
     match service {
         // Anyone may ask whether the replica serves (load balancers and
         // probes carry no certificate); only a known caller may hold a
@@ -106,7 +115,7 @@ pub fn rule(path: &str, who: Who) -> Verdict {
         }
         "gangway.v1.RaftService" => match who {
             Who::Server | Who::Insecure => Verdict::Pass(RAFT_MESSAGE_BYTES_MAX),
-            Who::Stranger | Who::Credentialed => {
+            Who::Stranger | Who::Credentialed | Who::NotMember => {
                 Verdict::Refuse(Status::unauthenticated("Raft needs a server certificate signed by the cluster's CA"))
             }
             Who::Agent | Who::Client => Verdict::Refuse(Status::permission_denied(
@@ -115,7 +124,9 @@ pub fn rule(path: &str, who: Who) -> Verdict {
         },
         "gangway.v1.AgentService" => match who {
             Who::Server | Who::Agent | Who::Insecure => Verdict::Pass(AGENT_MESSAGE_BYTES_MAX),
-            Who::Stranger => Verdict::Refuse(Status::unauthenticated("AgentService needs an agent certificate")),
+            Who::Stranger | Who::NotMember => {
+                Verdict::Refuse(Status::unauthenticated("AgentService needs an agent certificate"))
+            }
             Who::Client | Who::Credentialed => Verdict::Refuse(Status::permission_denied(
                 "permission: only node agents (agent certificates) call AgentService",
             )),
@@ -129,6 +140,9 @@ pub fn rule(path: &str, who: Who) -> Verdict {
     }
 }
 
+/// Whether a replica (by its certificate's name) is a member now.
+type MemberCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// What the gate needs to tell callers apart.
 pub struct Gate {
     security: Security,
@@ -139,6 +153,10 @@ pub struct Gate {
     /// Whether Raft is served on the replica's peer port, not behind this
     /// gate: asked for each Raft message (see [`Gate::raft_elsewhere`]).
     raft_elsewhere: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// Whether a server certificate's replica (by name) is a member: one
+    /// that is not (removed, or never added) is nobody here, nor is a step
+    /// credential it signed (see [`Gate::members`]).
+    member: Option<MemberCheck>,
 }
 
 impl Gate {
@@ -148,7 +166,7 @@ impl Gate {
         audit: Arc<AuditLog>,
         state: Arc<gangway_raft_store::SharedState>,
     ) -> Gate {
-        Gate { security, tokens, audit, state, raft_elsewhere: None }
+        Gate { security, tokens, audit, state, raft_elsewhere: None, member: None }
     }
 
     /// The replica has a peer port (`--peer-listen`): while `elsewhere` says
@@ -161,6 +179,17 @@ impl Gate {
         self
     }
 
+    /// Servers count as servers only while `member` says their replica is
+    /// a member of the cluster (membership, not certificate expiry, decides).
+    pub fn members(mut self, member: impl Fn(&str) -> bool + Send + Sync + 'static) -> Gate {
+        self.member = Some(Arc::new(member));
+        self
+    }
+
+    fn is_member(&self, server: &str) -> bool {
+        self.member.as_ref().is_none_or(|m| m(server))
+    }
+
     /// Who `head` comes from: the transport's verified peer, or for a
     /// connection without a certificate a credential in the head that
     /// verifies (a bearer token, a step credential's signature).
@@ -169,6 +198,7 @@ impl Gate {
         match peer {
             PeerAuth::Insecure => Who::Insecure,
             PeerAuth::Verified(p) => match p.role {
+                Role::Server if !self.is_member(&p.name) => Who::NotMember,
                 Role::Server => Who::Server,
                 Role::Agent => Who::Agent,
                 Role::Client => Who::Client,
@@ -185,7 +215,10 @@ impl Gate {
                 {
                     let now =
                         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-                    if let Ok(claims) = gangway_proto::step_cred::verify_signed(creds, cred, now) {
+                    if let Ok((claims, signer)) = gangway_proto::step_cred::verify_signed_by(creds, cred, now) {
+                        if !self.is_member(&signer.name) {
+                            return Who::NotMember;
+                        }
                         // A credential whose attempt ended vouches for nobody.
                         let live =
                             self.state.read().jobs.get(&claims.job_id).is_some_and(|j| {
@@ -329,6 +362,14 @@ mod tests {
             Verdict::Refuse(_) => None,
         };
         assert_eq!(pass(rule(health, Stranger)), Some(STRANGER_REQUEST_BYTES_MAX));
+        // A replica that is not a member is nobody: everything but the
+        // health check refused, naming why.
+        for path in [raft, hb, list, submit, "/gangway.v1.AdminService/ClusterStatus"] {
+            let Verdict::Refuse(s) = rule(path, NotMember) else { panic!("{path} passed a non-member") };
+            assert_eq!(s.code(), tonic::Code::Unauthenticated, "{path}");
+            assert!(s.message().contains("not a member"), "{path}: {}", s.message());
+        }
+        assert!(pass(rule(health, NotMember)).is_some());
         assert_eq!(code(rule("/grpc.health.v1.Health/Watch", Stranger)), Some(tonic::Code::Unauthenticated));
         assert_eq!(pass(rule("/grpc.health.v1.Health/Watch", Client)), Some(STRANGER_REQUEST_BYTES_MAX));
         assert_eq!(pass(rule(raft, Server)), Some(RAFT_MESSAGE_BYTES_MAX));

@@ -106,6 +106,10 @@ pub struct ReplicaConfig {
     /// The accounting database `JobService.History` reads (`gangway
     /// accounting` writes it); `None`: this replica answers no history.
     pub accounting: Option<String>,
+    /// Identities (or names) of accounting services (`--accounting-identity`):
+    /// they see every job as operators do and report what they stored, and
+    /// may do nothing else.
+    pub accounting_identities: Vec<String>,
 }
 
 /// A replica's address as its cluster membership records it: `HOST:PORT`,

@@ -261,6 +261,10 @@ pub async fn start_with_peer_port(
         let node = node.clone();
         gate = gate.raft_elsewhere(move || node.membership_names_peer_port());
     }
+    {
+        let node = node.clone();
+        gate = gate.members(move |name| node.admits_server(name));
+    }
     let raft_service = || {
         RaftServiceServer::new(RaftRpc { node: node.clone(), audit: replica.audit.clone() })
             .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)

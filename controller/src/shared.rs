@@ -95,6 +95,8 @@ pub struct Replica {
     pub security: gangway_proto::tls::Security,
     /// Users that are admins even when the policy names none (`--bootstrap-admin`).
     pub bootstrap_admins: Vec<String>,
+    /// Accounting services' identities (`--accounting-identity`).
+    pub accounting_identities: Vec<String>,
     /// Whether jobs may run as root (`--allow-root-jobs`).
     pub allow_root_jobs: bool,
     /// Users see only their own jobs (`--private-jobs`).
@@ -146,6 +148,7 @@ impl Replica {
             timing: config.timing.clone(),
             security: config.security.clone(),
             bootstrap_admins: config.bootstrap_admins.clone(),
+            accounting_identities: config.accounting_identities.clone(),
             allow_root_jobs: config.allow_root_jobs,
             tokens: config.tokens.clone(),
             power: config.power.clone(),

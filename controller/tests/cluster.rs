@@ -152,6 +152,7 @@ impl TestCluster {
             // These tests exercise the cluster itself; the security tests run TLS.
             security: Security::Insecure,
             bootstrap_admins: vec!["tester".into()],
+            accounting_identities: Vec::new(),
             allow_root_jobs: true,
             tokens: None,
             private_jobs: false,
@@ -1723,9 +1724,24 @@ mod security {
         Coordinator,
         /// `alice@corp.example`, whom the policy's user map makes alice.
         MappedAlice,
+        /// alice's certificate from the same CA, but for another cluster
+        /// (`spiffe://other/client/alice`).
+        OtherCluster,
+        /// server 4's certificate: the CA signed it, but replica 4 is not a
+        /// member (a removed replica's certificate reads the same).
+        NonMemberServer,
+        /// No certificate, the step credential of alice's running job (its
+        /// launch order's, signed by the leader).
+        LiveStep,
+        /// No certificate, a step credential for alice's running job signed
+        /// by a server of another cluster that shares the CA.
+        ForeignClusterStep,
+        /// No certificate, a step credential for alice's running job signed
+        /// by server 4, which is not a member.
+        NonMemberStep,
     }
 
-    const CALLERS: [Caller; 15] = [
+    const CALLERS: [Caller; 20] = [
         Caller::NoCert,
         Caller::ForeignCa,
         Caller::Expired,
@@ -1741,6 +1757,11 @@ mod security {
         Caller::Operator,
         Caller::Coordinator,
         Caller::MappedAlice,
+        Caller::OtherCluster,
+        Caller::NonMemberServer,
+        Caller::LiveStep,
+        Caller::ForeignClusterStep,
+        Caller::NonMemberStep,
     ];
 
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1775,9 +1796,11 @@ mod security {
         SetNodeInventory,
         /// node-x registering 16 H100s where its class allows 8 CPUs and no GPU.
         RegisterNodeXClaiming16Gpus,
+        /// A job pinned to node-x (`--nodelist`).
+        SubmitPinned,
     }
 
-    const RPCS: [Rpc; 28] = [
+    const RPCS: [Rpc; 29] = [
         Rpc::RaftVote,
         Rpc::RaftAppend,
         Rpc::RaftVoteAsReplica3,
@@ -1806,21 +1829,31 @@ mod security {
         Rpc::GetNodeInventory,
         Rpc::SetNodeInventory,
         Rpc::RegisterNodeXClaiming16Gpus,
+        Rpc::SubmitPinned,
     ];
 
     /// The rules: what each caller must get for each RPC.
     fn expected(rpc: Rpc, caller: Caller) -> Got {
         use Caller::*;
         // Raft knows only server certificates; tokens do not count there.
-        if caller == TokenAlice && matches!(rpc, Rpc::RaftVote | Rpc::RaftAppend | Rpc::RaftVoteAsReplica3) {
+        if matches!(caller, TokenAlice | LiveStep)
+            && matches!(rpc, Rpc::RaftVote | Rpc::RaftAppend | Rpc::RaftVoteAsReplica3)
+        {
             return Got::Unauthenticated;
         }
-        // Otherwise a token holder is the user it names, and a mapped
-        // identity the user it maps to.
-        let caller = if matches!(caller, TokenAlice | MappedAlice) { Alice } else { caller };
+        // A job's credential acts as its user, but changes no job and pins
+        // no job to nodes (it would mint itself fresh credentials there).
+        if caller == LiveStep && matches!(rpc, Rpc::HoldAlicesJob | Rpc::SubmitPinned) {
+            return Got::Denied;
+        }
+        // Otherwise a token holder is the user it names, a mapped identity
+        // the user it maps to, and a live credential its job's user.
+        let caller = if matches!(caller, TokenAlice | MappedAlice | LiveStep) { Alice } else { caller };
         match caller {
-            NoCert | ForgedToken | StaleStep => return Got::Unauthenticated,
-            ForeignCa | Expired => return Got::NoHandshake,
+            NoCert | ForgedToken | StaleStep | NonMemberServer | ForeignClusterStep | NonMemberStep => {
+                return Got::Unauthenticated
+            }
+            ForeignCa | Expired | OtherCluster => return Got::NoHandshake,
             _ => {}
         }
         let allowed = |ok: bool| if ok { Got::Allowed } else { Got::Denied };
@@ -1849,7 +1882,7 @@ mod security {
             | Rpc::Events => Got::Allowed,
             // Not even node-x's own agent: the inventory admits no more.
             Rpc::RegisterNodeXClaiming16Gpus => Got::Denied,
-            Rpc::Submit | Rpc::CancelMissingJob => allowed(user),
+            Rpc::Submit | Rpc::CancelMissingJob | Rpc::SubmitPinned => allowed(user),
             // Nobody runs jobs as root here, nor as someone else.
             Rpc::SubmitAsRoot => Got::Denied,
             Rpc::SubmitAsOther => Got::Denied,
@@ -1955,14 +1988,18 @@ mod security {
                 .get(req(pb::GetJobRequest { job_id: alices_job, stale: false }, bearer))
                 .await
                 .map(drop),
-            Rpc::Submit | Rpc::SubmitAsRoot | Rpc::SubmitAsOther => {
+            Rpc::Submit | Rpc::SubmitAsRoot | Rpc::SubmitAsOther | Rpc::SubmitPinned => {
                 let user = match rpc {
                     Rpc::SubmitAsRoot => "root",
                     Rpc::SubmitAsOther => "mallory",
                     _ => "",
                 };
+                let mut spec = spec(user);
+                if rpc == Rpc::SubmitPinned {
+                    spec.nodelist = vec!["node-x".into()];
+                }
                 JobServiceClient::new(ch)
-                    .submit(req(pb::SubmitRequest { spec: Some(spec(user)), ..Default::default() }, bearer))
+                    .submit(req(pb::SubmitRequest { spec: Some(spec), ..Default::default() }, bearer))
                     .await
                     .map(drop)
             }
@@ -2066,10 +2103,15 @@ mod security {
     struct Pki {
         _dir: tempfile::TempDir,
         main: std::path::PathBuf,
+        /// Certificates of cluster `other`, signed by the same CA.
+        other: std::path::PathBuf,
         token_alice: String,
         forged_token: String,
         token_public_key: std::path::PathBuf,
         stale_step: String,
+        /// The step credentials of alice's running job, once it runs: its
+        /// own, and ones signed by another cluster's server and by server 4.
+        steps: std::sync::OnceLock<[String; 3]>,
     }
 
     impl Pki {
@@ -2095,11 +2137,20 @@ mod security {
             // A client certificate from another CA, and an expired one from ours.
             let foreign = dir.path().join("foreign");
             pki::throwaway(&foreign, &[Principal::new(Role::Client, "alice").unwrap()]).unwrap();
+            // The same CA's certificates for another cluster.
+            let other_cluster = dir.path().join("other");
+            std::fs::create_dir_all(&other_cluster).unwrap();
+            for p in [Principal::new(Role::Client, "alice").unwrap(), Principal::new(Role::Server, "1").unwrap()] {
+                let req =
+                    CertRequest { principal: p, hosts: vec![], days: 1, backdate_days: 0, cluster: "other".into() };
+                pki::create_cert(&main, &other_cluster, &req).unwrap();
+            }
             let req = CertRequest {
                 principal: Principal::new(Role::Client, "expired").unwrap(),
                 hosts: vec![],
                 days: 1,
                 backdate_days: 3,
+                cluster: "gangway".into(),
             };
             pki::create_cert(&main, &main, &req).unwrap();
             // The cluster's token key, and another that nobody trusts.
@@ -2116,7 +2167,35 @@ mod security {
                 expires_unix: u64::MAX / 2,
             };
             let stale_step = gangway_proto::step_cred::sign(&server, &claims).unwrap();
-            Pki { main, _dir: dir, token_alice, forged_token, token_public_key, stale_step }
+            Pki {
+                main,
+                other: other_cluster,
+                _dir: dir,
+                token_alice,
+                forged_token,
+                token_public_key,
+                stale_step,
+                steps: std::sync::OnceLock::new(),
+            }
+        }
+
+        /// Records the running job's credential, and signs the two forged
+        /// ones for the same claims.
+        fn running_job(&self, live: String, job_id: u64, attempt: u32) {
+            let claims = gangway_proto::step_cred::StepClaims {
+                job_id,
+                attempt,
+                nodes: vec!["node-x".into()],
+                expires_unix: u64::MAX / 2,
+            };
+            let sign =
+                |files: TlsFiles| gangway_proto::step_cred::sign(&Credentials::load(files).unwrap(), &claims).unwrap();
+            let foreign = sign(TlsFiles {
+                ca: self.main.join("ca.pem"),
+                cert: Some((self.other.join("server-1.pem"), self.other.join("server-1-key.pem"))),
+            });
+            let nonmember = sign(TlsFiles::in_dir(&self.main, "server-4"));
+            self.steps.set([live, foreign, nonmember]).unwrap();
         }
 
         fn bearer(&self, caller: Caller) -> Option<&str> {
@@ -2124,15 +2203,22 @@ mod security {
                 Caller::TokenAlice => Some(&self.token_alice),
                 Caller::ForgedToken => Some(&self.forged_token),
                 Caller::StaleStep => Some(&self.stale_step),
+                Caller::LiveStep => self.steps.get().map(|s| s[0].as_str()),
+                Caller::ForeignClusterStep => self.steps.get().map(|s| s[1].as_str()),
+                Caller::NonMemberStep => self.steps.get().map(|s| s[2].as_str()),
                 _ => None,
             }
         }
 
         fn security(&self, caller: Caller) -> Security {
             let files = match caller {
-                Caller::NoCert | Caller::TokenAlice | Caller::ForgedToken | Caller::StaleStep => {
-                    TlsFiles { ca: self.main.join("ca.pem"), cert: None }
-                }
+                Caller::NoCert
+                | Caller::TokenAlice
+                | Caller::ForgedToken
+                | Caller::StaleStep
+                | Caller::LiveStep
+                | Caller::ForeignClusterStep
+                | Caller::NonMemberStep => TlsFiles { ca: self.main.join("ca.pem"), cert: None },
                 Caller::ForeignCa => TlsFiles {
                     ca: self.main.join("ca.pem"),
                     cert: Some((
@@ -2150,9 +2236,68 @@ mod security {
                 Caller::Operator => TlsFiles::in_dir(&self.main, "client-oscar"),
                 Caller::Coordinator => TlsFiles::in_dir(&self.main, "client-carol"),
                 Caller::MappedAlice => TlsFiles::in_dir(&self.main, "client-alice@corp.example"),
+                Caller::OtherCluster => TlsFiles {
+                    ca: self.main.join("ca.pem"),
+                    cert: Some((self.other.join("client-alice.pem"), self.other.join("client-alice-key.pem"))),
+                },
+                Caller::NonMemberServer => TlsFiles::in_dir(&self.main, "server-4"),
             };
             Security::Tls(Credentials::load(files).unwrap())
         }
+    }
+
+    /// A stand-in for node-x's agent: registers (8 CPUs, 8 GiB), heartbeats
+    /// every 100 ms reporting what it was told to launch as running, and
+    /// sends each launch order's job, attempt and step credential.
+    fn fake_agent_x(
+        eps: &[String],
+        pki: &Pki,
+    ) -> (tokio::task::JoinHandle<()>, tokio::sync::mpsc::Receiver<(u64, u32, String)>) {
+        let agent = Client::new(eps, "ignored", &pki.security(Caller::AgentX)).unwrap();
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let task = tokio::spawn(async move {
+            let mut running: Vec<pb::TaskRef> = Vec::new();
+            let mut registered = false;
+            loop {
+                if !registered {
+                    let r = agent
+                        .call(|ch| {
+                            let r = agent.request(pb::RegisterRequest {
+                                name: "node-x".into(),
+                                cpus: 8,
+                                mem_mb: 8192,
+                                ..Default::default()
+                            });
+                            async move { AgentServiceClient::new(ch).register(r).await }
+                        })
+                        .await;
+                    registered = r.is_ok();
+                } else {
+                    let hb = pb::HeartbeatRequest {
+                        name: "node-x".into(),
+                        running: running.clone(),
+                        reads_nodelist: true,
+                        ..Default::default()
+                    };
+                    if let Ok(resp) = agent
+                        .call(|ch| {
+                            let r = agent.request(hb.clone());
+                            async move { AgentServiceClient::new(ch).heartbeat(r).await }
+                        })
+                        .await
+                    {
+                        let resp = resp.into_inner();
+                        registered = resp.known;
+                        for o in resp.launch {
+                            running.push(pb::TaskRef { job_id: o.job_id, attempt: o.attempt });
+                            let _ = tx.try_send((o.job_id, o.attempt, o.step_credential));
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        (task, rx)
     }
 
     /// A job of the client's user with a script and a secret in its environment.
@@ -2464,8 +2609,23 @@ mod security {
         )
         .await
         .unwrap();
+        // node-x's agent (a stand-in: registers, heartbeats, keeps what it is
+        // told to launch) runs alice's job, whose launch order carries its
+        // step credential.
+        let (fake_agent, mut launched) = fake_agent_x(&eps, &pki);
         // Alice's job runs as alice, whatever she claims to be otherwise.
         let job = submit_secret_job(&alice).await;
+        let live = tokio::time::timeout(WAIT, async {
+            loop {
+                let (id, attempt, credential) = launched.recv().await.expect("the stand-in agent ended");
+                if id == job {
+                    break (attempt, credential);
+                }
+            }
+        })
+        .await
+        .expect("alice's job was never launched on node-x");
+        pki.running_job(live.1.clone(), job, live.0);
         let stored = c.state(leader).jobs[&job].clone();
         assert_eq!((stored.spec.user.as_str(), stored.submitted_by.as_str()), ("alice", "client:alice"));
         // Bob sees the job but not its script, command or environment; alice sees all.
@@ -2510,6 +2670,182 @@ mod security {
         println!("{}", table.join("\n"));
         println!("security matrix: {cells} cells, {} wrong", wrong.len());
         assert!(wrong.is_empty(), "{} of {cells} cells wrong:\n{}", wrong.len(), wrong.join("\n"));
+        // A job's credential reads its own job whole, and its user's other
+        // jobs as anyone else would: without scripts and environments.
+        let other = submit_secret_job(&alice).await;
+        for id in c.handles.keys().copied().collect::<Vec<_>>() {
+            let ch = pki.security(Caller::LiveStep).channel(&c.addrs[&id], Expect::Server, WAIT).unwrap();
+            let read = |job_id: u64| {
+                let ch = ch.clone();
+                let bearer = pki.bearer(Caller::LiveStep);
+                async move {
+                    JobServiceClient::new(ch)
+                        .get(req(pb::GetJobRequest { job_id, stale: false }, bearer))
+                        .await
+                        .unwrap()
+                        .into_inner()
+                        .spec
+                        .unwrap()
+                }
+            };
+            let own = read(job).await;
+            assert_eq!(own.env.get("SECRET_TOKEN").map(String::as_str), Some("hunter2"), "replica {id}");
+            let theirs = read(other).await;
+            assert!(theirs.env.is_empty() && theirs.script.is_empty() && theirs.command.is_empty(), "{theirs:?}");
+        }
+        // Reservation lists hold for admins' jobs too: an admin forces a
+        // job in explicitly, and a job's credential cannot.
+        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+        let reserve = pb::ChangeReservationRequest {
+            action: "create".into(),
+            spec: Some(pb::ReservationSpec {
+                name: "bobs".into(),
+                start_ms: now_ms,
+                end_ms: now_ms + 3_600_000,
+                nodes: vec!["node-x".into()],
+                users: vec!["bob".into()],
+                flags: "IGNORE_JOBS".into(),
+                ..Default::default()
+            }),
+        };
+        admin
+            .call(|ch| {
+                let r = admin.request(reserve.clone());
+                async move { AdminServiceClient::new(ch).change_reservation(r).await }
+            })
+            .await
+            .unwrap();
+        let in_bobs = |force: bool| {
+            let mut spec = spec("");
+            spec.reservation = "bobs".into();
+            spec.force_reservation = force;
+            pb::SubmitRequest { spec: Some(spec), ..Default::default() }
+        };
+        let submit_as = |who: Caller, force: bool| {
+            let ch =
+                pki.security(who).channel(&c.addrs[&c.handles.keys().next().copied().unwrap()], Expect::Server, WAIT);
+            let r = req(in_bobs(force), pki.bearer(who));
+            async move { JobServiceClient::new(ch.unwrap()).submit(r).await }
+        };
+        let refused = submit_as(Caller::Admin, false).await.unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+        assert!(refused.message().contains("--force-reservation"), "{refused:?}");
+        submit_as(Caller::Admin, true).await.expect("an admin who forces it runs in the reservation");
+        submit_as(Caller::Bob, false).await.expect("a listed user runs in the reservation");
+        let refused = submit_as(Caller::LiveStep, true).await.unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "a job's credential forced a reservation: {refused:?}");
+        assert!(submit_as(Caller::Alice, true).await.is_err(), "a user not listed ran in the reservation");
+        // A job's credential works only from the job's nodes where they
+        // registered addresses: node-x moved to 10.9.9.9, a call from here
+        // (loopback) is refused; back on 127.0.0.1, it passes again.
+        let agent_x = Client::new(&eps, "ignored", &pki.security(Caller::AgentX)).unwrap();
+        let register_at = |addr: &'static str| {
+            let agent_x = &agent_x;
+            async move {
+                agent_x
+                    .call(|ch| {
+                        let r = agent_x.request(pb::RegisterRequest {
+                            name: "node-x".into(),
+                            addr: addr.into(),
+                            cpus: 8,
+                            mem_mb: 8192,
+                            ..Default::default()
+                        });
+                        async move { AgentServiceClient::new(ch).register(r).await }
+                    })
+                    .await
+                    .unwrap()
+            }
+        };
+        let list_as_job = || {
+            let ch = pki.security(Caller::LiveStep).channel(
+                &c.addrs[&c.handles.keys().next().copied().unwrap()],
+                Expect::Server,
+                WAIT,
+            );
+            let r = req(pb::ListJobsRequest::default(), pki.bearer(Caller::LiveStep));
+            async move { JobServiceClient::new(ch.unwrap()).list(r).await }
+        };
+        register_at("10.9.9.9:6818").await;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let refused = loop {
+            match list_as_job().await {
+                Err(e) => break e,
+                Ok(_) if tokio::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+                Ok(_) => panic!("a job's credential worked from none of its nodes"),
+            }
+        };
+        assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+        assert!(refused.message().contains("none of the job's nodes"), "{refused:?}");
+        register_at("127.0.0.1:6818").await;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while list_as_job().await.is_err() {
+            assert!(tokio::time::Instant::now() < deadline, "the job's credential stayed refused from its node");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Nor may a job's credential steer a job off every node but some.
+        let mut steered = spec("");
+        steered.exclude = vec!["node-y".into()];
+        let ch = pki.security(Caller::LiveStep).channel(
+            &c.addrs[&c.handles.keys().next().copied().unwrap()],
+            Expect::Server,
+            WAIT,
+        );
+        let r = req(pb::SubmitRequest { spec: Some(steered), ..Default::default() }, pki.bearer(Caller::LiveStep));
+        let refused = JobServiceClient::new(ch.unwrap()).submit(r).await.unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+        fake_agent.abort();
+        // The stopped leader is removed from the membership: from then on its
+        // certificate, still valid for a year, opens nothing on either
+        // replica left, not even what any user may read.
+        let removed = leader;
+        let removed_cert =
+            Security::Tls(Credentials::load(TlsFiles::in_dir(&pki.main, &format!("server-{removed}"))).unwrap());
+        // An event stream it opened before its removal ends with it.
+        let live = *c.handles.keys().next().unwrap();
+        let ch = removed_cert.channel(&c.addrs[&live], Expect::Server, WAIT).unwrap();
+        let mut stream = JobServiceClient::new(ch)
+            .events(pb::EventsRequest { from_index: 1, job_id: 0, ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
+        admin
+            .call(|ch| {
+                let r = admin.request(pb::RemoveMemberRequest { id: removed });
+                async move { AdminServiceClient::new(ch).remove_member(r).await }
+            })
+            .await
+            .unwrap();
+        let ended = tokio::time::timeout(WAIT, async {
+            loop {
+                match stream.message().await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => break None,
+                    Err(e) => break Some(e),
+                }
+            }
+        })
+        .await
+        .expect("a removed replica's stream stayed open");
+        let e = ended.expect("the stream ended without saying why");
+        assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+        assert!(e.message().contains("no longer a member"), "{e:?}");
+        for id in c.handles.keys().copied().collect::<Vec<_>>() {
+            let deadline = tokio::time::Instant::now() + WAIT;
+            loop {
+                let ch = removed_cert.channel(&c.addrs[&id], Expect::Server, WAIT).unwrap();
+                let got = AdminServiceClient::new(ch).cluster_status(pb::ClusterStatusRequest {}).await;
+                if matches!(&got, Err(s) if s.code() == Code::Unauthenticated) {
+                    assert!(got.unwrap_err().message().contains("not a member"));
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "replica {id} still takes a removed replica's certificate"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         // The new leader's audit trail names who was refused what, and the
         // admin actions it allowed; only admins read it.
         let new_leader = c.leader().await;

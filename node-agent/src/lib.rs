@@ -46,6 +46,9 @@ const RETRY_PAUSE: Duration = Duration::from_secs(1);
 /// admin's change is needed, so the agent asks again at a pace that keeps
 /// its log readable, and is back within this long once admitted.
 const REFUSED_PAUSE: Duration = Duration::from_secs(10);
+/// Replica names a heartbeat answer may list as the membership: Raft
+/// clusters are 3 to 7 voters and a few learners; a longer list is ignored.
+const MEMBERS_MAX: usize = 64;
 /// Pause before reopening a broken `WatchNode` stream: a fifth of RETRY_PAUSE.
 const WATCH_RETRY_PAUSE: Duration = RETRY_PAUSE.checked_div(5).expect("5 is not zero");
 
@@ -396,6 +399,12 @@ fn exit_from_report(r: TaskExitReport) -> Exit {
 }
 
 /// A leader's heartbeat answer as the agent's core reads it.
+/// The membership a heartbeat answer names, when it names one of at most
+/// MEMBERS_MAX replicas.
+fn members_of(resp: &gangway_proto::v1::HeartbeatResponse) -> Option<std::collections::BTreeSet<String>> {
+    (!resp.members.is_empty() && resp.members.len() <= MEMBERS_MAX).then(|| resp.members.iter().cloned().collect())
+}
+
 pub fn answer_from(resp: &gangway_proto::v1::HeartbeatResponse) -> Answer {
     Answer {
         known: resp.known,
@@ -507,6 +516,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         let ca = std::fs::read_to_string(&creds.files().ca)
             .map_err(|e| anyhow::anyhow!("tls-ca: {}: {e}", creds.files().ca.display()))?;
         tasks.step_ca_pem = Some(ca);
+        tasks.step_cluster = creds.cluster();
     }
     tasks.adopt_all();
     tasks.provide_job_tools(&config.state_dir, &config.controllers);
@@ -519,6 +529,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             lease: tasks.lease_path(),
         }
     });
+    let members = steps::Members::default();
     let (_steps, step_port) = match &config.step_listen {
         Some(addr) => {
             let l = tokio::net::TcpListener::bind(addr)
@@ -529,12 +540,15 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             (
                 Some(AbortOnDrop(steps::serve(
                     l,
-                    &config.name,
-                    tasks.step_hosts(),
-                    config.security.clone(),
-                    config.shim.clone(),
-                    tasks.job_tools_dir(),
-                    keeping,
+                    steps::StepServer::new(
+                        &config.name,
+                        tasks.step_hosts(),
+                        config.security.clone(),
+                        config.shim.clone(),
+                        tasks.job_tools_dir(),
+                        keeping,
+                    )
+                    .with_members(members.clone()),
                 )?)),
                 Some(port),
             )
@@ -612,6 +626,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 async move { gangway_proto::limits::agent_client(ch).heartbeat(r).await }
             });
             let mut resp = shell.await_fenced(call).await?.into_inner();
+            // Whose step credentials count from now on (a leader that does
+            // not say leaves the last word in place).
+            if let Some(m) = members_of(&resp) {
+                *members.write().expect("members lock") = Some(m);
+            }
             // A big gang's order names its nodes as a hostlist: expanded here,
             // and an order that cannot be is not acted on (nor launched).
             resp.launch.retain_mut(|order| match launch::complete_order(order) {
@@ -686,6 +705,19 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A heartbeat answer naming MEMBERS_MAX replicas is the membership;
+    /// one naming more, or none, leaves the last one in place.
+    #[test]
+    fn a_membership_names_at_most_members_max_replicas() {
+        let answer = |n: usize| gangway_proto::v1::HeartbeatResponse {
+            members: (0..n).map(|i| i.to_string()).collect(),
+            ..Default::default()
+        };
+        assert_eq!(members_of(&answer(MEMBERS_MAX)).map(|m| m.len()), Some(MEMBERS_MAX));
+        assert_eq!(members_of(&answer(MEMBERS_MAX + 1)), None);
+        assert_eq!(members_of(&answer(0)), None);
+    }
 
     #[test]
     fn deadlines_past_the_clocks_range_do_not_panic() {

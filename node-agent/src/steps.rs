@@ -112,6 +112,11 @@ pub struct StepHost {
 /// The allocations that can host steps, by (job, attempt); kept by the supervisor.
 pub type StepHosts = Arc<Mutex<BTreeMap<(u64, u32), StepHost>>>;
 
+/// The replicas of the cluster's membership as the leader last said
+/// (`HeartbeatResponse.members`; `None` until it has): a step credential
+/// signed by any other replica, a removed one's included, is refused.
+pub type Members = Arc<std::sync::RwLock<Option<std::collections::BTreeSet<String>>>>;
+
 pub struct StepServer {
     node: String,
     hosts: StepHosts,
@@ -126,6 +131,8 @@ pub struct StepServer {
     tools: Option<std::path::PathBuf>,
     /// Where step tasks that outlive a restart of this agent live.
     keeping: Option<Keeping>,
+    /// Whose step credentials count.
+    members: Members,
 }
 
 /// Where kept step tasks live (see `kept.rs`): an agent with a task shim and
@@ -148,7 +155,13 @@ impl StepServer {
         tools: Option<std::path::PathBuf>,
         keeping: Option<Keeping>,
     ) -> StepServer {
-        StepServer { node: node.to_string(), hosts, security, shim, tools, keeping }
+        StepServer { node: node.to_string(), hosts, security, shim, tools, keeping, members: Members::default() }
+    }
+
+    /// Refuses credentials of replicas outside `members`.
+    pub fn with_members(mut self, members: Members) -> StepServer {
+        self.members = members;
+        self
     }
 
     /// The caller must hold this job attempt's step credential naming this node.
@@ -158,17 +171,23 @@ impl StepServer {
         job_id: u64,
         attempt: u32,
     ) -> Result<(), Status> {
-        use gangway_proto::step_cred::{verify, STEP_CREDENTIAL_METADATA_KEY};
+        use gangway_proto::step_cred::{verify_by, STEP_CREDENTIAL_METADATA_KEY};
         let Some(creds) = self.security.credentials() else { return Ok(()) };
         let token = metadata
             .get(STEP_CREDENTIAL_METADATA_KEY)
             .and_then(|v| v.to_str().ok())
             .ok_or_else(|| Status::unauthenticated("a step needs its job's step credential (srun sends it)"))?;
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        verify(creds, token, job_id, attempt, &self.node, now).map(drop).map_err(|why| {
+        let refused = |why: String| {
             tracing::warn!(target: "gangway::audit", job_id, attempt, reason = %why, "step refused: bad credential");
             Status::permission_denied(format!("permission: the step credential is not valid here: {why}"))
-        })
+        };
+        let (_, signer) = verify_by(creds, token, job_id, attempt, &self.node, now).map_err(refused)?;
+        let member = self.members.read().expect("members lock").as_ref().is_none_or(|m| m.contains(&signer.name));
+        if !member {
+            return Err(refused(format!("its signer {signer} is not a member of the cluster")));
+        }
+        Ok(())
     }
 }
 
@@ -763,20 +782,11 @@ async fn read_some<R: tokio::io::AsyncRead + Unpin>(pipe: &mut Option<R>, buf: &
 const CLIENT_PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 const CLIENT_PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
-/// Serves the step service on `listener` until the returned task is aborted.
-pub fn serve(
-    listener: tokio::net::TcpListener,
-    node: &str,
-    hosts: StepHosts,
-    security: gangway_proto::tls::Security,
-    shim: Option<std::path::PathBuf>,
-    tools: Option<std::path::PathBuf>,
-    keeping: Option<Keeping>,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+/// Serves `server` on `listener` until the returned task is aborted.
+pub fn serve(listener: tokio::net::TcpListener, server: StepServer) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     use gangway_proto::v1::step_service_server::StepServiceServer;
-    let incoming =
-        gangway_proto::tls::incoming(listener, &security).map_err(|e| anyhow::anyhow!("step service TLS: {e}"))?;
-    let server = StepServer::new(node, hosts, security, shim, tools, keeping);
+    let incoming = gangway_proto::tls::incoming(listener, &server.security)
+        .map_err(|e| anyhow::anyhow!("step service TLS: {e}"))?;
     Ok(tokio::spawn(async move {
         if let Err(e) = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(CLIENT_PING_INTERVAL))
@@ -952,7 +962,8 @@ mod tests {
         hosts.lock().unwrap().insert((7, 1), host);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let _server = serve(listener, "n2", hosts, gangway_proto::tls::Security::Insecure, None, None, None).unwrap();
+        let server = StepServer::new("n2", hosts, gangway_proto::tls::Security::Insecure, None, None, None);
+        let _server = serve(listener, server).unwrap();
         let attach = |inputs: Vec<StepInput>| async move {
             let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await;
             let mut client = StepServiceClient::new(channel.unwrap());
@@ -1054,8 +1065,24 @@ mod tests {
         // The right one passes the check: what refuses this step (no command)
         // comes after it.
         let good = sign(&server, &claims(7, &["n1", "n2"])).unwrap();
-        let mut r = Request::new(request(7, &[], &[0]));
-        r.metadata_mut().insert(STEP_CREDENTIAL_METADATA_KEY, good.parse().unwrap());
-        assert_eq!(code(step.run(r).await), Some(tonic::Code::InvalidArgument));
+        let good_request = || {
+            let mut r = Request::new(request(7, &[], &[0]));
+            r.metadata_mut().insert(STEP_CREDENTIAL_METADATA_KEY, good.parse().unwrap());
+            r
+        };
+        assert_eq!(code(step.run(good_request()).await), Some(tonic::Code::InvalidArgument));
+        // Once the leader says replica 1 is no longer a member, what it
+        // signed opens nothing here; while it is one, it does.
+        let members = Members::default();
+        let step = StepServer::new("n2", StepHosts::default(), Security::Tls(agent.clone()), None, None, None)
+            .with_members(members.clone());
+        *members.write().unwrap() = Some(["1".to_string(), "2".to_string()].into());
+        assert_eq!(code(step.run(good_request()).await), Some(tonic::Code::InvalidArgument));
+        *members.write().unwrap() = Some(["2".to_string(), "3".to_string()].into());
+        let Err(refused) = step.run(good_request()).await else {
+            panic!("a removed replica's credential opened a step")
+        };
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        assert!(refused.message().contains("server:1 is not a member"), "{}", refused.message());
     }
 }

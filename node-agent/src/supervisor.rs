@@ -495,6 +495,8 @@ pub struct Supervisor {
     /// The cluster's CA (PEM), handed to tasks so srun can check the agents
     /// it starts steps on; `None` on an insecure agent.
     pub step_ca_pem: Option<String>,
+    /// The cluster this agent's certificate names, for the same tools.
+    pub step_cluster: Option<String>,
     /// When suspended tasks were last looked over ([`Supervisor::keep_suspended`]).
     suspend_checked: Instant,
     /// Measures what tasks use (None: not measured).
@@ -588,13 +590,16 @@ fn open_output(path: &std::path::Path, truncate: bool, umask: u32) -> std::io::R
 /// What srun in the task needs to start steps on the job's other nodes: the
 /// job's step credential and the CA that signed their agents' certificates
 /// (after the job's own environment, so a job cannot replace them).
-fn step_env(order: &LaunchOrder, ca_pem: Option<&str>) -> Vec<(&'static str, String)> {
+fn step_env(order: &LaunchOrder, ca_pem: Option<&str>, cluster: Option<&str>) -> Vec<(&'static str, String)> {
     let mut env = Vec::new();
     if !order.step_credential.is_empty() {
         env.push((gangway_proto::step_cred::STEP_CREDENTIAL_ENV, order.step_credential.clone()));
     }
     if let Some(ca) = ca_pem {
         env.push((gangway_proto::step_cred::STEP_CA_ENV, ca.to_string()));
+    }
+    if let Some(cluster) = cluster {
+        env.push((gangway_proto::step_cred::STEP_CLUSTER_ENV, cluster.to_string()));
     }
     env
 }
@@ -656,6 +661,7 @@ impl Supervisor {
             job_tools: None,
             allow_root_jobs: false,
             step_ca_pem: None,
+            step_cluster: None,
             suspend_checked: Instant::now(),
             usage: None,
         };
@@ -1041,7 +1047,11 @@ impl Supervisor {
             self.write_user_file(&path, addrs.as_bytes(), 0o600, ids, "the step addresses")?;
             env.push(("GANGWAY_STEP_ADDRS_FILE".into(), path.display().to_string()));
         }
-        env.extend(step_env(order, self.step_ca_pem.as_deref()).into_iter().map(|(k, v)| (k.to_string(), v)));
+        env.extend(
+            step_env(order, self.step_ca_pem.as_deref(), self.step_cluster.as_deref())
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v)),
+        );
         match (ids, &self.shim) {
             // A root shim gets an empty environment and the root directory:
             // the task's environment and working directory take effect only

@@ -95,6 +95,9 @@ pub struct CertRequest {
     /// Starts the validity this many days in the past (a certificate that has
     /// already expired, for tests of expiry handling; 0 normally).
     pub backdate_days: u32,
+    /// The cluster it is for (its SPIFFE trust domain): peers of another
+    /// cluster refuse it, even under the same CA.
+    pub cluster: String,
 }
 
 /// Issues a certificate signed by the CA in `ca_dir` into `out_dir`
@@ -116,7 +119,9 @@ pub fn create_cert(ca_dir: &Path, out_dir: &Path, req: &CertRequest) -> Result<(
     let mut params = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
     params.distinguished_name.push(DnType::CommonName, p.name.clone());
     params.distinguished_name.push(DnType::OrganizationalUnitName, p.role.as_str());
-    let uri = p.san_uri().try_into().map_err(|e| format!("{}: {e}", p.san_uri()))?;
+    crate::tls::check_cluster_name(&req.cluster)?;
+    let san = p.san_uri_in(&req.cluster);
+    let uri = san.clone().try_into().map_err(|e| format!("{san}: {e}"))?;
     params.subject_alt_names.push(SanType::URI(uri));
     // Tools that check host names (Prometheus, grpcurl) can check a Gangway
     // listener by its role: `server.gangway` or `agent.gangway`.
@@ -165,6 +170,7 @@ pub fn throwaway(dir: &Path, principals: &[Principal]) -> Result<Vec<TlsFiles>, 
             hosts: vec!["localhost".into(), "127.0.0.1".into()],
             days: 30,
             backdate_days: 0,
+            cluster: crate::tls::DEFAULT_CLUSTER.into(),
         };
         let (cert, key) = create_cert(dir, dir, &req)?;
         out.push(TlsFiles { ca: ca_paths(dir).0, cert: Some((cert, key)) });
@@ -194,13 +200,14 @@ mod tests {
         assert!(not_after > 0);
         // Never overwritten.
         assert!(create_ca(&dir, "again", 1).unwrap_err().contains("already holds a CA"));
-        let req = CertRequest { principal: alice, hosts: vec![], days: 1, backdate_days: 0 };
+        let req = CertRequest { principal: alice, hosts: vec![], days: 1, backdate_days: 0, cluster: "gangway".into() };
         assert!(create_cert(&dir, &dir, &req).unwrap_err().contains("already exists"));
         let bad = CertRequest {
             principal: Principal::new(Role::Agent, "n1").unwrap(),
             hosts: vec![],
             days: 0,
             backdate_days: 0,
+            cluster: "gangway".into(),
         };
         assert!(create_cert(&dir, &dir, &bad).unwrap_err().starts_with("days:"));
         std::fs::remove_dir_all(&dir).unwrap();
@@ -241,6 +248,7 @@ mod tests {
             hosts: (0..n).map(|i| format!("h{i}.example")).collect(),
             days: 1,
             backdate_days: 0,
+            cluster: "gangway".into(),
         };
         let (cert, _) = create_cert(&dir, &dir, &req(HOSTS_MAX, "at")).unwrap();
         let pem = std::fs::read(&cert).unwrap();

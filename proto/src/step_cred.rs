@@ -18,7 +18,7 @@ use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::ParsedCertificate;
 use rustls::SignatureScheme;
 
-use crate::tls::{principal_of, Credentials, Role};
+use crate::tls::{principal_in_cluster, Credentials, Principal, Role};
 
 /// Metadata key that carries the step credential to a step service.
 pub const STEP_CREDENTIAL_METADATA_KEY: &str = "gangway-step-credential";
@@ -27,6 +27,9 @@ pub const STEP_CREDENTIAL_ENV: &str = "GANGWAY_STEP_CREDENTIAL";
 /// Environment variable with the cluster's CA certificate (PEM), which srun
 /// checks the agents' certificates against.
 pub const STEP_CA_ENV: &str = "GANGWAY_STEP_CA";
+/// The cluster (trust domain) whose agents and replicas a job's srun and
+/// CLI accept: without a certificate of their own, they learn it here.
+pub const STEP_CLUSTER_ENV: &str = "GANGWAY_STEP_CLUSTER";
 /// A credential is a few kilobytes (mostly the signer's certificate); larger
 /// input is refused before any parsing.
 pub const STEP_CREDENTIAL_BYTES_MAX: usize = 16 * 1024;
@@ -121,7 +124,19 @@ pub fn verify(
     node: &str,
     now_unix: u64,
 ) -> Result<StepClaims, String> {
-    let claims = verify_signed(creds, token, now_unix)?;
+    verify_by(creds, token, job_id, attempt, node, now_unix).map(|(claims, _)| claims)
+}
+
+/// As [`verify`], with the replica whose certificate signed it.
+pub fn verify_by(
+    creds: &Credentials,
+    token: &str,
+    job_id: u64,
+    attempt: u32,
+    node: &str,
+    now_unix: u64,
+) -> Result<(StepClaims, Principal), String> {
+    let (claims, signer) = verify_signed_by(creds, token, now_unix)?;
     if claims.job_id != job_id || claims.attempt != attempt {
         return Err(format!(
             "it is for job {} attempt {}, not job {job_id} attempt {attempt}",
@@ -131,12 +146,17 @@ pub fn verify(
     if !claims.nodes.iter().any(|n| n == node) {
         return Err(format!("it does not name node {node}"));
     }
-    Ok(claims)
+    Ok((claims, signer))
 }
 
 /// The claims of a credential signed by a server certificate of the CA and
 /// unexpired at `now`, whatever job and nodes it names.
 pub fn verify_signed(creds: &Credentials, token: &str, now_unix: u64) -> Result<StepClaims, String> {
+    verify_signed_by(creds, token, now_unix).map(|(claims, _)| claims)
+}
+
+/// As [`verify_signed`], with the replica whose certificate signed it.
+pub fn verify_signed_by(creds: &Credentials, token: &str, now_unix: u64) -> Result<(StepClaims, Principal), String> {
     if token.len() > STEP_CREDENTIAL_BYTES_MAX {
         return Err(format!("longer than {STEP_CREDENTIAL_BYTES_MAX} bytes"));
     }
@@ -168,9 +188,12 @@ pub fn verify_signed(creds: &Credentials, token: &str, now_unix: u64) -> Result<
         provider.signature_verification_algorithms.all,
     )
     .map_err(|e| format!("signer certificate: {e}"))?;
-    let (signer, _) = principal_of(&cert)?;
+    let (signer, cluster, _) = principal_in_cluster(&cert)?;
     if signer.role != Role::Server {
         return Err(format!("signed by {signer}, not a controller replica"));
+    }
+    if let Some(own) = creds.cluster().filter(|own| *own != cluster) {
+        return Err(format!("signed by {signer} of cluster '{cluster}', not '{own}'"));
     }
     let algs = provider
         .signature_verification_algorithms
@@ -188,7 +211,7 @@ pub fn verify_signed(creds: &Credentials, token: &str, now_unix: u64) -> Result<
     if now_unix > claims.expires_unix {
         return Err("it has expired".into());
     }
-    Ok(claims)
+    Ok((claims, signer))
 }
 
 #[cfg(test)]
@@ -241,6 +264,25 @@ mod tests {
         let forged = sign(&alice, &claims).unwrap();
         assert!(refused(&forged, 7, 1, "n1", now).contains("signer certificate"));
         assert!(refused("v1.zz", 7, 1, "n1", now).contains("malformed"));
+        // A server of another cluster that shares the CA cannot mint one
+        // this cluster's agents accept.
+        let other = dir.join("other");
+        std::fs::create_dir_all(&other).unwrap();
+        let req = pki::CertRequest {
+            principal: Principal::new(Role::Server, "1").unwrap(),
+            hosts: vec![],
+            days: 1,
+            backdate_days: 0,
+            cluster: "other".into(),
+        };
+        pki::create_cert(&dir, &other, &req).unwrap();
+        let foreign = Credentials::load(TlsFiles {
+            ca: dir.join("ca.pem"),
+            cert: Some((other.join("server-1.pem"), other.join("server-1-key.pem"))),
+        })
+        .unwrap();
+        let forged = sign(&foreign, &claims).unwrap();
+        assert!(refused(&forged, 7, 1, "n1", now).contains("of cluster 'other', not 'gangway'"));
         assert!(refused(&"a".repeat(STEP_CREDENTIAL_BYTES_MAX + 1), 7, 1, "n1", now).contains("longer"));
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -3,7 +3,8 @@
 //!
 //! Every certificate a Gangway cluster trusts is signed by the cluster's CA and
 //! names its holder in a URI subject alternative name,
-//! `spiffe://gangway/<role>/<name>`:
+//! `spiffe://<cluster>/<role>/<name>` (the SPIFFE trust domain is the
+//! cluster's name, `gangway` unless `gangway tls --cluster` says otherwise):
 //! - `server/<id>`: a controller replica (may call Raft and membership RPCs);
 //! - `agent/<node>`: the node agent of host `<node>` (may speak only for it);
 //! - `client/<name>`: a user or a service, `<name>` being its user name.
@@ -13,6 +14,11 @@
 //! role, not by host name: replicas are dialled by address and all of them are
 //! `server`s. Certificates and the CA are read again when their files change, so
 //! rotating them needs no restart.
+//!
+//! A process with a certificate of its own accepts only peers of its own
+//! cluster: two clusters that share a CA (one company CA, a Vault PKI mount)
+//! but not a name refuse each other's certificates in the handshake, and a
+//! step credential signed by the other's replicas.
 //!
 //! `Security::Insecure` (the `--insecure` flag) is plaintext gRPC where callers
 //! name themselves; it exists for throwaway test clusters and says so loudly.
@@ -39,8 +45,14 @@ use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::server::Connected;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// The URI SAN prefix that carries a certificate's role and name.
+/// The URI SAN scheme that carries a certificate's cluster, role and name.
+pub const SPIFFE_SCHEME: &str = "spiffe://";
+/// The cluster name (SPIFFE trust domain) of certificates made without one.
+pub const DEFAULT_CLUSTER: &str = "gangway";
+/// The URI SAN prefix of the default cluster's certificates.
 pub const SAN_PREFIX: &str = "spiffe://gangway/";
+/// Cluster names are SPIFFE trust domains: short, lower case, DNS-like.
+pub const CLUSTER_NAME_BYTES_MAX: usize = 64;
 /// Principal names are user, node and replica names: short and path-safe.
 pub const PRINCIPAL_NAME_BYTES_MAX: usize = 128;
 /// How often a connection checks whether the certificate files changed. A stat
@@ -121,7 +133,12 @@ impl Principal {
     }
 
     pub fn san_uri(&self) -> String {
-        format!("{SAN_PREFIX}{}/{}", self.role.as_str(), self.name)
+        self.san_uri_in(DEFAULT_CLUSTER)
+    }
+
+    /// The URI SAN naming this principal in cluster `cluster`.
+    pub fn san_uri_in(&self, cluster: &str) -> String {
+        format!("{SPIFFE_SCHEME}{cluster}/{}/{}", self.role.as_str(), self.name)
     }
 }
 
@@ -146,32 +163,65 @@ pub fn check_principal_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A certificate's Gangway principal (from its `spiffe://gangway/...` URI SAN)
-/// and its expiry (Unix seconds).
+/// A cluster name as a SPIFFE trust domain: 1 to 64 bytes of lower-case
+/// letters, digits, `.`, `-` and `_`.
+pub fn check_cluster_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > CLUSTER_NAME_BYTES_MAX {
+        return Err(format!("cluster name '{name}' must be 1 to {CLUSTER_NAME_BYTES_MAX} bytes"));
+    }
+    if !name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_')) {
+        return Err(format!("cluster name '{name}' may hold only lower-case letters, digits, '.', '-' and '_'"));
+    }
+    Ok(())
+}
+
+/// A certificate's Gangway principal (from its `spiffe://CLUSTER/ROLE/NAME`
+/// URI SAN) and its expiry (Unix seconds), whatever its cluster.
 pub fn principal_of(der: &[u8]) -> Result<(Principal, i64), String> {
+    principal_in_cluster(der).map(|(p, _, not_after)| (p, not_after))
+}
+
+/// A certificate's principal, the cluster it names it in, and its expiry.
+pub fn principal_in_cluster(der: &[u8]) -> Result<(Principal, String, i64), String> {
     use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
     let (_, cert) = X509Certificate::from_der(der).map_err(|e| format!("not an X.509 certificate: {e}"))?;
     let not_after = cert.validity().not_after.timestamp();
     let san =
         cert.subject_alternative_name().map_err(|e| format!("subject alternative names: {e}"))?.ok_or_else(|| {
-            format!("the certificate has no subject alternative names (needs a {SAN_PREFIX}ROLE/NAME URI)")
+            format!("the certificate has no subject alternative names (needs a {SPIFFE_SCHEME}CLUSTER/ROLE/NAME URI)")
         })?;
     let mut found = None;
     for name in &san.value.general_names {
         if let GeneralName::URI(uri) = name {
-            if let Some(rest) = uri.strip_prefix(SAN_PREFIX) {
+            if let Some(rest) = uri.strip_prefix(SPIFFE_SCHEME) {
                 if found.is_some() {
-                    return Err(format!("the certificate names more than one {SAN_PREFIX} principal"));
+                    return Err(format!("the certificate names more than one {SPIFFE_SCHEME} principal"));
                 }
-                let (role, name) =
-                    rest.split_once('/').ok_or_else(|| format!("URI SAN '{uri}' is not {SAN_PREFIX}ROLE/NAME"))?;
+                let bad = || format!("URI SAN '{uri}' is not {SPIFFE_SCHEME}CLUSTER/ROLE/NAME");
+                let (cluster, rest) = rest.split_once('/').ok_or_else(bad)?;
+                let (role, name) = rest.split_once('/').ok_or_else(bad)?;
+                check_cluster_name(cluster).map_err(|e| format!("URI SAN '{uri}': {e}"))?;
                 let role = Role::parse(role).ok_or_else(|| format!("URI SAN '{uri}': unknown role '{role}'"))?;
-                found = Some(Principal::new(role, name)?);
+                found = Some((Principal::new(role, name)?, cluster.to_string()));
             }
         }
     }
-    let p = found.ok_or_else(|| format!("the certificate has no {SAN_PREFIX}ROLE/NAME URI SAN"))?;
-    Ok((p, not_after))
+    let (p, cluster) =
+        found.ok_or_else(|| format!("the certificate has no {SPIFFE_SCHEME}CLUSTER/ROLE/NAME URI SAN"))?;
+    Ok((p, cluster, not_after))
+}
+
+/// Refuses a peer certificate of another cluster than `own` (when this
+/// process has a certificate, and so a cluster, of its own).
+fn same_cluster(own: Option<&str>, peer: &CertificateDer<'_>) -> Result<(), rustls::Error> {
+    let Some(own) = own else { return Ok(()) };
+    let (p, cluster, _) = principal_in_cluster(peer).map_err(rustls::Error::General)?;
+    if cluster != own {
+        return Err(rustls::Error::General(format!(
+            "{p}'s certificate is of cluster '{cluster}', not '{own}' (a CA shared by two clusters)"
+        )));
+    }
+    Ok(())
 }
 
 /// Where this process's CA, certificate and key live (PEM files).
@@ -200,6 +250,8 @@ struct Material {
     client_verifier: Arc<dyn ClientCertVerifier>,
     key: Option<Arc<CertifiedKey>>,
     principal: Option<Principal>,
+    /// The cluster this process's certificate names.
+    cluster: Option<String>,
     not_after: Option<i64>,
     stamp: Vec<Option<(SystemTime, u64)>>,
 }
@@ -249,16 +301,16 @@ fn load(files: &TlsFiles) -> Result<Material, String> {
     let stamp = stamp_of(files);
     let ca_pem = read_pem(&files.ca, "CA certificate")?;
     let (roots, client_verifier) = trust(&ca_pem, &files.ca.display().to_string())?;
-    let (key, principal, not_after) = match &files.cert {
-        None => (None, None, None),
+    let (key, principal, cluster, not_after) = match &files.cert {
+        None => (None, None, None, None),
         Some((cert_path, key_path)) => {
             let cert_pem = read_pem(cert_path, "certificate")?;
             let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut cert_pem.as_slice())
                 .collect::<Result<_, _>>()
                 .map_err(|e| format!("certificate {}: {e}", cert_path.display()))?;
             let leaf = chain.first().ok_or_else(|| format!("certificate {}: no certificate", cert_path.display()))?;
-            let (principal, not_after) =
-                principal_of(leaf).map_err(|e| format!("certificate {}: {e}", cert_path.display()))?;
+            let (principal, cluster, not_after) =
+                principal_in_cluster(leaf).map_err(|e| format!("certificate {}: {e}", cert_path.display()))?;
             let key_pem = read_pem(key_path, "key")?;
             let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut key_pem.as_slice())
                 .map_err(|e| format!("key {}: {e}", key_path.display()))?
@@ -271,10 +323,10 @@ fn load(files: &TlsFiles) -> Result<Material, String> {
             ck.keys_match().map_err(|e| {
                 format!("key {} does not belong to certificate {}: {e}", key_path.display(), cert_path.display())
             })?;
-            (Some(Arc::new(ck)), Some(principal), Some(not_after))
+            (Some(Arc::new(ck)), Some(principal), Some(cluster), Some(not_after))
         }
     };
-    Ok(Material { roots, client_verifier, key, principal, not_after, stamp })
+    Ok(Material { roots, client_verifier, key, principal, cluster, not_after, stamp })
 }
 
 /// The CA, certificate and key of this process, read again when their files
@@ -300,14 +352,26 @@ impl Credentials {
 
     /// Trust in the CA of `pem` alone, with no certificate of our own: srun in
     /// a job, which checks agents and proves itself with a step credential.
-    pub fn from_ca_pem(pem: &[u8]) -> Result<Arc<Credentials>, String> {
+    /// With `cluster`, peers of another cluster under the same CA are refused
+    /// as they are by a process with a certificate.
+    pub fn from_ca_pem(pem: &[u8], cluster: Option<&str>) -> Result<Arc<Credentials>, String> {
+        if let Some(c) = cluster {
+            check_cluster_name(c)?;
+        }
         if pem.len() as u64 > PEM_FILE_BYTES_MAX {
             return Err(format!("CA certificate: larger than {PEM_FILE_BYTES_MAX} bytes"));
         }
         let files = TlsFiles { ca: PathBuf::new(), cert: None };
         let (roots, client_verifier) = trust(pem, "(from the environment)")?;
-        let m =
-            Material { roots, client_verifier, key: None, principal: None, not_after: None, stamp: stamp_of(&files) };
+        let m = Material {
+            roots,
+            client_verifier,
+            key: None,
+            principal: None,
+            cluster: cluster.map(str::to_string),
+            not_after: None,
+            stamp: stamp_of(&files),
+        };
         Ok(Arc::new(Credentials { files, current: RwLock::new(Arc::new(m)), last_check: Mutex::new(Instant::now()) }))
     }
 
@@ -342,6 +406,11 @@ impl Credentials {
     /// The principal this process's certificate names.
     pub fn principal(&self) -> Option<Principal> {
         self.material().principal.clone()
+    }
+
+    /// The cluster this process's certificate names (`None` without one).
+    pub fn cluster(&self) -> Option<String> {
+        self.material().cluster.clone()
     }
 
     /// When this process's certificate expires (Unix seconds).
@@ -465,7 +534,10 @@ impl ClientCertVerifier for ReloadingClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.creds.material().client_verifier.verify_client_cert(end_entity, intermediates, now)
+        let m = self.creds.material();
+        let verified = m.client_verifier.verify_client_cert(end_entity, intermediates, now)?;
+        same_cluster(m.cluster.as_deref(), end_entity)?;
+        Ok(verified)
     }
 
     fn verify_tls12_signature(
@@ -524,6 +596,7 @@ impl ServerCertVerifier for RoleVerifier {
             now,
             provider().signature_verification_algorithms.all,
         )?;
+        same_cluster(m.cluster.as_deref(), end_entity)?;
         let (p, _) = principal_of(end_entity).map_err(rustls::Error::General)?;
         let ok = match &self.expect {
             Expect::Server => p.role == Role::Server,
@@ -1421,6 +1494,94 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A cluster name of CLUSTER_NAME_BYTES_MAX bytes is one; a byte more,
+    /// upper case or a slash (it would change the URI's path) is refused.
+    #[test]
+    fn cluster_names_are_short_lower_case_trust_domains() {
+        assert!(check_cluster_name(&"a".repeat(CLUSTER_NAME_BYTES_MAX)).is_ok());
+        assert!(check_cluster_name(&"a".repeat(CLUSTER_NAME_BYTES_MAX + 1)).unwrap_err().contains("1 to 64 bytes"));
+        for bad in ["", "Prod", "prod/x", "prod x", "prod:1"] {
+            assert!(check_cluster_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_cluster_name("prod-eu.west_2").is_ok());
+    }
+
+    /// Two clusters that share a CA refuse each other in the handshake, both
+    /// ways: a client of one reaches no server of the other, and a server
+    /// accepts no client of the other; each accepts its own.
+    #[tokio::test]
+    async fn clusters_sharing_a_ca_refuse_each_others_certificates() {
+        let dir = std::env::temp_dir().join(format!("gangway-tls-clusters-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let ps = [Principal::new(Role::Server, "1").unwrap(), Principal::new(Role::Client, "alice").unwrap()];
+        pki::throwaway(&dir, &ps).unwrap();
+        let other = dir.join("other");
+        std::fs::create_dir_all(&other).unwrap();
+        for p in &ps {
+            let req = pki::CertRequest {
+                principal: p.clone(),
+                hosts: vec![],
+                days: 1,
+                backdate_days: 0,
+                cluster: "other".into(),
+            };
+            pki::create_cert(&dir, &other, &req).unwrap();
+        }
+        let load = |d: &Path, stem: &str| {
+            Credentials::load(TlsFiles {
+                ca: dir.join("ca.pem"),
+                cert: Some((d.join(format!("{stem}.pem")), d.join(format!("{stem}-key.pem")))),
+            })
+            .unwrap()
+        };
+        assert_eq!(load(&other, "client-alice").cluster().as_deref(), Some("other"));
+        assert_eq!(load(&dir, "client-alice").cluster().as_deref(), Some(DEFAULT_CLUSTER));
+        // The server's own check, which a client that did not check the
+        // server's cluster would meet.
+        let leaf = |d: &Path| {
+            let pem = std::fs::read(d.join("client-alice.pem")).unwrap();
+            let der: CertificateDer<'static> = rustls_pemfile::certs(&mut pem.as_slice()).next().unwrap().unwrap();
+            der
+        };
+        let verifier = ReloadingClientVerifier { creds: load(&dir, "server-1"), mandatory: false };
+        let now = UnixTime::now();
+        assert!(verifier.verify_client_cert(&leaf(&dir), &[], now).is_ok());
+        let refused = verifier.verify_client_cert(&leaf(&other), &[], now).unwrap_err();
+        assert!(refused.to_string().contains("of cluster 'other', not 'gangway'"), "{refused}");
+        // (server's directory, client's directory, whether the handshake completes)
+        for (server_dir, client_dir, ok) in [(&dir, &dir, true), (&dir, &other, false), (&other, &dir, false)] {
+            let server = Security::Tls(load(server_dir, "server-1"));
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let mut conns = incoming(listener, &server).unwrap();
+            let accepted = tokio::spawn(async move { conns.next().await.map(|c| c.map(|c| c.connect_info().auth)) });
+            let config = load(client_dir, "client-alice").client_config(Expect::Server).unwrap();
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let name = ServerName::try_from(SNI_NAME).unwrap();
+            let mut tls = match tokio_rustls::TlsConnector::from(config).connect(name, tcp).await {
+                Ok(tls) => tls,
+                Err(e) => {
+                    assert!(!ok, "{}: {e}", server_dir.display());
+                    assert!(e.to_string().contains("a CA shared by two clusters"), "{e}");
+                    accepted.abort();
+                    continue;
+                }
+            };
+            // TLS 1.3: the server's refusal of the client's certificate
+            // arrives with the first read.
+            let mut buf = [0u8; 1];
+            let read = tokio::time::timeout(Duration::from_millis(500), tls.read(&mut buf)).await;
+            if ok {
+                let auth = tokio::time::timeout(Duration::from_secs(5), accepted).await.unwrap().unwrap();
+                assert!(matches!(auth, Some(Ok(PeerAuth::Verified(_)))), "{auth:?}");
+            } else {
+                assert!(matches!(read, Ok(Err(_)) | Ok(Ok(0))), "a client of another cluster stayed connected");
+                accepted.abort();
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// A gated connection is idle only with no request in progress: a
     /// stream open for an hour keeps it, a request that ended starts the
     /// clock; hosts and prefixes group addresses as the limits mean.
@@ -1610,6 +1771,7 @@ mod tests {
             hosts: vec![],
             days: 2,
             backdate_days: 0,
+            cluster: "gangway".into(),
         };
         let (cert, key) = pki::create_cert(&dir, &next, &req).unwrap();
         let (old_cert, old_key) = files.cert.clone().unwrap();
@@ -1639,7 +1801,7 @@ mod tests {
         let files = TlsFiles { ca: ca.clone(), cert: None };
         std::fs::write(&ca, &padded).unwrap();
         assert!(Credentials::load(files.clone()).is_ok());
-        assert!(Credentials::from_ca_pem(&padded).is_ok());
+        assert!(Credentials::from_ca_pem(&padded, None).is_ok());
         padded.push(b'\n');
         std::fs::write(&ca, &padded).unwrap();
         let err = Credentials::load(files).unwrap_err();
@@ -1647,7 +1809,7 @@ mod tests {
             err.starts_with("CA certificate") && err.contains(&format!("larger than {PEM_FILE_BYTES_MAX} bytes")),
             "{err}"
         );
-        let err = Credentials::from_ca_pem(&padded).unwrap_err();
+        let err = Credentials::from_ca_pem(&padded, None).unwrap_err();
         assert_eq!(err, format!("CA certificate: larger than {PEM_FILE_BYTES_MAX} bytes"));
         std::fs::remove_dir_all(&dir).unwrap();
     }

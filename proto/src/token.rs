@@ -10,6 +10,12 @@
 //! token must carry a `jti`: one without could never be revoked; deleting
 //! the file keeps the last list). It travels as `authorization: Bearer
 //! TOKEN` over TLS.
+//!
+//! The key files and the JWKS file are read again within a second of
+//! changing (an issuer's key rotation, a new PEM put in place): a change that
+//! does not load (a half-written file) keeps the keys trusted until then and
+//! logs why; a file that is gone takes its keys with it (with every file
+//! gone, no token is accepted).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -38,6 +44,9 @@ const KEYS_MAX: usize = 64;
 const REVOKED_MAX: usize = 100_000;
 /// How often the revocation file is checked for changes.
 const REVOKED_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the key and JWKS files are checked for changes: a stat per
+/// file per second, and a rotation is trusted within a second.
+const KEYS_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// Largest key, JWKS or revocation file read.
 const FILE_BYTES_MAX: u64 = 4 * 1024 * 1024;
 
@@ -204,9 +213,17 @@ impl Revoked {
     }
 }
 
+/// The keys trusted now, and the files they were read from as they were.
+struct KeySet {
+    keys: Arc<Vec<TrustedKey>>,
+    stamp: Vec<Option<(SystemTime, u64)>>,
+    last_check: Instant,
+}
+
 /// What the controllers trust tokens from.
 pub struct TokenVerifier {
-    keys: Vec<TrustedKey>,
+    config: TokenConfig,
+    keys: Mutex<KeySet>,
     issuer: String,
     audience: String,
     revoked: Mutex<Revoked>,
@@ -217,7 +234,7 @@ pub struct TokenVerifier {
 
 impl std::fmt::Debug for TokenVerifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokenVerifier").field("keys", &self.keys.len()).field("issuer", &self.issuer).finish()
+        f.debug_struct("TokenVerifier").field("config", &self.config).field("issuer", &self.issuer).finish()
     }
 }
 
@@ -244,49 +261,62 @@ fn key_from_pem(pem: &[u8], label: &str) -> Result<TrustedKey, String> {
     Err(format!("token public key {label}: not an EC P-256, Ed25519 or RSA public key in PEM"))
 }
 
+/// The key and JWKS files of `config`, as they are now (modification time
+/// and length; `None` for one that is gone).
+fn key_stamps(config: &TokenConfig) -> Vec<Option<(SystemTime, u64)>> {
+    config.public_keys.iter().chain(config.jwks.as_ref()).map(|p| Revoked::stamp(p)).collect()
+}
+
+/// Every key of `config`'s files.
+fn load_keys(config: &TokenConfig) -> Result<Vec<TrustedKey>, String> {
+    let mut keys = Vec::new();
+    for p in &config.public_keys {
+        keys.push(key_from_pem(&read_limited(p, "token public key")?, &p.display().to_string())?);
+    }
+    if let Some(p) = &config.jwks {
+        let text = read_limited(p, "JWKS")?;
+        let set: jsonwebtoken::jwk::JwkSet =
+            serde_json::from_slice(&text).map_err(|e| format!("JWKS {}: {e}", p.display()))?;
+        for jwk in &set.keys {
+            // An issuer's set also holds encryption keys: not ours to use.
+            if matches!(jwk.common.public_key_use, Some(jsonwebtoken::jwk::PublicKeyUse::Encryption)) {
+                continue;
+            }
+            let alg = match (&jwk.common.key_algorithm, &jwk.algorithm) {
+                (Some(a), _) => match alg_from_name(&format!("{a:?}")) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(kid = ?jwk.common.key_id, error = %e, "JWKS: skipping a key");
+                        continue;
+                    }
+                },
+                (None, jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_)) => Algorithm::ES256,
+                (None, jsonwebtoken::jwk::AlgorithmParameters::OctetKeyPair(_)) => Algorithm::EdDSA,
+                (None, jsonwebtoken::jwk::AlgorithmParameters::RSA(_)) => Algorithm::RS256,
+                // Shared secrets are refused: the controllers verify,
+                // they must never be able to mint.
+                (None, jsonwebtoken::jwk::AlgorithmParameters::OctetKey(_)) => {
+                    return Err(format!("JWKS {}: symmetric keys are not accepted", p.display()))
+                }
+            };
+            if matches!(alg, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512) {
+                return Err(format!("JWKS {}: HMAC algorithms are not accepted", p.display()));
+            }
+            let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("JWKS {}: {e}", p.display()))?;
+            keys.push(TrustedKey { kid: jwk.common.key_id.clone(), alg, key });
+        }
+    }
+    if keys.len() > KEYS_MAX {
+        return Err(format!("token keys: at most {KEYS_MAX}"));
+    }
+    Ok(keys)
+}
+
 impl TokenVerifier {
     /// `None` when no key is configured (tokens are then refused).
     pub fn load(config: &TokenConfig) -> Result<Option<Arc<TokenVerifier>>, String> {
-        let mut keys = Vec::new();
-        for p in &config.public_keys {
-            keys.push(key_from_pem(&read_limited(p, "token public key")?, &p.display().to_string())?);
-        }
-        if let Some(p) = &config.jwks {
-            let text = read_limited(p, "JWKS")?;
-            let set: jsonwebtoken::jwk::JwkSet =
-                serde_json::from_slice(&text).map_err(|e| format!("JWKS {}: {e}", p.display()))?;
-            for jwk in &set.keys {
-                // An issuer's set also holds encryption keys: not ours to use.
-                if matches!(jwk.common.public_key_use, Some(jsonwebtoken::jwk::PublicKeyUse::Encryption)) {
-                    continue;
-                }
-                let alg = match (&jwk.common.key_algorithm, &jwk.algorithm) {
-                    (Some(a), _) => match alg_from_name(&format!("{a:?}")) {
-                        Ok(a) => a,
-                        Err(e) => {
-                            tracing::warn!(kid = ?jwk.common.key_id, error = %e, "JWKS: skipping a key");
-                            continue;
-                        }
-                    },
-                    (None, jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_)) => Algorithm::ES256,
-                    (None, jsonwebtoken::jwk::AlgorithmParameters::OctetKeyPair(_)) => Algorithm::EdDSA,
-                    (None, jsonwebtoken::jwk::AlgorithmParameters::RSA(_)) => Algorithm::RS256,
-                    // Shared secrets are refused: the controllers verify,
-                    // they must never be able to mint.
-                    (None, jsonwebtoken::jwk::AlgorithmParameters::OctetKey(_)) => {
-                        return Err(format!("JWKS {}: symmetric keys are not accepted", p.display()))
-                    }
-                };
-                if matches!(alg, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512) {
-                    return Err(format!("JWKS {}: HMAC algorithms are not accepted", p.display()));
-                }
-                let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("JWKS {}: {e}", p.display()))?;
-                keys.push(TrustedKey { kid: jwk.common.key_id.clone(), alg, key });
-            }
-        }
-        if keys.len() > KEYS_MAX {
-            return Err(format!("token keys: at most {KEYS_MAX}"));
-        }
+        let stamp = key_stamps(config);
+        let keys = load_keys(config)?;
         if keys.is_empty() {
             return Ok(None);
         }
@@ -306,12 +336,53 @@ impl TokenVerifier {
             last_check: Instant::now(),
         };
         Ok(Some(Arc::new(TokenVerifier {
-            keys,
+            config: config.clone(),
+            keys: Mutex::new(KeySet { keys: Arc::new(keys), stamp, last_check: Instant::now() }),
             issuer: config.issuer.clone().unwrap_or_else(|| DEFAULT_ISSUER.into()),
             audience: config.audience.clone().unwrap_or_else(|| DEFAULT_AUDIENCE.into()),
             revocable: config.revoked.is_some(),
             revoked: Mutex::new(revoked),
         })))
+    }
+
+    /// The keys trusted now: read again (outside the lock, at most once per
+    /// KEYS_CHECK_INTERVAL) when a key or JWKS file changed. A change that
+    /// does not load keeps the previous keys.
+    fn keys(&self) -> Arc<Vec<TrustedKey>> {
+        let due = {
+            let mut k = self.keys.lock().expect("token keys lock");
+            if k.last_check.elapsed() >= KEYS_CHECK_INTERVAL {
+                k.last_check = Instant::now();
+                Some(k.stamp.clone())
+            } else {
+                None
+            }
+        };
+        if let Some(seen) = due {
+            let stamp = key_stamps(&self.config);
+            if stamp != seen {
+                // A file that is gone takes its keys with it (deleting a
+                // compromised key's file must not leave it trusted); one
+                // that does not load keeps the keys of before.
+                let mut present = self.config.clone();
+                present.public_keys.retain(|p| p.exists());
+                present.jwks = present.jwks.filter(|p| p.exists());
+                if present.public_keys.len() < self.config.public_keys.len() || present.jwks != self.config.jwks {
+                    tracing::error!("a token key or JWKS file is gone: its keys are no longer trusted");
+                }
+                let loaded = load_keys(&present);
+                match loaded {
+                    Ok(keys) => {
+                        tracing::info!(keys = keys.len(), "token keys reloaded");
+                        let mut k = self.keys.lock().expect("token keys lock");
+                        k.keys = Arc::new(keys);
+                        k.stamp = stamp;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "token key files changed; keeping the keys trusted until now"),
+                }
+            }
+        }
+        self.keys.lock().expect("token keys lock").keys.clone()
     }
 
     /// The user a token names, or why it is refused.
@@ -321,7 +392,8 @@ impl TokenVerifier {
         }
         let header = jsonwebtoken::decode_header(token).map_err(|e| format!("the token does not parse: {e}"))?;
         let mut last = String::from("no trusted key matches the token");
-        for k in &self.keys {
+        let keys = self.keys();
+        for k in keys.iter() {
             if header.kid.is_some() && k.kid.is_some() && header.kid != k.kid {
                 continue;
             }
@@ -380,6 +452,45 @@ mod tests {
             }
         }
         out
+    }
+
+    /// A rotated key file is trusted within a check: the new key's tokens
+    /// pass and the old key's do not; a file that does not load keeps the
+    /// keys trusted until then; a file that is gone takes its keys along.
+    #[test]
+    fn rotated_key_files_are_read_again() {
+        let dir = std::env::temp_dir().join(format!("gangway-token-rotate-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (old_private, old_public) = create_key(&dir.join("old")).unwrap();
+        let (new_private, new_public) = create_key(&dir.join("new")).unwrap();
+        let trusted = dir.join("trusted.pub.pem");
+        std::fs::copy(&old_public, &trusted).unwrap();
+        let v = TokenVerifier::load(&TokenConfig { public_keys: vec![trusted.clone()], ..Default::default() })
+            .unwrap()
+            .unwrap();
+        let token =
+            |key: &Path| create(key, "alice", Duration::from_secs(600), DEFAULT_ISSUER, DEFAULT_AUDIENCE).unwrap();
+        let (old, new) = (token(&old_private), token(&new_private));
+        assert!(v.verify(&old).is_ok());
+        assert!(v.verify(&new).is_err());
+        let check_now = || v.keys.lock().unwrap().last_check -= KEYS_CHECK_INTERVAL;
+        // Not before the check is due.
+        std::fs::copy(&new_public, &trusted).unwrap();
+        assert!(v.verify(&new).is_err(), "read again before KEYS_CHECK_INTERVAL");
+        check_now();
+        assert!(v.verify(&new).is_ok(), "the rotated key is not trusted");
+        assert!(v.verify(&old).is_err(), "the replaced key is still trusted");
+        // Half written, then gone: the rotated key stays trusted.
+        std::fs::write(&trusted, "-----BEGIN PUBLIC KEY-----\nhalf").unwrap();
+        check_now();
+        assert!(v.verify(&new).is_ok());
+        std::fs::remove_file(&trusted).unwrap();
+        check_now();
+        assert!(v.verify(&new).is_err(), "a deleted key file's key is still trusted");
+        std::fs::copy(&new_public, &trusted).unwrap();
+        check_now();
+        assert!(v.verify(&new).is_ok(), "a key file put back is not trusted again");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A token of TOKEN_BYTES_MAX bytes is read (and found not to parse);
@@ -506,7 +617,7 @@ mod tests {
         let dir = scratch("keys");
         let (_, public) = create_key(&dir).unwrap();
         let config = |n| TokenConfig { public_keys: vec![public.clone(); n], ..Default::default() };
-        assert_eq!(TokenVerifier::load(&config(KEYS_MAX)).unwrap().unwrap().keys.len(), KEYS_MAX);
+        assert_eq!(TokenVerifier::load(&config(KEYS_MAX)).unwrap().unwrap().keys().len(), KEYS_MAX);
         let err = TokenVerifier::load(&config(KEYS_MAX + 1)).unwrap_err();
         assert_eq!(err, format!("token keys: at most {KEYS_MAX}"));
         std::fs::remove_dir_all(&dir).unwrap();

@@ -991,9 +991,13 @@ async fn resume(
 fn step_security() -> anyhow::Result<gangway_proto::tls::Security> {
     use gangway_proto::tls::{Credentials, Security};
     match std::env::var(gangway_proto::step_cred::STEP_CA_ENV) {
-        Ok(pem) if !pem.is_empty() => {
-            Ok(Security::Tls(Credentials::from_ca_pem(pem.as_bytes()).map_err(|e| anyhow::anyhow!("srun: {e}"))?))
-        }
+        Ok(pem) if !pem.is_empty() => Ok(Security::Tls(
+            Credentials::from_ca_pem(
+                pem.as_bytes(),
+                std::env::var(gangway_proto::step_cred::STEP_CLUSTER_ENV).ok().as_deref().filter(|c| !c.is_empty()),
+            )
+            .map_err(|e| anyhow::anyhow!("srun: {e}"))?,
+        )),
         _ => Ok(Security::Insecure),
     }
 }

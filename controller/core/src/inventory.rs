@@ -186,7 +186,7 @@ impl NodeInventory {
             return Err(SpecError::new(
                 "name",
                 format!(
-                    "node {} is retired from this cluster (`gangway admin node-retire --undo` admits it)",
+                    "node {} is retired from this cluster (`gangway admin inventory retire NAME --undo` admits it)",
                     claim.name
                 ),
             ));
@@ -208,7 +208,7 @@ impl NodeInventory {
                 "name",
                 format!(
                     "node {} is in no node class of this cluster's inventory; an admin admits it with \
-                     `gangway admin node-class`",
+                     `gangway admin inventory class`",
                     claim.name
                 ),
             )

@@ -194,11 +194,15 @@ impl Reservation {
     }
 
     /// Whether a job of `user` and `account`, submitted by `identity`, may
-    /// run in this reservation (admins may run in any).
+    /// run in this reservation (admins may run in any: the API edge asks
+    /// them to force it where the reservation does not list them).
     pub fn admits(&self, user: &str, account: &str, admin: bool) -> bool {
-        admin
-            || self.users.iter().any(|u| u == user)
-            || (!account.is_empty() && self.accounts.iter().any(|a| a == account))
+        admin || self.lists(user, account)
+    }
+
+    /// Whether the reservation names `user` or `account`.
+    pub fn lists(&self, user: &str, account: &str) -> bool {
+        self.users.iter().any(|u| u == user) || (!account.is_empty() && self.accounts.iter().any(|a| a == account))
     }
 
     pub fn contains(&self, node: &str) -> bool {

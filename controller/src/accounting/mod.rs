@@ -4,6 +4,7 @@
 //! replicated state no longer holds, with the caller's view applied in the
 //! query itself.
 
+pub mod pg_tls;
 pub mod store;
 
 use std::time::Duration;
@@ -118,8 +119,8 @@ impl History {
         if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
             return Ok(c.clone());
         }
-        let config = store::config(&self.url).map_err(|e| e.to_string())?;
-        let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(|e| e.to_string())?;
+        let (config, tls) = store::config(&self.url).map_err(|e| e.to_string())?;
+        let (client, conn) = config.connect(tls).await.map_err(|e| e.to_string())?;
         tokio::spawn(async move {
             let _ = conn.await;
         });

@@ -347,11 +347,9 @@ impl Drop for Store {
 impl Store {
     /// Connects and brings the schema to the newest version.
     pub async fn connect(url: &str) -> anyhow::Result<Store> {
-        let db = config(url)?;
-        let (db, conn) = db
-            .connect(tokio_postgres::NoTls)
-            .await
-            .with_context(|| format!("database: cannot connect to {}", redacted(url)))?;
+        let (db, tls) = config(url)?;
+        let (db, conn) =
+            db.connect(tls).await.with_context(|| format!("database: cannot connect to {}", redacted(url)))?;
         let connection = tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::warn!(error = %e, "the database connection ended");
@@ -734,10 +732,15 @@ async fn upsert_job(
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The connection settings of `url`, with a connection timeout.
-pub fn config(url: &str) -> anyhow::Result<tokio_postgres::Config> {
-    let mut c: tokio_postgres::Config = url.parse().map_err(|e| anyhow::anyhow!("database: {}: {e}", redacted(url)))?;
+pub fn config(url: &str) -> anyhow::Result<(tokio_postgres::Config, super::pg_tls::RustlsConnect)> {
+    use super::pg_tls;
+    let tls = pg_tls::split(url).map_err(|e| anyhow::anyhow!("database: {}: {e}", redacted(url)))?;
+    let mut c: tokio_postgres::Config =
+        tls.rest.parse().map_err(|e| anyhow::anyhow!("database: {}: {e}", redacted(url)))?;
+    c.ssl_mode(pg_tls::ssl_mode(tls.mode));
     c.connect_timeout(CONNECT_TIMEOUT);
-    Ok(c)
+    let connector = pg_tls::connector(&tls).map_err(|e| anyhow::anyhow!("database: {}: {e}", redacted(url)))?;
+    Ok((c, connector))
 }
 
 /// A database URL without its password, for errors and logs.

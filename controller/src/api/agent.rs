@@ -32,6 +32,13 @@ pub struct AgentApi {
 }
 
 impl AgentApi {
+    /// The membership's replicas by their certificates' names, for agents
+    /// to refuse step credentials any other replica signed.
+    fn members(&self) -> Vec<String> {
+        let status = self.replica.node.status();
+        status.voters.iter().chain(&status.learners).map(u64::to_string).collect()
+    }
+
     /// The interval this leader asks of a fleet of `nodes` (see
     /// `duties::heartbeat_interval_ms`).
     fn heartbeat_interval_ms(&self, nodes: usize) -> u64 {
@@ -296,6 +303,7 @@ impl AgentService for AgentApi {
             suspended,
             signals,
             history: state.history,
+            members: self.members(),
         }))
     }
 

@@ -126,6 +126,10 @@ impl Replica {
     /// job, as with Slurm), for as long as that attempt runs.
     pub fn ctx<T>(&self, req: &Request<T>) -> Result<CallCtx, Status> {
         let of = match self.step_caller(req) {
+            _ if !self.member_or_not_server(req) => Err(unauthenticated(
+                "this server certificate's replica is not a member of the cluster (a removed replica's \
+                 certificate opens nothing)",
+            )),
             Ok(Some(claims)) => self.job_ctx(&claims),
             Ok(None) => CallCtx::of(req, self.tokens.as_deref()).and_then(|ctx| self.still_running(ctx)),
             Err(s) => Err(s),
@@ -149,6 +153,15 @@ impl Replica {
 }
 
 impl Replica {
+    /// False for a server certificate whose replica is not a member (see
+    /// `RaftNode::admits_server`); true for everyone else.
+    fn member_or_not_server<T>(&self, req: &Request<T>) -> bool {
+        match gangway_proto::tls::peer_of(req) {
+            PeerAuth::Verified(p) if p.role == Role::Server => self.node.admits_server(&p.name),
+            _ => true,
+        }
+    }
+
     /// A job's process forwarded by a follower (which checked the credential
     /// against its own, possibly lagging, state): the attempt must still run
     /// here too.
@@ -187,7 +200,7 @@ impl Replica {
     /// Such a caller acts as the job's user ([`Replica::ctx`]); `NodeService.Get`
     /// answers it for the nodes its credential names without more checks.
     pub fn step_caller<T>(&self, req: &Request<T>) -> Result<Option<gangway_proto::step_cred::StepClaims>, Status> {
-        use gangway_proto::step_cred::{verify_signed, STEP_CREDENTIAL_METADATA_KEY};
+        use gangway_proto::step_cred::{verify_signed_by, STEP_CREDENTIAL_METADATA_KEY};
         let (Some(creds), PeerAuth::Anonymous) = (self.security.credentials(), gangway_proto::tls::peer_of(req)) else {
             return Ok(None);
         };
@@ -198,8 +211,15 @@ impl Replica {
         let Some(token) = md.get(STEP_CREDENTIAL_METADATA_KEY) else { return Ok(None) };
         let token = token.to_str().map_err(|_| unauthenticated("the step credential is not printable ASCII"))?;
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let claims = verify_signed(creds, token, now)
+        let (claims, signer) = verify_signed_by(creds, token, now)
             .map_err(|why| unauthenticated(&format!("the step credential is not valid: {why}")))?;
+        // Signed by a replica of this cluster's membership: not a removed
+        // one's, nor another cluster's that shares the CA.
+        if !self.node.admits_server(&signer.name) {
+            return Err(unauthenticated(&format!(
+                "the step credential is not valid: its signer {signer} is not a member of this cluster"
+            )));
+        }
         let live = self
             .node
             .state()
@@ -213,8 +233,40 @@ impl Replica {
                 claims.job_id, claims.attempt
             )));
         }
+        let remote = req.extensions().get::<gangway_proto::tls::PeerInfo>().and_then(|p| p.remote);
+        if let Some(remote) = remote.map(|a| a.ip().to_canonical()) {
+            let node_ips: Option<Vec<std::net::IpAddr>> = {
+                let state = self.node.state().read();
+                claims.nodes.iter().map(|n| state.nodes.get(n).and_then(|node| host_ip(&node.addr))).collect()
+            };
+            // Only from a node the job holds, where its nodes registered
+            // addresses (`gangway agent --addr IP`); a node known by a host
+            // name is not resolved here. A call over loopback comes from this
+            // replica's own host: one of the job's nodes must be it.
+            if let Some(ips) = node_ips {
+                let own = host_ip(&self.addr);
+                let from_node = ips.contains(&remote)
+                    || (remote.is_loopback() && ips.iter().any(|ip| ip.is_loopback() || Some(*ip) == own));
+                if !from_node {
+                    return Err(unauthenticated(&format!(
+                        "the step credential of job {} is used from {remote}, which is none of the job's nodes",
+                        claims.job_id
+                    )));
+                }
+            }
+        }
         Ok(Some(claims))
     }
+}
+
+/// The IP address in `HOST[:PORT]` when HOST is one (`10.0.0.7:6818`,
+/// `[fd00::7]:6818`, `10.0.0.7`), else None (a host name, or nothing).
+pub fn host_ip(addr: &str) -> Option<std::net::IpAddr> {
+    addr.parse::<std::net::SocketAddr>()
+        .map(|a| a.ip())
+        .or_else(|_| addr.parse::<std::net::IpAddr>())
+        .ok()
+        .map(|ip| ip.to_canonical())
 }
 
 /// What an open stream checks again about its caller (see
@@ -225,22 +277,39 @@ pub struct StreamAuth {
     bearer: Option<String>,
     /// The stream is for admins only.
     admin: bool,
+    /// The replica whose membership it stands on: the server certificate
+    /// that opened it, or the replica that signed its step credential.
+    server: Option<String>,
 }
 
 impl Replica {
     /// What a stream opened by `req` checks again while it runs; `admin`
     /// when only admins may read it.
     pub fn stream_auth<T>(&self, req: &Request<T>, admin: bool) -> StreamAuth {
-        let bearer = match gangway_proto::tls::peer_of(req) {
-            PeerAuth::Anonymous => req
-                .metadata()
-                .get(AUTHORIZATION_METADATA_KEY)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|s| s.strip_prefix("Bearer "))
-                .map(|t| t.trim().to_string()),
-            _ => None,
-        };
-        StreamAuth { bearer, admin }
+        let (mut bearer, mut server) = (None, None);
+        match gangway_proto::tls::peer_of(req) {
+            PeerAuth::Anonymous => {
+                bearer = req
+                    .metadata()
+                    .get(AUTHORIZATION_METADATA_KEY)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|s| s.strip_prefix("Bearer "))
+                    .map(|t| t.trim().to_string());
+                if let (Some(creds), Some(token)) = (
+                    self.security.credentials(),
+                    req.metadata()
+                        .get(gangway_proto::step_cred::STEP_CREDENTIAL_METADATA_KEY)
+                        .and_then(|v| v.to_str().ok()),
+                ) {
+                    let now =
+                        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                    server = gangway_proto::step_cred::verify_signed_by(creds, token, now).ok().map(|(_, s)| s.name);
+                }
+            }
+            PeerAuth::Verified(p) if p.role == Role::Server => server = Some(p.name),
+            _ => {}
+        }
+        StreamAuth { bearer, admin, server }
     }
 
     /// Whether the caller of an open stream still may read it: its bearer
@@ -256,6 +325,12 @@ impl Replica {
         }
         if ctx.via_job.is_some() {
             self.still_running(ctx.clone())?;
+        }
+        if let Some(server) = auth.server.as_deref().filter(|s| !self.node.admits_server(s)) {
+            return Err(unauthenticated(&format!(
+                "replica {server} is no longer a member of the cluster (its certificate and the step credentials it \
+                 signed open nothing)"
+            )));
         }
         if auth.admin && !self.is_admin(ctx) {
             return Err(denied(ctx, "read the audit trail", format!("{} is no longer an admin", ctx.identity)));
@@ -456,6 +531,28 @@ impl Replica {
             || (state.policy.admins.is_empty() && self.bootstrap_admins.iter().any(|a| a == &p.name))
     }
 
+    /// An accounting service (`--accounting-identity`): a client by its own
+    /// certificate or token (never a job's credential) whose identity or
+    /// name the replica's list holds.
+    pub fn is_accounting(&self, ctx: &CallCtx) -> bool {
+        match &ctx.caller {
+            Caller::Verified(p) if p.role == Role::Client && ctx.via_job.is_none() => {
+                self.accounting_identities.iter().any(|a| *a == ctx.identity || *a == p.name)
+            }
+            _ => false,
+        }
+    }
+
+    /// An operator, admin or accounting service: reporting what the
+    /// accounting store holds.
+    pub fn require_accounting(&self, ctx: &CallCtx, what: &str) -> Result<(), Status> {
+        if self.is_accounting(ctx) {
+            ctx.audit_bounded(what, "allowed", "accounting service");
+            return Ok(());
+        }
+        self.require_operator(ctx, what)
+    }
+
     /// Operators (and admins): the machines and everyone's jobs, not the policy.
     pub fn is_operator(&self, ctx: &CallCtx) -> bool {
         if self.is_admin(ctx) {
@@ -543,7 +640,8 @@ impl Replica {
                     };
                     if ctx.via_job.is_none() {
                         whole = self.client_is_admin(&state, p, &ctx.identity);
-                        sees_all = policy.is_operator(&ctx.identity);
+                        sees_all = policy.is_operator(&ctx.identity)
+                            || self.accounting_identities.iter().any(|a| *a == ctx.identity || *a == p.name);
                         let mine = policy.coordinated(&ctx.identity);
                         if !mine.is_empty() {
                             accounts = std::iter::once(gangway_core::policy::ROOT_ACCOUNT)
@@ -564,6 +662,7 @@ impl Replica {
             sees_all,
             accounts,
             private_jobs,
+            via_job: ctx.via_job.map(|(job, _)| job),
         }
     }
 
@@ -580,6 +679,61 @@ impl Replica {
             return Err(Status::not_found(format!("job {job_id} does not exist")));
         }
         Ok(())
+    }
+
+    /// Reservation lists hold for admins' jobs too: a job in a reservation
+    /// that names neither its user nor its account is refused, unless an
+    /// admin (by their own certificate or token, never a job's credential)
+    /// forces it, which the audit trail records. Users who are not admins
+    /// are refused by the state machine as before.
+    pub fn check_reservation_access(
+        &self,
+        ctx: &CallCtx,
+        spec: &gangway_core::JobSpec,
+        force: bool,
+    ) -> Result<(), Status> {
+        if spec.reservation.is_empty() {
+            return Ok(());
+        }
+        let (listed, account) = {
+            let state = self.node.state().read();
+            let account = state
+                .policy
+                .resolve_account(&spec.user, &spec.account)
+                .map_or_else(|_| spec.account.clone(), str::to_string);
+            match state.reservations.get(&spec.reservation) {
+                Some(r) => (r.lists(&spec.user, &account), Some(account)),
+                // Unknown here: the state machine reports it to users; an
+                // admin's or a job's submit must not race its creation past
+                // this check (apply admits admins whatever the lists say).
+                None => (false, None),
+            }
+        };
+        let Some(account) = account else {
+            if self.is_admin(ctx) || ctx.via_job.is_some() {
+                return Err(Status::failed_precondition(format!(
+                    "reservation: {} does not exist (on this replica yet); retry once it does",
+                    spec.reservation
+                )));
+            }
+            return Ok(());
+        };
+        if listed || !self.is_admin(ctx) && ctx.via_job.is_none() {
+            return Ok(());
+        }
+        if force && self.is_admin(ctx) {
+            ctx.audit("run a job in a reservation that does not list it", "allowed", "admin, forced");
+            return Ok(());
+        }
+        Err(denied(
+            ctx,
+            "use a reservation",
+            format!(
+                "reservation: {} lists neither user {} nor account {account}; its lists hold for admins' jobs too \
+                 (an admin may pass --force-reservation; a job's credential may not)",
+                spec.reservation, spec.user
+            ),
+        ))
     }
 
     /// With `--private-jobs`, a dependency on another user's job answers as
@@ -765,6 +919,10 @@ pub struct Viewer {
     accounts: BTreeSet<String>,
     /// Others' jobs are not shown at all (the policy's or the replica's `private_jobs`).
     pub private_jobs: bool,
+    /// A job's process acting through that job's step credential: it sees
+    /// its own job whole, and its user's other jobs without their scripts,
+    /// commands and environments.
+    via_job: Option<u64>,
 }
 
 impl Viewer {
@@ -779,6 +937,7 @@ impl Viewer {
             sees_all: true,
             accounts: BTreeSet::new(),
             private_jobs: false,
+            via_job: None,
         }
     }
 
@@ -850,7 +1009,7 @@ impl Viewer {
                 Caller::Verified(p) => match p.role {
                     Role::Server => false,
                     Role::Agent => !job.allocation.as_ref().is_some_and(|a| a.nodes.iter().any(|n| n.node == p.name)),
-                    Role::Client => !self.owns(p, job),
+                    Role::Client => !self.owns(p, job) || self.via_job.is_some_and(|own| own != job.id),
                 },
             };
         if private {
@@ -879,6 +1038,7 @@ mod tests {
             sees_all: false,
             accounts: BTreeSet::new(),
             private_jobs,
+            via_job: None,
         };
         let r = "requeued: preempted by job 4242_7 (grace 30 s)";
         assert_eq!(viewer(true, false).reason(r), "requeued: preempted by another job (grace 30 s)");

@@ -149,6 +149,8 @@ pub fn spec_to_proto(s: &JobSpec) -> pb::JobSpec {
         deadline_ms: s.deadline_ms,
         requeue_expedite: s.requeue_expedite,
         components: s.components.iter().map(component_to_proto).collect(),
+        // A request option, never stored.
+        force_reservation: false,
     }
 }
 

@@ -84,12 +84,22 @@ impl JobService for JobApi {
             return Err(Status::invalid_argument("spec: is required"));
         };
         let user = self.replica.job_user(&ctx, &pspec.user, "submit jobs")?;
+        let force_reservation = pspec.force_reservation;
         let spec = spec_from_proto(pspec, &user).map_err(status_from_spec)?;
+        self.replica.check_reservation_access(&ctx, &spec, force_reservation)?;
         // Fields a newer data format carries, named while the cluster is older.
         spec.validate_in(self.replica.node.state().read().format).map_err(status_from_spec)?;
         self.replica.hide_dependencies(&ctx, &spec)?;
         if spec.nice < 0 {
             ctx.require_not_job("raise a job's priority (negative nice)")?;
+        }
+        // A job's credential submits follow-up jobs, but never one pinned to
+        // nodes, or kept off all but some: whoever holds a node could
+        // otherwise keep minting itself credentials by steering each new job
+        // onto that node.
+        let steered = |nodelist: &[String], exclude: &[String]| !nodelist.is_empty() || !exclude.is_empty();
+        if steered(&spec.nodelist, &spec.exclude) || spec.components.iter().any(|c| steered(&c.nodelist, &c.exclude)) {
+            ctx.require_not_job("steer a job to nodes (--nodelist, --exclude)")?;
         }
         let cmd = Command::SubmitJob {
             spec,
@@ -375,7 +385,9 @@ impl JobService for JobApi {
             return Err(Status::invalid_argument("spec: is required"));
         };
         let user = self.replica.job_user(&ctx, &pspec.user, "test submissions")?;
+        let force_reservation = pspec.force_reservation;
         let spec = spec_from_proto(pspec, &user).map_err(status_from_spec)?;
+        self.replica.check_reservation_access(&ctx, &spec, force_reservation)?;
         self.replica.hide_dependencies(&ctx, &spec)?;
         if spec.nice < 0 {
             ctx.require_not_job("raise a job's priority (negative nice)")?;
@@ -501,6 +513,16 @@ impl JobService for JobApi {
         let msg = req.into_inner();
         let job_id = msg.job_id;
         self.replica.require_visible(&ctx, job_id)?;
+        // Only the leader signs step credentials (as it does in launch
+        // orders): a follower's key, or one whose replica has since left,
+        // never made a credential that is in use.
+        if !self.replica.node.is_leader() {
+            let leader = self.replica.node.remote_leader();
+            return self
+                .replica
+                .forward(&ctx, leader, msg, |ch, r| async move { JobServiceClient::new(ch).step_credential(r).await })
+                .await;
+        }
         let state = match self
             .replica
             .read_or_forward(

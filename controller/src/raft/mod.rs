@@ -424,6 +424,23 @@ impl RaftNode {
             .is_some_and(|n| crate::config::ReplicaAddr::parse(&n.addr).is_ok_and(|a| a.split))
     }
 
+    /// Whether the replica a server certificate names (`server:NAME`) is a
+    /// member of the cluster as this replica knows it (voter or learner), or
+    /// this replica knows no membership yet (it is forming or joining).
+    /// Membership, not the certificate's expiry, decides: a removed
+    /// replica's certificate opens nothing from the moment its removal is
+    /// in this replica's log.
+    pub fn admits_server(&self, name: &str) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let membership = m.membership_config.membership();
+        let mut nodes = membership.nodes().peekable();
+        if nodes.peek().is_none() {
+            return true;
+        }
+        name.parse::<u64>().is_ok_and(|id| membership.get_node(&id).is_some())
+    }
+
     /// The known leader's address when it is another replica.
     pub fn remote_leader(&self) -> Option<String> {
         let leader = self.raft.metrics().borrow().current_leader;

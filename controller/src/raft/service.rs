@@ -23,10 +23,17 @@ fn bad_payload(e: impl std::fmt::Display) -> Status {
 /// Only controller replicas (server certificates) take part in Raft: an agent
 /// or user certificate could otherwise vote, append entries or install a
 /// snapshot.
-fn require_server<T>(req: &Request<T>, audit: &AuditLog) -> Result<Option<String>, Status> {
+fn require_server<T>(req: &Request<T>, node: &RaftNode, audit: &AuditLog) -> Result<Option<String>, Status> {
     use gangway_proto::tls::{PeerAuth, Role};
     match gangway_proto::tls::peer_of(req) {
         PeerAuth::Insecure => Ok(None),
+        PeerAuth::Verified(p) if p.role == Role::Server && !node.admits_server(&p.name) => {
+            metrics::counter!("gangway_api_denied_total", "reason" => "unauthenticated").increment(1);
+            audit.record_refused(&p.encode(), "raft", "unauthenticated", "not a member of this cluster");
+            Err(Status::unauthenticated(format!(
+                "{p} is not a member of this cluster: a removed replica's certificate opens nothing"
+            )))
+        }
         PeerAuth::Verified(p) if p.role == Role::Server => Ok(Some(p.name)),
         PeerAuth::Verified(p) => {
             metrics::counter!("gangway_api_denied_total", "reason" => "permission").increment(1);
@@ -75,7 +82,7 @@ fn same_replica(cert: Option<String>, claimed: Option<u64>, audit: &AuditLog) ->
 #[tonic::async_trait]
 impl RaftService for RaftRpc {
     async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let sender = require_server(&req, &self.audit)?;
+        let sender = require_server(&req, &self.node, &self.audit)?;
         let rpc: openraft::raft::AppendEntriesRequest<gangway_raft_store::TypeConfig> =
             decode(&req.into_inner().data).map_err(bad_payload)?;
         same_replica(sender, rpc.vote.leader_id().voted_for(), &self.audit)?;
@@ -87,7 +94,7 @@ impl RaftService for RaftRpc {
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let sender = require_server(&req, &self.audit)?;
+        let sender = require_server(&req, &self.node, &self.audit)?;
         let rpc: openraft::raft::VoteRequest<u64> = decode(&req.into_inner().data).map_err(bad_payload)?;
         same_replica(sender, rpc.vote.leader_id().voted_for(), &self.audit)?;
         let result = self.node.raft().vote(rpc).await;
@@ -95,7 +102,7 @@ impl RaftService for RaftRpc {
     }
 
     async fn install_snapshot(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let sender = require_server(&req, &self.audit)?;
+        let sender = require_server(&req, &self.node, &self.audit)?;
         let rpc: openraft::raft::InstallSnapshotRequest<gangway_raft_store::TypeConfig> =
             decode::<gangway_raft_store::codec::SnapshotChunk>(&req.into_inner().data).map_err(bad_payload)?.into();
         same_replica(sender, rpc.vote.leader_id().voted_for(), &self.audit)?;

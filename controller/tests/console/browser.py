@@ -49,6 +49,9 @@ class Browser:
         self.buf = b""
         self.next_id = 0
         self.dialogs = []
+        # Whether the page's confirm() dialogs are accepted (as a person who
+        # agrees would) or dismissed.
+        self.accept_dialogs = True
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
         self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         self.errors = []
@@ -88,7 +91,7 @@ class Browser:
                 self.dialogs.append(m["params"]["message"])
                 self.next_id += 1
                 self._write({"id": self.next_id, "method": "Page.handleJavaScriptDialog",
-                             "params": {"accept": True}, "sessionId": m.get("sessionId")})
+                             "params": {"accept": self.accept_dialogs}, "sessionId": m.get("sessionId")})
                 continue
             if m.get("method") == "Runtime.exceptionThrown":
                 self.errors.append(json.dumps(m["params"]["exceptionDetails"])[:500])
@@ -195,6 +198,8 @@ def main():
               b.eval("document.querySelector('#whoami').textContent") == cfg["admin"] + " (admin)",
               b.eval("document.querySelector('#whoami') && document.querySelector('#whoami').textContent"))
         check("the token left the address bar", "token" not in b.eval("location.href"), b.eval("location.href"))
+        check("the login link asked first, naming whom it logs in as",
+              any("logs this browser in as " + cfg["admin"] in d for d in b.dialogs), b.dialogs)
         replicas = b.eval("document.querySelectorAll('#replicas tbody tr').length")
         leaders = b.eval("[...document.querySelectorAll('#replicas .badge')].filter(x => x.textContent === 'leader').length")
         check("the cluster page lists 3 replicas and one leader", replicas == 3 and leaders == 1, (replicas, leaders))
@@ -272,6 +277,20 @@ def main():
         b.wait("the other user's cluster page", "document.querySelector('#main').dataset.page === 'cluster'")
         who = b.eval("document.querySelector('#whoami').textContent")
         check("another user logs in with their own token", who == cfg["other"], who)
+        # The admin's link opened in a fresh page while logged in as the
+        # other user: it asks, naming both; dismissed, nothing changes.
+        asked = len(b.dialogs)
+        b.accept_dialogs = False
+        b.go("about:blank")  # a fresh page: it knows nobody until it asks the server
+        b.wait("a blank page", "location.href === 'about:blank'")
+        b.go(cfg["login_url"])
+        b.wait("the page after a dismissed login link", "document.querySelector('#main').dataset.page === 'cluster'")
+        b.accept_dialogs = True
+        question = b.dialogs[asked:]
+        check("a link in a fresh page asks before switching who the browser is",
+              any(cfg["admin"] in d and "instead of as " + cfg["other"] in d for d in question), question)
+        who = b.eval("document.querySelector('#whoami').textContent")
+        check("and, dismissed, the browser is still the other user", who == cfg["other"], who)
         b.page("#/queue", "queue")
         seen = b.eval("document.querySelectorAll('tr[data-job]').length")
         check("with private jobs another user sees none of the admin's jobs", seen == 0, seen)

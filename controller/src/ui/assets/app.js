@@ -430,10 +430,30 @@ async function loginFromLink() {
   const t = location.hash.match(/^#token=([A-Za-z0-9._-]+)$/);
   if (!t) return false;
   history.replaceState(null, '', location.pathname + '#/');
-  // A link must not switch who this tab is without asking.
-  if (state.me && !window.confirm('Log in with the link\'s token instead of as ' + state.me.user + '?')) return false;
+  // A link never logs this browser in, nor switches who it is, without
+  // asking: in a fresh tab too, where the page learns first whom the
+  // browser's session (or certificate) already is.
+  let current = state.me;
+  if (!current) {
+    try { current = await api('/ui/api/whoami', { noLogin: true }); } catch (_) { current = null; }
+  }
+  const question = 'The link you opened logs this browser in as ' + linkUser(t[1]) +
+    (current ? ', instead of as ' + current.user : '') + '. Go on?';
+  if (!window.confirm(question)) return false;
   try { await api('/ui/login', { method: 'POST', body: { token: t[1] }, noLogin: true }); } catch (e) { toast(e.message, true); }
   return true;
+}
+
+// The user a link's token names (its `sub`), for the question only: the
+// server verifies the token itself.
+function linkUser(token) {
+  try {
+    const part = token.split('.')[1].replace(/-/g, '+').replace(/_/g, '/');
+    const sub = JSON.parse(atob(part)).sub;
+    return typeof sub === 'string' && /^[A-Za-z0-9._@-]{1,128}$/.test(sub) ? sub : 'the user its token names';
+  } catch (_) {
+    return 'the user its token names';
+  }
 }
 
 async function boot() {
