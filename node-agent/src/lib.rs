@@ -578,41 +578,48 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     loop {
         let per_try = Duration::from_millis(shell.core.call_timeout_ms());
         let round: Result<(), tonic::Status> = async {
-            if !shell.core.registered() {
-                let req = config.register_request(step_port);
-                let sent = Shell::now_ms();
-                let call = client.call(|ch| {
-                    let mut r = client.request(req.clone());
-                    r.set_timeout(per_try);
-                    async move { gangway_proto::limits::agent_client(ch).register(r).await }
-                });
-                let resp = shell.await_fenced(call).await?.into_inner();
-                shell.core.registered_at(sent, resp.node_down_timeout_ms, resp.heartbeat_interval_ms);
-                let _ = shell.renew_lease();
-                tracing::info!(node = %config.name, "registered");
-                return Ok(());
-            }
-            // Report ended tasks first, so the leader does not relaunch them.
-            while let Some(exit) = shell.core.take_report() {
-                let report = shell.report(&exit);
-                let call = client.call(|ch| {
-                    let mut r = client.request(report.clone());
-                    r.set_timeout(per_try);
-                    async move { gangway_proto::limits::agent_client(ch).report_task_exit(r).await }
-                });
-                if let Err(e) = shell.await_fenced(call).await {
-                    shell.core.report_failed(exit);
-                    return Err(e);
-                }
-            }
+            // The core says what to call (`AgentCore::next_call`, as in the
+            // simulation): register, then every exit waiting, then the
+            // heartbeat, with the exits that came in until now taken first.
             shell.drain();
-            let running: Vec<TaskRef> =
-                shell.core.running().into_iter().map(|(job_id, attempt)| TaskRef { job_id, attempt }).collect();
+            let (running, seen_index) = loop {
+                match shell.core.next_call() {
+                    gangway_core::agent::Call::Register => {
+                        let req = config.register_request(step_port);
+                        let sent = Shell::now_ms();
+                        let call = client.call(|ch| {
+                            let mut r = client.request(req.clone());
+                            r.set_timeout(per_try);
+                            async move { gangway_proto::limits::agent_client(ch).register(r).await }
+                        });
+                        let resp = shell.await_fenced(call).await?.into_inner();
+                        shell.core.registered_at(sent, resp.node_down_timeout_ms, resp.heartbeat_interval_ms);
+                        let _ = shell.renew_lease();
+                        tracing::info!(node = %config.name, "registered");
+                        return Ok(());
+                    }
+                    // Ended tasks first, so the leader does not relaunch them.
+                    gangway_core::agent::Call::Exit(exit) => {
+                        let report = shell.report(&exit);
+                        let call = client.call(|ch| {
+                            let mut r = client.request(report.clone());
+                            r.set_timeout(per_try);
+                            async move { gangway_proto::limits::agent_client(ch).report_task_exit(r).await }
+                        });
+                        if let Err(e) = shell.await_fenced(call).await {
+                            shell.core.report_failed(exit);
+                            return Err(e);
+                        }
+                    }
+                    gangway_core::agent::Call::Heartbeat { running, seen_index } => break (running, seen_index),
+                }
+            };
+            let running: Vec<TaskRef> = running.into_iter().map(|(job_id, attempt)| TaskRef { job_id, attempt }).collect();
             let req = HeartbeatRequest {
                 name: config.name.clone(),
                 running,
                 gpu_health: gpu_health.poll(),
-                seen_index: shell.core.seen_index(),
+                seen_index,
                 reads_nodelist: true,
                 history: Some(shell.core.fences().history),
             };

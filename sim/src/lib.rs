@@ -33,11 +33,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use gangway_core::agent::{Action, AgentCore, Answer, Exit, Fences};
+use gangway_core::agent::{Action, AgentCore, Answer, Call, Exit, Fences};
 use gangway_core::command::{Command, JobChange};
 use gangway_core::duties::{
-    heartbeat_interval_ms, leader_tick, may_answer, node_orders, silence_ms, Heard, HeardBook, LeaderMemory, TaskKey,
-    TaskReport,
+    gpu_health_changes, heartbeat_interval_ms, leader_tick, on_heartbeat, silence_ms, Heard, HeardBook, Heartbeat,
+    HeartbeatReply, LeaderMemory, TaskKey, TaskReport,
 };
 use gangway_core::limits::NODES_MAX;
 use gangway_core::model::{JobId, JobState, NodeState};
@@ -906,36 +906,37 @@ impl World {
                 self.propose(cmd, ReplyTo::Agent { node, call, resp: Resp::Registered });
             }
             Req::Heartbeat { running, healthy, seen_index } => {
-                let silence = silence_ms(self.now, self.leader.since, self.leader.heard.last(&name));
-                let answerable = may_answer(silence, DOWN_TIMEOUT_MS) || self.cfg.bug == Some(Bug::AnswerSilentNodes);
-                let Some(n) = self.state.nodes.get(&name).filter(|n| n.state != NodeState::Down && answerable) else {
-                    let resp = Resp::Answer(Answer { known: false, term: self.leader.term, ..Answer::default() });
-                    self.send(node, Ev::ToAgent { node, call, resp });
-                    return;
+                // The leader's side is the production one (`duties`): the
+                // simulation only carries the messages.
+                let hb = Heartbeat {
+                    node: name.clone(),
+                    running,
+                    seen_index,
+                    history: self.state.history,
+                    gpu_health: healthy
+                        .iter()
+                        .enumerate()
+                        .map(|(g, ok)| (g as u32, *ok, "simulated GPU fault".to_string()))
+                        .collect(),
                 };
-                // GPU health the agent reports (level-triggered).
-                let changes: Vec<Command> = n
-                    .gpus
-                    .iter()
-                    .zip(&healthy)
-                    .filter(|(g, ok)| (g.health == gangway_core::GpuHealth::Healthy) != **ok)
-                    .map(|(g, ok)| Command::SetGpuHealth {
-                        node: name.clone(),
-                        gpu: g.index,
-                        healthy: *ok,
-                        reason: "simulated GPU fault".into(),
-                        now_ms: self.now,
-                    })
-                    .collect();
-                for cmd in changes {
+                for cmd in gpu_health_changes(&self.state, &hb, self.now, usize::MAX) {
                     self.propose(cmd, ReplyTo::Nobody);
                 }
-                let jobs = running.iter().map(|t| t.0).collect();
-                self.leader.heard.record(&name, self.now, Some((seen_index, jobs)), NODES_MAX);
-                let orders = node_orders(&self.state, &name, &running);
-                let interval = heartbeat_interval_ms(self.state.nodes.len(), HEARTBEAT_MS, DOWN_TIMEOUT_MS);
-                let answer = orders.answer(&self.state, &name, self.leader.term, self.index, interval);
-                self.send(node, Ev::ToAgent { node, call, resp: Resp::Answer(answer) });
+                let silence = silence_ms(self.now, self.leader.since, self.leader.heard.last(&name));
+                // The injected bug: silent nodes answered as if never silent.
+                let down = if self.cfg.bug == Some(Bug::AnswerSilentNodes) { u64::MAX } else { DOWN_TIMEOUT_MS };
+                let resp = match on_heartbeat(&self.state, self.index, silence, down, &hb) {
+                    HeartbeatReply::RegisterAgain => {
+                        Resp::Answer(Answer { known: false, term: self.leader.term, ..Answer::default() })
+                    }
+                    HeartbeatReply::Behind { .. } => Resp::Unavailable,
+                    HeartbeatReply::Orders { orders, seen_index, jobs } => {
+                        self.leader.heard.record(&name, self.now, Some((seen_index, jobs)), NODES_MAX);
+                        let interval = heartbeat_interval_ms(self.state.nodes.len(), HEARTBEAT_MS, DOWN_TIMEOUT_MS);
+                        Resp::Answer(orders.answer(&self.state, &name, self.leader.term, self.index, interval))
+                    }
+                };
+                self.send(node, Ev::ToAgent { node, call, resp });
             }
             Req::Exit(e) => {
                 let cmd = Command::TaskExited {
@@ -963,14 +964,16 @@ impl World {
             return;
         }
         let Some(core) = &mut a.core else { return };
-        let req = if !core.registered() {
-            Req::Register
-        } else if let Some(exit) = core.take_report() {
-            a.in_flight = Some(exit.clone());
-            Req::Exit(exit)
-        } else {
-            let healthy = a.healthy.clone();
-            Req::Heartbeat { running: core.running().into_iter().collect(), healthy, seen_index: core.seen_index() }
+        // The node agent's decision (`AgentCore::next_call`), one call a round.
+        let req = match core.next_call() {
+            Call::Register => Req::Register,
+            Call::Exit(exit) => {
+                a.in_flight = Some(exit.clone());
+                Req::Exit(exit)
+            }
+            Call::Heartbeat { running, seen_index } => {
+                Req::Heartbeat { running: running.into_iter().collect(), healthy: a.healthy.clone(), seen_index }
+            }
         };
         let timeout = core.call_timeout_ms();
         self.next_id += 1;

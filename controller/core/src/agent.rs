@@ -147,6 +147,14 @@ pub enum Action {
     Signal { task: TaskKey, signal: i32, target: crate::command::SignalTarget },
 }
 
+/// What the agent says to the leader next (see [`AgentCore::next_call`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    Register,
+    Exit(Exit),
+    Heartbeat { running: Vec<TaskKey>, seen_index: u64 },
+}
+
 /// The agent's decisions and the little state they need.
 #[derive(Debug, Clone)]
 pub struct AgentCore {
@@ -297,6 +305,23 @@ impl AgentCore {
         self.told_interval(interval_ms);
         self.last_contact_ms = self.last_contact_ms.max(sent_ms);
         self.registered = true;
+    }
+
+    /// The agent's next call to the leader: register while it is not
+    /// registered; else the oldest task exit waiting to be reported (out of
+    /// the queue while in flight: give it back with
+    /// [`AgentCore::report_failed`] if the call fails); else a heartbeat
+    /// with what runs here and the orders it acted on. The node agent makes
+    /// these calls until a register or a heartbeat (one round), the
+    /// simulation one per round: the decision is this one.
+    pub fn next_call(&mut self) -> Call {
+        if !self.registered {
+            return Call::Register;
+        }
+        match self.take_report() {
+            Some(exit) => Call::Exit(exit),
+            None => Call::Heartbeat { running: self.running(), seen_index: self.seen_index },
+        }
     }
 
     /// Takes the oldest exit waiting to be reported, to send it; give it
@@ -549,6 +574,29 @@ mod tests {
         (again.index, again.history) = (30, 0xfeed);
         assert_eq!(a.answered(400, &again), vec![Action::PersistFences], "a newer term, no launch");
         assert_eq!(a.fences().attempts.get(&3), Some(&1));
+    }
+
+    /// The calls an agent makes, in the order the core decides them:
+    /// register first; then each exit waiting (one given back after a
+    /// failed call goes first again); then a heartbeat with what runs here
+    /// and the orders it acted on.
+    #[test]
+    fn the_next_call_is_registration_then_exits_then_a_heartbeat() {
+        let mut a = AgentCore::new(Fences::default(), 5_000, 0);
+        assert_eq!(a.next_call(), Call::Register);
+        a.registered_at(0, 10_000, 0);
+        let mut ans = answer(3, &[(7, 1), (8, 1)], &[((7, 1), &[0]), ((8, 1), &[1])]);
+        ans.index = 40;
+        a.answered(100, &ans);
+        assert_eq!(a.next_call(), Call::Heartbeat { running: vec![(7, 1), (8, 1)], seen_index: 40 });
+        a.task_exited(Exit::ended((7, 1), Some(0), None));
+        a.task_exited(Exit::ended((8, 1), Some(1), None));
+        let Call::Exit(first) = a.next_call() else { panic!("an exit waits") };
+        assert_eq!(first.task, (7, 1));
+        a.report_failed(first);
+        assert!(matches!(a.next_call(), Call::Exit(e) if e.task == (7, 1)), "a failed report goes first again");
+        assert!(matches!(a.next_call(), Call::Exit(e) if e.task == (8, 1)));
+        assert_eq!(a.next_call(), Call::Heartbeat { running: vec![], seen_index: 40 });
     }
 
     /// Each signal request reaches a task once; one made before the task

@@ -409,6 +409,92 @@ pub fn may_answer(silence_ms: u64, down_timeout_ms: u64) -> bool {
 /// A task of one job attempt on one node.
 pub type TaskKey = (JobId, u32);
 
+/// A heartbeat as the leader's core reads it (the API turns the protobuf
+/// into this; the simulation builds it directly).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub node: String,
+    /// The tasks the agent runs.
+    pub running: BTreeSet<TaskKey>,
+    /// The log index of the orders the agent last acted on.
+    pub seen_index: u64,
+    /// The cluster history `seen_index` counts in (an agent that names none
+    /// counts in the first, 0).
+    pub history: u64,
+    /// What the agent says of its GPUs: index, healthy, why not.
+    pub gpu_health: Vec<(u32, bool, String)>,
+}
+
+/// What the leader does with a heartbeat (see [`on_heartbeat`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeartbeatReply {
+    /// The node is unknown or Down, or silent past the node-down timeout
+    /// (see [`may_answer`]): no orders; the agent registers again.
+    RegisterAgain,
+    /// The agent acted on orders from a state this leader has not applied
+    /// yet (it just became leader): its report and its orders wait.
+    Behind { index: u64, seen_index: u64 },
+    /// Orders for the node; the shell records `seen_index` and the jobs the
+    /// agent runs in its [`HeardBook`] as of now.
+    Orders { orders: NodeOrders, seen_index: u64, jobs: BTreeSet<JobId> },
+}
+
+/// The GPU health changes a heartbeat reports against `state`
+/// (level-triggered: only what differs), as commands the shell proposes
+/// before it answers. `reason` is cut to `reason_max` bytes on a character
+/// boundary.
+pub fn gpu_health_changes(state: &State, hb: &Heartbeat, now_ms: u64, reason_max: usize) -> Vec<crate::Command> {
+    let Some(node) = state.nodes.get(&hb.node) else { return Vec::new() };
+    hb.gpu_health
+        .iter()
+        .filter_map(|(index, healthy, reason)| {
+            let g = node.gpus.get(usize::try_from(*index).ok()?)?;
+            let healthy_now = g.health == crate::model::GpuHealth::Healthy;
+            (healthy_now != *healthy).then(|| crate::Command::SetGpuHealth {
+                node: hb.node.clone(),
+                gpu: *index,
+                healthy: *healthy,
+                reason: cut_on_char(reason, reason_max).to_string(),
+                now_ms,
+            })
+        })
+        .collect()
+}
+
+fn cut_on_char(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end = end.saturating_sub(1);
+    }
+    s.get(..end).unwrap_or("")
+}
+
+/// The leader's side of a heartbeat from a state at log `index`, the node
+/// silent for `silence_ms` before it (see [`silence_ms`]): whether it may be
+/// answered, whether the agent is ahead of this state, and its orders. The
+/// controller's gRPC handler and the simulation both call this.
+pub fn on_heartbeat(
+    state: &State,
+    index: u64,
+    silence_ms: u64,
+    down_timeout_ms: u64,
+    hb: &Heartbeat,
+) -> HeartbeatReply {
+    let known = state.nodes.get(&hb.node).is_some_and(|n| n.state != NodeState::Down);
+    if !known || !may_answer(silence_ms, down_timeout_ms) {
+        return HeartbeatReply::RegisterAgain;
+    }
+    // An index of another history (the cluster was restored from a backup
+    // since the agent last heard from it) says nothing about this one's
+    // log: as from an agent that has acted on no orders yet.
+    let seen_index = if hb.history != state.history { 0 } else { hb.seen_index };
+    if seen_index > index {
+        return HeartbeatReply::Behind { index, seen_index };
+    }
+    let jobs = hb.running.iter().map(|t| t.0).collect();
+    HeartbeatReply::Orders { orders: node_orders(state, &hb.node, &hb.running), seen_index, jobs }
+}
+
 /// What one node's agent is told (see [`node_orders`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NodeOrders {

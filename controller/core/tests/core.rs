@@ -4579,3 +4579,46 @@ fn node_inventory_limits() {
         assert_eq!(inv.validate().unwrap_err().field, field);
     }
 }
+
+/// The leader's side of a heartbeat, as the gRPC handler and the simulation
+/// both run it: orders for a known, recently heard node; none for an
+/// unknown, Down or too-silent one; a wait for an agent ahead of this state
+/// (unless it counts in another history); GPU health as level-triggered
+/// changes.
+#[test]
+fn a_heartbeat_is_answered_by_the_core() {
+    use gangway_core::duties::{gpu_health_changes, on_heartbeat, Heartbeat, HeartbeatReply};
+    let s = base_state();
+    let node = s.nodes.keys().next().unwrap().clone();
+    let running: std::collections::BTreeSet<_> = s.nodes[&node].jobs.iter().map(|j| (*j, s.jobs[j].attempt)).collect();
+    assert!(!running.is_empty(), "the base state runs a job on {node}");
+    let hb = Heartbeat { node: node.clone(), running: running.clone(), seen_index: 5, ..Heartbeat::default() };
+    let HeartbeatReply::Orders { orders, seen_index, jobs } = on_heartbeat(&s, 10, 0, 1_000, &hb) else {
+        panic!("a heard node got no orders")
+    };
+    assert_eq!(seen_index, 5);
+    assert_eq!(jobs, running.iter().map(|t| t.0).collect());
+    assert!(orders.known && running.iter().all(|t| orders.desired.contains(t)), "{orders:?}");
+    // Silent past the timeout: it may already be on its way Down.
+    assert_eq!(on_heartbeat(&s, 10, 1_001, 1_000, &hb), HeartbeatReply::RegisterAgain);
+    let unknown = Heartbeat { node: "nowhere".into(), ..hb.clone() };
+    assert_eq!(on_heartbeat(&s, 10, 0, 1_000, &unknown), HeartbeatReply::RegisterAgain);
+    let mut down = s.clone();
+    down.nodes.get_mut(&node).unwrap().state = gangway_core::model::NodeState::Down;
+    assert_eq!(on_heartbeat(&down, 10, 0, 1_000, &hb), HeartbeatReply::RegisterAgain);
+    // Ahead of this state: wait; counting in another history: from 0.
+    let ahead = Heartbeat { seen_index: 11, ..hb.clone() };
+    assert_eq!(on_heartbeat(&s, 10, 0, 1_000, &ahead), HeartbeatReply::Behind { index: 10, seen_index: 11 });
+    let elsewhere = Heartbeat { history: 77, ..ahead };
+    assert!(matches!(on_heartbeat(&s, 10, 0, 1_000, &elsewhere), HeartbeatReply::Orders { seen_index: 0, .. }));
+    // GPU health: only what differs, within the node's GPUs, the reason cut
+    // on a character boundary.
+    let report = |gpu_health: Vec<(u32, bool, String)>| Heartbeat { gpu_health, ..hb.clone() };
+    assert!(gpu_health_changes(&s, &report(vec![(0, true, String::new())]), 7, 64).is_empty());
+    assert!(gpu_health_changes(&s, &report(vec![(99, false, "gone".into())]), 7, 64).is_empty());
+    let changes = gpu_health_changes(&s, &report(vec![(1, false, "é".repeat(10))]), 7, 5);
+    assert_eq!(
+        changes,
+        vec![Command::SetGpuHealth { node: node.clone(), gpu: 1, healthy: false, reason: "éé".into(), now_ms: 7 }]
+    );
+}

@@ -4,12 +4,11 @@
 
 use std::sync::Arc;
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
-use gangway_core::duties::{heartbeat_interval_ms, may_answer, node_orders};
+use gangway_core::duties::{heartbeat_interval_ms, HeartbeatReply};
 use gangway_core::limits::{check_task_exit, REASON_BYTES_MAX};
-use gangway_core::{Command, NodeState, Outcome, RefusalKind};
+use gangway_core::{Command, Outcome, RefusalKind};
 use gangway_proto::limits::{AGENT_MESSAGE_BYTES_MAX, API_REQUEST_BYTES_MAX, LAUNCH_ORDERS_BYTES_MAX};
 
 // A spec the API accepts always reaches its agent: one launch order (a spec
@@ -44,34 +43,6 @@ impl AgentApi {
     fn heartbeat_interval_ms(&self, nodes: usize) -> u64 {
         let t = &self.replica.timing;
         heartbeat_interval_ms(nodes, t.agent_heartbeat_interval_ms, t.node_down_timeout_ms)
-    }
-
-    /// Commits the GPU health changes an agent reports (level-triggered: the
-    /// report is the whole current health; only differences are proposed).
-    async fn commit_gpu_health(&self, msg: &HeartbeatRequest) -> Result<(), Status> {
-        let changes: Vec<Command> = {
-            let state = self.replica.node.state().read();
-            let Some(node) = state.nodes.get(&msg.name) else { return Ok(()) };
-            msg.gpu_health
-                .iter()
-                .filter_map(|r| {
-                    let g = node.gpus.get(r.index as usize)?;
-                    let healthy_now = g.health == gangway_core::GpuHealth::Healthy;
-                    (healthy_now != r.healthy).then(|| Command::SetGpuHealth {
-                        node: msg.name.clone(),
-                        gpu: r.index,
-                        healthy: r.healthy,
-                        reason: truncate_on_char(&r.reason, REASON_BYTES_MAX),
-                        now_ms: crate::now_ms(),
-                    })
-                })
-                .collect()
-        };
-        for cmd in changes {
-            tracing::warn!(node = %msg.name, change = ?cmd, "GPU health changed");
-            self.replica.proposer.propose(cmd).await.map_err(super::status_from_propose)?;
-        }
-        Ok(())
     }
 }
 
@@ -206,7 +177,16 @@ impl AgentService for AgentApi {
                 within.as_millis()
             )));
         }
-        self.commit_gpu_health(&msg).await?;
+        let hb = super::convert::heartbeat_from_proto(&msg);
+        // GPU health first (level-triggered: what differs is committed).
+        let changes = {
+            let state = self.replica.node.state().read();
+            gangway_core::duties::gpu_health_changes(&state, &hb, crate::now_ms(), REASON_BYTES_MAX)
+        };
+        for cmd in changes {
+            tracing::warn!(node = %msg.name, change = ?cmd, "GPU health changed");
+            self.replica.proposer.propose(cmd).await.map_err(super::status_from_propose)?;
+        }
         let term = self.replica.node.status().term;
         // The newest view: an agent poked about a change heartbeats after the
         // view with it is published (the poker waits for it), and orders
@@ -223,35 +203,31 @@ impl AgentService for AgentApi {
         // A restored cluster's agents wait for its drawn history: an answer
         // in the derived one, after one in the drawn, would reset their fences.
         super::settled_history(&state)?;
-        // A node silent past the timeout may already be on its way Down:
-        // no orders (see `duties::may_answer`).
+        // The core decides (`duties::on_heartbeat`, which the simulation
+        // runs too): a node unknown, Down or silent past the timeout gets no
+        // orders; an agent ahead of this state waits.
+        let silence = self.replica.heartbeats.silence_ms(&msg.name, term);
         let timeout = self.replica.timing.node_down_timeout_ms;
-        if state.nodes.get(&msg.name).is_none_or(|n| n.state == NodeState::Down)
-            || !may_answer(self.replica.heartbeats.silence_ms(&msg.name, term), timeout)
-        {
-            return Ok(Response::new(HeartbeatResponse {
-                known: false,
-                term,
-                history: state.history,
-                ..Default::default()
-            }));
-        }
-        // An index of another history (the cluster was restored from a
-        // backup since the agent last heard from it) says nothing about this
-        // one's log: as from an agent that has acted on no orders yet.
-        // (An agent that names no history counts in the first one, 0.)
-        let seen_index = if msg.history.unwrap_or(0) != state.history { 0 } else { msg.seen_index };
-        // The agent has acted on orders from a state this replica has not
-        // applied yet (it just became leader): its report and its orders wait.
-        if seen_index > index {
-            return Err(Status::unavailable(format!(
-                "this leader has applied the log to index {index}, behind the orders the agent acted on ({seen_index}); \
-                 retry"
-            )));
-        }
-        let running: BTreeSet<(u64, u32)> = msg.running.iter().map(|t| (t.job_id, t.attempt)).collect();
-        self.replica.heartbeats.record(&msg.name, Some((seen_index, running.iter().map(|t| t.0).collect())));
-        let orders = node_orders(&state, &msg.name, &running);
+        let orders = match gangway_core::duties::on_heartbeat(&state, index, silence, timeout, &hb) {
+            HeartbeatReply::RegisterAgain => {
+                return Ok(Response::new(HeartbeatResponse {
+                    known: false,
+                    term,
+                    history: state.history,
+                    ..Default::default()
+                }))
+            }
+            HeartbeatReply::Behind { index, seen_index } => {
+                return Err(Status::unavailable(format!(
+                    "this leader has applied the log to index {index}, behind the orders the agent acted on \
+                     ({seen_index}); retry"
+                )))
+            }
+            HeartbeatReply::Orders { orders, seen_index, jobs } => {
+                self.replica.heartbeats.record(&msg.name, Some((seen_index, jobs)));
+                orders
+            }
+        };
         let mut launch = Vec::new();
         let mut budget = gangway_proto::limits::PageBudget::launch_orders();
         for (job_id, _) in &orders.launch {
@@ -576,15 +552,6 @@ fn name_every_node(order: &mut LaunchOrder) -> Result<(), Status> {
         .map_err(|e| Status::internal(format!("a launch order for an old agent: {e}")))?;
     order.nodelist.clear();
     Ok(())
-}
-
-/// At most `max` bytes of `s`, cut on a character boundary.
-fn truncate_on_char(s: &str, max: usize) -> String {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end = end.saturating_sub(1);
-    }
-    s[..end].to_string()
 }
 
 #[cfg(test)]
