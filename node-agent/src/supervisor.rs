@@ -1,8 +1,10 @@
 //! Running tasks on this node: launch as a process group, stop with SIGTERM then
 //! SIGKILL of the whole group after a grace period, and report each exit.
 //!
-//! Cgroup limits, re-adopting tasks after an agent restart and the warning
-//! signal before a time limit are not here yet (see ARCHITECTURE.md).
+//! Also here: each task's cgroups (`cgroup.rs`, and `devices.rs` for GPUs),
+//! re-adopting tasks after an agent restart (by their exit files and
+//! process groups), step records and output files, and Slurm's warning
+//! signal before a time limit.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1,7 +1,8 @@
 //! A deterministic simulation of a whole Gangway cluster, in one thread, from
 //! one seed (TigerBeetle's VOPR, FoundationDB's simulator): the core's own
 //! decisions — `State::apply`, the leader's `duties::leader_tick` and
-//! `duties::node_orders`, each agent's `agent::AgentCore` — run against a
+//! `duties::on_heartbeat`, each agent's `agent::AgentCore` and its
+//! `next_call` — run as production runs them, against a
 //! simulated clock, network, replicated log and tasks, while faults are
 //! injected, and the chaos checkers judge every run.
 //!

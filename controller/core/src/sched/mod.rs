@@ -19,7 +19,8 @@
 //! request shape that failed keeps failing for jobs at least as long.
 //!
 //! Related code: `explain.rs` (why one job waits), [`crate::sim`] (replays
-//! traces through [`plan`]), controller/src/leader/scheduler.rs (the loop).
+//! traces through [`plan`]), [`crate::duties::leader_tick`] (the leader's
+//! pass, which calls it), controller/src/leader/duties.rs (the loop).
 
 use std::collections::{BTreeMap, BTreeSet};
 
