@@ -398,37 +398,16 @@ fn exit_from_report(r: TaskExitReport) -> Exit {
     }
 }
 
-/// A leader's heartbeat answer as the agent's core reads it.
 /// The membership a heartbeat answer names, when it names one of at most
 /// MEMBERS_MAX replicas.
 fn members_of(resp: &gangway_proto::v1::HeartbeatResponse) -> Option<std::collections::BTreeSet<String>> {
     (!resp.members.is_empty() && resp.members.len() <= MEMBERS_MAX).then(|| resp.members.iter().cloned().collect())
 }
 
+/// A leader's heartbeat answer as the agent's core reads it (the codec the
+/// controller writes it with: `gangway_proto::orders`).
 pub fn answer_from(resp: &gangway_proto::v1::HeartbeatResponse) -> Answer {
-    Answer {
-        known: resp.known,
-        term: resp.term,
-        index: resp.index,
-        history: resp.history,
-        desired: resp.desired.iter().map(|t| (t.job_id, t.attempt)).collect(),
-        launch: resp.launch.iter().map(|o| ((o.job_id, o.attempt), o.gpus.clone())).collect(),
-        stops: resp.stops.iter().map(|s| ((s.job_id, s.attempt), s.grace_s)).collect(),
-        suspended: resp.suspended.iter().map(|t| (t.job_id, t.attempt)).collect(),
-        signals: resp
-            .signals
-            .iter()
-            .map(|s| {
-                let target = match gangway_proto::v1::SignalTarget::try_from(s.target) {
-                    Ok(gangway_proto::v1::SignalTarget::Batch) => gangway_core::command::SignalTarget::Batch,
-                    Ok(gangway_proto::v1::SignalTarget::Full) => gangway_core::command::SignalTarget::Full,
-                    _ => gangway_core::command::SignalTarget::Steps,
-                };
-                ((s.job_id, s.attempt), gangway_core::model::JobSignal { seq: s.seq, signal: s.signal, target })
-            })
-            .collect(),
-        heartbeat_interval_ms: resp.heartbeat_interval_ms,
-    }
+    gangway_proto::orders::answer_from_proto(resp)
 }
 
 /// Runs the agent until `shutdown` completes. Its loop is bounded by the agent's

@@ -95,6 +95,7 @@ pub mod client;
 pub mod events;
 pub mod hostlist;
 pub mod limits;
+pub mod orders;
 pub mod pki;
 pub mod retry;
 pub mod step_cred;

@@ -243,44 +243,17 @@ impl AgentService for AgentApi {
             }
             launch.push(order);
         }
-        let refs = |tasks: &[gangway_core::duties::TaskKey]| -> Vec<TaskRef> {
-            tasks.iter().map(|(job_id, attempt)| TaskRef { job_id: *job_id, attempt: *attempt }).collect()
-        };
-        let (desired, suspended) = (refs(&orders.desired), refs(&orders.suspended));
-        let signals = orders
-            .signals
-            .iter()
-            .map(|((job_id, attempt), s)| TaskSignal {
-                job_id: *job_id,
-                attempt: *attempt,
-                seq: s.seq,
-                signal: s.signal,
-                target: match s.target {
-                    gangway_core::command::SignalTarget::Steps => gangway_proto::v1::SignalTarget::Steps,
-                    gangway_core::command::SignalTarget::Batch => gangway_proto::v1::SignalTarget::Batch,
-                    gangway_core::command::SignalTarget::Full => gangway_proto::v1::SignalTarget::Full,
-                } as i32,
-            })
-            .collect();
-        let stops = orders
-            .stops
-            .into_iter()
-            .map(|s| TaskStop { job_id: s.task.0, attempt: s.task.1, grace_s: s.grace_s, reason: s.reason })
-            .collect();
-        let heartbeat_interval_ms = self.heartbeat_interval_ms(state.nodes.len());
-        Ok(Response::new(HeartbeatResponse {
-            known: true,
-            desired,
-            launch,
+        // The one codec of the answer (`gangway_proto::orders`), which the
+        // agent reads back with its inverse.
+        let from = gangway_proto::orders::From {
             term,
-            stops,
             index,
-            heartbeat_interval_ms,
-            suspended,
-            signals,
             history: state.history,
-            members: self.members(),
-        }))
+            heartbeat_interval_ms: self.heartbeat_interval_ms(state.nodes.len()),
+        };
+        let mut answer = gangway_proto::orders::orders_to_proto(&orders, from, launch);
+        answer.members = self.members();
+        Ok(Response::new(answer))
     }
 
     async fn report_task_exit(&self, req: Request<TaskExitReport>) -> Result<Response<TaskExitAck>, Status> {
