@@ -16,7 +16,7 @@ use gangway_proto::v1::admin_service_client::AdminServiceClient;
 use serde_json::json;
 
 use crate::output::{printable, Output};
-use crate::policy::{mem as mem_arg, POLICY_EDIT, POLICY_EDIT_ATTEMPTS_MAX};
+use crate::policy::{gpus_arg, mem as mem_arg, POLICY_EDIT, POLICY_EDIT_ATTEMPTS_MAX};
 
 #[derive(Subcommand)]
 pub enum InventoryCmd {
@@ -79,9 +79,7 @@ impl ClassArgs {
             c.mem_mb = m;
         }
         if let Some(g) = &self.gpus {
-            let (model, n) = g.rsplit_once(':').unwrap_or(("", g));
-            c.gpus = n.parse().map_err(|_| anyhow::anyhow!("--gpus: '{g}' must be N or MODEL:N"))?;
-            c.gpu_model = model.to_string();
+            (c.gpu_model, c.gpus) = gpus_arg(g)?;
         }
         if let Some(f) = &self.features {
             c.labels = f

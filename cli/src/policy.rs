@@ -246,9 +246,7 @@ impl PoolArgs {
             p.mem_mb = m;
         }
         if let Some(g) = &self.gpus {
-            let (model, n) = g.rsplit_once(':').unwrap_or(("", g));
-            p.gpus = n.parse().map_err(|_| anyhow::anyhow!("--gpus: '{g}' must be N or MODEL:N"))?;
-            p.gpu_model = model.to_string();
+            (p.gpu_model, p.gpus) = gpus_arg(g)?;
         }
         if let Some(m) = mem("--gpu-mem", &self.gpu_mem)? {
             p.gpu_mem_mb = m;
@@ -436,6 +434,13 @@ fn quota_apply(q: &mut Quota, a: &QuotaArgs) -> anyhow::Result<()> {
 
 fn dur(field: &str, v: &Option<String>) -> anyhow::Result<Option<u64>> {
     v.as_deref().map(|t| parse::time_limit_s(t).map_err(|e| anyhow::anyhow!(e.replace("--time", field)))).transpose()
+}
+
+/// `--gpus N` or `--gpus MODEL:N` as (model, count); no model: any.
+pub(crate) fn gpus_arg(g: &str) -> anyhow::Result<(String, u32)> {
+    let (model, n) = g.rsplit_once(':').unwrap_or(("", g));
+    let n = n.parse().map_err(|_| anyhow::anyhow!("--gpus: '{g}' must be N or MODEL:N"))?;
+    Ok((model.to_string(), n))
 }
 
 pub(crate) fn mem(field: &str, v: &Option<String>) -> anyhow::Result<Option<u64>> {

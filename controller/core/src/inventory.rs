@@ -86,14 +86,40 @@ pub struct NodeInventory {
 }
 
 /// What a node claims, as registration or the state holds it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Claim<'a> {
     pub name: &'a str,
     pub cpus: u32,
     pub mem_mb: u64,
-    pub gpu_models: &'a [&'a str],
+    pub gpu_models: Vec<&'a str>,
     pub labels: &'a BTreeMap<String, String>,
     pub topology: &'a [String],
+}
+
+impl<'a> Claim<'a> {
+    /// What a registration claims.
+    pub fn of_spec(spec: &'a crate::spec::NodeSpec) -> Claim<'a> {
+        Claim {
+            name: &spec.name,
+            cpus: spec.cpus,
+            mem_mb: spec.mem_mb,
+            gpu_models: spec.gpus.iter().map(|g| g.model.as_str()).collect(),
+            labels: &spec.labels,
+            topology: &spec.topology,
+        }
+    }
+
+    /// What a registered node claimed.
+    pub fn of_node(node: &'a crate::model::Node) -> Claim<'a> {
+        Claim {
+            name: &node.name,
+            cpus: node.cpus,
+            mem_mb: node.mem_mb,
+            gpu_models: node.gpus.iter().map(|g| g.model.as_str()).collect(),
+            labels: &node.labels,
+            topology: &node.topology,
+        }
+    }
 }
 
 impl NodeInventory {

@@ -640,8 +640,7 @@ impl Replica {
                     };
                     if ctx.via_job.is_none() {
                         whole = self.client_is_admin(&state, p, &ctx.identity);
-                        sees_all = policy.is_operator(&ctx.identity)
-                            || self.accounting_identities.iter().any(|a| *a == ctx.identity || *a == p.name);
+                        sees_all = policy.is_operator(&ctx.identity) || self.is_accounting(ctx);
                         let mine = policy.coordinated(&ctx.identity);
                         if !mine.is_empty() {
                             accounts = std::iter::once(gangway_core::policy::ROOT_ACCOUNT)
@@ -709,8 +708,9 @@ impl Replica {
                 None => (false, None),
             }
         };
+        let admin = self.is_admin(ctx);
         let Some(account) = account else {
-            if self.is_admin(ctx) || ctx.via_job.is_some() {
+            if admin || ctx.via_job.is_some() {
                 return Err(Status::failed_precondition(format!(
                     "reservation: {} does not exist (on this replica yet); retry once it does",
                     spec.reservation
@@ -718,10 +718,10 @@ impl Replica {
             }
             return Ok(());
         };
-        if listed || !self.is_admin(ctx) && ctx.via_job.is_none() {
+        if listed || !admin && ctx.via_job.is_none() {
             return Ok(());
         }
-        if force && self.is_admin(ctx) {
+        if force && admin {
             ctx.audit("run a job in a reservation that does not list it", "allowed", "admin, forced");
             return Ok(());
         }

@@ -516,16 +516,7 @@ impl State {
             if matches!(node.state, NodeState::Down | NodeState::PoweredDown) {
                 continue;
             }
-            let models: Vec<&str> = node.gpus.iter().map(|g| g.model.as_str()).collect();
-            let claim = crate::inventory::Claim {
-                name: &node.name,
-                cpus: node.cpus,
-                mem_mb: node.mem_mb,
-                gpu_models: &models,
-                labels: &node.labels,
-                topology: &node.topology,
-            };
-            if let Err(e) = self.node_inventory.admit(&claim) {
+            if let Err(e) = self.node_inventory.admit(&crate::inventory::Claim::of_node(node)) {
                 revoked.push((node.name.clone(), format!("not admitted by the node inventory: {e}")));
             }
         }

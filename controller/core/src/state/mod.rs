@@ -965,16 +965,7 @@ impl State {
         if self.format < crate::format::NODE_ADMISSION_FORMAT {
             return Ok(());
         }
-        let models: Vec<&str> = spec.gpus.iter().map(|g| g.model.as_str()).collect();
-        let claim = crate::inventory::Claim {
-            name: &spec.name,
-            cpus: spec.cpus,
-            mem_mb: spec.mem_mb,
-            gpu_models: &models,
-            labels: &spec.labels,
-            topology: &spec.topology,
-        };
-        self.node_inventory.admit(&claim).map(drop)
+        self.node_inventory.admit(&crate::inventory::Claim::of_spec(spec)).map(drop)
     }
 
     fn apply_register_node(&mut self, index: u64, spec: &NodeSpec) -> Applied {
