@@ -102,7 +102,7 @@ pub fn answer_from_proto(resp: &pb::HeartbeatResponse) -> Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gangway_core::duties::{Stop, StopCause};
+    use gangway_core::duties::Stop;
     use proptest::prelude::*;
 
     fn task() -> impl Strategy<Value = TaskKey> {
@@ -134,7 +134,7 @@ mod tests {
                 launch: launch.iter().map(|(t, _)| *t).collect(),
                 stops: stops
                     .iter()
-                    .map(|(t, grace_s, reason)| Stop { task: *t, cause: StopCause::Preempted, grace_s: *grace_s, reason: reason.clone() })
+                    .map(|(t, grace_s, reason)| Stop { task: *t, grace_s: *grace_s, reason: reason.clone() })
                     .collect(),
                 suspended: suspended.clone(),
                 signals: signals.iter().map(|(t, seq, signal, target)| (*t, JobSignal { seq: *seq, signal: *signal, target: *target })).collect(),

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::command::{Command, NodeStateChange};
-use crate::model::{Job, JobId, JobState, NodeState};
+use crate::model::{Job, JobId, JobState, NodeState, StopCause};
 use crate::sched;
 use crate::state::State;
 
@@ -515,20 +515,14 @@ pub struct NodeOrders {
     pub signals: Vec<(TaskKey, crate::model::JobSignal)>,
 }
 
-/// A task to stop with its own grace (a preempted job's QOS grace).
+/// A task to stop with its own grace: a preempted job's, its QOS's grace
+/// (the only stop that has one; other tasks stop with the agent's).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stop {
     pub task: TaskKey,
-    pub cause: StopCause,
     /// Seconds between the warning signal and the kill.
     pub grace_s: u32,
     pub reason: String,
-}
-
-/// Why a task is stopped with a grace of its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopCause {
-    Preempted,
 }
 
 impl NodeOrders {
@@ -622,10 +616,9 @@ pub fn node_orders(state: &State, node: &str, running: &BTreeSet<TaskKey>) -> No
     let desired: BTreeSet<TaskKey> = orders.desired.iter().copied().collect();
     for key in running.iter().filter(|k| !desired.contains(k)) {
         let Some(job) = state.jobs.get(&key.0) else { continue };
-        if stopped_by_preemption(job) {
+        if stopped_by_preemption(state.format, job) {
             orders.stops.push(Stop {
                 task: *key,
-                cause: StopCause::Preempted,
                 grace_s: state.policy.qos_of(&job.spec.qos).preempt_grace_s,
                 reason: job.reason.clone(),
             });
@@ -634,15 +627,16 @@ pub fn node_orders(state: &State, node: &str, running: &BTreeSet<TaskKey>) -> No
     orders
 }
 
-/// Whether the job's last attempt was stopped to make room for another job.
-/// The state records this only in the job's reason (see
-/// `State::apply_schedule`), so this is the one place that reads it.
-pub fn stopped_by_preemption(job: &Job) -> bool {
-    job.reason.contains(PREEMPTED_BY)
+/// Whether the job's last attempt was stopped to make room for another job,
+/// in a state of data format `format`: its typed stop cause from format 18;
+/// before, the words apply wrote in its reason
+/// ([`crate::compat::legacy_preemptor`]).
+pub fn stopped_by_preemption(format: u32, job: &Job) -> bool {
+    if format >= crate::format::STOP_CAUSE_FORMAT {
+        return job.stop_cause.as_ref().and_then(StopCause::preempted_by).is_some();
+    }
+    crate::compat::legacy_preemptor(&job.reason).is_some()
 }
-
-/// The words `State::apply_schedule` puts in a preempted job's reason.
-pub const PREEMPTED_BY: &str = "preempted by job ";
 
 /// `H:MM:SS` (or `D-HH:MM:SS`) for messages about durations.
 pub fn format_duration_s(secs: u64) -> String {

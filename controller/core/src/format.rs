@@ -36,7 +36,7 @@ pub const FORMAT_BASE: u32 = 4;
 /// The oldest format this build reads (log entries, snapshots, stores).
 pub const FORMAT_OLDEST: u32 = 4;
 /// The newest format this build reads and, once every replica can, writes.
-pub const FORMAT_NEWEST: u32 = 17;
+pub const FORMAT_NEWEST: u32 = 18;
 
 /// Format 7 changed no encoding, only a rule of `apply`: a plan's preemption
 /// victims are evicted only together with the placement they make room for,
@@ -142,6 +142,13 @@ pub const FRESH_HISTORY_FORMAT: u32 = 16;
 /// their accounts (`policy::coordinator_change`). Format 17's entries
 /// decode as 13's.
 pub const NODE_ADMISSION_FORMAT: u32 = 17;
+
+/// Format 18: why an attempt was stopped is a typed fact
+/// ([`crate::model::StopCause`], `Job::stop_cause`), set by `apply` and
+/// written after the node inventory in a snapshot; a preempted job's reason
+/// no longer holds the preemptor's id as text (the edge writes it from the
+/// cause). Format 18's entries decode as 13's.
+pub const STOP_CAUSE_FORMAT: u32 = 18;
 
 /// Whether this build reads `format`.
 pub fn readable(format: u32) -> bool {
@@ -375,9 +382,9 @@ impl Serialize for Payload {
                 let body = to_bytes(&v12::Wire::from_command(command).map_err(S::Error::custom)?);
                 v4::Wire::Envelope { format: 12, body }.serialize(serializer)
             }
-            // Formats 14 and 15 changed rules of apply, 16 and 17 appended a
-            // variant: none changed the command's encoding.
-            format @ (13..=17) => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
+            // Formats 14, 15 and 18 changed rules of apply, 16 and 17
+            // appended a variant: none changed the command's encoding.
+            format @ (13..=18) => v4::Wire::Envelope { format, body: to_bytes(command) }.serialize(serializer),
             f => Err(S::Error::custom(format!("this build does not write data format {f}"))),
         }
     }
@@ -412,7 +419,7 @@ impl<'de> Deserialize<'de> for Payload {
                 let command = wire.into_command().ok_or_else(|| D::Error::custom("an envelope inside a batch"))?;
                 Ok(Payload { format: 12, command: Some(command), unread: Vec::new() })
             }
-            v4::Wire::Envelope { format: format @ (13..=17), body } => {
+            v4::Wire::Envelope { format: format @ (13..=18), body } => {
                 let command = from_bytes(&body).map_err(D::Error::custom)?;
                 Ok(Payload { format, command: Some(command), unread: Vec::new() })
             }

@@ -57,7 +57,7 @@ pub mod spec;
 pub mod state;
 
 pub use command::{Command, NodeStateChange};
-pub use model::{Allocation, Gpu, GpuHealth, Job, JobId, JobState, Node, NodeAllocation, NodeState};
+pub use model::{Allocation, Gpu, GpuHealth, Job, JobId, JobState, Node, NodeAllocation, NodeState, StopCause};
 pub use share::Share;
 pub use spec::{JobSpec, NodeSpec, SpecError};
 pub use state::{Applied, Event, JobEvent, NodeChange, Outcome, Refusal, RefusalKind, State};

@@ -10,8 +10,9 @@ use crate::spec::{Dependency, JobSpec, NodeSpec};
 
 pub type JobId = u64;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum JobState {
+    #[default]
     Pending,
     Running,
     Completed,
@@ -76,7 +77,10 @@ pub struct Allocation {
     pub nodes: Vec<NodeAllocation>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A job as the state holds it. `Default` is an empty pending job: the
+/// constructors and the older formats' conversions name what they know and
+/// take the rest from it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
     pub id: JobId,
     pub spec: JobSpec,
@@ -155,6 +159,63 @@ pub struct Job {
     /// The log index of the entry that finished the job (None: unfinished,
     /// or finished before format 13), against `State::accounted_index`.
     pub finished_index: Option<u64>,
+    /// Why the current or last attempt was stopped by something other than
+    /// its own tasks (see [`StopCause`]); None: it was not, or it started
+    /// again since. Set by `apply` from format 18
+    /// (`format::STOP_CAUSE_FORMAT`), where a snapshot writes it after the
+    /// node inventory; not in the job's own encoding, so the encodings of
+    /// formats 13 to 17 are unchanged.
+    #[serde(skip)]
+    pub stop_cause: Option<StopCause>,
+}
+
+/// Why a job's attempt was stopped by something other than its own tasks: a
+/// typed fact the leader's decisions read (a preempted task's grace, who may
+/// see the preemptor), kept in the replicated state from format 18. People
+/// read it as text ([`StopCause::describe`]), made where they read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StopCause {
+    /// Preempted to make room for job `by`: requeued, suspended or cancelled,
+    /// as its QOS's preempt mode says.
+    Preempted { by: JobId },
+    /// Its node failed under it: went down, or lost its task.
+    NodeFailed { node: String },
+    /// A GPU it held failed.
+    GpuFailed { node: String, gpu: u32 },
+    /// Its time limit passed.
+    TimeLimit,
+    /// Cancelled by `identity` (its owner, a coordinator, an operator).
+    CancelledBy { identity: String },
+    /// Put back in the queue by `identity`.
+    RequeuedBy { identity: String },
+}
+
+impl StopCause {
+    /// The words before the preemptor's id in a preempted job's reason
+    /// (which the edge hides from a caller who may not see that job).
+    pub const PREEMPTED_BY: &'static str = "preempted by job ";
+
+    /// The words for it. `preemptor_shown` false leaves the preemptor's id
+    /// out, for a caller who may not see that job.
+    pub fn describe(&self, preemptor_shown: bool) -> String {
+        match self {
+            StopCause::Preempted { by } if preemptor_shown => format!("{}{by}", Self::PREEMPTED_BY),
+            StopCause::Preempted { .. } => "preempted by another job".into(),
+            StopCause::NodeFailed { node } => format!("node {node} failed"),
+            StopCause::GpuFailed { node, gpu } => format!("GPU {gpu} on {node} failed"),
+            StopCause::TimeLimit => "time limit reached".into(),
+            StopCause::CancelledBy { identity } => format!("cancelled by {identity}"),
+            StopCause::RequeuedBy { identity } => format!("requeued by {identity}"),
+        }
+    }
+
+    /// The job it was preempted for, if it was.
+    pub fn preempted_by(&self) -> Option<JobId> {
+        match self {
+            StopCause::Preempted { by } => Some(*by),
+            _ => None,
+        }
+    }
 }
 
 /// A signal requested for a running job's tasks (see [`Job::signal`]).
@@ -228,8 +289,6 @@ impl Job {
         s.deadline_ms > 0 && now_ms.saturating_add(self.min_limit_s().saturating_mul(1000)) > s.deadline_ms
     }
 
-    /// The shortest time limit the job accepts (seconds): `--time-min`, or
-    /// its whole limit.
     /// Component `k` of a heterogeneous job (0: the job's own shape) as a
     /// job of its own, for placement: the component's shape with the job's
     /// time limits, reservation and topology, and nothing a placement does
@@ -242,35 +301,19 @@ impl Job {
             spec,
             state: self.state,
             attempt: self.attempt,
-            submitted_by: String::new(),
             submit_time_ms: self.submit_time_ms,
             start_time_ms: self.start_time_ms,
-            end_time_ms: None,
-            allocation: None,
-            exit_code: None,
-            reason: String::new(),
             submit_index: self.submit_index,
-            task_exits: BTreeMap::new(),
-            ran_on: Vec::new(),
             array: self.array,
-            deps_pending: Vec::new(),
-            held: None,
             priority_override: self.priority_override,
-            last_checkpoint_ms: None,
             preempted: self.preempted,
             requested_limit_s: self.requested_limit_s,
-            expedite_nodes: None,
-            suspended_at_ms: None,
-            suspended_ms: 0,
-            steps: Vec::new(),
-            next_step_id: 0,
-            signal: None,
-            preempted_by: None,
-            task_usage: BTreeMap::new(),
-            finished_index: None,
+            ..Job::default()
         }
     }
 
+    /// The shortest time limit the job accepts (seconds): `--time-min`, or
+    /// its whole limit.
     pub fn min_limit_s(&self) -> u64 {
         let s = &self.spec;
         if s.time_min_s > 0 {

@@ -21,11 +21,26 @@
 //! - format 16: the same with 16, and then whether the history is still to
 //!   be drawn (`State::history_pending`, bool);
 //! - format 17: the same with 17, and then the node inventory
-//!   (`State::node_inventory`).
+//!   (`State::node_inventory`);
+//! - format 18: the same with 18, and then the jobs' stop causes
+//!   (`Job::stop_cause`, the jobs that have one, by id).
 
 use crate::compat::{v10, v11, v12, v4, v5, v8, v9};
 use crate::format::{crc32c, from_bytes, to_bytes, FORMAT_NEWEST, FORMAT_OLDEST};
+use crate::model::{JobId, StopCause};
 use crate::state::State;
+
+/// The jobs' stop causes as format 18 writes them: `(id, cause)` for each
+/// job that has one, in id order, serialized straight from the state.
+struct StopCausesRef<'a>(&'a State);
+
+impl serde::Serialize for StopCausesRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // Collected first: bincode writes a sequence's length before it.
+        let causes: Vec<_> = self.0.jobs.iter().filter_map(|(id, j)| j.stop_cause.as_ref().map(|c| (id, c))).collect();
+        serde::Serialize::serialize(&causes, s)
+    }
+}
 
 /// Marks a Gangway snapshot, so a foreign or truncated blob is refused clearly.
 pub const SNAPSHOT_MAGIC: &[u8; 4] = b"GWSN";
@@ -62,7 +77,15 @@ pub fn encode(state: &State) -> Vec<u8> {
         13 | 14 => to_bytes(state),
         15 => to_bytes(&(state, state.history, state.history_since)),
         16 => to_bytes(&(state, state.history, state.history_since, state.history_pending)),
-        _ => to_bytes(&(state, state.history, state.history_since, state.history_pending, &state.node_inventory)),
+        17 => to_bytes(&(state, state.history, state.history_since, state.history_pending, &state.node_inventory)),
+        _ => to_bytes(&(
+            state,
+            state.history,
+            state.history_since,
+            state.history_pending,
+            &state.node_inventory,
+            StopCausesRef(state),
+        )),
     };
     out.extend_from_slice(&state.format.min(FORMAT_NEWEST).to_le_bytes());
     out.extend_from_slice(&crc32c(&body).to_le_bytes());
@@ -132,11 +155,24 @@ pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
             (state.history, state.history_since, state.history_pending) = (history, since, pending);
             (state.format, state)
         }
-        _ => {
+        17 => {
             type Body = (State, u64, u64, bool, crate::inventory::NodeInventory);
             let (mut state, history, since, pending, inventory): Body = from_bytes(body).map_err(decode_err)?;
             (state.history, state.history_since, state.history_pending) = (history, since, pending);
             state.node_inventory = inventory;
+            (state.format, state)
+        }
+        _ => {
+            type Body = (State, u64, u64, bool, crate::inventory::NodeInventory, Vec<(JobId, StopCause)>);
+            let (mut state, history, since, pending, inventory, causes): Body = from_bytes(body).map_err(decode_err)?;
+            (state.history, state.history_since, state.history_pending) = (history, since, pending);
+            state.node_inventory = inventory;
+            for (id, cause) in causes {
+                let Some(job) = state.jobs.get_mut(&id) else {
+                    return Err(SnapshotError::Decode(format!("a stop cause for job {id}, which the state lacks")));
+                };
+                job.stop_cause = Some(cause);
+            }
             (state.format, state)
         }
     };

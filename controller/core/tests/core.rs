@@ -2449,6 +2449,28 @@ fn golden_encodings_pin_every_replicated_format() {
         assert_eq!(snapshot::decode(&bytes).unwrap(), state, "snapshot v{format}");
         got.push(format!("snapshot-v{format} {}", hex(&bytes)));
     }
+    // Format 18's snapshot trailer: every stop cause.
+    use gangway_core::StopCause;
+    let causes = [
+        ("preempted", StopCause::Preempted { by: 42 }),
+        ("node-failed", StopCause::NodeFailed { node: "gpu01".into() }),
+        ("gpu-failed", StopCause::GpuFailed { node: "gpu01".into(), gpu: 3 }),
+        ("time-limit", StopCause::TimeLimit),
+        ("cancelled-by", StopCause::CancelledBy { identity: "alice".into() }),
+        ("requeued-by", StopCause::RequeuedBy { identity: "admin:ops".into() }),
+    ];
+    for (name, cause) in causes {
+        // Matched so that a new cause is added here too.
+        match cause {
+            StopCause::Preempted { .. }
+            | StopCause::NodeFailed { .. }
+            | StopCause::GpuFailed { .. }
+            | StopCause::TimeLimit
+            | StopCause::CancelledBy { .. }
+            | StopCause::RequeuedBy { .. } => {}
+        }
+        got.push(format!("stop-cause {name} {}", hex(&to_bytes(&cause))));
+    }
     let path = manifest_dir().join("tests/golden/encodings.txt");
     let got = got.join("\n") + "\n";
     if std::env::var_os("GANGWAY_BLESS").is_some() {
@@ -4621,4 +4643,136 @@ fn a_heartbeat_is_answered_by_the_core() {
         changes,
         vec![Command::SetGpuHealth { node: node.clone(), gpu: 1, healthy: false, reason: "éé".into(), now_ms: 7 }]
     );
+}
+
+/// Issue 35: why an attempt stopped is a typed fact from format 18. A
+/// preempted victim's tasks get their QOS's grace from the cause, not from
+/// the words of its reason; node, GPU, time-limit, cancel and requeue stops
+/// are typed too; a new start clears the cause; a snapshot keeps it; a
+/// state of format 17 keeps its old rules (no cause, the words decide),
+/// and its preempted jobs get their cause on the move to 18.
+#[test]
+fn stop_causes_are_typed_facts_from_format_18() {
+    use gangway_core::duties::{node_orders, stopped_by_preemption};
+    use gangway_core::format::STOP_CAUSE_FORMAT;
+    use gangway_core::policy::{ClusterPolicy, PreemptMode, Qos};
+    use gangway_core::StopCause;
+    let setup = |format: u32| {
+        let mut s = State::default();
+        s.apply(1, &Command::SetDataFormat { format, now_ms: 1 });
+        let mut policy = ClusterPolicy::default();
+        let low = Qos { preempt_mode: PreemptMode::Requeue, preempt_grace_s: 45, ..Qos::default() };
+        policy.qos.insert("low".into(), low);
+        policy.qos.insert("high".into(), Qos { priority: 10, preempt: vec!["low".into()], ..Qos::default() });
+        let update = Command::UpdatePolicy {
+            policy,
+            expected_version: None,
+            force: true,
+            identity: "server:1".into(),
+            now_ms: 2,
+        };
+        assert!(matches!(s.apply(2, &update).outcome, Outcome::PolicyUpdated { .. }));
+        for i in 0..2 {
+            s.apply(3 + i as u64, &Command::RegisterNode { spec: node_spec(i, 8), now_ms: 3 });
+        }
+        let submit = |qos: &str| {
+            let mut spec = job_spec(1, 8, 1);
+            spec.qos = qos.into();
+            spec.requeue = true;
+            Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 4 }
+        };
+        s.apply(5, &submit("low"));
+        s.apply(6, &submit("low"));
+        let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, 5);
+        let first = gangway_core::sched::plan(&s, &opts);
+        s.apply(7, &Command::ApplySchedule { preemptions: vec![], placements: first.placements, now_ms: 5 });
+        assert_eq!((s.jobs[&1].state, s.jobs[&2].state), (JobState::Running, JobState::Running));
+        s.apply(8, &submit("high"));
+        let plan = gangway_core::sched::plan(&s, &opts);
+        assert_eq!(plan.preemptions.len(), 1, "{plan:?}");
+        let victim = plan.preemptions[0].job_id;
+        let node = s.jobs[&victim].ran_on[0].clone();
+        let cmd = Command::ApplySchedule { preemptions: plan.preemptions, placements: plan.placements, now_ms: 6 };
+        s.apply(9, &cmd);
+        s.check_invariants().unwrap();
+        (s, victim, node)
+    };
+
+    // Format 18: the cause is typed, and the leader's orders read it.
+    let (mut s, victim, node) = setup(STOP_CAUSE_FORMAT);
+    assert_eq!(s.jobs[&victim].state, JobState::Pending);
+    assert_eq!(s.jobs[&victim].stop_cause, Some(StopCause::Preempted { by: 3 }));
+    assert_eq!(s.jobs[&victim].reason, "requeued: preempted by job 3", "the words people read are the same");
+    let running = std::collections::BTreeSet::from([(victim, 1)]);
+    let stops = |s: &State| node_orders(s, &node, &running).stops;
+    assert_eq!(stops(&s).len(), 1);
+    assert_eq!(stops(&s)[0].grace_s, 45, "a preempted task gets its QOS's grace");
+    // The words alone decide nothing any more.
+    let mut words_only = s.clone();
+    words_only.jobs.get_mut(&victim).unwrap().stop_cause = None;
+    assert!(stops(&words_only).is_empty(), "format 18 reads the cause, not the reason's words");
+    assert!(!stopped_by_preemption(STOP_CAUSE_FORMAT, &words_only.jobs[&victim]));
+    // A snapshot keeps the cause.
+    let back = gangway_core::snapshot::decode(&gangway_core::snapshot::encode(&s)).unwrap();
+    assert_eq!(back, s);
+    assert_eq!(back.jobs[&victim].stop_cause, Some(StopCause::Preempted { by: 3 }));
+
+    // The other causes, each from the entry that stops the attempt.
+    let other = if victim == 1 { 2 } else { 1 };
+    let other_node = s.jobs[&other].ran_on[0].clone();
+    s.apply(
+        10,
+        &Command::SetNodeState {
+            name: other_node.clone(),
+            change: NodeStateChange::Down,
+            reason: "lost".into(),
+            now_ms: 7,
+        },
+    );
+    assert_eq!(s.jobs[&other].stop_cause, Some(StopCause::NodeFailed { node: other_node.clone() }));
+    assert_eq!(s.jobs[&other].state, JobState::Pending, "requeued");
+    s.apply(11, &Command::CancelJob { job_id: other, identity: "alice".into(), now_ms: 8 });
+    assert_eq!(s.jobs[&other].stop_cause, Some(StopCause::CancelledBy { identity: "alice".into() }));
+    // The preemptor runs: out of time, then its cause says so.
+    let attempt = s.jobs[&3].attempt;
+    let timeout = Command::JobFinished {
+        job_id: 3,
+        attempt,
+        state: JobState::TimedOut,
+        exit_code: None,
+        reason: "time limit of 0:01:00 reached".into(),
+        now_ms: 9,
+    };
+    s.apply(12, &timeout);
+    assert_eq!(s.jobs[&3].stop_cause, Some(StopCause::TimeLimit));
+    // The victim starts again: its cause is cleared.
+    let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, 10);
+    let again = gangway_core::sched::plan(&s, &opts);
+    s.apply(13, &Command::ApplySchedule { preemptions: vec![], placements: again.placements, now_ms: 10 });
+    assert_eq!(s.jobs[&victim].state, JobState::Running);
+    assert_eq!(s.jobs[&victim].stop_cause, None, "a new attempt has not stopped");
+    let requeue = Command::UpdateJob {
+        job_id: victim,
+        change: JobChange::Requeue { hold: false },
+        identity: "server:1".into(),
+        now_ms: 11,
+    };
+    s.apply(14, &requeue);
+    assert_eq!(s.jobs[&victim].stop_cause, Some(StopCause::RequeuedBy { identity: "server:1".into() }));
+    s.check_invariants().unwrap();
+
+    // Format 17: no cause; the same words, which still decide the grace.
+    let (s17, victim17, node17) = setup(STOP_CAUSE_FORMAT - 1);
+    assert_eq!(s17.jobs[&victim17].stop_cause, None);
+    assert_eq!(s17.jobs[&victim17].reason, "requeued: preempted by job 3");
+    let running17 = std::collections::BTreeSet::from([(victim17, 1)]);
+    assert_eq!(node_orders(&s17, &node17, &running17).stops.len(), 1);
+    assert_eq!(gangway_core::snapshot::decode(&gangway_core::snapshot::encode(&s17)).unwrap(), s17);
+    // The move to 18 types the words it finds.
+    let mut moved = s17.clone();
+    moved.apply(10, &Command::SetDataFormat { format: STOP_CAUSE_FORMAT, now_ms: 7 });
+    assert_eq!(moved.jobs[&victim17].stop_cause, Some(StopCause::Preempted { by: 3 }));
+    assert_eq!(node_orders(&moved, &node17, &running17).stops.len(), 1);
+    assert_eq!(gangway_core::compat::legacy_preemptor("requeued: preempted by job 12_3 (grace)"), Some(12));
+    assert_eq!(gangway_core::compat::legacy_preemptor("preempted by job x"), None);
 }

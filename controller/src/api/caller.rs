@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use gangway_core::SpecError;
+use gangway_core::{SpecError, StopCause};
 use gangway_proto::tls::{PeerAuth, Principal, Role};
 use gangway_proto::token::{TokenVerifier, AUTHORIZATION_METADATA_KEY};
 use gangway_proto::{FORWARDED_FOR_METADATA_KEY, IDENTITY_METADATA_KEY};
@@ -941,11 +941,32 @@ impl Viewer {
         }
     }
 
-    /// A job's reason as this caller may read it: with private jobs, the
-    /// id of the job that preempted it is another user's business.
+    /// Whether the ids of the jobs that preempted others are another
+    /// user's business to this caller (private jobs, and it sees not all).
+    fn hides_preemptors(&self) -> bool {
+        self.private_jobs && !self.whole && !self.sees_all
+    }
+
+    /// A job's reason as this caller may read it, from the job's typed
+    /// stop cause (format 18): a hidden preemptor's id left out.
+    pub fn job_reason(&self, job: &gangway_core::Job) -> String {
+        match &job.stop_cause {
+            Some(cause @ StopCause::Preempted { .. }) if self.hides_preemptors() => {
+                job.reason.replace(&cause.describe(true), &cause.describe(false))
+            }
+            Some(_) => job.reason.clone(),
+            // Written before format 18, or text from outside the state.
+            None => self.reason(&job.reason),
+        }
+    }
+
+    /// A reason's text as this caller may read it, for text that left the
+    /// state as text (events, the accounting store's history, jobs from
+    /// before format 18): with private jobs, the id of the job that
+    /// preempted it is another user's business.
     pub fn reason(&self, reason: &str) -> String {
-        use gangway_core::duties::PREEMPTED_BY;
-        if !self.private_jobs || self.whole || self.sees_all || !reason.contains(PREEMPTED_BY) {
+        const PREEMPTED_BY: &str = StopCause::PREEMPTED_BY;
+        if !self.hides_preemptors() || !reason.contains(PREEMPTED_BY) {
             return reason.to_string();
         }
         let mut out = String::with_capacity(reason.len());
@@ -1002,7 +1023,7 @@ impl Viewer {
 
     pub fn job(&self, job: &gangway_core::Job) -> gangway_proto::v1::Job {
         let mut pj = convert::job_to_proto(job);
-        pj.reason = self.reason(&pj.reason);
+        pj.reason = self.job_reason(job);
         let private = !self.whole
             && match &self.caller {
                 Caller::Claimed(_) => false,
@@ -1045,6 +1066,20 @@ mod tests {
         assert_eq!(viewer(false, false).reason(r), r);
         assert_eq!(viewer(true, true).reason(r), r, "admins see everything");
         assert_eq!(viewer(true, false).reason("held by user"), "held by user");
+        // From format 18 the job's typed cause says who preempted it.
+        let job = gangway_core::Job {
+            reason: "requeued: preempted by job 42".into(),
+            stop_cause: Some(StopCause::Preempted { by: 42 }),
+            ..Default::default()
+        };
+        assert_eq!(viewer(true, false).job_reason(&job), "requeued: preempted by another job");
+        assert_eq!(viewer(false, false).job_reason(&job), job.reason);
+        let cancelled = gangway_core::Job {
+            reason: "cancelled by preempted by job 7".into(),
+            stop_cause: Some(StopCause::CancelledBy { identity: "preempted by job 7".into() }),
+            ..Default::default()
+        };
+        assert_eq!(viewer(true, false).job_reason(&cancelled), cancelled.reason, "only a preemption's words");
     }
 
     /// On an insecure cluster a claimed identity of IDENTITY_BYTES_MAX bytes

@@ -104,7 +104,7 @@ pub struct Job {
 }
 
 frozen_struct!(JobSpec => crate::spec::JobSpec { name, user, command, script, workdir, partition, nodes, tasks_per_node, cpus_per_task, mem_per_node_mb, gpus_per_node, gpu_type, time_limit_s, env, requeue, output, error, warn_signal, warn_before_s, warn_batch_shell, account, qos, nodes_max, mem_per_cpu_mb, constraints, exclusive, topology, dependencies, singleton, kill_on_invalid_dep, array, nice, hold, begin_ms, comment, batch, truncate_output, nodelist, exclude, licenses, reservation, time_min_s, deadline_ms, requeue_expedite });
-frozen_struct!(Job => crate::model::Job { id, spec, state, attempt, submitted_by, submit_time_ms, start_time_ms, end_time_ms, allocation, exit_code, reason, submit_index, task_exits, ran_on, array, deps_pending, held, priority_override, last_checkpoint_ms, preempted, requested_limit_s, expedite_nodes, suspended_at_ms, suspended_ms, steps, next_step_id, signal } later { preempted_by: None, task_usage: BTreeMap::new(), finished_index: None });
+frozen_struct!(Job => crate::model::Job { id, spec, state, attempt, submitted_by, submit_time_ms, start_time_ms, end_time_ms, allocation, exit_code, reason, submit_index, task_exits, ran_on, array, deps_pending, held, priority_override, last_checkpoint_ms, preempted, requested_limit_s, expedite_nodes, suspended_at_ms, suspended_ms, steps, next_step_id, signal });
 frozen_jobs!(Job, "formats 9 and 10");
 
 /// The policy of formats 9 and 10, field for field.

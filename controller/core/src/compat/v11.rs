@@ -54,7 +54,7 @@ pub struct Job {
     pub signal: Option<JobSignal>,
 }
 
-frozen_struct!(Job => crate::model::Job { id, spec, state, attempt, submitted_by, submit_time_ms, start_time_ms, end_time_ms, allocation, exit_code, reason, submit_index, task_exits, ran_on, array, deps_pending, held, priority_override, last_checkpoint_ms, preempted, requested_limit_s, expedite_nodes, suspended_at_ms, suspended_ms, steps, next_step_id, signal } later { preempted_by: None, task_usage: BTreeMap::new(), finished_index: None });
+frozen_struct!(Job => crate::model::Job { id, spec, state, attempt, submitted_by, submit_time_ms, start_time_ms, end_time_ms, allocation, exit_code, reason, submit_index, task_exits, ran_on, array, deps_pending, held, priority_override, last_checkpoint_ms, preempted, requested_limit_s, expedite_nodes, suspended_at_ms, suspended_ms, steps, next_step_id, signal });
 frozen_jobs!(Job, "format 11");
 
 /// The policy of format 11, field for field.

@@ -113,7 +113,7 @@ pub struct ClusterPolicy {
 
 frozen_struct!(JobSpec => crate::spec::JobSpec { name, user, command, script, workdir, partition, nodes, tasks_per_node, cpus_per_task, mem_per_node_mb, gpus_per_node, gpu_type, time_limit_s, env, requeue, output, error, warn_signal, warn_before_s, warn_batch_shell, account, qos, nodes_max, mem_per_cpu_mb, constraints, exclusive, topology, dependencies, singleton, kill_on_invalid_dep, array, nice, hold, begin_ms, comment, batch, truncate_output, nodelist, exclude });
 frozen_struct!(ClusterPolicy => crate::policy::ClusterPolicy { version, topology_levels, partitions, accounts, users, qos, priority, fairshare_half_life_s, backfill_reservations, enforce_users, admins, operators, coordinators, user_map, user_domains, allow_root_jobs, private_jobs });
-frozen_struct!(Job => crate::model::Job { id, spec, state, attempt, submitted_by, submit_time_ms, start_time_ms, end_time_ms, allocation, exit_code, reason, submit_index, task_exits, ran_on, array, deps_pending, held, priority_override, last_checkpoint_ms, preempted } later { requested_limit_s: 0, expedite_nodes: None, suspended_at_ms: None, suspended_ms: 0, steps: Vec::new(), next_step_id: 0, signal: None, preempted_by: None, task_usage: BTreeMap::new(), finished_index: None });
+frozen_struct!(Job => crate::model::Job { id, spec, state, attempt, submitted_by, submit_time_ms, start_time_ms, end_time_ms, allocation, exit_code, reason, submit_index, task_exits, ran_on, array, deps_pending, held, priority_override, last_checkpoint_ms, preempted });
 
 frozen_jobs!(Job, "formats 4 to 8");
 

@@ -48,7 +48,7 @@ pub struct Job {
     pub expedite_nodes: Option<Vec<String>>,
 }
 
-frozen_struct!(Job => crate::model::Job { id, spec, state, attempt, submitted_by, submit_time_ms, start_time_ms, end_time_ms, allocation, exit_code, reason, submit_index, task_exits, ran_on, array, deps_pending, held, priority_override, last_checkpoint_ms, preempted, requested_limit_s, expedite_nodes } later { suspended_at_ms: None, suspended_ms: 0, steps: Vec::new(), next_step_id: 0, signal: None, preempted_by: None, task_usage: BTreeMap::new(), finished_index: None });
+frozen_struct!(Job => crate::model::Job { id, spec, state, attempt, submitted_by, submit_time_ms, start_time_ms, end_time_ms, allocation, exit_code, reason, submit_index, task_exits, ran_on, array, deps_pending, held, priority_override, last_checkpoint_ms, preempted, requested_limit_s, expedite_nodes });
 frozen_jobs!(Job, "format 9");
 
 frozen_state!(

@@ -13,7 +13,7 @@ use super::{Applied, JobEvent, Outcome, RefusalKind, State, UseKey};
 use crate::command::{JobChange, Placement, Preemption};
 use crate::format::PLAN_APPLY_FORMAT;
 use crate::limits::*;
-use crate::model::{Allocation, HoldKind, Job, JobId, JobState, NodeState};
+use crate::model::{Allocation, HoldKind, Job, JobId, JobState, NodeState, StopCause};
 use crate::policy::{ClusterPolicy, PreemptMode, Quota, Use, ROLES_FORMAT};
 
 /// Usage charged to an account in one time bucket (for decayed fair share).
@@ -653,6 +653,7 @@ impl State {
                         format!("job {job_id} made {ATTEMPTS_MAX} attempts, its limit"),
                     );
                 }
+                self.note_stop(job_id, StopCause::RequeuedBy { identity: identity.to_string() });
                 events.extend(self.requeue_job(index, job_id, format!("requeued by {identity}")));
                 if *hold {
                     let Some(job) = self.jobs.get_mut(&job_id) else { return gone() };
@@ -872,7 +873,9 @@ impl State {
             }
             return self.suspend_for(index, p.job_id, p.for_job);
         }
-        let why = format!("{}{}", crate::duties::PREEMPTED_BY, p.for_job);
+        let why = StopCause::Preempted { by: p.for_job }.describe(true);
+        self.note_stop(p.job_id, StopCause::Preempted { by: p.for_job });
+        let victim = self.jobs.get_mut(&p.job_id)?;
         if p.mode == PreemptMode::Requeue && victim.attempt < ATTEMPTS_MAX {
             victim.preempted = victim.preempted.saturating_add(1);
             self.requeue_job(index, p.job_id, format!("requeued: {why}"))

@@ -505,7 +505,10 @@ impl State {
         // (Whether this build reads `format` is not asked here: the entry was
         // written in that format, so a build that decoded it reads it; an
         // answer that depended on the build would diverge.)
-        self.format = format;
+        let before = std::mem::replace(&mut self.format, format);
+        if before < crate::format::STOP_CAUSE_FORMAT && format >= crate::format::STOP_CAUSE_FORMAT {
+            self.type_stop_causes();
+        }
         Applied { outcome: Outcome::DataFormatSet { format }, events: Vec::new() }
     }
 
@@ -526,6 +529,7 @@ impl State {
         let mut events = Vec::new();
         for job_id in holders {
             let why = format!("GPU {gpu} on {node} failed: {reason}");
+            self.note_stop(job_id, StopCause::GpuFailed { node: node.to_string(), gpu });
             events.extend(self.requeue_or_end(index, job_id, node, JobState::Failed, why));
         }
         Applied { outcome: Outcome::GpuHealthSet { node: node.to_string(), gpu, healthy }, events }
@@ -588,6 +592,7 @@ impl State {
         if lost {
             let outcome = Outcome::TaskRecorded { job_id };
             let why = format!("task on {node} was lost ({reason})");
+            self.note_stop(job_id, StopCause::NodeFailed { node: node.to_string() });
             let events = self.requeue_or_end(index, job_id, node, JobState::NodeFail, why).into_iter().collect();
             return Applied { outcome, events };
         }
@@ -732,6 +737,7 @@ impl State {
             return refused;
         }
         let reason = format!("cancelled by {identity}");
+        self.note_stop(job_id, StopCause::CancelledBy { identity: identity.to_string() });
         let events = self.finish_job(index, job_id, JobState::Cancelled, None, reason).into_iter().collect();
         Applied { outcome: Outcome::Cancelled { job_id }, events }
     }
@@ -1077,6 +1083,7 @@ impl State {
         let mut events = Vec::new();
         let victims = self.nodes.get(name).map(|n| n.jobs.clone()).unwrap_or_default();
         for job_id in victims {
+            self.note_stop(job_id, StopCause::NodeFailed { node: name.to_string() });
             events.extend(self.requeue_or_end(index, job_id, name, JobState::NodeFail, why.to_string()));
         }
         events
@@ -1351,6 +1358,7 @@ impl State {
             // node registers (`pools.rs`), and is launched only then.
             job.start_time_ms = (!booting).then_some(now);
             job.reason = String::new();
+            job.stop_cause = None;
             job.task_exits.clear();
             job.task_usage.clear();
             job.ran_on = p.nodes.iter().map(|n| n.node.clone()).collect();
@@ -1420,8 +1428,36 @@ impl State {
                 ),
             );
         }
+        if state == JobState::TimedOut {
+            self.note_stop(job_id, StopCause::TimeLimit);
+        }
         let events = self.finish_job(index, job_id, state, exit_code, reason.to_string()).into_iter().collect();
         Applied { outcome: Outcome::JobFinished { job_id }, events }
+    }
+
+    /// The move to format 18: an unfinished job preempted before it (a
+    /// victim still stopping, requeued or suspended) gets the typed cause
+    /// its reason's words held, so the leader still gives its tasks their
+    /// grace. Bounded by the jobs the state holds.
+    fn type_stop_causes(&mut self) {
+        for id in self.pending.iter().chain(&self.running) {
+            let Some(job) = self.jobs.get_mut(id) else { continue };
+            if let Some(by) = crate::compat::legacy_preemptor(&job.reason) {
+                job.stop_cause = Some(StopCause::Preempted { by });
+            }
+        }
+    }
+
+    /// Records why `job_id`'s attempt stops, from format 18 (before, a
+    /// snapshot could not hold it, so a replica that installed one would
+    /// differ from one that applied the entries).
+    pub(super) fn note_stop(&mut self, job_id: JobId, cause: StopCause) {
+        if self.format < crate::format::STOP_CAUSE_FORMAT {
+            return;
+        }
+        if let Some(job) = self.jobs.get_mut(&job_id) {
+            job.stop_cause = Some(cause);
+        }
     }
 
     /// Verifies every invariant of the state. Returns the first violation found.

@@ -136,18 +136,9 @@ impl State {
             element_spec.dependencies = deps.clone();
             let job = Job {
                 id: job_id,
-                state: JobState::Pending,
-                attempt: 0,
                 submitted_by: identity.to_string(),
                 submit_time_ms: self.clock_ms,
-                start_time_ms: None,
-                end_time_ms: None,
-                allocation: None,
-                exit_code: None,
-                reason: String::new(),
                 submit_index: index,
-                task_exits: BTreeMap::new(),
-                ran_on: Vec::new(),
                 array: array.as_ref().zip(my_index).map(|(a, index)| ArrayElement {
                     array_job_id: first_id,
                     index,
@@ -156,20 +147,8 @@ impl State {
                 }),
                 deps_pending: deps,
                 held: spec.hold.then_some(crate::model::HoldKind::User),
-                priority_override: None,
-                last_checkpoint_ms: None,
-                preempted: 0,
-                requested_limit_s: 0,
-                expedite_nodes: None,
-                suspended_at_ms: None,
-                suspended_ms: 0,
-                steps: Vec::new(),
-                next_step_id: 0,
-                signal: None,
-                preempted_by: None,
-                task_usage: BTreeMap::new(),
-                finished_index: None,
                 spec: element_spec,
+                ..Job::default()
             };
             jobs.push(job);
         }

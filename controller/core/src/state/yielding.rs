@@ -14,7 +14,7 @@
 //! is planned onto them.
 
 use super::{JobEvent, State};
-use crate::model::{GpuHealth, JobId, JobState, NodeState};
+use crate::model::{GpuHealth, JobId, JobState, NodeState, StopCause};
 
 impl State {
     /// Suspends running `job_id` for `for_job`, giving up its CPUs and GPUs.
@@ -27,7 +27,10 @@ impl State {
         job.suspended_at_ms = Some(now);
         job.preempted_by = Some(for_job);
         job.preempted = job.preempted.saturating_add(1);
-        job.reason = format!("{}{for_job}", crate::duties::PREEMPTED_BY);
+        job.reason = StopCause::Preempted { by: for_job }.describe(true);
+        if self.format >= crate::format::STOP_CAUSE_FORMAT {
+            job.stop_cause = Some(StopCause::Preempted { by: for_job });
+        }
         let attempt = job.attempt;
         let reason = job.reason.clone();
         // As in `release`: saturating on a state `check_invariants` keeps consistent.
@@ -72,6 +75,7 @@ impl State {
             job.suspended_at_ms = None;
             job.preempted_by = None;
             job.reason = String::new();
+            job.stop_cause = None;
             let attempt = job.attempt;
             for na in &alloc.nodes {
                 let Some(node) = self.nodes.get_mut(&na.node) else { continue };
