@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use gangway_core::agent::{Action, AgentCore, Answer, Exit};
 use gangway_proto::client::Client;
-use gangway_proto::v1::{GpuInventory, HeartbeatRequest, RegisterRequest, TaskExitReport, TaskRef};
+use gangway_proto::v1::{GpuInventory, RegisterRequest, TaskExitReport};
 
 /// Pause after a failed register or heartbeat round (the client already retried
 /// every replica); short so that the node is back quickly after an outage.
@@ -593,15 +593,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                     gangway_core::agent::Call::Heartbeat { running, seen_index } => break (running, seen_index),
                 }
             };
-            let running: Vec<TaskRef> = running.into_iter().map(|(job_id, attempt)| TaskRef { job_id, attempt }).collect();
-            let req = HeartbeatRequest {
-                name: config.name.clone(),
+            let history = shell.core.fences().history;
+            let req = gangway_proto::orders::heartbeat_to_proto(
+                &config.name,
                 running,
-                gpu_health: gpu_health.poll(),
                 seen_index,
-                reads_nodelist: true,
-                history: Some(shell.core.fences().history),
-            };
+                history,
+                gpu_health.poll(),
+            );
             last_health.clone_from(&req.gpu_health);
             // Contact counts from when the heartbeat left (see AgentCore).
             let sent = Shell::now_ms();

@@ -1,12 +1,15 @@
-//! The heartbeat answer's one codec: the leader's orders (the core's
-//! `duties::NodeOrders`) into `HeartbeatResponse`, and the response into
-//! what the agent's core reads (`agent::Answer`). The controller and the node
-//! agent both use these; the simulation passes the core's types as they are.
-//! Launch orders are the controller's to build (they carry the job's spec).
+//! The heartbeat exchange's one codec, both ways: the agent's call (the
+//! core's `agent::Call::Heartbeat`) into `HeartbeatRequest` and that into
+//! what the leader's core reads (`duties::Heartbeat`); the leader's orders
+//! (`duties::NodeOrders`) into `HeartbeatResponse`, and that into what the
+//! agent's core reads (`agent::Answer`). The controller, the node agent and
+//! the simulation all use these, so the simulation carries the messages
+//! production sends. Launch orders are the controller's to build (they
+//! carry the job's spec); the simulation's carry only their GPUs.
 
 use gangway_core::agent::Answer;
 use gangway_core::command::SignalTarget;
-use gangway_core::duties::{NodeOrders, TaskKey};
+use gangway_core::duties::{Heartbeat, NodeOrders, TaskKey};
 use gangway_core::model::JobSignal;
 
 use crate::v1 as pb;
@@ -27,6 +30,37 @@ pub fn signal_target_from_proto(t: i32) -> SignalTarget {
         Ok(pb::SignalTarget::Batch) => SignalTarget::Batch,
         Ok(pb::SignalTarget::Full) => SignalTarget::Full,
         Ok(pb::SignalTarget::Steps) | Err(_) => SignalTarget::Steps,
+    }
+}
+
+/// The agent's heartbeat on the wire: the tasks it runs, the newest orders
+/// it acted on (`seen_index`), its history and its GPUs' health.
+pub fn heartbeat_to_proto(
+    name: &str,
+    running: impl IntoIterator<Item = TaskKey>,
+    seen_index: u64,
+    history: u64,
+    gpu_health: Vec<pb::GpuHealthReport>,
+) -> pb::HeartbeatRequest {
+    pb::HeartbeatRequest {
+        name: name.to_string(),
+        running: running.into_iter().map(task_ref).collect(),
+        gpu_health,
+        seen_index,
+        reads_nodelist: true,
+        history: Some(history),
+    }
+}
+
+/// A heartbeat as the leader's core reads it (its sizes were checked at the
+/// API edge, `check_heartbeat`).
+pub fn heartbeat_from_proto(m: &pb::HeartbeatRequest) -> Heartbeat {
+    Heartbeat {
+        node: m.name.clone(),
+        running: m.running.iter().map(|t| (t.job_id, t.attempt)).collect(),
+        seen_index: m.seen_index,
+        history: m.history.unwrap_or(0),
+        gpu_health: m.gpu_health.iter().map(|g| (g.index, g.healthy, g.reason.clone())).collect(),
     }
 }
 

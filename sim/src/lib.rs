@@ -13,15 +13,23 @@
 //!        └ tasks: timers that finish, fail, hang       └ elections: new term, unacked entries lost
 //! ```
 //!
-//! Faults (until `Config::heal_ms`, then the cluster must settle): messages
+//! Faults (until `Config::heal_ms`, then the cluster must settle), injected
+//! at the I/O seams as TigerBeetle's VOPR does: at the network, messages
 //! dropped, duplicated and delayed (so reordered), agents cut off from the
-//! controllers, agents crashing and restarting from their persisted fences
-//! (their tasks die with them, or outlive them under a shim), leader
-//! elections, GPUs failing and recovering.
+//! controllers, clients' requests lost; at the process, agents crashing and
+//! restarting from the fences on their disk (their tasks die with them, or
+//! outlive them under a shim), leader elections losing unacknowledged
+//! entries; at the devices, GPUs failing and recovering. With
+//! `Config::swarm` each seed draws its own rates and leaves some kinds out
+//! altogether ("swarm testing": a run that stresses a few faults hard finds
+//! what an even mix of all of them hides); without it every seed uses the
+//! same mix ([`Faults::FIXED`]), which the pinned seeds of the tests assume.
 //!
-//! What the simulation abstracts: the Raft layer itself (one committed log;
-//! `raft-store`'s tests and the chaos suite cover replication), tonic and the
-//! processes.
+//! The messages are production's: the agent's heartbeat and the leader's
+//! answer go through `gangway_proto::orders`, the codec the controller and
+//! the node agent use. What the simulation abstracts: the Raft layer itself
+//! (one committed log; `raft-store`'s tests and the chaos suite cover
+//! replication), tonic and the processes.
 //!
 //! Checked on every step: the state's own invariants, one attempt of a job
 //! running at a time, no GPU held by two running tasks, whole gangs; at the
@@ -34,7 +42,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use gangway_core::agent::{Action, AgentCore, Answer, Call, Exit, Fences};
+use gangway_core::agent::{Action, AgentCore, Call, Exit, Fences};
 use gangway_core::command::{Command, JobChange};
 use gangway_core::duties::{
     gpu_health_changes, heartbeat_interval_ms, leader_tick, on_heartbeat, silence_ms, Heard, HeardBook, Heartbeat,
@@ -44,6 +52,13 @@ use gangway_core::limits::NODES_MAX;
 use gangway_core::model::{JobId, JobState, NodeState};
 use gangway_core::spec::{GpuSpec, JobSpec, NodeSpec};
 use gangway_core::state::{Outcome, State};
+use gangway_proto::orders::{answer_from_proto, heartbeat_from_proto, heartbeat_to_proto, orders_to_proto};
+use gangway_proto::v1 as pb;
+
+/// The leader's side of a heartbeat, as `duties::on_heartbeat` has it: the
+/// simulation calls it through [`Config::on_heartbeat`], so a test can hand
+/// it a deliberately broken one and see the checkers catch it.
+pub type OnHeartbeat = fn(&State, u64, u64, u64, &Heartbeat) -> HeartbeatReply;
 
 /// A deliberately broken cluster, to show the checkers catch what they should.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +110,67 @@ pub struct Config {
     pub bug: Option<Bug>,
     /// Events the run may process ([`EVENTS_MAX`]); past them it is stuck.
     pub events_max: u64,
+    /// Each seed draws its own fault rates ([`Faults::draw`]) instead of
+    /// [`Faults::FIXED`].
+    pub swarm: bool,
+    /// The leader's heartbeat decision: production's `duties::on_heartbeat`.
+    pub on_heartbeat: OnHeartbeat,
+}
+
+/// The fault rates of one run: per thousand messages (or client requests,
+/// or entries), and how many of each fault event at most (each run draws
+/// from 0 to that many).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Faults {
+    /// Messages between agents and the leader lost.
+    pub drop_per_mille: u64,
+    /// Messages delivered twice.
+    pub dup_per_mille: u64,
+    /// Messages delayed 200 ms to 3 s (so reordered).
+    pub slow_per_mille: u64,
+    /// Client submits lost on the way.
+    pub client_loss_per_mille: u64,
+    /// Unacknowledged entries that survive an election (a majority held
+    /// them); the others are lost.
+    pub kept_at_election_per_mille: u64,
+    pub elections_max: u64,
+    pub crashes_max: u64,
+    pub cuts_max: u64,
+    pub gpu_faults_max: u64,
+}
+
+impl Faults {
+    /// The mix every seed has without swarm testing.
+    pub const FIXED: Faults = Faults {
+        drop_per_mille: 30,
+        dup_per_mille: 20,
+        slow_per_mille: 30,
+        client_loss_per_mille: 30,
+        kept_at_election_per_mille: 500,
+        elections_max: 3,
+        crashes_max: 3,
+        cuts_max: 4,
+        gpu_faults_max: 2,
+    };
+
+    /// A mix drawn from `seed` (its own stream, so the run's other draws
+    /// stay): each kind of fault is left out with probability 1/2, else its
+    /// rate or count is drawn up to about three times the fixed mix's.
+    pub fn draw(seed: u64) -> Faults {
+        let mut rng = Rng(seed ^ 0x5A4A_12F0_0D5E_ED01);
+        let mut some = |max: u64| if rng.chance(500) { 0 } else { rng.range(1, max) };
+        Faults {
+            drop_per_mille: some(100),
+            dup_per_mille: some(60),
+            slow_per_mille: some(100),
+            client_loss_per_mille: some(100),
+            kept_at_election_per_mille: some(1000),
+            elections_max: some(6),
+            crashes_max: some(6),
+            cuts_max: some(8),
+            gpu_faults_max: some(4),
+        }
+    }
 }
 
 impl Default for Config {
@@ -108,6 +184,8 @@ impl Default for Config {
             shim: false,
             bug: None,
             events_max: EVENTS_MAX,
+            swarm: false,
+            on_heartbeat,
         }
     }
 }
@@ -160,6 +238,8 @@ pub struct Report {
     pub preempt_suspended: u32,
     /// Heterogeneous jobs that completed.
     pub het_completed: u32,
+    /// The run's fault mix.
+    pub faults: Option<Faults>,
     /// The run's trace, one line per notable event (kept when asked).
     pub trace: String,
 }
@@ -208,14 +288,14 @@ impl Rng {
 #[derive(Debug, Clone)]
 enum Req {
     Register,
-    Heartbeat { running: BTreeSet<TaskKey>, healthy: Vec<bool>, seen_index: u64 },
+    Heartbeat(pb::HeartbeatRequest),
     Exit(Exit),
 }
 
 #[derive(Debug, Clone)]
 enum Resp {
     Registered,
-    Answer(Answer),
+    Answer(pb::HeartbeatResponse),
     ExitAck,
     /// No leader (or it cannot commit): the agent retries.
     Unavailable,
@@ -364,6 +444,7 @@ impl Leader {
 
 pub struct World {
     cfg: Config,
+    faults: Faults,
     rng: Rng,
     now: u64,
     seq: u64,
@@ -435,7 +516,9 @@ impl World {
                 ..Default::default()
             },
         );
+        let faults = if cfg.swarm { Faults::draw(seed) } else { Faults::FIXED };
         World {
+            faults,
             rng: Rng(seed ^ 0x005E_ED0F_6A96_3A77),
             now: 0,
             seq: 0,
@@ -450,7 +533,7 @@ impl World {
             committed_keys: BTreeMap::new(),
             submitted: BTreeSet::new(),
             launched: BTreeSet::new(),
-            report: Report { seed, ..Report::default() },
+            report: Report { seed, faults: Some(faults), ..Report::default() },
             keep_trace,
             cfg,
         }
@@ -480,7 +563,7 @@ impl World {
 
     /// A network delay: mostly short, sometimes long while faults run.
     fn delay(&mut self) -> u64 {
-        if self.faulty() && self.rng.chance(30) {
+        if self.faulty() && self.rng.chance(self.faults.slow_per_mille) {
             self.rng.range(200, 3_000)
         } else {
             self.rng.range(1, 20)
@@ -495,11 +578,11 @@ impl World {
         }
         // A message lost, or late enough to time its call out, is a fault of
         // this node's network: the leader may then rightly declare it down.
-        if self.faulty() && self.rng.chance(30) {
+        if self.faulty() && self.rng.chance(self.faults.drop_per_mille) {
             self.agents[node].fault_end_ms = self.agents[node].fault_end_ms.max(self.now);
             return;
         }
-        let copies = if self.faulty() && self.rng.chance(20) { 2 } else { 1 };
+        let copies = if self.faulty() && self.rng.chance(self.faults.dup_per_mille) { 2 } else { 1 };
         for _ in 0..copies {
             let d = self.delay();
             if d >= LATE_MS {
@@ -579,22 +662,23 @@ impl World {
         }
         // Faults, spread over the faulty period.
         let n = self.agents.len();
-        for _ in 0..self.rng.range(0, 3) {
+        let f = self.faults;
+        for _ in 0..self.rng.range(0, f.elections_max) {
             let t = self.rng.range(1_000, self.cfg.heal_ms - 1_000);
             self.at(t, Ev::Election);
         }
-        for _ in 0..self.rng.range(0, 3) {
+        for _ in 0..self.rng.range(0, f.crashes_max) {
             let node = self.rng.range(0, n as u64 - 1) as usize;
             let t = self.rng.range(1_000, self.cfg.heal_ms - 5_000);
             self.at(t, Ev::Crash { node });
         }
-        for _ in 0..self.rng.range(0, 4) {
+        for _ in 0..self.rng.range(0, f.cuts_max) {
             let node = self.rng.range(0, n as u64 - 1) as usize;
             let t = self.rng.range(1_000, self.cfg.heal_ms - 25_000);
             let long = self.rng.range(1_000, 25_000);
             self.at(t, Ev::Cut { node, until: t + long });
         }
-        for _ in 0..self.rng.range(0, 2) {
+        for _ in 0..self.rng.range(0, f.gpu_faults_max) {
             let node = self.rng.range(0, n as u64 - 1) as usize;
             let gpu = self.rng.range(0, u64::from(self.cfg.gpus_per_node.max(1)) - 1) as usize;
             let t = self.rng.range(1_000, self.cfg.heal_ms - 10_000);
@@ -677,7 +761,7 @@ impl World {
                     let ids: Vec<u64> = self.inflight.keys().copied().collect();
                     for id in ids {
                         let p = self.inflight.remove(&id).expect("listed");
-                        if self.rng.chance(500) {
+                        if self.rng.chance(self.faults.kept_at_election_per_mille) {
                             self.apply(p);
                         }
                     }
@@ -906,35 +990,50 @@ impl World {
                 let cmd = Command::RegisterNode { spec, now_ms: self.now };
                 self.propose(cmd, ReplyTo::Agent { node, call, resp: Resp::Registered });
             }
-            Req::Heartbeat { running, healthy, seen_index } => {
-                // The leader's side is the production one (`duties`): the
-                // simulation only carries the messages.
-                let hb = Heartbeat {
-                    node: name.clone(),
-                    running,
-                    seen_index,
-                    history: self.state.history,
-                    gpu_health: healthy
-                        .iter()
-                        .enumerate()
-                        .map(|(g, ok)| (g as u32, *ok, "simulated GPU fault".to_string()))
-                        .collect(),
-                };
+            Req::Heartbeat(msg) => {
+                // The leader's side is the production one (`duties`), fed
+                // through production's codec: the simulation only carries
+                // the messages.
+                let hb = heartbeat_from_proto(&msg);
                 for cmd in gpu_health_changes(&self.state, &hb, self.now, usize::MAX) {
                     self.propose(cmd, ReplyTo::Nobody);
                 }
                 let silence = silence_ms(self.now, self.leader.since, self.leader.heard.last(&name));
                 // The injected bug: silent nodes answered as if never silent.
                 let down = if self.cfg.bug == Some(Bug::AnswerSilentNodes) { u64::MAX } else { DOWN_TIMEOUT_MS };
-                let resp = match on_heartbeat(&self.state, self.index, silence, down, &hb) {
-                    HeartbeatReply::RegisterAgain => {
-                        Resp::Answer(Answer { known: false, term: self.leader.term, ..Answer::default() })
-                    }
+                let resp = match (self.cfg.on_heartbeat)(&self.state, self.index, silence, down, &hb) {
+                    HeartbeatReply::RegisterAgain => Resp::Answer(pb::HeartbeatResponse {
+                        known: false,
+                        term: self.leader.term,
+                        history: self.state.history,
+                        ..Default::default()
+                    }),
                     HeartbeatReply::Behind { .. } => Resp::Unavailable,
                     HeartbeatReply::Orders { orders, seen_index, jobs } => {
                         self.leader.heard.record(&name, self.now, Some((seen_index, jobs)), NODES_MAX);
-                        let interval = heartbeat_interval_ms(self.state.nodes.len(), HEARTBEAT_MS, DOWN_TIMEOUT_MS);
-                        Resp::Answer(orders.answer(&self.state, &name, self.leader.term, self.index, interval))
+                        let from = gangway_proto::orders::From {
+                            term: self.leader.term,
+                            index: self.index,
+                            history: self.state.history,
+                            heartbeat_interval_ms: heartbeat_interval_ms(
+                                self.state.nodes.len(),
+                                HEARTBEAT_MS,
+                                DOWN_TIMEOUT_MS,
+                            ),
+                        };
+                        // The controller's launch orders carry the job's
+                        // spec too; the simulated tasks need their GPUs.
+                        let launch = orders
+                            .launch_gpus(&self.state, &name)
+                            .into_iter()
+                            .map(|((job_id, attempt), gpus)| pb::LaunchOrder {
+                                job_id,
+                                attempt,
+                                gpus,
+                                ..Default::default()
+                            })
+                            .collect();
+                        Resp::Answer(orders_to_proto(&orders, from, launch))
                     }
                 };
                 self.send(node, Ev::ToAgent { node, call, resp });
@@ -973,7 +1072,13 @@ impl World {
                 Req::Exit(exit)
             }
             Call::Heartbeat { running, seen_index } => {
-                Req::Heartbeat { running: running.into_iter().collect(), healthy: a.healthy.clone(), seen_index }
+                let health = a.healthy.iter().enumerate().map(|(g, ok)| pb::GpuHealthReport {
+                    index: g as u32,
+                    healthy: *ok,
+                    reason: if *ok { String::new() } else { "simulated GPU fault".into() },
+                });
+                let history = core.fences().history;
+                Req::Heartbeat(heartbeat_to_proto(&a.name, running, seen_index, history, health.collect()))
             }
         };
         let timeout = core.call_timeout_ms();
@@ -1017,7 +1122,9 @@ impl World {
                 0
             }
             Resp::ExitAck => 0,
-            Resp::Answer(answer) => {
+            Resp::Answer(resp) => {
+                // Read back as the node agent reads it.
+                let answer = answer_from_proto(&resp);
                 let actions = core.answered(sent, &answer);
                 let again = !core.registered() || core.reports_pending() > 0;
                 let interval = core.heartbeat_interval_ms();
@@ -1205,7 +1312,7 @@ impl World {
         let cmd =
             Command::SubmitJob { spec, identity: "sim".into(), idempotency_key: format!("k{key}"), now_ms: self.now };
         // The client's request reaches the leader after a delay, or not at all.
-        if !(self.faulty() && self.rng.chance(30)) {
+        if !(self.faulty() && self.rng.chance(self.faults.client_loss_per_mille)) {
             self.propose(cmd, ReplyTo::Client { key });
         }
         // Retry with the same key until acknowledged.
@@ -1271,6 +1378,57 @@ mod tests {
 
     fn failing(cfg: &Config, seeds: std::ops::RangeInclusive<u64>) -> Vec<u64> {
         seeds.filter(|s| !run_seed(*s, cfg, false).violations.is_empty()).collect()
+    }
+
+    /// A leader whose heartbeat decision echoes the agent's running tasks
+    /// as desired: a plausible bug in `on_heartbeat` (the agent stops what
+    /// is not desired, so nothing cancelled, preempted or requeued stops).
+    fn echoes_running(state: &State, index: u64, silence: u64, down: u64, hb: &Heartbeat) -> HeartbeatReply {
+        let mut reply = on_heartbeat(state, index, silence, down, hb);
+        if let HeartbeatReply::Orders { orders, .. } = &mut reply {
+            for task in &hb.running {
+                if !orders.desired.contains(task) {
+                    orders.desired.push(*task);
+                }
+            }
+        }
+        reply
+    }
+
+    /// The simulation runs the production heartbeat decision: one broken on
+    /// purpose is caught by the checkers within a few seeds, while the real
+    /// one passes those seeds.
+    #[test]
+    fn a_broken_on_heartbeat_is_caught() {
+        let broken = Config { on_heartbeat: echoes_running, ..Config::default() };
+        let caught = (1..=10).find(|s| !run_seed(*s, &broken, false).violations.is_empty());
+        let Some(seed) = caught else { panic!("an on_heartbeat that stops nothing passed 10 seeds") };
+        let v = run_seed(seed, &broken, false).violations;
+        // Caught as tasks that still run, or as requeued jobs that wait
+        // for ever for their last attempt to stop.
+        assert!(v.iter().any(|v| v.contains("still run") || v.contains("liveness")), "seed {seed}: {v:?}");
+        assert!(run_seed(seed, &Config::default(), false).violations.is_empty());
+    }
+
+    /// Swarm testing: each seed its own fault mix, some kinds left out; every
+    /// seed holds every invariant, and the mixes differ.
+    #[test]
+    fn swarm_seeds_hold_every_invariant() {
+        let cfg = Config { swarm: true, ..Config::default() };
+        let mut mixes = BTreeSet::new();
+        for seed in 1..=100 {
+            let r = run_seed(seed, &cfg, false);
+            assert!(
+                r.violations.is_empty(),
+                "seed {seed}: {:?} (gangway-sim --swarm --seed {seed} --trace)",
+                r.violations
+            );
+            let f = r.faults.expect("a mix");
+            mixes.insert((f.drop_per_mille, f.crashes_max, f.cuts_max));
+        }
+        assert!(mixes.len() > 50, "only {} fault mixes in 100 seeds", mixes.len());
+        assert_eq!(Faults::draw(5), Faults::draw(5), "a seed's mix is its own");
+        assert_eq!(run_seed(5, &Config::default(), false).faults, Some(Faults::FIXED));
     }
 
     /// CI's share of the seeds (`make sim SEEDS=N` runs more).

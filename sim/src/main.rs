@@ -3,6 +3,7 @@
 //! ```text
 //! gangway-sim --seed 42 --trace      one seed, its trace printed
 //! gangway-sim --seeds 10000          seeds 1..=10000 (or --first N), a summary
+//! gangway-sim --seeds 1000 --swarm   each seed with its own fault mix
 //! ```
 //! A failing seed prints its violations; rerunning it with `--seed` reproduces
 //! the run exactly.
@@ -13,7 +14,7 @@ use gangway_sim::{run_seed, Bug, Config};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: gangway-sim [--seed N | --seeds COUNT [--first N]] [--trace] [--shim] [--nodes N] [--jobs N] \
+        "usage: gangway-sim [--seed N | --seeds COUNT [--first N]] [--trace] [--shim] [--swarm] [--nodes N] [--jobs N] \
          [--bug no-self-fence|forget-fences|no-completing-wait|no-shim-lease|answer-silent-nodes|evict-first]"
     );
     ExitCode::from(2)
@@ -60,6 +61,7 @@ fn main() -> ExitCode {
             }
             "--trace" => trace = true,
             "--shim" => cfg.shim = true,
+            "--swarm" => cfg.swarm = true,
             "--bug" => {
                 let Some(bug) = args.next().as_deref().and_then(Bug::parse) else { return usage() };
                 cfg.bug = Some(bug);

@@ -526,9 +526,23 @@ pub struct Stop {
 }
 
 impl NodeOrders {
+    /// Each task to launch with the GPUs its job holds on `node`.
+    pub fn launch_gpus(&self, state: &State, node: &str) -> Vec<(TaskKey, Vec<u32>)> {
+        self.launch
+            .iter()
+            .filter_map(|key| {
+                let job = state.jobs.get(&key.0)?;
+                let mine = job.allocation.as_ref()?.nodes.iter().find(|a| a.node == node)?;
+                Some((*key, mine.gpus.clone()))
+            })
+            .collect()
+    }
+
     /// These orders as the agent's core reads them, from a leader of `term`
-    /// whose state is at log `index`: each launch with the GPUs its job holds
-    /// on `node`.
+    /// whose state is at log `index`: what the wire codec
+    /// (`gangway_proto::orders`) must give the agent, by its property test,
+    /// and what the core's own scenario tests hand the agent's core (they
+    /// cannot link the codec, which links the core).
     pub fn answer(
         &self,
         state: &State,
@@ -537,15 +551,7 @@ impl NodeOrders {
         index: u64,
         heartbeat_interval_ms: u64,
     ) -> crate::agent::Answer {
-        let launch = self
-            .launch
-            .iter()
-            .filter_map(|key| {
-                let job = state.jobs.get(&key.0)?;
-                let mine = job.allocation.as_ref()?.nodes.iter().find(|a| a.node == node)?;
-                Some((*key, mine.gpus.clone()))
-            })
-            .collect();
+        let launch = self.launch_gpus(state, node);
         crate::agent::Answer {
             known: self.known,
             term,

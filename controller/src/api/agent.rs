@@ -177,7 +177,7 @@ impl AgentService for AgentApi {
                 within.as_millis()
             )));
         }
-        let hb = super::convert::heartbeat_from_proto(&msg);
+        let hb = gangway_proto::orders::heartbeat_from_proto(&msg);
         // GPU health first (level-triggered: what differs is committed).
         let changes = {
             let state = self.replica.node.state().read();

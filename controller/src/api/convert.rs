@@ -369,16 +369,6 @@ pub fn node_to_proto(
 }
 
 /// A heartbeat as the core reads it (`duties::on_heartbeat`).
-pub fn heartbeat_from_proto(m: &pb::HeartbeatRequest) -> gangway_core::duties::Heartbeat {
-    gangway_core::duties::Heartbeat {
-        node: m.name.clone(),
-        running: m.running.iter().map(|t| (t.job_id, t.attempt)).collect(),
-        seen_index: m.seen_index,
-        history: m.history.unwrap_or(0),
-        gpu_health: m.gpu_health.iter().map(|g| (g.index, g.healthy, g.reason.clone())).collect(),
-    }
-}
-
 pub fn node_spec_from_proto(r: pb::RegisterRequest) -> Result<NodeSpec, SpecError> {
     let spec = NodeSpec {
         name: r.name,
