@@ -196,6 +196,28 @@ mod tests {
             };
             prop_assert_eq!(answer, want);
         }
+
+        /// Whatever the agent reports, the leader's core reads the same
+        /// through the wire: its tasks, the orders it acted on, its history
+        /// and its GPUs' health.
+        #[test]
+        fn a_heartbeat_reads_back_as_the_agent_sent_it(
+            name in "[a-z0-9-]{1,16}",
+            running in prop::collection::btree_set(task(), 0..8),
+            seen_index in any::<u64>(),
+            history in any::<u64>(),
+            health in prop::collection::vec((0u32..64, any::<bool>(), "[a-z ]{0,12}"), 0..8),
+        ) {
+            let reports = health
+                .iter()
+                .map(|(index, healthy, reason)| pb::GpuHealthReport { index: *index, healthy: *healthy, reason: reason.clone() })
+                .collect();
+            let wire = heartbeat_to_proto(&name, running.iter().copied(), seen_index, history, reports);
+            let bytes = prost::Message::encode_to_vec(&wire);
+            let back: pb::HeartbeatRequest = prost::Message::decode(bytes.as_slice()).unwrap();
+            let hb = heartbeat_from_proto(&back);
+            prop_assert_eq!(hb, Heartbeat { node: name, running, seen_index, history, gpu_health: health });
+        }
     }
 
     /// An unknown target number (a newer peer's) reads as the steps.

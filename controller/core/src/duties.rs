@@ -409,8 +409,9 @@ pub fn may_answer(silence_ms: u64, down_timeout_ms: u64) -> bool {
 /// A task of one job attempt on one node.
 pub type TaskKey = (JobId, u32);
 
-/// A heartbeat as the leader's core reads it (the API turns the protobuf
-/// into this; the simulation builds it directly).
+/// A heartbeat as the leader's core reads it
+/// (`gangway_proto::orders::heartbeat_from_proto` turns the protobuf into
+/// this, for the API and the simulation alike).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Heartbeat {
     pub node: String,
