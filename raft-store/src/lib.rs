@@ -43,7 +43,7 @@ pub type Response = Option<gangway_core::Applied>;
 openraft::declare_raft_types!(
     /// Gangway's openraft type configuration.
     pub TypeConfig:
-        D = gangway_core::format::Payload,
+        D = gangway_core::payload::Payload,
         R = Response,
         NodeId = NodeId,
         Node = openraft::BasicNode,

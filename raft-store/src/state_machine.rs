@@ -564,7 +564,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let mut applied_commands = Vec::new();
             let mut for_views = Vec::new();
             for entry in entries {
-                if let EntryPayload::Normal(gangway_core::format::Payload { format, command: None, .. }) =
+                if let EntryPayload::Normal(gangway_core::payload::Payload { format, command: None, .. }) =
                     &entry.payload
                 {
                     // Never guess at bytes from the future: stop here (Raft

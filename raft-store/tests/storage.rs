@@ -84,7 +84,7 @@ async fn open_and_replay(dir: &std::path::Path) -> (gangway_raft_store::Stores, 
 /// the same, and migrates in place to format 5.
 #[tokio::test]
 async fn a_format4_store_opens_replays_and_migrates_to_format5() {
-    use gangway_core::format::Payload;
+    use gangway_core::payload::Payload;
     use gangway_core::{Command, JobState, NodeState};
     use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
     let dir = fixture("format4");
@@ -132,7 +132,7 @@ async fn a_format4_store_opens_replays_and_migrates_to_format5() {
 /// format 6, after which the policy takes roles and job switches.
 #[tokio::test]
 async fn a_format5_store_opens_replays_and_migrates_to_format6() {
-    use gangway_core::format::Payload;
+    use gangway_core::payload::Payload;
     use gangway_core::{Command, JobState, NodeState, Outcome};
     use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
     let dir = fixture("format5");
@@ -195,7 +195,7 @@ async fn a_format5_store_opens_replays_and_migrates_to_format6() {
 /// with an error naming the formats, instead of being misread.
 #[tokio::test]
 async fn an_entry_from_a_newer_format_stops_apply_with_a_clear_error() {
-    use gangway_core::format::Payload;
+    use gangway_core::payload::Payload;
     use openraft::storage::RaftStateMachine;
     let dir = tempfile::tempdir().unwrap();
     let mut stores = open(dir.path()).unwrap();
@@ -215,7 +215,7 @@ async fn an_entry_from_a_newer_format_stops_apply_with_a_clear_error() {
 /// older format refuses the store at open (and a rollback before it opens).
 #[tokio::test]
 async fn an_entry_of_a_newer_format_stamps_the_store_as_it_is_written() {
-    use gangway_core::format::Payload;
+    use gangway_core::payload::Payload;
     use gangway_core::Command;
     use openraft::storage::RaftLogStorageExt;
     let dir = tempfile::tempdir().unwrap();
@@ -244,7 +244,7 @@ async fn an_entry_of_a_newer_format_stamps_the_store_as_it_is_written() {
 fn normal_entry(index: u64, cmd: gangway_core::Command, format: u32) -> openraft::Entry<TypeConfig> {
     openraft::Entry::<TypeConfig> {
         log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
-        payload: openraft::EntryPayload::Normal(gangway_core::format::Payload::new(cmd, format)),
+        payload: openraft::EntryPayload::Normal(gangway_core::payload::Payload::new(cmd, format)),
     }
 }
 

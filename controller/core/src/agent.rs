@@ -24,8 +24,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use crate::duties::TaskKey;
 use crate::model::JobId;
+use crate::model::TaskKey;
 
 /// Exit reports kept for delivery while the controllers are unreachable; beyond
 /// this the oldest are dropped (the leader then learns of them as lost tasks).

@@ -10,11 +10,11 @@ use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeMap;
 
+use crate::model::UsageBucket;
 use crate::model::{JobId, JobState, NodeAllocation, TaskUsage};
 use crate::policy::{ClusterPolicy, PreemptMode};
 use crate::reservation::ReservationChange;
 use crate::spec::{JobSpec, NodeSpec};
-use crate::state::UsageBucket;
 
 /// One gang placement in a plan: the whole allocation for the job's next attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -263,17 +263,7 @@ pub enum JobChange {
     },
 }
 
-/// Which processes of a job `scancel --signal` reaches (Slurm's default,
-/// `--batch` and `--full`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum SignalTarget {
-    /// Every process but the batch shell and srun (Slurm's default: the steps).
-    Steps,
-    /// The batch shell only.
-    Batch,
-    /// Every process of the job.
-    Full,
-}
+pub use crate::model::SignalTarget;
 
 /// Commands in one batch: enough to absorb a burst from thousands of clients in
 /// one entry, small enough that applying one batch stays well under a millisecond.

@@ -406,8 +406,7 @@ pub fn may_answer(silence_ms: u64, down_timeout_ms: u64) -> bool {
     silence_ms <= down_timeout_ms
 }
 
-/// A task of one job attempt on one node.
-pub type TaskKey = (JobId, u32);
+pub use crate::model::TaskKey;
 
 /// A heartbeat as the leader's core reads it
 /// (`gangway_proto::orders::heartbeat_from_proto` turns the protobuf into
@@ -637,12 +636,12 @@ pub fn node_orders(state: &State, node: &str, running: &BTreeSet<TaskKey>) -> No
 /// Whether the job's last attempt was stopped to make room for another job,
 /// in a state of data format `format`: its typed stop cause from format 18;
 /// before, the words apply wrote in its reason
-/// ([`crate::compat::legacy_preemptor`]).
+/// ([`StopCause::legacy_preemptor`]).
 pub fn stopped_by_preemption(format: u32, job: &Job) -> bool {
     if format >= crate::format::STOP_CAUSE_FORMAT {
         return job.stop_cause.as_ref().and_then(StopCause::preempted_by).is_some();
     }
-    crate::compat::legacy_preemptor(&job.reason).is_some()
+    StopCause::legacy_preemptor(&job.reason).is_some()
 }
 
 /// `H:MM:SS` (or `D-HH:MM:SS`) for messages about durations.

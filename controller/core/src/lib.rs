@@ -47,6 +47,7 @@ pub mod format;
 pub mod inventory;
 pub mod limits;
 pub mod model;
+pub mod payload;
 pub mod policy;
 pub mod reservation;
 pub mod sched;

@@ -121,7 +121,7 @@ pub const DEPENDENCIES_MAX: usize = 64;
 
 /// Accounts, and QOS, with license limits of their own: one entry per
 /// account or QOS of the policy at most.
-pub const LICENSE_LIMIT_SCOPES_MAX: usize = crate::policy::ACCOUNTS_MAX;
+pub const LICENSE_LIMIT_SCOPES_MAX: usize = ACCOUNTS_MAX;
 
 /// Further components of a heterogeneous job (so at most 16 in all): sites
 /// use two to four (a reward model and an actor, a CPU and a GPU part);
@@ -236,6 +236,9 @@ pub fn check_spec_size(spec: &crate::JobSpec) -> Result<(), crate::SpecError> {
     }
     Ok(())
 }
+
+/// Accounts in the tree: large organisations have thousands of projects.
+pub const ACCOUNTS_MAX: usize = 10_000;
 
 #[cfg(test)]
 mod tests {

@@ -209,6 +209,16 @@ impl StopCause {
         }
     }
 
+    /// The job a reason written before format 18 says its job was
+    /// preempted for ("preempted by job 42", "requeued: preempted by job
+    /// 42"): the only reading of that text left, for states older than
+    /// [`crate::format::STOP_CAUSE_FORMAT`] and their move to it.
+    pub fn legacy_preemptor(reason: &str) -> Option<JobId> {
+        let (_, rest) = reason.split_once(Self::PREEMPTED_BY)?;
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).take(20).collect();
+        digits.parse().ok()
+    }
+
     /// The job it was preempted for, if it was.
     pub fn preempted_by(&self) -> Option<JobId> {
         match self {
@@ -218,13 +228,37 @@ impl StopCause {
     }
 }
 
+/// A task: one job attempt's on one node (the node is the agent's own).
+pub type TaskKey = (JobId, u32);
+
+/// Usage charged to an account in one time bucket (for decayed fair share).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageBucket {
+    pub start_ms: u64,
+    /// GPU-milliseconds and CPU-milliseconds of allocations that ended in the bucket.
+    pub gpu_ms: u64,
+    pub cpu_ms: u64,
+}
+
+/// Which processes of a job `scancel --signal` reaches (Slurm's default,
+/// `--batch` and `--full`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SignalTarget {
+    /// Every process but the batch shell and srun (Slurm's default: the steps).
+    Steps,
+    /// The batch shell only.
+    Batch,
+    /// Every process of the job.
+    Full,
+}
+
 /// A signal requested for a running job's tasks (see [`Job::signal`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSignal {
     /// Counts the requests of the attempt, from 1.
     pub seq: u64,
     pub signal: i32,
-    pub target: crate::command::SignalTarget,
+    pub target: SignalTarget,
 }
 
 /// One srun step of a job attempt, as accounting shows it (`ID.N`).

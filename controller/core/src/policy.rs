@@ -29,8 +29,7 @@ pub const DEFAULT_PARTITION: &str = "default";
 
 /// Partitions in one cluster: they are a scheduler index per pass (bitmask of 64).
 pub const PARTITIONS_MAX: usize = 64;
-/// Accounts in the tree: large organisations have thousands of projects.
-pub const ACCOUNTS_MAX: usize = 10_000;
+pub use crate::limits::ACCOUNTS_MAX;
 /// Users with a policy entry.
 pub const USERS_MAX: usize = 100_000;
 /// QOS levels: a handful in practice (Slurm sites use 3-20).

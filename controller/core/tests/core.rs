@@ -1606,7 +1606,7 @@ fn replicated_encodings_keep_their_bytes() {
     assert_eq!(s.jobs.len(), 1, "the job was not submitted");
     let snap = snapshot::encode(&s);
     // Format 4's entries are the bare commands as that format had them.
-    let v4 = |c: &Command| gangway_core::format::to_bytes(&gangway_core::format::Payload::new(c.clone(), 4));
+    let v4 = |c: &Command| gangway_core::format::to_bytes(&gangway_core::payload::Payload::new(c.clone(), 4));
     let (cmd, job) = (v4(&update), v4(&submit));
     let got = [(snap.len(), fnv64(&snap)), (cmd.len(), fnv64(&cmd)), (job.len(), fnv64(&job))];
     assert_eq!(got, GOLDEN_FORMAT4, "format 4's bytes changed");
@@ -2428,7 +2428,8 @@ fn hex(bytes: &[u8]) -> String {
 /// the new bytes with `GANGWAY_BLESS=1 cargo test -p gangway-core --test core golden`.
 #[test]
 fn golden_encodings_pin_every_replicated_format() {
-    use gangway_core::format::{to_bytes, Payload, FORMAT_NEWEST, FORMAT_OLDEST};
+    use gangway_core::format::{to_bytes, FORMAT_NEWEST, FORMAT_OLDEST};
+    use gangway_core::payload::Payload;
     let mut got = Vec::new();
     got.push(format!("jobspec {}", hex(&to_bytes(&full_spec()))));
     for cmd in every_command() {
@@ -4773,6 +4774,225 @@ fn stop_causes_are_typed_facts_from_format_18() {
     moved.apply(10, &Command::SetDataFormat { format: STOP_CAUSE_FORMAT, now_ms: 7 });
     assert_eq!(moved.jobs[&victim17].stop_cause, Some(StopCause::Preempted { by: 3 }));
     assert_eq!(node_orders(&moved, &node17, &running17).stops.len(), 1);
-    assert_eq!(gangway_core::compat::legacy_preemptor("requeued: preempted by job 12_3 (grace)"), Some(12));
-    assert_eq!(gangway_core::compat::legacy_preemptor("preempted by job x"), None);
+    assert_eq!(StopCause::legacy_preemptor("requeued: preempted by job 12_3 (grace)"), Some(12));
+    assert_eq!(StopCause::legacy_preemptor("preempted by job x"), None);
+}
+
+/// The core's source files by module: each top-level module (a file of
+/// `src/`, or a folder with everything in it) and its non-test text (a
+/// file's `#[cfg(test)] mod tests` and the `tests.rs`/`*_tests.rs` files
+/// left out, and comment lines).
+fn core_modules() -> BTreeMap<String, String> {
+    let src = manifest_dir().join("src");
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let rel = path.strip_prefix(&src).unwrap().to_string_lossy().to_string();
+            let file = rel.rsplit('/').next().unwrap_or_default();
+            if !rel.ends_with(".rs") || rel == "lib.rs" || file == "tests.rs" || file.ends_with("_tests.rs") {
+                continue;
+            }
+            let module = rel.split(['/', '.']).next().unwrap().to_string();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("\n#[cfg(test)]\nmod tests").next().unwrap_or_default();
+            let code: Vec<&str> = code.lines().filter(|l| !l.trim_start().starts_with("//")).collect();
+            let entry = out.entry(module).or_default();
+            entry.push_str(&code.join("\n"));
+            entry.push('\n');
+        }
+    }
+    out
+}
+
+/// Which of the core's modules each one names (`crate::NAME`, or
+/// `crate::{NAME, ...}`): its dependencies inside the crate.
+fn core_module_graph() -> BTreeMap<String, std::collections::BTreeSet<String>> {
+    let modules = core_modules();
+    let ident = |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
+    let mut graph = BTreeMap::new();
+    for (name, text) in &modules {
+        let mut deps = std::collections::BTreeSet::new();
+        for (i, _) in text.match_indices("crate::") {
+            let rest = &text[i + "crate::".len()..];
+            let names: Vec<String> = match rest.strip_prefix('{') {
+                Some(list) => list.split('}').next().unwrap_or_default().split(',').map(|p| ident(p.trim())).collect(),
+                None => vec![ident(rest)],
+            };
+            deps.extend(names.into_iter().filter(|d| d != name && modules.contains_key(d)));
+        }
+        graph.insert(name.clone(), deps);
+    }
+    graph
+}
+
+/// The groups of `graph`'s modules that depend on each other in a cycle
+/// (strongly connected components of more than one module), each sorted.
+fn module_cycles(graph: &BTreeMap<String, std::collections::BTreeSet<String>>) -> Vec<Vec<String>> {
+    let mut reach: BTreeMap<&String, std::collections::BTreeSet<&String>> =
+        graph.iter().map(|(m, d)| (m, d.iter().collect())).collect();
+    loop {
+        let mut grown = false;
+        for m in graph.keys() {
+            let more: Vec<&String> = reach[m].iter().flat_map(|d| reach[*d].iter().copied()).collect();
+            let r = reach.get_mut(m).unwrap();
+            for d in more {
+                grown |= r.insert(d);
+            }
+        }
+        if !grown {
+            break;
+        }
+    }
+    let mut cycles: Vec<Vec<String>> = Vec::new();
+    for m in graph.keys() {
+        let mut group: Vec<String> =
+            reach[m].iter().filter(|d| reach[**d].contains(m)).map(|d| d.to_string()).collect();
+        if group.is_empty() {
+            continue;
+        }
+        if !group.contains(m) {
+            group.push(m.clone());
+        }
+        group.sort();
+        if !cycles.contains(&group) {
+            cycles.push(group);
+        }
+    }
+    cycles
+}
+
+/// Architecture Invariant: the core's modules depend on each other in no
+/// cycle but the named ones, each with its reason (a ratchet: a new cycle
+/// fails, and so does one that went without its entry going too). Read
+/// from the sources' `crate::` paths (`cargo modules` is not installed
+/// here); `gangway-core`'s own test prints the graph.
+#[test]
+fn the_core_has_no_module_cycles_but_the_named_ones() {
+    // None today: the format constants (`format`) depend on nothing, the
+    // log entry's codec is `payload`, and the types several modules share
+    // (`TaskKey`, `SignalTarget`, `UsageBucket`, `StopCause`) live in `model`.
+    let named: Vec<(Vec<&str>, &str)> = vec![];
+    let graph = core_module_graph();
+    let cycles = module_cycles(&graph);
+    for (m, deps) in &graph {
+        eprintln!("{m} -> {deps:?}");
+    }
+    let mut want: Vec<Vec<String>> = named.iter().map(|(g, _)| g.iter().map(|s| s.to_string()).collect()).collect();
+    want.sort();
+    let mut got = cycles.clone();
+    got.sort();
+    assert_eq!(got, want, "the core's module cycles changed: name a new one with its reason, or drop one that went");
+    assert!(graph.len() >= 15, "the core's modules were not all read: {:?}", graph.keys());
+    // The finder finds: a cycle through three modules, beside a module
+    // outside it, and the core's graph with one edge back.
+    let edges = |pairs: &[(&str, &str)]| {
+        let mut g: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in pairs {
+            g.entry(a.to_string()).or_default().insert(b.to_string());
+            g.entry(b.to_string()).or_default();
+        }
+        g
+    };
+    let three = edges(&[("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")]);
+    assert_eq!(module_cycles(&three), vec![vec!["a".to_string(), "b".into(), "c".into()]]);
+    let mut back = graph.clone();
+    back.get_mut("model").unwrap().insert("state".into());
+    assert!(module_cycles(&back).iter().any(|c| c.contains(&"model".to_string()) && c.contains(&"state".to_string())));
+}
+
+/// Every function of the core's non-test code with its length in lines
+/// (from its `fn` line to the `}` at its indentation, as rustfmt writes
+/// them): (file, name, lines).
+fn core_function_lengths() -> Vec<(String, String, usize)> {
+    let src = manifest_dir().join("src");
+    let mut out = Vec::new();
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let rel = path.strip_prefix(&src).unwrap().to_string_lossy().to_string();
+            let file = rel.rsplit('/').next().unwrap_or_default();
+            if !rel.ends_with(".rs") || file == "tests.rs" || file.ends_with("_tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("\n#[cfg(test)]\nmod tests").next().unwrap_or_default();
+            let lines: Vec<&str> = code.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                let body = line.trim_start();
+                let indent = &line[..line.len() - body.len()];
+                let after = ["pub fn ", "pub(crate) fn ", "pub(super) fn ", "fn ", "const fn ", "pub const fn "]
+                    .iter()
+                    .find_map(|p| body.strip_prefix(p));
+                let Some(after) = after else { continue };
+                let name: String = after.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                // A declaration without a body (a trait's) ends with `;` first.
+                let opens = lines[i..].iter().find(|l| l.trim_end().ends_with('{') || l.trim_end().ends_with(';'));
+                if opens.is_none_or(|l| l.trim_end().ends_with(';')) {
+                    continue;
+                }
+                let close = format!("{indent}}}");
+                let Some(end) = lines[i..].iter().position(|l| *l == close) else { continue };
+                out.push((rel.clone(), name, end + 1));
+            }
+        }
+    }
+    out
+}
+
+/// Lines one function of the core may take: past it, a function does
+/// several things, and its stages want names (issue 35's reviewer).
+const CORE_FN_LINES_MAX: usize = 80;
+
+/// Architecture Invariant: no function of the core is longer than
+/// CORE_FN_LINES_MAX lines but the named ones, each with its reason (a
+/// ratchet: one that shrank under the budget must leave the list).
+#[test]
+fn core_functions_stay_within_their_budget_but_the_named_ones() {
+    let named: &[(&str, &str, &str)] = &[
+        ("state/mod.rs", "check_invariants", "one recount of every derived index against the jobs and nodes, each a few lines; read in pieces, a missing recount would not show"),
+        ("state/admin.rs", "apply_update_job", "one arm per job change (hold, release, priority, nice, requeue, time limit, suspend, resume, signal) under one ownership check"),
+        ("sim.rs", "simulate_with_progress", "the trace replayer's event loop, which issue 38 replaces with a driver of leader_tick"),
+        ("policy.rs", "validate", "every field of a policy checked in turn, each refusal naming its field and rule"),
+        ("spec.rs", "validate", "every field of a job spec checked in turn, each refusal naming its field and rule"),
+        ("sched/explain.rs", "explain_job", "the pass's stages asked for one job in turn, each answer named"),
+        ("state/reservations.rs", "resolve_reservation", "every field of a reservation request resolved and checked in turn"),
+        ("sched/mod.rs", "reserve", "EASY's sweep over future job ends: one loop whose locals are the sweep's state"),
+        ("state/submit.rs", "resolve_spec", "every default the policy decides filled in turn (partition, account, QOS, time, memory)"),
+        ("policy.rs", "coordinator_change", "each part of a policy a coordinator may or may not change, compared in turn"),
+        ("agent.rs", "answered", "the agent's reaction to one answer: its fences, then each kind of order, as one ordered decision"),
+        ("state/mod.rs", "check_placement_freeing", "a placement against each rule apply enforces, in the order that names the first broken"),
+        ("sched/view.rs", "place", "the search over topology domains for a gang, with the candidates' shared locals"),
+        ("state/mod.rs", "apply_task_exited", "a task's end: late usage, stale reports, lost tasks, failure, completion, in the order their rules apply"),
+        ("state/admin.rs", "apply_update_policy", "a policy update's checks (version, scope, format, limits) and effects, in order"),
+        ("snapshot.rs", "decode", "one arm per snapshot format, each a few lines"),
+        ("state/submit.rs", "prepare_submission", "a submission's checks in order (limits, quotas, dependencies, arrays), each naming its refusal"),
+        ("state/mod.rs", "place_gangs", "a plan's placements applied: each checked, started and charged, with its booting nodes"),
+        ("sched/preempt.rs", "preempt", "the victim search: candidates ranked, trial placements, reclaim of borrowed quota, in one loop"),
+        ("state/steps.rs", "apply_step_started", "a step's checks (attempt, nodes, limits) and its record"),
+        ("state/mod.rs", "check_component", "one heterogeneous component's placement rules, the first broken named"),
+    ];
+    let lengths = core_function_lengths();
+    assert!(lengths.len() > 400, "the core's functions were not all read: {}", lengths.len());
+    let over: std::collections::BTreeSet<(String, String)> = lengths
+        .iter()
+        .filter(|(_, _, n)| *n > CORE_FN_LINES_MAX)
+        .map(|(f, name, _)| (f.clone(), name.clone()))
+        .collect();
+    let excused: std::collections::BTreeSet<(String, String)> =
+        named.iter().map(|(f, n, _)| (f.to_string(), n.to_string())).collect();
+    let unexcused: Vec<_> = over.difference(&excused).collect();
+    assert!(unexcused.is_empty(), "over {CORE_FN_LINES_MAX} lines without a named reason: {unexcused:?}");
+    let shrunk: Vec<_> = excused.difference(&over).collect();
+    assert!(shrunk.is_empty(), "within {CORE_FN_LINES_MAX} lines now: take them off the list: {shrunk:?}");
 }

@@ -301,7 +301,7 @@ impl RaftNode {
                 return Err(ProposeError::Refused(e));
             }
         }
-        let fut = self.raft.client_write(gangway_core::format::Payload::new(cmd, format));
+        let fut = self.raft.client_write(gangway_core::payload::Payload::new(cmd, format));
         match tokio::time::timeout(timeout, fut).await {
             Err(_) => Err(ProposeError::Unavailable(
                 "the write was not committed in time (no quorum?); its outcome is unknown, retry with the same idempotency key".into(),

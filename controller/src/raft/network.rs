@@ -169,7 +169,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gangway_core::format::Payload;
+    use gangway_core::payload::Payload;
 
     fn entry(index: u64, script_bytes: usize) -> openraft::Entry<TypeConfig> {
         use gangway_core::JobSpec as Spec;

@@ -11,16 +11,6 @@ pub mod v5;
 pub mod v8;
 pub mod v9;
 
-/// The job a reason written before format 18 says this job was preempted
-/// for ("preempted by job 42", "requeued: preempted by job 42"): the only
-/// reading of that text left, for states older than
-/// [`crate::format::STOP_CAUSE_FORMAT`] and their move to it.
-pub fn legacy_preemptor(reason: &str) -> Option<crate::model::JobId> {
-    let (_, rest) = reason.split_once(crate::model::StopCause::PREEMPTED_BY)?;
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).take(20).collect();
-    digits.parse().ok()
-}
-
 /// A frozen type's conversion from and to today's type `T`. Every type is
 /// its own frozen form; a type a later format changed has a frozen copy with
 /// its own impl. Freezing is lossy for the fields a later format added: the

@@ -7,8 +7,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 use super::{Applied, JobEvent, Outcome, RefusalKind, State, UseKey};
 use crate::command::{JobChange, Placement, Preemption};
 use crate::format::PLAN_APPLY_FORMAT;
@@ -16,14 +14,7 @@ use crate::limits::*;
 use crate::model::{Allocation, HoldKind, Job, JobId, JobState, NodeState, StopCause};
 use crate::policy::{ClusterPolicy, PreemptMode, Quota, Use, ROLES_FORMAT};
 
-/// Usage charged to an account in one time bucket (for decayed fair share).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UsageBucket {
-    pub start_ms: u64,
-    /// GPU-milliseconds and CPU-milliseconds of allocations that ended in the bucket.
-    pub gpu_ms: u64,
-    pub cpu_ms: u64,
-}
+pub use crate::model::UsageBucket;
 
 /// Usage buckets are a quarter half-life wide: fine enough that decay is smooth.
 pub fn usage_bucket_width_ms(half_life_s: u64) -> u64 {

@@ -1442,7 +1442,7 @@ impl State {
     fn type_stop_causes(&mut self) {
         for id in self.pending.iter().chain(&self.running) {
             let Some(job) = self.jobs.get_mut(id) else { continue };
-            if let Some(by) = crate::compat::legacy_preemptor(&job.reason) {
+            if let Some(by) = StopCause::legacy_preemptor(&job.reason) {
                 job.stop_cause = Some(StopCause::Preempted { by });
             }
         }
