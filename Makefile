@@ -29,8 +29,11 @@ dev: build
 # cargo names the two builds' crates alike (hashed relative to the workspace
 # root) and would take one's artifacts for the other's. (Format 4's store is
 # a checked-in fixture: raft-store/tests.)
-NEWEST_FORMAT := $(shell sed -n 's/^pub const FORMAT_NEWEST: u32 = \([0-9]*\);/\1/p' controller/core/src/format.rs)
-NEWEST_FORMAT_COMMIT := $(shell git log -1 --format=%H -S'pub const FORMAT_NEWEST: u32 = $(NEWEST_FORMAT);' -- controller/core/src/format.rs 2>/dev/null)
+NEWEST_FORMAT := $(shell sed -n 's/^pub const FORMAT_NEWEST: u32 = \([0-9]*\);/\1/p' core/src/format.rs)
+# The core sat at controller/core before it moved to core/: both paths are
+# searched, with renames followed (-M), so the move is no format's commit.
+FORMAT_FILES := core/src/format.rs controller/core/src/format.rs
+NEWEST_FORMAT_COMMIT := $(shell git log -M -1 --format=%H -S'pub const FORMAT_NEWEST: u32 = $(NEWEST_FORMAT);' -- $(FORMAT_FILES) 2>/dev/null)
 PREVIOUS_COMMIT := $(shell git rev-parse --verify --quiet $(if $(NEWEST_FORMAT_COMMIT),$(NEWEST_FORMAT_COMMIT)^,HEAD) 2>/dev/null)
 PREVIOUS_DIR := $(HOME)/.cache/gangway/previous
 export GANGWAY_PREVIOUS_BIN := $(PREVIOUS_DIR)/gangway
@@ -49,7 +52,7 @@ previous:
 	@if [ -z "$(NEWEST_FORMAT)" ] || [ -z "$(PREVIOUS_COMMIT)" ]; then \
 		echo "make previous: no commit before data format $(NEWEST_FORMAT) in this history (clone without --depth)"; exit 1; \
 	fi
-	@prev=$$(git show $(PREVIOUS_COMMIT):controller/core/src/format.rs | sed -n 's/^pub const FORMAT_NEWEST: u32 = \([0-9]*\);/\1/p'); \
+	@prev=$$(for f in $(FORMAT_FILES); do git show $(PREVIOUS_COMMIT):$$f 2>/dev/null; done | sed -n 's/^pub const FORMAT_NEWEST: u32 = \([0-9]*\);/\1/p'); \
 	if [ -z "$$prev" ] || [ "$$prev" -ge "$(NEWEST_FORMAT)" ]; then \
 		echo "make previous: $(PREVIOUS_COMMIT) reads data format $${prev:-?}, not one below $(NEWEST_FORMAT): the rolling upgrade would upgrade nothing"; exit 1; \
 	fi
@@ -89,7 +92,7 @@ FUZZ_CACHE := $(HOME)/.cache/gangway
 fuzz:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
 	@rustup run nightly rustc --version >/dev/null || { echo "fuzzing needs the nightly toolchain (rustup toolchain install nightly)"; exit 1; }
-	@fuzz/seeds.sh controller/core/tests/golden/encodings.txt $(FUZZ_CACHE)/fuzz-seeds
+	@fuzz/seeds.sh core/tests/golden/encodings.txt $(FUZZ_CACHE)/fuzz-seeds
 	@cd fuzz && for t in $(FUZZ_TARGETS); do \
 		mkdir -p $(FUZZ_CACHE)/fuzz-corpus/$$t $(FUZZ_CACHE)/fuzz-seeds/$$t && \
 		CARGO_TARGET_DIR=$(FUZZ_CACHE)/fuzz-target-$(FUZZ_SANITIZER)-o$(FUZZ_OPT_LEVEL) CARGO_PROFILE_RELEASE_OPT_LEVEL=$(FUZZ_OPT_LEVEL) cargo +nightly fuzz run -s $(FUZZ_SANITIZER) $$t $(FUZZ_CACHE)/fuzz-corpus/$$t corpus/$$t $(FUZZ_CACHE)/fuzz-seeds/$$t -- \

@@ -7,7 +7,7 @@
 //!  leader::duties (only while leader): node liveness → SetNodeState(Down)
 //! ```
 //!
-//! Related code: `controller/core` (model and `apply`), `raft-store` (storage),
+//! Related code: `core` (model and `apply`), `raft-store` (storage),
 //! `proto` (wire types and the client library), `cli` (the `gangway` binary).
 
 pub mod accounting;

@@ -4,7 +4,7 @@
 //! accounting included, reaches apply): decoding never panics, and apply
 //! never panics and keeps every invariant. Seeds: every entry of the golden
 //! file, in every format (`make fuzz` writes them from
-//! controller/core/tests/golden/encodings.txt).
+//! core/tests/golden/encodings.txt).
 #![no_main]
 
 use std::sync::OnceLock;

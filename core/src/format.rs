@@ -21,7 +21,7 @@
 //!
 //! **Changing a format.** Bump [`FORMAT_NEWEST`], freeze the previous
 //! format's types in `compat::vN` with conversions, keep decoding it, and
-//! re-bless the golden encodings (`controller/core/tests/golden/`), which fail
+//! re-bless the golden encodings (`core/tests/golden/`), which fail
 //! the tests whenever the bytes of a format change.
 
 use serde::Serialize;
