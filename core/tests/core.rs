@@ -29,10 +29,7 @@ fn core_has_no_io_dependencies() {
             for table in ["dependencies.", "build-dependencies."] {
                 if let Some(i) = section.find(table).filter(|_| !section.contains("dev-dependencies")) {
                     let name = &section[i + table.len()..];
-                    assert!(
-                        allowed.contains(&name),
-                        "core must not depend on `{name}` (no I/O in the core)"
-                    );
+                    assert!(allowed.contains(&name), "core must not depend on `{name}` (no I/O in the core)");
                 }
             }
             continue;
@@ -4961,7 +4958,7 @@ const CORE_FN_LINES_MAX: usize = 80;
 fn core_functions_stay_within_their_budget_but_the_named_ones() {
     let named: &[(&str, &str, &str)] = &[
         ("state/mod.rs", "check_invariants", "one recount of every derived index against the jobs and nodes, each a few lines; read in pieces, a missing recount would not show"),
-        ("state/admin.rs", "apply_update_job", "one arm per job change (hold, release, priority, nice, requeue, time limit, suspend, resume, signal) under one ownership check"),
+        ("state/update.rs", "apply_update_job", "one arm per job change (hold, release, priority, nice, requeue, time limit, suspend, resume, signal) under one ownership check"),
         ("sim.rs", "simulate_with_progress", "the trace replayer's event loop, which issue 38 replaces with a driver of leader_tick"),
         ("policy.rs", "validate", "every field of a policy checked in turn, each refusal naming its field and rule"),
         ("spec.rs", "validate", "every field of a job spec checked in turn, each refusal naming its field and rule"),
@@ -4971,16 +4968,16 @@ fn core_functions_stay_within_their_budget_but_the_named_ones() {
         ("state/submit.rs", "resolve_spec", "every default the policy decides filled in turn (partition, account, QOS, time, memory)"),
         ("policy.rs", "coordinator_change", "each part of a policy a coordinator may or may not change, compared in turn"),
         ("agent.rs", "answered", "the agent's reaction to one answer: its fences, then each kind of order, as one ordered decision"),
-        ("state/mod.rs", "check_placement_freeing", "a placement against each rule apply enforces, in the order that names the first broken"),
+        ("state/schedule.rs", "check_placement_freeing", "a placement against each rule apply enforces, in the order that names the first broken"),
         ("sched/view.rs", "place", "the search over topology domains for a gang, with the candidates' shared locals"),
         ("state/mod.rs", "apply_task_exited", "a task's end: late usage, stale reports, lost tasks, failure, completion, in the order their rules apply"),
         ("state/admin.rs", "apply_update_policy", "a policy update's checks (version, scope, format, limits) and effects, in order"),
         ("snapshot.rs", "decode", "one arm per snapshot format, each a few lines"),
         ("state/submit.rs", "prepare_submission", "a submission's checks in order (limits, quotas, dependencies, arrays), each naming its refusal"),
-        ("state/mod.rs", "place_gangs", "a plan's placements applied: each checked, started and charged, with its booting nodes"),
+        ("state/schedule.rs", "place_gangs", "a plan's placements applied: each checked, started and charged, with its booting nodes"),
         ("sched/preempt.rs", "preempt", "the victim search: candidates ranked, trial placements, reclaim of borrowed quota, in one loop"),
         ("state/steps.rs", "apply_step_started", "a step's checks (attempt, nodes, limits) and its record"),
-        ("state/mod.rs", "check_component", "one heterogeneous component's placement rules, the first broken named"),
+        ("state/schedule.rs", "check_component", "one heterogeneous component's placement rules, the first broken named"),
     ];
     let lengths = core_function_lengths();
     assert!(lengths.len() > 400, "the core's functions were not all read: {}", lengths.len());
