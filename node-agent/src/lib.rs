@@ -23,6 +23,7 @@ pub mod kept;
 pub mod launch;
 pub mod lease;
 pub mod nvml;
+pub mod process;
 pub mod shim;
 pub mod steps;
 pub mod supervisor;
