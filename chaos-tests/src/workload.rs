@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
-use gangway_proto::v1::job_service_client::JobServiceClient;
 
 use crate::history::{Cancel, CancelOutcome, History, Outcome, Query, QueryOutcome, Submit};
 use crate::Rng;
@@ -98,12 +97,7 @@ pub async fn run(
 async fn submit(client: &Client, history: &History, key: String, records: &str, gang: bool) -> Option<u64> {
     let req = pb::SubmitRequest { spec: Some(job_spec(&key, records, gang)), idempotency_key: key.clone() };
     let invoked = Instant::now();
-    let r = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).submit(r).await }
-        })
-        .await;
+    let r = client.job_submit(req.clone()).await;
     let outcome = match r {
         Ok(resp) => Outcome::Ok(resp.into_inner().job_id),
         Err(s) if matches!(s.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted) => {
@@ -121,12 +115,7 @@ async fn submit(client: &Client, history: &History, key: String, records: &str, 
 
 async fn cancel(client: &Client, history: &History, job: u64) {
     let invoked = Instant::now();
-    let r = client
-        .call(|ch| {
-            let r = client.request(pb::CancelRequest { job_id: job });
-            async move { JobServiceClient::new(ch).cancel(r).await }
-        })
-        .await;
+    let r = client.job_cancel(pb::CancelRequest { job_id: job }).await;
     let outcome = match r {
         Ok(resp) => CancelOutcome::Ok { attempt: resp.into_inner().job.map_or(0, |j| j.attempt) },
         Err(s) if s.code() == tonic::Code::FailedPrecondition => CancelOutcome::AlreadyFinished,
@@ -138,12 +127,7 @@ async fn cancel(client: &Client, history: &History, job: u64) {
 
 async fn query(client: &Client, history: &History, job: u64) {
     let invoked = Instant::now();
-    let r = client
-        .call(|ch| {
-            let r = client.request(pb::GetJobRequest { job_id: job, stale: false });
-            async move { JobServiceClient::new(ch).get(r).await }
-        })
-        .await;
+    let r = client.job_get(pb::GetJobRequest { job_id: job, stale: false }).await;
     let outcome = match r {
         Ok(j) => {
             let j = j.into_inner();

@@ -18,7 +18,6 @@ use gangway_proto::client::Client;
 use gangway_proto::tls::Security;
 use gangway_proto::v1 as pb;
 use gangway_proto::v1::admin_service_client::AdminServiceClient;
-use gangway_proto::v1::job_service_client::JobServiceClient;
 use gangway_proto::ReplicaRole;
 use tokio::sync::Mutex;
 
@@ -323,12 +322,7 @@ impl LocalCluster {
     pub(crate) async fn wait_leader(&self, client: &Client) -> anyhow::Result<u64> {
         let deadline = Instant::now() + CLUSTER_WAIT;
         while Instant::now() < deadline {
-            let s = client
-                .call(|ch| {
-                    let r = client.request(pb::ClusterStatusRequest {});
-                    async move { AdminServiceClient::new(ch).cluster_status(r).await }
-                })
-                .await;
+            let s = client.admin_cluster_status(pb::ClusterStatusRequest {}).await;
             if let Ok(s) = s {
                 let s = s.into_inner();
                 if let Some(l) = s.leader_id {
@@ -346,13 +340,7 @@ impl LocalCluster {
     pub(crate) async fn wait_converged(&self, client: &Client) -> anyhow::Result<()> {
         let deadline = Instant::now() + CLUSTER_WAIT;
         while Instant::now() < deadline {
-            if let Ok(s) = client
-                .call(|ch| {
-                    let r = client.request(pb::ClusterStatusRequest {});
-                    async move { AdminServiceClient::new(ch).cluster_status(r).await }
-                })
-                .await
-            {
+            if let Ok(s) = client.admin_cluster_status(pb::ClusterStatusRequest {}).await {
                 let s = s.into_inner();
                 let commit = s
                     .replicas
@@ -391,13 +379,7 @@ const JOB_PAGES_MAX: usize = 100_000;
 pub(crate) async fn all_jobs(client: &Client) -> anyhow::Result<Vec<pb::Job>> {
     job_pages(|after_id| async move {
         let req = pb::ListJobsRequest { after_id, limit: 10_000, ..Default::default() };
-        let page = client
-            .call(|ch| {
-                let r = client.request(req.clone());
-                async move { JobServiceClient::new(ch).list(r).await }
-            })
-            .await?
-            .into_inner();
+        let page = client.job_list(req.clone()).await?.into_inner();
         anyhow::Ok((page.jobs, Some(page.next_after_id).filter(|n| *n != 0)))
     })
     .await
@@ -614,13 +596,7 @@ async fn submit_once(client: &Client, key: String) -> Result<u64, tonic::Status>
 /// Submits `spec` with idempotency key `key`; returns the job's id.
 pub(crate) async fn submit_spec(client: &Client, spec: pb::JobSpec, key: String) -> Result<u64, tonic::Status> {
     let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: key };
-    client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).submit(r).await }
-        })
-        .await
-        .map(|r| r.into_inner().job_id)
+    client.job_submit(req.clone()).await.map(|r| r.into_inner().job_id)
 }
 
 /// A histogram's running totals as a replica exposes them.
@@ -928,12 +904,7 @@ impl BenchAgents {
 /// Jobs in `states` (at most `limit` are counted).
 async fn count_jobs(client: &Client, states: &[pb::JobState], limit: u32) -> Result<usize, tonic::Status> {
     let req = pb::ListJobsRequest { states: states.iter().map(|s| *s as i32).collect(), limit, ..Default::default() };
-    let resp = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).list(r).await }
-        })
-        .await?;
+    let resp = client.job_list(req.clone()).await?;
     Ok(resp.into_inner().jobs.len())
 }
 
@@ -972,12 +943,7 @@ async fn bench_jobs(jobs: usize, nodes: usize, data_dir: Option<PathBuf>) -> any
                     ..Default::default()
                 };
                 let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: format!("job-{j}") };
-                client
-                    .call(|ch| {
-                        let r = client.request(req.clone());
-                        async move { JobServiceClient::new(ch).submit(r).await }
-                    })
-                    .await?;
+                client.job_submit(req.clone()).await?;
             }
             Ok::<_, tonic::Status>(())
         }));

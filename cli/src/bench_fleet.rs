@@ -28,7 +28,6 @@ use gangway_core::agent::{Action, AgentCore, Exit, Fences};
 use gangway_proto::client::Client;
 use gangway_proto::tls::Security;
 use gangway_proto::v1 as pb;
-use gangway_proto::v1::admin_service_client::AdminServiceClient;
 use gangway_proto::v1::job_service_client::JobServiceClient;
 use tonic::Request;
 
@@ -660,13 +659,7 @@ fn proc_usage(pid: u32) -> Option<(Duration, u64)> {
 }
 
 async fn cluster_status(client: &Client) -> anyhow::Result<pb::ClusterStatusResponse> {
-    Ok(client
-        .call(|ch| {
-            let r = client.request(pb::ClusterStatusRequest {});
-            async move { AdminServiceClient::new(ch).cluster_status(r).await }
-        })
-        .await?
-        .into_inner())
+    Ok(client.admin_cluster_status(pb::ClusterStatusRequest {}).await?.into_inner())
 }
 
 /// The options, within their limits.

@@ -8,8 +8,6 @@ use clap::{Args, Subcommand};
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
 use gangway_proto::v1::admin_service_client::AdminServiceClient;
-use gangway_proto::v1::job_service_client::JobServiceClient;
-use gangway_proto::v1::node_service_client::NodeServiceClient;
 use serde_json::{json, Value};
 
 use crate::daemons::cert_expiry;
@@ -76,13 +74,7 @@ pub async fn queue(client: &Client, out: &Output, a: QueueArgs) -> anyhow::Resul
         partition: a.partition.unwrap_or_default(),
         explain: true,
     };
-    let resp = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).list(r).await }
-        })
-        .await?
-        .into_inner();
+    let resp = client.job_list(req.clone()).await?.into_inner();
     if out.json {
         out.print_json(&Value::Array(resp.jobs.iter().map(job_json).collect()));
         return Ok(());
@@ -130,12 +122,7 @@ pub async fn queue(client: &Client, out: &Output, a: QueueArgs) -> anyhow::Resul
 
 pub async fn show(client: &Client, out: &Output, job_id: u64, stale: bool) -> anyhow::Result<()> {
     let req = pb::GetJobRequest { job_id, stale };
-    let got = client
-        .call(|ch| {
-            let r = client.request(req);
-            async move { JobServiceClient::new(ch).get(r).await }
-        })
-        .await;
+    let got = client.job_get(req).await;
     // A job the state no longer holds: from the accounting database, if any.
     let (job, stored) = match got {
         Ok(j) => (j.into_inner(), false),
@@ -151,12 +138,7 @@ pub async fn show(client: &Client, out: &Output, job_id: u64, stale: bool) -> an
     }
     // A pending job: why, in Slurm's words and Gangway's detail.
     let why = if job.state == pb::JobState::Pending as i32 {
-        let r = client
-            .call(|ch| {
-                let r = client.request(pb::ExplainRequest { job_id, stale });
-                async move { JobServiceClient::new(ch).explain(r).await }
-            })
-            .await;
+        let r = client.job_explain(pb::ExplainRequest { job_id, stale }).await;
         r.ok().map(|r| r.into_inner())
     } else {
         None
@@ -212,13 +194,7 @@ async fn stored_job(client: &Client, job_id: u64) -> Option<pb::Job> {
     // elements, which the id also matches, have larger ids).
     let before_id = job_id.saturating_add(1);
     let req = pb::HistoryRequest { job_ids: vec![job_id], limit: 1, before_id, ..Default::default() };
-    let resp = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).history(r).await }
-        })
-        .await
-        .ok()?;
+    let resp = client.job_history(req.clone()).await.ok()?;
     resp.into_inner().jobs.into_iter().find(|j| j.id == job_id)
 }
 
@@ -227,12 +203,7 @@ pub async fn cancel(client: &Client, out: &Output, job_ids: &[u64]) -> anyhow::R
     let mut failed = None;
     for &job_id in job_ids {
         let req = pb::CancelRequest { job_id };
-        let r = client
-            .call(|ch| {
-                let r = client.request(req);
-                async move { JobServiceClient::new(ch).cancel(r).await }
-            })
-            .await;
+        let r = client.job_cancel(req).await;
         match r {
             Ok(_) => {
                 results.push(json!({"job_id": job_id, "cancelled": true}));
@@ -346,30 +317,15 @@ pub async fn node(client: &Client, out: &Output, cmd: NodeCmd) -> anyhow::Result
     let node = match cmd {
         NodeCmd::Drain { name, reason } => {
             let req = pb::DrainRequest { name, reason };
-            client
-                .call(|ch| {
-                    let r = client.request(req.clone());
-                    async move { NodeServiceClient::new(ch).drain(r).await }
-                })
-                .await?
+            client.node_drain(req.clone()).await?
         }
         NodeCmd::Resume { name } => {
             let req = pb::ResumeRequest { name };
-            client
-                .call(|ch| {
-                    let r = client.request(req.clone());
-                    async move { NodeServiceClient::new(ch).resume(r).await }
-                })
-                .await?
+            client.node_resume(req.clone()).await?
         }
         NodeCmd::Power { name, to, reason } => {
             let req = pb::PowerRequest { name, up: to == "up", reason };
-            client
-                .call(|ch| {
-                    let r = client.request(req.clone());
-                    async move { NodeServiceClient::new(ch).power(r).await }
-                })
-                .await?
+            client.node_power(req.clone()).await?
         }
     }
     .into_inner();
@@ -442,13 +398,7 @@ impl Received {
 async fn backup(client: &Client, file: &std::path::Path) -> anyhow::Result<(u64, u64)> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut stream = client
-        .call(|ch| {
-            let r = client.request(pb::BackupRequest {});
-            async move { AdminServiceClient::new(ch).backup(r).await }
-        })
-        .await?
-        .into_inner();
+    let mut stream = client.admin_backup(pb::BackupRequest {}).await?.into_inner();
     if file.exists() {
         bail!("backup: {} exists; an existing file is never overwritten", file.display());
     }

@@ -12,7 +12,6 @@ use clap::{Args, Subcommand};
 use gangway_core::inventory::{NodeClass, NodeInventory, ANY_VALUE};
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
-use gangway_proto::v1::admin_service_client::AdminServiceClient;
 use serde_json::json;
 
 use crate::output::{printable, Output};
@@ -96,13 +95,7 @@ impl ClassArgs {
 }
 
 async fn fetch(client: &Client) -> anyhow::Result<NodeInventory> {
-    let resp = client
-        .call(|ch| {
-            let r = client.request(pb::GetNodeInventoryRequest { stale: false });
-            async move { AdminServiceClient::new(ch).get_node_inventory(r).await }
-        })
-        .await?
-        .into_inner();
+    let resp = client.admin_get_node_inventory(pb::GetNodeInventoryRequest { stale: false }).await?.into_inner();
     serde_json::from_str(&resp.json).context("inventory: the controller sent an unreadable inventory")
 }
 
@@ -113,13 +106,7 @@ async fn store(
 ) -> Result<pb::NodeInventory, tonic::Status> {
     let json = serde_json::to_string(inventory).expect("an inventory encodes");
     let req = pb::SetNodeInventoryRequest { json, expected_version: expected };
-    Ok(client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { AdminServiceClient::new(ch).set_node_inventory(r).await }
-        })
-        .await?
-        .into_inner())
+    Ok(client.admin_set_node_inventory(req.clone()).await?.into_inner())
 }
 
 /// Applies `edit` to the current inventory and stores it, retrying when

@@ -5,7 +5,6 @@ use anyhow::bail;
 use clap::Args;
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
-use gangway_proto::v1::job_service_client::JobServiceClient;
 use pb::update_job_request::Change;
 use serde_json::json;
 
@@ -25,23 +24,13 @@ pub async fn signal_quiet(client: &Client, job_id: u64, signal: i32, target: pb:
 }
 
 async fn update_quiet(client: &Client, req: pb::UpdateJobRequest) -> anyhow::Result<()> {
-    client
-        .call(|ch| {
-            let r = client.request(req);
-            async move { JobServiceClient::new(ch).update(r).await }
-        })
-        .await?;
+    client.job_update(req).await?;
     Ok(())
 }
 
 /// Cancels one job, printing nothing.
 pub async fn cancel_quiet(client: &Client, job_id: u64) -> anyhow::Result<()> {
-    client
-        .call(|ch| {
-            let r = client.request(pb::CancelRequest { job_id });
-            async move { JobServiceClient::new(ch).cancel(r).await }
-        })
-        .await?;
+    client.job_cancel(pb::CancelRequest { job_id }).await?;
     Ok(())
 }
 
@@ -51,12 +40,7 @@ pub async fn change_jobs(client: &Client, out: &Output, ids: &[u64], change: Cha
     let mut failed = None;
     for &job_id in ids {
         let req = pb::UpdateJobRequest { job_id, change: change as i32, value, ..Default::default() };
-        let r = client
-            .call(|ch| {
-                let r = client.request(req);
-                async move { JobServiceClient::new(ch).update(r).await }
-            })
-            .await;
+        let r = client.job_update(req).await;
         match r {
             Ok(_) => {
                 if !out.json {
@@ -137,13 +121,7 @@ pub async fn update(client: &Client, out: &Output, a: UpdateArgs) -> anyhow::Res
 }
 
 pub async fn why(client: &Client, out: &Output, job_id: u64, stale: bool) -> anyhow::Result<()> {
-    let e = client
-        .call(|ch| {
-            let r = client.request(pb::ExplainRequest { job_id, stale });
-            async move { JobServiceClient::new(ch).explain(r).await }
-        })
-        .await?
-        .into_inner();
+    let e = client.job_explain(pb::ExplainRequest { job_id, stale }).await?.into_inner();
     if out.json {
         println!(
             "{}",

@@ -14,7 +14,6 @@ use clap::{Args, Subcommand};
 use gangway_core::policy::{Account, ClusterPolicy, NodePool, Partition, PreemptMode, Qos, Quota, User};
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
-use gangway_proto::v1::admin_service_client::AdminServiceClient;
 use serde_json::json;
 
 use crate::output::Output;
@@ -347,13 +346,7 @@ pub struct SetArgs {
 
 /// The policy as the cluster has it now, and its version.
 pub async fn fetch_policy(client: &Client, stale: bool) -> anyhow::Result<(ClusterPolicy, u64)> {
-    let resp = client
-        .call(|ch| {
-            let r = client.request(pb::GetPolicyRequest { stale });
-            async move { AdminServiceClient::new(ch).get_policy(r).await }
-        })
-        .await?
-        .into_inner();
+    let resp = client.admin_get_policy(pb::GetPolicyRequest { stale }).await?.into_inner();
     let policy: ClusterPolicy =
         serde_json::from_str(&resp.json).context("policy: the controller sent an unreadable policy")?;
     Ok((policy, resp.version))
@@ -367,12 +360,7 @@ async fn store(
 ) -> Result<u64, tonic::Status> {
     let json = serde_json::to_string(policy).expect("policy encodes");
     let req = pb::UpdatePolicyRequest { json, expected_version: expected, force };
-    let resp = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { AdminServiceClient::new(ch).update_policy(r).await }
-        })
-        .await?;
+    let resp = client.admin_update_policy(req.clone()).await?;
     Ok(resp.into_inner().version)
 }
 
@@ -771,13 +759,7 @@ pub async fn run(client: &Client, out: &Output, cmd: AdminCmd) -> anyhow::Result
             Ok(())
         }
         AdminCmd::Shares { stale } => {
-            let resp = client
-                .call(|ch| {
-                    let r = client.request(pb::FairShareRequest { stale });
-                    async move { AdminServiceClient::new(ch).fair_share(r).await }
-                })
-                .await?
-                .into_inner();
+            let resp = client.admin_fair_share(pb::FairShareRequest { stale }).await?.into_inner();
             if out.json {
                 let rows: Vec<_> = resp
                     .accounts

@@ -7,7 +7,6 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
-use gangway_proto::v1::admin_service_client::AdminServiceClient;
 
 use crate::output::Output;
 use crate::slurm::{duration, hostlist, timestamp};
@@ -118,22 +117,13 @@ async fn request(
 }
 
 pub async fn list(client: &Client, name: &str, stale: bool) -> anyhow::Result<Vec<pb::Reservation>> {
-    let r = client
-        .call(|ch| {
-            let r = client.request(pb::ListReservationsRequest { name: name.to_string(), stale });
-            async move { AdminServiceClient::new(ch).list_reservations(r).await }
-        })
-        .await?;
+    let r = client.admin_list_reservations(pb::ListReservationsRequest { name: name.to_string(), stale }).await?;
     Ok(r.into_inner().reservations)
 }
 
 async fn change(client: &Client, action: &str, spec: pb::ReservationSpec) -> anyhow::Result<Vec<pb::Reservation>> {
     let r = client
-        .call(|ch| {
-            let r =
-                client.request(pb::ChangeReservationRequest { action: action.to_string(), spec: Some(spec.clone()) });
-            async move { AdminServiceClient::new(ch).change_reservation(r).await }
-        })
+        .admin_change_reservation(pb::ChangeReservationRequest { action: action.to_string(), spec: Some(spec.clone()) })
         .await?;
     Ok(r.into_inner().reservations)
 }
@@ -310,12 +300,7 @@ pub async fn scontrol_delete(client: &Client, words: &[&str]) -> anyhow::Result<
 }
 
 pub async fn licenses(client: &Client, stale: bool) -> anyhow::Result<Vec<pb::License>> {
-    let r = client
-        .call(|ch| {
-            let r = client.request(pb::LicensesRequest { stale });
-            async move { AdminServiceClient::new(ch).licenses(r).await }
-        })
-        .await?;
+    let r = client.admin_licenses(pb::LicensesRequest { stale }).await?;
     Ok(r.into_inner().licenses)
 }
 

@@ -1093,20 +1093,13 @@ const WAIT: gangway_proto::retry::Retry =
 /// Waits for jobs `id..id+count` to end; the highest exit code.
 async fn wait_for(client: &gangway_proto::client::Client, id: u64, count: u32) -> anyhow::Result<i32> {
     use gangway_proto::v1 as pb;
-    use gangway_proto::v1::job_service_client::JobServiceClient;
     let mut open: Vec<u64> = (id..id + u64::from(count)).collect();
     let mut worst = 0;
     let mut polls = WAIT.tries();
     while polls.next().await {
         let mut still = Vec::new();
         for job_id in open {
-            let job = client
-                .call(|ch| {
-                    let r = client.request(pb::GetJobRequest { job_id, stale: false });
-                    async move { JobServiceClient::new(ch).get(r).await }
-                })
-                .await?
-                .into_inner();
+            let job = client.job_get(pb::GetJobRequest { job_id, stale: false }).await?.into_inner();
             if crate::slurm::ended(job.state) {
                 worst = worst.max(crate::slurm::job_exit_code(&job));
             } else {

@@ -4,7 +4,6 @@
 use anyhow::bail;
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
-use gangway_proto::v1::job_service_client::JobServiceClient;
 use serde_json::json;
 
 use crate::jobspec::{job_spec, umask_env, SubmitArgs};
@@ -63,14 +62,7 @@ async fn send_submit_quiet(client: &Client, mut spec: pb::JobSpec, key: Option<S
     umask_env(&mut spec);
     let key = key.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: key };
-    Ok(client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).submit(r).await }
-        })
-        .await?
-        .into_inner()
-        .job_id)
+    Ok(client.job_submit(req.clone()).await?.into_inner().job_id)
 }
 
 /// `sbatch --test-only`: where and when the job would start, submitting nothing.
@@ -81,13 +73,7 @@ pub(crate) async fn test_submit(client: &Client, out: &Output, a: SubmitArgs) ->
     };
     let spec = job_spec(a, leaf_level.as_deref())?;
     let req = pb::SubmitRequest { spec: Some(spec.clone()), idempotency_key: String::new() };
-    let e = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).test_submit(r).await }
-        })
-        .await?
-        .into_inner();
+    let e = client.job_test_submit(req.clone()).await?.into_inner();
     let cpus = spec.nodes.unwrap_or(1).max(1)
         * spec.tasks_per_node.unwrap_or(1).max(1)
         * spec.cpus_per_task.unwrap_or(1).max(1);
@@ -135,13 +121,7 @@ pub(crate) async fn send_submit(
     umask_env(&mut spec);
     let key = key.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: key };
-    let resp = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).submit(r).await }
-        })
-        .await?
-        .into_inner();
+    let resp = client.job_submit(req.clone()).await?.into_inner();
     if out.json {
         out.print_json(&json!({"job_id": resp.job_id, "duplicate": resp.duplicate, "count": resp.count}));
     } else if parsable {

@@ -242,26 +242,12 @@ fn spec(cmd: &str) -> pb::JobSpec {
 
 async fn submit(client: &Client, spec: pb::JobSpec, key: &str) -> Result<pb::SubmitResponse, tonic::Status> {
     let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: key.into() };
-    client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).submit(r).await }
-        })
-        .await
-        .map(|r| r.into_inner())
+    client.job_submit(req.clone()).await.map(|r| r.into_inner())
 }
 
 async fn list_all(client: &Client) -> Vec<pb::Job> {
     let req = pb::ListJobsRequest { limit: 10_000, ..Default::default() };
-    client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).list(r).await }
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .jobs
+    client.job_list(req.clone()).await.unwrap().into_inner().jobs
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -287,14 +273,7 @@ async fn submit_via_follower_replicates_and_dedupes() {
     assert!(states.windows(2).all(|w| w[0] == w[1]), "replicas diverged");
     // A linearizable read through a follower sees the write at once; a stale one is allowed.
     let req = pb::GetJobRequest { job_id: other.job_id, stale: false };
-    let job = client
-        .call(|ch| {
-            let r = client.request(req);
-            async move { JobServiceClient::new(ch).get(r).await }
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let job = client.job_get(req).await.unwrap().into_inner();
     assert_eq!(job.state, pb::JobState::Pending as i32);
     // A client that knows both replicas, follower first: the follower's
     // forwarded answer names the leader, and the next call starts there.
@@ -553,13 +532,7 @@ async fn full_restart_restores_the_same_state() {
         .await
         .unwrap();
     let cancel = pb::CancelRequest { job_id: 3 };
-    client
-        .call(|ch| {
-            let r = client.request(cancel);
-            async move { JobServiceClient::new(ch).cancel(r).await }
-        })
-        .await
-        .unwrap();
+    client.job_cancel(cancel).await.unwrap();
     c.converge().await;
     let before = snapshot::encode(&c.state(1));
     for id in 1..=3 {
@@ -724,14 +697,7 @@ async fn silent_node_goes_down_and_failover_causes_no_false_alarm() {
     }
     // Node API shows it, with the leader's heartbeat age.
     let req = pb::GetNodeRequest { name: "alive".into(), stale: false };
-    let n = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { NodeServiceClient::new(ch).get(r).await }
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let n = client.node_get(req.clone()).await.unwrap().into_inner();
     assert_eq!(n.gpus.len(), 2);
     assert!(n.last_heartbeat_age_ms.is_some());
     let _ = stop_tx.send(());
@@ -862,14 +828,7 @@ fn script_spec(script: &str, workdir: &std::path::Path) -> pb::JobSpec {
 
 async fn get_job(client: &Client, job_id: u64) -> pb::Job {
     let req = pb::GetJobRequest { job_id, stale: false };
-    client
-        .call(|ch| {
-            let r = client.request(req);
-            async move { JobServiceClient::new(ch).get(r).await }
-        })
-        .await
-        .unwrap()
-        .into_inner()
+    client.job_get(req).await.unwrap().into_inner()
 }
 
 async fn wait_state(client: &Client, job_id: u64, state: pb::JobState) -> pb::Job {
@@ -980,13 +939,7 @@ async fn cancel_and_time_limit_kill_the_whole_process_tree() {
     let child: i32 = wait_file(&work.path().join("child.pid")).await.trim().parse().unwrap();
     assert!(pid_alive(child));
     let req = pb::CancelRequest { job_id: id };
-    client
-        .call(|ch| {
-            let r = client.request(req);
-            async move { JobServiceClient::new(ch).cancel(r).await }
-        })
-        .await
-        .unwrap();
+    client.job_cancel(req).await.unwrap();
     eventually("the SIGTERM-ignoring child survived the cancel", || !pid_alive(child)).await;
     assert_eq!(get_job(&client, id).await.state, pb::JobState::Cancelled as i32);
     // A time limit ends the job the same way, after the --signal warning.
@@ -1176,25 +1129,12 @@ async fn update_job(
     change: pb::update_job_request::Change,
 ) -> Result<pb::Job, tonic::Status> {
     let req = pb::UpdateJobRequest { job_id, change: change as i32, value: 0, ..Default::default() };
-    client
-        .call(|ch| {
-            let r = client.request(req);
-            async move { JobServiceClient::new(ch).update(r).await }
-        })
-        .await
-        .map(|r| r.into_inner())
+    client.job_update(req).await.map(|r| r.into_inner())
 }
 
 async fn explain(client: &Client, job_id: u64) -> pb::Explanation {
     let req = pb::ExplainRequest { job_id, stale: false };
-    client
-        .call(|ch| {
-            let r = client.request(req);
-            async move { JobServiceClient::new(ch).explain(r).await }
-        })
-        .await
-        .unwrap()
-        .into_inner()
+    client.job_explain(req).await.unwrap().into_inner()
 }
 
 /// Policy updates (compare-and-set), hold/release with a pending reason,
@@ -1220,13 +1160,7 @@ async fn policy_dependencies_arrays_and_preemption_on_a_real_agent() {
     });
     async fn put(client: &Client, json: String, expected: Option<u64>) -> Result<pb::Policy, tonic::Status> {
         let req = pb::UpdatePolicyRequest { json, expected_version: expected, force: false };
-        client
-            .call(|ch| {
-                let r = client.request(req.clone());
-                async move { AdminServiceClient::new(ch).update_policy(r).await }
-            })
-            .await
-            .map(|r| r.into_inner())
+        client.admin_update_policy(req.clone()).await.map(|r| r.into_inner())
     }
     // Version 1 is the bootstrap admin's, version 2 the move to format 6
     // (which carried --allow-root-jobs into the policy); this edit is based on it.
@@ -1308,13 +1242,7 @@ async fn policy_dependencies_arrays_and_preemption_on_a_real_agent() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let cancel = pb::CancelRequest { job_id: low };
-    client
-        .call(|ch| {
-            let r = client.request(cancel);
-            async move { JobServiceClient::new(ch).cancel(r).await }
-        })
-        .await
-        .unwrap();
+    client.job_cancel(cancel).await.unwrap();
     agent.stop().await;
     c.shutdown().await;
 }
@@ -1595,13 +1523,7 @@ async fn events_stream_and_resume_across_a_replica_failure() {
     let started = events.iter().find(|e| e.job_id == a && e.kind == "started").unwrap().index;
     c.restart(victim).await;
     let drained = pb::DrainRequest { name: "gw-events-1".into(), reason: "maintenance".into() };
-    client
-        .call(|ch| {
-            let r = client.request(drained.clone());
-            async move { NodeServiceClient::new(ch).drain(r).await }
-        })
-        .await
-        .unwrap();
+    client.node_drain(drained.clone()).await.unwrap();
     let mut replay = Vec::new();
     gangway_proto::events::follow(&c.client(), started, |ev| {
         replay.push(ev.clone());
@@ -2303,10 +2225,7 @@ mod security {
     /// A job of the client's user with a script and a secret in its environment.
     async fn submit_secret_job(client: &Client) -> u64 {
         client
-            .call(|ch| {
-                let r = client.request(pb::SubmitRequest { spec: Some(spec("")), ..Default::default() });
-                async move { JobServiceClient::new(ch).submit(r).await }
-            })
+            .job_submit(pb::SubmitRequest { spec: Some(spec("")), ..Default::default() })
             .await
             .unwrap()
             .into_inner()
@@ -2342,10 +2261,7 @@ mod security {
     async fn set_policy(client: &Client, policy: serde_json::Value) -> Result<pb::Policy, tonic::Status> {
         let json = policy.to_string();
         client
-            .call(|ch| {
-                let r = client.request(pb::UpdatePolicyRequest { json: json.clone(), ..Default::default() });
-                async move { AdminServiceClient::new(ch).update_policy(r).await }
-            })
+            .admin_update_policy(pb::UpdatePolicyRequest { json: json.clone(), ..Default::default() })
             .await
             .map(|r| r.into_inner())
     }
@@ -2353,10 +2269,7 @@ mod security {
     async fn set_inventory(client: &Client, inventory: serde_json::Value) -> Result<pb::NodeInventory, tonic::Status> {
         let json = inventory.to_string();
         client
-            .call(|ch| {
-                let r = client.request(pb::SetNodeInventoryRequest { json: json.clone(), ..Default::default() });
-                async move { AdminServiceClient::new(ch).set_node_inventory(r).await }
-            })
+            .admin_set_node_inventory(pb::SetNodeInventoryRequest { json: json.clone(), ..Default::default() })
             .await
             .map(|r| r.into_inner())
     }
@@ -2630,14 +2543,7 @@ mod security {
         assert_eq!((stored.spec.user.as_str(), stored.submitted_by.as_str()), ("alice", "client:alice"));
         // Bob sees the job but not its script, command or environment; alice sees all.
         async fn get_job(client: &Client, job_id: u64) -> pb::JobSpec {
-            let job = client
-                .call(|ch| {
-                    let r = client.request(pb::GetJobRequest { job_id, stale: false });
-                    async move { JobServiceClient::new(ch).get(r).await }
-                })
-                .await
-                .unwrap()
-                .into_inner();
+            let job = client.job_get(pb::GetJobRequest { job_id, stale: false }).await.unwrap().into_inner();
             job.spec.unwrap()
         }
         // Operators and coordinators see it, without its secrets; alice's
@@ -3699,14 +3605,7 @@ async fn a_replica_whose_disk_fills_stops_and_recovers_once_space_is_freed() {
 /// Takes a backup through the API from replica `id` into `file`.
 async fn take_backup(c: &TestCluster, id: u64, file: &std::path::Path) -> u64 {
     let client = c.client_for(&[id]);
-    let mut stream = client
-        .call(|ch| {
-            let r = client.request(pb::BackupRequest {});
-            async move { AdminServiceClient::new(ch).backup(r).await }
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = client.admin_backup(pb::BackupRequest {}).await.unwrap().into_inner();
     let (mut bytes, mut index, mut total) = (Vec::new(), 0, 0);
     while let Some(chunk) = stream.message().await.unwrap() {
         if bytes.is_empty() {
@@ -3755,13 +3654,7 @@ async fn a_cluster_that_lost_its_majority_is_restored_from_a_backup() {
         before.push(submit(&client, spec("true"), &format!("b{i}")).await.unwrap().job_id);
     }
     let cancelled = before[3];
-    client
-        .call(|ch| {
-            let r = client.request(pb::CancelRequest { job_id: cancelled });
-            async move { JobServiceClient::new(ch).cancel(r).await }
-        })
-        .await
-        .unwrap();
+    client.job_cancel(pb::CancelRequest { job_id: cancelled }).await.unwrap();
     c.converge().await;
     let follower = *[1, 2, 3].iter().find(|id| **id != leader).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -3904,14 +3797,8 @@ async fn node_lists_are_paged_under_the_response_limit() {
             .await
             .unwrap();
     }
-    let first = client
-        .call(|ch| {
-            let r = client.request(pb::ListNodesRequest { stale: false, after_name: String::new() });
-            async move { NodeServiceClient::new(ch).list(r).await }
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let first =
+        client.node_list(pb::ListNodesRequest { stale: false, after_name: String::new() }).await.unwrap().into_inner();
     assert!(prost::Message::encoded_len(&first) <= gangway_proto::limits::API_RESPONSE_BYTES_MAX);
     assert!(!first.next_after_name.is_empty() && first.nodes.len() < 240, "{} nodes in one page", first.nodes.len());
     let all = client.list_nodes(false).await.unwrap();

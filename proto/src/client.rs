@@ -423,6 +423,70 @@ impl Client {
     }
 }
 
+/// Typed calls, one per method of the services clients use: each sends its
+/// request with [`Client::request`]'s deadline, failing over as
+/// [`Client::call`] does, so a command names the call it makes instead of
+/// writing the closure.
+macro_rules! typed_calls {
+    ($($name:ident => $svc:ident :: $client:ident :: $method:ident ($req:ty) -> $resp:ty;)*) => {
+        impl Client {
+            $(
+                #[doc = concat!("`", stringify!($client), "::", stringify!($method), "`, failed over.")]
+                pub async fn $name(&self, msg: $req) -> Result<Response<$resp>, Status> {
+                    self.call(|ch| {
+                        let r = self.request(msg.clone());
+                        async move { crate::v1::$svc::$client::new(ch).$method(r).await }
+                    })
+                    .await
+                }
+            )*
+        }
+    };
+}
+
+typed_calls! {
+    job_submit => job_service_client::JobServiceClient::submit(crate::v1::SubmitRequest) -> crate::v1::SubmitResponse;
+    job_cancel => job_service_client::JobServiceClient::cancel(crate::v1::CancelRequest) -> crate::v1::CancelResponse;
+    job_get => job_service_client::JobServiceClient::get(crate::v1::GetJobRequest) -> crate::v1::Job;
+    job_list => job_service_client::JobServiceClient::list(crate::v1::ListJobsRequest) -> crate::v1::ListJobsResponse;
+    job_history => job_service_client::JobServiceClient::history(crate::v1::HistoryRequest) -> crate::v1::ListJobsResponse;
+    job_usage => job_service_client::JobServiceClient::usage(crate::v1::UsageRequest) -> crate::v1::UsageResponse;
+    job_watch => job_service_client::JobServiceClient::watch(crate::v1::WatchRequest) -> tonic::codec::Streaming<crate::v1::JobEvent>;
+    job_events => job_service_client::JobServiceClient::events(crate::v1::EventsRequest) -> tonic::codec::Streaming<crate::v1::ClusterEvent>;
+    job_test_submit => job_service_client::JobServiceClient::test_submit(crate::v1::SubmitRequest) -> crate::v1::Explanation;
+    job_update => job_service_client::JobServiceClient::update(crate::v1::UpdateJobRequest) -> crate::v1::Job;
+    job_explain => job_service_client::JobServiceClient::explain(crate::v1::ExplainRequest) -> crate::v1::Explanation;
+    job_checkpoint => job_service_client::JobServiceClient::checkpoint(crate::v1::CheckpointRequest) -> crate::v1::CheckpointResponse;
+    job_step_credential => job_service_client::JobServiceClient::step_credential(crate::v1::StepCredentialRequest) -> crate::v1::StepCredentialResponse;
+    job_begin_step => job_service_client::JobServiceClient::begin_step(crate::v1::BeginStepRequest) -> crate::v1::BeginStepResponse;
+    job_end_step => job_service_client::JobServiceClient::end_step(crate::v1::EndStepRequest) -> crate::v1::EndStepResponse;
+    node_list => node_service_client::NodeServiceClient::list(crate::v1::ListNodesRequest) -> crate::v1::ListNodesResponse;
+    node_get => node_service_client::NodeServiceClient::get(crate::v1::GetNodeRequest) -> crate::v1::Node;
+    node_drain => node_service_client::NodeServiceClient::drain(crate::v1::DrainRequest) -> crate::v1::Node;
+    node_resume => node_service_client::NodeServiceClient::resume(crate::v1::ResumeRequest) -> crate::v1::Node;
+    node_power => node_service_client::NodeServiceClient::power(crate::v1::PowerRequest) -> crate::v1::Node;
+    admin_cluster_status => admin_service_client::AdminServiceClient::cluster_status(crate::v1::ClusterStatusRequest) -> crate::v1::ClusterStatusResponse;
+    admin_get_replica_status => admin_service_client::AdminServiceClient::get_replica_status(crate::v1::ReplicaStatusRequest) -> crate::v1::ReplicaStatus;
+    admin_add_learner => admin_service_client::AdminServiceClient::add_learner(crate::v1::AddLearnerRequest) -> crate::v1::MembershipResponse;
+    admin_promote => admin_service_client::AdminServiceClient::promote(crate::v1::PromoteRequest) -> crate::v1::MembershipResponse;
+    admin_remove_member => admin_service_client::AdminServiceClient::remove_member(crate::v1::RemoveMemberRequest) -> crate::v1::MembershipResponse;
+    admin_transfer_leader => admin_service_client::AdminServiceClient::transfer_leader(crate::v1::TransferLeaderRequest) -> crate::v1::TransferLeaderResponse;
+    admin_snapshot => admin_service_client::AdminServiceClient::snapshot(crate::v1::SnapshotRequest) -> crate::v1::SnapshotResponse;
+    admin_trigger_election => admin_service_client::AdminServiceClient::trigger_election(crate::v1::TriggerElectionRequest) -> crate::v1::TriggerElectionResponse;
+    admin_get_policy => admin_service_client::AdminServiceClient::get_policy(crate::v1::GetPolicyRequest) -> crate::v1::Policy;
+    admin_update_policy => admin_service_client::AdminServiceClient::update_policy(crate::v1::UpdatePolicyRequest) -> crate::v1::Policy;
+    admin_fair_share => admin_service_client::AdminServiceClient::fair_share(crate::v1::FairShareRequest) -> crate::v1::FairShareResponse;
+    admin_restore_usage => admin_service_client::AdminServiceClient::restore_usage(crate::v1::RestoreUsageRequest) -> crate::v1::RestoreUsageResponse;
+    admin_accounting_stored => admin_service_client::AdminServiceClient::accounting_stored(crate::v1::AccountingStoredRequest) -> crate::v1::AccountingStoredResponse;
+    admin_audit => admin_service_client::AdminServiceClient::audit(crate::v1::AuditRequest) -> tonic::codec::Streaming<crate::v1::AuditEntry>;
+    admin_backup => admin_service_client::AdminServiceClient::backup(crate::v1::BackupRequest) -> tonic::codec::Streaming<crate::v1::BackupChunk>;
+    admin_list_reservations => admin_service_client::AdminServiceClient::list_reservations(crate::v1::ListReservationsRequest) -> crate::v1::ListReservationsResponse;
+    admin_change_reservation => admin_service_client::AdminServiceClient::change_reservation(crate::v1::ChangeReservationRequest) -> crate::v1::ListReservationsResponse;
+    admin_licenses => admin_service_client::AdminServiceClient::licenses(crate::v1::LicensesRequest) -> crate::v1::LicensesResponse;
+    admin_get_node_inventory => admin_service_client::AdminServiceClient::get_node_inventory(crate::v1::GetNodeInventoryRequest) -> crate::v1::NodeInventory;
+    admin_set_node_inventory => admin_service_client::AdminServiceClient::set_node_inventory(crate::v1::SetNodeInventoryRequest) -> crate::v1::NodeInventory;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

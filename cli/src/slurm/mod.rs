@@ -21,7 +21,6 @@ pub mod srun;
 
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
-use gangway_proto::v1::job_service_client::JobServiceClient;
 
 /// Pages read when listing jobs: what one command holds in memory (each
 /// page at most `LIST_RESPONSE_BYTES_MAX`, 3 MiB: 300 MiB in all; a page
@@ -219,13 +218,7 @@ pub async fn list_jobs(client: &Client, l: &Listing) -> anyhow::Result<Vec<pb::J
             after_id,
             ..Default::default()
         };
-        let resp = client
-            .call(|ch| {
-                let r = client.request(req.clone());
-                async move { JobServiceClient::new(ch).list(r).await }
-            })
-            .await?
-            .into_inner();
+        let resp = client.job_list(req.clone()).await?.into_inner();
         let next = Some(resp.next_after_id).filter(|n| *n != 0);
         anyhow::Ok((resp.jobs, next))
     })

@@ -23,17 +23,9 @@ const HISTORY_PAGES_MAX: usize = 20;
 /// Finished jobs from the accounting database; none when the replicas have
 /// no database (`--accounting-database`), with a notice when it fails.
 async fn stored_history(client: &Client, req: pb::HistoryRequest) -> anyhow::Result<Vec<pb::Job>> {
-    use gangway_proto::v1::job_service_client::JobServiceClient;
-    let jobs = history_pages(req, |req| async move {
-        client
-            .call(|ch| {
-                let r = client.request(req.clone());
-                async move { JobServiceClient::new(ch).history(r).await }
-            })
-            .await
-            .map(tonic::Response::into_inner)
-    })
-    .await;
+    let jobs =
+        history_pages(req, |req| async move { client.job_history(req.clone()).await.map(tonic::Response::into_inner) })
+            .await;
     Ok(jobs)
 }
 

@@ -11,8 +11,6 @@ use anyhow::{bail, Context};
 use clap::Args;
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
-use gangway_proto::v1::job_service_client::JobServiceClient;
-use gangway_proto::v1::node_service_client::NodeServiceClient;
 
 use crate::output::Output;
 use gangway_proto::retry::Retry;
@@ -193,14 +191,7 @@ async fn allocate(
 ) -> anyhow::Result<Option<pb::Job>> {
     let spec = crate::jobspec::job_spec(args, None)?;
     let req = pb::SubmitRequest { spec: Some(spec), idempotency_key: uuid::Uuid::new_v4().to_string() };
-    let id = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).submit(r).await }
-        })
-        .await?
-        .into_inner()
-        .job_id;
+    let id = client.job_submit(req.clone()).await?.into_inner().job_id;
     if !out.json {
         match who {
             Who::Salloc => eprintln!("salloc: Pending job allocation {id}"),
@@ -240,12 +231,7 @@ async fn release(client: &Client, job: &pb::Job, code: i32, env: &[(String, Stri
     let Some(first) = job.allocation.first().map(|a| a.node.clone()) else { return false };
     let Ok(exe) = std::env::current_exe() else { return false };
     // Only while the attempt that was granted still runs.
-    let now = client
-        .call(|ch| {
-            let r = client.request(pb::GetJobRequest { job_id: job.id, stale: false });
-            async move { JobServiceClient::new(ch).get(r).await }
-        })
-        .await;
+    let now = client.job_get(pb::GetJobRequest { job_id: job.id, stale: false }).await;
     if !now.is_ok_and(|j| {
         let j = j.into_inner();
         super::allocated(j.state) && j.attempt == job.attempt
@@ -281,12 +267,7 @@ async fn release(client: &Client, job: &pb::Job, code: i32, env: &[(String, Stri
     }
     let mut polls = RELEASE_POLLS.tries();
     while polls.next().await {
-        let got = client
-            .call(|ch| {
-                let r = client.request(pb::GetJobRequest { job_id: job.id, stale: false });
-                async move { JobServiceClient::new(ch).get(r).await }
-            })
-            .await;
+        let got = client.job_get(pb::GetJobRequest { job_id: job.id, stale: false }).await;
         if got.is_ok_and(|j| super::ended(j.into_inner().state)) {
             return true;
         }
@@ -307,10 +288,7 @@ async fn wait_running(client: &Client, id: u64) -> anyhow::Result<Option<pb::Job
     while polls.next().await {
         let polled = tokio::select! {
             _ = tokio::signal::ctrl_c() => return Ok(None),
-            r = client.call(|ch| {
-                let r = client.request(pb::GetJobRequest { job_id: id, stale: false });
-                async move { JobServiceClient::new(ch).get(r).await }
-            }) => r?.into_inner(),
+            r = client.job_get(pb::GetJobRequest { job_id: id, stale: false }) => r?.into_inner(),
         };
         // Allocated, and started: an elastic pool's nodes have booted (the
         // clock starts once all of them registered, with their addresses).
@@ -330,13 +308,7 @@ pub async fn allocation_env(client: &Client, job: &pb::Job) -> anyhow::Result<Ve
     let nodes: Vec<String> = job.allocation.iter().map(|a| a.node.clone()).collect();
     let mut addrs = Vec::new();
     for n in &nodes {
-        let node = client
-            .call(|ch| {
-                let r = client.request(pb::GetNodeRequest { name: n.clone(), stale: false });
-                async move { NodeServiceClient::new(ch).get(r).await }
-            })
-            .await?
-            .into_inner();
+        let node = client.node_get(pb::GetNodeRequest { name: n.clone(), stale: false }).await?.into_inner();
         addrs.push(format!("{n}={}", gangway_proto::step_addr(n, &node.addr).unwrap_or_default()));
     }
     let spec = super::spec(job);
@@ -381,13 +353,7 @@ pub async fn allocation_env(client: &Client, job: &pb::Job) -> anyhow::Result<Ve
     // On a secured cluster srun here needs the job's step credential and the
     // CA to check the agents by.
     if let Some(creds) = client.security().credentials() {
-        let cred = client
-            .call(|ch| {
-                let r = client.request(pb::StepCredentialRequest { job_id: job.id });
-                async move { JobServiceClient::new(ch).step_credential(r).await }
-            })
-            .await?
-            .into_inner();
+        let cred = client.job_step_credential(pb::StepCredentialRequest { job_id: job.id }).await?.into_inner();
         env.push((gangway_proto::step_cred::STEP_CREDENTIAL_ENV.to_string(), cred.credential));
         let ca = std::fs::read_to_string(&creds.files().ca)
             .with_context(|| format!("reading the CA certificate {}", creds.files().ca.display()))?;
@@ -397,12 +363,7 @@ pub async fn allocation_env(client: &Client, job: &pb::Job) -> anyhow::Result<Ve
 }
 
 async fn cancel(client: &Client, id: u64) {
-    let _ = client
-        .call(|ch| {
-            let r = client.request(pb::CancelRequest { job_id: id });
-            async move { JobServiceClient::new(ch).cancel(r).await }
-        })
-        .await;
+    let _ = client.job_cancel(pb::CancelRequest { job_id: id }).await;
 }
 
 #[cfg(test)]

@@ -5,7 +5,6 @@ use anyhow::bail;
 use clap::Args;
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
-use gangway_proto::v1::job_service_client::JobServiceClient;
 
 use super::{identity_user, JobSel};
 use crate::output::Output;
@@ -132,12 +131,7 @@ pub async fn run(client: &Client, out: &Output, identity: &str, a: ScancelArgs) 
             continue;
         }
         let req = pb::CancelRequest { job_id: j.id };
-        let r = client
-            .call(|ch| {
-                let r = client.request(req);
-                async move { JobServiceClient::new(ch).cancel(r).await }
-            })
-            .await;
+        let r = client.job_cancel(req).await;
         match r {
             Ok(_) => {
                 results.push(serde_json::json!({"job_id": j.id, "cancelled": true}));

@@ -7,7 +7,6 @@ use anyhow::{bail, Context};
 use clap::Args;
 use gangway_proto::client::Client;
 use gangway_proto::v1 as pb;
-use gangway_proto::v1::job_service_client::JobServiceClient;
 use pb::update_job_request::Change;
 
 use super::{duration, hostlist, job_cpus, job_elapsed_s, job_nodelist, job_nodes, timestamp, JobSel};
@@ -204,12 +203,7 @@ async fn update(client: &Client, out: &Output, words: &[&str]) -> anyhow::Result
 }
 
 async fn explain(client: &Client, job_id: u64) -> Option<pb::Explanation> {
-    let r = client
-        .call(|ch| {
-            let r = client.request(pb::ExplainRequest { job_id, stale: false });
-            async move { JobServiceClient::new(ch).explain(r).await }
-        })
-        .await;
+    let r = client.job_explain(pb::ExplainRequest { job_id, stale: false }).await;
     r.ok().map(|r| r.into_inner())
 }
 

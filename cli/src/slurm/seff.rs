@@ -128,18 +128,12 @@ pub async fn run(client: &Client, a: SeffArgs) -> anyhow::Result<()> {
 
 /// The job `sel` names: from the state, else from the accounting database.
 async fn find_job(client: &Client, sel: &super::JobSel) -> anyhow::Result<Option<pb::Job>> {
-    use gangway_proto::v1::job_service_client::JobServiceClient;
     let exact = |j: &pb::Job| match &sel.indexes {
         None => j.id == sel.id,
         Some(_) => sel.matches(j),
     };
     if sel.indexes.is_none() {
-        let got = client
-            .call(|ch| {
-                let r = client.request(pb::GetJobRequest { job_id: sel.id, stale: false });
-                async move { JobServiceClient::new(ch).get(r).await }
-            })
-            .await;
+        let got = client.job_get(pb::GetJobRequest { job_id: sel.id, stale: false }).await;
         match got {
             Ok(j) => return Ok(Some(j.into_inner())),
             Err(s) if s.code() == tonic::Code::NotFound => {}
@@ -158,12 +152,7 @@ async fn find_job(client: &Client, sel: &super::JobSel) -> anyhow::Result<Option
         }
         Some(_) => pb::HistoryRequest { job_ids: vec![sel.id], limit: HISTORY_ROWS, ..Default::default() },
     };
-    let resp = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).history(r).await }
-        })
-        .await;
+    let resp = client.job_history(req.clone()).await;
     match resp {
         Ok(r) => Ok(r.into_inner().jobs.into_iter().find(exact)),
         Err(s) if s.code() == tonic::Code::FailedPrecondition => Ok(None),

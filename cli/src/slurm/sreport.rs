@@ -191,7 +191,6 @@ fn proper_name(login: &str) -> String {
 }
 
 pub async fn run(client: &Client, a: SreportArgs) -> anyhow::Result<()> {
-    use gangway_proto::v1::job_service_client::JobServiceClient;
     let (report, req, top) = parse(&a.words, super::now_ms()).map_err(anyhow::Error::msg)?;
     let (per_unit, unit_name) = unit(&a.time).map_err(anyhow::Error::msg)?;
     let gpus = match a.tres.to_ascii_lowercase().as_str() {
@@ -202,14 +201,8 @@ pub async fn run(client: &Client, a: SreportArgs) -> anyhow::Result<()> {
     if a.parsable && a.parsable2 {
         bail!("--parsable: give -p or -P, not both");
     }
-    let answer = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { JobServiceClient::new(ch).usage(r).await }
-        })
-        .await
-        .map_err(|s| anyhow::anyhow!("sreport: {}", s.message()))?
-        .into_inner();
+    let answer =
+        client.job_usage(req.clone()).await.map_err(|s| anyhow::anyhow!("sreport: {}", s.message()))?.into_inner();
     let usage = answer.rows;
     let (title, columns): (&str, &[(&str, usize)]) = match report {
         Report::Utilization => (

@@ -339,15 +339,8 @@ pub async fn submit_and_wait(
 /// Only the job's owner gets the step credential a secured cluster's agents
 /// ask for (on an insecure cluster the agents trust the network).
 async fn in_running_job(client: &gangway_proto::client::Client, job: &str) -> anyhow::Result<i32> {
-    use gangway_proto::v1::job_service_client::JobServiceClient;
     let id: u64 = job.parse().map_err(|_| anyhow::anyhow!("srun: --jobid: '{job}' is not a job id"))?;
-    let found = client
-        .call(|ch| {
-            let r = client.request(gangway_proto::v1::GetJobRequest { job_id: id, stale: false });
-            async move { JobServiceClient::new(ch).get(r).await }
-        })
-        .await?
-        .into_inner();
+    let found = client.job_get(gangway_proto::v1::GetJobRequest { job_id: id, stale: false }).await?.into_inner();
     if !super::allocated(found.state) {
         bail!("srun: --jobid: job {id} is {}: steps run only in a running job", super::state_name(found.state));
     }
@@ -1013,17 +1006,9 @@ async fn connect(node: &str, addr: &str) -> anyhow::Result<tonic::transport::Cha
 /// `node`'s step service as the controllers know it now (GANGWAY_ENDPOINTS
 /// is in every job's environment), if they answer.
 async fn current_step_addr(node: &str) -> Option<String> {
-    use gangway_proto::v1::node_service_client::NodeServiceClient;
     let client = job_client()?;
     let req = gangway_proto::v1::GetNodeRequest { name: node.to_string(), stale: true };
-    let n = client
-        .call(|ch| {
-            let r = client.request(req.clone());
-            async move { NodeServiceClient::new(ch).get(r).await }
-        })
-        .await
-        .ok()?
-        .into_inner();
+    let n = client.node_get(req.clone()).await.ok()?.into_inner();
     gangway_proto::step_addr(node, &n.addr)
 }
 
@@ -1056,14 +1041,10 @@ const STEP_RECORD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// or None when it could not be recorded (an older cluster, the controllers
 /// unreachable): the step runs all the same.
 async fn begin_step(job_id: u64, attempt: u32, name: &str, nodes: &[String], tasks: u32) -> Option<u32> {
-    use gangway_proto::v1::job_service_client::JobServiceClient;
     let client = job_client()?;
     let req =
         gangway_proto::v1::BeginStepRequest { job_id, attempt, name: name.to_string(), nodes: nodes.to_vec(), tasks };
-    let call = client.call(|ch| {
-        let r = client.request(req.clone());
-        async move { JobServiceClient::new(ch).begin_step(r).await }
-    });
+    let call = client.job_begin_step(req.clone());
     match tokio::time::timeout(STEP_RECORD_TIMEOUT, call).await {
         Ok(Ok(resp)) => Some(resp.into_inner().step_id),
         Ok(Err(e)) => {
@@ -1080,17 +1061,13 @@ async fn begin_step(job_id: u64, attempt: u32, name: &str, nodes: &[String], tas
 
 /// Records the step's end: its worst exit code (128+N: killed by signal N).
 async fn end_step(job_id: u64, attempt: u32, step_id: u32, code: i32) {
-    use gangway_proto::v1::job_service_client::JobServiceClient;
     let Some(client) = job_client() else { return };
     let (exit_code, signal) = match code {
         c if (129..=192).contains(&c) => (None, Some(c - 128)),
         c => (Some(c.clamp(0, 255)), None),
     };
     let req = gangway_proto::v1::EndStepRequest { job_id, attempt, step_id, exit_code, signal };
-    let call = client.call(|ch| {
-        let r = client.request(req);
-        async move { JobServiceClient::new(ch).end_step(r).await }
-    });
+    let call = client.job_end_step(req);
     let _ = tokio::time::timeout(STEP_RECORD_TIMEOUT, call).await;
 }
 
