@@ -190,6 +190,23 @@ struct Warning {
 }
 
 /// Sends `w` to the task (`pgid` and its step groups) once it is due.
+/// Slurm's `--signal` for a task: the signal, whom it reaches, and when
+/// (this long before its time limit); None when the job asked for none (or
+/// for the batch shell only, on a step host, which has none).
+fn warning_of(order: &LaunchOrder, step_host: bool) -> Option<Warning> {
+    let target = match (order.batch, step_host, order.warn_batch_shell) {
+        (false, _, _) => WarnTarget::Group,
+        (true, true, true) => return None,
+        // The step host's waiting shell is its "batch shell": spared.
+        (true, true, false) => WarnTarget::AllButBatchShell,
+        (true, false, true) => WarnTarget::BatchShell,
+        (true, false, false) => WarnTarget::AllButBatchShell,
+    };
+    let sig = (order.warn_signal > 0).then(|| Signal::try_from(order.warn_signal as i32).ok()).flatten()?;
+    let delay = Duration::from_secs(order.time_limit_s.saturating_sub(order.warn_before_s.into()));
+    Some(Warning { sig, target, due: crate::deadline_in(delay), paused: None })
+}
+
 fn arm_warning(
     key: Key,
     w: Warning,
@@ -752,100 +769,13 @@ impl Supervisor {
         // resolve as local ones do): once per launch, for its ids and its
         // login's variables.
         let account = nix::unistd::User::from_name(&order.user).ok().flatten();
-        let as_root = nix::unistd::geteuid().is_root();
-        let ids = if as_root {
-            let ids = account
-                .as_ref()
-                .map(|u| (u.uid.as_raw(), u.gid.as_raw()))
-                .ok_or_else(|| format!("user {} does not exist on {}", order.user, self.node))?;
-            if ids.0 == 0 {
-                if !self.allow_root_jobs {
-                    return Err(format!(
-                        "jobs as root (user {}, uid 0) are refused on {} (its agent runs without --allow-root-jobs)",
-                        order.user, self.node
-                    ));
-                }
-                None
-            } else {
-                Some(ids)
-            }
-        } else {
-            // Not root: the agent can only run tasks as itself, so it runs only
-            // its own user's jobs rather than run others' as the wrong user.
-            let me = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name);
-            if me.as_deref() != Some(order.user.as_str()) {
-                return Err(format!(
-                    "the agent on {} does not run as root, so it runs jobs only for its own user ({}), not for {}",
-                    self.node,
-                    me.as_deref().unwrap_or("unknown"),
-                    order.user
-                ));
-            }
-            None
-        };
+        let ids = self.task_ids(order, account.as_ref())?;
         // A batch job's nodes other than the first hold the allocation for
         // the steps srun starts there; they run nothing of their own.
         let step_host = order.batch && order.node_rank > 0;
-        let argv: Vec<String> = if step_host {
-            vec!["/bin/sh".into(), "-c".into(), crate::steps::HOLD_SCRIPT.into()]
-        } else if !order.script.is_empty() {
-            let path = self.write_script(order, ids)?;
-            let path = path.display().to_string();
-            // Run through its interpreter rather than exec'ing the file just
-            // written: a task forked meanwhile on another thread may still
-            // hold it open for writing, and exec would fail (ETXTBSY).
-            let mut argv = interpreter(&order.script);
-            argv.push(path);
-            // With a script, the command is its arguments.
-            argv.extend(order.command.iter().cloned());
-            argv
-        } else {
-            order.command.clone()
-        };
-        let mut cmd = match &self.shim {
-            Some(shim) => {
-                std::fs::create_dir_all(&self.records_dir)
-                    .and_then(|()| reachable_not_listable(&self.records_dir))
-                    .map_err(|e| format!("cannot create the task records dir: {e}"))?;
-                let _ = std::fs::remove_file(self.exit_path(key));
-                let mut c = tokio::process::Command::new(shim);
-                c.arg("task-shim").arg("--exit-file").arg(self.exit_path(key)).arg("--lease").arg(self.lease_path());
-                // The shim becomes the user itself, supplementary groups
-                // included (std's uid()/gid() would drop them).
-                if let Some((uid, gid)) = ids {
-                    let user = crate::shim::TaskUser::lookup(&order.user)
-                        .filter(|u| u.uid == uid && u.gid == gid)
-                        .ok_or_else(|| {
-                            format!("user {} changed or vanished on {} during launch", order.user, self.node)
-                        })?;
-                    c.arg("--user").arg(user.encode());
-                }
-                c
-            }
-            None => {
-                let mut c = tokio::process::Command::new(&argv[0]);
-                c.args(&argv[1..]);
-                c
-            }
-        };
-        // A step host writes nothing: its steps' output goes back to srun.
-        let (out_path, err_path) = if step_host { ("/dev/null".into(), None) } else { output_paths(order, &self.node) };
-        // Opened with the job user's file-system credentials, so `-o` can only
-        // name a file that user may write (never /etc/passwd, nor a path through
-        // a symlink into a directory the user cannot write). A new file gets
-        // the submitter's umask (the agent's own is 077).
-        let umask = job_umask(order);
-        let open = |path: &std::path::Path| {
-            with_fs_ids(if step_host { None } else { ids }, || {
-                open_output(path, order.truncate_output && !step_host, umask)
-            })
-            .map_err(|e| format!("cannot open output file {}: {e}", path.display()))
-        };
-        let out = open(&out_path)?;
-        let err = match &err_path {
-            Some(p) => open(p)?,
-            None => out.try_clone().map_err(|e| format!("cannot open output file: {e}"))?,
-        };
+        let argv = self.task_argv(order, ids, step_host)?;
+        let mut cmd = self.task_command(order, key, ids, &argv)?;
+        let (out, err) = self.open_outputs(order, ids, step_host)?;
         if self.shim.is_some() {
             let exit = self.exit_path(key);
             std::fs::write(&exit, "").map_err(|e| format!("cannot create the task's exit file: {e}"))?;
@@ -853,65 +783,8 @@ impl Supervisor {
                 let _ = std::os::unix::fs::chown(&exit, Some(uid), Some(gid));
             }
         }
-        // The task's environment, in the order it applies (later wins):
-        // nothing of the agent's own (its options file may hold secrets),
-        // a PATH unless the job sends one, then what the job asked for.
-        let mut env: Vec<(String, String)> = vec![("PATH".into(), DEFAULT_PATH.into())];
-        // A login's variables, from the password database, unless the job sends its own.
-        if let Some(u) = &account {
-            env.push(("HOME".into(), u.dir.display().to_string()));
-            env.push(("USER".into(), u.name.clone()));
-            env.push(("LOGNAME".into(), u.name.clone()));
-            env.push(("SHELL".into(), u.shell.display().to_string()));
-        }
-        if let Some((dir, endpoints)) = &self.job_tools {
-            env.push(("PATH".into(), job_path(order.env.get("PATH").map(String::as_str), dir)));
-            if !order.env.contains_key("GANGWAY_ENDPOINTS") {
-                env.push(("GANGWAY_ENDPOINTS".into(), endpoints.clone()));
-            }
-        }
-        env.extend(
-            order
-                .env
-                .iter()
-                .filter(|(k, _)| self.job_tools.is_none() || *k != "PATH")
-                .map(|(k, v)| (k.clone(), v.clone())),
-        );
-        env.extend(task_env(order, &self.node));
-        if self.devices.is_some() && !order.gpus.is_empty() {
-            // CUDA numbers the GPUs a confined task can open from 0.
-            env.push(("CUDA_VISIBLE_DEVICES".into(), crate::devices::local_indexes(order.gpus.len())));
-            env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
-        }
-        if let Some(addrs) = take_long_step_addrs(&mut env) {
-            let path = self.step_addrs_path(key);
-            self.write_user_file(&path, addrs.as_bytes(), 0o600, ids, "the step addresses")?;
-            env.push(("GANGWAY_STEP_ADDRS_FILE".into(), path.display().to_string()));
-        }
-        env.extend(
-            step_env(order, self.step_ca_pem.as_deref(), self.step_cluster.as_deref())
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v)),
-        );
-        match (ids, &self.shim) {
-            // A root shim gets an empty environment and the root directory:
-            // the task's environment and working directory take effect only
-            // once it is the user (nothing of the job's reaches a root process).
-            (Some(_), Some(_)) => {
-                let full: BTreeMap<String, String> = env.into_iter().collect();
-                let env_file = self.env_path(key);
-                let entries: Vec<(String, String)> = full.into_iter().collect();
-                crate::shim::write_env_file(&env_file, &entries)
-                    .map_err(|e| format!("cannot write the task's environment: {e}"))?;
-                cmd.env_clear().current_dir("/").arg("--env-file").arg(&env_file).arg("--workdir").arg(&workdir);
-            }
-            (Some((uid, gid)), None) => {
-                cmd.uid(uid).gid(gid).current_dir(&workdir).env_clear().envs(env);
-            }
-            (None, _) => {
-                cmd.current_dir(&workdir).env_clear().envs(env);
-            }
-        }
+        let env = self.environment(order, key, ids, account.as_ref())?;
+        self.set_environment(&mut cmd, env, key, ids, &workdir)?;
         // The task's cgroups: the shim joins them before it runs anything of
         // the job's, so nothing the task runs (an early fork, a setsid) ever
         // ran outside them.
@@ -951,7 +824,7 @@ impl Supervisor {
             cmd.args(crate::devices::shim_options(&joined)).arg("--").args(&argv);
         }
         cmd.stdin(std::process::Stdio::null()).stdout(out).stderr(err).process_group(0).kill_on_drop(false);
-        let mut child = cmd.spawn().map_err(|e| {
+        let child = cmd.spawn().map_err(|e| {
             forget(&joined);
             format!("cannot start the task: {e}")
         })?;
@@ -964,26 +837,11 @@ impl Supervisor {
                 tracing::warn!(job = order.job_id, error = %e, "cgroup join failed; process group only");
             }
         }
-        // Slurm's --signal: warn the task this long before its time limit.
-        let target = match (order.batch, step_host, order.warn_batch_shell) {
-            (false, _, _) => Some(WarnTarget::Group),
-            (true, true, true) => None,
-            // The step host's waiting shell is its "batch shell": spared.
-            (true, true, false) => Some(WarnTarget::AllButBatchShell),
-            (true, false, true) => Some(WarnTarget::BatchShell),
-            (true, false, false) => Some(WarnTarget::AllButBatchShell),
-        };
         let shim = self.shim.is_some();
         let steps = crate::steps::StepGroups::default();
         let suspended = Arc::new(AtomicBool::new(false));
         let shims = crate::steps::StepGroups::default();
-        let warning =
-            (order.warn_signal > 0).then(|| Signal::try_from(order.warn_signal as i32).ok()).flatten().zip(target).map(
-                |(sig, target)| {
-                    let delay = Duration::from_secs(order.time_limit_s.saturating_sub(order.warn_before_s.into()));
-                    Warning { sig, target, due: crate::deadline_in(delay), paused: None }
-                },
-            );
+        let warning = warning_of(order, step_host);
         let warn_timer = warning.map(|w| arm_warning(key, w, pgid, steps.clone(), shim));
         self.tasks.insert(
             key,
@@ -1018,63 +876,236 @@ impl Supervisor {
         }
         tracing::info!(job = order.job_id, attempt = order.attempt, pid, step_host, "task started");
         if self.shim.is_some() {
-            // The record lets a restarted agent find and re-adopt this task.
-            let mut record = pid.to_string();
-            // The GPUs, so a restarted agent knows what the task still holds.
-            let gpus: Vec<String> = order.gpus.iter().map(u32::to_string).collect();
-            record.push_str(&format!("\ngpus {}", gpus.join(",")));
-            if let Some(host) = self.step_hosts.lock().expect("step hosts lock").get(&key) {
-                record.push('\n');
-                record.push_str(&step_host_line(host));
-            }
-            let _ = std::fs::write(self.record_path(key), record);
+            self.write_record(key, pid, &order.gpus);
         }
-        let (tx, node, exit, record) =
-            (self.exits_tx.clone(), self.node.clone(), self.exit_path(key), self.record_path(key));
-        let grace = self.stop_grace;
         let uid = ids.map_or_else(|| nix::unistd::geteuid().as_raw(), |(uid, _)| uid);
-        let (sampler, mut meter) = (self.usage.clone(), crate::usage::Meter::new(&order.gpus, Some(uid)));
-        tokio::spawn(async move {
-            use std::os::unix::process::ExitStatusExt;
-            let tree_ticks = match &sampler {
-                Some(sampler) => measure_until_exit(pid as i32, pgid, &steps, sampler, &mut meter).await,
-                None => None,
-            };
-            let result = child.wait().await;
-            end_leftovers(|| task_groups(pgid, &steps), &stopping, grace).await;
-            let peak_mem_mb = cgroup.as_deref().and_then(crate::cgroup::Cgroups::peak_mb);
-            if let Some(dir) = &cgroup {
-                crate::cgroup::Cgroups::kill(dir); // anything the task left behind
-                crate::cgroup::Cgroups::remove(dir);
+        let watched = Watched {
+            key,
+            child,
+            pgid,
+            steps,
+            stopping,
+            grace: self.stop_grace,
+            cgroup,
+            devices,
+            node: self.node.clone(),
+            exit: self.exit_path(key),
+            record: self.record_path(key),
+            tx: self.exits_tx.clone(),
+            meter: self.usage.clone().map(|sampler| (sampler, crate::usage::Meter::new(&order.gpus, Some(uid)))),
+        };
+        tokio::spawn(watched.until_exit());
+        Ok(())
+    }
+
+    /// The task's record, which lets a restarted agent find and re-adopt
+    /// it: its pid, its GPUs (what it still holds), and a batch task's step
+    /// host.
+    fn write_record(&self, key: Key, pid: u32, gpus: &[u32]) {
+        let mut record = pid.to_string();
+        let gpus: Vec<String> = gpus.iter().map(u32::to_string).collect();
+        record.push_str(&format!("\ngpus {}", gpus.join(",")));
+        if let Some(host) = self.step_hosts.lock().expect("step hosts lock").get(&key) {
+            record.push('\n');
+            record.push_str(&step_host_line(host));
+        }
+        let _ = std::fs::write(self.record_path(key), record);
+    }
+
+    /// The ids a task runs as: None to run as the agent itself (an agent
+    /// that is not root runs only its own user's jobs; root runs a job as
+    /// root only with --allow-root-jobs).
+    fn task_ids(&self, order: &LaunchOrder, account: Option<&nix::unistd::User>) -> Result<Option<(u32, u32)>, String> {
+        if !nix::unistd::geteuid().is_root() {
+            // Not root: the agent can only run tasks as itself, so it runs only
+            // its own user's jobs rather than run others' as the wrong user.
+            let me = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name);
+            if me.as_deref() != Some(order.user.as_str()) {
+                return Err(format!(
+                    "the agent on {} does not run as root, so it runs jobs only for its own user ({}), not for {}",
+                    self.node,
+                    me.as_deref().unwrap_or("unknown"),
+                    order.user
+                ));
             }
-            if let Some(dir) = devices.clone() {
-                // Nothing left behind keeps its GPUs for the next job.
-                let killed = tokio::task::spawn_blocking(move || crate::devices::DeviceCgroups::empty(&dir)).await;
-                if let Ok(n @ 1..) = killed {
-                    tracing::warn!(job = key.0, processes = n, "killed what the task left in its devices cgroup");
-                }
+            return Ok(None);
+        }
+        let ids = account
+            .map(|u| (u.uid.as_raw(), u.gid.as_raw()))
+            .ok_or_else(|| format!("user {} does not exist on {}", order.user, self.node))?;
+        if ids.0 != 0 {
+            return Ok(Some(ids));
+        }
+        if !self.allow_root_jobs {
+            return Err(format!(
+                "jobs as root (user {}, uid 0) are refused on {} (its agent runs without --allow-root-jobs)",
+                order.user, self.node
+            ));
+        }
+        Ok(None)
+    }
+
+    /// What the task runs: a step host's holding shell, a script through
+    /// its interpreter (written to disk first), or the command.
+    fn task_argv(&self, order: &LaunchOrder, ids: Option<(u32, u32)>, step_host: bool) -> Result<Vec<String>, String> {
+        if step_host {
+            return Ok(vec!["/bin/sh".into(), "-c".into(), crate::steps::HOLD_SCRIPT.into()]);
+        }
+        if order.script.is_empty() {
+            return Ok(order.command.clone());
+        }
+        let path = self.write_script(order, ids)?;
+        let path = path.display().to_string();
+        // Run through its interpreter rather than exec'ing the file just
+        // written: a task forked meanwhile on another thread may still
+        // hold it open for writing, and exec would fail (ETXTBSY).
+        let mut argv = interpreter(&order.script);
+        argv.push(path);
+        // With a script, the command is its arguments.
+        argv.extend(order.command.iter().cloned());
+        Ok(argv)
+    }
+
+    /// The process to start: the task shim (which becomes the user and
+    /// then runs `argv`, added once the task's cgroups are known), or
+    /// `argv` itself.
+    fn task_command(
+        &self,
+        order: &LaunchOrder,
+        key: Key,
+        ids: Option<(u32, u32)>,
+        argv: &[String],
+    ) -> Result<tokio::process::Command, String> {
+        let Some(shim) = &self.shim else {
+            let (program, args) = argv.split_first().ok_or("the task has no command")?;
+            let mut c = tokio::process::Command::new(program);
+            c.args(args);
+            return Ok(c);
+        };
+        std::fs::create_dir_all(&self.records_dir)
+            .and_then(|()| reachable_not_listable(&self.records_dir))
+            .map_err(|e| format!("cannot create the task records dir: {e}"))?;
+        let _ = std::fs::remove_file(self.exit_path(key));
+        let mut c = tokio::process::Command::new(shim);
+        c.arg("task-shim").arg("--exit-file").arg(self.exit_path(key)).arg("--lease").arg(self.lease_path());
+        // The shim becomes the user itself, supplementary groups
+        // included (std's uid()/gid() would drop them).
+        if let Some((uid, gid)) = ids {
+            let user = crate::shim::TaskUser::lookup(&order.user)
+                .filter(|u| u.uid == uid && u.gid == gid)
+                .ok_or_else(|| format!("user {} changed or vanished on {} during launch", order.user, self.node))?;
+            c.arg("--user").arg(user.encode());
+        }
+        Ok(c)
+    }
+
+    /// The task's standard output and error, opened with the job user's
+    /// file-system credentials, so `-o` can only name a file that user may
+    /// write (never /etc/passwd, nor a path through a symlink into a
+    /// directory the user cannot write). A new file gets the submitter's
+    /// umask (the agent's own is 077). A step host writes nothing: its
+    /// steps' output goes back to srun.
+    fn open_outputs(
+        &self,
+        order: &LaunchOrder,
+        ids: Option<(u32, u32)>,
+        step_host: bool,
+    ) -> Result<(std::fs::File, std::fs::File), String> {
+        let (out_path, err_path) = if step_host { ("/dev/null".into(), None) } else { output_paths(order, &self.node) };
+        let umask = job_umask(order);
+        let open = |path: &std::path::Path| {
+            with_fs_ids(if step_host { None } else { ids }, || {
+                open_output(path, order.truncate_output && !step_host, umask)
+            })
+            .map_err(|e| format!("cannot open output file {}: {e}", path.display()))
+        };
+        let out = open(&out_path)?;
+        let err = match &err_path {
+            Some(p) => open(p)?,
+            None => out.try_clone().map_err(|e| format!("cannot open output file: {e}"))?,
+        };
+        Ok((out, err))
+    }
+
+    /// The task's environment, in the order it applies (later wins):
+    /// nothing of the agent's own (its options file may hold secrets), a
+    /// PATH unless the job sends one, a login's variables, then what the
+    /// job asked for, Slurm's variables, the GPUs' and the steps'.
+    fn environment(
+        &self,
+        order: &LaunchOrder,
+        key: Key,
+        ids: Option<(u32, u32)>,
+        account: Option<&nix::unistd::User>,
+    ) -> Result<Vec<(String, String)>, String> {
+        let mut env: Vec<(String, String)> = vec![("PATH".into(), DEFAULT_PATH.into())];
+        // A login's variables, from the password database, unless the job sends its own.
+        if let Some(u) = account {
+            env.push(("HOME".into(), u.dir.display().to_string()));
+            env.push(("USER".into(), u.name.clone()));
+            env.push(("LOGNAME".into(), u.name.clone()));
+            env.push(("SHELL".into(), u.shell.display().to_string()));
+        }
+        if let Some((dir, endpoints)) = &self.job_tools {
+            env.push(("PATH".into(), job_path(order.env.get("PATH").map(String::as_str), dir)));
+            if !order.env.contains_key("GANGWAY_ENDPOINTS") {
+                env.push(("GANGWAY_ENDPOINTS".into(), endpoints.clone()));
             }
-            let usage =
-                sampler.as_ref().and_then(|s| meter.finish(s, tree_ticks, peak_mem_mb)).map(crate::usage::to_proto);
-            let mut report = match result {
-                Ok(status) => {
-                    exit_report(&node, key, &exit, &record, Some((status.code(), status.signal())), peak_mem_mb)
-                }
-                Err(e) => TaskExitReport {
-                    node,
-                    job_id: key.0,
-                    attempt: key.1,
-                    exit_code: None,
-                    signal: None,
-                    reason: format!("lost track of the task: {e}"),
-                    lost: false,
-                    peak_mem_mb,
-                    usage: None,
-                },
-            };
-            report.usage = usage;
-            let _ = tx.send(report).await;
-        });
+        }
+        env.extend(
+            order
+                .env
+                .iter()
+                .filter(|(k, _)| self.job_tools.is_none() || *k != "PATH")
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        env.extend(task_env(order, &self.node));
+        if self.devices.is_some() && !order.gpus.is_empty() {
+            // CUDA numbers the GPUs a confined task can open from 0.
+            env.push(("CUDA_VISIBLE_DEVICES".into(), crate::devices::local_indexes(order.gpus.len())));
+            env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
+        }
+        if let Some(addrs) = take_long_step_addrs(&mut env) {
+            let path = self.step_addrs_path(key);
+            self.write_user_file(&path, addrs.as_bytes(), 0o600, ids, "the step addresses")?;
+            env.push(("GANGWAY_STEP_ADDRS_FILE".into(), path.display().to_string()));
+        }
+        env.extend(
+            step_env(order, self.step_ca_pem.as_deref(), self.step_cluster.as_deref())
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v)),
+        );
+        Ok(env)
+    }
+
+    /// Gives `cmd` the task's environment, working directory and ids.
+    fn set_environment(
+        &self,
+        cmd: &mut tokio::process::Command,
+        env: Vec<(String, String)>,
+        key: Key,
+        ids: Option<(u32, u32)>,
+        workdir: &str,
+    ) -> Result<(), String> {
+        match (ids, &self.shim) {
+            // A root shim gets an empty environment and the root directory:
+            // the task's environment and working directory take effect only
+            // once it is the user (nothing of the job's reaches a root process).
+            (Some(_), Some(_)) => {
+                let full: BTreeMap<String, String> = env.into_iter().collect();
+                let env_file = self.env_path(key);
+                let entries: Vec<(String, String)> = full.into_iter().collect();
+                crate::shim::write_env_file(&env_file, &entries)
+                    .map_err(|e| format!("cannot write the task's environment: {e}"))?;
+                cmd.env_clear().current_dir("/").arg("--env-file").arg(&env_file).arg("--workdir").arg(workdir);
+            }
+            (Some((uid, gid)), None) => {
+                cmd.uid(uid).gid(gid).current_dir(workdir).env_clear().envs(env);
+            }
+            (None, _) => {
+                cmd.current_dir(workdir).env_clear().envs(env);
+            }
+        }
         Ok(())
     }
 
@@ -1220,6 +1251,78 @@ impl Supervisor {
                 let _ = killpg(g, Signal::SIGKILL);
             }
         }
+    }
+}
+
+/// A started task, watched until it ends: its usage measured (when the
+/// agent measures), what it left behind ended, its cgroups emptied and
+/// removed, and its exit reported.
+struct Watched {
+    key: Key,
+    child: tokio::process::Child,
+    pgid: Pid,
+    steps: crate::steps::StepGroups,
+    stopping: Arc<AtomicBool>,
+    grace: Duration,
+    cgroup: Option<PathBuf>,
+    devices: Option<PathBuf>,
+    node: String,
+    exit: PathBuf,
+    record: PathBuf,
+    tx: mpsc::Sender<TaskExitReport>,
+    meter: Option<(Arc<crate::usage::Sampler>, crate::usage::Meter)>,
+}
+
+impl Watched {
+    async fn until_exit(mut self) {
+        use std::os::unix::process::ExitStatusExt;
+        let (pgid, key) = (self.pgid, self.key);
+        let tree_ticks = match &mut self.meter {
+            Some((sampler, meter)) => measure_until_exit(pgid.as_raw(), pgid, &self.steps, sampler, meter).await,
+            None => None,
+        };
+        let result = self.child.wait().await;
+        end_leftovers(|| task_groups(pgid, &self.steps), &self.stopping, self.grace).await;
+        let peak_mem_mb = self.cgroup.as_deref().and_then(crate::cgroup::Cgroups::peak_mb);
+        if let Some(dir) = &self.cgroup {
+            crate::cgroup::Cgroups::kill(dir); // anything the task left behind
+            crate::cgroup::Cgroups::remove(dir);
+        }
+        if let Some(dir) = self.devices.clone() {
+            // Nothing left behind keeps its GPUs for the next job.
+            let killed = tokio::task::spawn_blocking(move || crate::devices::DeviceCgroups::empty(&dir)).await;
+            if let Ok(n @ 1..) = killed {
+                tracing::warn!(job = key.0, processes = n, "killed what the task left in its devices cgroup");
+            }
+        }
+        let usage = self
+            .meter
+            .as_mut()
+            .and_then(|(s, meter)| meter.finish(s, tree_ticks, peak_mem_mb))
+            .map(crate::usage::to_proto);
+        let mut report = match result {
+            Ok(status) => exit_report(
+                &self.node,
+                key,
+                &self.exit,
+                &self.record,
+                Some((status.code(), status.signal())),
+                peak_mem_mb,
+            ),
+            Err(e) => TaskExitReport {
+                node: self.node,
+                job_id: key.0,
+                attempt: key.1,
+                exit_code: None,
+                signal: None,
+                reason: format!("lost track of the task: {e}"),
+                lost: false,
+                peak_mem_mb,
+                usage: None,
+            },
+        };
+        report.usage = usage;
+        let _ = self.tx.send(report).await;
     }
 }
 
