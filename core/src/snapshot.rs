@@ -167,7 +167,13 @@ pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
             let (mut state, history, since, pending, inventory, causes): Body = from_bytes(body).map_err(decode_err)?;
             (state.history, state.history_since, state.history_pending) = (history, since, pending);
             state.node_inventory = inventory;
+            let mut last = None;
             for (id, cause) in causes {
+                // Written in id order, once each: anything else is damage.
+                if last.is_some_and(|l| id <= l) {
+                    return Err(SnapshotError::Decode(format!("stop causes out of order at job {id}")));
+                }
+                last = Some(id);
                 let Some(job) = state.jobs.get_mut(&id) else {
                     return Err(SnapshotError::Decode(format!("a stop cause for job {id}, which the state lacks")));
                 };

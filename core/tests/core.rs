@@ -4993,3 +4993,90 @@ fn core_functions_stay_within_their_budget_but_the_named_ones() {
     let shrunk: Vec<_> = excused.difference(&over).collect();
     assert!(shrunk.is_empty(), "within {CORE_FN_LINES_MAX} lines now: take them off the list: {shrunk:?}");
 }
+
+/// The review of format 18: a victim cancelled for its preemptor at format
+/// 17 keeps its grace across the move (its tasks may still be stopping); a
+/// suspended victim whose own task ends is not "stopped" any more; a
+/// snapshot's stop causes come in id order, once each.
+#[test]
+fn stop_causes_survive_the_move_and_end_with_the_job() {
+    use gangway_core::duties::node_orders;
+    use gangway_core::format::STOP_CAUSE_FORMAT;
+    use gangway_core::policy::{ClusterPolicy, PreemptMode, Qos};
+    let mut s = State::default();
+    s.apply(1, &Command::SetDataFormat { format: STOP_CAUSE_FORMAT - 1, now_ms: 1 });
+    let mut policy = ClusterPolicy::default();
+    let low = Qos { preempt_mode: PreemptMode::Cancel, preempt_grace_s: 30, ..Qos::default() };
+    policy.qos.insert("low".into(), low);
+    policy.qos.insert("high".into(), Qos { priority: 10, preempt: vec!["low".into()], ..Qos::default() });
+    let update =
+        Command::UpdatePolicy { policy, expected_version: None, force: true, identity: "server:1".into(), now_ms: 2 };
+    assert!(matches!(s.apply(2, &update).outcome, Outcome::PolicyUpdated { .. }));
+    s.apply(3, &Command::RegisterNode { spec: node_spec(0, 8), now_ms: 3 });
+    let submit = |qos: &str| {
+        let mut spec = job_spec(1, 8, 1);
+        spec.qos = qos.into();
+        Command::SubmitJob { spec, identity: "alice".into(), idempotency_key: String::new(), now_ms: 4 }
+    };
+    s.apply(4, &submit("low"));
+    let opts = gangway_core::sched::Options::new(gangway_core::sched::Policy::Easy, 5);
+    let first = gangway_core::sched::plan(&s, &opts);
+    s.apply(5, &Command::ApplySchedule { preemptions: vec![], placements: first.placements, now_ms: 5 });
+    s.apply(6, &submit("high"));
+    let plan = gangway_core::sched::plan(&s, &opts);
+    s.apply(7, &Command::ApplySchedule { preemptions: plan.preemptions, placements: plan.placements, now_ms: 6 });
+    assert_eq!(s.jobs[&1].state, JobState::Cancelled);
+    let node = s.jobs[&1].ran_on[0].clone();
+    let running = std::collections::BTreeSet::from([(1, 1)]);
+    assert_eq!(node_orders(&s, &node, &running).stops[0].grace_s, 30, "format 17: the words give the grace");
+    s.apply(8, &Command::SetDataFormat { format: STOP_CAUSE_FORMAT, now_ms: 7 });
+    assert_eq!(s.jobs[&1].stop_cause, Some(StopCause::Preempted { by: 2 }), "a cancelled victim is typed too");
+    assert_eq!(node_orders(&s, &node, &running).stops[0].grace_s, 30, "format 18: the cause gives the grace");
+    s.check_invariants().unwrap();
+
+    // A stop cause on a running job that is not suspended is caught.
+    let attempt = s.jobs[&2].attempt;
+    let mut broken = s.clone();
+    broken.jobs.get_mut(&2).unwrap().stop_cause = Some(StopCause::TimeLimit);
+    assert!(broken.check_invariants().unwrap_err().contains("running job 2 has a stop cause"));
+    // A job that ends by its own task has no stop cause.
+    let mut own = s.clone();
+    own.jobs.get_mut(&2).unwrap().stop_cause = Some(StopCause::TimeLimit);
+    let exit = Command::TaskExited {
+        job_id: 2,
+        attempt,
+        node: node.clone(),
+        exit_code: Some(0),
+        signal: None,
+        reason: String::new(),
+        lost: false,
+        peak_mem_mb: None,
+        usage: None,
+        now_ms: 9,
+    };
+    own.apply(9, &exit);
+    assert_eq!(own.jobs[&2].state, JobState::Completed);
+    assert_eq!(own.jobs[&2].stop_cause, None);
+
+    // Stop causes out of order (or twice) in a snapshot are damage.
+    let mut two = s.clone();
+    two.jobs.get_mut(&2).unwrap().stop_cause = Some(StopCause::CancelledBy { identity: "x".into() });
+    two.jobs.get_mut(&2).unwrap().state = JobState::Cancelled;
+    let bytes = gangway_core::snapshot::encode(&two);
+    let causes = gangway_core::format::to_bytes(&vec![
+        (1u64, StopCause::Preempted { by: 2 }),
+        (2u64, StopCause::CancelledBy { identity: "x".into() }),
+    ]);
+    let swapped = gangway_core::format::to_bytes(&vec![
+        (2u64, StopCause::CancelledBy { identity: "x".into() }),
+        (1u64, StopCause::Preempted { by: 2 }),
+    ]);
+    assert!(bytes.ends_with(&causes), "the trailer is the causes in id order");
+    let mut body = bytes[12..bytes.len() - causes.len()].to_vec();
+    body.extend_from_slice(&swapped);
+    let mut damaged = bytes[..8].to_vec();
+    damaged.extend_from_slice(&gangway_core::format::crc32c(&body).to_le_bytes());
+    damaged.extend_from_slice(&body);
+    let e = gangway_core::snapshot::decode(&damaged).unwrap_err().to_string();
+    assert!(e.contains("stop causes out of order at job 1"), "{e}");
+}

@@ -158,13 +158,15 @@ impl Faults {
     /// rate or count is drawn up to about three times the fixed mix's.
     pub fn draw(seed: u64) -> Faults {
         let mut rng = Rng(seed ^ 0x5A4A_12F0_0D5E_ED01);
+        // Left out: every entry a majority may hold survives an election.
+        let kept = if rng.chance(500) { 1000 } else { rng.range(0, 1000) };
         let mut some = |max: u64| if rng.chance(500) { 0 } else { rng.range(1, max) };
         Faults {
             drop_per_mille: some(100),
             dup_per_mille: some(60),
             slow_per_mille: some(100),
             client_loss_per_mille: some(100),
-            kept_at_election_per_mille: some(1000),
+            kept_at_election_per_mille: kept,
             elections_max: some(6),
             crashes_max: some(6),
             cuts_max: some(8),

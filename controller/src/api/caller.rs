@@ -951,8 +951,9 @@ impl Viewer {
     /// stop cause (format 18): a hidden preemptor's id left out.
     pub fn job_reason(&self, job: &gangway_core::Job) -> String {
         match &job.stop_cause {
+            // The text scan after it too: never more shown than it shows.
             Some(cause @ StopCause::Preempted { .. }) if self.hides_preemptors() => {
-                job.reason.replace(&cause.describe(true), &cause.describe(false))
+                self.reason(&job.reason.replace(&cause.describe(true), &cause.describe(false)))
             }
             Some(_) => job.reason.clone(),
             // Written before format 18, or text from outside the state.

@@ -621,10 +621,13 @@ impl State {
                 format!("{what} on {node} exited with code {}", exit_code.unwrap_or(-1))
             };
             let code = exit_code.or(signal.map(|s| 128_i32.saturating_add(s)));
+            // Its own task ended it (a suspended victim's too): not a stop.
+            job.stop_cause = None;
             let events = self.finish_job(index, job_id, JobState::Failed, code, why).into_iter().collect();
             return Applied { outcome, events };
         }
         if done {
+            job.stop_cause = None;
             let events =
                 self.finish_job(index, job_id, JobState::Completed, Some(0), String::new()).into_iter().collect();
             return Applied { outcome, events };
@@ -1150,17 +1153,44 @@ impl State {
         Applied { outcome: Outcome::JobFinished { job_id }, events }
     }
 
-    /// The move to format 18: an unfinished job preempted before it (a
-    /// victim still stopping, requeued or suspended) gets the typed cause
-    /// its reason's words held, so the leader still gives its tasks their
-    /// grace. Bounded by the jobs the state holds.
+    /// The move to format 18: a job preempted before it (requeued,
+    /// suspended, or cancelled, whose tasks may still be stopping) gets the
+    /// typed cause its reason's words held, so the leader still gives its
+    /// tasks their grace. Bounded by the jobs the state holds.
     fn type_stop_causes(&mut self) {
-        for id in self.pending.iter().chain(&self.running) {
+        for id in self.pending.iter().chain(&self.running).chain(&self.finished) {
             let Some(job) = self.jobs.get_mut(id) else { continue };
             if let Some(by) = StopCause::legacy_preemptor(&job.reason) {
                 job.stop_cause = Some(StopCause::Preempted { by });
             }
         }
+    }
+
+    /// Stop causes only from format 18; a job suspended for a preemptor
+    /// says so, naming it; a running job that is not has none.
+    fn check_stop_causes(&self) -> Result<(), String> {
+        for job in self.jobs.values() {
+            let Some(cause) = &job.stop_cause else { continue };
+            if self.format < crate::format::STOP_CAUSE_FORMAT {
+                return Err(format!("job {} has a stop cause in format {}", job.id, self.format));
+            }
+            if job.state == JobState::Running && !self.yielded.contains(&job.id) {
+                return Err(format!("running job {} has a stop cause: {cause:?}", job.id));
+            }
+        }
+        if self.format >= crate::format::STOP_CAUSE_FORMAT {
+            for id in &self.yielded {
+                let job = self.jobs.get(id).ok_or_else(|| format!("yielded job {id} does not exist"))?;
+                let by = job.stop_cause.as_ref().and_then(StopCause::preempted_by);
+                if by.is_none() || by != job.preempted_by {
+                    return Err(format!(
+                        "yielded job {id} was preempted by {:?}, its cause says {by:?}",
+                        job.preempted_by
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Records why `job_id`'s attempt stops, from format 18 (before, a
@@ -1296,6 +1326,7 @@ impl State {
     }
 
     pub fn check_invariants(&self) -> Result<(), String> {
+        self.check_stop_causes()?;
         if (self.history != 0 || self.history_since != 0) && self.format < crate::format::HISTORY_FORMAT {
             return Err(format!("history {} in format {}, which cannot hold it", self.history, self.format));
         }
