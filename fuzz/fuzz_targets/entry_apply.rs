@@ -11,8 +11,8 @@ use std::sync::OnceLock;
 
 use gangway_core::command::Placement;
 use gangway_core::format::{from_bytes, FORMAT_NEWEST};
-use gangway_core::payload::Payload;
 use gangway_core::model::NodeAllocation;
+use gangway_core::payload::Payload;
 use gangway_core::spec::GpuSpec;
 use gangway_core::{Command, JobSpec, NodeSpec, State};
 use libfuzzer_sys::fuzz_target;
