@@ -222,6 +222,13 @@ mod tests {
         }
         assert_eq!(Principal::decode("agent:n1").unwrap(), Principal::new(Role::Agent, "n1").unwrap());
         assert!(Principal::decode("root:n1").is_err());
+        // Read by the core's parser, strictly: a name with a `:` in it, an
+        // empty name or a bare name is not a principal.
+        assert!(Principal::decode("client:alice:bob").unwrap_err().contains("must not contain ':'"));
+        assert!(Principal::decode("client:").is_err());
+        assert!(Principal::decode("alice").is_err());
+        assert!(Principal::decode("dev:alice").unwrap_err().contains("is not a role"));
+        assert_eq!(Principal::decode("server:1").unwrap(), Principal::new(Role::Server, "1").unwrap());
     }
 
     /// A CA valid DAYS_MAX days is made; one day more is refused. Back-dating

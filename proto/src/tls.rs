@@ -126,9 +126,25 @@ impl Principal {
         format!("{}:{}", self.role.as_str(), self.name)
     }
 
+    /// A principal from its `role:name` form, read by the core's one
+    /// identity parser (`gangway_core::policy::Identity`), strictly: the
+    /// text must be exactly a role, `:`, and a valid name.
     pub fn decode(s: &str) -> Result<Principal, String> {
-        let (role, name) = s.split_once(':').ok_or_else(|| format!("'{s}' is not role:name"))?;
-        let role = Role::parse(role).ok_or_else(|| format!("'{role}' is not a role (server, agent, client)"))?;
+        use gangway_core::policy::{Identity, IdentityKind};
+        let (kind, _) = s.split_once(':').ok_or_else(|| format!("'{s}' is not role:name"))?;
+        let id = Identity::parse(s);
+        let role = match id.kind {
+            IdentityKind::Server => Role::Server,
+            IdentityKind::Agent => Role::Agent,
+            IdentityKind::Client => Role::Client,
+            IdentityKind::Other => return Err(format!("'{kind}' is not a role (server, agent, client)")),
+        };
+        // The core reads the last `:`-part as the name; a principal's name
+        // holds none, so the text must be the role and the name alone.
+        let name = s.get(kind.len().saturating_add(1)..).unwrap_or_default();
+        if name != id.name {
+            return Err(format!("name '{name}' must not contain ':'"));
+        }
         Principal::new(role, name)
     }
 
