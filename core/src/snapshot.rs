@@ -93,6 +93,23 @@ pub fn encode(state: &State) -> Vec<u8> {
     out
 }
 
+/// Format 18's trailer into the decoded state's jobs: in id order, once
+/// each, and only for jobs the state holds (anything else is damage).
+fn set_stop_causes(state: &mut State, causes: Vec<(JobId, StopCause)>) -> Result<(), SnapshotError> {
+    let mut last = None;
+    for (id, cause) in causes {
+        if last.is_some_and(|l| id <= l) {
+            return Err(SnapshotError::Decode(format!("stop causes out of order at job {id}")));
+        }
+        last = Some(id);
+        let Some(job) = state.jobs.get_mut(&id) else {
+            return Err(SnapshotError::Decode(format!("a stop cause for job {id}, which the state lacks")));
+        };
+        job.stop_cause = Some(cause);
+    }
+    Ok(())
+}
+
 pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
     let Some((magic, rest)) = bytes.split_first_chunk::<4>() else { return Err(SnapshotError::BadMagic) };
     let Some((version, rest)) = rest.split_first_chunk::<4>().filter(|_| magic == SNAPSHOT_MAGIC) else {
@@ -167,18 +184,7 @@ pub fn decode(bytes: &[u8]) -> Result<State, SnapshotError> {
             let (mut state, history, since, pending, inventory, causes): Body = from_bytes(body).map_err(decode_err)?;
             (state.history, state.history_since, state.history_pending) = (history, since, pending);
             state.node_inventory = inventory;
-            let mut last = None;
-            for (id, cause) in causes {
-                // Written in id order, once each: anything else is damage.
-                if last.is_some_and(|l| id <= l) {
-                    return Err(SnapshotError::Decode(format!("stop causes out of order at job {id}")));
-                }
-                last = Some(id);
-                let Some(job) = state.jobs.get_mut(&id) else {
-                    return Err(SnapshotError::Decode(format!("a stop cause for job {id}, which the state lacks")));
-                };
-                job.stop_cause = Some(cause);
-            }
+            set_stop_causes(&mut state, causes)?;
             (state.format, state)
         }
     };
