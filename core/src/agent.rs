@@ -405,6 +405,28 @@ impl AgentCore {
         // answer came back: the leader heard it no earlier than that.
         self.last_contact_ms = self.last_contact_ms.max(sent_ms);
         let desired: BTreeSet<TaskKey> = answer.desired.iter().copied().collect();
+        self.stop_undesired(&desired, answer, &mut actions);
+        // Suspension before launches: a job suspended for a preemptor (QOS
+        // preempt mode SUSPEND) stops before the preemptor starts on its GPUs.
+        let suspended: BTreeSet<TaskKey> = answer.suspended.iter().copied().collect();
+        self.reconcile_suspension(&desired, &suspended, answer, &mut actions);
+        let launches = self.launch_ordered(&desired, answer);
+        persist |= !launches.is_empty();
+        if persist {
+            actions.push(Action::PersistFences);
+        }
+        actions.extend(launches);
+        // And again for the tasks launched just now: one whose job is already
+        // suspended is stopped right after it starts.
+        self.reconcile_suspension(&desired, &suspended, answer, &mut actions);
+        self.seen_index = self.seen_index.max(answer.index);
+        actions
+    }
+
+    /// Stops every task the answer no longer wants (not stopping already),
+    /// each with the grace its stop order gives (a preempted job's QOS
+    /// grace) or the agent's.
+    fn stop_undesired(&mut self, desired: &BTreeSet<TaskKey>, answer: &Answer, actions: &mut Vec<Action>) {
         for (task, t) in &mut self.tasks {
             if desired.contains(task) || t.stopping {
                 continue;
@@ -417,10 +439,13 @@ impl AgentCore {
             t.stopping = true;
             actions.push(Action::Stop { task: *task, grace_ms });
         }
-        // Suspension before launches: a job suspended for a preemptor (QOS
-        // preempt mode SUSPEND) stops before the preemptor starts on its GPUs.
-        let suspended: BTreeSet<TaskKey> = answer.suspended.iter().copied().collect();
-        self.reconcile_suspension(&desired, &suspended, answer, &mut actions);
+    }
+
+    /// The launches the answer orders that may start now, their fences
+    /// recorded (the caller persists them before launching): not one
+    /// already here or not desired, not one whose GPUs a task still holds,
+    /// and never an attempt this node already launched (reported lost).
+    fn launch_ordered(&mut self, desired: &BTreeSet<TaskKey>, answer: &Answer) -> Vec<Action> {
         let mut launches = Vec::new();
         for (task, gpus) in &answer.launch {
             if self.tasks.contains_key(task) || !desired.contains(task) {
@@ -454,22 +479,13 @@ impl AgentCore {
             while self.fences.attempts.len() > FENCES_MAX {
                 self.fences.attempts.pop_first();
             }
-            persist = true;
             // A signal requested before the task started is not its own.
             let seen = answer.signals.iter().find(|(k, _)| k == task).map_or(0, |(_, s)| s.seq);
             let t = Task { gpus: gpus.clone(), suspended: Some(false), signal_seen: Some(seen), ..Task::default() };
             self.tasks.insert(*task, t);
             launches.push(Action::Launch(*task));
         }
-        if persist {
-            actions.push(Action::PersistFences);
-        }
-        actions.extend(launches);
-        // And again for the tasks launched just now: one whose job is already
-        // suspended is stopped right after it starts.
-        self.reconcile_suspension(&desired, &suspended, answer, &mut actions);
-        self.seen_index = self.seen_index.max(answer.index);
-        actions
+        launches
     }
 
     /// Suspends and resumes the desired tasks as `suspended` says, and

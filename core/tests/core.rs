@@ -5010,7 +5010,6 @@ fn core_functions_stay_within_their_budget_but_the_named_ones() {
         ("sched/mod.rs", "reserve", "EASY's sweep over future job ends: one loop whose locals are the sweep's state"),
         ("state/submit.rs", "resolve_spec", "every default the policy decides filled in turn (partition, account, QOS, time, memory)"),
         ("policy.rs", "coordinator_change", "each part of a policy a coordinator may or may not change, compared in turn"),
-        ("agent.rs", "answered", "the agent's reaction to one answer: its fences, then each kind of order, as one ordered decision"),
         ("state/schedule.rs", "check_placement_freeing", "a placement against each rule apply enforces, in the order that names the first broken"),
         ("sched/view.rs", "place", "the search over topology domains for a gang, with the candidates' shared locals"),
         ("state/mod.rs", "apply_task_exited", "a task's end: late usage, stale reports, lost tasks, failure, completion, in the order their rules apply"),
